@@ -1,0 +1,1 @@
+"""Congestion controllers behind one small interface, picked by name."""

@@ -1,0 +1,1 @@
+"""RoCEv2 and (later) iWARP wire codecs: pure functions, no state."""

@@ -1,0 +1,1 @@
+"""The pyverbs-compatible API over softnic (module names as in pyverbs)."""
