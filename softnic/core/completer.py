@@ -1,0 +1,261 @@
+"""Completer: ACKs, NAKs, READ responses and ATOMIC ACKs -> send completions.
+
+Responses arrive in PSN order; a response for PSN p implicitly acknowledges
+every request before the request it answers (IBA 9.7.5.1.x).  A gap in READ
+responses, or an ACK past a READ whose responses never came, means responses
+were lost: the requester re-issues from the first missing PSN.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..wire.roce import AethCode, Kind, NakCode, psn_diff
+from .cq import WC
+from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCOpcode, WCStatus, WROpcode as W
+from . import requester
+
+_NAK_STATUS = {
+    NakCode.INVALID_REQUEST: WCStatus.REM_INV_REQ_ERR,
+    NakCode.REMOTE_ACCESS_ERROR: WCStatus.REM_ACCESS_ERR,
+    NakCode.REMOTE_OPERATIONAL_ERROR: WCStatus.REM_OP_ERR,
+    NakCode.INVALID_RD_REQUEST: WCStatus.REM_INV_RD_REQ_ERR,
+}
+_WC_OPCODE = {
+    W.RDMA_WRITE: WCOpcode.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM: WCOpcode.RDMA_WRITE,
+    W.SEND: WCOpcode.SEND, W.SEND_WITH_IMM: WCOpcode.SEND, W.SEND_WITH_INV: WCOpcode.SEND,
+    W.RDMA_READ: WCOpcode.RDMA_READ, W.ATOMIC_CMP_AND_SWP: WCOpcode.COMP_SWAP,
+    W.ATOMIC_FETCH_AND_ADD: WCOpcode.FETCH_ADD, W.LOCAL_INV: WCOpcode.LOCAL_INV,
+}
+
+
+def _finish(qp, wqe, status=WCStatus.SUCCESS) -> None:
+    wqe.done = True
+    if wqe.status is None:
+        wqe.status = status
+    if wqe.first_psn is not None:
+        qp.acked_psn = wqe.last_psn
+    if wqe.rd_atomic and wqe.first_psn is not None:
+        qp.rd_atomic_inflight -= 1
+
+
+def _ack_before(qp, psn: int) -> bool:
+    """Complete every started WQE that ends before ``psn``.  False if one of
+    them is a READ/ATOMIC still waiting for its responses (they were lost)."""
+    for w in qp.sq:
+        if w.first_psn is None:
+            break
+        if w.done:
+            continue
+        if psn_diff(w.last_psn, psn) >= 0:
+            break
+        if w.rd_atomic:
+            return False
+        _finish(qp, w)
+    return True
+
+
+def _retry_from(dev, qp, psn: int) -> None:
+    """Responses were lost: resend from ``psn``, once per PSN."""
+    if qp.retry_pending == psn:
+        return
+    qp.retry_pending = psn
+    dev.counters["completer_retry_err"] += 1
+    requester.rewind(qp, psn)
+    dev.mark_ready(qp)
+
+
+def receive(dev, qp, pkt, now: float) -> None:
+    """Handle one response packet for an RC QP's send side."""
+    bth = pkt.bth
+    psn = bth.psn
+    kind = pkt.info.kind
+    comp_psn = (qp.acked_psn + 1) & 0xFFFFFF
+    if psn_diff(psn, comp_psn) < 0 or psn_diff(psn, qp.sq_psn) >= 0:
+        dev.counters["rcvd_stale_response"] += 1       # old duplicate, or PSN we never sent
+        return
+    before = qp.acked_psn
+    aeth = pkt.aeth
+    code = aeth.code if aeth is not None else AethCode.ACK
+    if kind == Kind.ACK and code == AethCode.NAK and aeth.value == NakCode.PSN_SEQUENCE_ERROR:
+        dev.counters["rcvd_seq_err"] += 1
+        if qp.selective_repeat:
+            # The NAK names one missing PSN; later PSNs may have arrived.
+            if psn not in qp.rexmit:
+                qp.rexmit.append(psn)
+            dev.mark_ready(qp)
+            return
+        if not _ack_before(qp, psn):
+            _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
+        else:
+            qp.retry_pending = None
+            _retry_from(dev, qp, psn)
+        _progress(dev, qp, before, now)
+        return
+    if not _ack_before(qp, psn):
+        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
+        _progress(dev, qp, before, now)
+        return
+    i = requester._find(qp, psn)
+    wqe = qp.sq[i] if i is not None else None
+    if kind == Kind.ACK:
+        if code == AethCode.ACK:
+            if wqe is not None and not wqe.rd_atomic:
+                if psn == wqe.last_psn:
+                    _finish(qp, wqe)
+                else:
+                    qp.acked_psn = psn           # part of a multi-packet message
+        elif code == AethCode.RNR_NAK:
+            dev.counters["rcvd_rnr_err"] += 1
+            if qp.attr.rnr_retry != 7:
+                if qp.rnr_left == 0:
+                    dev.counters["retry_rnr_exceeded_err"] += 1
+                    if wqe is not None:
+                        _finish(qp, wqe, WCStatus.RNR_RETRY_EXC_ERR)
+                    qp.req_error = True
+                    complete(dev, qp)
+                    return
+                qp.rnr_left -= 1
+            requester.rewind(qp, psn)
+            qp.rnr_wait = True
+            qp.rnr_at = now + max(RNR_TIMER_SECONDS[aeth.value], dev.config.min_timer)
+            dev.arm(qp)
+        elif code == AethCode.NAK:
+            dev.counters["rcvd_nak"] += 1
+            if wqe is not None:
+                _finish(qp, wqe, _NAK_STATUS.get(aeth.value, WCStatus.REM_INV_REQ_ERR))
+                qp.req_error = True
+    elif kind == Kind.READ_RESPONSE:
+        if wqe is None or wqe.opcode != W.RDMA_READ:
+            dev.counters["rcvd_bad_response"] += 1
+            return
+        if psn != (qp.acked_psn + 1) & 0xFFFFFF and psn != wqe.first_psn:
+            _retry_from(dev, qp, max_psn(qp.acked_psn + 1, wqe.first_psn))
+            return
+        if psn == wqe.first_psn:
+            qp.acked_psn = (psn - 1) & 0xFFFFFF
+        idx = (psn - wqe.first_psn) & 0xFFFFFF
+        mtu = qp.mtu
+        off = idx * mtu
+        n = len(pkt.payload)
+        is_last = idx == wqe.npkts - 1
+        expect = (wqe.length - off) if is_last else mtu
+        if n != expect:
+            _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
+            qp.req_error = True
+        else:
+            _scatter(wqe, off, pkt.payload)
+            qp.acked_psn = psn
+            qp.retry_pending = None
+            if is_last:
+                _finish(qp, wqe)
+    elif kind == Kind.ATOMIC_ACK:
+        if wqe is None or not wqe.rd_atomic or wqe.opcode == W.RDMA_READ or psn != wqe.first_psn:
+            dev.counters["rcvd_bad_response"] += 1
+            return
+        orig = pkt.atomicacketh.orig
+        _scatter(wqe, 0, orig.to_bytes(8, sys.byteorder))
+        _finish(qp, wqe)
+    _progress(dev, qp, before, now)
+
+
+def max_psn(a: int, b: int) -> int:
+    a &= 0xFFFFFF
+    return a if psn_diff(a, b) >= 0 else b
+
+
+def _scatter(wqe, off: int, data) -> None:
+    n = len(data)
+    pos = 0
+    for v in wqe.views:
+        lv = len(v)
+        if off >= lv:
+            off -= lv
+            continue
+        take = min(lv - off, n - pos)
+        v[off:off + take] = data[pos:pos + take]
+        pos += take
+        off = 0
+        if pos == n:
+            break
+
+
+def _progress(dev, qp, before: int, now: float) -> None:
+    if qp.acked_psn != before:
+        qp.retry_left = qp.attr.retry_cnt
+        qp.rnr_left = qp.attr.rnr_retry
+        dev.mark_ready(qp)
+        # restart the retransmission timer for what is still in flight
+        qp.rto_at = now + dev.rto(qp) if _inflight(qp) else None
+        dev.arm(qp)
+    complete(dev, qp)
+
+
+def _inflight(qp) -> bool:
+    return psn_diff(qp.next_send_psn(), (qp.acked_psn + 1) & 0xFFFFFF) > 0 or any(
+        w.first_psn is not None and not w.done for w in _head(qp))
+
+
+def _head(qp, n: int = 4):
+    for i, w in enumerate(qp.sq):
+        if i >= n:
+            break
+        yield w
+
+
+def on_timeout(dev, qp, now: float) -> None:
+    """Retransmission timer expired with no progress."""
+    if qp.rnr_wait and qp.rnr_at is not None and now >= qp.rnr_at:
+        qp.rnr_wait = False
+        qp.rnr_at = None
+        dev.mark_ready(qp)
+    if qp.rto_at is None or now < qp.rto_at:
+        return
+    qp.rto_at = None
+    if qp.state not in (QPState.RTS, QPState.SQD) or not _inflight(qp):
+        return
+    dev.counters["timeouts"] += 1
+    if qp.attr.retry_cnt != 7:                 # rxe: 7 retries forever, as for rnr_retry
+        if qp.retry_left == 0:
+            dev.counters["retry_exceeded_err"] += 1
+            comp = (qp.acked_psn + 1) & 0xFFFFFF
+            i = requester._find(qp, comp)
+            w = qp.sq[i] if i is not None else next((w for w in qp.sq if not w.done), None)
+            if w is not None:
+                _finish(qp, w, WCStatus.RETRY_EXC_ERR)
+            complete(dev, qp)
+            return
+        qp.retry_left -= 1
+    qp.retry_pending = None
+    requester.rewind(qp, (qp.acked_psn + 1) & 0xFFFFFF)
+    dev.mark_ready(qp)
+
+
+def complete(dev, qp) -> None:
+    """Post completions for finished WQEs at the head of the SQ, in order."""
+    sq = qp.sq
+    while sq and sq[0].done:
+        w = sq.popleft()
+        qp.send_idx = max(0, qp.send_idx - 1)
+        ok = w.status == WCStatus.SUCCESS
+        if ok:
+            if w.signaled:
+                dev.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.SUCCESS, _WC_OPCODE[w.opcode],
+                                            qp.qpn, byte_len=8 if w.rd_atomic and
+                                            w.opcode != W.RDMA_READ else w.length), qp)
+            if w.opcode in (W.SEND, W.SEND_WITH_IMM, W.SEND_WITH_INV):
+                dev.counters["rdma_sends"] += 1
+        else:
+            dev.post_cqe(qp.send_cq, WC(w.wr_id, w.status, _WC_OPCODE[w.opcode], qp.qpn), qp)
+            if w.status != WCStatus.WR_FLUSH_ERR:
+                fail(dev, qp)
+                return
+    if qp.state == QPState.SQD and not sq and not qp.sqd_notified:
+        qp.sqd_notified = True
+        if qp.attr.en_sqd_async_notify:
+            dev.async_event("SQ_DRAINED", qp)
+
+
+def fail(dev, qp) -> None:
+    """A fatal error: the QP goes to ERR and flushes its work."""
+    dev.to_error(qp)

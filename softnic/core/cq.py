@@ -1,0 +1,79 @@
+"""Completion queues.
+
+A CQ has a fixed depth.  Pushing a completion into a full CQ is an error,
+as on hardware: the CQ enters the error state, the device raises the
+CQ_ERR async event, and ``poll`` reports the overflow instead of
+silently losing completions.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections import deque
+from dataclasses import dataclass
+
+from .enums import WCFlags, WCOpcode, WCStatus
+from .errors import VerbsError
+
+
+@dataclass(slots=True)
+class WC:
+    wr_id: int
+    status: WCStatus
+    opcode: WCOpcode
+    qp_num: int
+    byte_len: int = 0
+    imm_data: int = 0          # host integer; the API layer presents it in network order
+    wc_flags: WCFlags = WCFlags(0)
+    src_qp: int = 0
+    invalidated_rkey: int = 0
+    vendor_err: int = 0
+    pkey_index: int = 0
+    slid: int = 0
+    sl: int = 0
+    dlid_path_bits: int = 0
+
+
+class CQOverflow(VerbsError):
+    def __init__(self, cq_handle: int):
+        super().__init__(errno.EOVERFLOW, f"CQ {cq_handle} overflowed: completions were lost")
+
+
+class CQ:
+    def __init__(self, handle: int, depth: int, on_overflow=None):
+        self.handle = handle
+        self.depth = depth
+        self.entries: deque[WC] = deque()
+        self.overflowed = False
+        self.armed = False            # ibv_req_notify_cq
+        self.armed_solicited = False
+        self.events = 0               # notifications raised (the comp channel reads these)
+        self._on_overflow = on_overflow
+        self.closed = False
+
+    def push(self, wc: WC, *, solicited: bool = False) -> bool:
+        """Queue a completion.  Returns False (and enters the error state) if the CQ is full."""
+        if self.overflowed or len(self.entries) >= self.depth:
+            if not self.overflowed:
+                self.overflowed = True
+                if self._on_overflow is not None:
+                    self._on_overflow(self)
+            return False
+        self.entries.append(wc)
+        if self.armed and (not self.armed_solicited or solicited or wc.status != WCStatus.SUCCESS):
+            self.armed = False
+            self.events += 1
+        return True
+
+    def poll(self, n: int = 1) -> list[WC]:
+        if self.overflowed:
+            raise CQOverflow(self.handle)
+        out = []
+        e = self.entries
+        while e and len(out) < n:
+            out.append(e.popleft())
+        return out
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        self.armed = True
+        self.armed_solicited = solicited_only

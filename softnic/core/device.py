@@ -1,0 +1,480 @@
+"""One NIC: its object tables, packet dispatch, the one timer, and counters.
+
+The device is a sans-I/O state machine in the manner of aioquic:
+
+    receive_datagram(data, src, now)      a UDP payload arrived
+    datagrams_to_send(now)                -> [(bytes, (ip, port)), ...]
+    get_timer()                           -> earliest deadline or None
+    handle_timer(now)                     the deadline passed
+
+plus the verbs calls (alloc_pd, reg_mr, create_cq, create_qp, modify_qp,
+post_send, post_recv, poll_cq, ...).  A driver, after every input, drains
+``datagrams_to_send`` and re-arms one timer at ``get_timer()``.  Nothing here
+reads a clock, opens a socket or draws global randomness.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from ..wire.icrc import append_icrc, check_icrc
+from ..wire.roce import (AethCode, Kind, Opcode as O, WireError, decode, encode,
+                         ROCEV2_PORT)
+from . import completer, requester, responder
+from .cq import CQ, WC
+from .enums import Access, EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
+    WCStatus, WROpcode as W, mtu_bytes
+from .errors import VerbsError, einval, enomem
+from .memory import PD, KeyTable, MR, view_at
+from .qp import QP, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR, check_transition, \
+    gid_of, merge_attr
+from .srq import SRQ, RecvWQE
+
+#: Counter names, as Linux rxe exposes them (plus a few of our own).
+RXE_COUNTERS = (
+    "sent_pkts", "rcvd_pkts", "duplicate_request", "out_of_seq_request", "rcvd_rnr_err",
+    "send_rnr_err", "rcvd_seq_err", "ack_deferred", "retry_exceeded_err",
+    "retry_rnr_exceeded_err", "completer_retry_err", "send_err", "link_downed",
+    "rdma_sends", "rdma_recvs",
+)
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Device-wide settings.  ``min_timer`` is the floor for the retransmission
+    and RNR timers (a real-time driver cannot honour microseconds)."""
+    max_qp: int = 65536
+    max_qp_wr: int = 16384
+    max_sge: int = 32
+    max_cqe: int = 1 << 20
+    max_inline_data: int = 4096
+    max_rd_atomic: int = 16
+    max_mr_size: int = 1 << 40
+    max_msg_size: int = 1 << 31
+    active_mtu: int = 4096
+    min_timer: float = 1e-3
+    selective_repeat: bool = False
+    window: int = 128
+    check_icrc: bool = True
+
+
+class Device:
+    def __init__(self, name: str, ip: str, port: int = ROCEV2_PORT, *,
+                 config: DeviceConfig | None = None):
+        self.name = name
+        self.ip = ip
+        self.port = port
+        self.gid = gid_of(ip)
+        self.config = config or DeviceConfig()
+        self.keys = KeyTable()
+        self.counters: Counter = Counter({n: 0 for n in RXE_COUNTERS})
+        self.qps: dict[int, QP] = {}
+        self.cqs: dict[int, CQ] = {}
+        self.srqs: dict[int, SRQ] = {}
+        self.pds: dict[int, PD] = {}
+        self.events: deque[tuple[EventType, object]] = deque()
+        self._handles = 0
+        self._next_qpn = 0x11
+        self._ready: dict[QP, None] = {}     # QPs that may have packets to send (ordered set)
+        self._timers: list[tuple[float, int, QP]] = []
+        self._tseq = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.ip, self.port)
+
+    def _handle(self) -> int:
+        self._handles += 1
+        return self._handles
+
+    # ------------------------------------------------------------ resources
+
+    def alloc_pd(self) -> PD:
+        pd = PD(self._handle())
+        self.pds[pd.handle] = pd
+        return pd
+
+    def dealloc_pd(self, pd: PD) -> None:
+        if pd.mrs or pd.qps or pd.srqs:
+            raise VerbsError(errno.EBUSY, "PD still has MRs, QPs or SRQs")
+        pd.closed = True
+        self.pds.pop(pd.handle, None)
+
+    def reg_mr(self, pd: PD, addr: int, length: int, access: int) -> MR:
+        if length > self.config.max_mr_size:
+            raise einval("MR larger than max_mr_size")
+        return self.keys.register(pd, addr, length, access)
+
+    def dereg_mr(self, mr: MR) -> None:
+        self.keys.deregister(mr)
+
+    def create_cq(self, cqe: int) -> CQ:
+        if not 1 <= cqe <= self.config.max_cqe:
+            raise einval(f"CQ depth {cqe} outside 1..{self.config.max_cqe}")
+        cq = CQ(self._handle(), cqe, on_overflow=self._cq_overflow)
+        self.cqs[cq.handle] = cq
+        return cq
+
+    def destroy_cq(self, cq: CQ) -> None:
+        if any(q.send_cq is cq or q.recv_cq is cq for q in self.qps.values()):
+            raise VerbsError(errno.EBUSY, "CQ still in use by a QP")
+        cq.closed = True
+        self.cqs.pop(cq.handle, None)
+
+    def poll_cq(self, cq: CQ, n: int = 1) -> list[WC]:
+        return cq.poll(n)
+
+    def _cq_overflow(self, cq: CQ) -> None:
+        self.events.append((EventType.CQ_ERR, cq))
+
+    def create_srq(self, pd: PD, max_wr: int, max_sge: int, srq_limit: int = 0) -> SRQ:
+        if max_wr > self.config.max_qp_wr or max_sge > self.config.max_sge:
+            raise einval("SRQ larger than the device allows")
+        srq = SRQ(self._handle(), pd, max_wr, max_sge, srq_limit,
+                  on_limit=lambda s: self.events.append((EventType.SRQ_LIMIT_REACHED, s)))
+        pd.srqs.add(srq)
+        self.srqs[srq.handle] = srq
+        return srq
+
+    def destroy_srq(self, srq: SRQ) -> None:
+        if any(q.srq is srq for q in self.qps.values()):
+            raise VerbsError(errno.EBUSY, "SRQ still in use by a QP")
+        srq.closed = True
+        srq.pd.srqs.discard(srq)
+        self.srqs.pop(srq.handle, None)
+
+    def post_srq_recv(self, srq: SRQ, wr: RecvWR) -> None:
+        srq.post(RecvWQE(wr.wr_id, list(wr.sg_list)))
+
+    def srq_take(self, srq: SRQ):
+        return srq.take()
+
+    def create_qp(self, pd: PD, init: QPInitAttr) -> QP:
+        t = init.qp_type
+        if t not in (QPType.RC, QPType.UC, QPType.UD):
+            raise VerbsError(errno.EOPNOTSUPP, f"QP type {t} not supported")
+        if init.send_cq is None or init.recv_cq is None:
+            raise einval("a QP needs a send CQ and a receive CQ")
+        c = init.cap
+        lim = self.config
+        if (c.max_send_wr > lim.max_qp_wr or c.max_recv_wr > lim.max_qp_wr
+                or c.max_send_sge > lim.max_sge or c.max_recv_sge > lim.max_sge
+                or c.max_inline_data > lim.max_inline_data):
+            raise einval("QP capabilities exceed the device's")
+        if len(self.qps) >= lim.max_qp:
+            raise enomem("too many QPs")
+        qpn = self._next_qpn
+        while qpn in self.qps:
+            qpn = (qpn + 1) & 0xFFFFFF or 0x11
+        self._next_qpn = (qpn + 1) & 0xFFFFFF or 0x11
+        # The caps actually enforced (as ibv_create_qp reports them back).
+        cap = QPCap(max(1, c.max_send_wr), 0 if init.srq is not None else max(1, c.max_recv_wr),
+                    max(1, c.max_send_sge), max(1, c.max_recv_sge), c.max_inline_data)
+        qp = QP(qpn, pd, init, cap)
+        qp.selective_repeat = self.config.selective_repeat
+        qp.window = self.config.window
+        self.qps[qpn] = qp
+        pd.qps.add(qp)
+        return qp
+
+    def set_qp_transport(self, qp: QP, *, selective_repeat: bool | None = None,
+                         window: int | None = None) -> None:
+        """Per-QP choice of loss recovery and in-flight cap (both peers must agree)."""
+        if selective_repeat is not None:
+            qp.selective_repeat = selective_repeat
+        if window is not None:
+            if not 1 <= window <= 1 << 22:
+                raise einval("window out of range")
+            qp.window = window
+
+    def destroy_qp(self, qp: QP) -> None:
+        self.qps.pop(qp.qpn, None)
+        qp.pd.qps.discard(qp)
+        self._ready.pop(qp, None)
+        qp.closed = True
+        qp.timer_at = None
+
+    def modify_qp(self, qp: QP, attr: QPAttr, mask: int) -> None:
+        nxt = check_transition(qp.qp_type, qp.state, attr, mask)
+        if mask & M.MAX_QP_RD_ATOMIC and attr.max_rd_atomic > self.config.max_rd_atomic:
+            raise einval("max_rd_atomic above the device limit")
+        if mask & M.MAX_DEST_RD_ATOMIC and attr.max_dest_rd_atomic > self.config.max_rd_atomic:
+            raise einval("max_dest_rd_atomic above the device limit")
+        if mask & M.PATH_MTU and mtu_bytes(attr.path_mtu) > self.config.active_mtu:
+            raise einval("path MTU above the port's active MTU")
+        if mask & M.AV:
+            attr.ah_attr.addr      # validates the GID
+        cur = qp.state
+        qp.attr = merge_attr(qp.attr, attr, mask)
+        if nxt == QPState.RESET:
+            qp.reset()
+            self._ready.pop(qp, None)
+        elif nxt == QPState.ERR:
+            self.to_error(qp)
+            return
+        elif nxt == QPState.RTR and cur == QPState.INIT:
+            qp.epsn = qp.attr.rq_psn
+        elif nxt == QPState.RTS and cur == QPState.RTR:
+            qp.sq_psn = qp.attr.sq_psn
+            qp.acked_psn = (qp.attr.sq_psn - 1) & 0xFFFFFF
+            qp.retry_left = qp.attr.retry_cnt
+            qp.rnr_left = qp.attr.rnr_retry
+        elif nxt == QPState.SQD:
+            qp.sqd_notified = False
+        qp.state = nxt
+        qp.attr = merge_attr(qp.attr, QPAttr(qp_state=nxt), M.STATE)
+        if nxt in (QPState.RTS, QPState.SQD):
+            self.mark_ready(qp)
+
+    def query_qp(self, qp: QP) -> tuple[QPAttr, QPInitAttr]:
+        attr = merge_attr(qp.attr, QPAttr(qp_state=qp.state, cur_qp_state=qp.state), M.STATE)
+        from dataclasses import replace
+        attr = replace(attr, cur_qp_state=qp.state, cap=qp.cap,
+                       sq_psn=qp.sq_psn if qp.state in (QPState.RTS, QPState.SQD)
+                       else attr.sq_psn,
+                       rq_psn=qp.epsn if qp.state in (QPState.RTR, QPState.RTS, QPState.SQD)
+                       else attr.rq_psn)
+        init = QPInitAttr(qp.qp_type, qp.send_cq, qp.recv_cq, qp.srq, qp.cap, qp.sq_sig_all)
+        return attr, init
+
+    # ------------------------------------------------------------ posting
+
+    _ALLOWED = {
+        QPType.RC: frozenset(W) - {W.BIND_MW},
+        QPType.UC: frozenset({W.SEND, W.SEND_WITH_IMM, W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM,
+                              W.LOCAL_INV}),
+        QPType.UD: frozenset({W.SEND, W.SEND_WITH_IMM}),
+    }
+
+    def post_send(self, qp: QP, wr: SendWR) -> None:
+        """Post one send WR.  Raises VerbsError (EINVAL / ENOMEM) as ibv_post_send would."""
+        if qp.state in (QPState.RESET, QPState.INIT, QPState.RTR):
+            raise einval(f"post_send on a QP in {qp.state.name}")
+        try:
+            op = W(wr.opcode)
+        except ValueError:
+            raise einval(f"unknown send opcode {wr.opcode}") from None
+        if op not in self._ALLOWED[qp.qp_type]:
+            raise einval(f"{op.name} is not valid on a {qp.qp_type.name} QP")
+        if len(wr.sg_list) > qp.cap.max_send_sge:
+            raise einval(f"{len(wr.sg_list)} SGEs > max_send_sge {qp.cap.max_send_sge}")
+        if len(qp.sq) >= qp.cap.max_send_wr:
+            raise enomem("send queue is full")
+        length = sum(s[1] for s in wr.sg_list)
+        if length > self.config.max_msg_size:
+            raise einval("message longer than max_msg_size")
+        inline = None
+        if wr.send_flags & SendFlags.INLINE and op not in (W.RDMA_READ, W.ATOMIC_CMP_AND_SWP,
+                                                            W.ATOMIC_FETCH_AND_ADD):
+            if length > qp.cap.max_inline_data:
+                raise einval(f"inline data {length} > max_inline_data {qp.cap.max_inline_data}")
+            inline = b"".join(bytes(view_at(a, n)) for a, n, _ in wr.sg_list)
+        if op in (W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD):
+            if length != 8 or wr.remote_addr & 7:    # as rxe's validate_send_wr
+                raise einval("atomic needs one 8-byte SGE and an 8-byte aligned remote address")
+        if qp.qp_type == QPType.UD:
+            if wr.ah is None:
+                raise einval("UD send needs an address handle")
+            wr.ah.addr
+            if length > min(self.config.active_mtu, 4096):
+                raise einval("UD message longer than the MTU")
+        signaled = qp.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
+        wqe = SendWQE(wr, signaled, inline)
+        if qp.state == QPState.ERR:
+            wqe.done = True
+            wqe.status = WCStatus.WR_FLUSH_ERR
+            self.post_cqe(qp.send_cq, WC(wqe.wr_id, WCStatus.WR_FLUSH_ERR,
+                                         completer._WC_OPCODE[op], qp.qpn), qp)
+            return
+        qp.sq.append(wqe)
+        self.mark_ready(qp)
+
+    def post_recv(self, qp: QP, wr: RecvWR) -> None:
+        if qp.state == QPState.RESET:
+            raise einval("post_recv on a QP in RESET")
+        if qp.srq is not None:
+            raise einval("QP uses an SRQ")
+        if len(wr.sg_list) > qp.cap.max_recv_sge:
+            raise einval(f"{len(wr.sg_list)} SGEs > max_recv_sge {qp.cap.max_recv_sge}")
+        if len(qp.rq) >= qp.cap.max_recv_wr:
+            raise enomem("receive queue is full")
+        if qp.state == QPState.ERR:
+            self.post_cqe(qp.recv_cq, WC(wr.wr_id, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV,
+                                         qp.qpn), qp)
+            return
+        qp.rq.append(RecvWQE(wr.wr_id, list(wr.sg_list)))
+
+    # ------------------------------------------------------------ engine hooks
+
+    def mark_ready(self, qp: QP) -> None:
+        self._ready[qp] = None
+
+    def rto(self, qp: QP) -> float:
+        return max(4.096e-6 * (1 << qp.attr.timeout), self.config.min_timer)
+
+    def arm(self, qp: QP) -> None:
+        t = qp.rto_at
+        if qp.rnr_at is not None and (t is None or qp.rnr_at < t):
+            t = qp.rnr_at
+        if t == qp.timer_at:
+            return
+        qp.timer_at = t
+        if t is not None:
+            self._tseq += 1
+            heapq.heappush(self._timers, (t, self._tseq, qp))
+
+    def post_cqe(self, cq: CQ, wc: WC, qp: QP, solicited: bool = False) -> None:
+        if not cq.push(wc, solicited=solicited) and qp.state != QPState.ERR:
+            self.to_error(qp)          # completions were lost: the QP cannot go on
+
+    def async_event(self, name: str, obj) -> None:
+        self.events.append((EventType[name], obj))
+
+    def to_error(self, qp: QP, keep_responses: bool = False) -> None:
+        """Move a QP to ERR and flush all its outstanding work with WR_FLUSH_ERR."""
+        if qp.state == QPState.ERR:
+            return
+        from dataclasses import replace
+        qp.state = QPState.ERR
+        qp.attr = replace(qp.attr, qp_state=QPState.ERR)
+        qp.rto_at = qp.rnr_at = None
+        qp.timer_at = None
+        qp.rd_atomic_inflight = 0
+        sq, qp.sq = qp.sq, deque()
+        qp.send_idx = 0
+        for w in sq:
+            status = w.status if w.done and w.status is not None else WCStatus.WR_FLUSH_ERR
+            if status == WCStatus.SUCCESS and not w.signaled:
+                continue
+            self.post_cqe(qp.send_cq, WC(w.wr_id, status, completer._WC_OPCODE[w.opcode],
+                                         qp.qpn), qp)
+        rq = list(qp.rq)
+        if qp.resp_wqe is not None:
+            rq.insert(0, qp.resp_wqe)
+            qp.resp_wqe = None
+        qp.rq.clear()
+        for r in rq:
+            self.post_cqe(qp.recv_cq, WC(r.wr_id, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV, qp.qpn),
+                          qp)
+        qp.ooo.clear()
+        if not keep_responses:
+            qp.resp_out.clear()
+        if qp.srq is not None:
+            self.events.append((EventType.QP_LAST_WQE_REACHED, qp))
+
+    # ------------------------------------------------------------ sans-I/O surface
+
+    def receive_datagram(self, data: bytes, src: tuple[str, int], now: float) -> None:
+        c = self.counters
+        c["rcvd_pkts"] += 1
+        n = len(data)
+        if self.config.check_icrc and not check_icrc(data, src[0], self.ip, src[1], self.port):
+            c["rcvd_icrc_err"] += 1
+            return
+        try:
+            pkt = decode(memoryview(data)[:n - 4])
+        except WireError:
+            c["rcvd_malformed"] += 1
+            return
+        if pkt.info.kind == Kind.CNP:
+            c["rcvd_cnp"] += 1
+            return
+        qp = self.qps.get(pkt.bth.dest_qp)
+        if qp is None:
+            c["rcvd_unknown_qp"] += 1
+            return
+        if pkt.info.qp_type != qp.qp_type.name:
+            c["rcvd_wrong_qp_type"] += 1
+            return
+        if pkt.bth.pkey != 0xFFFF:
+            c["rcvd_bad_pkey"] += 1
+            return
+        if qp.qp_type != QPType.UD and tuple(src) != qp.dest:
+            c["rcvd_wrong_source"] += 1
+            return
+        if pkt.info.is_request:
+            if qp.state not in (QPState.RTR, QPState.RTS, QPState.SQD):
+                c["rcvd_bad_state"] += 1
+                return
+            responder.receive(self, qp, pkt, src, now)
+        else:
+            if qp.state not in (QPState.RTS, QPState.SQD):
+                c["rcvd_bad_state"] += 1
+                return
+            completer.receive(self, qp, pkt, now)
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
+        out: list = []
+        ready, self._ready = self._ready, {}
+        for qp in ready:
+            if qp.closed:
+                continue
+            if qp.resp_out:
+                self._responses(qp, out)
+            if qp.state in (QPState.RTS, QPState.SQD):
+                n0 = len(out)
+                requester.generate(self, qp, now, out)
+                if len(out) > n0 and qp.qp_type == QPType.RC and qp.rto_at is None \
+                        and qp.attr.timeout:
+                    qp.rto_at = now + self.rto(qp)
+                    self.arm(qp)
+                completer.complete(self, qp)
+        ip, port = self.ip, self.port
+        res = []
+        for pkt, dest in out:
+            res.append((bytes(append_icrc(pkt, ip, dest[0], port, dest[1])), dest))
+        self.counters["sent_pkts"] += len(res)
+        return res
+
+    def _responses(self, qp: QP, out: list) -> None:
+        dest = qp.dest
+        dqpn = qp.attr.dest_qp_num
+        mtu = qp.mtu
+        while qp.resp_out:
+            entry = qp.resp_out.popleft()
+            kind, psn = entry[0], entry[1]
+            if kind == "ack":
+                out.append((encode(O.RC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn,
+                                   aeth=(entry[2], entry[3])), dest))
+            elif kind == "atomic":
+                out.append((encode(O.RC_ATOMIC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn,
+                                   aeth=(responder.ACK_CREDITS, entry[3]), atomicack=entry[2]),
+                            dest))
+            else:
+                view, msn = entry[2], entry[3]
+                total = len(view)
+                npkts = max(1, -(-total // mtu))
+                aeth = (responder.ACK_CREDITS, msn)
+                for i in range(npkts):
+                    if npkts == 1:
+                        op, a = O.RC_RDMA_READ_RESPONSE_ONLY, aeth
+                    elif i == 0:
+                        op, a = O.RC_RDMA_READ_RESPONSE_FIRST, aeth
+                    elif i == npkts - 1:
+                        op, a = O.RC_RDMA_READ_RESPONSE_LAST, aeth
+                    else:
+                        op, a = O.RC_RDMA_READ_RESPONSE_MIDDLE, None
+                    out.append((encode(op, dest_qp=dqpn, psn=(psn + i) & 0xFFFFFF,
+                                       payload=view[i * mtu:(i + 1) * mtu], aeth=a), dest))
+
+    def get_timer(self) -> float | None:
+        h = self._timers
+        while h:
+            t, _, qp = h[0]
+            if qp.timer_at == t and not qp.closed:
+                return t
+            heapq.heappop(h)
+        return None
+
+    def handle_timer(self, now: float) -> None:
+        h = self._timers
+        while h and h[0][0] <= now:
+            t, _, qp = heapq.heappop(h)
+            if qp.timer_at != t or qp.closed:
+                continue
+            qp.timer_at = None
+            completer.on_timeout(self, qp, now)
+            self.arm(qp)

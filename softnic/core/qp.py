@@ -1,0 +1,315 @@
+"""Queue pair attributes, work requests, and the QP state table.
+
+The state table is data (``TRANSITIONS``): for every legal (current, next)
+state pair and QP type, the attribute-mask bits that must be given and those
+that may be given, as the IBA spec (and the kernel's ``qp_state_table``)
+define them.  ``check_transition`` refuses anything else with EINVAL.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from ..wire.roce import ROCEV2_PORT
+from .enums import Access, QPAttrMask as M, QPState as S, QPType, WROpcode, mtu_bytes
+from .errors import einval
+
+# ---------------------------------------------------------------- attributes
+
+
+@dataclass(frozen=True)
+class AHAttr:
+    """Address vector.  ``dgid`` is an IPv6 GID (``::ffff:a.b.c.d`` for IPv4)
+    or a plain IPv4 address; ``port`` is the peer's UDP port."""
+    dgid: str = "::"
+    port: int = ROCEV2_PORT
+    sl: int = 0
+    traffic_class: int = 0
+    hop_limit: int = 64
+    flow_label: int = 0
+    sgid_index: int = 0
+    port_num: int = 1
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        ip = ipaddress.ip_address(self.dgid)
+        if isinstance(ip, ipaddress.IPv6Address):
+            if ip.ipv4_mapped is None:
+                raise einval(f"GID {self.dgid} is not an IPv4-mapped address")
+            ip = ip.ipv4_mapped
+        return (str(ip), self.port)
+
+
+def gid_of(ip: str) -> str:
+    """The RoCEv2 GID of an IPv4 address: ``::ffff:a.b.c.d``."""
+    return f"::ffff:{ipaddress.IPv4Address(ip)}"
+
+
+@dataclass(frozen=True)
+class QPCap:
+    max_send_wr: int = 1
+    max_recv_wr: int = 10
+    max_send_sge: int = 1
+    max_recv_sge: int = 1
+    max_inline_data: int = 0
+
+
+@dataclass(frozen=True)
+class QPInitAttr:
+    qp_type: QPType = QPType.RC
+    send_cq: object = None
+    recv_cq: object = None
+    srq: object = None
+    cap: QPCap = QPCap()
+    sq_sig_all: bool = False
+
+
+@dataclass(frozen=True)
+class QPAttr:
+    qp_state: S = S.RESET
+    cur_qp_state: S = S.RESET
+    path_mtu: int = 3              # ibv_mtu enum: 1..5 = 256..4096
+    qp_access_flags: Access = Access(0)
+    pkey_index: int = 0
+    port_num: int = 1
+    qkey: int = 0
+    ah_attr: AHAttr = AHAttr()
+    dest_qp_num: int = 0
+    rq_psn: int = 0
+    sq_psn: int = 0
+    max_rd_atomic: int = 1
+    max_dest_rd_atomic: int = 1
+    min_rnr_timer: int = 12
+    timeout: int = 14
+    retry_cnt: int = 7
+    rnr_retry: int = 7
+    en_sqd_async_notify: int = 0
+    path_mig_state: int = 0
+    cap: QPCap = QPCap()
+
+
+# ---------------------------------------------------------------- state table
+
+_RC_RTR_REQ = M.AV | M.PATH_MTU | M.DEST_QPN | M.RQ_PSN | M.MAX_DEST_RD_ATOMIC | M.MIN_RNR_TIMER
+_UC_RTR_REQ = M.AV | M.PATH_MTU | M.DEST_QPN | M.RQ_PSN
+_RC_RTS_REQ = M.SQ_PSN | M.TIMEOUT | M.RETRY_CNT | M.RNR_RETRY | M.MAX_QP_RD_ATOMIC
+_RC_RTS_OPT = M.CUR_STATE | M.ALT_PATH | M.ACCESS_FLAGS | M.MIN_RNR_TIMER | M.PATH_MIG_STATE
+_UC_RTS_OPT = M.CUR_STATE | M.ALT_PATH | M.ACCESS_FLAGS | M.PATH_MIG_STATE
+_UD_RTS_OPT = M.CUR_STATE | M.QKEY
+_RC_SQD_OPT = (M.CUR_STATE | M.ALT_PATH | M.AV | M.PKEY_INDEX | M.ACCESS_FLAGS | M.MIN_RNR_TIMER
+               | M.MAX_QP_RD_ATOMIC | M.MAX_DEST_RD_ATOMIC | M.PATH_MIG_STATE | M.TIMEOUT
+               | M.RETRY_CNT | M.RNR_RETRY)
+_NONE = M(0)
+RC, UC, UD = QPType.RC, QPType.UC, QPType.UD
+
+#: (current, next) -> {qp type: (required mask, optional mask)}.  STATE is always required.
+TRANSITIONS: dict[tuple[S, S], dict[QPType, tuple[M, M]]] = {
+    (S.RESET, S.INIT): {RC: (M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS, _NONE),
+                        UC: (M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS, _NONE),
+                        UD: (M.PKEY_INDEX | M.PORT | M.QKEY, _NONE)},
+    (S.INIT, S.INIT): {RC: (_NONE, M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS),
+                       UC: (_NONE, M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS),
+                       UD: (_NONE, M.PKEY_INDEX | M.PORT | M.QKEY)},
+    (S.INIT, S.RTR): {RC: (_RC_RTR_REQ, M.ALT_PATH | M.ACCESS_FLAGS | M.PKEY_INDEX),
+                      UC: (_UC_RTR_REQ, M.ALT_PATH | M.ACCESS_FLAGS | M.PKEY_INDEX),
+                      UD: (_NONE, M.PKEY_INDEX | M.QKEY)},
+    (S.RTR, S.RTS): {RC: (_RC_RTS_REQ, _RC_RTS_OPT),
+                     UC: (M.SQ_PSN, _UC_RTS_OPT),
+                     UD: (M.SQ_PSN, _UD_RTS_OPT)},
+    (S.RTS, S.RTS): {RC: (_NONE, _RC_RTS_OPT), UC: (_NONE, _UC_RTS_OPT), UD: (_NONE, _UD_RTS_OPT)},
+    (S.RTS, S.SQD): {t: (_NONE, M.EN_SQD_ASYNC_NOTIFY) for t in (RC, UC, UD)},
+    (S.SQD, S.RTS): {RC: (_NONE, _RC_RTS_OPT), UC: (_NONE, _UC_RTS_OPT), UD: (_NONE, _UD_RTS_OPT)},
+    (S.SQD, S.SQD): {RC: (_NONE, _RC_SQD_OPT),
+                     UC: (_NONE, M.CUR_STATE | M.ALT_PATH | M.AV | M.PKEY_INDEX | M.ACCESS_FLAGS
+                          | M.PATH_MIG_STATE),
+                     UD: (_NONE, M.PKEY_INDEX | M.QKEY)},
+    (S.SQE, S.RTS): {UC: (_NONE, M.CUR_STATE | M.ACCESS_FLAGS), UD: (_NONE, M.CUR_STATE | M.QKEY)},
+}
+for _s in S:
+    TRANSITIONS[(_s, S.RESET)] = {t: (_NONE, _NONE) for t in (RC, UC, UD)}
+    TRANSITIONS[(_s, S.ERR)] = {t: (_NONE, _NONE) for t in (RC, UC, UD)}
+
+
+def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int) -> S:
+    """Validate a modify_qp call; returns the next state.  Raises EINVAL."""
+    mask = M(mask)
+    if mask & M.CUR_STATE and attr.cur_qp_state != cur:
+        raise einval(f"cur_qp_state {attr.cur_qp_state.name} is not the QP's state {cur.name}")
+    nxt = S(attr.qp_state) if mask & M.STATE else cur
+    rule = TRANSITIONS.get((cur, nxt), {}).get(qp_type)
+    if rule is None:
+        raise einval(f"{qp_type.name} QP cannot go from {cur.name} to {nxt.name}")
+    required, optional = rule
+    given = mask & ~M.STATE
+    if missing := required & ~given:
+        raise einval(f"{cur.name}->{nxt.name} needs attribute mask bits {missing!r}")
+    if extra := given & ~(required | optional | M.CUR_STATE):
+        raise einval(f"{cur.name}->{nxt.name} does not accept attribute mask bits {extra!r}")
+    if mask & M.PATH_MTU:
+        try:
+            mtu_bytes(attr.path_mtu)
+        except ValueError as e:
+            raise einval(str(e)) from None
+    for name, limit in (("timeout", 31), ("retry_cnt", 7), ("rnr_retry", 7), ("min_rnr_timer", 31)):
+        if not 0 <= getattr(attr, name) <= limit:
+            raise einval(f"{name} {getattr(attr, name)} out of range 0..{limit}")
+    if mask & M.PORT and attr.port_num != 1:
+        raise einval(f"port {attr.port_num} does not exist")
+    return nxt
+
+
+def merge_attr(cur: QPAttr, new: QPAttr, mask: int) -> QPAttr:
+    """The QP's attributes after applying the fields selected by ``mask``."""
+    mask = M(mask)
+    pick = {
+        M.STATE: "qp_state", M.ACCESS_FLAGS: "qp_access_flags", M.PKEY_INDEX: "pkey_index",
+        M.PORT: "port_num", M.QKEY: "qkey", M.AV: "ah_attr", M.PATH_MTU: "path_mtu",
+        M.TIMEOUT: "timeout", M.RETRY_CNT: "retry_cnt", M.RNR_RETRY: "rnr_retry",
+        M.RQ_PSN: "rq_psn", M.MAX_QP_RD_ATOMIC: "max_rd_atomic", M.MIN_RNR_TIMER: "min_rnr_timer",
+        M.SQ_PSN: "sq_psn", M.MAX_DEST_RD_ATOMIC: "max_dest_rd_atomic",
+        M.PATH_MIG_STATE: "path_mig_state", M.DEST_QPN: "dest_qp_num",
+        M.EN_SQD_ASYNC_NOTIFY: "en_sqd_async_notify",
+    }
+    changes = {f: getattr(new, f) for bit, f in pick.items() if mask & bit}
+    if "sq_psn" in changes:
+        changes["sq_psn"] &= 0xFFFFFF
+    if "rq_psn" in changes:
+        changes["rq_psn"] &= 0xFFFFFF
+    return replace(cur, **changes)
+
+
+# ---------------------------------------------------------------- work requests
+
+
+@dataclass
+class SendWR:
+    wr_id: int = 0
+    opcode: WROpcode = WROpcode.SEND
+    sg_list: list[tuple[int, int, int]] = field(default_factory=list)   # (addr, length, lkey)
+    send_flags: int = 0
+    imm_data: int = 0                 # host integer
+    invalidate_rkey: int = 0          # SEND_WITH_INV / LOCAL_INV
+    remote_addr: int = 0
+    rkey: int = 0
+    compare_add: int = 0
+    swap: int = 0
+    ah: AHAttr | None = None          # UD
+    remote_qpn: int = 0               # UD
+    remote_qkey: int = 0              # UD
+
+
+@dataclass
+class RecvWR:
+    wr_id: int = 0
+    sg_list: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+class SendWQE:
+    """A posted send work request and its progress through the requester."""
+    __slots__ = ("wr_id", "opcode", "flags", "sges", "inline", "length", "imm", "inv_rkey",
+                 "remote_addr", "rkey", "compare_add", "swap", "dest", "remote_qpn",
+                 "remote_qkey", "signaled", "first_psn", "last_psn", "npkts", "next_pkt",
+                 "views", "done", "status", "atomic_orig", "rd_atomic")
+
+    def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None):
+        self.wr_id = wr.wr_id
+        self.opcode = WROpcode(wr.opcode)
+        self.flags = wr.send_flags
+        self.sges = list(wr.sg_list)
+        self.inline = inline
+        self.length = len(inline) if inline is not None else sum(s[1] for s in self.sges)
+        self.imm = wr.imm_data & 0xFFFFFFFF
+        self.inv_rkey = wr.invalidate_rkey
+        self.remote_addr = wr.remote_addr
+        self.rkey = wr.rkey
+        self.compare_add = wr.compare_add & 0xFFFFFFFFFFFFFFFF
+        self.swap = wr.swap & 0xFFFFFFFFFFFFFFFF
+        self.dest = wr.ah.addr if wr.ah is not None else None
+        self.remote_qpn = wr.remote_qpn
+        self.remote_qkey = wr.remote_qkey
+        self.signaled = signaled
+        self.first_psn: int | None = None   # assigned when the requester starts the WQE
+        self.last_psn = 0
+        self.npkts = 0
+        self.next_pkt = 0                    # index of the next packet to (re)send
+        self.views: list[memoryview] | None = None
+        self.done = False
+        self.status = None
+        self.atomic_orig = 0
+        self.rd_atomic = self.opcode in (WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
+                                         WROpcode.ATOMIC_FETCH_AND_ADD)
+
+
+class QP:
+    """Everything one queue pair holds: attributes, queues, and the state of
+    its requester, completer and responder (the logic lives in their modules)."""
+
+    def __init__(self, qpn: int, pd, init: QPInitAttr, cap: QPCap):
+        self.qpn = qpn
+        self.pd = pd
+        self.qp_type = QPType(init.qp_type)
+        self.send_cq = init.send_cq
+        self.recv_cq = init.recv_cq
+        self.srq = init.srq
+        self.sq_sig_all = bool(init.sq_sig_all)
+        self.cap = cap
+        self.attr = QPAttr(cap=cap)
+        self.state = S.RESET
+        self.selective_repeat = False
+        self.window = 128                     # packets in flight at most
+        self.closed = False
+        self.timer_at: float | None = None
+        self.reset()
+
+    @property
+    def mtu(self) -> int:
+        return mtu_bytes(self.attr.path_mtu)
+
+    @property
+    def dest(self) -> tuple[str, int]:
+        return self.attr.ah_attr.addr
+
+    def reset(self) -> None:
+        # requester / completer
+        self.sq: deque[SendWQE] = deque()
+        self.send_idx = 0             # index in sq of the WQE the requester works on
+        self.sq_psn = 0               # next never-used PSN
+        self.acked_psn = 0xFFFFFF     # everything up to here is acknowledged (sq_psn - 1 at start)
+        self.rd_atomic_inflight = 0
+        self.retry_left = 7
+        self.rnr_left = 7
+        self.rnr_wait = False         # paused by an RNR NAK until the timer fires
+        self.rexmit: deque[int] = deque()   # selective repeat: single PSNs to resend
+        self.pkts_since_ackreq = 0
+        self.req_error = False        # a WQE failed locally; send nothing more
+        self.retry_pending: int | None = None  # rewind already requested for this PSN
+        self.rto_at: float | None = None
+        self.rnr_at: float | None = None
+        self.sqd_notified = False
+        # responder
+        self.rq: deque = deque()
+        self.epsn = 0
+        self.msn = 0
+        self.resp_wqe = None          # receive WQE of the SEND in progress
+        self.resp_off = 0             # bytes placed into it so far
+        self.resp_kind = None         # kind of the multi-packet message in progress
+        self.write_view: memoryview | None = None
+        self.write_off = 0
+        self.write_len = 0
+        self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
+        self.sr_naked: set[int] = set()
+        self.ooo: dict[int, object] = {}   # selective repeat: PSN -> packet held for in-order apply
+        self.ooo_high = None
+        self.resources: deque = deque()    # READ / ATOMIC replay resources
+        self.resp_out: deque = deque()     # responses to send, in PSN order
+        self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
+
+    def next_send_psn(self) -> int:
+        """PSN of the next packet the requester would send on the current WQE."""
+        if self.send_idx < len(self.sq):
+            w = self.sq[self.send_idx]
+            if w.first_psn is not None:
+                return (w.first_psn + w.next_pkt) & 0xFFFFFF
+        return self.sq_psn

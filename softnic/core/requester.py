@@ -1,0 +1,220 @@
+"""Requester: send queue -> request packets.
+
+Segments each WQE by the path MTU, assigns PSNs, honours the in-flight
+window, the READ/ATOMIC credit limit (max_rd_atomic) and fences, and
+regenerates packets from the WQE when the completer rewinds (go-back-N) or
+asks for a single PSN (selective repeat).
+"""
+
+from __future__ import annotations
+
+from ..wire.roce import Opcode as O, encode, psn_diff
+from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
+from .memory import AccessError
+
+# (WR opcode, first, last) -> RC opcode; UC opcodes are RC's + 0x20.
+_POS = {(True, False): 0, (False, False): 1, (False, True): 2, (True, True): 3}
+_OPC = {
+    W.SEND: (O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_SEND_LAST, O.RC_SEND_ONLY),
+    W.SEND_WITH_IMM: (O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_SEND_LAST_WITH_IMMEDIATE,
+                      O.RC_SEND_ONLY_WITH_IMMEDIATE),
+    W.SEND_WITH_INV: (O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_SEND_LAST_WITH_INVALIDATE,
+                      O.RC_SEND_ONLY_WITH_INVALIDATE),
+    W.RDMA_WRITE: (O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE, O.RC_RDMA_WRITE_LAST,
+                   O.RC_RDMA_WRITE_ONLY),
+    W.RDMA_WRITE_WITH_IMM: (O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE,
+                            O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                            O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE),
+}
+_ATOMIC_OPC = {W.ATOMIC_CMP_AND_SWP: O.RC_COMPARE_SWAP, W.ATOMIC_FETCH_AND_ADD: O.RC_FETCH_ADD}
+
+
+def _start(dev, qp, wqe) -> None:
+    """Check the WQE's local memory and give it its PSNs."""
+    mtu = qp.mtu
+    if wqe.opcode == W.LOCAL_INV:
+        if not dev.keys.invalidate(qp.pd, wqe.inv_rkey):
+            wqe.status = WCStatus.LOC_PROT_ERR   # rxe: an unknown key fails the WR
+        wqe.done = True
+        return
+    try:
+        if wqe.inline is not None:
+            wqe.views = [memoryview(wqe.inline)]
+        else:
+            write = wqe.rd_atomic
+            wqe.views = [dev.keys.local(qp.pd, lkey, addr, length, write=write)
+                         for addr, length, lkey in wqe.sges]
+    except AccessError:
+        wqe.status = WCStatus.LOC_PROT_ERR
+        wqe.done = True
+        return
+    if wqe.opcode in _ATOMIC_OPC and wqe.length < 8:
+        wqe.status = WCStatus.LOC_LEN_ERR
+        wqe.done = True
+        return
+    if qp.qp_type == QPType.UD:
+        wqe.npkts = 1
+    elif wqe.opcode in _ATOMIC_OPC:
+        wqe.npkts = 1
+    else:
+        wqe.npkts = max(1, -(-wqe.length // mtu))
+    wqe.first_psn = qp.sq_psn
+    wqe.last_psn = (qp.sq_psn + wqe.npkts - 1) & 0xFFFFFF
+    qp.sq_psn = (qp.sq_psn + wqe.npkts) & 0xFFFFFF
+    wqe.next_pkt = 0
+    if wqe.rd_atomic:
+        qp.rd_atomic_inflight += 1
+
+
+def gather(wqe, off: int, n: int):
+    """Bytes [off, off+n) of the WQE's gather list (a view when it lies in one SGE)."""
+    if n == 0:
+        return b""
+    views = wqe.views
+    if len(views) == 1:
+        return views[0][off:off + n]
+    out = bytearray()
+    for v in views:
+        lv = len(v)
+        if off >= lv:
+            off -= lv
+            continue
+        take = v[off:off + n - len(out)]
+        out += take
+        off = 0
+        if len(out) == n:
+            break
+    return out
+
+
+def _build(dev, qp, wqe, idx: int, ackreq: bool) -> bytearray:
+    """Request packet number ``idx`` of ``wqe``."""
+    psn = (wqe.first_psn + idx) & 0xFFFFFF
+    dqpn = qp.attr.dest_qp_num
+    op = wqe.opcode
+    if qp.qp_type == QPType.UD:
+        qkey = wqe.remote_qkey
+        if qkey & 0x80000000:        # IBA: a high-order bit set means "use the QP's own Q_Key"
+            qkey = qp.attr.qkey
+        imm = wqe.imm if op == W.SEND_WITH_IMM else None
+        opcode = O.UD_SEND_ONLY_WITH_IMMEDIATE if imm is not None else O.UD_SEND_ONLY
+        return encode(opcode, dest_qp=wqe.remote_qpn, psn=psn, imm=imm, deth=(qkey, qp.qpn),
+                      se=bool(wqe.flags & SendFlags.SOLICITED),
+                      payload=gather(wqe, 0, wqe.length))
+    if op == W.RDMA_READ:
+        # idx > 0 re-issues the READ for the responses not yet received.
+        off = idx * qp.mtu
+        return encode(O.RC_RDMA_READ_REQUEST, dest_qp=dqpn, psn=psn, ackreq=True,
+                      reth=(wqe.remote_addr + off, wqe.rkey, wqe.length - off))
+    if op in _ATOMIC_OPC:
+        return encode(_ATOMIC_OPC[op], dest_qp=dqpn, psn=psn, ackreq=True,
+                      atomiceth=(wqe.remote_addr, wqe.rkey, wqe.compare_add if op ==
+                                 W.ATOMIC_FETCH_AND_ADD else wqe.swap,
+                                 wqe.compare_add if op == W.ATOMIC_CMP_AND_SWP else 0))
+    mtu = qp.mtu
+    first, last = idx == 0, idx == wqe.npkts - 1
+    opcode = _OPC[op][_POS[(first, last)]]
+    if qp.qp_type == QPType.UC:
+        opcode += 0x20
+    off = idx * mtu
+    n = min(mtu, wqe.length - off)
+    is_write = op in (W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM)
+    return encode(
+        opcode, dest_qp=dqpn, psn=psn, payload=gather(wqe, off, n),
+        ackreq=(last or ackreq) and qp.qp_type == QPType.RC,
+        se=last and bool(wqe.flags & SendFlags.SOLICITED),
+        reth=(wqe.remote_addr, wqe.rkey, wqe.length) if first and is_write else None,
+        imm=wqe.imm if last and op in (W.SEND_WITH_IMM, W.RDMA_WRITE_WITH_IMM) else None,
+        ieth=wqe.inv_rkey if last and op == W.SEND_WITH_INV else None)
+
+
+def _find(qp, psn: int):
+    """Index in the SQ of the started WQE whose PSN range holds ``psn``."""
+    for i, w in enumerate(qp.sq):
+        if w.first_psn is None:
+            break
+        if w.done:
+            continue
+        if psn_diff(psn, w.first_psn) >= 0 and psn_diff(psn, w.last_psn) <= 0:
+            return i
+    return None
+
+
+def rewind(qp, psn: int) -> None:
+    """Go back N: resend everything from ``psn`` on."""
+    i = _find(qp, psn)
+    if i is None:
+        return
+    qp.send_idx = i
+    w = qp.sq[i]
+    w.next_pkt = (psn - w.first_psn) & 0xFFFFFF
+    for j in range(i + 1, len(qp.sq)):
+        qp.sq[j].next_pkt = 0
+    qp.rexmit.clear()
+
+
+def generate(dev, qp, now: float, out: list) -> None:
+    """Append this QP's request packets (as (bytes, dest)) to ``out`` while it may send."""
+    if qp.rnr_wait or qp.state not in (QPState.RTS, QPState.SQD):
+        return
+    rc = qp.qp_type == QPType.RC
+    dest = qp.dest if qp.qp_type != QPType.UD else None
+    ack_every = max(1, qp.window // 4)
+    # Selective repeat: single lost PSNs first.
+    while qp.rexmit:
+        psn = qp.rexmit.popleft()
+        i = _find(qp, psn)
+        if i is None:
+            continue
+        w = qp.sq[i]
+        if w.rd_atomic and w.opcode == W.RDMA_READ:
+            idx = (psn - w.first_psn) & 0xFFFFFF
+        elif w.rd_atomic:
+            idx = 0
+        else:
+            idx = (psn - w.first_psn) & 0xFFFFFF
+        dev.counters["retransmitted_pkts"] += 1
+        out.append((_build(dev, qp, w, idx, True), dest))
+    sq = qp.sq
+    while qp.send_idx < len(sq) and not qp.req_error:
+        wqe = sq[qp.send_idx]
+        if wqe.first_psn is None and not wqe.done:
+            if qp.state != QPState.RTS:
+                break                                   # SQD: start nothing new
+            if wqe.flags & SendFlags.FENCE and qp.rd_atomic_inflight:
+                break
+            if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
+                break
+            if rc and psn_diff(qp.sq_psn, (qp.acked_psn + 1) & 0xFFFFFF) >= qp.window:
+                break
+            _start(dev, qp, wqe)
+            if wqe.done:                                # local op or local error
+                if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
+                    qp.req_error = True
+                qp.send_idx += 1
+                continue
+        elif wqe.done:
+            qp.send_idx += 1
+            continue
+        psn = (wqe.first_psn + wqe.next_pkt) & 0xFFFFFF
+        if rc and psn_diff(psn, (qp.acked_psn + 1) & 0xFFFFFF) >= qp.window and wqe.next_pkt:
+            break
+        if dest is None:
+            dest = wqe.dest
+        qp.pkts_since_ackreq += 1
+        ackreq = qp.pkts_since_ackreq >= ack_every
+        if ackreq:
+            qp.pkts_since_ackreq = 0
+        out.append((_build(dev, qp, wqe, wqe.next_pkt, ackreq), dest if qp.qp_type != QPType.UD
+                    else wqe.dest))
+        if wqe.opcode == W.RDMA_READ or wqe.opcode in _ATOMIC_OPC:
+            wqe.next_pkt = wqe.npkts          # one request covers the whole PSN range
+        else:
+            wqe.next_pkt += 1
+        if wqe.next_pkt >= wqe.npkts:
+            qp.send_idx += 1
+            if not rc:                        # UC / UD: done once on the wire
+                wqe.done = True
+                wqe.status = WCStatus.SUCCESS
+        if qp.qp_type == QPType.UD:
+            dest = None

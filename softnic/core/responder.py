@@ -1,0 +1,434 @@
+"""Responder: request packets -> memory, receive completions and responses.
+
+Per packet: PSN check (new, duplicate, out of sequence), opcode sequence
+check, resource check (a receive WQE, else RNR NAK), access check (rkey,
+bounds, permissions, alignment), execution, then the response.  Duplicate
+READs are re-read from memory; a duplicate ATOMIC is answered from the
+stored original value and never executed twice.  Responses leave in PSN
+order through ``qp.resp_out``; a plain ACK queued behind another plain ACK
+replaces it (ACK coalescing).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..wire.icrc import ipv4_udp_headers
+from ..wire.roce import AethCode, Kind, NakCode, psn_diff
+from .cq import WC
+from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
+from .memory import AccessError
+
+ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
+GRH_LEN = 40
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+
+class _Nak(Exception):
+    """Abort the current packet with a NAK (and, for a receive, a WC status)."""
+
+    def __init__(self, code: NakCode, recv_status: WCStatus | None = None):
+        self.code = code
+        self.recv_status = recv_status
+
+
+class _Rnr(Exception):
+    pass
+
+
+# response queue entries: ("ack", psn, syndrome) | ("read", psn, view, msn) | ("atomic", psn, orig)
+
+def queue_ack(dev, qp, psn: int, syndrome: int = ACK_CREDITS) -> None:
+    out = qp.resp_out
+    plain = syndrome == ACK_CREDITS
+    if plain and out and out[-1][0] == "ack" and out[-1][2] == ACK_CREDITS:
+        out[-1] = ("ack", psn, syndrome, qp.msn)
+        dev.counters["ack_deferred"] += 1
+    else:
+        out.append(("ack", psn, syndrome, qp.msn))
+    dev.mark_ready(qp)
+
+
+def _nak(dev, qp, psn: int, code: NakCode) -> None:
+    qp.resp_out.append(("ack", psn, (AethCode.NAK << 5) | code, qp.msn))
+    dev.mark_ready(qp)
+
+
+def receive(dev, qp, pkt, src, now: float) -> None:
+    """One request packet for this QP's receive side."""
+    if qp.qp_type == QPType.UD:
+        _receive_ud(dev, qp, pkt, src)
+        return
+    psn = pkt.bth.psn
+    d = psn_diff(psn, qp.epsn)
+    if qp.qp_type == QPType.UC:
+        _receive_uc(dev, qp, pkt, d)
+        return
+    if d < 0:
+        dev.counters["duplicate_request"] += 1
+        _duplicate(dev, qp, pkt)
+        return
+    if d > 0:
+        dev.counters["out_of_seq_request"] += 1
+        if qp.selective_repeat:
+            _hold(dev, qp, pkt, d)
+        elif not qp.nak_sent:
+            qp.nak_sent = True
+            _nak(dev, qp, qp.epsn, NakCode.PSN_SEQUENCE_ERROR)
+        return
+    _execute(dev, qp, pkt)
+    while qp.ooo and qp.epsn in qp.ooo and qp.state != QPState.ERR:
+        _execute(dev, qp, qp.ooo.pop(qp.epsn))
+    if not qp.ooo:
+        qp.sr_naked.clear()
+
+
+def _hold(dev, qp, pkt, d: int) -> None:
+    """Selective repeat: keep an out-of-order packet and name each missing PSN in a NAK."""
+    if d >= qp.window or len(qp.ooo) >= qp.window:
+        return
+    psn = pkt.bth.psn
+    if psn in qp.ooo:
+        return
+    qp.ooo[psn] = pkt
+    # NAK every PSN missing below this one that has not been named yet (bounded).
+    named = 0
+    p = qp.epsn
+    while p != psn and named < 16:
+        if p not in qp.ooo and p not in qp.sr_naked:
+            qp.sr_naked.add(p)
+            _nak(dev, qp, p, NakCode.PSN_SEQUENCE_ERROR)
+            named += 1
+        p = (p + 1) & 0xFFFFFF
+
+
+def _execute(dev, qp, pkt) -> None:
+    info = pkt.info
+    psn = pkt.bth.psn
+    try:
+        _check_sequence(qp, info)
+        if info.kind == Kind.SEND:
+            _send(dev, qp, pkt)
+        elif info.kind == Kind.WRITE:
+            _write(dev, qp, pkt)
+        elif info.kind == Kind.READ_REQUEST:
+            _read(dev, qp, pkt)
+            return
+        elif info.kind == Kind.ATOMIC:
+            _atomic(dev, qp, pkt)
+            return
+        else:
+            raise _Nak(NakCode.INVALID_REQUEST)
+    except _Rnr:
+        dev.counters["send_rnr_err"] += 1
+        qp.ooo.clear()
+        qp.sr_naked.clear()
+        qp.resp_out.append(("ack", psn, (AethCode.RNR_NAK << 5) | qp.attr.min_rnr_timer, qp.msn))
+        dev.mark_ready(qp)
+        return
+    except _Nak as e:
+        _class_error(dev, qp, pkt, e)
+        return
+    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.nak_sent = False
+    if info.last:
+        qp.msn = (qp.msn + 1) & 0xFFFFFF
+        queue_ack(dev, qp, psn)
+    elif pkt.bth.ackreq:
+        queue_ack(dev, qp, psn)
+
+
+def _class_error(dev, qp, pkt, e: _Nak) -> None:
+    """A request the responder must refuse: NAK it, fail any receive in use, QP to ERR."""
+    dev.counters["resp_nak_" + e.code.name.lower()] += 1
+    _nak(dev, qp, pkt.bth.psn, e.code)
+    if qp.resp_wqe is not None:
+        wqe, qp.resp_wqe = qp.resp_wqe, None
+        dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.REM_INV_REQ_ERR,
+                                    WCOpcode.RECV, qp.qpn), qp)
+    qp.resp_kind = None
+    dev.to_error(qp, keep_responses=True)
+
+
+def _check_sequence(qp, info) -> None:
+    """FIRST/ONLY may only start a message; MIDDLE/LAST must continue one of the same kind."""
+    if qp.resp_kind is None:
+        if not info.first:
+            raise _Nak(NakCode.INVALID_REQUEST)
+    elif info.first or info.kind != qp.resp_kind:
+        raise _Nak(NakCode.INVALID_REQUEST)
+
+
+def _check_size(qp, pkt) -> None:
+    n = len(pkt.payload)
+    if not pkt.info.last and n != qp.mtu:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    if n > qp.mtu:
+        raise _Nak(NakCode.INVALID_REQUEST)
+
+
+def _take_recv(dev, qp):
+    if qp.srq is not None:
+        wqe = dev.srq_take(qp.srq)
+    else:
+        wqe = qp.rq.popleft() if qp.rq else None
+    if wqe is None:
+        raise _Rnr()
+    return wqe
+
+
+def _place_recv(dev, qp, data) -> None:
+    """Scatter ``data`` into the receive WQE at the current offset."""
+    wqe = qp.resp_wqe
+    n = len(data)
+    if qp.resp_off + n > wqe.length:
+        raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_LEN_ERR)
+    if not n:
+        return
+    off = qp.resp_off
+    pos = 0
+    for addr, length, lkey in wqe.sges:
+        if off >= length:
+            off -= length
+            continue
+        take = min(length - off, n - pos)
+        try:
+            view = dev.keys.local(qp.pd, lkey, addr + off, take, write=True)
+        except AccessError:
+            raise _Nak(NakCode.REMOTE_OPERATIONAL_ERROR, WCStatus.LOC_PROT_ERR) from None
+        view[:] = data[pos:pos + take]
+        pos += take
+        off = 0
+        if pos == n:
+            break
+    qp.resp_off += n
+
+
+def _send(dev, qp, pkt) -> None:
+    info = pkt.info
+    _check_size(qp, pkt)
+    if info.first:
+        qp.resp_wqe = _take_recv(dev, qp)
+        qp.resp_off = 0
+    _place_recv(dev, qp, pkt.payload)
+    if info.last:
+        wqe, qp.resp_wqe = qp.resp_wqe, None
+        qp.resp_kind = None
+        flags = WCFlags(0)
+        imm = inv = 0
+        if info.immdt:
+            flags |= WCFlags.WITH_IMM
+            imm = pkt.immdt.imm
+        if info.ieth:
+            inv = pkt.ieth.rkey
+            if not dev.keys.invalidate(qp.pd, inv):
+                qp.resp_wqe = wqe
+                raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
+            flags |= WCFlags.WITH_INV
+        dev.counters["rdma_recvs"] += 1
+        dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, WCStatus.SUCCESS, WCOpcode.RECV, qp.qpn,
+                                    byte_len=qp.resp_off, imm_data=imm, wc_flags=flags,
+                                    src_qp=qp.attr.dest_qp_num, invalidated_rkey=inv), qp,
+                     solicited=pkt.bth.se)
+    else:
+        qp.resp_kind = Kind.SEND
+
+
+def _write(dev, qp, pkt) -> None:
+    info = pkt.info
+    _check_size(qp, pkt)
+    if info.first:
+        if not qp.attr.qp_access_flags & Access.REMOTE_WRITE:
+            raise _Nak(NakCode.INVALID_REQUEST)
+        reth = pkt.reth
+        try:
+            qp.write_view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len,
+                                            Access.REMOTE_WRITE)
+        except AccessError:
+            raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        qp.write_off = 0
+        qp.write_len = reth.dma_len
+    n = len(pkt.payload)
+    off = qp.write_off
+    if off + n > qp.write_len or (info.last and off + n != qp.write_len):
+        raise _Nak(NakCode.INVALID_REQUEST)
+    if info.immdt:
+        # the immediate consumes a receive WQE; take it before touching memory so an
+        # RNR NAK leaves nothing half done
+        qp.resp_wqe = _take_recv(dev, qp)
+    if n:
+        qp.write_view[off:off + n] = pkt.payload
+    qp.write_off = off + n
+    if info.last:
+        qp.resp_kind = None
+        qp.write_view = None
+        if info.immdt:
+            wqe, qp.resp_wqe = qp.resp_wqe, None
+            dev.counters["rdma_recvs"] += 1
+            dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, WCStatus.SUCCESS, WCOpcode.RECV_RDMA_WITH_IMM,
+                                        qp.qpn, byte_len=qp.write_len, imm_data=pkt.immdt.imm,
+                                        wc_flags=WCFlags.WITH_IMM, src_qp=qp.attr.dest_qp_num),
+                         qp, solicited=pkt.bth.se)
+    else:
+        qp.resp_kind = Kind.WRITE
+
+
+def _remember(qp, entry) -> None:
+    res = qp.resources
+    res.append(entry)
+    while len(res) > max(1, qp.attr.max_dest_rd_atomic):
+        res.popleft()
+
+
+def _read(dev, qp, pkt) -> None:
+    if not qp.attr.qp_access_flags & Access.REMOTE_READ:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    reth = pkt.reth
+    try:
+        view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_READ)
+    except AccessError:
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+    psn = pkt.bth.psn
+    npkts = max(1, -(-reth.dma_len // qp.mtu))
+    last = (psn + npkts - 1) & 0xFFFFFF
+    _remember(qp, ("read", psn, last))
+    qp.epsn = (last + 1) & 0xFFFFFF
+    qp.nak_sent = False
+    qp.msn = (qp.msn + 1) & 0xFFFFFF
+    qp.resp_out.append(("read", psn, view, qp.msn))
+    dev.mark_ready(qp)
+
+
+def _atomic(dev, qp, pkt) -> None:
+    if not qp.attr.qp_access_flags & Access.REMOTE_ATOMIC:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    a = pkt.atomiceth
+    if a.va & 7:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    try:
+        view = dev.keys.remote(qp.pd, a.rkey, a.va, 8, Access.REMOTE_ATOMIC)
+    except AccessError:
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+    orig = int.from_bytes(view, sys.byteorder)
+    if pkt.info.opcode == 0x13:       # COMPARE_SWAP: swap_add holds the swap value
+        if orig == a.compare:
+            view[:] = a.swap_add.to_bytes(8, sys.byteorder)
+    else:                             # FETCH_ADD
+        view[:] = ((orig + a.swap_add) & _U64).to_bytes(8, sys.byteorder)
+    psn = pkt.bth.psn
+    _remember(qp, ("atomic", psn, orig))
+    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.nak_sent = False
+    qp.msn = (qp.msn + 1) & 0xFFFFFF
+    qp.resp_out.append(("atomic", psn, orig, qp.msn))
+    dev.mark_ready(qp)
+
+
+def _duplicate(dev, qp, pkt) -> None:
+    kind = pkt.info.kind
+    psn = pkt.bth.psn
+    if kind in (Kind.SEND, Kind.WRITE):
+        queue_ack(dev, qp, (qp.epsn - 1) & 0xFFFFFF)
+        return
+    for res in reversed(qp.resources):
+        if res[0] == "read" and kind == Kind.READ_REQUEST and psn_diff(psn, res[1]) >= 0 \
+                and psn_diff(psn, res[2]) <= 0:
+            reth = pkt.reth
+            try:     # re-read memory with the (possibly shortened) re-issued request
+                view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len,
+                                       Access.REMOTE_READ)
+            except AccessError:
+                return
+            qp.resp_out.append(("read", psn, view, qp.msn))
+            dev.mark_ready(qp)
+            return
+        if res[0] == "atomic" and kind == Kind.ATOMIC and res[1] == psn:
+            dev.counters["atomic_replayed"] += 1
+            qp.resp_out.append(("atomic", psn, res[2], qp.msn))
+            dev.mark_ready(qp)
+            return
+    dev.counters["duplicate_dropped"] += 1
+
+
+def _receive_uc(dev, qp, pkt, d: int) -> None:
+    """UC: no ACKs, no retries.  A PSN gap drops the rest of the message in progress."""
+    info = pkt.info
+    if d != 0:
+        dev.counters["out_of_seq_request"] += 1
+        if qp.resp_wqe is not None:              # the partial message is lost; reuse its WQE
+            (qp.rq if qp.srq is None else qp.srq.queue).appendleft(qp.resp_wqe)
+            qp.resp_wqe = None
+        qp.resp_kind = None
+        qp.write_view = None
+        qp.epsn = (pkt.bth.psn + 1) & 0xFFFFFF
+        qp.uc_drop = not info.first
+        if info.first:
+            _uc_execute(dev, qp, pkt)
+        return
+    qp.epsn = (pkt.bth.psn + 1) & 0xFFFFFF
+    if qp.uc_drop:
+        if info.first:
+            qp.uc_drop = False
+        else:
+            return
+    _uc_execute(dev, qp, pkt)
+
+
+def _uc_execute(dev, qp, pkt) -> None:
+    try:
+        _check_sequence(qp, pkt.info)
+        if pkt.info.kind == Kind.SEND:
+            _send(dev, qp, pkt)
+        else:
+            _write(dev, qp, pkt)
+    except (_Rnr, _Nak) as e:
+        # UC has no NAKs: the message is silently dropped (a receive in use fails).
+        dev.counters["uc_dropped"] += 1
+        if isinstance(e, _Nak) and qp.resp_wqe is not None:
+            wqe, qp.resp_wqe = qp.resp_wqe, None
+            dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
+                                        WCOpcode.RECV, qp.qpn), qp)
+        qp.resp_kind = None
+        qp.write_view = None
+        qp.uc_drop = not pkt.info.last
+
+
+def _receive_ud(dev, qp, pkt, src) -> None:
+    deth = pkt.deth
+    if deth is None or pkt.info.qp_type != "UD":
+        dev.counters["ud_dropped"] += 1
+        return
+    if deth.qkey != qp.attr.qkey:
+        dev.counters["rcvd_bad_qkey"] += 1
+        return
+    if len(pkt.payload) > qp.mtu:
+        dev.counters["ud_dropped"] += 1
+        return
+    try:
+        wqe = _take_recv(dev, qp)
+    except _Rnr:
+        dev.counters["ud_dropped"] += 1          # UD has no RNR: the datagram is lost
+        return
+    qp.resp_wqe, qp.resp_off = wqe, 0
+    try:
+        # the first 40 bytes of the buffer receive the GRH; for RoCEv2 over IPv4 the
+        # IPv4 header sits in its last 20 bytes (as rxe does)
+        grh = bytes(20) + ipv4_udp_headers(src[0], dev.ip, src[1], dev.port,
+                                           len(pkt.payload))[:20]
+        _place_recv(dev, qp, grh)
+        _place_recv(dev, qp, pkt.payload)
+    except _Nak as e:
+        qp.resp_wqe = None
+        dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
+                                    WCOpcode.RECV, qp.qpn), qp)
+        return
+    qp.resp_wqe = None
+    flags = WCFlags.GRH
+    imm = 0
+    if pkt.immdt is not None:
+        flags |= WCFlags.WITH_IMM
+        imm = pkt.immdt.imm
+    dev.counters["rdma_recvs"] += 1
+    dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, WCStatus.SUCCESS, WCOpcode.RECV, qp.qpn,
+                                byte_len=GRH_LEN + len(pkt.payload), imm_data=imm,
+                                wc_flags=flags, src_qp=deth.src_qp), qp, solicited=pkt.bth.se)
