@@ -119,6 +119,9 @@ def receive(dev, qp, pkt, now: float) -> None:
             requester.rewind(qp, psn)
             qp.rnr_wait = True
             qp.rnr_at = now + max(RNR_TIMER_SECONDS[aeth.value], dev.config.min_timer)
+            # An RNR NAK is a response: stop the transport timer while waiting (the
+            # resend restarts it), so RNR waits never count against retry_cnt.
+            qp.rto_at = None
             dev.arm(qp)
         elif code == AethCode.NAK:
             dev.counters["rcvd_nak"] += 1
