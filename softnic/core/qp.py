@@ -145,7 +145,7 @@ def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int) -> S:
     given = mask & ~M.STATE
     if missing := required & ~given:
         raise einval(f"{cur.name}->{nxt.name} needs attribute mask bits {missing!r}")
-    if extra := given & ~(required | optional | M.CUR_STATE):
+    if extra := given & ~(required | optional):      # CUR_STATE only where the table lists it
         raise einval(f"{cur.name}->{nxt.name} does not accept attribute mask bits {extra!r}")
     if mask & M.PATH_MTU:
         try:
