@@ -80,8 +80,13 @@ def receive(dev, qp, pkt, now: float) -> None:
     if kind == Kind.ACK and code == AethCode.NAK and aeth.value == NakCode.PSN_SEQUENCE_ERROR:
         dev.counters["rcvd_seq_err"] += 1
         if qp.selective_repeat:
-            # The NAK names one missing PSN; later PSNs may have arrived.
-            if psn not in qp.rexmit:
+            # The NAK names one missing PSN; its MSN field names one that arrived.
+            sack = aeth.msn
+            if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.sq_psn) < 0 and (
+                    qp.sacked_psn is None or psn_diff(sack, qp.sacked_psn) > 0):
+                qp.sacked_psn = sack
+            if psn not in qp.rexmitted:
+                qp.rexmitted.add(psn)
                 qp.rexmit.append(psn)
             dev.mark_ready(qp)
             return
@@ -185,6 +190,10 @@ def _scatter(wqe, off: int, data) -> None:
 
 def _progress(dev, qp, before: int, now: float) -> None:
     if qp.acked_psn != before:
+        if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, qp.acked_psn) <= 0:
+            qp.sacked_psn = None
+        if qp.rexmitted:
+            qp.rexmitted = {p for p in qp.rexmitted if psn_diff(p, qp.acked_psn) > 0}
         qp.retry_left = qp.attr.retry_cnt
         qp.rnr_left = qp.attr.rnr_retry
         dev.mark_ready(qp)
@@ -230,7 +239,15 @@ def on_timeout(dev, qp, now: float) -> None:
             return
         qp.retry_left -= 1
     qp.retry_pending = None
-    requester.rewind(qp, (qp.acked_psn + 1) & 0xFFFFFF)
+    comp = (qp.acked_psn + 1) & 0xFFFFFF
+    if qp.selective_repeat and qp.sacked_psn is not None and psn_diff(qp.sacked_psn, comp) > 0:
+        # resend the first missing PSN and the tail nobody has acknowledged;
+        # the responder names any hole in between when the first one fills
+        requester.rewind(qp, (qp.sacked_psn + 1) & 0xFFFFFF)
+        qp.rexmitted = {comp}
+        qp.rexmit.append(comp)
+    else:
+        requester.rewind(qp, comp)
     dev.mark_ready(qp)
 
 

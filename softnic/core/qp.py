@@ -282,6 +282,8 @@ class QP:
         self.rnr_left = 7
         self.rnr_wait = False         # paused by an RNR NAK until the timer fires
         self.rexmit: deque[int] = deque()   # selective repeat: single PSNs to resend
+        self.rexmitted: set[int] = set()    # ... already resent since the last ACK progress
+        self.sacked_psn: int | None = None  # ... highest PSN the responder said it holds
         self.pkts_since_ackreq = 0
         self.req_error = False        # a WQE failed locally; send nothing more
         self.retry_pending: int | None = None  # rewind already requested for this PSN

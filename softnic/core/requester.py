@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..wire.roce import Opcode as O, encode, psn_diff
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
 from .memory import AccessError
+from .responder import SR_SPAN
 
 # (WR opcode, first, last) -> RC opcode; UC opcodes are RC's + 0x20.
 _POS = {(True, False): 0, (False, False): 1, (False, True): 2, (True, True): 3}
@@ -153,6 +154,19 @@ def rewind(qp, psn: int) -> None:
     qp.rexmit.clear()
 
 
+def _window_full(qp, psn: int) -> bool:
+    """May ``psn`` not be sent yet?  Go-back-N counts every unacknowledged packet.
+    Selective repeat counts those beyond the highest PSN the responder reported
+    holding (IRN's BDP cap), within the span the responder will hold."""
+    base = (qp.acked_psn + 1) & 0xFFFFFF
+    if qp.selective_repeat:
+        if psn_diff(psn, base) >= SR_SPAN * qp.window:
+            return True
+        if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
+            base = (qp.sacked_psn + 1) & 0xFFFFFF
+    return psn_diff(psn, base) >= qp.window
+
+
 def generate(dev, qp, now: float, out: list) -> None:
     """Append this QP's request packets (as (bytes, dest)) to ``out`` while it may send."""
     if qp.rnr_wait or qp.state not in (QPState.RTS, QPState.SQD):
@@ -185,7 +199,7 @@ def generate(dev, qp, now: float, out: list) -> None:
                 break
             if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
                 break
-            if rc and psn_diff(qp.sq_psn, (qp.acked_psn + 1) & 0xFFFFFF) >= qp.window:
+            if rc and _window_full(qp, qp.sq_psn):
                 break
             _start(dev, qp, wqe)
             if wqe.done:                                # local op or local error
@@ -197,7 +211,7 @@ def generate(dev, qp, now: float, out: list) -> None:
             qp.send_idx += 1
             continue
         psn = (wqe.first_psn + wqe.next_pkt) & 0xFFFFFF
-        if rc and psn_diff(psn, (qp.acked_psn + 1) & 0xFFFFFF) >= qp.window and wqe.next_pkt:
+        if rc and wqe.next_pkt and _window_full(qp, psn):
             break
         if dest is None:
             dest = wqe.dest

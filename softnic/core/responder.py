@@ -19,7 +19,8 @@ from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import AccessError
 
-ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
+ACK_CREDITS = 0x1F
+SR_SPAN = 4          # selective repeat: the responder holds up to this many windows of PSNs   # AETH credit field "invalid": no end-to-end credit limit
 GRH_LEN = 40
 _U64 = 0xFFFFFFFFFFFFFFFF
 
@@ -49,8 +50,8 @@ def queue_ack(dev, qp, psn: int, syndrome: int = ACK_CREDITS) -> None:
     dev.mark_ready(qp)
 
 
-def _nak(dev, qp, psn: int, code: NakCode) -> None:
-    qp.resp_out.append(("ack", psn, (AethCode.NAK << 5) | code, qp.msn))
+def _nak(dev, qp, psn: int, code: NakCode, msn: int | None = None) -> None:
+    qp.resp_out.append(("ack", psn, (AethCode.NAK << 5) | code, qp.msn if msn is None else msn))
     dev.mark_ready(qp)
 
 
@@ -77,29 +78,43 @@ def receive(dev, qp, pkt, src, now: float) -> None:
             _nak(dev, qp, qp.epsn, NakCode.PSN_SEQUENCE_ERROR)
         return
     _execute(dev, qp, pkt)
-    while qp.ooo and qp.epsn in qp.ooo and qp.state != QPState.ERR:
-        _execute(dev, qp, qp.ooo.pop(qp.epsn))
+    if qp.ooo:
+        while qp.epsn in qp.ooo and qp.state != QPState.ERR:
+            _execute(dev, qp, qp.ooo.pop(qp.epsn))
+        if qp.ooo and qp.state != QPState.ERR:
+            # another hole below packets already held: name it at once
+            _sack_nak(dev, qp, qp.epsn, max(qp.ooo, key=lambda p: psn_diff(p, qp.epsn)))
     if not qp.ooo:
         qp.sr_naked.clear()
 
 
+def _sack_nak(dev, qp, missing: int, held: int) -> None:
+    """Selective repeat's NAK: BTH.PSN names a missing PSN and, as IRN's NACK
+    does, the AETH's MSN field carries a PSN that did arrive (a selective ACK)."""
+    _nak(dev, qp, missing, NakCode.PSN_SEQUENCE_ERROR, msn=held)
+
+
 def _hold(dev, qp, pkt, d: int) -> None:
-    """Selective repeat: keep an out-of-order packet and name each missing PSN in a NAK."""
-    if d >= qp.window or len(qp.ooo) >= qp.window:
+    """Selective repeat: keep an out-of-order packet (it is applied once the gap
+    below it fills), NAK each newly missing PSN, and selectively ACK the held
+    packet whenever the requester asked for an ACK."""
+    span = SR_SPAN * qp.window
+    if d >= span or len(qp.ooo) >= span:
         return
     psn = pkt.bth.psn
     if psn in qp.ooo:
         return
     qp.ooo[psn] = pkt
-    # NAK every PSN missing below this one that has not been named yet (bounded).
     named = 0
     p = qp.epsn
     while p != psn and named < 16:
         if p not in qp.ooo and p not in qp.sr_naked:
             qp.sr_naked.add(p)
-            _nak(dev, qp, p, NakCode.PSN_SEQUENCE_ERROR)
+            _sack_nak(dev, qp, p, psn)
             named += 1
         p = (p + 1) & 0xFFFFFF
+    if not named and pkt.bth.ackreq:
+        _sack_nak(dev, qp, qp.epsn, psn)
 
 
 def _execute(dev, qp, pkt) -> None:
