@@ -34,7 +34,9 @@ def _start(dev, qp, wqe) -> None:
     """Check the WQE's local memory and give it its PSNs."""
     mtu = qp.mtu
     if wqe.opcode == W.LOCAL_INV:
-        if not dev.keys.invalidate(qp.pd, wqe.inv_rkey):
+        if dev.keys.invalidate(qp.pd, wqe.inv_rkey):
+            wqe.status = WCStatus.SUCCESS
+        else:
             wqe.status = WCStatus.LOC_PROT_ERR   # rxe: an unknown key fails the WR
         wqe.done = True
         return
