@@ -18,7 +18,7 @@ from .faults import FaultModel
 from .rig import connect
 from .transport.sim import Fabric
 
-DEFAULT_FAULTS = "loss=0.02,reorder=0.005/20e-6,dup=0.005,corrupt=0.005"
+DEFAULT_FAULTS = "loss=0.02,reorder=0.005/20us,dup=0.005,corrupt=0.005,rate=10G,queue=16777216"
 
 
 def run(seed: int = 1, faults: str = DEFAULT_FAULTS, mtu: int = 1024,
@@ -39,7 +39,7 @@ def run(seed: int = 1, faults: str = DEFAULT_FAULTS, mtu: int = 1024,
     eb.buf.view[2 << 20:(2 << 20) + size] = rng.randbytes(size)   # B: [2M, 3M) to be READ
     eb.buf.view[3 << 20:(3 << 20) + 8] = (1000).to_bytes(8, sys.byteorder)
     p = lambda s: print(s, file=out)   # noqa: E731
-    p(f"softnic demo: {a.name} {a.gid} <-> {b.name} {b.gid}, simulated link, 5 us each way")
+    p(f"softnic demo: {a.name} {a.gid} <-> {b.name} {b.gid}, simulated 10 Gbit/s link, 5 us each way")
     p(f"  faults each way: {model}   seed {seed}   path MTU {mtu}   "
       f"recovery {'selective repeat' if selective_repeat else 'go-back-N'}")
     for i in range(4):

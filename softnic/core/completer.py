@@ -137,26 +137,49 @@ def receive(dev, qp, pkt, now: float) -> None:
         if wqe is None or wqe.opcode != W.RDMA_READ:
             dev.counters["rcvd_bad_response"] += 1
             return
-        if psn != (qp.acked_psn + 1) & 0xFFFFFF and psn != wqe.first_psn:
-            _retry_from(dev, qp, max_psn(qp.acked_psn + 1, wqe.first_psn))
-            return
         if psn == wqe.first_psn:
-            qp.acked_psn = (psn - 1) & 0xFFFFFF
+            qp.acked_psn = (psn - 1) & 0xFFFFFF       # everything before the READ is done
+        expected = (qp.acked_psn + 1) & 0xFFFFFF
         idx = (psn - wqe.first_psn) & 0xFFFFFF
         mtu = qp.mtu
         off = idx * mtu
         n = len(pkt.payload)
         is_last = idx == wqe.npkts - 1
-        expect = (wqe.length - off) if is_last else mtu
-        if n != expect:
+        if n != ((wqe.length - off) if is_last else mtu):
             _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
             qp.req_error = True
-        else:
-            _scatter(wqe, off, pkt.payload)
-            qp.acked_psn = psn
-            qp.retry_pending = None
-            if is_last:
-                _finish(qp, wqe)
+            _progress(dev, qp, before, now)
+            return
+        if psn != expected:
+            if not qp.selective_repeat or psn_diff(expected, wqe.first_psn) < 0:
+                _retry_from(dev, qp, max_psn(expected, wqe.first_psn))
+                return
+            # Selective repeat: place the response now and ask again only for the hole.
+            if wqe.got is None:
+                wqe.got, wqe.asked = set(), set()
+            if idx not in wqe.got:
+                _scatter(wqe, off, pkt.payload)
+                wqe.got.add(idx)
+            first_missing = (expected - wqe.first_psn) & 0xFFFFFF
+            hole = [i for i in range(first_missing, idx) if i not in wqe.got and i not in wqe.asked]
+            if hole:
+                wqe.asked.update(hole)
+                qp.rexmit.append(((wqe.first_psn + hole[0]) & 0xFFFFFF, hole[-1] - hole[0] + 1))
+                dev.counters["read_holes_requested"] += 1
+                dev.mark_ready(qp)
+            return
+        _scatter(wqe, off, pkt.payload)
+        qp.acked_psn = psn
+        qp.retry_pending = None
+        if wqe.got:
+            nxt = idx + 1
+            while nxt in wqe.got:
+                wqe.got.discard(nxt)
+                qp.acked_psn = (wqe.first_psn + nxt) & 0xFFFFFF
+                nxt += 1
+            is_last = nxt - 1 == wqe.npkts - 1
+        if is_last:
+            _finish(qp, wqe)
     elif kind == Kind.ATOMIC_ACK:
         if wqe is None or not wqe.rd_atomic or wqe.opcode == W.RDMA_READ or psn != wqe.first_psn:
             dev.counters["rcvd_bad_response"] += 1
@@ -240,6 +263,9 @@ def on_timeout(dev, qp, now: float) -> None:
         qp.retry_left -= 1
     qp.retry_pending = None
     comp = (qp.acked_psn + 1) & 0xFFFFFF
+    for w in qp.sq:
+        if w.asked:
+            w.asked = set()
     if qp.selective_repeat and qp.sacked_psn is not None and psn_diff(qp.sacked_psn, comp) > 0:
         # resend the first missing PSN and the tail nobody has acknowledged;
         # the responder names any hole in between when the first one fills

@@ -211,7 +211,7 @@ class SendWQE:
     __slots__ = ("wr_id", "opcode", "flags", "sges", "inline", "length", "imm", "inv_rkey",
                  "remote_addr", "rkey", "compare_add", "swap", "dest", "remote_qpn",
                  "remote_qkey", "signaled", "first_psn", "last_psn", "npkts", "next_pkt",
-                 "views", "done", "status", "atomic_orig", "rd_atomic")
+                 "views", "done", "status", "atomic_orig", "rd_atomic", "got", "asked")
 
     def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None):
         self.wr_id = wr.wr_id
@@ -238,6 +238,8 @@ class SendWQE:
         self.done = False
         self.status = None
         self.atomic_orig = 0
+        self.got: set[int] | None = None     # selective repeat: READ responses held beyond a hole
+        self.asked: set[int] | None = None   # ... and those already asked for again
         self.rd_atomic = self.opcode in (WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
                                          WROpcode.ATOMIC_FETCH_AND_ADD)
 

@@ -90,8 +90,9 @@ def gather(wqe, off: int, n: int):
     return out
 
 
-def _build(dev, qp, wqe, idx: int, ackreq: bool) -> bytearray:
-    """Request packet number ``idx`` of ``wqe``."""
+def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
+    """Request packet number ``idx`` of ``wqe`` (for a READ re-issued from
+    response ``idx``: ``count`` responses, or all the rest)."""
     psn = (wqe.first_psn + idx) & 0xFFFFFF
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
@@ -107,8 +108,9 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool) -> bytearray:
     if op == W.RDMA_READ:
         # idx > 0 re-issues the READ for the responses not yet received.
         off = idx * qp.mtu
+        n = wqe.length - off if count is None else min(count * qp.mtu, wqe.length - off)
         return encode(O.RC_RDMA_READ_REQUEST, dest_qp=dqpn, psn=psn, ackreq=True,
-                      reth=(wqe.remote_addr + off, wqe.rkey, wqe.length - off))
+                      reth=(wqe.remote_addr + off, wqe.rkey, n))
     if op in _ATOMIC_OPC:
         return encode(_ATOMIC_OPC[op], dest_qp=dqpn, psn=psn, ackreq=True,
                       atomiceth=(wqe.remote_addr, wqe.rkey, wqe.compare_add if op ==
@@ -178,19 +180,15 @@ def generate(dev, qp, now: float, out: list) -> None:
     ack_every = max(1, qp.window // 4)
     # Selective repeat: single lost PSNs first.
     while qp.rexmit:
-        psn = qp.rexmit.popleft()
+        item = qp.rexmit.popleft()
+        psn, count = item if isinstance(item, tuple) else (item, None)
         i = _find(qp, psn)
         if i is None:
             continue
         w = qp.sq[i]
-        if w.rd_atomic and w.opcode == W.RDMA_READ:
-            idx = (psn - w.first_psn) & 0xFFFFFF
-        elif w.rd_atomic:
-            idx = 0
-        else:
-            idx = (psn - w.first_psn) & 0xFFFFFF
+        idx = 0 if w.rd_atomic and w.opcode != W.RDMA_READ else (psn - w.first_psn) & 0xFFFFFF
         dev.counters["retransmitted_pkts"] += 1
-        out.append((_build(dev, qp, w, idx, True), dest))
+        out.append((_build(dev, qp, w, idx, True, count), dest))
     sq = qp.sq
     while qp.send_idx < len(sq) and not qp.req_error:
         wqe = sq[qp.send_idx]

@@ -1,0 +1,20 @@
+"""Shared test setup.
+
+Hypothesis profiles:
+  dev   local default: like Hypothesis's default, but every failure also
+        prints the @reproduce_failure(...) line that replays it.
+  ci    Hypothesis's built-in profile, loaded by itself when CI is set
+        (derandomized, no example database, prints the replay line), with
+        300 examples per property.
+  deep  long property runs, 100 000 examples: pytest --hypothesis-profile=deep
+"""
+
+from hypothesis import settings
+
+settings.register_profile("dev", print_blob=True)
+settings.register_profile("deep", max_examples=100_000, deadline=None, print_blob=True)
+settings.register_profile("ci", settings.get_profile("ci"), max_examples=300)
+if settings.get_current_profile_name() == "default":
+    settings.load_profile("dev")
+elif settings.get_current_profile_name() == "ci":
+    settings.load_profile("ci")
