@@ -296,7 +296,9 @@ def complete(dev, qp) -> None:
             if w.status != WCStatus.WR_FLUSH_ERR:
                 fail(dev, qp)
                 return
-    if qp.state == QPState.SQD and not sq and not qp.sqd_notified:
+    # Drained once nothing started before SQD is outstanding; WRs posted since
+    # wait unstarted at the head and do not hold the event back.
+    if qp.state == QPState.SQD and (not sq or sq[0].first_psn is None) and not qp.sqd_notified:
         qp.sqd_notified = True
         if qp.attr.en_sqd_async_notify:
             dev.async_event("SQ_DRAINED", qp)
