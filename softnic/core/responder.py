@@ -416,7 +416,7 @@ def _receive_ud(dev, qp, pkt, src) -> None:
     if deth.qkey != qp.attr.qkey:
         dev.counters["rcvd_bad_qkey"] += 1
         return
-    if len(pkt.payload) > qp.mtu:
+    if len(pkt.payload) > min(dev.config.active_mtu, 4096):   # UD has no path MTU: the port's
         dev.counters["ud_dropped"] += 1
         return
     try:
