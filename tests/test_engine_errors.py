@@ -132,11 +132,16 @@ def test_lost_packets_within_retry_budget_are_recovered():
 # ------------------------------------------------------------------ RNR
 
 
+@pytest.mark.parametrize("op", [W.SEND, W.RDMA_WRITE_WITH_IMM])
 @pytest.mark.parametrize("rnr_retry", [0, 1, 4, 6])
-def test_no_receive_posted_exhausts_rnr_retry(rnr_retry):
+def test_no_receive_posted_exhausts_rnr_retry(rnr_retry, op):
     p = pair(rnr_retry=rnr_retry)
     a, b, ea, eb = p.a, p.b, p.ea, p.eb
-    a.post_send(ea.qp, send_wr(1, ea, 0, 100))
+    fill(ea, 0, pattern(100, 1))
+    if op == W.SEND:
+        a.post_send(ea.qp, send_wr(1, ea, 0, 100))
+    else:                                  # the immediate needs a receive: RNR before any byte
+        a.post_send(ea.qp, write_wr(1, ea, eb, 0, 100, 500, opcode=op, imm_data=1))
     a.post_send(ea.qp, write_wr(2, ea, eb, 0, 100, 0))
     snapshot = read(eb, 0, eb.buf.length)
     p.run()
@@ -147,19 +152,23 @@ def test_no_receive_posted_exhausts_rnr_retry(rnr_retry):
     rnr = [n for n in naks(p, b) if n[1] == AethCode.RNR_NAK]
     assert len(rnr) == rnr_retry + 1
     assert all(n[2] == 1 for n in rnr)                    # min_rnr_timer code from the rig
-    sends = [pkt for _, pkt in p.packets("send", a) if pkt.info.kind == Kind.SEND]
+    sends = [pkt for _, pkt in p.packets("send", a) if pkt.bth.psn == wr_psn(p)]
     assert len(sends) == rnr_retry + 1
     assert ea.qp.state == QPState.ERR
     assert eb.qp.state == QPState.RTS
     assert read(eb, 0, eb.buf.length) == snapshot        # the WRITE behind it never ran
 
 
-def test_receive_posted_before_rnr_retries_run_out_lets_the_send_succeed():
+@pytest.mark.parametrize("op", [W.SEND_WITH_IMM, W.RDMA_WRITE_WITH_IMM])
+def test_receive_posted_before_rnr_retries_run_out_lets_the_send_succeed(op):
     p = pair(rnr_retry=3)
     a, b, ea, eb = p.a, p.b, p.ea, p.eb
     data = pattern(2500, 9)
     fill(ea, 0, data)
-    a.post_send(ea.qp, send_wr(1, ea, 0, 2500, opcode=W.SEND_WITH_IMM, imm_data=0xABCD))
+    if op == W.SEND_WITH_IMM:
+        a.post_send(ea.qp, send_wr(1, ea, 0, 2500, opcode=op, imm_data=0xABCD))
+    else:                                  # three packets; the RNR comes on the last one
+        a.post_send(ea.qp, write_wr(1, ea, eb, 0, 2500, 4096, opcode=op, imm_data=0xABCD))
     p.run_until(lambda: b.counters["send_rnr_err"] == 2)
     assert a.counters["rcvd_rnr_err"] <= 2
     b.post_recv(eb.qp, RecvWR(50, [eb.sge(4096, 4096)]))
@@ -167,6 +176,7 @@ def test_receive_posted_before_rnr_retries_run_out_lets_the_send_succeed():
     assert statuses(p.send_wcs()) == [(1, S.SUCCESS)]
     (wc,) = p.recv_wcs()
     assert (wc.wr_id, wc.status, wc.byte_len, wc.imm_data) == (50, S.SUCCESS, 2500, 0xABCD)
+    assert wc.opcode == (WCOpcode.RECV if op == W.SEND_WITH_IMM else WCOpcode.RECV_RDMA_WITH_IMM)
     assert read(eb, 4096, 2500) == data
     assert a.counters["rcvd_rnr_err"] == 2
     assert a.counters["retry_rnr_exceeded_err"] == 0

@@ -22,6 +22,7 @@ from softnic.core.enums import Access, QPAttrMask as M, QPState, QPType, SendFla
 from softnic.core.errors import VerbsError
 from softnic.core.memory import Buffer
 from softnic.core.qp import TRANSITIONS, AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
+from softnic.faults import FaultModel
 from softnic.rig import ALL_ACCESS
 
 from enginekit import B_IP, pair, send_wr, write_wr
@@ -324,3 +325,43 @@ def test_sqd_finishes_outstanding_work_starts_nothing_new_and_reports_drained():
     assert [(w.wr_id, w.status) for w in p.send_wcs()] == [(1, WCStatus.SUCCESS),
                                                             (2, WCStatus.SUCCESS)]
     assert [t for t, obj in a.events if obj is ea.qp] == [EventType.SQ_DRAINED]
+
+
+@pytest.mark.parametrize("qp_type", [QPType.RC, QPType.UC, QPType.UD])
+def test_transitions_out_of_sqe_follow_the_table(dev, qp_type):
+    """The engine never enters SQE by itself (a send error takes the QP to ERR, as in
+    rxe), so the QP is put there directly to check the table's SQE rows."""
+    for nxt in S:
+        qp, *_ = _qp(dev, qp_type)
+        _to(dev, qp, S.RTS)
+        qp.state = S.SQE
+        rule = TRANSITIONS.get((S.SQE, nxt), {}).get(qp_type)
+        attr = replace(attr_for(nxt), cur_qp_state=S.SQE)
+        if rule is None:
+            assert errno_of(dev.modify_qp, qp, attr, M.STATE) == errno.EINVAL
+            assert qp.state == S.SQE
+            continue
+        required, optional = rule
+        for bit in ALL_BITS:
+            if bit != M.STATE and not bit & (required | optional):
+                assert errno_of(dev.modify_qp, qp, attr, M.STATE | required | bit) \
+                    == errno.EINVAL
+        dev.modify_qp(qp, attr, M.STATE | required | optional)
+        assert qp.state == nxt
+
+
+def test_modify_to_err_flushes_sends_and_receives_in_order():
+    p = pair()
+    a, b, ea, eb = p.a, p.b, p.ea, p.eb
+    p.fabric.set_link(a.address, b.address, FaultModel(loss=1.0))
+    for i in range(4):
+        a.post_send(ea.qp, write_wr(i, ea, eb, 0, 100, 0, flags=SendFlags.SIGNALED * (i % 2)))
+        a.post_recv(ea.qp, RecvWR(10 + i, [ea.sge(0, 64)]))
+    p.fabric.run(until=p.fabric.now + 1e-3)
+    a.modify_qp(ea.qp, QPAttr(qp_state=S.ERR), M.STATE)
+    assert [(w.wr_id, w.status) for w in p.send_wcs()] == [(i, WCStatus.WR_FLUSH_ERR)
+                                                            for i in range(4)]
+    assert [(w.wr_id, w.status) for w in p.recv_wcs("a")] == [(10 + i, WCStatus.WR_FLUSH_ERR)
+                                                               for i in range(4)]
+    p.run()                                   # no timer left armed: the fabric goes idle
+    assert a.get_timer() is None
