@@ -483,10 +483,12 @@ def test_read_atomic_credits_are_never_exceeded(max_rd_atomic):
 # ------------------------------------------------------------------ PSN wrap under loss
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_psn_wrap_with_multi_packet_write_under_loss(seed):
+@pytest.mark.parametrize("selective_repeat", [False, True])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_psn_wrap_with_multi_packet_write_under_loss(seed, selective_repeat):
     p = pair(seed=seed, mtu=256, psn_a=0xFFFFF0, psn_b=0xFFFFFA,
              faults=FaultModel(loss=0.05, reorder=0.02, reorder_delay=20e-6),
+             config=DeviceConfig(min_timer=1e-3, selective_repeat=selective_repeat),
              endpoint_args=dict(buf_size=1 << 17))
     a, b, ea, eb = p.a, p.b, p.ea, p.eb
     data = pattern(40000, seed)
@@ -515,9 +517,11 @@ def test_psn_wrap_with_multi_packet_write_under_loss(seed):
 # ------------------------------------------------------------------ duplicates
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_duplicated_atomics_execute_once(seed):
-    p = pair(seed=seed, max_rd_atomic=4)
+@pytest.mark.parametrize("selective_repeat", [False, True])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_duplicated_atomics_execute_once(seed, selective_repeat):
+    p = pair(seed=seed, max_rd_atomic=4,
+             config=DeviceConfig(min_timer=1e-3, selective_repeat=selective_repeat))
     a, b, ea, eb = p.a, p.b, p.ea, p.eb
     # requests are duplicated on the way; answers are lost often so requests are resent
     p.fabric.set_link(a.address, b.address, FaultModel(duplicate=0.5), both_directions=False)
@@ -548,9 +552,11 @@ def test_duplicated_atomics_execute_once(seed):
     assert b.counters["atomic_replayed"] > 0
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_duplicated_read_returns_the_right_bytes(seed):
-    p = pair(seed=seed, mtu=512, faults=FaultModel(duplicate=0.4, loss=0.05))
+@pytest.mark.parametrize("selective_repeat", [False, True])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_duplicated_read_returns_the_right_bytes(seed, selective_repeat):
+    p = pair(seed=seed, mtu=512, faults=FaultModel(duplicate=0.4, loss=0.05),
+             config=DeviceConfig(min_timer=1e-3, selective_repeat=selective_repeat))
     a, b, ea, eb = p.a, p.b, p.ea, p.eb
     src = pattern(20000, seed + 10)
     fill(eb, 0, src)
