@@ -58,7 +58,7 @@ def _to(dev, qp, target: S):
     """Walk a fresh QP up to ``target`` with the masks the table requires."""
     path = {S.RESET: [], S.INIT: [S.INIT], S.RTR: [S.INIT, S.RTR],
             S.RTS: [S.INIT, S.RTR, S.RTS], S.SQD: [S.INIT, S.RTR, S.RTS, S.SQD],
-            S.ERR: [S.ERR]}[target]
+            S.ERR: [S.INIT, S.ERR]}[target]
     cur = qp.state
     for nxt in path:
         required, _ = TRANSITIONS[(cur, nxt)][qp.qp_type]

@@ -345,12 +345,9 @@ class Device:
         qp.rd_atomic_inflight = 0
         sq, qp.sq = qp.sq, deque()
         qp.send_idx = 0
-        for w in sq:
-            status = w.status if w.done and w.status is not None else WCStatus.WR_FLUSH_ERR
-            if status == WCStatus.SUCCESS and not w.signaled:
-                continue
-            self.post_cqe(qp.send_cq, WC(w.wr_id, status, completer._WC_OPCODE[w.opcode],
-                                         qp.qpn), qp)
+        for w in sq:      # all not yet reported, even those already executed, are flushed
+            self.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.WR_FLUSH_ERR,
+                                         completer._WC_OPCODE[w.opcode], qp.qpn), qp)
         rq = list(qp.rq)
         if qp.resp_wqe is not None:
             rq.insert(0, qp.resp_wqe)

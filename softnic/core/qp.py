@@ -129,7 +129,8 @@ TRANSITIONS: dict[tuple[S, S], dict[QPType, tuple[M, M]]] = {
 }
 for _s in S:
     TRANSITIONS[(_s, S.RESET)] = {t: (_NONE, _NONE) for t in (RC, UC, UD)}
-    TRANSITIONS[(_s, S.ERR)] = {t: (_NONE, _NONE) for t in (RC, UC, UD)}
+    if _s != S.RESET:            # as the kernel's table: a QP in RESET cannot go to ERR
+        TRANSITIONS[(_s, S.ERR)] = {t: (_NONE, _NONE) for t in (RC, UC, UD)}
 
 
 def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int) -> S:

@@ -19,8 +19,8 @@ from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import AccessError
 
-ACK_CREDITS = 0x1F
-SR_SPAN = 4          # selective repeat: the responder holds up to this many windows of PSNs   # AETH credit field "invalid": no end-to-end credit limit
+ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
+SR_SPAN = 4          # selective repeat: the responder holds up to this many windows of PSNs
 GRH_LEN = 40
 _U64 = 0xFFFFFFFFFFFFFFFF
 
