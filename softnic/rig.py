@@ -42,7 +42,7 @@ def endpoint(dev: Device, *, qp_type: QPType = QPType.RC, buf_size: int = 1 << 2
                                       QPCap(max_send_wr, max_recv_wr, max_sge, max_sge,
                                             max_inline), sq_sig_all))
     buf = Buffer(buf_size)
-    mr = dev.reg_mr(pd, buf.addr, buf.length, mr_access)
+    mr = dev.reg_mr(pd, buf.addr, buf.length, mr_access, owner=buf)
     return Endpoint(dev, pd, scq, rcq, qp, buf, mr)
 
 

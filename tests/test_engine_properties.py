@@ -106,7 +106,7 @@ class Arena:
 
     def __init__(self, dev: Device, pd, size: int, rng: random.Random):
         self.buf = Buffer(size)
-        self.mr = dev.reg_mr(pd, self.buf.addr, size, ALL_ACCESS)
+        self.mr = dev.reg_mr(pd, self.buf.addr, size, ALL_ACCESS, owner=self.buf)
         init = rng.randbytes(size)
         self.buf.view[:] = init
         self.ref = bytearray(init)

@@ -103,10 +103,12 @@ class Device:
         pd.closed = True
         self.pds.pop(pd.handle, None)
 
-    def reg_mr(self, pd: PD, addr: int, length: int, access: int) -> MR:
+    def reg_mr(self, pd: PD, addr: int, length: int, access: int, owner=None) -> MR:
+        """Register ``[addr, addr+length)``.  ``owner``, if given, is the Python
+        object that owns that memory; the MR keeps it alive until deregistered."""
         if length > self.config.max_mr_size:
             raise einval("MR larger than max_mr_size")
-        return self.keys.register(pd, addr, length, access)
+        return self.keys.register(pd, addr, length, access, owner)
 
     def dereg_mr(self, mr: MR) -> None:
         self.keys.deregister(mr)

@@ -78,6 +78,7 @@ class MR:
     rkey: int
     view: memoryview
     valid: bool = True
+    owner: object = None     # keeps Python-owned memory alive while registered
 
     def _check(self, addr: int, length: int) -> int:
         if not self.valid:
@@ -109,7 +110,7 @@ class KeyTable:
         self._next_index = 1
         self._key_byte = 0
 
-    def register(self, pd: PD, addr: int, length: int, access: int) -> MR:
+    def register(self, pd: PD, addr: int, length: int, access: int, owner=None) -> MR:
         access = Access(access)
         if length < 0 or addr < 0:
             raise einval("negative address or length")
@@ -121,7 +122,7 @@ class KeyTable:
         self._key_byte = (self._key_byte + 0x11) & 0xFF
         key = (self._next_index << 8) | self._key_byte
         self._next_index = (self._next_index + 1) & 0xFFFFFF or 1
-        mr = MR(pd, addr, length, access, key, key, view_at(addr, length))
+        mr = MR(pd, addr, length, access, key, key, view_at(addr, length), owner=owner)
         self._by_key[key] = mr
         pd.mrs.add(mr)
         return mr
@@ -131,6 +132,7 @@ class KeyTable:
         mr.pd.mrs.discard(mr)
         mr.valid = False
         mr.view = memoryview(b"")
+        mr.owner = None
 
     def lookup(self, key: int) -> MR | None:
         return self._by_key.get(key)
