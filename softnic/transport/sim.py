@@ -1,0 +1,432 @@
+"""A deterministic virtual-time fabric for sans-I/O devices.
+
+Any object with this shape is a device (one NIC)::
+
+    device.address                              -> (ipv4 str, udp port)
+    device.receive_datagram(data, src, now)     -> None
+    device.datagrams_to_send(now)               -> [(bytes, (ip, port)), ...]
+    device.get_timer()                          -> absolute deadline or None
+    device.handle_timer(now)                    -> None
+
+The fabric keeps one heap of events ``(time, seq, port, data, src)``:
+deliveries carry bytes, timers carry ``data=None``.  ``seq`` grows by one per
+heap entry and breaks ties, so events at one time run in the order they were
+made and a run depends only on the seed and the workload.
+
+After every input to a device (a delivery, a timer) the fabric applies the
+driver rule: drain ``datagrams_to_send(now)`` and re-arm the device's one
+timer from ``get_timer()``.  Engines move their timer on almost every packet,
+so re-arming is cheap: a later deadline only updates the port, and the heap
+entry already there re-checks the armed deadline when it comes up (fire,
+push again later, or discard).  An earlier deadline pushes a new entry and
+the old one turns stale (its ``seq`` no longer matches).  Neither kind of
+leftover entry moves the clock or counts as an event.
+
+Each link direction has its own ``FaultInjector`` whose rng comes from the
+fabric seed and the two addresses (never from ``hash()``, which Python
+randomizes per process).  A direction with no faults skips the injector.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import replace
+from heapq import heapify, heappop, heappush
+from typing import Any, Callable, NamedTuple, Protocol
+
+from softnic.faults import COUNTER_NAMES, FaultInjector, FaultModel
+
+__all__ = ["Fabric", "Device", "TraceRecord", "Address"]
+
+Address = tuple[str, int]
+
+
+class Device(Protocol):
+    @property
+    def address(self) -> Address: ...
+    def receive_datagram(self, data: bytes, src: Address, now: float) -> None: ...
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Address]]: ...
+    def get_timer(self) -> float | None: ...
+    def handle_timer(self, now: float) -> None: ...
+
+
+class TraceRecord(NamedTuple):
+    time: float
+    kind: str        # "send", "drop", "deliver", "corrupt" or "dup"
+    src: Address
+    dst: Address
+    data: bytes
+
+
+# Rebuild the heap without stale timer entries once there are this many and
+# they make up more than half of it.
+_COMPACT_MIN_STALE = 4096
+
+
+class _Port:
+    """A device attached to the fabric, its links out and its one timer."""
+
+    __slots__ = ("device", "address", "links", "armed", "entry_seq", "entry_time", "attached")
+
+    def __init__(self, device: Any, address: Address) -> None:
+        self.device = device
+        self.address = address
+        self.links: dict[Address, _Link] = {}  # by destination; filled on first use
+        self.armed: float | None = None        # the deadline the device asked for
+        self.entry_seq = -1                    # seq of this port's live timer entry, -1 if none
+        self.entry_time = 0.0                  # and its time
+        self.attached = True
+
+
+class _Link:
+    """One direction of a link: where it goes and what happens on the way."""
+
+    __slots__ = ("dst", "delay", "injector", "counters", "fast")
+
+    def __init__(self, dst: _Port, delay: float, injector: FaultInjector) -> None:
+        self.dst = dst
+        self.delay = delay
+        self.injector = injector
+        self.counters = injector.counters
+        self.fast = injector.model.is_none()
+
+
+class Fabric:
+    """Devices joined by links, run in virtual time.
+
+    Every direction between two attached devices is a link with propagation
+    delay ``default_delay`` (seconds), rate ``default_rate_bps`` (None: no
+    limit) and fault model ``default_faults``; ``set_link`` overrides one or
+    both directions.  A link's rate becomes the fault model's ``rate_bps``
+    unless the model sets its own; the model's ``delay`` adds to the
+    propagation delay.
+
+    With ``trace=True`` every send, drop, corruption, duplicate and delivery
+    is appended to ``fabric.trace`` (the ``tracing`` attribute switches this
+    on and off between runs).  ``capture``, if given, has
+    ``capture.record(datagram, src, dst, now)`` called for every delivery.
+    """
+
+    def __init__(self, seed: int = 0, *, default_faults: FaultModel = FaultModel.none(),
+                 default_delay: float = 1e-6, default_rate_bps: float | None = None,
+                 trace: bool = False, capture: Any = None) -> None:
+        if not default_delay >= 0:
+            raise ValueError(f"default_delay must be >= 0 seconds, got {default_delay!r}")
+        self.seed = seed
+        self.default_faults = default_faults
+        self.default_delay = default_delay
+        self.default_rate_bps = default_rate_bps
+        self.trace: list[TraceRecord] = []
+        self.tracing = trace
+        self.capture = capture
+        self.events_processed = 0
+        self._now = 0.0
+        self._next_seq = itertools.count(1).__next__
+        self._heap: list[tuple] = []
+        self._stale = 0
+        self._ports: dict[Address, _Port] = {}
+        self._overrides: dict[tuple[Address, Address], tuple[FaultModel | None, float | None, float | None]] = {}
+        self._injectors: dict[tuple[Address, Address], FaultInjector] = {}
+        self._dropped_unknown = 0
+        self._received = 0
+
+    # -- set-up -------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        """Virtual time in seconds."""
+        return self._now
+
+    def attach(self, device: Any) -> None:
+        """Add a device, reachable at ``device.address`` from then on."""
+        address = tuple(device.address)
+        if address in self._ports:
+            raise ValueError(f"address {address} is already attached")
+        self._ports[address] = _Port(device, address)
+        self._forget_links(address)
+
+    def detach(self, address: Address) -> Any:
+        """Remove a device and return it.  Its timer dies and datagrams still
+        on the way to it, or sent to its address later, are dropped."""
+        address = tuple(address)
+        port = self._ports.pop(address)
+        port.attached = False
+        port.armed = None
+        self._forget_links(address)
+        return port.device
+
+    def _forget_links(self, address: Address) -> None:
+        for port in self._ports.values():
+            port.links.pop(address, None)
+
+    def device(self, address: Address) -> Any:
+        return self._ports[tuple(address)].device
+
+    @property
+    def devices(self) -> list[Any]:
+        """Attached devices, in the order they were attached."""
+        return [p.device for p in self._ports.values()]
+
+    def set_link(self, a: Address, b: Address, faults: FaultModel | None = None, *,
+                 delay: float | None = None, rate_bps: float | None = None,
+                 both_directions: bool = True) -> None:
+        """Override the link a -> b (and b -> a unless ``both_directions`` is False).
+
+        Arguments left as None take the fabric defaults.  Each direction gets
+        a fresh injector seeded from the fabric seed and its two addresses.
+        """
+        if delay is not None and not delay >= 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        a, b = tuple(a), tuple(b)
+        pairs = [(a, b), (b, a)] if both_directions and a != b else [(a, b)]
+        for src, dst in pairs:
+            self._overrides[(src, dst)] = (faults, delay, rate_bps)
+            self._injectors.pop((src, dst), None)
+            port = self._ports.get(src)
+            if port is not None:
+                port.links.pop(dst, None)
+
+    def derive_rng(self, *labels: object) -> random.Random:
+        """A ``random.Random`` fixed by the fabric seed and ``labels``
+        (for seeding devices' own randomness from the same seed)."""
+        return random.Random("/".join([str(self.seed), *map(str, labels)]))
+
+    def _make_link(self, src: Address, dst: Address) -> _Link | None:
+        port = self._ports.get(dst)
+        if port is None:
+            return None
+        faults, delay, rate = self._overrides.get((src, dst), (None, None, None))
+        injector = self._injectors.get((src, dst))
+        if injector is None:
+            model = self.default_faults if faults is None else faults
+            if rate is None:
+                rate = self.default_rate_bps
+            if rate is not None and model.rate_bps is None:
+                model = replace(model, rate_bps=float(rate))
+            rng = self.derive_rng(_fmt(src), _fmt(dst))
+            injector = self._injectors[(src, dst)] = FaultInjector(model, rng)
+        return _Link(port, self.default_delay if delay is None else delay, injector)
+
+    def injector(self, src: Address, dst: Address) -> FaultInjector:
+        """The injector of direction src -> dst (made now if not used yet)."""
+        src, dst = tuple(src), tuple(dst)
+        injector = self._injectors.get((src, dst))
+        if injector is None:
+            link = self._make_link(src, dst)
+            if link is None:
+                raise KeyError(f"no device attached at {dst}")
+            injector = link.injector
+        return injector
+
+    def link_counters(self, src: Address, dst: Address) -> dict[str, int]:
+        """A copy of the counters of direction src -> dst."""
+        return dict(self.injector(src, dst).counters)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Totals over all links (see ``softnic.faults.COUNTER_NAMES``), plus
+        ``dropped_unknown`` (nobody at the destination) and ``received``
+        (datagrams handed to a device)."""
+        total = dict.fromkeys(COUNTER_NAMES, 0)
+        for injector in self._injectors.values():
+            for name, value in injector.counters.items():
+                total[name] += value
+        total["dropped_unknown"] = self._dropped_unknown
+        total["received"] = self._received
+        return total
+
+    # -- the driver rule ------------------------------------------------------
+
+    def flush(self) -> None:
+        """Drain every device's output and re-arm its timer.  Call after
+        verbs calls made outside ``run`` (``run`` itself starts with this)."""
+        now = self._now
+        for port in list(self._ports.values()):
+            device = port.device
+            for data, dst in device.datagrams_to_send(now):
+                self._send(port, dst, data, now)
+            deadline = device.get_timer()
+            if deadline != port.armed:
+                self._arm(port, deadline, now)
+
+    def _arm(self, port: _Port, deadline: float | None, now: float) -> None:
+        port.armed = deadline
+        if deadline is None:
+            return  # a live entry left in the heap is discarded when it comes up
+        when = deadline if deadline > now else now  # virtual time never goes back
+        if port.entry_seq != -1:
+            if when >= port.entry_time:
+                return  # the earlier entry re-checks when it comes up
+            self._stale += 1
+        port.entry_seq = seq = self._next_seq()
+        port.entry_time = when
+        heappush(self._heap, (when, seq, port, None, None))
+        if self._stale > _COMPACT_MIN_STALE and self._stale * 2 > len(self._heap):
+            self._compact()
+
+    def _compact(self) -> None:
+        # In place: run() holds a reference to the list.
+        self._heap[:] = [e for e in self._heap if e[3] is not None or e[2].entry_seq == e[1]]
+        heapify(self._heap)
+        self._stale = 0
+
+    def _send(self, port: _Port, dst: Address, data: bytes, now: float) -> None:
+        link = port.links.get(dst)
+        if link is None:
+            dst = tuple(dst)
+            link = self._make_link(port.address, dst)
+            if link is None:
+                self._dropped_unknown += 1
+                if self.tracing:
+                    self.trace.append(TraceRecord(now, "send", port.address, dst, data))
+                    self.trace.append(TraceRecord(now, "drop", port.address, dst, data))
+                return
+            port.links[dst] = link
+        if link.fast and not self.tracing:
+            counters = link.counters
+            counters["sent"] += 1
+            counters["delivered"] += 1
+            heappush(self._heap, (now + link.delay, self._next_seq(), link.dst, data, port.address))
+            return
+        src = port.address
+        injector = link.injector
+        trace = self.trace if self.tracing else None
+        if trace is not None:
+            trace.append(TraceRecord(now, "send", src, dst, data))
+            duplicated = injector.counters["duplicated"]
+        copies = injector.apply(data, now)
+        if trace is not None:
+            if not copies:
+                trace.append(TraceRecord(now, "drop", src, dst, data))
+            for i, (_, copy) in enumerate(copies):
+                if copy is not data:
+                    trace.append(TraceRecord(now, "corrupt", src, dst, copy))
+                if i and injector.counters["duplicated"] != duplicated:
+                    trace.append(TraceRecord(now, "dup", src, dst, copy))
+        heap = self._heap
+        delay = link.delay
+        dst_port = link.dst
+        for at, copy in copies:
+            heappush(heap, (at + delay, self._next_seq(), dst_port, copy, src))
+
+    # -- running --------------------------------------------------------------
+
+    def _settle_top(self) -> None:
+        """Pop leftover timer entries from the top of the heap until the top
+        is a real event (or the heap is empty)."""
+        heap = self._heap
+        while heap:
+            at, seq, port, data, _ = heap[0]
+            if data is not None:
+                return
+            if seq != port.entry_seq:
+                heappop(heap)
+                self._stale -= 1
+                continue
+            armed = port.armed
+            if armed is not None and armed <= at:
+                return
+            heappop(heap)
+            port.entry_seq = -1
+            if armed is not None:  # moved later since this entry was pushed
+                port.entry_seq = seq = self._next_seq()
+                port.entry_time = armed
+                heappush(heap, (armed, seq, port, None, None))
+
+    def next_event_time(self) -> float | None:
+        """Time of the next event, or None when the fabric is idle."""
+        self._settle_top()
+        return self._heap[0][0] if self._heap else None
+
+    def pending(self) -> bool:
+        """True while some event is still to come."""
+        return self.next_event_time() is not None
+
+    def run(self, until: float | None = None, *, stop: Callable[[], bool] | None = None,
+            max_events: int | None = None) -> float:
+        """Process events in time order; return the virtual time reached.
+
+        Flushes every device first.  Stops when no events are left (idle),
+        before an event later than ``until`` (the clock then reads ``until``),
+        once ``stop()`` is true (checked before the first event and after each
+        one), or after ``max_events`` events.  An event is a delivery (or a
+        drop at a detached device) or a timer firing.
+        """
+        self.flush()
+        if stop is not None and stop():
+            return self._now
+        heap = self._heap
+        trace = self.trace if self.tracing else None
+        capture = self.capture
+        next_seq = self._next_seq
+        send = self._send
+        processed = 0
+        limit = -1 if max_events is None else max_events
+        stopped = False
+        while processed != limit and heap:
+            at, seq, port, data, src = heap[0]
+            if until is not None and at > until:
+                break
+            heappop(heap)
+            device = port.device
+            if data is None:
+                if seq != port.entry_seq:
+                    self._stale -= 1
+                    continue
+                port.entry_seq = -1
+                armed = port.armed
+                if armed is None:
+                    continue
+                if armed > at:
+                    port.entry_seq = seq = next_seq()
+                    port.entry_time = armed
+                    heappush(heap, (armed, seq, port, None, None))
+                    continue
+                self._now = at
+                port.armed = None
+                device.handle_timer(at)
+            elif port.attached:
+                self._now = at
+                self._received += 1
+                if trace is not None:
+                    trace.append(TraceRecord(at, "deliver", src, port.address, data))
+                if capture is not None:
+                    capture.record(data, src, port.address, at)
+                device.receive_datagram(data, src, at)
+            else:
+                self._now = at
+                self._dropped_unknown += 1
+                if trace is not None:
+                    trace.append(TraceRecord(at, "drop", src, port.address, data))
+                processed += 1
+                if stop is not None and stop():
+                    stopped = True
+                    break
+                continue
+            # The driver rule, inlined: this is the per-packet path.
+            links = port.links
+            for out, dst in device.datagrams_to_send(at):
+                link = links.get(dst)
+                if link is not None and link.fast and trace is None:
+                    counters = link.counters
+                    counters["sent"] += 1
+                    counters["delivered"] += 1
+                    heappush(heap, (at + link.delay, next_seq(), link.dst, out, port.address))
+                else:
+                    send(port, dst, out, at)
+            deadline = device.get_timer()
+            if deadline != port.armed:
+                self._arm(port, deadline, at)
+            processed += 1
+            if stop is not None and stop():
+                stopped = True
+                break
+        self.events_processed += processed
+        if until is not None and not stopped and processed != limit and until > self._now:
+            self._now = until
+        return self._now
+
+
+def _fmt(address: Address) -> str:
+    return f"{address[0]}:{address[1]}"
