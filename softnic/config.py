@@ -1,0 +1,113 @@
+"""How an unmodified program's softnic devices are set up: environment or a file.
+
+Variables (each optional; a JSON file named by ``SOFTNIC_CONFIG`` may hold the
+same keys in lower case without the prefix, and the variables win over it):
+
+``SOFTNIC_DEVICES``
+    ``softnic0=127.0.0.2:4791,softnic1=10.0.0.5`` names each device and its
+    IPv4 address (and UDP port, default 4791); or a count, ``3``, for that many
+    devices on free loopback addresses.  Default: ``2``.
+``SOFTNIC_FAULTS``
+    a fault model applied to every datagram a device sends, e.g.
+    ``loss=0.05,reorder=0.01/200us`` (see ``softnic.faults.FaultModel.parse``).
+``SOFTNIC_SEED``
+    the seed of the fault model's random draws (default 0).
+``SOFTNIC_CAPTURE``
+    a pcap path; each device writes ``<stem>-<device>.pcap`` beside it.
+``SOFTNIC_RECOVERY``
+    ``gbn`` (go-back-N, the default) or ``sr`` (selective repeat).
+``SOFTNIC_MIN_TIMER``
+    floor of the retransmission and RNR timers in seconds (default 0.001).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import dataclass, field
+
+from .faults import FaultModel
+from .wire.roce import ROCEV2_PORT
+
+ENV_PREFIX = "SOFTNIC_"
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    ip: str | None          # None: pick a free loopback address when opened
+    port: int = ROCEV2_PORT
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    devices: tuple[DeviceSpec, ...] = field(default_factory=lambda: parse_devices("2"))
+    faults: FaultModel = FaultModel()
+    seed: int = 0
+    capture: str | None = None
+    selective_repeat: bool = False
+    min_timer: float = 1e-3
+
+
+def parse_devices(text: str) -> tuple[DeviceSpec, ...]:
+    text = text.strip()
+    if text.isdigit():
+        n = int(text)
+        if not 1 <= n <= 64:
+            raise ValueError(f"SOFTNIC_DEVICES count {n} outside 1..64")
+        return tuple(DeviceSpec(f"softnic{i}", None) for i in range(n))
+    specs = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, where = item.partition("=")
+        if not sep or not name or not where:
+            raise ValueError(f"SOFTNIC_DEVICES item {item!r} is not NAME=IP[:PORT]")
+        ip, _, port = where.partition(":")
+        ipaddress.IPv4Address(ip)            # raises ValueError with a clear message
+        p = int(port) if port else ROCEV2_PORT
+        if not 0 < p < 65536:
+            raise ValueError(f"SOFTNIC_DEVICES item {item!r}: bad port")
+        specs.append(DeviceSpec(name.strip(), ip, p))
+    if not specs:
+        raise ValueError("SOFTNIC_DEVICES names no device")
+    if len({s.name for s in specs}) != len(specs):
+        raise ValueError("SOFTNIC_DEVICES names a device twice")
+    return tuple(specs)
+
+
+def load(environ: dict | None = None) -> RuntimeConfig:
+    env = os.environ if environ is None else environ
+    raw: dict = {}
+    path = env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        with open(path) as f:
+            raw = {str(k).lower(): v for k, v in json.load(f).items()}
+    for key in ("devices", "faults", "seed", "capture", "recovery", "min_timer"):
+        v = env.get(ENV_PREFIX + key.upper())
+        if v is not None:
+            raw[key] = v
+    unknown = set(raw) - {"devices", "faults", "seed", "capture", "recovery", "min_timer"}
+    if unknown:
+        raise ValueError(f"unknown softnic configuration keys: {sorted(unknown)}")
+    kw = {}
+    if "devices" in raw:
+        d = raw["devices"]
+        if isinstance(d, dict):
+            d = ",".join(f"{k}={v}" for k, v in d.items())
+        kw["devices"] = parse_devices(str(d))
+    if "faults" in raw:
+        kw["faults"] = FaultModel.parse(str(raw["faults"]))
+    if "seed" in raw:
+        kw["seed"] = int(raw["seed"])
+    if raw.get("capture"):
+        kw["capture"] = str(raw["capture"])
+    if "recovery" in raw:
+        r = str(raw["recovery"]).lower()
+        if r not in ("gbn", "sr"):
+            raise ValueError(f"SOFTNIC_RECOVERY must be 'gbn' or 'sr', not {r!r}")
+        kw["selective_repeat"] = r == "sr"
+    if "min_timer" in raw:
+        kw["min_timer"] = float(raw["min_timer"])
+        if not 0 < kw["min_timer"] < 10:
+            raise ValueError("SOFTNIC_MIN_TIMER must be in (0, 10) seconds")
+    return RuntimeConfig(**kw)

@@ -1,0 +1,257 @@
+"""Live NICs: the engine driven over a real UDP socket, in real time.
+
+``open_device(name)`` gives this process's NIC of that name (one per name,
+reference counted).  Each NIC owns an engine ``Device``, a UDP socket, a lock,
+and a progress thread.  Progress happens in two ways, as the design asks:
+
+* the progress thread sleeps in ``select`` until a datagram arrives or the
+  engine's one timer is due, then feeds the engine and sends what it produced,
+  so one-sided operations land while the target program does nothing;
+* every API call that may be spun on (``poll``, ``wait_until``) drives the same
+  step inline, so a program that busy-polls its CQ never waits for the GIL to
+  hand the thread a turn.
+
+The driver rule holds everywhere: after every input, drain
+``datagrams_to_send`` and re-arm from ``get_timer``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import heapq
+import ipaddress
+import random
+import threading
+import time
+import zlib
+from pathlib import Path
+
+from . import config as _config
+from .capture import Capture
+from .core.device import Device, DeviceConfig
+from .faults import FaultInjector
+from .transport.udp import UdpSocket, bind_free
+from .wire.roce import ROCEV2_PORT
+
+_lock = threading.Lock()
+_open: dict[str, "NIC"] = {}
+_cfg: _config.RuntimeConfig | None = None
+
+
+def runtime_config() -> _config.RuntimeConfig:
+    global _cfg
+    if _cfg is None:
+        _cfg = _config.load()
+    return _cfg
+
+
+def device_names() -> list[str]:
+    return [d.name for d in runtime_config().devices]
+
+
+def open_device(name: str) -> "NIC":
+    with _lock:
+        nic = _open.get(name)
+        if nic is None:
+            spec = next((d for d in runtime_config().devices if d.name == name), None)
+            if spec is None:
+                raise KeyError(f"no softnic device {name!r} (devices: {device_names()})")
+            nic = NIC(spec, runtime_config())
+            _open[name] = nic
+        nic.refs += 1
+        return nic
+
+
+def open_nics() -> list["NIC"]:
+    with _lock:
+        return list(_open.values())
+
+
+def port_for_gid(gid: str) -> int:
+    """UDP port of the device with this GID, if it is known here; else 4791."""
+    ip = ipaddress.ip_address(gid)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    ip = str(ip)
+    for nic in open_nics():
+        if nic.ip == ip:
+            return nic.port
+    for d in runtime_config().devices:
+        if d.ip == ip:
+            return d.port
+    return ROCEV2_PORT
+
+
+def _loopback_candidates() -> list[str]:
+    return [f"127.0.0.{i}" for i in range(1, 255)] + [f"127.0.1.{i}" for i in range(1, 255)]
+
+
+class NIC:
+    def __init__(self, spec: _config.DeviceSpec, cfg: _config.RuntimeConfig):
+        if spec.ip is None:
+            self.sock = bind_free(_loopback_candidates(), spec.port)
+        else:
+            self.sock = UdpSocket(spec.ip, spec.port)
+        self.ip, self.port = self.sock.address
+        self.name = spec.name
+        self.refs = 0
+        self.dev = Device(spec.name, self.ip, self.port,
+                          config=DeviceConfig(min_timer=cfg.min_timer,
+                                              selective_repeat=cfg.selective_repeat))
+        self.gid = self.dev.gid
+        self.lock = threading.RLock()
+        self._cond = threading.Condition(self.lock)
+        self.injector = None
+        if not cfg.faults.is_none():
+            seed = zlib.crc32(f"{cfg.seed}/{spec.name}".encode())
+            self.injector = FaultInjector(cfg.faults, random.Random(seed))
+        self._delayed: list[tuple[float, int, bytes, tuple]] = []   # fault-delayed sends
+        self._seq = 0
+        self.capture = None
+        if cfg.capture:
+            p = Path(cfg.capture)
+            self.capture = Capture(p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ API used by verbs_api
+
+    def call(self, fn, *args, **kw):
+        """Run an engine call under the lock, then send what it produced."""
+        with self.lock:
+            try:
+                return fn(*args, **kw)
+            finally:
+                self._flush(time.monotonic())
+
+    def poll(self) -> None:
+        """One inline progress step: receive, fire timers, send.  Never blocks."""
+        with self.lock:
+            if not self._closed:
+                self._step(time.monotonic())
+
+    def wait_until(self, pred, timeout: float | None = None) -> bool:
+        """Block until ``pred()`` (evaluated under the lock) is true; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if not self._closed:
+                    self._step(time.monotonic())
+                if pred():
+                    return True
+                if self._closed:
+                    return False
+                wait = 0.005
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    wait = min(wait, left)
+                self._cond.wait(wait)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            c = dict(self.dev.counters)
+        c["udp_send_errors"] = self.sock.send_errors if self.sock else 0
+        if self.injector is not None:
+            c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
+        return c
+
+    def release(self) -> None:
+        with _lock:
+            self.refs -= 1
+            if self.refs > 0:
+                return
+            _open.pop(self.name, None)
+        self.close()
+
+    def close(self) -> None:
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+        with self.lock:
+            self.sock.close()
+            if self.capture is not None:
+                self.capture.close()
+
+    # ------------------------------------------------------------ the driver
+
+    def _send(self, data: bytes, addr, now: float) -> None:
+        if self.capture is not None:
+            self.capture.record(data, (self.ip, self.port), addr, time.time())
+        if self.injector is None:
+            self.sock.send(data, addr)
+            return
+        for at, copy in self.injector.apply(data, now):
+            if at <= now:
+                self.sock.send(copy, addr)
+            else:
+                self._seq += 1
+                heapq.heappush(self._delayed, (at, self._seq, copy, addr))
+
+    def _flush(self, now: float) -> None:
+        if self._closed:
+            return
+        for data, addr in self.dev.datagrams_to_send(now):
+            self._send(data, addr, now)
+
+    def _step(self, now: float) -> bool:
+        """Receive what waits, fire due timers, send.  Caller holds the lock."""
+        did = False
+        batch = self.sock.recv_batch()
+        if batch:
+            did = True
+            rx = self.dev.receive_datagram
+            cap = self.capture
+            for data, src in batch:
+                if cap is not None:
+                    cap.record(data, src, (self.ip, self.port), time.time())
+                rx(data, src, now)
+        t = self.dev.get_timer()
+        if t is not None and t <= now:
+            self.dev.handle_timer(now)
+            did = True
+        d = self._delayed
+        while d and d[0][0] <= now:
+            _, _, data, addr = heapq.heappop(d)
+            self.sock.send(data, addr)
+        self._flush(now)
+        if did:
+            self._cond.notify_all()
+        return did
+
+    def _next_deadline(self) -> float | None:
+        t = self.dev.get_timer()
+        if self._delayed and (t is None or self._delayed[0][0] < t):
+            t = self._delayed[0][0]
+        return t
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                if self._closed:
+                    return
+                t = self._next_deadline()
+                sock = self.sock
+            timeout = 0.05 if t is None else max(0.0, min(0.05, t - time.monotonic()))
+            try:
+                sock.wait(timeout)
+            except (OSError, ValueError):
+                return                       # closed under us
+            with self.lock:
+                if self._closed:
+                    return
+                self._step(time.monotonic())
+
+
+@atexit.register
+def _close_all() -> None:
+    for nic in open_nics():
+        nic.close()
