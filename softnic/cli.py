@@ -3,7 +3,76 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
+from pathlib import Path
+
+SHIM = Path(__file__).resolve().parent / "_pyverbs_shim"
+
+
+def _exec(args) -> int:
+    """Run a program with ``import pyverbs`` resolving to softnic, steered by SOFTNIC_*."""
+    if not args.command:
+        print("softnic exec: give a command, e.g. softnic exec python3 app.py", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    project = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    for key, val in (("DEVICES", args.devices), ("FAULTS", args.faults), ("SEED", args.seed),
+                     ("CAPTURE", args.capture), ("RECOVERY", args.recovery)):
+        if val is not None:
+            env["SOFTNIC_" + key] = str(val)
+    if args.faults is not None:
+        from .faults import FaultModel
+        FaultModel.parse(args.faults)           # a bad model is an error here, not in the child
+    cmd = args.command[1:] if args.command[0] == "--" else args.command
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except FileNotFoundError:
+        print(f"softnic exec: {cmd[0]}: command not found", file=sys.stderr)
+        return 127
+
+
+def _counters(args) -> int:
+    from .nic import stats_dir
+    d = stats_dir()
+    rows = []
+    for f in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        alive = _alive(doc["pid"]) and not doc.get("closed")
+        if alive or args.all:
+            rows.append((doc, alive))
+    if args.json:
+        print(json.dumps([d for d, _ in rows], indent=1))
+        return 0
+    if not rows:
+        print(f"no live softnic devices (statistics in {d})")
+        return 0
+    for doc, alive in rows:
+        age = time.time() - doc["time"]
+        state = "live" if alive else "exited"
+        print(f"{doc['device']}  pid {doc['pid']}  {doc['gid']}  udp {doc['ip']}:{doc['port']}  "
+              f"({state}, updated {age:.1f} s ago)")
+        items = [(k, v) for k, v in doc["counters"].items() if v or args.verbose]
+        for k, v in items:
+            print(f"    {k:<28}{v}")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,12 +85,36 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--mtu", type=int, default=1024, choices=(256, 512, 1024, 2048, 4096))
     d.add_argument("--selective-repeat", action="store_true",
                    help="recover from loss with selective repeat instead of go-back-N")
+    e = sub.add_parser("exec", help="run a program whose 'import pyverbs' uses softnic",
+                       description="Run COMMAND with pyverbs resolving to softnic's (only for "
+                       "that program; an installed pyverbs is untouched) and softnic's devices "
+                       "configured by the options below or the SOFTNIC_* environment.")
+    e.add_argument("--devices", help="e.g. 'softnic0=127.0.0.2,softnic1=127.0.0.3' or a count")
+    e.add_argument("--faults", help="fault model on every device's sends, e.g. 'loss=0.05'")
+    e.add_argument("--seed", type=int, help="seed of the fault model")
+    e.add_argument("--capture", help="pcap path (one file per device beside it)")
+    e.add_argument("--recovery", choices=("gbn", "sr"), help="go-back-N or selective repeat")
+    e.add_argument("command", nargs=argparse.REMAINDER)
+    c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
+    c.add_argument("-a", "--all", action="store_true", help="include exited programs")
+    c.add_argument("-v", "--verbose", action="store_true", help="show zero counters too")
+    c.add_argument("--json", action="store_true")
+    v = sub.add_parser("devinfo", help="what ibv_devinfo prints, for softnic's devices")
+    v.add_argument("-d", "--ib-dev", help="only this device")
+    v.add_argument("-v", "--verbose", action="store_true", help="all device attributes")
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         from . import demo
         ok = demo.run(seed=args.seed, faults=args.faults or demo.DEFAULT_FAULTS, mtu=args.mtu,
                       selective_repeat=args.selective_repeat)
         return 0 if ok else 1
+    if args.cmd == "exec":
+        return _exec(args)
+    if args.cmd == "counters":
+        return _counters(args)
+    if args.cmd == "devinfo":
+        from .devinfo import main as devinfo
+        return devinfo(args.ib_dev, args.verbose)
     return 2
 
 

@@ -20,7 +20,10 @@ from __future__ import annotations
 import atexit
 import heapq
 import ipaddress
+import json
+import os
 import random
+import tempfile
 import threading
 import time
 import zlib
@@ -82,6 +85,12 @@ def port_for_gid(gid: str) -> int:
     return ROCEV2_PORT
 
 
+def stats_dir() -> Path:
+    """Where live NICs publish their counters for ``softnic counters``."""
+    return Path(os.environ.get("SOFTNIC_STATS_DIR") or
+                Path(tempfile.gettempdir()) / f"softnic-{os.getuid()}")
+
+
 def _loopback_candidates() -> list[str]:
     return [f"127.0.0.{i}" for i in range(1, 255)] + [f"127.0.1.{i}" for i in range(1, 255)]
 
@@ -112,6 +121,8 @@ class NIC:
             p = Path(cfg.capture)
             self.capture = Capture(p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
         self._closed = False
+        self._stats_at = 0.0
+        self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
                                         daemon=True)
         self._thread.start()
@@ -176,10 +187,24 @@ class NIC:
             self._cond.notify_all()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
+        self.publish_counters(final=True)
         with self.lock:
             self.sock.close()
             if self.capture is not None:
                 self.capture.close()
+
+    def publish_counters(self, final: bool = False) -> None:
+        """Write the counters where ``softnic counters`` (another process) reads them."""
+        try:
+            self._stats_path.parent.mkdir(parents=True, exist_ok=True)
+            doc = {"pid": os.getpid(), "device": self.name, "gid": self.gid, "ip": self.ip,
+                   "port": self.port, "time": time.time(), "closed": final,
+                   "counters": self.counters}
+            tmp = self._stats_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self._stats_path)
+        except OSError:
+            pass                                  # statistics are best effort
 
     # ------------------------------------------------------------ the driver
 
@@ -248,7 +273,11 @@ class NIC:
             with self.lock:
                 if self._closed:
                     return
-                self._step(time.monotonic())
+                now = time.monotonic()
+                self._step(now)
+            if now - self._stats_at >= 1.0:
+                self._stats_at = now
+                self.publish_counters()
 
 
 @atexit.register
