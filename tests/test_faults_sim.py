@@ -165,12 +165,15 @@ def fault_models(draw):
     )
 
 
+# Explicit example counts: these are cheap checks, and the deep profile's
+# budget is meant for the engine's properties.
+@settings(max_examples=500)
 @given(fault_models())
 def test_str_parse_round_trip(model):
     assert FaultModel.parse(str(model)) == model
 
 
-@settings(max_examples=200)
+@settings(max_examples=500)
 @given(fault_models(), st.binary(max_size=64), st.integers(0, 2**32), st.floats(0.0, 1e3))
 def test_apply_invariants(model, data, seed, now):
     inj = FaultInjector(model, random.Random(seed))
