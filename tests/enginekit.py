@@ -102,7 +102,7 @@ class Pair:
     def packets(self, kind: str = "send", src: Device | None = None,
                 dst: Device | None = None) -> list[tuple[float, Packet]]:
         """Decoded trace records of ``kind`` (from ``src`` / to ``dst`` if given), in order."""
-        assert self.fabric.trace is not None, "pair(trace=True) is needed"
+        assert self.fabric.tracing, "pair(trace=True) is needed"
         out = []
         for rec in self.fabric.trace:
             if rec.kind != kind:

@@ -263,8 +263,8 @@ def run_scenario(s, *, trace: bool = False):
                 finished = False
         return finished
 
-    fabric.run(until=30.0, stop=done)
-    fabric.run(until=fabric.now + 0.05)         # let stragglers arrive: nothing more may complete
+    fabric.run(until=30.0, stop=done, max_events=20_000_000)   # a livelock fails, not hangs
+    fabric.run(until=fabric.now + 0.05, max_events=1_000_000)  # stragglers: nothing more may complete
     done()
     return dict(fabric=fabric, devs=devs, pairs=pairs, arenas=arenas, adds=adds, early=early,
                 counters=(counter_off, counter0, counter_off_a, counter0_a))
