@@ -1,0 +1,486 @@
+"""The pyverbs API end to end over live softnic NICs (UDP on loopback).
+
+Every operation runs twice: between two devices of this process, and
+between two QPs of one device looping back to itself.  Written against the
+pyverbs API only, in the way rdma-core's own tests drive it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import verbs_api.enums as e
+from verbs_api.addr import AH
+from verbs_api.cq import CQ, CQEX, CompChannel, CqInitAttrEx
+from verbs_api.device import Context
+from verbs_api.mr import MR
+from verbs_api.pd import PD
+from verbs_api.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
+from verbs_api.srq import SRQ, SrqAttr, SrqInitAttr
+from verbs_api.wr import SGE, RecvWR, SendWR
+
+from verbskit import GRH_SIZE, UD_QKEY, Side, connect, poll
+
+ROOT = Path(__file__).resolve().parent.parent
+IMM = 0x12345678
+
+
+@pytest.fixture(params=['two-devices', 'loopback'])
+def pair(request):
+    """Two connected RC sides: on softnic0 and softnic1, or both on softnic0."""
+    if request.param == 'two-devices':
+        a, b = Side('softnic0', msg_size=1 << 16), Side('softnic1', msg_size=1 << 16)
+        yield a, b
+        a.close()
+        b.close()
+    else:
+        ctx = Context(name='softnic0')
+        a = Side('softnic0', ctx=ctx, msg_size=1 << 16)
+        b = Side('softnic0', ctx=ctx, msg_size=1 << 16)
+        yield a, b
+        ctx.close()
+
+
+@pytest.fixture
+def rc(pair):
+    a, b = pair
+    connect(a, b)
+    return a, b
+
+
+def _signaled(wr_id, opcode, sge, **kw):
+    return SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge],
+                  send_flags=e.IBV_SEND_SIGNALED, **kw)
+
+
+def _ok(wc, opcode=None):
+    assert wc.status == e.IBV_WC_SUCCESS, wc
+    if opcode is not None:
+        assert wc.opcode == opcode
+
+
+@pytest.mark.parametrize('size', [1, 1024, 10000, 60000])
+def test_rc_send_recv(rc, size):
+    a, b = rc
+    data = os.urandom(size)
+    b.qp.post_recv(RecvWR(7, 1, [SGE(b.mr.buf, size, b.mr.lkey)]))
+    a.mr.write(data, size)
+    a.qp.post_send(_signaled(1, e.IBV_WR_SEND, SGE(a.mr.buf, size, a.mr.lkey)))
+    _ok(poll(a.cq)[0], e.IBV_WC_SEND)
+    wc = poll(b.cq)[0]
+    _ok(wc, e.IBV_WC_RECV)
+    assert wc.wr_id == 7 and wc.byte_len == size and wc.qp_num == b.qp.qp_num
+    assert wc.src_qp == a.qp.qp_num and not wc.wc_flags & e.IBV_WC_WITH_IMM
+    assert b.mr.read(size, 0) == data
+
+
+def test_send_with_imm_gives_imm_in_network_order(rc):
+    a, b = rc
+    b.qp.post_recv(RecvWR(3, 1, [SGE(b.mr.buf, 100, b.mr.lkey)]))
+    a.mr.write(b'imm', 3)
+    wr = _signaled(4, e.IBV_WR_SEND_WITH_IMM, SGE(a.mr.buf, 3, a.mr.lkey))
+    wr.imm_data = socket.htonl(IMM)
+    a.qp.post_send(wr)
+    _ok(poll(a.cq)[0], e.IBV_WC_SEND)
+    wc = poll(b.cq)[0]
+    _ok(wc, e.IBV_WC_RECV)
+    assert wc.wc_flags & e.IBV_WC_WITH_IMM and socket.ntohl(wc.imm_data) == IMM
+    assert wc.byte_len == 3 and b.mr.read(3, 0) == b'imm'
+
+
+def test_rdma_write(rc):
+    a, b = rc
+    data = os.urandom(20000)
+    a.mr.write(data, len(data))
+    wr = _signaled(5, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, len(data), a.mr.lkey))
+    wr.set_wr_rdma(b.mr.rkey, b.mr.buf + 100)
+    a.qp.post_send(wr)
+    _ok(poll(a.cq)[0], e.IBV_WC_RDMA_WRITE)
+    assert b.mr.read(len(data), 100) == data
+    assert b.cq.poll() == (0, [])                          # a WRITE consumes no receive
+
+
+def test_rdma_write_with_imm(rc):
+    a, b = rc
+    b.qp.post_recv(RecvWR(11, 1, [SGE(b.mr.buf, 8, b.mr.lkey)]))
+    a.mr.write(b'W' * 3000, 3000)
+    wr = _signaled(6, e.IBV_WR_RDMA_WRITE_WITH_IMM, SGE(a.mr.buf, 3000, a.mr.lkey))
+    wr.set_wr_rdma(b.mr.rkey, b.mr.buf + 4096)
+    wr.imm_data = socket.htonl(IMM)
+    a.qp.post_send(wr)
+    _ok(poll(a.cq)[0], e.IBV_WC_RDMA_WRITE)
+    wc = poll(b.cq)[0]
+    _ok(wc, e.IBV_WC_RECV_RDMA_WITH_IMM)
+    assert wc.wr_id == 11 and socket.ntohl(wc.imm_data) == IMM and wc.byte_len == 3000
+    assert b.mr.read(3000, 4096) == b'W' * 3000
+
+
+def test_rdma_read(rc):
+    a, b = rc
+    data = os.urandom(30000)
+    b.mr.write(data, len(data))
+    wr = _signaled(8, e.IBV_WR_RDMA_READ, SGE(a.mr.buf + 8, len(data), a.mr.lkey))
+    wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+    a.qp.post_send(wr)
+    wc = poll(a.cq)[0]
+    _ok(wc, e.IBV_WC_RDMA_READ)
+    assert wc.byte_len == len(data) and a.mr.read(len(data), 8) == data
+
+
+def test_atomics(rc):
+    a, b = rc
+    b.mr.write((100).to_bytes(8, sys.byteorder), 8, 64)
+    fa = _signaled(1, e.IBV_WR_ATOMIC_FETCH_AND_ADD, SGE(a.mr.buf, 8, a.mr.lkey))
+    fa.set_wr_atomic(b.mr.rkey, b.mr.buf + 64, 5)
+    a.qp.post_send(fa)
+    _ok(poll(a.cq)[0], e.IBV_WC_FETCH_ADD)
+    assert int.from_bytes(a.mr.read(8, 0), sys.byteorder) == 100
+    assert int.from_bytes(b.mr.read(8, 64), sys.byteorder) == 105
+    cs = _signaled(2, e.IBV_WR_ATOMIC_CMP_AND_SWP, SGE(a.mr.buf + 8, 8, a.mr.lkey))
+    cs.set_wr_atomic(b.mr.rkey, b.mr.buf + 64, 105, 7)
+    a.qp.post_send(cs)
+    _ok(poll(a.cq)[0], e.IBV_WC_COMP_SWAP)
+    assert int.from_bytes(a.mr.read(8, 8), sys.byteorder) == 105
+    assert int.from_bytes(b.mr.read(8, 64), sys.byteorder) == 7
+    cs.set_wr_atomic(b.mr.rkey, b.mr.buf + 64, 999, 1)      # compare fails: no swap
+    a.qp.post_send(cs)
+    _ok(poll(a.cq)[0], e.IBV_WC_COMP_SWAP)
+    assert int.from_bytes(b.mr.read(8, 64), sys.byteorder) == 7
+
+
+def test_bad_rkey_is_a_remote_access_error(rc):
+    a, b = rc
+    wr = _signaled(9, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 64, a.mr.lkey))
+    wr.set_wr_rdma(b.mr.rkey ^ 0xFF00, b.mr.buf)
+    a.qp.post_send(wr)
+    wc = poll(a.cq)[0]
+    assert wc.status == e.IBV_WC_REM_ACCESS_ERR and wc.wr_id == 9
+    assert a.qp.query(e.IBV_QP_STATE)[0].qp_state == e.IBV_QPS_ERR
+
+
+def test_write_outside_the_mr_is_a_remote_access_error(rc):
+    a, b = rc
+    wr = _signaled(10, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 64, a.mr.lkey))
+    wr.set_wr_rdma(b.mr.rkey, b.mr.buf + b.mr.length - 32)
+    a.qp.post_send(wr)
+    assert poll(a.cq)[0].status == e.IBV_WC_REM_ACCESS_ERR
+
+
+def test_mr_without_remote_write_refuses_writes(pair):
+    a, b = pair
+    connect(a, b)
+    ro = MR(b.pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)
+    wr = _signaled(1, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 16, a.mr.lkey))
+    wr.set_wr_rdma(ro.rkey, ro.buf)
+    a.qp.post_send(wr)
+    assert poll(a.cq)[0].status == e.IBV_WC_REM_ACCESS_ERR
+
+
+def test_chained_and_unsignaled_wrs(rc):
+    a, b = rc
+    for i in range(3):
+        b.qp.post_recv(RecvWR(100 + i, 1, [SGE(b.mr.buf + 1000 * i, 1000, b.mr.lkey)]))
+    for i in range(3):
+        a.mr.write(bytes([65 + i]) * 10, 10, 10 * i)
+    w3 = _signaled(3, e.IBV_WR_SEND, SGE(a.mr.buf + 20, 10, a.mr.lkey))
+    w2 = SendWR(2, e.IBV_WR_SEND, 1, sg=[SGE(a.mr.buf + 10, 10, a.mr.lkey)], send_flags=0,
+                next_wr=w3)
+    w1 = SendWR(1, e.IBV_WR_SEND, 1, sg=[SGE(a.mr.buf, 10, a.mr.lkey)], send_flags=0,
+                next_wr=w2)
+    a.qp.post_send(w1)
+    wcs = poll(a.cq)
+    assert [w.wr_id for w in wcs] == [3]                   # only the signaled one completes
+    got = poll(b.cq, 3)
+    assert [w.wr_id for w in got] == [100, 101, 102]
+    assert [b.mr.read(10, 1000 * i) for i in range(3)] == [b'A' * 10, b'B' * 10, b'C' * 10]
+
+
+def test_two_sges_gather_and_scatter(rc):
+    a, b = rc
+    a.mr.write(b'0123456789', 10)
+    b.qp.post_recv(RecvWR(1, 2, [SGE(b.mr.buf, 4, b.mr.lkey), SGE(b.mr.buf + 100, 8, b.mr.lkey)]))
+    a.qp.post_send(SendWR(1, e.IBV_WR_SEND, 2, sg=[SGE(a.mr.buf, 3, a.mr.lkey),
+                                                    SGE(a.mr.buf + 5, 5, a.mr.lkey)]))
+    _ok(poll(a.cq)[0])
+    assert poll(b.cq)[0].byte_len == 8
+    assert b.mr.read(4, 0) + b.mr.read(4, 100) == b'01256789'
+
+
+def test_srq_shared_by_two_qps(pair):
+    a, b = pair
+    srq = SRQ(b.pd, SrqInitAttr(SrqAttr(max_wr=16, max_sge=1)))
+    for i in range(4):
+        srq.post_recv(RecvWR(50 + i, 1, [SGE(b.mr.buf + 256 * i, 256, b.mr.lkey)]))
+    b2 = QP(b.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=b.cq, rcq=b.cq, srq=srq,
+                             cap=QPCap(8, 8)), QPAttr())
+    b1 = QP(b.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=b.cq, rcq=b.cq, srq=srq,
+                             cap=QPCap(8, 8)), QPAttr())
+    a2 = QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=a.cq, rcq=a.cq, cap=QPCap(8, 8)),
+            QPAttr())
+    connect(a, b, qp_a=a.qp, qp_b=b1)
+    connect(a, b, qp_a=a2, qp_b=b2)
+    for i, qp in enumerate((a.qp, a2, a.qp, a2)):
+        a.mr.write(bytes([48 + i]) * 20, 20, 20 * i)
+        qp.post_send(_signaled(i, e.IBV_WR_SEND, SGE(a.mr.buf + 20 * i, 20, a.mr.lkey)))
+    assert sorted(w.status for w in poll(a.cq, 4)) == [e.IBV_WC_SUCCESS] * 4
+    wcs = poll(b.cq, 4)
+    assert sorted(w.wr_id for w in wcs) == [50, 51, 52, 53]
+    assert {w.qp_num for w in wcs} == {b1.qp_num, b2.qp_num}
+    got = sorted(b.mr.read(20, 256 * (w.wr_id - 50)) for w in wcs)
+    assert got == [bytes([48 + i]) * 20 for i in range(4)]
+
+
+def test_srq_limit_event(pair):
+    a, b = pair
+    srq = SRQ(b.pd, SrqInitAttr(SrqAttr(max_wr=8, max_sge=1)))
+    for i in range(3):
+        srq.post_recv(RecvWR(i, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+    srq.modify(SrqAttr(srq_limit=3), e.IBV_SRQ_LIMIT)
+    qp = QP(b.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=b.cq, rcq=b.cq, srq=srq,
+                             cap=QPCap(4, 4)), QPAttr())
+    connect(a, b, qp_b=qp)
+    a.qp.post_send(_signaled(1, e.IBV_WR_SEND, SGE(a.mr.buf, 8, a.mr.lkey)))
+    poll(b.cq)
+    ev = b.ctx.get_async_event()
+    assert ev.event_type == e.IBV_EVENT_SRQ_LIMIT_REACHED
+    assert srq.query().srq_limit == 0
+
+
+@pytest.mark.parametrize('where', ['two-devices', 'loopback'])
+def test_ud_with_ah_and_grh(where):
+    ctx = Context(name='softnic0')
+    a = Side('softnic0', qp_type=e.IBV_QPT_UD, ctx=ctx)
+    b = Side('softnic1' if where == 'two-devices' else 'softnic0', qp_type=e.IBV_QPT_UD,
+             ctx=None if where == 'two-devices' else ctx)
+    try:
+        assert a.qp.qp_state == b.qp.qp_state == e.IBV_QPS_RTS
+        ah = a.ah_to(b)
+        size = 1000
+        b.qp.post_recv(RecvWR(21, 1, [SGE(b.mr.buf, size + GRH_SIZE, b.mr.lkey)]))
+        a.mr.write(b'u' * size, size)
+        wr = _signaled(20, e.IBV_WR_SEND_WITH_IMM, SGE(a.mr.buf, size, a.mr.lkey))
+        wr.imm_data = socket.htonl(IMM)
+        wr.set_wr_ud(ah, b.qp.qp_num, UD_QKEY)
+        a.qp.post_send(wr)
+        _ok(poll(a.cq)[0], e.IBV_WC_SEND)
+        wc = poll(b.cq)[0]
+        _ok(wc, e.IBV_WC_RECV)
+        assert wc.byte_len == size + GRH_SIZE and wc.wc_flags & e.IBV_WC_GRH
+        assert wc.src_qp == a.qp.qp_num and socket.ntohl(wc.imm_data) == IMM
+        assert b.mr.read(size, GRH_SIZE) == b'u' * size
+        # the reply goes to the address the GRH names
+        reply_ah = AH(b.pd, wc=wc, grh=b.mr.buf, port_num=1)
+        a.qp.post_recv(RecvWR(22, 1, [SGE(a.mr.buf + 2048, 64 + GRH_SIZE, a.mr.lkey)]))
+        b.mr.write(b'reply', 5, 3000)
+        back = _signaled(23, e.IBV_WR_SEND, SGE(b.mr.buf + 3000, 5, b.mr.lkey))
+        back.set_wr_ud(reply_ah, wc.src_qp, UD_QKEY)
+        b.qp.post_send(back)
+        _ok(poll(b.cq)[0])
+        wc = poll(a.cq)[0]
+        _ok(wc, e.IBV_WC_RECV)
+        assert a.mr.read(5, 2048 + GRH_SIZE) == b'reply'
+        # a wrong Q_Key is dropped silently, as on a real port
+        wr.set_wr_ud(ah, b.qp.qp_num, UD_QKEY + 1)
+        b.qp.post_recv(RecvWR(24, 1, [SGE(b.mr.buf, size + GRH_SIZE, b.mr.lkey)]))
+        a.qp.post_send(wr)
+        _ok(poll(a.cq)[0])
+        time.sleep(0.05)
+        assert b.cq.poll() == (0, [])
+    finally:
+        ctx.close()
+        b.close()
+
+
+def test_completion_events_single_threaded(rc):
+    """One program owns both ends and sleeps in get_cq_event: no deadlock."""
+    a, b = rc
+    ch = CompChannel(b.ctx)
+    cq = CQ(b.ctx, 16, None, ch, 0)
+    qp = QP(b.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4)), QPAttr())
+    a2 = QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=a.cq, rcq=a.cq, cap=QPCap(4, 4)),
+            QPAttr())
+    connect(a, b, qp_a=a2, qp_b=qp)
+    for round_ in range(3):
+        qp.post_recv(RecvWR(round_, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+        cq.req_notify()
+        a2.post_send(_signaled(round_, e.IBV_WR_SEND, SGE(a.mr.buf, 16, a.mr.lkey)))
+        ch.get_cq_event(cq)
+        assert cq.num_events == 1
+        cq.ack_events(1)
+        n, wcs = cq.poll()
+        assert n == 1 and wcs[0].wr_id == round_
+        poll(a.cq)
+
+
+def test_completion_event_wakes_another_thread(rc):
+    a, b = rc
+    ch = CompChannel(b.ctx)
+    cq = CQ(b.ctx, 16, None, ch, 0)
+    qp = QP(b.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4)), QPAttr())
+    a2 = QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=a.cq, rcq=a.cq, cap=QPCap(4, 4)),
+            QPAttr())
+    connect(a, b, qp_a=a2, qp_b=qp)
+    qp.post_recv(RecvWR(1, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+    cq.req_notify()
+    woke = []
+    t = threading.Thread(target=lambda: (ch.get_cq_event(cq), woke.append(cq.poll())))
+    t.start()
+    time.sleep(0.05)
+    assert not woke
+    a2.post_send(_signaled(1, e.IBV_WR_SEND, SGE(a.mr.buf, 16, a.mr.lkey)))
+    t.join(10)
+    assert woke and woke[0][0] == 1
+    cq.ack_events(cq.num_events)
+
+
+def test_solicited_only_events(rc):
+    a, b = rc
+    ch = CompChannel(b.ctx)
+    cq = CQ(b.ctx, 16, None, ch, 0)
+    qp = QP(b.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4)), QPAttr())
+    a2 = QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=a.cq, rcq=a.cq, cap=QPCap(4, 4)),
+            QPAttr())
+    connect(a, b, qp_a=a2, qp_b=qp)
+    for i in range(2):
+        qp.post_recv(RecvWR(i, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+    cq.req_notify(solicited_only=True)
+    a2.post_send(_signaled(0, e.IBV_WR_SEND, SGE(a.mr.buf, 8, a.mr.lkey)))
+    poll(a.cq)
+    assert poll(cq)[0].wr_id == 0
+    woke = threading.Event()
+    t = threading.Thread(target=lambda: (ch.get_cq_event(cq), woke.set()))
+    t.start()
+    time.sleep(0.1)
+    assert not woke.is_set()                   # the unsolicited SEND raised no event...
+    a2.post_send(SendWR(1, e.IBV_WR_SEND, 1, sg=[SGE(a.mr.buf, 8, a.mr.lkey)],
+                        send_flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_SOLICITED))
+    t.join(10)
+    assert woke.is_set()                       # ...the solicited one does
+    cq.ack_events(1)
+    assert [w.wr_id for w in poll(cq)] == [1]
+
+
+def test_new_post_send_api_and_extended_cq(pair):
+    a, b = pair
+    cqex = CQEX(a.ctx, CqInitAttrEx(cqe=32))
+    init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=cqex, rcq=cqex, cap=QPCap(8, 8), pd=a.pd,
+                        comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                        send_ops_flags=e.IBV_QP_EX_WITH_SEND_WITH_IMM |
+                        e.IBV_QP_EX_WITH_RDMA_WRITE)
+    qp = QPEx(a.ctx, init, QPAttr())
+    connect(a, b, qp_a=qp)
+    b.qp.post_recv(RecvWR(1, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+    a.mr.write(b'ex-send', 7)
+    qp.wr_start()
+    qp.wr_id = 0x123
+    qp.wr_flags = e.IBV_SEND_SIGNALED
+    qp.wr_send_imm(IMM)
+    qp.wr_set_sge(SGE(a.mr.buf, 7, a.mr.lkey))
+    qp.wr_id = 0x124
+    qp.wr_rdma_write(b.mr.rkey, b.mr.buf + 512)
+    qp.wr_set_sge(SGE(a.mr.buf, 7, a.mr.lkey))
+    qp.wr_complete()
+    deadline = time.monotonic() + 10
+    while cqex.start_poll(None) != 0:
+        assert time.monotonic() < deadline
+    ids = [cqex.wr_id]
+    assert cqex.status == e.IBV_WC_SUCCESS
+    while len(ids) < 2:
+        if cqex.poll_next() == 0:
+            ids.append(cqex.wr_id)
+        assert time.monotonic() < deadline
+    cqex.end_poll()
+    assert ids == [0x123, 0x124]
+    wc = poll(b.cq)[0]
+    assert socket.ntohl(wc.imm_data) == IMM and b.mr.read(7, 0) == b'ex-send'
+    assert b.mr.read(7, 512) == b'ex-send'
+
+
+def test_many_messages_in_flight(rc):
+    a, b = rc
+    n = 48
+    for i in range(n):
+        b.qp.post_recv(RecvWR(i, 1, [SGE(b.mr.buf + 1024 * i, 1024, b.mr.lkey)]))
+    a.mr.write(os.urandom(1 << 16), 1 << 16)
+    for i in range(n):
+        a.qp.post_send(_signaled(i, e.IBV_WR_SEND, SGE(a.mr.buf + 1024 * i, 1024, a.mr.lkey)))
+    assert [w.wr_id for w in poll(a.cq, n)] == list(range(n))
+    assert [w.wr_id for w in poll(b.cq, n)] == list(range(n))
+    assert b.mr.read(1024 * n, 0) == a.mr.read(1024 * n, 0)
+
+
+def test_rnr_without_receive_then_recovery(rc):
+    a, b = rc
+    a.mr.write(b'late', 4)
+    a.qp.post_send(_signaled(1, e.IBV_WR_SEND, SGE(a.mr.buf, 4, a.mr.lkey)))
+    time.sleep(0.05)                                   # the responder answers RNR NAKs
+    assert a.cq.poll() == (0, [])
+    b.qp.post_recv(RecvWR(2, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+    _ok(poll(a.cq)[0])
+    assert poll(b.cq)[0].byte_len == 4 and b.mr.read(4, 0) == b'late'
+
+
+PYVERBS_PROGRAM = '''
+import socket
+import pyverbs.enums as e
+from pyverbs.device import Context, get_device_list
+from pyverbs.pd import PD
+from pyverbs.mr import MR
+from pyverbs.cq import CQ
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.addr import AHAttr, GlobalRoute
+from pyverbs.wr import SGE, SendWR, RecvWR
+from pyverbs.pyverbs_error import PyverbsRDMAError
+
+names = [d.name.decode() for d in get_device_list()]
+res = []
+for name in names[:2]:
+    ctx = Context(name=name)
+    pd = PD(ctx)
+    cq = CQ(ctx, 100, None, None, 0)
+    mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(10, 10)), QPAttr())
+    res.append((ctx, pd, cq, mr, qp))
+for (ctx, pd, cq, mr, qp), (pctx, _, _, _, pqp) in ((res[0], res[1]), (res[1], res[0])):
+    attr = QPAttr()
+    attr.dest_qp_num = pqp.qp_num
+    attr.ah_attr = AHAttr(port_num=1, is_global=1,
+                          gr=GlobalRoute(dgid=pctx.query_gid(1, 0), sgid_index=0))
+    attr.timeout, attr.retry_cnt, attr.rnr_retry = 14, 7, 7
+    attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
+    attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE
+    qp.to_rts(attr)
+a, b = res
+b[4].post_recv(RecvWR(sg=[SGE(b[3].buf, 64, b[3].lkey)], num_sge=1))
+a[3].write('hello pyverbs', 13)
+wr = SendWR(opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[SGE(a[3].buf, 13, a[3].lkey)])
+wr.imm_data = socket.htonl(1234)
+a[4].post_send(wr, None)
+for cq in (a[2], b[2]):
+    n = 0
+    while n == 0:
+        n, wcs = cq.poll()
+    assert wcs[0].status == e.IBV_WC_SUCCESS, wcs[0]
+assert socket.ntohl(wcs[0].imm_data) == 1234
+print(b[3].read(13, 0).decode(), socket.ntohl(wcs[0].imm_data))
+'''
+
+
+def test_unmodified_pyverbs_program_under_softnic_exec(tmp_path):
+    prog = tmp_path / 'app.py'
+    prog.write_text(textwrap.dedent(PYVERBS_PROGRAM))
+    env = {k: v for k, v in os.environ.items() if not k.startswith('SOFTNIC_')}
+    env['PYTHONPATH'] = str(ROOT)
+    out = subprocess.run([sys.executable, '-m', 'softnic.cli', 'exec', sys.executable, str(prog)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ['hello', 'pyverbs', '1234']

@@ -1,0 +1,205 @@
+"""Memory regions (``pyverbs.mr``).
+
+``MR(pd, length, access)`` allocates page-aligned, zeroed memory of this
+process (libc posix_memalign, as pyverbs does) and registers it; ``buf`` is
+its real address, usable in SGEs and as a remote address.  With
+``address=`` the caller's memory is registered instead and is not freed on
+close.  Registration is checked as the kernel checks it: REMOTE_WRITE or
+REMOTE_ATOMIC without LOCAL_WRITE is EINVAL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import resource
+
+from . import enums as e
+from . import mem_alloc
+from .base import PyverbsCM, PyverbsObject, engine_call
+from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
+
+HUGE_PAGE_SIZE = 0x200000
+
+
+class MR(PyverbsCM):
+    def __init__(self, creator, length=0, access=0, address=None, implicit=False, **kwargs):
+        super().__init__()
+        self._closed = True
+        self._buf = 0
+        self._owned = None                  # ('free', addr) or ('munmap', addr, len)
+        self._emr = None
+        from .pd import PD
+        if creator is None:
+            raise PyverbsUserError('MR needs a PD')
+        if not isinstance(creator, PD):
+            raise PyverbsRDMAError(f'MR on a {type(creator).__name__} is not supported by softnic',
+                                   errno.EOPNOTSUPP)
+        creator._check()
+        if kwargs.get('handle') is not None:
+            raise PyverbsRDMAError('Failed to import MR: not supported by softnic',
+                                   errno.EOPNOTSUPP)
+        if implicit:
+            raise PyverbsRDMAError('Failed to register an implicit MR: softnic has no ODP',
+                                   errno.EOPNOTSUPP)
+        if access & e.IBV_ACCESS_ON_DEMAND:
+            raise PyverbsRDMAError(f'Failed to register a MR. length: {length}, access flags: '
+                                   f'{access}: the device has no on-demand paging',
+                                   errno.EOPNOTSUPP)
+        self.is_huge = bool(access & e.IBV_ACCESS_HUGETLB)
+        self.is_user_addr = bool(address)
+        if address:
+            self._buf = int(address)
+        elif length > 0:
+            self._buf = self._allocate(length)
+        self._length = length
+        self._nic = creator._nic
+        try:
+            self._emr = engine_call(
+                self._nic, f'Failed to register a MR. length: {length}, access flags: {access}',
+                self._nic.dev.reg_mr, creator._epd, self._buf, length, int(access))
+        except PyverbsRDMAError:
+            self._release_buffer()
+            raise
+        self.pd = creator
+        self._closed = False
+        creator.add_ref(self)
+        self.logger.debug(f'Registered ibv_mr. Length: {length}, access flags {access}')
+
+    def _allocate(self, length):
+        if self.is_huge:
+            n = -(-length // HUGE_PAGE_SIZE) * HUGE_PAGE_SIZE
+            try:
+                addr = mem_alloc.mmap(length=n, flags=mem_alloc.MAP_PRIVATE_ |
+                                      mem_alloc.MAP_ANONYMOUS_ | mem_alloc.MAP_HUGETLB_, fd=-1)
+                self._owned = ('munmap', addr, n)
+                ctypes.memset(addr, 0, length)
+                return addr
+            except MemoryError:
+                pass                        # no huge pages here: ordinary pages serve
+        try:
+            addr = mem_alloc.posix_memalign(length, resource.getpagesize())
+        except MemoryError:
+            raise PyverbsError(f'Failed to allocate MR buffer of size {length}') from None
+        self._owned = ('free', addr)
+        return addr
+
+    def _release_buffer(self):
+        owned, self._owned = self._owned, None
+        if owned is None:
+            return
+        if owned[0] == 'free':
+            mem_alloc.free(owned[1])
+        else:
+            mem_alloc.munmap(owned[1], owned[2])
+
+    def close(self):
+        if self._closed:
+            return
+        self.logger.debug('Closing MR')
+        self._closed = True
+        engine_call(self._nic, 'Failed to dereg MR', self._nic.dev.dereg_mr, self._emr)
+        self._release_buffer()
+        self._buf = 0
+        self.pd = None
+
+    def _range(self, length, offset, what):
+        if self._closed or not self._buf or length < 0:
+            raise PyverbsUserError(f"The MR buffer isn't allocated or length {length} is invalid")
+        if offset < 0:
+            raise PyverbsUserError(f'Invalid offset {offset}')
+        if self._owned is not None and offset + length > self._length:
+            raise PyverbsUserError(f'{what} of {length} bytes at offset {offset} is outside '
+                                   f'the MR buffer of {self._length} bytes')
+
+    def write(self, data, length, offset=0):
+        """Copy ``length`` bytes of ``data`` (bytes or str) into the buffer at ``offset``."""
+        if isinstance(data, str):
+            data = data.encode()
+        self._range(length, offset, 'Write')
+        data = bytes(memoryview(data).cast('B')[:length])
+        ctypes.memmove(self._buf + offset, data, len(data))
+
+    def read(self, length, offset):
+        """``length`` bytes of the buffer from ``offset``."""
+        self._range(length, offset, 'Read')
+        return ctypes.string_at(self._buf + offset, length)
+
+    def rereg(self, flags, pd=None, addr=0, length=0, access=0):
+        raise PyverbsRDMAError('Failed to rereg MR: not supported by softnic', errno.EOPNOTSUPP)
+
+    @property
+    def buf(self):
+        return self._buf
+
+    @property
+    def lkey(self):
+        return self._emr.lkey
+
+    @property
+    def rkey(self):
+        return self._emr.rkey
+
+    @property
+    def length(self):
+        return self._length
+
+    @property
+    def handle(self):
+        return self._emr.lkey >> 8
+
+    def __str__(self):
+        f = '{:22}: {:<20}\n'
+        return ('MR\n' + f.format('lkey', self.lkey) + f.format('rkey', self.rkey) +
+                f.format('length', self.length) + f.format('buf', self.buf) +
+                f.format('handle', self.handle))
+
+
+class MWBindInfo(PyverbsCM):
+    def __init__(self, mr, addr, length, mw_access_flags):
+        super().__init__()
+        self.mr = mr
+        self._addr, self._length, self._flags = addr, length, mw_access_flags
+
+    @property
+    def mw_access_flags(self):
+        return self._flags
+
+    @property
+    def length(self):
+        return self._length
+
+    @property
+    def addr(self):
+        return self._addr
+
+
+class MWBind(PyverbsCM):
+    def __init__(self, info, send_flags, wr_id=0):
+        super().__init__()
+        self.info, self.send_flags, self.wr_id = info, send_flags, wr_id
+
+
+class MW(PyverbsCM):
+    """Memory windows: softnic has none (IBV_DEVICE_MEM_WINDOW is not reported)."""
+
+    def __init__(self, pd, mw_type):
+        super().__init__()
+        self._closed = True
+        raise PyverbsRDMAError('Failed to allocate MW: softnic has no memory windows',
+                               errno.EOPNOTSUPP)
+
+
+class DMMR(MR):
+    """An MR over device memory: softnic has no device memory."""
+
+    def __init__(self, pd, length, access, dm, offset):
+        PyverbsObject.__init__(self)
+        self._closed = True
+        self._owned = None
+        raise PyverbsRDMAError('Failed to register a device MR: softnic has no device memory',
+                               errno.EOPNOTSUPP)
+
+
+def mwtype2str(mw_type):
+    return {1: 'IBV_MW_TYPE_1', 2: 'IBV_MW_TYPE_2'}.get(mw_type, f'Unknown MW type ({mw_type})')

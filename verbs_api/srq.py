@@ -1,0 +1,141 @@
+"""Shared receive queues (``pyverbs.srq``)."""
+
+from __future__ import annotations
+
+import errno
+
+from softnic.core.errors import VerbsError
+
+from . import enums as e
+from .base import PyverbsCM, PyverbsObject, engine_call, rdma_error
+from .pyverbs_error import PyverbsError, PyverbsRDMAError
+
+
+class SrqAttr(PyverbsObject):
+    def __init__(self, max_wr=100, max_sge=1, srq_limit=0):
+        super().__init__()
+        self.max_wr = max_wr
+        self.max_sge = max_sge
+        self.srq_limit = srq_limit
+
+
+class SrqInitAttr(PyverbsObject):
+    def __init__(self, attr=None):
+        super().__init__()
+        self._attr = SrqAttr(0, 0, 0) if attr is None else \
+            SrqAttr(attr.max_wr, attr.max_sge, attr.srq_limit)
+
+    @property
+    def max_wr(self):
+        return self._attr.max_wr
+
+    @property
+    def max_sge(self):
+        return self._attr.max_sge
+
+    @property
+    def srq_limit(self):
+        return self._attr.srq_limit
+
+
+class SrqInitAttrEx(SrqInitAttr):
+    def __init__(self, max_wr=100, max_sge=1, srq_limit=0):
+        super().__init__(SrqAttr(max_wr, max_sge, srq_limit))
+        self.comp_mask = 0
+        self.srq_type = e.IBV_SRQT_BASIC
+        self.pd = None
+        self.xrcd = None
+        self.cq = None
+
+
+class SRQ(PyverbsCM):
+    def __init__(self, creator, attr):
+        """An SRQ on a PD (with SrqInitAttr) or a Context (with SrqInitAttrEx naming
+        its PD; basic SRQs only)."""
+        super().__init__()
+        self._closed = True
+        self.cq = None
+        from .device import Context
+        from .pd import PD
+        if creator is None or attr is None:
+            raise TypeError('SRQ needs a creator and attributes')
+        if isinstance(creator, PD):
+            pd = creator
+        elif isinstance(creator, Context):
+            creator._check()
+            if getattr(attr, 'srq_type', e.IBV_SRQT_BASIC) != e.IBV_SRQT_BASIC or \
+                    getattr(attr, 'xrcd', None) is not None:
+                raise rdma_error('Failed to create SRQ: only basic SRQs', errno.EOPNOTSUPP)
+            pd = getattr(attr, 'pd', None)
+            if pd is None:
+                raise rdma_error('Failed to create SRQ: the SrqInitAttrEx names no PD')
+        else:
+            raise PyverbsRDMAError('Srq needs either Context or PD for creation')
+        pd._check()
+        self._nic = pd._nic
+        self._esrq = engine_call(self._nic, 'Failed to create SRQ', self._nic.dev.create_srq,
+                                 pd._epd, attr.max_wr, attr.max_sge, attr.srq_limit)
+        self.pd = pd
+        self._closed = False
+        pd.add_ref(self)
+        self.logger.debug('SRQ Created')
+
+    def close(self):
+        if self._closed:
+            return
+        self.logger.debug('Closing SRQ')
+        engine_call(self._nic, 'Failed to destroy SRQ', self._nic.dev.destroy_srq, self._esrq)
+        self._closed = True
+        self.pd = None
+        self.cq = None
+
+    def _check(self):
+        if self._closed:
+            raise PyverbsError('SRQ is closed')
+
+    def get_srq_num(self):
+        raise rdma_error('Failed to retrieve SRQ number: not an XRC SRQ', errno.EOPNOTSUPP)
+
+    def modify(self, attr, comp_mask):
+        """ibv_modify_srq: resize (IBV_SRQ_MAX_WR) and / or arm the limit (IBV_SRQ_LIMIT)."""
+        self._check()
+        kw = {}
+        if comp_mask & e.IBV_SRQ_MAX_WR:
+            if attr.max_wr > self._nic.dev.config.max_qp_wr:
+                raise rdma_error(f'Failed to modify SRQ: max_wr {attr.max_wr} too large')
+            kw['max_wr'] = attr.max_wr
+        if comp_mask & e.IBV_SRQ_LIMIT:
+            kw['srq_limit'] = attr.srq_limit
+        if comp_mask & ~(e.IBV_SRQ_MAX_WR | e.IBV_SRQ_LIMIT):
+            raise rdma_error(f'Failed to modify SRQ: mask {comp_mask:#x}')
+        engine_call(self._nic, 'Failed to modify SRQ', self._esrq.modify, **kw)
+
+    def query(self):
+        self._check()
+        with self._nic.lock:
+            s = self._esrq
+            return SrqAttr(s.max_wr, s.max_sge, s.srq_limit)
+
+    def post_recv(self, wr, bad_wr=None):
+        """Post ``wr`` and the WRs chained after it to the SRQ."""
+        self._check()
+        if wr is None:
+            raise TypeError('post_recv needs a RecvWR')
+        post = self._nic.dev.post_srq_recv
+
+        def chain():
+            cur = wr
+            while cur is not None:
+                try:
+                    post(self._esrq, cur._engine())
+                except VerbsError as ex:
+                    return cur, ex
+                cur = cur._next
+            return None, None
+
+        bad, ex = self._nic.call(chain)
+        if bad is not None:
+            if bad_wr is not None:
+                bad_wr._copy_from(bad)
+            raise PyverbsRDMAError(f'Failed to post receive to SRQ ({ex.errno}): {ex.message}',
+                                   ex.errno)
