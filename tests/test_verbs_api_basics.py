@@ -8,7 +8,6 @@ import ctypes
 import errno
 import ipaddress
 import resource
-import socket
 import sys
 
 import pytest

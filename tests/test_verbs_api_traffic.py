@@ -7,6 +7,7 @@ pyverbs API only, in the way rdma-core's own tests drive it.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from verbs_api.addr import AH
 from verbs_api.cq import CQ, CQEX, CompChannel, CqInitAttrEx
 from verbs_api.device import Context
 from verbs_api.mr import MR
-from verbs_api.pd import PD
+from verbs_api.pyverbs_error import PyverbsRDMAError
 from verbs_api.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from verbs_api.srq import SRQ, SrqAttr, SrqInitAttr
 from verbs_api.wr import SGE, RecvWR, SendWR
@@ -484,3 +485,102 @@ def test_unmodified_pyverbs_program_under_softnic_exec(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ['hello', 'pyverbs', '1234']
+
+
+def test_uc_write_and_send(pair):
+    a, b = pair
+    attr = QPAttr()
+    attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE      # UC: WRITE needs it, from INIT on
+    ua = QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_UC, scq=a.cq, rcq=a.cq, cap=QPCap(8, 8)), attr)
+    ub = QP(b.pd, QPInitAttr(qp_type=e.IBV_QPT_UC, scq=b.cq, rcq=b.cq, cap=QPCap(8, 8)), attr)
+    connect(a, b, qp_a=ua, qp_b=ub)
+    a.mr.write(b'uc' * 2000, 4000)
+    wr = _signaled(1, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 4000, a.mr.lkey))
+    wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+    ua.post_send(wr)
+    ub.post_recv(RecvWR(2, 1, [SGE(b.mr.buf + 8192, 64, b.mr.lkey)]))
+    ua.post_send(_signaled(3, e.IBV_WR_SEND, SGE(a.mr.buf, 10, a.mr.lkey)))
+    assert [w.wr_id for w in poll(a.cq, 2)] == [1, 3]
+    _ok(poll(b.cq)[0], e.IBV_WC_RECV)
+    assert b.mr.read(4000, 0) == b'uc' * 2000 and b.mr.read(10, 8192) == b'uc' * 5
+
+
+def test_send_with_invalidate(rc):
+    a, b = rc
+    target = MR(b.pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+    b.qp.post_recv(RecvWR(1, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+    wr = _signaled(2, e.IBV_WR_SEND_WITH_INV, SGE(a.mr.buf, 8, a.mr.lkey))
+    wr.imm_data = target.rkey                  # the union: the rkey to invalidate, host order
+    a.qp.post_send(wr)
+    _ok(poll(a.cq)[0], e.IBV_WC_SEND)
+    wc = poll(b.cq)[0]
+    _ok(wc, e.IBV_WC_RECV)
+    assert wc.wc_flags & e.IBV_WC_WITH_INV and wc.imm_data == target.rkey
+    late = _signaled(3, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 8, a.mr.lkey))
+    late.set_wr_rdma(target.rkey, target.buf)
+    a.qp.post_send(late)
+    assert poll(a.cq)[0].status == e.IBV_WC_REM_ACCESS_ERR
+
+
+def test_inline_send(rc):
+    a, b = rc
+    b.qp.post_recv(RecvWR(1, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+    a.mr.write(b'inline!', 7)
+    wr = SendWR(1, e.IBV_WR_SEND, 1, sg=[SGE(a.mr.buf, 7, a.mr.lkey)],
+                send_flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_INLINE)
+    a.qp.post_send(wr)
+    a.mr.write(b'changed', 7)                  # inline data was copied when posted
+    _ok(poll(a.cq)[0])
+    poll(b.cq)
+    assert b.mr.read(7, 0) == b'inline!'
+    big = SendWR(2, e.IBV_WR_SEND, 1, sg=[SGE(a.mr.buf, 1000, a.mr.lkey)],
+                 send_flags=e.IBV_SEND_SIGNALED | e.IBV_SEND_INLINE)
+    with pytest.raises(PyverbsRDMAError) as ex:
+        a.qp.post_send(big)                    # above max_inline_data
+    assert ex.value.error_code == errno.EINVAL
+
+
+def test_sq_drain_event(rc):
+    a, b = rc
+    attr = QPAttr(qp_state=e.IBV_QPS_SQD)
+    attr.en_sqd_async_notify = 1
+    a.qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_EN_SQD_ASYNC_NOTIFY)
+    assert a.qp.qp_state == e.IBV_QPS_SQD
+    assert a.ctx.get_async_event().event_type == e.IBV_EVENT_SQ_DRAINED
+    a.qp.modify(QPAttr(qp_state=e.IBV_QPS_RTS), e.IBV_QP_STATE)
+    b.qp.post_recv(RecvWR(1, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+    a.qp.post_send(_signaled(1, e.IBV_WR_SEND, SGE(a.mr.buf, 8, a.mr.lkey)))
+    _ok(poll(a.cq)[0])
+
+
+def test_ud_message_above_the_mtu_is_refused():
+    with Context(name='softnic0') as ctx:
+        s = Side('softnic0', qp_type=e.IBV_QPT_UD, ctx=ctx, msg_size=8192)
+        wr = _signaled(1, e.IBV_WR_SEND, SGE(s.mr.buf, 4097, s.mr.lkey))
+        wr.set_wr_ud(s.ah_to(s), s.qp.qp_num, UD_QKEY)
+        with pytest.raises(PyverbsRDMAError) as ex:
+            s.qp.post_send(wr)
+        assert ex.value.error_code == errno.EINVAL
+
+
+def test_closing_the_context_wakes_a_blocked_get_cq_event():
+    keep = Context(name='softnic0')            # keeps the NIC open: only the channel goes
+    ctx = Context(name='softnic0')
+    ch = CompChannel(ctx)
+    cq = CQ(ctx, 4, None, ch, 0)
+    cq.req_notify()
+    errors = []
+
+    def wait():
+        try:
+            ch.get_cq_event(cq)
+        except PyverbsRDMAError as ex:
+            errors.append(ex)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.05)
+    ctx.close()
+    t.join(10)
+    keep.close()
+    assert not t.is_alive() and errors

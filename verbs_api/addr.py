@@ -13,7 +13,6 @@ import ctypes
 import errno
 import ipaddress
 import sys
-import weakref
 
 import softnic.nic as _nic
 from softnic.core.qp import AHAttr as _EngineAH

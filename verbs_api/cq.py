@@ -13,6 +13,7 @@ import errno
 import socket
 import weakref
 
+import softnic.nic as _nic
 from softnic.core.errors import VerbsError
 
 from . import enums as e
@@ -54,6 +55,8 @@ class CompChannel(PyverbsCM):
         got = []
 
         def ready():
+            if self._closed:
+                return True
             for cq in [expected_cq, *self.cqs]:
                 if cq is not None and cq.channel is self and not cq._closed \
                         and cq._ecq.events > cq._events_taken:
@@ -72,6 +75,15 @@ class CompChannel(PyverbsCM):
     def add_ref(self, obj):
         if isinstance(obj, (CQ, CQEX)):
             self.cqs.add(obj)
+
+
+def _idle(nic):
+    """After an empty poll, move this process's other NICs along too: the peer of a
+    program that spins on one CQ is often another device of the same process, whose
+    progress thread would otherwise wait for the interpreter lock."""
+    for other in _nic.open_nics():
+        if other is not nic:
+            other.poll()
 
 
 class _CQBase(PyverbsCM):
@@ -131,9 +143,12 @@ class _CQBase(PyverbsCM):
         nic.poll()
         try:
             with nic.lock:
-                return nic.dev.poll_cq(self._ecq, n)
+                got = nic.dev.poll_cq(self._ecq, n)
         except VerbsError as ex:
             raise PyverbsRDMAError(f'Failed to poll CQ: {ex.message}', ex.errno) from None
+        if not got:
+            _idle(nic)
+        return got
 
     def req_notify(self, solicited_only=False):
         """Arm the CQ: the next completion (the next solicited one, if asked) raises an

@@ -254,6 +254,8 @@ class Context(PyverbsCM):
         got = []
 
         def take():
+            if self._closed:
+                return True
             if dev.events:
                 got.append(dev.events.popleft())
                 return True
