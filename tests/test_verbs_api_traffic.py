@@ -8,6 +8,7 @@ pyverbs API only, in the way rdma-core's own tests drive it.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import subprocess
@@ -584,3 +585,97 @@ def test_closing_the_context_wakes_a_blocked_get_cq_event():
     t.join(10)
     keep.close()
     assert not t.is_alive() and errors
+
+
+PEER_PROGRAM = '''
+import json, socket, sys
+import pyverbs.enums as e
+from pyverbs.device import Context
+from pyverbs.pd import PD
+from pyverbs.mr import MR
+from pyverbs.cq import CQ
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.addr import AHAttr, GID, GlobalRoute
+from pyverbs.wr import SGE, SendWR, RecvWR
+
+role, dev = sys.argv[1], sys.argv[2]
+ctx = Context(name=dev)
+pd = PD(ctx)
+cq = CQ(ctx, 64)
+mr = MR(pd, 1 << 16, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
+        e.IBV_ACCESS_REMOTE_READ)
+attr = QPAttr()
+attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(16, 16)), attr)
+print(json.dumps({'qpn': qp.qp_num, 'gid': str(ctx.query_gid(1, 0)), 'rkey': mr.rkey,
+                  'addr': mr.buf}), flush=True)
+peer = json.loads(sys.stdin.readline())
+attr.dest_qp_num = peer['qpn']
+attr.ah_attr = AHAttr(port_num=1, is_global=1, gr=GlobalRoute(dgid=GID(peer['gid'])))
+attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 14, 7, 7, 1
+attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
+qp.to_rts(attr)
+
+def wait(n=1):
+    got = []
+    while len(got) < n:
+        got += cq.poll(n - len(got))[1]
+    assert all(w.status == e.IBV_WC_SUCCESS for w in got), [str(w) for w in got]
+    return got
+
+if role == 'server':
+    qp.post_recv(RecvWR(1, 1, [SGE(mr.buf, 1024, mr.lkey)]))
+    print('ready', flush=True)
+    wc = wait()[0]                      # the client's WRITE_WITH_IMM
+    data = mr.read(wc.byte_len, 4096)
+    print(json.dumps({'imm': socket.ntohl(wc.imm_data), 'data': data.decode()}), flush=True)
+    sys.stdin.readline()                # the client read back what it wrote
+else:
+    sys.stdin.readline()                # the server posted its receive
+    mr.write('over two processes', 18)
+    wr = SendWR(1, e.IBV_WR_RDMA_WRITE_WITH_IMM, 1, sg=[SGE(mr.buf, 18, mr.lkey)])
+    wr.set_wr_rdma(peer['rkey'], peer['addr'] + 4096)
+    wr.imm_data = socket.htonl(77)
+    qp.post_send(wr)
+    wait()
+    rd = SendWR(2, e.IBV_WR_RDMA_READ, 1, sg=[SGE(mr.buf + 100, 18, mr.lkey)])
+    rd.set_wr_rdma(peer['rkey'], peer['addr'] + 4096)
+    qp.post_send(rd)
+    wait()
+    print(json.dumps({'read': mr.read(18, 100).decode()}), flush=True)
+ctx.close()
+'''
+
+
+def test_two_processes_exchange_addresses_and_talk(tmp_path):
+    prog = tmp_path / 'peer.py'
+    prog.write_text(PEER_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith('SOFTNIC_')}
+    env['PYTHONPATH'] = str(ROOT)
+    cmd = [sys.executable, '-m', 'softnic.cli', 'exec', sys.executable, str(prog)]
+    procs = {role: subprocess.Popen(cmd + [role, dev], cwd=tmp_path, env=env, text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+             for role, dev in (('server', 'softnic0'), ('client', 'softnic1'))}
+    watchdog = threading.Timer(60, lambda: [p.kill() for p in procs.values()])
+    watchdog.start()                        # a hung peer fails the test instead of hanging it
+    try:
+        s, c = procs['server'], procs['client']
+        s_info, c_info = s.stdout.readline(), c.stdout.readline()
+        s.stdin.write(c_info)
+        s.stdin.flush()
+        c.stdin.write(s_info)
+        c.stdin.flush()
+        assert s.stdout.readline().strip() == 'ready'
+        c.stdin.write('go\n')
+        c.stdin.flush()
+        got = json.loads(s.stdout.readline())
+        assert got == {'imm': 77, 'data': 'over two processes'}
+        assert json.loads(c.stdout.readline()) == {'read': 'over two processes'}
+        s.stdin.write('done\n')
+        s.stdin.flush()
+        assert s.wait(30) == 0 and c.wait(30) == 0
+    finally:
+        watchdog.cancel()
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
