@@ -21,7 +21,7 @@ from .base import PyverbsCM, PyverbsObject, rdma_error
 from .pyverbs_error import PyverbsUserError
 from .utils import gid_str_to_array
 
-GID_TABLE_LEN = 1        # one GID per port: the RoCEv2 GID of the device's IPv4 address
+GID_TABLE_LEN = 4        # rxe on an IPv4 netdev has 4 (programs hard-code 1 or 3); each holds the RoCEv2 GID
 
 
 def gid_to_raw(val) -> bytes:
