@@ -679,3 +679,34 @@ def test_two_processes_exchange_addresses_and_talk(tmp_path):
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
+
+
+@pytest.mark.parametrize('mtu', [e.IBV_MTU_256, e.IBV_MTU_512, e.IBV_MTU_1024, e.IBV_MTU_2048,
+                                 e.IBV_MTU_4096])
+def test_every_path_mtu_with_1mib_messages(mtu):
+    """1 MiB WRITE, READ back, and a SEND, at each path MTU: byte for byte."""
+    size = 1 << 20
+    a, b = Side('softnic0', msg_size=2 * size), Side('softnic1', msg_size=2 * size)
+    try:
+        connect(a, b, mtu=mtu, timeout=14)
+        data = os.urandom(size)
+        a.mr.write(data, size)
+        wr = _signaled(1, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, size, a.mr.lkey))
+        wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+        a.qp.post_send(wr)
+        _ok(poll(a.cq, timeout=60)[0], e.IBV_WC_RDMA_WRITE)
+        assert b.mr.read(size, 0) == data
+        wr = _signaled(2, e.IBV_WR_RDMA_READ, SGE(a.mr.buf + size, size, a.mr.lkey))
+        wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+        a.qp.post_send(wr)
+        _ok(poll(a.cq, timeout=60)[0], e.IBV_WC_RDMA_READ)
+        assert a.mr.read(size, size) == data
+        b.qp.post_recv(RecvWR(7, 1, [SGE(b.mr.buf + size, size, b.mr.lkey)]))
+        a.qp.post_send(_signaled(3, e.IBV_WR_SEND, SGE(a.mr.buf, size, a.mr.lkey)))
+        _ok(poll(a.cq, timeout=60)[0], e.IBV_WC_SEND)
+        wc = poll(b.cq, timeout=60)[0]
+        _ok(wc, e.IBV_WC_RECV)
+        assert wc.byte_len == size and b.mr.read(size, size) == data
+    finally:
+        a.close()
+        b.close()
