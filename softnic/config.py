@@ -18,6 +18,10 @@ same keys in lower case without the prefix, and the variables win over it):
     ``gbn`` (go-back-N, the default) or ``sr`` (selective repeat).
 ``SOFTNIC_MIN_TIMER``
     floor of the retransmission and RNR timers in seconds (default 0.001).
+``SOFTNIC_BACKEND``
+    ``udp`` (real sockets, the default) or ``sim``: every device of the process
+    joins one deterministic simulated fabric that runs in virtual time, with
+    ``SOFTNIC_FAULTS`` on its links and ``SOFTNIC_SEED`` as its seed.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class RuntimeConfig:
     capture: str | None = None
     selective_repeat: bool = False
     min_timer: float = 1e-3
+    backend: str = "udp"
 
 
 def parse_devices(text: str) -> tuple[DeviceSpec, ...]:
@@ -82,11 +87,12 @@ def load(environ: dict | None = None) -> RuntimeConfig:
     if path:
         with open(path) as f:
             raw = {str(k).lower(): v for k, v in json.load(f).items()}
-    for key in ("devices", "faults", "seed", "capture", "recovery", "min_timer"):
+    keys = ("devices", "faults", "seed", "capture", "recovery", "min_timer", "backend")
+    for key in keys:
         v = env.get(ENV_PREFIX + key.upper())
         if v is not None:
             raw[key] = v
-    unknown = set(raw) - {"devices", "faults", "seed", "capture", "recovery", "min_timer"}
+    unknown = set(raw) - set(keys)
     if unknown:
         raise ValueError(f"unknown softnic configuration keys: {sorted(unknown)}")
     kw = {}
@@ -110,4 +116,9 @@ def load(environ: dict | None = None) -> RuntimeConfig:
         kw["min_timer"] = float(raw["min_timer"])
         if not 0 < kw["min_timer"] < 10:
             raise ValueError("SOFTNIC_MIN_TIMER must be in (0, 10) seconds")
+    if "backend" in raw:
+        b = str(raw["backend"]).lower()
+        if b not in ("udp", "sim"):
+            raise ValueError(f"SOFTNIC_BACKEND must be 'udp' or 'sim', not {b!r}")
+        kw["backend"] = b
     return RuntimeConfig(**kw)

@@ -52,14 +52,27 @@ def device_names() -> list[str]:
     return [d.name for d in runtime_config().devices]
 
 
-def open_device(name: str) -> "NIC":
+def configure(cfg: _config.RuntimeConfig | None = None) -> None:
+    """Replace this process's configuration (None: read the environment again).
+    Open devices are closed first; a simulated fabric starts afresh."""
+    global _cfg, _world
+    for nic in open_nics():
+        nic.close()
+    with _lock:
+        _open.clear()
+        _cfg = cfg
+        _world = None
+
+
+def open_device(name: str) -> "NIC | SimNIC":
     with _lock:
         nic = _open.get(name)
         if nic is None:
-            spec = next((d for d in runtime_config().devices if d.name == name), None)
+            cfg = runtime_config()
+            spec = next((d for d in cfg.devices if d.name == name), None)
             if spec is None:
                 raise KeyError(f"no softnic device {name!r} (devices: {device_names()})")
-            nic = NIC(spec, runtime_config())
+            nic = SimNIC(spec, sim_world()) if cfg.backend == "sim" else NIC(spec, cfg)
             _open[name] = nic
         nic.refs += 1
         return nic
@@ -278,6 +291,112 @@ class NIC:
             if now - self._stats_at >= 1.0:
                 self._stats_at = now
                 self.publish_counters()
+
+
+class SimWorld:
+    """The simulated fabric every device of the process joins when the backend is
+    ``sim``: one lock, one virtual clock, everything reproducible from the seed."""
+
+    def __init__(self, cfg: _config.RuntimeConfig):
+        from .transport.sim import Fabric
+        self.cfg = cfg
+        self.lock = threading.RLock()
+        self.capture = Capture(cfg.capture) if cfg.capture else None
+        self.fabric = Fabric(cfg.seed, default_faults=cfg.faults, default_delay=2e-6,
+                             trace=True, capture=self.capture)
+        self.next_host = 1
+
+    def run(self, max_events: int = 2000) -> bool:
+        """Advance virtual time by up to ``max_events`` events; False when idle."""
+        with self.lock:
+            n = self.fabric.events_processed
+            self.fabric.run(max_events=max_events)
+            trace = self.fabric.trace
+            if len(trace) > 20000:              # keep the recent packets, for failure reports
+                del trace[:-10000]
+            return self.fabric.events_processed != n
+
+
+_world: SimWorld | None = None
+
+
+def sim_world() -> SimWorld:
+    global _world
+    if _world is None:
+        _world = SimWorld(runtime_config())
+    return _world
+
+
+class SimNIC:
+    """A device in the simulated fabric, with the live NIC's interface, so the
+    pyverbs API runs unchanged in virtual time.  Progress happens whenever the
+    program polls or waits: the fabric runs its events, deterministically."""
+
+    def __init__(self, spec: _config.DeviceSpec, world: SimWorld):
+        if spec.ip is None:
+            ip = f"10.0.0.{world.next_host}"
+            world.next_host += 1
+        else:
+            ip = spec.ip
+        self.world = world
+        self.name = spec.name
+        self.ip, self.port = ip, spec.port or ROCEV2_PORT
+        self.refs = 0
+        self.dev = Device(spec.name, self.ip, self.port,
+                          config=DeviceConfig(min_timer=world.cfg.min_timer,
+                                              selective_repeat=world.cfg.selective_repeat))
+        self.gid = self.dev.gid
+        self.lock = world.lock
+        self._closed = False
+        with self.lock:
+            world.fabric.attach(self.dev)
+
+    def call(self, fn, *args, **kw):
+        with self.lock:
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.world.fabric.flush()
+
+    def poll(self) -> None:
+        if not self._closed:
+            self.world.run()
+
+    def wait_until(self, pred, timeout: float | None = None) -> bool:
+        """Run the fabric until ``pred()``; ``timeout`` is in virtual seconds."""
+        fabric = self.world.fabric
+        with self.lock:
+            end = None if timeout is None else fabric.now + timeout
+            while True:
+                if pred():
+                    return True
+                if self._closed or (end is not None and fabric.now >= end):
+                    return False
+                if not self.world.run():
+                    return pred()                  # idle: nothing more can happen
+
+    @property
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.dev.counters)
+
+    def publish_counters(self, final: bool = False) -> None:
+        pass
+
+    def release(self) -> None:
+        with _lock:
+            self.refs -= 1
+            if self.refs > 0:
+                return
+            _open.pop(self.name, None)
+        self.close()
+
+    def close(self) -> None:
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.world.fabric.detach(self.dev.address)
 
 
 @atexit.register
