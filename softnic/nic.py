@@ -108,7 +108,25 @@ def _loopback_candidates() -> list[str]:
     return [f"127.0.0.{i}" for i in range(1, 255)] + [f"127.0.1.{i}" for i in range(1, 255)]
 
 
-class NIC:
+class _Opened:
+    """Reference counting shared by live and simulated devices."""
+    name: str
+    refs: int
+
+    def release(self) -> None:
+        """Drop one reference; the last one closes the device."""
+        with _lock:
+            self.refs -= 1
+            if self.refs > 0:
+                return
+            _open.pop(self.name, None)
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class NIC(_Opened):
     def __init__(self, spec: _config.DeviceSpec, cfg: _config.RuntimeConfig):
         if spec.ip is None:
             self.sock = bind_free(_loopback_candidates(), spec.port)
@@ -184,13 +202,6 @@ class NIC:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
         return c
 
-    def release(self) -> None:
-        with _lock:
-            self.refs -= 1
-            if self.refs > 0:
-                return
-            _open.pop(self.name, None)
-        self.close()
 
     def close(self) -> None:
         with self.lock:
@@ -327,7 +338,7 @@ def sim_world() -> SimWorld:
     return _world
 
 
-class SimNIC:
+class SimNIC(_Opened):
     """A device in the simulated fabric, with the live NIC's interface, so the
     pyverbs API runs unchanged in virtual time.  Progress happens whenever the
     program polls or waits: the fabric runs its events, deterministically."""
@@ -383,13 +394,6 @@ class SimNIC:
     def publish_counters(self, final: bool = False) -> None:
         pass
 
-    def release(self) -> None:
-        with _lock:
-            self.refs -= 1
-            if self.refs > 0:
-                return
-            _open.pop(self.name, None)
-        self.close()
 
     def close(self) -> None:
         with self.lock:
