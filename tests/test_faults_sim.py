@@ -651,6 +651,61 @@ def test_set_link_both_directions_and_default_faults():
     assert c.inbox == []
 
 
+class EveryOther:
+    """A test's own injector: drops odd-numbered datagrams, holds the rest 1 ms."""
+
+    def __init__(self):
+        self.counters = dict.fromkeys(COUNTER_NAMES, 0)
+
+    def apply(self, data, now):
+        i = self.counters["sent"]
+        self.counters["sent"] += 1
+        if i % 2:
+            self.counters["dropped_loss"] += 1
+            return []
+        self.counters["delivered"] += 1
+        return [(now + 1e-3, data)]
+
+
+@pytest.mark.parametrize("tracing", [False, True])
+def test_set_injector_sees_every_datagram_of_one_direction(tracing):
+    fabric, (a, b) = make(default_delay=1e-6, trace=tracing)
+    custom = EveryOther()
+    fabric.set_injector(A, B, custom)   # a perfect link by default: not skipped all the same
+    for i in range(6):
+        a.send(bytes([i]), B)
+        b.send(bytes([i]), A)
+    fabric.run()
+    assert [(t, d) for t, d, _ in b.inbox] == pytest.approx([(1e-3 + 1e-6, bytes([i]))
+                                                            for i in (0, 2, 4)])
+    assert len(a.inbox) == 6                           # b -> a is untouched
+    assert fabric.injector(A, B) is custom
+    assert fabric.link_counters(A, B) == dict(custom.counters)
+    assert custom.counters["sent"] == 6 and custom.counters["dropped_loss"] == 3
+    c = fabric.counters
+    assert (c["sent"], c["delivered"], c["dropped_loss"], c["received"]) == (12, 9, 3, 9)
+    if tracing:
+        assert [r.kind for r in fabric.trace].count("drop") == 3
+
+
+def test_set_injector_before_the_link_exists_and_set_link_replaces_it():
+    fabric, (a, b) = make()
+    fabric.detach(B)
+    custom = EveryOther()
+    fabric.set_injector(A, B, custom)
+    fabric.attach(b)
+    a.send(b"0", B)
+    a.send(b"1", B)
+    fabric.run()
+    assert [d for _, d, _ in b.inbox] == [b"0"]
+    fabric.set_link(A, B, FaultModel.none(), both_directions=False)
+    a.send(b"2", B)
+    a.send(b"3", B)
+    fabric.run()
+    assert [d for _, d, _ in b.inbox] == [b"0", b"2", b"3"]
+    assert fabric.injector(A, B) is not custom and custom.counters["sent"] == 2
+
+
 def test_directions_get_different_random_streams():
     fabric, (a, b) = make(default_faults=FaultModel(loss=0.5))
     ab = fabric.injector(A, B).rng.random()

@@ -25,6 +25,7 @@ leftover entry moves the clock or counts as an event.
 Each link direction has its own ``FaultInjector`` whose rng comes from the
 fabric seed and the two addresses (never from ``hash()``, which Python
 randomizes per process).  A direction with no faults skips the injector.
+``Fabric.set_injector`` puts a test's own injector on one direction.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ class _Link:
         self.delay = delay
         self.injector = injector
         self.counters = injector.counters
-        self.fast = injector.model.is_none()
+        # Only a stock injector of a perfect link may be skipped; one set by
+        # set_injector sees every datagram.
+        self.fast = type(injector) is FaultInjector and injector.model.is_none()
 
 
 class Fabric:
@@ -187,6 +190,23 @@ class Fabric:
             if port is not None:
                 port.links.pop(dst, None)
 
+    def set_injector(self, src: Address, dst: Address, injector: Any) -> None:
+        """Make ``injector`` decide the fate of every datagram on src -> dst.
+
+        ``injector`` replaces the ``FaultInjector`` built from the link's
+        fault model.  Any object with ``apply(data, now)`` returning a list of
+        ``(delivery time, bytes)`` copies (empty: dropped) and a ``counters``
+        dict with the keys of ``softnic.faults.COUNTER_NAMES`` will do, e.g.
+        ``softnic.testing.DropList``, which drops chosen datagrams.  The
+        link's propagation delay still applies.  A later ``set_link`` on
+        this direction goes back to a fault-model injector.
+        """
+        src, dst = tuple(src), tuple(dst)
+        self._injectors[(src, dst)] = injector
+        port = self._ports.get(src)
+        if port is not None:
+            port.links.pop(dst, None)
+
     def derive_rng(self, *labels: object) -> random.Random:
         """A ``random.Random`` fixed by the fabric seed and ``labels``
         (for seeding devices' own randomness from the same seed)."""
@@ -209,7 +229,8 @@ class Fabric:
         return _Link(port, self.default_delay if delay is None else delay, injector)
 
     def injector(self, src: Address, dst: Address) -> FaultInjector:
-        """The injector of direction src -> dst (made now if not used yet)."""
+        """The injector of direction src -> dst (made now if not used yet;
+        whatever ``set_injector`` installed, if it was called)."""
         src, dst = tuple(src), tuple(dst)
         injector = self._injectors.get((src, dst))
         if injector is None:
@@ -231,7 +252,7 @@ class Fabric:
         total = dict.fromkeys(COUNTER_NAMES, 0)
         for injector in self._injectors.values():
             for name, value in injector.counters.items():
-                total[name] += value
+                total[name] = total.get(name, 0) + value
         total["dropped_unknown"] = self._dropped_unknown
         total["received"] = self._received
         return total
