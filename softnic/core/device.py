@@ -221,7 +221,7 @@ class Device:
             qp.epsn = qp.attr.rq_psn
         elif nxt == QPState.RTS and cur == QPState.RTR:
             qp.sq_psn = qp.attr.sq_psn
-            qp.acked_psn = (qp.attr.sq_psn - 1) & 0xFFFFFF
+            qp.acked_psn = qp.max_sent_psn = (qp.attr.sq_psn - 1) & 0xFFFFFF
             qp.retry_left = qp.attr.retry_cnt
             qp.rnr_left = qp.attr.rnr_retry
         elif nxt == QPState.SQD:

@@ -280,6 +280,7 @@ class QP:
         self.send_idx = 0             # index in sq of the WQE the requester works on
         self.sq_psn = 0               # next never-used PSN
         self.acked_psn = 0xFFFFFF     # everything up to here is acknowledged (sq_psn - 1 at start)
+        self.max_sent_psn = 0xFFFFFF  # highest PSN sent so far (anything not above it is a resend)
         self.rd_atomic_inflight = 0
         self.retry_left = 7
         self.rnr_left = 7

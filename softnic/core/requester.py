@@ -219,6 +219,11 @@ def generate(dev, qp, now: float, out: list) -> None:
         ackreq = qp.pkts_since_ackreq >= ack_every
         if ackreq:
             qp.pkts_since_ackreq = 0
+        if rc:
+            if psn_diff(psn, qp.max_sent_psn) <= 0:
+                dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
+            else:
+                qp.max_sent_psn = psn
         out.append((_build(dev, qp, wqe, wqe.next_pkt, ackreq), dest if qp.qp_type != QPType.UD
                     else wqe.dest))
         if wqe.opcode == W.RDMA_READ or wqe.opcode in _ATOMIC_OPC:
