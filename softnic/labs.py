@@ -32,7 +32,8 @@ def _setup(seed: int = 1, faults: FaultModel = FaultModel(), *, mtu: int = 1024,
            selective_repeat: bool = False, psn: int = 0, **bring_up):
     cfg = DeviceConfig(selective_repeat=selective_repeat, min_timer=100e-6)
     a, b = Device("softnic0", "10.0.0.1", config=cfg), Device("softnic1", "10.0.0.2", config=cfg)
-    fabric = Fabric(seed, default_faults=faults, default_delay=5e-6, trace=True)
+    fabric = Fabric(seed, default_faults=faults, default_delay=5e-6, default_rate_bps=10e9,
+                    trace=True)
     fabric.attach(a)
     fabric.attach(b)
     ea, eb = connect(a, b, mtu=mtu, psn_a=psn, psn_b=psn, timeout=bring_up.pop("timeout", 7),
@@ -64,6 +65,28 @@ def segmentation(seed: int = 1) -> LabRun:
     run.notes.append("bytes landed: " + str(bytes(eb.buf.view[8192:13192]) ==
                                             bytes(ea.buf.view[:5000])))
     return run
+
+
+def _one_loss(selective_repeat: bool, seed: int) -> LabRun:
+    from .testing.droplist import DropList
+    fabric, a, b, ea, eb = _setup(seed, selective_repeat=selective_repeat)
+    mode = "selective repeat" if selective_repeat else "go-back-N"
+    run = LabRun(f"one lost packet, {mode}", fabric, (a, b))
+    DropList({3}).install(fabric, a.address, b.address)       # the 4th datagram a sends
+    ea.buf.view[:16384] = bytes(range(256)) * 64
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 16384)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr + 16384, rkey=eb.mr.rkey))
+    _collect(run, ea, eb, 1)
+    run.notes.append(f"data packets sent: {a.counters['sent_pkts']} for 16 needed "
+                     f"({a.counters['retransmitted_pkts']} resent)")
+    run.notes.append("bytes landed: " + str(bytes(eb.buf.view[16384:32768]) ==
+                                            bytes(ea.buf.view[:16384])))
+    return run
+
+
+def loss_recovery(seed: int = 1) -> list[LabRun]:
+    """Lab 2: a 16 KiB WRITE loses its 4th packet, under go-back-N then selective repeat."""
+    return [_one_loss(False, seed), _one_loss(True, seed)]
 
 
 def rnr(seed: int = 1) -> LabRun:
@@ -115,7 +138,14 @@ def atomic_once(seed: int = 1) -> LabRun:
     return run
 
 
-LABS = {1: segmentation, 3: rnr, 4: protection, 5: atomic_once}
+LABS = {1: segmentation, 2: loss_recovery, 3: rnr, 4: protection, 5: atomic_once}
+
+
+def run_lab(n: int, seed: int = 1) -> list[LabRun]:
+    if n not in LABS:
+        raise ValueError(f"no lab {n} (labs: {sorted(LABS)})")
+    r = LABS[n](seed)
+    return r if isinstance(r, list) else [r]
 
 
 def describe(run: LabRun) -> str:
