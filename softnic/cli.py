@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("devinfo", help="what ibv_devinfo prints, for softnic's devices")
     v.add_argument("-d", "--ib-dev", help="only this device")
     v.add_argument("-v", "--verbose", action="store_true", help="all device attributes")
+    from .ladder import add_arguments as trace_arguments, main as trace
+    trace_arguments(sub.add_parser("trace", help="packet ladder of a RoCEv2 pcap or a "
+                                   "simulated lossy run (--demo)"))
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         from . import demo
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         return _exec(args)
     if args.cmd == "counters":
         return _counters(args)
+    if args.cmd == "trace":
+        return trace(args)
     if args.cmd == "devinfo":
         from .devinfo import main as devinfo
         return devinfo(args.ib_dev, args.verbose)
