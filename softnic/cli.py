@@ -65,6 +65,26 @@ def _counters(args) -> int:
     return 0
 
 
+def _lab(args) -> int:
+    from . import labs
+    from .ladder import from_fabric_trace, render_svg, render_text
+    try:
+        runs = labs.run_lab(args.number, args.seed)
+    except ValueError as e:
+        print(f"softnic lab: {e}", file=sys.stderr)
+        return 2
+    for i, run in enumerate(runs):
+        events = from_fabric_trace(run.fabric.trace)
+        print(labs.describe(run))
+        print(render_text(events))
+        if args.svg:
+            path = args.svg if len(runs) == 1 else args.svg.replace(".svg", f"-{i + 1}.svg")
+            render_svg(events, path)
+            print(f"  ladder drawn to {path}")
+        print()
+    return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -105,7 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     from .ladder import add_arguments as trace_arguments, main as trace
     trace_arguments(sub.add_parser("trace", help="packet ladder of a RoCEv2 pcap or a "
                                    "simulated lossy run (--demo)"))
+    lab = sub.add_parser("lab", help="run a teaching lab (see docs/labs): ladder, completions, "
+                         "counters")
+    lab.add_argument("number", type=int, help="lab number (1-5)")
+    lab.add_argument("--seed", type=int, default=1)
+    lab.add_argument("--svg", help="also draw the ladder(s) to this SVG file")
     args = ap.parse_args(argv)
+    if args.cmd == "lab":
+        return _lab(args)
     if args.cmd == "demo":
         from . import demo
         ok = demo.run(seed=args.seed, faults=args.faults or demo.DEFAULT_FAULTS, mtu=args.mtu,
