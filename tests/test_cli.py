@@ -76,3 +76,11 @@ def test_counters_of_a_running_program(tmp_path):
     # after it exited, only --all shows it
     assert json.loads(run("counters", "--json", env=env).stdout) == []
     assert len(json.loads(run("counters", "--json", "--all", env=env).stdout)) == 1
+
+
+def test_lab_command_prints_the_ladder(tmp_path):
+    out = run("lab", "2", "--svg", str(tmp_path / "lab.svg")).stdout
+    assert "one lost packet, go-back-N" in out and "one lost packet, selective repeat" in out
+    assert out.count("DROP") == 2 and "NAK seq-err" in out and "RETX" in out
+    assert (tmp_path / "lab-1.svg").read_text().startswith("<")
+    assert run("lab", "9", check=False).returncode == 2
