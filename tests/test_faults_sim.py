@@ -676,8 +676,8 @@ def test_set_injector_sees_every_datagram_of_one_direction(tracing):
         a.send(bytes([i]), B)
         b.send(bytes([i]), A)
     fabric.run()
-    assert [(t, d) for t, d, _ in b.inbox] == pytest.approx([(1e-3 + 1e-6, bytes([i]))
-                                                            for i in (0, 2, 4)])
+    assert [d for _, d, _ in b.inbox] == [bytes([i]) for i in (0, 2, 4)]
+    assert [t for t, _, _ in b.inbox] == pytest.approx([1e-3 + 1e-6] * 3)
     assert len(a.inbox) == 6                           # b -> a is untouched
     assert fabric.injector(A, B) is custom
     assert fabric.link_counters(A, B) == dict(custom.counters)
