@@ -91,8 +91,9 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['loss']:.1%} | {r['goodput_gbps']:.3f} | "
-              f"{r['goodput_gbps'] / base[r['mode']]:.3f} | "
-              f"{r['data_pkts_sent']} / {r['useful_pkts']} | {r['timeouts']} |"
+              + (f"{r['goodput_gbps'] / base[r['mode']]:.3f} | " if r["mode"] in base
+                 else "n/a (no 0 % run) | ")
+              + f"{r['data_pkts_sent']} / {r['useful_pkts']} | {r['timeouts']} |"
               + ("" if r["ok"] else " INCOMPLETE"))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -227,15 +227,13 @@ def _progress(dev, qp, before: int, now: float) -> None:
 
 
 def _inflight(qp) -> bool:
-    return psn_diff(qp.next_send_psn(), (qp.acked_psn + 1) & 0xFFFFFF) > 0 or any(
-        w.first_psn is not None and not w.done for w in _head(qp))
-
-
-def _head(qp, n: int = 4):
-    for i, w in enumerate(qp.sq):
-        if i >= n:
-            break
-        yield w
+    """Is any started WQE still unacknowledged?  (Started WQEs sit at the head.)"""
+    for w in qp.sq:
+        if w.first_psn is None:
+            return False
+        if not w.done:
+            return True
+    return False
 
 
 def on_timeout(dev, qp, now: float) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import errno
 import heapq
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..wire.icrc import append_icrc, check_icrc
 from ..wire.roce import (AethCode, Kind, Opcode as O, WireError, decode, encode,
@@ -233,7 +233,6 @@ class Device:
 
     def query_qp(self, qp: QP) -> tuple[QPAttr, QPInitAttr]:
         attr = merge_attr(qp.attr, QPAttr(qp_state=qp.state, cur_qp_state=qp.state), M.STATE)
-        from dataclasses import replace
         attr = replace(attr, cur_qp_state=qp.state, cap=qp.cap,
                        sq_psn=qp.sq_psn if qp.state in (QPState.RTS, QPState.SQD)
                        else attr.sq_psn,
@@ -339,7 +338,6 @@ class Device:
         """Move a QP to ERR and flush all its outstanding work with WR_FLUSH_ERR."""
         if qp.state == QPState.ERR:
             return
-        from dataclasses import replace
         qp.state = QPState.ERR
         qp.attr = replace(qp.attr, qp_state=QPState.ERR)
         qp.rto_at = qp.rnr_at = None
