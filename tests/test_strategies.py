@@ -520,7 +520,8 @@ def test_ring_example_with_the_bug_fails_with_a_minimal_drop_pattern(tmp_path):
     r = _run_example(tmp_path, True, "-k", "exact_drops")
     out = r.stdout
     assert r.returncode == 1, out + r.stderr
-    assert "Falsifying example" in out
+    # Hypothesis says "Falsifying example" up to 6.16x and "Failing test case" after
+    assert "Falsifying example" in out or "Failing test case" in out
     assert "overwritten before the consumer read it" in out
     sets = {}
     for name in ("drops_ab", "drops_ba"):
