@@ -95,6 +95,13 @@ class FaultModel:
         if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
             raise ValueError(f"FaultModel.queue_bytes must be an int >= 0, got {queue!r}")
 
+    def __repr__(self) -> str:
+        """Only the fields that differ from a perfect link, still valid Python:
+        a falsifying example stays short and replayable."""
+        changed = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                   if getattr(self, f.name) != f.default]
+        return f"FaultModel({', '.join(changed)})"
+
     @classmethod
     def none(cls) -> FaultModel:
         """A perfect link: nothing lost, delayed or altered."""

@@ -848,3 +848,10 @@ def test_trace_does_not_depend_on_string_hash_randomization():
         digests.add(out.stdout.strip())
     digests.add(hashlib.sha256(repr(lossy_trace(5)).encode()).hexdigest())
     assert len(digests) == 1
+
+
+def test_repr_names_only_what_differs_and_replays():
+    m = FaultModel(loss=0.02, reorder=0.01, reorder_delay=1e-4, corrupt_bits=3)
+    assert repr(m) == "FaultModel(loss=0.02, reorder=0.01, reorder_delay=0.0001, corrupt_bits=3)"
+    assert eval(repr(m)) == m
+    assert repr(FaultModel()) == "FaultModel()"
