@@ -647,20 +647,19 @@ ctx.close()
 '''
 
 
-def test_two_processes_exchange_addresses_and_talk(tmp_path):
-    prog = tmp_path / 'peer.py'
-    prog.write_text(PEER_PROGRAM)
-    env = {k: v for k, v in os.environ.items() if not k.startswith('SOFTNIC_')}
-    env['PYTHONPATH'] = str(ROOT)
-    cmd = [sys.executable, '-m', 'softnic.cli', 'exec', sys.executable, str(prog)]
-    procs = {role: subprocess.Popen(cmd + [role, dev], cwd=tmp_path, env=env, text=True,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-             for role, dev in (('server', 'softnic0'), ('client', 'softnic1'))}
+def run_peers(cmds: dict, cwd, env, check_server_info=None) -> None:
+    """Start the PEER_PROGRAM server and client (``cmds`` role -> argv), pass each the
+    other's QPN/GID/rkey, let them talk, and check what both report.  A watchdog
+    kills a hung peer so the test fails instead of hanging."""
+    procs = {role: subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE) for role, cmd in cmds.items()}
     watchdog = threading.Timer(60, lambda: [p.kill() for p in procs.values()])
-    watchdog.start()                        # a hung peer fails the test instead of hanging it
+    watchdog.start()
     try:
         s, c = procs['server'], procs['client']
         s_info, c_info = s.stdout.readline(), c.stdout.readline()
+        if check_server_info is not None:
+            check_server_info(json.loads(s_info))
         s.stdin.write(c_info)
         s.stdin.flush()
         c.stdin.write(s_info)
@@ -679,6 +678,17 @@ def test_two_processes_exchange_addresses_and_talk(tmp_path):
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
+
+
+def test_two_processes_exchange_addresses_and_talk(tmp_path):
+    prog = tmp_path / 'peer.py'
+    prog.write_text(PEER_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith('SOFTNIC_')}
+    env['PYTHONPATH'] = str(ROOT)
+    cmd = [sys.executable, '-m', 'softnic.cli', 'exec', sys.executable, str(prog)]
+    run_peers({role: cmd + [role, dev] for role, dev in (('server', 'softnic0'),
+                                                         ('client', 'softnic1'))},
+              tmp_path, env)
 
 
 @pytest.mark.parametrize('mtu', [e.IBV_MTU_256, e.IBV_MTU_512, e.IBV_MTU_1024, e.IBV_MTU_2048,
