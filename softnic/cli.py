@@ -130,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("number", type=int, help="lab number (1-5)")
     lab.add_argument("--seed", type=int, default=1)
     lab.add_argument("--svg", help="also draw the ladder(s) to this SVG file")
+    from .experiment_cli import add_arguments as experiment_arguments
+    experiment_arguments(sub.add_parser("experiment", help="congestion (incast) and loss "
+                                        "experiments in virtual time: JSON, PNG, figures"))
     args = ap.parse_args(argv)
+    if args.cmd == "experiment":
+        from .experiment_cli import main as experiment
+        return experiment(args)
     if args.cmd == "lab":
         return _lab(args)
     if args.cmd == "demo":

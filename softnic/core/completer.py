@@ -79,6 +79,8 @@ def receive(dev, qp, pkt, now: float) -> None:
     code = aeth.code if aeth is not None else AethCode.ACK
     if kind == Kind.ACK and code == AethCode.NAK and aeth.value == NakCode.PSN_SEQUENCE_ERROR:
         dev.counters["rcvd_seq_err"] += 1
+        if qp.cc is not None:
+            qp.cc.on_loss(now=now, kind="nak")
         if qp.selective_repeat:
             # The NAK names one missing PSN; its MSN field names one that arrived.
             sack = aeth.msn
@@ -212,6 +214,8 @@ def _scatter(wqe, off: int, data) -> None:
 
 
 def _progress(dev, qp, before: int, now: float) -> None:
+    if qp.cc is not None and (qp.acked_psn != before or qp.rx_telemetry is not None):
+        requester.cc_acked(qp, before, now)
     if qp.acked_psn != before:
         if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, qp.acked_psn) <= 0:
             qp.sacked_psn = None
@@ -248,6 +252,8 @@ def on_timeout(dev, qp, now: float) -> None:
     if qp.state not in (QPState.RTS, QPState.SQD) or not _inflight(qp):
         return
     dev.counters["timeouts"] += 1
+    if qp.cc is not None:
+        qp.cc.on_loss(now=now, kind="timeout")
     if qp.attr.retry_cnt != 7:                 # rxe: 7 retries forever, as for rnr_retry
         if qp.retry_left == 0:
             dev.counters["retry_exceeded_err"] += 1

@@ -32,6 +32,11 @@ from .memory import PD, KeyTable, MR, view_at
 from .qp import QP, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR, check_transition, \
     gid_of, merge_attr
 from .srq import SRQ, RecvWQE
+from ..wire.datagram import CE, Datagram
+import congestion
+
+#: controllers that react to ECN marks (their packets are sent ECN-capable)
+ECN_CONTROLLERS = frozenset({"dcqcn"})
 
 #: Counter names, as Linux rxe exposes them (plus a few of our own).
 RXE_COUNTERS = (
@@ -58,7 +63,19 @@ class DeviceConfig:
     min_timer: float = 1e-3
     selective_repeat: bool = False
     window: int = 128
+    #: ask for an ACK every this many packets (None: every window/4)
+    ack_every: int | None = None
     check_icrc: bool = True
+    #: congestion control for every QP unless set per QP: a ``congestion`` spec
+    #: such as ``"dcqcn"`` or ``"hpcc:eta=0.9"``; ``"none"`` for no control
+    cc: str = "none"
+    #: the NIC's line rate (bits/s) and the propagation round trip controllers
+    #: start from (seconds)
+    line_rate_bps: float = 100e9
+    base_rtt: float = 10e-6
+    #: mark sent packets ECN-capable (ECT(0)); None: when the device's
+    #: controller reacts to ECN (DCQCN)
+    ecn: bool | None = None
 
 
 class Device:
@@ -81,6 +98,14 @@ class Device:
         self._ready: dict[QP, None] = {}     # QPs that may have packets to send (ordered set)
         self._timers: list[tuple[float, int, QP]] = []
         self._tseq = 0
+        self._cnps: list[QP] = []            # QPs owing their requester a CNP
+        # parse the device's controller spec now: a bad one is an error here
+        self._cc_name, self._cc_params = congestion.parse_spec(self.config.cc)
+        congestion.create(self._cc_name, congestion.FlowInfo(
+            self.config.line_rate_bps, 4096, self.config.base_rtt), **self._cc_params)
+        ecn = self.config.ecn
+        #: are this device's packets ECN-capable (ECT(0) in the IP header)?
+        self.ect = (self._cc_name in ECN_CONTROLLERS) if ecn is None else bool(ecn)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -183,8 +208,14 @@ class Device:
         return qp
 
     def set_qp_transport(self, qp: QP, *, selective_repeat: bool | None = None,
-                         window: int | None = None) -> None:
-        """Per-QP choice of loss recovery and in-flight cap (both peers must agree)."""
+                         window: int | None = None, cc: str | None = None) -> None:
+        """Per-QP choice of loss recovery and in-flight cap (both peers must agree),
+        and of congestion control (a ``congestion`` spec; it takes effect at RTS)."""
+        if cc is not None:
+            name, params = congestion.parse_spec(cc)
+            congestion.create(name, congestion.FlowInfo(self.config.line_rate_bps, 4096,
+                                                        self.config.base_rtt), **params)
+            qp.cc_spec = cc
         if selective_repeat is not None:
             qp.selective_repeat = selective_repeat
         if window is not None:
@@ -224,12 +255,27 @@ class Device:
             qp.acked_psn = qp.max_sent_psn = (qp.attr.sq_psn - 1) & 0xFFFFFF
             qp.retry_left = qp.attr.retry_cnt
             qp.rnr_left = qp.attr.rnr_retry
+            self._make_cc(qp)
         elif nxt == QPState.SQD:
             qp.sqd_notified = False
         qp.state = nxt
         qp.attr = merge_attr(qp.attr, QPAttr(qp_state=nxt), M.STATE)
         if nxt in (QPState.RTS, QPState.SQD):
             self.mark_ready(qp)
+
+    def _make_cc(self, qp: QP) -> None:
+        if qp.qp_type == QPType.UD:
+            qp.cc = None
+            return
+        if qp.cc_spec is not None:
+            name, params = congestion.parse_spec(qp.cc_spec)
+        else:
+            name, params = self._cc_name, self._cc_params
+        if name == "none" and not params:
+            qp.cc = None                       # no controller: nothing on the per-packet path
+            return
+        qp.cc = congestion.create(name, congestion.FlowInfo(
+            self.config.line_rate_bps, qp.mtu, self.config.base_rtt), **params)
 
     def query_qp(self, qp: QP) -> tuple[QPAttr, QPInitAttr]:
         attr = merge_attr(qp.attr, QPAttr(qp_state=qp.state, cur_qp_state=qp.state), M.STATE)
@@ -320,6 +366,13 @@ class Device:
         t = qp.rto_at
         if qp.rnr_at is not None and (t is None or qp.rnr_at < t):
             t = qp.rnr_at
+        cc = qp.cc
+        if cc is not None:
+            if qp.pace_at is not None and (t is None or qp.pace_at < t):
+                t = qp.pace_at
+            c = cc.next_timer()
+            if c is not None and (t is None or c < t):
+                t = c
         if t == qp.timer_at:
             return
         qp.timer_at = t
@@ -364,7 +417,11 @@ class Device:
 
     # ------------------------------------------------------------ sans-I/O surface
 
-    def receive_datagram(self, data: bytes, src: tuple[str, int], now: float) -> None:
+    def receive_datagram(self, data: bytes, src: tuple[str, int], now: float, ecn: int = 0,
+                         telemetry: tuple | None = None) -> None:
+        """One UDP payload from ``src``.  ``ecn`` is the IP header's ECN codepoint
+        (3 = CE, congestion experienced); ``telemetry`` the INT hop records the
+        packet carries (for a response: those its responder echoed)."""
         c = self.counters
         c["rcvd_pkts"] += 1
         n = len(data)
@@ -378,6 +435,14 @@ class Device:
             return
         if pkt.info.kind == Kind.CNP:
             c["rcvd_cnp"] += 1
+            qp = self.qps.get(pkt.bth.dest_qp)
+            if qp is not None and qp.cc is not None and tuple(src) == qp.dest:
+                c["rp_cnp_handled"] += 1
+                qp.cc.on_cnp(now=now)
+                self.arm(qp)
+                self.mark_ready(qp)
+            else:
+                c["rp_cnp_ignored"] += 1
             return
         qp = self.qps.get(pkt.bth.dest_qp)
         if qp is None:
@@ -396,15 +461,33 @@ class Device:
             if qp.state not in (QPState.RTR, QPState.RTS, QPState.SQD):
                 c["rcvd_bad_state"] += 1
                 return
+            if ecn == CE:
+                c["np_ecn_marked_roce_packets"] += 1
+                if qp.cc is not None and qp.qp_type != QPType.UD and qp.cc.on_ecn(now=now):
+                    self._cnps.append(qp)
+            if telemetry is not None:
+                qp.int_echo = telemetry
             responder.receive(self, qp, pkt, src, now)
         else:
             if qp.state not in (QPState.RTS, QPState.SQD):
                 c["rcvd_bad_state"] += 1
                 return
-            completer.receive(self, qp, pkt, now)
+            if qp.cc is not None:
+                qp.rx_telemetry = telemetry
+                completer.receive(self, qp, pkt, now)
+                qp.rx_telemetry = None
+                self.arm(qp)
+            else:
+                completer.receive(self, qp, pkt, now)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
         out: list = []
+        if self._cnps:
+            cnps, self._cnps = self._cnps, []
+            for qp in cnps:
+                if not qp.closed:
+                    out.append((encode(O.CNP, dest_qp=qp.attr.dest_qp_num, psn=0), qp.dest))
+            self.counters["np_cnp_sent"] += len(out)
         ready, self._ready = self._ready, {}
         for qp in ready:
             if qp.closed:
@@ -414,6 +497,8 @@ class Device:
             if qp.state in (QPState.RTS, QPState.SQD):
                 n0 = len(out)
                 requester.generate(self, qp, now, out)
+                if qp.cc is not None:
+                    self.arm(qp)
                 if len(out) > n0 and qp.qp_type == QPType.RC and qp.rto_at is None \
                         and qp.attr.timeout:
                     qp.rto_at = now + self.rto(qp)
@@ -421,8 +506,13 @@ class Device:
                 completer.complete(self, qp)
         ip, port = self.ip, self.port
         res = []
-        for pkt, dest in out:
-            res.append((bytes(append_icrc(pkt, ip, dest[0], port, dest[1])), dest))
+        for item in out:
+            pkt, dest = item[0], item[1]
+            if len(item) == 2:
+                res.append((bytes(append_icrc(pkt, ip, dest[0], port, dest[1])), dest))
+            else:                       # an ACK echoing INT telemetry
+                res.append((Datagram(append_icrc(pkt, ip, dest[0], port, dest[1]),
+                                     echo=item[2]), dest))
         self.counters["sent_pkts"] += len(res)
         return res
 
@@ -434,8 +524,11 @@ class Device:
             entry = qp.resp_out.popleft()
             kind, psn = entry[0], entry[1]
             if kind == "ack":
-                out.append((encode(O.RC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn,
-                                   aeth=(entry[2], entry[3])), dest))
+                ack = encode(O.RC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn, aeth=(entry[2], entry[3]))
+                if qp.int_echo is not None:
+                    out.append((ack, dest, qp.int_echo))
+                else:
+                    out.append((ack, dest))
             elif kind == "atomic":
                 out.append((encode(O.RC_ATOMIC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn,
                                    aeth=(responder.ACK_CREDITS, entry[3]), atomicack=entry[2]),
@@ -473,5 +566,14 @@ class Device:
             if qp.timer_at != t or qp.closed:
                 continue
             qp.timer_at = None
+            cc = qp.cc
+            if cc is not None:
+                if qp.pace_at is not None and qp.pace_at <= now:
+                    qp.pace_at = None
+                    self.mark_ready(qp)
+                c = cc.next_timer()
+                if c is not None and c <= now:
+                    cc.on_timer(now=now)
+                    self.mark_ready(qp)
             completer.on_timeout(self, qp, now)
             self.arm(qp)

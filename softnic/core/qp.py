@@ -264,6 +264,8 @@ class QP:
         self.window = 128                     # packets in flight at most
         self.closed = False
         self.timer_at: float | None = None
+        self.cc_spec: str | None = None       # per-QP congestion control (None: the device's)
+        self.cc = None                        # its controller, made at RTS (None: no control)
         self.reset()
 
     @property
@@ -294,6 +296,13 @@ class QP:
         self.rto_at: float | None = None
         self.rnr_at: float | None = None
         self.sqd_notified = False
+        # congestion control (used only when self.cc is set)
+        self.next_tx = 0.0            # pacing: earliest time of the next packet
+        self.pace_at: float | None = None   # pacing timer, when the rate holds a packet back
+        self.cc_sent: dict[int, tuple] = {}  # PSN -> (sent at, bytes, resent) until acknowledged
+        self.cc_inflight = 0          # bytes sent and not yet acknowledged
+        self.rx_telemetry = None      # INT echo of the response being handled
+        self.int_echo = None          # INT hops of the latest request, echoed in ACKs
         # responder
         self.rq: deque = deque()
         self.epsn = 0

@@ -150,6 +150,8 @@ def rewind(qp, psn: int) -> None:
     i = _find(qp, psn)
     if i is None:
         return
+    if qp.cc is not None and qp.cc_sent:
+        cc_lost_from(qp, psn)
     qp.send_idx = i
     w = qp.sq[i]
     w.next_pkt = (psn - w.first_psn) & 0xFFFFFF
@@ -171,15 +173,90 @@ def _window_full(qp, psn: int) -> bool:
     return psn_diff(psn, base) >= qp.window
 
 
+# ---------------------------------------------------------------- congestion control
+#
+# Only a QP with a controller (``qp.cc``) pays for any of this.  The controller's
+# window caps the bytes sent and not yet acknowledged; its rate spaces packets
+# ``bytes * 8 / rate`` apart (a token bucket of depth one packet), and the
+# device arms a pacing timer for the next one.
+
+#: IPv4 + UDP header bytes counted with each datagram (what a link carries)
+WIRE_OVERHEAD = 28
+
+
+def _cc_blocked(dev, qp, now: float, resend: bool) -> bool:
+    cc = qp.cc
+    if not resend and cc.window is not None and qp.cc_inflight and \
+            qp.cc_inflight >= cc.window:
+        return True                       # an ACK (progress) makes the QP ready again
+    if cc.rate is not None and now < qp.next_tx:
+        if qp.pace_at != qp.next_tx:
+            qp.pace_at = qp.next_tx
+            dev.arm(qp)
+        return True
+    return False
+
+
+def _cc_sent(qp, psn: int, nbytes: int, now: float, resent: bool) -> None:
+    cc = qp.cc
+    size = nbytes + WIRE_OVERHEAD
+    rate = cc.rate
+    if rate:
+        t = qp.next_tx if qp.next_tx > now else now
+        qp.next_tx = t + size * 8 / rate
+    if qp.qp_type == QPType.RC:
+        old = qp.cc_sent.get(psn)
+        if old is not None:
+            qp.cc_inflight -= old[1]
+            resent = True
+        qp.cc_sent[psn] = (now, size, resent)
+        qp.cc_inflight += size
+    cc.on_packet_sent(now=now, nbytes=size, psn=psn, retransmit=resent)
+
+
+def cc_lost_from(qp, psn: int) -> None:
+    """Packets from ``psn`` on are presumed lost: they leave the in-flight count
+    (their resends count again, marked as resent so they give no RTT sample)."""
+    lost = [p for p in qp.cc_sent if psn_diff(p, psn) >= 0]
+    for p in lost:
+        qp.cc_inflight -= qp.cc_sent.pop(p)[1]
+
+
+def cc_acked(qp, before: int, now: float) -> None:
+    """The cumulative ACK moved from ``before`` to ``qp.acked_psn``: tell the controller."""
+    sent = qp.cc_sent
+    acked = qp.acked_psn
+    nbytes = 0
+    rtt = None
+    if sent:
+        n = psn_diff(acked, before)
+        if n <= 2 * len(sent):
+            psns = [(before + k) & 0xFFFFFF for k in range(1, n + 1)]
+        else:
+            psns = [p for p in sent if psn_diff(p, acked) <= 0]
+        for p in psns:
+            e = sent.pop(p, None)
+            if e is not None:
+                nbytes += e[1]
+                if not e[2]:
+                    rtt = now - e[0]          # the newest original packet acknowledged
+        qp.cc_inflight -= nbytes
+    tel, qp.rx_telemetry = qp.rx_telemetry, None
+    qp.cc.on_ack(now=now, acked_bytes=nbytes, rtt=rtt, telemetry=tel)
+
+
 def generate(dev, qp, now: float, out: list) -> None:
     """Append this QP's request packets (as (bytes, dest)) to ``out`` while it may send."""
     if qp.rnr_wait or qp.state not in (QPState.RTS, QPState.SQD):
         return
     rc = qp.qp_type == QPType.RC
     dest = qp.dest if qp.qp_type != QPType.UD else None
-    ack_every = max(1, qp.window // 4)
+    ack_every = dev.config.ack_every or max(1, qp.window // 4)
+    cc = qp.cc if qp.qp_type != QPType.UD else None
     # Selective repeat: single lost PSNs first.
     while qp.rexmit:
+        if cc is not None and _cc_blocked(dev, qp, now, True):
+            return
         item = qp.rexmit.popleft()
         psn, count = item if isinstance(item, tuple) else (item, None)
         i = _find(qp, psn)
@@ -188,7 +265,10 @@ def generate(dev, qp, now: float, out: list) -> None:
         w = qp.sq[i]
         idx = 0 if w.rd_atomic and w.opcode != W.RDMA_READ else (psn - w.first_psn) & 0xFFFFFF
         dev.counters["retransmitted_pkts"] += 1
-        out.append((_build(dev, qp, w, idx, True, count), dest))
+        pkt = _build(dev, qp, w, idx, True, count)
+        if cc is not None:
+            _cc_sent(qp, psn, len(pkt) + 4, now, True)
+        out.append((pkt, dest))
     sq = qp.sq
     while qp.send_idx < len(sq) and not qp.req_error:
         wqe = sq[qp.send_idx]
@@ -213,19 +293,25 @@ def generate(dev, qp, now: float, out: list) -> None:
         psn = (wqe.first_psn + wqe.next_pkt) & 0xFFFFFF
         if rc and wqe.next_pkt and _window_full(qp, psn):
             break
+        if cc is not None and _cc_blocked(dev, qp, now, False):
+            break
         if dest is None:
             dest = wqe.dest
         qp.pkts_since_ackreq += 1
         ackreq = qp.pkts_since_ackreq >= ack_every
         if ackreq:
             qp.pkts_since_ackreq = 0
+        resent = False
         if rc:
             if psn_diff(psn, qp.max_sent_psn) <= 0:
                 dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
+                resent = True
             else:
                 qp.max_sent_psn = psn
-        out.append((_build(dev, qp, wqe, wqe.next_pkt, ackreq), dest if qp.qp_type != QPType.UD
-                    else wqe.dest))
+        pkt = _build(dev, qp, wqe, wqe.next_pkt, ackreq)
+        if cc is not None:
+            _cc_sent(qp, psn, len(pkt) + 4, now, resent)
+        out.append((pkt, dest if qp.qp_type != QPType.UD else wqe.dest))
         if wqe.opcode == W.RDMA_READ or wqe.opcode in _ATOMIC_OPC:
             wqe.next_pkt = wqe.npkts          # one request covers the whole PSN range
         else:

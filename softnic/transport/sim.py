@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from heapq import heapify, heappop, heappush
 from typing import Any, Callable, NamedTuple, Protocol
 
 from softnic.faults import COUNTER_NAMES, FaultInjector, FaultModel
+from softnic.wire.datagram import CE, Datagram
+from congestion.base import Hop
 
-__all__ = ["Fabric", "Device", "TraceRecord", "Address"]
+__all__ = ["Fabric", "Device", "TraceRecord", "Address", "Switch", "EgressQueue", "RED"]
 
 Address = tuple[str, int]
 
@@ -68,7 +70,8 @@ _COMPACT_MIN_STALE = 4096
 class _Port:
     """A device attached to the fabric, its links out and its one timer."""
 
-    __slots__ = ("device", "address", "links", "armed", "entry_seq", "entry_time", "attached")
+    __slots__ = ("device", "address", "links", "armed", "entry_seq", "entry_time", "attached",
+                 "ect")
 
     def __init__(self, device: Any, address: Address) -> None:
         self.device = device
@@ -78,21 +81,147 @@ class _Port:
         self.entry_seq = -1                    # seq of this port's live timer entry, -1 if none
         self.entry_time = 0.0                  # and its time
         self.attached = True
+        self.ect = bool(getattr(device, "ect", False))   # sends ECN-capable packets
 
 
 class _Link:
     """One direction of a link: where it goes and what happens on the way."""
 
-    __slots__ = ("dst", "delay", "injector", "counters", "fast")
+    __slots__ = ("dst", "delay", "injector", "counters", "fast", "uplink", "hop")
 
-    def __init__(self, dst: _Port, delay: float, injector: FaultInjector) -> None:
+    def __init__(self, dst: _Port, delay: float, injector: FaultInjector,
+                 uplink: "EgressQueue | None" = None, hop: "_SwitchHop | None" = None) -> None:
         self.dst = dst
         self.delay = delay
         self.injector = injector
         self.counters = injector.counters
-        # Only a stock injector of a perfect link may be skipped; one set by
-        # set_injector sees every datagram.
-        self.fast = type(injector) is FaultInjector and injector.model.is_none()
+        # Through a switch: the sending NIC's own egress queue, then the switch port.
+        self.uplink = uplink
+        self.hop = hop
+        # Only a stock injector of a perfect direct link may be skipped; one set
+        # by set_injector sees every datagram.
+        self.fast = (type(injector) is FaultInjector and injector.model.is_none()
+                     and hop is None)
+
+
+#: bytes a link carries per datagram beyond the UDP payload (IPv4 + UDP headers)
+WIRE_OVERHEAD = 28
+
+
+@dataclass(frozen=True)
+class RED:
+    """ECN marking as DCQCN's switches do it (RED on the instantaneous queue):
+    no mark below ``kmin`` bytes, probability rising linearly to ``pmax`` at
+    ``kmax``, every ECN-capable packet marked above ``kmax``."""
+    kmin: int = 5_000
+    kmax: int = 200_000
+    pmax: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.kmin < self.kmax:
+            raise ValueError(f"RED needs 0 <= kmin < kmax, got kmin={self.kmin} kmax={self.kmax}")
+        if not 0 < self.pmax <= 1:
+            raise ValueError(f"RED pmax must be in (0, 1], got {self.pmax}")
+
+    def probability(self, qlen: float) -> float:
+        if qlen <= self.kmin:
+            return 0.0
+        if qlen >= self.kmax:
+            return 1.0
+        return self.pmax * (qlen - self.kmin) / (self.kmax - self.kmin)
+
+
+class EgressQueue:
+    """A FIFO output port draining at ``rate_bps``: a finite buffer (tail drop),
+    optional RED/ECN marking and INT stamping.
+
+    The queue is kept as the time its last queued bit leaves (``busy_until``);
+    the bytes queued at time t are ``(busy_until - t) * rate / 8``, exact for a
+    FIFO at constant rate.  Datagrams must arrive in time order.
+    """
+
+    def __init__(self, name: str, rate_bps: float, *, buffer_bytes: float | None = None,
+                 red: RED | None = None, int_telemetry: bool = False,
+                 rng: random.Random | None = None, sample_every: int = 1) -> None:
+        if not rate_bps > 0:
+            raise ValueError(f"{name}: rate_bps must be > 0, got {rate_bps!r}")
+        if buffer_bytes is not None and not buffer_bytes > 0:
+            raise ValueError(f"{name}: buffer_bytes must be > 0, got {buffer_bytes!r}")
+        self.name = name
+        self.rate_bps = float(rate_bps)
+        self.buffer_bytes = buffer_bytes
+        self.red = red
+        self.int_telemetry = int_telemetry
+        self.rng = rng or random.Random(name)
+        self.busy_until = 0.0
+        self.tx_bytes = 0
+        self.counters = {"enqueued": 0, "dropped": 0, "marked": 0, "max_qlen": 0}
+        self.tx_by_src: dict = {}
+        #: (time, bytes queued) as each datagram arrived
+        self.samples: list[tuple[float, int]] = []
+
+    def qlen(self, now: float) -> float:
+        b = self.busy_until - now
+        return b * self.rate_bps / 8 if b > 0 else 0.0
+
+    def arrive(self, data: bytes, now: float, ect: bool = False, src=None):
+        """Queue ``data``; return ``(departure time, datagram)`` or None if dropped."""
+        size = len(data) + WIRE_OVERHEAD
+        q = self.qlen(now)
+        self.samples.append((now, int(q)))
+        c = self.counters
+        if q > c["max_qlen"]:
+            c["max_qlen"] = int(q)
+        if self.buffer_bytes is not None and q + size > self.buffer_bytes:
+            c["dropped"] += 1
+            return None
+        start = self.busy_until if self.busy_until > now else now
+        self.busy_until = depart = start + size * 8 / self.rate_bps
+        self.tx_bytes += size
+        c["enqueued"] += 1
+        if src is not None:
+            self.tx_by_src[src] = self.tx_by_src.get(src, 0) + size
+        red = self.red
+        if red is not None and ect and q > red.kmin:
+            if q >= red.kmax or self.rng.random() < red.probability(q):
+                c["marked"] += 1
+                data = data.with_(ecn=CE) if type(data) is Datagram else Datagram(data, ecn=CE)
+        if self.int_telemetry and (type(data) is not Datagram or data.echo is None):
+            hop = Hop(int(q), self.tx_bytes, depart, self.rate_bps)
+            if type(data) is Datagram:
+                data = data.with_(hops=(data.hops or ()) + (hop,))
+            else:
+                data = Datagram(data, hops=(hop,))
+        return depart, data
+
+
+class _SwitchHop:
+    """A heap entry's target: a switch egress port, then the link to ``dst``."""
+
+    __slots__ = ("queue", "dst", "delay")
+
+    def __init__(self, queue: EgressQueue, dst: _Port, delay: float) -> None:
+        self.queue = queue
+        self.dst = dst
+        self.delay = delay
+
+
+class Switch:
+    """An output-queued switch: one ``EgressQueue`` per connected host, each with
+    the host's link rate, ``buffer_bytes`` of buffer, ``red`` marking and INT."""
+
+    def __init__(self, name: str, *, buffer_bytes: float | None = 1 << 20,
+                 red: RED | None = None, int_telemetry: bool = False) -> None:
+        self.name = name
+        self.buffer_bytes = buffer_bytes
+        self.red = red
+        self.int_telemetry = int_telemetry
+        self.ports: dict[Address, EgressQueue] = {}     # toward each host
+        self.links: dict[Address, tuple[float, float]] = {}   # host -> (rate, delay)
+
+    def port(self, address: Address) -> EgressQueue:
+        """The egress queue toward ``address``."""
+        return self.ports[tuple(address)]
 
 
 class Fabric:
@@ -133,6 +262,9 @@ class Fabric:
         self._injectors: dict[tuple[Address, Address], FaultInjector] = {}
         self._dropped_unknown = 0
         self._received = 0
+        self._switch_of: dict[Address, Switch] = {}
+        self._uplinks: dict[Address, EgressQueue] = {}
+        self._host_faults: dict[Address, FaultModel] = {}
 
     # -- set-up -------------------------------------------------------------
 
@@ -207,6 +339,38 @@ class Fabric:
         if port is not None:
             port.links.pop(dst, None)
 
+    def add_switch(self, name: str, *, buffer_bytes: float | None = 1 << 20,
+                   red: RED | None = None, int_telemetry: bool = False) -> Switch:
+        """A switch; hosts join it with ``connect``."""
+        return Switch(name, buffer_bytes=buffer_bytes, red=red, int_telemetry=int_telemetry)
+
+    def connect(self, address: Address, switch: Switch, *, rate_bps: float,
+                delay: float = 1e-6, faults: FaultModel | None = None) -> None:
+        """Join the host at ``address`` to ``switch`` by a full-duplex link of
+        ``rate_bps`` and propagation ``delay``.  Traffic between two hosts of
+        one switch then crosses: the sender's NIC queue (its line rate, no
+        drops), the link, the switch's egress queue toward the receiver (shared
+        by every sender to it), and the receiver's link.  ``faults`` apply to
+        what the host sends (its rate limit, if any, is ignored: the link's rate
+        is the rate)."""
+        if not delay >= 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        address = tuple(address)
+        switch.links[address] = (float(rate_bps), float(delay))
+        switch.ports[address] = EgressQueue(
+            f"{switch.name}->{_fmt(address)}", rate_bps, buffer_bytes=switch.buffer_bytes,
+            red=switch.red, int_telemetry=switch.int_telemetry,
+            rng=self.derive_rng("switch", switch.name, _fmt(address)))
+        self._uplinks[address] = EgressQueue(f"nic {_fmt(address)}", rate_bps)
+        self._switch_of[address] = switch
+        self._host_faults[address] = replace(faults or FaultModel.none(), rate_bps=None)
+        for other in switch.links:
+            for src, dst in ((address, other), (other, address)):
+                self._injectors.pop((src, dst), None)
+                port = self._ports.get(src)
+                if port is not None:
+                    port.links.pop(dst, None)
+
     def derive_rng(self, *labels: object) -> random.Random:
         """A ``random.Random`` fixed by the fabric seed and ``labels``
         (for seeding devices' own randomness from the same seed)."""
@@ -217,6 +381,15 @@ class Fabric:
         if port is None:
             return None
         faults, delay, rate = self._overrides.get((src, dst), (None, None, None))
+        sw = self._switch_of.get(src)
+        if sw is not None and self._switch_of.get(dst) is sw:
+            injector = self._injectors.get((src, dst))
+            if injector is None:
+                model = self._host_faults[src]
+                injector = self._injectors[(src, dst)] = FaultInjector(
+                    model, self.derive_rng(_fmt(src), _fmt(dst)))
+            return _Link(port, sw.links[src][1], injector, uplink=self._uplinks[src],
+                         hop=_SwitchHop(sw.ports[dst], port, sw.links[dst][1]))
         injector = self._injectors.get((src, dst))
         if injector is None:
             model = self.default_faults if faults is None else faults
@@ -327,6 +500,12 @@ class Fabric:
                     trace.append(TraceRecord(now, "dup", src, dst, copy))
         heap = self._heap
         delay = link.delay
+        if link.hop is not None:            # through a switch: the NIC's queue first
+            uplink, hop = link.uplink, link.hop
+            for at, copy in copies:
+                depart, copy = uplink.arrive(copy, at)
+                heappush(heap, (depart + delay, self._next_seq(), hop, copy, src))
+            return
         dst_port = link.dst
         for at, copy in copies:
             heappush(heap, (at + delay, self._next_seq(), dst_port, copy, src))
@@ -390,6 +569,15 @@ class Fabric:
             if until is not None and at > until:
                 break
             heappop(heap)
+            if port.__class__ is _SwitchHop:          # a datagram reaches a switch port
+                sp = self._ports.get(src)
+                res = port.queue.arrive(data, at, sp is not None and sp.ect, src)
+                if res is None:
+                    if trace is not None:
+                        trace.append(TraceRecord(at, "drop", src, port.dst.address, data))
+                else:
+                    heappush(heap, (res[0] + port.delay, next_seq(), port.dst, res[1], src))
+                continue
             device = port.device
             if data is None:
                 if seq != port.entry_seq:
@@ -414,7 +602,11 @@ class Fabric:
                     trace.append(TraceRecord(at, "deliver", src, port.address, data))
                 if capture is not None:
                     capture.record(data, src, port.address, at)
-                device.receive_datagram(data, src, at)
+                if data.__class__ is Datagram:
+                    device.receive_datagram(data, src, at, data.ecn,
+                                            data.echo if data.echo is not None else data.hops)
+                else:
+                    device.receive_datagram(data, src, at)
             else:
                 self._now = at
                 self._dropped_unknown += 1

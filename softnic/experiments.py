@@ -1,0 +1,378 @@
+"""Congestion and loss experiments in virtual time.
+
+``incast``: N senders write to one receiver through one output-queued switch
+(finite buffer, RED/ECN marking, INT stamping).  Every sender's QP runs the
+chosen controller; one more sender may join late.  Results: per-flow
+throughput through the bottleneck over time, the bottleneck queue over time,
+each sender's rate or window over time, and the summary figures (Jain's
+fairness index at steady state, p50/p99 queue, goodput, drops,
+retransmissions, and how long a late flow takes to reach its fair share).
+
+``loss``: one flow over a lossy link, go-back-N against selective repeat,
+goodput across loss rates.
+
+Everything runs in the simulated fabric, so 100 Gbit/s links cost only CPU
+time, the figures do not depend on this machine's speed, and the same seed
+gives the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .core.device import Device, DeviceConfig
+from .core.enums import SendFlags, WCStatus, WROpcode as W
+from .core.qp import SendWR
+from .faults import FaultModel
+from .rig import connect
+from .transport.sim import RED, WIRE_OVERHEAD, Fabric
+
+ACK_BYTES = 12 + 4 + 4 + WIRE_OVERHEAD      # BTH + AETH + ICRC, with IP/UDP
+
+
+def jain(xs) -> float:
+    """Jain's fairness index: 1 when all equal, 1/n when one takes everything."""
+    xs = list(xs)
+    s2 = sum(x * x for x in xs)
+    return (sum(xs) ** 2) / (len(xs) * s2) if s2 > 0 else 0.0
+
+
+def percentile(xs, p: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return 0.0
+    k = (len(xs) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+@dataclass
+class IncastConfig:
+    cc: str = "dcqcn"
+    senders: int = 16
+    rate_gbps: float = 25.0
+    duration: float = 0.02           # seconds of virtual time
+    late_join: float | None = None   # one more sender starts then (seconds)
+    mtu: int = 4096
+    msg: int = 256 << 10             # bytes per RDMA WRITE
+    outstanding: int = 4             # WRITEs each sender keeps posted
+    window: int = 128                # packets in flight per QP at most (the transport's cap)
+    ack_every: int = 4               # packets per ACK request
+    delay: float = 1e-6              # propagation per link (seconds)
+    buffer: int = 2 << 20            # switch buffer per egress port (bytes)
+    kmin: int = 5_000                # RED/ECN (DCQCN paper's switch settings)
+    kmax: int = 200_000
+    pmax: float = 0.01
+    int_telemetry: bool = True       # switches stamp INT (HPCC reads it; others ignore it)
+    selective_repeat: bool = False
+    bin: float = 20e-6               # sampling interval (seconds)
+    seed: int = 1
+
+
+@dataclass
+class FlowSeries:
+    name: str
+    start: float
+    tput_gbps: list = field(default_factory=list)       # per bin, through the bottleneck
+    rate_gbps: list = field(default_factory=list)       # controller's pacing rate per bin
+    window_kb: list = field(default_factory=list)       # controller's window per bin
+    completed_bytes: int = 0
+
+
+def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
+    """Run one incast experiment; return a JSON-able dict of series and figures."""
+    rate = cfg.rate_gbps * 1e9
+    pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
+    base_rtt = 4 * cfg.delay + 2 * pkt * 8 / rate + 2 * ACK_BYTES * 8 / rate
+    dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
+                        ack_every=cfg.ack_every, selective_repeat=cfg.selective_repeat,
+                        min_timer=max(200e-6, 20 * base_rtt))
+    fabric = Fabric(cfg.seed)
+    sw = fabric.add_switch("sw", buffer_bytes=cfg.buffer,
+                           red=RED(cfg.kmin, cfg.kmax, cfg.pmax),
+                           int_telemetry=cfg.int_telemetry)
+    recv = Device("recv", "10.0.0.1", config=dcfg)
+    fabric.attach(recv)
+    fabric.connect(recv.address, sw, rate_bps=rate, delay=cfg.delay)
+    n = cfg.senders + (1 if cfg.late_join is not None else 0)
+    flows = []
+    for i in range(n):
+        dev = Device(f"s{i}", f"10.0.1.{i + 1}", config=dcfg)
+        fabric.attach(dev)
+        fabric.connect(dev.address, sw, rate_bps=rate, delay=cfg.delay)
+        ea, eb = connect(dev, recv, mtu=cfg.mtu, timeout=8, endpoint_args=dict(
+            buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
+        start = cfg.late_join if (cfg.late_join is not None and i == n - 1) else 0.0
+        flows.append((dev, ea, eb, FlowSeries(f"s{i}", start), [0]))
+    port = sw.port(recv.address)
+
+    def post(dev, ea, eb, k):
+        for _ in range(k):
+            dev.post_send(ea.qp, SendWR(0, W.RDMA_WRITE, [ea.sge(0, cfg.msg)], SendFlags.SIGNALED,
+                                        remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+
+    nbins = int(round(cfg.duration / cfg.bin))
+    times = []
+    prev_tx = {}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=nbins, unit="bin", desc=f"incast {cfg.cc} x{n}", leave=False)
+    wall0 = time.perf_counter()
+    errors = 0
+    for b in range(nbins):
+        t = b * cfg.bin
+        for dev, ea, eb, fs, posted in flows:
+            if posted[0] == 0 and t >= fs.start:
+                post(dev, ea, eb, cfg.outstanding)
+                posted[0] = cfg.outstanding
+        fabric.flush()
+        fabric.run(until=t + cfg.bin)
+        times.append(round(t + cfg.bin, 9))
+        for dev, ea, eb, fs, posted in flows:
+            wcs = dev.poll_cq(ea.send_cq, 64)
+            for wc in wcs:
+                if wc.status != WCStatus.SUCCESS:
+                    errors += 1
+                else:
+                    fs.completed_bytes += cfg.msg
+            ok = sum(1 for wc in wcs if wc.status == WCStatus.SUCCESS)
+            if ok and t + cfg.bin < cfg.duration:
+                post(dev, ea, eb, ok)
+            tx = port.tx_by_src.get(dev.address, 0)
+            fs.tput_gbps.append((tx - prev_tx.get(dev.address, 0)) * 8 / cfg.bin / 1e9)
+            prev_tx[dev.address] = tx
+            cc = ea.qp.cc
+            if cc is not None and posted[0]:
+                fs.rate_gbps.append(None if cc.rate is None else cc.rate / 1e9)
+                fs.window_kb.append(None if cc.window is None else cc.window / 1e3)
+            else:
+                fs.rate_gbps.append(None)
+                fs.window_kb.append(None)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - wall0
+
+    # -- figures ------------------------------------------------------------
+    series = [fl[3] for fl in flows]
+    steady_from = cfg.duration * 0.5
+    if cfg.late_join is not None:
+        steady_from = max(steady_from, cfg.late_join + (cfg.duration - cfg.late_join) * 0.5)
+    steady = [i for i, t in enumerate(times) if t > steady_from]
+    means = [sum(f.tput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
+    q_all = [q for _, q in port.samples]
+    q_steady = [q for t, q in port.samples if t > steady_from]
+    retrans = sum(d.counters["retransmitted_pkts"] for d, *_ in flows)
+    timeouts = sum(d.counters["timeouts"] for d, *_ in flows)
+    goodput = sum(f.completed_bytes for f in series) * 8 / cfg.duration / 1e9
+    late = None
+    if cfg.late_join is not None:
+        late = convergence_time(times, series[-1].tput_gbps, cfg.late_join,
+                                cfg.rate_gbps / n)
+    return {
+        "config": asdict(cfg),
+        "times": times,
+        "flows": [asdict(f) for f in series],
+        "queue": {"t": [t for t, _ in port.samples[::max(1, len(port.samples) // 4000)]],
+                  "bytes": [q for _, q in port.samples[::max(1, len(port.samples) // 4000)]]},
+        "summary": {
+            "cc": cfg.cc, "senders": n,
+            "jain_steady": jain(means),
+            "steady_from_s": steady_from,
+            "steady_tput_gbps": means,
+            "queue_p50_kb": percentile(q_all, 50) / 1e3,
+            "queue_p99_kb": percentile(q_all, 99) / 1e3,
+            "queue_steady_p50_kb": percentile(q_steady, 50) / 1e3,
+            "queue_steady_p99_kb": percentile(q_steady, 99) / 1e3,
+            "queue_max_kb": port.counters["max_qlen"] / 1e3,
+            "switch_drops": port.counters["dropped"],
+            "ecn_marked": port.counters["marked"],
+            "cnps_sent": recv.counters["np_cnp_sent"],
+            "retransmitted_pkts": retrans,
+            "timeouts": timeouts,
+            "goodput_gbps": goodput,
+            "goodput_fraction": goodput / cfg.rate_gbps,
+            "wc_errors": errors,
+            "late_flow_converged_after_s": late,
+            "wall_s": wall,
+            "events": fabric.events_processed,
+        },
+    }
+
+
+def convergence_time(times, tput, join: float, fair: float, *, band: float = 0.25,
+                     smooth: int = 10, hold: float = 1e-3):
+    """Seconds after ``join`` until the flow's throughput (mean of ``smooth``
+    bins) enters ``fair`` +- ``band`` and stays there for ``hold`` seconds (or to
+    the end of the run, if that is sooner).  None if it never does."""
+    sm = []
+    for i in range(len(tput)):
+        w = tput[max(0, i - smooth + 1):i + 1]
+        sm.append(sum(w) / len(w))
+    lo, hi = fair * (1 - band), fair * (1 + band)
+    start = None
+    for t, x in zip(times, sm):
+        if t <= join + (times[1] - times[0]) * smooth:
+            continue
+        if lo <= x <= hi:
+            if start is None:
+                start = t
+            if t - start >= hold:
+                return start - join
+        else:
+            start = None
+    if start is not None:
+        return start - join
+    return None
+
+
+# ---------------------------------------------------------------- loss
+
+
+def goodput_under_loss(loss: float, selective_repeat: bool, *, total: int = 8 << 20,
+                       msg: int = 1 << 20, rate: float = 10e9, delay: float = 150e-6,
+                       window: int = 128, mtu: int = 4096, seed: int = 1) -> dict:
+    """One RC QP streams RDMA WRITEs over a rate-limited link losing ``loss`` of
+    the packets in both directions; goodput in virtual time."""
+    cfg = DeviceConfig(selective_repeat=selective_repeat, window=window, min_timer=100e-6)
+    a = Device("a", "10.0.0.1", config=cfg)
+    b = Device("b", "10.0.0.2", config=cfg)
+    fabric = Fabric(seed, default_faults=FaultModel(loss=loss), default_delay=delay,
+                    default_rate_bps=rate)
+    fabric.attach(a)
+    fabric.attach(b)
+    n = total // msg
+    ea, eb = connect(a, b, mtu=mtu, timeout=8, endpoint_args=dict(
+        buf_size=msg, max_send_wr=n + 1, cq_depth=n + 16))
+    for i in range(n):
+        a.post_send(ea.qp, SendWR(i, W.RDMA_WRITE, [ea.sge(0, msg)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    got = []
+
+    def done() -> bool:
+        got.extend(a.poll_cq(ea.send_cq, 64))
+        return len(got) == n
+
+    t0 = time.perf_counter()
+    fabric.run(until=600.0, stop=done)
+    wall = time.perf_counter() - t0
+    ok = len(got) == n and all(w.status == WCStatus.SUCCESS for w in got)
+    sent = a.counters["sent_pkts"]
+    useful = n * -(-msg // mtu)
+    return dict(loss=loss, mode="selective repeat" if selective_repeat else "go-back-N",
+                ok=ok, virtual_s=fabric.now, goodput_gbps=total * 8 / fabric.now / 1e9,
+                data_pkts_sent=sent, useful_pkts=useful, overhead=sent / useful - 1,
+                retransmitted_pkts=a.counters["retransmitted_pkts"],
+                timeouts=a.counters["timeouts"], wall_s=wall, events=fabric.events_processed)
+
+
+def loss_sweep(losses, *, progress: bool = False, **kw) -> list[dict]:
+    rows = []
+    runs = [(sr, loss) for sr in (False, True) for loss in losses]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(runs), unit="run", desc="loss sweep", leave=False)
+    for sr, loss in runs:
+        rows.append(goodput_under_loss(loss, sr, **kw))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    base = {r["mode"]: r["goodput_gbps"] for r in rows if r["loss"] == 0}
+    for r in rows:
+        r["vs_lossless"] = r["goodput_gbps"] / base[r["mode"]] if r["mode"] in base else None
+    return rows
+
+
+# ---------------------------------------------------------------- plots
+
+
+def plot_incast(res: dict, path: str | Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    t_ms = [t * 1e3 for t in res["times"]]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
+    ax = axes[0]
+    for f in res["flows"]:
+        ax.plot(t_ms, _smooth(f["tput_gbps"], 5), lw=0.8,
+                label=f["name"] + (" (late)" if f["start"] > 0 else ""))
+    ax.set_ylabel("throughput at bottleneck (Gbit/s)")
+    s = res["summary"]
+    ax.set_title(f"incast {s['senders']}:1, cc={s['cc']}, {res['config']['rate_gbps']:g} Gbit/s "
+                 f"— Jain {s['jain_steady']:.3f}, queue p99 {s['queue_p99_kb']:.0f} KB, "
+                 f"goodput {s['goodput_fraction']:.2f}")
+    if len(res["flows"]) <= 17:
+        ax.legend(fontsize=6, ncol=6, loc="upper right")
+    ax = axes[1]
+    ax.plot([t * 1e3 for t in res["queue"]["t"]], [q / 1e3 for q in res["queue"]["bytes"]],
+            lw=0.6, color="k")
+    ax.axhline(res["config"]["buffer"] / 1e3, color="r", ls="--", lw=0.6, label="buffer")
+    ax.axhline(res["config"]["kmin"] / 1e3, color="g", ls=":", lw=0.6, label="Kmin")
+    ax.axhline(res["config"]["kmax"] / 1e3, color="g", ls="--", lw=0.6, label="Kmax")
+    ax.set_ylabel("bottleneck queue (KB)")
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    plotted = False
+    for f in res["flows"]:
+        if any(r is not None for r in f["rate_gbps"]):
+            ax.plot(t_ms, [float("nan") if r is None else r for r in f["rate_gbps"]], lw=0.8)
+            plotted = True
+    if plotted:
+        ax.set_ylabel("sender pacing rate (Gbit/s)")
+    else:
+        for f in res["flows"]:
+            ax.plot(t_ms, [float("nan") if w is None else w for w in f["window_kb"]], lw=0.8)
+        ax.set_ylabel("sender window (KB)" if any(
+            w is not None for f in res["flows"] for w in f["window_kb"]) else
+            "no controller: unpaced")
+    ax.set_xlabel("time (ms, virtual)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_loss(rows: list[dict], path: str | Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in ("go-back-N", "selective repeat"):
+        rs = [r for r in rows if r["mode"] == mode]
+        ax.plot([r["loss"] * 100 for r in rs], [r["goodput_gbps"] for r in rs], "o-", label=mode)
+    ax.set_xlabel("packet loss, each direction (%)")
+    ax.set_ylabel("goodput (Gbit/s)")
+    ax.set_xscale("symlog", linthresh=0.1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("RDMA WRITE goodput under random loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _smooth(xs, k):
+    out = []
+    for i in range(len(xs)):
+        w = xs[max(0, i - k + 1):i + 1]
+        out.append(sum(w) / len(w))
+    return out
+
+
+def write_json(obj, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(obj, indent=1))
+    return path

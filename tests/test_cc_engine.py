@@ -1,0 +1,275 @@
+"""Congestion control inside the engine and the simulated switch.
+
+A recording controller (registered for these tests only) checks what the
+engine hands controllers (bytes, RTT samples, losses, CNPs, INT) and that the
+engine obeys what controllers ask for (pacing rate, window).  The switch's
+egress queue is checked against its formulas.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import congestion
+from congestion.base import Controller, Hop
+from softnic.core.device import Device, DeviceConfig
+from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
+from softnic.core.qp import SendWR
+from softnic.faults import FaultModel
+from softnic.rig import connect
+from softnic.transport.sim import RED, WIRE_OVERHEAD, EgressQueue, Fabric
+from softnic.wire.datagram import CE, Datagram
+from softnic.wire.icrc import check_icrc
+from softnic.wire.roce import Kind, decode
+
+
+class Recorder(Controller):
+    """Fixed rate and/or window; records every hook call."""
+    name = "recorder"
+
+    def __init__(self, flow, *, rate=None, window=None, cnp_every_mark=False):
+        super().__init__(flow)
+        self.rate = rate
+        self.window = window
+        self.cnp_every_mark = cnp_every_mark
+        self.sent = []        # (now, nbytes, psn, retransmit)
+        self.acks = []        # (now, acked_bytes, rtt, telemetry)
+        self.losses = []
+        self.cnps = []
+        self.marks = []
+
+    def on_packet_sent(self, *, now, nbytes, psn, retransmit):
+        self.sent.append((now, nbytes, psn, retransmit))
+
+    def on_ack(self, *, now, acked_bytes, rtt, telemetry):
+        self.acks.append((now, acked_bytes, rtt, telemetry))
+
+    def on_loss(self, *, now, kind):
+        self.losses.append((now, kind))
+
+    def on_cnp(self, *, now):
+        self.cnps.append(now)
+
+    def on_ecn(self, *, now):
+        self.marks.append(now)
+        return self.cnp_every_mark
+
+
+@pytest.fixture(autouse=True)
+def recorder_registered(monkeypatch):
+    monkeypatch.setitem(congestion.CONTROLLERS, "recorder", Recorder)
+
+
+def _pair(cc="recorder", *, fabric=None, switch=None, rate=None, faults=None, ecn=None,
+          mtu=1024, delay=1e-6, **cfg):
+    config = DeviceConfig(cc=cc, ecn=ecn, min_timer=100e-6, **cfg)
+    a = Device("a", "10.0.0.1", config=config)
+    b = Device("b", "10.0.0.2", config=config)
+    fabric = fabric or Fabric(7, default_delay=delay, default_faults=faults or FaultModel.none())
+    fabric.attach(a)
+    fabric.attach(b)
+    if switch is not None:
+        fabric.connect(a.address, switch, rate_bps=rate, delay=delay)
+        fabric.connect(b.address, switch, rate_bps=rate, delay=delay)
+    ea, eb = connect(a, b, mtu=mtu, timeout=8, endpoint_args=dict(buf_size=1 << 20))
+    return fabric, a, b, ea, eb
+
+
+def _write(a, ea, eb, n, size, signaled_last=True):
+    for i in range(n):
+        a.post_send(ea.qp, SendWR(i, W.RDMA_WRITE, [ea.sge(0, size)],
+                                  SendFlags.SIGNALED if (i == n - 1 or not signaled_last) else 0,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+
+
+def _run_until_done(fabric, a, ea, n_wc=1, until=10.0, check=None):
+    got = []
+
+    def stop():
+        if check is not None:
+            check()
+        got.extend(a.poll_cq(ea.send_cq, 16))
+        return len(got) >= n_wc
+
+    fabric.run(until=until, stop=stop)
+    assert len(got) == n_wc and all(w.status == WCStatus.SUCCESS for w in got), got
+    return got
+
+
+def test_rate_paces_packets_at_the_controllers_rate():
+    rate = 2e9
+    fabric, a, b, ea, eb = _pair("recorder:rate=2e9", trace=None) if False else _pair(
+        "recorder", mtu=1024)
+    ea.qp.cc.rate = rate
+    fabric.tracing = True
+    _write(a, ea, eb, 1, 256 << 10)
+    _run_until_done(fabric, a, ea)
+    sends = [r for r in fabric.trace if r.kind == "send" and r.src == a.address]
+    assert len(sends) == 256
+    # each packet leaves (its bytes + IP/UDP headers) * 8 / rate after the one before
+    for prev, cur in zip(sends, sends[1:]):
+        gap = cur.time - prev.time
+        assert gap == pytest.approx((len(prev.data) + WIRE_OVERHEAD) * 8 / rate, rel=1e-6)
+    # and the controller heard of each one, with those sizes
+    cc = ea.qp.cc
+    assert [s[1] for s in cc.sent] == [len(s.data) + WIRE_OVERHEAD for s in sends]
+
+
+def test_no_controller_sends_back_to_back():
+    fabric, a, b, ea, eb = _pair("none")
+    assert ea.qp.cc is None
+    fabric.tracing = True
+    _write(a, ea, eb, 1, 64 << 10)
+    _run_until_done(fabric, a, ea)
+    sends = [r for r in fabric.trace if r.kind == "send" and r.src == a.address]
+    assert len({r.time for r in sends}) == 1          # one burst at one instant
+
+
+def test_window_caps_bytes_in_flight_and_acks_release_it():
+    fabric, a, b, ea, eb = _pair("recorder", delay=20e-6, ack_every=1)
+    window = 5 * (1024 + 50)
+    ea.qp.cc.window = window
+    peak = [0]
+
+    def check():
+        peak[0] = max(peak[0], ea.qp.cc_inflight)
+        assert ea.qp.cc_inflight <= window + 1024 + 60
+
+    _write(a, ea, eb, 4, 64 << 10)
+    _run_until_done(fabric, a, ea, check=check)
+    cc = ea.qp.cc
+    assert peak[0] > window - 1100              # the window was used...
+    assert ea.qp.cc_inflight == 0               # ...and every byte came back acknowledged
+    assert sum(x[1] for x in cc.acks) == sum(s[1] for s in cc.sent)
+
+
+def test_rtt_samples_measure_the_path():
+    delay = 50e-6
+    fabric, a, b, ea, eb = _pair("recorder", delay=delay, ack_every=1)
+    _write(a, ea, eb, 1, 8 << 10)
+    _run_until_done(fabric, a, ea)
+    rtts = [x[2] for x in ea.qp.cc.acks if x[2] is not None]
+    assert rtts and all(r == pytest.approx(2 * delay, rel=1e-6) for r in rtts)
+
+
+def test_losses_reach_the_controller_as_naks_and_timeouts():
+    fabric, a, b, ea, eb = _pair("recorder", faults=FaultModel(loss=0.05))
+    _write(a, ea, eb, 8, 64 << 10)
+    _run_until_done(fabric, a, ea)
+    kinds = {k for _, k in ea.qp.cc.losses}
+    assert "nak" in kinds
+    assert a.counters["rcvd_seq_err"] == sum(1 for _, k in ea.qp.cc.losses if k == "nak")
+    assert a.counters["timeouts"] == sum(1 for _, k in ea.qp.cc.losses if k == "timeout")
+    # resent packets are flagged, and give no RTT sample (Karn)
+    assert any(s[3] for s in ea.qp.cc.sent)
+
+
+def _switched(cc, *, red, int_telemetry=False, ecn=None, rate=10e9):
+    fabric = Fabric(3)
+    sw = fabric.add_switch("sw", buffer_bytes=4 << 20, red=red, int_telemetry=int_telemetry)
+    return _pair(cc, fabric=fabric, switch=sw, rate=rate, ecn=ecn, ack_every=1) + (sw,)
+
+
+def test_ecn_marks_become_cnps_that_reach_the_sender():
+    fabric, a, b, ea, eb, sw = _switched("recorder:cnp_every_mark=1", red=RED(0, 1, 1.0),
+                                         ecn=True)
+    # two senders' worth of load is not needed: kmax=1 byte marks anything that queues
+    _write(a, ea, eb, 2, 128 << 10)
+    _run_until_done(fabric, a, ea)
+    port = sw.port(b.address)
+    marks = b.counters["np_ecn_marked_roce_packets"]
+    assert marks == port.counters["marked"] > 0
+    assert len(eb.qp.cc.marks) == marks
+    assert b.counters["np_cnp_sent"] == marks       # this controller asks for one per mark
+    assert a.counters["rp_cnp_handled"] == len(ea.qp.cc.cnps) == marks
+
+
+def test_packets_not_ecn_capable_are_never_marked():
+    fabric, a, b, ea, eb, sw = _switched("recorder:cnp_every_mark=1", red=RED(0, 1, 1.0),
+                                         ecn=False)
+    _write(a, ea, eb, 2, 128 << 10)
+    _run_until_done(fabric, a, ea)
+    assert sw.port(b.address).counters["marked"] == 0
+    assert b.counters["np_ecn_marked_roce_packets"] == 0 and not ea.qp.cc.cnps
+
+
+def test_cnp_on_the_wire_is_opcode_0x81_to_the_requesters_qp():
+    fabric, a, b, ea, eb, sw = _switched("recorder:cnp_every_mark=1", red=RED(0, 1, 1.0),
+                                         ecn=True)
+    fabric.tracing = True
+    _write(a, ea, eb, 1, 64 << 10)
+    _run_until_done(fabric, a, ea)
+    cnps = []
+    for r in fabric.trace:
+        if r.kind == "deliver" and r.src == b.address:
+            pkt = decode(memoryview(bytes(r.data))[:-4])
+            if pkt.info.kind == Kind.CNP:
+                assert check_icrc(bytes(r.data), b.ip, a.ip, b.port, a.port)
+                cnps.append(pkt)
+    assert cnps and all(p.bth.opcode == 0x81 and p.bth.dest_qp == ea.qp.qpn for p in cnps)
+
+
+def test_int_telemetry_is_echoed_to_the_sender():
+    rate = 10e9
+    fabric, a, b, ea, eb, sw = _switched("recorder", red=None, int_telemetry=True, rate=rate)
+    _write(a, ea, eb, 1, 256 << 10)
+    _run_until_done(fabric, a, ea)
+    tels = [x[3] for x in ea.qp.cc.acks if x[3] is not None]
+    assert tels
+    for tel in tels:
+        assert len(tel) == 1 and isinstance(tel[0], Hop)
+        assert tel[0].rate_bps == rate and tel[0].qlen >= 0
+    tx = [t[0].tx_bytes for t in tels]
+    assert tx == sorted(tx) and tx[-1] <= sw.port(b.address).tx_bytes
+
+
+def test_bad_controller_specs_are_clear_errors():
+    with pytest.raises(ValueError, match="bogus"):
+        Device("x", "10.0.0.9", config=DeviceConfig(cc="bogus"))
+    dev = Device("x", "10.0.0.9")
+    ea = connect(dev, Device("y", "10.0.0.10"))[0]
+    with pytest.raises(ValueError):
+        dev.set_qp_transport(ea.qp, cc="recorder:nonsense=1")
+
+
+# ---------------------------------------------------------------- the switch queue
+
+
+def test_egress_queue_serves_fifo_at_its_rate_and_drops_when_full():
+    q = EgressQueue("q", 8e9, buffer_bytes=3 * (1000 + WIRE_OVERHEAD))
+    pkt = bytes(1000)
+    t_pkt = (1000 + WIRE_OVERHEAD) * 8 / 8e9
+    deps = [q.arrive(pkt, 0.0) for _ in range(4)]
+    assert [d[0] for d in deps[:3]] == pytest.approx([t_pkt, 2 * t_pkt, 3 * t_pkt])
+    assert deps[3] is None and q.counters["dropped"] == 1
+    assert q.qlen(0.0) == pytest.approx(3 * (1000 + WIRE_OVERHEAD))
+    assert q.qlen(1.5 * t_pkt) == pytest.approx(1.5 * (1000 + WIRE_OVERHEAD))
+    assert q.arrive(pkt, 1.5 * t_pkt)[0] == pytest.approx(4 * t_pkt)   # room again
+
+
+def test_red_marks_with_the_configured_probability():
+    red = RED(kmin=10_000, kmax=110_000, pmax=0.2)
+    assert red.probability(5_000) == 0 and red.probability(200_000) == 1
+    assert red.probability(60_000) == pytest.approx(0.1)
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    q = EgressQueue("q", 1e9, red=red, rng=random.Random(seed))
+    q.busy_until = 60_000 * 8 / 1e9             # 60 KB queued at t=0
+    marked = 0
+    n = 4000
+    for _ in range(n):
+        q.busy_until = 60_000 * 8 / 1e9          # hold the queue at 60 KB
+        _, d = q.arrive(bytes(100), 0.0, ect=True)
+        marked += type(d) is Datagram and d.ecn == CE
+    assert 0.07 < marked / n < 0.13              # p = 0.1; 6 sigma is about 0.028
+
+
+def test_red_and_buffer_validate():
+    with pytest.raises(ValueError):
+        RED(kmin=10, kmax=5)
+    with pytest.raises(ValueError):
+        RED(pmax=0)
+    with pytest.raises(ValueError):
+        EgressQueue("q", 0)
