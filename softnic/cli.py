@@ -22,12 +22,15 @@ def _exec(args) -> int:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     for key, val in (("DEVICES", args.devices), ("FAULTS", args.faults), ("SEED", args.seed),
-                     ("CAPTURE", args.capture), ("RECOVERY", args.recovery)):
+                     ("CAPTURE", args.capture), ("RECOVERY", args.recovery), ("CC", args.cc)):
         if val is not None:
             env["SOFTNIC_" + key] = str(val)
     if args.faults is not None:
         from .faults import FaultModel
         FaultModel.parse(args.faults)           # a bad model is an error here, not in the child
+    if args.cc is not None:
+        import congestion
+        congestion.parse_spec(args.cc)
     cmd = args.command[1:] if args.command[0] == "--" else args.command
     try:
         os.execvpe(cmd[0], cmd, env)
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--seed", type=int, help="seed of the fault model")
     e.add_argument("--capture", help="pcap path (one file per device beside it)")
     e.add_argument("--recovery", choices=("gbn", "sr"), help="go-back-N or selective repeat")
+    e.add_argument("--cc", help="congestion control, e.g. 'dcqcn' or 'hpcc:eta=0.9'")
     e.add_argument("command", nargs=argparse.REMAINDER)
     c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
     c.add_argument("-a", "--all", action="store_true", help="include exited programs")

@@ -18,6 +18,12 @@ same keys in lower case without the prefix, and the variables win over it):
     ``gbn`` (go-back-N, the default) or ``sr`` (selective repeat).
 ``SOFTNIC_MIN_TIMER``
     floor of the retransmission and RNR timers in seconds (default 0.001).
+``SOFTNIC_CC``
+    congestion control for every QP: ``none`` (the default), ``dcqcn``,
+    ``timely``, ``swift``, ``hpcc``, optionally with parameters, e.g.
+    ``dcqcn:g=0.0039,t_inc=55us`` (see ``congestion.parse_spec``).  With a
+    controller on, devices read the ECN bits of what arrives (``IP_RECVTOS``)
+    and DCQCN's packets are sent ECN-capable (ECT(0)).
 ``SOFTNIC_BACKEND``
     ``udp`` (real sockets, the default) or ``sim``: every device of the process
     joins one deterministic simulated fabric that runs in virtual time, with
@@ -53,6 +59,7 @@ class RuntimeConfig:
     selective_repeat: bool = False
     min_timer: float = 1e-3
     backend: str = "udp"
+    cc: str = "none"
 
 
 def parse_devices(text: str) -> tuple[DeviceSpec, ...]:
@@ -87,7 +94,7 @@ def load(environ: dict | None = None) -> RuntimeConfig:
     if path:
         with open(path) as f:
             raw = {str(k).lower(): v for k, v in json.load(f).items()}
-    keys = ("devices", "faults", "seed", "capture", "recovery", "min_timer", "backend")
+    keys = ("devices", "faults", "seed", "capture", "recovery", "min_timer", "backend", "cc")
     for key in keys:
         v = env.get(ENV_PREFIX + key.upper())
         if v is not None:
@@ -121,4 +128,11 @@ def load(environ: dict | None = None) -> RuntimeConfig:
         if b not in ("udp", "sim"):
             raise ValueError(f"SOFTNIC_BACKEND must be 'udp' or 'sim', not {b!r}")
         kw["backend"] = b
+    if "cc" in raw:
+        import congestion
+        kw["cc"] = str(raw["cc"]).strip()
+        try:
+            congestion.parse_spec(kw["cc"])
+        except ValueError as e:
+            raise ValueError(f"SOFTNIC_CC: {e}") from None
     return RuntimeConfig(**kw)

@@ -135,9 +135,19 @@ class NIC(_Opened):
         self.ip, self.port = self.sock.address
         self.name = spec.name
         self.refs = 0
-        self.dev = Device(spec.name, self.ip, self.port,
-                          config=DeviceConfig(min_timer=cfg.min_timer,
-                                              selective_repeat=cfg.selective_repeat))
+        try:
+            self.dev = Device(spec.name, self.ip, self.port,
+                              config=DeviceConfig(min_timer=cfg.min_timer,
+                                                  selective_repeat=cfg.selective_repeat,
+                                                  cc=cfg.cc))
+        except BaseException:
+            self.sock.close()
+            raise
+        # With congestion control on, read the ECN bits of what arrives (a CE mark
+        # from a real router reaches the controller) and send ECT if it reacts to ECN.
+        self._ecn = cfg.cc != "none"
+        if self._ecn:
+            self.sock.enable_ecn(send_ect=self.dev.ect)
         self.gid = self.dev.gid
         self.lock = threading.RLock()
         self._cond = threading.Condition(self.lock)
@@ -254,7 +264,19 @@ class NIC(_Opened):
     def _step(self, now: float) -> bool:
         """Receive what waits, fire due timers, send.  Caller holds the lock."""
         did = False
-        batch = self.sock.recv_batch()
+        if self._ecn:
+            batch = self.sock.recv_batch_ecn()
+            if batch:
+                did = True
+                rx = self.dev.receive_datagram
+                cap = self.capture
+                for data, src, ecn in batch:
+                    if cap is not None:
+                        cap.record(data, src, (self.ip, self.port), time.time())
+                    rx(data, src, now, ecn)
+            batch = None
+        else:
+            batch = self.sock.recv_batch()
         if batch:
             did = True
             rx = self.dev.receive_datagram
@@ -355,7 +377,8 @@ class SimNIC(_Opened):
         self.refs = 0
         self.dev = Device(spec.name, self.ip, self.port,
                           config=DeviceConfig(min_timer=world.cfg.min_timer,
-                                              selective_repeat=world.cfg.selective_repeat))
+                                              selective_repeat=world.cfg.selective_repeat,
+                                              cc=world.cfg.cc))
         self.gid = self.dev.gid
         self.lock = world.lock
         self._closed = False

@@ -13,6 +13,8 @@ import socket
 
 Address = tuple[str, int]
 MAX_DATAGRAM = 65535
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
+ECT0 = 0x02                 # ECN-capable transport, codepoint 10
 
 
 class UdpSocket:
@@ -29,6 +31,18 @@ class UdpSocket:
         self.sock = s
         self.address: Address = s.getsockname()
         self.send_errors = 0
+
+    def enable_ecn(self, *, send_ect: bool) -> None:
+        """Read each datagram's ECN codepoint (``recv_batch_ecn``); with
+        ``send_ect``, mark what this socket sends ECN-capable (ECT(0)), so an
+        ECN-marking router sets CE instead of dropping."""
+        s = self.sock
+        try:
+            s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+            if send_ect:
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot enable ECN on this socket: {e.strerror}") from None
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -56,6 +70,27 @@ class UdpSocket:
             except ConnectionRefusedError:   # an ICMP error for an earlier send
                 continue
             out.append((data, addr))
+        return out
+
+    def recv_batch_ecn(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
+        """Like ``recv_batch``, with each datagram's IP ECN codepoint (0-3)."""
+        out = []
+        recv = self.sock.recvmsg
+        space = socket.CMSG_SPACE(4)
+        tos_type = socket.IP_TOS
+        ipproto = socket.IPPROTO_IP
+        for _ in range(limit):
+            try:
+                data, anc, _flags, addr = recv(MAX_DATAGRAM, space)
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionRefusedError:
+                continue
+            ecn = 0
+            for level, typ, cdata in anc:
+                if level == ipproto and typ == tos_type and cdata:
+                    ecn = cdata[0] & 3
+            out.append((data, addr, ecn))
         return out
 
     def wait(self, timeout: float | None) -> bool:
