@@ -14,11 +14,17 @@ from typing import Any
 
 from .base import Controller, FlowInfo, Hop
 from .dcqcn import DCQCN
+from .hpcc import HPCC
 from .params import Param, check_value
+from .swift import Swift
+from .timely import Timely
 
 CONTROLLERS: dict[str, type[Controller]] = {
     "none": Controller,
     "dcqcn": DCQCN,
+    "timely": Timely,
+    "swift": Swift,
+    "hpcc": HPCC,
 }
 
 __all__ = ["CONTROLLERS", "Controller", "FlowInfo", "Hop", "Param", "create",
