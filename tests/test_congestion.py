@@ -428,4 +428,401 @@ def test_dcqcn_invariants(events, f, t_dec):
         assert 1e8 <= cc.rate <= cc.target_rate <= LINE
         assert 0 <= cc.alpha <= 1
         nt = cc.next_timer()
-        assert nt is None or nt > clock.now or kind != "wait"
+        assert nt is None or nt > clock.now            # nothing due is left unfired
+
+
+# ----------------------------------------------------------------- TIMELY --
+
+def _timely(**params):
+    return create("timely", FLOW, **params)
+
+
+def test_timely_defaults():
+    cc = _timely()
+    assert cc.params == {"alpha": 0.875, "beta": 0.8, "delta": 10e6, "t_low": 50e-6,
+                         "t_high": 500e-6, "hai_n": 5, "min_rtt": None, "min_rate": 10e6,
+                         "init_rate": None}
+    assert cc.rate == LINE and cc.window is None and cc.min_rtt == FLOW.base_rtt
+    assert cc.next_timer() is None
+
+
+def test_timely_first_sample_is_only_a_reference():
+    cc = _timely(init_rate="10Gbps")
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=20e-6, telemetry=None)
+    assert cc.rate == 10e9 and cc.prev_rtt == 20e-6
+
+
+def test_timely_below_t_low_adds_delta():
+    cc = _timely(init_rate="10Gbps")
+    for i, rtt in enumerate([20e-6, 30e-6, 45e-6]):     # rising, but all below T_low
+        cc.on_ack(now=i * US, acked_bytes=4096, rtt=rtt, telemetry=None)
+    assert cc.rate == pytest.approx(10e9 + 2 * 10e6)
+
+
+def test_timely_above_t_high_cuts_by_the_formula():
+    cc = _timely(init_rate="10Gbps")
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=100e-6, telemetry=None)
+    cc.on_ack(now=1 * US, acked_bytes=4096, rtt=800e-6, telemetry=None)
+    assert cc.rate == pytest.approx(10e9 * (1 - 0.8 * (1 - 500e-6 / 800e-6)))
+
+
+def test_timely_positive_gradient_cuts_by_the_formula():
+    cc = _timely(init_rate="10Gbps", min_rtt="20us")
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=100e-6, telemetry=None)
+    cc.on_ack(now=1 * US, acked_bytes=4096, rtt=104e-6, telemetry=None)
+    diff1 = 0.875 * 4e-6                               # EWMA from 0
+    rate1 = 10e9 * (1 - 0.8 * diff1 / 20e-6)
+    assert cc.gradient == pytest.approx(diff1 / 20e-6)
+    assert cc.rate == pytest.approx(rate1)
+    cc.on_ack(now=2 * US, acked_bytes=4096, rtt=105e-6, telemetry=None)
+    diff2 = (1 - 0.875) * diff1 + 0.875 * 1e-6
+    assert cc.rate == pytest.approx(rate1 * (1 - 0.8 * diff2 / 20e-6))
+
+
+def test_timely_hyper_active_increase_after_n_negative_gradients():
+    cc = _timely(init_rate="10Gbps")
+    rtts = [400e-6 - 10e-6 * k for k in range(8)]      # falling, between T_low and T_high
+    expected = 10e9
+    for k, rtt in enumerate(rtts):
+        cc.on_ack(now=k * US, acked_bytes=4096, rtt=rtt, telemetry=None)
+        if k >= 1:                                     # the k-th negative gradient
+            expected += (5 if k >= 5 else 1) * 10e6
+        assert cc.rate == pytest.approx(expected), k
+    cc.on_ack(now=9 * US, acked_bytes=4096, rtt=rtts[-1] + 50e-6, telemetry=None)
+    assert cc.neg_events == 0                          # a rise ends the streak
+    assert cc.rate < expected
+
+
+def test_timely_recovers_to_line_rate_and_floors_at_min_rate():
+    cc = _timely(init_rate="1Gbps", delta="1Gbps")
+    for k in range(200):
+        cc.on_ack(now=k * US, acked_bytes=4096, rtt=15e-6, telemetry=None)
+    assert cc.rate == LINE
+    for k in range(200, 260):
+        cc.on_ack(now=k * US, acked_bytes=4096, rtt=10.0, telemetry=None)
+    assert cc.rate == 10e6
+
+
+def test_timely_ignores_acks_without_sample_and_rejects_bad_samples():
+    cc = _timely(init_rate="10Gbps")
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=None, telemetry=None)
+    assert cc.prev_rtt is None and cc.rate == 10e9
+    for bad in (-1e-6, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="RTT"):
+            cc.on_ack(now=0.0, acked_bytes=4096, rtt=bad, telemetry=None)
+
+
+def test_timely_cross_parameter_checks():
+    with pytest.raises(ValueError, match="t_low"):
+        _timely(t_low="500us", t_high="500us")
+    with pytest.raises(ValueError, match="init_rate"):
+        _timely(init_rate="200Gbps")
+    with pytest.raises(ValueError, match="init_rate"):
+        _timely(init_rate="1Mbps")
+    with pytest.raises(ValueError, match="min_rate"):
+        _timely(min_rate="101Gbps")
+
+
+@given(st.lists(st.floats(0, 2e-3), max_size=80))
+def test_timely_rate_stays_in_bounds(rtts):
+    cc = _timely()
+    for k, rtt in enumerate(rtts):
+        cc.on_ack(now=k * US, acked_bytes=4096, rtt=rtt, telemetry=None)
+        assert 10e6 <= cc.rate <= LINE
+
+
+# ------------------------------------------------------------------ Swift --
+
+BDP_PKTS = LINE * FLOW.base_rtt / 8 / FLOW.mtu        # ~30.5 packets
+
+
+def _swift(**params):
+    return create("swift", FLOW, **params)
+
+
+def _fs(cwnd, fs_range=20e-6, lo=0.1, hi=100.0):
+    a = fs_range / (1 / math.sqrt(lo) - 1 / math.sqrt(hi))
+    b = -a / math.sqrt(hi)
+    return min(max(a / math.sqrt(cwnd) + b, 0.0), fs_range)
+
+
+def test_swift_defaults_and_start():
+    cc = _swift()
+    assert cc.params["ai"] == 1.0 and cc.params["beta"] == 0.8
+    assert cc.params["max_mdf"] == 0.5 and cc.params["retx_reset"] == 5
+    assert cc.cwnd == pytest.approx(BDP_PKTS)
+    assert cc.window == pytest.approx(BDP_PKTS * 4096) and cc.rate is None
+    assert cc.max_cwnd == pytest.approx(4 * BDP_PKTS)
+    assert cc.base_target == pytest.approx(FLOW.base_rtt + 10e-6)
+
+
+def test_swift_target_delay_scales_with_flow_and_hops():
+    cc = _swift(init_cwnd=4.0)
+    base = FLOW.base_rtt + 10e-6
+    assert cc.target_delay() == pytest.approx(base + _fs(4.0))
+    assert cc.target_delay(hops=3) == pytest.approx(base + 3e-6 + _fs(4.0))
+    assert _swift(init_cwnd=100.0).target_delay() == pytest.approx(base)       # no scaling
+    assert _swift(init_cwnd=0.05).target_delay() == pytest.approx(base + 20e-6)  # capped
+    fixed = _swift(base_target="30us", fs_range=0, hop_scale=0, init_cwnd=0.5)
+    assert fixed.target_delay(hops=5) == 30e-6
+
+
+def test_swift_additive_increase_below_target():
+    cc = _swift(init_cwnd=10.0)
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=12e-6, telemetry=None)
+    assert cc.cwnd == pytest.approx(10.0 + 1.0 / 10.0)
+    cc.on_ack(now=1 * US, acked_bytes=2 * 4096, rtt=12e-6, telemetry=None)
+    assert cc.cwnd == pytest.approx(10.1 + 2.0 / 10.1)
+
+
+def test_swift_decrease_by_the_formula_at_most_once_per_rtt():
+    cc = _swift(init_cwnd=20.0)
+    target = cc.target_delay()
+    delay = target + 8e-6
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=delay, telemetry=None)
+    cwnd1 = 20.0 * max(1 - 0.8 * (delay - target) / delay, 0.5)
+    assert cc.cwnd == pytest.approx(cwnd1)
+    cc.on_ack(now=delay * 0.99, acked_bytes=4096, rtt=delay, telemetry=None)
+    assert cc.cwnd == pytest.approx(cwnd1)               # within one RTT: no second cut
+    cc.on_ack(now=delay, acked_bytes=4096, rtt=delay, telemetry=None)
+    target2 = FLOW.base_rtt + 10e-6 + _fs(cwnd1)
+    assert cc.cwnd == pytest.approx(cwnd1 * max(1 - 0.8 * (delay - target2) / delay, 0.5))
+    assert cc.decreases == 2
+
+
+def test_swift_decrease_bounded_by_max_mdf():
+    cc = _swift(init_cwnd=20.0, max_mdf=0.3)
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=5e-3, telemetry=None)
+    assert cc.cwnd == pytest.approx(20.0 * 0.7)
+
+
+def test_swift_below_one_packet_paces():
+    cc = _swift(init_cwnd=0.5)
+    assert cc.window == 4096
+    assert cc.rate == pytest.approx(0.5 * 4096 * 8 / FLOW.base_rtt)
+    cc.on_ack(now=0.0, acked_bytes=1024, rtt=15e-6, telemetry=None)    # below target
+    assert cc.cwnd == pytest.approx(0.5 + 1024 / 4096)                 # ai * acked
+    assert cc.rate == pytest.approx(0.75 * 4096 * 8 / 15e-6)
+    cc.on_ack(now=1 * US, acked_bytes=1024, rtt=15e-6, telemetry=None)
+    assert cc.cwnd == pytest.approx(1.0) and cc.rate is None and cc.window == 4096
+
+
+def test_swift_losses():
+    cc = _swift(init_cwnd=16.0)
+    cc.on_loss(now=0.0, kind="nak")
+    assert cc.cwnd == pytest.approx(8.0)
+    cc.on_loss(now=1 * US, kind="nak")                  # same RTT: no second cut
+    assert cc.cwnd == pytest.approx(8.0)
+    cc.on_loss(now=FLOW.base_rtt, kind="timeout")
+    assert cc.cwnd == pytest.approx(4.0)
+    for k in range(3):                                  # timeouts 2..4: once per RTT
+        cc.on_loss(now=FLOW.base_rtt * (2 + k) + k * 1e-9, kind="timeout")
+    assert cc.cwnd == pytest.approx(0.5)
+    cc.on_loss(now=FLOW.base_rtt * 5.5, kind="timeout")  # the 5th in a row
+    assert cc.cwnd == 0.001
+    assert cc.rate == pytest.approx(0.001 * 4096 * 8 / FLOW.base_rtt)
+    with pytest.raises(ValueError, match="kind"):
+        cc.on_loss(now=1.0, kind="ecn")
+
+
+def test_swift_ack_resets_the_timeout_count():
+    cc = _swift(init_cwnd=16.0, retx_reset=2)
+    cc.on_loss(now=0.0, kind="timeout")
+    cc.on_ack(now=1 * US, acked_bytes=4096, rtt=None, telemetry=None)
+    cc.on_loss(now=1.0, kind="timeout")
+    assert cc.cwnd == pytest.approx(16.0 / 4)           # two ordinary cuts, no reset
+
+
+def test_swift_recovers_to_max_cwnd_without_congestion():
+    cc = _swift(init_cwnd=1.0)
+    for k in range(2000):
+        cc.on_ack(now=k * US, acked_bytes=16 * 4096, rtt=11e-6, telemetry=None)
+    assert cc.cwnd == pytest.approx(4 * BDP_PKTS)
+
+
+def test_swift_cross_parameter_checks():
+    with pytest.raises(ValueError, match="fs_min_cwnd"):
+        _swift(fs_min_cwnd=100.0, fs_max_cwnd=10.0)
+    with pytest.raises(ValueError, match="init_cwnd"):
+        _swift(init_cwnd=1000.0)
+    with pytest.raises(ValueError, match="min_cwnd"):
+        _swift(min_cwnd=5.0, max_cwnd=2.0)
+    with pytest.raises(ValueError, match="RTT"):
+        _swift().on_ack(now=0.0, acked_bytes=1, rtt=-1.0, telemetry=None)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["ack", "nak", "timeout"]),
+                          st.floats(0, 1e-3), st.integers(0, 65536)), max_size=80))
+def test_swift_invariants(events):
+    cc = _swift()
+    now = 0.0
+    for kind, rtt, nbytes in events:
+        now += 1e-6
+        if kind == "ack":
+            cc.on_ack(now=now, acked_bytes=nbytes, rtt=rtt, telemetry=None)
+        else:
+            cc.on_loss(now=now, kind=kind)
+        assert 0.001 <= cc.cwnd <= cc.max_cwnd
+        assert cc.window >= 4096
+        assert (cc.rate is None) == (cc.cwnd >= 1)
+
+
+# ------------------------------------------------------------------- HPCC --
+
+T = FLOW.base_rtt
+W_INIT = LINE * T / 8                                 # 125 000 bytes
+B = LINE / 8                                          # bytes/s of a 100G hop
+
+
+def _hpcc(**params):
+    return create("hpcc", FLOW, **params)
+
+
+def _hop(qlen, tx_bytes, ts, rate=LINE):
+    return congestion.Hop(qlen=qlen, tx_bytes=tx_bytes, ts=ts, rate_bps=rate)
+
+
+def test_hpcc_defaults_and_start():
+    cc = _hpcc()
+    assert cc.params["eta"] == 0.95 and cc.params["max_stage"] == 5
+    assert cc.window == pytest.approx(W_INIT) and cc.rate == pytest.approx(LINE)
+    assert cc.w_ai == pytest.approx(W_INIT * 0.05 / 100)
+    assert cc.next_timer() is None
+
+
+def test_hpcc_first_ack_only_records_the_hops():
+    cc = _hpcc()
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=T, telemetry=(_hop(50_000, 0, 0.0),))
+    assert cc.window == pytest.approx(W_INIT) and cc.u == 0.0
+
+
+def test_hpcc_overload_cuts_the_window_by_the_formula():
+    eta, w_ai = 0.95, W_INIT * 0.05 / 100
+    cc = _hpcc()
+    cc.on_packet_sent(now=0.0, nbytes=1_000_000, psn=0, retransmit=False)
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=T, telemetry=(_hop(50_000, 0, 0.0),))
+    # one T later the hop sent at line rate and still holds 60 KB
+    sent = B * T
+    cc.on_ack(now=T, acked_bytes=4096, rtt=T, telemetry=(_hop(60_000, sent, T),))
+    u = 50_000 / (B * T) + (sent / T) / B              # min(qlen) / (B T) + txRate / B
+    assert cc.u == pytest.approx(u)                     # tau = T: the EWMA takes u whole
+    w = W_INIT / (u / eta) + w_ai
+    assert cc.window == pytest.approx(w) and cc.wc == pytest.approx(w)
+    assert cc.rate == pytest.approx(w * 8 / T)
+    assert cc.inc_stage == 0 and cc.last_update_seq == 1_000_000
+
+
+def test_hpcc_reference_window_moves_once_per_rtt():
+    eta, w_ai = 0.95, W_INIT * 0.05 / 100
+    cc = _hpcc()
+    cc.on_packet_sent(now=0.0, nbytes=100_000, psn=0, retransmit=False)
+    cc.on_packet_sent(now=0.0, nbytes=50_000, psn=1, retransmit=True)     # not new data
+    tx, ts = 0.0, 0.0
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=T, telemetry=(_hop(20_000, tx, ts),))
+    u = 20_000 / (B * T) + 2.0                           # twice line rate arriving
+    big_u = 0.0
+
+    def ack(acked):
+        nonlocal tx, ts, big_u
+        tx, ts = tx + 2 * B * T / 2, ts + T / 2
+        cc.on_ack(now=ts, acked_bytes=acked, rtt=T, telemetry=(_hop(20_000, tx, ts),))
+        big_u = 0.5 * big_u + 0.5 * u                     # tau = T/2
+        assert cc.u == pytest.approx(big_u)
+
+    ack(4096)                                            # first measurement: updates Wc
+    wc = W_INIT / (big_u / eta) + w_ai
+    assert cc.wc == pytest.approx(wc) and cc.window == pytest.approx(wc)
+    assert cc.last_update_seq == 100_000
+    ack(4096)                                            # still inside this RTT
+    assert cc.wc == pytest.approx(wc)
+    assert cc.window == pytest.approx(wc / (big_u / eta) + w_ai)
+    ack(100_000)                                         # acknowledges past 100 000 bytes
+    wc = wc / (big_u / eta) + w_ai
+    assert cc.wc == pytest.approx(wc) and cc.window == pytest.approx(wc)
+
+
+def test_hpcc_queue_term_uses_the_smaller_of_two_samples():
+    cc = _hpcc()
+    cc.on_ack(now=0.0, acked_bytes=1, rtt=T, telemetry=(_hop(0, 0, 0.0),))
+    cc.on_ack(now=T, acked_bytes=1, rtt=T, telemetry=(_hop(90_000, B * T * 0.5, T),))
+    assert cc.u == pytest.approx(0.5)                    # the queue that just formed is ignored
+
+
+def test_hpcc_takes_the_most_loaded_hop_and_its_interval():
+    cc = _hpcc()
+    first = (_hop(0, 0, 0.0), _hop(10_000, 0, 0.0, rate=25e9))
+    cc.on_ack(now=0.0, acked_bytes=1, rtt=T, telemetry=first)
+    b2 = 25e9 / 8
+    second = (_hop(0, B * 5e-6 * 0.5, 5e-6), _hop(10_000, b2 * 2e-6, 2e-6, rate=25e9))
+    cc.on_ack(now=T, acked_bytes=1, rtt=T, telemetry=second)
+    u1 = 0.5
+    u2 = 10_000 / (b2 * T) + 1.0
+    assert u2 > u1
+    assert cc.u == pytest.approx((2e-6 / T) * u2)        # tau of hop 2, EWMA from 0
+
+
+def test_hpcc_additive_stages_then_multiplicative_increase():
+    eta, w_ai = 0.95, 1000
+    cc = _hpcc(w_ai="1000B", max_stage=2)
+    sent, ts, tx = 0, 0.0, 0.0
+    cc.on_ack(now=0.0, acked_bytes=1, rtt=T, telemetry=(_hop(0, 0, 0.0),))
+
+    def rtt_round(load, qlen=0):
+        nonlocal sent, ts, tx
+        sent += 10_000
+        cc.on_packet_sent(now=ts, nbytes=10_000, psn=0, retransmit=False)
+        ts += T
+        tx += load * B * T
+        cc.on_ack(now=ts, acked_bytes=10_000, rtt=T, telemetry=(_hop(qlen, tx, ts),))
+
+    rtt_round(2.0, qlen=0)                               # overload: a cut
+    wc = W_INIT / (2.0 / eta) + w_ai
+    assert cc.wc == pytest.approx(wc)
+    for stage in (1, 2):                                 # underload: additive, per RTT
+        rtt_round(0.5)
+        wc += w_ai
+        assert cc.wc == pytest.approx(wc) and cc.inc_stage == stage
+    rtt_round(0.5)                                       # incStage reached max_stage
+    wc = min(W_INIT, wc / (0.5 / eta) + w_ai)
+    assert cc.wc == pytest.approx(wc) and cc.inc_stage == 0
+
+
+def test_hpcc_recovers_to_line_rate_without_load():
+    cc = _hpcc(t="10us")
+    ts, tx = 0.0, 0.0
+    cc.on_ack(now=0.0, acked_bytes=1, rtt=T, telemetry=(_hop(0, 0, 0.0),))
+    for k in range(1, 200):
+        cc.on_packet_sent(now=ts, nbytes=10_000, psn=k, retransmit=False)
+        ts += T
+        tx += (3.0 if k < 5 else 0.3) * B * T
+        cc.on_ack(now=ts, acked_bytes=10_000, rtt=T, telemetry=(_hop(0, tx, ts),))
+        if k == 4:
+            assert cc.window < W_INIT / 2
+    assert cc.window == pytest.approx(W_INIT) and cc.rate == pytest.approx(LINE)
+
+
+def test_hpcc_path_change_and_missing_telemetry_only_record():
+    cc = _hpcc()
+    cc.on_ack(now=0.0, acked_bytes=1, rtt=T, telemetry=(_hop(0, 0, 0.0),))
+    cc.on_ack(now=T, acked_bytes=1, rtt=T, telemetry=None)
+    cc.on_ack(now=T, acked_bytes=1, rtt=T, telemetry=(_hop(0, 0, T), _hop(0, 0, T)))
+    assert cc.u == 0.0 and cc.window == pytest.approx(W_INIT)
+    cc.on_ack(now=T, acked_bytes=1, rtt=T, telemetry=(_hop(0, 0, T), _hop(0, 0, T)))
+    assert cc.u == 0.0                                   # no time passed: nothing learnt
+
+
+_HOPS = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6),
+                           st.floats(0, 20e-6)), min_size=1, max_size=40)
+
+
+@given(_HOPS)
+def test_hpcc_window_stays_in_bounds(samples):
+    cc = _hpcc()
+    ts, tx = 0.0, 0
+    for qlen, dtx, dt in samples:
+        ts += dt
+        tx += dtx
+        cc.on_packet_sent(now=ts, nbytes=4096, psn=0, retransmit=False)
+        cc.on_ack(now=ts, acked_bytes=4096, rtt=T, telemetry=(_hop(qlen, tx, ts),))
+        assert cc.w_min <= cc.window <= W_INIT
+        assert cc.rate == pytest.approx(cc.window * 8 / T)
