@@ -1,0 +1,133 @@
+"""HPCC: a window computed from per-hop in-band telemetry.
+
+Li et al., "HPCC: High Precision Congestion Control", SIGCOMM 2019,
+Algorithm 1.  Each ACK echoes the INT records (``Hop``) of the data packet it
+acknowledges, one per switch egress port.  With ``T`` the base RTT and, per
+hop, ``B`` its line rate in bytes/s:
+
+    MeasureInflight: for each hop i, against the previous ACK's record of it,
+        txRate = (tx_bytes - prev.tx_bytes) / (ts - prev.ts)
+        u_i = min(qlen, prev.qlen) / (B T) + txRate / B
+      take the largest u_i and its tau = ts - prev.ts (at most T), then
+        U = (1 - tau/T) U + (tau/T) u
+    ComputeWind: if U >= eta or incStage >= max_stage:
+        W = Wc / (U / eta) + W_AI     (and, once per RTT, Wc = W, incStage = 0)
+      else:
+        W = Wc + W_AI                 (and, once per RTT, Wc = W, incStage += 1)
+
+"Once per RTT" is when the ACK covers a byte sent after the last reference
+update (the paper's ``ack.seq > lastUpdateSeq``, counted here in bytes).  The
+window starts at, and never exceeds, ``W_init`` = line rate x T; ``rate`` is
+W / T.  The first ACK on a path (or after the hop count changes) only records
+the hops.  HPCC assumes a lossless fabric: losses do not change the window.
+"""
+
+from __future__ import annotations
+
+from .base import Controller, FlowInfo, Hop
+from .params import Param, check_flow, resolve
+
+_PAPER = "HPCC paper (Li et al. 2019)"
+_OURS = "this implementation"
+
+
+class HPCC(Controller):
+    name = "hpcc"
+
+    PARAMS = {
+        "eta": Param(0.95, "float", "target utilisation", _PAPER, lo=0, hi=1, lo_open=True),
+        "max_stage": Param(5, "int", "additive steps before a multiplicative update", _PAPER,
+                           lo=0),
+        "w_ai": Param(None, "size", "additive increase (bytes); None: "
+                      "W_init (1 - eta) / expected_flows", _PAPER + " (section 3.3)",
+                      lo=0, lo_open=True, none_ok=True),
+        "expected_flows": Param(100, "int", "N in the default W_AI", _OURS, lo=1),
+        "t": Param(None, "time", "base RTT T; None: the flow's base RTT", _PAPER,
+                   lo=0, lo_open=True, none_ok=True),
+        "min_rate": Param(10e6, "rate", "rate floor (window floor = min_rate x T)", _OURS,
+                          lo=0, lo_open=True),
+    }
+
+    def __init__(self, flow: FlowInfo, **params) -> None:
+        check_flow(self.name, flow)
+        p = resolve(self.name, self.PARAMS, params)
+        if p["min_rate"] > flow.line_rate_bps:
+            raise ValueError(f"{self.name}: parameter min_rate ({p['min_rate']:g} bit/s) "
+                             f"is above the line rate ({flow.line_rate_bps:g} bit/s)")
+        super().__init__(flow)
+        self.params = p
+        self.t = p["t"] if p["t"] is not None else float(flow.base_rtt)
+        self.w_init = flow.line_rate_bps * self.t / 8
+        self.w_min = p["min_rate"] * self.t / 8
+        self.w_ai = (p["w_ai"] if p["w_ai"] is not None
+                     else self.w_init * (1 - p["eta"]) / p["expected_flows"])
+        self.wc = self.w_init            # reference window
+        self.u = 0.0                     # normalised inflight, EWMA
+        self.inc_stage = 0
+        self.snd_nxt = 0                 # bytes sent (new data, not resends)
+        self.acked = 0                   # bytes cumulatively acknowledged
+        self.last_update_seq = 0
+        self.hops: tuple[Hop, ...] | None = None
+        self.window = self.w_init
+        self.rate = self.window * 8 / self.t
+
+    def on_packet_sent(self, *, now: float, nbytes: int, psn: int, retransmit: bool) -> None:
+        if not retransmit:
+            self.snd_nxt += nbytes
+
+    def on_ack(self, *, now: float, acked_bytes: int, rtt: float | None,
+               telemetry: tuple[Hop, ...] | None) -> None:
+        self.acked += acked_bytes
+        if not telemetry:
+            return
+        telemetry = tuple(telemetry)
+        prev, self.hops = self.hops, telemetry
+        if prev is None or len(prev) != len(telemetry):
+            return                       # nothing to difference against yet
+        if not self._measure_inflight(prev, telemetry):
+            return
+        update_wc = self.acked > self.last_update_seq
+        self._compute_wind(update_wc)
+        if update_wc:
+            self.last_update_seq = self.snd_nxt
+
+    def state(self) -> dict:
+        return {"rate": self.rate, "window": self.window, "wc": self.wc, "u": self.u,
+                "inc_stage": self.inc_stage}
+
+    # -- Algorithm 1 -----------------------------------------------------------
+    def _measure_inflight(self, prev: tuple[Hop, ...], now_hops: tuple[Hop, ...]) -> bool:
+        u, tau = 0.0, None
+        for old, new in zip(prev, now_hops):
+            dt = new.ts - old.ts
+            if dt <= 0 or new.rate_bps <= 0:
+                continue                 # no time passed on this hop: no rate to learn
+            b = new.rate_bps / 8
+            tx_rate = (new.tx_bytes - old.tx_bytes) / dt
+            u_i = min(new.qlen, old.qlen) / (b * self.t) + tx_rate / b
+            if tau is None or u_i > u:
+                u, tau = u_i, dt
+        if tau is None:
+            return False
+        tau = min(tau, self.t)
+        self.u = (1 - tau / self.t) * self.u + (tau / self.t) * u
+        return True
+
+    def _compute_wind(self, update_wc: bool) -> None:
+        eta = self.params["eta"]
+        if self.u >= eta or self.inc_stage >= self.params["max_stage"]:
+            w = self.wc * eta / self.u + self.w_ai if self.u > 0 else self.w_init
+            w = self._clamp(w)
+            if update_wc:
+                self.inc_stage = 0
+                self.wc = w
+        else:
+            w = self._clamp(self.wc + self.w_ai)
+            if update_wc:
+                self.inc_stage += 1
+                self.wc = w
+        self.window = w
+        self.rate = w * 8 / self.t
+
+    def _clamp(self, w: float) -> float:
+        return min(self.w_init, max(self.w_min, w))

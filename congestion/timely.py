@@ -1,0 +1,106 @@
+"""TIMELY: a rate set from the RTT gradient.
+
+Mittal et al., "TIMELY: RTT-based Congestion Control for the Datacenter",
+SIGCOMM 2015, Algorithm 1.  Rate-based; every ACK with an RTT sample is one
+completion event:
+
+    new_rtt_diff = rtt - prev_rtt;  prev_rtt = rtt
+    rtt_diff = (1 - alpha) rtt_diff + alpha new_rtt_diff
+    gradient = rtt_diff / min_rtt
+    rtt < t_low:   rate += delta
+    rtt > t_high:  rate *= 1 - beta (1 - t_high / rtt)
+    gradient <= 0: rate += N delta   (N = hai_n once the gradient has been <= 0
+                                      for hai_n events in a row, else 1)
+    else:          rate *= 1 - beta gradient
+
+The first sample only sets ``prev_rtt``.  The rate stays within
+[``min_rate``, line rate].  ACKs without an RTT sample (Karn) are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import Controller, FlowInfo, Hop
+from .params import Param, check_flow, resolve
+
+_PAPER = "TIMELY paper (Mittal et al. 2015)"
+
+
+class Timely(Controller):
+    name = "timely"
+
+    PARAMS = {
+        "alpha": Param(0.875, "float", "EWMA weight of the newest RTT difference",
+                       "public TIMELY reimplementations; a tunable in the paper",
+                       lo=0, hi=1, lo_open=True),
+        "beta": Param(0.8, "float", "multiplicative decrease factor", _PAPER,
+                      lo=0, hi=1, lo_open=True),
+        "delta": Param(10e6, "rate", "additive increment", _PAPER, lo=0, lo_open=True),
+        "t_low": Param(50e-6, "time", "below this RTT: always increase", _PAPER,
+                       lo=0, lo_open=True),
+        "t_high": Param(500e-6, "time", "above this RTT: decrease in proportion", _PAPER,
+                        lo=0, lo_open=True),
+        "hai_n": Param(5, "int", "negative-gradient events before hyper-active increase "
+                       "(and its step multiplier)", _PAPER, lo=1),
+        "min_rtt": Param(None, "time", "gradient normaliser; None: the flow's base RTT",
+                         "paper: the path's minimum RTT", lo=0, lo_open=True, none_ok=True),
+        "min_rate": Param(10e6, "rate", "rate floor", "this implementation",
+                          lo=0, lo_open=True),
+        "init_rate": Param(None, "rate", "starting rate; None: line rate",
+                           "this implementation", lo=0, lo_open=True, none_ok=True),
+    }
+
+    def __init__(self, flow: FlowInfo, **params) -> None:
+        check_flow(self.name, flow)
+        p = resolve(self.name, self.PARAMS, params)
+        if p["t_low"] >= p["t_high"]:
+            raise ValueError(f"{self.name}: parameter t_low ({p['t_low']:g} s) must be "
+                             f"below t_high ({p['t_high']:g} s)")
+        line = float(flow.line_rate_bps)
+        for key in ("min_rate", "init_rate"):
+            if p[key] is not None and p[key] > line:
+                raise ValueError(f"{self.name}: parameter {key} ({p[key]:g} bit/s) is above "
+                                 f"the line rate ({line:g} bit/s)")
+        if p["init_rate"] is not None and p["init_rate"] < p["min_rate"]:
+            raise ValueError(f"{self.name}: parameter init_rate is below min_rate")
+        super().__init__(flow)
+        self.params = p
+        self._line = line
+        self.min_rtt = p["min_rtt"] if p["min_rtt"] is not None else float(flow.base_rtt)
+        self.rate = p["init_rate"] if p["init_rate"] is not None else line
+        self.prev_rtt: float | None = None
+        self.rtt_diff = 0.0
+        self.gradient = 0.0
+        self.neg_events = 0        # consecutive events with gradient <= 0
+
+    def on_ack(self, *, now: float, acked_bytes: int, rtt: float | None,
+               telemetry: tuple[Hop, ...] | None) -> None:
+        if rtt is None:
+            return
+        if not (math.isfinite(rtt) and rtt >= 0):
+            raise ValueError(f"{self.name}: RTT sample must be a time >= 0, not {rtt!r}")
+        p = self.params
+        if self.prev_rtt is None:
+            self.prev_rtt = rtt
+            return
+        new_rtt_diff = rtt - self.prev_rtt
+        self.prev_rtt = rtt
+        self.rtt_diff = (1 - p["alpha"]) * self.rtt_diff + p["alpha"] * new_rtt_diff
+        self.gradient = self.rtt_diff / self.min_rtt
+        self.neg_events = self.neg_events + 1 if self.gradient <= 0 else 0
+        if rtt < p["t_low"]:
+            rate = self.rate + p["delta"]
+        elif rtt > p["t_high"]:
+            rate = self.rate * (1 - p["beta"] * (1 - p["t_high"] / rtt))
+        elif self.gradient <= 0:
+            n = p["hai_n"] if self.neg_events >= p["hai_n"] else 1
+            rate = self.rate + n * p["delta"]
+        else:
+            rate = self.rate * (1 - p["beta"] * self.gradient)
+        self.rate = min(self._line, max(p["min_rate"], rate))
+
+    def state(self) -> dict:
+        return {"rate": self.rate, "window": None, "rtt": self.prev_rtt,
+                "rtt_diff": self.rtt_diff, "gradient": self.gradient,
+                "hai": self.neg_events >= self.params["hai_n"]}
