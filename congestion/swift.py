@@ -161,7 +161,10 @@ class Swift(Controller):
         mtu = self.flow.mtu
         if self.cwnd < 1:
             self.window = float(mtu)
-            self.rate = self.cwnd * mtu * 8 / self.last_rtt if self.last_rtt > 0 else None
+            # pace one packet per RTT / cwnd; an RTT sample never counts below the
+            # path's base RTT here (a zero sample would make the rate infinite)
+            rtt = max(self.last_rtt, float(self.flow.base_rtt))
+            self.rate = self.cwnd * mtu * 8 / rtt
         else:
             self.window = self.cwnd * mtu
             self.rate = None

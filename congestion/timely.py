@@ -11,7 +11,8 @@ completion event:
     rtt > t_high:  rate *= 1 - beta (1 - t_high / rtt)
     gradient <= 0: rate += N delta   (N = hai_n once the gradient has been <= 0
                                       for hai_n events in a row, else 1)
-    else:          rate *= 1 - beta gradient
+    else:          rate *= 1 - beta min(1, gradient)   (unbounded, the paper's
+                   formula goes negative once the gradient passes 1/beta)
 
 The first sample only sets ``prev_rtt``.  The rate stays within
 [``min_rate``, line rate].  ACKs without an RTT sample (Karn) are ignored.
@@ -49,6 +50,8 @@ class Timely(Controller):
                           lo=0, lo_open=True),
         "init_rate": Param(None, "rate", "starting rate; None: line rate",
                            "this implementation", lo=0, lo_open=True, none_ok=True),
+        "segment": Param(16384, "size", "bytes acknowledged per rate update (one "
+                         "completion event)", "paper: 16-64 KB segments", lo=0, lo_open=True),
     }
 
     def __init__(self, flow: FlowInfo, **params) -> None:
@@ -73,14 +76,23 @@ class Timely(Controller):
         self.rtt_diff = 0.0
         self.gradient = 0.0
         self.neg_events = 0        # consecutive events with gradient <= 0
+        self._acked = 0            # bytes acknowledged since the last update
+        self._last_rtt: float | None = None   # newest RTT sample since then
 
     def on_ack(self, *, now: float, acked_bytes: int, rtt: float | None,
                telemetry: tuple[Hop, ...] | None) -> None:
-        if rtt is None:
-            return
-        if not (math.isfinite(rtt) and rtt >= 0):
+        if rtt is not None and not (math.isfinite(rtt) and rtt >= 0):
             raise ValueError(f"{self.name}: RTT sample must be a time >= 0, not {rtt!r}")
         p = self.params
+        # TIMELY computes a new rate once per completion event (a segment of
+        # 16-64 KB), from that completion's RTT, not on every ACK.
+        self._acked += acked_bytes
+        if rtt is not None:
+            self._last_rtt = rtt
+        if self._acked < p["segment"] or self._last_rtt is None:
+            return
+        self._acked = 0
+        rtt, self._last_rtt = self._last_rtt, None
         if self.prev_rtt is None:
             self.prev_rtt = rtt
             return
@@ -97,7 +109,8 @@ class Timely(Controller):
             n = p["hai_n"] if self.neg_events >= p["hai_n"] else 1
             rate = self.rate + n * p["delta"]
         else:
-            rate = self.rate * (1 - p["beta"] * self.gradient)
+            # a gradient above 1 cuts as 1: the formula would go below zero
+            rate = self.rate * (1 - p["beta"] * min(1.0, self.gradient))
         self.rate = min(self._line, max(p["min_rate"], rate))
 
     def state(self) -> dict:

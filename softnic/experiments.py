@@ -28,6 +28,7 @@ from .core.device import Device, DeviceConfig
 from .core.enums import SendFlags, WCStatus, WROpcode as W
 from .core.qp import SendWR
 from .faults import FaultModel
+from .wire.roce import psn_diff
 from .rig import connect
 from .transport.sim import RED, WIRE_OVERHEAD, Fabric
 
@@ -78,6 +79,8 @@ class FlowSeries:
     name: str
     start: float
     tput_gbps: list = field(default_factory=list)       # per bin, through the bottleneck
+    goodput_gbps: list = field(default_factory=list)    # per bin, newly acknowledged bytes
+    inflight_kb: list = field(default_factory=list)     # per bin, sent and not acknowledged
     rate_gbps: list = field(default_factory=list)       # controller's pacing rate per bin
     window_kb: list = field(default_factory=list)       # controller's window per bin
     completed_bytes: int = 0
@@ -107,7 +110,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
         ea, eb = connect(dev, recv, mtu=cfg.mtu, timeout=8, endpoint_args=dict(
             buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
         start = cfg.late_join if (cfg.late_join is not None and i == n - 1) else 0.0
-        flows.append((dev, ea, eb, FlowSeries(f"s{i}", start), [0]))
+        flows.append((dev, ea, eb, FlowSeries(f"s{i}", start), [0, ea.qp.acked_psn]))
     port = sw.port(recv.address)
 
     def post(dev, ea, eb, k):
@@ -143,6 +146,12 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
             ok = sum(1 for wc in wcs if wc.status == WCStatus.SUCCESS)
             if ok and t + cfg.bin < cfg.duration:
                 post(dev, ea, eb, ok)
+            qp = ea.qp
+            acked = psn_diff(qp.acked_psn, posted[1]) if posted[0] else 0
+            posted[1] = qp.acked_psn
+            fs.goodput_gbps.append(acked * cfg.mtu * 8 / cfg.bin / 1e9)
+            fs.inflight_kb.append(psn_diff(qp.max_sent_psn, qp.acked_psn) * cfg.mtu / 1e3
+                                  if posted[0] else 0.0)
             tx = port.tx_by_src.get(dev.address, 0)
             fs.tput_gbps.append((tx - prev_tx.get(dev.address, 0)) * 8 / cfg.bin / 1e9)
             prev_tx[dev.address] = tx
@@ -165,15 +174,15 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
     if cfg.late_join is not None:
         steady_from = max(steady_from, cfg.late_join + (cfg.duration - cfg.late_join) * 0.5)
     steady = [i for i, t in enumerate(times) if t > steady_from]
-    means = [sum(f.tput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
+    means = [sum(f.goodput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
     q_all = [q for _, q in port.samples]
     q_steady = [q for t, q in port.samples if t > steady_from]
     retrans = sum(d.counters["retransmitted_pkts"] for d, *_ in flows)
     timeouts = sum(d.counters["timeouts"] for d, *_ in flows)
-    goodput = sum(f.completed_bytes for f in series) * 8 / cfg.duration / 1e9
+    goodput = sum(sum(f.goodput_gbps) for f in series) * cfg.bin / cfg.duration
     late = None
     if cfg.late_join is not None:
-        late = convergence_time(times, series[-1].tput_gbps, cfg.late_join,
+        late = convergence_time(times, series[-1].goodput_gbps, cfg.late_join,
                                 cfg.rate_gbps / n)
     return {
         "config": asdict(cfg),
@@ -185,7 +194,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
             "cc": cfg.cc, "senders": n,
             "jain_steady": jain(means),
             "steady_from_s": steady_from,
-            "steady_tput_gbps": means,
+            "steady_goodput_gbps": means,
             "queue_p50_kb": percentile(q_all, 50) / 1e3,
             "queue_p99_kb": percentile(q_all, 99) / 1e3,
             "queue_steady_p50_kb": percentile(q_steady, 50) / 1e3,
@@ -304,9 +313,9 @@ def plot_incast(res: dict, path: str | Path) -> Path:
     fig, axes = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
     ax = axes[0]
     for f in res["flows"]:
-        ax.plot(t_ms, _smooth(f["tput_gbps"], 5), lw=0.8,
+        ax.plot(t_ms, _smooth(f["goodput_gbps"], 5), lw=0.8,
                 label=f["name"] + (" (late)" if f["start"] > 0 else ""))
-    ax.set_ylabel("throughput at bottleneck (Gbit/s)")
+    ax.set_ylabel("per-flow goodput (Gbit/s)")
     s = res["summary"]
     ax.set_title(f"incast {s['senders']}:1, cc={s['cc']}, {res['config']['rate_gbps']:g} Gbit/s "
                  f"— Jain {s['jain_steady']:.3f}, queue p99 {s['queue_p99_kb']:.0f} KB, "
@@ -332,9 +341,13 @@ def plot_incast(res: dict, path: str | Path) -> Path:
     else:
         for f in res["flows"]:
             ax.plot(t_ms, [float("nan") if w is None else w for w in f["window_kb"]], lw=0.8)
-        ax.set_ylabel("sender window (KB)" if any(
-            w is not None for f in res["flows"] for w in f["window_kb"]) else
-            "no controller: unpaced")
+        if any(w is not None for f in res["flows"] for w in f["window_kb"]):
+            ax.set_ylabel("sender window (KB)")
+        else:
+            ax.cla()
+            for f in res["flows"]:
+                ax.plot(t_ms, f["inflight_kb"], lw=0.8)
+            ax.set_ylabel("no controller: bytes in flight (KB)")
     ax.set_xlabel("time (ms, virtual)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

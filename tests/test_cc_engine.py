@@ -14,6 +14,7 @@ import pytest
 
 import congestion
 from congestion.base import Controller, Hop
+from congestion.params import Param
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
@@ -28,6 +29,8 @@ from softnic.wire.roce import Kind, decode
 class Recorder(Controller):
     """Fixed rate and/or window; records every hook call."""
     name = "recorder"
+    PARAMS = {"cnp_every_mark": Param(0, "int", "ask for a CNP on every CE mark", "test", lo=0,
+                                      hi=1)}
 
     def __init__(self, flow, *, rate=None, window=None, cnp_every_mark=False):
         super().__init__(flow)
@@ -100,8 +103,7 @@ def _run_until_done(fabric, a, ea, n_wc=1, until=10.0, check=None):
 
 def test_rate_paces_packets_at_the_controllers_rate():
     rate = 2e9
-    fabric, a, b, ea, eb = _pair("recorder:rate=2e9", trace=None) if False else _pair(
-        "recorder", mtu=1024)
+    fabric, a, b, ea, eb = _pair("recorder", mtu=1024)
     ea.qp.cc.rate = rate
     fabric.tracing = True
     _write(a, ea, eb, 1, 256 << 10)

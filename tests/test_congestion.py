@@ -434,14 +434,16 @@ def test_dcqcn_invariants(events, f, t_dec):
 # ----------------------------------------------------------------- TIMELY --
 
 def _timely(**params):
+    # one rate update per 4096-byte ACK unless a test says otherwise
+    params.setdefault("segment", 4096)
     return create("timely", FLOW, **params)
 
 
 def test_timely_defaults():
-    cc = _timely()
+    cc = create("timely", FLOW)
     assert cc.params == {"alpha": 0.875, "beta": 0.8, "delta": 10e6, "t_low": 50e-6,
                          "t_high": 500e-6, "hai_n": 5, "min_rtt": None, "min_rate": 10e6,
-                         "init_rate": None}
+                         "init_rate": None, "segment": 16384}
     assert cc.rate == LINE and cc.window is None and cc.min_rtt == FLOW.base_rtt
     assert cc.next_timer() is None
 
@@ -501,6 +503,18 @@ def test_timely_recovers_to_line_rate_and_floors_at_min_rate():
     for k in range(200, 260):
         cc.on_ack(now=k * US, acked_bytes=4096, rtt=10.0, telemetry=None)
     assert cc.rate == 10e6
+
+
+def test_timely_updates_once_per_segment_with_its_newest_rtt():
+    cc = _timely(init_rate="10Gbps", segment="16KiB")
+    cc.on_ack(now=0.0, acked_bytes=16384, rtt=20e-6, telemetry=None)   # the reference
+    assert cc.prev_rtt == 20e-6
+    for k in range(1, 4):                   # 12 KiB more: not a whole segment yet
+        cc.on_ack(now=k * US, acked_bytes=4096, rtt=900e-6, telemetry=None)
+        assert cc.rate == 10e9 and cc.prev_rtt == 20e-6
+    cc.on_ack(now=4 * US, acked_bytes=4096, rtt=30e-6, telemetry=None)
+    # one update, from the newest sample (30 us < T_low: add delta), not four cuts
+    assert cc.prev_rtt == 30e-6 and cc.rate == pytest.approx(10e9 + 10e6)
 
 
 def test_timely_ignores_acks_without_sample_and_rejects_bad_samples():

@@ -8,6 +8,7 @@ define them.  ``check_transition`` refuses anything else with EINVAL.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -34,12 +35,18 @@ class AHAttr:
 
     @property
     def addr(self) -> tuple[str, int]:
-        ip = ipaddress.ip_address(self.dgid)
-        if isinstance(ip, ipaddress.IPv6Address):
-            if ip.ipv4_mapped is None:
-                raise einval(f"GID {self.dgid} is not an IPv4-mapped address")
-            ip = ip.ipv4_mapped
-        return (str(ip), self.port)
+        return _gid_address(self.dgid, self.port)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gid_address(dgid: str, port: int) -> tuple[str, int]:
+    """(IPv4, UDP port) of a GID; the engine asks for it on every packet."""
+    ip = ipaddress.ip_address(dgid)
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is None:
+            raise einval(f"GID {dgid} is not an IPv4-mapped address")
+        ip = ip.ipv4_mapped
+    return (str(ip), port)
 
 
 def gid_of(ip: str) -> str:

@@ -299,6 +299,10 @@ def generate(dev, qp, now: float, out: list) -> None:
             dest = wqe.dest
         qp.pkts_since_ackreq += 1
         ackreq = qp.pkts_since_ackreq >= ack_every
+        if cc is not None and cc.window is not None:
+            # A window controller needs every packet's feedback (HPCC, Swift), and a
+            # window that shrinks below what is in flight reopens only by ACKs.
+            ackreq = True
         if ackreq:
             qp.pkts_since_ackreq = 0
         resent = False
