@@ -47,6 +47,10 @@ RXE_COUNTERS = (
 )
 
 
+#: Congestion-control counters, as mlx5 names them (notification / reaction point).
+CC_COUNTERS = ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored")
+
+
 @dataclass(frozen=True)
 class DeviceConfig:
     """Device-wide settings.  ``min_timer`` is the floor for the retransmission
@@ -87,7 +91,7 @@ class Device:
         self.gid = gid_of(ip)
         self.config = config or DeviceConfig()
         self.keys = KeyTable()
-        self.counters: Counter = Counter({n: 0 for n in RXE_COUNTERS})
+        self.counters: Counter = Counter({n: 0 for n in RXE_COUNTERS + CC_COUNTERS})
         self.qps: dict[int, QP] = {}
         self.cqs: dict[int, CQ] = {}
         self.srqs: dict[int, SRQ] = {}
