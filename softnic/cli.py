@@ -77,8 +77,11 @@ def _lab(args) -> int:
         print(f"softnic lab: {e}", file=sys.stderr)
         return 2
     for i, run in enumerate(runs):
-        events = from_fabric_trace(run.fabric.trace)
         print(labs.describe(run))
+        if not run.ladder:
+            print()
+            continue
+        events = from_fabric_trace(run.fabric.trace)
         print(render_text(events))
         if args.svg:
             path = args.svg if len(runs) == 1 else args.svg.replace(".svg", f"-{i + 1}.svg")
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "simulated lossy run (--demo)"))
     lab = sub.add_parser("lab", help="run a teaching lab (see docs/labs): ladder, completions, "
                          "counters")
-    lab.add_argument("number", type=int, help="lab number (1-5)")
+    lab.add_argument("number", type=int, help="lab number (1-6)")
     lab.add_argument("--seed", type=int, default=1)
     lab.add_argument("--svg", help="also draw the ladder(s) to this SVG file")
     from .experiment_cli import add_arguments as experiment_arguments

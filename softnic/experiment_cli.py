@@ -117,7 +117,7 @@ def main(args) -> int:
               f"  max {s['queue_max_kb']:.1f} KB  (steady p50 {s['queue_steady_p50_kb']:.1f}, "
               f"p99 {s['queue_steady_p99_kb']:.1f})")
         print(f"  goodput {s['goodput_gbps']:.2f} Gbit/s ({s['goodput_fraction']:.1%} of the "
-              f"bottleneck)  drops {s['switch_drops']}  retransmitted {s['retransmitted_pkts']}"
+              f"bottleneck; steady state {s['steady_total_goodput_gbps']:.2f})  drops {s['switch_drops']}  retransmitted {s['retransmitted_pkts']}"
               f"  timeouts {s['timeouts']}  ECN marks {s['ecn_marked']}  CNPs {s['cnps_sent']}")
         if args.late_join is not None:
             print("  late flow reached its fair share after "

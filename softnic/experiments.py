@@ -195,6 +195,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
             "jain_steady": jain(means),
             "steady_from_s": steady_from,
             "steady_goodput_gbps": means,
+            "steady_total_goodput_gbps": sum(means),
             "queue_p50_kb": percentile(q_all, 50) / 1e3,
             "queue_p99_kb": percentile(q_all, 99) / 1e3,
             "queue_steady_p50_kb": percentile(q_steady, 50) / 1e3,

@@ -26,6 +26,7 @@ class LabRun:
     devices: tuple
     completions: list = field(default_factory=list)    # (device name, WC)
     notes: list = field(default_factory=list)          # lines worth printing
+    ladder: bool = True                                # print the packet ladder
 
 
 def _setup(seed: int = 1, faults: FaultModel = FaultModel(), *, mtu: int = 1024,
@@ -138,7 +139,78 @@ def atomic_once(seed: int = 1) -> LabRun:
     return run
 
 
-LABS = {1: segmentation, 2: loss_recovery, 3: rnr, 4: protection, 5: atomic_once}
+def _ecn_run(cc: str, seed: int, *, until: float = 10e-3):
+    """Two senders WRITE 1 MiB each to one receiver through a switch (10 Gbit/s
+    links, 512 KB buffer, ECN marking from 5 KB); return the run and its timeline."""
+    from .transport.sim import RED
+    rate = 10e9
+    cfg = DeviceConfig(cc=cc, line_rate_bps=rate, base_rtt=12e-6, min_timer=200e-6)
+    fabric = Fabric(seed)
+    sw = fabric.add_switch("sw", buffer_bytes=512_000, red=RED(5_000, 200_000, 0.01))
+    devs = [Device(f"softnic{i}", f"10.0.0.{i + 1}", config=cfg) for i in range(3)]
+    for d in devs:
+        fabric.attach(d)
+        fabric.connect(d.address, sw, rate_bps=rate, delay=2e-6)
+    recv = devs[2]
+    eps = [connect(d, recv, mtu=1024, timeout=8, endpoint_args=dict(buf_size=1 << 20))
+           for d in devs[:2]]
+    run = LabRun(f"two senders, one receiver, cc={cc}", fabric, tuple(devs), ladder=False)
+    for d, (ea, eb) in zip(devs, eps):
+        d.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 1 << 20)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    port = sw.port(recv.address)
+    qp0 = eps[0][0].qp
+    timeline = []          # (time, queue bytes, marks, CNPs, sender 0's rate, alpha, stage)
+    last = None
+    t, step = 0.0, 5e-6
+    done = [False, False]
+    while t < until and not all(done):
+        t += step
+        fabric.run(until=t)
+        for i, (d, (ea, eb)) in enumerate(zip(devs, eps)):
+            for wc in d.poll_cq(ea.send_cq, 4):
+                run.completions.append((d.name, wc))
+                run.notes.append(f"{d.name}'s WRITE completed at {t * 1e6:.0f} us")
+                done[i] = True
+        cc0 = qp0.cc
+        row = (t, port.qlen(t), port.counters["marked"], recv.counters["np_cnp_sent"],
+               cc0.rate if cc0 is not None else None,
+               getattr(cc0, "alpha", None), cc0.stage() if hasattr(cc0, "stage") else None)
+        if last is None or row[2:] != last[2:]:
+            timeline.append(row)
+        last = row
+    return run, timeline, port
+
+
+def ecn_reaction(seed: int = 1) -> list[LabRun]:
+    """Lab 6: DCQCN reacting to ECN marks: marks -> CNPs -> rate cuts -> recovery."""
+    run, timeline, port = _ecn_run("dcqcn", seed)
+    run.notes.append("time      queue    ECN marks  CNPs   softnic0 rate   alpha   stage")
+    shown = timeline if len(timeline) <= 40 else timeline[:28] + [None] + timeline[-10:]
+    for row in shown:
+        if row is None:
+            run.notes.append(f"   ... {len(timeline) - 38} more rows ...")
+            continue
+        t, q, marks, cnps, rate, alpha, stage = row
+        run.notes.append(f"{t * 1e6:6.0f} us {q / 1e3:6.1f} KB {marks:6d} {cnps:8d}   "
+                         f"{rate / 1e9:6.3f} Gbit/s  {alpha:6.4f}  {stage}")
+    run.notes.append(_queue_note(port))
+    base, _, bport = _ecn_run("none", seed)
+    base.notes.append("the same transfers with no controller: " + _queue_note(bport))
+    base.notes.append(f"ECN marks: {bport.counters['marked']} (no controller: the packets "
+                      f"are not ECN-capable, so the switch never marks them)")
+    return [run, base]
+
+
+def _queue_note(port) -> str:
+    from .experiments import percentile
+    qs = [q for _, q in port.samples]
+    return (f"bottleneck queue: median {percentile(qs, 50) / 1e3:.1f} KB, at most "
+            f"{port.counters['max_qlen'] / 1e3:.1f} KB; {port.counters['dropped']} dropped")
+
+
+LABS = {1: segmentation, 2: loss_recovery, 3: rnr, 4: protection, 5: atomic_once,
+        6: ecn_reaction}
 
 
 def run_lab(n: int, seed: int = 1) -> list[LabRun]:

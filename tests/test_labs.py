@@ -53,6 +53,24 @@ def test_lab5_atomic_once_under_duplication():
     assert run.devices[1].counters["atomic_replayed"] > 0
 
 
+def test_lab6_dcqcn_reacts_to_ecn_marks():
+    dcqcn, none = labs.run_lab(6)
+    s0, s1, recv = dcqcn.devices
+    assert [s for _, _, s in _statuses(dcqcn)] == [WCStatus.SUCCESS] * 2
+    marks = recv.counters["np_ecn_marked_roce_packets"]
+    cnps = recv.counters["np_cnp_sent"]
+    # marks became CNPs (at most one per 50 us per QP, so fewer), each reached its sender
+    assert 0 < cnps < marks
+    assert s0.counters["rp_cnp_handled"] + s1.counters["rp_cnp_handled"] == cnps
+    # the sender cut its rate: the timeline shows a rate below line rate
+    assert any(" 2.500 Gbit/s" in n for n in dcqcn.notes)
+    # with no controller the switch marks nothing and the queue stays high
+    assert none.devices[2].counters["np_ecn_marked_roce_packets"] == 0
+    med = lambda run: float(next(n for n in run.notes if "median" in n)
+                            .split("median ")[1].split(" KB")[0])
+    assert med(dcqcn) < med(none) / 10
+
+
 def test_unknown_lab():
     import pytest
     with pytest.raises(ValueError):
