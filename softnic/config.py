@@ -23,7 +23,8 @@ same keys in lower case without the prefix, and the variables win over it):
     ``timely``, ``swift``, ``hpcc``, optionally with parameters, e.g.
     ``dcqcn:g=0.0039,t_inc=55us`` (see ``congestion.parse_spec``).  With a
     controller on, devices read the ECN bits of what arrives (``IP_RECVTOS``)
-    and DCQCN's packets are sent ECN-capable (ECT(0)).
+    and DCQCN's packets are sent ECN-capable (ECT(0)).  Per device:
+    ``softnic0=dcqcn;softnic1=hpcc:eta=0.9`` (devices not named get none).
 ``SOFTNIC_BACKEND``
     ``udp`` (real sockets, the default) or ``sim``: every device of the process
     joins one deterministic simulated fabric that runs in virtual time, with
@@ -131,8 +132,35 @@ def load(environ: dict | None = None) -> RuntimeConfig:
     if "cc" in raw:
         import congestion
         kw["cc"] = str(raw["cc"]).strip()
-        try:
-            congestion.parse_spec(kw["cc"])
-        except ValueError as e:
-            raise ValueError(f"SOFTNIC_CC: {e}") from None
+        for _, spec in _cc_items(kw["cc"]):
+            try:
+                congestion.parse_spec(spec)
+            except ValueError as e:
+                raise ValueError(f"SOFTNIC_CC: {e}") from None
     return RuntimeConfig(**kw)
+
+
+def _cc_items(text: str) -> list[tuple[str | None, str]]:
+    """``dcqcn:g=0.1`` -> [(None, spec)]; ``a=dcqcn;b=hpcc`` -> [("a", ...), ("b", ...)]."""
+    items = []
+    for item in filter(None, (x.strip() for x in text.split(";"))):
+        eq, colon = item.find("="), item.find(":")
+        if eq != -1 and (colon == -1 or eq < colon):
+            name, spec = item[:eq].strip(), item[eq + 1:].strip()
+            if not name or not spec:
+                raise ValueError(f"SOFTNIC_CC item {item!r} is not DEVICE=SPEC")
+            items.append((name, spec))
+        else:
+            items.append((None, item))
+    if any(n is None for n, _ in items) and len(items) > 1:
+        raise ValueError(f"SOFTNIC_CC {text!r}: give one spec for all devices, or "
+                         f"DEVICE=SPEC items separated by ';'")
+    return items or [(None, "none")]
+
+
+def cc_for(cfg: RuntimeConfig, device: str) -> str:
+    """The congestion-control spec of ``device`` under ``cfg``."""
+    for name, spec in _cc_items(cfg.cc):
+        if name is None or name == device:
+            return spec
+    return "none"

@@ -139,13 +139,13 @@ class NIC(_Opened):
             self.dev = Device(spec.name, self.ip, self.port,
                               config=DeviceConfig(min_timer=cfg.min_timer,
                                                   selective_repeat=cfg.selective_repeat,
-                                                  cc=cfg.cc))
+                                                  cc=_config.cc_for(cfg, spec.name)))
         except BaseException:
             self.sock.close()
             raise
         # With congestion control on, read the ECN bits of what arrives (a CE mark
         # from a real router reaches the controller) and send ECT if it reacts to ECN.
-        self._ecn = cfg.cc != "none"
+        self._ecn = self.dev.config.cc != "none"
         if self._ecn:
             self.sock.enable_ecn(send_ect=self.dev.ect)
         self.gid = self.dev.gid
@@ -378,7 +378,7 @@ class SimNIC(_Opened):
         self.dev = Device(spec.name, self.ip, self.port,
                           config=DeviceConfig(min_timer=world.cfg.min_timer,
                                               selective_repeat=world.cfg.selective_repeat,
-                                              cc=world.cfg.cc))
+                                              cc=_config.cc_for(world.cfg, spec.name)))
         self.gid = self.dev.gid
         self.lock = world.lock
         self._closed = False

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from softnic.config import DeviceSpec, RuntimeConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
@@ -67,6 +69,44 @@ def test_ce_marks_on_real_sockets_become_cnps_that_cut_the_rate():
         assert 0 < a.counters["rp_cnp_handled"] <= rc["np_cnp_sent"]
         assert sc.get("rp_cnp_ignored", 0) == 0
         assert ea.qp.cc.rate < line and ea.qp.cc.cuts >= 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_per_device_specs_from_the_environment():
+    from softnic import config
+    cfg = config.load({"SOFTNIC_CC": "softnic0=dcqcn;softnic1=hpcc:eta=0.9"})
+    assert config.cc_for(cfg, "softnic0") == "dcqcn"
+    assert config.cc_for(cfg, "softnic1") == "hpcc:eta=0.9"
+    assert config.cc_for(cfg, "softnic2") == "none"
+    assert config.cc_for(config.load({"SOFTNIC_CC": "swift"}), "anything") == "swift"
+    for bad, match in (("bogus", "unknown congestion controller"),
+                       ("softnic0=dcqcn:zz=1", "no parameter 'zz'"),
+                       ("dcqcn;hpcc", "one spec for all devices")):
+        with pytest.raises(ValueError, match=match):
+            config.load({"SOFTNIC_CC": bad})
+
+
+def test_per_qp_controller_through_the_verbs_api():
+    import verbs_api.enums as e
+    from verbs_api.pyverbs_error import PyverbsError
+    from verbskit import Side, connect, poll
+    a, b = Side("softnic0", msg_size=1 << 16), Side("softnic1", msg_size=1 << 16)
+    try:
+        a.qp.set_congestion_control("swift")
+        with pytest.raises(PyverbsError, match="unknown congestion controller"):
+            b.qp.set_congestion_control("bogus")
+        connect(a, b)
+        assert a.qp._eqp.cc.name == "swift" and b.qp._eqp.cc is None
+        from verbs_api.wr import SGE, SendWR
+        wr = SendWR(wr_id=1, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+                    sg=[SGE(a.mr.buf, 1 << 16, a.mr.lkey)], send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+        a.qp.post_send(wr)
+        (wc,) = poll(a.cq)
+        assert wc.status == e.IBV_WC_SUCCESS
+        assert a.qp._eqp.cc_inflight == 0 and not a.qp._eqp.cc_sent   # all acknowledged
     finally:
         a.close()
         b.close()

@@ -335,6 +335,16 @@ class QP(PyverbsCM):
         if self._closed:
             raise PyverbsError('QP is closed')
 
+    def set_congestion_control(self, spec):
+        """softnic extension (not in pyverbs): this QP's congestion controller, a
+        ``congestion`` spec such as 'dcqcn' or 'hpcc:eta=0.9' (default: the
+        device's, from SOFTNIC_CC).  Takes effect when the QP next enters RTS."""
+        self._check()
+        try:
+            self._nic.call(self._nic.dev.set_qp_transport, self._eqp, cc=spec)
+        except ValueError as ex:
+            raise PyverbsError(f'Failed to set congestion control: {ex}') from None
+
     def _get_comp_mask(self, dst):
         return _COMP_MASKS[self._qp_type][dst] | _M.IBV_QP_STATE
 
