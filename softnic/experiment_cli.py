@@ -8,20 +8,21 @@ from pathlib import Path
 
 
 def _size(text: str) -> int:
-    t = text.strip().upper().replace("IB", "I")
-    for suffix, mult in (("KI", 1 << 10), ("MI", 1 << 20), ("K", 1000), ("M", 1000 ** 2),
-                         ("B", 1)):
-        if t.endswith(suffix):
-            return int(float(t[:-len(suffix)]) * mult)
-    return int(float(t))
+    """``64KB``, ``2MiB``, ``4096`` -> bytes."""
+    return int(_unit("size", text))
 
 
 def _time(text: str) -> float:
-    t = text.strip().lower()
-    for suffix, mult in (("us", 1e-6), ("ms", 1e-3), ("ns", 1e-9), ("s", 1.0)):
-        if t.endswith(suffix):
-            return float(t[:-len(suffix)]) * mult
-    return float(t)
+    """``20ms``, ``55us``, ``0.01`` -> seconds."""
+    return float(_unit("time", text))
+
+
+def _unit(kind: str, text: str):
+    from congestion.params import parse_value
+    try:
+        return parse_value(kind, text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

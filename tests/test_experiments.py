@@ -1,0 +1,85 @@
+"""softnic experiment: incast and loss runs in virtual time (small, fast versions)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from softnic import experiments as ex
+from softnic.cli import main
+
+
+def test_jain_and_percentile():
+    assert ex.jain([1, 1, 1, 1]) == pytest.approx(1.0)
+    assert ex.jain([1, 0, 0, 0]) == pytest.approx(0.25)
+    assert ex.jain([3, 1]) == pytest.approx(16 / 20)
+    assert ex.percentile([5, 1, 3], 50) == 3
+    assert ex.percentile(list(range(101)), 99) == pytest.approx(99)
+
+
+def test_convergence_time_needs_the_band_held():
+    times = [i * 1e-4 for i in range(1, 101)]
+    fair = 2.0
+    tput = [10.0] * 30 + [2.1] * 5 + [6.0] * 5 + [1.9] * 60     # in band at 3.0 ms, left, back
+    t = ex.convergence_time(times, tput, 0.0, fair, smooth=1, hold=1e-3)
+    assert t == pytest.approx(times[40])
+    assert ex.convergence_time(times, [10.0] * 100, 0.0, fair, smooth=1) is None
+
+
+SMALL = ["--senders", "4", "--duration", "4ms", "--buffer", "256KB", "--mtu", "4096",
+         "--no-progress"]
+
+
+def test_incast_without_control_overflows_and_dcqcn_marks(tmp_path):
+    out = tmp_path / "res"
+    assert main(["experiment", "incast", "--cc", "none+dcqcn", "--out", str(out)] + SMALL) == 0
+    none = json.loads((out / "incast-none.json").read_text())["summary"]
+    dcqcn = json.loads((out / "incast-dcqcn.json").read_text())["summary"]
+    assert (out / "incast-none.png").stat().st_size > 10_000
+    assert (out / "incast-dcqcn.png").read_bytes()[:4] == b"\x89PNG"
+    # no controller: the 256 KB buffer overflows, packets drop and are resent
+    assert none["switch_drops"] > 0 and none["retransmitted_pkts"] > 0
+    assert none["ecn_marked"] == 0 and none["cnps_sent"] == 0
+    assert none["queue_steady_p50_kb"] > 200
+    # DCQCN: the switch marks, the receiver sends CNPs; fewer drops, a short queue
+    # at steady state, and the four flows share fairly
+    assert dcqcn["ecn_marked"] > 0 and dcqcn["cnps_sent"] > 0
+    assert dcqcn["switch_drops"] < none["switch_drops"] / 2
+    assert dcqcn["queue_steady_p50_kb"] < 20
+    assert dcqcn["jain_steady"] > max(0.9, none["jain_steady"])
+    for s in (none, dcqcn):
+        assert s["senders"] == 4 and s["wc_errors"] == 0
+        assert 0 < s["goodput_fraction"] <= 1.0
+        assert 0.25 <= s["jain_steady"] <= 1.0
+
+
+def test_incast_late_flow_is_reported(tmp_path):
+    res = ex.incast(ex.IncastConfig(cc="swift", senders=2, duration=2e-3, late_join=1e-3,
+                                    mtu=4096, bin=20e-6))
+    flows = res["flows"]
+    assert len(flows) == 3 and flows[-1]["start"] == 1e-3
+    t = [x for x, g in zip(res["times"], flows[-1]["goodput_gbps"]) if g > 0]
+    assert t and t[0] > 1e-3                     # it sent nothing before it joined
+    assert "late_flow_converged_after_s" in res["summary"]
+
+
+def test_bad_controller_is_a_clear_error(tmp_path, capsys):
+    assert main(["experiment", "incast", "--cc", "nosuch", "--out", str(tmp_path)] + SMALL) == 2
+    assert "unknown congestion controller 'nosuch'" in capsys.readouterr().err
+
+
+def test_loss_selective_repeat_beats_go_back_n(tmp_path, capsys):
+    out = tmp_path / "res"
+    assert main(["experiment", "loss", "--losses", "0,0.05", "--total", "2MiB",
+                 "--msg", "512KiB", "--out", str(out), "--no-progress"]) == 0
+    rows = json.loads((out / "loss.json").read_text())
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    by = {(r["mode"], r["loss"]): r for r in rows}
+    assert all(r["ok"] for r in rows)
+    assert by[("go-back-N", 0.0)]["vs_lossless"] == 1.0
+    gbn, sr = by[("go-back-N", 0.05)], by[("selective repeat", 0.05)]
+    assert sr["goodput_gbps"] > gbn["goodput_gbps"]
+    assert sr["retransmitted_pkts"] < gbn["retransmitted_pkts"]
+    printed = capsys.readouterr().out
+    assert "| selective repeat | 5.0% |" in printed
