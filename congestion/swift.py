@@ -27,7 +27,6 @@ import math
 from .base import Controller, FlowInfo, Hop
 from .params import TIME_EPS, Param, check_flow, resolve
 
-_PAPER = "Swift paper (Kumar et al. 2020)"
 _OURS = "this implementation"
 
 
@@ -49,9 +48,9 @@ class Swift(Controller):
         "fs_range": Param(20e-6, "time", "largest flow-scaling addition to the target; "
                           "0 turns flow scaling off", _OURS, lo=0),
         "fs_min_cwnd": Param(0.1, "float", "cwnd (packets) that gets all of fs_range",
-                             _PAPER, lo=0, lo_open=True),
+                             _OURS, lo=0, lo_open=True),
         "fs_max_cwnd": Param(100.0, "float", "cwnd (packets) that gets no flow scaling",
-                             _PAPER, lo=0, lo_open=True),
+                             _OURS, lo=0, lo_open=True),
         "min_cwnd": Param(0.001, "float", "smallest cwnd (packets)", _OURS,
                           lo=0, lo_open=True),
         "max_cwnd": Param(None, "float", "largest cwnd (packets); None: 4 x the "
@@ -60,7 +59,8 @@ class Swift(Controller):
         "init_cwnd": Param(None, "float", "starting cwnd (packets); None: the line-rate "
                            "BDP of the base RTT", _OURS, lo=0, lo_open=True, none_ok=True),
         "retx_reset": Param(5, "int", "timeouts in a row that reset cwnd to min_cwnd",
-                            _PAPER + ", RETX_RESET_THRESHOLD", lo=1),
+                            "value: this implementation (RETX_RESET_THRESHOLD in the paper's "
+                            "Algorithm 1)", lo=1),
     }
 
     def __init__(self, flow: FlowInfo, **params) -> None:

@@ -7,6 +7,8 @@ not read back from the controller.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -14,7 +16,7 @@ from hypothesis import given, strategies as st
 import congestion
 from congestion import CONTROLLERS, Controller, FlowInfo, create, from_spec, parse_spec
 from congestion.dcqcn import DCQCN
-from congestion.params import parse_value
+from congestion.params import markdown_table, parse_value
 
 LINE = 100e9
 FLOW = FlowInfo(line_rate_bps=LINE, mtu=4096, base_rtt=10e-6)
@@ -826,3 +828,27 @@ def test_hpcc_window_stays_in_bounds(samples):
         cc.on_ack(now=ts, acked_bytes=4096, rtt=T, telemetry=(_hop(qlen, tx, ts),))
         assert cc.w_min <= cc.window <= W_INIT
         assert cc.rate == pytest.approx(cc.window * 8 / T)
+
+
+# ------------------------------------------------------------------- docs --
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "congestion.md"
+
+
+@pytest.mark.parametrize("name", sorted(set(CONTROLLERS) - {"none"}))
+def test_docs_parameter_tables_match_the_code(name):
+    assert markdown_table(CONTROLLERS[name].PARAMS) in DOC.read_text()
+
+
+def test_docs_example_controller_runs():
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    source = next(b for b in blocks if "class AIMD" in b)
+    namespace: dict = {}
+    exec(source, namespace)
+    cc = namespace["AIMD"](FLOW, step="1Gbps")
+    cc.on_cnp(now=0.0)
+    assert cc.rate == LINE / 2
+    cc.on_ack(now=1e-6, acked_bytes=4096, rtt=None, telemetry=None)
+    assert cc.rate == LINE / 2 + 1e9
+    with pytest.raises(ValueError, match="step"):
+        namespace["AIMD"](FLOW, step=0)
