@@ -134,8 +134,8 @@ def resolve(owner: str, table: dict[str, Param], given: dict[str, Any]) -> dict[
     """Defaults overridden by ``given``; unknown names and bad values raise ValueError."""
     unknown = sorted(set(given) - set(table))
     if unknown:
-        known = ", ".join(sorted(table)) or "none"
-        raise ValueError(f"{owner}: unknown parameter(s) {', '.join(unknown)} (known: {known})")
+        known = f"known: {', '.join(sorted(table))}" if table else "it takes none"
+        raise ValueError(f"{owner}: unknown parameter(s) {', '.join(unknown)} ({known})")
     return {name: check_value(owner, name, p, given.get(name, p.default))
             for name, p in table.items()}
 

@@ -18,6 +18,8 @@ is in packets (of ``flow.mtu`` bytes), as in the paper:
 * cwnd stays within [``min_cwnd``, ``max_cwnd``].  ``window`` is
   max(cwnd, 1) packets in bytes; below one packet ``rate`` paces one packet per
   RTT/cwnd (bits/s), otherwise ``rate`` is None (window-limited only).
+* "RTT" for pacing and for once-per-RTT is the latest sample, never taken as
+  less than the flow's base RTT.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ class Swift(Controller):
         if not (math.isfinite(rtt) and rtt >= 0):
             raise ValueError(f"{self.name}: RTT sample must be a time >= 0, not {rtt!r}")
         p = self.params
-        self.last_rtt = rtt
+        self.last_rtt = max(rtt, self.flow.base_rtt)   # the RTT for pacing and once-per-RTT
         target = self.target_delay(len(telemetry) if telemetry else None)
         self.last_delay, self.last_target = rtt, target
         if rtt < target:
@@ -161,7 +163,7 @@ class Swift(Controller):
         mtu = self.flow.mtu
         if self.cwnd < 1:
             self.window = float(mtu)
-            self.rate = self.cwnd * mtu * 8 / self.last_rtt if self.last_rtt > 0 else None
+            self.rate = self.cwnd * mtu * 8 / self.last_rtt
         else:
             self.window = self.cwnd * mtu
             self.rate = None
