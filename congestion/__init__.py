@@ -60,7 +60,7 @@ def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(text, str):
         raise ValueError(f"congestion spec must be text, not {text!r}")
     name, sep, rest = text.strip().partition(":")
-    name = name.strip()
+    name = name.strip().lower()
     if not name:
         raise ValueError(f"congestion spec {text!r}: no controller name")
     table = params_of(name)
@@ -72,9 +72,9 @@ def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
         if not key or not eq or not value:
             raise ValueError(f"congestion spec {text!r}: expected key=value, got {item.strip()!r}")
         if key not in table:
-            known = ", ".join(sorted(table)) or "none"
+            known = f"known: {', '.join(sorted(table))}" if table else "it takes none"
             raise ValueError(f"congestion spec {text!r}: {name} has no parameter {key!r} "
-                             f"(known: {known})")
+                             f"({known})")
         if key in params:
             raise ValueError(f"congestion spec {text!r}: parameter {key!r} given twice")
         params[key] = check_value(name, key, table[key], value)

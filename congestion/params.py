@@ -134,8 +134,8 @@ def resolve(owner: str, table: dict[str, Param], given: dict[str, Any]) -> dict[
     """Defaults overridden by ``given``; unknown names and bad values raise ValueError."""
     unknown = sorted(set(given) - set(table))
     if unknown:
-        known = ", ".join(sorted(table)) or "none"
-        raise ValueError(f"{owner}: unknown parameter(s) {', '.join(unknown)} (known: {known})")
+        known = f"known: {', '.join(sorted(table))}" if table else "it takes none"
+        raise ValueError(f"{owner}: unknown parameter(s) {', '.join(unknown)} ({known})")
     return {name: check_value(owner, name, p, given.get(name, p.default))
             for name, p in table.items()}
 
@@ -147,3 +147,30 @@ def check_flow(owner: str, flow: Any) -> None:
         if (isinstance(value, bool) or not isinstance(value, (int, float))
                 or not math.isfinite(value) or value <= 0):
             raise ValueError(f"{owner}: flow.{field} must be a positive number, not {value!r}")
+
+
+def format_value(kind: str, value: Any) -> str:
+    """A value in the units a person would write it in (and parse_spec reads back)."""
+    if value is None:
+        return "derived"
+    if kind == "time":
+        for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+            if value >= scale or unit == "ns":
+                return f"{value / scale:g}{unit}"
+    if kind == "rate":
+        for unit, scale in (("Gbps", 1e9), ("Mbps", 1e6), ("Kbps", 1e3), ("bps", 1.0)):
+            if value >= scale or unit == "bps":
+                return f"{value / scale:g}{unit}"
+    if kind == "size":
+        for unit, scale in (("MB", 10**6), ("KB", 10**3), ("B", 1)):
+            if value % scale == 0 or unit == "B":
+                return f"{value // scale}{unit}"
+    return f"{value:g}"
+
+
+def markdown_table(table: dict[str, Param]) -> str:
+    """The parameter table of one controller, as docs/congestion.md shows it."""
+    rows = ["| parameter | default | meaning | source |", "|---|---|---|---|"]
+    for name, p in table.items():
+        rows.append(f"| `{name}` | `{format_value(p.kind, p.default)}` | {p.doc} | {p.source} |")
+    return "\n".join(rows)

@@ -18,6 +18,8 @@ is in packets (of ``flow.mtu`` bytes), as in the paper:
 * cwnd stays within [``min_cwnd``, ``max_cwnd``].  ``window`` is
   max(cwnd, 1) packets in bytes; below one packet ``rate`` paces one packet per
   RTT/cwnd (bits/s), otherwise ``rate`` is None (window-limited only).
+* "RTT" for pacing and for once-per-RTT is the latest sample, never taken as
+  less than the flow's base RTT.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import math
 from .base import Controller, FlowInfo, Hop
 from .params import TIME_EPS, Param, check_flow, resolve
 
-_PAPER = "Swift paper (Kumar et al. 2020)"
 _OURS = "this implementation"
 
 
@@ -49,9 +50,9 @@ class Swift(Controller):
         "fs_range": Param(20e-6, "time", "largest flow-scaling addition to the target; "
                           "0 turns flow scaling off", _OURS, lo=0),
         "fs_min_cwnd": Param(0.1, "float", "cwnd (packets) that gets all of fs_range",
-                             _PAPER, lo=0, lo_open=True),
+                             _OURS, lo=0, lo_open=True),
         "fs_max_cwnd": Param(100.0, "float", "cwnd (packets) that gets no flow scaling",
-                             _PAPER, lo=0, lo_open=True),
+                             _OURS, lo=0, lo_open=True),
         "min_cwnd": Param(0.001, "float", "smallest cwnd (packets)", _OURS,
                           lo=0, lo_open=True),
         "max_cwnd": Param(None, "float", "largest cwnd (packets); None: 4 x the "
@@ -60,7 +61,8 @@ class Swift(Controller):
         "init_cwnd": Param(None, "float", "starting cwnd (packets); None: the line-rate "
                            "BDP of the base RTT", _OURS, lo=0, lo_open=True, none_ok=True),
         "retx_reset": Param(5, "int", "timeouts in a row that reset cwnd to min_cwnd",
-                            _PAPER + ", RETX_RESET_THRESHOLD", lo=1),
+                            "value: this implementation (RETX_RESET_THRESHOLD in the paper's "
+                            "Algorithm 1)", lo=1),
     }
 
     def __init__(self, flow: FlowInfo, **params) -> None:
@@ -113,7 +115,7 @@ class Swift(Controller):
         if not (math.isfinite(rtt) and rtt >= 0):
             raise ValueError(f"{self.name}: RTT sample must be a time >= 0, not {rtt!r}")
         p = self.params
-        self.last_rtt = rtt
+        self.last_rtt = max(rtt, self.flow.base_rtt)   # the RTT for pacing and once-per-RTT
         target = self.target_delay(len(telemetry) if telemetry else None)
         self.last_delay, self.last_target = rtt, target
         if rtt < target:
@@ -161,10 +163,7 @@ class Swift(Controller):
         mtu = self.flow.mtu
         if self.cwnd < 1:
             self.window = float(mtu)
-            # pace one packet per RTT / cwnd; an RTT sample never counts below the
-            # path's base RTT here (a zero sample would make the rate infinite)
-            rtt = max(self.last_rtt, float(self.flow.base_rtt))
-            self.rate = self.cwnd * mtu * 8 / rtt
+            self.rate = self.cwnd * mtu * 8 / self.last_rtt
         else:
             self.window = self.cwnd * mtu
             self.rate = None

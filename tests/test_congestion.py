@@ -7,6 +7,8 @@ not read back from the controller.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -14,7 +16,7 @@ from hypothesis import given, strategies as st
 import congestion
 from congestion import CONTROLLERS, Controller, FlowInfo, create, from_spec, parse_spec
 from congestion.dcqcn import DCQCN
-from congestion.params import parse_value
+from congestion.params import markdown_table, parse_value
 
 LINE = 100e9
 FLOW = FlowInfo(line_rate_bps=LINE, mtu=4096, base_rtt=10e-6)
@@ -304,14 +306,14 @@ def test_dcqcn_alpha_decays_once_per_quiet_interval():
 
 def test_dcqcn_increase_timer_fast_recovery_then_additive():
     rai = 40e6
-    cc = create("dcqcn", FLOW)                      # F = 5, T = 55 us
+    cc = create("dcqcn", FLOW, t_alpha="1s")        # F = 5, T = 55 us
     clock = FakeClock(cc)
     cc.on_cnp(now=0.0)
     rt, rc = LINE, LINE / 2
     assert (cc.target_rate, cc.rate) == (rt, rc)
-    clock.advance_to(54.99 * US)
-    assert cc.rate == rc                             # not before T
     for k in range(1, 9):
+        clock.advance_to((k * 55 - 0.01) * US)
+        assert cc.t_events == k - 1 and cc.rate == pytest.approx(rc)   # not before k T
         clock.advance_to(k * 55 * US)
         if k > 5:                                    # timer count past F: additive
             rt = min(LINE, rt + rai)
@@ -319,6 +321,7 @@ def test_dcqcn_increase_timer_fast_recovery_then_additive():
         assert cc.target_rate == pytest.approx(rt)
         assert cc.rate == pytest.approx(rc), k
         assert cc.t_events == k and cc.bc_events == 0
+    assert clock.fired == pytest.approx([k * 55 * US for k in range(1, 9)])
     assert cc.stage() == "additive"
 
 
@@ -840,3 +843,64 @@ def test_hpcc_window_stays_in_bounds(samples):
         cc.on_ack(now=ts, acked_bytes=4096, rtt=T, telemetry=(_hop(qlen, tx, ts),))
         assert cc.w_min <= cc.window <= W_INIT
         assert cc.rate == pytest.approx(cc.window * 8 / T)
+
+
+# ------------------------------------------------------------------- docs --
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "congestion.md"
+
+
+@pytest.mark.parametrize("name", sorted(set(CONTROLLERS) - {"none"}))
+def test_docs_parameter_tables_match_the_code(name):
+    assert markdown_table(CONTROLLERS[name].PARAMS) in DOC.read_text()
+
+
+def test_docs_example_controller_runs():
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    source = next(b for b in blocks if "class AIMD" in b)
+    namespace: dict = {}
+    exec(source, namespace)
+    cc = namespace["AIMD"](FLOW, step="1Gbps")
+    cc.on_cnp(now=0.0)
+    assert cc.rate == LINE / 2
+    cc.on_ack(now=1e-6, acked_bytes=4096, rtt=None, telemetry=None)
+    assert cc.rate == LINE / 2 + 1e9
+    with pytest.raises(ValueError, match="step"):
+        namespace["AIMD"](FLOW, step=0)
+
+
+def test_parse_spec_name_is_case_insensitive_and_none_takes_nothing():
+    assert parse_spec("DCQCN:g=0.5") == ("dcqcn", {"g": 0.5})
+    with pytest.raises(ValueError, match="it takes none"):
+        parse_spec("none:g=0.5")
+
+
+@given(st.lists(st.floats(0, 1e-3), max_size=50), st.sampled_from([0.0, 10e-6, 50e-6]))
+def test_dcqcn_np_spacing_property(gaps, interval):
+    cc = create("dcqcn", FLOW, cnp_interval=interval)
+    now, last = 0.0, None
+    for gap in gaps:
+        now += gap
+        sent = cc.on_ecn(now=now)
+        expect = last is None or now - last >= interval - 1e-12
+        assert sent == expect
+        if sent:
+            last = now
+
+
+def test_controllers_are_pure():
+    """No clocks, randomness, threads or I/O inside congestion/."""
+    forbidden = re.compile(r"^\s*(import|from)\s+(time|random|socket|threading|asyncio|os)\b",
+                           re.M)
+    package = Path(congestion.__file__).parent
+    for source in package.glob("*.py"):
+        assert not forbidden.search(source.read_text()), source.name
+
+
+def test_swift_rtt_sample_below_base_rtt_still_paces():
+    cc = _swift(init_cwnd=2.0)
+    cc.on_ack(now=0.0, acked_bytes=0, rtt=0.0, telemetry=None)
+    cc.on_loss(now=0.0, kind="nak")
+    cc.on_loss(now=1.0, kind="nak")
+    assert cc.cwnd == pytest.approx(0.5)
+    assert cc.rate == pytest.approx(0.5 * 4096 * 8 / FLOW.base_rtt)
