@@ -251,6 +251,11 @@ def on_timeout(dev, qp, now: float) -> None:
     qp.rto_at = None
     if qp.state not in (QPState.RTS, QPState.SQD) or not _inflight(qp):
         return
+    if qp.cc is not None and psn_diff(qp.max_sent_psn, qp.acked_psn) <= 0:
+        # Started work, but nothing sent is unacknowledged: the pacer holds the
+        # next packet.  Not a loss; wait another timeout.
+        qp.rto_at = now + dev.rto(qp)
+        return
     dev.counters["timeouts"] += 1
     if qp.cc is not None:
         qp.cc.on_loss(now=now, kind="timeout")

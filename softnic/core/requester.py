@@ -299,10 +299,15 @@ def generate(dev, qp, now: float, out: list) -> None:
             dest = wqe.dest
         qp.pkts_since_ackreq += 1
         ackreq = qp.pkts_since_ackreq >= ack_every
-        if cc is not None and cc.window is not None:
-            # A window controller needs every packet's feedback (HPCC, Swift), and a
-            # window that shrinks below what is in flight reopens only by ACKs.
-            ackreq = True
+        if cc is not None and not ackreq:
+            if cc.window is not None:
+                # A window controller needs every packet's feedback (HPCC, Swift), and
+                # a window that shrinks below what is in flight reopens only by ACKs.
+                ackreq = True
+            elif cc.rate and (qp.mtu + 60) * 8 / cc.rate * ack_every > dev.rto(qp) / 4:
+                # paced so slowly that waiting for ack_every packets would run the
+                # retransmission timer out: ask for an ACK now
+                ackreq = True
         if ackreq:
             qp.pkts_since_ackreq = 0
         resent = False
