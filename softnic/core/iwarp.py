@@ -599,14 +599,17 @@ class IwarpDevice(Device):
     def stream_data_to_send(self, now: float, budget: int = 1 << 22) -> list[tuple[int, bytes]]:
         """Bytes for each connection: handshake frames, Terminates, then FPDUs of the
         ready QPs, up to about ``budget`` bytes per QP (the rest waits for the next call)."""
-        ready, self._ready = self._ready, {}
+        out = []
+        if budget <= 0:                                 # the driver is backlogged: frames only
+            ready = {}
+        else:
+            ready, self._ready = self._ready, {}
         for qp in ready:
             c = qp.iw.conn if hasattr(qp, "iw") else None
             if qp.closed or c is None or c.state != ConnState.STREAMING or not c.may_send:
                 continue
             if self._generate(qp, c, budget):
                 self._ready[qp] = None                  # more to send next time
-        out = []
         for c in self.conns.values():
             if c.tx:
                 out.append((c.cid, b"".join(c.tx)))

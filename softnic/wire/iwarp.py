@@ -164,13 +164,14 @@ class Segment:
 
 
 def encode_fpdu(seg: Segment) -> bytes:
-    """An FPDU carrying ``seg``: length, ULPDU, pad, CRC32c (big-endian on the wire)."""
+    """An FPDU carrying ``seg``: length, ULPDU, pad, CRC32c (sent least significant byte
+    first, as iSCSI sends the same CRC: RFC 3720 appendix B.4)."""
     hdr = seg.header()
     n = len(hdr) + len(seg.payload)
     if n > MAX_ULPDU:
         raise ValueError(f"ULPDU of {n} bytes does not fit MPA's 16-bit length")
     body = b"".join((n.to_bytes(2, "big"), hdr, seg.payload, bytes(-(2 + n) & 3)))
-    return body + crc32c(body).to_bytes(4, "big")
+    return body + crc32c(body).to_bytes(4, "little")
 
 
 def fpdu_len(ulpdu_len: int) -> int:
@@ -188,7 +189,7 @@ def decode_fpdu(buf, off: int = 0, check_crc: bool = True) -> tuple[Segment, int
     if len(buf) < end:
         return None
     mv = memoryview(buf)
-    if check_crc and crc32c(mv[off:end - 4]) != int.from_bytes(mv[end - 4:end], "big"):
+    if check_crc and crc32c(mv[off:end - 4]) != int.from_bytes(mv[end - 4:end], "little"):
         raise CrcError("MPA CRC32c mismatch")
     return decode_ulpdu(mv[off + 2:off + 2 + n]), end
 
