@@ -405,6 +405,8 @@ class IwarpDevice(Device):
     def _terminate(self, qp, term: Terminate) -> None:
         c = qp.iw.conn
         if c is not None and c.state == ConnState.STREAMING and not qp.iw.terminated:
+            # Requests before the failed one were valid: their Read Responses go first.
+            self._responses(qp, c.tx, 1 << 62)
             c.tx.append(iw.encode_fpdu(iw.terminate_segment(term, qp.iw.term_msn)))
             qp.iw.term_msn += 1
             self.counters["terminate_sent"] += 1
@@ -620,26 +622,10 @@ class IwarpDevice(Device):
         """FPDUs of this QP into ``c.tx``; True if it stopped at the budget."""
         iwq = qp.iw
         tx = c.tx
-        used = 0
-        counters = self.counters
         # Read Responses first: they answer requests that arrived earlier.
-        while iwq.resp_out:
-            r = iwq.resp_out[0]
-            stag, to, view, off = r
-            total = len(view)
-            while True:
-                n = min(MULPDU, total - off)
-                tx.append(iw.encode_fpdu(Segment(Opcode.RDMA_READ_RESPONSE, off + n == total,
-                                                 view[off:off + n], stag=stag, to=to + off)))
-                counters["sent_pkts"] += 1
-                off += n
-                used += n + 32
-                if off >= total:
-                    break
-                if used >= budget:
-                    r[3] = off
-                    return True
-            iwq.resp_out.popleft()
+        used = self._responses(qp, tx, budget)
+        if iwq.resp_out:
+            return True
         if qp.state not in (QPState.RTS, QPState.SQD):
             return False
         sq = qp.sq
@@ -686,6 +672,29 @@ class IwarpDevice(Device):
                 return qp.send_idx < len(sq)
         completer.complete(self, qp)
         return False
+
+    def _responses(self, qp, tx: list, budget: int) -> int:
+        """Read Responses into ``tx`` until done or about ``budget`` bytes; bytes used."""
+        resp_out = qp.iw.resp_out
+        used = 0
+        while resp_out:
+            r = resp_out[0]
+            stag, to, view, off = r
+            total = len(view)
+            while True:
+                n = min(MULPDU, total - off)
+                tx.append(iw.encode_fpdu(Segment(Opcode.RDMA_READ_RESPONSE, off + n == total,
+                                                 view[off:off + n], stag=stag, to=to + off)))
+                self.counters["sent_pkts"] += 1
+                off += n
+                used += n + 32
+                if off >= total:
+                    break
+                if used >= budget:
+                    r[3] = off
+                    return used
+            resp_out.popleft()
+        return used
 
     def _emit(self, qp, wqe, tx: list, room: int) -> int:
         """Segments of ``wqe`` from byte ``wqe.next_pkt`` on, until done or ``room`` is used."""
