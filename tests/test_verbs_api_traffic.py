@@ -579,7 +579,9 @@ for name in names[:2]:
     pd = PD(ctx)
     cq = CQ(ctx, 100, None, None, 0)
     mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
-    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(10, 10)), QPAttr())
+    init = QPAttr()
+    init.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(10, 10)), init)
     res.append((ctx, pd, cq, mr, qp))
 for (ctx, pd, cq, mr, qp), (pctx, _, _, _, pqp) in ((res[0], res[1]), (res[1], res[0])):
     attr = QPAttr()
@@ -593,7 +595,12 @@ for (ctx, pd, cq, mr, qp), (pctx, _, _, _, pqp) in ((res[0], res[1]), (res[1], r
 a, b = res
 b[4].post_recv(RecvWR(sg=[SGE(b[3].buf, 64, b[3].lkey)], num_sge=1))
 a[3].write('hello pyverbs', 13)
-wr = SendWR(opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[SGE(a[3].buf, 13, a[3].lkey)])
+if get_device_list()[0].transport_type == e.IBV_TRANSPORT_IWARP:   # no Send with Immediate
+    wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1,
+                sg=[SGE(a[3].buf, 13, a[3].lkey)])
+    wr.set_wr_rdma(b[3].rkey, b[3].buf)
+else:
+    wr = SendWR(opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[SGE(a[3].buf, 13, a[3].lkey)])
 wr.imm_data = socket.htonl(1234)
 a[4].post_send(wr, None)
 for cq in (a[2], b[2]):
@@ -606,12 +613,15 @@ print(b[3].read(13, 0).decode(), socket.ntohl(wcs[0].imm_data))
 '''
 
 
-def test_unmodified_pyverbs_program_under_softnic_exec(tmp_path):
+@pytest.mark.parametrize('transport', ['udp', 'tcp'])
+def test_unmodified_pyverbs_program_under_softnic_exec(tmp_path, transport):
     prog = tmp_path / 'app.py'
     prog.write_text(textwrap.dedent(PYVERBS_PROGRAM))
     env = {k: v for k, v in os.environ.items() if not k.startswith('SOFTNIC_')}
     env['PYTHONPATH'] = str(ROOT)
-    out = subprocess.run([sys.executable, '-m', 'softnic.cli', 'exec', sys.executable, str(prog)],
+    flags = ['--transport', 'tcp'] if transport == 'tcp' else []
+    out = subprocess.run([sys.executable, '-m', 'softnic.cli', 'exec', *flags, sys.executable,
+                          str(prog)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ['hello', 'pyverbs', '1234']

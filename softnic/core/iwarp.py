@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import sys
 from collections import deque
 from dataclasses import dataclass, field
 
