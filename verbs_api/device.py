@@ -134,6 +134,8 @@ class Context(PyverbsCM):
         except OSError as ex:
             raise PyverbsRDMAError(f'Failed to open device {name}: {ex}',
                                    ex.errno or errno.EIO) from None
+        except ValueError as ex:            # a configuration that cannot work, e.g. tcp on sim
+            raise PyverbsRDMAError(f'Failed to open device {name}: {ex}', errno.EINVAL) from None
         self._events_taken = 0
         self._closed = False
         self.logger.debug(f'Context: opened device {name}')
