@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from os import PathLike
 
+from scapy.layers.inet import IP, TCP
 from scapy.utils import RawPcapWriter
 
 from .wire.icrc import ipv4_udp_headers
@@ -120,7 +121,6 @@ class TcpCapture:
         return self._writer is None
 
     def _write(self, src, dst, flags: str, payload: bytes, now: float) -> None:
-        from scapy.layers.inet import IP, TCP
         seq = self._seq[(src, dst)]
         ack = self._seq.get((dst, src), 0)
         pkt = IP(src=src[0], dst=dst[0], flags="DF", id=0) / TCP(

@@ -529,3 +529,22 @@ def test_any_workload_in_any_stream_chunking_lands_byte_for_byte(ops, chunk, see
         s.run(100000)
     assert [w[:2] for w in a.wcs()] == [(i, WCStatus.SUCCESS) for i in range(len(ops))]
     assert bytes(b.buf.view) == bytes(expect_b) and bytes(a.buf.view) == bytes(expect_a)
+
+
+def test_transport_bench_reports_both_transports(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "tools" / "transport_bench.py"
+    spec = importlib.util.spec_from_file_location("transport_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--size", "4096", "--count", "20", "--depth", "4", "--pings", "5",
+                       "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["transport"] for r in rows] == ["udp", "tcp"]
+    assert all(r["write_MBps"] > 0 and r["lat8_us_median"] > 0 for r in rows)
+    assert rows[1]["write_resent_pkts"] == 0         # TCP: softnic never retransmits
+    text = capsys.readouterr().out
+    assert "udp (RoCEv2)" in text and "tcp (iWARP)" in text
