@@ -155,7 +155,8 @@ class NIC(_Opened):
         self.capture = None
         if cfg.capture:
             p = Path(cfg.capture)
-            self.capture = Capture(p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
+            self.capture = self._capture_class()(
+                p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
         self._closed = False
         self._stats_at = 0.0
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
@@ -172,6 +173,9 @@ class NIC(_Opened):
 
     def _device_class(self):
         return Device
+
+    def _capture_class(self):
+        return Capture
 
     # ------------------------------------------------------------ API used by verbs_api
 
@@ -337,13 +341,12 @@ class TcpNIC(NIC):
         from .core.iwarp import IwarpDevice
         return IwarpDevice
 
+    def _capture_class(self):
+        return TcpCapture
+
     def __init__(self, spec: _config.DeviceSpec, cfg: _config.RuntimeConfig):
         super().__init__(spec, cfg)
-        self.injector = None
-        if self.capture is not None:
-            self.capture.close()
-            p = Path(cfg.capture)
-            self.capture = TcpCapture(p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
+        self.injector = None          # faults are not applied to a TCP stream
 
     @property
     def counters(self) -> dict[str, int]:

@@ -54,8 +54,8 @@ from .enums import Access, EventType, QPState, QPType, SendFlags, WCFlags, WCOpc
 from .errors import VerbsError, einval
 from .memory import AccessError
 
-#: Largest DDP segment payload we send (MULPDU less headers), so an FPDU fits
-#: a loopback TCP segment.
+#: Largest DDP segment payload we send.  MPA's length field allows 64 KiB; 16 KiB
+#: keeps FPDUs near a loopback TCP segment while costing few per-FPDU steps.
 MULPDU = 16384
 
 _NOT_ON_IWARP = {
@@ -76,7 +76,7 @@ TERMINATE_STATUS = {
     (Layer.DDP, DdpEtype.CATASTROPHIC): WCStatus.REM_OP_ERR,
     (Layer.LLP, 0): WCStatus.REM_OP_ERR,
 }
-#: ... except these untagged-buffer errors, which are the responder's, not the request's.
+#: ... except "no buffer": the responder had no receive posted, the request was fine.
 _NO_BUFFER = WCStatus.REM_OP_ERR
 
 
