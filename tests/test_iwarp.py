@@ -344,6 +344,7 @@ def test_a_corrupted_fpdu_is_an_llp_crc_error():
     term = Terminate.decode(iw.decode_fpdu(b.dev.stream_data_to_send(0.0)[0][1])[0].payload)
     assert (term.layer, term.ecode) == (Layer.LLP, LlpEcode.CRC)
     assert b.qp.state == QPState.ERR and b.dev.connections_to_close() == [pcid]
+    assert (EventType.QP_FATAL, b.qp) in b.dev.events
 
 
 def test_what_iwarp_does_not_have_is_refused():

@@ -348,6 +348,7 @@ class IwarpDevice(Device):
         qp = c.qp
         if qp is not None and c.state == ConnState.STREAMING:
             self._terminate(qp, term)
+            self.events.append((EventType.QP_FATAL, qp))
         self._close(c)
         if qp is not None:
             qp.iw.conn = None

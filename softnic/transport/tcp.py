@@ -135,9 +135,8 @@ class TcpTransport:
         return did
 
     def flush(self, dev, now: float, on_tx=None, budget: int = 1 << 22) -> None:
-        """Hand the kernel what the engine produced, then what was queued before."""
-        for cid in dev.connections_to_close():
-            self.close(cid)
+        """Hand the kernel what the engine produced, then what was queued before;
+        close what the engine is done with last, so a final Terminate goes out."""
         for cid, addr in dev.connections_to_open():
             self.connect(cid, addr)
         room = budget - self.backlog()
@@ -148,6 +147,8 @@ class TcpTransport:
         for cid in list(self.out):
             if self.out[cid] and cid not in self.connecting:
                 self._write(cid)
+        for cid in dev.connections_to_close():
+            self.close(cid)
 
     def _write(self, cid: int) -> None:
         buf = self.out[cid]
