@@ -89,7 +89,9 @@ def _events(sides, n):
     """``n`` async events from the sides' contexts (each context once)."""
     got = []
     ctxs = list({id(s.ctx): s.ctx for s in sides}.values())
+    deadline = time.monotonic() + 10
     while len(got) < n:
+        assert time.monotonic() < deadline, f'{len(got)} of {n} async events: {got}'
         for ctx in ctxs:
             if len(got) < n and ctx._nic.dev.events:
                 got.append(ctx.get_async_event().event_type)
