@@ -45,12 +45,13 @@ def _poll(cq, n: int) -> list:
     return got
 
 
-def measure(transport: str, size: int, count: int, depth: int, pings: int) -> dict:
+def measure(transport: str, size: int, count: int, depth: int, pings: int,
+            timeout: int = 14) -> dict:
     nic.configure(config.RuntimeConfig(transport=transport))
     a = Side("softnic0", msg_size=size + 4096, max_wr=depth + 8, cq_depth=4 * depth + 64)
     b = Side("softnic1", msg_size=size + 4096, max_wr=depth + 8, cq_depth=4 * depth + 64)
     try:
-        connect(a, b, mtu=e.IBV_MTU_4096)
+        connect(a, b, mtu=e.IBV_MTU_4096, timeout=timeout)
         # bandwidth: WRITEs with `depth` in flight, then a SEND that lands after all of them
         b.qp.post_recv(RecvWR(0, 1, [SGE(b.mr.buf + size, 8, b.mr.lkey)]))
         posted = done = 0
@@ -108,9 +109,11 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=16, help="WRITEs in flight")
     p.add_argument("--pings", type=int, default=1000, help="8-byte ping-pongs")
     p.add_argument("--transports", default="udp,tcp")
+    p.add_argument("--timeout", type=int, default=14,
+                   help="QP timeout attribute (udp: retransmission after 4.096 us * 2**timeout)")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
-    rows = [measure(t, args.size, args.count, args.depth, args.pings)
+    rows = [measure(t, args.size, args.count, args.depth, args.pings, args.timeout)
             for t in args.transports.split(",")]
     print(f"RDMA WRITE {args.size} B x {args.count} (depth {args.depth}), "
           f"8-byte SEND ping-pong x {args.pings}, loopback, one process")
