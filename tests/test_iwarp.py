@@ -360,6 +360,14 @@ def test_what_iwarp_does_not_have_is_refused():
     assert a.dev.get_timer() is None                   # no retransmission on TCP
 
 
+def test_a_qp_moved_to_err_closes_its_stream_and_the_peer_fails_too():
+    a, b, s = connected()
+    a.dev.modify_qp(a.qp, QPAttr(qp_state=QPState.ERR), M.STATE)
+    s.run()
+    assert b.qp.state == QPState.ERR and (EventType.QP_FATAL, b.qp) in b.dev.events
+    assert not a.dev.conns and not b.dev.conns
+
+
 def test_closing_the_connection_fails_the_qps():
     a, b, s = connected()
     b.recv(1, 0, 64)

@@ -116,7 +116,6 @@ class IwarpQP:
         self.rreq_msn = 1            # expected MSN on queue 1
         self.reads: deque = deque()  # READ WQEs waiting for their responses, in order
         self.resp_out: deque = deque()   # [sink stag, sink to, view, offset]: Read Responses to send
-        self.imm_pending = None      # WRITE_WITH_IMM: the Immediate Data still to send
         self.write_len = 0           # bytes of the current inbound RDMA Write message
         self.terminated = False      # a Terminate was sent or received
 
@@ -160,6 +159,8 @@ class IwarpDevice(Device):
         elif qp.state == QPState.RESET and before != QPState.RESET:
             self._unbind(qp)
             qp.iw = IwarpQP()
+        elif qp.state == QPState.ERR and before != QPState.ERR:
+            self._unbind(qp)             # the peer sees the stream close and fails too
 
     def destroy_qp(self, qp) -> None:
         self._unbind(qp)
@@ -170,7 +171,6 @@ class IwarpDevice(Device):
         if iwq is not None:
             iwq.reads.clear()
             iwq.resp_out.clear()
-            iwq.imm_pending = None
         super().to_error(qp, keep_responses)
 
     # ------------------------------------------------------------ connection setup
@@ -413,6 +413,7 @@ class IwarpDevice(Device):
         qp.iw.terminated = True
         qp.resp_kind = None
         self.to_error(qp)
+        self._unbind(qp)                 # after a Terminate the stream closes, as in SoftiWARP
 
     def _rx_write(self, qp, seg: Segment) -> None:
         n = len(seg.payload)
@@ -570,6 +571,7 @@ class IwarpDevice(Device):
         qp.iw.terminated = True
         completer.complete(self, qp)       # the named WR's error, in order; then ERR
         self.to_error(qp)
+        self._unbind(qp)
         self.events.append((EventType.QP_FATAL, qp))
 
     def _named_wqe(self, qp, term: Terminate):
