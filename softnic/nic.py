@@ -362,6 +362,8 @@ class TcpNIC(NIC):
 
     def _rx(self, cid, data) -> None:
         local, peer = self.sock.ends[cid]
+        if peer[0] == self.ip and any(l == peer for l, _ in self.sock.ends.values()):
+            return                  # a connection to ourselves: its sending end recorded it
         self.capture.record(peer, local, data, time.time())
 
     def _flush(self, now: float) -> None:
