@@ -15,11 +15,12 @@ from __future__ import annotations
 import threading
 from os import PathLike
 
+from scapy.layers.inet import IP, TCP
 from scapy.utils import RawPcapWriter
 
 from .wire.icrc import ipv4_udp_headers
 
-__all__ = ["Capture", "LINKTYPE_RAW"]
+__all__ = ["Capture", "TcpCapture", "LINKTYPE_RAW"]
 
 #: pcap link type for raw IPv4/IPv6 packets (libpcap's portable value; DLT_RAW is 12 or 14).
 LINKTYPE_RAW = 101
@@ -88,6 +89,78 @@ class Capture:
             writer.close()
 
     def __enter__(self) -> Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TcpCapture:
+    """pcap of the byte streams of an iWARP device's TCP connections.
+
+    The device sees stream bytes, not segments, so each chunk it sends or
+    receives becomes one TCP segment (split at 64000 bytes) with sequence
+    numbers that follow the stream; a flow's first chunk is preceded by a
+    SYN / SYN-ACK / ACK exchange so dissectors (tshark's ``iwarp_mpa``) see a
+    connection open and the MPA handshake at its start.  Headers are built by
+    scapy, checksums included.
+    """
+
+    SEGMENT = 64000
+
+    def __init__(self, path: str | PathLike[str]) -> None:
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._seq: dict[tuple, int] = {}           # (src, dst) -> next sequence number
+        self._writer: RawPcapWriter | None = RawPcapWriter(
+            self.path, linktype=LINKTYPE_RAW, snaplen=65535, bufsz=_BUFSIZE)
+        self._writer.write_header(None)
+
+    @property
+    def closed(self) -> bool:
+        return self._writer is None
+
+    def _write(self, src, dst, flags: str, payload: bytes, now: float) -> None:
+        seq = self._seq[(src, dst)]
+        ack = self._seq.get((dst, src), 0)
+        pkt = IP(src=src[0], dst=dst[0], flags="DF", id=0) / TCP(
+            sport=src[1], dport=dst[1], flags=flags, seq=seq, ack=ack if "A" in flags else 0,
+            window=65535) / payload
+        frame = bytes(pkt)
+        self._seq[(src, dst)] = (seq + len(payload) + ("S" in flags)) & 0xFFFFFFFF
+        sec = int(now)
+        usec = min(999_999, round((now - sec) * 1_000_000))
+        self._writer.write_packet(frame, sec=sec, usec=usec, caplen=len(frame),
+                                  wirelen=len(frame))
+
+    def record(self, src: tuple[str, int], dst: tuple[str, int], data, now: float) -> None:
+        """Bytes that went from ``src`` to ``dst`` on a TCP connection at ``now``."""
+        src, dst = (str(src[0]), int(src[1])), (str(dst[0]), int(dst[1]))
+        with self._lock:
+            if self._writer is None:
+                return
+            if (src, dst) not in self._seq:
+                self._seq[(src, dst)] = 1000
+                self._seq[(dst, src)] = 5000
+                self._write(src, dst, "S", b"", now)
+                self._write(dst, src, "SA", b"", now)
+                self._write(src, dst, "A", b"", now)
+            data = bytes(data)
+            for i in range(0, len(data), self.SEGMENT):
+                self._write(src, dst, "PA", data[i:i + self.SEGMENT], now)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    def __enter__(self) -> "TcpCapture":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -22,7 +22,8 @@ def _exec(args) -> int:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     for key, val in (("DEVICES", args.devices), ("FAULTS", args.faults), ("SEED", args.seed),
-                     ("CAPTURE", args.capture), ("RECOVERY", args.recovery), ("CC", args.cc)):
+                     ("CAPTURE", args.capture), ("RECOVERY", args.recovery), ("CC", args.cc),
+                     ("TRANSPORT", args.transport)):
         if val is not None:
             env["SOFTNIC_" + key] = str(val)
     if args.faults is not None:
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--capture", help="pcap path (one file per device beside it)")
     e.add_argument("--recovery", choices=("gbn", "sr"), help="go-back-N or selective repeat")
     e.add_argument("--cc", help="congestion control, e.g. 'dcqcn' or 'hpcc:eta=0.9'")
+    e.add_argument("--transport", choices=("udp", "tcp"),
+                   help="RoCEv2 over UDP (default) or iWARP over TCP, for every device")
     e.add_argument("command", nargs=argparse.REMAINDER)
     c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
     c.add_argument("-a", "--all", action="store_true", help="include exited programs")

@@ -6,7 +6,13 @@ same keys in lower case without the prefix, and the variables win over it):
 ``SOFTNIC_DEVICES``
     ``softnic0=127.0.0.2:4791,softnic1=10.0.0.5`` names each device and its
     IPv4 address (and UDP port, default 4791); or a count, ``3``, for that many
-    devices on free loopback addresses.  Default: ``2``.
+    devices on free loopback addresses.  Default: ``2``.  A device item may end
+    in ``/udp`` or ``/tcp`` to choose its transport
+    (``softnic0=127.0.0.2:4791/tcp``); otherwise ``SOFTNIC_TRANSPORT`` decides.
+``SOFTNIC_TRANSPORT``
+    ``udp`` (RoCEv2 over UDP, softnic's own reliability; the default) or
+    ``tcp`` (iWARP: MPA/DDP/RDMAP over TCP, listening on the device's port number
+    on TCP) for every device that does not name its own.
 ``SOFTNIC_FAULTS``
     a fault model applied to every datagram a device sends, e.g.
     ``loss=0.05,reorder=0.01/200us`` (see ``softnic.faults.FaultModel.parse``).
@@ -42,6 +48,7 @@ from .faults import FaultModel
 from .wire.roce import ROCEV2_PORT
 
 ENV_PREFIX = "SOFTNIC_"
+TRANSPORTS = ("udp", "tcp")
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class DeviceSpec:
     name: str
     ip: str | None          # None: pick a free loopback address when opened
     port: int = ROCEV2_PORT
+    transport: str | None = None    # "udp" / "tcp"; None: RuntimeConfig.transport
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,11 @@ class RuntimeConfig:
     min_timer: float = 1e-3
     backend: str = "udp"
     cc: str = "none"
+    transport: str = "udp"
+
+    def transport_of(self, name: str) -> str:
+        spec = next((d for d in self.devices if d.name == name), None)
+        return (spec.transport if spec is not None and spec.transport else self.transport)
 
 
 def parse_devices(text: str) -> tuple[DeviceSpec, ...]:
@@ -74,13 +87,17 @@ def parse_devices(text: str) -> tuple[DeviceSpec, ...]:
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, sep, where = item.partition("=")
         if not sep or not name or not where:
-            raise ValueError(f"SOFTNIC_DEVICES item {item!r} is not NAME=IP[:PORT]")
+            raise ValueError(f"SOFTNIC_DEVICES item {item!r} is not NAME=IP[:PORT][/udp|/tcp]")
+        where, slash, transport = where.partition("/")
+        transport = transport.strip().lower() if slash else None
+        if slash and transport not in TRANSPORTS:
+            raise ValueError(f"SOFTNIC_DEVICES item {item!r}: transport must be 'udp' or 'tcp'")
         ip, _, port = where.partition(":")
         ipaddress.IPv4Address(ip)            # raises ValueError with a clear message
         p = int(port) if port else ROCEV2_PORT
         if not 0 < p < 65536:
             raise ValueError(f"SOFTNIC_DEVICES item {item!r}: bad port")
-        specs.append(DeviceSpec(name.strip(), ip, p))
+        specs.append(DeviceSpec(name.strip(), ip, p, transport))
     if not specs:
         raise ValueError("SOFTNIC_DEVICES names no device")
     if len({s.name for s in specs}) != len(specs):
@@ -95,7 +112,8 @@ def load(environ: dict | None = None) -> RuntimeConfig:
     if path:
         with open(path) as f:
             raw = {str(k).lower(): v for k, v in json.load(f).items()}
-    keys = ("devices", "faults", "seed", "capture", "recovery", "min_timer", "backend", "cc")
+    keys = ("devices", "faults", "seed", "capture", "recovery", "min_timer", "backend", "cc",
+            "transport")
     for key in keys:
         v = env.get(ENV_PREFIX + key.upper())
         if v is not None:
@@ -137,6 +155,11 @@ def load(environ: dict | None = None) -> RuntimeConfig:
                 congestion.parse_spec(spec)
             except ValueError as e:
                 raise ValueError(f"SOFTNIC_CC: {e}") from None
+    if "transport" in raw:
+        t = str(raw["transport"]).lower()
+        if t not in TRANSPORTS:
+            raise ValueError(f"SOFTNIC_TRANSPORT must be 'udp' or 'tcp', not {t!r}")
+        kw["transport"] = t
     return RuntimeConfig(**kw)
 
 

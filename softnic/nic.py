@@ -30,7 +30,7 @@ import zlib
 from pathlib import Path
 
 from . import config as _config
-from .capture import Capture
+from .capture import Capture, TcpCapture
 from .core.device import Device, DeviceConfig
 from .faults import FaultInjector
 from .transport.udp import UdpSocket, bind_free
@@ -72,7 +72,14 @@ def open_device(name: str) -> "NIC | SimNIC":
             spec = next((d for d in cfg.devices if d.name == name), None)
             if spec is None:
                 raise KeyError(f"no softnic device {name!r} (devices: {device_names()})")
-            nic = SimNIC(spec, sim_world()) if cfg.backend == "sim" else NIC(spec, cfg)
+            transport = spec.transport or cfg.transport
+            if cfg.backend == "sim":
+                if transport == "tcp":
+                    raise ValueError(f"device {name}: transport=tcp needs real sockets, not "
+                                     "SOFTNIC_BACKEND=sim (the simulated fabric carries datagrams)")
+                nic = SimNIC(spec, sim_world())
+            else:
+                nic = TcpNIC(spec, cfg) if transport == "tcp" else NIC(spec, cfg)
             _open[name] = nic
         nic.refs += 1
         return nic
@@ -127,25 +134,24 @@ class _Opened:
 
 
 class NIC(_Opened):
+    transport = "udp"
+
     def __init__(self, spec: _config.DeviceSpec, cfg: _config.RuntimeConfig):
-        if spec.ip is None:
-            self.sock = bind_free(_loopback_candidates(), spec.port)
-        else:
-            self.sock = UdpSocket(spec.ip, spec.port)
-        self.ip, self.port = self.sock.address
+        self._open_wire(spec)
         self.name = spec.name
         self.refs = 0
         try:
-            self.dev = Device(spec.name, self.ip, self.port,
-                              config=DeviceConfig(min_timer=cfg.min_timer,
-                                                  selective_repeat=cfg.selective_repeat,
-                                                  cc=_config.cc_for(cfg, spec.name)))
+            self.dev = self._device_class()(
+                spec.name, self.ip, self.port,
+                config=DeviceConfig(min_timer=cfg.min_timer, selective_repeat=cfg.selective_repeat,
+                                    cc=_config.cc_for(cfg, spec.name)))
         except BaseException:
-            self.sock.close()
+            (self.sock.close_all if self.transport == "tcp" else self.sock.close)()
             raise
         # With congestion control on, read the ECN bits of what arrives (a CE mark
         # from a real router reaches the controller) and send ECT if it reacts to ECN.
-        self._ecn = self.dev.config.cc != "none"
+        # (Over TCP the kernel's own congestion control and ECN apply.)
+        self._ecn = self.transport == "udp" and self.dev.config.cc != "none"
         if self._ecn:
             self.sock.enable_ecn(send_ect=self.dev.ect)
         self.gid = self.dev.gid
@@ -160,13 +166,27 @@ class NIC(_Opened):
         self.capture = None
         if cfg.capture:
             p = Path(cfg.capture)
-            self.capture = Capture(p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
+            self.capture = self._capture_class()(
+                p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
         self._closed = False
         self._stats_at = 0.0
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
                                         daemon=True)
         self._thread.start()
+
+    def _open_wire(self, spec: _config.DeviceSpec) -> None:
+        if spec.ip is None:
+            self.sock = bind_free(_loopback_candidates(), spec.port)
+        else:
+            self.sock = UdpSocket(spec.ip, spec.port)
+        self.ip, self.port = self.sock.address
+
+    def _device_class(self):
+        return Device
+
+    def _capture_class(self):
+        return Capture
 
     # ------------------------------------------------------------ API used by verbs_api
 
@@ -324,6 +344,82 @@ class NIC(_Opened):
             if now - self._stats_at >= 1.0:
                 self._stats_at = now
                 self.publish_counters()
+
+
+class TcpNIC(NIC):
+    """A live iWARP device: the ``IwarpDevice`` engine over TCP connections, with
+    the same progress model (a thread plus inline progress from polling callers).
+    No fault model applies: TCP below is reliable, and softnic does not retransmit."""
+    transport = "tcp"
+
+    def _open_wire(self, spec: _config.DeviceSpec) -> None:
+        from .transport.tcp import TcpTransport, bind_free_tcp
+        if spec.ip is None:
+            self.sock = bind_free_tcp(_loopback_candidates(), spec.port)
+        else:
+            self.sock = TcpTransport(spec.ip, spec.port)
+        self.ip, self.port = self.sock.address
+
+    def _device_class(self):
+        from .core.iwarp import IwarpDevice
+        return IwarpDevice
+
+    def _capture_class(self):
+        return TcpCapture
+
+    def __init__(self, spec: _config.DeviceSpec, cfg: _config.RuntimeConfig):
+        super().__init__(spec, cfg)
+        self.injector = None          # faults are not applied to a TCP stream
+
+    @property
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            c = dict(self.dev.counters)
+        c["tcp_send_errors"] = self.sock.send_errors if self.sock else 0
+        c["tcp_connections"] = len(self.sock.socks) if self.sock else 0
+        return c
+
+    def _tx(self, cid, data) -> None:
+        local, peer = self.sock.ends[cid]
+        self.capture.record(local, peer, data, time.time())
+
+    def _rx(self, cid, data) -> None:
+        local, peer = self.sock.ends[cid]
+        if peer[0] == self.ip and any(l == peer for l, _ in self.sock.ends.values()):
+            return                  # a connection to ourselves: its sending end recorded it
+        self.capture.record(peer, local, data, time.time())
+
+    def _flush(self, now: float) -> None:
+        if self._closed:
+            return
+        cap = self.capture is not None
+        self.sock.flush(self.dev, now, self._tx if cap else None)
+
+    def _step(self, now: float) -> bool:
+        cap = self.capture is not None
+        self._flush(now)
+        did = self.sock.step(self.dev, now, on_rx=self._rx if cap else None)
+        self._flush(now)
+        if did:
+            self._cond.notify_all()
+        return did
+
+    def _next_deadline(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+        self.publish_counters(final=True)
+        with self.lock:
+            self.sock.close_all()
+            if self.capture is not None:
+                self.capture.close()
 
 
 class SimWorld:

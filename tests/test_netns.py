@@ -3,7 +3,7 @@
 Each side is an unmodified pyverbs program under `softnic exec`, its device on
 the namespace's real interface address (not loopback), exchanging QPN, GID
 and rkey out of band and then doing a WRITE_WITH_IMM and a READ across the
-link.  Needs root (or CAP_NET_ADMIN) and iproute2; skipped without them.
+link, over each transport (``/udp``: RoCEv2, ``/tcp``: iWARP).  Needs root (or CAP_NET_ADMIN) and iproute2; skipped without them.
 """
 
 from __future__ import annotations
@@ -61,13 +61,15 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def test_pyverbs_programs_on_two_hosts(tmp_path, two_hosts):
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_pyverbs_programs_on_two_hosts(tmp_path, two_hosts, transport):
     prog = tmp_path / "peer.py"
     prog.write_text(PEER_PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTNIC_")}
     env["PYTHONPATH"] = str(ROOT)
     cmds = {role: ["ip", "netns", "exec", ns, sys.executable, "-m", "softnic.cli", "exec",
-                   "--devices", f"softnic0={addr}", "--", sys.executable, str(prog), role,
+                   "--devices", f"softnic0={addr}/{transport}", "--", sys.executable, str(prog),
+                   role,
                    "softnic0"]
             for role, (ns, addr) in zip(("server", "client"), two_hosts)}
 

@@ -1,8 +1,11 @@
-"""The pyverbs API end to end over live softnic NICs (UDP on loopback).
+"""The pyverbs API end to end over live softnic NICs on loopback.
 
-Every operation runs twice: between two devices of this process, and
-between two QPs of one device looping back to itself.  Written against the
-pyverbs API only, in the way rdma-core's own tests drive it.
+Every operation runs between two devices of this process and between two QPs
+of one device looping back to itself, over both transports: RoCEv2 over UDP
+and iWARP over TCP (``transport=tcp``).  Where iWARP's semantics differ (no
+atomics, no UD or UC, no Send with Immediate, no RNR, Sends and Writes complete
+when handed to TCP) the test checks iWARP's behaviour instead.  Written
+against the pyverbs API only, in the way rdma-core's own tests drive it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import pytest
 import verbs_api.enums as e
 from verbs_api.addr import AH
 from verbs_api.cq import CQ, CQEX, CompChannel, CqInitAttrEx
-from verbs_api.device import Context
+from verbs_api.device import Context, get_device_list
+import softnic.config as _config
+import softnic.nic as _nic
 from verbs_api.mr import MR
 from verbs_api.pyverbs_error import PyverbsRDMAError
 from verbs_api.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
@@ -36,8 +41,88 @@ ROOT = Path(__file__).resolve().parent.parent
 IMM = 0x12345678
 
 
+@pytest.fixture(params=['udp', 'tcp'])
+def transport(request):
+    """The transport of every device for this test: UDP (the default) or TCP (iWARP)."""
+    if request.param == 'tcp':
+        env = {k: v for k, v in os.environ.items() if k.startswith('SOFTNIC_')}
+        _nic.configure(_config.load({**env, 'SOFTNIC_TRANSPORT': 'tcp'}))
+    yield request.param
+    if request.param == 'tcp':
+        _nic.configure(None)
+
+
+def _iwarp(side) -> bool:
+    dev = next(d for d in get_device_list() if d.name.decode() == side.ctx.name)
+    return dev.transport_type == e.IBV_TRANSPORT_IWARP
+
+
+def _rejected(fn, code=errno.EINVAL):
+    with pytest.raises(PyverbsRDMAError) as ex:
+        fn()
+    assert ex.value.error_code == code
+    return ex.value
+
+
+def _state(side, qp=None):
+    return (qp or side.qp).query(e.IBV_QP_STATE)[0].qp_state
+
+
+def _wait_state(side, state, qp=None, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while _state(side, qp) != state:
+        side.cq.poll()                         # drives progress
+        assert time.monotonic() < deadline, f'QP not in state {state}'
+        time.sleep(0.001)
+
+
+def _landed(side, pred, timeout=10.0):
+    """Drive ``side``'s progress until ``pred()``, or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        side.cq.poll()
+        assert time.monotonic() < deadline, 'data never landed'
+        time.sleep(0.0005)
+
+
+def _events(sides, n):
+    """``n`` async events from the sides' contexts (each context once)."""
+    got = []
+    ctxs = list({id(s.ctx): s.ctx for s in sides}.values())
+    deadline = time.monotonic() + 10
+    while len(got) < n:
+        assert time.monotonic() < deadline, f'{len(got)} of {n} async events: {got}'
+        for ctx in ctxs:
+            if len(got) < n and ctx._nic.dev.events:
+                got.append(ctx.get_async_event().event_type)
+        if len(got) < n:
+            time.sleep(0.001)
+            for s in sides:
+                s.cq.poll()
+    return sorted(got)
+
+
+def _expect_remote_access_error(a, b, wr_id):
+    """``wr_id`` on ``a`` touched ``b``'s memory without the right.  RoCE: the
+    NAK fails that WR with REM_ACCESS_ERR.  iWARP: the WRITE completed when it
+    went to TCP; ``b`` answers with a Terminate, raises an access-error event and
+    goes to ERR, and ``a`` (fatal event) goes to ERR too."""
+    wc = poll(a.cq)[0]
+    assert wc.wr_id == wr_id
+    if not _iwarp(a):
+        assert wc.status == e.IBV_WC_REM_ACCESS_ERR
+        assert _state(a) == e.IBV_QPS_ERR
+        return
+    assert wc.status == e.IBV_WC_SUCCESS
+    _wait_state(a, e.IBV_QPS_ERR)
+    _wait_state(b, e.IBV_QPS_ERR)
+    assert _events([a, b], 2) == sorted([e.IBV_EVENT_QP_ACCESS_ERR, e.IBV_EVENT_QP_FATAL])
+    assert b.ctx._nic.counters['terminate_sent'] == 1
+    assert a.ctx._nic.counters['terminate_rcvd'] == 1
+
+
 @pytest.fixture(params=['two-devices', 'loopback'])
-def pair(request):
+def pair(request, transport):
     """Two connected RC sides: on softnic0 and softnic1, or both on softnic0."""
     if request.param == 'two-devices':
         a, b = Side('softnic0', msg_size=1 << 16), Side('softnic1', msg_size=1 << 16)
@@ -91,6 +176,9 @@ def test_send_with_imm_gives_imm_in_network_order(rc):
     a.mr.write(b'imm', 3)
     wr = _signaled(4, e.IBV_WR_SEND_WITH_IMM, SGE(a.mr.buf, 3, a.mr.lkey))
     wr.imm_data = socket.htonl(IMM)
+    if _iwarp(a):                              # RFC 5040/7306 have no Send with Immediate
+        assert 'Immediate' in str(_rejected(lambda: a.qp.post_send(wr)))
+        return
     a.qp.post_send(wr)
     _ok(poll(a.cq)[0], e.IBV_WC_SEND)
     wc = poll(b.cq)[0]
@@ -107,6 +195,8 @@ def test_rdma_write(rc):
     wr.set_wr_rdma(b.mr.rkey, b.mr.buf + 100)
     a.qp.post_send(wr)
     _ok(poll(a.cq)[0], e.IBV_WC_RDMA_WRITE)
+    if _iwarp(a):           # the WRITE completed when handed to TCP: wait for it to land
+        _landed(b, lambda: b.mr.read(len(data), 100) == data)
     assert b.mr.read(len(data), 100) == data
     assert b.cq.poll() == (0, [])                          # a WRITE consumes no receive
 
@@ -143,6 +233,10 @@ def test_atomics(rc):
     b.mr.write((100).to_bytes(8, sys.byteorder), 8, 64)
     fa = _signaled(1, e.IBV_WR_ATOMIC_FETCH_AND_ADD, SGE(a.mr.buf, 8, a.mr.lkey))
     fa.set_wr_atomic(b.mr.rkey, b.mr.buf + 64, 5)
+    if _iwarp(a):                              # RFC 5040 has no atomics
+        assert 'atomic' in str(_rejected(lambda: a.qp.post_send(fa)))
+        assert _state(a) == e.IBV_QPS_RTS     # a refused post changes nothing
+        return
     a.qp.post_send(fa)
     _ok(poll(a.cq)[0], e.IBV_WC_FETCH_ADD)
     assert int.from_bytes(a.mr.read(8, 0), sys.byteorder) == 100
@@ -164,9 +258,31 @@ def test_bad_rkey_is_a_remote_access_error(rc):
     wr = _signaled(9, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 64, a.mr.lkey))
     wr.set_wr_rdma(b.mr.rkey ^ 0xFF00, b.mr.buf)
     a.qp.post_send(wr)
+    _expect_remote_access_error(a, b, 9)
+
+
+@pytest.mark.parametrize('fault', ['bad-rkey', 'out-of-bounds', 'no-remote-read'])
+def test_rdma_read_refused_is_a_remote_access_error(pair, fault):
+    """On both transports the READ itself fails with REM_ACCESS_ERR (iWARP: the
+    responder's Terminate names the Read Request), and later WRs are flushed."""
+    a, b = pair
+    connect(a, b)
+    wo = MR(b.pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+    rkey, addr = {'bad-rkey': (b.mr.rkey ^ 0xFF00, b.mr.buf),
+                  'out-of-bounds': (b.mr.rkey, b.mr.buf + b.mr.length - 16),
+                  'no-remote-read': (wo.rkey, wo.buf)}[fault]
+    wr = _signaled(12, e.IBV_WR_RDMA_READ, SGE(a.mr.buf, 64, a.mr.lkey))
+    wr.set_wr_rdma(rkey, addr)
+    a.qp.post_send(wr)
     wc = poll(a.cq)[0]
-    assert wc.status == e.IBV_WC_REM_ACCESS_ERR and wc.wr_id == 9
-    assert a.qp.query(e.IBV_QP_STATE)[0].qp_state == e.IBV_QPS_ERR
+    assert wc.wr_id == 12 and wc.status == e.IBV_WC_REM_ACCESS_ERR
+    _wait_state(a, e.IBV_QPS_ERR)
+    a.qp.post_send(_signaled(13, e.IBV_WR_SEND, SGE(a.mr.buf, 8, a.mr.lkey)))
+    wc = poll(a.cq)[0]
+    assert wc.wr_id == 13 and wc.status == e.IBV_WC_WR_FLUSH_ERR
+    if _iwarp(a):
+        _wait_state(b, e.IBV_QPS_ERR)
+        assert _events([a, b], 2) == sorted([e.IBV_EVENT_QP_ACCESS_ERR, e.IBV_EVENT_QP_FATAL])
 
 
 def test_write_outside_the_mr_is_a_remote_access_error(rc):
@@ -174,7 +290,7 @@ def test_write_outside_the_mr_is_a_remote_access_error(rc):
     wr = _signaled(10, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 64, a.mr.lkey))
     wr.set_wr_rdma(b.mr.rkey, b.mr.buf + b.mr.length - 32)
     a.qp.post_send(wr)
-    assert poll(a.cq)[0].status == e.IBV_WC_REM_ACCESS_ERR
+    _expect_remote_access_error(a, b, 10)
 
 
 def test_mr_without_remote_write_refuses_writes(pair):
@@ -184,7 +300,7 @@ def test_mr_without_remote_write_refuses_writes(pair):
     wr = _signaled(1, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 16, a.mr.lkey))
     wr.set_wr_rdma(ro.rkey, ro.buf)
     a.qp.post_send(wr)
-    assert poll(a.cq)[0].status == e.IBV_WC_REM_ACCESS_ERR
+    _expect_remote_access_error(a, b, 1)
 
 
 def test_chained_and_unsignaled_wrs(rc):
@@ -382,10 +498,14 @@ def test_new_post_send_api_and_extended_cq(pair):
     connect(a, b, qp_a=qp)
     b.qp.post_recv(RecvWR(1, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
     a.mr.write(b'ex-send', 7)
+    iwarp = _iwarp(a)
     qp.wr_start()
     qp.wr_id = 0x123
     qp.wr_flags = e.IBV_SEND_SIGNALED
-    qp.wr_send_imm(IMM)
+    if iwarp:                                  # no Send with Immediate on iWARP
+        qp.wr_send()
+    else:
+        qp.wr_send_imm(IMM)
     qp.wr_set_sge(SGE(a.mr.buf, 7, a.mr.lkey))
     qp.wr_id = 0x124
     qp.wr_rdma_write(b.mr.rkey, b.mr.buf + 512)
@@ -403,7 +523,8 @@ def test_new_post_send_api_and_extended_cq(pair):
     cqex.end_poll()
     assert ids == [0x123, 0x124]
     wc = poll(b.cq)[0]
-    assert socket.ntohl(wc.imm_data) == IMM and b.mr.read(7, 0) == b'ex-send'
+    assert iwarp or socket.ntohl(wc.imm_data) == IMM
+    assert b.mr.read(7, 0) == b'ex-send'
     assert b.mr.read(7, 512) == b'ex-send'
 
 
@@ -424,6 +545,16 @@ def test_rnr_without_receive_then_recovery(rc):
     a, b = rc
     a.mr.write(b'late', 4)
     a.qp.post_send(_signaled(1, e.IBV_WR_SEND, SGE(a.mr.buf, 4, a.mr.lkey)))
+    if _iwarp(a):
+        # iWARP has no RNR: a Send with no receive posted is fatal (RFC 5041 7.2):
+        # the receiver sends a Terminate (no buffer) and both QPs go to ERR.
+        _ok(poll(a.cq)[0])
+        _wait_state(b, e.IBV_QPS_ERR)
+        _wait_state(a, e.IBV_QPS_ERR)
+        assert _events([a, b], 2) == [e.IBV_EVENT_QP_FATAL] * 2
+        b.qp.post_recv(RecvWR(2, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
+        assert poll(b.cq)[0].status == e.IBV_WC_WR_FLUSH_ERR
+        return
     time.sleep(0.05)                                   # the responder answers RNR NAKs
     assert a.cq.poll() == (0, [])
     b.qp.post_recv(RecvWR(2, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
@@ -450,7 +581,9 @@ for name in names[:2]:
     pd = PD(ctx)
     cq = CQ(ctx, 100, None, None, 0)
     mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
-    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(10, 10)), QPAttr())
+    init = QPAttr()
+    init.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(10, 10)), init)
     res.append((ctx, pd, cq, mr, qp))
 for (ctx, pd, cq, mr, qp), (pctx, _, _, _, pqp) in ((res[0], res[1]), (res[1], res[0])):
     attr = QPAttr()
@@ -464,7 +597,12 @@ for (ctx, pd, cq, mr, qp), (pctx, _, _, _, pqp) in ((res[0], res[1]), (res[1], r
 a, b = res
 b[4].post_recv(RecvWR(sg=[SGE(b[3].buf, 64, b[3].lkey)], num_sge=1))
 a[3].write('hello pyverbs', 13)
-wr = SendWR(opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[SGE(a[3].buf, 13, a[3].lkey)])
+if get_device_list()[0].transport_type == e.IBV_TRANSPORT_IWARP:   # no Send with Immediate
+    wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1,
+                sg=[SGE(a[3].buf, 13, a[3].lkey)])
+    wr.set_wr_rdma(b[3].rkey, b[3].buf)
+else:
+    wr = SendWR(opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[SGE(a[3].buf, 13, a[3].lkey)])
 wr.imm_data = socket.htonl(1234)
 a[4].post_send(wr, None)
 for cq in (a[2], b[2]):
@@ -477,12 +615,15 @@ print(b[3].read(13, 0).decode(), socket.ntohl(wcs[0].imm_data))
 '''
 
 
-def test_unmodified_pyverbs_program_under_softnic_exec(tmp_path):
+@pytest.mark.parametrize('transport', ['udp', 'tcp'])
+def test_unmodified_pyverbs_program_under_softnic_exec(tmp_path, transport):
     prog = tmp_path / 'app.py'
     prog.write_text(textwrap.dedent(PYVERBS_PROGRAM))
     env = {k: v for k, v in os.environ.items() if not k.startswith('SOFTNIC_')}
     env['PYTHONPATH'] = str(ROOT)
-    out = subprocess.run([sys.executable, '-m', 'softnic.cli', 'exec', sys.executable, str(prog)],
+    flags = ['--transport', 'tcp'] if transport == 'tcp' else []
+    out = subprocess.run([sys.executable, '-m', 'softnic.cli', 'exec', *flags, sys.executable,
+                          str(prog)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ['hello', 'pyverbs', '1234']
@@ -492,6 +633,12 @@ def test_uc_write_and_send(pair):
     a, b = pair
     attr = QPAttr()
     attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE      # UC: WRITE needs it, from INIT on
+    if _iwarp(a):                                         # iWARP has only RC
+        _rejected(lambda: QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_UC, scq=a.cq, rcq=a.cq,
+                                              cap=QPCap(8, 8)), attr), errno.EOPNOTSUPP)
+        _rejected(lambda: QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=a.cq, rcq=a.cq,
+                                              cap=QPCap(8, 8)), attr), errno.EOPNOTSUPP)
+        return
     ua = QP(a.pd, QPInitAttr(qp_type=e.IBV_QPT_UC, scq=a.cq, rcq=a.cq, cap=QPCap(8, 8)), attr)
     ub = QP(b.pd, QPInitAttr(qp_type=e.IBV_QPT_UC, scq=b.cq, rcq=b.cq, cap=QPCap(8, 8)), attr)
     connect(a, b, qp_a=ua, qp_b=ub)
@@ -520,7 +667,7 @@ def test_send_with_invalidate(rc):
     late = _signaled(3, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 8, a.mr.lkey))
     late.set_wr_rdma(target.rkey, target.buf)
     a.qp.post_send(late)
-    assert poll(a.cq)[0].status == e.IBV_WC_REM_ACCESS_ERR
+    _expect_remote_access_error(a, b, 3)
 
 
 def test_inline_send(rc):
@@ -680,11 +827,13 @@ def run_peers(cmds: dict, cwd, env, check_server_info=None) -> None:
                 p.kill()
 
 
-def test_two_processes_exchange_addresses_and_talk(tmp_path):
+@pytest.mark.parametrize('transport', ['udp', 'tcp'])
+def test_two_processes_exchange_addresses_and_talk(tmp_path, transport):
     prog = tmp_path / 'peer.py'
     prog.write_text(PEER_PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith('SOFTNIC_')}
     env['PYTHONPATH'] = str(ROOT)
+    env['SOFTNIC_TRANSPORT'] = transport
     cmd = [sys.executable, '-m', 'softnic.cli', 'exec', sys.executable, str(prog)]
     run_peers({role: cmd + [role, dev] for role, dev in (('server', 'softnic0'),
                                                          ('client', 'softnic1'))},
@@ -714,6 +863,36 @@ def test_every_path_mtu_with_1mib_messages(mtu):
         b.qp.post_recv(RecvWR(7, 1, [SGE(b.mr.buf + size, size, b.mr.lkey)]))
         a.qp.post_send(_signaled(3, e.IBV_WR_SEND, SGE(a.mr.buf, size, a.mr.lkey)))
         _ok(poll(a.cq, timeout=60)[0], e.IBV_WC_SEND)
+        wc = poll(b.cq, timeout=60)[0]
+        _ok(wc, e.IBV_WC_RECV)
+        assert wc.byte_len == size and b.mr.read(size, size) == data
+    finally:
+        a.close()
+        b.close()
+
+
+def test_1mib_messages_over_tcp(transport):
+    """1 MiB WRITE, READ back and SEND over iWARP (MPA segments of 16 KiB)."""
+    if transport != 'tcp':
+        return                                 # the UDP transport: every path MTU above
+    size = 1 << 20
+    a, b = Side('softnic0', msg_size=2 * size), Side('softnic1', msg_size=2 * size)
+    try:
+        assert _iwarp(a) and _iwarp(b)
+        connect(a, b)
+        data = os.urandom(size)
+        a.mr.write(data, size)
+        wr = _signaled(1, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, size, a.mr.lkey))
+        wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+        a.qp.post_send(wr)
+        wr = _signaled(2, e.IBV_WR_RDMA_READ, SGE(a.mr.buf + size, size, a.mr.lkey))
+        wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+        a.qp.post_send(wr)                     # TCP keeps order: the READ sees the WRITE
+        b.qp.post_recv(RecvWR(7, 1, [SGE(b.mr.buf + size, size, b.mr.lkey)]))
+        a.qp.post_send(_signaled(3, e.IBV_WR_SEND, SGE(a.mr.buf, size, a.mr.lkey)))
+        wcs = poll(a.cq, 3, timeout=60)
+        assert [(w.wr_id, w.status) for w in wcs] == [(1, 0), (2, 0), (3, 0)]
+        assert a.mr.read(size, size) == data
         wc = poll(b.cq, timeout=60)[0]
         _ok(wc, e.IBV_WC_RECV)
         assert wc.byte_len == size and b.mr.read(size, size) == data

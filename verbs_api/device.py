@@ -94,8 +94,14 @@ class Device(PyverbsObject):
 
 
 def get_device_list():
-    return [Device(n.encode(), _guid(n), e.IBV_NODE_CA, e.IBV_TRANSPORT_IB, i)
-            for i, n in enumerate(_nic.device_names())]
+    """Every configured device; a ``transport=tcp`` device is an iWARP RNIC, as siw is."""
+    cfg = _nic.runtime_config()
+    out = []
+    for i, n in enumerate(_nic.device_names()):
+        iwarp = cfg.transport_of(n) == 'tcp'
+        out.append(Device(n.encode(), _guid(n), e.IBV_NODE_RNIC if iwarp else e.IBV_NODE_CA,
+                          e.IBV_TRANSPORT_IWARP if iwarp else e.IBV_TRANSPORT_IB, i))
+    return out
 
 
 class Context(PyverbsCM):
@@ -128,6 +134,8 @@ class Context(PyverbsCM):
         except OSError as ex:
             raise PyverbsRDMAError(f'Failed to open device {name}: {ex}',
                                    ex.errno or errno.EIO) from None
+        except ValueError as ex:            # a configuration that cannot work, e.g. tcp on sim
+            raise PyverbsRDMAError(f'Failed to open device {name}: {ex}', errno.EINVAL) from None
         self._events_taken = 0
         self._closed = False
         self.logger.debug(f'Context: opened device {name}')

@@ -458,9 +458,13 @@ class Device:
         if pkt.bth.pkey != 0xFFFF:
             c["rcvd_bad_pkey"] += 1
             return
-        if qp.qp_type != QPType.UD and tuple(src) != qp.dest:
-            c["rcvd_wrong_source"] += 1
-            return
+        if qp.qp_type != QPType.UD:
+            if qp.state in (QPState.RESET, QPState.INIT):   # no peer yet: its AV is unset
+                c["rcvd_bad_state"] += 1
+                return
+            if tuple(src) != qp.dest:
+                c["rcvd_wrong_source"] += 1
+                return
         if pkt.info.is_request:
             if qp.state not in (QPState.RTR, QPState.RTS, QPState.SQD):
                 c["rcvd_bad_state"] += 1

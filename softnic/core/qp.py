@@ -219,7 +219,8 @@ class SendWQE:
     __slots__ = ("wr_id", "opcode", "flags", "sges", "inline", "length", "imm", "inv_rkey",
                  "remote_addr", "rkey", "compare_add", "swap", "dest", "remote_qpn",
                  "remote_qkey", "signaled", "first_psn", "last_psn", "npkts", "next_pkt",
-                 "views", "done", "status", "atomic_orig", "rd_atomic", "got", "asked")
+                 "views", "done", "status", "atomic_orig", "rd_atomic", "got", "asked",
+                 "iw_msn", "got_bytes", "sink_stag", "sink_to")
 
     def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None):
         self.wr_id = wr.wr_id
@@ -248,6 +249,10 @@ class SendWQE:
         self.atomic_orig = 0
         self.got: set[int] | None = None     # selective repeat: READ responses held beyond a hole
         self.asked: set[int] | None = None   # ... and those already asked for again
+        self.iw_msn = 0                      # iWARP: the message's DDP MSN
+        self.got_bytes = 0                   # iWARP: Read Response bytes placed
+        self.sink_stag = 0                   # iWARP: the READ's data sink STag and TO
+        self.sink_to = 0
         self.rd_atomic = self.opcode in (WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
                                          WROpcode.ATOMIC_FETCH_AND_ADD)
 
