@@ -130,7 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("number", type=int, help="lab number (1-5)")
     lab.add_argument("--seed", type=int, default=1)
     lab.add_argument("--svg", help="also draw the ladder(s) to this SVG file")
+    from . import launch, perf
+    launch.add_arguments(sub.add_parser("launch", help="run N ranks of a program on this "
+                                        "machine (torchrun's environment, a device each)"))
+    perf.add_arguments(sub.add_parser("perf", help="benchmarks (allreduce: a size sweep "
+                                      "like nccl-tests)"))
     args = ap.parse_args(argv)
+    if args.cmd in ("launch", "perf"):
+        return {"launch": launch.main, "perf": perf.main}[args.cmd](args)
     if args.cmd == "lab":
         return _lab(args)
     if args.cmd == "demo":
