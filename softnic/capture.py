@@ -15,8 +15,6 @@ from __future__ import annotations
 import threading
 from os import PathLike
 
-from scapy.utils import RawPcapWriter
-
 from .wire.icrc import ipv4_udp_headers
 
 __all__ = ["Capture", "LINKTYPE_RAW"]
@@ -43,6 +41,7 @@ class Capture:
         self.snaplen = snaplen
         self._lock = threading.Lock()
         self._headers: dict[tuple, bytes] = {}
+        from scapy.utils import RawPcapWriter   # here: scapy takes ~0.2 s to import
         self._writer: RawPcapWriter | None = RawPcapWriter(
             self.path, linktype=LINKTYPE_RAW, snaplen=snaplen, bufsz=_BUFSIZE)
         # Write the file header now, so even an empty capture is a valid pcap.
