@@ -33,6 +33,7 @@ CREDIT_FLAG = 0x80000000
 SEQ_MASK = 0x7FFFFFFF
 DEFAULT_CHUNK = 64 * 1024
 DEFAULT_SLOTS = 8
+SPIN = float(os.environ.get("SOFTNIC_COLL_SPIN", 2e-4))    # busy-poll this long before napping
 ACCESS = v.e.IBV_ACCESS_LOCAL_WRITE | v.e.IBV_ACCESS_REMOTE_WRITE
 
 
@@ -84,6 +85,7 @@ class Transport:
             raise ValueError(f"chunk size {self.chunk} must be a positive multiple of 64")
         if self.slots < 1:
             raise ValueError("need at least one slot per peer")
+        self.credit_batch = max(1, self.slots // 2)
         names = [d.name.decode() if isinstance(d.name, bytes) else d.name
                  for d in v.get_device_list()]
         if not names:
@@ -222,17 +224,21 @@ class Transport:
                     self._consume(r)
                     moved = True
             rs = [r for r in rs if r.left]
+            # credits go back in batches, or whenever this rank has nothing else to do
+            # (so a sender never waits on credits a receiver sits on)
             for p, n in self.owed.items():
-                if n and self.sq_out[p] < self.sq_depth:
+                if n and (n >= self.credit_batch or not moved) and self.sq_out[p] < self.sq_depth:
                     self._post_credit(p, n)
             if moved:
                 last = time.monotonic()
                 idle = 0
                 continue
             idle += 1
-            if idle > 64:
-                time.sleep(min(0.002, 1e-5 * idle))
             now = time.monotonic()
+            if now - last > SPIN:
+                # idle for a while: let the other processes on this core (and this
+                # device's progress thread) run
+                time.sleep(min(0.001, 2e-5 * idle))
             if now - checked > 1.0:
                 checked = now
                 self._check_peers([s.peer for s in ss] + [r.peer for r in rs])
