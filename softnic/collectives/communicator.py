@@ -84,16 +84,16 @@ class Communicator:
         ``algorithm``: ``ring``, ``rd`` (recursive doubling) or None (by size)."""
         flat = _check(buf, "allreduce buffer")
         ufunc = _op(op)
-        if self.world_size == 1:
-            return buf
         if algorithm is None:
             algorithm = "rd" if flat.nbytes <= SMALL_ALLREDUCE else "ring"
+        if algorithm not in ("ring", "rd"):
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd)")
+        if self.world_size == 1:
+            return buf
         if algorithm == "ring":
             alg.ring_allreduce(self.transport, flat, ufunc)
         elif algorithm == "rd":
             alg.recursive_doubling_allreduce(self.transport, flat, ufunc)
-        else:
-            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd)")
         return buf
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
