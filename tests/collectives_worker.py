@@ -128,7 +128,8 @@ def main() -> int:
         dropped = sum(nic.counters.get("fault_dropped_loss", 0) for nic in softnic.nic.open_nics())
     except ImportError:
         pass
-    print(f"rank {r} ok {checks} dropped {dropped}", flush=True)
+    from softnic.collectives import _verbs
+    print(f"rank {r} ok {checks} dropped {dropped} verbs {_verbs._PKG}", flush=True)
     comm.close()
     return 0
 

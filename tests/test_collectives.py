@@ -119,26 +119,51 @@ def test_communicator_checks_its_arguments():
 # ---------------------------------------------------------------------- N ranks against numpy
 
 
-def _launch_worker(n, *flags, faults=None, timeout=120):
+def _launch_worker(n, *flags, faults=None, timeout=120, env=None):
     cmd = CLI + ["launch", "-n", str(n), "--timeout", "30"]
     if faults:
         cmd += ["--faults", faults, "--seed", "7"]
-    res = run(cmd + [WORKER, *flags], timeout=timeout)
+    res = run(cmd + [WORKER, *flags], timeout=timeout,
+              env=dict(os.environ, **env) if env else None)
     assert res.returncode == 0, f"launch -n {n} failed:\n{res.stdout}\n{res.stderr[-4000:]}"
-    oks = re.findall(r"rank (\d+) ok (\d+) dropped (\d+)", res.stdout)
-    assert sorted(int(r) for r, _, _ in oks) == list(range(n)), res.stdout
-    assert len({c for _, c, _ in oks}) == 1 and int(oks[0][1]) > 20
-    return sum(int(d) for _, _, d in oks)
+    oks = re.findall(r"rank (\d+) ok (\d+) dropped (\d+) verbs (\w+)", res.stdout)
+    assert sorted(int(r) for r, *_ in oks) == list(range(n)), res.stdout
+    assert len({c for _, c, _, _ in oks}) == 1 and int(oks[0][1]) > 20
+    want = "pyverbs" if (env or {}).get("SOFTNIC_VERBS") == "pyverbs" else "verbs_api"
+    assert {v for *_, v in oks} == {want}
+    return sum(int(d) for _, _, d, _ in oks)
 
 
-@pytest.mark.parametrize("n, flags", [
-    (2, ()),                          # every dtype and op
-    (3, ()),                          # every dtype and op, not a power of two
-    (4, ("--quick",)),
-    (8, ("--quick",)),
-], ids=["2-ranks", "3-ranks", "4-ranks", "8-ranks"])
-def test_collectives_match_numpy(n, flags):
-    assert _launch_worker(n, *flags) == 0
+@pytest.mark.parametrize("n, flags, env", [
+    (2, (), None),                    # every dtype and op
+    (3, (), None),                    # every dtype and op, not a power of two
+    # through 'import pyverbs' (softnic's, as 'softnic launch' provides it), as on hardware
+    (4, ("--quick",), {"SOFTNIC_VERBS": "pyverbs"}),
+    (8, ("--quick",), None),
+], ids=["2-ranks", "3-ranks", "4-ranks-via-pyverbs", "8-ranks"])
+def test_collectives_match_numpy(n, flags, env):
+    assert _launch_worker(n, *flags, env=env) == 0
+
+
+def test_collectives_use_the_pyverbs_api_only():
+    """The data path imports verbs from ``_verbs`` (pyverbs' module names) and nothing of
+    softnic's engine, so it runs unchanged on rdma-core's pyverbs."""
+    import ast
+    pkg = HERE.parent / "softnic" / "collectives"
+    for name in ("transport.py", "algorithms.py", "communicator.py", "rendezvous.py",
+                 "store.py"):
+        tree = ast.parse((pkg / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mod = "." * node.level + (node.module or "")
+            elif isinstance(node, ast.Import):
+                mod = ",".join(a.name for a in node.names)
+            else:
+                continue
+            assert "verbs_api" not in mod and "softnic" not in mod and "core" not in mod \
+                and "nic" not in mod.split("."), f"{name} imports {mod}"
+    verbs = (pkg / "_verbs.py").read_text()
+    assert '"pyverbs" if _WANT == "pyverbs" else "verbs_api"' in verbs
 
 
 @pytest.mark.parametrize("n, faults, flags", [
