@@ -2,9 +2,11 @@
 
 ``softnic perf allreduce -n 4 -b 8 -e 1M -f 4`` runs 4 ranks on this machine
 (as ``softnic launch`` does) and prints, like nccl-tests' all_reduce_perf, one
-row per size: bytes, element count, type, reduction, time per call, algorithm
-bandwidth (size / time) and bus bandwidth (algbw * 2(n-1)/n, the traffic each
-link carries in a ring), and how many elements came out wrong against numpy.
+row per size: bytes, element count, type, reduction, time per call (the slowest
+rank's mean), algorithm bandwidth (size / time) and bus bandwidth (algbw *
+2(n-1)/n, the traffic each link carries in a ring), and how many elements came
+out wrong against numpy.  Bandwidths are in MB/s (nccl-tests prints GB/s; a
+NIC in Python moves megabytes).
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def _allreduce_worker(args) -> int:
     out("#")
     out(f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'time':>10} {'algbw':>8} "
         f"{'busbw':>8} {'#wrong':>7}")
-    out(f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'(us)':>10} {'(GB/s)':>8} "
-        f"{'(GB/s)':>8} {'':>7}")
+    out(f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'(us)':>10} {'(MB/s)':>8} "
+        f"{'(MB/s)':>8} {'':>7}")
     size = max(args.minbytes, dtype.itemsize)
     total_bw = 0.0
     rows = 0
@@ -104,14 +106,14 @@ def _allreduce_worker(args) -> int:
         comm.allreduce(t, "max")
         w = np.array([wrong], np.int64)
         comm.allreduce(w, "sum")
-        algbw = count * dtype.itemsize / t[0] / 1e9
+        algbw = count * dtype.itemsize / t[0] / 1e6
         busbw = algbw * 2 * (n - 1) / n
         total_bw += busbw
         rows += 1
         out(f"  {count * dtype.itemsize:>10} {count:>12} {dtype.name:>8} {args.op:>6} "
-            f"{t[0] * 1e6:>10.1f} {algbw:>8.4f} {busbw:>8.4f} {int(w[0]):>7}")
+            f"{t[0] * 1e6:>10.1f} {algbw:>8.2f} {busbw:>8.2f} {int(w[0]):>7}")
         size *= args.stepfactor
-    out(f"# Avg bus bandwidth    : {total_bw / max(1, rows):.4f} GB/s")
+    out(f"# Avg bus bandwidth    : {total_bw / max(1, rows):.2f} MB/s")
     comm.barrier()
     comm.close()
     return 0

@@ -243,9 +243,9 @@ def test_perf_allreduce_prints_an_nccl_tests_table():
     assert [int(r[0]) for r in rows] == [8, 64, 512, 4096, 32768, 262144]
     for size, count, typ, op, t, algbw, busbw, wrong in rows:
         assert int(count) * 4 == int(size) and typ == "float32" and op == "sum"
-        assert float(t) > 0 and float(busbw) == pytest.approx(float(algbw), abs=1e-4)
+        assert float(t) > 0 and float(busbw) == pytest.approx(float(algbw), abs=0.011)
         assert wrong == "0"
-    assert "Avg bus bandwidth" in res.stdout
+    assert "Avg bus bandwidth" in res.stdout and "(MB/s)" in res.stdout
 
 
 def test_perf_has_a_subcommand_per_test():

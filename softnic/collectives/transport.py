@@ -153,7 +153,7 @@ class Transport:
                                     gr=v.GlobalRoute(dgid=v.GID(r["gid"]), sgid_index=0))
             qp.to_rtr(attr)
             attr.sq_psn = psns[p]
-            attr.timeout = 12
+            attr.timeout = int(os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 12))
             attr.retry_cnt = 7
             attr.rnr_retry = 7
             attr.max_rd_atomic = 1
