@@ -92,8 +92,10 @@ def main():
                                              f"{results[n][step][1]!r:>22}" for n in names))
         print(f"replicas identical after training: {same}")
         if len(names) == 2:
-            equal = results[names[0]] == results[names[1]]
-            print(f"softnic losses equal gloo's step for step: {equal}")
+            a, b = (results[n] for n in names)
+            diff = max(abs(x - y) / abs(y) for sa, sb in zip(a, b) for x, y in zip(sa, sb))
+            print(f"softnic losses equal gloo's step for step: {a == b} "
+                  f"(largest relative difference {diff:.1e})")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"world": world, "losses": results, "replicas_identical": same}, f)
