@@ -129,7 +129,9 @@ def main() -> int:
     except ImportError:
         pass
     from softnic.collectives import _verbs
-    print(f"rank {r} ok {checks} dropped {dropped} verbs {_verbs._PKG}", flush=True)
+    # one write: with several ranks on one terminal, lines must not interleave
+    sys.stdout.write(f"rank {r} ok {checks} dropped {dropped} verbs {_verbs._PKG}\n")
+    sys.stdout.flush()
     comm.close()
     return 0
 

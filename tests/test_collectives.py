@@ -126,7 +126,7 @@ def _launch_worker(n, *flags, faults=None, timeout=120, env=None):
     res = run(cmd + [WORKER, *flags], timeout=timeout,
               env=dict(os.environ, **env) if env else None)
     assert res.returncode == 0, f"launch -n {n} failed:\n{res.stdout}\n{res.stderr[-4000:]}"
-    oks = re.findall(r"rank (\d+) ok (\d+) dropped (\d+) verbs (\w+)", res.stdout)
+    oks = re.findall(r"rank (\d+) ok (\d+) dropped (\d+) verbs (pyverbs|verbs_api)", res.stdout)
     assert sorted(int(r) for r, *_ in oks) == list(range(n)), res.stdout
     assert len({c for _, c, _, _ in oks}) == 1 and int(oks[0][1]) > 20
     want = "pyverbs" if (env or {}).get("SOFTNIC_VERBS") == "pyverbs" else "verbs_api"

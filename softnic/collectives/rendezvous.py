@@ -10,9 +10,10 @@ answering is an error naming it, not a hang.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
-from .store import StoreClient, StoreServer
+from .store import StoreClient, StoreError, StoreServer
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -26,6 +27,16 @@ class Rendezvous:
     timeout: float
 
     def close(self) -> None:
+        """Leave the job.  Rank 0 keeps serving the store until every rank has left
+        (or the timeout passes), so no rank loses the store while still using it."""
+        try:
+            self.store.add("softnic/left", 1)
+            deadline = time.monotonic() + self.timeout
+            while (self.server is not None and self.store.add("softnic/left", 0) < self.world_size
+                   and time.monotonic() < deadline and not self.store.failed_ranks()):
+                time.sleep(0.01)
+        except StoreError:
+            pass
         self.store.close()
         if self.server is not None:
             self.server.close()

@@ -50,10 +50,10 @@ def _u8_view(addr: int, length: int) -> np.ndarray:
 class _Send:
     __slots__ = ("peer", "data", "off", "left")
 
-    def __init__(self, peer, data):
+    def __init__(self, peer, data, chunks):
         self.peer, self.data = peer, data
         self.off = 0
-        self.left = max(1, -(-len(data) // 1))      # set properly by Transport
+        self.left = chunks
 
 
 class _Recv:
@@ -172,7 +172,25 @@ class Transport:
             raise CollectiveError(f"rank {self.rank}: rank {peer} of {self.world} did not "
                                   f"arrive at the rendezvous ({ex})") from None
 
+    def drain(self, timeout: float = 10.0) -> None:
+        """Wait until every chunk and credit this rank posted is acknowledged, so that
+        closing the device (or exiting) loses nothing a peer still needs."""
+        deadline = time.monotonic() + timeout
+        while any(self.sq_out.values()) and time.monotonic() < deadline:
+            if not self._poll():
+                time.sleep(1e-4)
+
     def close(self) -> None:
+        """Drain, then wait (through the store) until every rank has drained before
+        destroying the QPs: a peer must still be there to acknowledge what we sent last."""
+        if self.qps:
+            try:
+                self.drain()
+                self.store.set(f"{self.prefix}/drained/{self.rank}", b"1")
+                for p in self.qps:
+                    self.store.get(f"{self.prefix}/drained/{p}")
+            except Exception:           # a peer already gone: nothing left to protect
+                pass
         for obj in list(self.qps.values()) + [self.recv_mr, self.send_mr, self.cq, self.pd,
                                               self.ctx]:
             try:
@@ -195,9 +213,7 @@ class Transport:
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
             if peer == self.rank:
                 raise ValueError("exchange: a rank does not send to itself")
-            s = _Send(peer, data)
-            s.left = self.nchunks(len(data))
-            ss.append(s)
+            ss.append(_Send(peer, data, self.nchunks(len(data))))
         rs = []
         for peer, dst, op in recvs:
             if peer == self.rank:
