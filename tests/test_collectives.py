@@ -213,8 +213,9 @@ def test_a_rank_that_dies_is_reported_by_the_others():
 
 def test_launch_sets_torchrun_environment_and_returns_the_failing_status():
     prog = ("import os, sys; e = os.environ; "
-            "print(e['RANK'], e['LOCAL_RANK'], e['WORLD_SIZE'], e['MASTER_ADDR'], "
-            "e['MASTER_PORT'], e['SOFTNIC_DEVICES'], flush=True); "
+            "sys.stdout.write(' '.join([e['RANK'], e['LOCAL_RANK'], e['WORLD_SIZE'], "
+            "e['MASTER_ADDR'], e['MASTER_PORT'], e['SOFTNIC_DEVICES']]) + '\\n'); "
+            "sys.stdout.flush(); "
             "import pyverbs; assert pyverbs.SOFTNIC; sys.exit(5 if e['RANK'] == '2' else 0)")
     res = run(CLI + ["launch", "-n", "3", "--", sys.executable, "-c", prog], timeout=60)
     assert res.returncode == 5
