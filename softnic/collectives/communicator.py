@@ -139,7 +139,8 @@ class Communicator:
         return recv
 
     def alltoall(self, send: np.ndarray, recv: np.ndarray | None = None) -> np.ndarray:
-        """Block ``j`` of ``send`` goes to rank ``j``; block ``i`` of ``recv`` came from rank ``i``."""
+        """Block ``j`` of ``send`` goes to rank ``j``; block ``i`` of ``recv`` came from
+        rank ``i``."""
         s = _check(send, "alltoall input")
         if s.size % self.world_size:
             raise ValueError(f"alltoall input of {s.size} elements does not split into "

@@ -271,7 +271,8 @@ class Transport:
         dead = failed()
         if dead:
             raise CollectiveError(f"rank {self.rank}: rank(s) {dead} left the job "
-                                  f"(process died or exited early); waiting on {sorted(set(peers))}")
+                                  f"(process died or exited early); waiting on "
+                                  f"{sorted(set(peers))}")
 
     def _post_chunk(self, s: _Send) -> None:
         p = s.peer
