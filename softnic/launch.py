@@ -24,6 +24,8 @@ GRACE = 3.0
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
+    ap.add_argument("-m", "--module", action="store_true",
+                    help="the program is a module: run 'python -m MODULE [args]' (as torchrun -m)")
     ap.add_argument("--master-port", type=int, default=0,
                     help="rendezvous TCP port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--faults", help="fault model on every rank's device, e.g. 'loss=0.02'")
@@ -65,7 +67,7 @@ def rank_env(base: dict, rank: int, world: int, port: int, faults=None, seed=Non
 
 
 def launch(command: list[str], nproc: int, port: int = 0, faults=None, seed=None,
-           timeout=None) -> int:
+           timeout=None, module: bool = False) -> int:
     if nproc < 1 or nproc > 250:
         print(f"softnic launch: -n {nproc} outside 1..250", file=sys.stderr)
         return 2
@@ -78,7 +80,9 @@ def launch(command: list[str], nproc: int, port: int = 0, faults=None, seed=None
     if faults is not None:
         from .faults import FaultModel
         FaultModel.parse(faults)              # a bad model is an error here, not in N ranks
-    if command[0].endswith(".py"):
+    if module:
+        command = [sys.executable, "-u", "-m"] + command
+    elif command[0].endswith(".py"):
         command = [sys.executable, "-u"] + command
     port = port or free_port()
     procs = []
@@ -134,4 +138,4 @@ def _stop(procs, patience: float = 0.0) -> None:
 
 def main(args) -> int:
     return launch(args.command, args.nproc, args.master_port, args.faults, args.seed,
-                  args.timeout)
+                  args.timeout, args.module)

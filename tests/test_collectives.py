@@ -140,7 +140,9 @@ def _launch_worker(n, *flags, faults=None, timeout=120, env=None):
     # through 'import pyverbs' (softnic's, as 'softnic launch' provides it), as on hardware
     (4, ("--quick",), {"SOFTNIC_VERBS": "pyverbs"}),
     (8, ("--quick",), None),
-], ids=["2-ranks", "3-ranks", "4-ranks-via-pyverbs", "8-ranks"])
+    # two 4 KiB slots per peer: messages of up to 80 chunks stall on credits all the time
+    (2, ("--quick", "--big"), {"SOFTNIC_COLL_SLOTS": "2", "SOFTNIC_COLL_CHUNK": "4096"}),
+], ids=["2-ranks", "3-ranks", "4-ranks-via-pyverbs", "8-ranks", "2-ranks-tight-credits"])
 def test_collectives_match_numpy(n, flags, env):
     assert _launch_worker(n, *flags, env=env) == 0
 
@@ -255,3 +257,12 @@ def test_perf_has_a_subcommand_per_test():
     assert res.returncode == 0 and "allreduce" in res.stdout
     res = run(CLI + ["perf", "nosuchtest"])
     assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
+def test_launch_runs_a_module_like_torchrun_m():
+    res = run(CLI + ["launch", "-n", "2", "-m", "softnic.collectives.rendezvous"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    res = run(CLI + ["launch", "-n", "2", "-m", "no_such_module_here"], timeout=60)
+    assert res.returncode == 1 and "No module named no_such_module_here" in res.stderr
+    assert "rank 0 exited with status 1" in res.stderr or "rank 1 exited with status 1" in \
+        res.stderr
