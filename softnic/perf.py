@@ -49,10 +49,14 @@ def _allreduce(args) -> int:
     if args.stepfactor < 2:
         print("softnic perf: --stepfactor must be at least 2", file=sys.stderr)
         return 2
+    from .collectives.communicator import DTYPES
     try:
-        np.dtype(args.datatype)
+        dtype = np.dtype(args.datatype)
     except TypeError:
-        print(f"softnic perf: unknown datatype {args.datatype!r}", file=sys.stderr)
+        dtype = None
+    if dtype is None or dtype not in DTYPES:
+        print(f"softnic perf: datatype {args.datatype!r} is not one of "
+              f"{', '.join(d.name for d in DTYPES)}", file=sys.stderr)
         return 2
     from .launch import launch
     worker = [sys.executable, "-u", "-m", "softnic.perf", "--worker", "allreduce",
@@ -67,7 +71,7 @@ def _allreduce_worker(args) -> int:
 
     from .collectives import DTYPES, Communicator
     dtype = np.dtype(args.datatype)
-    if dtype not in DTYPES:
+    if dtype is None or dtype not in DTYPES:
         print(f"softnic perf: datatype {dtype} not supported", file=sys.stderr)
         return 2
     comm = Communicator.from_env()

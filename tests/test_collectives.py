@@ -257,6 +257,8 @@ def test_perf_has_a_subcommand_per_test():
     assert res.returncode == 0 and "allreduce" in res.stdout
     res = run(CLI + ["perf", "nosuchtest"])
     assert res.returncode == 2 and "invalid choice" in res.stderr
+    res = run(CLI + ["perf", "allreduce", "-d", "float128"])
+    assert res.returncode == 2 and "datatype 'float128' is not one of int8" in res.stderr
 
 
 def test_launch_runs_a_module_like_torchrun_m():
