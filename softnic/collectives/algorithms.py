@@ -24,28 +24,39 @@ def block_bounds(count: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
+def _ring_steps(t: Transport, buf, bounds, op, reduce_steps: bool, gather_steps: bool):
+    """The sends and receives of a ring's steps: n - 1 reduce-scatter steps (block
+    ``r - s - 1`` goes right, block ``r - s - 2`` comes from the left and is reduced in)
+    and/or n - 1 allgather steps (block ``r - s`` goes right, ``r - s - 1`` is copied in).
+    Each step sends the block the step before received."""
+    n, r = t.world, t.rank
+    blk = [buf[lo:hi] for lo, hi in bounds]
+    sends, recvs = [], []
+    if reduce_steps:
+        for s in range(n - 1):
+            sends.append(blk[(r - s - 1) % n])
+            recvs.append((blk[(r - s - 2) % n], op))
+    if gather_steps:
+        for s in range(n - 1):
+            sends.append(blk[(r - s) % n])
+            recvs.append((blk[(r - s - 1) % n], None))
+    return sends, recvs
+
+
 def ring_reduce_scatter(t: Transport, buf: np.ndarray, op, bounds) -> None:
     """In place: afterwards block ``rank`` of ``buf`` holds the reduction of that block."""
-    n, r = t.world, t.rank
-    right, left = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):
-        sb, rb = bounds[(r - s - 1) % n], bounds[(r - s - 2) % n]
-        t.exchange(sends=[(right, buf[sb[0]:sb[1]])], recvs=[(left, buf[rb[0]:rb[1]], op)])
+    t.ring(*_ring_steps(t, buf, bounds, op, True, False))
 
 
 def ring_allgather(t: Transport, buf: np.ndarray, bounds) -> None:
     """In place: block ``rank`` of ``buf`` is spread to every rank."""
-    n, r = t.world, t.rank
-    right, left = (r + 1) % n, (r - 1) % n
-    for s in range(n - 1):
-        sb, rb = bounds[(r - s) % n], bounds[(r - s - 1) % n]
-        t.exchange(sends=[(right, buf[sb[0]:sb[1]])], recvs=[(left, buf[rb[0]:rb[1]], None)])
+    t.ring(*_ring_steps(t, buf, bounds, None, False, True))
 
 
 def ring_allreduce(t: Transport, buf: np.ndarray, op) -> None:
-    bounds = block_bounds(buf.size, t.world)
-    ring_reduce_scatter(t, buf, op, bounds)
-    ring_allgather(t, buf, bounds)
+    """Reduce-scatter then allgather, 2(n - 1) steps pipelined as one stream: the
+    allgather's first chunk leaves as soon as the reduce-scatter's last one is in."""
+    t.ring(*_ring_steps(t, buf, block_bounds(buf.size, t.world), op, True, True))
 
 
 def recursive_doubling_allreduce(t: Transport, buf: np.ndarray, op) -> None:

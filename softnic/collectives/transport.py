@@ -47,22 +47,29 @@ def _u8_view(addr: int, length: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(addr))
 
 
-class _Send:
-    __slots__ = ("peer", "data", "off", "left")
+class _Stream:
+    """Messages to (or from) one peer, one after another: ``segs`` are uint8 views,
+    each cut into chunks.  ``i``/``k``/``off``: the current segment, its next chunk and
+    that chunk's byte offset.  A receive stream also has, per segment, the ufunc
+    that reduces into it (None: copy) and the dtype it reduces in."""
+    __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "i", "k", "off", "gate")
 
-    def __init__(self, peer, data, chunks):
-        self.peer, self.data = peer, data
-        self.off = 0
-        self.left = chunks
+    def __init__(self, peer, segs, nchunks, ops=None, dtypes=None, gate=None):
+        self.peer, self.segs = peer, segs
+        self.ops, self.dtypes = ops, dtypes
+        self.nch = [nchunks(len(x)) for x in segs]
+        self.i = self.k = self.off = 0
+        self.gate = gate
 
+    def done(self) -> bool:
+        return self.i >= len(self.segs)
 
-class _Recv:
-    __slots__ = ("peer", "dst", "op", "dtype", "off", "left")
-
-    def __init__(self, peer, dst, op, dtype):
-        self.peer, self.dst, self.op, self.dtype = peer, dst, op, dtype
-        self.off = 0
-        self.left = 0
+    def advance(self, n: int) -> None:
+        self.k += 1
+        self.off += n
+        if self.k >= self.nch[self.i]:
+            self.i += 1
+            self.k = self.off = 0
 
 
 class Transport:
@@ -153,7 +160,7 @@ class Transport:
                                     gr=v.GlobalRoute(dgid=v.GID(r["gid"]), sgid_index=0))
             qp.to_rtr(attr)
             attr.sq_psn = psns[p]
-            attr.timeout = int(os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 12))
+            attr.timeout = int(os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
             attr.retry_cnt = 7
             attr.rnr_retry = 7
             attr.max_rd_atomic = 1
@@ -205,41 +212,66 @@ class Transport:
         return max(1, -(-nbytes // self.chunk))
 
     def exchange(self, sends=(), recvs=()) -> None:
-        """Send each ``(peer, uint8 array)`` of ``sends`` and receive each
-        ``(peer, dst, op)`` of ``recvs`` (``dst`` a contiguous 1-D array; ``op`` a
-        numpy ufunc reducing the incoming data into ``dst``, or None to copy)."""
+        """Send each ``(peer, array)`` of ``sends`` and receive each ``(peer, dst, op)``
+        of ``recvs`` (``dst`` a contiguous 1-D array; ``op`` a numpy ufunc reducing the
+        incoming data into ``dst``, or None to copy), all at once."""
         ss = []
         for peer, data in sends:
             data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-            if peer == self.rank:
-                raise ValueError("exchange: a rank does not send to itself")
-            ss.append(_Send(peer, data, self.nchunks(len(data))))
-        rs = []
-        for peer, dst, op in recvs:
-            if peer == self.rank:
-                raise ValueError("exchange: a rank does not receive from itself")
-            r = _Recv(peer, dst.reshape(-1).view(np.uint8), op, dst.dtype)
-            r.left = self.nchunks(r.dst.nbytes)
-            rs.append(r)
-        if len({s.peer for s in ss}) != len(ss) or len({r.peer for r in rs}) != len(rs):
-            raise ValueError("exchange: one message per peer and direction")
+            ss.append(_Stream(peer, [data], self.nchunks))
+        rs = [_Stream(peer, [dst.reshape(-1).view(np.uint8)], self.nchunks, [op], [dst.dtype])
+              for peer, dst, op in recvs]
+        self.run(ss, rs)
+
+    def ring(self, sends, recvs) -> None:
+        """Steps of a ring, pipelined chunk by chunk: step ``s`` sends ``sends[s]`` to the
+        right neighbour and receives ``recvs[s] = (dst, op)`` from the left one.  What
+        step ``s`` sends is what step ``s - 1`` received, so each of its chunks goes out
+        as soon as the same chunk of the previous step has landed and been reduced,
+        instead of waiting for the whole step (NCCL's pipelining)."""
+        n = self.world
+        right, left = (self.rank + 1) % n, (self.rank - 1) % n
+        rs = _Stream(left, [d.reshape(-1).view(np.uint8) for d, _ in recvs], self.nchunks,
+                     [op for _, op in recvs], [d.dtype for d, _ in recvs])
+
+        def ready(i, k):
+            return i == 0 or rs.i > i - 1 or (rs.i == i - 1 and rs.k > k)
+
+        ss = _Stream(right, [np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in sends],
+                     self.nchunks, gate=ready)
+        if ss.nch[1:] != rs.nch[:-1]:
+            raise ValueError("ring: step s must send what step s - 1 received")
+        self.run([ss], [rs])
+
+    def run(self, ss: list[_Stream], rs: list[_Stream]) -> None:
+        """Drive send and receive streams until every send is posted and every receive
+        consumed."""
+        for st in ss + rs:
+            if st.peer == self.rank or st.peer not in self.qps:
+                raise ValueError(f"rank {self.rank}: no connection to rank {st.peer}")
+        if len({st.peer for st in ss}) != len(ss) or len({st.peer for st in rs}) != len(rs):
+            raise ValueError("one stream per peer and direction")
+        ss = [st for st in ss if not st.done()]
+        rs = [st for st in rs if not st.done()]
         last = time.monotonic()
         idle = 0
         checked = last
         while ss or rs:
             moved = False
-            for s in ss:
-                while s.left and self.credits[s.peer] and self.sq_out[s.peer] < self.sq_depth - 1:
-                    self._post_chunk(s)
+            for st in ss:
+                p = st.peer
+                while (not st.done() and self.credits[p] and self.sq_out[p] < self.sq_depth - 1
+                       and (st.gate is None or st.gate(st.i, st.k))):
+                    self._post_chunk(st)
                     moved = True
-            ss = [s for s in ss if s.left]
             moved |= self._poll()
-            for r in rs:
-                p = r.peer
-                while r.left and self.arrived[p] > self.consumed[p]:
-                    self._consume(r)
+            for st in rs:
+                p = st.peer
+                while not st.done() and self.arrived[p] > self.consumed[p]:
+                    self._consume(st)
                     moved = True
-            rs = [r for r in rs if r.left]
+            ss = [st for st in ss if not st.done()]
+            rs = [st for st in rs if not st.done()]
             # credits go back in batches, or whenever this rank has nothing else to do
             # (so a sender never waits on credits a receiver sits on)
             for p, n in self.owed.items():
@@ -257,9 +289,9 @@ class Transport:
                 time.sleep(min(0.001, 2e-5 * idle))
             if now - checked > 1.0:
                 checked = now
-                self._check_peers([s.peer for s in ss] + [r.peer for r in rs])
+                self._check_peers([st.peer for st in ss + rs])
             if now - last > self.timeout:
-                waiting = sorted({r.peer for r in rs} | {s.peer for s in ss})
+                waiting = sorted({st.peer for st in ss + rs})
                 raise CollectiveError(
                     f"rank {self.rank}: no progress for {self.timeout:g} s waiting on rank(s) "
                     f"{waiting} (dead, hung, or not in the same collective)")
@@ -274,13 +306,14 @@ class Transport:
                                   f"(process died or exited early); waiting on "
                                   f"{sorted(set(peers))}")
 
-    def _post_chunk(self, s: _Send) -> None:
-        p = s.peer
-        n = min(self.chunk, len(s.data) - s.off)
+    def _post_chunk(self, st: _Stream) -> None:
+        p = st.peer
+        data = st.segs[st.i]
+        n = min(self.chunk, len(data) - st.off)
         seq = self.send_seq[p]
         off = self._slot(p, seq)
         if n:
-            self.send_mem[off:off + n] = s.data[s.off:s.off + n]
+            self.send_mem[off:off + n] = data[st.off:st.off + n]
         wr = v.SendWR(wr_id=p, opcode=v.e.IBV_WR_RDMA_WRITE_WITH_IMM,
                       num_sge=1 if n else 0,
                       sg=[v.SGE(self.send_mr.buf + off, n, self.send_mr.lkey)] if n else None,
@@ -291,8 +324,7 @@ class Transport:
         self.send_seq[p] = seq + 1
         self.credits[p] -= 1
         self.sq_out[p] += 1
-        s.off += n
-        s.left -= 1
+        st.advance(n)
 
     def _post_credit(self, p: int, n: int) -> None:
         wr = v.SendWR(wr_id=p, opcode=v.e.IBV_WR_SEND_WITH_IMM, num_sge=0,
@@ -301,23 +333,25 @@ class Transport:
         self.sq_out[p] += 1
         self.owed[p] = 0
 
-    def _consume(self, r: _Recv) -> None:
-        p = r.peer
+    def _consume(self, st: _Stream) -> None:
+        p = st.peer
         seq = self.consumed[p]
-        n = min(self.chunk, r.dst.nbytes - r.off)
+        dst_seg = st.segs[st.i]
+        n = min(self.chunk, len(dst_seg) - st.off)
         if n:
             off = self._slot(p, seq)
             src = self.recv_mem[off:off + n]
-            dst = r.dst[r.off:r.off + n]
-            if r.op is None:
+            dst = dst_seg[st.off:st.off + n]
+            op = st.ops[st.i]
+            if op is None:
                 dst[:] = src
             else:
-                d = dst.view(r.dtype)
-                r.op(d, src.view(r.dtype), out=d)
+                dt = st.dtypes[st.i]
+                d = dst.view(dt)
+                op(d, src.view(dt), out=d)
         self.consumed[p] = seq + 1
         self.owed[p] += 1
-        r.off += n
-        r.left -= 1
+        st.advance(n)
 
     def _poll(self) -> bool:
         moved = False
