@@ -268,3 +268,13 @@ def test_launch_runs_a_module_like_torchrun_m():
     assert res.returncode == 1 and "No module named no_such_module_here" in res.stderr
     assert "rank 0 exited with status 1" in res.stderr or "rank 1 exited with status 1" in \
         res.stderr
+
+
+def test_rendezvous_from_env_says_what_is_missing():
+    from softnic.collectives.rendezvous import from_env
+    with pytest.raises(RuntimeError, match="RANK is not set: start the ranks with 'softnic launch"):
+        from_env({"WORLD_SIZE": "2", "MASTER_PORT": "1"})
+    with pytest.raises(RuntimeError, match="RANK=2 outside 0..WORLD_SIZE-1"):
+        from_env({"RANK": "2", "WORLD_SIZE": "2", "MASTER_PORT": "1"})
+    with pytest.raises(RuntimeError, match="MASTER_PORT='x' is not an integer"):
+        from_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "x"})
