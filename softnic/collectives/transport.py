@@ -11,11 +11,13 @@ credits (a zero-length SEND_WITH_IMM whose immediate has the top bit set and
 the count below) once it has consumed the chunks, so a fast sender can never
 overrun a slow receiver, and chunks flow in a pipeline ``slots`` deep.
 
-``exchange(sends, recvs)`` is the one primitive the algorithms use: it moves
-any number of messages to and from any peers at once, copying or reducing
-(with a numpy ufunc) each chunk into its destination as it arrives, and
-returns when every send is posted and every receive consumed.  Messages
-between two ranks are matched by order, as on the wire.
+The algorithms use two primitives.  ``exchange(sends, recvs)`` moves any
+number of messages to and from any peers at once, copying or reducing (with a
+numpy ufunc) each chunk into its destination as it arrives, and returns when
+every send is posted and every receive consumed.  ``ring(sends, recvs)`` runs
+the steps of a ring as one pipelined stream: a chunk is passed on to the right
+as soon as the same chunk of the step before has come in from the left.
+Messages between two ranks are matched by order, as on the wire.
 """
 
 from __future__ import annotations
