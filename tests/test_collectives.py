@@ -194,6 +194,14 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout():
         procs.append(subprocess.Popen([sys.executable, WORKER, "--quick"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
+        if rank == 0:                   # rank 1 starts once rank 0 serves the store
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and procs[0].poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
     outs = [p.communicate(timeout=60) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode != 0
