@@ -15,9 +15,6 @@ from __future__ import annotations
 import threading
 from os import PathLike
 
-from scapy.layers.inet import IP, TCP
-from scapy.utils import RawPcapWriter
-
 from .wire.icrc import ipv4_udp_headers
 
 __all__ = ["Capture", "TcpCapture", "LINKTYPE_RAW"]
@@ -44,6 +41,7 @@ class Capture:
         self.snaplen = snaplen
         self._lock = threading.Lock()
         self._headers: dict[tuple, bytes] = {}
+        from scapy.utils import RawPcapWriter   # here: scapy takes ~0.2 s to import
         self._writer: RawPcapWriter | None = RawPcapWriter(
             self.path, linktype=LINKTYPE_RAW, snaplen=snaplen, bufsz=_BUFSIZE)
         # Write the file header now, so even an empty capture is a valid pcap.
@@ -112,6 +110,10 @@ class TcpCapture:
         self.path = str(path)
         self._lock = threading.Lock()
         self._seq: dict[tuple, int] = {}           # (src, dst) -> next sequence number
+        # scapy takes ~0.2 s to import: when a capture opens, not with the module
+        from scapy.layers.inet import IP, TCP
+        from scapy.utils import RawPcapWriter
+        self._ip, self._tcp = IP, TCP
         self._writer: RawPcapWriter | None = RawPcapWriter(
             self.path, linktype=LINKTYPE_RAW, snaplen=65535, bufsz=_BUFSIZE)
         self._writer.write_header(None)
@@ -123,7 +125,7 @@ class TcpCapture:
     def _write(self, src, dst, flags: str, payload: bytes, now: float) -> None:
         seq = self._seq[(src, dst)]
         ack = self._seq.get((dst, src), 0)
-        pkt = IP(src=src[0], dst=dst[0], flags="DF", id=0) / TCP(
+        pkt = self._ip(src=src[0], dst=dst[0], flags="DF", id=0) / self._tcp(
             sport=src[1], dport=dst[1], flags=flags, seq=seq, ack=ack if "A" in flags else 0,
             window=65535) / payload
         frame = bytes(pkt)

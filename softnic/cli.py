@@ -143,10 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     from .experiment_cli import add_arguments as experiment_arguments
     experiment_arguments(sub.add_parser("experiment", help="congestion (incast) and loss "
                                         "experiments in virtual time: JSON, PNG, figures"))
+    from . import launch, perf
+    launch.add_arguments(sub.add_parser("launch", help="run N ranks of a program on this "
+                                        "machine (torchrun's environment, a device each)"))
+    perf.add_arguments(sub.add_parser("perf", help="benchmarks (allreduce: a size sweep "
+                                      "like nccl-tests)"))
     args = ap.parse_args(argv)
     if args.cmd == "experiment":
         from .experiment_cli import main as experiment
         return experiment(args)
+    if args.cmd in ("launch", "perf"):
+        return {"launch": launch.main, "perf": perf.main}[args.cmd](args)
     if args.cmd == "lab":
         return _lab(args)
     if args.cmd == "demo":

@@ -1,0 +1,113 @@
+"""Collective algorithms over :meth:`Transport.exchange`.
+
+All buffers are contiguous 1-D numpy arrays.  Every algorithm leaves the same
+bits on every rank (reductions are applied pairwise with commutative ufuncs
+or copied from the rank that owns the final value), which data-parallel
+training relies on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .transport import Transport
+
+
+def block_bounds(count: int, n: int) -> list[tuple[int, int]]:
+    """``n`` contiguous blocks covering ``count`` elements, sizes differing by at most one."""
+    base, extra = divmod(count, n)
+    out, start = [], 0
+    for i in range(n):
+        size = base + (1 if i < extra else 0)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def _ring_steps(t: Transport, buf, bounds, op, reduce_steps: bool, gather_steps: bool):
+    """The sends and receives of a ring's steps: n - 1 reduce-scatter steps (block
+    ``r - s - 1`` goes right, block ``r - s - 2`` comes from the left and is reduced in)
+    and/or n - 1 allgather steps (block ``r - s`` goes right, ``r - s - 1`` is copied in).
+    Each step sends the block the step before received."""
+    n, r = t.world, t.rank
+    blk = [buf[lo:hi] for lo, hi in bounds]
+    sends, recvs = [], []
+    if reduce_steps:
+        for s in range(n - 1):
+            sends.append(blk[(r - s - 1) % n])
+            recvs.append((blk[(r - s - 2) % n], op))
+    if gather_steps:
+        for s in range(n - 1):
+            sends.append(blk[(r - s) % n])
+            recvs.append((blk[(r - s - 1) % n], None))
+    return sends, recvs
+
+
+def ring_reduce_scatter(t: Transport, buf: np.ndarray, op, bounds) -> None:
+    """In place: afterwards block ``rank`` of ``buf`` holds the reduction of that block."""
+    t.ring(*_ring_steps(t, buf, bounds, op, True, False))
+
+
+def ring_allgather(t: Transport, buf: np.ndarray, bounds) -> None:
+    """In place: block ``rank`` of ``buf`` is spread to every rank."""
+    t.ring(*_ring_steps(t, buf, bounds, None, False, True))
+
+
+def ring_allreduce(t: Transport, buf: np.ndarray, op) -> None:
+    """Reduce-scatter then allgather, 2(n - 1) steps pipelined as one stream: the
+    allgather's first chunk leaves as soon as the reduce-scatter's last one is in."""
+    t.ring(*_ring_steps(t, buf, block_bounds(buf.size, t.world), op, True, True))
+
+
+def recursive_doubling_allreduce(t: Transport, buf: np.ndarray, op) -> None:
+    """log2(n) rounds of pairwise exchange; ranks beyond the largest power of two
+    fold their data into a partner first and get the result back at the end."""
+    n, r = t.world, t.rank
+    p2 = 1 << (n.bit_length() - 1)
+    rem = n - p2
+    tmp = np.empty_like(buf)
+    if r >= p2:
+        t.exchange(sends=[(r - p2, buf)])
+        t.exchange(recvs=[(r - p2, buf, None)])
+        return
+    if r < rem:
+        t.exchange(recvs=[(r + p2, buf, op)])
+    mask = 1
+    while mask < p2:
+        partner = r ^ mask
+        t.exchange(sends=[(partner, buf)], recvs=[(partner, tmp, None)])
+        op(buf, tmp, out=buf)
+        mask <<= 1
+    if r < rem:
+        t.exchange(sends=[(r + p2, buf)])
+
+
+def binomial_broadcast(t: Transport, buf: np.ndarray, root: int) -> None:
+    n = t.world
+    vrank = (t.rank - root) % n
+    mask = 1
+    while mask < n:
+        if vrank < mask:
+            if vrank + mask < n:
+                t.exchange(sends=[((vrank + mask + root) % n, buf)])
+        elif vrank < 2 * mask:
+            t.exchange(recvs=[((vrank - mask + root) % n, buf, None)])
+        mask <<= 1
+
+
+def alltoall(t: Transport, send: np.ndarray, recv: np.ndarray) -> None:
+    n, r = t.world, t.rank
+    m = send.size // n
+    recv[r * m:(r + 1) * m] = send[r * m:(r + 1) * m]
+    peers = [p for p in range(n) if p != r]
+    t.exchange(sends=[(p, send[p * m:(p + 1) * m]) for p in peers],
+               recvs=[(p, recv[p * m:(p + 1) * m], None) for p in peers])
+
+
+def dissemination_barrier(t: Transport) -> None:
+    n, r = t.world, t.rank
+    empty = np.zeros(0, np.uint8)
+    k = 1
+    while k < n:
+        t.exchange(sends=[((r + k) % n, empty)], recvs=[((r - k) % n, empty, None)])
+        k <<= 1

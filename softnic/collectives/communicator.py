@@ -1,0 +1,173 @@
+"""``Communicator``: the collectives on numpy arrays for one rank of a job."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import algorithms as alg
+from .rendezvous import Rendezvous, from_env
+from .transport import CollectiveError, Transport
+
+OPS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+DTYPES = tuple(np.dtype(t) for t in (
+    "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128"))
+# below this many bytes allreduce uses recursive doubling (fewer rounds), above it the ring
+SMALL_ALLREDUCE = int(os.environ.get("SOFTNIC_COLL_SMALL", 64 * 1024))
+
+
+def _op(op):
+    if callable(op) and op in OPS.values():
+        return op
+    try:
+        return OPS[str(op).lower()]
+    except KeyError:
+        raise ValueError(f"unknown reduction {op!r}: one of {sorted(OPS)}") from None
+
+
+def _check(a: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what} must be a numpy array, not {type(a).__name__}")
+    if a.dtype not in DTYPES:
+        raise TypeError(f"{what}: dtype {a.dtype} is not supported "
+                        f"({', '.join(str(d) for d in DTYPES)})")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    if not a.flags.writeable:
+        raise ValueError(f"{what} must be writeable")
+    return a.reshape(-1)
+
+
+class Communicator:
+    """The ranks of one job, connected all-to-all by RC QPs.
+
+    ``Communicator.from_env()`` reads RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT as torchrun and ``softnic launch`` set them.  Or pass ``rank``,
+    ``world_size`` and a store (``set``/blocking ``get``) directly.
+    """
+
+    def __init__(self, rank: int, world_size: int, store, *, prefix: str = "softnic",
+                 timeout: float = 60.0, rendezvous: Rendezvous | None = None, **transport_kw):
+        self.rank, self.world_size = rank, world_size
+        self._rendezvous = rendezvous
+        self.transport = Transport(rank, world_size, store, prefix, timeout=timeout,
+                                   **transport_kw)
+
+    @classmethod
+    def from_env(cls, timeout: float | None = None, **kw) -> "Communicator":
+        rdv = from_env(timeout=timeout)
+        try:
+            return cls(rdv.rank, rdv.world_size, rdv.store, timeout=rdv.timeout,
+                       rendezvous=rdv, **kw)
+        except BaseException:
+            rdv.close()
+            raise
+
+    def close(self) -> None:
+        self.transport.close()
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ collectives
+
+    def allreduce(self, buf: np.ndarray, op="sum", algorithm: str | None = None) -> np.ndarray:
+        """Reduce ``buf`` over all ranks, in place; returns ``buf``.
+        ``algorithm``: ``ring``, ``rd`` (recursive doubling) or None (by size)."""
+        flat = _check(buf, "allreduce buffer")
+        ufunc = _op(op)
+        if algorithm is None:
+            algorithm = "rd" if flat.nbytes <= SMALL_ALLREDUCE else "ring"
+        if algorithm not in ("ring", "rd"):
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd)")
+        if self.world_size == 1:
+            return buf
+        if algorithm == "ring":
+            alg.ring_allreduce(self.transport, flat, ufunc)
+        elif algorithm == "rd":
+            alg.recursive_doubling_allreduce(self.transport, flat, ufunc)
+        return buf
+
+    def broadcast(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
+        flat = _check(buf, "broadcast buffer")
+        self._root(root)
+        if self.world_size > 1:
+            alg.binomial_broadcast(self.transport, flat, root)
+        return buf
+
+    def allgather(self, send: np.ndarray, recv: np.ndarray | None = None) -> np.ndarray:
+        """Every rank's ``send`` side by side in ``recv`` (``world_size * send.size``)."""
+        s = _check(send, "allgather input")
+        if recv is None:
+            recv = np.empty((self.world_size,) + send.shape, send.dtype)
+        r = _check(recv, "allgather output")
+        self._sizes(r, s, self.world_size, "allgather output")
+        n = s.size
+        r[self.rank * n:(self.rank + 1) * n] = s
+        if self.world_size > 1:
+            bounds = [(i * n, (i + 1) * n) for i in range(self.world_size)]
+            alg.ring_allgather(self.transport, r, bounds)
+        return recv
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray | None = None,
+                       op="sum") -> np.ndarray:
+        """Block ``rank`` of the reduction of every rank's ``send`` (``world_size`` equal
+        blocks) into ``recv``."""
+        s = _check(send, "reduce_scatter input")
+        ufunc = _op(op)
+        if s.size % self.world_size:
+            raise ValueError(f"reduce_scatter input of {s.size} elements does not split into "
+                             f"{self.world_size} equal blocks")
+        n = s.size // self.world_size
+        if recv is None:
+            recv = np.empty(n, send.dtype)
+        r = _check(recv, "reduce_scatter output")
+        self._sizes(s, r, self.world_size, "reduce_scatter input")
+        work = s.copy()
+        if self.world_size > 1:
+            bounds = [(i * n, (i + 1) * n) for i in range(self.world_size)]
+            alg.ring_reduce_scatter(self.transport, work, ufunc, bounds)
+        r[:] = work[self.rank * n:(self.rank + 1) * n]
+        return recv
+
+    def alltoall(self, send: np.ndarray, recv: np.ndarray | None = None) -> np.ndarray:
+        """Block ``j`` of ``send`` goes to rank ``j``; block ``i`` of ``recv`` came from
+        rank ``i``."""
+        s = _check(send, "alltoall input")
+        if s.size % self.world_size:
+            raise ValueError(f"alltoall input of {s.size} elements does not split into "
+                             f"{self.world_size} equal blocks")
+        if recv is None:
+            recv = np.empty_like(send)
+        r = _check(recv, "alltoall output")
+        self._sizes(r, s, 1, "alltoall output")
+        alg.alltoall(self.transport, s, r)
+        return recv
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            alg.dissemination_barrier(self.transport)
+
+    # ------------------------------------------------------------------ checks
+
+    def _root(self, root: int) -> None:
+        if not 0 <= root < self.world_size:
+            raise ValueError(f"root {root} outside 0..{self.world_size - 1}")
+
+    @staticmethod
+    def _sizes(big, small, factor, what) -> None:
+        if big.dtype != small.dtype:
+            raise TypeError(f"{what}: dtype {big.dtype} differs from {small.dtype}")
+        if big.size != small.size * factor:
+            raise ValueError(f"{what} has {big.size} elements, needs {small.size * factor}")
+
+
+__all__ = ["Communicator", "CollectiveError", "OPS", "DTYPES"]

@@ -1,0 +1,288 @@
+"""Collectives over verbs: the store, launch, correctness against numpy for 2, 3, 4 and 8
+ranks with and without injected loss, failing ranks, and ``softnic perf allreduce``.
+
+The multi-rank tests start real processes through ``softnic launch`` (each rank its
+own device on its own loopback address) and bound every run with a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from softnic.collectives import Communicator, RankFailure, StoreClient, StoreServer
+from softnic.collectives.store import StoreTimeout
+from softnic.launch import rank_env
+
+HERE = Path(__file__).resolve().parent
+WORKER = str(HERE / "collectives_worker.py")
+CLI = [sys.executable, "-m", "softnic.cli"]
+
+
+def run(cmd, timeout=120, env=None):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# ---------------------------------------------------------------------- the store
+
+
+def test_store_set_get_add_and_timeout():
+    server = StoreServer("127.0.0.1", 0)
+    host, port = server.address
+    a, b = StoreClient(host, port, 0), StoreClient(host, port, 1)
+    try:
+        a.set("k", b"\x00value")
+        assert b.get("k") == b"\x00value"
+        assert a.add("n", 2) == 2 and b.add("n", 3) == 5
+        assert a.check(["k", "n"]) and not a.check(["k", "missing"])
+        t0 = time.monotonic()
+        with pytest.raises(StoreTimeout, match="'missing' did not appear within 0.3 s"):
+            b.get("missing", timeout=0.3)
+        assert time.monotonic() - t0 < 5
+        assert a.failed_ranks() == []
+    finally:
+        a.close()
+        b.close()
+        server.close()
+
+
+def test_store_reports_a_rank_whose_connection_drops():
+    server = StoreServer("127.0.0.1", 0)
+    host, port = server.address
+    a, b = StoreClient(host, port, 0), StoreClient(host, port, 3)
+    try:
+        b._sock.close()                     # rank 3 dies without saying goodbye
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match="rank 3: its connection to the store dropped") \
+                as info:
+            a.get("never", timeout=30)      # fails at once, not after 30 s
+        assert info.value.ranks == [3]
+        assert time.monotonic() - t0 < 10
+        assert a.failed_ranks() == [3]
+    finally:
+        a.close()
+        server.close()
+
+
+def test_store_unreachable_is_a_clear_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]           # nobody listens here
+    with pytest.raises(Exception, match=f"cannot reach the rendezvous store at 127.0.0.1:{port}"):
+        StoreClient("127.0.0.1", port, 2, timeout=0.5)
+
+
+# ---------------------------------------------------------------------- one rank, argument checks
+
+
+def test_communicator_checks_its_arguments():
+    server = StoreServer("127.0.0.1", 0)
+    store = StoreClient(*server.address, 0)
+    comm = Communicator(0, 1, store, prefix="single")
+    try:
+        x = np.arange(5, dtype=np.float32)
+        assert comm.allreduce(x, "max") is x and list(x) == [0, 1, 2, 3, 4]
+        assert comm.allgather(x).shape == (1, 5)
+        assert list(comm.reduce_scatter(x, op="min")) == list(x)
+        assert list(comm.alltoall(x)) == list(x)
+        comm.barrier()
+        with pytest.raises(ValueError, match="unknown reduction 'avg'"):
+            comm.allreduce(x, "avg")
+        with pytest.raises(TypeError, match="dtype object is not supported"):
+            comm.allreduce(np.array([1, "a"], dtype=object))
+        with pytest.raises(TypeError, match="must be a numpy array"):
+            comm.allreduce([1.0, 2.0])
+        with pytest.raises(ValueError, match="C-contiguous"):
+            comm.allreduce(np.zeros((4, 4))[:, 1])
+        with pytest.raises(ValueError, match="root 1 outside 0..0"):
+            comm.broadcast(x, root=1)
+        with pytest.raises(ValueError, match="unknown allreduce algorithm 'tree'"):
+            comm.allreduce(x, algorithm="tree")
+        with pytest.raises(ValueError, match="allgather output has 4 elements, needs 5"):
+            comm.allgather(x, np.zeros(4, np.float32))
+        with pytest.raises(TypeError, match="dtype float64 differs from float32"):
+            comm.alltoall(x, np.zeros(5))
+    finally:
+        comm.close()
+        store.close()
+        server.close()
+
+
+# ---------------------------------------------------------------------- N ranks against numpy
+
+
+def _launch_worker(n, *flags, faults=None, timeout=120, env=None):
+    cmd = CLI + ["launch", "-n", str(n), "--timeout", "30"]
+    if faults:
+        cmd += ["--faults", faults, "--seed", "7"]
+    res = run(cmd + [WORKER, *flags], timeout=timeout,
+              env=dict(os.environ, **env) if env else None)
+    assert res.returncode == 0, f"launch -n {n} failed:\n{res.stdout}\n{res.stderr[-4000:]}"
+    oks = re.findall(r"rank (\d+) ok (\d+) dropped (\d+) verbs (pyverbs|verbs_api)", res.stdout)
+    assert sorted(int(r) for r, *_ in oks) == list(range(n)), res.stdout
+    assert len({c for _, c, _, _ in oks}) == 1 and int(oks[0][1]) > 20
+    want = "pyverbs" if (env or {}).get("SOFTNIC_VERBS") == "pyverbs" else "verbs_api"
+    assert {v for *_, v in oks} == {want}
+    return sum(int(d) for _, _, d, _ in oks)
+
+
+@pytest.mark.parametrize("n, flags, env", [
+    (2, (), None),                    # every dtype and op
+    (3, (), None),                    # every dtype and op, not a power of two
+    # through 'import pyverbs' (softnic's, as 'softnic launch' provides it), as on hardware
+    (4, ("--quick",), {"SOFTNIC_VERBS": "pyverbs"}),
+    (8, ("--quick",), None),
+    # two 4 KiB slots per peer: messages of up to 80 chunks stall on credits all the time
+    (2, ("--quick", "--big"), {"SOFTNIC_COLL_SLOTS": "2", "SOFTNIC_COLL_CHUNK": "4096"}),
+], ids=["2-ranks", "3-ranks", "4-ranks-via-pyverbs", "8-ranks", "2-ranks-tight-credits"])
+def test_collectives_match_numpy(n, flags, env):
+    assert _launch_worker(n, *flags, env=env) == 0
+
+
+def test_collectives_use_the_pyverbs_api_only():
+    """The data path imports verbs from ``_verbs`` (pyverbs' module names) and nothing of
+    softnic's engine, so it runs unchanged on rdma-core's pyverbs."""
+    import ast
+    pkg = HERE.parent / "softnic" / "collectives"
+    for name in ("transport.py", "algorithms.py", "communicator.py", "rendezvous.py",
+                 "store.py"):
+        tree = ast.parse((pkg / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                mod = "." * node.level + (node.module or "")
+            elif isinstance(node, ast.Import):
+                mod = ",".join(a.name for a in node.names)
+            else:
+                continue
+            assert "verbs_api" not in mod and "softnic" not in mod and "core" not in mod \
+                and "nic" not in mod.split("."), f"{name} imports {mod}"
+    verbs = (pkg / "_verbs.py").read_text()
+    assert '"pyverbs" if _WANT == "pyverbs" else "verbs_api"' in verbs
+
+
+@pytest.mark.parametrize("n, faults, flags", [
+    (2, "loss=0.05", ("--quick",)),
+    (3, "loss=0.03,reorder=0.01/200us", ("--quick", "--big")),   # ring with many chunks
+], ids=["2-ranks-loss", "3-ranks-loss-reorder"])
+def test_collectives_match_numpy_under_loss(n, faults, flags):
+    dropped = _launch_worker(n, *flags, faults=faults)
+    assert dropped > 0                  # the loss really happened, and was recovered
+
+
+# ---------------------------------------------------------------------- failing ranks
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_rank_that_never_arrives_is_named_after_the_timeout():
+    port = _port()
+    procs = []
+    for rank in (0, 1):                 # rank 2 of 3 never starts
+        env = rank_env(os.environ, rank, 3, port, timeout=2)
+        procs.append(subprocess.Popen([sys.executable, WORKER, "--quick"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+        if rank == 0:                   # rank 1 starts once rank 0 serves the store
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and procs[0].poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+    outs = [p.communicate(timeout=60) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode != 0
+        assert "CollectiveError" in err, err
+        assert "rank 2 of 3 did not arrive at the rendezvous" in err, err
+
+
+def test_a_rank_that_dies_is_reported_by_the_others():
+    res = run(CLI + ["launch", "-n", "3", "--timeout", "30", WORKER, "--die-after", "3"],
+              timeout=90)
+    assert res.returncode == 3
+    assert "rank 1 exited with status 3" in res.stderr
+    # the survivors stop with an error naming the dead rank, well before the 30 s timeout
+    assert res.stderr.count("rank(s) [1] left the job") + \
+        res.stderr.count("on the connection to rank 1") >= 1, res.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------- launch and perf
+
+
+def test_launch_sets_torchrun_environment_and_returns_the_failing_status():
+    prog = ("import os, sys; e = os.environ; "
+            "sys.stdout.write(' '.join([e['RANK'], e['LOCAL_RANK'], e['WORLD_SIZE'], "
+            "e['MASTER_ADDR'], e['MASTER_PORT'], e['SOFTNIC_DEVICES']]) + '\\n'); "
+            "sys.stdout.flush(); "
+            "import pyverbs; assert pyverbs.SOFTNIC; sys.exit(5 if e['RANK'] == '2' else 0)")
+    res = run(CLI + ["launch", "-n", "3", "--", sys.executable, "-c", prog], timeout=60)
+    assert res.returncode == 5
+    assert "rank 2 exited with status 5" in res.stderr
+    rows = sorted(line.split() for line in res.stdout.splitlines())
+    assert [r[0] for r in rows] == ["0", "1", "2"] and [r[2] for r in rows] == ["3"] * 3
+    assert {r[3] for r in rows} == {"127.0.0.1"} and len({r[4] for r in rows}) == 1
+    assert len({r[5] for r in rows}) == 3          # a device of its own per rank
+
+
+def test_launch_rejects_bad_arguments():
+    res = run(CLI + ["launch", "-n", "0", "prog.py"])
+    assert res.returncode == 2 and "-n 0 outside" in res.stderr
+    res = run(CLI + ["launch", "-n", "2", "--faults", "loss=2", "prog.py"])
+    assert res.returncode != 0 and "loss" in res.stderr
+
+
+def test_perf_allreduce_prints_an_nccl_tests_table():
+    res = run(CLI + ["perf", "allreduce", "-n", "2", "-b", "8", "-e", "256K", "-f", "8",
+                     "-i", "2", "-d", "float32"], timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"#\s+size\s+count\s+type\s+redop\s+time\s+algbw\s+busbw\s+#wrong",
+                     res.stdout)
+    rows = [line.split() for line in res.stdout.splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [8, 64, 512, 4096, 32768, 262144]
+    for size, count, typ, op, t, algbw, busbw, wrong in rows:
+        assert int(count) * 4 == int(size) and typ == "float32" and op == "sum"
+        assert float(t) > 0 and float(busbw) == pytest.approx(float(algbw), abs=0.011)
+        assert wrong == "0"
+    assert "Avg bus bandwidth" in res.stdout and "(MB/s)" in res.stdout
+
+
+def test_perf_has_a_subcommand_per_test():
+    res = run(CLI + ["perf", "--help"])
+    assert res.returncode == 0 and "allreduce" in res.stdout
+    res = run(CLI + ["perf", "nosuchtest"])
+    assert res.returncode == 2 and "invalid choice" in res.stderr
+    res = run(CLI + ["perf", "allreduce", "-d", "float128"])
+    assert res.returncode == 2 and "datatype 'float128' is not one of int8" in res.stderr
+
+
+def test_launch_runs_a_module_like_torchrun_m():
+    res = run(CLI + ["launch", "-n", "2", "-m", "softnic.collectives.rendezvous"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    res = run(CLI + ["launch", "-n", "2", "-m", "no_such_module_here"], timeout=60)
+    assert res.returncode == 1 and "No module named no_such_module_here" in res.stderr
+    assert "rank 0 exited with status 1" in res.stderr or "rank 1 exited with status 1" in \
+        res.stderr
+
+
+def test_rendezvous_from_env_says_what_is_missing():
+    from softnic.collectives.rendezvous import from_env
+    with pytest.raises(RuntimeError, match="RANK is not set: start the ranks with 'softnic launch"):
+        from_env({"WORLD_SIZE": "2", "MASTER_PORT": "1"})
+    with pytest.raises(RuntimeError, match="RANK=2 outside 0..WORLD_SIZE-1"):
+        from_env({"RANK": "2", "WORLD_SIZE": "2", "MASTER_PORT": "1"})
+    with pytest.raises(RuntimeError, match="MASTER_PORT='x' is not an integer"):
+        from_env({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "x"})

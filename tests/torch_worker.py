@@ -1,0 +1,92 @@
+"""One rank of the torch.distributed backend test (started by tests/test_torch_backend.py
+through ``softnic launch``): every collective of the ``softnic`` backend checked against
+what it must give, then the DDP example trained over softnic and over gloo in the same
+processes.  Rank 0 writes the losses as JSON to the path given."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import softnic.collectives.torch_backend  # noqa: F401  registers "softnic"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from ddp_train import train  # noqa: E402
+
+
+def inputs(world, shape, dtype):
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(1, 4, shape, generator=g).to(dtype) for _ in range(world)]
+
+
+def main():
+    out_path, steps = sys.argv[1], int(sys.argv[2])
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("softnic")
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "softnic"
+    checked = []
+    for dtype in (torch.float32, torch.int64, torch.float64):
+        xs = inputs(n, (5, 3), dtype)
+        for op, f in ((dist.ReduceOp.SUM, lambda a, b: a + b),
+                      (dist.ReduceOp.PRODUCT, lambda a, b: a * b),
+                      (dist.ReduceOp.MIN, torch.minimum), (dist.ReduceOp.MAX, torch.maximum)):
+            want = xs[0].clone()
+            for x in xs[1:]:
+                want = f(want, x)
+            t = xs[r].clone()
+            dist.all_reduce(t, op=op)
+            assert torch.equal(t, want), (dtype, op, t, want)
+            checked.append(f"all_reduce {op} {dtype}")
+    xs = inputs(n, (6,), torch.float32)
+    t = xs[r].clone()
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    assert torch.allclose(t, sum(xs) / n)
+    # a non-contiguous tensor, asynchronously
+    base = torch.zeros(4, 6)
+    base[:, 1] = float(r + 1)
+    work = dist.all_reduce(base[:, 1], async_op=True)
+    work.wait()
+    assert torch.equal(base[:, 1], torch.full((4,), float(n * (n + 1) // 2)))
+    assert torch.equal(base[:, 0], torch.zeros(4))
+    for root in range(n):
+        t = torch.full((7,), float(r))
+        dist.broadcast(t, src=root)
+        assert torch.equal(t, torch.full((7,), float(root)))
+    outs = [torch.empty(3, 2) for _ in range(n)]
+    dist.all_gather(outs, torch.full((3, 2), float(r)))
+    assert all(torch.equal(o, torch.full((3, 2), float(i))) for i, o in enumerate(outs))
+    flat = torch.empty(n * 4)
+    dist.all_gather_into_tensor(flat, torch.full((4,), float(r)))
+    assert torch.equal(flat, torch.arange(n).repeat_interleave(4).float())
+    out = torch.empty(2)
+    dist.reduce_scatter(out, [torch.full((2,), float(10 * i + r)) for i in range(n)])
+    assert torch.equal(out, torch.full((2,), float(10 * r * n + n * (n - 1) // 2)))
+    out = torch.empty(3)
+    dist.reduce_scatter_tensor(out, torch.arange(3.0 * n) + r)
+    assert torch.equal(out, (torch.arange(3.0) + 3 * r) * n + n * (n - 1) // 2)
+    dist.barrier()
+    checked += ["avg", "async non-contiguous", "broadcast", "all_gather",
+                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "barrier"]
+
+    gloo = dist.new_group(backend="gloo")
+    runs = {}
+    for name, group in (("softnic", dist.group.WORLD), ("gloo", gloo)):
+        losses, params = train(group, r, n, steps, 0.05)
+        gathered = [torch.empty_like(params) for _ in range(n)]
+        dist.all_gather(gathered, params, group=group)
+        runs[name] = {"losses": losses,
+                      "identical": all(torch.equal(g, gathered[0]) for g in gathered),
+                      "params": params.tolist()[:8]}
+    if r == 0:
+        with open(out_path, "w") as f:
+            json.dump({"world": n, "checked": checked, "runs": runs}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
