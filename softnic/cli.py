@@ -29,6 +29,13 @@ def _exec(args) -> int:
         from .faults import FaultModel
         FaultModel.parse(args.faults)           # a bad model is an error here, not in the child
     cmd = args.command[1:] if args.command[0] == "--" else args.command
+    from ._libibverbs.launch import BuildError, library_env, links_libibverbs
+    if args.libibverbs or (args.libibverbs is None and links_libibverbs(cmd[0])):
+        try:
+            env.update(library_env(env))      # a C verbs program: load softnic's libibverbs
+        except BuildError as e:
+            print(f"softnic exec: {e}", file=sys.stderr)
+            return 1
     try:
         os.execvpe(cmd[0], cmd, env)
     except FileNotFoundError:
@@ -105,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--mtu", type=int, default=1024, choices=(256, 512, 1024, 2048, 4096))
     d.add_argument("--selective-repeat", action="store_true",
                    help="recover from loss with selective repeat instead of go-back-N")
-    e = sub.add_parser("exec", help="run a program whose 'import pyverbs' uses softnic",
+    e = sub.add_parser("exec", help="run a program whose 'import pyverbs' (or, for a C "
+                       "program, libibverbs) uses softnic",
                        description="Run COMMAND with pyverbs resolving to softnic's (only for "
                        "that program; an installed pyverbs is untouched) and softnic's devices "
                        "configured by the options below or the SOFTNIC_* environment.")
@@ -114,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--seed", type=int, help="seed of the fault model")
     e.add_argument("--capture", help="pcap path (one file per device beside it)")
     e.add_argument("--recovery", choices=("gbn", "sr"), help="go-back-N or selective repeat")
+    e.add_argument("--libibverbs", action=argparse.BooleanOptionalAction, default=None,
+                   help="load softnic's libibverbs.so.1 (default: if COMMAND links libibverbs)")
     e.add_argument("command", nargs=argparse.REMAINDER)
     c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
     c.add_argument("-a", "--all", action="store_true", help="include exited programs")
@@ -130,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("number", type=int, help="lab number (1-5)")
     lab.add_argument("--seed", type=int, default=1)
     lab.add_argument("--svg", help="also draw the ladder(s) to this SVG file")
+    from ._libibverbs.launch import add_build_parser, run_build
+    add_build_parser(sub)
     args = ap.parse_args(argv)
+    if args.cmd == "build-libibverbs":
+        return run_build(args)
     if args.cmd == "lab":
         return _lab(args)
     if args.cmd == "demo":
