@@ -280,7 +280,12 @@ def install(ffi) -> None:
             except CQOverflow:
                 return -errno.EOVERFLOW
         if not got:
-            _time.sleep(0)        # a spinning poller lets the progress thread have the GIL
+            # a program spinning on this CQ: move this process's other devices along (the
+            # peer may be one of them) and let their progress threads have the GIL
+            for other in _nic.open_nics():
+                if other is not nic:
+                    other.poll()
+            _time.sleep(0)
         for i, w in enumerate(got):
             r = out[i]
             r.wr_id = w.wr_id
