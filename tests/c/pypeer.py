@@ -53,7 +53,7 @@ def main(cmd):
     peer = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     qpn, gid_hex, _rkey, _addr = peer.stdout.readline().split()
     dgid = str(ipaddress.IPv6Address(bytes.fromhex(gid_hex)))
-    attr = QPAttr(port_num=1, path_mtu=e.IBV_MTU_1024)
+    attr = QPAttr(port_num=1, path_mtu=e.IBV_MTU_4096)
     attr.qp_access_flags = ACCESS
     attr.dest_qp_num = int(qpn)
     attr.rq_psn = attr.sq_psn = 0x1234          # what datacheck.c uses on its side

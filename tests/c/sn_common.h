@@ -106,7 +106,7 @@ static void ep_connect(struct ep *e, uint32_t dqpn, const union ibv_gid *dgid)
     struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR };
     int mask = IBV_QP_STATE;
     if (e->type != IBV_QPT_UD) {
-        a.path_mtu = IBV_MTU_1024;
+        a.path_mtu = IBV_MTU_4096;
         a.dest_qp_num = dqpn;
         a.rq_psn = 0x1234;
         a.ah_attr.is_global = 1;
