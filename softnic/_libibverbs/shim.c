@@ -162,6 +162,8 @@ static struct ibv_srq *sn_vctx_create_srq_ex(struct ibv_context *ctx,
                                              struct ibv_srq_init_attr_ex *attr);
 static int sn_vctx_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
 static int sn_vctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *values);
+static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+                             struct ibv_sge *sg_list, uint32_t num_sges);
 
 SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
@@ -187,6 +189,7 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     v->create_srq_ex = sn_vctx_create_srq_ex;
     v->get_srq_num = sn_vctx_get_srq_num;
     v->query_rt_values = sn_vctx_query_rt_values;
+    v->advise_mr = sn_vctx_advise_mr;
     c->device = device;
     c->ops.poll_cq = sn_op_poll_cq;
     c->ops.req_notify_cq = sn_op_req_notify_cq;
@@ -266,6 +269,15 @@ static int sn_vctx_query_device_ex(struct ibv_context *ctx,
         return err;
     full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
     full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+    /* MRs are reached through the process's own address space and never pinned, so
+     * on-demand paging is what softnic always does (implicit ODP is not offered) */
+    full.odp_caps.general_caps = IBV_ODP_SUPPORT;
+    full.odp_caps.per_transport_caps.rc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+        IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+    full.odp_caps.per_transport_caps.uc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
+    full.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
     full.completion_timestamp_mask = ~0ULL;
     full.hca_core_clock = 1000000;       /* kHz: completion timestamps are nanoseconds */
     memcpy(attr, &full, attr_size < sizeof(full) ? attr_size : sizeof(full));
@@ -398,6 +410,17 @@ static int sn_vctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex
 }
 
 /* ------------------------------------------------------------------ PD, MR, AH */
+
+/* Prefetching has nothing to do: the memory is this process's own. */
+static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+                             struct ibv_sge *sg_list, uint32_t num_sges)
+{
+    (void)pd; (void)flags; (void)sg_list; (void)num_sges;
+    if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+        advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+        return EOPNOTSUPP;
+    return 0;
+}
 
 SN_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 {
