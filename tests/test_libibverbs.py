@@ -133,13 +133,14 @@ def test_exec_loads_softnic_libibverbs_only_for_c_verbs_programs(libdir, tmp_pat
     assert not links_libibverbs(str(tmp_path / "nothing-here"))
 
 
-@pytest.mark.parametrize("args,faults", [
-    (["-n", "20"], None),
-    (["-n", "20", "-e", "-s", "1"], "loss=0.05"),
-], ids=["poll", "events-1B-loss"])
-def test_rc_pingpong(libdir, args, faults):
+# No loss here: ibv_rc_pingpong's last exchange races with its teardown (a peer that
+# has exited cannot repeat a lost final ACK, and retry_cnt 7 retries forever), so a
+# lossy run can hang by design.  Loss is covered by ib_write_bw and datacheck below.
+@pytest.mark.parametrize("args", [["-n", "20"], ["-n", "20", "-e", "-s", "1"]],
+                         ids=["poll", "events-1B"])
+def test_rc_pingpong(libdir, args):
     binary = need("ibv_rc_pingpong")
-    cout, sout = pair(binary, ["-g", "0", *args], faults=faults)
+    cout, sout = pair(binary, ["-g", "0", *args])
     iters = args[args.index("-n") + 1]
     for out in (cout, sout):
         assert f"{iters} iters in" in out, out
