@@ -42,6 +42,11 @@ struct sn_context {
     uint32_t handle;
 };
 
+struct sn_mr {
+    struct ibv_mr mr;
+    unsigned int access;           /* kept for ibv_rereg_mr without CHANGE_ACCESS */
+};
+
 struct sn_channel {
     struct ibv_comp_channel ch;
     uint32_t handle;
@@ -456,11 +461,13 @@ SN_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t 
                         access & ~IBV_ACCESS_OPTIONAL_RANGE, &h, &lkey, &rkey);
     if (err)
         return sn_fail_ptr(err);
-    struct ibv_mr *mr = calloc(1, sizeof(*mr));
-    if (!mr) {
+    struct sn_mr *smr = calloc(1, sizeof(*smr));
+    if (!smr) {
         sn_dereg_mr(h);
         return sn_fail_ptr(ENOMEM);
     }
+    smr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
+    struct ibv_mr *mr = &smr->mr;
     mr->context = pd->context;
     mr->pd = pd;
     mr->addr = addr;
@@ -480,6 +487,46 @@ SN_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t l
                                          uint64_t iova, int access)
 {
     return ibv_reg_mr_iova2(pd, addr, length, iova, access);
+}
+
+/* Re-registration makes a new registration (new keys) and drops the old one. */
+SN_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
+                           size_t length, int access)
+{
+    uint32_t h, lkey, rkey;
+    if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
+                  IBV_REREG_MR_CHANGE_ACCESS))
+        return IBV_REREG_MR_ERR_INPUT;
+    struct ibv_pd *npd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
+    void *naddr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
+    size_t nlen = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
+    unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
+        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
+    if (!npd) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    int err = sn_reg_mr(npd->handle, (uint64_t)(uintptr_t)naddr, nlen, naccess, &h, &lkey,
+                        &rkey);
+    if (err) {
+        errno = err;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    err = sn_dereg_mr(mr->handle);
+    if (err) {
+        sn_dereg_mr(h);
+        errno = err;
+        return IBV_REREG_MR_ERR_CMD;
+    }
+    mr->pd = npd;
+    mr->context = npd->context;
+    mr->addr = naddr;
+    mr->length = nlen;
+    mr->handle = h;
+    mr->lkey = lkey;
+    mr->rkey = rkey;
+    ((struct sn_mr *)mr)->access = naccess;
+    return 0;
 }
 
 SN_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)

@@ -1,7 +1,8 @@
-/* A bad rkey, a bad lkey, an out-of-bounds remote address, a missing access right and
- * a receive buffer too short each end in the right work-completion status, and no byte
- * of the memory involved changes.  Two devices in this process; each case on a fresh
- * pair of RC QPs (an error moves a QP to the error state). */
+/* A bad rkey, a bad lkey, an out-of-bounds remote address, a missing access right
+ * (also after ibv_rereg_mr took it away) and a receive buffer too short each end in the
+ * right work-completion status, and no byte of the memory involved changes.  Two
+ * devices in this process; each case on a fresh pair of RC QPs (an error moves a QP to
+ * the error state). */
 #include "sn_common.h"
 
 #define PAGE 4096
@@ -126,6 +127,18 @@ int main(void)
         printf("SEND longer than the receive buffer: %s / %s, memory past it untouched\n",
                ibv_wc_status_str(IBV_WC_LOC_LEN_ERR), ibv_wc_status_str(IBV_WC_REM_INV_REQ_ERR));
     }
+
+    /* ibv_rereg_mr taking REMOTE_WRITE away: the new rkey refuses a WRITE, the old is gone */
+    uint32_t old_rkey = s.dst_mr->rkey;
+    CHECK(ibv_rereg_mr(s.dst_mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) == 0, "ibv_rereg_mr");
+    rdma_case(&s, "WRITE after rereg without REMOTE_WRITE", IBV_WR_RDMA_WRITE, src, 64,
+              s.src_mr->lkey, dst, s.dst_mr->rkey, IBV_WC_REM_ACCESS_ERR);
+    if (old_rkey != s.dst_mr->rkey)
+        rdma_case(&s, "WRITE with the rkey from before rereg", IBV_WR_RDMA_WRITE, src, 64,
+                  s.src_mr->lkey, dst, old_rkey, IBV_WC_REM_ACCESS_ERR);
+    else
+        printf("WRITE with the rkey from before rereg: rkey kept, memory untouched\n");
 
     CHECK(ibv_dereg_mr(s.src_mr) == 0 && ibv_dereg_mr(s.dst_mr) == 0 &&
           ibv_dereg_mr(s.dst_ro_mr) == 0, "ibv_dereg_mr");
