@@ -149,7 +149,10 @@ def build(out: str | os.PathLike | None = None, force: bool = False,
         raise BuildError("<infiniband/verbs.h> is missing: install libibverbs-dev")
     if shutil.which(os.environ.get("CC", "cc")) is None:
         raise BuildError("no C compiler: install gcc")
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BuildError(f"cannot create {dest}: {e}") from None
     api = (HERE / "api.h").read_text()
     protos = [ln.strip() for ln in (HERE / "callbacks.h").read_text().splitlines()
               if ln.strip().startswith("int ")]
@@ -182,7 +185,10 @@ def build(out: str | os.PathLike | None = None, force: bool = False,
                        extra_link_args=[f"-Wl,--version-script={tmpdir / 'libibverbs.map'}",
                                         f"-Wl,-soname,{SONAME}", "-Wl,-z,now"]
                        + ([f"-Wl,-rpath,{libdir}"] if libdir else []))
-        built = ffi.compile(tmpdir=str(tmpdir), target=SONAME, verbose=verbose)
+        try:
+            built = ffi.compile(tmpdir=str(tmpdir), target=SONAME, verbose=verbose)
+        except (cffi.VerificationError, OSError) as e:
+            raise BuildError(f"building {SONAME} failed (rerun with --verbose): {e}") from None
         tmp_lib = dest / (SONAME + ".tmp")
         shutil.copyfile(built, tmp_lib)
         os.replace(tmp_lib, lib)
