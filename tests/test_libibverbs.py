@@ -134,8 +134,8 @@ def test_exec_loads_softnic_libibverbs_only_for_c_verbs_programs(libdir, tmp_pat
 
 
 # No loss here: under loss ibv_rc_pingpong sometimes hangs on one side after the other
-# has finished (see docs/libibverbs.md: most likely a lost final ACK that the exited
-# peer cannot repeat, with retry_cnt 7 retrying forever).  Loss is covered by
+# has finished (see docs/libibverbs.md: a lost final ACK that the exited peer cannot
+# repeat, with retry_cnt 7 retrying for ever).  Loss is covered by
 # ib_write_bw and datacheck below.
 @pytest.mark.parametrize("args", [["-n", "20"], ["-n", "20", "-e", "-s", "1"]],
                          ids=["poll", "events-1B"])
