@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import itertools
+import os
 import time as _time
 import sys
 import traceback
@@ -26,6 +27,7 @@ from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
 
 GID_TABLE_LEN = 4            # as the pyverbs API reports (rxe on an IPv4 netdev has as many)
 _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+_ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 
 _objs: dict[int, object] = {}
 _ids = itertools.count(1)
@@ -226,9 +228,11 @@ def install(ffi) -> None:
     # ------------------------------------------------------------ CQs and channels
 
     @extern()
-    def sn_create_channel(ctx, out):
+    def sn_create_channel(ctx, fd, out):
         c = _get(ctx)
-        out[0] = _new(_Obj(c.nic, ctx=c))
+        o = _Obj(c.nic, ctx=c)
+        o.cookie = fd            # the channel's eventfd: one count per event, for poll()
+        out[0] = _new(o)
 
     @extern()
     def sn_destroy_channel(h):
@@ -246,6 +250,7 @@ def install(ffi) -> None:
         if ch:
             o.channel = _get(ch)
             o.channel.cqs.append(o)
+            ecq.on_event = lambda _cq, fd=o.channel.cookie: os.write(fd, _ONE)
         out[0] = _new(o)
         actual[0] = cqe
 
@@ -254,6 +259,7 @@ def install(ffi) -> None:
         o = _get(h)
         o.nic.call(o.nic.dev.destroy_cq, o.eng)
         o.closed = True
+        o.eng.on_event = None
         if o.channel is not None:
             o.channel.cqs.remove(o)
         del _objs[h]

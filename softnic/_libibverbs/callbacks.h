@@ -11,7 +11,7 @@ int sn_alloc_pd(uint32_t ctx, uint32_t *pd);
 int sn_dealloc_pd(uint32_t pd);
 int sn_reg_mr(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access, uint32_t *mr, uint32_t *lkey, uint32_t *rkey);
 int sn_dereg_mr(uint32_t mr);
-int sn_create_channel(uint32_t ctx, uint32_t *ch);
+int sn_create_channel(uint32_t ctx, int fd, uint32_t *ch);
 int sn_destroy_channel(uint32_t ch);
 int sn_create_cq(uint32_t ctx, int cqe, uint32_t ch, void *cookie, uint32_t *cq, int *actual);
 int sn_destroy_cq(uint32_t cq);

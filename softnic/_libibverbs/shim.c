@@ -623,20 +623,28 @@ SN_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc 
 
 /* ------------------------------------------------------------------ CQ and channels */
 
+/* The channel's fd is an eventfd the engine adds one to per completion event, so a
+ * program may poll() it (or make it non-blocking) as it would the kernel's. */
 SN_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
 {
     uint32_t h;
-    int err = sn_create_channel(ctx_handle(context), &h);
-    if (err)
-        return sn_fail_ptr(err);
     struct sn_channel *c = calloc(1, sizeof(*c));
-    if (!c) {
-        sn_destroy_channel(h);
+    if (!c)
         return sn_fail_ptr(ENOMEM);
+    c->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+    if (c->ch.fd < 0) {
+        int e = errno;
+        free(c);
+        return sn_fail_ptr(e);
+    }
+    int err = sn_create_channel(ctx_handle(context), c->ch.fd, &h);
+    if (err) {
+        close(c->ch.fd);
+        free(c);
+        return sn_fail_ptr(err);
     }
     c->handle = h;
     c->ch.context = context;
-    c->ch.fd = eventfd(0, EFD_CLOEXEC);
     return &c->ch;
 }
 
@@ -809,6 +817,9 @@ SN_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq *
                                void **cq_context)
 {
     void *cookie = NULL;
+    uint64_t one;
+    if (read(channel->fd, &one, sizeof(one)) != sizeof(one))
+        return -1;                        /* EAGAIN on a non-blocking channel, as the kernel's */
     int err = sn_get_cq_event(((struct sn_channel *)channel)->handle, &cookie);
     if (err || !cookie) {
         errno = err ? err : EIO;

@@ -12,6 +12,8 @@
 #include "sn_common.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #define BUF (1u << 20)
@@ -205,6 +207,37 @@ static int loopback(void)
     side_free(&a);
     side_free(&b);
     printf("RC classic verbs: ok\n");
+
+    /* a completion channel whose fd a program poll()s, non-blocking, as the kernel's */
+    struct ibv_comp_channel *ch = ibv_create_comp_channel(c0);     /* for a's CQ */
+    CHECK(ch, "ibv_create_comp_channel");
+    CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0, "O_NONBLOCK");
+    next_cq_channel = ch;
+    pair(&a, &b, c0, p0, c1, p1, IBV_QPT_RC, 0, NULL);
+    struct ibv_cq *ev_cq;
+    void *ev_ctx;
+    errno = 0;
+    CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1 && errno == EAGAIN,
+          "ibv_get_cq_event before any event: EAGAIN");
+    CHECK(ibv_req_notify_cq(a.e.cq, 0) == 0, "ibv_req_notify_cq");
+    fill(a.buf, 300, 5);
+    post_recv(&b.e, NULL, 61, b.buf, 300, b.mr->lkey);
+    struct ibv_sge esge = { .addr = (uintptr_t)a.buf, .length = 300, .lkey = a.mr->lkey };
+    struct ibv_send_wr ewr = { .wr_id = 62, .sg_list = &esge, .num_sge = 1,
+                               .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *ebad;
+    CHECK(ibv_post_send(a.e.qp, &ewr, &ebad) == 0, "ibv_post_send (event)");
+    struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
+    CHECK(poll(&pfd, 1, WAIT_SECONDS * 1000) == 1 && (pfd.revents & POLLIN),
+          "poll() on the completion channel's fd");
+    CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == a.e.cq, "ibv_get_cq_event");
+    ibv_ack_cq_events(ev_cq, 1);
+    expect_wc(&a.e, 62, IBV_WC_SUCCESS, IBV_WC_SEND, "SEND completion after its event");
+    expect_wc(&b.e, 61, IBV_WC_SUCCESS, IBV_WC_RECV, "RECV of the SEND");
+    same(b.buf, a.buf, 300, "SEND with a completion event");
+    side_free(&a);
+    side_free(&b);
+    CHECK(ibv_destroy_comp_channel(ch) == 0, "ibv_destroy_comp_channel");
+    printf("completion channel (poll()ed fd): ok\n");
 
     pair(&a, &b, c0, p0, c1, p1, IBV_QPT_RC, 1, NULL);
     write_read(&a, &b, 1, "RC wr_*");

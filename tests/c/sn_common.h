@@ -35,6 +35,9 @@ struct ep {
     enum ibv_qp_type type;
 };
 
+/* the completion channel of the next CQ ep_init makes (classic verbs), then NULL again */
+static struct ibv_comp_channel *next_cq_channel;
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -82,7 +85,8 @@ static void ep_init(struct ep *e, struct ibv_context *ctx, struct ibv_pd *pd,
         e->qpx = ibv_qp_to_qp_ex(e->qp);
         CHECK(e->qpx, "ibv_qp_to_qp_ex");
     } else {
-        e->cq = ibv_create_cq(ctx, 256, NULL, NULL, 0);
+        e->cq = ibv_create_cq(ctx, 256, NULL, next_cq_channel, 0);
+        next_cq_channel = NULL;
         CHECK(e->cq, "ibv_create_cq");
         struct ibv_qp_init_attr qa = {
             .qp_type = type, .send_cq = e->cq, .recv_cq = e->cq, .srq = srq,
