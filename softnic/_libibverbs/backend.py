@@ -86,6 +86,34 @@ def _engine_ah(a) -> AHAttr:
                   flow_label=a.flow_label, sgid_index=a.sgid_index, port_num=a.port_num or 1)
 
 
+#: Longest a destroyed RC QP lingers (seconds).
+LINGER_MAX = 2.0
+
+
+def _linger(nic, qp) -> None:
+    """Before an RC QP that is connected goes away, wait until the device has received
+    nothing for two retransmission timeouts (at most LINGER_MAX in all), answering
+    what comes meanwhile.  Programs tear down as soon as their last completion
+    arrives; if the ACK of the peer's last request was lost, only this QP can repeat
+    it when the peer retransmits (what TCP's TIME_WAIT is for).  The program's memory
+    is still registered while the QP lingers: programs deregister after destroying."""
+    if qp.qp_type != QPType.RC or qp.state not in (QPState.RTS, QPState.SQD):
+        return
+    with nic.lock:
+        quiet = min(2 * nic.dev.rto(qp), LINGER_MAX / 2)
+    start = _time.monotonic()
+    seen = [None, start]
+
+    def quiet_enough():
+        n = nic.dev.counters["rcvd_pkts"]
+        t = _time.monotonic()
+        if n != seen[0]:
+            seen[0], seen[1] = n, t
+        return t - seen[1] >= quiet
+
+    nic.wait_until(quiet_enough, timeout=LINGER_MAX)
+
+
 def install(ffi) -> None:
     """Register the sn_* implementations with the embedded module's ffi."""
 
@@ -448,6 +476,7 @@ def install(ffi) -> None:
     @extern()
     def sn_destroy_qp(h):
         o = _get(h)
+        _linger(o.nic, o.eng)
         o.nic.call(o.nic.dev.destroy_qp, o.eng)
         del _objs[h]
 
