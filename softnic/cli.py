@@ -31,8 +31,19 @@ def _exec(args) -> int:
         FaultModel.parse(args.faults)           # a bad model is an error here, not in the child
     if args.cc is not None:
         import congestion
-        congestion.parse_spec(args.cc)
+        try:
+            congestion.parse_spec(args.cc)
+        except ValueError as e:
+            print(f"softnic exec: --cc: {e}", file=sys.stderr)
+            return 2
     cmd = args.command[1:] if args.command[0] == "--" else args.command
+    from ._libibverbs.launch import BuildError, library_env, links_libibverbs
+    if args.libibverbs or (args.libibverbs is None and links_libibverbs(cmd[0])):
+        try:
+            env.update(library_env(env))      # a C verbs program: load softnic's libibverbs
+        except BuildError as e:
+            print(f"softnic exec: {e}", file=sys.stderr)
+            return 1
     try:
         os.execvpe(cmd[0], cmd, env)
     except FileNotFoundError:
@@ -112,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--mtu", type=int, default=1024, choices=(256, 512, 1024, 2048, 4096))
     d.add_argument("--selective-repeat", action="store_true",
                    help="recover from loss with selective repeat instead of go-back-N")
-    e = sub.add_parser("exec", help="run a program whose 'import pyverbs' uses softnic",
+    e = sub.add_parser("exec", help="run a program whose 'import pyverbs' (or, for a C "
+                       "program, libibverbs) uses softnic",
                        description="Run COMMAND with pyverbs resolving to softnic's (only for "
                        "that program; an installed pyverbs is untouched) and softnic's devices "
                        "configured by the options below or the SOFTNIC_* environment.")
@@ -124,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--cc", help="congestion control, e.g. 'dcqcn' or 'hpcc:eta=0.9'")
     e.add_argument("--transport", choices=("udp", "tcp"),
                    help="RoCEv2 over UDP (default) or iWARP over TCP, for every device")
+    e.add_argument("--libibverbs", action=argparse.BooleanOptionalAction, default=None,
+                   help="load softnic's libibverbs.so.1 (default: if COMMAND links libibverbs)")
     e.add_argument("command", nargs=argparse.REMAINDER)
     c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
     c.add_argument("-a", "--all", action="store_true", help="include exited programs")
@@ -148,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
                                         "machine (torchrun's environment, a device each)"))
     perf.add_arguments(sub.add_parser("perf", help="benchmarks (allreduce: a size sweep "
                                       "like nccl-tests)"))
+    from ._libibverbs.launch import add_build_parser, run_build
+    add_build_parser(sub)
     args = ap.parse_args(argv)
+    if args.cmd == "build-libibverbs":
+        return run_build(args)
     if args.cmd == "experiment":
         from .experiment_cli import main as experiment
         return experiment(args)

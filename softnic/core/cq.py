@@ -48,6 +48,7 @@ class CQ:
         self.armed = False            # ibv_req_notify_cq
         self.armed_solicited = False
         self.events = 0               # notifications raised (the comp channel reads these)
+        self.on_event = None          # called with the CQ when it raises one (a driver's hook)
         self._on_overflow = on_overflow
         self.closed = False
 
@@ -63,6 +64,8 @@ class CQ:
         if self.armed and (not self.armed_solicited or solicited or wc.status != WCStatus.SUCCESS):
             self.armed = False
             self.events += 1
+            if self.on_event is not None:
+                self.on_event(self)
         return True
 
     def poll(self, n: int = 1) -> list[WC]:

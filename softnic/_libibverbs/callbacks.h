@@ -1,0 +1,35 @@
+/* The calls the C side makes into softnic (implemented in backend.py), one per line.
+ * Each returns 0 or a positive errno, except sn_device_count and sn_poll_cq. */
+int sn_device_count(void);
+int sn_device_name(int idx, char *name, int len, uint64_t *guid);
+int sn_open(int idx, uint32_t *ctx);
+int sn_close(uint32_t ctx);
+int sn_query_device(uint32_t ctx, struct sn_dev_attr *attr);
+int sn_query_port(uint32_t ctx, int port, struct sn_port_attr *attr);
+int sn_query_gid(uint32_t ctx, int port, int index, uint8_t *raw);
+int sn_alloc_pd(uint32_t ctx, uint32_t *pd);
+int sn_dealloc_pd(uint32_t pd);
+int sn_reg_mr(uint32_t pd, uint64_t addr, uint64_t length, unsigned int access, uint32_t *mr, uint32_t *lkey, uint32_t *rkey);
+int sn_dereg_mr(uint32_t mr);
+int sn_create_channel(uint32_t ctx, int fd, uint32_t *ch);
+int sn_destroy_channel(uint32_t ch);
+int sn_create_cq(uint32_t ctx, int cqe, uint32_t ch, void *cookie, uint32_t *cq, int *actual);
+int sn_destroy_cq(uint32_t cq);
+int sn_resize_cq(uint32_t cq, int cqe, int *actual);
+int sn_poll_cq(uint32_t cq, int n, struct sn_wc *wc);
+int sn_req_notify_cq(uint32_t cq, int solicited_only);
+int sn_get_cq_event(uint32_t ch, void **cookie);
+int sn_create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t limit, void *cookie, uint32_t *srq);
+int sn_modify_srq(uint32_t srq, uint32_t max_wr, uint32_t limit, int mask);
+int sn_query_srq(uint32_t srq, uint32_t *max_wr, uint32_t *max_sge, uint32_t *limit);
+int sn_destroy_srq(uint32_t srq);
+int sn_post_srq_recv(uint32_t srq, uint64_t wr_id, struct sn_sge *sg, int n);
+int sn_create_qp(uint32_t pd, struct sn_qp_init *init, void *cookie, uint32_t *qp, uint32_t *qpn);
+int sn_modify_qp(uint32_t qp, struct sn_qp_attr *attr, int mask);
+int sn_query_qp(uint32_t qp, struct sn_qp_attr *attr, struct sn_qp_init *init);
+int sn_destroy_qp(uint32_t qp);
+int sn_post_send(uint32_t qp, struct sn_send_wr *wr);
+int sn_post_recv(uint32_t qp, uint64_t wr_id, struct sn_sge *sg, int n);
+int sn_create_ah(uint32_t pd, struct sn_ah *attr, uint32_t *ah);
+int sn_destroy_ah(uint32_t ah);
+int sn_get_async_event(uint32_t ctx, int *type, void **cookie);

@@ -1,0 +1,1588 @@
+/* softnic's libibverbs.so.1: the verbs ABI of rdma-core's libibverbs, served by
+ * softnic's engine running in an embedded Python interpreter.
+ *
+ * This file owns the C side: the structs programs read (ibv_context with its ops
+ * table and the verbs_context around it, ibv_qp_ex, ibv_cq_ex, ...), the
+ * conversion of work requests and completions into the flat records of api.h,
+ * and the entry points.  Everything stateful happens in backend.py through the
+ * sn_* calls of callbacks.h.  Entry points of the real library that softnic does
+ * not provide are generated stubs that fail with EOPNOTSUPP (stubs.c).
+ *
+ * Preceded (by build.py) by <infiniband/verbs.h>, api.h and the static
+ * prototypes of the sn_* calls. */
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#undef ibv_query_port
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+#undef ibv_get_device_list
+
+#define SN_EXPORT __attribute__((visibility("default")))
+#define SN_MAX_DEVICES 64
+
+struct sn_device {
+    struct ibv_device dev;
+    int index;
+    uint64_t guid;          /* network order, as ibv_get_device_guid returns it */
+};
+
+struct sn_context {
+    struct verbs_context vctx;     /* its last member is the ibv_context programs hold */
+    uint32_t handle;
+};
+
+struct sn_mr {
+    struct ibv_mr mr;
+    unsigned int access;           /* kept for ibv_rereg_mr without CHANGE_ACCESS */
+};
+
+struct sn_channel {
+    struct ibv_comp_channel ch;
+    uint32_t handle;
+};
+
+struct sn_cq {
+    struct ibv_cq_ex cqx;          /* starts with the fields of struct ibv_cq */
+    struct sn_wc cur;              /* the completion ibv_start_poll / ibv_next_poll reached */
+    uint64_t cur_ts;
+};
+
+struct sn_pending {                /* a WR built with the ibv_wr_* calls, posted on complete */
+    struct sn_send_wr wr;
+    struct sn_sge sge[16];
+    void *inline_buf;
+};
+
+struct sn_qp {
+    struct ibv_qp_ex qpx;          /* starts with struct ibv_qp */
+    int is_ex;
+    struct sn_pending *pend;
+    int npend, cap_pend, wr_err;
+};
+
+static struct sn_device sn_devices[SN_MAX_DEVICES];
+static int sn_ndevices = -1;
+static pthread_mutex_t sn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static inline struct sn_context *to_sctx(struct ibv_context *ctx)
+{
+    return (struct sn_context *)((char *)ctx - offsetof(struct sn_context, vctx.context));
+}
+
+static inline uint32_t ctx_handle(struct ibv_context *ctx) { return to_sctx(ctx)->handle; }
+
+static void *sn_fail_ptr(int err) { errno = err; return NULL; }
+
+/* ------------------------------------------------------------------ devices */
+
+static int sn_load_devices(void)
+{
+    pthread_mutex_lock(&sn_lock);
+    if (sn_ndevices < 0) {
+        int n = sn_device_count();
+        if (n < 0)
+            n = 0;
+        if (n > SN_MAX_DEVICES)
+            n = SN_MAX_DEVICES;
+        for (int i = 0; i < n; i++) {
+            struct sn_device *d = &sn_devices[i];
+            uint64_t guid = 0;
+            memset(d, 0, sizeof(*d));
+            sn_device_name(i, d->dev.name, sizeof(d->dev.name), &guid);
+            d->index = i;
+            d->guid = guid;
+            d->dev.node_type = IBV_NODE_CA;
+            d->dev.transport_type = IBV_TRANSPORT_IB;
+            snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs%d", i);
+            snprintf(d->dev.dev_path, sizeof(d->dev.dev_path),
+                     "/sys/class/infiniband_verbs/uverbs%d", i);
+            snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path),
+                     "/sys/class/infiniband/%s", d->dev.name);
+        }
+        sn_ndevices = n;
+    }
+    pthread_mutex_unlock(&sn_lock);
+    return sn_ndevices;
+}
+
+SN_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
+{
+    int n = sn_load_devices();
+    struct ibv_device **list = calloc(n + 1, sizeof(*list));
+    if (!list)
+        return sn_fail_ptr(ENOMEM);
+    for (int i = 0; i < n; i++)
+        list[i] = &sn_devices[i].dev;
+    if (num_devices)
+        *num_devices = n;
+    return list;
+}
+
+SN_EXPORT void ibv_free_device_list(struct ibv_device **list) { free(list); }
+
+SN_EXPORT const char *ibv_get_device_name(struct ibv_device *device)
+{
+    return device->name;
+}
+
+SN_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device)
+{
+    return ((struct sn_device *)device)->guid;
+}
+
+SN_EXPORT int ibv_get_device_index(struct ibv_device *device)
+{
+    return ((struct sn_device *)device)->index;
+}
+
+/* ------------------------------------------------------------------ context */
+
+static int sn_op_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
+static int sn_op_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+static int sn_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+static int sn_op_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+static int sn_op_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                               struct ibv_recv_wr **bad);
+static int sn_vctx_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr,
+                              size_t attr_len);
+static int sn_vctx_query_device_ex(struct ibv_context *ctx,
+                                   const struct ibv_query_device_ex_input *input,
+                                   struct ibv_device_attr_ex *attr, size_t attr_size);
+static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
+                                           struct ibv_qp_init_attr_ex *attr);
+static struct ibv_cq_ex *sn_vctx_create_cq_ex(struct ibv_context *ctx,
+                                              struct ibv_cq_init_attr_ex *attr);
+static struct ibv_srq *sn_vctx_create_srq_ex(struct ibv_context *ctx,
+                                             struct ibv_srq_init_attr_ex *attr);
+static int sn_vctx_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
+static int sn_vctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *values);
+static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+                             struct ibv_sge *sg_list, uint32_t num_sges);
+
+SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
+{
+    struct sn_device *d = (struct sn_device *)device;
+    struct sn_context *s;
+    uint32_t h;
+    int err = sn_open(d->index, &h);
+    if (err)
+        return sn_fail_ptr(err);
+    s = calloc(1, sizeof(*s));
+    if (!s) {
+        sn_close(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    s->handle = h;
+    struct verbs_context *v = &s->vctx;
+    struct ibv_context *c = &v->context;
+    v->sz = sizeof(*v);
+    v->query_port = sn_vctx_query_port;
+    v->query_device_ex = sn_vctx_query_device_ex;
+    v->create_qp_ex = sn_vctx_create_qp_ex;
+    v->create_cq_ex = sn_vctx_create_cq_ex;
+    v->create_srq_ex = sn_vctx_create_srq_ex;
+    v->get_srq_num = sn_vctx_get_srq_num;
+    v->query_rt_values = sn_vctx_query_rt_values;
+    v->advise_mr = sn_vctx_advise_mr;
+    c->device = device;
+    c->ops.poll_cq = sn_op_poll_cq;
+    c->ops.req_notify_cq = sn_op_req_notify_cq;
+    c->ops.post_send = sn_op_post_send;
+    c->ops.post_recv = sn_op_post_recv;
+    c->ops.post_srq_recv = sn_op_post_srq_recv;
+    c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    c->num_comp_vectors = 1;
+    pthread_mutex_init(&c->mutex, NULL);
+    c->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    return c;
+}
+
+SN_EXPORT int ibv_close_device(struct ibv_context *context)
+{
+    struct sn_context *s = to_sctx(context);
+    int err = sn_close(s->handle);
+    if (context->cmd_fd >= 0)
+        close(context->cmd_fd);
+    if (context->async_fd >= 0)
+        close(context->async_fd);
+    free(s);
+    return err;
+}
+
+SN_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *a)
+{
+    struct sn_dev_attr d;
+    memset(&d, 0, sizeof(d));
+    int err = sn_query_device(ctx_handle(context), &d);
+    if (err)
+        return err;
+    memset(a, 0, sizeof(*a));
+    memcpy(a->fw_ver, d.fw_ver, sizeof(a->fw_ver));
+    a->fw_ver[sizeof(a->fw_ver) - 1] = 0;
+    a->node_guid = d.node_guid;
+    a->sys_image_guid = d.sys_image_guid;
+    a->max_mr_size = d.max_mr_size;
+    a->page_size_cap = d.page_size_cap;
+    a->vendor_id = d.vendor_id;
+    a->vendor_part_id = d.vendor_part_id;
+    a->hw_ver = d.hw_ver;
+    a->max_qp = d.max_qp;
+    a->max_qp_wr = d.max_qp_wr;
+    a->device_cap_flags = d.device_cap_flags;
+    a->max_sge = d.max_sge;
+    a->max_sge_rd = d.max_sge_rd;
+    a->max_cq = d.max_cq;
+    a->max_cqe = d.max_cqe;
+    a->max_mr = d.max_mr;
+    a->max_pd = d.max_pd;
+    a->max_qp_rd_atom = d.max_qp_rd_atom;
+    a->max_res_rd_atom = d.max_res_rd_atom;
+    a->max_qp_init_rd_atom = d.max_qp_init_rd_atom;
+    a->atomic_cap = d.atomic_cap;
+    a->max_ah = d.max_ah;
+    a->max_srq = d.max_srq;
+    a->max_srq_wr = d.max_srq_wr;
+    a->max_srq_sge = d.max_srq_sge;
+    a->max_pkeys = d.max_pkeys;
+    a->local_ca_ack_delay = d.local_ca_ack_delay;
+    a->phys_port_cnt = d.phys_port_cnt;
+    return 0;
+}
+
+static int sn_vctx_query_device_ex(struct ibv_context *ctx,
+                                   const struct ibv_query_device_ex_input *input,
+                                   struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+    struct ibv_device_attr_ex full;
+    int err;
+    (void)input;
+    memset(&full, 0, sizeof(full));
+    err = ibv_query_device(ctx, &full.orig_attr);
+    if (err)
+        return err;
+    full.device_cap_flags_ex = full.orig_attr.device_cap_flags;
+    full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+    /* MRs are reached through the process's own address space and never pinned, so
+     * on-demand paging is what softnic always does (implicit ODP is not offered) */
+    full.odp_caps.general_caps = IBV_ODP_SUPPORT;
+    full.odp_caps.per_transport_caps.rc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+        IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+    full.odp_caps.per_transport_caps.uc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
+    full.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+    full.completion_timestamp_mask = ~0ULL;
+    full.hca_core_clock = 1000000;       /* kHz: completion timestamps are nanoseconds */
+    memcpy(attr, &full, attr_size < sizeof(full) ? attr_size : sizeof(full));
+    return 0;
+}
+
+static void sn_fill_port(struct ibv_port_attr *p, const struct sn_port_attr *s)
+{
+    memset(p, 0, sizeof(*p));
+    p->state = IBV_PORT_ACTIVE;
+    p->max_mtu = IBV_MTU_4096;
+    p->active_mtu = s->active_mtu;
+    p->gid_tbl_len = s->gid_tbl_len;
+    p->port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
+    p->max_msg_sz = s->max_msg_sz;
+    p->bad_pkey_cntr = s->bad_pkey_cntr;
+    p->qkey_viol_cntr = s->qkey_viol_cntr;
+    p->pkey_tbl_len = 1;
+    p->max_vl_num = 1;
+    p->active_width = 1;
+    p->active_speed = 1;
+    p->phys_state = 5;
+    p->link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
+static int sn_vctx_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr,
+                              size_t attr_len)
+{
+    struct sn_port_attr s;
+    struct ibv_port_attr p;
+    memset(&s, 0, sizeof(s));
+    int err = sn_query_port(ctx_handle(ctx), port, &s);
+    if (err)
+        return err;
+    sn_fill_port(&p, &s);
+    memcpy(attr, &p, attr_len < sizeof(p) ? attr_len : sizeof(p));
+    return 0;
+}
+
+/* The exported symbol is the old ABI's: a struct without the fields added since. */
+SN_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
+                             struct _compat_ibv_port_attr *port_attr)
+{
+    return sn_vctx_query_port(context, port_num, (struct ibv_port_attr *)port_attr,
+                              offsetof(struct ibv_port_attr, link_layer));
+}
+
+SN_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index,
+                            union ibv_gid *gid)
+{
+    int err = sn_query_gid(ctx_handle(context), port_num, index, gid->raw);
+    return err ? -1 : 0;
+}
+
+SN_EXPORT int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num,
+                                uint32_t gid_index, struct ibv_gid_entry *entry,
+                                uint32_t flags, size_t entry_size)
+{
+    struct ibv_gid_entry e;
+    (void)flags;
+    memset(&e, 0, sizeof(e));
+    int err = sn_query_gid(ctx_handle(context), port_num, gid_index, e.gid.raw);
+    if (err)
+        return err;
+    e.gid_index = gid_index;
+    e.port_num = port_num;
+    e.gid_type = IBV_GID_TYPE_ROCE_V2;
+    e.ndev_ifindex = 1;                 /* the loopback interface */
+    memcpy(entry, &e, entry_size < sizeof(e) ? entry_size : sizeof(e));
+    return 0;
+}
+
+SN_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context,
+                                       struct ibv_gid_entry *entries, size_t max_entries,
+                                       uint32_t flags, size_t entry_size)
+{
+    struct sn_port_attr s;
+    memset(&s, 0, sizeof(s));
+    int err = sn_query_port(ctx_handle(context), 1, &s);
+    if (err)
+        return -err;
+    if (max_entries < (size_t)s.gid_tbl_len)
+        return -EINVAL;
+    for (int i = 0; i < s.gid_tbl_len; i++) {
+        err = _ibv_query_gid_ex(context, 1, i,
+                                (struct ibv_gid_entry *)((char *)entries + i * entry_size),
+                                flags, entry_size);
+        if (err)
+            return -err;
+    }
+    return s.gid_tbl_len;
+}
+
+SN_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num,
+                                 unsigned int index, int *type)
+{
+    uint8_t raw[16];
+    if (sn_query_gid(ctx_handle(context), port_num, index, raw))
+        return -1;
+    *type = 1;                        /* IBV_GID_TYPE_SYSFS_ROCE_V2 (rdma-core's private enum) */
+    return 0;
+}
+
+SN_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index,
+                             __be16 *pkey)
+{
+    (void)context;
+    if (port_num != 1 || index != 0)
+        return -1;
+    *pkey = htons(0xffff);
+    return 0;
+}
+
+SN_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)
+{
+    (void)context;
+    if (port_num != 1 || pkey != htons(0xffff))
+        return -1;
+    return 0;
+}
+
+static int sn_vctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *values)
+{
+    struct timespec ts;
+    (void)ctx;
+    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+    values->raw_clock = ts;
+    values->comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ PD, MR, AH */
+
+/* Prefetching has nothing to do: the memory is this process's own. */
+static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+                             struct ibv_sge *sg_list, uint32_t num_sges)
+{
+    (void)pd; (void)flags; (void)sg_list; (void)num_sges;
+    if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+        advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+        return EOPNOTSUPP;
+    return 0;
+}
+
+SN_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
+{
+    uint32_t h;
+    int err = sn_alloc_pd(ctx_handle(context), &h);
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_pd *pd = calloc(1, sizeof(*pd));
+    if (!pd) {
+        sn_dealloc_pd(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    pd->context = context;
+    pd->handle = h;
+    return pd;
+}
+
+SN_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
+{
+    int err = sn_dealloc_pd(pd->handle);
+    if (!err)
+        free(pd);
+    return err;
+}
+
+SN_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
+                                          uint64_t iova, unsigned int access)
+{
+    uint32_t h, lkey, rkey;
+    if (iova != (uint64_t)(uintptr_t)addr)
+        return sn_fail_ptr(EOPNOTSUPP);    /* remote addresses are virtual addresses */
+    int err = sn_reg_mr(pd->handle, (uint64_t)(uintptr_t)addr, length,
+                        access & ~IBV_ACCESS_OPTIONAL_RANGE, &h, &lkey, &rkey);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_mr *smr = calloc(1, sizeof(*smr));
+    if (!smr) {
+        sn_dereg_mr(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    smr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
+    struct ibv_mr *mr = &smr->mr;
+    mr->context = pd->context;
+    mr->pd = pd;
+    mr->addr = addr;
+    mr->length = length;
+    mr->handle = h;
+    mr->lkey = lkey;
+    mr->rkey = rkey;
+    return mr;
+}
+
+SN_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    return ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, access);
+}
+
+SN_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length,
+                                         uint64_t iova, int access)
+{
+    return ibv_reg_mr_iova2(pd, addr, length, iova, access);
+}
+
+/* Re-registration makes a new registration (new keys) and drops the old one. */
+SN_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
+                           size_t length, int access)
+{
+    uint32_t h, lkey, rkey;
+    if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
+                  IBV_REREG_MR_CHANGE_ACCESS))
+        return IBV_REREG_MR_ERR_INPUT;
+    struct ibv_pd *npd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
+    void *naddr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
+    size_t nlen = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
+    unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
+        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
+    if (!npd) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    int err = sn_reg_mr(npd->handle, (uint64_t)(uintptr_t)naddr, nlen, naccess, &h, &lkey,
+                        &rkey);
+    if (err) {
+        errno = err;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    err = sn_dereg_mr(mr->handle);
+    if (err) {
+        sn_dereg_mr(h);
+        errno = err;
+        return IBV_REREG_MR_ERR_CMD;
+    }
+    mr->pd = npd;
+    mr->context = npd->context;
+    mr->addr = naddr;
+    mr->length = nlen;
+    mr->handle = h;
+    mr->lkey = lkey;
+    mr->rkey = rkey;
+    ((struct sn_mr *)mr)->access = naccess;
+    return 0;
+}
+
+SN_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
+{
+    int err = sn_dereg_mr(mr->handle);
+    if (!err)
+        free(mr);
+    return err;
+}
+
+static void sn_ah_from_ibv(struct sn_ah *s, const struct ibv_ah_attr *a)
+{
+    memset(s, 0, sizeof(*s));
+    memcpy(s->dgid, a->grh.dgid.raw, 16);
+    s->flow_label = a->grh.flow_label;
+    s->sgid_index = a->grh.sgid_index;
+    s->hop_limit = a->grh.hop_limit;
+    s->traffic_class = a->grh.traffic_class;
+    s->sl = a->sl;
+    s->is_global = a->is_global;
+    s->port_num = a->port_num;
+}
+
+static void sn_ah_to_ibv(struct ibv_ah_attr *a, const struct sn_ah *s)
+{
+    memset(a, 0, sizeof(*a));
+    memcpy(a->grh.dgid.raw, s->dgid, 16);
+    a->grh.flow_label = s->flow_label;
+    a->grh.sgid_index = s->sgid_index;
+    a->grh.hop_limit = s->hop_limit;
+    a->grh.traffic_class = s->traffic_class;
+    a->sl = s->sl;
+    a->is_global = s->is_global;
+    a->port_num = s->port_num;
+}
+
+SN_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+    struct sn_ah s;
+    uint32_t h;
+    sn_ah_from_ibv(&s, attr);
+    int err = sn_create_ah(pd->handle, &s, &h);
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_ah *ah = calloc(1, sizeof(*ah));
+    if (!ah) {
+        sn_destroy_ah(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    ah->context = pd->context;
+    ah->pd = pd;
+    ah->handle = h;
+    return ah;
+}
+
+SN_EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
+{
+    int err = sn_destroy_ah(ah->handle);
+    if (!err)
+        free(ah);
+    return err;
+}
+
+/* RoCEv2 over IPv4: the 40-byte GRH area of a UD receive holds the IPv4 header
+ * in its last 20 bytes; the sender's address makes the reply's GID. */
+SN_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num,
+                                  struct ibv_wc *wc, struct ibv_grh *grh,
+                                  struct ibv_ah_attr *ah_attr)
+{
+    (void)context;
+    const uint8_t *ip4 = (const uint8_t *)grh + 20;
+    memset(ah_attr, 0, sizeof(*ah_attr));
+    if (!(wc->wc_flags & IBV_WC_GRH) || (ip4[0] >> 4) != 4)
+        return -1;
+    ah_attr->is_global = 1;
+    ah_attr->port_num = port_num;
+    ah_attr->sl = wc->sl;
+    ah_attr->grh.dgid.raw[10] = 0xff;
+    ah_attr->grh.dgid.raw[11] = 0xff;
+    memcpy(&ah_attr->grh.dgid.raw[12], ip4 + 12, 4);
+    ah_attr->grh.hop_limit = ip4[8];
+    ah_attr->grh.traffic_class = ip4[1];
+    return 0;
+}
+
+SN_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc,
+                                               struct ibv_grh *grh, uint8_t port_num)
+{
+    struct ibv_ah_attr a;
+    if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &a))
+        return sn_fail_ptr(EINVAL);
+    return ibv_create_ah(pd, &a);
+}
+
+/* ------------------------------------------------------------------ CQ and channels */
+
+/* The channel's fd is an eventfd the engine adds one to per completion event, so a
+ * program may poll() it (or make it non-blocking) as it would the kernel's. */
+SN_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
+{
+    uint32_t h;
+    struct sn_channel *c = calloc(1, sizeof(*c));
+    if (!c)
+        return sn_fail_ptr(ENOMEM);
+    c->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+    if (c->ch.fd < 0) {
+        int e = errno;
+        free(c);
+        return sn_fail_ptr(e);
+    }
+    int err = sn_create_channel(ctx_handle(context), c->ch.fd, &h);
+    if (err) {
+        close(c->ch.fd);
+        free(c);
+        return sn_fail_ptr(err);
+    }
+    c->handle = h;
+    c->ch.context = context;
+    return &c->ch;
+}
+
+SN_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+    struct sn_channel *c = (struct sn_channel *)channel;
+    int err = sn_destroy_channel(c->handle);
+    if (err)
+        return err;
+    if (channel->fd >= 0)
+        close(channel->fd);
+    free(c);
+    return 0;
+}
+
+static int sn_cqx_start_poll(struct ibv_cq_ex *cq, struct ibv_poll_cq_attr *attr);
+static int sn_cqx_next_poll(struct ibv_cq_ex *cq);
+static void sn_cqx_end_poll(struct ibv_cq_ex *cq);
+static enum ibv_wc_opcode sn_cqx_read_opcode(struct ibv_cq_ex *cq);
+static uint32_t sn_cqx_read_vendor_err(struct ibv_cq_ex *cq);
+static uint32_t sn_cqx_read_byte_len(struct ibv_cq_ex *cq);
+static __be32 sn_cqx_read_imm_data(struct ibv_cq_ex *cq);
+static uint32_t sn_cqx_read_qp_num(struct ibv_cq_ex *cq);
+static uint32_t sn_cqx_read_src_qp(struct ibv_cq_ex *cq);
+static unsigned int sn_cqx_read_wc_flags(struct ibv_cq_ex *cq);
+static uint32_t sn_cqx_read_slid(struct ibv_cq_ex *cq);
+static uint8_t sn_cqx_read_sl(struct ibv_cq_ex *cq);
+static uint8_t sn_cqx_read_dlid_path_bits(struct ibv_cq_ex *cq);
+static uint64_t sn_cqx_read_completion_ts(struct ibv_cq_ex *cq);
+static uint64_t sn_cqx_read_completion_wallclock_ns(struct ibv_cq_ex *cq);
+
+static struct sn_cq *sn_new_cq(struct ibv_context *context, int cqe, void *cq_context,
+                               struct ibv_comp_channel *channel, int *errp)
+{
+    struct sn_cq *s = calloc(1, sizeof(*s));
+    uint32_t h;
+    int actual;
+    if (!s) {
+        *errp = ENOMEM;
+        return NULL;
+    }
+    uint32_t ch = channel ? ((struct sn_channel *)channel)->handle : 0;
+    int err = sn_create_cq(ctx_handle(context), cqe, ch, s, &h, &actual);
+    if (err) {
+        free(s);
+        *errp = err;
+        return NULL;
+    }
+    struct ibv_cq_ex *c = &s->cqx;
+    c->context = context;
+    c->channel = channel;
+    c->cq_context = cq_context;
+    c->handle = h;
+    c->cqe = actual;
+    pthread_mutex_init(&c->mutex, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    c->start_poll = sn_cqx_start_poll;
+    c->next_poll = sn_cqx_next_poll;
+    c->end_poll = sn_cqx_end_poll;
+    c->read_opcode = sn_cqx_read_opcode;
+    c->read_vendor_err = sn_cqx_read_vendor_err;
+    c->read_byte_len = sn_cqx_read_byte_len;
+    c->read_imm_data = sn_cqx_read_imm_data;
+    c->read_qp_num = sn_cqx_read_qp_num;
+    c->read_src_qp = sn_cqx_read_src_qp;
+    c->read_wc_flags = sn_cqx_read_wc_flags;
+    c->read_slid = sn_cqx_read_slid;
+    c->read_sl = sn_cqx_read_sl;
+    c->read_dlid_path_bits = sn_cqx_read_dlid_path_bits;
+    c->read_completion_ts = sn_cqx_read_completion_ts;
+    c->read_completion_wallclock_ns = sn_cqx_read_completion_wallclock_ns;
+    return s;
+}
+
+SN_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+                                       struct ibv_comp_channel *channel, int comp_vector)
+{
+    int err;
+    if (comp_vector < 0 || comp_vector >= context->num_comp_vectors)
+        return sn_fail_ptr(EINVAL);
+    struct sn_cq *s = sn_new_cq(context, cqe, cq_context, channel, &err);
+    if (!s)
+        return sn_fail_ptr(err);
+    return ibv_cq_ex_to_cq(&s->cqx);
+}
+
+static struct ibv_cq_ex *sn_vctx_create_cq_ex(struct ibv_context *context,
+                                              struct ibv_cq_init_attr_ex *attr)
+{
+    int err;
+    if (attr->comp_mask & ~(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
+        return sn_fail_ptr(EOPNOTSUPP);
+    if (attr->comp_vector >= (uint32_t)context->num_comp_vectors)
+        return sn_fail_ptr(EINVAL);
+    struct sn_cq *s = sn_new_cq(context, attr->cqe, attr->cq_context, attr->channel, &err);
+    if (!s)
+        return sn_fail_ptr(err);
+    return &s->cqx;
+}
+
+SN_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+    int actual;
+    int err = sn_resize_cq(cq->handle, cqe, &actual);
+    if (!err)
+        cq->cqe = actual;
+    return err;
+}
+
+SN_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
+{
+    int err = sn_destroy_cq(cq->handle);
+    if (err)
+        return err;
+    pthread_mutex_destroy(&cq->mutex);
+    pthread_cond_destroy(&cq->cond);
+    free(cq);
+    return 0;
+}
+
+static void sn_wc_to_ibv(struct ibv_wc *w, const struct sn_wc *s)
+{
+    memset(w, 0, sizeof(*w));
+    w->wr_id = s->wr_id;
+    w->status = s->status;
+    w->opcode = s->opcode;
+    w->vendor_err = s->vendor_err;
+    w->byte_len = s->byte_len;
+    if (s->wc_flags & IBV_WC_WITH_INV)
+        w->invalidated_rkey = s->imm_data;
+    else
+        w->imm_data = htonl(s->imm_data);
+    w->qp_num = s->qp_num;
+    w->src_qp = s->src_qp;
+    w->wc_flags = s->wc_flags;
+    w->pkey_index = s->pkey_index;
+    w->slid = s->slid;
+    w->sl = s->sl;
+    w->dlid_path_bits = s->dlid_path_bits;
+}
+
+#define SN_POLL_BATCH 32
+
+static int sn_op_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+{
+    struct sn_wc buf[SN_POLL_BATCH];
+    int total = 0;
+    while (total < num_entries) {
+        int want = num_entries - total;
+        if (want > SN_POLL_BATCH)
+            want = SN_POLL_BATCH;
+        int got = sn_poll_cq(cq->handle, want, buf);
+        if (got < 0)
+            return total ? total : got;
+        for (int i = 0; i < got; i++)
+            sn_wc_to_ibv(&wc[total + i], &buf[i]);
+        total += got;
+        if (got < want)
+            break;
+    }
+    return total;
+}
+
+static int sn_op_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    return sn_req_notify_cq(cq->handle, solicited_only);
+}
+
+SN_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
+                               void **cq_context)
+{
+    void *cookie = NULL;
+    uint64_t one;
+    if (read(channel->fd, &one, sizeof(one)) != sizeof(one))
+        return -1;                        /* EAGAIN on a non-blocking channel, as the kernel's */
+    int err = sn_get_cq_event(((struct sn_channel *)channel)->handle, &cookie);
+    if (err || !cookie) {
+        errno = err ? err : EIO;
+        return -1;
+    }
+    *cq = ibv_cq_ex_to_cq(&((struct sn_cq *)cookie)->cqx);
+    *cq_context = (*cq)->cq_context;
+    return 0;
+}
+
+SN_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+    pthread_mutex_lock(&cq->mutex);
+    cq->comp_events_completed += nevents;
+    pthread_cond_signal(&cq->cond);
+    pthread_mutex_unlock(&cq->mutex);
+}
+
+/* extended polling: one completion at a time, read through the read_* calls */
+
+static inline struct sn_cq *to_scq(struct ibv_cq_ex *cq) { return (struct sn_cq *)cq; }
+
+static int sn_cqx_fetch(struct ibv_cq_ex *cq)
+{
+    struct sn_cq *s = to_scq(cq);
+    int got = sn_poll_cq(cq->handle, 1, &s->cur);
+    if (got < 0)
+        return EINVAL;
+    if (got == 0)
+        return ENOENT;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+    s->cur_ts = (uint64_t)ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+    cq->wr_id = s->cur.wr_id;
+    cq->status = s->cur.status;
+    return 0;
+}
+
+static int sn_cqx_start_poll(struct ibv_cq_ex *cq, struct ibv_poll_cq_attr *attr)
+{
+    if (attr && attr->comp_mask)
+        return EINVAL;
+    return sn_cqx_fetch(cq);
+}
+
+static int sn_cqx_next_poll(struct ibv_cq_ex *cq) { return sn_cqx_fetch(cq); }
+static void sn_cqx_end_poll(struct ibv_cq_ex *cq) { (void)cq; }
+static enum ibv_wc_opcode sn_cqx_read_opcode(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.opcode; }
+static uint32_t sn_cqx_read_vendor_err(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.vendor_err; }
+static uint32_t sn_cqx_read_byte_len(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.byte_len; }
+static __be32 sn_cqx_read_imm_data(struct ibv_cq_ex *cq)
+{
+    struct sn_cq *s = to_scq(cq);
+    return (s->cur.wc_flags & IBV_WC_WITH_INV) ? s->cur.imm_data : htonl(s->cur.imm_data);
+}
+static uint32_t sn_cqx_read_qp_num(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.qp_num; }
+static uint32_t sn_cqx_read_src_qp(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.src_qp; }
+static unsigned int sn_cqx_read_wc_flags(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.wc_flags; }
+static uint32_t sn_cqx_read_slid(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.slid; }
+static uint8_t sn_cqx_read_sl(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.sl; }
+static uint8_t sn_cqx_read_dlid_path_bits(struct ibv_cq_ex *cq) { return to_scq(cq)->cur.dlid_path_bits; }
+static uint64_t sn_cqx_read_completion_ts(struct ibv_cq_ex *cq) { return to_scq(cq)->cur_ts; }
+static uint64_t sn_cqx_read_completion_wallclock_ns(struct ibv_cq_ex *cq) { return to_scq(cq)->cur_ts; }
+
+/* ------------------------------------------------------------------ SRQ */
+
+static struct ibv_srq *sn_new_srq(struct ibv_pd *pd, void *srq_context, struct ibv_srq_attr *a)
+{
+    struct ibv_srq *srq = calloc(1, sizeof(*srq));
+    uint32_t h;
+    if (!srq)
+        return sn_fail_ptr(ENOMEM);
+    int err = sn_create_srq(pd->handle, a->max_wr, a->max_sge, a->srq_limit, srq, &h);
+    if (err) {
+        free(srq);
+        return sn_fail_ptr(err);
+    }
+    srq->context = pd->context;
+    srq->srq_context = srq_context;
+    srq->pd = pd;
+    srq->handle = h;
+    pthread_mutex_init(&srq->mutex, NULL);
+    pthread_cond_init(&srq->cond, NULL);
+    return srq;
+}
+
+SN_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+    return sn_new_srq(pd, attr->srq_context, &attr->attr);
+}
+
+static struct ibv_srq *sn_vctx_create_srq_ex(struct ibv_context *ctx,
+                                             struct ibv_srq_init_attr_ex *attr)
+{
+    (void)ctx;
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD))
+        return sn_fail_ptr(EINVAL);
+    if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC)
+        return sn_fail_ptr(EOPNOTSUPP);
+    return sn_new_srq(attr->pd, attr->srq_context, &attr->attr);
+}
+
+static int sn_vctx_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num)
+{
+    *srq_num = srq->handle;
+    return 0;
+}
+
+SN_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int attr_mask)
+{
+    return sn_modify_srq(srq->handle, attr->max_wr, attr->srq_limit, attr_mask);
+}
+
+SN_EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+    return sn_query_srq(srq->handle, &attr->max_wr, &attr->max_sge, &attr->srq_limit);
+}
+
+SN_EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
+{
+    int err = sn_destroy_srq(srq->handle);
+    if (!err)
+        free(srq);
+    return err;
+}
+
+static int sn_op_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                               struct ibv_recv_wr **bad)
+{
+    for (; wr; wr = wr->next) {
+        int err = sn_post_srq_recv(srq->handle, wr->wr_id, (struct sn_sge *)wr->sg_list,
+                                   wr->num_sge);
+        if (err) {
+            *bad = wr;
+            return err;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ QP */
+
+static void sn_qpx_install(struct sn_qp *s);
+
+static struct ibv_qp *sn_new_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a, int is_ex)
+{
+    struct sn_qp *s;
+    struct sn_qp_init init;
+    uint32_t h, qpn;
+    if (a->qp_type != IBV_QPT_RC && a->qp_type != IBV_QPT_UC && a->qp_type != IBV_QPT_UD)
+        return sn_fail_ptr(EOPNOTSUPP);
+    if (!a->send_cq || !a->recv_cq)
+        return sn_fail_ptr(EINVAL);
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return sn_fail_ptr(ENOMEM);
+    memset(&init, 0, sizeof(init));
+    init.qp_type = a->qp_type;
+    init.send_cq = a->send_cq->handle;
+    init.recv_cq = a->recv_cq->handle;
+    init.srq = a->srq ? a->srq->handle : 0;
+    init.sq_sig_all = a->sq_sig_all;
+    init.cap.max_send_wr = a->cap.max_send_wr;
+    init.cap.max_recv_wr = a->cap.max_recv_wr;
+    init.cap.max_send_sge = a->cap.max_send_sge;
+    init.cap.max_recv_sge = a->cap.max_recv_sge;
+    init.cap.max_inline_data = a->cap.max_inline_data;
+    int err = sn_create_qp(pd->handle, &init, s, &h, &qpn);
+    if (err) {
+        free(s);
+        return sn_fail_ptr(err);
+    }
+    a->cap.max_send_wr = init.cap.max_send_wr;
+    a->cap.max_recv_wr = init.cap.max_recv_wr;
+    a->cap.max_send_sge = init.cap.max_send_sge;
+    a->cap.max_recv_sge = init.cap.max_recv_sge;
+    a->cap.max_inline_data = init.cap.max_inline_data;
+    struct ibv_qp *qp = &s->qpx.qp_base;
+    qp->context = pd->context;
+    qp->qp_context = a->qp_context;
+    qp->pd = pd;
+    qp->send_cq = a->send_cq;
+    qp->recv_cq = a->recv_cq;
+    qp->srq = a->srq;
+    qp->handle = h;
+    qp->qp_num = qpn;
+    qp->state = IBV_QPS_RESET;
+    qp->qp_type = a->qp_type;
+    pthread_mutex_init(&qp->mutex, NULL);
+    pthread_cond_init(&qp->cond, NULL);
+    s->is_ex = is_ex;
+    if (is_ex)
+        sn_qpx_install(s);
+    return qp;
+}
+
+SN_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    struct ibv_qp_init_attr_ex a;
+    memset(&a, 0, sizeof(a));
+    memcpy(&a, attr, sizeof(*attr));
+    a.comp_mask = IBV_QP_INIT_ATTR_PD;
+    a.pd = pd;
+    struct ibv_qp *qp = sn_new_qp(pd, &a, 0);
+    if (qp)
+        attr->cap = a.cap;
+    return qp;
+}
+
+static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
+                                           struct ibv_qp_init_attr_ex *attr)
+{
+    (void)ctx;
+    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
+        return sn_fail_ptr(EINVAL);
+    if (attr->comp_mask & ~known)
+        return sn_fail_ptr(EOPNOTSUPP);
+    return sn_new_qp(attr->pd, attr, (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0);
+}
+
+SN_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+    struct sn_qp *s = (struct sn_qp *)qp;
+    return s->is_ex ? &s->qpx : NULL;
+}
+
+SN_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
+{
+    struct sn_qp_attr s;
+    memset(&s, 0, sizeof(s));
+    s.qp_state = attr->qp_state;
+    s.cur_qp_state = attr->cur_qp_state;
+    s.path_mtu = attr->path_mtu;
+    s.path_mig_state = attr->path_mig_state;
+    s.qkey = attr->qkey;
+    s.rq_psn = attr->rq_psn;
+    s.sq_psn = attr->sq_psn;
+    s.dest_qp_num = attr->dest_qp_num;
+    s.qp_access_flags = attr->qp_access_flags;
+    sn_ah_from_ibv(&s.ah, &attr->ah_attr);
+    s.pkey_index = attr->pkey_index;
+    s.en_sqd_async_notify = attr->en_sqd_async_notify;
+    s.max_rd_atomic = attr->max_rd_atomic;
+    s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+    s.min_rnr_timer = attr->min_rnr_timer;
+    s.port_num = attr->port_num;
+    s.timeout = attr->timeout;
+    s.retry_cnt = attr->retry_cnt;
+    s.rnr_retry = attr->rnr_retry;
+    int err = sn_modify_qp(qp->handle, &s, attr_mask);
+    if (!err && (attr_mask & IBV_QP_STATE))
+        qp->state = attr->qp_state;
+    return err;
+}
+
+SN_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                           struct ibv_qp_init_attr *init_attr)
+{
+    struct sn_qp_attr s;
+    struct sn_qp_init i;
+    (void)attr_mask;
+    memset(&s, 0, sizeof(s));
+    memset(&i, 0, sizeof(i));
+    int err = sn_query_qp(qp->handle, &s, &i);
+    if (err)
+        return err;
+    memset(attr, 0, sizeof(*attr));
+    attr->qp_state = s.qp_state;
+    attr->cur_qp_state = s.cur_qp_state;
+    attr->path_mtu = s.path_mtu;
+    attr->path_mig_state = s.path_mig_state;
+    attr->qkey = s.qkey;
+    attr->rq_psn = s.rq_psn;
+    attr->sq_psn = s.sq_psn;
+    attr->dest_qp_num = s.dest_qp_num;
+    attr->qp_access_flags = s.qp_access_flags;
+    attr->cap.max_send_wr = s.cap.max_send_wr;
+    attr->cap.max_recv_wr = s.cap.max_recv_wr;
+    attr->cap.max_send_sge = s.cap.max_send_sge;
+    attr->cap.max_recv_sge = s.cap.max_recv_sge;
+    attr->cap.max_inline_data = s.cap.max_inline_data;
+    sn_ah_to_ibv(&attr->ah_attr, &s.ah);
+    attr->pkey_index = s.pkey_index;
+    attr->en_sqd_async_notify = s.en_sqd_async_notify;
+    attr->sq_draining = s.sq_draining;
+    attr->max_rd_atomic = s.max_rd_atomic;
+    attr->max_dest_rd_atomic = s.max_dest_rd_atomic;
+    attr->min_rnr_timer = s.min_rnr_timer;
+    attr->port_num = s.port_num;
+    attr->timeout = s.timeout;
+    attr->retry_cnt = s.retry_cnt;
+    attr->rnr_retry = s.rnr_retry;
+    qp->state = s.qp_state;
+    if (init_attr) {
+        memset(init_attr, 0, sizeof(*init_attr));
+        init_attr->qp_context = qp->qp_context;
+        init_attr->send_cq = qp->send_cq;
+        init_attr->recv_cq = qp->recv_cq;
+        init_attr->srq = qp->srq;
+        init_attr->cap = attr->cap;
+        init_attr->qp_type = qp->qp_type;
+        init_attr->sq_sig_all = i.sq_sig_all;
+    }
+    return 0;
+}
+
+SN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
+{
+    struct sn_qp *s = (struct sn_qp *)qp;
+    int err = sn_destroy_qp(qp->handle);
+    if (err)
+        return err;
+    for (int i = 0; i < s->npend; i++)
+        free(s->pend[i].inline_buf);
+    free(s->pend);
+    free(s);
+    return 0;
+}
+
+static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
+{
+    struct sn_send_wr s;
+    memset(&s, 0, sizeof(s));
+    s.wr_id = wr->wr_id;
+    s.sg_list = (struct sn_sge *)wr->sg_list;
+    s.num_sge = wr->num_sge;
+    s.opcode = wr->opcode;
+    s.send_flags = wr->send_flags;
+    if (wr->opcode == IBV_WR_SEND_WITH_INV || wr->opcode == IBV_WR_LOCAL_INV)
+        s.invalidate_rkey = wr->invalidate_rkey;
+    else
+        s.imm_data = ntohl(wr->imm_data);
+    switch (wr->opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+        s.remote_addr = wr->wr.rdma.remote_addr;
+        s.rkey = wr->wr.rdma.rkey;
+        break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        s.remote_addr = wr->wr.atomic.remote_addr;
+        s.rkey = wr->wr.atomic.rkey;
+        s.compare_add = wr->wr.atomic.compare_add;
+        s.swap = wr->wr.atomic.swap;
+        break;
+    default:
+        break;
+    }
+    if (qp->qp_type == IBV_QPT_UD) {
+        s.ah = wr->wr.ud.ah ? wr->wr.ud.ah->handle : 0;
+        s.remote_qpn = wr->wr.ud.remote_qpn;
+        s.remote_qkey = wr->wr.ud.remote_qkey;
+    }
+    return sn_post_send(qp->handle, &s);
+}
+
+static int sn_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    for (; wr; wr = wr->next) {
+        int err = sn_post_one(qp, wr);
+        if (err) {
+            *bad = wr;
+            return err;
+        }
+    }
+    return 0;
+}
+
+static int sn_op_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    for (; wr; wr = wr->next) {
+        int err = sn_post_recv(qp->handle, wr->wr_id, (struct sn_sge *)wr->sg_list, wr->num_sge);
+        if (err) {
+            *bad = wr;
+            return err;
+        }
+    }
+    return 0;
+}
+
+/* the ibv_wr_* API: each builder call starts a WR; setters fill the last one;
+ * ibv_wr_complete posts them all in order */
+
+static inline struct sn_qp *to_sqp(struct ibv_qp_ex *q) { return (struct sn_qp *)q; }
+
+static struct sn_pending *sn_wr_new(struct ibv_qp_ex *q, int opcode)
+{
+    struct sn_qp *s = to_sqp(q);
+    if (s->npend == s->cap_pend) {
+        int cap = s->cap_pend ? 2 * s->cap_pend : 16;
+        struct sn_pending *p = realloc(s->pend, cap * sizeof(*p));
+        if (!p) {
+            s->wr_err = ENOMEM;
+            return NULL;
+        }
+        s->pend = p;
+        s->cap_pend = cap;
+    }
+    struct sn_pending *p = &s->pend[s->npend++];
+    memset(p, 0, sizeof(*p));
+    p->wr.wr_id = q->wr_id;
+    p->wr.send_flags = q->wr_flags;
+    p->wr.opcode = opcode;
+    p->wr.sg_list = p->sge;
+    return p;
+}
+
+static struct sn_pending *sn_wr_cur(struct ibv_qp_ex *q)
+{
+    struct sn_qp *s = to_sqp(q);
+    if (!s->npend) {
+        s->wr_err = EINVAL;
+        return NULL;
+    }
+    return &s->pend[s->npend - 1];
+}
+
+static void sn_wr_start(struct ibv_qp_ex *q)
+{
+    struct sn_qp *s = to_sqp(q);
+    for (int i = 0; i < s->npend; i++)
+        free(s->pend[i].inline_buf);
+    s->npend = 0;
+    s->wr_err = 0;
+}
+
+static void sn_wr_abort(struct ibv_qp_ex *q) { sn_wr_start(q); }
+
+static int sn_wr_complete(struct ibv_qp_ex *q)
+{
+    struct sn_qp *s = to_sqp(q);
+    int err = s->wr_err;
+    for (int i = 0; i < s->npend && !err; i++)
+        err = sn_post_send(q->qp_base.handle, &s->pend[i].wr);
+    sn_wr_start(q);
+    return err;
+}
+
+static void sn_wr_rdma(struct ibv_qp_ex *q, int op, uint32_t rkey, uint64_t addr, uint32_t imm)
+{
+    struct sn_pending *p = sn_wr_new(q, op);
+    if (p) {
+        p->wr.rkey = rkey;
+        p->wr.remote_addr = addr;
+        p->wr.imm_data = imm;
+    }
+}
+
+static void sn_wr_rdma_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr)
+{
+    sn_wr_rdma(q, IBV_WR_RDMA_WRITE, rkey, addr, 0);
+}
+
+static void sn_wr_rdma_write_imm(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr, __be32 imm)
+{
+    sn_wr_rdma(q, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr, ntohl(imm));
+}
+
+static void sn_wr_rdma_read(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr)
+{
+    sn_wr_rdma(q, IBV_WR_RDMA_READ, rkey, addr, 0);
+}
+
+static void sn_wr_atomic_cmp_swp(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
+                                 uint64_t compare, uint64_t swap)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_ATOMIC_CMP_AND_SWP);
+    if (p) {
+        p->wr.rkey = rkey;
+        p->wr.remote_addr = addr;
+        p->wr.compare_add = compare;
+        p->wr.swap = swap;
+    }
+}
+
+static void sn_wr_atomic_fetch_add(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
+                                   uint64_t add)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_ATOMIC_FETCH_AND_ADD);
+    if (p) {
+        p->wr.rkey = rkey;
+        p->wr.remote_addr = addr;
+        p->wr.compare_add = add;
+    }
+}
+
+static void sn_wr_send(struct ibv_qp_ex *q) { sn_wr_new(q, IBV_WR_SEND); }
+
+static void sn_wr_send_imm(struct ibv_qp_ex *q, __be32 imm)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_SEND_WITH_IMM);
+    if (p)
+        p->wr.imm_data = ntohl(imm);
+}
+
+static void sn_wr_send_inv(struct ibv_qp_ex *q, uint32_t rkey)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_SEND_WITH_INV);
+    if (p)
+        p->wr.invalidate_rkey = rkey;
+}
+
+static void sn_wr_local_inv(struct ibv_qp_ex *q, uint32_t rkey)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_LOCAL_INV);
+    if (p)
+        p->wr.invalidate_rkey = rkey;
+}
+
+static void sn_wr_set_ud_addr(struct ibv_qp_ex *q, struct ibv_ah *ah, uint32_t remote_qpn,
+                              uint32_t remote_qkey)
+{
+    struct sn_pending *p = sn_wr_cur(q);
+    if (p) {
+        p->wr.ah = ah ? ah->handle : 0;
+        p->wr.remote_qpn = remote_qpn;
+        p->wr.remote_qkey = remote_qkey;
+    }
+}
+
+static void sn_wr_set_sge_list(struct ibv_qp_ex *q, size_t n, const struct ibv_sge *sg)
+{
+    struct sn_pending *p = sn_wr_cur(q);
+    if (!p)
+        return;
+    if (n > sizeof(p->sge) / sizeof(p->sge[0])) {
+        to_sqp(q)->wr_err = EINVAL;
+        return;
+    }
+    memcpy(p->sge, sg, n * sizeof(*sg));
+    p->wr.num_sge = n;
+}
+
+static void sn_wr_set_sge(struct ibv_qp_ex *q, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+    struct ibv_sge sge = { .addr = addr, .length = length, .lkey = lkey };
+    sn_wr_set_sge_list(q, 1, &sge);
+}
+
+static void sn_wr_set_inline_data_list(struct ibv_qp_ex *q, size_t n,
+                                       const struct ibv_data_buf *bufs)
+{
+    struct sn_pending *p = sn_wr_cur(q);
+    size_t total = 0, off = 0;
+    if (!p)
+        return;
+    for (size_t i = 0; i < n; i++)
+        total += bufs[i].length;
+    free(p->inline_buf);
+    p->inline_buf = malloc(total ? total : 1);
+    if (!p->inline_buf) {
+        to_sqp(q)->wr_err = ENOMEM;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        memcpy((char *)p->inline_buf + off, bufs[i].addr, bufs[i].length);
+        off += bufs[i].length;
+    }
+    p->sge[0].addr = (uintptr_t)p->inline_buf;
+    p->sge[0].length = total;
+    p->sge[0].lkey = 0;
+    p->wr.num_sge = 1;
+    p->wr.send_flags |= IBV_SEND_INLINE;
+}
+
+static void sn_wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length)
+{
+    struct ibv_data_buf b = { .addr = addr, .length = length };
+    sn_wr_set_inline_data_list(q, 1, &b);
+}
+
+static void sn_qpx_install(struct sn_qp *s)
+{
+    struct ibv_qp_ex *q = &s->qpx;
+    q->wr_start = sn_wr_start;
+    q->wr_complete = sn_wr_complete;
+    q->wr_abort = sn_wr_abort;
+    q->wr_rdma_write = sn_wr_rdma_write;
+    q->wr_rdma_write_imm = sn_wr_rdma_write_imm;
+    q->wr_rdma_read = sn_wr_rdma_read;
+    q->wr_atomic_cmp_swp = sn_wr_atomic_cmp_swp;
+    q->wr_atomic_fetch_add = sn_wr_atomic_fetch_add;
+    q->wr_send = sn_wr_send;
+    q->wr_send_imm = sn_wr_send_imm;
+    q->wr_send_inv = sn_wr_send_inv;
+    q->wr_local_inv = sn_wr_local_inv;
+    q->wr_set_ud_addr = sn_wr_set_ud_addr;
+    q->wr_set_sge = sn_wr_set_sge;
+    q->wr_set_sge_list = sn_wr_set_sge_list;
+    q->wr_set_inline_data = sn_wr_set_inline_data;
+    q->wr_set_inline_data_list = sn_wr_set_inline_data_list;
+}
+
+/* ------------------------------------------------------------------ async events */
+
+SN_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
+{
+    int type = 0;
+    void *cookie = NULL;
+    int err = sn_get_async_event(ctx_handle(context), &type, &cookie);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    memset(event, 0, sizeof(*event));
+    event->event_type = type;
+    switch (type) {
+    case IBV_EVENT_CQ_ERR:
+        event->element.cq = ibv_cq_ex_to_cq(&((struct sn_cq *)cookie)->cqx);
+        break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+        event->element.srq = cookie;
+        break;
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+        event->element.port_num = 1;
+        break;
+    default:
+        event->element.qp = &((struct sn_qp *)cookie)->qpx.qp_base;
+        break;
+    }
+    return 0;
+}
+
+SN_EXPORT void ibv_ack_async_event(struct ibv_async_event *event) { (void)event; }
+
+/* ------------------------------------------------------------------ no-ops and strings */
+
+SN_EXPORT int ibv_fork_init(void) { return 0; }
+SN_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+SN_EXPORT int ibv_dontfork_range(void *base, size_t size) { (void)base; (void)size; return 0; }
+SN_EXPORT int ibv_dofork_range(void *base, size_t size) { (void)base; (void)size; return 0; }
+SN_EXPORT void verbs_register_driver_34(void *ops) { (void)ops; }
+SN_EXPORT void ibv_register_driver(const char *name, void *init) { (void)name; (void)init; }
+SN_EXPORT int verbs_allow_disassociate_destroy;
+
+SN_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op,
+                                         uint32_t flags)
+{
+    (void)qp; (void)op; (void)flags;
+    return 0;     /* the responder places data in PSN order, but promises nothing more */
+}
+
+SN_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *context,
+                                          struct ibv_ah_attr *attr, uint8_t eth_mac[6],
+                                          uint16_t *vid)
+{
+    (void)context; (void)attr;
+    memset(eth_mac, 0, 6);       /* UDP carries the frames: no link-layer address */
+    if (vid)
+        *vid = 0xffff;
+    return 0;
+}
+
+SN_EXPORT const char *ibv_node_type_str(enum ibv_node_type t)
+{
+    static const char *const names[] = {
+        [IBV_NODE_CA] = "InfiniBand channel adapter", [IBV_NODE_SWITCH] = "InfiniBand switch",
+        [IBV_NODE_ROUTER] = "InfiniBand router", [IBV_NODE_RNIC] = "iWARP NIC",
+        [IBV_NODE_USNIC] = "usNIC", [IBV_NODE_USNIC_UDP] = "usNIC UDP",
+        [IBV_NODE_UNSPECIFIED] = "unspecified",
+    };
+    if (t < IBV_NODE_CA || t > IBV_NODE_UNSPECIFIED || !names[t])
+        return "unknown";
+    return names[t];
+}
+
+SN_EXPORT const char *ibv_port_state_str(enum ibv_port_state s)
+{
+    static const char *const names[] = {"no state change (NOP)", "down", "init", "armed",
+                                        "active", "active deferred"};
+    if ((unsigned)s > IBV_PORT_ACTIVE_DEFER)
+        return "unknown";
+    return names[s];
+}
+
+SN_EXPORT const char *ibv_event_type_str(enum ibv_event_type e)
+{
+    static const char *const names[] = {
+        "CQ error", "local work queue catastrophic error", "invalid request local work queue error",
+        "local access violation work queue error", "communication established",
+        "send queue drained", "path migrated", "path migration request error",
+        "local catastrophic error", "port active", "port error", "LID change",
+        "P_Key change", "SM change", "SRQ catastrophic error", "SRQ limit reached",
+        "last WQE reached", "client reregistration", "GID table change",
+        "WQ catastrophic error",
+    };
+    if ((unsigned)e >= sizeof(names) / sizeof(names[0]))
+        return "unknown";
+    return names[e];
+}
+
+SN_EXPORT const char *ibv_wc_status_str(enum ibv_wc_status status)
+{
+    static const char *const names[] = {
+        "success", "local length error", "local QP operation error",
+        "local EE context operation error", "local protection error", "Work Request Flushed Error",
+        "memory management operation error", "bad response error", "local access error",
+        "remote invalid request error", "remote access error", "remote operation error",
+        "transport retry counter exceeded", "RNR retry counter exceeded",
+        "local RDD violation error", "remote invalid RD request", "aborted error",
+        "invalid EE context number", "invalid EE context state", "fatal error",
+        "response timeout error", "general error", "TM error", "TM rendezvous error",
+    };
+    if ((unsigned)status >= sizeof(names) / sizeof(names[0]))
+        return "unknown";
+    return names[status];
+}
+
+static const int sn_rate_mult[] = {
+    [IBV_RATE_2_5_GBPS] = 1, [IBV_RATE_5_GBPS] = 2, [IBV_RATE_10_GBPS] = 4,
+    [IBV_RATE_20_GBPS] = 8, [IBV_RATE_30_GBPS] = 12, [IBV_RATE_40_GBPS] = 16,
+    [IBV_RATE_60_GBPS] = 24, [IBV_RATE_80_GBPS] = 32, [IBV_RATE_120_GBPS] = 48,
+};
+
+SN_EXPORT int ibv_rate_to_mult(enum ibv_rate rate)
+{
+    if ((unsigned)rate < sizeof(sn_rate_mult) / sizeof(sn_rate_mult[0]) && sn_rate_mult[rate])
+        return sn_rate_mult[rate];
+    return -1;
+}
+
+SN_EXPORT enum ibv_rate mult_to_ibv_rate(int mult)
+{
+    for (unsigned r = 0; r < sizeof(sn_rate_mult) / sizeof(sn_rate_mult[0]); r++)
+        if (sn_rate_mult[r] == mult && mult)
+            return r;
+    return IBV_RATE_MAX;
+}
+
+SN_EXPORT int ibv_rate_to_mbps(enum ibv_rate rate)
+{
+    int m = ibv_rate_to_mult(rate);
+    return m > 0 ? m * 2500 : -1;
+}
+
+SN_EXPORT enum ibv_rate mbps_to_ibv_rate(int mbps)
+{
+    return mbps % 2500 ? IBV_RATE_MAX : mult_to_ibv_rate(mbps / 2500);
+}
+
+/* sysfs: softnic's devices have none (ibv_devinfo then leaves out board_id) */
+SN_EXPORT int ibv_get_sysfs_path(char *buf, size_t len)
+{
+    (void)buf; (void)len;
+    errno = ENOENT;
+    return -1;
+}
+
+SN_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size)
+{
+    (void)dir; (void)file; (void)buf; (void)size;
+    errno = ENOENT;
+    return -1;
+}
+
+SN_EXPORT int ibv_read_ibdev_sysfs_file(char *buf, size_t size, struct ibv_device *dev,
+                                        const char *fnfmt, ...)
+{
+    (void)buf; (void)size; (void)dev; (void)fnfmt;
+    errno = ENOENT;
+    return -1;
+}

@@ -1,0 +1,196 @@
+"""Unmodified C verbs programs on softnic's libibverbs.so.1 (cffi embedding).
+
+Debian's ibverbs-utils and perftest binaries run as two processes through
+``softnic exec``; our own C programs (tests/c) check every byte and the error
+statuses; a pyverbs program and a C program talk to each other.  Needs gcc,
+libibverbs-dev, ibverbs-utils and perftest: skipped where they are missing,
+failed under CI=true (.ci/run installs them).  Every subprocess has a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+CDIR = HERE / "c"
+SOFTNIC = [sys.executable, "-m", "softnic.cli"]
+TIMEOUT = 60
+
+
+def _missing(why: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why} (.ci/run installs it; CI must run the libibverbs tests)")
+    pytest.skip(why)
+
+
+def need(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        _missing(f"needs {binary} (Debian: ibverbs-utils / perftest)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def libdir():
+    from softnic._libibverbs.build import BuildError, build
+    if shutil.which("gcc") is None or not Path("/usr/include/infiniband/verbs.h").exists():
+        _missing("needs gcc and libibverbs-dev to build softnic's libibverbs")
+    try:
+        return build()
+    except BuildError as e:
+        _missing(str(e))
+
+
+def softnic_exec(*args, faults=None, devices=None, extra_env=None, **kw):
+    cmd = [*SOFTNIC, "exec"]
+    if faults:
+        cmd += ["--faults", faults, "--seed", "7"]
+    if devices:
+        cmd += ["--devices", devices]
+    env = dict(os.environ, **(extra_env or {}))
+    return cmd + ["--", *args], env
+
+
+def run(*args, timeout=TIMEOUT, **kw) -> subprocess.CompletedProcess:
+    cmd, env = softnic_exec(*args, **kw)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[1].endswith(f":{port:04X}") and f[3] == "0A":
+                return True
+    return False
+
+
+def pair(binary: str, args: list[str], faults=None, timeout=TIMEOUT):
+    """Server and client of ``binary`` (both with ``args``) over 127.0.0.1; returns both
+    CompletedProcess-like results.  The exchange port is a free one, so runs in
+    parallel do not meet."""
+    port = free_tcp_port()
+    port_opt = ["-p", str(port)]
+    scmd, env = softnic_exec(binary, *args, *port_opt, faults=faults)
+    server = subprocess.Popen(scmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not listening(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                out = server.communicate(timeout=5)[0]
+                pytest.fail(f"{binary} server did not listen (exit {server.returncode}):\n{out}")
+            time.sleep(0.05)
+        client = run(binary, *args, *port_opt, "127.0.0.1", faults=faults, timeout=timeout)
+        sout = server.communicate(timeout=timeout)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert client.returncode == 0 and server.returncode == 0, (
+        f"{binary} {' '.join(args)}: client exit {client.returncode}, server exit "
+        f"{server.returncode}\n--- client\n{client.stdout}{client.stderr}\n--- server\n{sout}")
+    return client.stdout, sout
+
+
+# ---------------------------------------------------------------- ibverbs-utils
+
+
+def test_devices_and_devinfo(libdir):
+    need("ibv_devices")
+    r = run("ibv_devices", devices="2")
+    assert r.returncode == 0, r.stderr
+    assert "softnic0" in r.stdout and "softnic1" in r.stdout
+    r = run(need("ibv_devinfo"), "-v", devices="1")
+    assert r.returncode == 0, r.stderr
+    for want in ("hca_id:\tsoftnic0", "PORT_ACTIVE (4)", "link_layer:\t\tEthernet",
+                 "atomic_cap:\t\t\tATOMIC_HCA (1)", "GID[  0]:\t\t::ffff:127.", "RoCE v2"):
+        assert want in r.stdout, (want, r.stdout)
+
+
+def test_exec_loads_softnic_libibverbs_only_for_c_verbs_programs(libdir, tmp_path):
+    from softnic._libibverbs.launch import links_libibverbs
+    assert links_libibverbs(need("ibv_devinfo"))
+    assert not links_libibverbs(sys.executable)
+    assert not links_libibverbs(str(tmp_path / "nothing-here"))
+
+
+# Under loss this needs the linger of ibv_destroy_qp (docs/libibverbs.md): without it a
+# lost final ACK leaves one side retransmitting for ever to a peer that has exited.
+@pytest.mark.parametrize("args,faults", [
+    (["-n", "20"], None),
+    (["-n", "20", "-e", "-s", "1"], "loss=0.05"),
+], ids=["poll", "events-1B-loss"])
+def test_rc_pingpong(libdir, args, faults):
+    binary = need("ibv_rc_pingpong")
+    cout, sout = pair(binary, ["-g", "0", *args], faults=faults)
+    iters = args[args.index("-n") + 1]
+    for out in (cout, sout):
+        assert f"{iters} iters in" in out, out
+        assert "GID ::ffff:127." in out
+
+
+def test_ib_write_bw(libdir):
+    binary = need("ib_write_bw")
+    cout, sout = pair(binary, ["-x", "0", "-n", "20", "-s", "65536"], faults="loss=0.02")
+    row = [ln.split() for ln in cout.splitlines() if ln.strip().startswith("65536")]
+    assert row and row[0][1] == "20", cout          # bytes, iterations, peak, average, rate
+    assert float(row[0][3]) > 0
+
+
+# ---------------------------------------------------------------- our C programs
+
+
+def compile_c(name: str, tmp_path: Path) -> str:
+    if shutil.which("gcc") is None:
+        _missing("needs gcc")
+    exe = tmp_path / name
+    r = subprocess.run(["gcc", "-O1", "-Wall", "-Werror", "-o", str(exe), str(CDIR / f"{name}.c"),
+                        "-libverbs"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return str(exe)
+
+
+@pytest.mark.parametrize("faults", [None, "loss=0.03"])
+def test_c_datacheck_every_byte(libdir, tmp_path, faults):
+    exe = compile_c("datacheck", tmp_path)
+    r = run(exe, *(["--lossy"] if faults else []), faults=faults)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wants = ["RC classic verbs: ok", "RC extended verbs (ibv_qp_ex, ibv_cq_ex): ok", "SRQ: ok",
+             "completion channel (poll()ed fd): ok", "all bytes checked"]
+    if not faults:
+        wants += ["UC: ok", "UD: ok"]
+    for want in wants:
+        assert want in r.stdout, r.stdout
+
+
+def test_c_wc_errors_leave_memory_untouched(libdir, tmp_path):
+    r = run(compile_c("wc_errors", tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("memory untouched") == 9, r.stdout
+    assert "all statuses as expected" in r.stdout
+
+
+def test_pyverbs_program_and_c_program_are_peers(libdir, tmp_path):
+    exe = compile_c("datacheck", tmp_path)
+    r = run(sys.executable, str(CDIR / "pypeer.py"), *SOFTNIC, "exec", exe, "--peer")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all checked" in r.stdout
