@@ -146,7 +146,7 @@ class NIC(_Opened):
                 config=DeviceConfig(min_timer=cfg.min_timer, selective_repeat=cfg.selective_repeat,
                                     cc=_config.cc_for(cfg, spec.name)))
         except BaseException:
-            (self.sock.close_all if self.transport == "tcp" else self.sock.close)()
+            self._close_wire()
             raise
         # With congestion control on, read the ECN bits of what arrives (a CE mark
         # from a real router reaches the controller) and send ECT if it reacts to ECN.
@@ -243,9 +243,12 @@ class NIC(_Opened):
             self._thread.join(timeout=1.0)
         self.publish_counters(final=True)
         with self.lock:
-            self.sock.close()
+            self._close_wire()
             if self.capture is not None:
                 self.capture.close()
+
+    def _close_wire(self) -> None:
+        self.sock.close()
 
     def publish_counters(self, final: bool = False) -> None:
         """Write the counters where ``softnic counters`` (another process) reads them."""
@@ -407,19 +410,8 @@ class TcpNIC(NIC):
     def _next_deadline(self) -> float | None:
         return None
 
-    def close(self) -> None:
-        with self.lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
-        self.publish_counters(final=True)
-        with self.lock:
-            self.sock.close_all()
-            if self.capture is not None:
-                self.capture.close()
+    def _close_wire(self) -> None:
+        self.sock.close_all()
 
 
 class SimWorld:

@@ -15,50 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from softnic.core.device import Device, DeviceConfig  # noqa: E402
-from softnic.core.enums import SendFlags, WCStatus, WROpcode as W  # noqa: E402
-from softnic.core.qp import SendWR  # noqa: E402
-from softnic.faults import FaultModel  # noqa: E402
-from softnic.rig import connect  # noqa: E402
-from softnic.transport.sim import Fabric  # noqa: E402
-
-
-def measure(loss: float, selective_repeat: bool, *, total: int, msg: int, rate: float,
-            delay: float, window: int, mtu: int, seed: int) -> dict:
-    cfg = DeviceConfig(selective_repeat=selective_repeat, window=window, min_timer=100e-6)
-    a = Device("a", "10.0.0.1", config=cfg)
-    b = Device("b", "10.0.0.2", config=cfg)
-    fabric = Fabric(seed, default_faults=FaultModel(loss=loss), default_delay=delay,
-                    default_rate_bps=rate)
-    fabric.attach(a)
-    fabric.attach(b)
-    n = total // msg
-    ea, eb = connect(a, b, mtu=mtu, timeout=8, endpoint_args=dict(
-        buf_size=msg, max_send_wr=n + 1, cq_depth=n + 16))
-    for i in range(n):
-        a.post_send(ea.qp, SendWR(i, W.RDMA_WRITE, [ea.sge(0, msg)], SendFlags.SIGNALED,
-                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
-    got = []
-
-    def done() -> bool:
-        got.extend(a.poll_cq(ea.send_cq, 64))
-        return len(got) == n
-
-    t0 = time.perf_counter()
-    fabric.run(until=600.0, stop=done)
-    wall = time.perf_counter() - t0
-    ok = len(got) == n and all(w.status == WCStatus.SUCCESS for w in got)
-    sent = a.counters["sent_pkts"]
-    useful = n * -(-msg // mtu)
-    return dict(loss=loss, mode="selective repeat" if selective_repeat else "go-back-N",
-                ok=ok, virtual_s=fabric.now, goodput_gbps=total * 8 / fabric.now / 1e9,
-                data_pkts_sent=sent, useful_pkts=useful, overhead=sent / useful - 1,
-                timeouts=a.counters["timeouts"], wall_s=wall, events=fabric.events_processed)
+from softnic.experiments import goodput_under_loss as measure  # noqa: E402
 
 
 def main() -> int:
