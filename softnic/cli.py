@@ -143,7 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     from .experiment_cli import add_arguments as experiment_arguments
     experiment_arguments(sub.add_parser("experiment", help="congestion (incast) and loss "
                                         "experiments in virtual time: JSON, PNG, figures"))
+    from .perf import add_arguments as perf_arguments
+    perf_arguments(sub.add_parser("perf", help="perftest's benchmarks (write_bw, read_lat, ...) "
+                                  "between two softnic processes"))
     args = ap.parse_args(argv)
+    if args.cmd == "perf":
+        from .perf import main as perf
+        return perf(args)
     if args.cmd == "experiment":
         from .experiment_cli import main as experiment
         return experiment(args)
