@@ -172,6 +172,7 @@ class Endpoint:
         attr.qp_access_flags = access & ~e.IBV_ACCESS_LOCAL_WRITE
         self.qps = [QP(self.pd, init, attr) for _ in range(p["qps"])]
         self.nic = self.ctx._nic
+        self.prepared = False
 
     def info(self) -> dict:
         return {"gid": str(self.ctx.query_gid(1, 0)), "qpns": [q.qp_num for q in self.qps],
@@ -204,20 +205,26 @@ class Endpoint:
         self.ctx.close()
 
 
-def _poll(ep: Endpoint, n: int, deadline: float) -> list:
-    """Up to ``n`` completions, at least one, all successful (PerfError otherwise)."""
+STALL = 30.0       # seconds without a completion before a run is given up
+
+
+def _poll(ep: Endpoint, n: int, deadline: float = 0.0) -> list:
+    """Up to ``n`` completions, at least one, all successful (PerfError otherwise,
+    also when none comes for ``STALL`` seconds)."""
     e = ep.e
     cq = ep.cq
+    got, wcs = cq.poll(n)
+    deadline = time.monotonic() + STALL
     while True:
-        got, wcs = cq.poll(n)
         if got:
             for w in wcs:
                 if w.status != e.IBV_WC_SUCCESS:
                     raise PerfError(f"completion failed: wr_id {w.wr_id} status {w.status} "
-                                    f"({e.ibv_wc_status(w.status).name if hasattr(e, 'ibv_wc_status') else w.status})")
+                                    f"(vendor error {w.vendor_err})")
             return wcs
         if time.monotonic() > deadline:
             raise PerfError("completions did not arrive in time (is the peer alive?)")
+        got, wcs = cq.poll(n)
 
 
 class Progress:
@@ -229,7 +236,7 @@ class Progress:
         self.next = self.t0 + 1.0
 
     def tick(self, done: int) -> None:
-        if self.enabled and done & 63 == 0:
+        if self.enabled and done & 63 == 0 and done:
             now = time.monotonic()
             if now >= self.next:
                 self.next = now + 1.0
@@ -266,7 +273,7 @@ def _wr(ep: Endpoint, p: dict, peer: dict, size: int, wr_id: int, signaled: bool
 def _post_recvs(ep: Endpoint, qp, size: int, n: int) -> None:
     from verbs_api.wr import SGE, RecvWR
     for _ in range(n):
-        qp.post_recv(RecvWR(0, 1, [SGE(ep.mr.buf + ep.half, size, ep.mr.lkey)]))
+        qp.post_recv(RecvWR(0, 1, [SGE(ep.mr.buf + ep.half, ep.half, ep.mr.lkey)]))
 
 
 def bw_client(ep: Endpoint, p: dict, peer: dict, size: int, progress: Progress) -> dict:
@@ -339,6 +346,7 @@ def _spin_byte(ep: Endpoint, offset: int, value: int, deadline: float) -> None:
     cq = ep.cq
     poll = ep.nic.poll
     e = ep.e
+    deadline = time.monotonic() + STALL
     while ctypes.string_at(addr, 1)[0] != value:
         poll()
         n, wcs = cq.poll(8)       # completions of our own signaled WRITEs
@@ -371,25 +379,30 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
             progress.tick(i)
         return times
     if op == "send":
+        # Count completions rather than pairing them per iteration: the peer's next
+        # SEND may complete in the same poll as the ACK of ours.  Both sides posted
+        # their receives before the size began (``prepare``).
         wr = _wr(ep, p, peer, size, 0, True)
-        _post_recvs(ep, qp, size, 2)
+        recvd = sent = 0
+        recv_op = ep.e.IBV_WC_RECV
         for i in range(iters + warm):
             t = time.perf_counter()
             if initiator:
                 qp.post_send(wr)
-            seen_recv = seen_send = False
-            while not (seen_recv and seen_send):
-                for w in _poll(ep, 2, deadline):
-                    if w.opcode == ep.e.IBV_WC_RECV:
-                        seen_recv = True
+            while recvd <= i or sent < i - 2:
+                for w in _poll(ep, 4, deadline):
+                    if w.opcode == recv_op:
+                        recvd += 1
                         _post_recvs(ep, qp, size, 1)
-                        if not initiator:
-                            qp.post_send(wr)
                     else:
-                        seen_send = True
-            if initiator and i >= warm:
+                        sent += 1
+            if not initiator:
+                qp.post_send(wr)
+            elif i >= warm:
                 times.append(time.perf_counter() - t)
             progress.tick(i)
+        while sent < iters + warm:
+            sent += sum(1 for w in _poll(ep, 4, deadline) if w.opcode != recv_op)
         return times
     # write: both sides write the peer's receive area; the last byte carries a
     # sequence number the receiver spins on (as perftest's write_lat does).
@@ -411,6 +424,14 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
         progress.tick(i)
     # drain our own WRITE completions
     return times
+
+
+def prepare(ep: Endpoint, p: dict, size: int) -> None:
+    """Receives posted before a size starts, so no SEND meets an empty queue."""
+    if p["op"] == "send" and not ep.prepared:
+        ep.prepared = True            # each completion reposts one: the count holds
+        for qp in ep.qps:
+            _post_recvs(ep, qp, size, ep.depth if p["kind"] == "bw" else 4)
 
 
 def lat_summary(times: list[float], size: int, iters: int, half: bool) -> dict:
@@ -508,6 +529,8 @@ def run_client(args) -> int:
                 if show:
                     print(bw_row(r, args.report_gbits), flush=True)
             else:
+                if p["kind"] == "lat":
+                    prepare(ep, p, size)
                 times = lat_run(ep, p, peer, size, True, prog)
                 ch.send({"done": True})
                 ch.recv()
@@ -568,8 +591,7 @@ def serve(args) -> int:
             prog = Progress(False, size, p["iters"])
             if p["kind"] == "bw":
                 if p["op"] == "send":
-                    for qp in ep.qps:
-                        _post_recvs(ep, qp, size, ep.depth)
+                    prepare(ep, p, size)
                     ch.send({"set": True})
                     r = send_bw_server(ep, p, size)
                     ch.recv()
@@ -580,6 +602,7 @@ def serve(args) -> int:
                     ch.send({"ok": True})
                     r = {"bytes": size}
             else:
+                prepare(ep, p, size)
                 ch.send({"set": True})
                 lat_run(ep, p, peer, size, False, prog)
                 ch.recv()
