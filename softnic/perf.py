@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         t.add_argument("-a", "--all", action="store_true", help="all sizes 2 .. 2**23")
         t.add_argument("-n", "--iters", type=_positive, default=None,
                        help="iterations per size and QP (default 5000 bw, 1000 lat)")
+        t.add_argument("--max-bytes", type=_positive, default=None,
+                       help="cap the iterations of a size at this many bytes (with -a, so "
+                       "large sizes end in time; at least 10 iterations)")
         t.add_argument("-q", "--qp", type=_positive, default=1, help="number of QPs (bw tests)")
         t.add_argument("-m", "--mtu", type=int, choices=MTUS, default=1024, help="path MTU")
         t.add_argument("-t", "--tx-depth", type=_positive, default=128,
@@ -101,6 +104,7 @@ def plan(args) -> dict:
     iters = args.iters or (5000 if kind == "bw" else 1000)
     qps = args.qp if kind == "bw" else 1
     return {"test": args.perf_test, "op": op, "kind": kind, "sizes": sizes, "iters": iters,
+            "max_bytes": args.max_bytes,
             "qps": qps, "mtu": args.mtu, "tx_depth": args.tx_depth, "timeout": args.qp_timeout}
 
 
@@ -276,10 +280,18 @@ def _post_recvs(ep: Endpoint, qp, size: int, n: int) -> None:
         qp.post_recv(RecvWR(0, 1, [SGE(ep.mr.buf + ep.half, ep.half, ep.mr.lkey)]))
 
 
+def iterations(p: dict, size: int) -> int:
+    """``-n``, or fewer where ``--max-bytes`` caps a large size (10 at least)."""
+    n = p["iters"]
+    if p.get("max_bytes"):
+        n = min(n, max(10, p["max_bytes"] // size))
+    return n
+
+
 def bw_client(ep: Endpoint, p: dict, peer: dict, size: int, progress: Progress) -> dict:
     """Keep ``tx_depth`` WRs in flight on every QP; every one is signaled, so a
     completion frees its slot.  Returns times of completions for the peak."""
-    iters, qps, depth = p["iters"], ep.qps, ep.depth
+    iters, qps, depth = iterations(p, size), ep.qps, ep.depth
     total = iters * len(qps)
     posted = [0] * len(qps)
     inflight = [0] * len(qps)
@@ -322,7 +334,7 @@ def bw_client(ep: Endpoint, p: dict, peer: dict, size: int, progress: Progress) 
 
 def send_bw_server(ep: Endpoint, p: dict, size: int) -> dict:
     """Receive ``iters`` SENDs on every QP, keeping receives posted."""
-    qps, depth, iters = ep.qps, ep.depth, p["iters"]
+    qps, depth, iters = ep.qps, ep.depth, iterations(p, size)
     by_qpn = {qp.qp_num: qp for qp in qps}
     total = iters * len(qps)
     deadline = time.monotonic() + 600
@@ -361,7 +373,7 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
             progress: Progress) -> list[float]:
     """One side of a latency test; the initiator's round-trip times (seconds)."""
     import ctypes
-    op, iters = p["op"], p["iters"]
+    op, iters = p["op"], iterations(p, size)
     qp = ep.qps[0]
     deadline = time.monotonic() + 600
     warm = min(50, iters)
@@ -376,7 +388,7 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
             _poll(ep, 1, deadline)
             if i >= warm:
                 times.append(time.perf_counter() - t)
-            progress.tick(i)
+            progress.tick(max(0, i - warm))
         return times
     if op == "send":
         # Count completions rather than pairing them per iteration: the peer's next
@@ -400,7 +412,7 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
                 qp.post_send(wr)
             elif i >= warm:
                 times.append(time.perf_counter() - t)
-            progress.tick(i)
+            progress.tick(max(0, i - warm))
         while sent < iters + warm:
             sent += sum(1 for w in _poll(ep, 4, deadline) if w.opcode != recv_op)
         return times
@@ -421,7 +433,7 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
             _spin_byte(ep, ep.half + last, seq, deadline)
             ctypes.memset(ep.mr.buf + last, seq, 1)
             qp.post_send(wr)
-        progress.tick(i)
+        progress.tick(max(0, i - warm))
     # drain our own WRITE completions
     return times
 
@@ -495,10 +507,20 @@ def _banner(args, p, role, ep, show):
 
 def run_client(args) -> int:
     p = plan(args)
-    try:
-        sock = socket.create_connection((args.server, args.port), timeout=args.connect_timeout)
-    except OSError as exc:
-        raise PerfError(f"cannot reach the server at {args.server}:{args.port}: {exc}") from None
+    deadline = time.monotonic() + args.connect_timeout
+    while True:           # the server may still be starting: try again until the timeout
+        try:
+            sock = socket.create_connection((args.server, args.port),
+                                            timeout=args.connect_timeout)
+            break
+        except (ConnectionRefusedError, ConnectionResetError) as exc:
+            if time.monotonic() > deadline:
+                raise PerfError(f"cannot reach the server at {args.server}:{args.port}: "
+                                f"{exc}") from None
+            time.sleep(0.05)
+        except OSError as exc:
+            raise PerfError(f"cannot reach the server at {args.server}:{args.port}: "
+                            f"{exc}") from None
     sock.settimeout(None)
     ch = Channel(sock)
     ep = Endpoint(args.ib_dev, p)
@@ -517,7 +539,8 @@ def run_client(args) -> int:
         for size in p["sizes"]:
             ch.send({"size": size})
             ch.recv()                                    # the server is set for this size
-            prog = Progress(not args.no_progress, size, p["iters"] * len(ep.qps))
+            prog = Progress(not args.no_progress, size, iterations(p, size) *
+                            (len(ep.qps) if p["kind"] == "bw" else 1))
             if p["kind"] == "bw":
                 r = bw_client(ep, p, peer, size, prog)
                 if p["op"] == "send":
@@ -534,7 +557,8 @@ def run_client(args) -> int:
                 times = lat_run(ep, p, peer, size, True, prog)
                 ch.send({"done": True})
                 ch.recv()
-                r = lat_summary(times, size, p["iters"], half=p["op"] in ("write", "send"))
+                r = lat_summary(times, size, iterations(p, size),
+                                half=p["op"] in ("write", "send"))
                 if show:
                     print(lat_row(r), flush=True)
             results.append(r)
