@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="iterations per size and QP (default 5000 bw, 1000 lat)")
         t.add_argument("--max-bytes", type=_positive, default=None,
                        help="cap the iterations of a size at this many bytes (with -a, so "
-                       "large sizes end in time; at least 10 iterations)")
+                       "large sizes end in time; at least 2 iterations)")
         t.add_argument("-q", "--qp", type=_positive, default=1, help="number of QPs (bw tests)")
         t.add_argument("-m", "--mtu", type=int, choices=MTUS, default=1024, help="path MTU")
         t.add_argument("-t", "--tx-depth", type=_positive, default=128,
@@ -281,10 +281,10 @@ def _post_recvs(ep: Endpoint, qp, size: int, n: int) -> None:
 
 
 def iterations(p: dict, size: int) -> int:
-    """``-n``, or fewer where ``--max-bytes`` caps a large size (10 at least)."""
+    """``-n``, or fewer where ``--max-bytes`` caps a large size (2 at least)."""
     n = p["iters"]
     if p.get("max_bytes"):
-        n = min(n, max(10, p["max_bytes"] // size))
+        n = min(n, max(2, p["max_bytes"] // size))
     return n
 
 

@@ -306,7 +306,7 @@ def run(args) -> dict:
     step("C sockperf UDP 4 KiB")
     res["sockperf"] = sockperf_tp(secs)
     step("raw-Python UDP blast 4 KiB")
-    res["python_blast"] = python_blast(secs)
+    res["python_blast"] = python_blast(0.5 if q else secs)
     step("softnic write_bw 64 KiB, 1 QP, MTU 4096")
     wr = perf("write_bw", ["-s", str(big), "-n", str(n_bw), "-m", "4096", "-t", "16"])
     res["write_bw"] = wr["results"][0]
@@ -333,8 +333,8 @@ def run(args) -> dict:
     step("resident memory per idle RC QP")
     res["rss"] = rss_per_qp(64 if q else 1024)
     step("size sweep (write_bw, write_lat)")
-    top = 16 if q else 23
-    sweep_args = ["-a", "-m", "4096", "--max-bytes", str(1 << 20 if q else args.sweep_bytes)]
+    top = 12 if q else 23
+    sweep_args = ["-a", "-m", "4096", "--max-bytes", str(1 << 14 if q else args.sweep_bytes)]
     res["sweep_bw"] = perf("write_bw", sweep_args + ["-n", "50" if q else "2000", "-t", "16"]
                            )["results"]
     res["sweep_lat"] = perf("write_lat", sweep_args + ["-n", "20" if q else "200"])["results"]
@@ -447,7 +447,7 @@ def main(argv=None) -> int:
     p.add_argument("--pings", type=int, default=2000, help="round trips per latency figure")
     p.add_argument("--sweep-bytes", type=int, default=32 << 20,
                    help="bytes per size in the sweep (iterations are capped by it)")
-    p.add_argument("--loss-timeout", type=int, default=8,
+    p.add_argument("--loss-timeout", type=int, default=11,
                    help="QP timeout attribute of the lossy run (4.096 us * 2**t)")
     p.add_argument("--loss-recovery", choices=("gbn", "sr"), default="sr",
                    help="loss recovery of the lossy run")
