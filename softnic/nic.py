@@ -266,15 +266,23 @@ class NIC(_Opened):
 
     # ------------------------------------------------------------ the driver
 
-    def _send(self, data: bytes, addr, now: float) -> None:
+    def _send(self, data: bytes, addr, now: float, batch: list | None = None) -> None:
+        """Send one datagram through the capture and the fault model; with ``batch``,
+        what goes out now is appended there for one ``send_batch``."""
         if self.capture is not None:
             self.capture.record(data, (self.ip, self.port), addr, time.time())
         if self.injector is None:
-            self.sock.send(data, addr)
+            if batch is None:
+                self.sock.send(data, addr)
+            else:
+                batch.append((data, addr))
             return
         for at, copy in self.injector.apply(data, now):
             if at <= now:
-                self.sock.send(copy, addr)
+                if batch is None:
+                    self.sock.send(copy, addr)
+                else:
+                    batch.append((copy, addr))
             else:
                 self._seq += 1
                 heapq.heappush(self._delayed, (at, self._seq, copy, addr))
@@ -288,8 +296,10 @@ class NIC(_Opened):
         if self.capture is None and self.injector is None:
             self.sock.send_batch(out)        # runs of equal datagrams: one sendmsg each
             return
+        batch: list = []
         for data, addr in out:
-            self._send(data, addr, now)
+            self._send(data, addr, now, batch)
+        self.sock.send_batch(batch)
 
     def _step(self, now: float) -> bool:
         """Receive what waits, fire due timers, send.  Caller holds the lock."""

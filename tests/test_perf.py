@@ -204,3 +204,15 @@ def test_write_shortcut_matches_general_path(monkeypatch, seed):
     assert fast[0][:5000] != bytes(5000)
     assert sum(fast[4]) >= 40                     # the shortcut placed most packets
     assert fast[2][-1][1] != fast[2][0][1]        # and the WRITE past the MR end failed
+
+
+def test_middle_packets_encode_as_before():
+    """encode_middle gives encode's bytes for every MIDDLE opcode, flag and PSN."""
+    from softnic.wire.roce import Opcode as O, encode, encode_middle
+    payload = pattern(1024, 5)
+    for op in (O.RC_SEND_MIDDLE, O.RC_RDMA_WRITE_MIDDLE):
+        for psn in (0, 1, 0xFFFFFF, 0x123456):
+            for ackreq in (False, True):
+                for qpn in (1, 0xFFFFFF, 0x1000001):
+                    assert encode_middle(op, qpn, psn, ackreq, memoryview(payload)) == \
+                        encode(op, dest_qp=qpn, psn=psn, ackreq=ackreq, payload=payload)

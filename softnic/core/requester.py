@@ -8,7 +8,7 @@ asks for a single PSN (selective repeat).
 
 from __future__ import annotations
 
-from ..wire.roce import Opcode as O, encode, psn_diff
+from ..wire.roce import Opcode as O, encode, encode_middle, psn_diff
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
 from .memory import AccessError
 from .responder import SR_SPAN
@@ -28,6 +28,8 @@ _OPC = {
                             O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE),
 }
 _ATOMIC_OPC = {W.ATOMIC_CMP_AND_SWP: O.RC_COMPARE_SWAP, W.ATOMIC_FETCH_AND_ADD: O.RC_FETCH_ADD}
+#: the MIDDLE opcode of each WR that a long message carries in MIDDLE packets
+_MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
 
 
 def _start(dev, qp, wqe) -> None:
@@ -96,6 +98,9 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
     psn = (wqe.first_psn + idx) & 0xFFFFFF
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
+    if 0 < idx < wqe.npkts - 1 and qp.qp_type is QPType.RC and op in _MIDDLE:
+        mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
+        return encode_middle(_MIDDLE[op], dqpn, psn, ackreq, gather(wqe, idx * mtu, mtu))
     if qp.qp_type == QPType.UD:
         qkey = wqe.remote_qkey
         if qkey & 0x80000000:        # IBA: a high-order bit set means "use the QP's own Q_Key"
