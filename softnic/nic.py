@@ -232,6 +232,7 @@ class NIC(_Opened):
         with self.lock:
             c = dict(self.dev.counters)
         c["udp_send_errors"] = self.sock.send_errors if self.sock else 0
+        c["udp_recv_truncated"] = self.sock.recv_truncated if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
         return c

@@ -536,6 +536,7 @@ class Device:
             responder.queue_ack(self, qp, psn)
         if qp.sr_naked:
             qp.sr_naked.clear()
+        qp.sr_scan = None
         return True
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:

@@ -339,6 +339,7 @@ class QP:
         self.write_len = 0
         self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
         self.sr_naked: set[int] = set()
+        self.sr_scan: int | None = None   # responder: PSNs below it are held or named
         self.ooo: dict[int, object] = {}   # selective repeat: PSN -> packet held for in-order apply
         self.ooo_high = None
         self.resources: deque = deque()    # READ / ATOMIC replay resources

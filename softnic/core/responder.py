@@ -86,6 +86,7 @@ def receive(dev, qp, pkt, src, now: float) -> None:
             _sack_nak(dev, qp, qp.epsn, max(qp.ooo, key=lambda p: psn_diff(p, qp.epsn)))
     if not qp.ooo:
         qp.sr_naked.clear()
+        qp.sr_scan = None
 
 
 def _sack_nak(dev, qp, missing: int, held: int) -> None:
@@ -107,12 +108,22 @@ def _hold(dev, qp, pkt, d: int) -> None:
     qp.ooo[psn] = pkt
     named = 0
     p = qp.epsn
+    scan = qp.sr_scan
+    if scan is not None and psn_diff(scan, p) > 0:
+        # every PSN below ``scan`` is held or already named: start there, so a
+        # window of packets beyond one hole costs a window of steps, not its square
+        if psn_diff(psn, scan) < 0:
+            p = psn
+        else:
+            p = scan
     while p != psn and named < 16:
         if p not in qp.ooo and p not in qp.sr_naked:
             qp.sr_naked.add(p)
             _sack_nak(dev, qp, p, psn)
             named += 1
         p = (p + 1) & 0xFFFFFF
+    if scan is None or psn_diff(p, scan) > 0:
+        qp.sr_scan = p
     if not named and pkt.bth.ackreq:
         _sack_nak(dev, qp, qp.epsn, psn)
 
@@ -138,6 +149,7 @@ def _execute(dev, qp, pkt) -> None:
         dev.counters["send_rnr_err"] += 1
         qp.ooo.clear()
         qp.sr_naked.clear()
+        qp.sr_scan = None
         qp.resp_out.append(("ack", psn, (AethCode.RNR_NAK << 5) | qp.attr.min_rnr_timer, qp.msn))
         dev.mark_ready(qp)
         return

@@ -48,6 +48,7 @@ class UdpSocket:
         self.sock = s
         self.address: Address = s.getsockname()
         self.send_errors = 0
+        self.recv_truncated = 0
         self.gso = offload
         self.gro = False
         self._tos = False
@@ -166,6 +167,9 @@ class UdpSocket:
             except (BlockingIOError, InterruptedError):
                 break
             except ConnectionRefusedError:
+                continue
+            if _flags & socket.MSG_TRUNC:
+                self.recv_truncated += 1         # cannot happen below 64 KiB; counted if it does
                 continue
             ecn = 0
             seg = 0
