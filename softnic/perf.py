@@ -26,6 +26,7 @@ import socket
 import statistics
 import sys
 import time
+from collections import deque
 
 TESTS = {
     "write_bw": ("write", "bw"), "write_lat": ("write", "lat"),
@@ -300,12 +301,17 @@ def bw_client(ep: Endpoint, p: dict, peer: dict, size: int, progress: Progress) 
     window = max(1, total // 20)
     deadline = time.monotonic() + 600
     wrs = [_wr(ep, p, peer, size, i, True) for i in range(len(qps))]
+    # QPs with a free slot, so that a round costs what it posts, not the QP count
+    ready = deque(range(len(qps)))
+    queued = [True] * len(qps)
     t0 = time.perf_counter()
     while done < total:
-        for i, qp in enumerate(qps):
+        while ready:
+            i = ready.popleft()
+            queued[i] = False
             k = min(depth - inflight[i], iters - posted[i])
             if k > 0:
-                w = wrs[i]
+                w, qp = wrs[i], qps[i]
                 for _ in range(k):
                     qp.post_send(w)
                 posted[i] += k
@@ -313,7 +319,11 @@ def bw_client(ep: Endpoint, p: dict, peer: dict, size: int, progress: Progress) 
         wcs = _poll(ep, 64, deadline)
         now = time.perf_counter()
         for w in wcs:
-            inflight[w.wr_id] -= 1
+            i = w.wr_id
+            inflight[i] -= 1
+            if not queued[i] and posted[i] < iters:
+                queued[i] = True
+                ready.append(i)
         before = done
         done += len(wcs)
         if done // window != before // window:

@@ -216,3 +216,42 @@ def test_middle_packets_encode_as_before():
                 for qpn in (1, 0xFFFFFF, 0x1000001):
                     assert encode_middle(op, qpn, psn, ackreq, memoryview(payload)) == \
                         encode(op, dest_qp=qpn, psn=psn, ackreq=ackreq, payload=payload)
+
+
+# ------------------------------------------------------------------ segmentation offload
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_send_batch_delivers_each_datagram_as_sent(offload):
+    """Runs of equal datagrams leave in one sendmsg (UDP_SEGMENT) and may arrive as one
+    buffer (UDP_GRO); the receiver still sees every datagram, whole and in order."""
+    import time as _time
+    from softnic.transport.udp import UdpSocket
+    rx = UdpSocket("127.0.0.1", 0, offload=offload)
+    rx2 = UdpSocket("127.0.0.1", 0, offload=offload)
+    tx = UdpSocket("127.0.0.1", 0, offload=offload)
+    try:
+        sizes = [1040] * 20 + [600] + [1040] * 3 + [4124] * 40 + [77, 77, 77, 12]
+        sent = [(pattern(n, i), rx.address) for i, n in enumerate(sizes)]
+        sent.insert(30, (b"elsewhere", rx2.address))
+        tx.send_batch(sent)
+        got = []
+        deadline = _time.monotonic() + 5
+        while len(got) < len(sizes) and _time.monotonic() < deadline:
+            got += [d for d, _ in rx.recv_batch()]
+        assert got == [d for d, a in sent if a == rx.address]
+        assert rx2.recv_batch() == [(b"elsewhere", tx.address)] or \
+            _wait_one(rx2) == [(b"elsewhere", tx.address)]
+        assert tx.send_errors == 0 and rx.recv_truncated == 0
+    finally:
+        for s in (rx, rx2, tx):
+            s.close()
+
+
+def _wait_one(sock):
+    import time as _time
+    deadline = _time.monotonic() + 2
+    while _time.monotonic() < deadline:
+        got = sock.recv_batch()
+        if got:
+            return got
+    return []
