@@ -344,7 +344,7 @@ def bw_client(ep: Endpoint, p: dict, peer: dict, size: int, progress: Progress) 
 
 def send_bw_server(ep: Endpoint, p: dict, size: int) -> dict:
     """Receive ``iters`` SENDs on every QP, keeping receives posted."""
-    qps, depth, iters = ep.qps, ep.depth, iterations(p, size)
+    qps, iters = ep.qps, iterations(p, size)
     by_qpn = {qp.qp_num: qp for qp in qps}
     total = iters * len(qps)
     deadline = time.monotonic() + 600
@@ -596,8 +596,8 @@ def serve(args) -> int:
         raise PerfError(f"cannot listen on TCP port {args.port}: {exc}") from None
     ls.listen(1)
     if not args.json:
-        print(f"\n************************************\n* Waiting for client to connect... *"
-              f"\n************************************", flush=True)
+        print("\n************************************\n* Waiting for client to connect... *"
+              "\n************************************", flush=True)
     ls.settimeout(None)
     conn, _ = ls.accept()
     ls.close()

@@ -431,8 +431,8 @@ class Device:
         """One UDP payload from ``src``.  ``ecn`` is the IP header's ECN codepoint
         (3 = CE, congestion experienced); ``telemetry`` the INT hop records the
         packet carries (for a response: those its responder echoed)."""
-        if len(data) >= BTH_LEN + ICRC_LEN and data[0] in _WRITE_CONTINUE and ecn != CE and telemetry is None \
-                and self._write_continue(data, src):
+        if len(data) >= BTH_LEN + ICRC_LEN and data[0] in _WRITE_CONTINUE and ecn != CE \
+                and telemetry is None and self._write_continue(data, src):
             return
         c = self.counters
         c["rcvd_pkts"] += 1
