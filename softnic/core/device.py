@@ -35,6 +35,11 @@ from .srq import SRQ, RecvWQE
 from ..wire.datagram import CE, Datagram
 import congestion
 
+# flag bits as plain ints: an IntFlag operation costs a few enum constructions,
+# and these are tested on every work request
+_INLINE = int(SendFlags.INLINE)
+_SIGNALED = int(SendFlags.SIGNALED)
+
 #: opcodes of the bulk-WRITE receive shortcut (``Device._write_continue``)
 _WRITE_LAST = int(O.RC_RDMA_WRITE_LAST)
 _WRITE_CONTINUE = frozenset({int(O.RC_RDMA_WRITE_MIDDLE), _WRITE_LAST})
@@ -323,7 +328,7 @@ class Device:
         if length > self.config.max_msg_size:
             raise einval("message longer than max_msg_size")
         inline = None
-        if wr.send_flags & SendFlags.INLINE and op not in (W.RDMA_READ, W.ATOMIC_CMP_AND_SWP,
+        if int(wr.send_flags) & _INLINE and op not in (W.RDMA_READ, W.ATOMIC_CMP_AND_SWP,
                                                             W.ATOMIC_FETCH_AND_ADD):
             if length > qp.cap.max_inline_data:
                 raise einval(f"inline data {length} > max_inline_data {qp.cap.max_inline_data}")
@@ -337,7 +342,7 @@ class Device:
             wr.ah.addr
             if length > min(self.config.active_mtu, 4096):
                 raise einval("UD message longer than the MTU")
-        signaled = qp.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
+        signaled = qp.sq_sig_all or bool(int(wr.send_flags) & _SIGNALED)
         wqe = SendWQE(wr, signaled, inline)
         if qp.state == QPState.ERR:
             wqe.done = True

@@ -28,6 +28,8 @@ _OPC = {
                             O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE),
 }
 _ATOMIC_OPC = {W.ATOMIC_CMP_AND_SWP: O.RC_COMPARE_SWAP, W.ATOMIC_FETCH_AND_ADD: O.RC_FETCH_ADD}
+_SOLICITED = int(SendFlags.SOLICITED)      # flag bits as plain ints (IntFlag ops are slow)
+_FENCE = int(SendFlags.FENCE)
 #: the MIDDLE opcode of each WR that a long message carries in MIDDLE packets
 _MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
 
@@ -132,7 +134,7 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
     return encode(
         opcode, dest_qp=dqpn, psn=psn, payload=gather(wqe, off, n),
         ackreq=(last or ackreq) and qp.qp_type == QPType.RC,
-        se=last and bool(wqe.flags & SendFlags.SOLICITED),
+        se=last and bool(int(wqe.flags) & _SOLICITED),
         reth=(wqe.remote_addr, wqe.rkey, wqe.length) if first and is_write else None,
         imm=wqe.imm if last and op in (W.SEND_WITH_IMM, W.RDMA_WRITE_WITH_IMM) else None,
         ieth=wqe.inv_rkey if last and op == W.SEND_WITH_INV else None)
@@ -280,7 +282,7 @@ def generate(dev, qp, now: float, out: list) -> None:
         if wqe.first_psn is None and not wqe.done:
             if qp.state != QPState.RTS:
                 break                                   # SQD: start nothing new
-            if wqe.flags & SendFlags.FENCE and qp.rd_atomic_inflight:
+            if int(wqe.flags) & _FENCE and qp.rd_atomic_inflight:
                 break
             if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
                 break

@@ -19,6 +19,7 @@ from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import AccessError
 
+_REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
 ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
 SR_SPAN = 4          # selective repeat: the responder holds up to this many windows of PSNs
 GRH_LEN = 40
@@ -265,7 +266,7 @@ def _write(dev, qp, pkt) -> None:
     info = pkt.info
     _check_size(qp, pkt)
     if info.first:
-        if not qp.attr.qp_access_flags & Access.REMOTE_WRITE:
+        if not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
             raise _Nak(NakCode.INVALID_REQUEST)
         reth = pkt.reth
         try:
