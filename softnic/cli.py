@@ -157,21 +157,25 @@ def main(argv: list[str] | None = None) -> int:
     from .experiment_cli import add_arguments as experiment_arguments
     experiment_arguments(sub.add_parser("experiment", help="congestion (incast) and loss "
                                         "experiments in virtual time: JSON, PNG, figures"))
-    from . import launch, perf
+    from . import launch
     launch.add_arguments(sub.add_parser("launch", help="run N ranks of a program on this "
                                         "machine (torchrun's environment, a device each)"))
-    perf.add_arguments(sub.add_parser("perf", help="benchmarks (allreduce: a size sweep "
-                                      "like nccl-tests)"))
+    from .perf import add_arguments as perf_arguments
+    perf_arguments(sub.add_parser("perf", help="benchmarks: perftest's (write_bw, read_lat, ...) "
+                                  "between two softnic processes, and allreduce"))
     from ._libibverbs.launch import add_build_parser, run_build
     add_build_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "build-libibverbs":
         return run_build(args)
+    if args.cmd == "perf":
+        from .perf import main as perf
+        return perf(args)
     if args.cmd == "experiment":
         from .experiment_cli import main as experiment
         return experiment(args)
-    if args.cmd in ("launch", "perf"):
-        return {"launch": launch.main, "perf": perf.main}[args.cmd](args)
+    if args.cmd == "launch":
+        return launch.main(args)
     if args.cmd == "lab":
         return _lab(args)
     if args.cmd == "demo":

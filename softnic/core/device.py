@@ -21,8 +21,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, replace
 
 from ..wire.icrc import append_icrc, check_icrc
-from ..wire.roce import (AethCode, Kind, Opcode as O, WireError, decode, encode,
-                         ROCEV2_PORT)
+from ..wire.roce import (AethCode, BTH_LEN, ICRC_LEN, Kind, Opcode as O, WireError, decode,
+                         encode, ROCEV2_PORT)
 from . import completer, requester, responder
 from .cq import CQ, WC
 from .enums import Access, EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
@@ -34,6 +34,16 @@ from .qp import QP, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR, check_tr
 from .srq import SRQ, RecvWQE
 from ..wire.datagram import CE, Datagram
 import congestion
+
+# flag bits as plain ints: an IntFlag operation costs a few enum constructions,
+# and these are tested on every work request
+_INLINE = int(SendFlags.INLINE)
+_SIGNALED = int(SendFlags.SIGNALED)
+
+#: opcodes of the bulk-WRITE receive shortcut (``Device._write_continue``)
+_WRITE_LAST = int(O.RC_RDMA_WRITE_LAST)
+_WRITE_CONTINUE = frozenset({int(O.RC_RDMA_WRITE_MIDDLE), _WRITE_LAST})
+_RECEIVING = frozenset({QPState.RTR, QPState.RTS, QPState.SQD})
 
 #: controllers that react to ECN marks (their packets are sent ECN-capable)
 ECN_CONTROLLERS = frozenset({"dcqcn"})
@@ -318,7 +328,7 @@ class Device:
         if length > self.config.max_msg_size:
             raise einval("message longer than max_msg_size")
         inline = None
-        if wr.send_flags & SendFlags.INLINE and op not in (W.RDMA_READ, W.ATOMIC_CMP_AND_SWP,
+        if int(wr.send_flags) & _INLINE and op not in (W.RDMA_READ, W.ATOMIC_CMP_AND_SWP,
                                                             W.ATOMIC_FETCH_AND_ADD):
             if length > qp.cap.max_inline_data:
                 raise einval(f"inline data {length} > max_inline_data {qp.cap.max_inline_data}")
@@ -332,7 +342,7 @@ class Device:
             wr.ah.addr
             if length > min(self.config.active_mtu, 4096):
                 raise einval("UD message longer than the MTU")
-        signaled = qp.sq_sig_all or bool(wr.send_flags & SendFlags.SIGNALED)
+        signaled = qp.sq_sig_all or bool(int(wr.send_flags) & _SIGNALED)
         wqe = SendWQE(wr, signaled, inline)
         if qp.state == QPState.ERR:
             wqe.done = True
@@ -426,6 +436,9 @@ class Device:
         """One UDP payload from ``src``.  ``ecn`` is the IP header's ECN codepoint
         (3 = CE, congestion experienced); ``telemetry`` the INT hop records the
         packet carries (for a response: those its responder echoed)."""
+        if len(data) >= BTH_LEN + ICRC_LEN and data[0] in _WRITE_CONTINUE and ecn != CE \
+                and telemetry is None and self._write_continue(data, src):
+            return
         c = self.counters
         c["rcvd_pkts"] += 1
         n = len(data)
@@ -487,6 +500,49 @@ class Device:
                 self.arm(qp)
             else:
                 completer.receive(self, qp, pkt, now)
+
+    def _write_continue(self, data, src) -> bool:
+        """The common case of a bulk WRITE: the next MIDDLE or LAST packet of the
+        WRITE a QP is receiving, in sequence, sized right, without congestion
+        control.  It is placed straight from the datagram into the target memory,
+        without decoding a ``Packet``; anything else (or any doubt) returns False
+        and takes the general path, which reaches the same result."""
+        n = len(data)
+        w2 = int.from_bytes(data[4:8], "big")
+        qp = self.qps.get(w2 & 0xFFFFFF)
+        if qp is None or qp.resp_kind is not Kind.WRITE or qp.cc is not None or qp.ooo \
+                or qp.qp_type is not QPType.RC or qp.state not in _RECEIVING:
+            return False
+        w3 = int.from_bytes(data[8:12], "big")
+        psn = w3 & 0xFFFFFF
+        if psn != qp.epsn or data[2] != 0xFF or data[3] != 0xFF or w2 >> 30:
+            return False
+        last = data[0] == _WRITE_LAST
+        plen = n - BTH_LEN - ICRC_LEN - ((data[1] >> 4) & 3)
+        off = qp.write_off
+        mtu = qp.mtu
+        if plen < 0 or plen > mtu or (not last and plen != mtu) or off + plen > qp.write_len \
+                or (last and off + plen != qp.write_len) or tuple(src) != qp.dest:
+            return False
+        if self.config.check_icrc and not check_icrc(data, src[0], self.ip, src[1], self.port):
+            return False
+        self.counters["rcvd_pkts"] += 1
+        if plen:
+            qp.write_view[off:off + plen] = memoryview(data)[BTH_LEN:BTH_LEN + plen]
+        qp.write_off = off + plen
+        qp.epsn = (psn + 1) & 0xFFFFFF
+        qp.nak_sent = False
+        if last:
+            qp.resp_kind = None
+            qp.write_view = None
+            qp.msn = (qp.msn + 1) & 0xFFFFFF
+            responder.queue_ack(self, qp, psn)
+        elif w3 & 0x80000000:
+            responder.queue_ack(self, qp, psn)
+        if qp.sr_naked:
+            qp.sr_naked.clear()
+        qp.sr_scan = None
+        return True
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
         out: list = []

@@ -95,7 +95,7 @@ class MR:
         return self.view[off:off + length]
 
     def remote_view(self, addr: int, length: int, need: Access) -> memoryview:
-        if not self.access & need:
+        if not int(self.access) & int(need):
             raise AccessError(f"MR lacks {need!r}")
         off = self._check(addr, length)
         return self.view[off:off + length]

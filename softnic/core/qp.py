@@ -280,13 +280,25 @@ class QP:
         self.cc = None                        # its controller, made at RTS (None: no control)
         self.reset()
 
+    # The engine asks for these on every packet; attributes are frozen and replaced
+    # whole on a modify, so each is kept for the attribute object it came from.
+    _mtu_of = _dest_of = None
+
     @property
     def mtu(self) -> int:
-        return mtu_bytes(self.attr.path_mtu)
+        a = self.attr
+        if self._mtu_of is not a:
+            self._mtu = mtu_bytes(a.path_mtu)
+            self._mtu_of = a
+        return self._mtu
 
     @property
     def dest(self) -> tuple[str, int]:
-        return self.attr.ah_attr.addr
+        a = self.attr
+        if self._dest_of is not a:
+            self._dest = a.ah_attr.addr
+            self._dest_of = a
+        return self._dest
 
     def reset(self) -> None:
         # requester / completer
@@ -327,6 +339,7 @@ class QP:
         self.write_len = 0
         self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
         self.sr_naked: set[int] = set()
+        self.sr_scan: int | None = None   # responder: PSNs below it are held or named
         self.ooo: dict[int, object] = {}   # selective repeat: PSN -> packet held for in-order apply
         self.ooo_high = None
         self.resources: deque = deque()    # READ / ATOMIC replay resources

@@ -8,7 +8,7 @@ asks for a single PSN (selective repeat).
 
 from __future__ import annotations
 
-from ..wire.roce import Opcode as O, encode, psn_diff
+from ..wire.roce import Opcode as O, encode, encode_middle, psn_diff
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
 from .memory import AccessError
 from .responder import SR_SPAN
@@ -28,6 +28,10 @@ _OPC = {
                             O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE),
 }
 _ATOMIC_OPC = {W.ATOMIC_CMP_AND_SWP: O.RC_COMPARE_SWAP, W.ATOMIC_FETCH_AND_ADD: O.RC_FETCH_ADD}
+_SOLICITED = int(SendFlags.SOLICITED)      # flag bits as plain ints (IntFlag ops are slow)
+_FENCE = int(SendFlags.FENCE)
+#: the MIDDLE opcode of each WR that a long message carries in MIDDLE packets
+_MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
 
 
 def _start(dev, qp, wqe) -> None:
@@ -96,6 +100,9 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
     psn = (wqe.first_psn + idx) & 0xFFFFFF
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
+    if 0 < idx < wqe.npkts - 1 and qp.qp_type is QPType.RC and op in _MIDDLE:
+        mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
+        return encode_middle(_MIDDLE[op], dqpn, psn, ackreq, gather(wqe, idx * mtu, mtu))
     if qp.qp_type == QPType.UD:
         qkey = wqe.remote_qkey
         if qkey & 0x80000000:        # IBA: a high-order bit set means "use the QP's own Q_Key"
@@ -127,7 +134,7 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
     return encode(
         opcode, dest_qp=dqpn, psn=psn, payload=gather(wqe, off, n),
         ackreq=(last or ackreq) and qp.qp_type == QPType.RC,
-        se=last and bool(wqe.flags & SendFlags.SOLICITED),
+        se=last and bool(int(wqe.flags) & _SOLICITED),
         reth=(wqe.remote_addr, wqe.rkey, wqe.length) if first and is_write else None,
         imm=wqe.imm if last and op in (W.SEND_WITH_IMM, W.RDMA_WRITE_WITH_IMM) else None,
         ieth=wqe.inv_rkey if last and op == W.SEND_WITH_INV else None)
@@ -275,7 +282,7 @@ def generate(dev, qp, now: float, out: list) -> None:
         if wqe.first_psn is None and not wqe.done:
             if qp.state != QPState.RTS:
                 break                                   # SQD: start nothing new
-            if wqe.flags & SendFlags.FENCE and qp.rd_atomic_inflight:
+            if int(wqe.flags) & _FENCE and qp.rd_atomic_inflight:
                 break
             if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
                 break

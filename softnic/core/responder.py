@@ -19,6 +19,7 @@ from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import AccessError
 
+_REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
 ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
 SR_SPAN = 4          # selective repeat: the responder holds up to this many windows of PSNs
 GRH_LEN = 40
@@ -86,6 +87,7 @@ def receive(dev, qp, pkt, src, now: float) -> None:
             _sack_nak(dev, qp, qp.epsn, max(qp.ooo, key=lambda p: psn_diff(p, qp.epsn)))
     if not qp.ooo:
         qp.sr_naked.clear()
+        qp.sr_scan = None
 
 
 def _sack_nak(dev, qp, missing: int, held: int) -> None:
@@ -107,12 +109,22 @@ def _hold(dev, qp, pkt, d: int) -> None:
     qp.ooo[psn] = pkt
     named = 0
     p = qp.epsn
+    scan = qp.sr_scan
+    if scan is not None and psn_diff(scan, p) > 0:
+        # every PSN below ``scan`` is held or already named: start there, so a
+        # window of packets beyond one hole costs a window of steps, not its square
+        if psn_diff(psn, scan) < 0:
+            p = psn
+        else:
+            p = scan
     while p != psn and named < 16:
         if p not in qp.ooo and p not in qp.sr_naked:
             qp.sr_naked.add(p)
             _sack_nak(dev, qp, p, psn)
             named += 1
         p = (p + 1) & 0xFFFFFF
+    if scan is None or psn_diff(p, scan) > 0:
+        qp.sr_scan = p
     if not named and pkt.bth.ackreq:
         _sack_nak(dev, qp, qp.epsn, psn)
 
@@ -138,6 +150,7 @@ def _execute(dev, qp, pkt) -> None:
         dev.counters["send_rnr_err"] += 1
         qp.ooo.clear()
         qp.sr_naked.clear()
+        qp.sr_scan = None
         qp.resp_out.append(("ack", psn, (AethCode.RNR_NAK << 5) | qp.attr.min_rnr_timer, qp.msn))
         dev.mark_ready(qp)
         return
@@ -253,7 +266,7 @@ def _write(dev, qp, pkt) -> None:
     info = pkt.info
     _check_size(qp, pkt)
     if info.first:
-        if not qp.attr.qp_access_flags & Access.REMOTE_WRITE:
+        if not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
             raise _Nak(NakCode.INVALID_REQUEST)
         reth = pkt.reth
         try:

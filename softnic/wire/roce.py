@@ -20,7 +20,7 @@ from typing import NamedTuple
 __all__ = [
     "WireError", "Opcode", "OpInfo", "OPCODES", "Kind",
     "BTH", "RETH", "AETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH", "DETH",
-    "Packet", "encode", "decode", "pad_count", "AethCode", "NakCode",
+    "Packet", "encode", "encode_middle", "decode", "pad_count", "AethCode", "NakCode",
     "BTH_LEN", "RETH_LEN", "AETH_LEN", "ATOMICETH_LEN", "ATOMICACKETH_LEN",
     "IMMDT_LEN", "IETH_LEN", "DETH_LEN", "ICRC_LEN", "CNP_PAD_LEN",
     "ROCEV2_PORT", "PSN_MASK", "psn_add", "psn_diff",
@@ -370,6 +370,18 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
         off += IETH_LEN
     if plen:
         buf[off:off + plen] = payload
+    return buf
+
+
+def encode_middle(opcode: int, dest_qp: int, psn: int, ackreq: bool,
+                  payload: bytes | memoryview) -> bytearray:
+    """``encode`` for the bulk of a long message: a MIDDLE packet (BTH and a
+    payload of a whole MTU, so no pad; no SE, no extended header), the same
+    bytes with less work per packet."""
+    buf = bytearray(BTH_LEN + len(payload))
+    _BTH.pack_into(buf, 0, opcode, 0, 0xFFFF, dest_qp & 0xFFFFFF,
+                   (ackreq << 31) | (psn & PSN_MASK))
+    buf[BTH_LEN:] = payload
     return buf
 
 

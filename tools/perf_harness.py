@@ -1,0 +1,504 @@
+#!/usr/bin/env python3
+"""softnic's data path against plain UDP, measured in one run on loopback.
+
+Every softnic figure comes from ``softnic perf`` (server and client in two
+processes, as perftest runs); every reference runs in the same invocation, so
+the ratios compare like with like on a machine whose load changes:
+
+* RDMA WRITE bandwidth, 64 KiB messages, 1 QP, MTU 4096, against C ``sockperf``
+  UDP throughput with 4 KiB datagrams (``sockperf tp``; installed from Debian
+  with apt-get when missing, else a small C blaster, ``tools/udp_blast.c``,
+  built with gcc) and against a raw-Python UDP blast (``sendto`` in a loop, a
+  second process counting what arrives);
+* 8-byte WRITE latency p50 and p99 (write_lat, half the round trip, as perftest
+  reports it) against a raw-Python spin-polled UDP ping-pong (half its round trip);
+* WRITE goodput with 1 % of the datagrams dropped (SOFTNIC_FAULTS=loss=0.01 on
+  both ends) against lossless;
+* 1024 QPs (one 64 KiB WRITE in flight on each) against 1 QP;
+* resident memory per idle RC QP (1024 QPs in RTS, RSS before and after).
+
+The comparisons run ``--repeat`` rounds, each figure next to its reference; the
+best round of each counts (highest bandwidth, lowest median latency), since
+the machine may be shared, and every round is listed.  It prints a markdown
+table (also written to ``--out``/perf.md), the JSON of every figure
+(perf.json) and a PNG of bandwidth and latency against message size
+(perf.png).  A benchmark, not a test: nothing here passes or fails on time.
+
+    python tools/perf_harness.py                  # the full run, about two minutes
+    python tools/perf_harness.py --quick          # tiny sizes and counts: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+GOALS = {            # figure: (goal, comparison), the issue's targets
+    "write_vs_sockperf": (1.0, ">="),
+    "write_vs_python_blast": (1.0, ">="),
+    "lat_p50_vs_python": (1.5, "<="),
+    "lat_p99_vs_python": (None, "<="),
+    "loss_goodput": (0.9, ">="),
+    "qps_1024_vs_1": (0.8, ">="),
+    "rss_per_qp_kib": (64.0, "<="),
+}
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]]
+                                                        if env.get("PYTHONPATH") else []))
+    for k in ("SOFTNIC_FAULTS", "SOFTNIC_CAPTURE", "SOFTNIC_BACKEND", "SOFTNIC_CC",
+              "SOFTNIC_TRANSPORT"):
+        env.pop(k, None)
+    env.update(extra or {})
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ softnic perf
+
+def perf(test: str, args: list[str], env: dict | None = None, timeout: float = 300) -> dict:
+    """One ``softnic perf`` run, server and client as two processes; the client's JSON."""
+    port = str(free_port())
+    cmd = [PY, "-m", "softnic.cli", "perf", test, "-p", port, "--json", "--no-progress"]
+    e = _env(env)
+    server = subprocess.Popen(cmd + args, env=e, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        client = subprocess.run(cmd + args + ["127.0.0.1"], env=e, capture_output=True,
+                                text=True, timeout=timeout)   # it waits for the server
+        if client.returncode != 0:
+            raise RuntimeError(f"softnic perf {test} {' '.join(args)} failed: {client.stderr}")
+        return json.loads(client.stdout)
+    finally:
+        try:
+            server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()
+
+
+# ------------------------------------------------------------------ references
+
+def ensure_sockperf() -> str | None:
+    """The sockperf binary: installed from Debian if missing (when we may)."""
+    found = shutil.which("sockperf")
+    if found:
+        return found
+    if shutil.which("apt-get") and os.geteuid() == 0:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "install", "-y", "-q", "sockperf"], env=env,
+                       capture_output=True, timeout=300)
+    return shutil.which("sockperf")
+
+
+def sockperf_tp(seconds: float, size: int = 4096) -> dict:
+    """C sockperf UDP throughput, ``size``-byte datagrams, loopback."""
+    exe = ensure_sockperf()
+    port = str(free_port())
+    if exe is None:
+        return c_blast(seconds, size)
+    srv = subprocess.Popen([exe, "sr", "-i", "127.0.0.1", "-p", port], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        out = subprocess.run([exe, "tp", "-i", "127.0.0.1", "-p", port, "-m", str(size),
+                              "-t", str(max(1, round(seconds)))],
+                             capture_output=True, text=True, timeout=seconds + 30).stdout
+    finally:
+        srv.terminate()
+        srv.wait()
+    rate = re.search(r"Message Rate is ([\d.]+) \[msg/sec\]", out)
+    if not rate:
+        raise RuntimeError(f"unexpected sockperf output: {out}")
+    msgs = float(rate.group(1))
+    return {"tool": f"sockperf tp -m {size}", "msg_rate": msgs, "bytes_per_sec": msgs * size}
+
+
+def c_blast(seconds: float, size: int) -> dict:
+    """No sockperf: tools/udp_blast.c (sendto in a loop; the receiver counts)."""
+    src = ROOT / "tools" / "udp_blast.c"
+    exe = Path(tempfile.gettempdir()) / f"softnic-udp-blast-{os.getuid()}"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
+    port = str(free_port())
+    rx = subprocess.Popen([str(exe), "rx", port, str(seconds + 1)], stdout=subprocess.PIPE,
+                          text=True)
+    time.sleep(0.2)
+    subprocess.run([str(exe), "tx", port, str(seconds), str(size)], check=True)
+    got = int(rx.communicate(timeout=seconds + 10)[0].split()[0])
+    return {"tool": f"udp_blast.c {size} B", "msg_rate": got / size / seconds,
+            "bytes_per_sec": got / seconds}
+
+
+BLAST_RX = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+s.bind(("127.0.0.1", 0)); print(s.getsockname()[1], flush=True)
+buf = bytearray(65536); n = 0; t0 = None; s.settimeout(2.0)
+try:
+    while True:
+        k = s.recv_into(buf)
+        if k == 1: break
+        if t0 is None: t0 = time.perf_counter()
+        n += k; t1 = time.perf_counter()
+except socket.timeout:
+    pass
+print(n, t1 - t0 if t0 else 0.0, flush=True)
+"""
+
+BLAST_TX = r"""
+import socket, sys, time
+port, seconds, size = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+data = bytes(size); addr = ("127.0.0.1", port); send = s.sendto
+end = time.perf_counter() + seconds
+while time.perf_counter() < end:
+    for _ in range(64):
+        try: send(data, addr)
+        except BlockingIOError: pass
+for _ in range(20):
+    s.sendto(b"x", addr); time.sleep(0.01)
+"""
+
+
+def python_blast(seconds: float, size: int = 4096) -> dict:
+    """A raw-Python UDP blast: one process sends, another counts what arrives."""
+    rx = subprocess.Popen([PY, "-c", BLAST_RX], stdout=subprocess.PIPE, text=True)
+    port = rx.stdout.readline().strip()
+    subprocess.run([PY, "-c", BLAST_TX, port, str(seconds), str(size)], check=True)
+    n, dt = rx.communicate(timeout=30)[0].split()
+    n, dt = int(n), float(dt)
+    return {"tool": f"python sendto {size} B", "bytes_per_sec": n / dt if dt else 0.0,
+            "msg_rate": n / size / dt if dt else 0.0}
+
+
+PONG = r"""
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0)); s.setblocking(False); print(s.getsockname()[1], flush=True)
+recv, send = s.recvfrom, s.sendto
+while True:
+    try:
+        d, a = recv(2048)
+    except BlockingIOError:
+        continue
+    if d == b"q":
+        break
+    send(d, a)
+"""
+
+
+def python_pingpong(count: int, size: int = 8) -> dict:
+    """Raw-Python UDP ping-pong, both ends spin on non-blocking sockets; half RTT."""
+    srv = subprocess.Popen([PY, "-c", PONG], stdout=subprocess.PIPE, text=True)
+    port = int(srv.stdout.readline())
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c.setblocking(False)
+    addr = ("127.0.0.1", port)
+    msg = bytes(size)
+    times = []
+    try:
+        for i in range(count + 100):
+            t = time.perf_counter()
+            c.sendto(msg, addr)
+            while True:
+                try:
+                    c.recvfrom(2048)
+                    break
+                except BlockingIOError:
+                    pass
+            if i >= 100:
+                times.append(time.perf_counter() - t)
+    finally:
+        c.sendto(b"q", addr)
+        srv.wait(timeout=10)
+        c.close()
+    xs = sorted(t / 2 * 1e6 for t in times)
+    return {"tool": f"python spin ping-pong {size} B", "t_typical_us": statistics.median(xs),
+            "t_99_us": xs[min(len(xs) - 1, int(0.99 * len(xs)))]}
+
+
+RSS_PROBE = r"""
+import gc, json, os, sys
+import verbs_api.enums as e
+from verbs_api.addr import AHAttr, GlobalRoute
+from verbs_api.cq import CQ
+from verbs_api.device import Context
+from verbs_api.pd import PD
+from verbs_api.qp import QP, QPAttr, QPCap, QPInitAttr
+n = int(sys.argv[1])
+def rss():
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+ctx = Context(name="softnic0"); pd = PD(ctx); cq = CQ(ctx, 256)
+cap = QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)
+def make():
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap), QPAttr(port_num=1))
+    a = QPAttr(port_num=1, path_mtu=e.IBV_MTU_4096)
+    a.dest_qp_num = 1000 + len(qps); a.rq_psn = 0; a.sq_psn = 0; a.timeout = 14
+    a.retry_cnt = 7; a.rnr_retry = 7; a.max_rd_atomic = 1; a.max_dest_rd_atomic = 1
+    a.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE
+    a.ah_attr = AHAttr(port_num=1, is_global=1, gr=GlobalRoute(dgid="::ffff:127.0.0.99",
+                                                               sgid_index=0))
+    qp.to_rts(a)
+    qps.append(qp)
+qps = []
+for _ in range(16): make()               # warm every code path first
+before = rss()
+for _ in range(n): make()
+after = rss()
+print(json.dumps({"qps": n, "rss_before": before, "rss_after": after,
+                  "bytes_per_qp": (after - before) / n}))
+ctx.close()
+"""
+
+
+def rss_per_qp(n: int) -> dict:
+    out = subprocess.run([PY, "-c", RSS_PROBE, str(n)], env=_env(), capture_output=True,
+                         text=True, timeout=120)
+    if out.returncode:
+        raise RuntimeError(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ the run
+
+def ratio_row(name, what, ours, ref, ratio, key):
+    goal, cmp = GOALS[key]
+    if goal is None:
+        met = ""
+    else:
+        met = "yes" if (ratio >= goal if cmp == ">=" else ratio <= goal) else "no"
+    g = "" if goal is None else f"{cmp} {goal:g}"
+    return {"figure": name, "softnic": ours, "reference": ref, "ratio": ratio,
+            "goal": g, "met": met, "what": what, "key": key}
+
+
+def run(args) -> dict:
+    q = args.quick
+    secs = 1.0 if q else args.seconds
+    big = 65536
+    n_bw = 200 if q else args.iters
+    res: dict = {"python": sys.version.split()[0], "python_full": sys.version,
+                 "executable": sys.executable, "machine": os.uname().nodename,
+                 "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                                                                  time.gmtime())}
+    step = _stepper(args)
+    rounds = []
+    nq = 32 if q else 1024
+    n_lat = 300 if q else args.pings
+    per = -(-n_bw // nq)          # WRITEs per QP: about the bytes of the 1-QP figure
+    for k in range(1 if q else args.repeat):
+        # every figure and its reference once per round, side by side; the best of
+        # the rounds counts (the machine is shared: a round can lose its CPU)
+        r: dict = {}
+        step(f"round {k + 1}: C sockperf UDP 4 KiB")
+        r["sockperf"] = sockperf_tp(secs)
+        step(f"round {k + 1}: raw-Python UDP blast 4 KiB")
+        r["python_blast"] = python_blast(0.5 if q else secs)
+        step(f"round {k + 1}: softnic write_bw 64 KiB, 1 QP, MTU 4096")
+        wr = perf("write_bw", ["-s", str(big), "-n", str(n_bw), "-m", "4096", "-t", "16"])
+        r["write_bw"], r["write_bw_counters"] = wr["results"][0], wr["counters"]
+        step(f"round {k + 1}: raw-Python spin UDP ping-pong 8 B")
+        r["python_pingpong"] = python_pingpong(n_lat)
+        step(f"round {k + 1}: softnic write_lat 8 B")
+        r["write_lat"] = perf("write_lat", ["-s", "8", "-n", str(n_lat), "-m", "4096"]
+                              )["results"][0]
+        step(f"round {k + 1}: softnic write_bw 64 KiB with 1 % loss")
+        lossy = perf("write_bw", ["-s", str(big), "-n", str(n_bw), "-m", "4096", "-t", "16",
+                                  "-u", str(args.loss_timeout)],
+                     env={"SOFTNIC_FAULTS": "loss=0.01", "SOFTNIC_SEED": str(7 + k),
+                          "SOFTNIC_RECOVERY": args.loss_recovery})
+        r["write_bw_loss"], r["write_bw_loss_counters"] = lossy["results"][0], lossy["counters"]
+        step(f"round {k + 1}: softnic write_bw 64 KiB on {nq} QPs")
+        many = perf("write_bw", ["-s", str(big), "-n", str(per), "-m", "4096", "-t", "1",
+                                 "-q", str(nq)])
+        r["write_bw_many"], r["write_bw_many_counters"] = many["results"][0], many["counters"]
+        rounds.append(r)
+    res["rounds"] = rounds
+
+    def best(key, field, low=False):
+        pick = (min if low else max)(rounds, key=lambda r: r[key][field])
+        return pick
+
+    for key in ("sockperf", "python_blast", "write_bw", "write_bw_loss", "write_bw_many"):
+        b = best(key, "bytes_per_sec")
+        res[key] = b[key]
+        if key + "_counters" in b:
+            res[key + "_counters"] = b[key + "_counters"]
+    for key in ("python_pingpong", "write_lat"):
+        res[key] = best(key, "t_typical_us", low=True)[key]
+    step("resident memory per idle RC QP")
+    res["rss"] = rss_per_qp(64 if q else 1024)
+    step("size sweep (write_bw, write_lat)")
+    top = 12 if q else 23
+    sweep_args = ["-a", "-m", "4096", "--max-bytes", str(1 << 14 if q else args.sweep_bytes)]
+    res["sweep_bw"] = perf("write_bw", sweep_args + ["-n", "50" if q else "2000", "-t", "16"]
+                           )["results"]
+    res["sweep_lat"] = perf("write_lat", sweep_args + ["-n", "20" if q else "200"])["results"]
+    res["sweep_bw"] = [r for r in res["sweep_bw"] if r["bytes"] <= 1 << top]
+    res["sweep_lat"] = [r for r in res["sweep_lat"] if r["bytes"] <= 1 << top]
+
+    w = res["write_bw"]["bytes_per_sec"]
+    rows = [
+        ratio_row("WRITE 64 KiB, 1 QP, MTU 4096 vs C sockperf UDP 4 KiB", "MB/s",
+                  w / 1e6, res["sockperf"]["bytes_per_sec"] / 1e6,
+                  w / res["sockperf"]["bytes_per_sec"], "write_vs_sockperf"),
+        ratio_row("WRITE 64 KiB vs raw-Python UDP blast 4 KiB", "MB/s", w / 1e6,
+                  res["python_blast"]["bytes_per_sec"] / 1e6,
+                  w / res["python_blast"]["bytes_per_sec"], "write_vs_python_blast"),
+        ratio_row("8 B WRITE latency p50 vs Python spin UDP ping-pong", "us (one way)",
+                  res["write_lat"]["t_typical_us"], res["python_pingpong"]["t_typical_us"],
+                  res["write_lat"]["t_typical_us"] / res["python_pingpong"]["t_typical_us"],
+                  "lat_p50_vs_python"),
+        ratio_row("8 B WRITE latency p99 vs Python spin UDP ping-pong", "us (one way)",
+                  res["write_lat"]["t_99_us"], res["python_pingpong"]["t_99_us"],
+                  res["write_lat"]["t_99_us"] / res["python_pingpong"]["t_99_us"],
+                  "lat_p99_vs_python"),
+        ratio_row("WRITE 64 KiB goodput, 1 % loss vs lossless", "MB/s",
+                  res["write_bw_loss"]["bytes_per_sec"] / 1e6, w / 1e6,
+                  res["write_bw_loss"]["bytes_per_sec"] / w, "loss_goodput"),
+        ratio_row(f"WRITE 64 KiB on {nq} QPs vs 1 QP", "MB/s",
+                  res["write_bw_many"]["bytes_per_sec"] / 1e6, w / 1e6,
+                  res["write_bw_many"]["bytes_per_sec"] / w, "qps_1024_vs_1"),
+        ratio_row("resident memory per idle RC QP", "KiB", res["rss"]["bytes_per_qp"] / 1024,
+                  64.0, res["rss"]["bytes_per_qp"] / 1024, "rss_per_qp_kib"),
+    ]
+    res["table"] = rows
+    return res
+
+
+def _stepper(args):
+    t0 = time.monotonic()
+
+    def step(what):
+        print(f"[{time.monotonic() - t0:6.1f} s] {what}", file=sys.stderr, flush=True)
+    return step
+
+
+def markdown(res: dict) -> str:
+    lines = [f"softnic perf harness, {res['started']}, Python {res['python']} "
+             f"({res['executable']}), {res['cpus']} CPUs, loopback, best of "
+             f"{len(res['rounds'])} round(s)",
+             "",
+             "| figure | unit | softnic | reference | ratio | goal | met |",
+             "|---|---|---:|---:|---:|---|---|"]
+    for r in res["table"]:
+        lines.append(f"| {r['figure']} | {r['what']} | {r['softnic']:.1f} | "
+                     f"{r['reference']:.1f} | {r['ratio']:.2f} | {r['goal']} | {r['met']} |")
+    c = res["write_bw_loss_counters"]
+    lines += ["", f"references: {res['sockperf']['tool']}, {res['python_blast']['tool']}, "
+              f"{res['python_pingpong']['tool']}; the RSS row's reference is the 64 KiB goal.",
+              f"with loss: {c.get('fault_dropped_loss', 0)} datagrams dropped, "
+              f"{c.get('retransmitted_pkts', 0)} retransmitted, {c.get('timeouts', 0)} timeouts.",
+              "", "every round (MB/s; latency p50 in us):", "",
+              "| round | sockperf | Python blast | WRITE 1 QP | WRITE 1 % loss | WRITE many QPs "
+              "| Python ping-pong | WRITE 8 B |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, r in enumerate(res["rounds"]):
+        lines.append(f"| {i + 1} | {r['sockperf']['bytes_per_sec'] / 1e6:.1f} | "
+                     f"{r['python_blast']['bytes_per_sec'] / 1e6:.1f} | "
+                     f"{r['write_bw']['bytes_per_sec'] / 1e6:.1f} | "
+                     f"{r['write_bw_loss']['bytes_per_sec'] / 1e6:.1f} | "
+                     f"{r['write_bw_many']['bytes_per_sec'] / 1e6:.1f} | "
+                     f"{r['python_pingpong']['t_typical_us']:.1f} | "
+                     f"{r['write_lat']['t_typical_us']:.1f} |")
+    lines += ["", "| bytes | WRITE MB/s (1 QP) | WRITE latency p50 us | p99 us |",
+              "|---:|---:|---:|---:|"]
+    lat = {r["bytes"]: r for r in res["sweep_lat"]}
+    for r in res["sweep_bw"]:
+        lt = lat.get(r["bytes"], {})
+        lines.append(f"| {r['bytes']} | {r['bytes_per_sec'] / 1e6:.2f} | "
+                     f"{lt.get('t_typical_us', float('nan')):.1f} | "
+                     f"{lt.get('t_99_us', float('nan')):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    xs = [r["bytes"] for r in res["sweep_bw"]]
+    a.plot(xs, [r["bytes_per_sec"] / 1e6 for r in res["sweep_bw"]], "o-",
+           label="softnic RDMA WRITE (1 QP)")
+    a.axhline(res["sockperf"]["bytes_per_sec"] / 1e6, color="tab:red", ls="--",
+              label=f"{res['sockperf']['tool']}")
+    a.axhline(res["python_blast"]["bytes_per_sec"] / 1e6, color="tab:green", ls=":",
+              label=res["python_blast"]["tool"])
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("message size (bytes)")
+    a.set_ylabel("MB/s")
+    a.set_title("bandwidth, MTU 4096, loopback")
+    a.legend(fontsize=8)
+    lx = [r["bytes"] for r in res["sweep_lat"]]
+    b.plot(lx, [r["t_typical_us"] for r in res["sweep_lat"]], "o-", label="softnic WRITE p50")
+    b.plot(lx, [r["t_99_us"] for r in res["sweep_lat"]], "x:", label="softnic WRITE p99")
+    b.axhline(res["python_pingpong"]["t_typical_us"], color="tab:green", ls=":",
+              label="Python UDP ping-pong p50 (8 B)")
+    b.set_xscale("log", base=2)
+    b.set_yscale("log")
+    b.set_xlabel("message size (bytes)")
+    b.set_ylabel("one-way latency (us)")
+    b.set_title("latency (write_lat, half round trip)")
+    b.legend(fontsize=8)
+    fig.suptitle(f"softnic perf, Python {res['python']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes and counts (a smoke run)")
+    p.add_argument("--out", default="perf-results", help="directory for perf.md/json/png")
+    p.add_argument("--seconds", type=float, default=3.0, help="seconds of each UDP reference")
+    p.add_argument("--iters", type=int, default=3000, help="64 KiB WRITEs per bandwidth figure")
+    p.add_argument("--pings", type=int, default=2000, help="round trips per latency figure")
+    p.add_argument("--sweep-bytes", type=int, default=32 << 20,
+                   help="bytes per size in the sweep (iterations are capped by it)")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="rounds of the comparisons; each figure's best round counts")
+    p.add_argument("--loss-timeout", type=int, default=11,
+                   help="QP timeout attribute of the lossy run (4.096 us * 2**t)")
+    p.add_argument("--loss-recovery", choices=("gbn", "sr"), default="sr",
+                   help="loss recovery of the lossy run")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = run(args)
+    md = markdown(res)
+    (out / "perf.md").write_text(md)
+    (out / "perf.json").write_text(json.dumps(res, indent=1))
+    plot(res, out / "perf.png")
+    print(md)
+    print(f"wrote {out / 'perf.md'}, {out / 'perf.json'}, {out / 'perf.png'}")
+    gc.collect()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
