@@ -87,8 +87,15 @@ def receive(dev, qp, pkt, now: float) -> None:
             if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.sq_psn) < 0 and (
                     qp.sacked_psn is None or psn_diff(sack, qp.sacked_psn) > 0):
                 qp.sacked_psn = sack
-            if psn not in qp.rexmitted:
-                qp.rexmitted.add(psn)
+            mark = qp.rexmitted.get(psn)
+            if mark is None or psn_diff(sack, mark) > 0:
+                # Not resent yet, or resent and lost: the responder holds a packet
+                # first sent after that resend (resends leave before new packets),
+                # so on an in-order path the resend is gone.  Resend it now rather
+                # than waiting for the retransmission timer.
+                if mark is not None:
+                    dev.counters["rexmit_lost"] += 1
+                qp.rexmitted[psn] = qp.max_sent_psn
                 qp.rexmit.append(psn)
             dev.mark_ready(qp)
             return
@@ -220,12 +227,15 @@ def _progress(dev, qp, before: int, now: float) -> None:
         if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, qp.acked_psn) <= 0:
             qp.sacked_psn = None
         if qp.rexmitted:
-            qp.rexmitted = {p for p in qp.rexmitted if psn_diff(p, qp.acked_psn) > 0}
+            qp.rexmitted = {p: m for p, m in qp.rexmitted.items()
+                            if psn_diff(p, qp.acked_psn) > 0}
         qp.retry_left = qp.attr.retry_cnt
         qp.rnr_left = qp.attr.rnr_retry
         dev.mark_ready(qp)
         # restart the retransmission timer for what is still in flight
         qp.rto_at = now + dev.rto(qp) if _inflight(qp) else None
+        qp.probe_at = now + dev.probe_interval(qp) \
+            if qp.rto_at is not None and qp.selective_repeat else None
         dev.arm(qp)
     complete(dev, qp)
 
@@ -240,12 +250,33 @@ def _inflight(qp) -> bool:
     return False
 
 
+def _probe(dev, qp) -> None:
+    """Selective repeat's loss probe: resend the oldest unacknowledged PSN (once
+    per quiet spell; it neither rewinds nor counts against retry_cnt).  The
+    responder either takes it as the hole it was missing, naming any next hole,
+    or acknowledges it as a duplicate."""
+    if qp.state not in (QPState.RTS, QPState.SQD) or qp.rnr_wait or not _inflight(qp):
+        return
+    if qp.cc is not None and psn_diff(qp.max_sent_psn, qp.acked_psn) <= 0:
+        return                                  # the pacer holds everything: no loss
+    comp = (qp.acked_psn + 1) & 0xFFFFFF
+    if psn_diff(comp, qp.max_sent_psn) > 0 or comp in qp.rexmit:
+        return
+    dev.counters["loss_probes"] += 1
+    qp.rexmitted[comp] = qp.max_sent_psn
+    qp.rexmit.append(comp)
+    dev.mark_ready(qp)
+
+
 def on_timeout(dev, qp, now: float) -> None:
     """Retransmission timer expired with no progress."""
     if qp.rnr_wait and qp.rnr_at is not None and now >= qp.rnr_at:
         qp.rnr_wait = False
         qp.rnr_at = None
         dev.mark_ready(qp)
+    if qp.probe_at is not None and now >= qp.probe_at:
+        qp.probe_at = None
+        _probe(dev, qp)
     if qp.rto_at is None or now < qp.rto_at:
         return
     qp.rto_at = None
@@ -279,7 +310,7 @@ def on_timeout(dev, qp, now: float) -> None:
         # resend the first missing PSN and the tail nobody has acknowledged;
         # the responder names any hole in between when the first one fills
         requester.rewind(qp, (qp.sacked_psn + 1) & 0xFFFFFF)
-        qp.rexmitted = {comp}
+        qp.rexmitted = {comp: qp.max_sent_psn}
         qp.rexmit.append(comp)
     else:
         requester.rewind(qp, comp)

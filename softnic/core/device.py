@@ -376,8 +376,16 @@ class Device:
     def rto(self, qp: QP) -> float:
         return max(4.096e-6 * (1 << qp.attr.timeout), self.config.min_timer)
 
+    def probe_interval(self, qp: QP) -> float:
+        """Selective repeat's loss probe: with no ACK progress for this long, the
+        requester resends its oldest unacknowledged PSN once (a lost resend or a
+        lost NAK is then repaired without waiting out the retransmission timer)."""
+        return max(self.rto(qp) / 8, self.config.min_timer)
+
     def arm(self, qp: QP) -> None:
         t = qp.rto_at
+        if qp.probe_at is not None and (t is None or qp.probe_at < t):
+            t = qp.probe_at
         if qp.rnr_at is not None and (t is None or qp.rnr_at < t):
             t = qp.rnr_at
         cc = qp.cc
@@ -407,7 +415,7 @@ class Device:
             return
         qp.state = QPState.ERR
         qp.attr = replace(qp.attr, qp_state=QPState.ERR)
-        qp.rto_at = qp.rnr_at = None
+        qp.rto_at = qp.rnr_at = qp.probe_at = None
         qp.timer_at = None
         qp.rd_atomic_inflight = 0
         sq, qp.sq = qp.sq, deque()
@@ -566,6 +574,8 @@ class Device:
                 if len(out) > n0 and qp.qp_type == QPType.RC and qp.rto_at is None \
                         and qp.attr.timeout:
                     qp.rto_at = now + self.rto(qp)
+                    if qp.selective_repeat:
+                        qp.probe_at = now + self.probe_interval(qp)
                     self.arm(qp)
                 completer.complete(self, qp)
         ip, port = self.ip, self.port

@@ -312,12 +312,14 @@ class QP:
         self.rnr_left = 7
         self.rnr_wait = False         # paused by an RNR NAK until the timer fires
         self.rexmit: deque[int] = deque()   # selective repeat: single PSNs to resend
-        self.rexmitted: set[int] = set()    # ... already resent since the last ACK progress
+        self.rexmitted: dict[int, int] = {}  # ... already resent since the last ACK progress,
+        #                                     each with the highest PSN sent before it
         self.sacked_psn: int | None = None  # ... highest PSN the responder said it holds
         self.pkts_since_ackreq = 0
         self.req_error = False        # a WQE failed locally; send nothing more
         self.retry_pending: int | None = None  # rewind already requested for this PSN
         self.rto_at: float | None = None
+        self.probe_at: float | None = None  # selective repeat: resend the oldest PSN early
         self.rnr_at: float | None = None
         self.sqd_notified = False
         # congestion control (used only when self.cc is set)
