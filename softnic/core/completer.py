@@ -87,6 +87,12 @@ def receive(dev, qp, pkt, now: float) -> None:
             if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.sq_psn) < 0 and (
                     qp.sacked_psn is None or psn_diff(sack, qp.sacked_psn) > 0):
                 qp.sacked_psn = sack
+                if qp.rto_at is not None:
+                    # the responder holds newer packets: the path works, and the
+                    # hole's resend may wait behind a queue; restart both timers
+                    qp.rto_at = now + dev.rto(qp)
+                    qp.probe_at = now + dev.probe_interval(qp)
+                    dev.arm(qp)
             mark = qp.rexmitted.get(psn)
             if mark is None or psn_diff(sack, mark) > 0:
                 # Not resent yet, or resent and lost: the responder holds a packet
