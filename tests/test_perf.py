@@ -19,7 +19,8 @@ import pytest
 
 from softnic import perf
 from softnic.cli import main as cli_main
-from softnic.core.device import Device
+from softnic.core import responder
+from softnic.core.device import Device, DeviceConfig
 from softnic.wire.roce import decode
 
 from enginekit import fill, pair, pattern, read, write_wr
@@ -162,7 +163,8 @@ def test_harness_smoke(tmp_path):
 
 # ------------------------------------------------------------------ the receive shortcut
 
-def _bulk_run(shortcut: bool, monkeypatch, seed: int, faults=None):
+def _bulk_run(shortcut: bool, monkeypatch, seed: int, faults=None, sr: bool = False,
+              placed: list | None = None):
     monkeypatch.undo()
     taken = []
     real = Device._write_continue
@@ -172,9 +174,18 @@ def _bulk_run(shortcut: bool, monkeypatch, seed: int, faults=None):
             taken.append(ok)
             return ok
         monkeypatch.setattr(Device, "_write_continue", counting)
+        if placed is not None:
+            real_hold = responder.hold
+
+            def hold(dev, qp, psn, ackreq, item):
+                if type(item) is tuple:
+                    placed.append(psn)
+                return real_hold(dev, qp, psn, ackreq, item)
+            monkeypatch.setattr(responder, "hold", hold)
     else:
         monkeypatch.setattr(Device, "_write_continue", lambda self, data, src: False)
-    p = pair(seed, mtu=256, faults=faults, endpoint_args={"buf_size": 1 << 15})
+    cfg = DeviceConfig(min_timer=1e-3, selective_repeat=sr)
+    p = pair(seed, mtu=256, faults=faults, endpoint_args={"buf_size": 1 << 15}, config=cfg)
     fill(p.ea, 0, pattern(20000, 3))
     # three WRITEs (the middle one lands over the end of the first) and a bad one
     # whose length runs past the target MR: that one must still be refused
@@ -204,6 +215,24 @@ def test_write_shortcut_matches_general_path(monkeypatch, seed):
     assert fast[0][:5000] != bytes(5000)
     assert sum(fast[4]) >= 40                     # the shortcut placed most packets
     assert fast[2][-1][1] != fast[2][0][1]        # and the WRITE past the MR end failed
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_write_shortcut_beyond_a_hole_matches_general_path(monkeypatch, seed):
+    """Selective repeat: WRITE packets held beyond a hole are placed at once by
+    the shortcut; memory, wire, completions and counters are the general path's."""
+    from softnic.faults import FaultModel
+    faults = FaultModel.parse("loss=0.05,dup=0.03,reorder=0.03/20us")
+    placed: list = []
+    fast = _bulk_run(True, monkeypatch, seed, faults, sr=True, placed=placed)
+    slow = _bulk_run(False, monkeypatch, seed, faults, sr=True)
+    assert fast[0] == slow[0]
+    assert fast[1] == slow[1]
+    assert fast[2] == slow[2]
+    assert fast[3] == slow[3]
+    assert fast[0][:5000] != bytes(5000)
+    assert placed                                 # some packets landed beyond a hole
+    assert fast[2][-1][1] != fast[2][0][1]
 
 
 def test_middle_packets_encode_as_before():

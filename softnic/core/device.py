@@ -518,17 +518,30 @@ class Device:
         n = len(data)
         w2 = int.from_bytes(data[4:8], "big")
         qp = self.qps.get(w2 & 0xFFFFFF)
-        if qp is None or qp.resp_kind is not Kind.WRITE or qp.cc is not None or qp.ooo \
+        if qp is None or qp.resp_kind is not Kind.WRITE or qp.cc is not None \
                 or qp.qp_type is not QPType.RC or qp.state not in _RECEIVING:
             return False
         w3 = int.from_bytes(data[8:12], "big")
         psn = w3 & 0xFFFFFF
-        if psn != qp.epsn or data[2] != 0xFF or data[3] != 0xFF or w2 >> 30:
+        if data[2] != 0xFF or data[3] != 0xFF or w2 >> 30:
             return False
+        d = (psn - qp.epsn) & 0xFFFFFF
+        mtu = qp.mtu
+        if d:
+            # Selective repeat, beyond a hole: a packet of the WRITE being received
+            # has a known offset (every packet before it carries a whole MTU), so it
+            # is placed now (RDMA WRITE data may land in any order) and held as a
+            # small record that the responder accounts for once the hole fills.
+            span = responder.SR_SPAN * qp.window
+            if not qp.selective_repeat or d >= span or len(qp.ooo) >= span or psn in qp.ooo:
+                return False
+            off = qp.write_off + d * mtu
+        elif qp.ooo:
+            return False                # the hole fills: the general path drains
+        else:
+            off = qp.write_off
         last = data[0] == _WRITE_LAST
         plen = n - BTH_LEN - ICRC_LEN - ((data[1] >> 4) & 3)
-        off = qp.write_off
-        mtu = qp.mtu
         if plen < 0 or plen > mtu or (not last and plen != mtu) or off + plen > qp.write_len \
                 or (last and off + plen != qp.write_len) or tuple(src) != qp.dest:
             return False
@@ -537,6 +550,11 @@ class Device:
         self.counters["rcvd_pkts"] += 1
         if plen:
             qp.write_view[off:off + plen] = memoryview(data)[BTH_LEN:BTH_LEN + plen]
+        if d:
+            self.counters["out_of_seq_request"] += 1
+            ackreq = bool(w3 & 0x80000000)
+            responder.hold(self, qp, psn, ackreq, (psn, last, plen, ackreq))
+            return True
         qp.write_off = off + plen
         qp.epsn = (psn + 1) & 0xFFFFFF
         qp.nak_sent = False

@@ -81,7 +81,11 @@ def receive(dev, qp, pkt, src, now: float) -> None:
     _execute(dev, qp, pkt)
     if qp.ooo:
         while qp.epsn in qp.ooo and qp.state != QPState.ERR:
-            _execute(dev, qp, qp.ooo.pop(qp.epsn))
+            item = qp.ooo.pop(qp.epsn)
+            if type(item) is tuple:
+                _placed(dev, qp, item)
+            else:
+                _execute(dev, qp, item)
         if qp.ooo and qp.state != QPState.ERR:
             # another hole below packets already held: name it at once
             _sack_nak(dev, qp, qp.epsn, max(qp.ooo, key=lambda p: psn_diff(p, qp.epsn)))
@@ -106,7 +110,30 @@ def _hold(dev, qp, pkt, d: int) -> None:
     psn = pkt.bth.psn
     if psn in qp.ooo:
         return
-    qp.ooo[psn] = pkt
+    hold(dev, qp, psn, pkt.bth.ackreq, pkt)
+
+
+def _placed(dev, qp, item) -> None:
+    """The gap below a WRITE packet already placed (``hold`` with a
+    ``(psn, last, length, ackreq)`` item) has filled: account for it as
+    ``_write`` would have."""
+    psn, last, n, ackreq = item
+    qp.write_off += n
+    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.nak_sent = False
+    if last:
+        qp.resp_kind = None
+        qp.write_view = None
+        qp.msn = (qp.msn + 1) & 0xFFFFFF
+        queue_ack(dev, qp, psn)
+    elif ackreq:
+        queue_ack(dev, qp, psn)
+
+
+def hold(dev, qp, psn: int, ackreq: bool, item) -> None:
+    """Hold ``item`` (a decoded packet, or a placed WRITE packet's tuple) for
+    ``psn``, in the span and not yet held, and name the PSNs missing below it."""
+    qp.ooo[psn] = item
     named = 0
     p = qp.epsn
     scan = qp.sr_scan
@@ -125,7 +152,7 @@ def _hold(dev, qp, pkt, d: int) -> None:
         p = (p + 1) & 0xFFFFFF
     if scan is None or psn_diff(p, scan) > 0:
         qp.sr_scan = p
-    if not named and pkt.bth.ackreq:
+    if not named and ackreq:
         _sack_nak(dev, qp, qp.epsn, psn)
 
 
