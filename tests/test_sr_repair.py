@@ -108,3 +108,41 @@ def test_random_loss_reorder_duplication_same_result(seed):
     assert [(w.wr_id, w.status) for w in p.send_wcs()] == [(i + 1, S.SUCCESS) for i in range(3)]
     assert read(p.eb, 65536, 3 * N) == data
     assert p.b.query_qp(p.eb.qp)[0].rq_psn == (p.ea.qp.attr.sq_psn + 3 * 79) & 0xFFFFFF
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_later_write_placed_beyond_a_hole_unless_it_overlaps(monkeypatch, overlap):
+    """Packets of the WRITE after the one with the hole land at once when their
+    target overlaps nothing still to come; an overlapping one waits, so the later
+    WRITE's bytes win as in order."""
+    from softnic.core import responder
+    placed = []
+    real = responder.hold
+
+    def hold(dev, qp, psn, ackreq, item):
+        if type(item) is tuple:
+            placed.append((psn - p.ea.qp.attr.sq_psn) & 0xFFFFFF)
+        return real(dev, qp, psn, ackreq, item)
+    monkeypatch.setattr(responder, "hold", hold)
+    box = {}
+    p = pair(seed=1, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
+             endpoint_args=dict(buf_size=1 << 17))
+    first = p.ea.qp.sq_psn
+    box["a"] = _drop_psn(lambda psn: (psn - first) & 0xFFFFFF, {10: 1})
+    a, b = pattern(N, 1), pattern(N, 2)
+    fill(p.ea, 0, a)
+    fill(p.ea, N, b)
+    second = 10000 if overlap else 65536
+    p.a.post_send(p.ea.qp, write_wr(1, p.ea, p.eb, 0, N, 0))
+    p.a.post_send(p.ea.qp, write_wr(2, p.ea, p.eb, N, N, second))
+    p.run_until(lambda: len(p.send_wcs()) == 2, limit=5)
+    assert [(w.wr_id, w.status) for w in p.send_wcs()] == [(1, S.SUCCESS), (2, S.SUCCESS)]
+    if overlap:
+        assert read(p.eb, 0, second) == a[:second]
+        assert read(p.eb, second, N) == b
+        assert not [k for k in placed if k >= 79]
+    else:
+        assert read(p.eb, 0, N) == a
+        assert read(p.eb, second, N) == b
+        assert [k for k in placed if k > 79]          # the second WRITE's MIDDLEs
+    assert [k for k in placed if 10 < k < 79]         # the first WRITE's own

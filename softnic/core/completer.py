@@ -257,8 +257,9 @@ def _inflight(qp) -> bool:
 
 
 def _probe(dev, qp) -> None:
-    """Selective repeat's loss probe: resend the oldest unacknowledged PSN (once
-    per quiet spell; it neither rewinds nor counts against retry_cnt).  The
+    """Selective repeat's loss probe: resend the oldest unacknowledged PSN once
+    the requester has sent nothing new and heard no progress for a probe interval
+    (once per quiet spell; it neither rewinds nor counts against retry_cnt).  The
     responder either takes it as the hole it was missing, naming any next hole,
     or acknowledges it as a duplicate."""
     if qp.state not in (QPState.RTS, QPState.SQD) or qp.rnr_wait or not _inflight(qp):
@@ -282,7 +283,12 @@ def on_timeout(dev, qp, now: float) -> None:
         dev.mark_ready(qp)
     if qp.probe_at is not None and now >= qp.probe_at:
         qp.probe_at = None
-        _probe(dev, qp)
+        if qp.probe_mark != qp.max_sent_psn:
+            # still sending: later packets reveal any hole; look again later
+            qp.probe_mark = qp.max_sent_psn
+            qp.probe_at = now + dev.probe_interval(qp)
+        else:
+            _probe(dev, qp)
     if qp.rto_at is None or now < qp.rto_at:
         return
     qp.rto_at = None

@@ -432,6 +432,7 @@ class Device:
             self.post_cqe(qp.recv_cq, WC(r.wr_id, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV, qp.qpn),
                           qp)
         qp.ooo.clear()
+        qp.sr_writes.clear()
         if not keep_responses:
             qp.resp_out.clear()
         if qp.srq is not None:
@@ -518,7 +519,7 @@ class Device:
         n = len(data)
         w2 = int.from_bytes(data[4:8], "big")
         qp = self.qps.get(w2 & 0xFFFFFF)
-        if qp is None or qp.resp_kind is not Kind.WRITE or qp.cc is not None \
+        if qp is None or qp.cc is not None \
                 or qp.qp_type is not QPType.RC or qp.state not in _RECEIVING:
             return False
         w3 = int.from_bytes(data[8:12], "big")
@@ -527,29 +528,49 @@ class Device:
             return False
         d = (psn - qp.epsn) & 0xFFFFFF
         mtu = qp.mtu
+        last = data[0] == _WRITE_LAST
+        plen = n - BTH_LEN - ICRC_LEN - ((data[1] >> 4) & 3)
+        if plen < 0 or plen > mtu or (not last and plen != mtu) or tuple(src) != qp.dest:
+            return False
+        view = None
         if d:
-            # Selective repeat, beyond a hole: a packet of the WRITE being received
-            # has a known offset (every packet before it carries a whole MTU), so it
-            # is placed now (RDMA WRITE data may land in any order) and held as a
-            # small record that the responder accounts for once the hole fills.
+            # Selective repeat, beyond a hole: a packet of the WRITE being received,
+            # or of the newest WRITE whose FIRST is held, has a known offset (every
+            # packet before it in its message carries a whole MTU).  It is placed
+            # now (RDMA WRITE data may land in any order) and held as a small
+            # record that the responder accounts for once the hole fills.
             span = responder.SR_SPAN * qp.window
             if not qp.selective_repeat or d >= span or len(qp.ooo) >= span or psn in qp.ooo:
                 return False
-            off = qp.write_off + d * mtu
-        elif qp.ooo:
-            return False                # the hole fills: the general path drains
+            if qp.resp_kind is Kind.WRITE:
+                off = qp.write_off + d * mtu
+                length = qp.write_len
+                if off + plen <= length and (not last or off + plen == length):
+                    view = qp.write_view
+            if view is None and qp.sr_writes:
+                for first, v, length, end, _ in qp.sr_writes:
+                    if first is None:
+                        continue
+                    e = (psn - first) & 0xFFFFFF
+                    off = e * mtu
+                    if 0 < e < span and off + plen <= length and \
+                            (not last or off + plen == length):
+                        view = v
+                        break
+            if view is None:
+                return False
         else:
+            if qp.resp_kind is not Kind.WRITE or qp.ooo:
+                return False            # (with packets held, the general path drains them)
             off = qp.write_off
-        last = data[0] == _WRITE_LAST
-        plen = n - BTH_LEN - ICRC_LEN - ((data[1] >> 4) & 3)
-        if plen < 0 or plen > mtu or (not last and plen != mtu) or off + plen > qp.write_len \
-                or (last and off + plen != qp.write_len) or tuple(src) != qp.dest:
-            return False
+            if off + plen > qp.write_len or (last and off + plen != qp.write_len):
+                return False
+            view = qp.write_view
         if self.config.check_icrc and not check_icrc(data, src[0], self.ip, src[1], self.port):
             return False
         self.counters["rcvd_pkts"] += 1
         if plen:
-            qp.write_view[off:off + plen] = memoryview(data)[BTH_LEN:BTH_LEN + plen]
+            view[off:off + plen] = memoryview(data)[BTH_LEN:BTH_LEN + plen]
         if d:
             self.counters["out_of_seq_request"] += 1
             ackreq = bool(w3 & 0x80000000)

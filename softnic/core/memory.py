@@ -31,6 +31,18 @@ def view_at(addr: int, length: int) -> memoryview:
     return memoryview((ctypes.c_char * length).from_address(addr)).cast("B")
 
 
+def view_span(v: memoryview) -> tuple[int, int] | None:
+    """The address range ``[start, end)`` a writable byte view covers (None if
+    it cannot tell: an empty or read-only view)."""
+    if len(v) == 0:
+        return None
+    try:
+        a = ctypes.addressof(ctypes.c_char.from_buffer(v))
+    except (TypeError, ValueError):
+        return None
+    return (a, a + len(v))
+
+
 class Buffer:
     """Page-aligned anonymous memory owned by softnic (what posix_memalign gives a C program)."""
 

@@ -320,6 +320,7 @@ class QP:
         self.retry_pending: int | None = None  # rewind already requested for this PSN
         self.rto_at: float | None = None
         self.probe_at: float | None = None  # selective repeat: resend the oldest PSN early
+        self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
         self.rnr_at: float | None = None
         self.sqd_notified = False
         # congestion control (used only when self.cc is set)
@@ -343,6 +344,7 @@ class QP:
         self.sr_naked: set[int] = set()
         self.sr_scan: int | None = None   # responder: PSNs below it are held or named
         self.ooo: dict[int, object] = {}   # selective repeat: PSN -> packet held for in-order apply
+        self.sr_writes: list = []   # ... WRITEs after the current one, FIRST held: (psn, view, length, end psn, span)
         self.ooo_high = None
         self.resources: deque = deque()    # READ / ATOMIC replay resources
         self.resp_out: deque = deque()     # responses to send, in PSN order

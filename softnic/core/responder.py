@@ -17,7 +17,7 @@ from ..wire.icrc import ipv4_udp_headers
 from ..wire.roce import AethCode, Kind, NakCode, psn_diff
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
-from .memory import AccessError
+from .memory import AccessError, view_span
 
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
 ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
@@ -92,6 +92,7 @@ def receive(dev, qp, pkt, src, now: float) -> None:
     if not qp.ooo:
         qp.sr_naked.clear()
         qp.sr_scan = None
+        qp.sr_writes.clear()
 
 
 def _sack_nak(dev, qp, missing: int, held: int) -> None:
@@ -110,7 +111,42 @@ def _hold(dev, qp, pkt, d: int) -> None:
     psn = pkt.bth.psn
     if psn in qp.ooo:
         return
+    info = pkt.info
+    if info.kind == Kind.WRITE and info.first and not info.last and pkt.reth is not None:
+        _chain_write(dev, qp, psn, pkt.reth)
     hold(dev, qp, psn, pkt.bth.ackreq, pkt)
+
+
+def _chain_write(dev, qp, psn: int, reth) -> None:
+    """A held WRITE FIRST that directly follows the WRITE being received (or the
+    last one chained) and whose target overlaps none of theirs: its later packets
+    may be placed before it applies (the device's receive shortcut), since no
+    data still to come for an earlier message can land on them.  Its target is
+    checked as ``_write`` will check it."""
+    mtu = qp.mtu
+    chain = qp.sr_writes
+    if chain:
+        end = chain[-1][3]
+    elif qp.resp_kind is Kind.WRITE and qp.write_view is not None:
+        left = qp.write_len - qp.write_off
+        end = (qp.epsn + max(1, -(-left // mtu))) & 0xFFFFFF
+        cur = view_span(qp.write_view) if len(qp.write_view) else (0, 0)
+        if cur is None:
+            return
+        chain.append((None, qp.write_view, qp.write_len, end, cur))   # the current WRITE
+    else:
+        return
+    if psn != end or not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
+        return
+    try:
+        view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_WRITE)
+    except AccessError:
+        return
+    span = view_span(view)
+    if span is None or any(s[0] < span[1] and span[0] < s[1] for *_, s in chain):
+        return
+    n = max(1, -(-reth.dma_len // mtu))
+    chain.append((psn, view, reth.dma_len, (psn + n) & 0xFFFFFF, span))
 
 
 def _placed(dev, qp, item) -> None:
