@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 from .base import Controller, FlowInfo
-from .params import TIME_EPS, Param, check_flow, resolve
+from .params import check_below_line_rate, TIME_EPS, Param, check_flow, resolve
 
 _PAPER = "DCQCN paper (Zhu et al. 2015)"
 _NIC = "NVIDIA ConnectX default (DOCA 'DCQCN CC Parameters')"
@@ -64,9 +64,7 @@ class DCQCN(Controller):
     def __init__(self, flow: FlowInfo, **params) -> None:
         check_flow(self.name, flow)
         p = resolve(self.name, self.PARAMS, params)
-        if p["min_rate"] > flow.line_rate_bps:
-            raise ValueError(f"{self.name}: parameter min_rate ({p['min_rate']:g} bit/s) "
-                             f"is above the line rate ({flow.line_rate_bps:g} bit/s)")
+        check_below_line_rate(self.name, p, flow, "min_rate")
         super().__init__(flow)
         self.params = p
         self._line = float(flow.line_rate_bps)

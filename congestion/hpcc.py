@@ -25,7 +25,7 @@ the hops.  HPCC assumes a lossless fabric: losses do not change the window.
 from __future__ import annotations
 
 from .base import Controller, FlowInfo, Hop
-from .params import Param, check_flow, resolve
+from .params import check_below_line_rate, Param, check_flow, resolve
 
 _PAPER = "HPCC paper (Li et al. 2019)"
 _OURS = "this implementation"
@@ -51,9 +51,7 @@ class HPCC(Controller):
     def __init__(self, flow: FlowInfo, **params) -> None:
         check_flow(self.name, flow)
         p = resolve(self.name, self.PARAMS, params)
-        if p["min_rate"] > flow.line_rate_bps:
-            raise ValueError(f"{self.name}: parameter min_rate ({p['min_rate']:g} bit/s) "
-                             f"is above the line rate ({flow.line_rate_bps:g} bit/s)")
+        check_below_line_rate(self.name, p, flow, "min_rate")
         super().__init__(flow)
         self.params = p
         self.t = p["t"] if p["t"] is not None else float(flow.base_rtt)

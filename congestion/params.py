@@ -149,6 +149,15 @@ def check_flow(owner: str, flow: Any) -> None:
             raise ValueError(f"{owner}: flow.{field} must be a positive number, not {value!r}")
 
 
+def check_below_line_rate(owner: str, params: dict[str, Any], flow: Any, *keys: str) -> None:
+    """Rates among ``params[keys]`` (None: derived) may not exceed the flow's line rate."""
+    line = float(flow.line_rate_bps)
+    for key in keys:
+        if params[key] is not None and params[key] > line:
+            raise ValueError(f"{owner}: parameter {key} ({params[key]:g} bit/s) is above "
+                             f"the line rate ({line:g} bit/s)")
+
+
 def format_value(kind: str, value: Any) -> str:
     """A value in the units a person would write it in (and parse_spec reads back)."""
     if value is None:

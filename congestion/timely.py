@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from .base import Controller, FlowInfo, Hop
-from .params import Param, check_flow, resolve
+from .params import check_below_line_rate, Param, check_flow, resolve
 
 _PAPER = "TIMELY paper (Mittal et al. 2015)"
 
@@ -60,11 +60,8 @@ class Timely(Controller):
         if p["t_low"] >= p["t_high"]:
             raise ValueError(f"{self.name}: parameter t_low ({p['t_low']:g} s) must be "
                              f"below t_high ({p['t_high']:g} s)")
+        check_below_line_rate(self.name, p, flow, "min_rate", "init_rate")
         line = float(flow.line_rate_bps)
-        for key in ("min_rate", "init_rate"):
-            if p[key] is not None and p[key] > line:
-                raise ValueError(f"{self.name}: parameter {key} ({p[key]:g} bit/s) is above "
-                                 f"the line rate ({line:g} bit/s)")
         if p["init_rate"] is not None and p["init_rate"] < p["min_rate"]:
             raise ValueError(f"{self.name}: parameter init_rate is below min_rate")
         super().__init__(flow)

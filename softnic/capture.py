@@ -26,7 +26,36 @@ _BUFSIZE = 1 << 16
 _HEADER_CACHE_SIZE = 4096  # (src, dst, length) -> IPv4+UDP header; a few flows, a few sizes
 
 
-class Capture:
+class _PcapFile:
+    """What both captures share: a pcap writer behind a lock, flushed and
+    closed once (records after ``close()`` are dropped)."""
+
+    _lock: threading.Lock
+    _writer: object | None
+
+    @property
+    def closed(self) -> bool:
+        return self._writer is None
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Capture(_PcapFile):
     """Append RoCEv2 datagrams to a pcap file at ``path``.
 
     ``record()`` may be called from several threads (a device's progress
@@ -47,9 +76,6 @@ class Capture:
         # Write the file header now, so even an empty capture is a valid pcap.
         self._writer.write_header(None)
 
-    @property
-    def closed(self) -> bool:
-        return self._writer is None
 
     def record(self, datagram: bytes | bytearray | memoryview, src: tuple[str, int],
                dst: tuple[str, int], now: float) -> None:
@@ -75,25 +101,10 @@ class Capture:
                 self._writer.write_packet(frame, sec=sec, usec=usec, caplen=len(frame),
                                           wirelen=wirelen)
 
-    def flush(self) -> None:
-        with self._lock:
-            if self._writer is not None:
-                self._writer.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
-
-    def __enter__(self) -> Capture:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
-class TcpCapture:
+
+class TcpCapture(_PcapFile):
     """pcap of the byte streams of an iWARP device's TCP connections.
 
     The device sees stream bytes, not segments, so each chunk it sends or
@@ -118,9 +129,6 @@ class TcpCapture:
             self.path, linktype=LINKTYPE_RAW, snaplen=65535, bufsz=_BUFSIZE)
         self._writer.write_header(None)
 
-    @property
-    def closed(self) -> bool:
-        return self._writer is None
 
     def _write(self, src, dst, flags: str, payload: bytes, now: float) -> None:
         seq = self._seq[(src, dst)]
@@ -151,19 +159,4 @@ class TcpCapture:
             for i in range(0, len(data), self.SEGMENT):
                 self._write(src, dst, "PA", data[i:i + self.SEGMENT], now)
 
-    def flush(self) -> None:
-        with self._lock:
-            if self._writer is not None:
-                self._writer.flush()
 
-    def close(self) -> None:
-        with self._lock:
-            writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
-
-    def __enter__(self) -> "TcpCapture":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

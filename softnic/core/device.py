@@ -576,16 +576,7 @@ class Device:
             ackreq = bool(w3 & 0x80000000)
             responder.hold(self, qp, psn, ackreq, (psn, last, plen, ackreq))
             return True
-        qp.write_off = off + plen
-        qp.epsn = (psn + 1) & 0xFFFFFF
-        qp.nak_sent = False
-        if last:
-            qp.resp_kind = None
-            qp.write_view = None
-            qp.msn = (qp.msn + 1) & 0xFFFFFF
-            responder.queue_ack(self, qp, psn)
-        elif w3 & 0x80000000:
-            responder.queue_ack(self, qp, psn)
+        responder.placed_write(self, qp, (psn, last, plen, bool(w3 & 0x80000000)))
         if qp.sr_naked:
             qp.sr_naked.clear()
         qp.sr_scan = None

@@ -83,7 +83,7 @@ def receive(dev, qp, pkt, src, now: float) -> None:
         while qp.epsn in qp.ooo and qp.state != QPState.ERR:
             item = qp.ooo.pop(qp.epsn)
             if type(item) is tuple:
-                _placed(dev, qp, item)
+                placed_write(dev, qp, item)
             else:
                 _execute(dev, qp, item)
         if qp.ooo and qp.state != QPState.ERR:
@@ -149,10 +149,10 @@ def _chain_write(dev, qp, psn: int, reth) -> None:
     chain.append((psn, view, reth.dma_len, (psn + n) & 0xFFFFFF, span))
 
 
-def _placed(dev, qp, item) -> None:
-    """The gap below a WRITE packet already placed (``hold`` with a
-    ``(psn, last, length, ackreq)`` item) has filled: account for it as
-    ``_write`` would have."""
+def placed_write(dev, qp, item) -> None:
+    """A WRITE packet ``(psn, last, length, ackreq)`` whose bytes are already in
+    memory (placed in sequence by the device's shortcut, or beyond a hole that
+    has since filled): account for it as ``_write`` would have."""
     psn, last, n, ackreq = item
     qp.write_off += n
     qp.epsn = (psn + 1) & 0xFFFFFF
