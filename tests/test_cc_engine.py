@@ -275,3 +275,19 @@ def test_red_and_buffer_validate():
         RED(pmax=0)
     with pytest.raises(ValueError):
         EgressQueue("q", 0)
+
+
+def test_a_paced_read_missing_its_last_response_times_out_and_completes():
+    # The READ request is the only packet sent; its responses move the ACK past
+    # the request's PSN.  With the last response lost, the retransmission timer
+    # must still fire (nothing held by the pacer) and re-issue the READ.
+    from softnic.testing.droplist import DropList
+    fabric, a, b, ea, eb = _pair("recorder", mtu=1024)
+    ea.qp.cc.rate = 10e9
+    eb.buf.view[:16384] = bytes(range(256)) * 64
+    DropList({15}).install(fabric, b.address, a.address)      # the 16th response
+    a.post_send(ea.qp, SendWR(1, W.RDMA_READ, [ea.sge(0, 16384)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    _run_until_done(fabric, a, ea, until=1.0)
+    assert a.counters["timeouts"] >= 1
+    assert bytes(ea.buf.view[:16384]) == bytes(eb.buf.view[:16384])

@@ -264,7 +264,7 @@ def _probe(dev, qp) -> None:
     or acknowledges it as a duplicate."""
     if qp.state not in (QPState.RTS, QPState.SQD) or qp.rnr_wait or not _inflight(qp):
         return
-    if qp.cc is not None and psn_diff(qp.max_sent_psn, qp.acked_psn) <= 0:
+    if _paced_idle(qp):
         return                                  # the pacer holds everything: no loss
     comp = (qp.acked_psn + 1) & 0xFFFFFF
     if psn_diff(comp, qp.max_sent_psn) > 0 or comp in qp.rexmit:
@@ -273,6 +273,13 @@ def _probe(dev, qp) -> None:
     qp.rexmitted[comp] = qp.max_sent_psn
     qp.rexmit.append(comp)
     dev.mark_ready(qp)
+
+
+def _paced_idle(qp) -> bool:
+    """Has a congestion-controlled QP nothing on the wire unacknowledged, its
+    next packet held back by the pacer?  (The next PSN to send follows the last
+    acknowledged one; a READ still waiting for responses is past it.)"""
+    return qp.cc is not None and qp.next_send_psn() == (qp.acked_psn + 1) & 0xFFFFFF
 
 
 def on_timeout(dev, qp, now: float) -> None:
@@ -294,7 +301,7 @@ def on_timeout(dev, qp, now: float) -> None:
     qp.rto_at = None
     if qp.state not in (QPState.RTS, QPState.SQD) or not _inflight(qp):
         return
-    if qp.cc is not None and psn_diff(qp.max_sent_psn, qp.acked_psn) <= 0:
+    if _paced_idle(qp):
         # Started work, but nothing sent is unacknowledged: the pacer holds the
         # next packet.  Not a loss; wait another timeout.
         qp.rto_at = now + dev.rto(qp)
