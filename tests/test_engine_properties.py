@@ -147,7 +147,8 @@ def _arena_size(s) -> tuple[int, int]:
 
 def run_scenario(s, *, trace: bool = False):
     rng = random.Random(s["seed"])
-    cfg = DeviceConfig(selective_repeat=s["selective_repeat"], min_timer=50e-6)
+    cfg = DeviceConfig(selective_repeat=s["selective_repeat"], min_timer=50e-6,
+                       fast_path=s.get("fast_path", True))
     devs = (Device("a", "10.0.0.1", config=cfg), Device("b", "10.0.0.2", config=cfg))
     fabric = Fabric(s["seed"], default_faults=s["faults"], default_delay=2e-6, trace=trace)
     for d in devs:
@@ -244,8 +245,18 @@ def run_scenario(s, *, trace: bool = False):
         for kind, n, imm, dst, cap in p.recvs:
             sg = [] if dst is None else [(ta.buf.addr + dst, cap, ta.mr.lkey)]
             p.resp.dev.post_recv(p.resp.qp, RecvWR(len(p.got_recv) + 7, sg))
-        for op in p.ops:
+        if not s.get("gaps"):
+            for op in p.ops:
+                p.req.dev.post_send(p.req.qp, op["wr"])
+    if s.get("gaps"):
+        # one WR at a time, the fabric running ``gaps[i]`` virtual seconds between
+        # posts (so WRs meet idle and busy queues alike), the pairs' ops interleaved
+        todo = [(p, p.ops[k]) for k in range(max(len(p.ops) for p in pairs))
+                for p in pairs if k < len(p.ops)]
+        for i, (p, op) in enumerate(todo):
             p.req.dev.post_send(p.req.qp, op["wr"])
+            fabric.run(until=fabric.now + s["gaps"][i % len(s["gaps"])],
+                       max_events=1_000_000)
 
     early = []   # completions whose data was not in place when polled
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ..wire.icrc import append_icrc, check_icrc
 from ..wire.roce import (AethCode, BTH_LEN, ICRC_LEN, Kind, Opcode as O, WireError, decode,
                          encode, ROCEV2_PORT)
-from . import completer, requester, responder
+from . import completer, fastpath, requester, responder
 from .cq import CQ, WC
 from .enums import Access, EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
     WCStatus, WROpcode as W, mtu_bytes
@@ -90,6 +90,18 @@ class DeviceConfig:
     #: mark sent packets ECN-capable (ECT(0)); None: when the device's
     #: controller reacts to ECN (DCQCN)
     ecn: bool | None = None
+    #: take the small-message fast paths (``fastpath``); False runs everything
+    #: through the general path (the same wire bytes and completions)
+    fast_path: bool = True
+
+
+#: an ACK's opcode, for the receive fast path
+_ACKNOWLEDGE = int(O.RC_ACKNOWLEDGE)
+_WR_OPCODES = {int(w): w for w in W}
+_RD_ATOMIC = frozenset({W.RDMA_READ, W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD})
+_ATOMICS = frozenset({W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD})
+_NOT_SENDING = frozenset({QPState.RESET, QPState.INIT, QPState.RTR})
+_SENDING = (QPState.RTS, QPState.SQD)
 
 
 class Device:
@@ -120,6 +132,7 @@ class Device:
         ecn = self.config.ecn
         #: are this device's packets ECN-capable (ECT(0) in the IP header)?
         self.ect = (self._cc_name in ECN_CONTROLLERS) if ecn is None else bool(ecn)
+        self._fast = self.config.fast_path
 
     @property
     def address(self) -> tuple[str, int]:
@@ -312,38 +325,38 @@ class Device:
 
     def post_send(self, qp: QP, wr: SendWR) -> None:
         """Post one send WR.  Raises VerbsError (EINVAL / ENOMEM) as ibv_post_send would."""
-        if qp.state in (QPState.RESET, QPState.INIT, QPState.RTR):
+        if qp.state in _NOT_SENDING:
             raise einval(f"post_send on a QP in {qp.state.name}")
-        try:
-            op = W(wr.opcode)
-        except ValueError:
-            raise einval(f"unknown send opcode {wr.opcode}") from None
+        op = _WR_OPCODES.get(wr.opcode)
+        if op is None:
+            raise einval(f"unknown send opcode {wr.opcode}")
         if op not in self._ALLOWED[qp.qp_type]:
             raise einval(f"{op.name} is not valid on a {qp.qp_type.name} QP")
-        if len(wr.sg_list) > qp.cap.max_send_sge:
-            raise einval(f"{len(wr.sg_list)} SGEs > max_send_sge {qp.cap.max_send_sge}")
+        sgl = wr.sg_list
+        if len(sgl) > qp.cap.max_send_sge:
+            raise einval(f"{len(sgl)} SGEs > max_send_sge {qp.cap.max_send_sge}")
         if len(qp.sq) >= qp.cap.max_send_wr:
             raise enomem("send queue is full")
-        length = sum(s[1] for s in wr.sg_list)
+        length = sgl[0][1] if len(sgl) == 1 else sum(s[1] for s in sgl)
         if length > self.config.max_msg_size:
             raise einval("message longer than max_msg_size")
         inline = None
-        if int(wr.send_flags) & _INLINE and op not in (W.RDMA_READ, W.ATOMIC_CMP_AND_SWP,
-                                                            W.ATOMIC_FETCH_AND_ADD):
+        flags = int(wr.send_flags)
+        if flags & _INLINE and op not in _RD_ATOMIC:
             if length > qp.cap.max_inline_data:
                 raise einval(f"inline data {length} > max_inline_data {qp.cap.max_inline_data}")
-            inline = b"".join(bytes(view_at(a, n)) for a, n, _ in wr.sg_list)
-        if op in (W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD):
+            inline = b"".join(bytes(view_at(a, n)) for a, n, _ in sgl)
+        if op in _ATOMICS:
             if length != 8 or wr.remote_addr & 7:    # as rxe's validate_send_wr
                 raise einval("atomic needs one 8-byte SGE and an 8-byte aligned remote address")
-        if qp.qp_type == QPType.UD:
+        if qp.qp_type is QPType.UD:
             if wr.ah is None:
                 raise einval("UD send needs an address handle")
             wr.ah.addr
             if length > min(self.config.active_mtu, 4096):
                 raise einval("UD message longer than the MTU")
-        signaled = qp.sq_sig_all or bool(int(wr.send_flags) & _SIGNALED)
-        wqe = SendWQE(wr, signaled, inline)
+        signaled = qp.sq_sig_all or bool(flags & _SIGNALED)
+        wqe = SendWQE(wr, signaled, inline, length)
         if qp.state == QPState.ERR:
             wqe.done = True
             wqe.status = WCStatus.WR_FLUSH_ERR
@@ -445,9 +458,17 @@ class Device:
         """One UDP payload from ``src``.  ``ecn`` is the IP header's ECN codepoint
         (3 = CE, congestion experienced); ``telemetry`` the INT hop records the
         packet carries (for a response: those its responder echoed)."""
-        if len(data) >= BTH_LEN + ICRC_LEN and data[0] in _WRITE_CONTINUE and ecn != CE \
-                and telemetry is None and self._write_continue(data, src):
-            return
+        if len(data) >= BTH_LEN + ICRC_LEN and ecn != CE and telemetry is None:
+            op = data[0]
+            if op in _WRITE_CONTINUE:
+                if self._write_continue(data, src):
+                    return
+            elif self._fast:
+                if op == _ACKNOWLEDGE:
+                    if fastpath.ack(self, data, src, now):
+                        return
+                elif op in fastpath.REQUESTS and fastpath.request_only(self, data, src):
+                    return
         c = self.counters
         c["rcvd_pkts"] += 1
         n = len(data)
@@ -583,6 +604,8 @@ class Device:
         return True
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
+        if not self._ready and not self._cnps:
+            return []
         out: list = []
         if self._cnps:
             cnps, self._cnps = self._cnps, []
@@ -596,18 +619,22 @@ class Device:
                 continue
             if qp.resp_out:
                 self._responses(qp, out)
-            if qp.state in (QPState.RTS, QPState.SQD):
-                n0 = len(out)
-                requester.generate(self, qp, now, out)
+            if qp.state in _SENDING:
+                sq = qp.sq
+                if qp.send_idx < len(sq) or qp.rexmit:      # something to (re)send
+                    n0 = len(out)
+                    if not (self._fast and fastpath.send_only(self, qp, out)):
+                        requester.generate(self, qp, now, out)
+                    if len(out) > n0 and qp.qp_type is QPType.RC and qp.rto_at is None \
+                            and qp.attr.timeout:
+                        qp.rto_at = now + self.rto(qp)
+                        if qp.selective_repeat:
+                            qp.probe_at = now + self.probe_interval(qp)
+                        self.arm(qp)
                 if qp.cc is not None:
                     self.arm(qp)
-                if len(out) > n0 and qp.qp_type == QPType.RC and qp.rto_at is None \
-                        and qp.attr.timeout:
-                    qp.rto_at = now + self.rto(qp)
-                    if qp.selective_repeat:
-                        qp.probe_at = now + self.probe_interval(qp)
-                    self.arm(qp)
-                completer.complete(self, qp)
+                if (sq and sq[0].done) or qp.state is QPState.SQD:
+                    completer.complete(self, qp)
         ip, port = self.ip, self.port
         res = []
         for item in out:
@@ -628,7 +655,7 @@ class Device:
             entry = qp.resp_out.popleft()
             kind, psn = entry[0], entry[1]
             if kind == "ack":
-                ack = encode(O.RC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn, aeth=(entry[2], entry[3]))
+                ack = fastpath.ack_packet(dqpn, psn, entry[2], entry[3])
                 if qp.int_echo is not None:
                     out.append((ack, dest, qp.int_echo))
                 else:

@@ -214,6 +214,12 @@ class RecvWR:
     sg_list: list[tuple[int, int, int]] = field(default_factory=list)
 
 
+#: WR opcodes by value (an enum lookup by value costs a call into enum's machinery)
+_WR_OPCODES = {int(w): w for w in WROpcode}
+_RD_ATOMIC = frozenset({WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
+                        WROpcode.ATOMIC_FETCH_AND_ADD})
+
+
 class SendWQE:
     """A posted send work request and its progress through the requester."""
     __slots__ = ("wr_id", "opcode", "flags", "sges", "inline", "length", "imm", "inv_rkey",
@@ -222,13 +228,18 @@ class SendWQE:
                  "views", "done", "status", "atomic_orig", "rd_atomic", "got", "asked",
                  "iw_msn", "got_bytes", "sink_stag", "sink_to")
 
-    def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None):
+    def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None,
+                 length: int | None = None):
         self.wr_id = wr.wr_id
-        self.opcode = WROpcode(wr.opcode)
-        self.flags = wr.send_flags
+        op = _WR_OPCODES.get(wr.opcode)
+        self.opcode = op if op is not None else WROpcode(wr.opcode)
+        self.flags = int(wr.send_flags)     # a plain int: IntFlag operations are slow
         self.sges = list(wr.sg_list)
         self.inline = inline
-        self.length = len(inline) if inline is not None else sum(s[1] for s in self.sges)
+        if inline is not None:
+            self.length = len(inline)
+        else:
+            self.length = length if length is not None else sum(s[1] for s in self.sges)
         self.imm = wr.imm_data & 0xFFFFFFFF
         self.inv_rkey = wr.invalidate_rkey
         self.remote_addr = wr.remote_addr
@@ -253,8 +264,7 @@ class SendWQE:
         self.got_bytes = 0                   # iWARP: Read Response bytes placed
         self.sink_stag = 0                   # iWARP: the READ's data sink STag and TO
         self.sink_to = 0
-        self.rd_atomic = self.opcode in (WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
-                                         WROpcode.ATOMIC_FETCH_AND_ADD)
+        self.rd_atomic = self.opcode in _RD_ATOMIC
 
 
 class QP:

@@ -1,0 +1,157 @@
+"""The small-message fast paths change nothing but speed.
+
+``softnic.core.fastpath`` takes the common case of one-packet WRITEs and
+SENDs and their ACKs without the general path's decoding and dispatch.  The
+property here: the same random workload (test_engine_properties' scenarios,
+posted one WR at a time with the fabric running between posts, over a faulty
+link) run with the fast paths and without them puts the same bytes on the
+wire at the same virtual times, and ends with the same completions, memory and
+counters.  A failure prints the scenario, whose ``seed`` replays the fabric.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, note, settings, strategies as st
+
+from softnic.core import fastpath
+from softnic.core.device import Device, DeviceConfig
+from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, WROpcode as W
+from softnic.core.qp import RecvWR, SendWR
+from softnic.rig import connect
+from softnic.wire.roce import Opcode as O, encode
+
+from test_engine_properties import _normalized_trace, run_scenario, scenarios
+
+
+def _outcome(r) -> dict:
+    return dict(
+        trace=_normalized_trace(r),
+        wcs=[[(w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data, w.wc_flags) for w in p.got]
+             for p in r["pairs"]],
+        recv_wcs=[[(w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data, w.wc_flags)
+                   for w in p.got_recv] for p in r["pairs"]],
+        memory=[bytes(a.buf.view) for a in r["arenas"]],
+        counters=[dict(d.counters) for d in r["devs"]],
+    )
+
+
+@settings(deadline=None, max_examples=30,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios(max_size=9000), st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6, 200e-6]),
+                                          min_size=1, max_size=8))
+def test_fast_paths_give_the_same_wire_and_results(s, gaps):
+    s = dict(s, gaps=gaps)
+    note(f"replay with: run_scenario({s!r}, trace=True)")
+    fast = _outcome(run_scenario(dict(s, fast_path=True), trace=True))
+    slow = _outcome(run_scenario(dict(s, fast_path=False), trace=True))
+    assert len(fast["trace"]) > 0
+    for key in ("trace", "wcs", "recv_wcs", "counters", "memory"):
+        assert fast[key] == slow[key], f"{key} differs with the fast paths"
+
+
+def _pair(**cfg):
+    a = Device("a", "10.0.0.1", config=DeviceConfig(**cfg))
+    b = Device("b", "10.0.0.2", config=DeviceConfig(**cfg))
+    ea, eb = connect(a, b, mtu=1024, timeout=14)
+    return a, b, ea, eb
+
+
+def _deliver(x, y, now=0.0) -> int:
+    out = x.datagrams_to_send(now)
+    for d, _ in out:
+        y.receive_datagram(d, x.address, now)
+    return len(out)
+
+
+def test_a_ping_pong_takes_the_fast_paths(monkeypatch):
+    """Each fast path is taken (they return True) for a WRITE, a SEND with
+    immediate and their ACKs; data lands, completions are right."""
+    taken = {"send_only": 0, "request_only": 0, "ack": 0}
+    for name in taken:
+        real = getattr(fastpath, name)
+
+        def counted(*args, _real=real, _name=name):
+            ok = _real(*args)
+            taken[_name] += ok
+            return ok
+        monkeypatch.setattr(fastpath, name, counted)
+    a, b, ea, eb = _pair()
+    ea.buf.view[:8] = b"pingpong"
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr + 64, rkey=eb.mr.rkey))
+    assert _deliver(a, b) == 1 and _deliver(b, a) == 1
+    assert bytes(eb.buf.view[64:72]) == b"pingpong"
+    [wc] = a.poll_cq(ea.send_cq, 4)
+    assert (wc.wr_id, wc.status, wc.opcode, wc.byte_len) == (1, WCStatus.SUCCESS,
+                                                             WCOpcode.RDMA_WRITE, 8)
+    b.post_recv(eb.qp, RecvWR(9, [eb.sge(256, 100)]))
+    a.post_send(ea.qp, SendWR(2, W.SEND_WITH_IMM, [ea.sge(0, 5)], SendFlags.SIGNALED,
+                              imm_data=0x01020304))
+    assert _deliver(a, b) == 1 and _deliver(b, a) == 1
+    [rwc] = b.poll_cq(eb.recv_cq, 4)
+    assert (rwc.wr_id, rwc.status, rwc.opcode, rwc.byte_len, rwc.imm_data) == \
+        (9, WCStatus.SUCCESS, WCOpcode.RECV, 5, 0x01020304)
+    assert bytes(eb.buf.view[256:261]) == b"pingp"
+    assert [w.wr_id for w in a.poll_cq(ea.send_cq, 4)] == [2]
+    assert taken == {"send_only": 2, "request_only": 2, "ack": 2}
+
+
+def test_errors_leave_the_fast_path_to_the_general_one():
+    """A bad rkey, a missing receive (RNR) and a corrupted ICRC are all refused
+    by the fast path and handled by the general path as before."""
+    a, b, ea, eb = _pair()
+    # bad rkey: NAK remote access error, memory untouched, requester's WC says so
+    before = bytes(eb.buf.view[:128])
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey ^ 0xFF))
+    _deliver(a, b)
+    _deliver(b, a)
+    [wc] = a.poll_cq(ea.send_cq, 4)
+    assert wc.status == WCStatus.REM_ACCESS_ERR
+    assert bytes(eb.buf.view[:128]) == before
+    assert b.counters["resp_nak_remote_access_error"] == 1
+    # corrupted ICRC: counted and dropped
+    a, b, ea, eb = _pair()
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    [(d, _)] = a.datagrams_to_send(0.0)
+    bad = bytearray(d)
+    bad[-1] ^= 1
+    b.receive_datagram(bytes(bad), a.address, 0.0)
+    assert b.counters["rcvd_icrc_err"] == 1 and b.qps[eb.qp.qpn].epsn == 0
+    # SEND with no receive posted: RNR NAK, nothing consumed
+    a, b, ea, eb = _pair()
+    a.post_send(ea.qp, SendWR(1, W.SEND, [ea.sge(0, 8)], SendFlags.SIGNALED))
+    _deliver(a, b)
+    assert b.counters["send_rnr_err"] == 1
+    assert eb.qp.state == QPState.RTS and eb.qp.epsn == 0
+
+
+def test_ack_packet_is_what_encode_builds():
+    for psn, syn, msn in ((0, 0x1F, 0), (0xFFFFFF, 0x60, 0xABCDEF), (12345, 0x3F, 7)):
+        assert fastpath.ack_packet(0x123456, psn, syn, msn) == \
+            encode(O.RC_ACKNOWLEDGE, dest_qp=0x123456, psn=psn, aeth=(syn, msn))
+
+
+def test_many_small_then_one_large_write_same_bytes_either_way():
+    """The requester's ACK-request cadence (every window/4 packets) counts the
+    fast path's packets too: after 40 one-packet WRITEs a long WRITE asks for
+    ACKs on the same packets with or without the fast paths."""
+    wires = []
+    for fast in (True, False):
+        a, b, ea, eb = _pair(fast_path=fast)
+        wire = []
+        for i in range(40):
+            a.post_send(ea.qp, SendWR(i, W.RDMA_WRITE, [ea.sge(0, 8)], 0,
+                                      remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+            out = a.datagrams_to_send(0.0)
+            wire += [d for d, _ in out]
+            for d, _ in out:
+                b.receive_datagram(d, a.address, 0.0)
+            _deliver(b, a)
+        a.post_send(ea.qp, SendWR(99, W.RDMA_WRITE, [ea.sge(0, 20000)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+        wire += [d for d, _ in a.datagrams_to_send(0.0)]
+        wires.append([bytes(d[:12]) for d in wire])      # BTHs (RETH VAs differ per run)
+    assert len(wires[0]) == 40 + 20
+    assert wires[0] == wires[1]
