@@ -371,14 +371,12 @@ def send_bw_server(ep: Endpoint, p: dict, size: int) -> dict:
 def _spin_byte(ep: Endpoint, offset: int, value: int, deadline: float) -> None:
     """Drive progress until the byte at ``offset`` of our MR reads ``value``."""
     import ctypes
-    addr = ep.mr.buf + offset
+    byte = ctypes.c_ubyte.from_address(ep.mr.buf + offset)
     cq = ep.cq
-    poll = ep.nic.poll
     e = ep.e
     deadline = time.monotonic() + STALL
-    while ctypes.string_at(addr, 1)[0] != value:
-        poll()
-        n, wcs = cq.poll(8)       # completions of our own signaled WRITEs
+    while byte.value != value:
+        n, wcs = cq.poll(8)       # drives progress; completions of our own signaled WRITEs
         for w in wcs:
             if w.status != e.IBV_WC_SUCCESS:
                 raise PerfError(f"completion failed: status {w.status}")

@@ -414,7 +414,14 @@ class QP(PyverbsCM):
         """Post ``wr`` and the WRs chained after it; on a refusal the failing one is
         copied into ``bad_wr`` (those before it stay posted)."""
         self._check()
-        post = self._nic.dev.post_send
+        nic = self._nic
+        if wr is not None and wr._next is None:      # one WR: no chain to walk
+            try:
+                nic.call(nic.dev.post_send, self._eqp, wr._engine())
+            except (VerbsError, ValueError) as ex:
+                self._refused(wr, bad_wr, ex, 'Failed to post send')
+            return
+        post = nic.dev.post_send
         self._post(wr, bad_wr, lambda w: post(self._eqp, w._engine()), 'Failed to post send')
 
     def _post(self, wr, bad_wr, one, msg):
@@ -433,11 +440,15 @@ class QP(PyverbsCM):
 
         bad, ex = self._nic.call(chain)
         if bad is not None:
-            if bad_wr is not None:
-                bad_wr._copy_from(bad)
-            err = ex.errno if isinstance(ex, VerbsError) else errno.EINVAL
-            raise PyverbsRDMAError(f'{msg} (returned {err}): '
-                                   f'{getattr(ex, "message", ex)}', err)
+            self._refused(bad, bad_wr, ex, msg)
+
+    @staticmethod
+    def _refused(bad, bad_wr, ex, msg):
+        if bad_wr is not None:
+            bad_wr._copy_from(bad)
+        err = ex.errno if isinstance(ex, VerbsError) else errno.EINVAL
+        raise PyverbsRDMAError(f'{msg} (returned {err}): '
+                               f'{getattr(ex, "message", ex)}', err)
 
     @property
     def qp_type(self):
