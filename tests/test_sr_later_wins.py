@@ -295,3 +295,35 @@ def test_go_back_n_unchanged():
             and pk.aeth.code == AethCode.NAK]
     assert len(naks) == 1 and naks[0].aeth.value == NakCode.PSN_SEQUENCE_ERROR
     assert (naks[0].bth.psn - first) & 0xFFFFFF == 10
+
+
+@pytest.mark.parametrize("sr", [False, True])
+def test_duplicate_of_an_old_packet_only_acks(sr):
+    """A MIDDLE of a finished WRITE arriving again after a later WRITE rewrote its
+    bytes is a duplicate: it is acknowledged and counted, never placed."""
+    p = pair(seed=1, mtu=MTU, config=SR if sr else None, trace=True,
+             endpoint_args=dict(buf_size=1 << 17))
+    a, b = pattern(N, 1), pattern(N, 2)
+    fill(p.ea, 0, a)
+    fill(p.ea, 1 << 16, b)
+    p.a.post_send(p.ea.qp, write_wr(1, p.ea, p.eb, 0, N, 0))
+    p.a.post_send(p.ea.qp, write_wr(2, p.ea, p.eb, 1 << 16, N, 0))
+    p.run_until(lambda: len(p.send_wcs()) == 2, limit=5)
+    first = p.ea.qp.attr.sq_psn
+    old = [rec for rec in p.fabric.trace if rec.kind == "send" and rec.src == p.a.address
+           and rec.data[0] == 0x07 and int.from_bytes(rec.data[8:12], "big") & 0xFFFFFF ==
+           (first + 5) & 0xFFFFFF]
+    assert old
+    dup = p.b.counters["duplicate_request"]
+    p.b.receive_datagram(bytes(old[0].data), p.a.address, p.fabric.now)
+    assert p.b.counters["duplicate_request"] == dup + 1
+    out = p.b.datagrams_to_send(p.fabric.now)
+    assert len(out) == 1 and out[0][0][0] == 0x11          # one ACK
+    assert (int.from_bytes(out[0][0][8:12], "big") - first) & 0xFFFFFF == 2 * 79 - 1
+    assert read(p.eb, 0, N) == b
+    bad = bytearray(old[0].data)
+    bad[40] ^= 1                                            # a corrupted copy: dropped
+    p.b.receive_datagram(bytes(bad), p.a.address, p.fabric.now)
+    assert p.b.counters["duplicate_request"] == dup + 1
+    assert p.b.counters["rcvd_icrc_err"] == 1
+    assert p.b.datagrams_to_send(p.fabric.now) == []

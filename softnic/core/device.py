@@ -532,6 +532,17 @@ class Device:
         plen = n - BTH_LEN - ICRC_LEN - ((data[1] >> 4) & 3)
         if plen < 0 or plen > mtu or (not last and plen != mtu) or tuple(src) != qp.dest:
             return False
+        if d >= 0x800000:
+            # A duplicate (a resend that crossed the original, or a go-back after a
+            # timeout): acknowledge what has arrived, as ``responder._duplicate``
+            # does, without decoding it.
+            if self.config.check_icrc and not check_icrc(data, src[0], self.ip, src[1],
+                                                         self.port):
+                return False
+            self.counters["rcvd_pkts"] += 1
+            self.counters["duplicate_request"] += 1
+            responder.queue_ack(self, qp, (qp.epsn - 1) & 0xFFFFFF)
+            return True
         if d:
             # Selective repeat, beyond a hole: a packet of a WRITE of the run that
             # starts with the one being received (``responder.chain_writes``) has
