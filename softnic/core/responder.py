@@ -100,9 +100,27 @@ def receive(dev, qp, pkt, src, now: float) -> None:
             qp.sr_placed.clear()
 
 
+_SACK = (AethCode.NAK << 5) | NakCode.PSN_SEQUENCE_ERROR
+SACK_LOOKBACK = 8    # queued responses searched for a selective ACK to update
+
+
 def _sack_nak(dev, qp, missing: int, held: int) -> None:
     """Selective repeat's NAK: BTH.PSN names a missing PSN and, as IRN's NACK
-    does, the AETH's MSN field carries a PSN that did arrive (a selective ACK)."""
+    does, the AETH's MSN field carries a PSN that did arrive (a selective ACK).
+    One still queued that names the same PSN takes the newer held PSN instead of
+    a second NAK leaving (the requester acts once per missing PSN and keeps the
+    newest selective ACK), as plain ACKs coalesce."""
+    out = qp.resp_out
+    k = len(out) - 1
+    stop = k - SACK_LOOKBACK
+    while k > stop and k >= 0:
+        e = out[k]
+        if e[1] == missing and e[2] == _SACK and e[0] == "ack":
+            if psn_diff(held, e[3]) > 0:
+                out[k] = ("ack", missing, _SACK, held)
+            dev.counters["sack_coalesced"] += 1
+            return
+        k -= 1
     _nak(dev, qp, missing, NakCode.PSN_SEQUENCE_ERROR, msn=held)
 
 
