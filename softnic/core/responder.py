@@ -311,8 +311,12 @@ def _place_in_order(qp, view, off: int, data) -> None:
         # (with nothing held, every placed range is accounted for: none is newer)
         view[off:off + n] = data
         return
+    span = view_span(view)
+    if span is None:            # (no address, so nothing beyond a hole was placed in it)
+        view[off:off + n] = data
+        return
     starts, ends, psns = pl.starts, pl.ends, pl.psns
-    addr = view_span(view)[0]
+    addr = span[0]
     s = addr + off
     e = s + n
     epsn = qp.epsn
