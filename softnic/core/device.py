@@ -553,50 +553,65 @@ class Device:
         plen = n - BTH_LEN - ICRC_LEN - ((data[1] >> 4) & 3)
         if plen < 0 or plen > mtu or (not last and plen != mtu) or tuple(src) != qp.dest:
             return False
-        view = None
+        if d >= 0x800000:
+            # A duplicate (a resend that crossed the original, or a go-back after a
+            # timeout): acknowledge what has arrived, as ``responder._duplicate``
+            # does, without decoding it.
+            if self.config.check_icrc and not check_icrc(data, src[0], self.ip, src[1],
+                                                         self.port):
+                return False
+            self.counters["rcvd_pkts"] += 1
+            self.counters["duplicate_request"] += 1
+            responder.queue_ack(self, qp, (qp.epsn - 1) & 0xFFFFFF)
+            return True
         if d:
-            # Selective repeat, beyond a hole: a packet of the WRITE being received,
-            # or of the newest WRITE whose FIRST is held, has a known offset (every
-            # packet before it in its message carries a whole MTU).  It is placed
-            # now (RDMA WRITE data may land in any order) and held as a small
-            # record that the responder accounts for once the hole fills.
+            # Selective repeat, beyond a hole: a packet of a WRITE of the run that
+            # starts with the one being received (``responder.chain_writes``) has
+            # a known target and offset (every packet before it in its message
+            # carries a whole MTU).  It is placed now, skipping bytes newer PSNs
+            # already placed (``responder.place_beyond``: later bytes win, as in
+            # order), and held as a small record that the responder accounts for
+            # once the hole fills.
             span = responder.SR_SPAN * qp.window
             if not qp.selective_repeat or d >= span or len(qp.ooo) >= span or psn in qp.ooo:
                 return False
-            if qp.resp_kind is Kind.WRITE:
-                off = qp.write_off + d * mtu
-                length = qp.write_len
-                if off + plen <= length and (not last or off + plen == length):
-                    view = qp.write_view
-            if view is None and qp.sr_writes:
-                for first, v, length, end, _ in qp.sr_writes:
-                    if first is None:
-                        continue
-                    e = (psn - first) & 0xFFFFFF
-                    off = e * mtu
-                    if 0 < e < span and off + plen <= length and \
-                            (not last or off + plen == length):
-                        view = v
-                        break
-            if view is None:
+            chain = qp.sr_writes
+            if not chain:
+                responder.chain_writes(self, qp)
+            for first, view, length, end, addr in reversed(chain):
+                e = (psn - first) & 0xFFFFFF
+                if e < ((end - first) & 0xFFFFFF):
+                    break
+                if e < 0x800000:
+                    return False        # beyond the run
+            else:
                 return False
-        else:
-            if qp.resp_kind is not Kind.WRITE or qp.ooo:
-                return False            # (with packets held, the general path drains them)
-            off = qp.write_off
-            if off + plen > qp.write_len or (last and off + plen != qp.write_len):
+            off = e * mtu
+            if off + plen > length or last != (((psn + 1) & 0xFFFFFF) == end) \
+                    or (last and off + plen != length):
                 return False
-            view = qp.write_view
+            if self.config.check_icrc and not check_icrc(data, src[0], self.ip, src[1],
+                                                         self.port):
+                return False
+            self.counters["rcvd_pkts"] += 1
+            self.counters["out_of_seq_request"] += 1
+            if plen:
+                responder.place_beyond(qp, psn, view, off,
+                                       memoryview(data)[BTH_LEN:BTH_LEN + plen], addr)
+            ackreq = bool(w3 & 0x80000000)
+            responder.hold(self, qp, psn, ackreq, (psn, last, plen, ackreq))
+            return True
+        if qp.resp_kind is not Kind.WRITE or qp.ooo:
+            return False            # (with packets held, the general path drains them)
+        off = qp.write_off
+        if off + plen > qp.write_len or (last and off + plen != qp.write_len):
+            return False
+        view = qp.write_view
         if self.config.check_icrc and not check_icrc(data, src[0], self.ip, src[1], self.port):
             return False
         self.counters["rcvd_pkts"] += 1
         if plen:
             view[off:off + plen] = memoryview(data)[BTH_LEN:BTH_LEN + plen]
-        if d:
-            self.counters["out_of_seq_request"] += 1
-            ackreq = bool(w3 & 0x80000000)
-            responder.hold(self, qp, psn, ackreq, (psn, last, plen, ackreq))
-            return True
         responder.placed_write(self, qp, (psn, last, plen, bool(w3 & 0x80000000)))
         if qp.sr_naked:
             qp.sr_naked.clear()

@@ -12,6 +12,7 @@ replaces it (ACK coalescing).
 from __future__ import annotations
 
 import sys
+from bisect import bisect_right
 
 from ..wire.icrc import ipv4_udp_headers
 from ..wire.roce import AethCode, Kind, NakCode, psn_diff
@@ -89,15 +90,37 @@ def receive(dev, qp, pkt, src, now: float) -> None:
         if qp.ooo and qp.state != QPState.ERR:
             # another hole below packets already held: name it at once
             _sack_nak(dev, qp, qp.epsn, max(qp.ooo, key=lambda p: psn_diff(p, qp.epsn)))
+            _prune_chain(qp)
+            chain_writes(dev, qp)
     if not qp.ooo:
         qp.sr_naked.clear()
         qp.sr_scan = None
         qp.sr_writes.clear()
+        if qp.sr_placed is not None:
+            qp.sr_placed.clear()
+
+
+_SACK = (AethCode.NAK << 5) | NakCode.PSN_SEQUENCE_ERROR
+SACK_LOOKBACK = 8    # queued responses searched for a selective ACK to update
 
 
 def _sack_nak(dev, qp, missing: int, held: int) -> None:
     """Selective repeat's NAK: BTH.PSN names a missing PSN and, as IRN's NACK
-    does, the AETH's MSN field carries a PSN that did arrive (a selective ACK)."""
+    does, the AETH's MSN field carries a PSN that did arrive (a selective ACK).
+    One still queued that names the same PSN takes the newer held PSN instead of
+    a second NAK leaving (the requester acts once per missing PSN and keeps the
+    newest selective ACK), as plain ACKs coalesce."""
+    out = qp.resp_out
+    k = len(out) - 1
+    stop = k - SACK_LOOKBACK
+    while k > stop and k >= 0:
+        e = out[k]
+        if e[1] == missing and e[2] == _SACK and e[0] == "ack":
+            if psn_diff(held, e[3]) > 0:
+                out[k] = ("ack", missing, _SACK, held)
+            dev.counters["sack_coalesced"] += 1
+            return
+        k -= 1
     _nak(dev, qp, missing, NakCode.PSN_SEQUENCE_ERROR, msn=held)
 
 
@@ -111,42 +134,205 @@ def _hold(dev, qp, pkt, d: int) -> None:
     psn = pkt.bth.psn
     if psn in qp.ooo:
         return
-    info = pkt.info
-    if info.kind == Kind.WRITE and info.first and not info.last and pkt.reth is not None:
-        _chain_write(dev, qp, psn, pkt.reth)
     hold(dev, qp, psn, pkt.bth.ackreq, pkt)
+    info = pkt.info
+    if info.kind == Kind.WRITE and info.first:
+        chain_writes(dev, qp)
 
 
-def _chain_write(dev, qp, psn: int, reth) -> None:
-    """A held WRITE FIRST that directly follows the WRITE being received (or the
-    last one chained) and whose target overlaps none of theirs: its later packets
-    may be placed before it applies (the device's receive shortcut), since no
-    data still to come for an earlier message can land on them.  Its target is
-    checked as ``_write`` will check it."""
-    mtu = qp.mtu
+def chain_writes(dev, qp) -> None:
+    """Extend ``qp.sr_writes``, the run of WRITEs from the one being received on
+    whose every PSN is known to be a packet of a WRITE with a checked target:
+    the current WRITE, then each WRITE whose FIRST is held directly after the
+    last one.  Their later packets may be placed before the hole below them
+    fills (the device's receive shortcut, ``place_beyond``): only WRITE data is
+    still to come before them, and its bytes skip what newer PSNs placed.  A
+    SEND, READ, ATOMIC or unknown PSN ends the run (those execute in order,
+    before anything after them lands).  Each FIRST is checked as ``_write``
+    will check it; one that would be refused ends the run, and the general path
+    refuses it in order, NAK and all."""
     chain = qp.sr_writes
+    mtu = qp.mtu
     if chain:
         end = chain[-1][3]
-    elif qp.resp_kind is Kind.WRITE and qp.write_view is not None:
-        left = qp.write_len - qp.write_off
-        end = (qp.epsn + max(1, -(-left // mtu))) & 0xFFFFFF
-        cur = view_span(qp.write_view) if len(qp.write_view) else (0, 0)
-        if cur is None:
+    elif qp.resp_kind is Kind.WRITE and qp.write_view is not None and len(qp.write_view):
+        span = view_span(qp.write_view)
+        if span is None:
             return
-        chain.append((None, qp.write_view, qp.write_len, end, cur))   # the current WRITE
+        first = (qp.epsn - qp.write_off // mtu) & 0xFFFFFF
+        end = (first + max(1, -(-qp.write_len // mtu))) & 0xFFFFFF
+        chain.append((first, qp.write_view, qp.write_len, end, span[0]))
     else:
         return
-    if psn != end or not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
+    ooo = qp.ooo
+    while True:
+        pkt = ooo.get(end)
+        if pkt is None or type(pkt) is tuple:
+            return
+        info = pkt.info
+        if info.kind != Kind.WRITE or not info.first or pkt.reth is None:
+            return
+        reth = pkt.reth
+        n = max(1, -(-reth.dma_len // mtu))
+        plen = len(pkt.payload)
+        if info.last != (n == 1) or plen != (reth.dma_len if info.last else mtu):
+            return
+        if not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
+            return
+        try:
+            view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_WRITE)
+        except AccessError:
+            return
+        span = view_span(view) if len(view) else (0, 0)
+        if span is None:
+            return
+        first, end = end, (end + n) & 0xFFFFFF
+        chain.append((first, view, reth.dma_len, end, span[0]))
+
+
+def _prune_chain(qp) -> None:
+    """Forget the WRITEs of ``qp.sr_writes`` already received in full and the
+    placed ranges already accounted for (PSNs below the expected one)."""
+    chain = qp.sr_writes
+    epsn = qp.epsn
+    k = 0
+    while k < len(chain) and psn_diff(chain[k][3], epsn) <= 0:
+        k += 1
+    if k:
+        del chain[:k]
+    pl = qp.sr_placed
+    if pl is not None and pl.starts:
+        pl.prune(epsn)
+
+
+class Placed:
+    """The bytes placed beyond a hole, as sorted disjoint address ranges
+    ``[starts[i], ends[i])``, each with the PSN that wrote it last.  A range
+    whose PSN is below the expected PSN is stale (accounted for in order)."""
+
+    __slots__ = ("starts", "ends", "psns")
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.psns: list[int] = []
+
+    def clear(self) -> None:
+        self.starts.clear()
+        self.ends.clear()
+        self.psns.clear()
+
+    def prune(self, epsn: int) -> None:
+        keep = [i for i, q in enumerate(self.psns) if psn_diff(q, epsn) >= 0]
+        if len(keep) != len(self.psns):
+            self.starts = [self.starts[i] for i in keep]
+            self.ends = [self.ends[i] for i in keep]
+            self.psns = [self.psns[i] for i in keep]
+
+
+def place_beyond(qp, psn: int, view, off: int, data, addr: int) -> None:
+    """Write the WRITE packet ``psn``'s ``data`` at ``view[off:]`` (``addr`` is the
+    address of ``view[0]``) beyond a hole: bytes a newer PSN already placed are
+    skipped (later bytes win, as in order), and what it writes is remembered."""
+    n = len(data)
+    if not n:
         return
-    try:
-        view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_WRITE)
-    except AccessError:
+    pl = qp.sr_placed
+    if pl is None:
+        pl = qp.sr_placed = Placed()
+    elif not qp.ooo:
+        pl.clear()          # a new hole: nothing placed before it is beyond one
+    starts, ends, psns = pl.starts, pl.ends, pl.psns
+    s = addr + off
+    e = s + n
+    i = bisect_right(ends, s)
+    if i == len(starts) or starts[i] >= e:
+        view[off:off + n] = data
+        starts.insert(i, s)
+        ends.insert(i, e)
+        psns.insert(i, psn)
+        return
+    epsn = qp.epsn
+    if starts[i] == s and ends[i] == e:
+        # the common case (WRITEs of one size to one buffer): the same bytes as
+        # one earlier packet; newer only if not yet accounted for in order
+        q = psns[i]
+        if 0 < (q - psn) & 0xFFFFFF < 0x800000 and (q - epsn) & 0xFFFFFF < 0x800000:
+            return
+        view[off:off + n] = data
+        psns[i] = psn
+        return
+    ns: list[int] = []
+    ne: list[int] = []
+    np: list[int] = []
+    cur = s
+    tail = None
+    j = i
+    while j < len(starts) and starts[j] < e:
+        ss, ee, q = starts[j], ends[j], psns[j]
+        if ss < s:
+            ns.append(ss)
+            ne.append(s)
+            np.append(q)
+        if ee > e:
+            tail = (e, ee, q)
+        if psn_diff(q, psn) > 0 and psn_diff(q, epsn) >= 0:
+            lo = ss if ss > s else s
+            if cur < lo:
+                view[cur - addr:lo - addr] = data[cur - s:lo - s]
+                ns.append(cur)
+                ne.append(lo)
+                np.append(psn)
+            cur = ee if ee < e else e
+            ns.append(lo)
+            ne.append(cur)
+            np.append(q)
+        j += 1
+    if cur < e:
+        view[cur - addr:e - addr] = data[cur - s:]
+        ns.append(cur)
+        ne.append(e)
+        np.append(psn)
+    if tail is not None:
+        ns.append(tail[0])
+        ne.append(tail[1])
+        np.append(tail[2])
+    starts[i:j] = ns
+    ends[i:j] = ne
+    psns[i:j] = np
+
+
+def _place_in_order(qp, view, off: int, data) -> None:
+    """Write the expected PSN's WRITE data at ``view[off:]``, skipping the bytes
+    that packets beyond a hole (newer PSNs) already placed."""
+    n = len(data)
+    pl = qp.sr_placed
+    if pl is None or not pl.starts or not qp.ooo or not n:
+        # (with nothing held, every placed range is accounted for: none is newer)
+        view[off:off + n] = data
         return
     span = view_span(view)
-    if span is None or any(s[0] < span[1] and span[0] < s[1] for *_, s in chain):
+    if span is None:            # (no address, so nothing beyond a hole was placed in it)
+        view[off:off + n] = data
         return
-    n = max(1, -(-reth.dma_len // mtu))
-    chain.append((psn, view, reth.dma_len, (psn + n) & 0xFFFFFF, span))
+    starts, ends, psns = pl.starts, pl.ends, pl.psns
+    addr = span[0]
+    s = addr + off
+    e = s + n
+    epsn = qp.epsn
+    cur = s
+    j = bisect_right(ends, s)
+    while j < len(starts) and starts[j] < e:
+        if psn_diff(psns[j], epsn) > 0:
+            lo = starts[j] if starts[j] > s else s
+            if cur < lo:
+                view[cur - addr:lo - addr] = data[cur - s:lo - s]
+            hi = ends[j] if ends[j] < e else e
+            if hi > cur:
+                cur = hi
+        j += 1
+    if cur < e:
+        view[cur - addr:e - addr] = data[cur - s:]
 
 
 def placed_write(dev, qp, item) -> None:
@@ -348,7 +534,7 @@ def _write(dev, qp, pkt) -> None:
         # RNR NAK leaves nothing half done
         qp.resp_wqe = _take_recv(dev, qp)
     if n:
-        qp.write_view[off:off + n] = pkt.payload
+        _place_in_order(qp, qp.write_view, off, pkt.payload)
     qp.write_off = off + n
     if info.last:
         qp.resp_kind = None
