@@ -294,11 +294,13 @@ class NIC(_Opened):
     def _flush(self, now: float) -> None:
         if self._closed:
             return
+        if self.capture is None and self.injector is None:
+            out = self.dev.datagram_runs(now)
+            if out:
+                self.sock.send_runs(out)     # runs of equal datagrams: one sendmsg each
+            return
         out = self.dev.datagrams_to_send(now)
         if not out:
-            return
-        if self.capture is None and self.injector is None:
-            self.sock.send_batch(out)        # runs of equal datagrams: one sendmsg each
             return
         batch: list = []
         for data, addr in out:

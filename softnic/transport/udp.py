@@ -120,6 +120,37 @@ class UdpSocket:
                 self._send_gso([d for d, _ in datagrams[i:j]], seg, addr, j - i)
             i = j
 
+    def send_runs(self, items: list) -> None:
+        """Send what ``Device.datagram_runs`` gives, in order: ``(data, addr)``
+        datagrams (batched as ``send_batch`` does) and ``(buffer, addr, seg)``
+        runs of datagrams laid end to end, which go down as slices of the
+        buffer, as many segments per ``sendmsg`` as GSO takes."""
+        pending = []
+        for item in items:
+            if len(item) == 2:
+                pending.append(item)
+                continue
+            if pending:
+                self.send_batch(pending)
+                pending = []
+            buf, addr, seg = item
+            total = len(buf)
+            if not self.gso or total <= seg:
+                mv = memoryview(buf)
+                for o in range(0, total, seg):
+                    self.send(mv[o:o + seg], addr)
+                continue
+            step = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg) * seg
+            mv = memoryview(buf)
+            for o in range(0, total, step):
+                e = min(o + step, total)
+                if e - o <= seg:
+                    self.send(mv[o:e], addr)
+                else:
+                    self._send_gso([mv[o:e]], seg, addr, -(-(e - o) // seg))
+        if pending:
+            self.send_batch(pending)
+
     def _send_gso(self, parts: list, seg: int, addr: Address, count: int) -> None:
         cmsg = self._gso_cmsg.get(seg)
         if cmsg is None:
@@ -132,7 +163,12 @@ class UdpSocket:
             if e.errno in (errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EIO):
                 self.gso = False                 # no segmentation offload here: one by one
                 for d in parts:
-                    self.send(d, addr)
+                    if len(d) > seg:             # a run laid end to end
+                        mv = memoryview(d)
+                        for o in range(0, len(mv), seg):
+                            self.send(mv[o:o + seg], addr)
+                    else:
+                        self.send(d, addr)
             elif e.errno in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
                              errno.EMSGSIZE, errno.EPERM):
                 self.send_errors += count

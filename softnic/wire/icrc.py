@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
 
 from .roce import BTH_LEN, ICRC_LEN
 
-__all__ = ["ipv4_udp_headers", "icrc", "append_icrc", "check_icrc", "IP_DF"]
+__all__ = ["ipv4_udp_headers", "icrc", "icrc_start", "append_icrc", "check_icrc", "IP_DF"]
 
 IP_DF = 0x4000
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
@@ -39,6 +39,8 @@ _UDP = struct.Struct("!HHHH")
 _LRH_ONES = b"\xff" * 8
 _BYTE4_ONES = b"\xff"
 _cache: dict[tuple, bytes] = {}
+_crc_cache: dict[bytes, int] = {}            # pseudo header -> its CRC
+_start_cache: dict[tuple, int] = {}           # (pseudo header, BTH head) -> CRC state
 
 
 def ipv4_udp_headers(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int,
@@ -70,12 +72,45 @@ def _pseudo(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int) -> 
     return p
 
 
+def _pseudo_crc(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int) -> int:
+    """CRC state after the pseudo header (LRH ones, masked IPv4, masked UDP): it is
+    the same for every packet of one length between one pair of ports."""
+    p = _pseudo(src_ip, dst_ip, sport, dport, roce_len)
+    c = _crc_cache.get(p)
+    if c is None:
+        c = crc32(p)
+        if len(_crc_cache) > 4096:
+            _crc_cache.clear()
+        _crc_cache[p] = c
+    return c
+
+
+def icrc_start(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int,
+               head: bytes) -> int:
+    """CRC state after the pseudo header and ``head``, the first 8 bytes of the
+    BTH (opcode, flags, P_Key, FECN/BECN byte, destination QP; byte 4 is
+    masked here whatever it holds).
+
+    The ICRC of a packet of ``roce_len`` bytes (BTH .. ICRC) whose BTH begins
+    with ``head`` is ``crc32(pkt[8:-4], start)``: a sender of many packets that
+    differ only from byte 8 on (AckReq, PSN, payload) pays for the rest once."""
+    key = (_pseudo(src_ip, dst_ip, sport, dport, roce_len), head)
+    c = _start_cache.get(key)
+    if c is None:
+        c = crc32(head[:4], _pseudo_crc(src_ip, dst_ip, sport, dport, roce_len))
+        c = crc32(_BYTE4_ONES, c)
+        c = crc32(head[5:8], c)
+        if len(_start_cache) > 4096:
+            _start_cache.clear()
+        _start_cache[key] = c
+    return c
+
+
 def icrc(pkt: bytes | bytearray | memoryview, src_ip: str, dst_ip: str, sport: int,
          dport: int) -> int:
     """ICRC of a transport packet ``pkt`` (BTH .. pad, without the ICRC)."""
     mv = memoryview(pkt)
-    c = crc32(_pseudo(src_ip, dst_ip, sport, dport, len(mv) + ICRC_LEN))
-    c = crc32(mv[:4], c)
+    c = crc32(mv[:4], _pseudo_crc(src_ip, dst_ip, sport, dport, len(mv) + ICRC_LEN))
     c = crc32(_BYTE4_ONES, c)
     c = crc32(mv[5:], c)
     return c & 0xFFFFFFFF
