@@ -177,7 +177,7 @@ class UdpSocket:
 
     def recv_batch(self, limit: int = 256) -> list[tuple[bytes, Address]]:
         if self.gro:
-            return [(d, a) for d, a, _ in self.recv_batch_ecn(limit)]
+            return self._recv_batch_gro(limit)
         out = []
         recv = self.sock.recvfrom
         for _ in range(limit):
@@ -188,6 +188,35 @@ class UdpSocket:
             except ConnectionRefusedError:   # an ICMP error for an earlier send
                 continue
             out.append((data, addr))
+        return out
+
+    def _recv_batch_gro(self, limit: int) -> list[tuple[bytes, Address]]:
+        """``recv_batch`` with UDP_GRO on (and no ECN asked for): a coalesced run
+        arrives as one buffer with its segment size, and is cut apart here."""
+        out = []
+        append = out.append
+        recv = self.sock.recvmsg
+        space = self._space
+        for _ in range(limit):
+            try:
+                data, anc, flags, addr = recv(MAX_DATAGRAM, space)
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionRefusedError:
+                continue
+            if flags & socket.MSG_TRUNC:
+                self.recv_truncated += 1
+                continue
+            seg = 0
+            for level, typ, cdata in anc:
+                if level == SOL_UDP and typ == UDP_GRO and len(cdata) >= 4:
+                    seg = _I32.unpack_from(cdata)[0]
+            n = len(data)
+            if seg and n > seg:
+                for k in range(0, n, seg):
+                    append((data[k:k + seg], addr))
+            else:
+                append((data, addr))
         return out
 
     def recv_batch_ecn(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:

@@ -38,9 +38,12 @@ _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _UDP = struct.Struct("!HHHH")
 _LRH_ONES = b"\xff" * 8
 _BYTE4_ONES = b"\xff"
+_W0 = struct.Struct("!I")           # BTH bytes 0-3: opcode, flags, P_Key
+_ICRC = struct.Struct("<I")
 _cache: dict[tuple, bytes] = {}
-_crc_cache: dict[bytes, int] = {}            # pseudo header -> its CRC
-_start_cache: dict[tuple, int] = {}           # (pseudo header, BTH head) -> CRC state
+#: (src_ip, dst_ip, sport, dport, roce_len, BTH bytes 0-3 as a big-endian word)
+#: -> the CRC state after the pseudo header, those bytes and the masked byte 4
+_start_cache: dict[tuple, int] = {}
 
 
 def ipv4_udp_headers(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int,
@@ -72,48 +75,38 @@ def _pseudo(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int) -> 
     return p
 
 
-def _pseudo_crc(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int) -> int:
-    """CRC state after the pseudo header (LRH ones, masked IPv4, masked UDP): it is
-    the same for every packet of one length between one pair of ports."""
-    p = _pseudo(src_ip, dst_ip, sport, dport, roce_len)
-    c = _crc_cache.get(p)
-    if c is None:
-        c = crc32(p)
-        if len(_crc_cache) > 4096:
-            _crc_cache.clear()
-        _crc_cache[p] = c
-    return c
-
-
-def icrc_start(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int,
-               head: bytes) -> int:
-    """CRC state after the pseudo header and ``head``, the first 8 bytes of the
-    BTH (opcode, flags, P_Key, FECN/BECN byte, destination QP; byte 4 is
-    masked here whatever it holds).
-
-    The ICRC of a packet of ``roce_len`` bytes (BTH .. ICRC) whose BTH begins
-    with ``head`` is ``crc32(pkt[8:-4], start)``: a sender of many packets that
-    differ only from byte 8 on (AckReq, PSN, payload) pays for the rest once."""
-    key = (_pseudo(src_ip, dst_ip, sport, dport, roce_len), head)
+def _start(key: tuple) -> int:
+    """The ``_start_cache`` entry for ``key`` (computed on a miss)."""
     c = _start_cache.get(key)
     if c is None:
-        c = crc32(head[:4], _pseudo_crc(src_ip, dst_ip, sport, dport, roce_len))
+        c = crc32(_pseudo(*key[:5]))
+        c = crc32(_W0.pack(key[5]), c)
         c = crc32(_BYTE4_ONES, c)
-        c = crc32(head[5:8], c)
         if len(_start_cache) > 4096:
             _start_cache.clear()
         _start_cache[key] = c
     return c
 
 
+def icrc_start(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int,
+               head: bytes) -> int:
+    """CRC state after the pseudo header and the first 8 bytes of a BTH, ``head``
+    (opcode, flags, P_Key, the FECN/BECN byte, destination QP), byte 4 masked
+    whatever it holds.
+
+    The ICRC of a packet of ``roce_len`` bytes (BTH .. ICRC) whose BTH begins
+    with ``head`` is ``crc32(pkt[8:-4], start)``: a sender of many packets that
+    differ only from byte 8 on (AckReq, PSN, payload) pays for the rest once."""
+    c = _start((src_ip, dst_ip, sport, dport, roce_len, _W0.unpack_from(head)[0]))
+    return crc32(head[5:8], c)
+
+
 def icrc(pkt: bytes | bytearray | memoryview, src_ip: str, dst_ip: str, sport: int,
          dport: int) -> int:
     """ICRC of a transport packet ``pkt`` (BTH .. pad, without the ICRC)."""
     mv = memoryview(pkt)
-    c = crc32(mv[:4], _pseudo_crc(src_ip, dst_ip, sport, dport, len(mv) + ICRC_LEN))
-    c = crc32(_BYTE4_ONES, c)
-    c = crc32(mv[5:], c)
-    return c & 0xFFFFFFFF
+    c = _start((src_ip, dst_ip, sport, dport, len(mv) + ICRC_LEN, _W0.unpack_from(mv)[0]))
+    return crc32(mv[5:], c) & 0xFFFFFFFF
 
 
 def append_icrc(pkt: bytearray, src_ip: str, dst_ip: str, sport: int, dport: int) -> bytearray:
@@ -128,5 +121,9 @@ def check_icrc(datagram: bytes | bytearray | memoryview, src_ip: str, dst_ip: st
     n = len(datagram)
     if n < BTH_LEN + ICRC_LEN:
         return False
-    mv = memoryview(datagram)
-    return icrc(mv[:n - 4], src_ip, dst_ip, sport, dport) == int.from_bytes(mv[n - 4:], "little")
+    # icrc() inlined: this runs for every packet received
+    key = (src_ip, dst_ip, sport, dport, n, _W0.unpack_from(datagram)[0])
+    c = _start_cache.get(key)
+    if c is None:
+        c = _start(key)
+    return crc32(memoryview(datagram)[5:n - 4], c) == _ICRC.unpack_from(datagram, n - 4)[0]
