@@ -258,3 +258,37 @@ def test_device_datagram_runs_expand_to_datagrams_to_send():
     assert outs[0][1:] == outs[1][1:]
     assert outs[0][0][0][:12] == outs[1][0][0][:12]
     assert all(type(d) is bytes for d, _ in outs[1])
+
+
+class _NoGso:
+    """A socket whose kernel refuses UDP_SEGMENT (as on an interface MTU below the
+    segment size): sendmsg fails with EINVAL, sendto works."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def sendmsg(self, *args):
+        import errno
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    def sendto(self, data, addr):
+        return self.sock.sendto(data, addr)
+
+
+def test_send_runs_falls_back_to_one_datagram_each_where_gso_is_refused():
+    a, b = _pair_of_sockets()
+    real = a.sock
+    try:
+        a.gso = True
+        a.sock = _NoGso(real)
+        rng = random.Random(6)
+        seg = 700
+        run = [rng.randbytes(seg) for _ in range(5)] + [rng.randbytes(12)]
+        a.send_runs([(bytearray(b"".join(run)), b.address, seg)])
+        assert not a.gso
+        assert _drain(b, 6) == run
+        assert a.send_errors == 0
+    finally:
+        a.sock = real
+        a.close()
+        b.close()
