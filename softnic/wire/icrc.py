@@ -42,7 +42,8 @@ _W0 = struct.Struct("!I")           # BTH bytes 0-3: opcode, flags, P_Key
 _ICRC = struct.Struct("<I")
 _cache: dict[tuple, bytes] = {}
 #: (src_ip, dst_ip, sport, dport, roce_len, BTH bytes 0-3 as a big-endian word)
-#: -> the CRC state after the pseudo header, those bytes and the masked byte 4
+#: -> the CRC state after the pseudo header, those bytes and the masked byte 4;
+#: (..., roce_len, BTH bytes 0-7) -> the state after byte 7 (``icrc_start``)
 _start_cache: dict[tuple, int] = {}
 
 
@@ -97,8 +98,15 @@ def icrc_start(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int,
     The ICRC of a packet of ``roce_len`` bytes (BTH .. ICRC) whose BTH begins
     with ``head`` is ``crc32(pkt[8:-4], start)``: a sender of many packets that
     differ only from byte 8 on (AckReq, PSN, payload) pays for the rest once."""
-    c = _start((src_ip, dst_ip, sport, dport, roce_len, _W0.unpack_from(head)[0]))
-    return crc32(head[5:8], c)
+    key = (src_ip, dst_ip, sport, dport, roce_len, head)
+    c = _start_cache.get(key)
+    if c is None:
+        c = crc32(head[5:8], _start((src_ip, dst_ip, sport, dport, roce_len,
+                                     _W0.unpack_from(head)[0])))
+        if len(_start_cache) > 4096:
+            _start_cache.clear()
+        _start_cache[key] = c
+    return c
 
 
 def icrc(pkt: bytes | bytearray | memoryview, src_ip: str, dst_ip: str, sport: int,
