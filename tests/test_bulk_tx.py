@@ -337,3 +337,8 @@ def test_live_capture_and_faults_see_each_datagram_of_a_run(tmp_path):
     for f in mine:
         dport = struct.unpack_from("!H", f, 22)[0]
         assert check_icrc(f[28:], a.ip, socket.inet_ntoa(f[16:20]), sport, dport)
+
+
+@given(st.binary(max_size=12), IPV4, IPV4, PORT, PORT)
+def test_icrc_of_short_packets_is_the_spelled_out_crc(pkt, src, dst, sport, dport):
+    assert icrc(pkt, src, dst, sport, dport) == reference_icrc(pkt, src, dst, sport, dport)

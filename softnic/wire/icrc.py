@@ -113,7 +113,11 @@ def icrc(pkt: bytes | bytearray | memoryview, src_ip: str, dst_ip: str, sport: i
          dport: int) -> int:
     """ICRC of a transport packet ``pkt`` (BTH .. pad, without the ICRC)."""
     mv = memoryview(pkt)
-    c = _start((src_ip, dst_ip, sport, dport, len(mv) + ICRC_LEN, _W0.unpack_from(mv)[0]))
+    n = len(mv) + ICRC_LEN
+    if n < 8:          # not even a BTH word: spelled out (byte 4 is masked all the same)
+        c = crc32(mv[:4], crc32(_pseudo(src_ip, dst_ip, sport, dport, n)))
+        return crc32(_BYTE4_ONES, c) & 0xFFFFFFFF
+    c = _start((src_ip, dst_ip, sport, dport, n, _W0.unpack_from(mv)[0]))
     return crc32(mv[5:], c) & 0xFFFFFFFF
 
 
