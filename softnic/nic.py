@@ -321,15 +321,24 @@ class NIC(_Opened):
     def _flush(self, now: float) -> None:
         if self._closed:
             return
-        out = self.dev.datagrams_to_send(now)
+        out = self.dev.datagram_runs(now)
         if not out:
             return
         if self.capture is None and self.injector is None:
-            self.sock.send_batch(out)        # runs of equal datagrams: one sendmsg each
+            self.sock.send_runs(out)         # runs of equal datagrams: one sendmsg each
             return
+        # The capture and the fault model see every datagram on its own (a run's
+        # as read-only views of its buffer); what survives goes in one batch.
         batch: list = []
-        for data, addr in out:
-            self._send(data, addr, now, batch)
+        send = self._send
+        for item in out:
+            if len(item) == 2:
+                send(item[0], item[1], now, batch)
+            else:
+                buf, addr, seg = item
+                mv = memoryview(buf).toreadonly()
+                for o in range(0, len(mv), seg):
+                    send(mv[o:o + seg], addr, now, batch)
         self.sock.send_batch(batch)
 
     def _step(self, now: float) -> bool:

@@ -619,6 +619,22 @@ class Device:
         return True
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
+        res = []
+        for item in self.datagram_runs(now):
+            if len(item) == 2:
+                data, dest = item
+                res.append((data if type(data) is not bytearray else bytes(data), dest))
+            else:
+                buf, dest, seg = item
+                mv = memoryview(buf)
+                res.extend((bytes(mv[o:o + seg]), dest) for o in range(0, len(buf), seg))
+        return res
+
+    def datagram_runs(self, now: float) -> list[tuple]:
+        """``datagrams_to_send`` for a driver that sends runs at once: items are
+        ``(data, dest)``, one datagram, or ``(buffer, dest, seg)``, datagrams of
+        ``seg`` bytes one after another in ``buffer`` (the last may be shorter),
+        all to ``dest``, in the order they are to leave."""
         if not self._ready and not self._cnps:
             return []
         out: list = []
@@ -652,14 +668,19 @@ class Device:
                     completer.complete(self, qp)
         ip, port = self.ip, self.port
         res = []
+        npkts = len(out)
         for item in out:
             pkt, dest = item[0], item[1]
-            if len(item) == 2:
-                res.append((bytes(append_icrc(pkt, ip, dest[0], port, dest[1])), dest))
+            n = len(item)
+            if n == 2:
+                res.append((append_icrc(pkt, ip, dest[0], port, dest[1]), dest))
+            elif n == 4:                # a requester's run, ICRCs included
+                res.append((pkt, dest, item[2]))
+                npkts += item[3] - 1
             else:                       # an ACK echoing INT telemetry
                 res.append((Datagram(append_icrc(pkt, ip, dest[0], port, dest[1]),
                                      echo=item[2]), dest))
-        self.counters["sent_pkts"] += len(res)
+        self.counters["sent_pkts"] += npkts
         return res
 
     def _responses(self, qp: QP, out: list) -> None:

@@ -8,7 +8,10 @@ asks for a single PSN (selective repeat).
 
 from __future__ import annotations
 
-from ..wire.roce import Opcode as O, encode, encode_middle, psn_diff
+import struct
+
+from ..wire.icrc import crc32, icrc_start
+from ..wire.roce import BTH_LEN, ICRC_LEN, Opcode as O, encode, encode_middle, psn_diff
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
 from .memory import AccessError
 from .responder import SR_SPAN
@@ -32,6 +35,11 @@ _SOLICITED = int(SendFlags.SOLICITED)      # flag bits as plain ints (IntFlag op
 _FENCE = int(SendFlags.FENCE)
 #: the MIDDLE opcode of each WR that a long message carries in MIDDLE packets
 _MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
+#: the LAST opcode of each WR whose LAST packet carries no extended header
+_PLAIN_LAST = {W.SEND: int(O.RC_SEND_LAST), W.RDMA_WRITE: int(O.RC_RDMA_WRITE_LAST)}
+_HDR = struct.Struct("!BBHII")          # the BTH
+_HEAD = struct.Struct("!BBHI")          # its first 8 bytes, byte 4 (FECN, BECN) masked
+_ICRC = struct.Struct("<I")             # the ICRC, least significant byte first
 
 
 def _start(dev, qp, wqe) -> None:
@@ -138,6 +146,78 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
         reth=(wqe.remote_addr, wqe.rkey, wqe.length) if first and is_write else None,
         imm=wqe.imm if last and op in (W.SEND_WITH_IMM, W.RDMA_WRITE_WITH_IMM) else None,
         ieth=wqe.inv_rkey if last and op == W.SEND_WITH_INV else None)
+
+
+def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearray, int]:
+    """Packets ``idx`` .. ``idx + k - 1`` of an RC ``wqe``, MIDDLEs and (if it is
+    among them) a LAST without extended header, ICRC and all, one after another
+    in one buffer: ``k`` datagrams of ``seg`` bytes each (the LAST may be
+    shorter).  The bytes are those ``_build`` and ``append_icrc`` give packet by
+    packet; the AckReq bits follow ``qp.pkts_since_ackreq`` as ``generate`` does.
+    Returns the buffer and ``seg``."""
+    mtu = qp.mtu
+    seg = BTH_LEN + mtu + ICRC_LEN
+    op = wqe.opcode
+    mid = _MIDDLE[op]
+    dqpn = qp.attr.dest_qp_num & 0xFFFFFF
+    last_idx = wqe.npkts - 1
+    has_last = idx + k - 1 == last_idx
+    nmid = k - has_last
+    size = nmid * seg
+    if has_last:
+        n_last = wqe.length - last_idx * mtu
+        pad = -n_last & 3
+        size += BTH_LEN + n_last + pad + ICRC_LEN
+    buf = bytearray(size)
+    mv = memoryview(buf)
+    sip, dip, sport, dport = dev.ip, dest[0], dev.port, dest[1]
+    start = icrc_start(sip, dip, sport, dport, seg, _HEAD.pack(mid, 0, 0xFFFF, dqpn))
+    psn = (wqe.first_psn + idx) & 0xFFFFFF
+    s = qp.pkts_since_ackreq
+    views = wqe.views
+    one = views[0] if len(views) == 1 else None
+    off = idx * mtu
+    pack, put = _HDR.pack_into, _ICRC.pack_into
+    o = 0
+    for _ in range(nmid):
+        s += 1
+        if s >= ack_every:
+            s = 0
+            pack(buf, o, mid, 0, 0xFFFF, dqpn, 0x80000000 | psn)
+        else:
+            pack(buf, o, mid, 0, 0xFFFF, dqpn, psn)
+        e = o + BTH_LEN + mtu
+        mv[o + BTH_LEN:e] = one[off:off + mtu] if one is not None else gather(wqe, off, mtu)
+        put(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
+        psn = (psn + 1) & 0xFFFFFF
+        off += mtu
+        o = e + ICRC_LEN
+    if has_last:
+        s += 1
+        if s >= ack_every:
+            s = 0
+        lop = _PLAIN_LAST[op]
+        flags = (bool(int(wqe.flags) & _SOLICITED) << 7) | (pad << 4)
+        pack(buf, o, lop, flags, 0xFFFF, dqpn, 0x80000000 | psn)   # a LAST asks for an ACK
+        e = o + BTH_LEN + n_last
+        mv[o + BTH_LEN:e] = gather(wqe, off, n_last)
+        e += pad                                                     # zeros
+        start = icrc_start(sip, dip, sport, dport, e + ICRC_LEN - o,
+                           _HEAD.pack(lop, flags, 0xFFFF, dqpn))
+        put(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
+    qp.pkts_since_ackreq = s
+    return buf, seg
+
+
+def _window_room(qp, psn: int) -> int:
+    """How many PSNs from ``psn`` on may be sent now (``_window_full`` of each)."""
+    base = (qp.acked_psn + 1) & 0xFFFFFF
+    if qp.selective_repeat:
+        room = SR_SPAN * qp.window - psn_diff(psn, base)
+        if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
+            base = (qp.sacked_psn + 1) & 0xFFFFFF
+        return min(room, qp.window - psn_diff(psn, base))
+    return qp.window - psn_diff(psn, base)
 
 
 def _find(qp, psn: int):
@@ -304,6 +384,24 @@ def generate(dev, qp, now: float, out: list) -> None:
             break
         if dest is None:
             dest = wqe.dest
+        if rc and cc is None and wqe.next_pkt and wqe.opcode in _MIDDLE:
+            # The bulk of a long message: its MIDDLEs (and a plain LAST) that the
+            # window admits, built in one pass into one buffer, ICRCs included.
+            idx = wqe.next_pkt
+            end = wqe.npkts if wqe.opcode in _PLAIN_LAST else wqe.npkts - 1
+            k = min(end - idx, _window_room(qp, psn))
+            if k > 0:
+                ahead = psn_diff(qp.max_sent_psn, psn) + 1
+                if ahead > 0:                         # go-back-N resends among them
+                    dev.counters["retransmitted_pkts"] += min(ahead, k)
+                if ahead < k:
+                    qp.max_sent_psn = (psn + k - 1) & 0xFFFFFF
+                buf, seg = _bulk(dev, qp, wqe, idx, k, dest, ack_every)
+                out.append((buf, dest, seg, k))
+                wqe.next_pkt = idx + k
+                if wqe.next_pkt >= wqe.npkts:
+                    qp.send_idx += 1
+                continue
         qp.pkts_since_ackreq += 1
         ackreq = qp.pkts_since_ackreq >= ack_every
         if cc is not None and not ackreq:

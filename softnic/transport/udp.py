@@ -120,6 +120,37 @@ class UdpSocket:
                 self._send_gso([d for d, _ in datagrams[i:j]], seg, addr, j - i)
             i = j
 
+    def send_runs(self, items: list) -> None:
+        """Send what ``Device.datagram_runs`` gives, in order: ``(data, addr)``
+        datagrams (batched as ``send_batch`` does) and ``(buffer, addr, seg)``
+        runs of datagrams laid end to end, which go down as slices of the
+        buffer, as many segments per ``sendmsg`` as GSO takes."""
+        pending = []
+        for item in items:
+            if len(item) == 2:
+                pending.append(item)
+                continue
+            if pending:
+                self.send_batch(pending)
+                pending = []
+            buf, addr, seg = item
+            total = len(buf)
+            if not self.gso or total <= seg:
+                mv = memoryview(buf)
+                for o in range(0, total, seg):
+                    self.send(mv[o:o + seg], addr)
+                continue
+            step = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg) * seg
+            mv = memoryview(buf)
+            for o in range(0, total, step):
+                e = min(o + step, total)
+                if e - o <= seg:
+                    self.send(mv[o:e], addr)
+                else:
+                    self._send_gso([mv[o:e]], seg, addr, -(-(e - o) // seg))
+        if pending:
+            self.send_batch(pending)
+
     def _send_gso(self, parts: list, seg: int, addr: Address, count: int) -> None:
         cmsg = self._gso_cmsg.get(seg)
         if cmsg is None:
@@ -132,7 +163,12 @@ class UdpSocket:
             if e.errno in (errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EIO):
                 self.gso = False                 # no segmentation offload here: one by one
                 for d in parts:
-                    self.send(d, addr)
+                    if len(d) > seg:             # a run laid end to end
+                        mv = memoryview(d)
+                        for o in range(0, len(mv), seg):
+                            self.send(mv[o:o + seg], addr)
+                    else:
+                        self.send(d, addr)
             elif e.errno in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH,
                              errno.EMSGSIZE, errno.EPERM):
                 self.send_errors += count
@@ -141,7 +177,7 @@ class UdpSocket:
 
     def recv_batch(self, limit: int = 256) -> list[tuple[bytes, Address]]:
         if self.gro:
-            return [(d, a) for d, a, _ in self.recv_batch_ecn(limit)]
+            return self._recv_batch_gro(limit)
         out = []
         recv = self.sock.recvfrom
         for _ in range(limit):
@@ -152,6 +188,35 @@ class UdpSocket:
             except ConnectionRefusedError:   # an ICMP error for an earlier send
                 continue
             out.append((data, addr))
+        return out
+
+    def _recv_batch_gro(self, limit: int) -> list[tuple[bytes, Address]]:
+        """``recv_batch`` with UDP_GRO on (and no ECN asked for): a coalesced run
+        arrives as one buffer with its segment size, and is cut apart here."""
+        out = []
+        append = out.append
+        recv = self.sock.recvmsg
+        space = self._space
+        for _ in range(limit):
+            try:
+                data, anc, flags, addr = recv(MAX_DATAGRAM, space)
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionRefusedError:
+                continue
+            if flags & socket.MSG_TRUNC:
+                self.recv_truncated += 1
+                continue
+            seg = 0
+            for level, typ, cdata in anc:
+                if level == SOL_UDP and typ == UDP_GRO and len(cdata) >= 4:
+                    seg = _I32.unpack_from(cdata)[0]
+            n = len(data)
+            if seg and n > seg:
+                for k in range(0, n, seg):
+                    append((data[k:k + seg], addr))
+            else:
+                append((data, addr))
         return out
 
     def recv_batch_ecn(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:

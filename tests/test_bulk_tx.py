@@ -1,0 +1,344 @@
+"""The requester's bulk path and the cached ICRC states.
+
+``requester._bulk`` builds a run of MIDDLE packets (and a plain LAST) into one
+buffer with their ICRCs; a resend takes ``requester._build`` and
+``append_icrc`` packet by packet, so the two must give the same bytes.
+``icrc_start`` caches the CRC over the pseudo header and the BTH's first 8
+bytes; it must agree with a CRC computed over the whole pseudo packet here.
+``UdpSocket.send_runs`` must put the same datagrams on the wire as one
+``sendto`` each.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import struct
+import time
+import zlib
+
+from hypothesis import given, settings, strategies as st
+
+from enginekit import pair, pattern
+from softnic.core import requester
+from softnic.core.device import Device, DeviceConfig
+from softnic.core.enums import SendFlags, WROpcode as W
+from softnic.core.qp import RecvWR, SendWR
+from softnic.transport.udp import UdpSocket
+from softnic.wire.icrc import append_icrc, check_icrc, icrc, icrc_start
+from softnic.wire.roce import ICRC_LEN, decode
+
+MTUS = [256, 512, 1024, 2048, 4096]
+OPS = [W.RDMA_WRITE, W.SEND, W.RDMA_WRITE_WITH_IMM, W.SEND_WITH_IMM, W.SEND_WITH_INV]
+IPV4 = st.ip_addresses(v=4).map(str)
+PORT = st.integers(0, 0xFFFF)
+
+
+def reference_icrc(pkt: bytes, src: str, dst: str, sport: int, dport: int) -> int:
+    """IBA A17 spelled out: LRH ones, IPv4 and UDP with the variant fields set to
+    ones, the BTH with byte 4 set to ones, the rest; zlib's CRC-32."""
+    n = len(pkt) + ICRC_LEN
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0xFF, 28 + n, 0, 0x4000, 0xFF, 17, 0xFFFF,
+                     socket.inet_aton(src), socket.inet_aton(dst))
+    udp = struct.pack("!HHHH", sport, dport, 8 + n, 0xFFFF)
+    return zlib.crc32(b"\xff" * 8 + ip + udp + pkt[:4] + b"\xff" + pkt[5:])
+
+
+@settings(max_examples=200)
+@given(st.binary(min_size=12, max_size=4200), IPV4, IPV4, PORT, PORT)
+def test_icrc_start_agrees_with_the_spelled_out_crc(pkt, src, dst, sport, dport):
+    want = reference_icrc(pkt, src, dst, sport, dport)
+    assert icrc(pkt, src, dst, sport, dport) == want
+    start = icrc_start(src, dst, sport, dport, len(pkt) + ICRC_LEN, pkt[:8])
+    assert zlib.crc32(pkt[8:], start) == want          # isal and zlib compute one CRC
+    datagram = append_icrc(bytearray(pkt), src, dst, sport, dport)
+    assert check_icrc(datagram, src, dst, sport, dport)
+    datagram[-1] ^= 0x01
+    assert not check_icrc(datagram, src, dst, sport, dport)
+
+
+def test_icrc_start_masks_byte_4():
+    head = bytes.fromhex("07000000ff00002a")
+    other = head[:4] + b"\x3c" + head[5:]
+    args = ("10.0.0.1", "10.0.0.2", 1000, 4791, 4112)
+    assert icrc_start(*args, head) == icrc_start(*args, other)
+    assert icrc_start(*args, head) != icrc_start(*args, head[:7] + b"\x2b")
+
+
+@st.composite
+def bulk_cases(draw):
+    mtu = draw(st.sampled_from(MTUS))
+    op = draw(st.sampled_from(OPS))
+    npkts = draw(st.integers(2, 7))
+    length = draw(st.integers((npkts - 1) * mtu + 1, npkts * mtu))
+    # an SGE list: the message cut at random points, the pieces apart in the buffer
+    ncuts = draw(st.integers(0, 3))
+    cuts = sorted(draw(st.lists(st.integers(1, length - 1), min_size=ncuts, max_size=ncuts,
+                                unique=True)))
+    gaps = draw(st.lists(st.integers(0, 9), min_size=ncuts + 1, max_size=ncuts + 1))
+    return {"mtu": mtu, "op": op, "length": length, "cuts": cuts, "gaps": gaps,
+            "psn": draw(st.sampled_from([0, 0x123456, 0xFFFFFD])),
+            "solicited": draw(st.booleans()),
+            "since": draw(st.integers(0, 40)), "ack_every": draw(st.integers(1, 40)),
+            "seed": draw(st.integers(0, 2**32 - 1))}
+
+
+def _wqe(c: dict):
+    p = pair(mtu=c["mtu"], psn_a=c["psn"], trace=False,
+             endpoint_args={"buf_size": 1 << 16, "max_sge": 4})
+    dev, qp = p.a, p.ea.qp
+    rng = random.Random(c["seed"])
+    data = rng.randbytes(c["length"])
+    sges, pos, off = [], 0, 0
+    for end, gap in zip(c["cuts"] + [c["length"]], c["gaps"]):
+        off += gap
+        p.ea.buf.view[off:off + end - pos] = data[pos:end]
+        sges.append(p.ea.sge(off, end - pos))
+        off += end - pos
+        pos = end
+    flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if c["solicited"] else 0)
+    kw = {}
+    if c["op"] in (W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM):
+        kw = {"remote_addr": p.eb.buf.addr, "rkey": p.eb.mr.rkey}
+    if c["op"] in (W.RDMA_WRITE_WITH_IMM, W.SEND_WITH_IMM):
+        kw["imm_data"] = 0x01020304
+    if c["op"] == W.SEND_WITH_INV:
+        kw["invalidate_rkey"] = 0x55667788
+    dev.post_send(qp, SendWR(1, c["op"], sges, flags, **kw))
+    wqe = qp.sq[-1]
+    requester._start(dev, qp, wqe)
+    return dev, qp, wqe, data
+
+
+@settings(max_examples=60, deadline=None)
+@given(bulk_cases(), st.data())
+def test_bulk_run_is_byte_for_byte_what_build_gives(c, data):
+    dev, qp, wqe, payload = _wqe(c)
+    end = wqe.npkts if c["op"] in requester._PLAIN_LAST else wqe.npkts - 1
+    idx = data.draw(st.integers(1, end - 1) if end > 1 else st.just(1), label="idx")
+    if idx >= end:
+        return                    # a two-packet message whose LAST carries a header
+    k = data.draw(st.integers(1, end - idx), label="k")
+    dest = qp.dest
+    qp.pkts_since_ackreq = c["since"]
+    buf, seg = requester._bulk(dev, qp, wqe, idx, k, dest, c["ack_every"])
+    got = [bytes(buf[o:o + seg]) for o in range(0, len(buf), seg)]
+    assert len(got) == k
+    s = c["since"]
+    for i, datagram in enumerate(got):
+        s += 1
+        ackreq = s >= c["ack_every"]
+        if ackreq:
+            s = 0
+        want = append_icrc(requester._build(dev, qp, wqe, idx + i, ackreq),
+                           dev.ip, dest[0], dev.port, dest[1])
+        assert datagram == bytes(want), f"packet {idx + i} of {wqe.npkts}"
+        pkt = decode(datagram[:-4])
+        off = (idx + i) * c["mtu"]
+        assert bytes(pkt.payload) == payload[off:off + c["mtu"]]
+    assert qp.pkts_since_ackreq == s
+
+
+def _transfer(selective_repeat: bool, drop_every: int | None, op=W.RDMA_WRITE):
+    """A long WRITE (or SEND) of several SGEs through the fabric, optionally with
+    every ``drop_every``-th request packet lost once; returns what was sent."""
+    sent: dict[int, list[bytes]] = {}
+    n = [0]
+
+    def drop(pkt, raw):
+        if not pkt.info.is_request:
+            return False
+        sent.setdefault(pkt.bth.psn, []).append(bytes(raw))
+        n[0] += 1
+        return drop_every is not None and len(sent[pkt.bth.psn]) == 1 and \
+            n[0] % drop_every == 0
+
+    cfg = DeviceConfig(min_timer=1e-3, selective_repeat=selective_repeat, window=8)
+    p = pair(mtu=1024, config=cfg, drop_a=drop, endpoint_args={"buf_size": 1 << 16})
+    msg = pattern(20000, salt=3)
+    p.ea.buf.view[0:7000] = msg[:7000]
+    p.ea.buf.view[8000:21000] = msg[7000:]
+    sges = [p.ea.sge(0, 7000), p.ea.sge(8000, 13000)]
+    if op == W.SEND:
+        p.b.post_recv(p.eb.qp, RecvWR(7, [p.eb.sge(30000, 20000)]))
+        wr = SendWR(1, W.SEND, sges, SendFlags.SIGNALED)
+    else:
+        wr = SendWR(1, W.RDMA_WRITE, sges, SendFlags.SIGNALED,
+                    remote_addr=p.eb.buf.addr + 30000, rkey=p.eb.mr.rkey)
+    p.a.post_send(p.ea.qp, wr)
+    p.fabric.flush()
+    p.run_until(lambda: len(p.send_wcs()) == 1)
+    assert p.send_wcs()[0].status == 0
+    assert bytes(p.eb.buf.view[30000:50000]) == msg
+    return sent
+
+
+def test_resends_repeat_the_bulk_packets_bytes():
+    """Packets lost from a run are rebuilt by ``_build`` on resend: with go-back-N
+    and selective repeat, every resend has the bytes of the first transmission,
+    except the AckReq bit (a resend may ask for an ACK) and so the ICRC."""
+    for sr in (False, True):
+        for op in (W.RDMA_WRITE, W.SEND):
+            sent = _transfer(sr, 5, op)
+            resent = [v for v in sent.values() if len(v) > 1]
+            assert resent, "the loss pattern hit nothing"
+            for copies in resent:
+                first = decode(copies[0][:-4])
+                for again in copies[1:]:
+                    pkt = decode(again[:-4])
+                    assert (pkt.bth.opcode, pkt.bth.psn, pkt.bth.se, pkt.bth.pad) == \
+                        (first.bth.opcode, first.bth.psn, first.bth.se, first.bth.pad)
+                    assert bytes(pkt.payload) == bytes(first.payload)
+                    if pkt.bth.ackreq == first.bth.ackreq:
+                        assert again == copies[0]
+
+
+def test_lossless_transfer_counts_every_packet():
+    sent = _transfer(False, None)
+    assert len(sent) == 20 and all(len(v) == 1 for v in sent.values())
+
+
+def _pair_of_sockets():
+    a = UdpSocket("127.0.0.1", 0)
+    b = UdpSocket("127.0.0.1", 0)
+    return a, b
+
+
+def _drain(sock: UdpSocket, n: int) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(got) < n and time.monotonic() < deadline:
+        sock.wait(0.05)
+        got += [bytes(d) for d, _ in sock.recv_batch()]
+    return got
+
+
+def test_send_runs_puts_each_datagram_on_the_wire():
+    for gso in (True, False):
+        a, b = _pair_of_sockets()
+        try:
+            a.gso = a.gso and gso
+            rng = random.Random(5)
+            seg = 1040
+            run = [rng.randbytes(seg) for _ in range(40)] + [rng.randbytes(300)]
+            single = rng.randbytes(1100)
+            items = [(single, b.address), (bytearray(b"".join(run)), b.address, seg),
+                     (b"tail", b.address)]
+            a.send_runs(items)
+            got = _drain(b, 43)
+            assert got == [single] + run + [b"tail"]
+        finally:
+            a.close()
+            b.close()
+
+
+def test_device_datagram_runs_expand_to_datagrams_to_send():
+    """The two pull calls give the same datagrams: two pairs of devices, each
+    posting the same WRITE (to buffers at different addresses, so the FIRSTs'
+    RETHs differ)."""
+    outs = []
+    for runs in (True, False):
+        p = pair(mtu=1024, trace=False, endpoint_args={"buf_size": 1 << 16})
+        p.ea.buf.view[0:9000] = pattern(9000)
+        p.a.post_send(p.ea.qp, SendWR(1, W.RDMA_WRITE, [p.ea.sge(0, 9000)], SendFlags.SIGNALED,
+                                      remote_addr=p.eb.buf.addr, rkey=p.eb.mr.rkey))
+        if runs:
+            flat = []
+            for item in p.a.datagram_runs(0.0):
+                if len(item) == 2:
+                    flat.append((bytes(item[0]), item[1]))
+                else:
+                    buf, dst, seg = item
+                    flat += [(bytes(buf[o:o + seg]), dst) for o in range(0, len(buf), seg)]
+            outs.append(flat)
+        else:
+            outs.append(p.a.datagrams_to_send(0.0))
+        assert p.a.counters["sent_pkts"] == 9
+    assert [len(d) for d, _ in outs[0]] == [len(d) for d, _ in outs[1]]
+    assert outs[0][1:] == outs[1][1:]
+    assert outs[0][0][0][:12] == outs[1][0][0][:12]
+    assert all(type(d) is bytes for d, _ in outs[1])
+
+
+class _NoGso:
+    """A socket whose kernel refuses UDP_SEGMENT (as on an interface MTU below the
+    segment size): sendmsg fails with EINVAL, sendto works."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def sendmsg(self, *args):
+        import errno
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    def sendto(self, data, addr):
+        return self.sock.sendto(data, addr)
+
+
+def test_send_runs_falls_back_to_one_datagram_each_where_gso_is_refused():
+    a, b = _pair_of_sockets()
+    real = a.sock
+    try:
+        a.gso = True
+        a.sock = _NoGso(real)
+        rng = random.Random(6)
+        seg = 700
+        run = [rng.randbytes(seg) for _ in range(5)] + [rng.randbytes(12)]
+        a.send_runs([(bytearray(b"".join(run)), b.address, seg)])
+        assert not a.gso
+        assert _drain(b, 6) == run
+        assert a.send_errors == 0
+    finally:
+        a.sock = real
+        a.close()
+        b.close()
+
+
+def test_live_capture_and_faults_see_each_datagram_of_a_run(tmp_path):
+    """With a capture and a fault model the driver hands every datagram of a run
+    to both on its own: the pcap holds every packet the device counted, each
+    with a good ICRC, and a lost one is resent."""
+    from softnic.config import DeviceSpec, RuntimeConfig
+    from softnic.faults import FaultModel
+    from softnic.nic import NIC
+    from softnic.rig import bring_up, endpoint
+
+    cfg = RuntimeConfig(capture=str(tmp_path / "run.pcap"), faults=FaultModel.parse("loss=0.05"),
+                        seed=11, min_timer=2e-3)
+    a, b = (NIC(DeviceSpec(f"r{i}", None, 0), cfg) for i in range(2))
+    try:
+        with a.lock, b.lock:
+            ea, eb = endpoint(a.dev, buf_size=1 << 18), endpoint(b.dev, buf_size=1 << 18)
+            bring_up(ea, eb, mtu=1024, timeout=10)
+            bring_up(eb, ea, mtu=1024, timeout=10)
+        data = random.Random(2).randbytes(200_000)
+        ea.buf.view[:len(data)] = data
+        a.call(a.dev.post_send, ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, len(data))],
+                                              SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                                              rkey=eb.mr.rkey))
+        got = []
+        a.wait_until(lambda: got.extend(a.dev.poll_cq(ea.send_cq, 4)) or got, 30)
+        assert got and got[0].status == 0
+        assert bytes(eb.buf.view[:len(data)]) == data
+        sent = a.counters["sent_pkts"]
+        assert a.counters["fault_dropped_loss"] > 0 and a.counters["retransmitted_pkts"] > 0
+    finally:
+        a.close()
+        b.close()
+    raw = (tmp_path / "run-r0.pcap").read_bytes()
+    frames, o = [], 24                              # LINKTYPE_RAW: IPv4 frames, no link header
+    while o < len(raw):
+        incl = struct.unpack_from("<I", raw, o + 8)[0]
+        frames.append(raw[o + 16:o + 16 + incl])
+        o += 16 + incl
+    src, sport = socket.inet_aton(a.ip), a.port
+    mine = [f for f in frames if f[12:16] == src and struct.unpack_from("!H", f, 20)[0] == sport]
+    assert len(mine) == sent            # dropped ones too: the capture sits before the faults
+    for f in mine:
+        dport = struct.unpack_from("!H", f, 22)[0]
+        assert check_icrc(f[28:], a.ip, socket.inet_ntoa(f[16:20]), sport, dport)
+
+
+@given(st.binary(max_size=12), IPV4, IPV4, PORT, PORT)
+def test_icrc_of_short_packets_is_the_spelled_out_crc(pkt, src, dst, sport, dport):
+    assert icrc(pkt, src, dst, sport, dport) == reference_icrc(pkt, src, dst, sport, dport)
