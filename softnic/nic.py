@@ -23,7 +23,6 @@ import ipaddress
 import json
 import os
 import random
-import select
 import tempfile
 import threading
 import time
@@ -191,9 +190,7 @@ class NIC(_Opened):
 
     def _readiness(self):
         """``f(0)`` is true when a datagram waits on the socket."""
-        p = select.poll()
-        p.register(self.sock.fileno(), select.POLLIN)
-        return p.poll
+        return self.sock.readable
 
     def _capture_class(self):
         return Capture

@@ -81,6 +81,8 @@ def _idle(nic):
     """After an empty poll, move this process's other NICs along too: the peer of a
     program that spins on one CQ is often another device of the same process, whose
     progress thread would otherwise wait for the interpreter lock."""
+    if len(_nic._open) < 2:          # (read without the lock: a hint, as any poll is)
+        return
     for other in _nic.open_nics():
         if other is not nic:
             other.poll()

@@ -21,11 +21,11 @@ from collections import Counter, deque
 from dataclasses import dataclass, replace
 
 from ..wire.icrc import append_icrc, check_icrc
-from ..wire.roce import (AethCode, BTH_LEN, ICRC_LEN, Kind, Opcode as O, WireError, decode,
+from ..wire.roce import (BTH_LEN, ICRC_LEN, Kind, Opcode as O, WireError, decode,
                          encode, ROCEV2_PORT)
 from . import completer, fastpath, requester, responder
 from .cq import CQ, WC
-from .enums import Access, EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
+from .enums import EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
     WCStatus, WROpcode as W, mtu_bytes
 from .errors import VerbsError, einval, enomem
 from .memory import PD, KeyTable, MR, view_at
