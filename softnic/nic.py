@@ -158,6 +158,7 @@ class NIC(_Opened):
         self.gid = self.dev.gid
         self.lock = threading.RLock()
         self._cond = threading.Condition(self.lock)
+        self._waiters = 0           # threads in wait_until (a step wakes them)
         self.injector = None
         if not cfg.faults.is_none():
             seed = zlib.crc32(f"{cfg.seed}/{spec.name}".encode())
@@ -249,7 +250,11 @@ class NIC(_Opened):
                     if left <= 0:
                         return False
                     wait = min(wait, left)
-                self._cond.wait(wait)
+                self._waiters += 1
+                try:
+                    self._cond.wait(wait)
+                finally:
+                    self._waiters -= 1
 
     @property
     def counters(self) -> dict[str, int]:
@@ -322,7 +327,10 @@ class NIC(_Opened):
         if not out:
             return
         if self.capture is None and self.injector is None:
-            self.sock.send_runs(out)         # runs of equal datagrams: one sendmsg each
+            if len(out) == 1 and len(out[0]) == 2:
+                self.sock.send(*out[0])      # one datagram (an ACK, a small message)
+            else:
+                self.sock.send_runs(out)     # runs of equal datagrams: one sendmsg each
             return
         # The capture and the fault model see every datagram on its own (a run's
         # as read-only views of its buffer); what survives goes in one batch.
@@ -371,7 +379,7 @@ class NIC(_Opened):
             _, _, data, addr = heapq.heappop(d)
             self.sock.send(data, addr)
         self._flush(now)
-        if did:
+        if did and self._waiters:
             self._cond.notify_all()
         return did
 
