@@ -155,3 +155,19 @@ def test_many_small_then_one_large_write_same_bytes_either_way():
         wires.append([bytes(d[:12]) for d in wire])      # BTHs (RETH VAs differ per run)
     assert len(wires[0]) == 40 + 20
     assert wires[0] == wires[1]
+
+
+def test_engine_pingpong_tool_runs_both_ways(capsys):
+    """tools/engine_pingpong.py (the benchmark docs/performance.md quotes) runs
+    with and without the fast paths and prints a figure for each."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "tools" / "engine_pingpong.py"
+    spec = importlib.util.spec_from_file_location("engine_pingpong", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["-n", "70"]) == 0
+    assert mod.main(["-n", "70", "--no-fast-path"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "fast paths" in out[0] and "general path" in out[1]
+    assert all(float(line.split(": ")[1].split()[0]) > 0 for line in out)
