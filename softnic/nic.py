@@ -173,6 +173,7 @@ class NIC(_Opened):
         self._closed = False
         self._stats_at = 0.0
         self._inline_at = 0.0       # last progress step driven by a polling caller
+        self._owed = False          # an inline step left its output for the next call
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
         self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
@@ -218,7 +219,7 @@ class NIC(_Opened):
                 self._inline_at = now
                 if self._idle(now):
                     return
-                self._step(now)
+                self._step(now, inline=True)
 
     def _idle(self, now: float) -> bool:
         """Is there nothing to receive, no timer due and nothing to send?"""
@@ -321,6 +322,7 @@ class NIC(_Opened):
                 heapq.heappush(self._delayed, (at, self._seq, copy, addr))
 
     def _flush(self, now: float) -> None:
+        self._owed = False
         if self._closed:
             return
         out = self.dev.datagram_runs(now)
@@ -346,11 +348,21 @@ class NIC(_Opened):
                     send(mv[o:o + seg], addr, now, batch)
         self.sock.send_batch(batch)
 
-    def _step(self, now: float) -> bool:
-        """Receive what waits, fire due timers, send.  Caller holds the lock."""
+    def _step(self, now: float, inline: bool = False) -> bool:
+        """Receive what waits, fire due timers, send.  Caller holds the lock.
+
+        ``inline`` (a spinning caller's step): receive one datagram (or one
+        coalesced run) and leave what it produced, typically the ACK of a peer's
+        request, for the caller's next call.  The caller looks at its memory or
+        CQ between the request landing and the ACK leaving: a program that
+        answers at once (a ping-pong, an RPC) sends its answer first, and the
+        peer, who is waiting for the answer, finds the ACK behind it.  Output is
+        held for one step at most, and the progress thread sends it if the
+        caller goes away."""
         did = False
+        limit = 1 if inline else 256
         if self._ecn:
-            batch = self.sock.recv_batch_ecn()
+            batch = self.sock.recv_batch_ecn(limit)
             if batch:
                 did = True
                 rx = self.dev.receive_datagram
@@ -361,7 +373,7 @@ class NIC(_Opened):
                     rx(data, src, now, ecn)
             batch = None
         else:
-            batch = self.sock.recv_batch()
+            batch = self.sock.recv_batch(limit)
         if batch:
             did = True
             rx = self.dev.receive_datagram
@@ -378,7 +390,10 @@ class NIC(_Opened):
         while d and d[0][0] <= now:
             _, _, data, addr = heapq.heappop(d)
             self.sock.send(data, addr)
-        self._flush(now)
+        if inline and did and not self._owed and (self.dev._ready or self.dev._cnps):
+            self._owed = True             # sent by the next call (or the progress thread)
+        else:
+            self._flush(now)
         if did and self._waiters:
             self._cond.notify_all()
         return did
@@ -395,6 +410,10 @@ class NIC(_Opened):
                 # A caller is spinning on this NIC and moves it along itself; taking
                 # turns with it for the lock and the interpreter only slows both.
                 time.sleep(INLINE_GRACE / 4)
+                if self._owed:                  # ... unless it left output and went away
+                    with self.lock:
+                        if self._owed and not self._closed:
+                            self._flush(time.monotonic())
                 continue
             with self.lock:
                 if self._closed:
@@ -468,7 +487,7 @@ class TcpNIC(NIC):
         cap = self.capture is not None
         self.sock.flush(self.dev, now, self._tx if cap else None)
 
-    def _step(self, now: float) -> bool:
+    def _step(self, now: float, inline: bool = False) -> bool:
         cap = self.capture is not None
         self._flush(now)
         did = self.sock.step(self.dev, now, on_rx=self._rx if cap else None)

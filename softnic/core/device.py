@@ -648,8 +648,9 @@ class Device:
         for qp in ready:
             if qp.closed:
                 continue
-            if qp.resp_out:
-                self._responses(qp, out)
+            # Requests before responses: a program that posts as soon as a peer's
+            # request lands (a ping-pong, an RPC) gets its request out first, and
+            # the ACK it owes follows in the same flush.
             if qp.state in _SENDING:
                 sq = qp.sq
                 if qp.send_idx < len(sq) or qp.rexmit:      # something to (re)send
@@ -666,6 +667,8 @@ class Device:
                     self.arm(qp)
                 if (sq and sq[0].done) or qp.state is QPState.SQD:
                     completer.complete(self, qp)
+            if qp.resp_out:
+                self._responses(qp, out)
         ip, port = self.ip, self.port
         res = []
         npkts = len(out)

@@ -122,6 +122,11 @@ class UdpSocket:
                     break
             if j - i == 1:
                 self.send(data, addr)
+            elif j - i == 2 and len(datagrams[i + 1][0]) < seg:
+                # two different datagrams (a request and an ACK, say): GSO would
+                # hand them to the receiver as one, to be handled together
+                self.send(data, addr)
+                self.send(datagrams[i + 1][0], addr)
             else:
                 self._send_gso([d for d, _ in datagrams[i:j]], seg, addr, j - i)
             i = j
