@@ -124,4 +124,5 @@ if __name__ == "__main__":
         for loss in (0.01, 0.0):
             r = run(loss, seed=s, n=args.n, gap=args.gap, sr=not args.gbn)
             r.update(tag=args.tag, seed=s, gap=args.gap)
-            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                              for k, v in r.items()}), flush=True)

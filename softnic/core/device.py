@@ -388,9 +388,10 @@ class Device:
 
     def rto(self, qp: QP) -> float:
         """The retransmission timeout: ``4.096 us * 2**timeout`` (at least the
-        timer floor), doubled for each timeout in a row without ACK progress, up
-        to ``2**completer.RTO_BACKOFF_MAX`` times (``completer.on_timeout``).  Any progress of
-        the cumulative ACK since the last timeout ends the backoff."""
+        timer floor), doubled for each timeout in a row without ACK progress
+        (``completer.on_timeout``), up to ``2**completer.RTO_BACKOFF_MAX`` times.
+        Any progress of the cumulative ACK since the last timeout ends the
+        backoff (checked here, as the fast path's ACK restarts the timer too)."""
         t = max(4.096e-6 * (1 << qp.attr.timeout), self.config.min_timer)
         if qp.rto_shift:
             if qp.acked_psn == qp.rto_shift_psn:
