@@ -12,6 +12,7 @@ import errno
 
 import pytest
 
+from softnic.core.completer import RTO_BACKOFF_MAX
 from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, WROpcode as W
 from softnic.core.errors import VerbsError
 from softnic.core.qp import RecvWR, SendWR
@@ -23,6 +24,14 @@ from softnic.wire.roce import AethCode, Kind, NakCode, Opcode as O, encode
 from enginekit import A_IP, B_IP, fill, pair, pattern, read, read_wr, send_wr, write_wr
 
 RTO = 4.096e-6 * 2 ** 10          # timeout=10, the enginekit default (above the 1 ms floor)
+
+
+def backoff(k: int) -> float:
+    """When the ``k``-th of a row of timeouts without progress fires, from the
+    first send: the RTO doubles each time, up to 2**RTO_BACKOFF_MAX times."""
+    return sum(RTO * 2 ** min(j, RTO_BACKOFF_MAX) for j in range(k))
+
+
 CUT = FaultModel(loss=1.0)
 S = WCStatus
 
@@ -83,8 +92,8 @@ def test_link_cut_exhausts_retry_cnt_then_flushes(retry_cnt, direction):
                       if t >= t0 and pkt.bth.psn == first_psn and pkt.info.is_request]
     assert len(sends_of_first) == retry_cnt + 1
     for i, t in enumerate(sends_of_first):
-        assert t == pytest.approx(t0 + i * RTO, abs=1e-9)
-    assert p.fabric.now == pytest.approx(t0 + (retry_cnt + 1) * RTO, abs=1e-9)
+        assert t == pytest.approx(t0 + backoff(i), abs=1e-9)
+    assert p.fabric.now == pytest.approx(t0 + backoff(retry_cnt + 1), abs=1e-9)
     # the responder heard nothing wrong: it stays usable
     assert eb.qp.state == QPState.RTS
     assert a.get_timer() is None
@@ -99,10 +108,10 @@ def test_retry_cnt_7_retries_forever_and_recovers_when_the_link_returns():
     fill(ea, 0, data)
     a.post_send(ea.qp, write_wr(10, ea, eb, 0, 3000, 1000))
     t0 = p.fabric.now
-    p.fabric.run(until=t0 + 40 * RTO)
+    p.fabric.run(until=t0 + backoff(40) + RTO / 2)
     assert p.send_wcs() == []
     assert ea.qp.state == QPState.RTS
-    assert a.counters["timeouts"] >= 39
+    assert a.counters["timeouts"] == 40
     assert a.counters["retry_exceeded_err"] == 0
     p.fabric.set_link(a.address, b.address, FaultModel.none())
     p.run_until(lambda: p.send_wcs())

@@ -82,8 +82,11 @@ def test_lost_tail_is_probed_before_the_timeout():
 
 
 def test_lost_probe_falls_back_to_the_timeout():
-    p, t = _run(drop_a=lambda off: _drop_psn(off, {78: 2}))
-    assert p.a.counters["loss_probes"] >= 1
+    # The first probe resends the oldest unacknowledged PSN (a duplicate, whose
+    # ACK is progress) and the LAST; once that resend is lost too, the second
+    # probe is the LAST alone, and when it is lost the timeout resends it.
+    p, t = _run(drop_a=lambda off: _drop_psn(off, {78: 3}))
+    assert p.a.counters["loss_probes"] == 2
     assert p.a.counters["timeouts"] == 1
 
 

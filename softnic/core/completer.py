@@ -257,22 +257,41 @@ def _inflight(qp) -> bool:
 
 
 def _probe(dev, qp) -> None:
-    """Selective repeat's loss probe: resend the oldest unacknowledged PSN once
-    the requester has sent nothing new and heard no progress for a probe interval
-    (once per quiet spell; it neither rewinds nor counts against retry_cnt).  The
-    responder either takes it as the hole it was missing, naming any next hole,
-    or acknowledges it as a duplicate."""
+    """Selective repeat's loss probe: resend the oldest unacknowledged PSN (and
+    the newest, ``_probe_newest``) once the requester has sent nothing new and
+    heard no progress for a probe interval (once per quiet spell; it neither
+    rewinds nor counts against retry_cnt).  The responder either takes it as the
+    hole it was missing, naming any next hole, or acknowledges it as a duplicate."""
     if qp.state not in (QPState.RTS, QPState.SQD) or qp.rnr_wait or not _inflight(qp):
         return
     if _paced_idle(qp):
         return                                  # the pacer holds everything: no loss
+    if qp.rto_shift and qp.acked_psn == qp.rto_shift_psn:
+        return                  # a timeout resent both since the last progress: wait for it
     comp = (qp.acked_psn + 1) & 0xFFFFFF
     if psn_diff(comp, qp.max_sent_psn) > 0 or comp in qp.rexmit:
         return
     dev.counters["loss_probes"] += 1
     qp.rexmitted[comp] = qp.max_sent_psn
     qp.rexmit.append(comp)
+    _probe_newest(qp, comp)
     dev.mark_ready(qp)
+
+
+def _probe_newest(qp, comp: int) -> None:
+    """Resend, besides ``comp``, the newest PSN sent if the responder has not
+    reported holding it: if the tail of what was sent was lost, it arrives beyond
+    the hole and the responder names the PSNs it misses (a window of them in a
+    few NAKs) instead of the oldest being resent one per probe.  Not a READ or
+    ATOMIC: its resend would repeat the whole operation."""
+    hi = qp.max_sent_psn
+    if psn_diff(hi, comp) <= 0 or hi in qp.rexmit or (
+            qp.sacked_psn is not None and psn_diff(hi, qp.sacked_psn) <= 0):
+        return
+    i = requester._find(qp, hi)
+    if i is not None and not qp.sq[i].rd_atomic:
+        qp.rexmitted[hi] = hi
+        qp.rexmit.append(hi)
 
 
 def _paced_idle(qp) -> bool:
@@ -280,6 +299,13 @@ def _paced_idle(qp) -> bool:
     next packet held back by the pacer?  (The next PSN to send follows the last
     acknowledged one; a READ still waiting for responses is past it.)"""
     return qp.cc is not None and qp.next_send_psn() == (qp.acked_psn + 1) & 0xFFFFFF
+
+
+#: the retransmission timeout doubles with each timeout in a row that saw no ACK
+#: progress, up to 2**RTO_BACKOFF_MAX times its base (``Device.rto``): a round
+#: trip stretched beyond the RTO (a loaded host, a long queue) then costs a few
+#: timeouts, not one per RTO for as long as it lasts
+RTO_BACKOFF_MAX = 3
 
 
 def on_timeout(dev, qp, now: float) -> None:
@@ -307,6 +333,10 @@ def on_timeout(dev, qp, now: float) -> None:
         qp.rto_at = now + dev.rto(qp)
         return
     dev.counters["timeouts"] += 1
+    # back off: the next timeout waits twice as long unless an ACK makes progress
+    dev.rto(qp)                                # (ends a backoff that progress outdated)
+    qp.rto_shift = min(qp.rto_shift + 1, RTO_BACKOFF_MAX)
+    qp.rto_shift_psn = qp.acked_psn
     if qp.cc is not None:
         qp.cc.on_loss(now=now, kind="timeout")
     if qp.attr.retry_cnt != 7:                 # rxe: 7 retries forever, as for rnr_retry
@@ -325,15 +355,24 @@ def on_timeout(dev, qp, now: float) -> None:
     for w in qp.sq:
         if w.asked:
             w.asked = set()
-    if qp.selective_repeat and qp.sacked_psn is not None and psn_diff(qp.sacked_psn, comp) > 0:
-        # resend the first missing PSN and the tail nobody has acknowledged;
-        # the responder names any hole in between when the first one fills
-        requester.rewind(qp, (qp.sacked_psn + 1) & 0xFFFFFF)
-        qp.rexmitted = {comp: qp.max_sent_psn}
-        qp.rexmit.append(comp)
+    if qp.selective_repeat:
+        _sr_timeout(qp, comp)
     else:
-        requester.rewind(qp, comp)
+        requester.rewind(qp, comp)             # go back N
     dev.mark_ready(qp)
+
+
+def _sr_timeout(qp, comp: int) -> None:
+    """Selective repeat's timeout: resend the oldest unacknowledged PSN and, as a
+    probe, the newest PSN sent that the responder has not reported holding, not a
+    window.  A timeout is often only a round trip longer than the RTO (everything
+    still on its way); where packets were lost, the oldest one's resend moves the
+    cumulative ACK and the probe, arriving beyond any lost tail, makes the
+    responder name the PSNs it misses, which are then resent one by one."""
+    qp.rexmitted = {comp: qp.max_sent_psn}    # older resends may be named again and resent
+    qp.rexmit.clear()
+    qp.rexmit.append(comp)
+    _probe_newest(qp, comp)
 
 
 def complete(dev, qp) -> None:

@@ -387,7 +387,17 @@ class Device:
         self._ready[qp] = None
 
     def rto(self, qp: QP) -> float:
-        return max(4.096e-6 * (1 << qp.attr.timeout), self.config.min_timer)
+        """The retransmission timeout: ``4.096 us * 2**timeout`` (at least the
+        timer floor), doubled for each timeout in a row without ACK progress
+        (``completer.on_timeout``), up to ``2**completer.RTO_BACKOFF_MAX`` times.
+        Any progress of the cumulative ACK since the last timeout ends the
+        backoff (checked here, as the fast path's ACK restarts the timer too)."""
+        t = max(4.096e-6 * (1 << qp.attr.timeout), self.config.min_timer)
+        if qp.rto_shift:
+            if qp.acked_psn == qp.rto_shift_psn:
+                return t * (1 << qp.rto_shift)
+            qp.rto_shift = 0
+        return t
 
     def probe_interval(self, qp: QP) -> float:
         """Selective repeat's loss probe: with no ACK progress for this long, the

@@ -329,6 +329,8 @@ class QP:
         self.req_error = False        # a WQE failed locally; send nothing more
         self.retry_pending: int | None = None  # rewind already requested for this PSN
         self.rto_at: float | None = None
+        self.rto_shift = 0            # timeouts in a row without ACK progress (the RTO's backoff)
+        self.rto_shift_psn = 0        # ... acked_psn when the last of them fired
         self.probe_at: float | None = None  # selective repeat: resend the oldest PSN early
         self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
         self.rnr_at: float | None = None
