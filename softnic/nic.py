@@ -37,6 +37,7 @@ from .transport.udp import UdpSocket, bind_free
 from .wire.roce import ROCEV2_PORT
 
 INLINE_GRACE = 0.002        # the progress thread stands aside this long after an inline step
+THREAD_WAIT = 0.05          # the progress thread's longest wait for a datagram or a timer
 _lock = threading.Lock()
 _open: dict[str, "NIC"] = {}
 _cfg: _config.RuntimeConfig | None = None
@@ -174,6 +175,7 @@ class NIC(_Opened):
         self._stats_at = 0.0
         self._inline_at = 0.0       # last progress step driven by a polling caller
         self._owed = False          # an inline step left its output for the next call
+        self._spin_since = 0.0      # start of the current spell of inline polls
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
         self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
@@ -216,10 +218,16 @@ class NIC(_Opened):
         with self.lock:
             if not self._closed:
                 now = time.monotonic()
+                if now - self._inline_at > INLINE_GRACE:
+                    self._spin_since = now          # a new spell of polling
                 self._inline_at = now
                 if self._idle(now):
                     return
-                self._step(now, inline=True)
+                # Output is held for the caller's next call only once the caller
+                # has spun long enough that the progress thread is in its standing-
+                # aside loop (which sends held output within a quarter grace), not
+                # in a long wait begun before the caller started.
+                self._step(now, inline=now - self._spin_since > THREAD_WAIT)
 
     def _idle(self, now: float) -> bool:
         """Is there nothing to receive, no timer due and nothing to send?"""
@@ -420,7 +428,7 @@ class NIC(_Opened):
                     return
                 t = self._next_deadline()
                 sock = self.sock
-            timeout = 0.05 if t is None else max(0.0, min(0.05, t - time.monotonic()))
+            timeout = THREAD_WAIT if t is None else max(0.0, min(THREAD_WAIT, t - time.monotonic()))
             try:
                 sock.wait(timeout)
             except (OSError, ValueError):
