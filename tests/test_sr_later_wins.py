@@ -141,6 +141,18 @@ def test_overlapping_writes_under_loss_equal_in_order_application(w):
 N = 20000                          # 79 packets of MTU 256
 
 
+def _drop_requests(first: int, left: dict):
+    """A ``Filter`` drop rule: lose request packet ``k`` (PSN ``first + k``)
+    ``left[k]`` times."""
+    def drop(pkt, raw):
+        k = (pkt.bth.psn - first) & 0xFFFFFF
+        if pkt.info.is_request and left.get(k, 0) > 0:
+            left[k] -= 1
+            return True
+        return False
+    return drop
+
+
 def _two_writes(monkeypatch, drops, second_off, *, n2=N, first_n=N):
     box = []
     placed = _placed_spy(monkeypatch, box)
@@ -149,13 +161,7 @@ def _two_writes(monkeypatch, drops, second_off, *, n2=N, first_n=N):
     first = p.ea.qp.sq_psn
     left = dict(drops)
 
-    def drop(pkt, raw):
-        k = (pkt.bth.psn - first) & 0xFFFFFF
-        if pkt.info.is_request and left.get(k, 0) > 0:
-            left[k] -= 1
-            return True
-        return False
-    p.filter_a.drop = drop
+    p.filter_a.drop = _drop_requests(first, left)
     a, b = pattern(first_n, 1), pattern(n2, 2)
     fill(p.ea, 0, a)
     fill(p.ea, 1 << 16, b)
@@ -247,13 +253,7 @@ def test_write_after_a_held_send_waits(monkeypatch):
     first = p.ea.qp.sq_psn
     left = {10: 1}
 
-    def drop(pkt, raw):
-        k = (pkt.bth.psn - first) & 0xFFFFFF
-        if pkt.info.is_request and left.get(k, 0) > 0:
-            left[k] -= 1
-            return True
-        return False
-    p.filter_a.drop = drop
+    p.filter_a.drop = _drop_requests(first, left)
     a, s, b = pattern(N, 1), pattern(2000, 3), pattern(N, 2)
     fill(p.ea, 0, a)
     fill(p.ea, 30000, s)
@@ -275,13 +275,7 @@ def test_go_back_n_unchanged():
     first = p.ea.qp.sq_psn
     left = {10: 1}
 
-    def drop(pkt, raw):
-        k = (pkt.bth.psn - first) & 0xFFFFFF
-        if pkt.info.is_request and left.get(k, 0) > 0:
-            left[k] -= 1
-            return True
-        return False
-    p.filter_a.drop = drop
+    p.filter_a.drop = _drop_requests(first, left)
     a, b = pattern(N, 1), pattern(N, 2)
     fill(p.ea, 0, a)
     fill(p.ea, 1 << 16, b)
