@@ -237,7 +237,8 @@ def _progress(dev, qp, before: int, now: float) -> None:
                             if psn_diff(p, qp.acked_psn) > 0}
         qp.retry_left = qp.attr.retry_cnt
         qp.rnr_left = qp.attr.rnr_retry
-        dev.mark_ready(qp)
+        if qp.send_idx < len(qp.sq) or qp.rexmit or qp.cc is not None:
+            dev.mark_ready(qp)            # the window may have opened
         # restart the retransmission timer for what is still in flight
         qp.rto_at = now + dev.rto(qp) if _inflight(qp) else None
         qp.probe_at = now + dev.probe_interval(qp) \

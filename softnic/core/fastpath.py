@@ -242,23 +242,7 @@ def ack(dev, data, src, now: float) -> bool:
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False
     dev.counters["rcvd_pkts"] += 1
+    before = qp.acked_psn
     completer._finish(qp, w)
-    # completer._progress, for a QP without a controller whose ACK moved on
-    acked = qp.acked_psn
-    if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, acked) <= 0:
-        qp.sacked_psn = None
-    if qp.rexmitted:
-        qp.rexmitted = {p: m for p, m in qp.rexmitted.items() if psn_diff(p, acked) > 0}
-    a = qp.attr
-    qp.retry_left = a.retry_cnt
-    qp.rnr_left = a.rnr_retry
-    if qp.send_idx < len(qp.sq) or qp.rexmit:
-        dev.mark_ready(qp)                # the window may have opened
-    if completer._inflight(qp):
-        qp.rto_at = now + dev.rto(qp)
-        qp.probe_at = now + dev.probe_interval(qp) if qp.selective_repeat else None
-    else:
-        qp.rto_at = qp.probe_at = None
-    dev.arm(qp)
-    completer.complete(dev, qp)
+    completer._progress(dev, qp, before, now)
     return True
