@@ -32,6 +32,7 @@ from pathlib import Path
 from . import config as _config
 from .capture import Capture, TcpCapture
 from .core.device import Device, DeviceConfig
+from . import accel as _accel
 from .faults import FaultInjector
 from .transport.udp import UdpSocket, bind_free
 from .wire.roce import ROCEV2_PORT
@@ -178,6 +179,9 @@ class NIC(_Opened):
         self._spin_since = 0.0      # start of the current spell of inline polls
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
+        self._runs = hasattr(self.sock, "recv_runs")
+        if self._runs:
+            self.dev.kernel = _accel.load()
         self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
                                         daemon=True)
         self._thread.start()
@@ -379,6 +383,16 @@ class NIC(_Opened):
                     if cap is not None:
                         cap.record(data, src, (self.ip, self.port), time.time())
                     rx(data, src, now, ecn)
+            batch = None
+        elif self._runs and self.capture is None:
+            # coalesced runs straight to the device (its kernel places a WRITE's
+            # MIDDLEs a run at a time)
+            runs = self.sock.recv_runs(limit)
+            if runs:
+                did = True
+                rx = self.dev.receive_run
+                for data, src, seg in runs:
+                    rx(data, seg, src, now)
             batch = None
         else:
             batch = self.sock.recv_batch(limit)

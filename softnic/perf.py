@@ -40,6 +40,12 @@ MAX_SIZE = 1 << 23
 DEFAULT_PORT = 18515
 
 
+def _data_path(nic) -> str:
+    """Which per-packet loops the device runs (``softnic.accel``)."""
+    k = getattr(getattr(nic, "dev", None), "kernel", None)
+    return repr(k).strip("<>") if k is not None else "python loops"
+
+
 class PerfError(Exception):
     """A run that cannot go on (bad option, peer gone, failed completion)."""
 
@@ -584,7 +590,7 @@ def run_client(args) -> int:
             doc = {"test": p["test"], "role": "client", "device": args.ib_dev,
                    "mtu": p["mtu"], "qps": p["qps"], "tx_depth": p["tx_depth"],
                    "iterations": p["iters"], "results": results,
-                   "counters": ep.nic.counters}
+                   "data_path": _data_path(ep.nic), "counters": ep.nic.counters}
             print(json.dumps(doc, indent=1))
         return 0
     finally:

@@ -342,3 +342,18 @@ def test_live_capture_and_faults_see_each_datagram_of_a_run(tmp_path):
 @given(st.binary(max_size=12), IPV4, IPV4, PORT, PORT)
 def test_icrc_of_short_packets_is_the_spelled_out_crc(pkt, src, dst, sport, dport):
     assert icrc(pkt, src, dst, sport, dport) == reference_icrc(pkt, src, dst, sport, dport)
+
+
+@settings(max_examples=60, deadline=None)
+@given(bulk_cases(), st.booleans())
+def test_a_first_packed_straight_is_what_encode_gives(c, ackreq):
+    """``_build``'s FIRST (fast path) against ``encode``'s (``fast_path=False``)."""
+    dev, qp, wqe, payload = _wqe(c)
+    fast = requester._build(dev, qp, wqe, 0, ackreq)
+    dev._fast = False
+    try:
+        assert bytes(fast) == bytes(requester._build(dev, qp, wqe, 0, ackreq))
+    finally:
+        dev._fast = True
+    pkt = decode(fast)
+    assert pkt.info.first and not pkt.info.last and bytes(pkt.payload) == payload[:c["mtu"]]

@@ -127,6 +127,35 @@ def test_errors_leave_the_fast_path_to_the_general_one():
     assert eb.qp.state == QPState.RTS and eb.qp.epsn == 0
 
 
+def test_a_long_writes_first_takes_the_fast_path_and_a_bad_one_does_not(monkeypatch):
+    """A multi-packet WRITE's FIRST is placed by ``write_first``; one with a bad
+    rkey is refused by it and NAKed by the general path, memory untouched."""
+    taken = []
+    real = fastpath.write_first
+    monkeypatch.setattr(fastpath, "write_first",
+                        lambda *a: taken.append(real(*a)) or taken[-1])
+    a, b, ea, eb = _pair()
+    ea.buf.view[0:3000] = bytes(range(250)) * 12
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 3000)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr + 64, rkey=eb.mr.rkey))
+    _deliver(a, b)
+    _deliver(b, a)
+    [wc] = a.poll_cq(ea.send_cq, 4)
+    assert wc.status == WCStatus.SUCCESS and taken == [True]
+    assert bytes(eb.buf.view[64:3064]) == bytes(ea.buf.view[0:3000])
+    a, b, ea, eb = _pair()
+    before = bytes(eb.buf.view[:4096])
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 3000)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey ^ 0xFF))
+    _deliver(a, b)
+    _deliver(b, a)
+    assert taken[-1] is False
+    [wc] = a.poll_cq(ea.send_cq, 4)
+    assert wc.status == WCStatus.REM_ACCESS_ERR
+    assert b.counters["resp_nak_remote_access_error"] == 1
+    assert bytes(eb.buf.view[:4096]) == before
+
+
 def test_ack_packet_is_what_encode_builds():
     for psn, syn, msn in ((0, 0x1F, 0), (0xFFFFFF, 0x60, 0xABCDEF), (12345, 0x3F, 7)):
         assert fastpath.ack_packet(0x123456, psn, syn, msn) == \

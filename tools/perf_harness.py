@@ -321,6 +321,7 @@ def run(args) -> dict:
         step(f"round {k + 1}: softnic write_bw 64 KiB, 1 QP, MTU 4096")
         wr = perf("write_bw", ["-s", str(big), "-n", str(n_bw), "-m", "4096", "-t", "16"])
         r["write_bw"], r["write_bw_counters"] = wr["results"][0], wr["counters"]
+        res["data_path"] = wr.get("data_path", "?")
         step(f"round {k + 1}: raw-Python spin UDP ping-pong 8 B")
         r["python_pingpong"] = python_pingpong(n_lat)
         step(f"round {k + 1}: softnic write_lat 8 B")
@@ -401,7 +402,7 @@ def _stepper(args):
 def markdown(res: dict) -> str:
     lines = [f"softnic perf harness, {res['started']}, Python {res['python']} "
              f"({res['executable']}), {res['cpus']} CPUs, loopback, best of "
-             f"{len(res['rounds'])} round(s)",
+             f"{len(res['rounds'])} round(s); per-packet loops: {res.get('data_path', '?')}",
              "",
              "| figure | unit | softnic | reference | ratio | goal | met |",
              "|---|---|---:|---:|---:|---|---|"]

@@ -20,7 +20,7 @@ import heapq
 from collections import Counter, deque
 from dataclasses import dataclass, replace
 
-from ..wire.icrc import append_icrc, check_icrc
+from ..wire.icrc import append_icrc, check_icrc, icrc_start
 from ..wire.roce import (BTH_LEN, ICRC_LEN, Kind, Opcode as O, WireError, decode,
                          encode, ROCEV2_PORT)
 from . import completer, fastpath, requester, responder
@@ -42,6 +42,7 @@ _SIGNALED = int(SendFlags.SIGNALED)
 
 #: opcodes of the bulk-WRITE receive shortcut (``Device._write_continue``)
 _WRITE_LAST = int(O.RC_RDMA_WRITE_LAST)
+_WRITE_MIDDLE = int(O.RC_RDMA_WRITE_MIDDLE)
 _WRITE_CONTINUE = frozenset({int(O.RC_RDMA_WRITE_MIDDLE), _WRITE_LAST})
 _RECEIVING = frozenset({QPState.RTR, QPState.RTS, QPState.SQD})
 
@@ -133,6 +134,9 @@ class Device:
         #: are this device's packets ECN-capable (ECT(0) in the IP header)?
         self.ect = (self._cc_name in ECN_CONTROLLERS) if ecn is None else bool(ecn)
         self._fast = self.config.fast_path
+        #: the compiled per-packet loops (``softnic.accel.load()``), given by the
+        #: driver; None runs the same loops in Python
+        self.kernel = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -477,7 +481,10 @@ class Device:
                 if op == _ACKNOWLEDGE:
                     if fastpath.ack(self, data, src, now):
                         return
-                elif op in fastpath.REQUESTS and fastpath.request_only(self, data, src):
+                elif op in fastpath.REQUESTS:
+                    if fastpath.request_only(self, data, src):
+                        return
+                elif op == fastpath.WRITE_FIRST and fastpath.write_first(self, data, src):
                     return
         c = self.counters
         c["rcvd_pkts"] += 1
@@ -540,6 +547,60 @@ class Device:
                 self.arm(qp)
             else:
                 completer.receive(self, qp, pkt, now)
+
+    def receive_run(self, data: bytes, seg: int, src: tuple[str, int], now: float) -> None:
+        """Datagrams from ``src`` laid end to end in ``data``, ``seg`` bytes each
+        (the last may be shorter; 0: ``data`` is one datagram), as a socket with
+        UDP GRO hands them over: ``receive_datagram`` of each in turn.  With a
+        kernel, runs of a WRITE's MIDDLE packets are checked and placed in C."""
+        n = len(data)
+        if not seg or seg >= n:
+            self.receive_datagram(data, src, now)
+            return
+        rx = self.receive_datagram
+        o = 0
+        if self.kernel is None:
+            while o < n:
+                rx(data[o:o + seg], src, now)
+                o += seg
+            return
+        while o < n:
+            if data[o] == _WRITE_MIDDLE and o + seg <= n:
+                k = self._rx_middles(data, o, seg, src)
+                if k:
+                    o += k * seg
+                    continue
+            rx(data[o:o + seg], src, now)
+            o += seg
+
+    def _rx_middles(self, data, o: int, seg: int, src) -> int:
+        """``_write_continue`` for the MIDDLE packets from ``data[o:]`` on, in the
+        kernel: those it takes are exactly those ``_write_continue`` would place in
+        sequence without an ACK.  Returns how many it took."""
+        qp = self.qps.get(int.from_bytes(data[o + 5:o + 8], "big"))
+        if qp is None or qp.cc is not None or qp.qp_type is not QPType.RC \
+                or qp.state not in _RECEIVING or qp.resp_kind is not Kind.WRITE or qp.ooo \
+                or seg != BTH_LEN + qp.mtu + ICRC_LEN or not self.config.check_icrc \
+                or data[o + 1] & 0x30 or tuple(src) != qp.dest:     # (a pad: not a MIDDLE's)
+            return 0
+        view = qp.write_view
+        kern = self.kernel
+        ffi = kern.ffi
+        start = icrc_start(src[0], self.ip, src[1], self.port, seg, data[o:o + 8])
+        k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
+                                   int.from_bytes(data[o:o + 4], "big"), qp.qpn, qp.epsn,
+                                   start, ffi.from_buffer(view, require_writable=True),
+                                   qp.write_off, min(qp.write_len, len(view)), 0xFFFFFFFF)
+        if k:
+            # placed_write for each, none of them last or asking for an ACK
+            self.counters["rcvd_pkts"] += k
+            qp.write_off += k * qp.mtu
+            qp.epsn = (qp.epsn + k) & 0xFFFFFF
+            qp.nak_sent = False
+            if qp.sr_naked:
+                qp.sr_naked.clear()
+            qp.sr_scan = None
+        return k
 
     def _write_continue(self, data, src) -> bool:
         """The common case of a bulk WRITE: the next MIDDLE or LAST packet of the

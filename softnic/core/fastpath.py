@@ -14,6 +14,10 @@ the manner of ``Device._write_continue``:
 ``request_only(dev, data, src)``
     a WRITE ONLY or SEND ONLY request (with or without immediate) in sequence:
     checked, placed, completed and acknowledged without decoding a ``Packet``.
+``write_first(dev, data, src)``
+    the FIRST packet of a multi-packet WRITE, in sequence: its target looked
+    up and its MTU of data placed (the MIDDLEs and LAST that follow take
+    ``Device._write_continue``, or the kernel).
 ``ack(dev, data, src, now)``
     a plain ACK for the oldest outstanding WQE: completes it.
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 import struct
 
 from ..wire.icrc import check_icrc
-from ..wire.roce import Opcode as O, psn_diff
+from ..wire.roce import Kind, Opcode as O, psn_diff
 from . import completer, requester, responder
 from .cq import WC
 from .enums import Access, QPState, QPType, SendFlags, WCFlags, WCOpcode, WCStatus, \
@@ -49,6 +53,8 @@ _WRITE_ONLY_IMM = int(O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
 _SEND_ONLY = int(O.RC_SEND_ONLY)
 _SEND_ONLY_IMM = int(O.RC_SEND_ONLY_WITH_IMMEDIATE)
 _ACK = int(O.RC_ACKNOWLEDGE)
+WRITE_FIRST = int(O.RC_RDMA_WRITE_FIRST)
+_WRITE = Kind.WRITE
 
 #: request opcodes ``request_only`` takes
 REQUESTS = frozenset({_WRITE_ONLY, _WRITE_ONLY_IMM, _SEND_ONLY, _SEND_ONLY_IMM})
@@ -129,6 +135,53 @@ def send_only(dev, qp, out: list) -> bool:
 
 # ------------------------------------------------------------------ responder
 
+
+
+def write_first(dev, data, src) -> bool:
+    """The FIRST packet of a multi-packet RDMA WRITE, in sequence, that the
+    responder can execute without a NAK: the RETH's range looked up, a whole
+    MTU placed, the QP left receiving the WRITE; False (nothing changed)
+    otherwise."""
+    n = len(data)
+    if n < 32:
+        return False
+    opcode, flags, pkey, w2, w3 = _BTH.unpack_from(data, 0)
+    qp = dev.qps.get(w2 & _MASK)
+    if qp is None or qp.qp_type is not _RC or qp.cc is not None or pkey != 0xFFFF or w2 >> 30:
+        return False
+    psn = w3 & _MASK
+    if psn != qp.epsn or qp.resp_kind is not None or qp.ooo or qp.state not in _RECEIVING:
+        return False
+    mtu = qp.mtu
+    if n != 32 + mtu or flags & 0x30 or tuple(src) != qp.dest:
+        return False                      # a FIRST carries a whole MTU and no pad
+    va, rkey, dlen = _RETH.unpack_from(data, 12)
+    if dlen < mtu or not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
+        return False
+    try:
+        view = dev.keys.remote(qp.pd, rkey, va, dlen, Access.REMOTE_WRITE)
+    except AccessError:
+        return False                      # the general path NAKs it
+    if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
+        return False
+    dev.counters["rcvd_pkts"] += 1
+    view[0:mtu] = memoryview(data)[28:28 + mtu]
+    qp.write_view = view
+    qp.write_len = dlen
+    qp.write_off = mtu
+    qp.resp_kind = _WRITE
+    qp.epsn = (psn + 1) & _MASK
+    qp.nak_sent = False
+    if w3 & 0x80000000:
+        responder.queue_ack(dev, qp, psn)
+    if qp.sr_naked:
+        qp.sr_naked.clear()
+    qp.sr_scan = None
+    if qp.sr_writes:
+        qp.sr_writes.clear()
+    if qp.sr_placed is not None:
+        qp.sr_placed.clear()
+    return True
 
 def request_only(dev, data, src) -> bool:
     """A one-packet WRITE or SEND request, in sequence, that the responder can

@@ -38,6 +38,10 @@ _MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
 #: the LAST opcode of each WR whose LAST packet carries no extended header
 _PLAIN_LAST = {W.SEND: int(O.RC_SEND_LAST), W.RDMA_WRITE: int(O.RC_RDMA_WRITE_LAST)}
 _HDR = struct.Struct("!BBHII")          # the BTH
+_BTH_RETH = struct.Struct("!BBHIIQII")  # a BTH and a RETH
+_WRITES = frozenset({W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM})
+_WRITE_FIRST = int(O.RC_RDMA_WRITE_FIRST)
+_SEND_FIRST = int(O.RC_SEND_FIRST)
 _HEAD = struct.Struct("!BBHI")          # its first 8 bytes, byte 4 (FECN, BECN) masked
 _ICRC = struct.Struct("<I")             # the ICRC, least significant byte first
 
@@ -111,6 +115,17 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
     if 0 < idx < wqe.npkts - 1 and qp.qp_type is QPType.RC and op in _MIDDLE:
         mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
         return encode_middle(_MIDDLE[op], dqpn, psn, ackreq, gather(wqe, idx * mtu, mtu))
+    if idx == 0 and wqe.npkts > 1 and dev._fast and qp.qp_type is QPType.RC and op in _MIDDLE:
+        # a FIRST: a whole MTU, no pad, no SE, and a RETH for a WRITE (what
+        # ``encode`` gives, packed straight)
+        mtu = qp.mtu
+        if op in _WRITES:
+            buf = bytearray(28 + mtu)
+            _BTH_RETH.pack_into(buf, 0, _WRITE_FIRST, 0, 0xFFFF, dqpn & 0xFFFFFF,
+                                (ackreq << 31) | psn, wqe.remote_addr, wqe.rkey, wqe.length)
+            buf[28:] = gather(wqe, 0, mtu)
+            return buf
+        return encode_middle(_SEND_FIRST, dqpn, psn, ackreq, gather(wqe, 0, mtu))
     if qp.qp_type == QPType.UD:
         qkey = wqe.remote_qkey
         if qkey & 0x80000000:        # IBA: a high-order bit set means "use the QP's own Q_Key"
@@ -179,6 +194,17 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     off = idx * mtu
     pack, put = _HDR.pack_into, _ICRC.pack_into
     o = 0
+    kern = dev.kernel
+    if kern is not None and one is not None and nmid and off + nmid * mtu <= len(one):
+        # the loop below, in C
+        ffi = kern.ffi
+        s = kern.lib.sn_tx_middles(ffi.from_buffer(buf, require_writable=True), 0, nmid,
+                                   (mid << 24) | 0xFFFF, dqpn, psn, s, ack_every,
+                                   ffi.from_buffer(one) + off, mtu, start)
+        psn = (psn + nmid) & 0xFFFFFF
+        off += nmid * mtu
+        o = nmid * seg
+        nmid = 0
     for _ in range(nmid):
         s += 1
         if s >= ack_every:

@@ -206,6 +206,24 @@ class UdpSocket:
         arrives as one buffer with its segment size, and is cut apart here."""
         out = []
         append = out.append
+        for data, addr, seg in self.recv_runs(limit):
+            n = len(data)
+            if seg and n > seg:
+                for k in range(0, n, seg):
+                    append((data[k:k + seg], addr))
+            else:
+                append((data, addr))
+        return out
+
+    def recv_runs(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
+        """What waits, as ``(data, addr, seg)``: with UDP_GRO, a coalesced run of
+        datagrams of ``seg`` bytes laid end to end in ``data`` (the last may be
+        shorter), as the kernel hands it over (``Device.receive_run`` takes it
+        so); ``seg`` is 0 for a lone datagram.  At most ``limit`` receives."""
+        if not self.gro:
+            return [(data, addr, 0) for data, addr in self.recv_batch(limit)]
+        out = []
+        append = out.append
         recv = self.sock.recvmsg
         space = self._space
         readable = self.readable
@@ -225,12 +243,7 @@ class UdpSocket:
             for level, typ, cdata in anc:
                 if level == SOL_UDP and typ == UDP_GRO and len(cdata) >= 4:
                     seg = _I32.unpack_from(cdata)[0]
-            n = len(data)
-            if seg and n > seg:
-                for k in range(0, n, seg):
-                    append((data[k:k + seg], addr))
-            else:
-                append((data, addr))
+            append((data, addr, seg if seg and len(data) > seg else 0))
         return out
 
     def recv_batch_ecn(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:

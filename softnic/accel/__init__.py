@@ -1,0 +1,174 @@
+"""softnic's compiled per-packet kernel (``kernel.c``), built with cffi.
+
+The bulk data path spends its time in two loops: the sender building MIDDLE
+packets (header, payload copy, ICRC) and the receiver checking and placing
+them.  ``kernel.c`` runs those loops in C, a run of packets per call; the
+engine (``softnic.core``) calls it through the ``kernel`` a device is given,
+and keeps its Python loops for when there is none.  Both give the same bytes
+and the same results (tests/test_kernel.py).
+
+``load()`` builds the module on first use (a C compiler and Python's headers:
+Debian's gcc and python3-dev) and caches it under
+``$XDG_CACHE_HOME/softnic/kernel/<key>``, the key covering the source and the
+interpreter.  Without a compiler it returns None, and softnic runs its Python
+loops.  ``SOFTNIC_KERNEL=0`` turns the kernel off.
+
+The CRC-32 the kernel computes is ISA-L's (``crc32_gzip_refl``, from the
+``isal`` package's extension module, the function ``isal.isal_zlib.crc32``
+calls), else zlib's ``crc32`` from ``libz.so.1``, else a table of its own;
+each is checked against ``zlib.crc32`` before it is used.
+
+    python -m softnic.accel [-v]     # build, check and say which CRC it uses
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import zlib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODULE = "_softnic_kernel"
+CRC_KINDS = {0: "table", 1: "isa-l", 2: "zlib"}
+
+_loaded: object = None
+_tried = False
+#: why ``load()`` returned None (empty when it did not)
+error = ""
+
+
+class Kernel:
+    """The loaded module: ``ffi`` and ``lib`` (the functions of kernel.h)."""
+
+    def __init__(self, module):
+        self.ffi = module.ffi
+        self.lib = module.lib
+        self.crc = "table"
+
+    def __repr__(self) -> str:
+        return f"<softnic kernel, CRC-32 by {self.crc}>"
+
+
+def _key() -> str:
+    h = hashlib.sha256()
+    for name in ("kernel.h", "kernel.c", "__init__.py"):
+        h.update((HERE / name).read_bytes())
+    h.update(sys.version.encode())
+    h.update(sys.executable.encode())
+    h.update((sysconfig.get_config_var("EXT_SUFFIX") or "").encode())
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "softnic" / "kernel" / _key()
+
+
+def build(dest: Path, verbose: bool = False) -> Path:
+    """Compile the module into ``dest``; returns the extension's path."""
+    import cffi
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    target = dest / (MODULE + suffix)
+    if target.exists():
+        return target
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        raise RuntimeError("no C compiler (Debian: gcc)")
+    inc = sysconfig.get_paths().get("include")
+    if not inc or not (Path(inc) / "Python.h").exists():
+        raise RuntimeError(f"no Python.h in {inc} (Debian: python3-dev)")
+    ffi = cffi.FFI()
+    header = (HERE / "kernel.h").read_text()
+    ffi.cdef(header)
+    ffi.set_source(MODULE, "#include <stdint.h>\n#include <stddef.h>\n"
+                   + (HERE / "kernel.c").read_text(),
+                   extra_compile_args=["-O2", "-fvisibility=hidden"])
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="softnic-kernel-") as tmp:
+        built = Path(ffi.compile(tmpdir=tmp, verbose=verbose))
+        part = dest / (target.name + f".{os.getpid()}.tmp")
+        shutil.copyfile(built, part)
+        os.replace(part, target)        # atomic: two processes may build at once
+    return target
+
+
+def _import(path: Path):
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
+    spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _crc_candidates():
+    """(address, kind) of CRC-32 functions to try, best first."""
+    try:
+        from isal import isal_zlib
+        f = ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl
+        yield ctypes.cast(f, ctypes.c_void_p).value, 1
+    except (ImportError, OSError, AttributeError):
+        pass
+    name = ctypes.util.find_library("z") or "libz.so.1"
+    try:
+        f = ctypes.CDLL(name).crc32
+        yield ctypes.cast(f, ctypes.c_void_p).value, 2
+    except (OSError, AttributeError):
+        pass
+    yield 0, 0
+
+
+def _choose_crc(k: Kernel) -> None:
+    samples = [bytes(range(256)) * 17, b"", b"\x00", os.urandom(4109)]
+    for addr, kind in _crc_candidates():
+        k.lib.sn_set_crc(addr or 0, kind)
+        ok = all(k.lib.sn_crc32(seed, k.ffi.from_buffer(s), len(s)) == zlib.crc32(s, seed)
+                 for s in samples for seed in (0, 0x12345678, 0xFFFFFFFF))
+        if ok:
+            k.crc = CRC_KINDS[kind]
+            return
+    raise RuntimeError("no CRC-32 agrees with zlib's")
+
+
+def load(verbose: bool = False):
+    """The kernel (built and cached on first use), or None if it cannot be had
+    here or ``SOFTNIC_KERNEL=0``; ``error`` then says why."""
+    global _loaded, _tried, error
+    if os.environ.get("SOFTNIC_KERNEL", "1").strip().lower() in ("0", "no", "off", "false"):
+        error = "turned off by SOFTNIC_KERNEL"
+        return None
+    if _tried:
+        return _loaded
+    _tried = True
+    try:
+        k = Kernel(_import(build(cache_dir(), verbose=verbose)))
+        _choose_crc(k)
+    except Exception as e:           # no compiler, no headers, a failed build: Python loops
+        error = f"{type(e).__name__}: {e}"
+        return None
+    _loaded = k
+    return k
+
+
+def describe() -> str:
+    """One line for reports: which per-packet loops run."""
+    k = load()
+    if k is None:
+        return f"python ({error})" if error else "python"
+    return f"cffi kernel, CRC-32 by {k.crc}"
+
+
+def main() -> int:
+    k = load(verbose="-v" in sys.argv[1:])
+    if k is None:
+        print(f"no kernel: {error}", file=sys.stderr)
+        return 1
+    print(f"{describe()}: {cache_dir()}")
+    return 0

@@ -1,0 +1,151 @@
+/* softnic's per-packet kernel: the inner loops of the bulk data path, for the
+   packets that make up nearly all of a large WRITE (MIDDLEs).
+
+   Each function does, for a run of packets, exactly what the Python path does
+   packet by packet (softnic.core.requester._bulk, Device._write_continue), and
+   stops, leaving the rest to Python, at the first packet that is not the plain
+   case.  Python does the per-run bookkeeping with the count returned.
+
+   CRC-32 (the IEEE polynomial, zlib's crc32 with its pre- and post-inversion):
+   a function found at run time (ISA-L's crc32_gzip_refl, or zlib's crc32), or
+   a table here if there is none. */
+#include <stdint.h>
+#include <string.h>
+
+#define BTH_LEN 12
+#define ICRC_LEN 4
+#define MASK 0xFFFFFFu
+
+typedef uint32_t (*crc_isal_fn)(uint32_t, const unsigned char *, uint64_t);
+typedef unsigned long (*crc_zlib_fn)(unsigned long, const unsigned char *, unsigned int);
+
+static crc_isal_fn crc_isal;
+static crc_zlib_fn crc_zlib;
+static uint32_t table[256];
+static int table_ready;
+
+/* kind 1: ISA-L's crc32_gzip_refl; 2: zlib's crc32; 0: the table here */
+int sn_set_crc(uintptr_t fn, int kind)
+{
+    crc_isal = 0;
+    crc_zlib = 0;
+    if (kind == 1 && fn)
+        crc_isal = (crc_isal_fn)fn;
+    else if (kind == 2 && fn)
+        crc_zlib = (crc_zlib_fn)fn;
+    else if (!table_ready) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++)
+                c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+        table_ready = 1;
+    }
+    return crc_isal ? 1 : crc_zlib ? 2 : 0;
+}
+
+uint32_t sn_crc32(uint32_t crc, const uint8_t *p, size_t n)
+{
+    if (crc_isal)
+        return crc_isal(crc, p, n);
+    if (crc_zlib) {
+        while (n > 0x40000000u) {
+            crc = (uint32_t)crc_zlib(crc, p, 0x40000000u);
+            p += 0x40000000u;
+            n -= 0x40000000u;
+        }
+        return (uint32_t)crc_zlib(crc, p, (unsigned int)n);
+    }
+    crc = ~crc;
+    while (n--)
+        crc = table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+static inline uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static inline uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0];
+}
+
+static inline void put_le32(uint8_t *p, uint32_t v)
+{
+    p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
+}
+
+/* Receive: the datagrams laid end to end in buf[0:n] (each seg bytes, the last
+   maybe shorter), from offset o on, are taken while each is the next MIDDLE of
+   the WRITE being received:
+     - seg bytes whole: a full MTU of payload (seg = BTH + MTU + ICRC), no pad;
+     - BTH word 0 equal to w0 (the opcode, flags and P_Key the ICRC state
+       ``start`` was computed for);
+     - the destination QP dqpn, FECN and BECN clear;
+     - the expected PSN, AckReq clear (an AckReq is Python's: it sends an ACK);
+     - room in the target: off + MTU <= len;
+     - a good ICRC (``start``: the state after the pseudo header and the BTH's
+       first 8 bytes, icrc_start, which covers w0 and dqpn).
+   Each is copied to dst + off.  At most max packets are taken.  Returns how
+   many; Python accounts for them (epsn, write offset, counters). */
+int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
+                  uint32_t dqpn, uint32_t epsn, uint32_t start, uint8_t *dst,
+                  uint64_t off, uint64_t len, uint32_t max)
+{
+    size_t mtu = seg - BTH_LEN - ICRC_LEN;
+    uint32_t k = 0;
+    if (seg <= BTH_LEN + ICRC_LEN)
+        return 0;
+    while (k < max && o + seg <= n) {
+        const uint8_t *p = buf + o;
+        uint32_t w2 = be32(p + 4), w3 = be32(p + 8);
+        if (be32(p) != w0 || (w2 & MASK) != dqpn || w2 >> 30 || w3 >> 31
+                || (w3 & MASK) != epsn || off + mtu > len)
+            break;
+        if (sn_crc32(start, p + 8, seg - 8 - ICRC_LEN) != le32(p + seg - ICRC_LEN))
+            break;
+        memcpy(dst + off, p + BTH_LEN, mtu);
+        off += mtu;
+        epsn = (epsn + 1) & MASK;
+        o += seg;
+        k++;
+    }
+    return (int)k;
+}
+
+/* Send: count MIDDLE packets built into buf from offset o on, one after
+   another (BTH, an MTU of payload from src, ICRC): BTH word 0 w0, destination
+   QP dqpn, PSNs from psn on.  The AckReq bit follows the requester's count s
+   of packets since the last one that asked: set when s reaches ack_every.
+   ``start`` is the ICRC state after the pseudo header and the BTH's first 8
+   bytes' invariant part (icrc_start).  Returns the count s after them. */
+uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint32_t dqpn,
+                       uint32_t psn, uint32_t s, uint32_t ack_every, const uint8_t *src,
+                       size_t mtu, uint32_t start)
+{
+    for (uint32_t i = 0; i < count; i++) {
+        uint8_t *p = buf + o;
+        uint32_t w3 = psn & MASK;
+        if (++s >= ack_every) {
+            s = 0;
+            w3 |= 0x80000000u;
+        }
+        put_be32(p, w0);
+        put_be32(p + 4, dqpn & MASK);
+        put_be32(p + 8, w3);
+        memcpy(p + BTH_LEN, src, mtu);
+        put_le32(p + BTH_LEN + mtu, sn_crc32(start, p + 8, 4 + mtu));
+        src += mtu;
+        psn = (psn + 1) & MASK;
+        o += BTH_LEN + mtu + ICRC_LEN;
+    }
+    return s;
+}

@@ -1,0 +1,256 @@
+"""The compiled per-packet kernel (``softnic.accel``) against the Python loops.
+
+The kernel runs two loops in C: the sender building a run of MIDDLE packets
+(``requester._bulk``) and the receiver checking and placing them
+(``Device.receive_run``).  Whatever it does must be exactly what the Python
+loops do: the same bytes on the wire, the same memory, counters, ACKs and
+completions, whatever arrives (corrupt, lost, duplicated or reordered
+packets in a coalesced run).  CI has a compiler and Python's headers, so the
+kernel must build there.
+"""
+
+from __future__ import annotations
+
+import random
+import types
+import zlib
+
+from hypothesis import given, note, settings, strategies as st
+
+from softnic import accel
+from softnic.core import requester
+from softnic.core.device import Device, DeviceConfig
+from softnic.core.enums import SendFlags, WROpcode as W
+from softnic.core.qp import SendWR
+from softnic.rig import connect
+from softnic.wire.icrc import append_icrc
+
+from test_bulk_tx import bulk_cases, _wqe
+
+KERNEL = accel.load()
+
+
+def test_the_kernel_builds_and_loads_here():
+    assert KERNEL is not None, f"softnic.accel.load() failed: {accel.error}"
+    assert accel.describe().startswith("cffi kernel")
+
+
+def test_softnic_kernel_0_turns_it_off(monkeypatch):
+    monkeypatch.setenv("SOFTNIC_KERNEL", "0")
+    assert accel.load() is None
+    assert "SOFTNIC_KERNEL" in accel.error
+    monkeypatch.delenv("SOFTNIC_KERNEL")
+    assert accel.load() is KERNEL
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=9000), st.integers(0, 0xFFFFFFFF))
+def test_every_crc_the_kernel_may_use_is_zlibs(data, seed):
+    """ISA-L's, zlib's and the table's CRC-32, each as the kernel calls it."""
+    lib, ffi = KERNEL.lib, KERNEL.ffi
+    kinds = []
+    try:
+        for addr, kind in accel._crc_candidates():
+            assert lib.sn_set_crc(addr, kind) == kind
+            kinds.append(kind)
+            assert lib.sn_crc32(seed, ffi.from_buffer(data), len(data)) == \
+                zlib.crc32(data, seed), accel.CRC_KINDS[kind]
+    finally:
+        accel._choose_crc(KERNEL)
+    assert 0 in kinds
+
+
+@settings(max_examples=60, deadline=None)
+@given(bulk_cases(), st.data())
+def test_the_kernels_bulk_run_is_the_python_loops(c, data):
+    """``_bulk`` gives the same bytes and AckReq count with the kernel as without
+    (test_bulk_tx checks those against ``_build`` packet by packet)."""
+    dev, qp, wqe, _ = _wqe(c)
+    end = wqe.npkts if c["op"] in requester._PLAIN_LAST else wqe.npkts - 1
+    if end <= 1:
+        return
+    idx = data.draw(st.integers(1, end - 1), label="idx")
+    k = data.draw(st.integers(1, end - idx), label="k")
+    got = {}
+    for name, kern in (("python", None), ("kernel", KERNEL)):
+        dev.kernel = kern
+        qp.pkts_since_ackreq = c["since"]
+        buf, seg = requester._bulk(dev, qp, wqe, idx, k, qp.dest, c["ack_every"])
+        got[name] = (bytes(buf), seg, qp.pkts_since_ackreq)
+    assert got["kernel"] == got["python"]
+
+
+# ------------------------------------------------------------------ receiving
+
+
+class Counting:
+    """A kernel whose receive loop counts the packets it takes."""
+
+    def __init__(self, k):
+        self.ffi = k.ffi
+        self.taken = 0
+
+        def rx(*args):
+            n = k.lib.sn_rx_middles(*args)
+            self.taken += n
+            return n
+        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=k.lib.sn_tx_middles)
+
+
+def _side(kernel, mtu: int, window: int, sr: bool):
+    cfg = DeviceConfig(min_timer=1e-3, window=window, selective_repeat=sr)
+    a, b = Device("a", "10.0.0.1", config=cfg), Device("b", "10.0.0.2", config=cfg)
+    a.kernel = b.kernel = kernel
+    ea, eb = connect(a, b, mtu=mtu, timeout=10, endpoint_args={"buf_size": 1 << 17})
+    return a, b, ea, eb
+
+
+def _mangle(rng: random.Random, buf: bytes, seg: int,
+            faults: bool = True) -> list[tuple[bytes, int]]:
+    """What a GRO socket might hand over for a run of datagrams ``buf`` after a
+    faulty network: cut in pieces, with some datagrams corrupt, lost, repeated
+    or swapped."""
+    pkts = [bytearray(buf[o:o + seg]) for o in range(0, len(buf), seg)]
+    for _ in range(rng.choice([0, 0, 1, 2, 3]) if faults else 0):
+        i = rng.randrange(len(pkts))
+        what = rng.choice(["flip", "drop", "dup", "swap", "ackreq", "truncate"])
+        if what == "flip":
+            p = pkts[i]
+            p[rng.randrange(len(p))] ^= 1 << rng.randrange(8)
+        elif what == "drop" and len(pkts) > 1:
+            del pkts[i]
+        elif what == "dup":
+            pkts.insert(i, bytearray(pkts[i]))
+        elif what == "swap" and i + 1 < len(pkts):
+            pkts[i], pkts[i + 1] = pkts[i + 1], pkts[i]
+        elif what == "ackreq":
+            pkts[i][8] ^= 0x80                 # (the ICRC then fails)
+        elif what == "truncate" and len(pkts[i]) > 20:
+            pkts[i] = pkts[i][:-rng.randrange(1, 9)]
+    # runs as GRO forms them: equal sizes, a shorter one ends a run
+    out, run = [], []
+    for p in pkts:
+        if run and (len(p) > len(run[0]) or len(run[-1]) < len(run[0])
+                    or len(run) >= rng.choice([2, 8, 64])):
+            out.append(run)
+            run = []
+        run.append(p)
+    if run:
+        out.append(run)
+    return [(b"".join(r), len(r[0]) if len(r) > 1 else 0) for r in out]
+
+
+def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kernel,
+              faults: bool = True):
+    """Two devices, the receiver given runs of datagrams (mangled by a seeded
+    network), the sender the receiver's answers; returns everything observable."""
+    rng = random.Random(seed)
+    a, b, ea, eb = _side(kernel, mtu, window, sr)
+    src = bytes(rng.getrandbits(8) for _ in range(1 << 16))
+    ea.buf.view[0:1 << 16] = src
+    wire = []
+    off = 0
+    for i, n in enumerate(sizes):
+        a.post_send(ea.qp, SendWR(i, W.RDMA_WRITE, [ea.sge(off % 4096, n)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr + (off % 8192), rkey=eb.mr.rkey))
+        off += 1000
+    now = 0.0
+    wcs = []
+    for _ in range(400):
+        for item in a.datagram_runs(now):
+            if len(item) == 2:
+                data, seg = bytes(item[0]), 0
+                pieces = [(data, 0)] if not faults or rng.random() > 0.05 else []
+            else:
+                pieces = _mangle(rng, bytes(item[0]), item[2], faults)
+            for data, seg in pieces:
+                b.receive_run(data, seg, a.address, now)
+        for data, _ in b.datagrams_to_send(now):
+            wire.append(bytes(data))
+            if not faults or rng.random() > 0.05:
+                a.receive_datagram(data, b.address, now)
+        wcs += [(w.wr_id, int(w.status)) for w in a.poll_cq(ea.send_cq, 64)]
+        if len(wcs) == len(sizes):
+            break
+        now += 0.002
+        for d in (a, b):
+            t = d.get_timer()
+            if t is not None and t <= now:
+                d.handle_timer(now)
+    qb = eb.qp
+    return {"wire": wire, "wcs": wcs, "memory": bytes(eb.buf.view[0:1 << 17]),
+            "counters_b": dict(b.counters), "counters_a": dict(a.counters),
+            "qp": (qb.epsn, qb.msn, qb.write_off, qb.resp_kind)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(st.integers(1, 40000), min_size=1, max_size=6),
+       st.sampled_from([256, 1024, 4096]), st.sampled_from([8, 32, 128]), st.booleans())
+def test_receiving_runs_with_the_kernel_is_receiving_them_one_by_one(seed, sizes, mtu,
+                                                                     window, sr):
+    note(f"replay: _exchange({seed}, {sizes}, {mtu}, {window}, {sr}, kernel)")
+    counting = Counting(KERNEL)
+    fast = _exchange(seed, sizes, mtu, window, sr, counting)
+    slow = _exchange(seed, sizes, mtu, window, sr, None)
+    for key in ("wire", "wcs", "memory", "counters_a", "counters_b", "qp"):
+        assert fast[key] == slow[key], f"{key} differs with the kernel (seed {seed})"
+    if any(n > 3 * mtu for n in sizes):
+        cb = fast["counters_b"]
+        assert counting.taken > 0 or cb.get("rcvd_icrc_err") or \
+            cb.get("out_of_seq_request"), "the kernel took nothing"
+
+
+def test_a_clean_long_write_is_placed_by_the_kernel():
+    counting = Counting(KERNEL)
+    r = _exchange(7, [60000], 4096, 128, False, counting, faults=False)
+    # 15 packets: FIRST and LAST in Python, and of the 13 MIDDLEs those the
+    # window's AckReq bit does not mark
+    assert r["wcs"] == [(0, 0)]
+    assert counting.taken >= 11
+    assert r["counters_b"].get("rcvd_icrc_err", 0) == 0
+
+
+def test_a_corrupt_middle_is_counted_and_dropped_not_placed():
+    a, b, ea, eb = _side(KERNEL, 1024, 128, False)
+    ea.buf.view[0:8192] = bytes(range(256)) * 32
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    runs = a.datagram_runs(0.0)
+    first, (buf, _, seg) = runs[0], runs[1]
+    b.receive_run(bytes(first[0]), 0, a.address, 0.0)
+    bad = bytearray(buf)
+    bad[2 * seg + 100] ^= 0xFF                   # the third MIDDLE's payload
+    b.receive_run(bytes(bad), seg, a.address, 0.0)
+    assert b.counters["rcvd_icrc_err"] == 1
+    assert eb.qp.epsn == 3                       # FIRST and two MIDDLEs placed
+    assert bytes(eb.buf.view[0:3 * 1024]) == bytes(ea.buf.view[0:3 * 1024])
+    assert bytes(eb.buf.view[3 * 1024:8192]) == bytes(8192 - 3 * 1024)  # untouched
+    # the rest, out of sequence now, is NAKed once as go-back-N does
+    assert b.counters["out_of_seq_request"] >= 1
+
+
+def test_ack_every_packet_sends_every_middle_through_python():
+    """A MIDDLE that asks for an ACK is Python's: the kernel stops before it."""
+    counting = Counting(KERNEL)
+    cfg = DeviceConfig(min_timer=1e-3, ack_every=1)
+    a, b = Device("a", "10.0.0.1", config=cfg), Device("b", "10.0.0.2", config=cfg)
+    a.kernel = b.kernel = counting
+    ea, eb = connect(a, b, mtu=1024, timeout=10, endpoint_args={"buf_size": 1 << 16})
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    for item in a.datagram_runs(0.0):
+        b.receive_run(bytes(item[0]), item[2] if len(item) > 2 else 0, a.address, 0.0)
+    assert counting.taken == 0
+    assert eb.qp.epsn == 8 and b.counters["rcvd_icrc_err"] == 0 == b.counters["rcvd_malformed"]
+    assert len(b.datagrams_to_send(0.0)) >= 1
+
+
+def test_append_icrc_agrees_with_the_kernels_tx_icrc():
+    """A MIDDLE built by the kernel carries the ICRC ``append_icrc`` computes."""
+    a, b, ea, eb = _side(KERNEL, 512, 128, False)
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 4096)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    buf, dest, seg = a.datagram_runs(0.0)[1]
+    for o in range(0, len(buf) - seg, seg):
+        pkt = bytes(buf[o:o + seg])
+        assert pkt == bytes(append_icrc(bytearray(pkt[:-4]), a.ip, dest[0], a.port, dest[1]))
