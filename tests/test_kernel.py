@@ -105,15 +105,16 @@ def _side(kernel, mtu: int, window: int, sr: bool):
     return a, b, ea, eb
 
 
-def _mangle(rng: random.Random, buf: bytes, seg: int,
-            faults: bool = True) -> list[tuple[bytes, int]]:
+def _mangle(rng: random.Random, buf: bytes, seg: int, faults: bool = True,
+            seal=None) -> list[tuple[bytes, int]]:
     """What a GRO socket might hand over for a run of datagrams ``buf`` after a
     faulty network: cut in pieces, with some datagrams corrupt, lost, repeated
-    or swapped."""
+    or swapped, or with a header byte changed and the ICRC made good again
+    (``seal``: a sender that gets a field wrong)."""
     pkts = [bytearray(buf[o:o + seg]) for o in range(0, len(buf), seg)]
     for _ in range(rng.choice([0, 0, 1, 2, 3]) if faults else 0):
         i = rng.randrange(len(pkts))
-        what = rng.choice(["flip", "drop", "dup", "swap", "ackreq", "truncate"])
+        what = rng.choice(["flip", "drop", "dup", "swap", "ackreq", "truncate", "header"])
         if what == "flip":
             p = pkts[i]
             p[rng.randrange(len(p))] ^= 1 << rng.randrange(8)
@@ -125,6 +126,10 @@ def _mangle(rng: random.Random, buf: bytes, seg: int,
             pkts[i], pkts[i + 1] = pkts[i + 1], pkts[i]
         elif what == "ackreq":
             pkts[i][8] ^= 0x80                 # (the ICRC then fails)
+        elif what == "header" and seal is not None:
+            p = pkts[i]
+            p[rng.randrange(12)] ^= 1 << rng.randrange(8)
+            pkts[i] = bytearray(seal(p[:-4]))
         elif what == "truncate" and len(pkts[i]) > 20:
             pkts[i] = pkts[i][:-rng.randrange(1, 9)]
     # runs as GRO forms them: equal sizes, a shorter one ends a run
@@ -156,13 +161,16 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
         off += 1000
     now = 0.0
     wcs = []
+
+    def seal(pkt):
+        return append_icrc(bytearray(pkt), a.ip, b.ip, a.port, b.port)
     for _ in range(400):
         for item in a.datagram_runs(now):
             if len(item) == 2:
                 data, seg = bytes(item[0]), 0
                 pieces = [(data, 0)] if not faults or rng.random() > 0.05 else []
             else:
-                pieces = _mangle(rng, bytes(item[0]), item[2], faults)
+                pieces = _mangle(rng, bytes(item[0]), item[2], faults, seal)
             for data, seg in pieces:
                 b.receive_run(data, seg, a.address, now)
         for data, _ in b.datagrams_to_send(now):
@@ -194,6 +202,8 @@ def test_receiving_runs_with_the_kernel_is_receiving_them_one_by_one(seed, sizes
     slow = _exchange(seed, sizes, mtu, window, sr, None)
     for key in ("wire", "wcs", "memory", "counters_a", "counters_b", "qp"):
         assert fast[key] == slow[key], f"{key} differs with the kernel (seed {seed})"
+    assert fast["wcs"] or fast["counters_a"].get("retry_exceeded_err") or \
+        fast["counters_b"].get("rcvd_pkts"), "nothing happened"
     if any(n > 3 * mtu for n in sizes):
         cb = fast["counters_b"]
         assert counting.taken > 0 or cb.get("rcvd_icrc_err") or \
@@ -227,6 +237,22 @@ def test_a_corrupt_middle_is_counted_and_dropped_not_placed():
     assert bytes(eb.buf.view[3 * 1024:8192]) == bytes(8192 - 3 * 1024)  # untouched
     # the rest, out of sequence now, is NAKed once as go-back-N does
     assert b.counters["out_of_seq_request"] >= 1
+
+
+def test_a_middle_with_a_wrong_p_key_and_a_good_icrc_is_not_the_kernels():
+    counting = Counting(KERNEL)
+    a, b, ea, eb = _side(counting, 1024, 128, False)
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    (first, _), (buf, _, seg) = a.datagram_runs(0.0)[:2]
+    b.receive_run(bytes(first), 0, a.address, 0.0)
+    pkts = [bytearray(buf[o:o + seg]) for o in range(0, len(buf), seg)]
+    for i, p in enumerate(pkts):
+        p[2] = 0x7F                                   # P_Key 0x7FFF
+        pkts[i] = append_icrc(p[:-4], a.ip, b.ip, a.port, b.port)
+    b.receive_run(b"".join(bytes(p) for p in pkts), seg, a.address, 0.0)
+    assert counting.taken == 0
+    assert b.counters["rcvd_bad_pkey"] == len(pkts) and eb.qp.epsn == 1
 
 
 def test_ack_every_packet_sends_every_middle_through_python():

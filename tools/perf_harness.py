@@ -388,7 +388,24 @@ def run(args) -> dict:
                   64.0, res["rss"]["bytes_per_qp"] / 1024, "rss_per_qp_kib"),
     ]
     res["table"] = rows
+    res["paired"] = paired(rounds)
     return res
+
+
+def paired(rounds: list[dict]) -> dict:
+    """Each ratio within one round (figure and reference measured side by side),
+    the median over the rounds: steadier on a shared machine than best against
+    best, where the two bests may come from different rounds."""
+    def med(f):
+        return statistics.median(f(r) for r in rounds)
+    bw = lambda r, k: r[k]["bytes_per_sec"]        # noqa: E731
+    return {
+        "write_vs_sockperf": med(lambda r: bw(r, "write_bw") / bw(r, "sockperf")),
+        "lat_p50_vs_python": med(lambda r: r["write_lat"]["t_typical_us"]
+                                 / r["python_pingpong"]["t_typical_us"]),
+        "loss_goodput": med(lambda r: bw(r, "write_bw_loss") / bw(r, "write_bw")),
+        "qps_1024_vs_1": med(lambda r: bw(r, "write_bw_many") / bw(r, "write_bw")),
+    }
 
 
 def _stepper(args):
@@ -426,6 +443,12 @@ def markdown(res: dict) -> str:
                      f"{r['write_bw_many']['bytes_per_sec'] / 1e6:.1f} | "
                      f"{r['python_pingpong']['t_typical_us']:.1f} | "
                      f"{r['write_lat']['t_typical_us']:.1f} |")
+    pr = res.get("paired")
+    if pr:
+        lines += ["", f"paired (each round's own ratio, median of {len(res['rounds'])}): "
+                  f"WRITE / sockperf {pr['write_vs_sockperf']:.2f}, latency / ping-pong "
+                  f"{pr['lat_p50_vs_python']:.2f}, 1 % loss / lossless {pr['loss_goodput']:.2f}, "
+                  f"many QPs / 1 QP {pr['qps_1024_vs_1']:.2f}."]
     lines += ["", "| bytes | WRITE MB/s (1 QP) | WRITE latency p50 us | p99 us |",
               "|---:|---:|---:|---:|"]
     lat = {r["bytes"]: r for r in res["sweep_lat"]}

@@ -33,6 +33,7 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+import threading
 import zlib
 from pathlib import Path
 
@@ -42,6 +43,7 @@ CRC_KINDS = {0: "table", 1: "isa-l", 2: "zlib"}
 
 _loaded: object = None
 _tried = False
+_lock = threading.Lock()
 #: why ``load()`` returned None (empty when it did not)
 error = ""
 
@@ -144,17 +146,18 @@ def load(verbose: bool = False):
     if os.environ.get("SOFTNIC_KERNEL", "1").strip().lower() in ("0", "no", "off", "false"):
         error = "turned off by SOFTNIC_KERNEL"
         return None
-    if _tried:
-        return _loaded
-    _tried = True
-    try:
-        k = Kernel(_import(build(cache_dir(), verbose=verbose)))
-        _choose_crc(k)
-    except Exception as e:           # no compiler, no headers, a failed build: Python loops
-        error = f"{type(e).__name__}: {e}"
-        return None
-    _loaded = k
-    return k
+    with _lock:                      # (NICs may be opened from several threads)
+        if _tried:
+            return _loaded
+        _tried = True
+        try:
+            k = Kernel(_import(build(cache_dir(), verbose=verbose)))
+            _choose_crc(k)
+        except Exception as e:       # no compiler, no headers, a failed build: Python loops
+            error = f"{type(e).__name__}: {e}"
+            return None
+        _loaded = k
+        return k
 
 
 def describe() -> str:

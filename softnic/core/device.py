@@ -581,7 +581,8 @@ class Device:
         if qp is None or qp.cc is not None or qp.qp_type is not QPType.RC \
                 or qp.state not in _RECEIVING or qp.resp_kind is not Kind.WRITE or qp.ooo \
                 or seg != BTH_LEN + qp.mtu + ICRC_LEN or not self.config.check_icrc \
-                or data[o + 1] & 0x30 or tuple(src) != qp.dest:     # (a pad: not a MIDDLE's)
+                or data[o + 1] & 0x30 or data[o + 2] != 0xFF or data[o + 3] != 0xFF \
+                or tuple(src) != qp.dest:       # (a pad is not a MIDDLE's; the P_Key's all ones)
             return 0
         view = qp.write_view
         kern = self.kernel
@@ -590,7 +591,7 @@ class Device:
         k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
                                    int.from_bytes(data[o:o + 4], "big"), qp.qpn, qp.epsn,
                                    start, ffi.from_buffer(view, require_writable=True),
-                                   qp.write_off, min(qp.write_len, len(view)), 0xFFFFFFFF)
+                                   qp.write_off, min(qp.write_len, view.nbytes), 0xFFFFFFFF)
         if k:
             # placed_write for each, none of them last or asking for an ACK
             self.counters["rcvd_pkts"] += k

@@ -101,9 +101,7 @@ def send_only(dev, qp, out: list) -> bool:
         return True
     psn = wqe.first_psn
     # the general path's bookkeeping for one packet
-    qp.pkts_since_ackreq += 1
-    if qp.pkts_since_ackreq >= (dev.config.ack_every or max(1, qp.window // 4)):
-        qp.pkts_since_ackreq = 0
+    qp.pkts_since_ackreq = 0                # an ONLY asks for an ACK
     if psn_diff(psn, qp.max_sent_psn) <= 0:
         dev.counters["retransmitted_pkts"] += 1
     else:

@@ -219,9 +219,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
         off += mtu
         o = e + ICRC_LEN
     if has_last:
-        s += 1
-        if s >= ack_every:
-            s = 0
+        s = 0                       # a LAST asks for an ACK: the count starts again
         lop = _PLAIN_LAST[op]
         flags = (bool(int(wqe.flags) & _SOLICITED) << 7) | (pad << 4)
         pack(buf, o, lop, flags, 0xFFFF, dqpn, 0x80000000 | psn)   # a LAST asks for an ACK
@@ -439,7 +437,9 @@ def generate(dev, qp, now: float, out: list) -> None:
                 # paced so slowly that waiting for ack_every packets would run the
                 # retransmission timer out: ask for an ACK now
                 ackreq = True
-        if ackreq:
+        if ackreq or (rc and (wqe.rd_atomic or wqe.next_pkt == wqe.npkts - 1)):
+            # this packet asks for an ACK (a LAST, an ONLY, a READ or an atomic
+            # always does, as rxe's): the count of packets since one did restarts
             qp.pkts_since_ackreq = 0
         resent = False
         if rc:
