@@ -58,6 +58,15 @@ def test_every_crc_the_kernel_may_use_is_zlibs(data, seed):
     finally:
         accel._choose_crc(KERNEL)
     assert 0 in kinds
+    try:
+        import isal.isal_zlib  # noqa: F401
+    except ImportError:
+        return
+    assert 1 in kinds, "isal is installed but its crc32_gzip_refl was not found"
+
+
+def test_the_kernel_uses_isa_l_where_isal_is_installed():
+    assert KERNEL.crc == "isa-l"
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,29 +81,49 @@ def test_the_kernels_bulk_run_is_the_python_loops(c, data):
     idx = data.draw(st.integers(1, end - 1), label="idx")
     k = data.draw(st.integers(1, end - idx), label="k")
     got = {}
-    for name, kern in (("python", None), ("kernel", KERNEL)):
+    counting = Counting(KERNEL)
+    for name, kern in (("python", None), ("kernel", counting)):
         dev.kernel = kern
         qp.pkts_since_ackreq = c["since"]
         buf, seg = requester._bulk(dev, qp, wqe, idx, k, qp.dest, c["ack_every"])
         got[name] = (bytes(buf), seg, qp.pkts_since_ackreq)
     assert got["kernel"] == got["python"]
+    middles = k - (idx + k - 1 == wqe.npkts - 1)
+    if not c["cuts"]:                   # one SGE: the MIDDLEs are the kernel's
+        assert counting.built == middles
+    else:
+        assert counting.built == 0
+
+
+def test_a_single_sge_writes_middles_are_built_by_the_kernel():
+    counting = Counting(KERNEL)
+    a, b, ea, eb = _side(counting, 1024, 128, False)
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 10 * 1024)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    a.datagram_runs(0.0)
+    assert counting.built == 8            # FIRST, 8 MIDDLEs, LAST
 
 
 # ------------------------------------------------------------------ receiving
 
 
 class Counting:
-    """A kernel whose receive loop counts the packets it takes."""
+    """A kernel whose loops count the packets they take and build."""
 
     def __init__(self, k):
         self.ffi = k.ffi
         self.taken = 0
+        self.built = 0
 
         def rx(*args):
             n = k.lib.sn_rx_middles(*args)
             self.taken += n
             return n
-        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=k.lib.sn_tx_middles)
+
+        def tx(*args):
+            self.built += args[2]
+            return k.lib.sn_tx_middles(*args)
+        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=tx)
 
 
 def _side(kernel, mtu: int, window: int, sr: bool):
@@ -253,6 +282,35 @@ def test_a_middle_with_a_wrong_p_key_and_a_good_icrc_is_not_the_kernels():
     b.receive_run(b"".join(bytes(p) for p in pkts), seg, a.address, 0.0)
     assert counting.taken == 0
     assert b.counters["rcvd_bad_pkey"] == len(pkts) and eb.qp.epsn == 1
+
+
+def test_middles_beyond_the_writes_length_are_refused_memory_untouched():
+    """A FIRST whose RETH asks for 2 MTUs, then the MIDDLEs of a longer WRITE
+    (ICRCs good): the kernel places the one that fits and stops; the next is
+    NAKed by the general path; nothing lands past the 2 MTUs, with the kernel
+    as without."""
+    outcome = {}
+    for name, kern in (("python", None), ("kernel", Counting(KERNEL))):
+        a, b, ea, eb = _side(kern, 1024, 128, False)
+        ea.buf.view[0:6 * 1024] = bytes(range(256)) * 24
+        eb.buf.view[0:8192] = b"\xee" * 8192
+        a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 6 * 1024)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+        (first, _), (buf, _, seg) = a.datagram_runs(0.0)[:2]
+        first = bytearray(first)
+        first[24:28] = (2 * 1024).to_bytes(4, "big")          # the RETH's DMA length
+        first = append_icrc(first[:-4], a.ip, b.ip, a.port, b.port)
+        b.receive_run(bytes(first), 0, a.address, 0.0)
+        b.receive_run(bytes(buf), seg, a.address, 0.0)
+        outcome[name] = (bytes(eb.buf.view[0:8192]), dict(b.counters), eb.qp.state,
+                         [bytes(d) for d, _ in b.datagrams_to_send(0.0)])
+        if kern is not None:
+            assert kern.taken == 1
+    assert outcome["kernel"] == outcome["python"]
+    memory, counters, state, out = outcome["kernel"]
+    assert memory[:2048] == bytes(range(256)) * 8
+    assert memory[2048:] == b"\xee" * (8192 - 2048)
+    assert counters["resp_nak_invalid_request"] == 1 and out
 
 
 def test_ack_every_packet_sends_every_middle_through_python():

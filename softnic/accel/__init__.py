@@ -67,6 +67,12 @@ def _key() -> str:
     h.update(sys.version.encode())
     h.update(sys.executable.encode())
     h.update((sysconfig.get_config_var("EXT_SUFFIX") or "").encode())
+    try:
+        import cffi
+        h.update(cffi.__version__.encode())
+    except ImportError:
+        pass
+    h.update(os.environ.get("CC", "cc").encode())
     return h.hexdigest()[:16]
 
 
@@ -96,9 +102,14 @@ def build(dest: Path, verbose: bool = False) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="softnic-kernel-") as tmp:
         built = Path(ffi.compile(tmpdir=tmp, verbose=verbose))
-        part = dest / (target.name + f".{os.getpid()}.tmp")
-        shutil.copyfile(built, part)
-        os.replace(part, target)        # atomic: two processes may build at once
+        fd, part = tempfile.mkstemp(dir=dest, prefix=target.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f, open(built, "rb") as src:
+                shutil.copyfileobj(src, f)
+            os.replace(part, target)    # atomic: two processes may build at once
+        except BaseException:
+            os.unlink(part)
+            raise
     return target
 
 

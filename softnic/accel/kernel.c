@@ -24,16 +24,13 @@ static crc_zlib_fn crc_zlib;
 static uint32_t table[256];
 static int table_ready;
 
-/* kind 1: ISA-L's crc32_gzip_refl; 2: zlib's crc32; 0: the table here */
+/* kind 1: ISA-L's crc32_gzip_refl; 2: zlib's crc32; 0: the table here.  The
+   table is built on the first call whatever the kind, and a new function is
+   set before the other is cleared: a call running meanwhile in another thread
+   computes the same CRC by one or the other. */
 int sn_set_crc(uintptr_t fn, int kind)
 {
-    crc_isal = 0;
-    crc_zlib = 0;
-    if (kind == 1 && fn)
-        crc_isal = (crc_isal_fn)fn;
-    else if (kind == 2 && fn)
-        crc_zlib = (crc_zlib_fn)fn;
-    else if (!table_ready) {
+    if (!table_ready) {
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t c = i;
             for (int k = 0; k < 8; k++)
@@ -41,6 +38,16 @@ int sn_set_crc(uintptr_t fn, int kind)
             table[i] = c;
         }
         table_ready = 1;
+    }
+    if (kind == 1 && fn) {
+        crc_isal = (crc_isal_fn)fn;
+        crc_zlib = 0;
+    } else if (kind == 2 && fn) {
+        crc_zlib = (crc_zlib_fn)fn;
+        crc_isal = 0;
+    } else {
+        crc_isal = 0;
+        crc_zlib = 0;
     }
     return crc_isal ? 1 : crc_zlib ? 2 : 0;
 }

@@ -587,7 +587,7 @@ class Device:
         view = qp.write_view
         kern = self.kernel
         ffi = kern.ffi
-        start = icrc_start(src[0], self.ip, src[1], self.port, seg, data[o:o + 8])
+        start = icrc_start(src[0], self.ip, src[1], self.port, seg, bytes(data[o:o + 8]))
         k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
                                    int.from_bytes(data[o:o + 4], "big"), qp.qpn, qp.epsn,
                                    start, ffi.from_buffer(view, require_writable=True),

@@ -438,8 +438,9 @@ def generate(dev, qp, now: float, out: list) -> None:
                 # retransmission timer out: ask for an ACK now
                 ackreq = True
         if ackreq or (rc and (wqe.rd_atomic or wqe.next_pkt == wqe.npkts - 1)):
-            # this packet asks for an ACK (a LAST, an ONLY, a READ or an atomic
+            # this new packet asks for an ACK (a LAST, an ONLY, a READ or an atomic
             # always does, as rxe's): the count of packets since one did restarts
+            # (a resend's AckReq leaves the count of new packets as it is)
             qp.pkts_since_ackreq = 0
         resent = False
         if rc:
