@@ -135,21 +135,44 @@ def send_only(dev, qp, out: list) -> bool:
 
 
 
+def _next_request(dev, data, min_len: int):
+    """``(qp, opcode, flags, w3, psn)`` for a request of at least ``min_len``
+    bytes that starts a message at the PSN an RC QP without a controller
+    expects, with nothing held out of order; None for anything else."""
+    if len(data) < min_len:
+        return None
+    opcode, flags, pkey, w2, w3 = _BTH.unpack_from(data, 0)
+    qp = dev.qps.get(w2 & _MASK)
+    if qp is None or qp.qp_type is not _RC or qp.cc is not None or pkey != 0xFFFF or w2 >> 30:
+        return None
+    psn = w3 & _MASK
+    if psn != qp.epsn or qp.resp_kind is not None or qp.ooo or qp.state not in _RECEIVING:
+        return None
+    return qp, opcode, flags, w3, psn
+
+
+def _nothing_held(qp) -> None:
+    """What ``responder.receive`` clears after a packet when no packet is held
+    out of order (the selective-repeat bookkeeping of a hole now gone)."""
+    if qp.sr_naked:
+        qp.sr_naked.clear()
+    qp.sr_scan = None
+    if qp.sr_writes:
+        qp.sr_writes.clear()
+    if qp.sr_placed is not None:
+        qp.sr_placed.clear()
+
+
 def write_first(dev, data, src) -> bool:
     """The FIRST packet of a multi-packet RDMA WRITE, in sequence, that the
     responder can execute without a NAK: the RETH's range looked up, a whole
     MTU placed, the QP left receiving the WRITE; False (nothing changed)
     otherwise."""
+    head = _next_request(dev, data, 32)
+    if head is None:
+        return False
+    qp, opcode, flags, w3, psn = head
     n = len(data)
-    if n < 32:
-        return False
-    opcode, flags, pkey, w2, w3 = _BTH.unpack_from(data, 0)
-    qp = dev.qps.get(w2 & _MASK)
-    if qp is None or qp.qp_type is not _RC or qp.cc is not None or pkey != 0xFFFF or w2 >> 30:
-        return False
-    psn = w3 & _MASK
-    if psn != qp.epsn or qp.resp_kind is not None or qp.ooo or qp.state not in _RECEIVING:
-        return False
     mtu = qp.mtu
     if n != 32 + mtu or flags & 0x30 or tuple(src) != qp.dest:
         return False                      # a FIRST carries a whole MTU and no pad
@@ -172,28 +195,18 @@ def write_first(dev, data, src) -> bool:
     qp.nak_sent = False
     if w3 & 0x80000000:
         responder.queue_ack(dev, qp, psn)
-    if qp.sr_naked:
-        qp.sr_naked.clear()
-    qp.sr_scan = None
-    if qp.sr_writes:
-        qp.sr_writes.clear()
-    if qp.sr_placed is not None:
-        qp.sr_placed.clear()
+    _nothing_held(qp)
     return True
+
 
 def request_only(dev, data, src) -> bool:
     """A one-packet WRITE or SEND request, in sequence, that the responder can
     execute without a NAK; False (nothing changed) otherwise."""
+    head = _next_request(dev, data, 16)
+    if head is None:
+        return False
+    qp, opcode, flags, w3, psn = head
     n = len(data)
-    if n < 16:
-        return False
-    opcode, flags, pkey, w2, w3 = _BTH.unpack_from(data, 0)
-    qp = dev.qps.get(w2 & _MASK)
-    if qp is None or qp.qp_type is not _RC or qp.cc is not None or pkey != 0xFFFF or w2 >> 30:
-        return False
-    psn = w3 & _MASK
-    if psn != qp.epsn or qp.resp_kind is not None or qp.ooo or qp.state not in _RECEIVING:
-        return False
     write = opcode <= _WRITE_ONLY_IMM and opcode >= _WRITE_ONLY
     imm = opcode == _WRITE_ONLY_IMM or opcode == _SEND_ONLY_IMM
     hdr = 28 if write else 12
@@ -256,11 +269,7 @@ def request_only(dev, data, src) -> bool:
                                         src_qp=qp.attr.dest_qp_num),
                          qp, solicited=bool(flags & 0x80))
     responder.queue_ack(dev, qp, psn)
-    if qp.sr_naked:
-        qp.sr_naked.clear()
-    qp.sr_scan = None
-    if qp.sr_writes:
-        qp.sr_writes.clear()
+    _nothing_held(qp)
     return True
 
 
