@@ -5,15 +5,19 @@ The kernel runs two loops in C: the sender building a run of MIDDLE packets
 (``Device.receive_run``).  Whatever it does must be exactly what the Python
 loops do: the same bytes on the wire, the same memory, counters, ACKs and
 completions, whatever arrives (corrupt, lost, duplicated or reordered
-packets in a coalesced run).  CI has a compiler and Python's headers, so the
-kernel must build there.
+packets in a coalesced run).  Without a C compiler or Python's headers the
+kernel cannot be built and these tests skip, except in CI (``CI`` set), which
+installs both and fails instead.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import types
 import zlib
+
+import pytest
 
 from hypothesis import given, note, settings, strategies as st
 
@@ -27,27 +31,39 @@ from softnic.wire.icrc import append_icrc
 
 from test_bulk_tx import bulk_cases, _wqe
 
-KERNEL = accel.load()
+_LOADED = accel.load()
+
+
+def kernel():
+    """The kernel; a skip where it cannot be built (a failure in CI)."""
+    if _LOADED is None:
+        why = f"no kernel ({accel.error}); building it needs gcc and python3-dev"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return _LOADED
 
 
 def test_the_kernel_builds_and_loads_here():
-    assert KERNEL is not None, f"softnic.accel.load() failed: {accel.error}"
+    kernel()
     assert accel.describe().startswith("cffi kernel")
 
 
 def test_softnic_kernel_0_turns_it_off(monkeypatch):
+    k = kernel()
     monkeypatch.setenv("SOFTNIC_KERNEL", "0")
     assert accel.load() is None
     assert "SOFTNIC_KERNEL" in accel.error
     monkeypatch.delenv("SOFTNIC_KERNEL")
-    assert accel.load() is KERNEL
+    assert accel.load() is k
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=9000), st.integers(0, 0xFFFFFFFF))
 def test_every_crc_the_kernel_may_use_is_zlibs(data, seed):
     """ISA-L's, zlib's and the table's CRC-32, each as the kernel calls it."""
-    lib, ffi = KERNEL.lib, KERNEL.ffi
+    k = kernel()
+    lib, ffi = k.lib, k.ffi
     kinds = []
     try:
         for addr, kind in accel._crc_candidates():
@@ -56,7 +72,7 @@ def test_every_crc_the_kernel_may_use_is_zlibs(data, seed):
             assert lib.sn_crc32(seed, ffi.from_buffer(data), len(data)) == \
                 zlib.crc32(data, seed), accel.CRC_KINDS[kind]
     finally:
-        accel._choose_crc(KERNEL)
+        accel._choose_crc(k)
     assert 0 in kinds
     try:
         import isal.isal_zlib  # noqa: F401
@@ -66,7 +82,9 @@ def test_every_crc_the_kernel_may_use_is_zlibs(data, seed):
 
 
 def test_the_kernel_uses_isa_l_where_isal_is_installed():
-    assert KERNEL.crc == "isa-l"
+    k = kernel()
+    pytest.importorskip("isal.isal_zlib")       # (a dependency: always there)
+    assert k.crc == "isa-l"
 
 
 @settings(max_examples=60, deadline=None)
@@ -81,7 +99,7 @@ def test_the_kernels_bulk_run_is_the_python_loops(c, data):
     idx = data.draw(st.integers(1, end - 1), label="idx")
     k = data.draw(st.integers(1, end - idx), label="k")
     got = {}
-    counting = Counting(KERNEL)
+    counting = Counting(kernel())
     for name, kern in (("python", None), ("kernel", counting)):
         dev.kernel = kern
         qp.pkts_since_ackreq = c["since"]
@@ -96,7 +114,7 @@ def test_the_kernels_bulk_run_is_the_python_loops(c, data):
 
 
 def test_a_single_sge_writes_middles_are_built_by_the_kernel():
-    counting = Counting(KERNEL)
+    counting = Counting(kernel())
     a, b, ea, eb = _side(counting, 1024, 128, False)
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 10 * 1024)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
@@ -226,7 +244,7 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
 def test_receiving_runs_with_the_kernel_is_receiving_them_one_by_one(seed, sizes, mtu,
                                                                      window, sr):
     note(f"replay: _exchange({seed}, {sizes}, {mtu}, {window}, {sr}, kernel)")
-    counting = Counting(KERNEL)
+    counting = Counting(kernel())
     fast = _exchange(seed, sizes, mtu, window, sr, counting)
     slow = _exchange(seed, sizes, mtu, window, sr, None)
     for key in ("wire", "wcs", "memory", "counters_a", "counters_b", "qp"):
@@ -240,7 +258,7 @@ def test_receiving_runs_with_the_kernel_is_receiving_them_one_by_one(seed, sizes
 
 
 def test_a_clean_long_write_is_placed_by_the_kernel():
-    counting = Counting(KERNEL)
+    counting = Counting(kernel())
     r = _exchange(7, [60000], 4096, 128, False, counting, faults=False)
     # 15 packets: FIRST and LAST in Python, and of the 13 MIDDLEs those the
     # window's AckReq bit does not mark
@@ -250,7 +268,7 @@ def test_a_clean_long_write_is_placed_by_the_kernel():
 
 
 def test_a_corrupt_middle_is_counted_and_dropped_not_placed():
-    a, b, ea, eb = _side(KERNEL, 1024, 128, False)
+    a, b, ea, eb = _side(kernel(), 1024, 128, False)
     ea.buf.view[0:8192] = bytes(range(256)) * 32
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
@@ -269,7 +287,7 @@ def test_a_corrupt_middle_is_counted_and_dropped_not_placed():
 
 
 def test_a_middle_with_a_wrong_p_key_and_a_good_icrc_is_not_the_kernels():
-    counting = Counting(KERNEL)
+    counting = Counting(kernel())
     a, b, ea, eb = _side(counting, 1024, 128, False)
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
@@ -290,7 +308,7 @@ def test_middles_beyond_the_writes_length_are_refused_memory_untouched():
     NAKed by the general path; nothing lands past the 2 MTUs, with the kernel
     as without."""
     outcome = {}
-    for name, kern in (("python", None), ("kernel", Counting(KERNEL))):
+    for name, kern in (("python", None), ("kernel", Counting(kernel()))):
         a, b, ea, eb = _side(kern, 1024, 128, False)
         ea.buf.view[0:6 * 1024] = bytes(range(256)) * 24
         eb.buf.view[0:8192] = b"\xee" * 8192
@@ -315,7 +333,7 @@ def test_middles_beyond_the_writes_length_are_refused_memory_untouched():
 
 def test_ack_every_packet_sends_every_middle_through_python():
     """A MIDDLE that asks for an ACK is Python's: the kernel stops before it."""
-    counting = Counting(KERNEL)
+    counting = Counting(kernel())
     cfg = DeviceConfig(min_timer=1e-3, ack_every=1)
     a, b = Device("a", "10.0.0.1", config=cfg), Device("b", "10.0.0.2", config=cfg)
     a.kernel = b.kernel = counting
@@ -331,7 +349,7 @@ def test_ack_every_packet_sends_every_middle_through_python():
 
 def test_append_icrc_agrees_with_the_kernels_tx_icrc():
     """A MIDDLE built by the kernel carries the ICRC ``append_icrc`` computes."""
-    a, b, ea, eb = _side(KERNEL, 512, 128, False)
+    a, b, ea, eb = _side(kernel(), 512, 128, False)
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 4096)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
     buf, dest, seg = a.datagram_runs(0.0)[1]
