@@ -68,7 +68,13 @@ def test_ce_marks_on_real_sockets_become_cnps_that_cut_the_rate():
         b.wait_until(lambda: a.counters["rp_cnp_handled"] >= 1, 5)
         assert 0 < a.counters["rp_cnp_handled"] <= rc["np_cnp_sent"]
         assert sc.get("rp_cnp_ignored", 0) == 0
-        assert ea.qp.cc.rate < line and ea.qp.cc.cuts >= 1
+        # The rate was cut; it is either still below line rate or came back to it
+        # through DCQCN's own increase events (fast recovery halves the gap every
+        # 55 us, so about 2 ms after the last CNP it is back: a slow host may
+        # look that late).
+        cc = ea.qp.cc
+        assert cc.cuts >= 1
+        assert cc.rate < line or cc.t_events + cc.bc_events > 0
     finally:
         a.close()
         b.close()
