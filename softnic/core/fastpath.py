@@ -134,7 +134,6 @@ def send_only(dev, qp, out: list) -> bool:
 # ------------------------------------------------------------------ responder
 
 
-
 def _next_request(dev, data, min_len: int):
     """``(qp, opcode, flags, w3, psn)`` for a request of at least ``min_len``
     bytes that starts a message at the PSN an RC QP without a controller
