@@ -215,15 +215,9 @@ class UdpSocket:
                 append((data, addr))
         return out
 
-    def recv_runs(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
-        """What waits, as ``(data, addr, seg)``: with UDP_GRO, a coalesced run of
-        datagrams of ``seg`` bytes laid end to end in ``data`` (the last may be
-        shorter), as the kernel hands it over (``Device.receive_run`` takes it
-        so); ``seg`` is 0 for a lone datagram.  At most ``limit`` receives."""
-        if not self.gro:
-            return [(data, addr, 0) for data, addr in self.recv_batch(limit)]
-        out = []
-        append = out.append
+    def _recvmsgs(self, limit: int):
+        """Up to ``limit`` waiting datagrams (or coalesced runs) as ``(data,
+        ancillary, addr)``; a truncated one is counted and left out."""
         recv = self.sock.recvmsg
         space = self._space
         readable = self.readable
@@ -234,11 +228,23 @@ class UdpSocket:
                 data, anc, flags, addr = recv(MAX_DATAGRAM, space)
             except (BlockingIOError, InterruptedError):
                 break
-            except ConnectionRefusedError:
+            except ConnectionRefusedError:   # an ICMP error for an earlier send
                 continue
             if flags & _MSG_TRUNC:
-                self.recv_truncated += 1
+                self.recv_truncated += 1     # cannot happen below 64 KiB; counted if it does
                 continue
+            yield data, anc, addr
+
+    def recv_runs(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
+        """What waits, as ``(data, addr, seg)``: with UDP_GRO, a coalesced run of
+        datagrams of ``seg`` bytes laid end to end in ``data`` (the last may be
+        shorter), as the kernel hands it over (``Device.receive_run`` takes it
+        so); ``seg`` is 0 for a lone datagram.  At most ``limit`` receives."""
+        if not self.gro:
+            return [(data, addr, 0) for data, addr in self.recv_batch(limit)]
+        out = []
+        append = out.append
+        for data, anc, addr in self._recvmsgs(limit):
             seg = 0
             for level, typ, cdata in anc:
                 if level == SOL_UDP and typ == UDP_GRO and len(cdata) >= 4:
@@ -249,23 +255,9 @@ class UdpSocket:
     def recv_batch_ecn(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
         """Like ``recv_batch``, with each datagram's IP ECN codepoint (0-3)."""
         out = []
-        recv = self.sock.recvmsg
-        space = self._space
         tos_type = socket.IP_TOS
         ipproto = socket.IPPROTO_IP
-        readable = self.readable
-        for _ in range(limit):
-            if not readable(0):
-                break
-            try:
-                data, anc, _flags, addr = recv(MAX_DATAGRAM, space)
-            except (BlockingIOError, InterruptedError):
-                break
-            except ConnectionRefusedError:
-                continue
-            if _flags & _MSG_TRUNC:
-                self.recv_truncated += 1         # cannot happen below 64 KiB; counted if it does
-                continue
+        for data, anc, addr in self._recvmsgs(limit):
             ecn = 0
             seg = 0
             for level, typ, cdata in anc:
