@@ -41,6 +41,8 @@ def _exec(args) -> int:
     if args.libibverbs or (args.libibverbs is None and links_libibverbs(cmd[0])):
         try:
             env.update(library_env(env))      # a C verbs program: load softnic's libibverbs
+            from ._librdmacm.launch import library_env as rdmacm_env
+            env.update(rdmacm_env(env))       # ... and its librdmacm (rdma_cm programs)
         except BuildError as e:
             print(f"softnic exec: {e}", file=sys.stderr)
             return 1

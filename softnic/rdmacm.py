@@ -62,7 +62,7 @@ MIN_RNR_TIMER = 12
 # ibv_qp_attr_mask bits
 QP_STATE, QP_ACCESS_FLAGS, QP_PKEY_INDEX, QP_PORT, QP_QKEY, QP_AV, QP_PATH_MTU, QP_TIMEOUT, \
     QP_RETRY_CNT, QP_RNR_RETRY, QP_RQ_PSN, QP_MAX_QP_RD_ATOMIC, QP_MIN_RNR_TIMER, QP_SQ_PSN, \
-    QP_MAX_DEST_RD_ATOMIC, QP_DEST_QPN = (1, 1 << 1, 1 << 3, 1 << 4, 1 << 5, 1 << 7, 1 << 8,
+    QP_MAX_DEST_RD_ATOMIC, QP_DEST_QPN = (1, 1 << 3, 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8,
                                           1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 15,
                                           1 << 16, 1 << 17, 1 << 20)
 QPS_INIT, QPS_RTR, QPS_RTS = 1, 2, 3
@@ -173,8 +173,10 @@ class Event:
 class EventChannel:
     """Events for the ids that use this channel; ``fd`` is readable while one waits."""
 
-    def __init__(self):
-        self.fd = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
+    def __init__(self, fd: int | None = None):
+        #: an eventfd in semaphore mode; given by a face that owns it, or made here
+        self.own = fd is None
+        self.fd = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if fd is None else fd
         self.queue: deque[Event] = deque()
         self.closed = False
         self.lock = threading.Lock()
@@ -211,11 +213,28 @@ class EventChannel:
             if end is not None and time.monotonic() >= end:
                 return None
 
+    def purge(self, cid: "CmId") -> None:
+        """Drop the events of a destroyed id (and the connection requests of a
+        destroyed listener), with their counts."""
+        with self.lock:
+            keep = deque(e for e in self.queue if e.id is not cid and e.listen_id is not cid)
+            gone = [e for e in self.queue if e.id is cid or e.listen_id is cid]
+            self.queue = keep
+            for _ in gone:
+                try:
+                    os.eventfd_read(self.fd)
+                except BlockingIOError:
+                    break
+        for e in gone:
+            if e.new and e.id is not cid:
+                e.id.destroy()
+
     def close(self) -> None:
         with self.lock:
             self.closed = True
             self.queue.clear()
-        os.close(self.fd)
+        if self.own:
+            os.close(self.fd)
 
 
 # ---------------------------------------------------------------- ids
@@ -429,6 +448,8 @@ class CmId:
         if self.destroyed:
             return
         self.destroyed = True
+        if self.channel is not None and not self.channel.closed:
+            self.channel.purge(self)
         for nic, lst in self.listeners:
             with nic.lock:
                 cm_of(nic).unlisten(lst)
