@@ -220,3 +220,11 @@ def install(ffi) -> None:
             info.dst_port = cid.dst[1]
             ffi.memmove(info.dgid, R.gid_of(cid.dst[0]), 16)
         info.routed = int(cid.state not in ("idle", "bound", "addr_resolved", "listen"))
+
+    @extern()
+    def sn_cm_exit():
+        import softnic.nic as _nic
+        for nic in _nic.open_nics():
+            cap = getattr(nic, "capture", None)
+            if cap is not None:
+                cap.flush()

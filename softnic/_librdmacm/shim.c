@@ -1183,3 +1183,13 @@ SN_EXPORT int rselect(int nfds, fd_set *readfds, fd_set *writefds, fd_set *excep
 {
     return select(nfds, readfds, writefds, exceptfds, timeout);
 }
+
+/* ------------------------------------------------------------------ exit
+ * A C program ends without finalizing the embedded interpreter: before it goes,
+ * the devices' captures are flushed (a pcap of the run is complete). */
+
+__attribute__((destructor)) static void sn_cm_fini(void)
+{
+    if (sn_nctx >= 0)
+        sn_cm_exit();
+}
