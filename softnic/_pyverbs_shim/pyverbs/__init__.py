@@ -10,7 +10,7 @@ import importlib
 import sys
 
 _MODULES = ("device", "pd", "mr", "cq", "qp", "wr", "addr", "srq", "base", "mem_alloc", "utils",
-            "pyverbs_error", "enums", "libibverbs_enums")
+            "pyverbs_error", "enums", "libibverbs_enums", "cmid", "cm_enums")
 
 for _name in _MODULES:
     try:
