@@ -84,7 +84,7 @@ def devices() -> list:
     """Every configured device, opened (this module keeps them open)."""
     with _lock:
         for name in _nic.device_names():
-            if name not in _nics:
+            if name not in _nics or getattr(_nics[name], "_closed", False):
                 _nics[name] = _nic.open_device(name)
         return [_nics[n] for n in _nic.device_names() if n in _nics]
 
@@ -96,19 +96,29 @@ def device_named(name: str):
     raise VerbsError(errno.ENODEV, f"no softnic device {name!r}")
 
 
-def cm_of(nic) -> _cm.CM:
-    """The device's connection manager (created and attached on first use)."""
+def reset() -> None:
+    """Forget every device, CM and bound port (after ``softnic.nic.configure``)."""
     with _lock:
-        c = _cms.get(nic.name)
-        if c is None or nic.dev.gsi is not c:
-            from verbs_api.device import _guid
-            seed = int.from_bytes(os.urandom(8), "little")
-            c = _cm.CM(nic.gid, _guid(nic.name), random.Random(seed))
+        for nic in _nics.values():
+            if not getattr(nic, "_closed", False):
+                nic.release()
+        _nics.clear()
+        _cms.clear()
+        _bound.clear()
+
+
+def cm_of(nic) -> _cm.CM:
+    """The device's connection manager (attached when the device was opened),
+    with its events routed here."""
+    c = nic.dev.gsi
+    if c is None:
+        raise VerbsError(errno.EOPNOTSUPP, f"device {nic.name} has no connection manager "
+                         "(rdma_cm needs the udp transport)")
+    if c.on_event is not _dispatch:
+        with nic.lock:
             c.on_event = _dispatch
-            with nic.lock:
-                nic.dev.gsi = c
-            _cms[nic.name] = c
-        return c
+    _cms[nic.name] = c
+    return c
 
 
 def _ip(addr) -> str:

@@ -24,6 +24,8 @@ from .addr import AHAttr, GlobalRoute
 from .base import PyverbsCM, PyverbsObject, close_weakrefs
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 
+#: device name -> (Context, PD) shared by the CMIDs on it
+_devices: dict = {}
 RDMA_MAX_RESP_RES = 0xFF
 RDMA_MAX_INIT_DEPTH = 0xFF
 
@@ -287,7 +289,15 @@ class CMID(PyverbsCM):
         if like is not None and like.ctx is not None and like.ctx.name == self._id.nic.name:
             self.ctx, self.pd = like.ctx, self.pd or like.pd
         if self.ctx is None:
-            self.ctx = Context(name=self._id.nic.name)
+            # one Context and PD per device for every CMID, as librdmacm keeps them
+            name = self._id.nic.name
+            ctx, pd = _devices.get(name, (None, None))
+            if ctx is None or ctx._closed or ctx._nic is not self._id.nic:
+                ctx = Context(name=name)
+                pd = PD(ctx)
+                _devices[name] = (ctx, pd)
+            self.ctx = ctx
+            self.pd = self.pd or pd
         if self.pd is None:
             self.pd = PD(self.ctx)
 
