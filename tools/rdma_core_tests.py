@@ -66,6 +66,13 @@ if mode == "list":
                 yield from ids(t)
             else:
                 yield t.id()
+    failed = [t for t in ids(suite) if t.startswith("unittest.loader._FailedTest")]
+    if failed:
+        case = next(iter(suite))
+        while isinstance(case, unittest.TestSuite):
+            case = next(iter(case))
+        emit(error=str(getattr(case, "_exception", failed[0])))
+        raise SystemExit(0)
     emit(tests=sorted(set(ids(suite))))
     raise SystemExit(0)
 suite = loader.loadTestsFromName(target)
@@ -85,23 +92,34 @@ os._exit(0)
 '''
 
 
+def _read(src: Path, name: str) -> bytes | None:
+    plain, packed = src / name, src / (name + ".gz")
+    if plain.exists():
+        return plain.read_bytes()
+    if packed.exists():
+        with gzip.open(packed, "rb") as f:
+            return f.read()
+    return None
+
+
 def prepare(src: Path, modules: list[str], dest: Path) -> list[str]:
-    """Copy the support files and ``modules`` (gunzipped) into ``dest/tests``; return
-    the modules found."""
-    pkg = dest / "tests"
-    pkg.mkdir(parents=True)
+    """Copy the support files and each of ``modules`` (gunzipped) into its own
+    ``dest/<module>/tests`` package (the package's ``__init__`` imports every test module
+    beside it, so one that cannot load would take the others down); return the modules
+    found."""
+    support = {name: _read(src, name) for name in SUPPORT}
     found = []
-    for name in list(SUPPORT) + [m + ".py" for m in modules]:
-        plain, packed = src / name, src / (name + ".gz")
-        if plain.exists():
-            shutil.copyfile(plain, pkg / name)
-        elif packed.exists():
-            with gzip.open(packed, "rb") as f:
-                (pkg / name).write_bytes(f.read())
-        else:
+    for mod in modules:
+        text = _read(src, mod + ".py")
+        if text is None:
             continue
-        if name[:-3] in modules:
-            found.append(name[:-3])
+        pkg = dest / mod / "tests"
+        pkg.mkdir(parents=True)
+        for name, data in support.items():
+            if data is not None:
+                (pkg / name).write_bytes(data)
+        (pkg / (mod + ".py")).write_bytes(text)
+        found.append(mod)
     (dest / "child.py").write_text(CHILD)
     return found
 
@@ -152,11 +170,12 @@ def run_face(face: str, root: Path, modules: list[str], dev: str, timeout: float
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    prefix = face_command(face) + [str(root / "child.py"), str(root)]
+    prefix = face_command(face) + [str(root / "child.py")]
     results: list[dict] = []
     tests: list[tuple[str, str]] = []
     for mod in modules:
-        record, text, status = run_child(prefix + ["list", f"tests.{mod}", dev], 120, env)
+        record, text, status = run_child(prefix + [str(root / mod), "list", f"tests.{mod}", dev],
+                                          120, env)
         if record is None or "error" in record:
             why = (record or {}).get("error") or _tail(text) or f"exit status {status}"
             results.append({"face": face, "module": mod, "test": f"tests.{mod}",
@@ -171,7 +190,8 @@ def run_face(face: str, root: Path, modules: list[str], dev: str, timeout: float
     def one(item):
         mod, test = item
         t0 = time.monotonic()
-        record, text, status = run_child(prefix + ["run", test, dev], timeout, env)
+        record, text, status = run_child(prefix + [str(root / mod), "run", test, dev], timeout,
+                                          env)
         took = time.monotonic() - t0
         if record is None:
             if status is None:
