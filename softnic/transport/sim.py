@@ -157,8 +157,10 @@ class EgressQueue:
         self.tx_bytes = 0
         self.counters = {"enqueued": 0, "dropped": 0, "marked": 0, "max_qlen": 0}
         self.tx_by_src: dict = {}
-        #: (time, bytes queued) as each datagram arrived
+        #: (time, bytes queued) as each datagram arrived (none kept if
+        #: ``sample_every`` is 0)
         self.samples: list[tuple[float, int]] = []
+        self._sample = sample_every > 0
 
     def qlen(self, now: float) -> float:
         b = self.busy_until - now
@@ -167,8 +169,10 @@ class EgressQueue:
     def arrive(self, data: bytes, now: float, ect: bool = False, src=None):
         """Queue ``data``; return ``(departure time, datagram)`` or None if dropped."""
         size = len(data) + WIRE_OVERHEAD
-        q = self.qlen(now)
-        self.samples.append((now, int(q)))
+        b = self.busy_until - now
+        q = b * self.rate_bps / 8 if b > 0 else 0.0
+        if self._sample:
+            self.samples.append((now, int(q)))
         c = self.counters
         if q > c["max_qlen"]:
             c["max_qlen"] = int(q)
@@ -253,6 +257,9 @@ class Fabric:
         self.tracing = trace
         self.capture = capture
         self.events_processed = 0
+        #: datagrams that reached a queue inside the fabric (a switch port):
+        #: events of the heap that no device sees
+        self.hops_processed = 0
         self._now = 0.0
         self._next_seq = itertools.count(1).__next__
         self._heap: list[tuple] = []
@@ -361,7 +368,7 @@ class Fabric:
             f"{switch.name}->{_fmt(address)}", rate_bps, buffer_bytes=switch.buffer_bytes,
             red=switch.red, int_telemetry=switch.int_telemetry,
             rng=self.derive_rng("switch", switch.name, _fmt(address)))
-        self._uplinks[address] = EgressQueue(f"nic {_fmt(address)}", rate_bps)
+        self._uplinks[address] = EgressQueue(f"nic {_fmt(address)}", rate_bps, sample_every=0)
         self._switch_of[address] = switch
         self._host_faults[address] = replace(faults or FaultModel.none(), rate_bps=None)
         for other in switch.links:
@@ -561,16 +568,18 @@ class Fabric:
         capture = self.capture
         next_seq = self._next_seq
         send = self._send
-        processed = 0
+        processed = hops = 0
         limit = -1 if max_events is None else max_events
         stopped = False
+        ports = self._ports
         while processed != limit and heap:
             at, seq, port, data, src = heap[0]
             if until is not None and at > until:
                 break
             heappop(heap)
             if port.__class__ is _SwitchHop:          # a datagram reaches a switch port
-                sp = self._ports.get(src)
+                hops += 1
+                sp = ports.get(src)
                 res = port.queue.arrive(data, at, sp is not None and sp.ect, src)
                 if res is None:
                     if trace is not None:
@@ -636,6 +645,7 @@ class Fabric:
                 stopped = True
                 break
         self.events_processed += processed
+        self.hops_processed += hops
         if until is not None and not stopped and processed != limit and until > self._now:
             self._now = until
         return self._now
