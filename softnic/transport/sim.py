@@ -87,10 +87,11 @@ class _Port:
 class _Link:
     """One direction of a link: where it goes and what happens on the way."""
 
-    __slots__ = ("dst", "delay", "injector", "counters", "fast", "uplink", "hop")
+    __slots__ = ("dst", "delay", "injector", "counters", "fast", "uplink", "hop", "clos")
 
     def __init__(self, dst: _Port, delay: float, injector: FaultInjector,
-                 uplink: "EgressQueue | None" = None, hop: "_SwitchHop | None" = None) -> None:
+                 uplink: "EgressQueue | None" = None, hop: "_SwitchHop | None" = None,
+                 clos: Any = None) -> None:
         self.dst = dst
         self.delay = delay
         self.injector = injector
@@ -98,10 +99,11 @@ class _Link:
         # Through a switch: the sending NIC's own egress queue, then the switch port.
         self.uplink = uplink
         self.hop = hop
+        self.clos = clos            # a LeafSpine both ends are connected to
         # Only a stock injector of a perfect direct link may be skipped; one set
         # by set_injector sees every datagram.
         self.fast = (type(injector) is FaultInjector and injector.model.is_none()
-                     and hop is None)
+                     and hop is None and clos is None)
 
 
 #: bytes a link carries per datagram beyond the UDP payload (IPv4 + UDP headers)
@@ -272,6 +274,7 @@ class Fabric:
         self._switch_of: dict[Address, Switch] = {}
         self._uplinks: dict[Address, EgressQueue] = {}
         self._host_faults: dict[Address, FaultModel] = {}
+        self._clos_of: dict[Address, Any] = {}
 
     # -- set-up -------------------------------------------------------------
 
@@ -378,6 +381,13 @@ class Fabric:
                 if port is not None:
                     port.links.pop(dst, None)
 
+    def add_leaf_spine(self, cfg: Any = None, **kw: Any) -> Any:
+        """A two-tier Clos (``softnic.transport.clos.LeafSpine``) in this
+        fabric, from a ``LeafSpineConfig`` or its fields; hosts attached to the
+        fabric join it with ``net.connect(address, leaf)``."""
+        from .clos import LeafSpine, LeafSpineConfig
+        return LeafSpine(self, cfg if cfg is not None else LeafSpineConfig(**kw))
+
     def derive_rng(self, *labels: object) -> random.Random:
         """A ``random.Random`` fixed by the fabric seed and ``labels``
         (for seeding devices' own randomness from the same seed)."""
@@ -388,6 +398,13 @@ class Fabric:
         if port is None:
             return None
         faults, delay, rate = self._overrides.get((src, dst), (None, None, None))
+        net = self._clos_of.get(src)
+        if net is not None and self._clos_of.get(dst) is net:
+            injector = self._injectors.get((src, dst))
+            if injector is None:
+                injector = self._injectors[(src, dst)] = FaultInjector(
+                    FaultModel.none(), self.derive_rng(_fmt(src), _fmt(dst)))
+            return _Link(port, 0.0, injector, clos=net)
         sw = self._switch_of.get(src)
         if sw is not None and self._switch_of.get(dst) is sw:
             injector = self._injectors.get((src, dst))
@@ -484,6 +501,14 @@ class Fabric:
                     self.trace.append(TraceRecord(now, "drop", port.address, dst, data))
                 return
             port.links[dst] = link
+        if link.clos is not None:
+            counters = link.counters
+            counters["sent"] += 1
+            counters["delivered"] += 1
+            if self.tracing:
+                self.trace.append(TraceRecord(now, "send", port.address, link.dst.address, data))
+            link.clos.inject(port, link.dst, data, now)
+            return
         if link.fast and not self.tracing:
             counters = link.counters
             counters["sent"] += 1
@@ -586,6 +611,10 @@ class Fabric:
                         trace.append(TraceRecord(at, "drop", src, port.dst.address, data))
                 else:
                     heappush(heap, (res[0] + port.delay, next_seq(), port.dst, res[1], src))
+                continue
+            if port.__class__ is not _Port:           # a leaf-spine's port or switch
+                hops += 1
+                port.event(at, data, src)
                 continue
             device = port.device
             if data is None:
