@@ -161,7 +161,10 @@ class Port:
         self.ctrl: deque = deque()
         self.data: deque = deque()
         self.qbytes = 0            # bytes waiting (not the one on the wire)
-        self.busy = False
+        # The wire is busy until busy_until; a _TXDONE entry is in the heap
+        # (pending) only while something waits for the wire to free.
+        self.busy_until = 0.0
+        self.pending = False
         self.paused = False
         self.paused_since = 0.0
         self.pause_time = 0.0
@@ -181,7 +184,7 @@ class Port:
 
     def event(self, now: float, what, _src=None) -> None:
         if what is _TXDONE:
-            self.busy = False
+            self.pending = False
             self._start(now)
         elif what is _PAUSE:
             self.counters["pauses_rx"] += 1
@@ -193,8 +196,17 @@ class Port:
             if self.paused:
                 self.paused = False
                 self.pause_time += now - self.paused_since
-                if not self.busy:
-                    self._start(now)
+                self._kick(now)
+
+    def _kick(self, now: float) -> None:
+        """Send the head now if the wire is free, else wake up when it is."""
+        if self.pending:
+            return
+        if now >= self.busy_until:
+            self._start(now)
+        else:
+            self.pending = True
+            heappush(self.net.heap, (self.busy_until, self.net.next_seq(), self, _TXDONE, None))
 
     def enqueue(self, pkt: _Pkt, now: float) -> bool:
         """Queue ``pkt``; False if it was dropped."""
@@ -220,8 +232,8 @@ class Port:
                     pkt.data = d.with_(ecn=CE) if type(d) is Datagram else Datagram(d, ecn=CE)
             self.data.append(pkt)
         self.qbytes = q + pkt.size
-        if not self.busy:
-            self._start(now)
+        if not self.pending:
+            self._kick(now)
         return True
 
     def _start(self, now: float) -> None:
@@ -233,8 +245,7 @@ class Port:
             return
         size = pkt.size
         self.qbytes -= size
-        self.busy = True
-        end = now + size * 8 / self.rate_bps
+        self.busy_until = end = now + size * 8 / self.rate_bps
         self.tx_bytes += size
         self.counters["sent"] += 1
         self.tx_by_src[pkt.src] = self.tx_by_src.get(pkt.src, 0) + size
@@ -251,7 +262,9 @@ class Port:
                             else Datagram(d, hops=(hop,)))
         net = self.net
         heap, seq = net.heap, net.next_seq
-        heappush(heap, (end, seq(), self, _TXDONE, None))
+        if self.ctrl or (self.data and not self.paused):
+            self.pending = True
+            heappush(heap, (end, seq(), self, _TXDONE, None))
         if self.peer is None:       # the last hop: deliver to the device
             heappush(heap, (end + self.delay, seq(), pkt.tdst, pkt.data, pkt.src))
         else:
@@ -327,13 +340,10 @@ class SwitchNode:
             return ups[self._hash(key, len(ups))]
         return self.down[net.leaf_of[pkt.dst]]         # a spine
 
-    def _hash(self, key, n: int) -> int:
-        cache = self.net.hash_cache
-        k = (self.index, key)
-        i = cache.get(k)
-        if i is None:
-            i = cache[k] = zlib.crc32(repr(key).encode(), self.salt) % n
-        return i
+    def _hash(self, key: int, n: int) -> int:
+        # the flow's five-tuple hash, salted per switch (as switches seed
+        # their hash functions differently, against polarization)
+        return (((key ^ self.salt) * 0x9E3779B1) & 0xFFFFFFFF) * n >> 32
 
 
 class LeafSpine:
@@ -391,8 +401,11 @@ class LeafSpine:
     def inject(self, src_port, dst_port, data, now: float) -> None:
         """A device hands ``data`` to its NIC."""
         src, dst = src_port.address, dst_port.address
-        qpn = data[5:8] if len(data) >= 8 else b""
-        key = (src, dst, bytes(qpn))
+        salt = self.hash_cache.get((src, dst))
+        if salt is None:
+            salt = self.hash_cache[(src, dst)] = zlib.crc32(
+                f"{src[0]}|{dst[0]}|{src[1]}|{ROCEV2_PORT}|17".encode())
+        key = zlib.crc32(data[5:8], salt)      # the per-QP source port's entropy
         pkt = _Pkt(data, src, dst, key, len(data) > 0 and data[0] in _CONTROL,
                    src_port.ect, dst_port)
         self.nic[src].enqueue(pkt, now)
