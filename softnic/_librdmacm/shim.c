@@ -164,6 +164,22 @@ static void sn_update(struct sn_id *s)
 
 /* ------------------------------------------------------------------ channels */
 
+/* A destroyed channel's fd number is not closed but made a never-ready eventfd:
+ * programs (rping) destroy the channel while another thread of theirs is about to
+ * wait on it again; with the kernel's rdma_cm fd that thread just stays blocked, and
+ * so it does here, where a closed (or reused) fd number would fail it or hand it
+ * another file's data.  The cost is one descriptor per destroyed channel. */
+static void sn_park_fd(int fd)
+{
+    static int parked = -1;
+    pthread_mutex_lock(&sn_lock);
+    if (parked < 0)
+        parked = eventfd(0, EFD_CLOEXEC);
+    pthread_mutex_unlock(&sn_lock);
+    if (parked < 0 || dup3(parked, fd, O_CLOEXEC) < 0)
+        close(fd);
+}
+
 SN_EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 {
     struct sn_chan *c = calloc(1, sizeof *c);
@@ -192,7 +208,7 @@ SN_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
         return;
     struct sn_chan *c = to_chan(channel);
     sn_cm_destroy_channel(c->h);
-    close(c->ch.fd);
+    sn_park_fd(c->ch.fd);
     free(c);
 }
 
@@ -1190,6 +1206,6 @@ SN_EXPORT int rselect(int nfds, fd_set *readfds, fd_set *writefds, fd_set *excep
 
 __attribute__((destructor)) static void sn_cm_fini(void)
 {
-    if (sn_nctx >= 0)
+    if (sn_nctx >= 0 && Py_IsInitialized())    /* (a Python host may have finalized it) */
         sn_cm_exit();
 }
