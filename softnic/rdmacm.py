@@ -315,6 +315,11 @@ class CmId:
             ip, nic = "0.0.0.0", None
         else:
             nic = device_for_ip(ip)
+            if nic is None and ipaddress.ip_address(ip).is_loopback and devices():
+                # as the kernel's rdma_cm binds a loopback address: to the first device,
+                # whose address the id then reports (what a peer can reach)
+                nic = devices()[0]
+                ip = nic.ip
             if nic is None:
                 raise VerbsError(errno.EADDRNOTAVAIL, f"{ip} is not a softnic device's address")
         port = self._claim_port(ip, port)

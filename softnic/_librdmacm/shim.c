@@ -1126,7 +1126,9 @@ SN_EXPORT void rdma_freeaddrinfo(struct rdma_addrinfo *res)
 SN_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
                                const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)
 {
-    if (!res || (!node && !service))
+    if (!res)
+        return sn_err(EINVAL);
+    if (!node && !service && !(hints && (hints->ai_src_addr || hints->ai_dst_addr)))
         return sn_err(EINVAL);
     struct rdma_addrinfo *ai = calloc(1, sizeof *ai);
     if (!ai)
@@ -1137,10 +1139,53 @@ SN_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
     ai->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
     ai->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type
                      : (ai->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC);
+    if (!node && !service) {
+        /* the addresses come from the hints (as rdma-core copies them) */
+        if (hints->ai_src_addr && hints->ai_src_len) {
+            ai->ai_src_addr = sn_sockaddr_dup(hints->ai_src_addr, hints->ai_src_len);
+            ai->ai_src_len = hints->ai_src_len;
+            ai->ai_family = hints->ai_src_addr->sa_family;
+        }
+        if (hints->ai_dst_addr && hints->ai_dst_len) {
+            ai->ai_dst_addr = sn_sockaddr_dup(hints->ai_dst_addr, hints->ai_dst_len);
+            ai->ai_dst_len = hints->ai_dst_len;
+            ai->ai_family = hints->ai_dst_addr->sa_family;
+        }
+        if ((hints->ai_src_addr && !ai->ai_src_addr) || (hints->ai_dst_addr && !ai->ai_dst_addr)) {
+            rdma_freeaddrinfo(ai);
+            return sn_err(ENOMEM);
+        }
+        *res = ai;
+        return 0;
+    }
     if (hints && hints->ai_family && hints->ai_family != AF_INET && hints->ai_family != AF_INET6
             && hints->ai_family != AF_UNSPEC) {
         free(ai);
         return sn_err(EAFNOSUPPORT);
+    }
+    if (!node && passive && hints->ai_src_addr && hints->ai_src_addr->sa_family == AF_INET) {
+        /* a passive lookup of a service on the hints' source address */
+        struct addrinfo h, *gai = NULL;
+        memset(&h, 0, sizeof h);
+        h.ai_family = AF_INET;
+        h.ai_flags = AI_PASSIVE;
+        if (getaddrinfo(NULL, service, &h, &gai) || !gai) {
+            free(ai);
+            return sn_err(EINVAL);
+        }
+        struct sockaddr_in *in = (struct sockaddr_in *)sn_sockaddr_dup(hints->ai_src_addr,
+                                                                       sizeof(struct sockaddr_in));
+        if (in)
+            in->sin_port = ((struct sockaddr_in *)gai->ai_addr)->sin_port;
+        freeaddrinfo(gai);
+        if (!in) {
+            free(ai);
+            return sn_err(ENOMEM);
+        }
+        ai->ai_src_addr = (struct sockaddr *)in;
+        ai->ai_src_len = sizeof *in;
+        *res = ai;
+        return 0;
     }
     struct addrinfo h, *gai = NULL;
     memset(&h, 0, sizeof h);
