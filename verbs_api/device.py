@@ -174,7 +174,7 @@ class Context(PyverbsCM):
             max_qp_rd_atom=cfg.max_rd_atomic, max_ee_rd_atom=0,
             max_res_rd_atom=cfg.max_qp * cfg.max_rd_atomic,
             max_qp_init_rd_atom=cfg.max_rd_atomic, max_ee_init_rd_atom=0,
-            atomic_caps=e.IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_mw=0, max_raw_ipv6_qps=0,
+            atomic_caps=e.IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_mw=1 << 20, max_raw_ipv6_qps=0,
             max_raw_ethy_qp=0, max_mcast_grp=0, max_mcast_qp_attach=0,
             max_total_mcast_qp_attach=0, max_ah=1 << 20, max_fmr=0, max_map_per_fmr=0,
             max_srq=cfg.max_qp, max_srq_wr=cfg.max_qp_wr, max_srq_sge=cfg.max_sge,
@@ -183,7 +183,7 @@ class Context(PyverbsCM):
     def query_device_ex(self, ex_input=None):
         orig = self.query_device()
         return DeviceAttrEx(
-            orig_attr=orig, comp_mask=0, odp_caps=ODPCaps(), completion_timestamp_mask=0,
+            orig_attr=orig, comp_mask=0, odp_caps=_odp_caps(), completion_timestamp_mask=0,
             hca_core_clock=0, device_cap_flags_ex=orig.device_cap_flags, tso_caps=TSOCaps(),
             pci_atomic_caps=PCIAtomicCaps(), rss_caps=RSSCaps(), max_wq_type_rq=0,
             packet_pacing_caps=PacketPacingCaps(), raw_packet_caps=0, tm_caps=TMCaps(),
@@ -192,6 +192,8 @@ class Context(PyverbsCM):
     def _port(self, port_num, what):
         self._check()
         if port_num != 1:
+            if what == 'attributes':        # pyverbs' own message for ibv_query_port
+                raise rdma_error(f'Failed to query port {port_num}')
             raise rdma_error(f'Failed to query {what} of port {port_num}: no such port')
 
     def query_port(self, port_num):
@@ -240,8 +242,9 @@ class Context(PyverbsCM):
     def query_gid_table(self, max_entries, flags=0):
         self._check()
         if max_entries < GID_TABLE_LEN:
+            # ibv_query_gid_table returns -EINVAL, which pyverbs passes on as the code
             raise rdma_error('Failed to query gid tables of the device: table larger than '
-                             f'{max_entries} entries')
+                             f'{max_entries} entries', -errno.EINVAL)
         return [self._gid_entry(i) for i in range(GID_TABLE_LEN)]
 
     def query_gid_ex(self, port_num, gid_index, flags=0):
@@ -295,10 +298,23 @@ class Context(PyverbsCM):
             raise PyverbsError('Unrecognized object type')
 
 
+def _odp_caps():
+    """On-demand paging is what softnic always does: it never pins, the engine reaches an
+    MR through the process's own mapping when a packet needs it (implicit ODP, an MR over
+    the whole address space, is not offered).  The same caps as the C face reports."""
+    rc = (e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV | e.IBV_ODP_SUPPORT_WRITE |
+          e.IBV_ODP_SUPPORT_READ | e.IBV_ODP_SUPPORT_ATOMIC | e.IBV_ODP_SUPPORT_SRQ_RECV)
+    uc = e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV | e.IBV_ODP_SUPPORT_WRITE
+    ud = e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV
+    return ODPCaps(general_caps=int(e.IBV_ODP_SUPPORT), rc_odp_caps=int(rc), uc_odp_caps=int(uc),
+                   ud_odp_caps=int(ud), xrc_odp_caps=0)
+
+
 DEVICE_CAP_FLAGS = (e.IBV_DEVICE_BAD_PKEY_CNTR | e.IBV_DEVICE_BAD_QKEY_CNTR |
                     e.IBV_DEVICE_CURR_QP_STATE_MOD | e.IBV_DEVICE_PORT_ACTIVE_EVENT |
                     e.IBV_DEVICE_SYS_IMAGE_GUID | e.IBV_DEVICE_RC_RNR_NAK_GEN |
-                    e.IBV_DEVICE_SRQ_RESIZE)
+                    e.IBV_DEVICE_SRQ_RESIZE | e.IBV_DEVICE_MEM_WINDOW |
+                    e.IBV_DEVICE_MEM_WINDOW_TYPE_2B)
 
 
 class DeviceAttr(_Attrs):
