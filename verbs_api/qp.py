@@ -560,7 +560,8 @@ class QPEx(QP):
         self._new(e.IBV_WR_LOCAL_INV, invalidate_rkey=invalidate_rkey)
 
     def wr_bind_mw(self, mw, rkey, bind_info):
-        raise rdma_error('softnic has no memory windows', errno.EOPNOTSUPP)
+        """Bind a type 2 window to ``bind_info``'s range, giving it ``rkey``."""
+        self._new(e.IBV_WR_BIND_MW, bind=bind_info._engine(mw, rkey))
 
     def wr_set_ud_addr(self, ah, remote_qpn, remote_qkey):
         w = self._last()

@@ -33,3 +33,7 @@ int sn_post_recv(uint32_t qp, uint64_t wr_id, struct sn_sge *sg, int n);
 int sn_create_ah(uint32_t pd, struct sn_ah *attr, uint32_t *ah);
 int sn_destroy_ah(uint32_t ah);
 int sn_get_async_event(uint32_t ctx, int *type, void **cookie);
+int sn_rereg_mr(uint32_t mr, int flags, uint32_t pd, uint64_t addr, uint64_t length, unsigned int access);
+int sn_alloc_mw(uint32_t pd, int type, uint32_t *mw, uint32_t *rkey);
+int sn_dealloc_mw(uint32_t mw);
+int sn_bind_mw(uint32_t qp, uint64_t wr_id, unsigned int send_flags, uint32_t mw_rkey, uint32_t rkey, uint32_t mr_lkey, uint64_t addr, uint64_t length, unsigned int access);

@@ -169,6 +169,7 @@ static int sn_vctx_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
 static int sn_vctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *values);
 static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
                              struct ibv_sge *sg_list, uint32_t num_sges);
+static void sn_mw_ops(struct ibv_context *c);
 
 SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
@@ -201,6 +202,7 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     c->ops.post_send = sn_op_post_send;
     c->ops.post_recv = sn_op_post_recv;
     c->ops.post_srq_recv = sn_op_post_srq_recv;
+    sn_mw_ops(c);
     c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     c->num_comp_vectors = 1;
@@ -489,42 +491,36 @@ SN_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t l
     return ibv_reg_mr_iova2(pd, addr, length, iova, access);
 }
 
-/* Re-registration makes a new registration (new keys) and drops the old one. */
+/* Re-registration in place: the engine changes the MR's translation, PD and/or access and
+ * keeps its keys (a peer holding the rkey keeps it). */
 SN_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
                            size_t length, int access)
 {
-    uint32_t h, lkey, rkey;
     if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
-                  IBV_REREG_MR_CHANGE_ACCESS))
-        return IBV_REREG_MR_ERR_INPUT;
-    struct ibv_pd *npd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
-    void *naddr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
-    size_t nlen = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
-    unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
-        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
-    if (!npd) {
+                  IBV_REREG_MR_CHANGE_ACCESS) || !flags) {
         errno = EINVAL;
         return IBV_REREG_MR_ERR_INPUT;
     }
-    int err = sn_reg_mr(npd->handle, (uint64_t)(uintptr_t)naddr, nlen, naccess, &h, &lkey,
-                        &rkey);
+    if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
+        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
+    int err = sn_rereg_mr(mr->handle, flags, (flags & IBV_REREG_MR_CHANGE_PD) ? pd->handle : 0,
+                          (uint64_t)(uintptr_t)addr, length, naccess);
     if (err) {
         errno = err;
         return IBV_REREG_MR_ERR_INPUT;
     }
-    err = sn_dereg_mr(mr->handle);
-    if (err) {
-        sn_dereg_mr(h);
-        errno = err;
-        return IBV_REREG_MR_ERR_CMD;
+    if (flags & IBV_REREG_MR_CHANGE_PD) {
+        mr->pd = pd;
+        mr->context = pd->context;
     }
-    mr->pd = npd;
-    mr->context = npd->context;
-    mr->addr = naddr;
-    mr->length = nlen;
-    mr->handle = h;
-    mr->lkey = lkey;
-    mr->rkey = rkey;
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        mr->addr = addr;
+        mr->length = length;
+    }
     ((struct sn_mr *)mr)->access = naccess;
     return 0;
 }
@@ -1140,8 +1136,14 @@ SN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
     return 0;
 }
 
+static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr);
+static void sn_wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
+                          const struct ibv_mw_bind_info *info);
+
 static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
 {
+    if (wr->opcode == IBV_WR_BIND_MW)
+        return sn_post_bind_mw(qp, wr);
     struct sn_send_wr s;
     memset(&s, 0, sizeof(s));
     s.wr_id = wr->wr_id;
@@ -1239,6 +1241,8 @@ static struct sn_pending *sn_wr_cur(struct ibv_qp_ex *q)
     return &s->pend[s->npend - 1];
 }
 
+static int sn_post_pending_bind(struct ibv_qp_ex *q, struct sn_send_wr *w);
+
 static void sn_wr_start(struct ibv_qp_ex *q)
 {
     struct sn_qp *s = to_sqp(q);
@@ -1255,7 +1259,9 @@ static int sn_wr_complete(struct ibv_qp_ex *q)
     struct sn_qp *s = to_sqp(q);
     int err = s->wr_err;
     for (int i = 0; i < s->npend && !err; i++)
-        err = sn_post_send(q->qp_base.handle, &s->pend[i].wr);
+        err = s->pend[i].wr.opcode == IBV_WR_BIND_MW ? sn_post_pending_bind(q, &s->pend[i].wr)
+                                                     : sn_post_send(q->qp_base.handle,
+                                                                    &s->pend[i].wr);
     sn_wr_start(q);
     return err;
 }
@@ -1408,6 +1414,7 @@ static void sn_qpx_install(struct sn_qp *s)
     q->wr_send_imm = sn_wr_send_imm;
     q->wr_send_inv = sn_wr_send_inv;
     q->wr_local_inv = sn_wr_local_inv;
+    q->wr_bind_mw = sn_wr_bind_mw;
     q->wr_set_ud_addr = sn_wr_set_ud_addr;
     q->wr_set_sge = sn_wr_set_sge;
     q->wr_set_sge_list = sn_wr_set_sge_list;
@@ -1585,4 +1592,98 @@ SN_EXPORT int ibv_read_ibdev_sysfs_file(char *buf, size_t size, struct ibv_devic
     (void)buf; (void)size; (void)dev; (void)fnfmt;
     errno = ENOENT;
     return -1;
+}
+
+/* ------------------------------------------------------------------ memory windows
+ * Type 1 is bound by ibv_bind_mw and type 2 by an IBV_WR_BIND_MW work request; both are a
+ * BIND_MW in the send queue, checked by the engine as rxe checks them (a refused bind
+ * completes with IBV_WC_MW_BIND_ERR). */
+
+static struct ibv_mw *sn_op_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+    uint32_t h, rkey;
+    int err = sn_alloc_mw(pd->handle, (int)type, &h, &rkey);
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_mw *mw = calloc(1, sizeof(*mw));
+    if (!mw) {
+        sn_dealloc_mw(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    mw->context = pd->context;
+    mw->pd = pd;
+    mw->rkey = rkey;
+    mw->handle = h;
+    mw->type = type;
+    return mw;
+}
+
+static int sn_op_dealloc_mw(struct ibv_mw *mw)
+{
+    int err = sn_dealloc_mw(mw->handle);
+    if (!err)
+        free(mw);
+    return err;
+}
+
+static int sn_bind(struct ibv_qp *qp, uint64_t wr_id, unsigned int flags, struct ibv_mw *mw,
+                   uint32_t rkey, const struct ibv_mw_bind_info *info)
+{
+    if (!mw || !info || (!info->mr && info->length))
+        return EINVAL;
+    return sn_bind_mw(qp->handle, wr_id, flags, mw->rkey, rkey, info->mr ? info->mr->lkey : 0,
+                      info->addr, info->length, info->mw_access_flags);
+}
+
+static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr)
+{
+    return sn_bind(qp, wr->wr_id, wr->send_flags, wr->bind_mw.mw, wr->bind_mw.rkey,
+                   &wr->bind_mw.bind_info);
+}
+
+/* ibv_bind_mw (type 1): posted like rxe's provider posts it; the window's rkey moves to the
+ * next key byte when the bind is queued. */
+static int sn_op_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind)
+{
+    if (!mw || !bind || mw->type != IBV_MW_TYPE_1)
+        return EINVAL;
+    uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    int err = sn_bind(qp, bind->wr_id, bind->send_flags, mw, rkey, &bind->bind_info);
+    if (!err)
+        mw->rkey = rkey;
+    return err;
+}
+
+static void sn_mw_ops(struct ibv_context *c)
+{
+    c->ops.alloc_mw = sn_op_alloc_mw;
+    c->ops.dealloc_mw = sn_op_dealloc_mw;
+    c->ops.bind_mw = sn_op_bind_mw;
+}
+
+/* ibv_wr_bind_mw: a pending BIND_MW keeps its fields in the pending WR's record (window's
+ * rkey in invalidate_rkey, new rkey in rkey, MR lkey in imm_data, range in remote_addr and
+ * compare_add, access in swap) until ibv_wr_complete posts it. */
+static void sn_wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
+                          const struct ibv_mw_bind_info *info)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_BIND_MW);
+    if (!p)
+        return;
+    if (!mw || !info || (!info->mr && info->length)) {
+        to_sqp(q)->wr_err = EINVAL;
+        return;
+    }
+    p->wr.invalidate_rkey = mw->rkey;
+    p->wr.rkey = rkey;
+    p->wr.imm_data = info->mr ? info->mr->lkey : 0;
+    p->wr.remote_addr = info->addr;
+    p->wr.compare_add = info->length;
+    p->wr.swap = info->mw_access_flags;
+}
+
+static int sn_post_pending_bind(struct ibv_qp_ex *q, struct sn_send_wr *w)
+{
+    return sn_bind_mw(q->qp_base.handle, w->wr_id, w->send_flags, w->invalidate_rkey, w->rkey,
+                      w->imm_data, w->remote_addr, w->compare_add, (unsigned int)w->swap);
 }
