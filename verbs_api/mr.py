@@ -251,14 +251,35 @@ class MW(PyverbsCM):
 
 
 class DMMR(MR):
-    """An MR over device memory: softnic has no device memory."""
+    """ibv_reg_dm_mr: an MR over ``length`` bytes of device memory from ``offset``,
+    zero-based (``buf`` is 0: peers and SGEs address it by offset)."""
 
     def __init__(self, pd, length, access, dm, offset):
         PyverbsObject.__init__(self)
         self._closed = True
         self._owned = None
-        raise PyverbsRDMAError('Failed to register a device MR: softnic has no device memory',
-                               errno.EOPNOTSUPP)
+        self._buf = 0
+        from .pd import PD
+        if not isinstance(pd, PD) or dm is None or dm._closed:
+            raise PyverbsRDMAError(f'Failed to register a device MR. length: {length}, access '
+                                   f'flags: {access}', errno.EINVAL)
+        pd._check()
+        self._nic = pd._nic
+        self._emr = engine_call(self._nic, f'Failed to register a device MR. length: {length}, '
+                                f'access flags: {access}', self._nic.dev.keys.reg_dm_mr,
+                                pd._epd, dm._edm, int(offset), int(length), int(access))
+        self._length = int(length)
+        self.is_huge = self.is_user_addr = False
+        self.pd, self.dm, self._offset = pd, dm, int(offset)
+        self._closed = False
+        pd.add_ref(self)
+        dm.add_ref(self)
+
+    def write(self, data, length, offset=0):
+        return self.dm.copy_to_dm(offset, data, length)
+
+    def read(self, length, offset):
+        return self.dm.copy_from_dm(offset, length)
 
 
 def mwtype2str(mw_type):

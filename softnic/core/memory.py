@@ -168,16 +168,88 @@ class MW:
         self.mr, self.addr, self.length, self.access, self.qp = None, 0, 0, 0, None
 
 
+DM_MAX_SIZE = 256 << 10        # device memory per device, as a ConnectX's on-chip memory
+DM_ALIGN = 4                   # copies to and from it are in whole 4-byte words (as mlx5)
+
+
+class DeviceMemory:
+    """Device memory (ibv_alloc_dm): memory of the NIC rather than of the host.  softnic's
+    "on-chip" memory is a buffer the device owns, reached by the host only through
+    ibv_memcpy_to_dm / ibv_memcpy_from_dm (4-byte aligned) and by the wire through an MR
+    registered over it (zero-based: addressed by offset)."""
+
+    def __init__(self, pool: "DMPool", handle: int, length: int):
+        self.pool, self.handle, self.length = pool, handle, length
+        self.buf = Buffer(length)
+        self.mrs: set = set()
+        self.closed = False
+
+    def _range(self, offset: int, length: int) -> None:
+        if self.closed:
+            raise einval("device memory freed")
+        if offset % DM_ALIGN or length % DM_ALIGN or offset < 0 or length < 0 or \
+                offset + length > self.length:
+            raise einval(f"device memory copy of {length} bytes at offset {offset}: must be "
+                         f"{DM_ALIGN}-byte aligned and inside {self.length} bytes")
+
+    def copy_to(self, offset: int, data) -> None:
+        data = memoryview(data).cast("B")
+        self._range(offset, len(data))
+        self.buf.view[offset:offset + len(data)] = data
+
+    def copy_from(self, offset: int, length: int) -> bytes:
+        self._range(offset, length)
+        return bytes(self.buf.view[offset:offset + length])
+
+
+class DMPool:
+    """A device's device memory: DM_MAX_SIZE bytes shared by its allocations."""
+
+    def __init__(self, size: int = DM_MAX_SIZE):
+        self.size = size
+        self.used = 0
+        self._next = 1
+        self.by_handle: dict[int, DeviceMemory] = {}
+
+    def alloc(self, length: int, log_align: int = 0, comp_mask: int = 0) -> DeviceMemory:
+        if comp_mask:
+            raise einval(f"alloc_dm comp_mask {comp_mask:#x}")
+        if length <= 0 or log_align < 0 or log_align > 12:
+            raise einval(f"alloc_dm of {length} bytes, log_align {log_align}")
+        if self.used + length > self.size:
+            raise VerbsError(errno.ENOMEM, f"{length} bytes of device memory: "
+                             f"{self.size - self.used} of {self.size} free")
+        dm = DeviceMemory(self, self._next, length)
+        self._next += 1
+        self.used += length
+        self.by_handle[dm.handle] = dm
+        return dm
+
+    def free(self, dm: DeviceMemory) -> None:
+        if dm.closed:
+            return
+        if dm.mrs:
+            raise VerbsError(errno.EBUSY, "memory regions are registered over the device memory")
+        dm.closed = True
+        self.used -= dm.length
+        self.by_handle.pop(dm.handle, None)
+        dm.buf.close()
+
+
 class KeyTable:
     """lkey/rkey allocation: an index in the high 24 bits and a key byte that
     changes on every reuse of the index, as hardware does, so a stale key misses."""
 
     def __init__(self):
+        self.dm = DMPool()
         self._by_key: dict[int, MR] = {}
         self._next_index = 1
         self._key_byte = 0
 
-    def register(self, pd: PD, addr: int, length: int, access: int, owner=None) -> MR:
+    def register(self, pd: PD, addr: int, length: int, access: int, owner=None,
+                 iova: int | None = None) -> MR:
+        """Register ``[addr, addr + length)``; keys and SGEs address it by ``iova``
+        (default ``addr``; 0 for a zero-based MR such as one over device memory)."""
         access = Access(access)
         if length < 0 or addr < 0:
             raise einval("negative address or length")
@@ -187,7 +259,8 @@ class KeyTable:
         if pd.closed:
             raise VerbsError(errno.EINVAL, "PD is closed")
         key = self._new_key()
-        mr = MR(pd, addr, length, access, key, key, view_at(addr, length), owner=owner)
+        mr = MR(pd, addr if iova is None else iova, length, access, key, key,
+                view_at(addr, length), owner=owner)
         self._by_key[key] = mr
         pd.mrs.add(mr)
         return mr
@@ -203,6 +276,8 @@ class KeyTable:
             raise VerbsError(errno.EINVAL,
                              f"{mr.num_mw} memory window(s) bound to the MR")
         self._by_key.pop(mr.lkey, None)
+        if isinstance(mr.owner, DeviceMemory):
+            mr.owner.mrs.discard(mr)
         mr.pd.mrs.discard(mr)
         mr.valid = False
         mr.view = memoryview(b"")
@@ -235,6 +310,20 @@ class KeyTable:
             mr.pd = pd
             pd.mrs.add(mr)
         mr.access = new_access
+
+    def reg_dm_mr(self, pd: PD, dm: DeviceMemory, offset: int, length: int,
+                  access: int) -> MR:
+        """An MR over ``length`` bytes of device memory from ``offset``: zero-based (iova 0
+        is ``offset``), as ibv_reg_dm_mr requires."""
+        if dm.closed:
+            raise einval("device memory freed")
+        if not access & Access.ZERO_BASED:
+            raise einval("a device memory MR must be zero-based")
+        if offset < 0 or length < 0 or offset + length > dm.length:
+            raise einval(f"[{offset}, +{length}) outside {dm.length} bytes of device memory")
+        mr = self.register(pd, dm.buf.addr + offset, length, access, owner=dm, iova=0)
+        dm.mrs.add(mr)
+        return mr
 
     # ------------------------------------------------------------ memory windows
 
