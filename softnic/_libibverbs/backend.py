@@ -243,6 +243,33 @@ def install(ffi) -> None:
         o.nic.call(o.nic.dev.dereg_mr, o.eng)
         del _objs[h]
 
+    # ------------------------------------------------------------ device memory
+
+    @extern()
+    def sn_dm_size(ctx, size):
+        size[0] = _get(ctx).nic.dev.keys.dm.size
+
+    @extern()
+    def sn_alloc_dm(ctx, length, log_align, comp_mask, out, addr):
+        c = _get(ctx)
+        dm = c.nic.dev.keys.dm.alloc(length, log_align, comp_mask)   # the device's own pool
+        out[0] = _new(_Obj(c.nic, dm))
+        addr[0] = dm.buf.addr
+
+    @extern()
+    def sn_free_dm(h):
+        o = _get(h)
+        o.eng.pool.free(o.eng)
+        del _objs[h]
+
+    @extern()
+    def sn_reg_dm_mr(pd, dm, offset, length, access, out, lkey, rkey):
+        p, d = _get(pd), _get(dm)
+        mr = p.nic.call(p.nic.dev.keys.reg_dm_mr, p.eng, d.eng, offset, length, access)
+        out[0] = _new(_Obj(p.nic, mr))
+        lkey[0] = mr.lkey
+        rkey[0] = mr.rkey
+
     # ------------------------------------------------------------ rereg, memory windows
 
     @extern()

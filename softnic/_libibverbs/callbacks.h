@@ -37,3 +37,7 @@ int sn_rereg_mr(uint32_t mr, int flags, uint32_t pd, uint64_t addr, uint64_t len
 int sn_alloc_mw(uint32_t pd, int type, uint32_t *mw, uint32_t *rkey);
 int sn_dealloc_mw(uint32_t mw);
 int sn_bind_mw(uint32_t qp, uint64_t wr_id, unsigned int send_flags, uint32_t mw_rkey, uint32_t rkey, uint32_t mr_lkey, uint64_t addr, uint64_t length, unsigned int access);
+int sn_dm_size(uint32_t ctx, uint64_t *size);
+int sn_alloc_dm(uint32_t ctx, uint64_t length, uint32_t log_align, uint32_t comp_mask, uint32_t *dm, uint64_t *addr);
+int sn_free_dm(uint32_t dm);
+int sn_reg_dm_mr(uint32_t pd, uint32_t dm, uint64_t offset, uint64_t length, unsigned int access, uint32_t *mr, uint32_t *lkey, uint32_t *rkey);

@@ -170,6 +170,8 @@ static int sn_vctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex
 static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
                              struct ibv_sge *sg_list, uint32_t num_sges);
 static void sn_mw_ops(struct ibv_context *c);
+static void sn_dm_ops(struct verbs_context *v);
+static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr);
 
 SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
@@ -203,6 +205,7 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     c->ops.post_recv = sn_op_post_recv;
     c->ops.post_srq_recv = sn_op_post_srq_recv;
     sn_mw_ops(c);
+    sn_dm_ops(v);
     c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     c->num_comp_vectors = 1;
@@ -285,6 +288,7 @@ static int sn_vctx_query_device_ex(struct ibv_context *ctx,
     full.odp_caps.per_transport_caps.uc_odp_caps =
         IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
     full.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+    sn_dm_caps(ctx, &full);
     full.completion_timestamp_mask = ~0ULL;
     full.hca_core_clock = 1000000;       /* kHz: completion timestamps are nanoseconds */
     memcpy(attr, &full, attr_size < sizeof(full) ? attr_size : sizeof(full));
@@ -1686,4 +1690,111 @@ static int sn_post_pending_bind(struct ibv_qp_ex *q, struct sn_send_wr *w)
 {
     return sn_bind_mw(q->qp_base.handle, w->wr_id, w->send_flags, w->invalidate_rkey, w->rkey,
                       w->imm_data, w->remote_addr, w->compare_add, (unsigned int)w->swap);
+}
+
+/* ------------------------------------------------------------------ device memory
+ * Emulated NIC-side memory: a buffer the device owns (its address comes from the engine),
+ * written and read only in 4-byte words through ibv_memcpy_to/from_dm (as mlx5), reached by
+ * the wire through a zero-based MR over it. */
+
+struct sn_dm {
+    struct ibv_dm dm;
+    uint8_t *buf;
+    uint64_t length;
+};
+
+static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr)
+{
+    uint64_t size = 0;
+    if (!sn_dm_size(ctx_handle(ctx), &size))
+        attr->max_dm_size = size;
+}
+
+static int sn_dm_range(struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+    struct sn_dm *d = (struct sn_dm *)dm;
+    if ((offset & 3) || (length & 3) || offset > d->length || length > d->length - offset)
+        return EINVAL;
+    return 0;
+}
+
+static int sn_memcpy_to_dm(struct ibv_dm *dm, uint64_t offset, const void *host, size_t length)
+{
+    int err = sn_dm_range(dm, offset, length);
+    if (!err && length)
+        memcpy(((struct sn_dm *)dm)->buf + offset, host, length);
+    return err;
+}
+
+static int sn_memcpy_from_dm(void *host, struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+    int err = sn_dm_range(dm, offset, length);
+    if (!err && length)
+        memcpy(host, ((struct sn_dm *)dm)->buf + offset, length);
+    return err;
+}
+
+static struct ibv_dm *sn_vctx_alloc_dm(struct ibv_context *ctx, struct ibv_alloc_dm_attr *attr)
+{
+    uint32_t h;
+    uint64_t addr;
+    if (!attr)
+        return sn_fail_ptr(EINVAL);
+    int err = sn_alloc_dm(ctx_handle(ctx), attr->length, attr->log_align_req, attr->comp_mask,
+                          &h, &addr);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_dm *d = calloc(1, sizeof(*d));
+    if (!d) {
+        sn_free_dm(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    d->dm.context = ctx;
+    d->dm.memcpy_to_dm = sn_memcpy_to_dm;
+    d->dm.memcpy_from_dm = sn_memcpy_from_dm;
+    d->dm.handle = h;
+    d->buf = (uint8_t *)(uintptr_t)addr;
+    d->length = attr->length;
+    return &d->dm;
+}
+
+static int sn_vctx_free_dm(struct ibv_dm *dm)
+{
+    int err = sn_free_dm(dm->handle);
+    if (!err)
+        free(dm);
+    return err;
+}
+
+static struct ibv_mr *sn_vctx_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset,
+                                        size_t length, unsigned int access)
+{
+    uint32_t h, lkey, rkey;
+    if (!dm)
+        return sn_fail_ptr(EINVAL);
+    int err = sn_reg_dm_mr(pd->handle, dm->handle, offset, length, access, &h, &lkey, &rkey);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_mr *smr = calloc(1, sizeof(*smr));
+    if (!smr) {
+        sn_dereg_mr(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    smr->access = access;
+    struct ibv_mr *mr = &smr->mr;
+    mr->context = pd->context;
+    mr->pd = pd;
+    mr->addr = NULL;                /* zero-based */
+    mr->length = length;
+    mr->handle = h;
+    mr->lkey = lkey;
+    mr->rkey = rkey;
+    return mr;
+}
+
+static void sn_dm_ops(struct verbs_context *v)
+{
+    v->alloc_dm = sn_vctx_alloc_dm;
+    v->free_dm = sn_vctx_free_dm;
+    v->reg_dm_mr = sn_vctx_reg_dm_mr;
 }
