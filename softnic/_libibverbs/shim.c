@@ -1036,6 +1036,12 @@ static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
     uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sn_fail_ptr(EINVAL);
+    /* creation flags and a TSO header are accepted when they ask for nothing */
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
+        return sn_fail_ptr(EOPNOTSUPP);
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header)
+        return sn_fail_ptr(EOPNOTSUPP);
+    known |= IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
     if (attr->comp_mask & ~known)
         return sn_fail_ptr(EOPNOTSUPP);
     return sn_new_qp(attr->pd, attr, (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0);
