@@ -239,6 +239,89 @@ def python_pingpong(count: int, size: int = 8) -> dict:
             "t_99_us": xs[min(len(xs) - 1, int(0.99 * len(xs)))]}
 
 
+# ------------------------------------------------------------------ the C face
+
+def _listening(port: int) -> bool:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[1].endswith(f":{port:04X}") and f[3] == "0A":
+                return True
+    return False
+
+
+def cface(binary: str, args: list[str], timeout: float = 300, env: dict | None = None
+          ) -> tuple[str, str]:
+    """An unmodified C verbs program (perftest, ibverbs-utils) as server and client
+    through ``softnic exec`` over 127.0.0.1: both outputs."""
+    exe = shutil.which(binary)
+    if exe is None:
+        raise RuntimeError(f"{binary} is not installed (Debian: perftest / ibverbs-utils)")
+    port = str(free_port())
+    cmd = [PY, "-m", "softnic.cli", "exec", "--", exe, *args, "-p", port]
+    e = _env(env)
+    server = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        end = time.monotonic() + 30
+        while not _listening(int(port)):
+            if server.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"{binary} server did not listen: "
+                                   f"{server.communicate(timeout=5)[0]}")
+            time.sleep(0.02)
+        client = subprocess.run(cmd + ["127.0.0.1"], env=e, capture_output=True, text=True,
+                                timeout=timeout)
+        sout = server.communicate(timeout=timeout)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    if client.returncode or server.returncode:
+        raise RuntimeError(f"{binary} {' '.join(args)} failed:\n{client.stdout}{client.stderr}"
+                           f"\n--- server\n{sout}")
+    return client.stdout, sout
+
+
+def _perftest_row(out: str, size: int) -> list[str]:
+    for ln in out.splitlines():
+        f = ln.split()
+        if f and f[0] == str(size) and len(f) >= 4:
+            return f
+    raise RuntimeError(f"no {size}-byte row in:\n{out}")
+
+
+def c_write_lat(size: int, iters: int) -> dict:
+    """perftest ``ib_write_lat -x 0`` over softnic's libibverbs: the target spins on
+    memory, never calling softnic, so the progress thread alone lands each WRITE."""
+    out, _ = cface("ib_write_lat", ["-x", "0", "-s", str(size), "-n", str(iters)])
+    f = _perftest_row(out, size)       # bytes iters t_min t_max t_typical t_avg t_stdev 99% 99.9%
+    return {"tool": f"ib_write_lat -x 0 -s {size}", "t_typical_us": float(f[4]),
+            "t_99_us": float(f[7])}
+
+
+def c_write_bw(size: int, iters: int, mtu: int = 4096) -> dict:
+    out, _ = cface("ib_write_bw", ["-x", "0", "-s", str(size), "-n", str(iters),
+                                   "-m", str(mtu)])
+    f = _perftest_row(out, size)       # bytes iters BW_peak BW_average MsgRate (MB/s = 2**20)
+    return {"tool": f"ib_write_bw -x 0 -s {size} -m {mtu}",
+            "bytes_per_sec": float(f[3]) * (1 << 20)}
+
+
+def c_rc_pingpong(iters: int, size: int, events: bool) -> dict:
+    """``ibv_rc_pingpong -g 0`` (``-e``: sleeping on the completion channel)."""
+    args = ["-g", "0", "-n", str(iters), "-s", str(size)] + (["-e"] if events else [])
+    out, _ = cface("ibv_rc_pingpong", args)
+    m = re.search(r"(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter", out)
+    if not m:
+        raise RuntimeError(f"unexpected ibv_rc_pingpong output: {out}")
+    return {"tool": "ibv_rc_pingpong -g 0" + (" -e" if events else ""),
+            "usec_per_iter": float(m.group(3))}
+
+
 RSS_PROBE = r"""
 import gc, json, os, sys
 import verbs_api.enums as e
