@@ -711,6 +711,23 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+DOC_BEGIN = "<!-- perf_harness: begin -->"
+DOC_END = "<!-- perf_harness: end -->"
+
+
+def write_doc(path: Path, md: str) -> None:
+    """Replace what stands between the markers of ``path`` with this run's table
+    (the markers are added at the end if the file has none)."""
+    text = path.read_text() if path.exists() else ""
+    block = f"{DOC_BEGIN}\n{md}{DOC_END}"
+    if DOC_BEGIN in text and DOC_END in text:
+        head, rest = text.split(DOC_BEGIN, 1)
+        text = head + block + rest.split(DOC_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
 def _load(t) -> str:
     return ", ".join(f"{x:.2f}" for x in t)
 
@@ -765,6 +782,9 @@ def main(argv=None) -> int:
                    help="QP timeout attribute of the lossy run (4.096 us * 2**t)")
     p.add_argument("--loss-recovery", choices=("gbn", "sr"), default="sr",
                    help="loss recovery of the lossy run")
+    p.add_argument("--doc", default=None, metavar="MD",
+                   help="also put the table in this markdown file, between its "
+                        f"'{DOC_BEGIN}' and '{DOC_END}' lines (e.g. docs/performance.md)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -773,6 +793,8 @@ def main(argv=None) -> int:
     (out / "perf.md").write_text(md)
     (out / "perf.json").write_text(json.dumps(res, indent=1))
     plot(res, out / "perf.png")
+    if args.doc:
+        write_doc(Path(args.doc), md)
     print(md)
     print(f"wrote {out / 'perf.md'}, {out / 'perf.json'}, {out / 'perf.png'}")
     gc.collect()
