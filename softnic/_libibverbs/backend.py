@@ -113,7 +113,7 @@ def _linger(nic, qp) -> None:
             seen[0], seen[1] = n, t
         return t - seen[1] >= quiet
 
-    nic.wait_until(quiet_enough, timeout=LINGER_MAX)
+    nic.wait_until(quiet_enough, timeout=LINGER_MAX, recheck=quiet / 4)
 
 
 def install(ffi) -> None:
@@ -381,6 +381,8 @@ def install(ffi) -> None:
                 if other is not nic:
                     other.poll()
             _time.sleep(0)
+        else:
+            nic.end_lease()          # a program polls until a completion, then spins elsewhere
         for i, w in enumerate(got):
             r = out[i]
             r.wr_id = w.wr_id
