@@ -68,7 +68,11 @@ class IncastConfig:
     kmin: int = 5_000                # RED/ECN (DCQCN paper's switch settings)
     kmax: int = 200_000
     pmax: float = 0.01
-    int_telemetry: bool = True       # switches stamp INT (HPCC reads it; others ignore it)
+    # switches stamp INT; None: only for controllers whose runs it can change
+    # (HPCC reads it; Swift's on_ack sees the ACKs that carry it).  For none,
+    # DCQCN and TIMELY a run is the same with and without it, and INT costs
+    # a Hop and a Datagram copy per packet per port.
+    int_telemetry: bool | None = None
     selective_repeat: bool = False
     bin: float = 20e-6               # sampling interval (seconds)
     seed: int = 1
@@ -86,18 +90,35 @@ class FlowSeries:
     completed_bytes: int = 0
 
 
+def cc_reads_int(spec: str) -> bool:
+    """Whether INT stamping can change a run of controller ``spec``."""
+    return spec.split(":")[0].strip().lower() not in ("none", "dcqcn", "timely", "")
+
+
+def _flow_dict(f: FlowSeries) -> dict:
+    return {"name": f.name, "start": f.start, "tput_gbps": f.tput_gbps,
+            "goodput_gbps": f.goodput_gbps, "inflight_kb": f.inflight_kb,
+            "rate_gbps": f.rate_gbps, "window_kb": f.window_kb,
+            "completed_bytes": f.completed_bytes}
+
+
 def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
     """Run one incast experiment; return a JSON-able dict of series and figures."""
     rate = cfg.rate_gbps * 1e9
     pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
     base_rtt = 4 * cfg.delay + 2 * pkt * 8 / rate + 2 * ACK_BYTES * 8 / rate
+    # check_icrc=False: no link of this fabric corrupts, so every ICRC checks;
+    # senders still compute theirs.
     dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
                         ack_every=cfg.ack_every, selective_repeat=cfg.selective_repeat,
-                        min_timer=max(200e-6, 20 * base_rtt))
+                        min_timer=max(200e-6, 20 * base_rtt), check_icrc=False)
+    int_telemetry = cfg.int_telemetry
+    if int_telemetry is None:
+        int_telemetry = cc_reads_int(cfg.cc)
     fabric = Fabric(cfg.seed)
     sw = fabric.add_switch("sw", buffer_bytes=cfg.buffer,
                            red=RED(cfg.kmin, cfg.kmax, cfg.pmax),
-                           int_telemetry=cfg.int_telemetry)
+                           int_telemetry=int_telemetry)
     recv = Device("recv", "10.0.0.1", config=dcfg)
     fabric.attach(recv)
     fabric.connect(recv.address, sw, rate_bps=rate, delay=cfg.delay)
@@ -187,7 +208,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
     return {
         "config": asdict(cfg),
         "times": times,
-        "flows": [asdict(f) for f in series],
+        "flows": [_flow_dict(f) for f in series],
         "queue": {"t": [t for t, _ in port.samples[::max(1, len(port.samples) // 4000)]],
                   "bytes": [q for _, q in port.samples[::max(1, len(port.samples) // 4000)]]},
         "summary": {
@@ -212,6 +233,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
             "late_flow_converged_after_s": late,
             "wall_s": wall,
             "events": fabric.events_processed,
+            "all_events": fabric.events_processed + fabric.hops_processed,
         },
     }
 
