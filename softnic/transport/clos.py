@@ -74,13 +74,23 @@ class PFC:
     """Per-ingress PFC thresholds of a switch (bytes of data held)."""
     xoff: int = 96_000
     xon: int = 64_000
-    headroom: int = 64_000
+    #: None: per ingress, what the link can still deliver after XOFF is
+    #: decided (``headroom_for``)
+    headroom: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.xon <= self.xoff:
             raise ValueError(f"PFC needs 0 < xon <= xoff, got xon={self.xon} xoff={self.xoff}")
-        if self.headroom < 0:
+        if self.headroom is not None and self.headroom < 0:
             raise ValueError(f"PFC headroom must be >= 0, got {self.headroom}")
+
+
+def headroom_for(rate_bps: float, delay: float, mtu_bytes: int = 4096 + 72) -> int:
+    """Bytes an ingress must still accept after it sends PAUSE: the PAUSE's
+    flight and the data already on the wire (two propagation delays at the
+    link's rate), the datagram being sent when the PAUSE lands and the one
+    that triggered it, and the PAUSE frame's own serialization."""
+    return int(2 * delay * rate_bps / 8 + 2 * mtu_bytes + PAUSE_BYTES) + 1
 
 
 @dataclass
@@ -294,7 +304,10 @@ class SwitchNode:
         pfc = self.pfc
         if pfc is not None and not pkt.ctrl:
             held = self.held.get(up, 0) + pkt.size
-            if held > pfc.xoff + pfc.headroom:
+            room = pfc.headroom
+            if room is None:
+                room = headroom_for(up.rate_bps, up.delay)
+            if held > pfc.xoff + room:
                 out.counters["headroom_drops"] += 1
                 return
             self.held[up] = held
