@@ -635,7 +635,7 @@ def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
     ax.set_xlabel("time (ms, virtual)")
     comp = s["completion_s"]
     ax.set_title(f"{cfg['collective']} {cfg['algorithm'] if cfg['collective'] == 'allreduce' else ''}"
-                 f" {cfg['size'] >> 20} MiB, {cfg['hosts']} hosts, {cfg['qps']} QP/peer, "
+                 f" {cfg['size'] / 2**20:g} MiB, {cfg['hosts']} hosts, {cfg['qps']} QP/peer, "
                  f"{cfg['mode']}, cc={cfg['cc']}, {cfg['routing']}"
                  f"{', admission' if cfg['admission'] else ''} — "
                  + (f"{comp * 1e3:.3f} ms ({s['slowdown']:.2f}x ideal)" if comp else "unfinished"),
@@ -683,7 +683,7 @@ def plot_study(st: dict, path) -> Path:
     ax.set_ylabel("collective completion time (ms)")
     ax.legend(fontsize=7)
     b = st["base"]
-    ax.set_title(f"{st['title']}\n{b.get('hosts')} hosts, {b.get('size', 0) >> 20} MiB/rank, "
+    ax.set_title(f"{st['title']}\n{b.get('hosts')} hosts, {b.get('size', 0) / 2**20:g} MiB/rank, "
                  f"seeds {st['seeds']} (bar: mean, dots: runs)", fontsize=8)
     ax = axes[1]
     for lab in labels:

@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--delay", type=_time, default=1e-6, help="propagation per link")
     i.add_argument("--window", type=int, default=128, help="transport window (packets)")
     i.add_argument("--selective-repeat", action="store_true")
+    i.add_argument("--pfc", action="store_true",
+                   help="lossless: the switch pauses senders (PFC) instead of dropping")
+    i.add_argument("--xoff", type=_size, default=96_000, help="PFC XOFF per ingress (bytes)")
+    i.add_argument("--xon", type=_size, default=64_000, help="PFC XON per ingress (bytes)")
     i.add_argument("--seed", type=int, default=1)
     i.add_argument("--out", default="results", help="directory for JSON and PNG")
     i.add_argument("--no-progress", action="store_true")
@@ -149,7 +153,7 @@ def _cluster(args, out: Path, progress: bool) -> int:
     if args.study == "single":
         s = res["summary"]
         c = res["config"]
-        print(f"{c['collective']} {c['algorithm']} {c['size'] >> 20} MiB/rank, {c['hosts']} hosts "
+        print(f"{c['collective']} {c['algorithm']} {c['size'] / 2**20:g} MiB/rank, {c['hosts']} hosts "
               f"({c['hosts_per_leaf']}/leaf, oversubscription {s['oversubscription']:g}:1), "
               f"{c['qps']} QP/peer, {c['mode']}, cc={c['cc']}, {c['routing']}"
               f"{', admission' if c['admission'] else ''}")
@@ -171,7 +175,7 @@ def _cluster(args, out: Path, progress: bool) -> int:
     print(st["title"])
     b = st["runs"][next(iter(st["runs"]))]["config"]
     print(f"{b['hosts']} hosts, {b['hosts_per_leaf']}/leaf, {b['spines'] or b['hosts_per_leaf']} "
-          f"spines, {b['rate_gbps']:g} Gbit/s, {b['size'] >> 20} MiB/rank, seeds {st['seeds']}\n")
+          f"spines, {b['rate_gbps']:g} Gbit/s, {b['size'] / 2**20:g} MiB/rank, seeds {st['seeds']}\n")
     print("| variant | seed | completion ms | x line rate | transfer p50 ms | p99 ms | drops | "
           "resent | PAUSE frames | time paused, all ports µs | busiest uplink/mean |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -223,14 +227,14 @@ def main(args) -> int:
                               msg=args.msg, buffer=args.buffer, kmin=args.kmin,
                               kmax=args.kmax, pmax=args.pmax, delay=args.delay,
                               window=args.window, selective_repeat=args.selective_repeat,
-                              seed=args.seed)
+                              seed=args.seed, pfc=args.pfc, xoff=args.xoff, xon=args.xon)
         try:
             res = ex.incast(cfg, progress=progress)
         except ValueError as e:
             print(f"softnic experiment incast: {e}", file=sys.stderr)
             return 2
         s = res["summary"]
-        stem = "incast-" + spec.split(":")[0]
+        stem = "incast-" + spec.split(":")[0] + ("-pfc" if args.pfc else "")
         j = ex.write_json(res, out / f"{stem}.json")
         p = ex.plot_incast(res, out / f"{stem}.png")
         late = s["late_flow_converged_after_s"]
@@ -244,6 +248,10 @@ def main(args) -> int:
         print(f"  goodput {s['goodput_gbps']:.2f} Gbit/s ({s['goodput_fraction']:.1%} of the "
               f"bottleneck; steady state {s['steady_total_goodput_gbps']:.2f})  drops {s['switch_drops']}  retransmitted {s['retransmitted_pkts']}"
               f"  timeouts {s['timeouts']}  ECN marks {s['ecn_marked']}  CNPs {s['cnps_sent']}")
+        if args.pfc:
+            print(f"  PFC: {s['pause_frames']} PAUSE frames; senders paused "
+                  f"{s['senders_paused_s'] * 1e6:.0f} µs in all, "
+                  f"{s['senders_paused_steady_s'] * 1e6:.0f} µs at steady state")
         if args.late_join is not None:
             print("  late flow reached its fair share after "
                   + (f"{late * 1e3:.2f} ms" if late is not None else "— never, in this run"))
