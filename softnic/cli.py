@@ -19,8 +19,9 @@ def _exec(args) -> int:
         return 2
     env = dict(os.environ)
     project = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if args.pyverbs != "system":            # softnic's verbs_api answers "import pyverbs"
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     for key, val in (("DEVICES", args.devices), ("FAULTS", args.faults), ("SEED", args.seed),
                      ("CAPTURE", args.capture), ("RECOVERY", args.recovery), ("CC", args.cc),
                      ("TRANSPORT", args.transport)):
@@ -38,12 +39,18 @@ def _exec(args) -> int:
             return 2
     cmd = args.command[1:] if args.command[0] == "--" else args.command
     from ._libibverbs.launch import BuildError, library_env, links_libibverbs
-    if args.libibverbs or (args.libibverbs is None and links_libibverbs(cmd[0])):
+    if args.libibverbs is None and args.pyverbs == "system":
+        args.libibverbs = True          # the machine's pyverbs runs over softnic's libibverbs
+    if args.libibverbs is not False:
+        # every program of the tree loads softnic's libibverbs, however it loads it
         try:
-            env.update(library_env(env))      # a C verbs program: load softnic's libibverbs
+            env.update(library_env(env))
         except BuildError as e:
-            print(f"softnic exec: {e}", file=sys.stderr)
-            return 1
+            if args.libibverbs or links_libibverbs(cmd[0]):
+                print(f"softnic exec: {e}", file=sys.stderr)
+                return 1
+            print(f"softnic exec: warning: C programs in this run will not see softnic "
+                  f"({e})", file=sys.stderr)
     try:
         os.execvpe(cmd[0], cmd, env)
     except FileNotFoundError:
@@ -137,7 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--transport", choices=("udp", "tcp"),
                    help="RoCEv2 over UDP (default) or iWARP over TCP, for every device")
     e.add_argument("--libibverbs", action=argparse.BooleanOptionalAction, default=None,
-                   help="load softnic's libibverbs.so.1 (default: if COMMAND links libibverbs)")
+                   help="put softnic's libibverbs.so.1 on LD_LIBRARY_PATH and its preload "
+                   "on LD_PRELOAD for the whole process tree (default: yes; a build failure "
+                   "is then only a warning unless COMMAND links libibverbs)")
+    e.add_argument("--pyverbs", choices=("softnic", "system"), default="softnic",
+                   help="which pyverbs a Python COMMAND imports: softnic's own (verbs_api, "
+                   "default) or the machine's (e.g. Debian's python3-pyverbs, with /usr/bin/"
+                   "python3) running over softnic's libibverbs.so.1")
     e.add_argument("command", nargs=argparse.REMAINDER)
     c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
     c.add_argument("-a", "--all", action="store_true", help="include exited programs")

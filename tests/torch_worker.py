@@ -53,6 +53,33 @@ def main():
     work.wait()
     assert torch.equal(base[:, 1], torch.full((4,), float(n * (n + 1) // 2)))
     assert torch.equal(base[:, 0], torch.zeros(4))
+    # several collectives in flight at once; a Work completes in the background
+    import time
+    store = dist.distributed_c10d._get_default_store()
+    if r == 1:
+        store.get("late")                  # rank 1 issues only when rank 0 says so
+    big = [torch.full((100_000,), float(r + k)) for k in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in big]
+    works.append(dist.broadcast(torch.full((5,), float(r)), src=1, async_op=True))
+    gathered = torch.empty(n * 3)
+    works.append(dist.all_gather_into_tensor(gathered, torch.full((3,), float(r)),
+                                             async_op=True))
+    if r == 0:
+        # rank 1 has not started: nothing can have completed yet
+        time.sleep(0.3)
+        assert not any(w.is_completed() for w in works)
+        assert not works[0].get_future().done()
+        store.set("late", b"1")
+    chained = works[0].get_future().then(lambda f: f.value()[0].sum().item())
+    for w in works:
+        assert w.wait()
+    assert all(w.is_completed() for w in works)
+    for k, t in enumerate(big):
+        assert torch.equal(t, torch.full((100_000,), float(sum(q + k for q in range(n)))))
+    assert chained.wait() == 100_000 * sum(q for q in range(n))
+    assert torch.equal(works[4].get_future().value()[0], torch.full((5,), 1.0))
+    assert torch.equal(gathered, torch.arange(n).repeat_interleave(3).float())
+    checked.append("async in flight")
     for root in range(n):
         t = torch.full((7,), float(r))
         dist.broadcast(t, src=root)

@@ -198,8 +198,10 @@ class CQ(_CQBase):
 
 
 class CqInitAttrEx(PyverbsObject):
-    def __init__(self, cqe=100, channel=None, comp_vector=0, wc_flags=0, comp_mask=0, flags=0):
+    def __init__(self, cqe=100, channel=None, comp_vector=0, wc_flags=0, comp_mask=0, flags=0,
+                 parent_domain=None):
         super().__init__()
+        self.parent_domain = parent_domain
         self.cqe = cqe
         self.comp_channel = channel
         self.comp_vector = comp_vector
@@ -219,6 +221,15 @@ class CQEX(_CQBase):
         self.wc_flags = init_attr.wc_flags
         self._cur = None
         self._create(context, init_attr.cqe, init_attr.comp_channel, init_attr.comp_vector)
+        pd = getattr(init_attr, 'parent_domain', None)
+        if pd is not None and init_attr.comp_mask & e.IBV_CQ_INIT_ATTR_MASK_PD:
+            from .pd import ParentDomain
+            if not isinstance(pd, ParentDomain) or pd._closed:
+                self.close()
+                raise rdma_error('Failed to create extended CQ: parent_domain is not an open '
+                                 'parent domain')
+            self.parent_domain = pd
+            pd.add_ref(self)
 
     def _next(self):
         self._check()

@@ -203,3 +203,19 @@ class DMMR(MR):
 
 def mwtype2str(mw_type):
     return {1: 'IBV_MW_TYPE_1', 2: 'IBV_MW_TYPE_2'}.get(mw_type, f'Unknown MW type ({mw_type})')
+
+
+class DmaBufMR(MR):
+    """ibv_reg_dmabuf_mr: an MR over a dma-buf (``pyverbs.dmabuf.DmaBuf``, allocated from a
+    GPU unless given).  softnic allocates no GPU memory, so without a dmabuf this fails
+    as DmaBuf does (EOPNOTSUPP); given one (none can be made here) it refuses likewise."""
+
+    def __init__(self, pd, length, access, dmabuf=None, offset=0, gpu=0, gtt=0):
+        PyverbsObject.__init__(self)
+        self._closed = True
+        self._owned = None
+        if dmabuf is None:
+            from .dmabuf import DmaBuf
+            dmabuf = DmaBuf(length + offset, gpu, gtt)
+        raise PyverbsRDMAError(f'Failed to register a dma-buf MR. length: {length}, access '
+                               f'flags: {access}', errno.EOPNOTSUPP)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import errno
 import weakref
 
-from .base import PyverbsCM, close_weakrefs, engine_call
+from . import enums as e
+from .base import PyverbsCM, PyverbsObject, close_weakrefs, engine_call
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 
 
@@ -74,3 +75,65 @@ class PD(PyverbsCM):
     @property
     def handle(self):
         return self._epd.handle
+
+
+class ParentDomainContext(PyverbsObject):
+    """The allocators of a parent domain: ``alloc_func(pd, context, size, alignment,
+    resource_type)`` and ``free_func(pd, context, ptr, resource_type)``, with ``user_data``."""
+
+    def __init__(self, pd, alloc_func, free_func, user_data=None):
+        super().__init__()
+        self.pd, self.user_data = pd, user_data
+        self.p_alloc, self.p_free = alloc_func, free_func
+
+
+class ParentDomainInitAttr(PyverbsObject):
+    def __init__(self, pd, pd_context=None):
+        super().__init__()
+        self.pd, self.pd_context = pd, pd_context
+        self.comp_mask = 0 if pd_context is None else e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
+
+
+class ParentDomain(PD):
+    """ibv_alloc_parent_domain: a PD that stands for ``attr.pd`` (objects made on it are in
+    that protection domain) and carries allocators for the provider's queue buffers.
+
+    softnic keeps its work queues and completion queues inside the engine, not in
+    user memory, so it has no buffer to ask the allocators for (as a provider with no
+    such buffer, it never calls them); everything else behaves as on ``attr.pd``.
+    """
+
+    def __init__(self, context, attr):
+        PyverbsCM.__init__(self)
+        self._closed = True
+        from .device import Context
+        if not isinstance(context, Context) or attr is None or not isinstance(attr.pd, PD):
+            raise PyverbsUserError('ParentDomain needs a Context and a ParentDomainInitAttr '
+                                   'with a PD')
+        context._check()
+        attr.pd._check()
+        self.protection_domain = attr.pd
+        self.pd_context = attr.pd_context
+        self._nic, self._epd = attr.pd._nic, attr.pd._epd
+        self.ctx = context
+        self.srqs, self.mrs, self.mws = weakref.WeakSet(), weakref.WeakSet(), weakref.WeakSet()
+        self.ahs, self.qps = weakref.WeakSet(), weakref.WeakSet()
+        self.parent_domains, self.cqs = weakref.WeakSet(), weakref.WeakSet()
+        self._closed = False
+        attr.pd.parent_domains.add(self)
+        self.logger.debug('PD: Allocated ibv_parent_domain')
+
+    def add_ref(self, obj):
+        from .cq import CQEX
+        if isinstance(obj, CQEX):
+            self.cqs.add(obj)
+        else:
+            super().add_ref(obj)
+
+    def close(self):
+        if self._closed:
+            return
+        self.logger.debug('Closing ParentDomain')
+        close_weakrefs([self.cqs, self.qps, self.ahs, self.mws, self.mrs, self.srqs])
+        self._closed = True         # the engine PD belongs to attr.pd
+        self.ctx = None

@@ -3,23 +3,43 @@
 This directory is put first on PYTHONPATH only for the program that
 ``softnic exec`` starts, so ``import pyverbs`` there gives softnic's
 implementation while the machine's own pyverbs (if any) stays untouched for
-everything else.  Each ``pyverbs.X`` module is softnic's ``verbs_api.X``.
+everything else.  Each ``pyverbs.X`` module (``pyverbs.providers.mlx5.mlx5dv``
+too) is softnic's ``verbs_api.X``: the same module object under both names.
 """
 
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 
 _MODULES = ("device", "pd", "mr", "cq", "qp", "wr", "addr", "srq", "base", "mem_alloc", "utils",
             "pyverbs_error", "enums", "libibverbs_enums")
 
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``pyverbs.X`` as ``verbs_api.X``."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(__name__ + "."):
+            return None
+        real = "verbs_api" + fullname[len(__name__):]
+        try:
+            if importlib.util.find_spec(real) is None:
+                return None
+        except ModuleNotFoundError:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        return importlib.import_module("verbs_api" + spec.name[len(__name__):])
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.insert(0, _Alias())
+
 for _name in _MODULES:
-    try:
-        _mod = importlib.import_module(f"verbs_api.{_name}")
-    except ModuleNotFoundError as _e:       # a module softnic does not provide yet
-        if _e.name != f"verbs_api.{_name}":
-            raise
-        continue
-    sys.modules[f"{__name__}.{_name}"] = _mod
-    globals()[_name] = _mod
+    globals()[_name] = importlib.import_module(f"{__name__}.{_name}")
 
 SOFTNIC = True

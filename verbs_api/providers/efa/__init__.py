@@ -1,0 +1,1 @@
+"""EFA direct verbs (``pyverbs.providers.efa``): not a device softnic is."""
