@@ -224,6 +224,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
     means = [sum(f.goodput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
     q_all = [q for _, q in port.samples]
     q_steady = [q for t, q in port.samples if t > steady_from]
+    pc = port.stats(fabric.now) if cfg.pfc else port.counters
     retrans = sum(d.counters["retransmitted_pkts"] for d, *_ in flows)
     timeouts = sum(d.counters["timeouts"] for d, *_ in flows)
     goodput = sum(sum(f.goodput_gbps) for f in series) * cfg.bin / cfg.duration
@@ -248,9 +249,9 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
             "queue_p99_kb": percentile(q_all, 99) / 1e3,
             "queue_steady_p50_kb": percentile(q_steady, 50) / 1e3,
             "queue_steady_p99_kb": percentile(q_steady, 99) / 1e3,
-            "queue_max_kb": port.counters["max_qlen"] / 1e3,
-            "switch_drops": port.counters["dropped"],
-            "ecn_marked": port.counters["marked"],
+            "queue_max_kb": pc["max_qlen"] / 1e3,
+            "switch_drops": pc["dropped"],
+            "ecn_marked": pc["marked"],
             "cnps_sent": recv.counters["np_cnp_sent"],
             "retransmitted_pkts": retrans,
             "timeouts": timeouts,
