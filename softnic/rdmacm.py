@@ -211,8 +211,10 @@ class EventChannel:
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             sims = [d for d in _nics.values() if hasattr(d, "world")]
-            if sims:                     # virtual time moves only when driven
-                sims[0].wait_until(lambda: bool(self.queue), timeout=1.0)
+            if sims:                     # virtual time moves only when driven: up to the event
+                world = sims[0].world
+                with world.lock:
+                    world.fabric.run(until=world.fabric.now + 1.0, stop=lambda: bool(self.queue))
             left = None if end is None else max(0.0, end - time.monotonic())
             if p.poll(None if left is None else int(left * 1000) + 1):
                 try:
