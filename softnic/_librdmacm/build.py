@@ -1,12 +1,13 @@
 """Build softnic's librdmacm.so.1 with cffi's embedding mode.
 
-    softnic build-librdmacm [--out DIR] [--force]
+    python -m softnic._librdmacm.build [--out DIR] [--force]
 
 Built as softnic's libibverbs.so.1 is (``softnic._libibverbs.build``): the
 interpreter building it runs inside the program that loads it, and it links
 libibverbs.so.1, which ``softnic exec`` resolves to softnic's, so both libraries
 share one interpreter, one engine and the same device contexts.  Builds are
-cached under ``$XDG_CACHE_HOME/softnic/librdmacm/<key>``.
+built into softnic's libibverbs directory (``$XDG_CACHE_HOME/softnic/libibverbs/<key>``),
+rebuilt there when its own sources change.
 
 Needs a C compiler, Python's headers and rdma-core's ``<rdma/rdma_cma.h>``
 (Debian: gcc, python3-dev, librdmacm-dev).
@@ -130,9 +131,11 @@ def cache_key() -> str:
 
 
 def library_dir(out=None) -> Path:
+    """Beside softnic's libibverbs.so.1 (one directory on LD_LIBRARY_PATH serves both;
+    ``librdmacm.key`` there names the sources the library was built from)."""
     if out is not None:
         return Path(out)
-    return _ibv.cache_root().parent / "librdmacm" / cache_key()
+    return _ibv.library_dir()
 
 
 def _init_code() -> str:
@@ -156,7 +159,9 @@ def build(out=None, force: bool = False, verbose: bool = False) -> Path:
     import cffi
     dest = library_dir(out)
     lib = dest / SONAME
-    if lib.exists() and not force:
+    keyfile = dest / "librdmacm.key"
+    key = cache_key()
+    if lib.exists() and not force and keyfile.exists() and keyfile.read_text() == key:
         return dest
     if not Path("/usr/include/rdma/rdma_cma.h").exists():
         raise BuildError("<rdma/rdma_cma.h> is missing: install librdmacm-dev")
@@ -201,9 +206,12 @@ def build(out=None, force: bool = False, verbose: bool = False) -> Path:
             built = ffi.compile(tmpdir=str(tmpdir), target=SONAME, verbose=verbose)
         except (cffi.VerificationError, OSError) as e:
             raise BuildError(f"building {SONAME} failed (rerun with --verbose): {e}") from None
-        tmp_lib = dest / (SONAME + ".tmp")
+        tmp_lib = dest / (SONAME + f".{os.getpid()}.tmp")
         shutil.copyfile(built, tmp_lib)
         os.replace(tmp_lib, lib)
+        tmp_key = dest / f"librdmacm.key.{os.getpid()}.tmp"
+        tmp_key.write_text(key)
+        os.replace(tmp_key, keyfile)
     return dest
 
 
