@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 SOFTNIC = [sys.executable, "-m", "softnic.cli"]
-TIMEOUT = 60
+TIMEOUT = 150          # (a loaded machine starts an embedded interpreter slowly)
 PROJECT = Path(__file__).resolve().parent.parent
 
 

@@ -79,7 +79,7 @@ def _cmd(ns, ip, args):
 def test_fi_info_lists_softnic_devices(two_hosts):
     (a, aip), _ = two_hosts
     cmd, env = _cmd(a, aip, ["fi_info", "-p", "verbs"])
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "domain: softnic0\n" in r.stdout and "type: FI_EP_MSG" in r.stdout
     assert "domain: softnic0-dgram" in r.stdout
@@ -96,17 +96,17 @@ def test_fi_pingpong(two_hosts, mode):
     srv = subprocess.Popen(scmd, env=senv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             time.sleep(1.0)
             ccmd, cenv = _cmd(b, bip, ["fi_pingpong", *mode, "-I", "50", "-S", "1024",
                                        "-P", port, aip])
-            cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True, timeout=60)
+            cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True, timeout=120)
             # the control connection is refused until the server listens: try again
             if cli.returncode == 0 or srv.poll() is not None or time.monotonic() > deadline \
                     or "ctrl" not in cli.stdout + cli.stderr:
                 break
-        out, _ = srv.communicate(timeout=60)
+        out, _ = srv.communicate(timeout=120)
     finally:
         if srv.poll() is None:
             srv.kill()
