@@ -176,3 +176,25 @@ def test_mpi_program_with_2_percent_loss(libdir, mpi_check, tmp_path, tls):
     assert "all checked" in out
     assert_ranks_used_softnic(docs, 3)
     assert sum(d["counters"].get("sent_pkts", 0) for d in docs) > 0
+
+
+@pytest.mark.parametrize("tls", ["rc_v,self", "ud_v,self"])
+def test_mpi4py_in_debian_python_every_element_checked(libdir, tmp_path, tls):
+    """Debian's /usr/bin/python3 (3.11.2) with Debian's mpi4py: softnic's backend runs in
+    that interpreter (one interpreter per process); mpi4py holds its lock through
+    MPI_Init and finalizes MPI after the interpreter is gone, which the preload takes
+    care of (MPI_Init without the lock, MPI_Finalize from a Python exit handler)."""
+    need("mpirun")
+    r = subprocess.run(["/usr/bin/python3", "-c", "import mpi4py"], capture_output=True,
+                       timeout=TIMEOUT)
+    if r.returncode:
+        _missing("needs Debian's python3-mpi4py")
+    out, docs = mpirun(tmp_path, 3, tls, ["/usr/bin/python3", str(CDIR / "mpi4py_check.py"),
+                                         str(1 << 18), "16"])
+    for what in ("Sendrecv ring", "Allreduce", "Bcast", "Alltoall", "Allgather",
+                 "Put (fence epoch)"):
+        assert f"{what} ok up to 262144 bytes, 3 ranks" in out, out
+    assert "all checked (mpi4py" in out and "Python 3.11.2 at /usr/bin/python3" in out, out
+    assert "Segmentation fault" not in out and "after this Python process's interpreter" \
+        not in out, out
+    assert_ranks_used_softnic(docs, 3)
