@@ -15,12 +15,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from test_libibverbs import _missing, free_tcp_port, libdir, listening, softnic_exec  # noqa: F401
+from test_netns import two_hosts  # noqa: F401
 
 HERE = Path(__file__).resolve().parent
 CDIR = HERE / "c"
@@ -198,3 +200,37 @@ def test_mpi4py_in_debian_python_every_element_checked(libdir, tmp_path, tls):
     assert "Segmentation fault" not in out and "after this Python process's interpreter" \
         not in out, out
     assert_ranks_used_softnic(docs, 3)
+
+
+def test_ucx_perftest_between_two_network_namespaces(libdir, two_hosts):
+    """Two hosts (network namespaces joined by a veth pair, test_netns's fixture), one
+    softnic device on each namespace's veth address: ucx_perftest over rc_verbs crosses
+    the veth link, the out-of-band exchange too."""
+    (ns_a, addr_a), (ns_b, addr_b) = two_hosts
+    binary = need("ucx_perftest")
+    port = str(free_tcp_port())
+    env = dict(os.environ, UCX_TLS="rc_v,self", UCX_NET_DEVICES="softnic0:1")
+    base = [sys.executable, "-m", "softnic.cli", "exec"]
+    server = subprocess.Popen(["ip", "netns", "exec", ns_a, *base, "--devices",
+                               f"softnic0={addr_a}", "--", binary, "-p", port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while f":{int(port):04X} 00000000:0000 0A" not in subprocess.run(
+                ["ip", "netns", "exec", ns_a, "cat", "/proc/net/tcp", "/proc/net/tcp6"],
+                capture_output=True, text=True, timeout=10).stdout:   # that namespace's
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"ucx_perftest server did not listen:\n{server.communicate()[0]}")
+            time.sleep(0.1)
+        client = run(["ip", "netns", "exec", ns_b, *base, "--devices", f"softnic0={addr_b}",
+                      "--", binary, addr_a, "-p", port, "-t", "tag_lat", "-n", "100", "-s",
+                      "8"], env)
+        sout = server.communicate(timeout=TIMEOUT)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert client.returncode == 0 and server.returncode == 0, (
+        client.stdout + client.stderr + "\n--- server\n" + sout)
+    final = [ln.split() for ln in client.stdout.splitlines() if ln.startswith("Final:")]
+    assert final and final[0][1] == "100", client.stdout
