@@ -119,8 +119,11 @@ def _attach_cm(nic) -> None:
     (``core.cm``; ``softnic.rdmacm`` takes its events when a program uses rdma_cm)."""
     from .core.cm import CM
     guid = 0x02534EFFFE000000 | (zlib.crc32(nic.name.encode()) & 0xFFFFFF)
+    world = getattr(nic, "world", None)
+    rng = world.fabric.derive_rng("cm", nic.name) if world is not None else \
+        random.Random(int.from_bytes(os.urandom(8), "little"))   # (simulated: replayable)
     with nic.lock:
-        nic.dev.gsi = CM(nic.dev.gid, guid, random.Random(int.from_bytes(os.urandom(8), "little")))
+        nic.dev.gsi = CM(nic.dev.gid, guid, rng)
 
 
 def open_nics() -> list["NIC"]:
