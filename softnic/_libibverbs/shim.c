@@ -1077,7 +1077,8 @@ static void sn_qpx_install(struct sn_qp *s);
 /* the ibv_wr_* builders softnic posts, per QP type (send_ops_flags) */
 #define SN_UD_SEND_OPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
 #define SN_UC_SEND_OPS (SN_UD_SEND_OPS | IBV_QP_EX_WITH_RDMA_WRITE | \
-                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND_WITH_INV)
+                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND_WITH_INV | \
+                        IBV_QP_EX_WITH_BIND_MW)
 #define SN_RC_SEND_OPS (SN_UC_SEND_OPS | IBV_QP_EX_WITH_RDMA_READ | \
                         IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
                         IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV)
@@ -1538,9 +1539,9 @@ static void sn_wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length
     sn_wr_set_inline_data_list(q, 1, &b);
 }
 
-/* A builder softnic does not provide (wr_bind_mw, wr_send_tso, wr_set_xrc_srqn,
- * wr_atomic_write, and those of later headers): the WR list fails at wr_complete
- * with EOPNOTSUPP and nothing of it is posted. */
+/* A builder softnic does not provide (wr_send_tso, wr_set_xrc_srqn, wr_atomic_write,
+ * and those of later headers): the WR list fails at wr_complete with EOPNOTSUPP and
+ * nothing of it is posted. */
 static void sn_wr_unsupported(struct ibv_qp_ex *q)
 {
     to_sqp(q)->wr_err = EOPNOTSUPP;
@@ -1549,7 +1550,6 @@ static void sn_wr_unsupported(struct ibv_qp_ex *q)
 static void sn_qpx_install(struct sn_qp *s)
 {
     struct ibv_qp_ex *q = &s->qpx;
-    q->wr_bind_mw = (void *)sn_wr_unsupported;
     q->wr_send_tso = (void *)sn_wr_unsupported;
     q->wr_set_xrc_srqn = (void *)sn_wr_unsupported;
     q->wr_atomic_write = (void *)sn_wr_unsupported;
