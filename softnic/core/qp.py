@@ -71,6 +71,8 @@ class QPInitAttr:
     srq: object = None
     cap: QPCap = QPCap()
     sq_sig_all: bool = False
+    xrc: str | None = None            # XRC: "ini" (XRC_SEND) or "tgt" (XRC_RECV), as RC
+    xrcd: object = None               # XRC: the target's domain (an xrc.XRCD)
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,7 @@ class SendWR:
     remote_qpn: int = 0               # UD
     remote_qkey: int = 0              # UD
     bind: object = None               # BIND_MW: a memory.MWBind
+    xrc_srqn: int = 0                 # XRC initiator: the remote XRC SRQ (the XRCETH)
 
 
 @dataclass
@@ -227,7 +230,8 @@ class SendWQE:
                  "remote_addr", "rkey", "compare_add", "swap", "dest", "remote_qpn",
                  "remote_qkey", "signaled", "first_psn", "last_psn", "npkts", "next_pkt",
                  "views", "done", "status", "atomic_orig", "rd_atomic", "got", "asked",
-                 "iw_msn", "got_bytes", "sink_stag", "sink_to", "bind")
+                 "iw_msn", "got_bytes", "sink_stag", "sink_to", "bind",
+                 "xrc_srqn")
 
     def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None,
                  length: int | None = None):
@@ -267,6 +271,7 @@ class SendWQE:
         self.sink_to = 0
         self.rd_atomic = self.opcode in _RD_ATOMIC
         self.bind = wr.bind
+        self.xrc_srqn = wr.xrc_srqn
 
 
 class QP:
@@ -280,6 +285,9 @@ class QP:
         self.send_cq = init.send_cq
         self.recv_cq = init.recv_cq
         self.srq = init.srq
+        self.xrc: str | None = None           # XRC role ("ini", "tgt"), set by xrc.make_qp
+        self.xrcd = None
+        self.wire = self.qp_type.name         # the transport its packets' opcodes name
         self.sq_sig_all = bool(init.sq_sig_all)
         self.cap = cap
         self.attr = QPAttr(cap=cap)

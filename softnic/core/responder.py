@@ -19,6 +19,7 @@ from ..wire.roce import AethCode, Kind, NakCode, psn_diff
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import AccessError, view_span
+from . import xrc
 
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
 ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
@@ -383,6 +384,10 @@ def _execute(dev, qp, pkt) -> None:
     info = pkt.info
     psn = pkt.bth.psn
     try:
+        if qp.xrc is not None:           # the XRC SRQ this request is for (its PD, its CQ)
+            code = xrc.target(dev, qp, pkt)
+            if code is not None:
+                raise _Nak(code)
         _check_sequence(qp, info)
         if info.kind == Kind.SEND:
             _send(dev, qp, pkt)
@@ -589,7 +594,7 @@ def _atomic(dev, qp, pkt) -> None:
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     orig = int.from_bytes(view, sys.byteorder)
-    if pkt.info.opcode == 0x13:       # COMPARE_SWAP: swap_add holds the swap value
+    if pkt.info.opcode & 0x1F == 0x13:  # (RC or XRC) COMPARE_SWAP: swap_add is the swap value
         if orig == a.compare:
             view[:] = a.swap_add.to_bytes(8, sys.byteorder)
     else:                             # FETCH_ADD
