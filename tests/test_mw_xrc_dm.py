@@ -264,3 +264,37 @@ def test_xrc_srq_of_another_domain_is_refused():
     naks = [pkt for _, pkt in p.packets(src=p.b) if pkt.info.kind == Kind.ACK]
     assert naks[-1].info.name == "XRC_ACKNOWLEDGE"
     assert naks[-1].aeth.value == NakCode.INVALID_REQUEST and len(srqs[2].queue) == 1
+
+
+# ---------------------------------------------------------------- ATOMIC_WRITE
+
+
+def test_atomic_write_places_eight_bytes_and_is_answered_by_an_empty_read_response():
+    p = pair()
+    a, b = p.ea, p.eb
+    fill(b, 64, b"\0" * 16)
+    a.dev.post_send(a.qp, SendWR(1, W.ATOMIC_WRITE, [], SIG, remote_addr=b.buf.addr + 64,
+                                 rkey=b.mr.rkey, atomic_data=b"ABCDEFGH"))
+    p.run()
+    wc = p.send_wcs("a")[-1]
+    assert (wc.status, wc.opcode) == (WCStatus.SUCCESS, WCOpcode.ATOMIC_WRITE)
+    assert read(b, 64, 16) == b"ABCDEFGH" + b"\0" * 8
+    req = [pkt for _, pkt in p.packets(src=p.a) if pkt.info.is_request]
+    resp = [pkt for _, pkt in p.packets(src=p.b)]
+    assert [x.info.name for x in req] == ["RC_ATOMIC_WRITE"] and req[0].reth.dma_len == 8
+    assert [x.info.name for x in resp] == ["RC_RDMA_READ_RESPONSE_ONLY"]
+    assert bytes(resp[0].payload) == b""
+    for addr, data in ((b.buf.addr + 4, b"ABCDEFGH"), (b.buf.addr, b"ABC")):
+        with pytest.raises(VerbsError):           # misaligned, or not 8 bytes: EINVAL
+            a.dev.post_send(a.qp, SendWR(2, W.ATOMIC_WRITE, [], SIG, remote_addr=addr,
+                                         rkey=b.mr.rkey, atomic_data=data))
+
+
+def test_atomic_write_needs_remote_write():
+    p = pair(endpoint_args=dict(mr_access=Access.LOCAL_WRITE | Access.REMOTE_READ))
+    a, b = p.ea, p.eb
+    a.dev.post_send(a.qp, SendWR(1, W.ATOMIC_WRITE, [], SIG, remote_addr=b.buf.addr,
+                                 rkey=b.mr.rkey, atomic_data=b"12345678"))
+    p.run()
+    assert p.send_wcs("a")[-1].status == WCStatus.REM_ACCESS_ERR
+    assert read(b, 0, 8) != b"12345678"

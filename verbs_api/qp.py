@@ -571,6 +571,11 @@ class QPEx(QP):
     def wr_rdma_read(self, rkey, remote_addr):
         self._new(e.IBV_WR_RDMA_READ, rkey=rkey, remote_addr=remote_addr)
 
+    def wr_atomic_write(self, rkey, remote_addr, atomic_wr):
+        """ATOMIC_WRITE: the 8 bytes of ``atomic_wr`` placed at ``remote_addr`` as one."""
+        self._new(e.IBV_WR_ATOMIC_WRITE, rkey=rkey, remote_addr=remote_addr,
+                  atomic_data=bytes(memoryview(atomic_wr).cast('B')[:8]))
+
     def wr_atomic_cmp_swp(self, rkey, remote_addr, compare, swap):
         self._new(e.IBV_WR_ATOMIC_CMP_AND_SWP, rkey=rkey, remote_addr=remote_addr,
                   compare_add=compare, swap=swap)

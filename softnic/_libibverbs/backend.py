@@ -552,6 +552,8 @@ def install(ffi) -> None:
                     invalidate_rkey=w.invalidate_rkey, remote_addr=w.remote_addr,
                     rkey=w.rkey, compare_add=w.compare_add, swap=w.swap, ah=ah,
                     remote_qpn=w.remote_qpn, remote_qkey=w.remote_qkey)
+        if w.opcode == 15:          # IBV_WR_ATOMIC_WRITE: its 8 bytes, as stored in swap
+            wr.atomic_data = int(w.swap).to_bytes(8, sys.byteorder)
         o.nic.call(o.nic.dev.post_send, o.eng, wr)
 
     @extern()

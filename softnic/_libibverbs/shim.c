@@ -1149,6 +1149,8 @@ SN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr);
 static void sn_wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
                           const struct ibv_mw_bind_info *info);
+static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
+                               const void *atomic_wr);
 
 static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
 {
@@ -1425,6 +1427,7 @@ static void sn_qpx_install(struct sn_qp *s)
     q->wr_send_inv = sn_wr_send_inv;
     q->wr_local_inv = sn_wr_local_inv;
     q->wr_bind_mw = sn_wr_bind_mw;
+    q->wr_atomic_write = sn_wr_atomic_write;
     q->wr_set_ud_addr = sn_wr_set_ud_addr;
     q->wr_set_sge = sn_wr_set_sge;
     q->wr_set_sge_list = sn_wr_set_sge_list;
@@ -1803,4 +1806,21 @@ static void sn_dm_ops(struct verbs_context *v)
     v->alloc_dm = sn_vctx_alloc_dm;
     v->free_dm = sn_vctx_free_dm;
     v->reg_dm_mr = sn_vctx_reg_dm_mr;
+}
+
+/* ibv_wr_atomic_write: 8 bytes placed as one (rxe since Linux 6.2); the pending WR keeps
+ * them in its swap field until ibv_wr_complete posts it. */
+static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
+                               const void *atomic_wr)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_ATOMIC_WRITE);
+    if (!p)
+        return;
+    if (!atomic_wr) {
+        to_sqp(q)->wr_err = EINVAL;
+        return;
+    }
+    p->wr.rkey = rkey;
+    p->wr.remote_addr = addr;
+    memcpy(&p->wr.swap, atomic_wr, 8);
 }

@@ -326,7 +326,7 @@ class Device:
     # ------------------------------------------------------------ posting
 
     _ALLOWED = {
-        QPType.RC: frozenset(W),
+        QPType.RC: frozenset(W),          # ATOMIC_WRITE too (RC only, as rxe)
         QPType.UC: frozenset({W.SEND, W.SEND_WITH_IMM, W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM,
                               W.LOCAL_INV, W.BIND_MW}),
         QPType.UD: frozenset({W.SEND, W.SEND_WITH_IMM}),
@@ -343,6 +343,9 @@ class Device:
             raise einval(f"{op.name} is not valid on a {qp.qp_type.name} QP")
         if op is W.BIND_MW and wr.bind is None:
             raise einval("BIND_MW without a window to bind")
+        if op is W.ATOMIC_WRITE:        # as rxe: 8 bytes to an 8-byte aligned address
+            if wr.atomic_data is None or len(wr.atomic_data) != 8 or wr.remote_addr & 7:
+                raise einval("ATOMIC_WRITE needs 8 bytes and an 8-byte aligned address")
         sgl = wr.sg_list
         if len(sgl) > qp.cap.max_send_sge:
             raise einval(f"{len(sgl)} SGEs > max_send_sge {qp.cap.max_send_sge}")
@@ -367,6 +370,8 @@ class Device:
             if length > min(self.config.active_mtu, 4096):
                 raise einval("UD message longer than the MTU")
         signaled = qp.sq_sig_all or bool(flags & _SIGNALED)
+        if op is W.ATOMIC_WRITE:
+            inline, length = bytes(wr.atomic_data), 8
         wqe = SendWQE(wr, signaled, inline, length)
         if qp.state == QPState.ERR:
             wqe.done = True

@@ -210,6 +210,7 @@ class SendWR:
     remote_qkey: int = 0              # UD
     bind: object = None               # BIND_MW: a memory.MWBind
     xrc_srqn: int = 0                 # XRC initiator: the remote XRC SRQ (the XRCETH)
+    atomic_data: bytes | None = None  # ATOMIC_WRITE: the 8 bytes to place
 
 
 @dataclass
@@ -221,7 +222,7 @@ class RecvWR:
 #: WR opcodes by value (an enum lookup by value costs a call into enum's machinery)
 _WR_OPCODES = {int(w): w for w in WROpcode}
 _RD_ATOMIC = frozenset({WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
-                        WROpcode.ATOMIC_FETCH_AND_ADD})
+                        WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_WRITE})
 
 
 class SendWQE:

@@ -156,6 +156,9 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
         n = wqe.length - off if count is None else min(count * qp.mtu, wqe.length - off)
         return encode(O.RC_RDMA_READ_REQUEST, dest_qp=dqpn, psn=psn, ackreq=True,
                       reth=(wqe.remote_addr + off, wqe.rkey, n))
+    if op == W.ATOMIC_WRITE:
+        return encode(O.RC_ATOMIC_WRITE, dest_qp=dqpn, psn=psn, ackreq=True,
+                      reth=(wqe.remote_addr, wqe.rkey, 8), payload=wqe.inline)
     if op in _ATOMIC_OPC:
         return encode(_ATOMIC_OPC[op], dest_qp=dqpn, psn=psn, ackreq=True,
                       atomiceth=(wqe.remote_addr, wqe.rkey, wqe.compare_add if op ==

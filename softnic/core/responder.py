@@ -399,6 +399,9 @@ def _execute(dev, qp, pkt) -> None:
         elif info.kind == Kind.ATOMIC:
             _atomic(dev, qp, pkt)
             return
+        elif info.kind == Kind.ATOMIC_WRITE:
+            _atomic_write(dev, qp, pkt)
+            return
         else:
             raise _Nak(NakCode.INVALID_REQUEST)
     except _Rnr:
@@ -608,6 +611,28 @@ def _atomic(dev, qp, pkt) -> None:
     dev.mark_ready(qp)
 
 
+def _atomic_write(dev, qp, pkt) -> None:
+    """ATOMIC_WRITE: 8 bytes placed as one at an 8-byte aligned address the MR lets the
+    peer write (rxe: REMOTE_WRITE), answered like a READ of nothing."""
+    if not qp.attr.qp_access_flags & Access.REMOTE_WRITE:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    reth = pkt.reth
+    if len(pkt.payload) != 8 or reth.va & 7:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    try:
+        view = dev.keys.remote(qp.pd, reth.rkey, reth.va, 8, Access.REMOTE_WRITE, qp)
+    except AccessError:
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+    view[:] = pkt.payload
+    psn = pkt.bth.psn
+    _remember(qp, ("read", psn, psn))           # a duplicate is answered, not placed again
+    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.nak_sent = False
+    qp.msn = (qp.msn + 1) & 0xFFFFFF
+    qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))
+    dev.mark_ready(qp)
+
+
 def _duplicate(dev, qp, pkt) -> None:
     kind = pkt.info.kind
     psn = pkt.bth.psn
@@ -624,6 +649,10 @@ def _duplicate(dev, qp, pkt) -> None:
             except AccessError:
                 return
             qp.resp_out.append(("read", psn, view, qp.msn))
+            dev.mark_ready(qp)
+            return
+        if res[0] == "read" and kind == Kind.ATOMIC_WRITE and res[1] == psn:
+            qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))   # not placed again
             dev.mark_ready(qp)
             return
         if res[0] == "atomic" and kind == Kind.ATOMIC and res[1] == psn:

@@ -83,6 +83,7 @@ class Opcode(IntEnum):
     RC_FETCH_ADD = 0x14
     RC_SEND_LAST_WITH_INVALIDATE = 0x16
     RC_SEND_ONLY_WITH_INVALIDATE = 0x17
+    RC_ATOMIC_WRITE = 0x1D
     UC_SEND_FIRST = 0x20
     UC_SEND_MIDDLE = 0x21
     UC_SEND_LAST = 0x22
@@ -132,6 +133,7 @@ class Kind(IntEnum):
     ATOMIC_ACK = 6
     ATOMIC = 7
     CNP = 8
+    ATOMIC_WRITE = 9      # RETH and 8 bytes placed as one; answered by an empty READ RESPONSE
 
 
 class Pos(IntFlag):
@@ -162,7 +164,8 @@ class OpInfo(NamedTuple):
     @property
     def is_request(self) -> bool:
         """Requester -> responder direction (everything but responses, ACKs, CNPs)."""
-        return self.kind in (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC)
+        return self.kind in (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC,
+                             Kind.ATOMIC_WRITE)
 
     @property
     def is_response(self) -> bool:
@@ -220,11 +223,12 @@ def _build_table() -> dict[int, OpInfo]:
         _info(R.RC_FETCH_ADD, Kind.ATOMIC, O, atomiceth=True),
         _info(R.RC_SEND_LAST_WITH_INVALIDATE, Kind.SEND, L, ieth=True, payload=True),
         _info(R.RC_SEND_ONLY_WITH_INVALIDATE, Kind.SEND, O, ieth=True, payload=True),
+        _info(R.RC_ATOMIC_WRITE, Kind.ATOMIC_WRITE, O, reth=True, payload=True),
         _info(R.UD_SEND_ONLY, Kind.SEND, O, deth=True, payload=True),
         _info(R.UD_SEND_ONLY_WITH_IMMEDIATE, Kind.SEND, O, deth=True, immdt=True, payload=True),
         _info(R.CNP, Kind.CNP, O),
     ]
-    t += [_xrc(i) for i in t if i.qp_type == "RC"]
+    t += [_xrc(i) for i in t if i.qp_type == "RC" and i.opcode <= 0x17]
     return {i.opcode: i for i in t}
 
 
