@@ -41,12 +41,18 @@ def _exec(args) -> int:
     from ._libibverbs.launch import BuildError, library_env, links_libibverbs
     if args.libibverbs is None and args.pyverbs == "system":
         args.libibverbs = True          # the machine's pyverbs runs over softnic's libibverbs
-    if args.libibverbs or (args.libibverbs is None and links_libibverbs(cmd[0])):
+    if args.libibverbs is not False:
+        # every program of the tree loads softnic's libibverbs, however it loads it
         try:
-            env.update(library_env(env))      # a C verbs program: load softnic's libibverbs
+            env.update(library_env(env))
+            from ._librdmacm.launch import library_env as rdmacm_env
+            env.update(rdmacm_env(env))       # ... and its librdmacm (rdma_cm programs)
         except BuildError as e:
-            print(f"softnic exec: {e}", file=sys.stderr)
-            return 1
+            if args.libibverbs or links_libibverbs(cmd[0]):
+                print(f"softnic exec: {e}", file=sys.stderr)
+                return 1
+            print(f"softnic exec: warning: C programs in this run will not see softnic "
+                  f"({e})", file=sys.stderr)
     try:
         os.execvpe(cmd[0], cmd, env)
     except FileNotFoundError:
@@ -140,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--transport", choices=("udp", "tcp"),
                    help="RoCEv2 over UDP (default) or iWARP over TCP, for every device")
     e.add_argument("--libibverbs", action=argparse.BooleanOptionalAction, default=None,
-                   help="load softnic's libibverbs.so.1 (default: if COMMAND links libibverbs)")
+                   help="put softnic's libibverbs.so.1 on LD_LIBRARY_PATH and its preload "
+                   "on LD_PRELOAD for the whole process tree (default: yes; a build failure "
+                   "is then only a warning unless COMMAND links libibverbs)")
     e.add_argument("--pyverbs", choices=("softnic", "system"), default="softnic",
                    help="which pyverbs a Python COMMAND imports: softnic's own (verbs_api, "
                    "default) or the machine's (e.g. Debian's python3-pyverbs, with /usr/bin/"

@@ -126,11 +126,26 @@ def test_devices_and_devinfo(libdir):
         assert want in r.stdout, (want, r.stdout)
 
 
-def test_exec_loads_softnic_libibverbs_only_for_c_verbs_programs(libdir, tmp_path):
+def test_exec_reaches_the_whole_process_tree_unless_told_not_to(libdir, tmp_path):
+    """Every program softnic exec starts, and their children, get softnic's libibverbs
+    directory on LD_LIBRARY_PATH and its preload on LD_PRELOAD (a shell script, which
+    links nothing, included); --no-libibverbs leaves both alone."""
     from softnic._libibverbs.launch import links_libibverbs
     assert links_libibverbs(need("ibv_devinfo"))
     assert not links_libibverbs(sys.executable)
     assert not links_libibverbs(str(tmp_path / "nothing-here"))
+    script = tmp_path / "tree.sh"
+    script.write_text('#!/bin/sh\nsh -c \'echo "LDP=$LD_LIBRARY_PATH"; echo "PRE=$LD_PRELOAD"\'\n')
+    script.chmod(0o755)
+    r = run(str(script), extra_env={"LD_LIBRARY_PATH": "/opt/x", "LD_PRELOAD": ""})
+    assert r.returncode == 0, r.stderr
+    assert f"LDP={libdir}:/opt/x" in r.stdout, r.stdout
+    assert f"PRE={libdir}/libsoftnic_preload.so" in r.stdout, r.stdout
+    cmd, env = softnic_exec(str(script), extra_env={"LD_LIBRARY_PATH": "/opt/x"})
+    cmd.insert(cmd.index("exec") + 1, "--no-libibverbs")
+    env.pop("LD_PRELOAD", None)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert "LDP=/opt/x\n" in r.stdout and "PRE=\n" in r.stdout, r.stdout
 
 
 # Under loss this needs the linger of ibv_destroy_qp (docs/libibverbs.md): without it a
@@ -194,3 +209,86 @@ def test_pyverbs_program_and_c_program_are_peers(libdir, tmp_path):
     r = run(sys.executable, str(CDIR / "pypeer.py"), *SOFTNIC, "exec", exe, "--peer")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all checked" in r.stdout
+
+
+# ---------------------------------------------------------------- loading, waits, every pointer
+
+
+def test_every_reachable_pointer_works_or_fails_with_eopnotsupp(libdir, tmp_path):
+    r = run(compile_c("ops_walk", tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "wr_atomic_write                          wr_complete: EOPNOTSUPP" in r.stdout
+    assert "create_qp_ex(WITH_ATOMIC_WRITE)          NULL, EOPNOTSUPP" in r.stdout
+    assert "all 154 pointers answered" in r.stdout, r.stdout
+
+
+def _compile_loading(tmp_path: Path, linked: bool) -> str:
+    if shutil.which("gcc") is None:
+        _missing("needs gcc")
+    exe = tmp_path / ("loading-linked" if linked else "loading-dl")
+    cmd = ["gcc", "-O1", "-Wall", "-Werror", "-o", str(exe), str(CDIR / "loading.c"), "-ldl"]
+    if linked:
+        cmd[1:1] = ["-DLINKED"]
+        cmd.append("-libverbs")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return str(exe)
+
+
+def test_dlopen_rtld_local_from_a_program_that_does_not_link_it(libdir, tmp_path):
+    """As UCX's libuct_ib loads it: the embedded interpreter's extension modules must
+    still find libpython's symbols."""
+    r = run(_compile_loading(tmp_path, linked=False), "dlopen", devices="2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "dlopen(RTLD_LOCAL): 2 devices, first softnic0: ok" in r.stdout
+    assert "open, PD, MR: ok" in r.stdout
+
+
+def test_fork_after_first_verbs_call_gives_the_child_a_clear_error(libdir, tmp_path):
+    r = run(_compile_loading(tmp_path, linked=True), "fork", timeout=40)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "child: clear error after fork (ibv_open_device errno 5" in r.stdout, r.stdout
+    assert "forked after its parent's first verbs call" in r.stderr
+    assert "parent: verbs still work after fork: ok" in r.stdout
+
+
+RDMA_CORE_TESTS = Path("/usr/share/doc/rdma-core/tests")
+
+
+def rdma_core_tests(tmp_path: Path) -> Path:
+    """Debian ships rdma-core's pyverbs tests compressed: a runnable copy."""
+    import gzip
+    if not Path("/usr/bin/python3").exists() or not (RDMA_CORE_TESTS / "run_tests.py").exists():
+        _missing("needs Debian's python3-pyverbs and its tests (rdma-core)")
+    r = subprocess.run(["/usr/bin/python3", "-c", "import pyverbs.device"], capture_output=True,
+                       timeout=TIMEOUT)
+    if r.returncode:
+        _missing("needs Debian's python3-pyverbs")
+    dest = tmp_path / "tests"
+    shutil.copytree(RDMA_CORE_TESTS, dest)
+    for gz in dest.glob("*.gz"):
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+    return dest
+
+
+def test_debian_pyverbs_in_debian_python_single_thread_owning_both_ends(libdir, tmp_path):
+    """Debian's /usr/bin/python3 (3.11.2) with Debian's real pyverbs over softnic's
+    libibverbs: the host interpreter runs softnic's backend (one interpreter), and
+    ibv_get_cq_event releases its lock while waiting, so rdma-core's single-threaded
+    test_cq_events_rc (both QPs in one thread) completes; test_qp_ex_rc_atomic_write
+    is refused (EOPNOTSUPP at QP creation, which the test turns into a skip) instead
+    of calling an unset wr_atomic_write.  ``-E``: the real pyverbs, not softnic's."""
+    tests = rdma_core_tests(tmp_path)
+    names = ["test_cq_events.CqEventsTestCase.test_cq_events_rc",
+             "test_cq_events.CqEventsTestCase.test_cq_events_ud",
+             "test_qpex.QpExTestCase.test_qp_ex_rc_atomic_write",
+             "test_qpex.QpExTestCase.test_qp_ex_rc_send_imm",
+             "test_cqex.CqExTestCase.test_rc_traffic_cq_ex"]
+    cmd, env = softnic_exec("/usr/bin/python3", "-E", str(tests / "run_tests.py"), "-v", *names)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tests)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "test_cq_events_rc (tests.test_cq_events.CqEventsTestCase.test_cq_events_rc) ... ok" \
+        in out, out
+    assert "test_qp_ex_rc_atomic_write" in out and "skipped" in out
+    assert f"Ran {len(names)} tests" in out

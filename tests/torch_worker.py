@@ -22,7 +22,38 @@ def inputs(world, shape, dtype):
     return [torch.randint(1, 4, shape, generator=g).to(dtype) for _ in range(world)]
 
 
+def die():
+    """Rank 1 exits in the middle of the job; rank 0, waiting on an asynchronous
+    all_reduce, must fail with an error naming it, not hang."""
+    import time
+    torch.set_num_threads(1)
+    dist.init_process_group("softnic")
+    r = dist.get_rank()
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)
+    if r == 1:
+        os._exit(3)
+    t0 = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    try:
+        work.wait()
+    except Exception as ex:         # noqa: BLE001 - what the caller sees is the point
+        print(f"rank 0 failed after {time.monotonic() - t0:.1f} s: {type(ex).__name__}: {ex}",
+              flush=True)
+        # and every collective after it fails at once
+        try:
+            dist.all_reduce(torch.ones(4))
+        except Exception as ex2:    # noqa: BLE001
+            print(f"next: {ex2}", flush=True)
+        os._exit(0)
+    print(f"rank 0: all_reduce completed with its peer gone after "
+          f"{time.monotonic() - t0:.1f} s: {t[:4]}", flush=True)
+    os._exit(1)
+
+
 def main():
+    if sys.argv[1] == "--die":
+        return die()
     out_path, steps = sys.argv[1], int(sys.argv[2])
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
@@ -53,6 +84,33 @@ def main():
     work.wait()
     assert torch.equal(base[:, 1], torch.full((4,), float(n * (n + 1) // 2)))
     assert torch.equal(base[:, 0], torch.zeros(4))
+    # several collectives in flight at once; a Work completes in the background
+    import time
+    store = dist.distributed_c10d._get_default_store()
+    if r == 1:
+        store.get("late")                  # rank 1 issues only when rank 0 says so
+    big = [torch.full((100_000,), float(r + k)) for k in range(4)]
+    works = [dist.all_reduce(t, async_op=True) for t in big]
+    works.append(dist.broadcast(torch.full((5,), float(r)), src=1, async_op=True))
+    gathered = torch.empty(n * 3)
+    works.append(dist.all_gather_into_tensor(gathered, torch.full((3,), float(r)),
+                                             async_op=True))
+    if r == 0:
+        # rank 1 has not started: nothing can have completed yet
+        time.sleep(0.3)
+        assert not any(w.is_completed() for w in works)
+        assert not works[0].get_future().done()
+        store.set("late", b"1")
+    chained = works[0].get_future().then(lambda f: f.value()[0].sum().item())
+    for w in works:
+        assert w.wait()
+    assert all(w.is_completed() for w in works)
+    for k, t in enumerate(big):
+        assert torch.equal(t, torch.full((100_000,), float(sum(q + k for q in range(n)))))
+    assert chained.wait() == 100_000 * sum(q for q in range(n))
+    assert torch.equal(works[4].get_future().value()[0], torch.full((5,), 1.0))
+    assert torch.equal(gathered, torch.arange(n).repeat_interleave(3).float())
+    checked.append("async in flight")
     for root in range(n):
         t = torch.full((7,), float(r))
         dist.broadcast(t, src=root)

@@ -25,6 +25,8 @@ from softnic.core.errors import VerbsError
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
 
+_WC_GRH = 1                  # IBV_WC_GRH
+_SL_IPV4 = 2                 # RoCE L3 header type IPv4 (mlx5's CQE sl for RoCE UD receives)
 GID_TABLE_LEN = 4            # as the pyverbs API reports (rxe on an IPv4 netdev has as many)
 _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
@@ -111,7 +113,7 @@ def _linger(nic, qp) -> None:
             seen[0], seen[1] = n, t
         return t - seen[1] >= quiet
 
-    nic.wait_until(quiet_enough, timeout=LINGER_MAX)
+    nic.wait_until(quiet_enough, timeout=LINGER_MAX, recheck=quiet / 4)
 
 
 def install(ffi) -> None:
@@ -131,7 +133,7 @@ def install(ffi) -> None:
                     traceback.print_exc(file=sys.stderr)
                     return error
             call.__name__ = fn.__name__
-            return ffi.def_extern(name=fn.__name__, error=error)(call)
+            return ffi.def_extern(name="sn_py_" + fn.__name__[3:], error=error)(call)
         return wrap
 
     # ------------------------------------------------------------ devices
@@ -379,6 +381,8 @@ def install(ffi) -> None:
                 if other is not nic:
                     other.poll()
             _time.sleep(0)
+        else:
+            nic.end_lease()          # a program polls until a completion, then spins elsewhere
         for i, w in enumerate(got):
             r = out[i]
             r.wr_id = w.wr_id
@@ -392,7 +396,10 @@ def install(ffi) -> None:
             r.wc_flags = w.wc_flags
             r.pkey_index = w.pkey_index
             r.slid = w.slid
-            r.sl = w.sl
+            # a receive with a GRH (UD) says in sl what L3 header the GRH area holds, as
+            # mlx5 does on RoCE (2: IPv4, in its last 20 bytes); UCX's ud_verbs reads
+            # the destination address from there by it
+            r.sl = _SL_IPV4 if w.wc_flags & _WC_GRH else w.sl
             r.dlid_path_bits = w.dlid_path_bits
         return len(got)
 

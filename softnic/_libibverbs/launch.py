@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from .build import SONAME, BuildError, build
+from .build import PRELOAD, SONAME, BuildError, build
 
 __all__ = ["BuildError", "links_libibverbs", "library_env", "add_build_parser", "run_build"]
 
@@ -25,11 +25,21 @@ def links_libibverbs(program: str) -> bool:
         return False
 
 
+def _prepend(value: str, old: str | None, sep: str) -> str:
+    parts = [p for p in (old or "").split(sep) if p and p != value]
+    return sep.join([value] + parts)
+
+
 def library_env(env: dict) -> dict:
-    """The variables that make a program load softnic's libibverbs (built if need be)."""
-    d = str(build())
-    old = env.get("LD_LIBRARY_PATH")
-    return {"LD_LIBRARY_PATH": d + (os.pathsep + old if old else "")}
+    """The variables that make every program of a process tree load softnic's
+    libibverbs (built if need be): its directory first on ``LD_LIBRARY_PATH`` (found by
+    the loader however the library is loaded: linked, or dlopen'ed by a plugin such as
+    UCX's libuct_ib), and ``libsoftnic_preload.so`` in ``LD_PRELOAD`` (makes
+    /dev/infiniband/uverbsN look usable to UCX; see preload.c).  Children inherit
+    both (mpirun's daemons and ranks, a Python program's C libraries)."""
+    d = build()
+    return {"LD_LIBRARY_PATH": _prepend(str(d), env.get("LD_LIBRARY_PATH"), os.pathsep),
+            "LD_PRELOAD": _prepend(str(d / PRELOAD), env.get("LD_PRELOAD"), " ")}
 
 
 def add_build_parser(sub) -> None:

@@ -64,8 +64,13 @@ struct sn_pending {                /* a WR built with the ibv_wr_* calls, posted
     void *inline_buf;
 };
 
+#define SN_QPX_SPARE 8
+
 struct sn_qp {
     struct ibv_qp_ex qpx;          /* starts with struct ibv_qp */
+    /* builders that rdma-core's later headers add after wr_atomic_write (wr_flush, ...):
+     * a program built against them finds failing ones here, not garbage */
+    void (*spare_wr[SN_QPX_SPARE])(struct ibv_qp_ex *q);
     int is_ex;
     struct sn_pending *pend;
     int npend, cap_pend, wr_err;
@@ -173,6 +178,85 @@ static void sn_mw_ops(struct ibv_context *c);
 static void sn_dm_ops(struct verbs_context *v);
 static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr);
 
+/* What every op softnic does not provide answers, as rdma-core's dummy ops
+ * (libibverbs/dummy_ops.c) do: an int op returns EOPNOTSUPP; an op that returns an
+ * object returns NULL with errno EOPNOTSUPP.  They are called through pointers of
+ * the ops' own types; extra arguments are ignored (the x86-64 and aarch64 calling
+ * conventions let a caller pass more than the callee reads), as in the generated
+ * stubs of build.py. */
+static int sn_nosup_int(void) { return EOPNOTSUPP; }
+static void *sn_nosup_ptr(void) { errno = EOPNOTSUPP; return NULL; }
+
+#define SN_NOSUP_INT(slot) do { if (!(slot)) (slot) = (void *)sn_nosup_int; } while (0)
+#define SN_NOSUP_PTR(slot) do { if (!(slot)) (slot) = (void *)sn_nosup_ptr; } while (0)
+
+/* Every op of ibv_context and verbs_context that open left unset gets the failing one. */
+static void sn_fill_unsupported_ops(struct verbs_context *v)
+{
+    struct ibv_context_ops *o = &v->context.ops;
+    SN_NOSUP_PTR(o->alloc_mw);
+    SN_NOSUP_INT(o->bind_mw);
+    SN_NOSUP_INT(o->dealloc_mw);
+    SN_NOSUP_PTR(o->_compat_alloc_pd);
+    SN_NOSUP_PTR(o->_compat_dealloc_pd);
+    SN_NOSUP_PTR(o->_compat_reg_mr);
+    SN_NOSUP_PTR(o->_compat_rereg_mr);
+    SN_NOSUP_PTR(o->_compat_dereg_mr);
+    SN_NOSUP_PTR(o->_compat_create_cq);
+    SN_NOSUP_PTR(o->_compat_cq_event);
+    SN_NOSUP_PTR(o->_compat_resize_cq);
+    SN_NOSUP_PTR(o->_compat_destroy_cq);
+    SN_NOSUP_PTR(o->_compat_create_srq);
+    SN_NOSUP_PTR(o->_compat_modify_srq);
+    SN_NOSUP_PTR(o->_compat_query_srq);
+    SN_NOSUP_PTR(o->_compat_destroy_srq);
+    SN_NOSUP_PTR(o->_compat_create_qp);
+    SN_NOSUP_PTR(o->_compat_query_qp);
+    SN_NOSUP_PTR(o->_compat_modify_qp);
+    SN_NOSUP_PTR(o->_compat_destroy_qp);
+    SN_NOSUP_PTR(o->_compat_create_ah);
+    SN_NOSUP_PTR(o->_compat_destroy_ah);
+    SN_NOSUP_PTR(o->_compat_attach_mcast);
+    SN_NOSUP_PTR(o->_compat_detach_mcast);
+    SN_NOSUP_PTR(o->_compat_async_event);
+    SN_NOSUP_INT(v->advise_mr);
+    SN_NOSUP_PTR(v->alloc_null_mr);
+    SN_NOSUP_INT(v->read_counters);
+    SN_NOSUP_INT(v->attach_counters_point_flow);
+    SN_NOSUP_PTR(v->create_counters);
+    SN_NOSUP_INT(v->destroy_counters);
+    SN_NOSUP_PTR(v->reg_dm_mr);
+    SN_NOSUP_PTR(v->alloc_dm);
+    SN_NOSUP_INT(v->free_dm);
+    SN_NOSUP_INT(v->modify_flow_action_esp);
+    SN_NOSUP_INT(v->destroy_flow_action);
+    SN_NOSUP_PTR(v->create_flow_action_esp);
+    SN_NOSUP_INT(v->modify_qp_rate_limit);
+    SN_NOSUP_PTR(v->alloc_parent_domain);
+    SN_NOSUP_INT(v->dealloc_td);
+    SN_NOSUP_PTR(v->alloc_td);
+    SN_NOSUP_INT(v->modify_cq);
+    SN_NOSUP_INT(v->post_srq_ops);
+    SN_NOSUP_INT(v->destroy_rwq_ind_table);
+    SN_NOSUP_PTR(v->create_rwq_ind_table);
+    SN_NOSUP_INT(v->destroy_wq);
+    SN_NOSUP_INT(v->modify_wq);
+    SN_NOSUP_PTR(v->create_wq);
+    SN_NOSUP_INT(v->query_rt_values);
+    SN_NOSUP_PTR(v->create_cq_ex);
+    SN_NOSUP_INT(v->query_device_ex);
+    SN_NOSUP_INT(v->ibv_destroy_flow);
+    SN_NOSUP_PTR(v->ABI_placeholder2);
+    SN_NOSUP_PTR(v->ibv_create_flow);
+    SN_NOSUP_PTR(v->ABI_placeholder1);
+    SN_NOSUP_PTR(v->open_qp);
+    SN_NOSUP_PTR(v->create_qp_ex);
+    SN_NOSUP_INT(v->get_srq_num);
+    SN_NOSUP_PTR(v->create_srq_ex);
+    SN_NOSUP_PTR(v->open_xrcd);
+    SN_NOSUP_INT(v->close_xrcd);
+}
+
 SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
     struct sn_device *d = (struct sn_device *)device;
@@ -204,6 +288,10 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     c->ops.post_send = sn_op_post_send;
     c->ops.post_recv = sn_op_post_recv;
     c->ops.post_srq_recv = sn_op_post_srq_recv;
+    c->ops._compat_query_device = ibv_query_device;
+    c->ops._compat_query_port = ibv_query_port;
+    sn_fill_unsupported_ops(v);
+    /* what softnic implements beyond the core ops, over the refusing defaults */
     sn_mw_ops(c);
     sn_dm_ops(v);
     c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -675,6 +763,15 @@ static uint8_t sn_cqx_read_sl(struct ibv_cq_ex *cq);
 static uint8_t sn_cqx_read_dlid_path_bits(struct ibv_cq_ex *cq);
 static uint64_t sn_cqx_read_completion_ts(struct ibv_cq_ex *cq);
 static uint64_t sn_cqx_read_completion_wallclock_ns(struct ibv_cq_ex *cq);
+/* no VLANs, flow tags or tag matching: a CQ cannot be created asking for them, and
+ * reading them anyway gives zeros */
+static uint16_t sn_cqx_read_cvlan(struct ibv_cq_ex *cq) { (void)cq; return 0; }
+static uint32_t sn_cqx_read_flow_tag(struct ibv_cq_ex *cq) { (void)cq; return 0; }
+static void sn_cqx_read_tm_info(struct ibv_cq_ex *cq, struct ibv_wc_tm_info *tm)
+{
+    (void)cq;
+    memset(tm, 0, sizeof(*tm));
+}
 
 static struct sn_cq *sn_new_cq(struct ibv_context *context, int cqe, void *cq_context,
                                struct ibv_comp_channel *channel, int *errp)
@@ -716,6 +813,9 @@ static struct sn_cq *sn_new_cq(struct ibv_context *context, int cqe, void *cq_co
     c->read_dlid_path_bits = sn_cqx_read_dlid_path_bits;
     c->read_completion_ts = sn_cqx_read_completion_ts;
     c->read_completion_wallclock_ns = sn_cqx_read_completion_wallclock_ns;
+    c->read_cvlan = sn_cqx_read_cvlan;
+    c->read_flow_tag = sn_cqx_read_flow_tag;
+    c->read_tm_info = sn_cqx_read_tm_info;
     return s;
 }
 
@@ -736,6 +836,10 @@ static struct ibv_cq_ex *sn_vctx_create_cq_ex(struct ibv_context *context,
 {
     int err;
     if (attr->comp_mask & ~(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD))
+        return sn_fail_ptr(EOPNOTSUPP);
+    /* as rxe: fields softnic's completions never carry are refused */
+    if (attr->wc_flags & (IBV_WC_EX_WITH_CVLAN | IBV_WC_EX_WITH_FLOW_TAG |
+                          IBV_WC_EX_WITH_TM_INFO))
         return sn_fail_ptr(EOPNOTSUPP);
     if (attr->comp_vector >= (uint32_t)context->num_comp_vectors)
         return sn_fail_ptr(EINVAL);
@@ -818,8 +922,14 @@ SN_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq *
 {
     void *cookie = NULL;
     uint64_t one;
-    if (read(channel->fd, &one, sizeof(one)) != sizeof(one))
+    void *gil = sn_gil_release();         /* a Python caller: its other threads run meanwhile */
+    ssize_t n = read(channel->fd, &one, sizeof(one));
+    int read_errno = errno;
+    sn_gil_restore(gil);
+    if (n != sizeof(one)) {
+        errno = read_errno;
         return -1;                        /* EAGAIN on a non-blocking channel, as the kernel's */
+    }
     int err = sn_get_cq_event(((struct sn_channel *)channel)->handle, &cookie);
     if (err || !cookie) {
         errno = err ? err : EIO;
@@ -964,6 +1074,14 @@ static int sn_op_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
 
 static void sn_qpx_install(struct sn_qp *s);
 
+/* the ibv_wr_* builders softnic posts, per QP type (send_ops_flags) */
+#define SN_UD_SEND_OPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
+#define SN_UC_SEND_OPS (SN_UD_SEND_OPS | IBV_QP_EX_WITH_RDMA_WRITE | \
+                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND_WITH_INV)
+#define SN_RC_SEND_OPS (SN_UC_SEND_OPS | IBV_QP_EX_WITH_RDMA_READ | \
+                        IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
+                        IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV)
+
 static struct ibv_qp *sn_new_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a, int is_ex)
 {
     struct sn_qp *s;
@@ -1033,7 +1151,8 @@ static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
                                            struct ibv_qp_init_attr_ex *attr)
 {
     (void)ctx;
-    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                     IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sn_fail_ptr(EINVAL);
     /* creation flags and a TSO header are accepted when they ask for nothing */
@@ -1044,6 +1163,16 @@ static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
     known |= IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
     if (attr->comp_mask & ~known)
         return sn_fail_ptr(EOPNOTSUPP);
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
+        return sn_fail_ptr(EOPNOTSUPP);
+    /* as rxe: a QP is refused if it asks for a builder its type cannot post */
+    if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+        uint64_t ok = attr->qp_type == IBV_QPT_RC ? SN_RC_SEND_OPS
+                    : attr->qp_type == IBV_QPT_UC ? SN_UC_SEND_OPS
+                    : attr->qp_type == IBV_QPT_UD ? SN_UD_SEND_OPS : 0;
+        if (attr->send_ops_flags & ~ok)
+            return sn_fail_ptr(EOPNOTSUPP);
+    }
     return sn_new_qp(attr->pd, attr, (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0);
 }
 
@@ -1411,9 +1540,23 @@ static void sn_wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length
     sn_wr_set_inline_data_list(q, 1, &b);
 }
 
+/* A builder softnic does not provide (wr_bind_mw, wr_send_tso, wr_set_xrc_srqn,
+ * wr_atomic_write, and those of later headers): the WR list fails at wr_complete
+ * with EOPNOTSUPP and nothing of it is posted. */
+static void sn_wr_unsupported(struct ibv_qp_ex *q)
+{
+    to_sqp(q)->wr_err = EOPNOTSUPP;
+}
+
 static void sn_qpx_install(struct sn_qp *s)
 {
     struct ibv_qp_ex *q = &s->qpx;
+    q->wr_bind_mw = (void *)sn_wr_unsupported;
+    q->wr_send_tso = (void *)sn_wr_unsupported;
+    q->wr_set_xrc_srqn = (void *)sn_wr_unsupported;
+    q->wr_atomic_write = (void *)sn_wr_unsupported;
+    for (int i = 0; i < SN_QPX_SPARE; i++)
+        s->spare_wr[i] = sn_wr_unsupported;
     q->wr_start = sn_wr_start;
     q->wr_complete = sn_wr_complete;
     q->wr_abort = sn_wr_abort;

@@ -95,6 +95,21 @@ def binomial_broadcast(t: Transport, buf: np.ndarray, root: int) -> None:
         mask <<= 1
 
 
+def chain_broadcast(t: Transport, buf: np.ndarray, root: int) -> None:
+    """A pipeline root -> root+1 -> ... -> root-1: each chunk goes on to the next rank
+    as soon as it has come in, so every link carries the buffer once, all at the same
+    time (for large buffers; the binomial tree's log2(n) rounds win on small ones)."""
+    n, r = t.world, t.rank
+    vrank = (r - root) % n
+    left, right = (r - 1) % n, (r + 1) % n
+    if vrank == 0:
+        t.exchange(sends=[(right, buf)])
+    elif vrank == n - 1:
+        t.exchange(recvs=[(left, buf, None)])
+    else:
+        t.chain(left, right, [(buf, None)], [buf], lag=0)
+
+
 def alltoall(t: Transport, send: np.ndarray, recv: np.ndarray) -> None:
     n, r = t.world, t.rank
     m = send.size // n

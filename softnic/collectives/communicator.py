@@ -16,6 +16,8 @@ DTYPES = tuple(np.dtype(t) for t in (
     "float16", "float32", "float64", "complex64", "complex128"))
 # below this many bytes allreduce uses recursive doubling (fewer rounds), above it the ring
 SMALL_ALLREDUCE = int(os.environ.get("SOFTNIC_COLL_SMALL", 64 * 1024))
+# above this many bytes broadcast is a pipelined chain, below a binomial tree
+SMALL_BROADCAST = int(os.environ.get("SOFTNIC_COLL_SMALL_BCAST", 64 * 1024))
 
 
 def _op(op):
@@ -52,6 +54,7 @@ class Communicator:
                  timeout: float = 60.0, rendezvous: Rendezvous | None = None, **transport_kw):
         self.rank, self.world_size = rank, world_size
         self._rendezvous = rendezvous
+        self._work: np.ndarray | None = None
         self.transport = Transport(rank, world_size, store, prefix, timeout=timeout,
                                    **transport_kw)
 
@@ -90,6 +93,7 @@ class Communicator:
             raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd)")
         if self.world_size == 1:
             return buf
+        self.transport.register(flat)
         if algorithm == "ring":
             alg.ring_allreduce(self.transport, flat, ufunc)
         elif algorithm == "rd":
@@ -100,7 +104,11 @@ class Communicator:
         flat = _check(buf, "broadcast buffer")
         self._root(root)
         if self.world_size > 1:
-            alg.binomial_broadcast(self.transport, flat, root)
+            self.transport.register(flat)
+            if flat.nbytes > SMALL_BROADCAST and self.world_size > 2:
+                alg.chain_broadcast(self.transport, flat, root)
+            else:
+                alg.binomial_broadcast(self.transport, flat, root)
         return buf
 
     def allgather(self, send: np.ndarray, recv: np.ndarray | None = None) -> np.ndarray:
@@ -113,6 +121,7 @@ class Communicator:
         n = s.size
         r[self.rank * n:(self.rank + 1) * n] = s
         if self.world_size > 1:
+            self.transport.register(r)
             bounds = [(i * n, (i + 1) * n) for i in range(self.world_size)]
             alg.ring_allgather(self.transport, r, bounds)
         return recv
@@ -131,8 +140,9 @@ class Communicator:
             recv = np.empty(n, send.dtype)
         r = _check(recv, "reduce_scatter output")
         self._sizes(s, r, self.world_size, "reduce_scatter input")
-        work = s.copy()
+        work = self._scratch(s)
         if self.world_size > 1:
+            self.transport.register(work)
             bounds = [(i * n, (i + 1) * n) for i in range(self.world_size)]
             alg.ring_reduce_scatter(self.transport, work, ufunc, bounds)
         r[:] = work[self.rank * n:(self.rank + 1) * n]
@@ -155,6 +165,15 @@ class Communicator:
     def barrier(self) -> None:
         if self.world_size > 1:
             alg.dissemination_barrier(self.transport)
+
+    def _scratch(self, like: np.ndarray) -> np.ndarray:
+        """A copy of ``like`` in a buffer kept between calls (so its registration is too)."""
+        need = like.nbytes
+        if self._work is None or self._work.nbytes < need:
+            self._work = np.empty(max(need, 64), np.uint8)
+        w = self._work[:need].view(like.dtype)
+        w[:] = like
+        return w
 
     # ------------------------------------------------------------------ checks
 

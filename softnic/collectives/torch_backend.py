@@ -9,19 +9,30 @@ them); QP numbers, PSNs, GIDs and rkeys are exchanged through torch's store.
 Every collective runs on softnic's verbs collectives over CPU tensors:
 broadcast, all_reduce (SUM, PRODUCT, MIN, MAX, AVG), all_gather (and
 all_gather_into_tensor), reduce_scatter (and reduce_scatter_tensor),
-all_to_all_single and barrier.  Calls complete before they return; the Work
-they hand back is already done, so ``async_op=True`` and DDP's bucket hooks
-work unchanged.
+all_to_all_single and barrier.
+
+Every call returns at once with a ``Work`` that completes in the background:
+one thread per process group runs the collectives in the order they were
+issued (the same on every rank, as torch requires), so several may be in
+flight, ``async_op=True`` overlaps them with whatever the caller does next,
+and DistributedDataParallel's gradient buckets are reduced while the backward
+pass goes on.  ``wait()``, ``is_completed()`` and ``get_future()`` behave as
+torch defines them; an error (a dead peer, a timeout) is raised by ``wait()``
+and by the future, and fails every collective issued after it.
+``SOFTNIC_COLL_ASYNC=0`` (or ``group's backend.asynchronous = False``) runs
+each call to completion before it returns instead.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from .communicator import Communicator
 
@@ -31,10 +42,138 @@ _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.M
         dist.ReduceOp.MAX: "max", dist.ReduceOp.AVG: "sum"}
 
 
-def _done(result) -> dist.Work:
-    fut = torch.futures.Future()
-    fut.set_result(result)
-    return _create_work_from_future(fut)
+HEARTBEAT = 0.25        # seconds between a rank's heartbeats in the store
+DEAD_AFTER = 3.0        # a peer whose heartbeat stood still this long is gone
+
+
+class _Store:
+    """torch's store as the collectives use it (``set``, ``get``), plus ``failed_ranks``:
+    every rank bumps a counter in the store from a thread of its own, and a peer whose
+    counter has not moved for ``DEAD_AFTER`` seconds has died (torch's store does not
+    say when a client goes away).  A lock keeps the two threads' requests apart."""
+
+    def __init__(self, store, rank: int, size: int):
+        self.store, self.rank, self.size = store, rank, size
+        self.lock = threading.Lock()
+        self.seen = {p: (-1, time.monotonic()) for p in range(size) if p != rank}
+        self.closed = threading.Event()
+        self._beat()
+        self.thread = threading.Thread(target=self._run, name=f"softnic-heartbeat-{rank}",
+                                       daemon=True)
+        self.thread.start()
+
+    def set(self, key, value) -> None:
+        with self.lock:
+            self.store.set(key, value)
+
+    def get(self, key) -> bytes:
+        # a blocking get would hold the lock: poll with check instead
+        while True:
+            with self.lock:
+                if self.store.check([key]):
+                    return self.store.get(key)
+            dead = self.failed_ranks()
+            if dead:
+                raise RuntimeError(f"rank(s) {dead} stopped beating (process died?)")
+            time.sleep(0.002)
+
+    def _beat(self) -> None:
+        with self.lock:
+            self.store.add(f"softnic/hb/{self.rank}", 1)
+
+    def _run(self) -> None:
+        while not self.closed.wait(HEARTBEAT):
+            try:
+                self._beat()
+            except Exception:               # noqa: BLE001 - the store is gone: stop
+                return
+
+    def failed_ranks(self) -> list[int]:
+        now = time.monotonic()
+        dead = []
+        for p, (count, since) in self.seen.items():
+            with self.lock:
+                c = self.store.add(f"softnic/hb/{p}", 0)
+            if c != count:
+                self.seen[p] = (c, now)
+            elif c > 0 and now - since > DEAD_AFTER:
+                dead.append(p)
+        return dead
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+class _Work(dist.Work):
+    """A collective running in the group's thread: done when its future is."""
+
+    def __init__(self, fut: torch.futures.Future):
+        super().__init__()
+        self.fut = fut
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        secs = timeout.total_seconds() if timeout is not None else 0
+        if secs > 0 and not self.fut.done():
+            done = threading.Event()
+            self.fut.add_done_callback(lambda _: done.set())
+            if not done.wait(secs):
+                raise RuntimeError(f"softnic backend: collective not complete after {secs:g} s")
+        self.fut.wait()                     # raises the collective's error, if any
+        return True
+
+    def is_completed(self) -> bool:
+        return self.fut.done()
+
+    def is_success(self) -> bool:
+        if not self.fut.done():
+            return False
+        try:
+            self.fut.value()
+        except Exception:                   # noqa: BLE001
+            return False
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self.fut
+
+
+class _Worker:
+    """The thread that runs a process group's collectives, one after another, in the
+    order they were issued.  The first failure fails everything after it: the ranks
+    no longer agree on which collective comes next."""
+
+    def __init__(self, name: str):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.failed: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, fn, result) -> torch.futures.Future:
+        fut = torch.futures.Future()
+        self.jobs.put((fn, result, fut))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            fn, result, fut = job
+            if self.failed is not None:
+                fut.set_exception(RuntimeError(f"softnic backend: an earlier collective "
+                                               f"failed: {self.failed}"))
+                continue
+            try:
+                fn()
+            except BaseException as ex:             # noqa: BLE001 - handed to the waiter
+                self.failed = ex
+                fut.set_exception(ex)
+                continue
+            fut.set_result(result)
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=30)
 
 
 def _op_name(reduce_op) -> str:
@@ -73,92 +212,125 @@ class SoftnicProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
         secs = float(os.environ.get("SOFTNIC_COLL_TIMEOUT", timeout.total_seconds()))
-        self.comm = Communicator(rank, size, store, prefix="softnic", timeout=secs)
+        self.store = _Store(store, rank, size) if size > 1 else store
+        self.comm = Communicator(rank, size, self.store, prefix="softnic", timeout=secs)
+        self.asynchronous = os.environ.get("SOFTNIC_COLL_ASYNC", "1") != "0"
+        self._worker = _Worker(f"softnic-pg-{rank}")
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _run(self, fn, result) -> dist.Work:
+        """Run ``fn`` in the group's thread; the Work completes (with ``result``) when it
+        has.  Synchronous mode waits for it here."""
+        fut = self._worker.submit(fn, result)
+        if not self.asynchronous:
+            try:
+                fut.wait()
+            except Exception:               # noqa: BLE001 - raised again by wait()
+                pass
+        return _Work(fut)
 
     # ------------------------------------------------------------------ collectives
 
     def allreduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         name = _op_name(op)
-        for t in tensors:
-            x = _Array(t)
-            self.comm.allreduce(x.a, name)
-            if _is_avg(op):
-                if not t.is_floating_point():
-                    raise TypeError("softnic backend: AVG needs a floating-point tensor")
-                x.stage.div_(self.size())
-            x.finish()
-        return _done(tensors)
+        if _is_avg(op) and not all(t.is_floating_point() for t in tensors):
+            raise TypeError("softnic backend: AVG needs a floating-point tensor")
+        xs = [_Array(t) for t in tensors]
+
+        def job():
+            for x in xs:
+                self.comm.allreduce(x.a, name)
+                if _is_avg(op):
+                    x.stage.div_(self.size())
+                x.finish()
+        return self._run(job, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        for t in tensors:
-            x = _Array(t)
-            self.comm.broadcast(x.a, root)
-            x.finish()
-        return _done(tensors)
+        xs = [_Array(t) for t in tensors]
+
+        def job():
+            for x in xs:
+                self.comm.broadcast(x.a, root)
+                x.finish()
+        return self._run(job, tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
-        for outs, inp in zip(output_lists, inputs):
+        for outs in output_lists:
             if len(outs) != self.size():
                 raise ValueError(f"softnic backend: all_gather needs {self.size()} outputs")
-            x = _Array(inp)
-            gathered = self.comm.allgather(x.a)
-            for i, o in enumerate(outs):
-                o.copy_(torch.from_numpy(gathered[i].reshape(tuple(inp.shape))))
-        return _done(output_lists)
+        xs = [_Array(inp) for inp in inputs]
+
+        def job():
+            for outs, inp, x in zip(output_lists, inputs, xs):
+                gathered = self.comm.allgather(x.a)
+                for i, o in enumerate(outs):
+                    o.copy_(torch.from_numpy(gathered[i].reshape(tuple(inp.shape))))
+        return self._run(job, output_lists)
 
     def all_gather_single(self, output, inp, opts=None):
         x, y = _Array(inp), _Array(output)
-        self.comm.allgather(x.a, y.a)
-        y.finish()
-        return _done([output])
+
+        def job():
+            self.comm.allgather(x.a, y.a)
+            y.finish()
+        return self._run(job, [output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        for o, i in zip(outputs, inputs):
-            self.all_gather_single(o, i, opts)
-        return _done(outputs)
+        pairs = [(_Array(i), _Array(o)) for o, i in zip(outputs, inputs)]
+
+        def job():
+            for x, y in pairs:
+                self.comm.allgather(x.a, y.a)
+                y.finish()
+        return self._run(job, outputs)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        pairs = []
         for out, ins in zip(outputs, input_lists):
             if len(ins) != self.size():
                 raise ValueError(f"softnic backend: reduce_scatter needs {self.size()} inputs")
-            flat = torch.cat([t.reshape(-1) for t in ins])
-            self._reduce_scatter_flat(out, flat, op)
-        return _done(outputs)
+            pairs.append((out, torch.cat([t.reshape(-1) for t in ins])))
+        return self._reduce_scatter(pairs, op, outputs)
 
     def reduce_scatter_single(self, output, inp, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        self._reduce_scatter_flat(output, inp.reshape(-1), op)
-        return _done([output])
+        return self._reduce_scatter([(output, inp.reshape(-1))], op, [output])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        for o, i in zip(outputs, inputs):
-            self.reduce_scatter_single(o, i, opts)
-        return _done(outputs)
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._reduce_scatter([(o, i.reshape(-1)) for o, i in zip(outputs, inputs)],
+                                    op, outputs)
 
-    def _reduce_scatter_flat(self, out, flat, op) -> None:
-        x, y = _Array(flat), _Array(out)
-        self.comm.reduce_scatter(x.a, y.a, _op_name(op))
-        if _is_avg(op):
-            y.stage.div_(self.size())
-        y.finish()
+    def _reduce_scatter(self, pairs, op, result) -> dist.Work:
+        name = _op_name(op)
+        arrays = [(_Array(flat), _Array(out)) for out, flat in pairs]
+
+        def job():
+            for x, y in arrays:
+                self.comm.reduce_scatter(x.a, y.a, name)
+                if _is_avg(op):
+                    y.stage.div_(self.size())
+                y.finish()
+        return self._run(job, result)
 
     def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes, opts=None):
         if output_split_sizes or input_split_sizes:
             raise ValueError("softnic backend: all_to_all_single with uneven splits is not "
                              "supported")
         x, y = _Array(inp), _Array(output)
-        self.comm.alltoall(x.a, y.a)
-        y.finish()
-        return _done([output])
+
+        def job():
+            self.comm.alltoall(x.a, y.a)
+            y.finish()
+        return self._run(job, [output])
 
     # the names older torch releases call
     _allgather_base = all_gather_single
@@ -166,11 +338,15 @@ class SoftnicProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        self.comm.barrier()
-        return _done(None)
+        return self._run(self.comm.barrier, None)
 
     def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
         self.comm.close()
+        if isinstance(self.store, _Store):
+            self.store.close()
 
 
 def _create(store, rank, size, timeout):

@@ -1,15 +1,25 @@
 """Point-to-point channels between ranks over RC QPs, built the way NCCL's IB transport is.
 
-Every pair of ranks shares one RC QP.  Each rank registers one receive region
-holding, for every peer, a ring of ``slots`` chunks of ``chunk`` bytes, and a
-send region of the same shape where outgoing chunks are staged.  A chunk goes
-out as one RDMA WRITE_WITH_IMM straight into the next slot of the peer's ring;
-the immediate carries the message's sequence number, and the receive
-completion tells the peer it has landed.  A sender holds one credit per free
-slot of the peer's ring and never writes without one; the receiver returns
-credits (a zero-length SEND_WITH_IMM whose immediate has the top bit set and
-the count below) once it has consumed the chunks, so a fast sender can never
-overrun a slow receiver, and chunks flow in a pipeline ``slots`` deep.
+Every pair of ranks shares ``qps`` RC QPs (``SOFTNIC_COLL_QPS``), each sending
+from its own UDP source port (the GRH flow label, from which RoCEv2 derives
+the port) so that a multipath fabric can spread them.  Each rank registers one
+receive region holding, for every peer, a ring of ``slots`` chunks of
+``chunk`` bytes.  A chunk goes out as one RDMA WRITE_WITH_IMM straight into
+the next slot of the peer's ring, chunk ``s`` of a peer on its QP ``s mod
+qps`` (NCCL's ``NCCL_IB_QPS_PER_CONNECTION`` striping); the immediate carries
+the chunk's sequence number, and the receive completion tells the peer it has
+landed, whichever QP it came on: chunks are taken in sequence order.  A
+sender holds one credit per free slot of the peer's ring and never writes
+without one; the receiver returns credits (a zero-length SEND_WITH_IMM whose
+immediate has the top bit set and the count below) once it has consumed the
+chunks, so a fast sender can never overrun a slow receiver, and chunks flow in
+a pipeline ``slots`` deep.
+
+Large sends leave from the caller's own memory: the buffer is registered once
+and the registration cached (``register``), so a chunk costs one WRITE and no
+copy; a collective returns only when those WRITEs are acknowledged, since the
+caller may then change the buffer.  Small sends are copied into a registered
+staging ring, which costs less than a registration.
 
 The algorithms use two primitives.  ``exchange(sends, recvs)`` moves any
 number of messages to and from any peers at once, copying or reducing (with a
@@ -26,6 +36,8 @@ import ctypes
 import json
 import os
 import time
+import zlib
+from collections import OrderedDict
 
 import numpy as np
 
@@ -33,10 +45,14 @@ from . import _verbs as v
 
 CREDIT_FLAG = 0x80000000
 SEQ_MASK = 0x7FFFFFFF
-DEFAULT_CHUNK = 64 * 1024
+DEFAULT_CHUNK = 256 * 1024
 DEFAULT_SLOTS = 8
+DEFAULT_QPS = 1
+ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 64 * 1024))  # sends this big: no copy
+MR_CACHE = 16                         # registrations of callers' buffers kept
 SPIN = float(os.environ.get("SOFTNIC_COLL_SPIN", 2e-4))    # busy-poll this long before napping
 ACCESS = v.e.IBV_ACCESS_LOCAL_WRITE | v.e.IBV_ACCESS_REMOTE_WRITE
+_ZC = 1 << 40                         # wr_id flag: a WRITE from a caller's buffer
 
 
 class CollectiveError(RuntimeError):
@@ -49,19 +65,29 @@ def _u8_view(addr: int, length: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(addr))
 
 
+def flow_label(rank: int, peer: int, q: int) -> int:
+    """The GRH flow label of ``rank``'s QP ``q`` to ``peer``: non-zero, 14 bits (so the
+    RoCEv2 UDP source port is ``0xC000 | label``, see ``softnic.core.entropy``), and
+    different for each QP of a pair."""
+    h = zlib.crc32(f"{min(rank, peer)}/{max(rank, peer)}".encode()) & 0x3FFF
+    return ((h + q * 0x9E5 + (rank > peer) * 0x1A3) % 0x3FFF) + 1
+
+
 class _Stream:
     """Messages to (or from) one peer, one after another: ``segs`` are uint8 views,
     each cut into chunks.  ``i``/``k``/``off``: the current segment, its next chunk and
-    that chunk's byte offset.  A receive stream also has, per segment, the ufunc
-    that reduces into it (None: copy) and the dtype it reduces in."""
-    __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "i", "k", "off", "gate")
+    that chunk's byte offset.  A send stream has, per segment, the lkey of a
+    registration holding it (None: stage a copy); a receive stream the ufunc that
+    reduces into it (None: copy) and the dtype it reduces in."""
+    __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "i", "k", "off", "gate", "lkeys")
 
-    def __init__(self, peer, segs, nchunks, ops=None, dtypes=None, gate=None):
+    def __init__(self, peer, segs, nchunks, ops=None, dtypes=None, gate=None, lkeys=None):
         self.peer, self.segs = peer, segs
         self.ops, self.dtypes = ops, dtypes
         self.nch = [nchunks(len(x)) for x in segs]
         self.i = self.k = self.off = 0
         self.gate = gate
+        self.lkeys = lkeys
 
     def done(self) -> bool:
         return self.i >= len(self.segs)
@@ -83,18 +109,25 @@ class Transport:
 
     def __init__(self, rank: int, world: int, store, prefix: str = "softnic", *,
                  device: str | None = None, chunk: int | None = None,
-                 slots: int | None = None, timeout: float = 60.0):
+                 slots: int | None = None, qps: int | None = None, timeout: float = 60.0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside 0..{world - 1}")
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
         self.timeout = timeout
         self.chunk = int(chunk or os.environ.get("SOFTNIC_COLL_CHUNK", DEFAULT_CHUNK))
         self.slots = int(slots or os.environ.get("SOFTNIC_COLL_SLOTS", DEFAULT_SLOTS))
+        self.nqp = int(qps or os.environ.get("SOFTNIC_COLL_QPS", DEFAULT_QPS))
         if self.chunk <= 0 or self.chunk % 64:
             raise ValueError(f"chunk size {self.chunk} must be a positive multiple of 64")
         if self.slots < 1:
             raise ValueError("need at least one slot per peer")
+        if not 1 <= self.nqp <= 64:
+            raise ValueError(f"{self.nqp} QPs per peer: give 1 to 64")
         self.credit_batch = max(1, self.slots // 2)
+        self.rq_batch = max(1, self.slots // 2)
+        # zero-copy sends keep registrations of callers' memory; on a real device a
+        # freed and reused address may be other pages, so there it is registered per call
+        self.cache_mrs = v._PKG != "pyverbs"
         names = [d.name.decode() if isinstance(d.name, bytes) else d.name
                  for d in v.get_device_list()]
         if not names:
@@ -103,30 +136,47 @@ class Transport:
         self.ctx = v.Context(name=self.device)
         self.pd = v.PD(self.ctx)
         peers = [p for p in range(world) if p != rank]
-        self.sq_depth = self.slots + 4              # data chunks plus credit returns
-        self.rq_depth = 2 * self.slots + 4          # data chunks plus credit messages
-        self.cq = v.CQ(self.ctx, max(1, len(peers)) * (self.sq_depth + self.rq_depth) + 16)
+        self.peers = peers
+        self.sq_depth = self.slots + 4                  # data chunks plus credit returns
+        self.rq_depth = 2 * self.slots + self.rq_batch + 4  # data, credits, unreposted
+        self.cq = v.CQ(self.ctx, max(1, len(peers) * self.nqp) * (self.sq_depth + self.rq_depth)
+                       + 16)
         region = max(1, world * self.slots * self.chunk)
         self.recv_mr = v.MR(self.pd, region, ACCESS)
         self.send_mr = v.MR(self.pd, region, v.e.IBV_ACCESS_LOCAL_WRITE)
         self.recv_mem = _u8_view(self.recv_mr.buf, region)
         self.send_mem = _u8_view(self.send_mr.buf, region)
-        self.qps: dict[int, object] = {}
-        self.qp_peer: dict[int, int] = {}
+        self._mrs: OrderedDict[tuple[int, int], object] = OrderedDict()
+        self._call_mrs: list = []               # registrations for this call only
+        # QPs: self.qps[p] the list for peer p; per QP (by global index) its peer and
+        # send WRs not yet completed
+        self.qps: dict[int, list] = {}
+        self.qp_index: dict[int, int] = {}      # qp_num -> global index
+        self.qp_list: list = []
+        self.qp_peer: list[int] = []
+        self.sq_out: list[int] = []
+        self.rq_owed: list[int] = []            # receives taken, not yet posted again
         for p in peers:
-            cap = v.QPCap(max_send_wr=self.sq_depth, max_recv_wr=self.rq_depth,
-                          max_send_sge=1, max_recv_sge=1)
-            qp = v.QP(self.pd, v.QPInitAttr(qp_type=v.e.IBV_QPT_RC, scq=self.cq, rcq=self.cq,
-                                            cap=cap, sq_sig_all=1))
-            self.qps[p] = qp
-            self.qp_peer[qp.qp_num] = p
+            self.qps[p] = []
+            for _ in range(self.nqp):
+                cap = v.QPCap(max_send_wr=self.sq_depth, max_recv_wr=self.rq_depth,
+                              max_send_sge=1, max_recv_sge=1)
+                qp = v.QP(self.pd, v.QPInitAttr(qp_type=v.e.IBV_QPT_RC, scq=self.cq,
+                                                rcq=self.cq, cap=cap, sq_sig_all=1))
+                self.qp_index[qp.qp_num] = len(self.qp_list)
+                self.qp_list.append(qp)
+                self.qp_peer.append(p)
+                self.sq_out.append(0)
+                self.rq_owed.append(0)
+                self.qps[p].append(qp)
+        self.first_qp = {p: self.qp_index[self.qps[p][0].qp_num] for p in peers}
         # per-peer flow state
         self.send_seq = dict.fromkeys(peers, 0)      # data chunks posted to the peer
         self.credits = dict.fromkeys(peers, self.slots)
-        self.sq_out = dict.fromkeys(peers, 0)        # send WRs not yet completed
-        self.arrived = dict.fromkeys(peers, 0)       # data chunks landed from the peer
-        self.consumed = dict.fromkeys(peers, 0)      # of those, taken by a receive
+        self.consumed = dict.fromkeys(peers, 0)      # chunks taken by a receive
+        self.landed = {p: bytearray(self.slots) for p in peers}  # by seq mod slots
         self.owed = dict.fromkeys(peers, 0)          # credits to return to the peer
+        self.zc_out = 0                              # zero-copy WRITEs not yet completed
         self._connect(peers)
 
     # ------------------------------------------------------------------ setup
@@ -134,43 +184,61 @@ class Transport:
     def _slot(self, peer: int, seq: int) -> int:
         return (peer * self.slots + seq % self.slots) * self.chunk
 
+    def udp_source_ports(self, peer: int) -> list[int]:
+        """The RoCEv2 UDP source port of each QP to ``peer`` (from its flow label)."""
+        return [0xC000 | flow_label(self.rank, peer, q) for q in range(len(self.qps[peer]))]
+
     def _connect(self, peers: list[int]) -> None:
         gid = self.ctx.query_gid(1, 0)
-        psns = {p: int.from_bytes(os.urandom(3), "little") for p in peers}
+        psns = {p: [int.from_bytes(os.urandom(3), "little") for _ in self.qps[p]] for p in peers}
         me = {"gid": str(gid), "rkey": self.recv_mr.rkey, "addr": self.recv_mr.buf,
-              "qpn": {str(p): self.qps[p].qp_num for p in peers},
+              "nqp": self.nqp,
+              "qpn": {str(p): [qp.qp_num for qp in self.qps[p]] for p in peers},
               "psn": {str(p): psns[p] for p in peers}}
         self.store.set(f"{self.prefix}/conn/{self.rank}", json.dumps(me).encode())
         self.remote: dict[int, dict] = {}
         for p in peers:
             self.remote[p] = json.loads(self._get(f"{self.prefix}/conn/{p}", p))
+            if self.remote[p].get("nqp") != self.nqp:
+                raise CollectiveError(f"rank {self.rank}: rank {p} uses "
+                                      f"{self.remote[p].get('nqp')} QPs per peer, this rank "
+                                      f"{self.nqp} (set SOFTNIC_COLL_QPS alike on every rank)")
         for p in peers:
             r = self.remote[p]
-            qp = self.qps[p]
-            attr = v.QPAttr(qp_state=v.e.IBV_QPS_INIT, cur_qp_state=v.e.IBV_QPS_RESET)
-            attr.qp_access_flags = ACCESS
-            attr.port_num = 1
-            qp.to_init(attr)
-            for _ in range(self.rq_depth):
-                qp.post_recv(v.RecvWR(wr_id=p, num_sge=0))
-            attr.path_mtu = v.e.IBV_MTU_4096
-            attr.dest_qp_num = r["qpn"][str(self.rank)]
-            attr.rq_psn = r["psn"][str(self.rank)]
-            attr.max_dest_rd_atomic = 1
-            attr.min_rnr_timer = 1
-            attr.ah_attr = v.AHAttr(is_global=1, port_num=1,
-                                    gr=v.GlobalRoute(dgid=v.GID(r["gid"]), sgid_index=0))
-            qp.to_rtr(attr)
-            attr.sq_psn = psns[p]
-            attr.timeout = int(os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
-            attr.retry_cnt = 7
-            attr.rnr_retry = 7
-            attr.max_rd_atomic = 1
-            qp.to_rts(attr)
+            for q, qp in enumerate(self.qps[p]):
+                attr = v.QPAttr(qp_state=v.e.IBV_QPS_INIT, cur_qp_state=v.e.IBV_QPS_RESET)
+                attr.qp_access_flags = ACCESS
+                attr.port_num = 1
+                qp.to_init(attr)
+                self._post_recvs(qp, self.rq_depth, p)
+                attr.path_mtu = v.e.IBV_MTU_4096
+                attr.dest_qp_num = r["qpn"][str(self.rank)][q]
+                attr.rq_psn = r["psn"][str(self.rank)][q]
+                attr.max_dest_rd_atomic = 1
+                attr.min_rnr_timer = 1
+                attr.ah_attr = v.AHAttr(is_global=1, port_num=1,
+                                        gr=v.GlobalRoute(dgid=v.GID(r["gid"]), sgid_index=0,
+                                                         flow_label=flow_label(self.rank, p, q)))
+                qp.to_rtr(attr)
+                attr.sq_psn = psns[p][q]
+                attr.timeout = int(os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
+                attr.retry_cnt = 7
+                attr.rnr_retry = 7
+                attr.max_rd_atomic = 1
+                qp.to_rts(attr)
         # nobody writes before every peer's QPs are ready to receive
         self.store.set(f"{self.prefix}/ready/{self.rank}", b"1")
         for p in peers:
             self._get(f"{self.prefix}/ready/{p}", p)
+
+    @staticmethod
+    def _post_recvs(qp, n: int, peer: int) -> None:
+        if n <= 0:
+            return
+        wr = None
+        for _ in range(n):
+            wr = v.RecvWR(wr_id=peer, num_sge=0, next_wr=wr)
+        qp.post_recv(wr)
 
     def _get(self, key: str, peer: int) -> bytes:
         try:
@@ -185,7 +253,7 @@ class Transport:
         """Wait until every chunk and credit this rank posted is acknowledged, so that
         closing the device (or exiting) loses nothing a peer still needs."""
         deadline = time.monotonic() + timeout
-        while any(self.sq_out.values()) and time.monotonic() < deadline:
+        while any(self.sq_out) and time.monotonic() < deadline:
             if not self._poll():
                 time.sleep(1e-4)
 
@@ -200,27 +268,74 @@ class Transport:
                     self.store.get(f"{self.prefix}/drained/{p}")
             except Exception:           # a peer already gone: nothing left to protect
                 pass
-        for obj in list(self.qps.values()) + [self.recv_mr, self.send_mr, self.cq, self.pd,
-                                              self.ctx]:
+        for obj in (self.qp_list + list(self._mrs.values()) + self._call_mrs
+                    + [self.recv_mr, self.send_mr, self.cq, self.pd, self.ctx]):
             try:
                 obj.close()
             except v.PyverbsError:
                 pass
-        self.qps = {}
+        self.qps, self.qp_list, self._mrs, self._call_mrs = {}, [], OrderedDict(), []
+
+    # ------------------------------------------------------------------ registrations
+
+    def register(self, arr: np.ndarray) -> None:
+        """Register ``arr``'s memory (if big enough to be worth it) so that sends from it,
+        or any part of it, leave without a copy.  Kept in a small cache of the most
+        recently used buffers (softnic's device), or for this call only (a real one)."""
+        if arr.nbytes < ZC_MIN:
+            return
+        addr = arr.ctypes.data
+        key = (addr, arr.nbytes)
+        mr = self._mrs.get(key)
+        if mr is not None:
+            self._mrs.move_to_end(key)
+            return
+        try:
+            mr = v.MR(self.pd, arr.nbytes, v.e.IBV_ACCESS_LOCAL_WRITE, address=addr)
+        except v.PyverbsError:
+            return                          # not registrable here: sends are staged
+        if not self.cache_mrs:
+            self._call_mrs.append(mr)
+            self._mrs[key] = mr
+            return
+        self._mrs[key] = mr
+        while len(self._mrs) > MR_CACHE:
+            _, old = self._mrs.popitem(last=False)
+            old.close()
+
+    def _lkey(self, seg: np.ndarray):
+        if seg.nbytes < ZC_MIN:
+            return None
+        lo = seg.ctypes.data
+        hi = lo + seg.nbytes
+        for (addr, n), mr in self._mrs.items():
+            if addr <= lo and hi <= addr + n:
+                return mr.lkey
+        self.register(seg)
+        mr = self._mrs.get((lo, seg.nbytes))
+        return None if mr is None else mr.lkey
+
+    def _end_call(self) -> None:
+        for mr in self._call_mrs:
+            self._mrs.pop(next(k for k, m in self._mrs.items() if m is mr), None)
+            mr.close()
+        self._call_mrs = []
 
     # ------------------------------------------------------------------ data path
 
     def nchunks(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.chunk))
 
+    def _send_stream(self, peer, arrays, gate=None) -> _Stream:
+        segs = [np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in arrays]
+        return _Stream(peer, segs, self.nchunks, gate=gate,
+                       lkeys=[self._lkey(s) for s in segs])
+
     def exchange(self, sends=(), recvs=()) -> None:
         """Send each ``(peer, array)`` of ``sends`` and receive each ``(peer, dst, op)``
         of ``recvs`` (``dst`` a contiguous 1-D array; ``op`` a numpy ufunc reducing the
         incoming data into ``dst``, or None to copy), all at once."""
-        ss = []
-        for peer, data in sends:
-            data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-            ss.append(_Stream(peer, [data], self.nchunks))
+        ss = [self._send_stream(peer, [data]) for peer, data in sends]
         rs = [_Stream(peer, [dst.reshape(-1).view(np.uint8)], self.nchunks, [op], [dst.dtype])
               for peer, dst, op in recvs]
         self.run(ss, rs)
@@ -233,21 +348,35 @@ class Transport:
         instead of waiting for the whole step (NCCL's pipelining)."""
         n = self.world
         right, left = (self.rank + 1) % n, (self.rank - 1) % n
+        self.chain(left, right, recvs, sends, lag=1)
+
+    def chain(self, left: int, right: int, recvs, sends, lag: int) -> None:
+        """Receive ``recvs[s] = (dst, op)`` from ``left`` and send ``sends[s]`` to
+        ``right``, where ``sends[s]`` is what ``recvs[s - lag]`` received: each chunk is
+        passed on as soon as it has come in (a ring's steps, ``lag`` 1; a pipelined
+        broadcast, ``lag`` 0, where what comes in goes on)."""
         rs = _Stream(left, [d.reshape(-1).view(np.uint8) for d, _ in recvs], self.nchunks,
                      [op for _, op in recvs], [d.dtype for d, _ in recvs])
 
         def ready(i, k):
-            return i == 0 or rs.i > i - 1 or (rs.i == i - 1 and rs.k > k)
+            j = i - lag
+            return j < 0 or rs.i > j or (rs.i == j and rs.k > k)
 
-        ss = _Stream(right, [np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in sends],
-                     self.nchunks, gate=ready)
-        if ss.nch[1:] != rs.nch[:-1]:
-            raise ValueError("ring: step s must send what step s - 1 received")
-        self.run([ss], [rs])
+        ss = self._send_stream(right, sends, gate=ready)
+        if ss.nch[lag:] != rs.nch[:len(ss.nch) - lag]:
+            raise ValueError("chain: step s must send what step s - lag received")
+        self.run([ss], [rs] if recvs else [])
 
     def run(self, ss: list[_Stream], rs: list[_Stream]) -> None:
         """Drive send and receive streams until every send is posted and every receive
-        consumed."""
+        consumed, and every WRITE from a caller's buffer acknowledged."""
+        try:
+            self._run(ss, rs)
+        finally:
+            if self._call_mrs:
+                self._end_call()
+
+    def _run(self, ss: list[_Stream], rs: list[_Stream]) -> None:
         for st in ss + rs:
             if st.peer == self.rank or st.peer not in self.qps:
                 raise ValueError(f"rank {self.rank}: no connection to rank {st.peer}")
@@ -258,26 +387,34 @@ class Transport:
         last = time.monotonic()
         idle = 0
         checked = last
-        while ss or rs:
+        nqp = self.nqp
+        while ss or rs or self.zc_out:
             moved = False
             for st in ss:
                 p = st.peer
-                while (not st.done() and self.credits[p] and self.sq_out[p] < self.sq_depth - 1
-                       and (st.gate is None or st.gate(st.i, st.k))):
-                    self._post_chunk(st)
+                first = self.first_qp[p]
+                while not st.done() and self.credits[p] and \
+                        (st.gate is None or st.gate(st.i, st.k)):
+                    qi = first + self.send_seq[p] % nqp
+                    if self.sq_out[qi] >= self.sq_depth - 1:
+                        break
+                    self._post_chunk(st, qi)
                     moved = True
             moved |= self._poll()
             for st in rs:
                 p = st.peer
-                while not st.done() and self.arrived[p] > self.consumed[p]:
+                landed = self.landed[p]
+                while not st.done() and landed[self.consumed[p] % self.slots]:
                     self._consume(st)
                     moved = True
-            ss = [st for st in ss if not st.done()]
-            rs = [st for st in rs if not st.done()]
+            if moved:
+                ss = [st for st in ss if not st.done()]
+                rs = [st for st in rs if not st.done()]
             # credits go back in batches, or whenever this rank has nothing else to do
             # (so a sender never waits on credits a receiver sits on)
             for p, n in self.owed.items():
-                if n and (n >= self.credit_batch or not moved) and self.sq_out[p] < self.sq_depth:
+                if n and (n >= self.credit_batch or not moved or not rs) and \
+                        self.sq_out[self.first_qp[p]] < self.sq_depth:
                     self._post_credit(p, n)
             if moved:
                 last = time.monotonic()
@@ -293,10 +430,15 @@ class Transport:
                 checked = now
                 self._check_peers([st.peer for st in ss + rs])
             if now - last > self.timeout:
-                waiting = sorted({st.peer for st in ss + rs})
+                waiting = sorted({st.peer for st in ss + rs}) or sorted(
+                    {self.qp_peer[i] for i, n in enumerate(self.sq_out) if n})
                 raise CollectiveError(
                     f"rank {self.rank}: no progress for {self.timeout:g} s waiting on rank(s) "
                     f"{waiting} (dead, hung, or not in the same collective)")
+        # credits owed go back now: the peer may be blocked on them in its next call
+        for p, n in self.owed.items():
+            if n and self.sq_out[self.first_qp[p]] < self.sq_depth:
+                self._post_credit(p, n)
 
     def _check_peers(self, peers) -> None:
         failed = getattr(self.store, "failed_ranks", None)
@@ -308,31 +450,39 @@ class Transport:
                                   f"(process died or exited early); waiting on "
                                   f"{sorted(set(peers))}")
 
-    def _post_chunk(self, st: _Stream) -> None:
+    def _post_chunk(self, st: _Stream, qi: int) -> None:
         p = st.peer
         data = st.segs[st.i]
         n = min(self.chunk, len(data) - st.off)
         seq = self.send_seq[p]
-        off = self._slot(p, seq)
-        if n:
+        lkey = st.lkeys[st.i]
+        wr_id = p
+        if not n:
+            sg = None
+        elif lkey is not None:
+            sg = [v.SGE(data.ctypes.data + st.off, n, lkey)]
+            wr_id |= _ZC
+            self.zc_out += 1
+        else:
+            off = self._slot(p, seq)
             self.send_mem[off:off + n] = data[st.off:st.off + n]
-        wr = v.SendWR(wr_id=p, opcode=v.e.IBV_WR_RDMA_WRITE_WITH_IMM,
-                      num_sge=1 if n else 0,
-                      sg=[v.SGE(self.send_mr.buf + off, n, self.send_mr.lkey)] if n else None,
-                      imm_data=seq & SEQ_MASK)
+            sg = [v.SGE(self.send_mr.buf + off, n, self.send_mr.lkey)]
+        wr = v.SendWR(wr_id=wr_id, opcode=v.e.IBV_WR_RDMA_WRITE_WITH_IMM,
+                      num_sge=1 if n else 0, sg=sg, imm_data=seq & SEQ_MASK)
         r = self.remote[p]
         wr.set_wr_rdma(r["rkey"], r["addr"] + self._slot(self.rank, seq))
-        self.qps[p].post_send(wr)
+        self.qp_list[qi].post_send(wr)
         self.send_seq[p] = seq + 1
         self.credits[p] -= 1
-        self.sq_out[p] += 1
+        self.sq_out[qi] += 1
         st.advance(n)
 
     def _post_credit(self, p: int, n: int) -> None:
         wr = v.SendWR(wr_id=p, opcode=v.e.IBV_WR_SEND_WITH_IMM, num_sge=0,
                       imm_data=CREDIT_FLAG | n)
-        self.qps[p].post_send(wr)
-        self.sq_out[p] += 1
+        qi = self.first_qp[p]
+        self.qp_list[qi].post_send(wr)
+        self.sq_out[qi] += 1
         self.owed[p] = 0
 
     def _consume(self, st: _Stream) -> None:
@@ -351,6 +501,7 @@ class Transport:
                 dt = st.dtypes[st.i]
                 d = dst.view(dt)
                 op(d, src.view(dt), out=d)
+        self.landed[p][seq % self.slots] = 0
         self.consumed[p] = seq + 1
         self.owed[p] += 1
         st.advance(n)
@@ -363,22 +514,32 @@ class Transport:
                 return moved
             moved = True
             for wc in wcs:
+                qi = self.qp_index.get(wc.qp_num)
                 if wc.status != v.e.IBV_WC_SUCCESS:
-                    p = self.qp_peer.get(wc.qp_num, wc.wr_id)
+                    p = self.qp_peer[qi] if qi is not None else wc.wr_id & 0xFFFFFFFF
                     raise CollectiveError(
                         f"rank {self.rank}: work completion with status {wc.status} on the "
                         f"connection to rank {p} (opcode {wc.opcode}); the peer is probably "
                         f"gone")
-                p = self.qp_peer[wc.qp_num]
+                p = self.qp_peer[qi]
                 if wc.opcode & v.e.IBV_WC_RECV:
                     imm = wc.imm_data
-                    self.qps[p].post_recv(v.RecvWR(wr_id=p, num_sge=0))
+                    self.rq_owed[qi] += 1
+                    if self.rq_owed[qi] >= self.rq_batch:
+                        self._post_recvs(self.qp_list[qi], self.rq_owed[qi], p)
+                        self.rq_owed[qi] = 0
                     if imm & CREDIT_FLAG:
                         self.credits[p] += imm & SEQ_MASK
                     else:
-                        if imm != self.arrived[p] & SEQ_MASK:
-                            raise CollectiveError(f"rank {self.rank}: chunk {imm} from rank {p} "
-                                                  f"out of order (expected {self.arrived[p]})")
-                        self.arrived[p] += 1
+                        c = self.consumed[p]
+                        seq = c + ((imm - c) & SEQ_MASK)
+                        slot = seq % self.slots
+                        if seq - c >= self.slots or self.landed[p][slot]:
+                            raise CollectiveError(
+                                f"rank {self.rank}: chunk {imm} from rank {p} outside the "
+                                f"window (next expected {c & SEQ_MASK}, {self.slots} slots)")
+                        self.landed[p][slot] = 1
                 else:
-                    self.sq_out[p] -= 1
+                    self.sq_out[qi] -= 1
+                    if wc.wr_id & _ZC:
+                        self.zc_out -= 1

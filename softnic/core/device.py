@@ -137,6 +137,9 @@ class Device:
         #: the compiled per-packet loops (``softnic.accel.load()``), given by the
         #: driver; None runs the same loops in Python
         self.kernel = None
+        #: the agent behind QP1 (``core.cm.CM``), attached by whoever manages
+        #: connections; None: MADs are counted and dropped
+        self.gsi = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -520,6 +523,9 @@ class Device:
             else:
                 c["rp_cnp_ignored"] += 1
             return
+        if pkt.bth.dest_qp == 1:
+            self._gsi_receive(pkt, src, now)
+            return
         qp = self.qps.get(pkt.bth.dest_qp)
         if qp is None:
             c["rcvd_unknown_qp"] += 1
@@ -559,6 +565,19 @@ class Device:
                 self.arm(qp)
             else:
                 completer.receive(self, qp, pkt, now)
+
+    def _gsi_receive(self, pkt, src, now: float) -> None:
+        """A packet for QP1: a MAD for the GSI agent, if it is a UD SEND with the
+        GSI's Q_Key and P_Key."""
+        c = self.counters
+        if self.gsi is None:
+            c["rcvd_unknown_qp"] += 1
+        elif pkt.info.opcode != O.UD_SEND_ONLY or pkt.deth.qkey != 0x80010000 \
+                or pkt.bth.pkey != 0xFFFF:
+            c["rcvd_bad_mad"] += 1
+        else:
+            c["rcvd_mads"] += 1
+            self.gsi.receive(pkt.payload, src, now)
 
     def receive_run(self, data: bytes, seg: int, src: tuple[str, int], now: float) -> None:
         """Datagrams from ``src`` laid end to end in ``data``, ``seg`` bytes each
@@ -719,9 +738,12 @@ class Device:
         ``(data, dest)``, one datagram, or ``(buffer, dest, seg)``, datagrams of
         ``seg`` bytes one after another in ``buffer`` (the last may be shorter),
         all to ``dest``, in the order they are to leave."""
-        if not self._ready and not self._cnps:
+        gsi = self.gsi
+        if not self._ready and not self._cnps and not (gsi is not None and gsi.pending):
             return []
         out: list = []
+        if gsi is not None and gsi.pending:
+            out.extend(gsi.datagrams())
         if self._cnps:
             cnps, self._cnps = self._cnps, []
             for qp in cnps:
@@ -815,14 +837,24 @@ class Device:
 
     def get_timer(self) -> float | None:
         h = self._timers
+        t = None
         while h:
             t, _, qp = h[0]
             if qp.timer_at == t and not qp.closed:
-                return t
+                break
             heapq.heappop(h)
-        return None
+            t = None
+        if self.gsi is not None:
+            g = self.gsi.get_timer()
+            if g is not None and (t is None or g < t):
+                return g
+        return t
 
     def handle_timer(self, now: float) -> None:
+        if self.gsi is not None:
+            g = self.gsi.get_timer()
+            if g is not None and g <= now:
+                self.gsi.handle_timer(now)
         h = self._timers
         while h and h[0][0] <= now:
             t, _, qp = heapq.heappop(h)

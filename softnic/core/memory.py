@@ -396,6 +396,10 @@ class KeyTable:
 
     def remote(self, pd: PD, rkey: int, addr: int, length: int, need: Access,
                qp=None) -> memoryview:
+        if length == 0:
+            # IBA C9-88: a zero-length RDMA WRITE or READ carries no R_Key or VA to
+            # check (rxe skips the check too); UCX flushes an RC QP with one, rkey 0
+            return memoryview(bytearray())
         mr = self._by_key.get(rkey)
         if mr is None or mr.pd is not pd:
             raise AccessError(f"rkey {rkey:#x} unknown in this PD")

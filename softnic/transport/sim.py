@@ -87,10 +87,11 @@ class _Port:
 class _Link:
     """One direction of a link: where it goes and what happens on the way."""
 
-    __slots__ = ("dst", "delay", "injector", "counters", "fast", "uplink", "hop")
+    __slots__ = ("dst", "delay", "injector", "counters", "fast", "uplink", "hop", "clos")
 
     def __init__(self, dst: _Port, delay: float, injector: FaultInjector,
-                 uplink: "EgressQueue | None" = None, hop: "_SwitchHop | None" = None) -> None:
+                 uplink: "EgressQueue | None" = None, hop: "_SwitchHop | None" = None,
+                 clos: Any = None) -> None:
         self.dst = dst
         self.delay = delay
         self.injector = injector
@@ -98,10 +99,11 @@ class _Link:
         # Through a switch: the sending NIC's own egress queue, then the switch port.
         self.uplink = uplink
         self.hop = hop
+        self.clos = clos            # a LeafSpine both ends are connected to
         # Only a stock injector of a perfect direct link may be skipped; one set
         # by set_injector sees every datagram.
         self.fast = (type(injector) is FaultInjector and injector.model.is_none()
-                     and hop is None)
+                     and hop is None and clos is None)
 
 
 #: bytes a link carries per datagram beyond the UDP payload (IPv4 + UDP headers)
@@ -157,8 +159,10 @@ class EgressQueue:
         self.tx_bytes = 0
         self.counters = {"enqueued": 0, "dropped": 0, "marked": 0, "max_qlen": 0}
         self.tx_by_src: dict = {}
-        #: (time, bytes queued) as each datagram arrived
+        #: (time, bytes queued) as each datagram arrived (none kept if
+        #: ``sample_every`` is 0)
         self.samples: list[tuple[float, int]] = []
+        self._sample = sample_every > 0
 
     def qlen(self, now: float) -> float:
         b = self.busy_until - now
@@ -167,8 +171,10 @@ class EgressQueue:
     def arrive(self, data: bytes, now: float, ect: bool = False, src=None):
         """Queue ``data``; return ``(departure time, datagram)`` or None if dropped."""
         size = len(data) + WIRE_OVERHEAD
-        q = self.qlen(now)
-        self.samples.append((now, int(q)))
+        b = self.busy_until - now
+        q = b * self.rate_bps / 8 if b > 0 else 0.0
+        if self._sample:
+            self.samples.append((now, int(q)))
         c = self.counters
         if q > c["max_qlen"]:
             c["max_qlen"] = int(q)
@@ -253,6 +259,9 @@ class Fabric:
         self.tracing = trace
         self.capture = capture
         self.events_processed = 0
+        #: datagrams that reached a queue inside the fabric (a switch port):
+        #: events of the heap that no device sees
+        self.hops_processed = 0
         self._now = 0.0
         self._next_seq = itertools.count(1).__next__
         self._heap: list[tuple] = []
@@ -265,6 +274,7 @@ class Fabric:
         self._switch_of: dict[Address, Switch] = {}
         self._uplinks: dict[Address, EgressQueue] = {}
         self._host_faults: dict[Address, FaultModel] = {}
+        self._clos_of: dict[Address, Any] = {}
 
     # -- set-up -------------------------------------------------------------
 
@@ -361,7 +371,7 @@ class Fabric:
             f"{switch.name}->{_fmt(address)}", rate_bps, buffer_bytes=switch.buffer_bytes,
             red=switch.red, int_telemetry=switch.int_telemetry,
             rng=self.derive_rng("switch", switch.name, _fmt(address)))
-        self._uplinks[address] = EgressQueue(f"nic {_fmt(address)}", rate_bps)
+        self._uplinks[address] = EgressQueue(f"nic {_fmt(address)}", rate_bps, sample_every=0)
         self._switch_of[address] = switch
         self._host_faults[address] = replace(faults or FaultModel.none(), rate_bps=None)
         for other in switch.links:
@@ -370,6 +380,13 @@ class Fabric:
                 port = self._ports.get(src)
                 if port is not None:
                     port.links.pop(dst, None)
+
+    def add_leaf_spine(self, cfg: Any = None, **kw: Any) -> Any:
+        """A two-tier Clos (``softnic.transport.clos.LeafSpine``) in this
+        fabric, from a ``LeafSpineConfig`` or its fields; hosts attached to the
+        fabric join it with ``net.connect(address, leaf)``."""
+        from .clos import LeafSpine, LeafSpineConfig
+        return LeafSpine(self, cfg if cfg is not None else LeafSpineConfig(**kw))
 
     def derive_rng(self, *labels: object) -> random.Random:
         """A ``random.Random`` fixed by the fabric seed and ``labels``
@@ -381,6 +398,13 @@ class Fabric:
         if port is None:
             return None
         faults, delay, rate = self._overrides.get((src, dst), (None, None, None))
+        net = self._clos_of.get(src)
+        if net is not None and self._clos_of.get(dst) is net:
+            injector = self._injectors.get((src, dst))
+            if injector is None:
+                injector = self._injectors[(src, dst)] = FaultInjector(
+                    FaultModel.none(), self.derive_rng(_fmt(src), _fmt(dst)))
+            return _Link(port, 0.0, injector, clos=net)
         sw = self._switch_of.get(src)
         if sw is not None and self._switch_of.get(dst) is sw:
             injector = self._injectors.get((src, dst))
@@ -477,6 +501,14 @@ class Fabric:
                     self.trace.append(TraceRecord(now, "drop", port.address, dst, data))
                 return
             port.links[dst] = link
+        if link.clos is not None:
+            counters = link.counters
+            counters["sent"] += 1
+            counters["delivered"] += 1
+            if self.tracing:
+                self.trace.append(TraceRecord(now, "send", port.address, link.dst.address, data))
+            link.clos.inject(port, link.dst, data, now)
+            return
         if link.fast and not self.tracing:
             counters = link.counters
             counters["sent"] += 1
@@ -561,22 +593,28 @@ class Fabric:
         capture = self.capture
         next_seq = self._next_seq
         send = self._send
-        processed = 0
+        processed = hops = 0
         limit = -1 if max_events is None else max_events
         stopped = False
+        ports = self._ports
         while processed != limit and heap:
             at, seq, port, data, src = heap[0]
             if until is not None and at > until:
                 break
             heappop(heap)
             if port.__class__ is _SwitchHop:          # a datagram reaches a switch port
-                sp = self._ports.get(src)
+                hops += 1
+                sp = ports.get(src)
                 res = port.queue.arrive(data, at, sp is not None and sp.ect, src)
                 if res is None:
                     if trace is not None:
                         trace.append(TraceRecord(at, "drop", src, port.dst.address, data))
                 else:
                     heappush(heap, (res[0] + port.delay, next_seq(), port.dst, res[1], src))
+                continue
+            if port.__class__ is not _Port:           # a leaf-spine's port or switch
+                hops += 1
+                port.event(at, data, src)
                 continue
             device = port.device
             if data is None:
@@ -636,6 +674,7 @@ class Fabric:
                 stopped = True
                 break
         self.events_processed += processed
+        self.hops_processed += hops
         if until is not None and not stopped and processed != limit and until > self._now:
             self._now = until
         return self._now

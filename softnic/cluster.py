@@ -1,0 +1,728 @@
+"""Collectives on a simulated leaf-spine, in virtual time.
+
+One engine ``Device`` per host of a ``softnic.transport.clos.LeafSpine``; one
+rank per host.  The collective is driven at the level of its transfers: this
+module runs the same schedule of sends as ``softnic.collectives.algorithms``
+(which block goes to which rank after which receive) as RDMA WRITEs over the
+engine's RC QPs, rather than the collectives' own code (whose transport runs
+on threads and sockets in real time).  Every packet is the engine's: its
+window, ACKs, retransmission and congestion control all run; only the data's
+values are not reduced (the schedule does not depend on them).
+
+Algorithms:
+
+``ring`` allreduce
+    ``2(n-1)`` steps as ``algorithms.ring_allreduce``: at step ``s`` rank
+    ``r`` sends one block (``size/n``) to ``r+1``, once it has received step
+    ``s-1``'s block from ``r-1``; steps are pipelined as one stream.
+``tree`` allreduce
+    a binomial tree: reduce to rank 0 (each rank sends the whole buffer to
+    its parent once its children's have arrived), then a binomial broadcast
+    back (``algorithms.binomial_broadcast``).  Whole-buffer steps, no
+    pipelining.
+``alltoall``
+    as ``algorithms.alltoall``: every rank sends ``size/n`` to every other
+    rank, all at once.
+
+Each transfer between two ranks is split evenly over ``qps`` QPs of that pair
+(the collectives' several QPs per peer), each QP with its own ECMP entropy.
+
+Receiver-driven admission (``admission=True``), as the NCCL change in Meta's
+RoCE paper: a sender may start a transfer only after the receiver has sent it a
+clear-to-send (a 64-byte WRITE back over the same QPs), and a receiver keeps at
+most ``grants`` transfers admitted at once.  A CTS counts as seen by the
+sender when its WRITE completes at the receiver (its ACK is back), half a
+round trip later than a sender would see it.  A transfer counts as received
+when its last WRITE completes at the sender (ACKed: the data is placed).
+
+Figures: the collective's completion time, every transfer's completion time
+(CDF), per-host throughput over time (smoothed over a sliding window), the
+fabric's queues and pause time, the ECMP load of each leaf's uplinks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict, deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .core.device import Device, DeviceConfig
+from .core.enums import QPType, SendFlags, WCStatus, WROpcode as W
+from .core.memory import Buffer
+from .core.qp import QPCap, QPInitAttr, SendWR
+from .rig import ALL_ACCESS, Endpoint, bring_up
+from .transport.clos import PFC, LeafSpineConfig
+from .transport.sim import RED, WIRE_OVERHEAD, Fabric
+
+CTS_BYTES = 64
+
+
+@dataclass
+class ClusterConfig:
+    hosts: int = 16
+    hosts_per_leaf: int = 4
+    spines: int | None = None          # None: hosts_per_leaf (1:1, no oversubscription)
+    rate_gbps: float = 100.0
+    spine_rate_gbps: float | None = None
+    delay: float = 1e-6
+    collective: str = "allreduce"      # allreduce or alltoall
+    algorithm: str = "ring"            # ring or tree (allreduce)
+    size: int = 16 << 20               # bytes per rank
+    qps: int = 1                       # QPs per peer
+    mode: str = "lossless"             # lossy or lossless (PFC)
+    cc: str = "none"                   # a congestion spec: none, dcqcn, hpcc, ...
+    admission: bool = False
+    grants: int = 2                    # transfers a receiver admits at once
+    routing: str = "ecmp"              # ecmp, flowlet or spray
+    placement: str = "spread"          # spread: rank r on leaf r % leaves; packed
+    buffer: int = 1 << 20              # per port (lossy)
+    xoff: int = 96_000
+    xon: int = 64_000
+    headroom: int | None = None        # None: per link, what its round trip needs
+    kmin: int = 5_000
+    kmax: int = 200_000
+    pmax: float = 0.01
+    mtu: int = 4096
+    window: int = 128
+    ack_every: int = 4
+    sample: float = 10e-6              # sampling interval of series (s)
+    seed: int = 1
+    max_time: float = 1.0              # virtual seconds before giving up
+
+    def __post_init__(self) -> None:
+        if self.collective not in ("allreduce", "alltoall"):
+            raise ValueError(f"collective must be allreduce or alltoall, not {self.collective!r}")
+        if self.collective == "allreduce" and self.algorithm not in ("ring", "tree"):
+            raise ValueError(f"allreduce algorithm must be ring or tree, not {self.algorithm!r}")
+        if self.mode not in ("lossy", "lossless"):
+            raise ValueError(f"mode must be lossy or lossless, not {self.mode!r}")
+        if self.placement not in ("spread", "packed"):
+            raise ValueError(f"placement must be spread or packed, not {self.placement!r}")
+        if self.hosts < 2 or self.hosts % self.hosts_per_leaf:
+            raise ValueError("hosts must be >= 2 and a multiple of hosts_per_leaf")
+        if not 1 <= self.qps <= 64:
+            raise ValueError(f"qps must be in 1..64, got {self.qps}")
+        if self.grants < 1:
+            raise ValueError("grants must be >= 1")
+
+
+class _Transfer:
+    __slots__ = ("id", "src", "dst", "nbytes", "deps", "waiting", "granted", "posted",
+                 "left", "start", "end", "after")
+
+    def __init__(self, tid, src, dst, nbytes, deps) -> None:
+        self.id = tid
+        self.src, self.dst, self.nbytes = src, dst, nbytes
+        self.deps = deps            # transfer ids that must be received first
+        self.waiting = len(deps)
+        self.granted = False
+        self.posted = False
+        self.left = 0               # WRITEs not yet completed
+        self.start = self.end = None
+        self.after: list = []       # transfers depending on this one
+
+
+def schedule(cfg: ClusterConfig) -> list[_Transfer]:
+    """The collective's transfers with their dependencies."""
+    n, size = cfg.hosts, cfg.size
+    out: list[_Transfer] = []
+
+    def add(src, dst, nbytes, deps):
+        t = _Transfer(len(out), src, dst, max(1, nbytes), deps)
+        out.append(t)
+        return t.id
+
+    if cfg.collective == "alltoall":
+        for r in range(n):
+            for k in range(1, n):
+                add(r, (r + k) % n, size // n, [])
+    elif cfg.algorithm == "ring":
+        block = size // n
+        prev = [None] * n            # rank -> the transfer it received last (from r-1)
+        for s in range(2 * (n - 1)):
+            cur = [None] * n
+            for r in range(n):
+                left = (r - 1) % n
+                deps = [prev[r]] if prev[r] is not None else []
+                cur[(r + 1) % n] = add(r, (r + 1) % n, block, deps)
+                del left
+            prev = cur
+    else:                            # binomial tree: reduce to 0, broadcast back
+        got = defaultdict(list)      # rank -> transfers it received (reduce phase)
+        mask = 1
+        while mask < n:
+            for r in range(n):
+                if r & mask and not r & (mask - 1):
+                    got[r - mask].append(add(r, r - mask, size, list(got[r])))
+            mask <<= 1
+        have = {0: list(got[0])}     # rank -> what it must hold before forwarding
+        mask = 1 << (n - 1).bit_length()
+        while mask > 1:
+            mask >>= 1
+            for r in range(0, n, 2 * mask):
+                if r + mask < n and r in have:
+                    have[r + mask] = [add(r, r + mask, size, have[r])]
+    for t in out:
+        for d in t.deps:
+            out[d].after.append(t.id)
+    return out
+
+
+def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
+    """Run one collective; return a JSON-able dict of figures and series."""
+    n = cfg.hosts
+    leaves = n // cfg.hosts_per_leaf
+    spines = cfg.spines or cfg.hosts_per_leaf
+    rate = cfg.rate_gbps * 1e9
+    pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
+    base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
+    dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
+                        ack_every=cfg.ack_every, min_timer=max(200e-6, 20 * base_rtt),
+                        check_icrc=False, max_qp_wr=1 << 14)
+    fabric = Fabric(cfg.seed)
+    cc_name = cfg.cc.split(":")[0]
+    net = fabric.add_leaf_spine(LeafSpineConfig(
+        leaves=leaves, hosts_per_leaf=cfg.hosts_per_leaf, spines=spines, host_rate_bps=rate,
+        spine_rate_bps=None if cfg.spine_rate_gbps is None else cfg.spine_rate_gbps * 1e9,
+        delay=cfg.delay, buffer_bytes=cfg.buffer,
+        red=RED(cfg.kmin, cfg.kmax, cfg.pmax) if cc_name == "dcqcn" else None,
+        int_telemetry=cc_name in ("hpcc", "swift"), routing=cfg.routing,
+        pfc=PFC(cfg.xoff, cfg.xon, cfg.headroom) if cfg.mode == "lossless" else None,
+        sample_interval=cfg.sample))
+    devs = []
+    for r in range(n):
+        leaf = r % leaves if cfg.placement == "spread" else r // cfg.hosts_per_leaf
+        d = Device(f"h{r}", f"10.{leaf}.{r // leaves}.{r % 250 + 1}", config=dcfg)
+        fabric.attach(d)
+        net.connect(d.address, leaf)
+        devs.append(d)
+
+    transfers = schedule(cfg)
+    # one PD, CQ and buffer per host; Q QP pairs per pair of ranks that talk
+    chunk = -(-max(t.nbytes for t in transfers) // cfg.qps)
+    res = []
+    for d in devs:
+        pd = d.alloc_pd()
+        cq = d.create_cq(1 << 16)
+        buf = Buffer(max(chunk, CTS_BYTES))
+        mr = d.reg_mr(pd, buf.addr, buf.length, ALL_ACCESS, owner=buf)
+        res.append((pd, cq, buf, mr))
+    qps: dict = {}                  # (a, b) -> [Endpoint on a, ...] with b's peers in qps[(b, a)]
+    pairs = sorted({(min(t.src, t.dst), max(t.src, t.dst)) for t in transfers})
+    for a, b in pairs:
+        for _ in range(cfg.qps):
+            eps = []
+            for x in (a, b):
+                pd, cq, buf, mr = res[x]
+                qp = devs[x].create_qp(pd, QPInitAttr(QPType.RC, cq, cq, None,
+                                                      QPCap(4096, 16, 1, 1, 0)))
+                eps.append(Endpoint(devs[x], pd, cq, cq, qp, buf, mr))
+            bring_up(eps[0], eps[1], mtu=cfg.mtu, timeout=10)
+            bring_up(eps[1], eps[0], mtu=cfg.mtu, timeout=10)
+            qps.setdefault((a, b), []).append(eps[0])
+            qps.setdefault((b, a), []).append(eps[1])
+
+    ready_cqs: list = []
+    for pd, cq, buf, mr in res:
+        cq.on_event = ready_cqs.append
+        cq.armed = True
+    wr_of: dict = {}                 # wr_id -> ("data", transfer) or ("cts", transfer)
+    next_wr = [1]
+    errors = 0
+    # admission state: per receiver, transfers waiting for a grant, grants in use
+    pending_grant: dict[int, deque] = defaultdict(deque)
+    in_use = [0] * n
+
+    def post(src, dst, nbytes, kind, t):
+        eps = qps[(src, dst)]
+        k = len(eps)
+        per, extra = divmod(nbytes, k)
+        posted = 0
+        for i, ep in enumerate(eps):
+            m = per + (1 if i < extra else 0)
+            if m == 0:
+                continue
+            peer = qps[(dst, src)][i]
+            wid = next_wr[0]
+            next_wr[0] += 1
+            wr_of[wid] = (kind, t)
+            devs[src].post_send(ep.qp, SendWR(wid, W.RDMA_WRITE, [ep.sge(0, m)],
+                                              SendFlags.SIGNALED, remote_addr=peer.buf.addr,
+                                              rkey=peer.mr.rkey))
+            posted += 1
+        return posted
+
+    def start(t, now):
+        t.posted = True
+        t.start = now
+        t.left = post(t.src, t.dst, t.nbytes, "data", t)
+
+    def sender_ready(t, now):
+        """All of ``t``'s inputs have arrived at its sender."""
+        if not cfg.admission:
+            start(t, now)
+            return
+        q = pending_grant[t.dst]
+        q.append(t)
+        grant(t.dst, now)
+
+    def grant(rcv, now):
+        q = pending_grant[rcv]
+        while q and in_use[rcv] < cfg.grants:
+            t = q.popleft()
+            in_use[rcv] += 1
+            post(rcv, t.src, CTS_BYTES, "cts", t)
+
+    now = 0.0
+    for t in transfers:
+        if t.waiting == 0:
+            sender_ready(t, now)
+    done = 0
+    total = len(transfers)
+    # series
+    times: list = []
+    host_rx = [[] for _ in range(n)]
+    nic_tx = [[] for _ in range(n)]
+    down_ports = [net.leaves[net.leaf_of[d.address]].down[d.address] for d in devs]
+    nic_ports = [net.nic[d.address] for d in devs]
+    uplinks = [p for leaf in net.leaves for p in leaf.up]
+    up_q = []
+    paused_series = []
+    next_sample = 0.0
+    wall0 = time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit="xfer", desc=f"{cfg.collective} {cfg.algorithm} "
+                   f"n={n} q={cfg.qps}", leave=False)
+    stop = ready_cqs.__len__
+    while done < total:
+        fabric.flush()
+        now = fabric.run(until=min(next_sample, cfg.max_time), stop=stop)
+        if now >= next_sample:
+            times.append(now)
+            for r in range(n):
+                host_rx[r].append(down_ports[r].tx_bytes)
+                nic_tx[r].append(nic_ports[r].tx_bytes)
+            up_q.append(max(p.qbytes for p in uplinks))
+            paused_series.append(sum(p.paused_for(now) for p in uplinks))
+            next_sample = now + cfg.sample
+        if now >= cfg.max_time and not ready_cqs:
+            break
+        while ready_cqs:
+            cq = ready_cqs.pop()
+            cq.armed = True
+            for wc in cq.poll(4096):
+                kind, t = wr_of.pop(wc.wr_id)
+                if wc.status != WCStatus.SUCCESS:
+                    errors += 1
+                    continue
+                if kind == "cts":
+                    start(t, now)
+                    continue
+                t.left -= 1
+                if t.left:
+                    continue
+                t.end = now
+                done += 1
+                if bar is not None:
+                    bar.update(1)
+                if cfg.admission:
+                    in_use[t.dst] -= 1
+                    grant(t.dst, now)
+                for a in t.after:
+                    u = transfers[a]
+                    u.waiting -= 1
+                    if u.waiting == 0:
+                        sender_ready(u, now)
+            if cq.entries:
+                ready_cqs.append(cq)
+    wall = time.perf_counter() - wall0
+    if bar is not None:
+        bar.close()
+    finished = done == total
+    completion = max((t.end for t in transfers if t.end is not None), default=None)
+    rank_done = [max((t.end for t in transfers if t.dst == r and t.end is not None),
+                     default=None) for r in range(n)]
+    fct = [t.end - t.start for t in transfers if t.end is not None]
+    stats = net.port_stats(fabric.now)
+    up_bytes = net.uplink_bytes()
+    imbalance = []
+    for leaf, per in up_bytes.items():
+        if sum(per):
+            imbalance.append(max(per) / (sum(per) / len(per)))
+    counters = defaultdict(int)
+    for d in devs:
+        for k in ("retransmitted_pkts", "timeouts", "sent_pkts", "np_cnp_sent"):
+            counters[k] += d.counters.get(k, 0)
+    ideal = _ideal_time(cfg)
+    summary = {
+        "finished": finished,
+        "completion_s": completion if finished else None,
+        "ideal_s": ideal,
+        "slowdown": (completion / ideal) if finished and ideal else None,
+        "transfers": total,
+        "fct_p50_s": _pct(fct, 50), "fct_p99_s": _pct(fct, 99),
+        "switch_drops": sum(v["dropped"] + v["headroom_drops"] for v in stats.values()),
+        "pause_frames": net.pause_frames_sent(),
+        "pause_time_uplinks_s": sum(p.paused_for(fabric.now) for p in uplinks),
+        "pause_time_all_s": sum(v["paused_s"] for v in stats.values()),
+        "uplink_max_over_mean": max(imbalance) if imbalance else None,
+        "uplink_mean_max_over_mean": sum(imbalance) / len(imbalance) if imbalance else None,
+        "ecn_marked": sum(v["marked"] for v in stats.values()),
+        "wc_errors": errors,
+        "wall_s": wall,
+        "host_events": fabric.events_processed,
+        "events": fabric.events_processed + fabric.hops_processed,
+        "oversubscription": net.cfg.oversubscription,
+        **counters,
+    }
+    return {
+        "config": asdict(cfg),
+        "summary": summary,
+        "times": times,
+        "host_rx_bytes": host_rx,
+        "nic_tx_bytes": nic_tx,
+        "uplink_queue_max_bytes": up_q,
+        "uplink_paused_s": paused_series,
+        "fct_s": sorted(fct),
+        "rank_done_s": rank_done,
+        "uplink_bytes": up_bytes,
+    }
+
+
+def _ideal_time(cfg: ClusterConfig) -> float:
+    """Completion time at line rate with no contention (payload plus headers)."""
+    rate = cfg.rate_gbps * 1e9
+    eff = cfg.mtu / (cfg.mtu + 12 + 4 + WIRE_OVERHEAD)
+    n, size = cfg.hosts, cfg.size
+    if cfg.collective == "alltoall":
+        return (n - 1) * (size // n) * 8 / rate / eff
+    if cfg.algorithm == "ring":
+        return 2 * (n - 1) * (size // n) * 8 / rate / eff
+    rounds = (n - 1).bit_length()
+    return 2 * rounds * size * 8 / rate / eff
+
+
+def _pct(xs, p):
+    from .experiments import percentile
+    return percentile(xs, p) if xs else None
+
+
+def smooth_rate(times, cum_bytes, window: float):
+    """Throughput (Gbit/s) at each sample time over the sliding window
+    ``(t - window, t]`` (linear between samples)."""
+    out = []
+    j = 0
+    for i, t in enumerate(times):
+        t0 = t - window
+        while j < i and times[j + 1] <= t0:
+            j += 1
+        if times[j] > t0 or j == i:
+            b0, span = cum_bytes[j], t - times[j]
+        else:
+            f = (t0 - times[j]) / (times[j + 1] - times[j])
+            b0 = cum_bytes[j] + f * (cum_bytes[j + 1] - cum_bytes[j])
+            span = window
+        out.append((cum_bytes[i] - b0) * 8 / span / 1e9 if span > 0 else 0.0)
+    return out
+
+
+def write_json(obj, path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(obj, indent=1))
+    return path
+
+
+# ---------------------------------------------------------------- studies
+
+#: what each study varies, over a base configuration: (label, changes)
+STUDIES = {
+    "qps": ("ring allreduce, completion time against QPs per peer (ECMP)",
+            [(f"ecmp q={q}", dict(qps=q)) for q in (1, 2, 4, 8)]),
+    "lossless": ("alltoall, lossy against lossless (PFC), no congestion control",
+                 [("lossy", dict(mode="lossy")), ("lossless", dict(mode="lossless"))]),
+    "dcqcn": ("alltoall, DCQCN off and on, lossless and lossy",
+              [("lossless", dict(mode="lossless", cc="none")),
+               ("lossless+dcqcn", dict(mode="lossless", cc="dcqcn")),
+               ("lossy", dict(mode="lossy", cc="none")),
+               ("lossy+dcqcn", dict(mode="lossy", cc="dcqcn"))]),
+    "admission": ("alltoall, receiver-driven admission (clear-to-send) against none, lossless",
+                  [("no admission", dict(admission=False)),
+                   ("admission, 1 grant", dict(admission=True, grants=1)),
+                   ("admission, 2 grants", dict(admission=True, grants=2)),
+                   ("admission, 4 grants", dict(admission=True, grants=4))]),
+}
+
+STUDY_BASE = {
+    "qps": dict(collective="allreduce", algorithm="ring", mode="lossless"),
+    "lossless": dict(collective="alltoall"),
+    "dcqcn": dict(collective="alltoall"),
+    "admission": dict(collective="alltoall", mode="lossless"),
+}
+
+
+def study(name: str, base: dict, *, seeds=(1,), progress: bool = False) -> dict:
+    """Run every variant of study ``name`` over ``base`` (ClusterConfig fields)
+    for each seed; return rows (one per variant and seed) and per-variant
+    series of the first seed."""
+    title, variants = STUDIES[name]
+    rows, runs = [], {}
+    for label, change in variants:
+        for seed in seeds:
+            cfg = ClusterConfig(**{**base, **STUDY_BASE[name], **change, "seed": seed})
+            res = run(cfg, progress=progress)
+            s = res["summary"]
+            rows.append({"variant": label, "seed": seed, **{k: s[k] for k in (
+                "finished", "completion_s", "ideal_s", "slowdown", "fct_p50_s", "fct_p99_s",
+                "switch_drops", "pause_frames", "pause_time_uplinks_s", "pause_time_all_s",
+                "uplink_max_over_mean", "uplink_mean_max_over_mean", "retransmitted_pkts",
+                "timeouts", "ecn_marked", "wall_s", "events", "host_events")}})
+            if label not in runs:
+                runs[label] = res
+    return {"study": name, "title": title, "base": base, "seeds": list(seeds), "rows": rows,
+            "runs": runs}
+
+
+# ---------------------------------------------------------------- PFC victim
+
+
+@dataclass
+class VictimConfig:
+    """Head-of-line blocking by PFC: three leaves of four hosts under one spine
+    whose links are fast enough (``spine_rate_gbps``) that no uplink is a
+    bottleneck.  Hosts 1-3 of leaf 0 and of leaf 2 all write to host 0 of
+    leaf 1 (a 6:1 incast: that host's port is the only bottleneck); the
+    victim, host 0 of leaf 0, writes to host 0 of leaf 2, a path no other
+    flow's bottleneck is on."""
+    mode: str = "lossless"
+    cc: str = "none"
+    rate_gbps: float = 100.0
+    spine_rate_gbps: float = 400.0
+    duration: float = 2e-3
+    delay: float = 1e-6
+    msg: int = 256 << 10
+    outstanding: int = 4
+    buffer: int = 1 << 20
+    xoff: int = 96_000
+    xon: int = 64_000
+    headroom: int | None = None        # None: per link, what its round trip needs
+    mtu: int = 4096
+    sample: float = 5e-6
+    seed: int = 1
+
+
+def victim(cfg: VictimConfig) -> dict:
+    rate = cfg.rate_gbps * 1e9
+    pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
+    base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
+    dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=128,
+                        ack_every=4, min_timer=max(200e-6, 20 * base_rtt), check_icrc=False)
+    fabric = Fabric(cfg.seed)
+    dcqcn = cfg.cc.split(":")[0] == "dcqcn"
+    net = fabric.add_leaf_spine(LeafSpineConfig(
+        leaves=3, hosts_per_leaf=4, spines=1, host_rate_bps=rate,
+        spine_rate_bps=cfg.spine_rate_gbps * 1e9, delay=cfg.delay, buffer_bytes=cfg.buffer,
+        red=RED() if dcqcn else None,
+        pfc=PFC(cfg.xoff, cfg.xon, cfg.headroom) if cfg.mode == "lossless" else None,
+        sample_interval=cfg.sample))
+    hosts = {}
+    for leaf in range(3):
+        for i in range(4):
+            d = Device(f"l{leaf}h{i}", f"10.{leaf}.0.{i + 1}", config=dcfg)
+            fabric.attach(d)
+            net.connect(d.address, leaf)
+            hosts[(leaf, i)] = d
+    flows = [("victim", (0, 0), (2, 0))] + [
+        (f"incast l{leaf}h{i}", (leaf, i), (1, 0)) for leaf in (0, 2) for i in (1, 2, 3)]
+    eps = []
+    from .rig import connect
+    for name, a, b in flows:
+        ea, eb = connect(hosts[a], hosts[b], mtu=cfg.mtu, timeout=10, endpoint_args=dict(
+            buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
+        eps.append((name, hosts[a], ea, eb))
+
+    def post(dev, ea, eb, k):
+        for _ in range(k):
+            dev.post_send(ea.qp, SendWR(0, W.RDMA_WRITE, [ea.sge(0, cfg.msg)],
+                                        SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                                        rkey=eb.mr.rkey))
+    for _, dev, ea, eb in eps:
+        post(dev, ea, eb, cfg.outstanding)
+    times, acked = [], {name: [] for name, *_ in eps}
+    first = {name: ea.qp.acked_psn for name, _, ea, _ in eps}
+    from .wire.roce import psn_diff
+    total = {name: 0 for name in acked}
+    last = dict(first)
+    uplink = net.leaves[0].up[0]
+    paused = {"leaf0->spine0": [], "spine0->leaf1": [], "nic victim": []}
+    t = 0.0
+    wall0 = time.perf_counter()
+    while t < cfg.duration:
+        t = min(cfg.duration, t + cfg.sample)
+        fabric.flush()
+        fabric.run(until=t)
+        times.append(t)
+        for name, dev, ea, eb in eps:
+            for wc in dev.poll_cq(ea.send_cq, 64):
+                if wc.status == WCStatus.SUCCESS and t < cfg.duration:
+                    post(dev, ea, eb, 1)
+            p = ea.qp.acked_psn
+            total[name] += psn_diff(p, last[name])
+            last[name] = p
+            acked[name].append(total[name] * cfg.mtu)
+        paused["leaf0->spine0"].append(uplink.paused_for(t))
+        paused["spine0->leaf1"].append(net.spines[0].down[1].paused_for(t))
+        paused["nic victim"].append(net.nic[hosts[(0, 0)].address].paused_for(t))
+    wall = time.perf_counter() - wall0
+    half = len(times) // 2
+    span = times[-1] - times[half]
+
+    def steady(name):
+        return (acked[name][-1] - acked[name][half]) * 8 / span / 1e9
+
+    stats = net.port_stats(fabric.now)
+    return {
+        "config": asdict(cfg),
+        "times": times,
+        "acked_bytes": acked,
+        "paused_s": paused,
+        "summary": {
+            "victim_gbps": steady("victim"),
+            "incast_total_gbps": sum(steady(n) for n in acked if n != "victim"),
+            "pause_frames": net.pause_frames_sent(),
+            "paused_s": {k: v[-1] for k, v in paused.items()},
+            "switch_drops": sum(v["dropped"] + v["headroom_drops"] for v in stats.values()),
+            "retransmitted_pkts": sum(h.counters["retransmitted_pkts"] for h in hosts.values()),
+            "wall_s": wall,
+            "events": fabric.events_processed + fabric.hops_processed,
+        },
+    }
+
+
+# ---------------------------------------------------------------- plots
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _cdf(ax, xs, label, scale=1e3):
+    xs = sorted(xs)
+    if not xs:
+        return
+    ax.step([x * scale for x in xs], [(i + 1) / len(xs) for i in range(len(xs))],
+            where="post", label=label, lw=1)
+
+
+def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
+    """One collective: per-host receive throughput (sliding ``window``), the
+    deepest uplink queue and the uplinks' pause time, and the CDF of transfer
+    completion times."""
+    plt = _plt()
+    path = Path(path)
+    cfg, s = res["config"], res["summary"]
+    t_ms = [t * 1e3 for t in res["times"]]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 10))
+    ax = axes[0]
+    for r, series in enumerate(res["host_rx_bytes"]):
+        ax.plot(t_ms, smooth_rate(res["times"], series, window), lw=0.6)
+    ax.set_ylabel(f"per-host receive rate (Gbit/s,\nsliding {window * 1e6:g} µs window)")
+    ax.set_xlabel("time (ms, virtual)")
+    comp = s["completion_s"]
+    ax.set_title(f"{cfg['collective']} {cfg['algorithm'] if cfg['collective'] == 'allreduce' else ''}"
+                 f" {cfg['size'] / 2**20:g} MiB, {cfg['hosts']} hosts, {cfg['qps']} QP/peer, "
+                 f"{cfg['mode']}, cc={cfg['cc']}, {cfg['routing']}"
+                 f"{', admission' if cfg['admission'] else ''} — "
+                 + (f"{comp * 1e3:.3f} ms ({s['slowdown']:.2f}x ideal)" if comp else "unfinished"),
+                 fontsize=9)
+    ax = axes[1]
+    ax.plot(t_ms, [q / 1e3 for q in res["uplink_queue_max_bytes"]], lw=0.6, color="k",
+            label="deepest leaf uplink queue")
+    ax.set_ylabel("queue (KB)")
+    ax.set_xlabel("time (ms, virtual)")
+    ax2 = ax.twinx()
+    ax2.plot(t_ms, [p * 1e6 for p in res["uplink_paused_s"]], lw=0.8, color="r",
+             label="leaf uplinks' paused time, summed")
+    ax2.set_ylabel("cumulative pause (µs)", color="r")
+    ax.legend(loc="upper left", fontsize=7)
+    ax2.legend(loc="upper right", fontsize=7)
+    ax = axes[2]
+    _cdf(ax, res["fct_s"], "transfers")
+    ax.set_xlabel("transfer completion time (ms)")
+    ax.set_ylabel("CDF")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_study(st: dict, path) -> Path:
+    """Completion time (relative to line rate) per variant, and the CDF of
+    transfer completion times of each variant's first seed."""
+    plt = _plt()
+    path = Path(path)
+    labels = list(st["runs"])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    ax = axes[0]
+    for i, lab in enumerate(labels):
+        ys = [r["completion_s"] * 1e3 for r in st["rows"]
+              if r["variant"] == lab and r["completion_s"] is not None]
+        ax.scatter([i] * len(ys), ys, color="C0", s=14, zorder=3)
+        if ys:
+            ax.bar(i, sum(ys) / len(ys), color="C0", alpha=0.35)
+    ideal = st["rows"][0]["ideal_s"] * 1e3
+    ax.axhline(ideal, color="k", ls="--", lw=0.8, label="line rate, no contention")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, fontsize=8)
+    ax.set_ylabel("collective completion time (ms)")
+    ax.legend(fontsize=7)
+    b = st["base"]
+    ax.set_title(f"{st['title']}\n{b.get('hosts')} hosts, {b.get('size', 0) / 2**20:g} MiB/rank, "
+                 f"seeds {st['seeds']} (bar: mean, dots: runs)", fontsize=8)
+    ax = axes[1]
+    for lab in labels:
+        _cdf(ax, st["runs"][lab]["fct_s"], lab)
+    ax.set_xlabel("transfer completion time (ms)")
+    ax.set_ylabel("CDF")
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_victim(runs: dict, path, *, window: float = 50e-6) -> Path:
+    """The victim's goodput (sliding ``window``) and the pause time of the
+    ports on its path, per mode."""
+    plt = _plt()
+    path = Path(path)
+    fig, axes = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True)
+    for i, (label, res) in enumerate(runs.items()):
+        t = res["times"]
+        t_ms = [x * 1e3 for x in t]
+        axes[0].plot(t_ms, smooth_rate(t, res["acked_bytes"]["victim"], window), lw=0.9,
+                     color=f"C{i}", label=f"victim, {label}")
+        inc = [sum(v) for v in zip(*[b for n, b in res["acked_bytes"].items() if n != "victim"])]
+        axes[0].plot(t_ms, smooth_rate(t, inc, window), lw=0.6, ls=":", color=f"C{i}",
+                     label=f"6:1 incast total, {label}")
+        axes[1].plot(t_ms, [p * 1e6 for p in res["paused_s"]["leaf0->spine0"]], lw=0.9,
+                     color=f"C{i}", label=f"leaf0→spine0 (victim's uplink), {label}")
+    axes[0].set_ylabel(f"goodput (Gbit/s, sliding {window * 1e6:g} µs)")
+    axes[0].legend(fontsize=7)
+    axes[0].set_title("PFC head-of-line blocking: the victim (leaf0 h0 → leaf2 h0) shares no "
+                      "bottleneck with the 6:1 incast to leaf1 h0", fontsize=9)
+    axes[1].set_ylabel("cumulative time paused (µs)")
+    axes[1].set_xlabel("time (ms, virtual)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
