@@ -245,8 +245,12 @@ _COMP_MASKS = {
     e.IBV_QPT_UD: {'INIT': _M.IBV_QP_PKEY_INDEX | _M.IBV_QP_PORT | _M.IBV_QP_QKEY,
                    'RTR': 0, 'RTS': _M.IBV_QP_SQ_PSN},
 }
-_COMP_MASKS[e.IBV_QPT_XRC_SEND] = _COMP_MASKS[e.IBV_QPT_RC]     # XRC initiator and target:
-_COMP_MASKS[e.IBV_QPT_XRC_RECV] = _COMP_MASKS[e.IBV_QPT_RC]     # RC's transitions
+# XRC: an initiator needs no responder attributes at RTR, a target no requester ones at RTS
+_COMP_MASKS[e.IBV_QPT_XRC_SEND] = dict(_COMP_MASKS[e.IBV_QPT_RC], RTR=_M.IBV_QP_AV |
+                                       _M.IBV_QP_PATH_MTU | _M.IBV_QP_DEST_QPN |
+                                       _M.IBV_QP_RQ_PSN)
+_COMP_MASKS[e.IBV_QPT_XRC_RECV] = dict(_COMP_MASKS[e.IBV_QPT_RC], RTS=_M.IBV_QP_TIMEOUT |
+                                       _M.IBV_QP_SQ_PSN)
 
 
 def _engine_attr(a: QPAttr, mask: int) -> _EngineQPAttr:

@@ -41,3 +41,8 @@ int sn_dm_size(uint32_t ctx, uint64_t *size);
 int sn_alloc_dm(uint32_t ctx, uint64_t length, uint32_t log_align, uint32_t comp_mask, uint32_t *dm, uint64_t *addr);
 int sn_free_dm(uint32_t dm);
 int sn_reg_dm_mr(uint32_t pd, uint32_t dm, uint64_t offset, uint64_t length, unsigned int access, uint32_t *mr, uint32_t *lkey, uint32_t *rkey);
+int sn_open_xrcd(uint32_t ctx, int fd, int oflags, uint32_t *xrcd);
+int sn_close_xrcd(uint32_t xrcd);
+int sn_make_xrc_srq(uint32_t srq, uint32_t xrcd, uint32_t cq);
+int sn_srq_num(uint32_t srq, uint32_t *num);
+int sn_create_xrc_qp(uint32_t pd, uint32_t xrcd, int role, uint32_t send_cq, struct sn_qp_cap *cap, int sq_sig_all, void *cookie, uint32_t *qp, uint32_t *qpn);

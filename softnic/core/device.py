@@ -269,7 +269,7 @@ class Device:
         qp.timer_at = None
 
     def modify_qp(self, qp: QP, attr: QPAttr, mask: int) -> None:
-        nxt = check_transition(qp.qp_type, qp.state, attr, mask)
+        nxt = check_transition(qp.qp_type, qp.state, attr, mask, qp.xrc)
         if mask & M.MAX_QP_RD_ATOMIC and attr.max_rd_atomic > self.config.max_rd_atomic:
             raise einval("max_rd_atomic above the device limit")
         if mask & M.MAX_DEST_RD_ATOMIC and attr.max_dest_rd_atomic > self.config.max_rd_atomic:

@@ -142,7 +142,15 @@ for _s in S:
         TRANSITIONS[(_s, S.ERR)] = {t: (_NONE, _NONE) for t in (RC, UC, UD)}
 
 
-def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int) -> S:
+#: XRC QPs are RC inside; what the kernel's table (ib_modify_qp_is_ok) lets each role
+#: leave out of RC's required attributes: an initiator receives no requests (no responder
+#: attributes at RTR), a target sends none (only TIMEOUT and SQ_PSN at RTS).
+_XRC_OPTIONAL = {("ini", S.INIT, S.RTR): M.MAX_DEST_RD_ATOMIC | M.MIN_RNR_TIMER,
+                 ("tgt", S.RTR, S.RTS): M.RETRY_CNT | M.RNR_RETRY | M.MAX_QP_RD_ATOMIC}
+
+
+def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int,
+                     xrc: str | None = None) -> S:
     """Validate a modify_qp call; returns the next state.  Raises EINVAL."""
     mask = M(mask)
     if mask & M.CUR_STATE and attr.cur_qp_state != cur:
@@ -152,6 +160,9 @@ def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int) -> S:
     if rule is None:
         raise einval(f"{qp_type.name} QP cannot go from {cur.name} to {nxt.name}")
     required, optional = rule
+    if xrc is not None:
+        relax = _XRC_OPTIONAL.get((xrc, cur, nxt), M(0))
+        required, optional = required & ~relax, optional | relax
     given = mask & ~M.STATE
     if missing := required & ~given:
         raise einval(f"{cur.name}->{nxt.name} needs attribute mask bits {missing!r}")
