@@ -231,8 +231,15 @@ def install(ffi) -> None:
     @extern()
     def sn_dealloc_pd(h):
         o = _get(h)
-        o.nic.call(o.nic.dev.dealloc_pd, o.eng)
+        if o.cookie != "parent domain":        # a parent domain's PD is its creator's
+            o.nic.call(o.nic.dev.dealloc_pd, o.eng)
         del _objs[h]
+
+    @extern()
+    def sn_alias_pd(pd, out):
+        """A parent domain: a handle of its protection domain's engine PD."""
+        p = _get(pd)
+        out[0] = _new(_Obj(p.nic, p.eng, cookie="parent domain"))
 
     @extern()
     def sn_reg_mr(pd, addr, length, access, out, lkey, rkey):

@@ -177,6 +177,7 @@ static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice
 static void sn_mw_ops(struct ibv_context *c);
 static void sn_dm_ops(struct verbs_context *v);
 static void sn_xrc_ops(struct verbs_context *v);
+static void sn_pd_ops(struct verbs_context *v);
 static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *attr);
 static struct ibv_srq *sn_new_xrc_srq(struct ibv_srq_init_attr_ex *attr);
 static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr);
@@ -298,6 +299,7 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     sn_mw_ops(c);
     sn_dm_ops(v);
     sn_xrc_ops(v);
+    sn_pd_ops(v);
     c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     c->num_comp_vectors = 1;
@@ -2099,4 +2101,37 @@ static void sn_xrc_ops(struct verbs_context *v)
 {
     v->open_xrcd = sn_vctx_open_xrcd;
     v->close_xrcd = sn_vctx_close_xrcd;
+}
+
+/* ------------------------------------------------------------------ parent domains
+ * ibv_alloc_parent_domain: a PD standing for attr->pd (objects made on it are in that
+ * protection domain).  softnic keeps its queues inside the engine, not in user memory, so
+ * it has no buffer to ask the allocators for and never calls them; thread domains are not
+ * offered (no td). */
+
+static struct ibv_pd *sn_vctx_alloc_parent_domain(struct ibv_context *ctx,
+                                                  struct ibv_parent_domain_init_attr *attr)
+{
+    uint32_t h;
+    if (!attr || !attr->pd || (attr->comp_mask & ~(IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+                                                   IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)))
+        return sn_fail_ptr(EINVAL);
+    if (attr->td)
+        return sn_fail_ptr(EOPNOTSUPP);
+    int err = sn_alias_pd(attr->pd->handle, &h);
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_pd *pd = calloc(1, sizeof(*pd));
+    if (!pd) {
+        sn_dealloc_pd(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    pd->context = ctx;
+    pd->handle = h;
+    return pd;
+}
+
+static void sn_pd_ops(struct verbs_context *v)
+{
+    v->alloc_parent_domain = sn_vctx_alloc_parent_domain;
 }
