@@ -298,3 +298,34 @@ def test_atomic_write_needs_remote_write():
     p.run()
     assert p.send_wcs("a")[-1].status == WCStatus.REM_ACCESS_ERR
     assert read(b, 0, 8) != b"12345678"
+
+
+# ---------------------------------------------------------------- implicit ODP
+
+
+def test_implicit_mr_reaches_what_the_mapping_allows():
+    p = pair()
+    b = p.eb
+    keys = b.dev.keys
+    mr = keys.register_implicit(b.pd, int(Access.LOCAL_WRITE | Access.REMOTE_WRITE |
+                                          Access.ON_DEMAND))
+    view = keys.local(b.pd, mr.lkey, b.buf.addr + 16, 8, write=True)
+    view[:] = b"implicit"
+    assert read(b, 16, 8) == b"implicit"
+    assert bytes(keys.remote(b.pd, mr.rkey, b.buf.addr + 16, 8, Access.REMOTE_WRITE)) == \
+        b"implicit"
+    with pytest.raises(AccessError):                        # nothing is mapped at page 0
+        keys.local(b.pd, mr.lkey, 0x10, 8, write=False)
+    ro = Buffer(4096)
+    import mmap
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(ctypes.c_void_p(ro.addr), 4096, mmap.PROT_READ) == 0
+    try:
+        assert len(keys.local(b.pd, mr.lkey, ro.addr, 8, write=False)) == 8
+        with pytest.raises(AccessError):                    # read-only: no write reaches it
+            keys.local(b.pd, mr.lkey, ro.addr, 8, write=True)
+    finally:
+        libc.mprotect(ctypes.c_void_p(ro.addr), 4096, mmap.PROT_READ | mmap.PROT_WRITE)
+    with pytest.raises(VerbsError):
+        keys.register_implicit(b.pd, int(Access.LOCAL_WRITE))    # not ON_DEMAND

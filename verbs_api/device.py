@@ -326,13 +326,15 @@ class Context(PyverbsCM):
 
 def _odp_caps():
     """On-demand paging is what softnic always does: it never pins, the engine reaches an
-    MR through the process's own mapping when a packet needs it (implicit ODP, an MR over
-    the whole address space, is not offered).  The same caps as the C face reports."""
+    MR through the process's own mapping when a packet needs it, and an implicit MR (the
+    whole address space) reaches any address the mapping allows.  The C face reports
+    the same caps."""
     rc = (e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV | e.IBV_ODP_SUPPORT_WRITE |
           e.IBV_ODP_SUPPORT_READ | e.IBV_ODP_SUPPORT_ATOMIC | e.IBV_ODP_SUPPORT_SRQ_RECV)
     uc = e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV | e.IBV_ODP_SUPPORT_WRITE
     ud = e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV
-    return ODPCaps(general_caps=int(e.IBV_ODP_SUPPORT), rc_odp_caps=int(rc), uc_odp_caps=int(uc),
+    return ODPCaps(general_caps=int(e.IBV_ODP_SUPPORT | e.IBV_ODP_SUPPORT_IMPLICIT),
+                   rc_odp_caps=int(rc), uc_odp_caps=int(uc),
                    ud_odp_caps=int(ud), xrc_odp_caps=int(rc))
 
 

@@ -23,6 +23,7 @@ from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.enums import Access, QPState, QPType
 from softnic.core.errors import VerbsError
+from softnic.core.memory import IMPLICIT_LENGTH
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
 
@@ -244,7 +245,10 @@ def install(ffi) -> None:
     @extern()
     def sn_reg_mr(pd, addr, length, access, out, lkey, rkey):
         p = _get(pd)
-        mr = p.nic.call(p.nic.dev.reg_mr, p.eng, addr, length, access)
+        if addr == 0 and length == IMPLICIT_LENGTH and access & Access.ON_DEMAND:
+            mr = p.nic.call(p.nic.dev.keys.register_implicit, p.eng, access)   # implicit ODP
+        else:
+            mr = p.nic.call(p.nic.dev.reg_mr, p.eng, addr, length, access)
         out[0] = _new(_Obj(p.nic, mr))
         lkey[0] = mr.lkey
         rkey[0] = mr.rkey

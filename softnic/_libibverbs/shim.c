@@ -1876,6 +1876,8 @@ static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr)
     uint64_t size = 0;
     if (!sn_dm_size(ctx_handle(ctx), &size))
         attr->max_dm_size = size;
+    /* an implicit MR reaches any address the process's mapping allows */
+    attr->odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
     /* XRC reaches memory as RC does: on demand, never pinned */
     attr->xrc_odp_caps = attr->odp_caps.per_transport_caps.rc_odp_caps;
 }
