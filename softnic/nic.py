@@ -197,7 +197,7 @@ class NIC(_Opened):
             self.capture = self._capture_class()(
                 p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
         self._closed = False
-        self._stats_at = 0.0
+        self._stats_at = time.monotonic()
         self._owed = False          # an inline step left its output for the next call
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
