@@ -287,18 +287,20 @@ class NIC(_Opened):
                 ns = time.monotonic_ns()
                 lease[0] = ns
                 now = ns * 1e-9
-                if self._idle(now):
+                ready = self._readable(0)
+                if not ready and self._idle(now, False):
                     return
                 lease[1] = 1
                 try:
-                    self._step(now, inline=True)
+                    self._step(now, inline=True, ready=bool(ready))
                 finally:
                     lease[0] = time.monotonic_ns()
                     lease[1] = 1 if self._owed else 0
 
-    def _idle(self, now: float) -> bool:
-        """Is there nothing to receive, no timer due and nothing to send?"""
-        if self._readable(0):
+    def _idle(self, now: float, look: bool = True) -> bool:
+        """Is there nothing to receive (``look``: ask the socket), no timer due and
+        nothing to send?"""
+        if look and self._readable(0):
             return False
         dev = self.dev
         if dev._ready or dev._cnps:
@@ -441,7 +443,7 @@ class NIC(_Opened):
         if d:
             self._deadline(d[0][0])
 
-    def _step(self, now: float, inline: bool = False) -> bool:
+    def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
         """Receive what waits, fire due timers, send.  Caller holds the lock.
 
         ``inline`` (a spinning caller's step): receive one datagram (or one
@@ -451,7 +453,7 @@ class NIC(_Opened):
         answers at once (a ping-pong, an RPC) sends its answer first, and the
         peer, who is waiting for the answer, finds the ACK behind it.  Output is
         held for one step at most, and the progress thread sends it if the
-        caller goes away."""
+        caller goes away.  ``ready``: the caller saw the socket readable just now."""
         did = False
         limit = 1 if inline else 256
         if self._ecn:
@@ -468,7 +470,7 @@ class NIC(_Opened):
         elif self._runs and self.capture is None:
             # coalesced runs straight to the device (its kernel places a WRITE's
             # MIDDLEs a run at a time)
-            runs = self.sock.recv_runs(limit)
+            runs = self.sock.recv_runs(limit, ready)
             if runs:
                 did = True
                 rx = self.dev.receive_run
@@ -625,7 +627,7 @@ class TcpNIC(NIC):
         cap = self.capture is not None
         self.sock.flush(self.dev, now, self._tx if cap else None)
 
-    def _step(self, now: float, inline: bool = False) -> bool:
+    def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
         cap = self.capture is not None
         self._flush(now)
         did = self.sock.step(self.dev, now, on_rx=self._rx if cap else None)
