@@ -183,3 +183,29 @@ def test_close_wakes_the_thread_at_once():
     t = time.monotonic()
     a.close()
     assert not a._thread.is_alive() and time.monotonic() - t < nicmod.STATS_EVERY
+
+
+def test_an_icmp_error_does_not_stop_the_thread():
+    """A send to a port nobody holds comes back as an ICMP port unreachable.  (On
+    an unconnected socket Linux reports it only with IP_RECVERR; where it is
+    reported, poll(2) says POLLERR, which sn_wait takes for a datagram: the
+    receive that follows reports and clears it.)  The thread goes on either way."""
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((a.ip, 0))
+            gone = s.getsockname()
+        for _ in range(3):
+            with a.lock:
+                a.sock.send(b"\x00" * 32, gone)
+            time.sleep(0.05)
+        assert a._thread.is_alive()
+        eb.buf.view[0:4] = b"ping"
+        b.call(b.dev.post_send, eb.qp, SendWR(1, W.RDMA_WRITE, [eb.sge(0, 4)], SendFlags.SIGNALED,
+                                              remote_addr=ea.buf.addr, rkey=ea.mr.rkey))
+        _until(lambda: bytes(ea.buf.view[0:4]) == b"ping")
+        assert a._thread.is_alive()
+    finally:
+        a.close()
+        b.close()
