@@ -59,6 +59,11 @@ STATS_EVERY = 1.0           # seconds between counter publications
 #: Python without calling softnic to hand over the interpreter (CPython's default
 #: is 5 ms, a scheduler tick's worth of latency).
 SWITCH_INTERVAL = float(os.environ.get("SOFTNIC_SWITCH_INTERVAL_US", "500")) * 1e-6
+#: The progress thread's nice value (Linux: per thread), where the process may
+#: raise its priority: woken by a datagram, it must get a CPU from the program's
+#: own threads spinning on memory, which the scheduler does not preempt at once
+#: for an equal.  It runs briefly and sleeps; 0 (the default) leaves it as it is.
+PROGRESS_NICE = int(os.environ.get("SOFTNIC_PROGRESS_NICE", "0"))
 _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
@@ -540,6 +545,11 @@ class NIC(_Opened):
         return 2 if any(fd == self._bell for fd, _ in got) else (1 if got else 0)
 
     def _run(self) -> None:
+        if PROGRESS_NICE:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PROGRESS_NICE)
+            except (OSError, AttributeError):
+                pass                         # not permitted here: the default priority
         while True:
             with self.lock:
                 if self._closed:
