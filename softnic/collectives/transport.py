@@ -45,9 +45,11 @@ from . import _verbs as v
 
 CREDIT_FLAG = 0x80000000
 SEQ_MASK = 0x7FFFFFFF
-DEFAULT_CHUNK = 256 * 1024
+DEFAULT_CHUNK = 1 << 20             # the largest chunk, the size of a receive slot
+MIN_CHUNK = 64 * 1024                # messages are cut into PIPELINE chunks, not smaller
+PIPELINE = 4
 DEFAULT_SLOTS = 8
-DEFAULT_QPS = 1
+DEFAULT_QPS = 4
 ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 64 * 1024))  # sends this big: no copy
 MR_CACHE = 16                         # registrations of callers' buffers kept
 SPIN = float(os.environ.get("SOFTNIC_COLL_SPIN", 2e-4))    # busy-poll this long before napping
@@ -79,12 +81,14 @@ class _Stream:
     that chunk's byte offset.  A send stream has, per segment, the lkey of a
     registration holding it (None: stage a copy); a receive stream the ufunc that
     reduces into it (None: copy) and the dtype it reduces in."""
-    __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "i", "k", "off", "gate", "lkeys")
+    __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "csz", "i", "k", "off", "gate",
+                 "lkeys")
 
-    def __init__(self, peer, segs, nchunks, ops=None, dtypes=None, gate=None, lkeys=None):
+    def __init__(self, peer, segs, csize, ops=None, dtypes=None, gate=None, lkeys=None):
         self.peer, self.segs = peer, segs
         self.ops, self.dtypes = ops, dtypes
-        self.nch = [nchunks(len(x)) for x in segs]
+        self.csz = [csize(len(x)) for x in segs]
+        self.nch = [max(1, -(-len(x) // c)) for x, c in zip(segs, self.csz)]
         self.i = self.k = self.off = 0
         self.gate = gate
         self.lkeys = lkeys
@@ -142,10 +146,15 @@ class Transport:
         self.cq = v.CQ(self.ctx, max(1, len(peers) * self.nqp) * (self.sq_depth + self.rq_depth)
                        + 16)
         region = max(1, world * self.slots * self.chunk)
+        # small chunks are copied into a staging ring; larger ones leave from the
+        # caller's memory
+        self.stage = min(self.chunk, ZC_MIN)
+        stage_region = max(1, world * self.slots * self.stage)
         self.recv_mr = v.MR(self.pd, region, ACCESS)
-        self.send_mr = v.MR(self.pd, region, v.e.IBV_ACCESS_LOCAL_WRITE)
+        self.send_mr = v.MR(self.pd, stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
         self.recv_mem = _u8_view(self.recv_mr.buf, region)
-        self.send_mem = _u8_view(self.send_mr.buf, region)
+        self.send_mem = _u8_view(self.send_mr.buf, stage_region)
+        self._keep: list = []                   # staged copies of this call's large sends
         self._mrs: OrderedDict[tuple[int, int], object] = OrderedDict()
         self._call_mrs: list = []               # registrations for this call only
         # QPs: self.qps[p] the list for peer p; per QP (by global index) its peer and
@@ -317,26 +326,47 @@ class Transport:
 
     def _end_call(self) -> None:
         for mr in self._call_mrs:
-            self._mrs.pop(next(k for k, m in self._mrs.items() if m is mr), None)
+            for k in [k for k, m in self._mrs.items() if m is mr]:
+                del self._mrs[k]
             mr.close()
         self._call_mrs = []
 
     # ------------------------------------------------------------------ data path
 
+    def csize(self, nbytes: int) -> int:
+        """The chunk size of a message of ``nbytes``: about a PIPELINE-th of it, at least
+        MIN_CHUNK and at most a slot (both ends cut a message alike)."""
+        c = -(-nbytes // PIPELINE)
+        c = -(-c // 4096) * 4096
+        return max(1, min(self.chunk, max(MIN_CHUNK, c)))
+
     def nchunks(self, nbytes: int) -> int:
-        return max(1, -(-nbytes // self.chunk))
+        return max(1, -(-nbytes // self.csize(nbytes)))
 
     def _send_stream(self, peer, arrays, gate=None) -> _Stream:
         segs = [np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in arrays]
-        return _Stream(peer, segs, self.nchunks, gate=gate,
-                       lkeys=[self._lkey(s) for s in segs])
+        lkeys = []
+        for seg in segs:
+            lkey = self._lkey(seg)
+            if lkey is None and self.csize(seg.nbytes) > self.stage:
+                # its memory could not be registered and its chunks do not fit the
+                # staging ring: each chunk is copied, when it goes, into a registered
+                # bounce buffer of the message's size
+                bounce = np.empty(seg.nbytes, np.uint8)
+                mr = v.MR(self.pd, max(1, bounce.nbytes), v.e.IBV_ACCESS_LOCAL_WRITE,
+                          address=bounce.ctypes.data)
+                self._keep.append(bounce)
+                self._call_mrs.append(mr)
+                lkey = (mr.lkey, bounce)
+            lkeys.append(lkey)
+        return _Stream(peer, segs, self.csize, gate=gate, lkeys=lkeys)
 
     def exchange(self, sends=(), recvs=()) -> None:
         """Send each ``(peer, array)`` of ``sends`` and receive each ``(peer, dst, op)``
         of ``recvs`` (``dst`` a contiguous 1-D array; ``op`` a numpy ufunc reducing the
         incoming data into ``dst``, or None to copy), all at once."""
         ss = [self._send_stream(peer, [data]) for peer, data in sends]
-        rs = [_Stream(peer, [dst.reshape(-1).view(np.uint8)], self.nchunks, [op], [dst.dtype])
+        rs = [_Stream(peer, [dst.reshape(-1).view(np.uint8)], self.csize, [op], [dst.dtype])
               for peer, dst, op in recvs]
         self.run(ss, rs)
 
@@ -355,7 +385,7 @@ class Transport:
         ``right``, where ``sends[s]`` is what ``recvs[s - lag]`` received: each chunk is
         passed on as soon as it has come in (a ring's steps, ``lag`` 1; a pipelined
         broadcast, ``lag`` 0, where what comes in goes on)."""
-        rs = _Stream(left, [d.reshape(-1).view(np.uint8) for d, _ in recvs], self.nchunks,
+        rs = _Stream(left, [d.reshape(-1).view(np.uint8) for d, _ in recvs], self.csize,
                      [op for _, op in recvs], [d.dtype for d, _ in recvs])
 
         def ready(i, k):
@@ -375,6 +405,7 @@ class Transport:
         finally:
             if self._call_mrs:
                 self._end_call()
+            self._keep = []
 
     def _run(self, ss: list[_Stream], rs: list[_Stream]) -> None:
         for st in ss + rs:
@@ -453,18 +484,22 @@ class Transport:
     def _post_chunk(self, st: _Stream, qi: int) -> None:
         p = st.peer
         data = st.segs[st.i]
-        n = min(self.chunk, len(data) - st.off)
+        n = min(st.csz[st.i], len(data) - st.off)
         seq = self.send_seq[p]
         lkey = st.lkeys[st.i]
         wr_id = p
         if not n:
             sg = None
         elif lkey is not None:
+            if type(lkey) is tuple:
+                lkey, bounce = lkey
+                bounce[st.off:st.off + n] = data[st.off:st.off + n]
+                data = bounce
             sg = [v.SGE(data.ctypes.data + st.off, n, lkey)]
             wr_id |= _ZC
             self.zc_out += 1
         else:
-            off = self._slot(p, seq)
+            off = (p * self.slots + seq % self.slots) * self.stage
             self.send_mem[off:off + n] = data[st.off:st.off + n]
             sg = [v.SGE(self.send_mr.buf + off, n, self.send_mr.lkey)]
         wr = v.SendWR(wr_id=wr_id, opcode=v.e.IBV_WR_RDMA_WRITE_WITH_IMM,
@@ -489,7 +524,7 @@ class Transport:
         p = st.peer
         seq = self.consumed[p]
         dst_seg = st.segs[st.i]
-        n = min(self.chunk, len(dst_seg) - st.off)
+        n = min(st.csz[st.i], len(dst_seg) - st.off)
         if n:
             off = self._slot(p, seq)
             src = self.recv_mem[off:off + n]
