@@ -10,14 +10,18 @@ qps`` (NCCL's ``NCCL_IB_QPS_PER_CONNECTION`` striping); the immediate carries
 the chunk's sequence number, and the receive completion tells the peer it has
 landed, whichever QP it came on: chunks are taken in sequence order.  A
 sender holds one credit per free slot of the peer's ring and never writes
-without one; the receiver returns credits (a zero-length SEND_WITH_IMM whose
-immediate has the top bit set and the count below) once it has consumed the
-chunks, so a fast sender can never overrun a slow receiver, and chunks flow in
-a pipeline ``slots`` deep.
+without one; the receiver returns credits once it has consumed the chunks,
+in the immediate of its own next chunk to that peer (7 bits beside the 24-bit
+sequence number) or, when half the ring is owed or it has nothing else to do,
+in a zero-length SEND_WITH_IMM whose immediate has the top bit set and the
+count below.  So a fast sender can never overrun a slow receiver, chunks flow
+in a pipeline ``slots`` deep, and a small collective costs one message each
+way, not two.
 
-Large sends leave from the caller's own memory: the buffer is registered once
-and the registration cached (``register``), so a chunk costs one WRITE and no
-copy; a collective returns only when those WRITEs are acknowledged, since the
+A message is cut into chunks of about a quarter of it (64 KiB up to a slot),
+so that even mid-size messages pipeline.  Large sends leave from the caller's
+own memory: the buffer is registered once and the registration cached
+(``register``), so a chunk costs one WRITE and no copy; a collective returns only when those WRITEs are acknowledged, since the
 caller may then change the buffer.  Small sends are copied into a registered
 staging ring, which costs less than a registration.
 
@@ -43,8 +47,9 @@ import numpy as np
 
 from . import _verbs as v
 
-CREDIT_FLAG = 0x80000000
-SEQ_MASK = 0x7FFFFFFF
+CREDIT_FLAG = 0x80000000            # immediate of a credit return: the flag, the count below
+SEQ_MASK = 0xFFFFFF                  # immediate of a chunk: its sequence number (24 bits)...
+PIGGY_SHIFT, PIGGY_MAX = 24, 0x7F    # ... and credits returned with it (7 bits)
 DEFAULT_CHUNK = 1 << 20             # the largest chunk, the size of a receive slot
 MIN_CHUNK = 64 * 1024                # messages are cut into PIPELINE chunks, not smaller
 PIPELINE = 4
@@ -444,7 +449,7 @@ class Transport:
             # credits go back in batches, or whenever this rank has nothing else to do
             # (so a sender never waits on credits a receiver sits on)
             for p, n in self.owed.items():
-                if n and (n >= self.credit_batch or not moved or not rs) and \
+                if n and (n >= self.credit_batch or not moved) and \
                         self.sq_out[self.first_qp[p]] < self.sq_depth:
                     self._post_credit(p, n)
             if moved:
@@ -466,9 +471,11 @@ class Transport:
                 raise CollectiveError(
                     f"rank {self.rank}: no progress for {self.timeout:g} s waiting on rank(s) "
                     f"{waiting} (dead, hung, or not in the same collective)")
-        # credits owed go back now: the peer may be blocked on them in its next call
+        # a full batch of credits goes back now; fewer ride on this rank's next chunk to
+        # that peer, or go back as soon as a later call has nothing else to do (a peer
+        # never waits on them for long: it still holds at least half its credits)
         for p, n in self.owed.items():
-            if n and self.sq_out[self.first_qp[p]] < self.sq_depth:
+            if n >= self.credit_batch and self.sq_out[self.first_qp[p]] < self.sq_depth:
                 self._post_credit(p, n)
 
     def _check_peers(self, peers) -> None:
@@ -488,6 +495,8 @@ class Transport:
         seq = self.send_seq[p]
         lkey = st.lkeys[st.i]
         wr_id = p
+        give = min(self.owed[p], PIGGY_MAX)
+        self.owed[p] -= give
         if not n:
             sg = None
         elif lkey is not None:
@@ -503,7 +512,8 @@ class Transport:
             self.send_mem[off:off + n] = data[st.off:st.off + n]
             sg = [v.SGE(self.send_mr.buf + off, n, self.send_mr.lkey)]
         wr = v.SendWR(wr_id=wr_id, opcode=v.e.IBV_WR_RDMA_WRITE_WITH_IMM,
-                      num_sge=1 if n else 0, sg=sg, imm_data=seq & SEQ_MASK)
+                      num_sge=1 if n else 0, sg=sg,
+                      imm_data=(seq & SEQ_MASK) | (give << PIGGY_SHIFT))
         r = self.remote[p]
         wr.set_wr_rdma(r["rkey"], r["addr"] + self._slot(self.rank, seq))
         self.qp_list[qi].post_send(wr)
@@ -564,14 +574,16 @@ class Transport:
                         self._post_recvs(self.qp_list[qi], self.rq_owed[qi], p)
                         self.rq_owed[qi] = 0
                     if imm & CREDIT_FLAG:
-                        self.credits[p] += imm & SEQ_MASK
+                        self.credits[p] += imm & ~CREDIT_FLAG
                     else:
+                        self.credits[p] += imm >> PIGGY_SHIFT
                         c = self.consumed[p]
-                        seq = c + ((imm - c) & SEQ_MASK)
+                        seq = c + (((imm & SEQ_MASK) - c) & SEQ_MASK)
                         slot = seq % self.slots
                         if seq - c >= self.slots or self.landed[p][slot]:
                             raise CollectiveError(
-                                f"rank {self.rank}: chunk {imm} from rank {p} outside the "
+                                f"rank {self.rank}: chunk {imm & SEQ_MASK} from rank {p} "
+                                f"outside the "
                                 f"window (next expected {c & SEQ_MASK}, {self.slots} slots)")
                         self.landed[p][slot] = 1
                 else:
