@@ -57,7 +57,10 @@ DEFAULT_SLOTS = 8
 DEFAULT_QPS = 4
 ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 64 * 1024))  # sends this big: no copy
 MR_CACHE = 16                         # registrations of callers' buffers kept
-SPIN = float(os.environ.get("SOFTNIC_COLL_SPIN", 2e-4))    # busy-poll this long before napping
+# An idle rank polls for SPIN seconds, then naps between polls, up to NAP at a time.  With
+# a core per rank, polling keeps the device moving (its progress thread stands aside
+# while a caller polls); with more ranks than cores, polling takes the core a peer needs.
+SPIN_NAP = {"free": (1e-3, 1e-4), "oversubscribed": (2e-4, 1e-3)}
 ACCESS = v.e.IBV_ACCESS_LOCAL_WRITE | v.e.IBV_ACCESS_REMOTE_WRITE
 _ZC = 1 << 40                         # wr_id flag: a WRITE from a caller's buffer
 
@@ -132,6 +135,10 @@ class Transport:
             raise ValueError("need at least one slot per peer")
         if not 1 <= self.nqp <= 64:
             raise ValueError(f"{self.nqp} QPs per peer: give 1 to 64")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        spin, nap = SPIN_NAP["oversubscribed" if local > (os.cpu_count() or 1) else "free"]
+        self.spin = float(os.environ.get("SOFTNIC_COLL_SPIN", spin))
+        self.nap = float(os.environ.get("SOFTNIC_COLL_NAP", nap))
         self.credit_batch = max(1, self.slots // 2)
         self.rq_batch = max(1, self.slots // 2)
         # zero-copy sends keep registrations of callers' memory; on a real device a
@@ -458,10 +465,10 @@ class Transport:
                 continue
             idle += 1
             now = time.monotonic()
-            if now - last > SPIN:
+            if now - last > self.spin:
                 # idle for a while: let the other processes on this core (and this
                 # device's progress thread) run
-                time.sleep(min(0.001, 2e-5 * idle))
+                time.sleep(min(self.nap, 2e-5 * idle))
             if now - checked > 1.0:
                 checked = now
                 self._check_peers([st.peer for st in ss + rs])
