@@ -478,6 +478,10 @@ class Transport:
                 raise CollectiveError(
                     f"rank {self.rank}: no progress for {self.timeout:g} s waiting on rank(s) "
                     f"{waiting} (dead, hung, or not in the same collective)")
+        # one more poll: a device may hold the acknowledgements of what just came in
+        # until its caller's next call, and the peer may be waiting on them (its
+        # zero-copy sends complete only when acknowledged)
+        self._poll()
         # a full batch of credits goes back now; fewer ride on this rank's next chunk to
         # that peer, or go back as soon as a later call has nothing else to do (a peer
         # never waits on them for long: it still holds at least half its credits)
