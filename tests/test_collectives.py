@@ -260,7 +260,8 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout():
     port = _port()
     procs = []
     for rank in (0, 1):                 # rank 2 of 3 never starts
-        env = rank_env(os.environ, rank, 3, port, timeout=2)
+        # long enough that rank 1, started after rank 0, arrives in time on a busy machine
+        env = rank_env(os.environ, rank, 3, port, timeout=6)
         procs.append(subprocess.Popen([sys.executable, WORKER, "--quick"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
