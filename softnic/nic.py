@@ -4,12 +4,21 @@
 reference counted).  Each NIC owns an engine ``Device``, a UDP socket, a lock,
 and a progress thread.  Progress happens in two ways, as the design asks:
 
-* the progress thread sleeps in ``select`` until a datagram arrives or the
-  engine's one timer is due, then feeds the engine and sends what it produced,
-  so one-sided operations land while the target program does nothing;
+* the progress thread sleeps in one ``ppoll`` on the device's socket and its
+  doorbell (an eventfd) until a datagram arrives, the engine's one timer is
+  due, or a verbs call rings the bell (it armed an earlier timer, or the device
+  closes); then it feeds the engine and sends what it produced, so one-sided
+  operations land while the target program does nothing.  It sleeps without
+  the interpreter lock (``softnic.accel``'s ``sn_wait``) and takes it only when
+  there is work no other thread will do: never a timed nap;
 * every API call that may be spun on (``poll``, ``wait_until``) drives the same
   step inline, so a program that busy-polls its CQ never waits for the GIL to
-  hand the thread a turn.
+  hand the thread a turn.  Such a caller holds a *lease* (a timestamp the
+  sleeping thread reads): while it is fresh, a datagram that arrives is left to
+  the caller, and the thread does not wake to fight it for the interpreter.
+
+Completion channels wake their waiter from the step that made the completion
+(``wait_until`` is notified by every step and verbs call that did something).
 
 The driver rule holds everywhere: after every input, drain
 ``datagrams_to_send`` and re-arm from ``get_timer``.
@@ -17,12 +26,15 @@ The driver rule holds everywhere: after every input, drain
 
 from __future__ import annotations
 
+import array
 import atexit
 import heapq
 import ipaddress
 import json
 import os
 import random
+import select
+import sys
 import tempfile
 import threading
 import time
@@ -37,8 +49,20 @@ from .faults import FaultInjector
 from .transport.udp import UdpSocket, bind_free
 from .wire.roce import ROCEV2_PORT
 
-INLINE_GRACE = 0.002        # the progress thread stands aside this long after an inline step
-THREAD_WAIT = 0.05          # the progress thread's longest wait for a datagram or a timer
+#: How long after an inline step (a caller spinning on ``poll``) the caller is
+#: trusted to take what arrives; after that the progress thread takes it.  Short:
+#: a C program that stops calling (it spins on memory) waits at most this long.
+SPIN_LEASE = float(os.environ.get("SOFTNIC_SPIN_LEASE_US", "100")) * 1e-6
+STATS_EVERY = 1.0           # seconds between counter publications
+#: The interpreter's switch interval while a live NIC is open: how long the
+#: progress thread, woken with work, may wait for a thread that computes in
+#: Python without calling softnic to hand over the interpreter (CPython's default
+#: is 5 ms, a scheduler tick's worth of latency).
+SWITCH_INTERVAL = float(os.environ.get("SOFTNIC_SWITCH_INTERVAL_US", "500")) * 1e-6
+_NEVER = float("inf")
+_WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
+          "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
+_NO_DEADLINE = (1 << 63) - 1
 _lock = threading.Lock()
 _open: dict[str, "NIC"] = {}
 _cfg: _config.RuntimeConfig | None = None
@@ -83,9 +107,20 @@ def open_device(name: str) -> "NIC | SimNIC":
                 nic = SimNIC(spec, sim_world())
             else:
                 nic = TcpNIC(spec, cfg) if transport == "tcp" else NIC(spec, cfg)
+            if transport != "tcp":
+                _attach_cm(nic)
             _open[name] = nic
         nic.refs += 1
         return nic
+
+
+def _attach_cm(nic) -> None:
+    """Every RoCE device answers connection management on QP1, as a NIC does
+    (``core.cm``; ``softnic.rdmacm`` takes its events when a program uses rdma_cm)."""
+    from .core.cm import CM
+    guid = 0x02534EFFFE000000 | (zlib.crc32(nic.name.encode()) & 0xFFFFFF)
+    with nic.lock:
+        nic.dev.gsi = CM(nic.dev.gid, guid, random.Random(int.from_bytes(os.urandom(8), "little")))
 
 
 def open_nics() -> list["NIC"]:
@@ -129,7 +164,8 @@ class _Opened:
             self.refs -= 1
             if self.refs > 0:
                 return
-            _open.pop(self.name, None)
+            if _open.get(self.name) is self:     # (not a newer device of the same name)
+                del _open[self.name]
         self.close()
 
     def close(self) -> None:
@@ -174,14 +210,30 @@ class NIC(_Opened):
                 p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
         self._closed = False
         self._stats_at = 0.0
-        self._inline_at = 0.0       # last progress step driven by a polling caller
         self._owed = False          # an inline step left its output for the next call
-        self._spin_since = 0.0      # start of the current spell of inline polls
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
         self._runs = hasattr(self.sock, "recv_runs")
         if self._runs:
             self.dev.kernel = _accel.load()
+        # The doorbell: verbs calls that need the sleeping thread (an earlier timer,
+        # close) add one to it.  ``_sleep_until`` is the thread's planned wake-up while
+        # it sleeps (-inf while it is awake, when nobody need ring).
+        self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._sleep_until = -_NEVER
+        self._wakes = [0, 0, 0, 0]
+        self._waiter = _accel.waiter() if self.transport == "udp" else None
+        if self._waiter is not None:
+            # lease[0]: monotonic ns of the latest inline step; lease[1]: a step is
+            # under way or holds output (read by sn_wait without the GIL); lease[2]:
+            # the thread is waiting on the lease; lease[3]: the engine's next
+            # deadline in ns, which the sleeping thread re-reads
+            self._lease = self._waiter.ffi.new("int64_t[4]")
+        else:
+            self._lease = array.array("q", [0, 0, 0, 0])
+        self._lease[3] = _NO_DEADLINE
+        if sys.getswitchinterval() > SWITCH_INTERVAL > 0:
+            sys.setswitchinterval(SWITCH_INTERVAL)
         self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
                                         daemon=True)
         self._thread.start()
@@ -206,32 +258,55 @@ class NIC(_Opened):
     # ------------------------------------------------------------ API used by verbs_api
 
     def call(self, fn, *args, **kw):
-        """Run an engine call under the lock, then send what it produced."""
+        """Run an engine call under the lock, then send what it produced (and wake
+        whoever waits on its effects: a completion made by the call itself)."""
         with self.lock:
             try:
                 return fn(*args, **kw)
             finally:
                 self._flush(time.monotonic())
+                if self._waiters:
+                    self._cond.notify_all()
+
+    def ring(self) -> None:
+        """Wake the progress thread (it re-reads the engine's timer and steps).
+        Verbs calls ring it themselves when they need it; a face may too."""
+        try:
+            os.eventfd_write(self._bell, 1)
+        except OSError:
+            pass                                  # closed
+
+    def end_lease(self) -> None:
+        """The caller stops polling (its poll found what it spun for): the progress
+        thread takes what arrives from now on, at once.  A C program that polls its
+        CQ until a completion and then spins on memory calls this, through the
+        C face's ``ibv_poll_cq``."""
+        lease = self._lease
+        lease[0] = 0
+        if lease[2]:
+            self.ring()
 
     def poll(self) -> None:
         """One inline progress step: receive, fire timers, send.  Never blocks.
 
         A program spins on this, so the step with nothing to do is kept cheap: one
         ``poll(2)`` on the socket (a failed non-blocking receive costs four times
-        as much), a look at the engine's one timer, and nothing else."""
+        as much), a look at the engine's one timer, and nothing else.  Each call
+        renews the caller's lease: the progress thread leaves what arrives to it."""
         with self.lock:
             if not self._closed:
-                now = time.monotonic()
-                if now - self._inline_at > INLINE_GRACE:
-                    self._spin_since = now          # a new spell of polling
-                self._inline_at = now
+                lease = self._lease
+                ns = time.monotonic_ns()
+                lease[0] = ns
+                now = ns * 1e-9
                 if self._idle(now):
                     return
-                # Output is held for the caller's next call only once the caller
-                # has spun long enough that the progress thread is in its standing-
-                # aside loop (which sends held output within a quarter grace), not
-                # in a long wait begun before the caller started.
-                self._step(now, inline=now - self._spin_since > THREAD_WAIT)
+                lease[1] = 1
+                try:
+                    self._step(now, inline=True)
+                finally:
+                    lease[0] = time.monotonic_ns()
+                    lease[1] = 1 if self._owed else 0
 
     def _idle(self, now: float) -> bool:
         """Is there nothing to receive, no timer due and nothing to send?"""
@@ -246,8 +321,14 @@ class NIC(_Opened):
         d = self._delayed
         return not (d and d[0][0] <= now)
 
-    def wait_until(self, pred, timeout: float | None = None) -> bool:
-        """Block until ``pred()`` (evaluated under the lock) is true; False on timeout."""
+    def wait_until(self, pred, timeout: float | None = None,
+                   recheck: float | None = None) -> bool:
+        """Block until ``pred()`` (evaluated under the lock) is true; False on timeout.
+
+        ``pred`` is evaluated again after every progress step and verbs call that
+        did something (they notify), so a completion wakes its waiter at once;
+        ``recheck`` (seconds) also evaluates it that often, for a predicate that
+        time alone can make true."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -257,12 +338,12 @@ class NIC(_Opened):
                     return True
                 if self._closed:
                     return False
-                wait = 0.005
+                wait = recheck
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return False
-                    wait = min(wait, left)
+                    wait = left if wait is None else min(wait, left)
                 self._waiters += 1
                 try:
                     self._cond.wait(wait)
@@ -274,6 +355,7 @@ class NIC(_Opened):
         with self.lock:
             c = dict(self.dev.counters)
         c["udp_send_errors"] = self.sock.send_errors if self.sock else 0
+        c.update(zip(_WAKES, self._wakes))
         c["udp_recv_truncated"] = self.sock.recv_truncated if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
@@ -286,6 +368,7 @@ class NIC(_Opened):
                 return
             self._closed = True
             self._cond.notify_all()
+        self.ring()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
         self.publish_counters(final=True)
@@ -293,6 +376,8 @@ class NIC(_Opened):
             self._close_wire()
             if self.capture is not None:
                 self.capture.close()
+            os.close(self._bell)
+            self._bell = -1
 
     def _close_wire(self) -> None:
         self.sock.close()
@@ -334,10 +419,15 @@ class NIC(_Opened):
                 heapq.heappush(self._delayed, (at, self._seq, copy, addr))
 
     def _flush(self, now: float) -> None:
-        self._owed = False
+        if self._owed:
+            self._owed = False
+            self._lease[1] = 0
         if self._closed:
             return
         out = self.dev.datagram_runs(now)
+        t = self.dev.get_timer()
+        if t is not None:
+            self._deadline(t)
         if not out:
             return
         if self.capture is None and self.injector is None:
@@ -359,6 +449,9 @@ class NIC(_Opened):
                 for o in range(0, len(mv), seg):
                     send(mv[o:o + seg], addr, now, batch)
         self.sock.send_batch(batch)
+        d = self._delayed
+        if d:
+            self._deadline(d[0][0])
 
     def _step(self, now: float, inline: bool = False) -> bool:
         """Receive what waits, fire due timers, send.  Caller holds the lock.
@@ -426,33 +519,68 @@ class NIC(_Opened):
             t = self._delayed[0][0]
         return t
 
+    def _deadline(self, t: float) -> None:
+        """The engine's earliest deadline (or a fault-delayed send's) is ``t``: the
+        sleeping thread re-reads it from lease[3] when it wakes, and is rung only
+        if it now sleeps toward a later time.  A cancelled deadline is left
+        standing: the thread wakes for nothing, once (a re-armed, later one, as
+        each message's retransmission timer is, moves it on without a wake-up)."""
+        lease = self._lease
+        tn = int(t * 1e9)
+        old = lease[3]
+        lease[3] = tn
+        if tn < old and t < self._sleep_until:
+            self.ring()
+
+    def _sleep(self, timeout: float) -> int:
+        """Sleep until there is work for the thread, or ``timeout`` seconds pass.
+        1: a datagram waits; 2: the bell rang; 3: held output waits; 0: time is up."""
+        w = self._waiter
+        if w is not None:
+            r = w.lib.sn_wait(self.sock.fileno(), self._bell, int(timeout * 1e9),
+                              self._lease, int(SPIN_LEASE * 1e9))
+            if r < 0:
+                raise OSError(-r, os.strerror(-r))
+            return r
+        p = select.poll()                    # without the kernel: the same, with the GIL
+        p.register(self.sock.fileno(), select.POLLIN)
+        p.register(self._bell, select.POLLIN)
+        d = self._lease[3] * 1e-9 - time.monotonic()
+        got = p.poll(max(0, -int(-min(timeout, d) * 1000)))
+        return 2 if any(fd == self._bell for fd, _ in got) else (1 if got else 0)
+
     def _run(self) -> None:
         while True:
-            if time.monotonic() - self._inline_at < INLINE_GRACE:
-                # A caller is spinning on this NIC and moves it along itself; taking
-                # turns with it for the lock and the interpreter only slows both.
-                time.sleep(INLINE_GRACE / 4)
-                if self._owed:                  # ... unless it left output and went away
-                    with self.lock:
-                        if self._owed and not self._closed:
-                            self._flush(time.monotonic())
-                continue
-            with self.lock:
-                if self._closed:
-                    return
-                t = self._next_deadline()
-                sock = self.sock
-            timeout = THREAD_WAIT if t is None else max(0.0, min(THREAD_WAIT, t - time.monotonic()))
-            try:
-                sock.wait(timeout)
-            except (OSError, ValueError):
-                return                       # closed under us
             with self.lock:
                 if self._closed:
                     return
                 now = time.monotonic()
+                t = self._next_deadline()
+                if t is not None:
+                    self._lease[3] = int(t * 1e9)
+                elif self._lease[3] * 1e-9 <= now:
+                    # (a deadline cancelled but still ahead stays: the next one armed,
+                    # later, then moves it on without ringing)
+                    self._lease[3] = _NO_DEADLINE
+                until = self._stats_at + STATS_EVERY
+                self._sleep_until = until
+            try:
+                r = self._sleep(max(0.0, until - now))
+            except (OSError, ValueError):
+                return                       # closed under us
+            with self.lock:
+                self._sleep_until = -_NEVER
+                if self._closed:
+                    return
+                self._wakes[r] += 1
+                if r == 2:
+                    try:
+                        os.eventfd_read(self._bell)
+                    except BlockingIOError:
+                        pass
+                now = time.monotonic()
                 self._step(now)
-            if now - self._stats_at >= 1.0:
+            if now - self._stats_at >= STATS_EVERY:
                 self._stats_at = now
                 self.publish_counters()
 
@@ -520,6 +648,11 @@ class TcpNIC(NIC):
 
     def _next_deadline(self) -> float | None:
         return None
+
+    def _sleep(self, timeout: float) -> int:
+        # its sockets come and go with connections: a select over them, re-read
+        # every 50 ms at the longest (the engine has no timers of its own here)
+        return 1 if self.sock.wait(min(timeout, 0.05)) else 0
 
     def _close_wire(self) -> None:
         self.sock.close_all()

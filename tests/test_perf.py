@@ -144,6 +144,11 @@ def test_harness_smoke(tmp_path):
     if not __import__("shutil").which("sockperf") and os.environ.get("CI") != "true":
         if not __import__("shutil").which("gcc"):
             pytest.skip("neither sockperf nor gcc here")
+    for tool in ("ib_write_lat", "ib_write_bw", "ibv_rc_pingpong", "gcc"):
+        if not __import__("shutil").which(tool):
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"needs {tool} (.ci/run installs perftest, ibverbs-utils, gcc)")
+            pytest.skip(f"needs {tool} for the C-face rows")
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "perf_harness.py"), "--quick",
                           "--out", str(tmp_path)], env=_env(), capture_output=True, text=True,
                          timeout=300)
@@ -151,7 +156,10 @@ def test_harness_smoke(tmp_path):
     res = json.loads((tmp_path / "perf.json").read_text())
     keys = [r["key"] for r in res["table"]]
     assert keys == ["write_vs_sockperf", "write_vs_python_blast", "lat_p50_vs_python",
-                    "lat_p99_vs_python", "loss_goodput", "qps_1024_vs_1", "rss_per_qp_kib"]
+                    "lat_p99_vs_python", "loss_goodput", "qps_1024_vs_1", "rss_per_qp_kib",
+                    # the C face against its Python twins (perftest, ibverbs-utils)
+                    "c_write_lat_vs_py", "c_pingpong_events_vs_poll",
+                    "py_pingpong_events_vs_poll", "c_write_bw_vs_py", "write_1m_vs_gso"]
     for r in res["table"]:
         assert r["softnic"] > 0 and r["reference"] > 0 and r["ratio"] > 0
     assert res["executable"] == sys.executable

@@ -47,6 +47,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 GOALS = {            # figure: (goal, comparison), the issue's targets
+    "c_write_lat_vs_py": (1.5, "<="),
+    "c_pingpong_events_vs_poll": (1.5, "<="),
+    "py_pingpong_events_vs_poll": (1.5, "<="),
+    "c_write_bw_vs_py": (0.9, ">="),
+    "write_1m_vs_gso": (None, ">="),
+    "write_8m_vs_gso": (None, ">="),
     "write_vs_sockperf": (1.0, ">="),
     "write_vs_python_blast": (1.0, ">="),
     "lat_p50_vs_python": (1.5, "<="),
@@ -182,6 +188,55 @@ for _ in range(20):
 """
 
 
+GRO_RX = r"""
+import socket, struct, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+s.setsockopt(17, 104, 1)                       # SOL_UDP, UDP_GRO: runs as one buffer
+s.bind(("127.0.0.1", 0)); print(s.getsockname()[1], flush=True)
+buf = bytearray(1 << 16); n = 0; t0 = None; s.settimeout(2.0); t1 = 0.0
+try:
+    while True:
+        k = s.recv_into(buf)
+        if k == 1: break
+        if t0 is None: t0 = time.perf_counter()
+        n += k; t1 = time.perf_counter()
+except socket.timeout:
+    pass
+print(n, t1 - t0 if t0 else 0.0, flush=True)
+"""
+
+GSO_TX = r"""
+import socket, struct, sys, time
+port, seconds, size = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+n = max(1, 65000 // size)                      # datagrams per sendmsg (64 KiB at most)
+data = [bytes(size * n)]; addr = ("127.0.0.1", port)
+cmsg = [(17, 103, struct.pack("=H", size))]    # SOL_UDP, UDP_SEGMENT
+send = s.sendmsg
+end = time.perf_counter() + seconds
+while time.perf_counter() < end:
+    for _ in range(16):
+        try: send(data, cmsg, 0, addr)
+        except BlockingIOError: pass
+for _ in range(20):
+    s.sendto(b"x", addr); time.sleep(0.01)
+"""
+
+
+def python_gso_blast(seconds: float, size: int = 4096) -> dict:
+    """A raw-Python UDP blast with GSO on the sending side (one ``sendmsg`` carries
+    up to 64 KiB of ``size``-byte datagrams) and GRO on the receiving side (runs
+    come up as one buffer): the most bytes Python moves over UDP here."""
+    rx = subprocess.Popen([PY, "-c", GRO_RX], stdout=subprocess.PIPE, text=True)
+    port = rx.stdout.readline().strip()
+    subprocess.run([PY, "-c", GSO_TX, port, str(seconds), str(size)], check=True)
+    n, dt = rx.communicate(timeout=30)[0].split()
+    n, dt = int(n), float(dt)
+    return {"tool": f"python sendmsg GSO/GRO {size} B", "bytes_per_sec": n / dt if dt else 0.0}
+
+
 def python_blast(seconds: float, size: int = 4096) -> dict:
     """A raw-Python UDP blast: one process sends, another counts what arrives."""
     rx = subprocess.Popen([PY, "-c", BLAST_RX], stdout=subprocess.PIPE, text=True)
@@ -237,6 +292,119 @@ def python_pingpong(count: int, size: int = 8) -> dict:
     xs = sorted(t / 2 * 1e6 for t in times)
     return {"tool": f"python spin ping-pong {size} B", "t_typical_us": statistics.median(xs),
             "t_99_us": xs[min(len(xs) - 1, int(0.99 * len(xs)))]}
+
+
+# ------------------------------------------------------------------ the C face
+
+def _listening(port: int) -> bool:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[1].endswith(f":{port:04X}") and f[3] == "0A":
+                return True
+    return False
+
+
+def cface(binary: str, args: list[str], timeout: float = 300, env: dict | None = None
+          ) -> tuple[str, str]:
+    """An unmodified C verbs program (perftest, ibverbs-utils) as server and client
+    through ``softnic exec`` over 127.0.0.1: both outputs."""
+    exe = shutil.which(binary)
+    if exe is None:
+        raise RuntimeError(f"{binary} is not installed (Debian: perftest / ibverbs-utils)")
+    port = str(free_port())
+    cmd = [PY, "-m", "softnic.cli", "exec", "--", exe, *args, "-p", port]
+    e = _env(env)
+    server = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        end = time.monotonic() + 30
+        while not _listening(int(port)):
+            if server.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"{binary} server did not listen: "
+                                   f"{server.communicate(timeout=5)[0]}")
+            time.sleep(0.02)
+        client = subprocess.run(cmd + ["127.0.0.1"], env=e, capture_output=True, text=True,
+                                timeout=timeout)
+        sout = server.communicate(timeout=timeout)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    if client.returncode or server.returncode:
+        raise RuntimeError(f"{binary} {' '.join(args)} failed:\n{client.stdout}{client.stderr}"
+                           f"\n--- server\n{sout}")
+    return client.stdout, sout
+
+
+def py_pingpong(iters: int, size: int, events: bool) -> dict:
+    """tools/pyverbs_pingpong.py, the Python face's ibv_rc_pingpong (``-e``: blocked
+    in ``CompChannel.get_cq_event``), as server and client."""
+    port = str(free_port())
+    cmd = [PY, str(ROOT / "tools" / "pyverbs_pingpong.py"), "-n", str(iters), "-s", str(size),
+           "-p", port] + (["-e"] if events else [])
+    e = _env()
+    server = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        end = time.monotonic() + 30
+        while not _listening(int(port)):
+            if server.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"pyverbs_pingpong server did not listen: "
+                                   f"{server.communicate(timeout=5)[0]}")
+            time.sleep(0.02)
+        client = subprocess.run(cmd + ["127.0.0.1"], env=e, capture_output=True, text=True,
+                                timeout=300)
+        server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    m = re.search(r"(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter", client.stdout)
+    if client.returncode or not m:
+        raise RuntimeError(f"pyverbs_pingpong failed: {client.stdout}{client.stderr}")
+    return {"tool": "tools/pyverbs_pingpong.py" + (" -e" if events else ""),
+            "usec_per_iter": float(m.group(3))}
+
+
+def _perftest_row(out: str, size: int) -> list[str]:
+    for ln in out.splitlines():
+        f = ln.split()
+        if f and f[0] == str(size) and len(f) >= 4:
+            return f
+    raise RuntimeError(f"no {size}-byte row in:\n{out}")
+
+
+def c_write_lat(size: int, iters: int) -> dict:
+    """perftest ``ib_write_lat -x 0`` over softnic's libibverbs: the target spins on
+    memory, never calling softnic, so the progress thread alone lands each WRITE."""
+    out, _ = cface("ib_write_lat", ["-x", "0", "-s", str(size), "-n", str(iters)])
+    f = _perftest_row(out, size)       # bytes iters t_min t_max t_typical t_avg t_stdev 99% 99.9%
+    return {"tool": f"ib_write_lat -x 0 -s {size}", "t_typical_us": float(f[4]),
+            "t_99_us": float(f[7])}
+
+
+def c_write_bw(size: int, iters: int, mtu: int = 4096) -> dict:
+    out, _ = cface("ib_write_bw", ["-x", "0", "-s", str(size), "-n", str(iters),
+                                   "-m", str(mtu)])
+    f = _perftest_row(out, size)       # bytes iters BW_peak BW_average MsgRate (MB/s = 2**20)
+    return {"tool": f"ib_write_bw -x 0 -s {size} -m {mtu}",
+            "bytes_per_sec": float(f[3]) * (1 << 20)}
+
+
+def c_rc_pingpong(iters: int, size: int, events: bool) -> dict:
+    """``ibv_rc_pingpong -g 0`` (``-e``: sleeping on the completion channel)."""
+    args = ["-g", "0", "-n", str(iters), "-s", str(size)] + (["-e"] if events else [])
+    out, _ = cface("ibv_rc_pingpong", args)
+    m = re.search(r"(\d+) iters in ([\d.]+) seconds = ([\d.]+) usec/iter", out)
+    if not m:
+        raise RuntimeError(f"unexpected ibv_rc_pingpong output: {out}")
+    return {"tool": "ibv_rc_pingpong -g 0" + (" -e" if events else ""),
+            "usec_per_iter": float(m.group(3))}
 
 
 RSS_PROBE = r"""
@@ -304,7 +472,8 @@ def run(args) -> dict:
     res: dict = {"python": sys.version.split()[0], "python_full": sys.version,
                  "executable": sys.executable, "machine": os.uname().nodename,
                  "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC",
-                                                                  time.gmtime())}
+                                                                  time.gmtime()),
+                 "load_start": os.getloadavg()}
     step = _stepper(args)
     rounds = []
     nq = 32 if q else 1024
@@ -339,6 +508,7 @@ def run(args) -> dict:
         r["write_bw_many"], r["write_bw_many_counters"] = many["results"][0], many["counters"]
         rounds.append(r)
     res["rounds"] = rounds
+    step_c_face(args, res, step)
 
     def best(key, field, low=False):
         pick = (min if low else max)(rounds, key=lambda r: r[key][field])
@@ -387,9 +557,83 @@ def run(args) -> dict:
         ratio_row("resident memory per idle RC QP", "KiB", res["rss"]["bytes_per_qp"] / 1024,
                   64.0, res["rss"]["bytes_per_qp"] / 1024, "rss_per_qp_kib"),
     ]
-    res["table"] = rows
+    res["table"] = rows + res["c_rows"]
+    res["load_end"] = os.getloadavg()
     res["paired"] = paired(rounds)
     return res
+
+
+def step_c_face(args, res: dict, step) -> None:
+    """The progress figures: each C program and its Python twin side by side,
+    in alternating order, for ``--repeat`` rounds; each row's ratio is the
+    median of its rounds' own ratios (figures: the median of each side)."""
+    q = args.quick
+    n_lat = 200 if q else args.pings
+    n_pp = 100 if q else args.pings // 2
+    n_bw = 200 if q else args.iters
+    big = [1 << 20] if q else [1 << 20, 8 << 20]
+    pairs: dict[str, list] = {k: [] for k in GOALS if k in (
+        "c_write_lat_vs_py", "c_pingpong_events_vs_poll", "py_pingpong_events_vs_poll",
+        "c_write_bw_vs_py", "write_1m_vs_gso", "write_8m_vs_gso")}
+    for k in range(1 if q else args.repeat):
+        flip = k % 2 == 1
+        step(f"C face round {k + 1}: ib_write_lat -x 0 -s 2 / softnic perf write_lat -s 2")
+        runs = [lambda: c_write_lat(2, n_lat),
+                lambda: perf("write_lat", ["-s", "2", "-n", str(n_lat)])["results"][0]]
+        a, b = _both(runs, flip)
+        pairs["c_write_lat_vs_py"].append((a["t_typical_us"], b["t_typical_us"]))
+        step(f"C face round {k + 1}: ibv_rc_pingpong -g 0 -e / polling")
+        a, b = _both([lambda: c_rc_pingpong(n_pp, 4096, True),
+                      lambda: c_rc_pingpong(n_pp, 4096, False)], flip)
+        pairs["c_pingpong_events_vs_poll"].append((a["usec_per_iter"], b["usec_per_iter"]))
+        step(f"C face round {k + 1}: pyverbs_pingpong -e / polling (Python face)")
+        a, b = _both([lambda: py_pingpong(n_pp, 4096, True),
+                      lambda: py_pingpong(n_pp, 4096, False)], flip)
+        pairs["py_pingpong_events_vs_poll"].append((a["usec_per_iter"], b["usec_per_iter"]))
+        step(f"C face round {k + 1}: ib_write_bw -x 0 -s 65536 -m 4096 / softnic perf write_bw")
+        a, b = _both([lambda: c_write_bw(65536, n_bw),
+                      lambda: perf("write_bw", ["-s", "65536", "-n", str(n_bw), "-m", "4096"]
+                                   )["results"][0]], flip)
+        pairs["c_write_bw_vs_py"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
+        for size, key in zip(big, ("write_1m_vs_gso", "write_8m_vs_gso")):
+            step(f"C face round {k + 1}: WRITE {size >> 10} KiB / raw-Python GSO/GRO blast")
+            n = max(8, (n_bw * 65536) // size)
+            a, b = _both([lambda: perf("write_bw", ["-s", str(size), "-n", str(n), "-m", "4096",
+                                                    "-t", "4"])["results"][0],
+                          lambda: python_gso_blast(0.5 if q else args.seconds)], flip)
+            pairs[key].append((a["bytes_per_sec"], b["bytes_per_sec"]))
+    res["c_face_rounds"] = pairs
+    names = {
+        "c_write_lat_vs_py": ("2 B WRITE latency: C ib_write_lat -x 0 (spins on memory) vs "
+                              "Python face softnic perf write_lat", "us (one way)", 1),
+        "c_pingpong_events_vs_poll": ("ibv_rc_pingpong -g 0 -e (completion channel) vs "
+                                      "polling, 4 KiB", "us/iter", 1),
+        "py_pingpong_events_vs_poll": ("pyverbs ping-pong in get_cq_event vs polling, 4 KiB "
+                                       "(tools/pyverbs_pingpong.py)", "us/iter", 1),
+        "c_write_bw_vs_py": ("ib_write_bw -x 0 -s 65536 -m 4096 vs softnic perf write_bw, "
+                             "same flags", "MB/s", 1e-6),
+        "write_1m_vs_gso": ("WRITE 1 MiB vs raw-Python UDP blast with GSO/GRO", "MB/s", 1e-6),
+        "write_8m_vs_gso": ("WRITE 8 MiB vs raw-Python UDP blast with GSO/GRO", "MB/s", 1e-6),
+    }
+    rows = []
+    for key, got in pairs.items():
+        if not got:
+            continue
+        name, unit, scale = names[key]
+        ours = statistics.median(x for x, _ in got) * scale
+        ref = statistics.median(y for _, y in got) * scale
+        ratio = statistics.median(x / y for x, y in got)
+        rows.append(ratio_row(name, unit, ours, ref, ratio, key))
+    res["c_rows"] = rows
+
+
+def _both(runs: list, flip: bool) -> tuple:
+    """Run two measurements, in the given order or flipped; results in the given order."""
+    if flip:
+        b = runs[1]()
+        return runs[0](), b
+    a = runs[0]()
+    return a, runs[1]()
 
 
 def paired(rounds: list[dict]) -> dict:
@@ -419,7 +663,14 @@ def _stepper(args):
 def markdown(res: dict) -> str:
     lines = [f"softnic perf harness, {res['started']}, Python {res['python']} "
              f"({res['executable']}), {res['cpus']} CPUs, loopback, best of "
-             f"{len(res['rounds'])} round(s); per-packet loops: {res.get('data_path', '?')}",
+             f"{len(res['rounds'])} round(s); per-packet loops: {res.get('data_path', '?')}; "
+             f"load average (1, 5, 15 min) {_load(res['load_start'])} at the start, "
+             f"{_load(res['load_end'])} at the end",
+             "",
+             "The first rows take each side's best round; the C-face and progress rows "
+             "below them (C program against its Python twin, events against polling, "
+             "large WRITEs against the GSO/GRO blast) take the median of each round's "
+             "own ratio, the two sides run back to back in alternating order.",
              "",
              "| figure | unit | softnic | reference | ratio | goal | met |",
              "|---|---|---:|---:|---:|---|---|"]
@@ -458,6 +709,27 @@ def markdown(res: dict) -> str:
                      f"{lt.get('t_typical_us', float('nan')):.1f} | "
                      f"{lt.get('t_99_us', float('nan')):.1f} |")
     return "\n".join(lines) + "\n"
+
+
+DOC_BEGIN = "<!-- perf_harness: begin -->"
+DOC_END = "<!-- perf_harness: end -->"
+
+
+def write_doc(path: Path, md: str) -> None:
+    """Replace what stands between the markers of ``path`` with this run's table
+    (the markers are added at the end if the file has none)."""
+    text = path.read_text() if path.exists() else ""
+    block = f"{DOC_BEGIN}\n{md}{DOC_END}"
+    if DOC_BEGIN in text and DOC_END in text:
+        head, rest = text.split(DOC_BEGIN, 1)
+        text = head + block + rest.split(DOC_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def _load(t) -> str:
+    return ", ".join(f"{x:.2f}" for x in t)
 
 
 def plot(res: dict, path: Path) -> None:
@@ -510,6 +782,9 @@ def main(argv=None) -> int:
                    help="QP timeout attribute of the lossy run (4.096 us * 2**t)")
     p.add_argument("--loss-recovery", choices=("gbn", "sr"), default="sr",
                    help="loss recovery of the lossy run")
+    p.add_argument("--doc", default=None, metavar="MD",
+                   help="also put the table in this markdown file, between its "
+                        f"'{DOC_BEGIN}' and '{DOC_END}' lines (e.g. docs/performance.md)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -518,6 +793,8 @@ def main(argv=None) -> int:
     (out / "perf.md").write_text(md)
     (out / "perf.json").write_text(json.dumps(res, indent=1))
     plot(res, out / "perf.png")
+    if args.doc:
+        write_doc(Path(args.doc), md)
     print(md)
     print(f"wrote {out / 'perf.md'}, {out / 'perf.json'}, {out / 'perf.png'}")
     gc.collect()

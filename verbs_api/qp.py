@@ -261,6 +261,8 @@ def _engine_attr(a: QPAttr, mask: int) -> _EngineQPAttr:
 
 
 class QP(PyverbsCM):
+    ind_table = None        # a receive WQ indirection table (RSS): softnic's QPs have none
+
     def __init__(self, creator, init_attr, qp_attr=None):
         """Create a QP on ``creator`` (a PD with a QPInitAttr, or a Context with a
         QPInitAttrEx naming its PD); with ``qp_attr``, move it towards RTS."""
@@ -424,6 +426,37 @@ class QP(PyverbsCM):
         post = nic.dev.post_send
         self._post(wr, bad_wr, lambda w: post(self._eqp, w._engine()), 'Failed to post send')
 
+    def query_data_in_order(self, op, flags=0):
+        """ibv_query_qp_data_in_order: 0, no guarantee.  With selective repeat a later
+        packet's bytes may be placed before an earlier lost one's, so softnic promises
+        nothing beyond the completion (as libibverbs answers for providers without the op)."""
+        self._check()
+        return 0
+
+    def bind_mw(self, mw, mw_bind):
+        """ibv_bind_mw: bind a type 1 window with a BIND_MW in this QP's send queue (its
+        completion says whether it took); the window's rkey moves to the next key byte."""
+        from .base import inc_rkey
+        from .mr import MW
+        self._check()
+        if not isinstance(mw, MW) or mw._closed:
+            raise PyverbsUserError('bind_mw needs an open MW')
+        if mw.type != e.IBV_MW_TYPE_1:
+            raise PyverbsRDMAError('Failed to Bind MW', errno.EINVAL)
+        info = mw_bind.info
+        if info.mr is None and (info.addr or info.length):
+            raise PyverbsRDMAError('Failed to Bind MW', errno.EINVAL)
+        new_rkey = inc_rkey(mw.rkey)
+        wr = _EngineSendWR(mw_bind.wr_id, e.IBV_WR_BIND_MW, [], mw_bind.send_flags,
+                           bind=info._engine(mw, new_rkey))
+        nic = self._nic
+        try:
+            nic.call(nic.dev.post_send, self._eqp, wr)
+        except (VerbsError, ValueError) as ex:
+            err = ex.errno if isinstance(ex, VerbsError) else errno.EINVAL
+            raise PyverbsRDMAError('Failed to Bind MW', err) from None
+        mw._rkey = new_rkey
+
     def _post(self, wr, bad_wr, one, msg):
         if wr is None:
             raise TypeError('post needs a work request')
@@ -527,7 +560,8 @@ class QPEx(QP):
         self._new(e.IBV_WR_LOCAL_INV, invalidate_rkey=invalidate_rkey)
 
     def wr_bind_mw(self, mw, rkey, bind_info):
-        raise rdma_error('softnic has no memory windows', errno.EOPNOTSUPP)
+        """Bind a type 2 window to ``bind_info``'s range, giving it ``rkey``."""
+        self._new(e.IBV_WR_BIND_MW, bind=bind_info._engine(mw, rkey))
 
     def wr_set_ud_addr(self, ah, remote_qpn, remote_qkey):
         w = self._last()

@@ -113,7 +113,7 @@ def _linger(nic, qp) -> None:
             seen[0], seen[1] = n, t
         return t - seen[1] >= quiet
 
-    nic.wait_until(quiet_enough, timeout=LINGER_MAX)
+    nic.wait_until(quiet_enough, timeout=LINGER_MAX, recheck=quiet / 4)
 
 
 def install(ffi) -> None:
@@ -245,6 +245,65 @@ def install(ffi) -> None:
         o.nic.call(o.nic.dev.dereg_mr, o.eng)
         del _objs[h]
 
+    # ------------------------------------------------------------ device memory
+
+    @extern()
+    def sn_dm_size(ctx, size):
+        size[0] = _get(ctx).nic.dev.keys.dm.size
+
+    @extern()
+    def sn_alloc_dm(ctx, length, log_align, comp_mask, out, addr):
+        c = _get(ctx)
+        dm = c.nic.dev.keys.dm.alloc(length, log_align, comp_mask)   # the device's own pool
+        out[0] = _new(_Obj(c.nic, dm))
+        addr[0] = dm.buf.addr
+
+    @extern()
+    def sn_free_dm(h):
+        o = _get(h)
+        o.eng.pool.free(o.eng)
+        del _objs[h]
+
+    @extern()
+    def sn_reg_dm_mr(pd, dm, offset, length, access, out, lkey, rkey):
+        p, d = _get(pd), _get(dm)
+        mr = p.nic.call(p.nic.dev.keys.reg_dm_mr, p.eng, d.eng, offset, length, access)
+        out[0] = _new(_Obj(p.nic, mr))
+        lkey[0] = mr.lkey
+        rkey[0] = mr.rkey
+
+    # ------------------------------------------------------------ rereg, memory windows
+
+    @extern()
+    def sn_rereg_mr(h, flags, pd, addr, length, access):
+        o = _get(h)
+        npd = _get(pd).eng if flags & 2 else None
+        o.nic.call(o.nic.dev.keys.rereg, o.eng, flags, npd, addr, length,
+                   access & ~int(Access.ON_DEMAND))       # softnic never pins: always ODP
+
+    @extern()
+    def sn_alloc_mw(pd, type_, out, rkey):
+        p = _get(pd)
+        mw = p.nic.call(p.nic.dev.keys.alloc_mw, p.eng, type_)
+        out[0] = _new(_Obj(p.nic, mw))
+        rkey[0] = mw.rkey
+
+    @extern()
+    def sn_dealloc_mw(h):
+        o = _get(h)
+        o.nic.call(o.nic.dev.keys.dealloc_mw, o.eng)
+        del _objs[h]
+
+    @extern()
+    def sn_bind_mw(h, wr_id, send_flags, mw_rkey, rkey, mr_lkey, addr, length, access):
+        from softnic.core.memory import MWBind
+        o = _objs.get(h)
+        if o is None:
+            return errno.EINVAL
+        wr = SendWR(wr_id=wr_id, opcode=8, sg_list=[], send_flags=send_flags,     # BIND_MW
+                    bind=MWBind(mw_rkey, rkey, mr_lkey, addr, length, access))
+        o.nic.call(o.nic.dev.post_send, o.eng, wr)
+
     @extern()
     def sn_create_ah(pd, a, out):
         p = _get(pd)
@@ -322,6 +381,8 @@ def install(ffi) -> None:
                 if other is not nic:
                     other.poll()
             _time.sleep(0)
+        else:
+            nic.end_lease()          # a program polls until a completion, then spins elsewhere
         for i, w in enumerate(got):
             r = out[i]
             r.wr_id = w.wr_id

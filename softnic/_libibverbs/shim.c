@@ -174,6 +174,9 @@ static int sn_vctx_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
 static int sn_vctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *values);
 static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
                              struct ibv_sge *sg_list, uint32_t num_sges);
+static void sn_mw_ops(struct ibv_context *c);
+static void sn_dm_ops(struct verbs_context *v);
+static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr);
 
 /* What every op softnic does not provide answers, as rdma-core's dummy ops
  * (libibverbs/dummy_ops.c) do: an int op returns EOPNOTSUPP; an op that returns an
@@ -288,6 +291,9 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     c->ops._compat_query_device = ibv_query_device;
     c->ops._compat_query_port = ibv_query_port;
     sn_fill_unsupported_ops(v);
+    /* what softnic implements beyond the core ops, over the refusing defaults */
+    sn_mw_ops(c);
+    sn_dm_ops(v);
     c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     c->num_comp_vectors = 1;
@@ -370,6 +376,7 @@ static int sn_vctx_query_device_ex(struct ibv_context *ctx,
     full.odp_caps.per_transport_caps.uc_odp_caps =
         IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
     full.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+    sn_dm_caps(ctx, &full);
     full.completion_timestamp_mask = ~0ULL;
     full.hca_core_clock = 1000000;       /* kHz: completion timestamps are nanoseconds */
     memcpy(attr, &full, attr_size < sizeof(full) ? attr_size : sizeof(full));
@@ -576,42 +583,36 @@ SN_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t l
     return ibv_reg_mr_iova2(pd, addr, length, iova, access);
 }
 
-/* Re-registration makes a new registration (new keys) and drops the old one. */
+/* Re-registration in place: the engine changes the MR's translation, PD and/or access and
+ * keeps its keys (a peer holding the rkey keeps it). */
 SN_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
                            size_t length, int access)
 {
-    uint32_t h, lkey, rkey;
     if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
-                  IBV_REREG_MR_CHANGE_ACCESS))
-        return IBV_REREG_MR_ERR_INPUT;
-    struct ibv_pd *npd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
-    void *naddr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
-    size_t nlen = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
-    unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
-        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
-    if (!npd) {
+                  IBV_REREG_MR_CHANGE_ACCESS) || !flags) {
         errno = EINVAL;
         return IBV_REREG_MR_ERR_INPUT;
     }
-    int err = sn_reg_mr(npd->handle, (uint64_t)(uintptr_t)naddr, nlen, naccess, &h, &lkey,
-                        &rkey);
+    if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
+        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
+    int err = sn_rereg_mr(mr->handle, flags, (flags & IBV_REREG_MR_CHANGE_PD) ? pd->handle : 0,
+                          (uint64_t)(uintptr_t)addr, length, naccess);
     if (err) {
         errno = err;
         return IBV_REREG_MR_ERR_INPUT;
     }
-    err = sn_dereg_mr(mr->handle);
-    if (err) {
-        sn_dereg_mr(h);
-        errno = err;
-        return IBV_REREG_MR_ERR_CMD;
+    if (flags & IBV_REREG_MR_CHANGE_PD) {
+        mr->pd = pd;
+        mr->context = pd->context;
     }
-    mr->pd = npd;
-    mr->context = npd->context;
-    mr->addr = naddr;
-    mr->length = nlen;
-    mr->handle = h;
-    mr->lkey = lkey;
-    mr->rkey = rkey;
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        mr->addr = addr;
+        mr->length = length;
+    }
     ((struct sn_mr *)mr)->access = naccess;
     return 0;
 }
@@ -1154,6 +1155,12 @@ static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
                      IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sn_fail_ptr(EINVAL);
+    /* creation flags and a TSO header are accepted when they ask for nothing */
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
+        return sn_fail_ptr(EOPNOTSUPP);
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header)
+        return sn_fail_ptr(EOPNOTSUPP);
+    known |= IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
     if (attr->comp_mask & ~known)
         return sn_fail_ptr(EOPNOTSUPP);
     if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
@@ -1268,8 +1275,14 @@ SN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
     return 0;
 }
 
+static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr);
+static void sn_wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
+                          const struct ibv_mw_bind_info *info);
+
 static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
 {
+    if (wr->opcode == IBV_WR_BIND_MW)
+        return sn_post_bind_mw(qp, wr);
     struct sn_send_wr s;
     memset(&s, 0, sizeof(s));
     s.wr_id = wr->wr_id;
@@ -1367,6 +1380,8 @@ static struct sn_pending *sn_wr_cur(struct ibv_qp_ex *q)
     return &s->pend[s->npend - 1];
 }
 
+static int sn_post_pending_bind(struct ibv_qp_ex *q, struct sn_send_wr *w);
+
 static void sn_wr_start(struct ibv_qp_ex *q)
 {
     struct sn_qp *s = to_sqp(q);
@@ -1383,7 +1398,9 @@ static int sn_wr_complete(struct ibv_qp_ex *q)
     struct sn_qp *s = to_sqp(q);
     int err = s->wr_err;
     for (int i = 0; i < s->npend && !err; i++)
-        err = sn_post_send(q->qp_base.handle, &s->pend[i].wr);
+        err = s->pend[i].wr.opcode == IBV_WR_BIND_MW ? sn_post_pending_bind(q, &s->pend[i].wr)
+                                                     : sn_post_send(q->qp_base.handle,
+                                                                    &s->pend[i].wr);
     sn_wr_start(q);
     return err;
 }
@@ -1550,6 +1567,7 @@ static void sn_qpx_install(struct sn_qp *s)
     q->wr_send_imm = sn_wr_send_imm;
     q->wr_send_inv = sn_wr_send_inv;
     q->wr_local_inv = sn_wr_local_inv;
+    q->wr_bind_mw = sn_wr_bind_mw;
     q->wr_set_ud_addr = sn_wr_set_ud_addr;
     q->wr_set_sge = sn_wr_set_sge;
     q->wr_set_sge_list = sn_wr_set_sge_list;
@@ -1727,4 +1745,205 @@ SN_EXPORT int ibv_read_ibdev_sysfs_file(char *buf, size_t size, struct ibv_devic
     (void)buf; (void)size; (void)dev; (void)fnfmt;
     errno = ENOENT;
     return -1;
+}
+
+/* ------------------------------------------------------------------ memory windows
+ * Type 1 is bound by ibv_bind_mw and type 2 by an IBV_WR_BIND_MW work request; both are a
+ * BIND_MW in the send queue, checked by the engine as rxe checks them (a refused bind
+ * completes with IBV_WC_MW_BIND_ERR). */
+
+static struct ibv_mw *sn_op_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+    uint32_t h, rkey;
+    int err = sn_alloc_mw(pd->handle, (int)type, &h, &rkey);
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_mw *mw = calloc(1, sizeof(*mw));
+    if (!mw) {
+        sn_dealloc_mw(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    mw->context = pd->context;
+    mw->pd = pd;
+    mw->rkey = rkey;
+    mw->handle = h;
+    mw->type = type;
+    return mw;
+}
+
+static int sn_op_dealloc_mw(struct ibv_mw *mw)
+{
+    int err = sn_dealloc_mw(mw->handle);
+    if (!err)
+        free(mw);
+    return err;
+}
+
+static int sn_bind(struct ibv_qp *qp, uint64_t wr_id, unsigned int flags, struct ibv_mw *mw,
+                   uint32_t rkey, const struct ibv_mw_bind_info *info)
+{
+    if (!mw || !info || (!info->mr && info->length))
+        return EINVAL;
+    return sn_bind_mw(qp->handle, wr_id, flags, mw->rkey, rkey, info->mr ? info->mr->lkey : 0,
+                      info->addr, info->length, info->mw_access_flags);
+}
+
+static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr)
+{
+    return sn_bind(qp, wr->wr_id, wr->send_flags, wr->bind_mw.mw, wr->bind_mw.rkey,
+                   &wr->bind_mw.bind_info);
+}
+
+/* ibv_bind_mw (type 1): posted like rxe's provider posts it; the window's rkey moves to the
+ * next key byte when the bind is queued. */
+static int sn_op_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind)
+{
+    if (!mw || !bind || mw->type != IBV_MW_TYPE_1)
+        return EINVAL;
+    uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    int err = sn_bind(qp, bind->wr_id, bind->send_flags, mw, rkey, &bind->bind_info);
+    if (!err)
+        mw->rkey = rkey;
+    return err;
+}
+
+static void sn_mw_ops(struct ibv_context *c)
+{
+    c->ops.alloc_mw = sn_op_alloc_mw;
+    c->ops.dealloc_mw = sn_op_dealloc_mw;
+    c->ops.bind_mw = sn_op_bind_mw;
+}
+
+/* ibv_wr_bind_mw: a pending BIND_MW keeps its fields in the pending WR's record (window's
+ * rkey in invalidate_rkey, new rkey in rkey, MR lkey in imm_data, range in remote_addr and
+ * compare_add, access in swap) until ibv_wr_complete posts it. */
+static void sn_wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
+                          const struct ibv_mw_bind_info *info)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_BIND_MW);
+    if (!p)
+        return;
+    if (!mw || !info || (!info->mr && info->length)) {
+        to_sqp(q)->wr_err = EINVAL;
+        return;
+    }
+    p->wr.invalidate_rkey = mw->rkey;
+    p->wr.rkey = rkey;
+    p->wr.imm_data = info->mr ? info->mr->lkey : 0;
+    p->wr.remote_addr = info->addr;
+    p->wr.compare_add = info->length;
+    p->wr.swap = info->mw_access_flags;
+}
+
+static int sn_post_pending_bind(struct ibv_qp_ex *q, struct sn_send_wr *w)
+{
+    return sn_bind_mw(q->qp_base.handle, w->wr_id, w->send_flags, w->invalidate_rkey, w->rkey,
+                      w->imm_data, w->remote_addr, w->compare_add, (unsigned int)w->swap);
+}
+
+/* ------------------------------------------------------------------ device memory
+ * Emulated NIC-side memory: a buffer the device owns (its address comes from the engine),
+ * written and read only in 4-byte words through ibv_memcpy_to/from_dm (as mlx5), reached by
+ * the wire through a zero-based MR over it. */
+
+struct sn_dm {
+    struct ibv_dm dm;
+    uint8_t *buf;
+    uint64_t length;
+};
+
+static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr)
+{
+    uint64_t size = 0;
+    if (!sn_dm_size(ctx_handle(ctx), &size))
+        attr->max_dm_size = size;
+}
+
+static int sn_dm_range(struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+    struct sn_dm *d = (struct sn_dm *)dm;
+    if ((offset & 3) || (length & 3) || offset > d->length || length > d->length - offset)
+        return EINVAL;
+    return 0;
+}
+
+static int sn_memcpy_to_dm(struct ibv_dm *dm, uint64_t offset, const void *host, size_t length)
+{
+    int err = sn_dm_range(dm, offset, length);
+    if (!err && length)
+        memcpy(((struct sn_dm *)dm)->buf + offset, host, length);
+    return err;
+}
+
+static int sn_memcpy_from_dm(void *host, struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+    int err = sn_dm_range(dm, offset, length);
+    if (!err && length)
+        memcpy(host, ((struct sn_dm *)dm)->buf + offset, length);
+    return err;
+}
+
+static struct ibv_dm *sn_vctx_alloc_dm(struct ibv_context *ctx, struct ibv_alloc_dm_attr *attr)
+{
+    uint32_t h;
+    uint64_t addr;
+    if (!attr)
+        return sn_fail_ptr(EINVAL);
+    int err = sn_alloc_dm(ctx_handle(ctx), attr->length, attr->log_align_req, attr->comp_mask,
+                          &h, &addr);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_dm *d = calloc(1, sizeof(*d));
+    if (!d) {
+        sn_free_dm(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    d->dm.context = ctx;
+    d->dm.memcpy_to_dm = sn_memcpy_to_dm;
+    d->dm.memcpy_from_dm = sn_memcpy_from_dm;
+    d->dm.handle = h;
+    d->buf = (uint8_t *)(uintptr_t)addr;
+    d->length = attr->length;
+    return &d->dm;
+}
+
+static int sn_vctx_free_dm(struct ibv_dm *dm)
+{
+    int err = sn_free_dm(dm->handle);
+    if (!err)
+        free(dm);
+    return err;
+}
+
+static struct ibv_mr *sn_vctx_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset,
+                                        size_t length, unsigned int access)
+{
+    uint32_t h, lkey, rkey;
+    if (!dm)
+        return sn_fail_ptr(EINVAL);
+    int err = sn_reg_dm_mr(pd->handle, dm->handle, offset, length, access, &h, &lkey, &rkey);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_mr *smr = calloc(1, sizeof(*smr));
+    if (!smr) {
+        sn_dereg_mr(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    smr->access = access;
+    struct ibv_mr *mr = &smr->mr;
+    mr->context = pd->context;
+    mr->pd = pd;
+    mr->addr = NULL;                /* zero-based */
+    mr->length = length;
+    mr->handle = h;
+    mr->lkey = lkey;
+    mr->rkey = rkey;
+    return mr;
+}
+
+static void sn_dm_ops(struct verbs_context *v)
+{
+    v->alloc_dm = sn_vctx_alloc_dm;
+    v->free_dm = sn_vctx_free_dm;
+    v->reg_dm_mr = sn_vctx_reg_dm_mr;
 }

@@ -18,6 +18,11 @@ The CRC-32 the kernel computes is ISA-L's (``crc32_gzip_refl``, from the
 calls), else zlib's ``crc32`` from ``libz.so.1``, else a table of its own;
 each is checked against ``zlib.crc32`` before it is used.
 
+The same module carries the progress thread's sleep (``wait.c``, ``sn_wait``):
+one ppoll(2) on a device's socket and doorbell without the interpreter lock,
+which ``waiter()`` gives whatever ``SOFTNIC_KERNEL`` says (softnic.nic falls
+back to ``select.poll`` without it).
+
     python -m softnic.accel [-v]     # build, check and say which CRC it uses
 """
 
@@ -62,7 +67,7 @@ class Kernel:
 
 def _key() -> str:
     h = hashlib.sha256()
-    for name in ("kernel.h", "kernel.c", "__init__.py"):
+    for name in ("kernel.h", "kernel.c", "wait.h", "wait.c", "__init__.py"):
         h.update((HERE / name).read_bytes())
     h.update(sys.version.encode())
     h.update(sys.executable.encode())
@@ -94,10 +99,9 @@ def build(dest: Path, verbose: bool = False) -> Path:
     if not inc or not (Path(inc) / "Python.h").exists():
         raise RuntimeError(f"no Python.h in {inc} (Debian: python3-dev)")
     ffi = cffi.FFI()
-    header = (HERE / "kernel.h").read_text()
-    ffi.cdef(header)
+    ffi.cdef((HERE / "kernel.h").read_text() + (HERE / "wait.h").read_text())
     ffi.set_source(MODULE, "#include <stdint.h>\n#include <stddef.h>\n"
-                   + (HERE / "kernel.c").read_text(),
+                   + (HERE / "wait.c").read_text() + (HERE / "kernel.c").read_text(),
                    extra_compile_args=["-O2", "-fvisibility=hidden"])
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="softnic-kernel-") as tmp:
@@ -150,13 +154,31 @@ def _choose_crc(k: Kernel) -> None:
     raise RuntimeError("no CRC-32 agrees with zlib's")
 
 
+def waiter():
+    """The loaded module for ``lib.sn_wait`` (the progress thread's sleep), whatever
+    ``SOFTNIC_KERNEL`` says; None where it cannot be built."""
+    k = _load()
+    return k
+
+
 def load(verbose: bool = False):
     """The kernel (built and cached on first use), or None if it cannot be had
     here or ``SOFTNIC_KERNEL=0``; ``error`` then says why."""
-    global _loaded, _tried, error
+    global error
     if os.environ.get("SOFTNIC_KERNEL", "1").strip().lower() in ("0", "no", "off", "false"):
         error = "turned off by SOFTNIC_KERNEL"
         return None
+    k = _load(verbose)
+    if k is None:
+        error = _error
+    return k
+
+
+_error = ""
+
+
+def _load(verbose: bool = False):
+    global _loaded, _tried, _error
     with _lock:                      # (NICs may be opened from several threads)
         if _tried:
             return _loaded
@@ -165,7 +187,7 @@ def load(verbose: bool = False):
             k = Kernel(_import(build(cache_dir(), verbose=verbose)))
             _choose_crc(k)
         except Exception as e:       # no compiler, no headers, a failed build: Python loops
-            error = f"{type(e).__name__}: {e}"
+            _error = f"{type(e).__name__}: {e}"
             return None
         _loaded = k
         return k

@@ -28,11 +28,11 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from .communicator import Communicator
 
@@ -40,6 +40,101 @@ BACKEND = "softnic"
 
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MIN: "min",
         dist.ReduceOp.MAX: "max", dist.ReduceOp.AVG: "sum"}
+
+
+HEARTBEAT = 0.25        # seconds between a rank's heartbeats in the store
+DEAD_AFTER = 3.0        # a peer whose heartbeat stood still this long is gone
+
+
+class _Store:
+    """torch's store as the collectives use it (``set``, ``get``), plus ``failed_ranks``:
+    every rank bumps a counter in the store from a thread of its own, and a peer whose
+    counter has not moved for ``DEAD_AFTER`` seconds has died (torch's store does not
+    say when a client goes away).  A lock keeps the two threads' requests apart."""
+
+    def __init__(self, store, rank: int, size: int):
+        self.store, self.rank, self.size = store, rank, size
+        self.lock = threading.Lock()
+        self.seen = {p: (-1, time.monotonic()) for p in range(size) if p != rank}
+        self.closed = threading.Event()
+        self._beat()
+        self.thread = threading.Thread(target=self._run, name=f"softnic-heartbeat-{rank}",
+                                       daemon=True)
+        self.thread.start()
+
+    def set(self, key, value) -> None:
+        with self.lock:
+            self.store.set(key, value)
+
+    def get(self, key) -> bytes:
+        # a blocking get would hold the lock: poll with check instead
+        while True:
+            with self.lock:
+                if self.store.check([key]):
+                    return self.store.get(key)
+            dead = self.failed_ranks()
+            if dead:
+                raise RuntimeError(f"rank(s) {dead} stopped beating (process died?)")
+            time.sleep(0.002)
+
+    def _beat(self) -> None:
+        with self.lock:
+            self.store.add(f"softnic/hb/{self.rank}", 1)
+
+    def _run(self) -> None:
+        while not self.closed.wait(HEARTBEAT):
+            try:
+                self._beat()
+            except Exception:               # noqa: BLE001 - the store is gone: stop
+                return
+
+    def failed_ranks(self) -> list[int]:
+        now = time.monotonic()
+        dead = []
+        for p, (count, since) in self.seen.items():
+            with self.lock:
+                c = self.store.add(f"softnic/hb/{p}", 0)
+            if c != count:
+                self.seen[p] = (c, now)
+            elif c > 0 and now - since > DEAD_AFTER:
+                dead.append(p)
+        return dead
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+class _Work(dist.Work):
+    """A collective running in the group's thread: done when its future is."""
+
+    def __init__(self, fut: torch.futures.Future):
+        super().__init__()
+        self.fut = fut
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        secs = timeout.total_seconds() if timeout is not None else 0
+        if secs > 0 and not self.fut.done():
+            done = threading.Event()
+            self.fut.add_done_callback(lambda _: done.set())
+            if not done.wait(secs):
+                raise RuntimeError(f"softnic backend: collective not complete after {secs:g} s")
+        self.fut.wait()                     # raises the collective's error, if any
+        return True
+
+    def is_completed(self) -> bool:
+        return self.fut.done()
+
+    def is_success(self) -> bool:
+        if not self.fut.done():
+            return False
+        try:
+            self.fut.value()
+        except Exception:                   # noqa: BLE001
+            return False
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self.fut
 
 
 class _Worker:
@@ -117,7 +212,8 @@ class SoftnicProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
         secs = float(os.environ.get("SOFTNIC_COLL_TIMEOUT", timeout.total_seconds()))
-        self.comm = Communicator(rank, size, store, prefix="softnic", timeout=secs)
+        self.store = _Store(store, rank, size) if size > 1 else store
+        self.comm = Communicator(rank, size, self.store, prefix="softnic", timeout=secs)
         self.asynchronous = os.environ.get("SOFTNIC_COLL_ASYNC", "1") != "0"
         self._worker = _Worker(f"softnic-pg-{rank}")
 
@@ -129,8 +225,11 @@ class SoftnicProcessGroup(dist.ProcessGroup):
         has.  Synchronous mode waits for it here."""
         fut = self._worker.submit(fn, result)
         if not self.asynchronous:
-            fut.wait()
-        return _create_work_from_future(fut)
+            try:
+                fut.wait()
+            except Exception:               # noqa: BLE001 - raised again by wait()
+                pass
+        return _Work(fut)
 
     # ------------------------------------------------------------------ collectives
 
@@ -246,6 +345,8 @@ class SoftnicProcessGroup(dist.ProcessGroup):
             self._worker.stop()
             self._worker = None
         self.comm.close()
+        if isinstance(self.store, _Store):
+            self.store.close()
 
 
 def _create(store, rank, size, timeout):

@@ -277,6 +277,7 @@ class Device:
         cur = qp.state
         qp.attr = merge_attr(qp.attr, attr, mask)
         if nxt == QPState.RESET:
+            qp.clean_cqs()
             qp.reset()
             self._ready.pop(qp, None)
         elif nxt == QPState.ERR:
@@ -324,9 +325,9 @@ class Device:
     # ------------------------------------------------------------ posting
 
     _ALLOWED = {
-        QPType.RC: frozenset(W) - {W.BIND_MW},
+        QPType.RC: frozenset(W),
         QPType.UC: frozenset({W.SEND, W.SEND_WITH_IMM, W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM,
-                              W.LOCAL_INV}),
+                              W.LOCAL_INV, W.BIND_MW}),
         QPType.UD: frozenset({W.SEND, W.SEND_WITH_IMM}),
     }
 
@@ -339,6 +340,8 @@ class Device:
             raise einval(f"unknown send opcode {wr.opcode}")
         if op not in self._ALLOWED[qp.qp_type]:
             raise einval(f"{op.name} is not valid on a {qp.qp_type.name} QP")
+        if op is W.BIND_MW and wr.bind is None:
+            raise einval("BIND_MW without a window to bind")
         sgl = wr.sg_list
         if len(sgl) > qp.cap.max_send_sge:
             raise einval(f"{len(sgl)} SGEs > max_send_sge {qp.cap.max_send_sge}")

@@ -206,6 +206,7 @@ class SendWR:
     ah: AHAttr | None = None          # UD
     remote_qpn: int = 0               # UD
     remote_qkey: int = 0              # UD
+    bind: object = None               # BIND_MW: a memory.MWBind
 
 
 @dataclass
@@ -226,7 +227,7 @@ class SendWQE:
                  "remote_addr", "rkey", "compare_add", "swap", "dest", "remote_qpn",
                  "remote_qkey", "signaled", "first_psn", "last_psn", "npkts", "next_pkt",
                  "views", "done", "status", "atomic_orig", "rd_atomic", "got", "asked",
-                 "iw_msn", "got_bytes", "sink_stag", "sink_to")
+                 "iw_msn", "got_bytes", "sink_stag", "sink_to", "bind")
 
     def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None,
                  length: int | None = None):
@@ -265,6 +266,7 @@ class SendWQE:
         self.sink_stag = 0                   # iWARP: the READ's data sink STag and TO
         self.sink_to = 0
         self.rd_atomic = self.opcode in _RD_ATOMIC
+        self.bind = wr.bind
 
 
 class QP:
@@ -309,6 +311,16 @@ class QP:
             self._dest = a.ah_attr.addr
             self._dest_of = a
         return self._dest
+
+    def clean_cqs(self) -> None:
+        """Drop this QP's completions from its CQs, as a move to RESET does on mlx4/mlx5
+        (IBA 10.3.1: the CQEs of a reset QP need not be kept), so a QP reused after an
+        error does not hand its old flushes to the next poll."""
+        for cq in {id(c): c for c in (self.send_cq, self.recv_cq) if c is not None}.values():
+            keep = [w for w in cq.entries if w.qp_num != self.qpn]
+            if len(keep) != len(cq.entries):
+                cq.entries.clear()
+                cq.entries.extend(keep)
 
     def reset(self) -> None:
         # requester / completer

@@ -56,6 +56,14 @@ def _start(dev, qp, wqe) -> None:
             wqe.status = WCStatus.LOC_PROT_ERR   # rxe: an unknown key fails the WR
         wqe.done = True
         return
+    if wqe.opcode == W.BIND_MW:                  # a local operation, in send queue order
+        try:
+            dev.keys.bind_mw(qp, qp.pd, wqe.bind)
+            wqe.status = WCStatus.SUCCESS
+        except AccessError:
+            wqe.status = WCStatus.MW_BIND_ERR
+        wqe.done = True
+        return
     try:
         if wqe.inline is not None:
             wqe.views = [memoryview(wqe.inline)]

@@ -180,7 +180,8 @@ def chain_writes(dev, qp) -> None:
         if not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
             return
         try:
-            view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_WRITE)
+            view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len,
+                                   Access.REMOTE_WRITE, qp)
         except AccessError:
             return
         span = view_span(view) if len(view) else (0, 0)
@@ -520,7 +521,7 @@ def _write(dev, qp, pkt) -> None:
         reth = pkt.reth
         try:
             qp.write_view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len,
-                                            Access.REMOTE_WRITE)
+                                            Access.REMOTE_WRITE, qp)
         except AccessError:
             raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
         qp.write_off = 0
@@ -562,7 +563,8 @@ def _read(dev, qp, pkt) -> None:
         raise _Nak(NakCode.INVALID_REQUEST)
     reth = pkt.reth
     try:
-        view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_READ)
+        view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_READ,
+                               qp)
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
@@ -583,7 +585,7 @@ def _atomic(dev, qp, pkt) -> None:
     if a.va & 7:
         raise _Nak(NakCode.INVALID_REQUEST)
     try:
-        view = dev.keys.remote(qp.pd, a.rkey, a.va, 8, Access.REMOTE_ATOMIC)
+        view = dev.keys.remote(qp.pd, a.rkey, a.va, 8, Access.REMOTE_ATOMIC, qp)
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     orig = int.from_bytes(view, sys.byteorder)
@@ -613,7 +615,7 @@ def _duplicate(dev, qp, pkt) -> None:
             reth = pkt.reth
             try:     # re-read memory with the (possibly shortened) re-issued request
                 view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len,
-                                       Access.REMOTE_READ)
+                                       Access.REMOTE_READ, qp)
             except AccessError:
                 return
             qp.resp_out.append(("read", psn, view, qp.msn))

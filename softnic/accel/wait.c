@@ -1,0 +1,96 @@
+/* The progress thread's sleep, without the interpreter lock (cffi releases it
+   around the call): one ppoll(2) on the device's socket and its doorbell.
+
+   ``lease`` is shared with the threads that drive progress inline (a program
+   spinning on its CQ): lease[0] is CLOCK_MONOTONIC in ns at their latest step,
+   lease[1] is nonzero while one of them is inside a step or holds output for
+   its next call; lease[2] is set by the thread while it waits on a lease;
+   lease[3] is the engine's next deadline (ns), which the thread sleeps toward
+   and re-reads when it gets there, so a timer re-armed later (each message's
+   retransmission timer) costs no wake-up with the interpreter lock.  While the lease is younger than ``grace_ns`` and there is
+   work (a datagram waits, or output is held), that caller will do the work: the
+   thread waits for the bell or the lease lapsing, never taking the interpreter
+   lock from it.  Otherwise the thread returns at once, so a datagram that lands
+   while the program does not call softnic (it spins on memory, it sleeps) is
+   handled within a wake-up, not a scheduler tick.
+
+   Returns 1: a datagram waits; 2: the bell rang (read it); 3: a caller went
+   away holding output; 0: ``timeout_ns`` or lease[3] passed (-1: no timeout);
+   -errno. */
+#include <errno.h>
+#include <poll.h>
+#include <time.h>
+
+static int64_t sn_now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static int sn_ppoll(struct pollfd *p, int n, int64_t ns)
+{
+    struct timespec t;
+    if (ns < 0)
+        return ppoll(p, n, NULL, NULL);
+    t.tv_sec = ns / 1000000000;
+    t.tv_nsec = ns % 1000000000;
+    return ppoll(p, n, &t, NULL);
+}
+
+int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns)
+{
+    volatile int64_t *l = lease;
+    int64_t stop = timeout_ns < 0 ? -1 : sn_now_ns() + timeout_ns;
+    struct pollfd p[2];
+    for (;;) {
+        int64_t now = sn_now_ns(), left = -1, fresh, end = stop, d = l[3];
+        int n, pending;
+        if (d > 0 && (end < 0 || d < end))
+            end = d;
+        if (end >= 0) {
+            left = end - now;
+            if (left <= 0)
+                return 0;
+        }
+        p[0].fd = sock; p[0].events = POLLIN; p[0].revents = 0;
+        p[1].fd = bell; p[1].events = POLLIN; p[1].revents = 0;
+        fresh = l[0] + grace_ns - now;
+        pending = l[1] != 0;
+        if (!pending) {
+            n = poll(p, 1, 0);
+            pending = n > 0 && (p[0].revents & POLLIN);
+            p[0].revents = 0;
+        }
+        if (pending && fresh <= 0)
+            return l[1] ? 3 : 1;
+        if (pending) {
+            /* an inline caller is at work and will take this: wait out its lease
+               (lease[2] says so: a caller giving its lease back rings the bell) */
+            l[2] = 1;
+            n = sn_ppoll(p + 1, 1, left >= 0 && left < fresh ? left : fresh);
+            l[2] = 0;
+            if (n < 0 && errno != EINTR)
+                return -errno;
+            if (n > 0) {
+                if (p[1].revents & (POLLERR | POLLNVAL))
+                    return -EBADF;
+                return 2;
+            }
+            continue;
+        }
+        n = sn_ppoll(p, 2, left);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            continue;               /* the deadline may have moved on meanwhile */
+        if ((p[0].revents | p[1].revents) & (POLLERR | POLLNVAL))
+            return -EBADF;
+        if (p[1].revents & POLLIN)
+            return 2;
+        /* a datagram: loop, to leave it to a caller whose lease is fresh */
+    }
+}
