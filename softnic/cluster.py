@@ -52,9 +52,10 @@ from .core.device import Device, DeviceConfig
 from .core.enums import QPType, SendFlags, WCStatus, WROpcode as W
 from .core.memory import Buffer
 from .core.qp import QPCap, QPInitAttr, SendWR
-from .rig import ALL_ACCESS, Endpoint, bring_up
+from .rig import ALL_ACCESS, Endpoint, bring_up, connect
 from .transport.clos import PFC, LeafSpineConfig
 from .transport.sim import RED, WIRE_OVERHEAD, Fabric
+from .wire.roce import psn_diff
 
 CTS_BYTES = 64
 
@@ -144,10 +145,8 @@ def schedule(cfg: ClusterConfig) -> list[_Transfer]:
         for s in range(2 * (n - 1)):
             cur = [None] * n
             for r in range(n):
-                left = (r - 1) % n
                 deps = [prev[r]] if prev[r] is not None else []
                 cur[(r + 1) % n] = add(r, (r + 1) % n, block, deps)
-                del left
             prev = cur
     else:                            # binomial tree: reduce to 0, broadcast back
         got = defaultdict(list)      # rank -> transfers it received (reduce phase)
@@ -309,8 +308,8 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
             up_q.append(max(p.qbytes for p in uplinks))
             paused_series.append(sum(p.paused_for(now) for p in uplinks))
             next_sample = now + cfg.sample
-        if now >= cfg.max_time and not ready_cqs:
-            break
+        if not ready_cqs and (now >= cfg.max_time or not fabric.pending()):
+            break                    # out of time, or nothing left that could finish it
         while ready_cqs:
             cq = ready_cqs.pop()
             cq.armed = True
@@ -538,7 +537,6 @@ def victim(cfg: VictimConfig) -> dict:
     flows = [("victim", (0, 0), (2, 0))] + [
         (f"incast l{leaf}h{i}", (leaf, i), (1, 0)) for leaf in (0, 2) for i in (1, 2, 3)]
     eps = []
-    from .rig import connect
     for name, a, b in flows:
         ea, eb = connect(hosts[a], hosts[b], mtu=cfg.mtu, timeout=10, endpoint_args=dict(
             buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
@@ -553,7 +551,6 @@ def victim(cfg: VictimConfig) -> dict:
         post(dev, ea, eb, cfg.outstanding)
     times, acked = [], {name: [] for name, *_ in eps}
     first = {name: ea.qp.acked_psn for name, _, ea, _ in eps}
-    from .wire.roce import psn_diff
     total = {name: 0 for name in acked}
     last = dict(first)
     uplink = net.leaves[0].up[0]
@@ -634,7 +631,8 @@ def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
     ax.set_ylabel(f"per-host receive rate (Gbit/s,\nsliding {window * 1e6:g} µs window)")
     ax.set_xlabel("time (ms, virtual)")
     comp = s["completion_s"]
-    ax.set_title(f"{cfg['collective']} {cfg['algorithm'] if cfg['collective'] == 'allreduce' else ''}"
+    algo = cfg["algorithm"] if cfg["collective"] == "allreduce" else ""
+    ax.set_title(f"{cfg['collective']} {algo}"
                  f" {cfg['size'] / 2**20:g} MiB, {cfg['hosts']} hosts, {cfg['qps']} QP/peer, "
                  f"{cfg['mode']}, cc={cfg['cc']}, {cfg['routing']}"
                  f"{', admission' if cfg['admission'] else ''} — "

@@ -153,7 +153,8 @@ def _cluster(args, out: Path, progress: bool) -> int:
     if args.study == "single":
         s = res["summary"]
         c = res["config"]
-        print(f"{c['collective']} {c['algorithm']} {c['size'] / 2**20:g} MiB/rank, {c['hosts']} hosts "
+        print(f"{c['collective']} {c['algorithm']} {c['size'] / 2**20:g} MiB/rank, "
+              f"{c['hosts']} hosts "
               f"({c['hosts_per_leaf']}/leaf, oversubscription {s['oversubscription']:g}:1), "
               f"{c['qps']} QP/peer, {c['mode']}, cc={c['cc']}, {c['routing']}"
               f"{', admission' if c['admission'] else ''}")
@@ -175,7 +176,8 @@ def _cluster(args, out: Path, progress: bool) -> int:
     print(st["title"])
     b = st["runs"][next(iter(st["runs"]))]["config"]
     print(f"{b['hosts']} hosts, {b['hosts_per_leaf']}/leaf, {b['spines'] or b['hosts_per_leaf']} "
-          f"spines, {b['rate_gbps']:g} Gbit/s, {b['size'] / 2**20:g} MiB/rank, seeds {st['seeds']}\n")
+          f"spines, {b['rate_gbps']:g} Gbit/s, {b['size'] / 2**20:g} MiB/rank, "
+          f"seeds {st['seeds']}\n")
     print("| variant | seed | completion ms | x line rate | transfer p50 ms | p99 ms | drops | "
           "resent | PAUSE frames | time paused, all ports µs | busiest uplink/mean |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
