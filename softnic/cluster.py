@@ -287,6 +287,8 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     down_ports = [net.leaves[net.leaf_of[d.address]].down[d.address] for d in devs]
     nic_ports = [net.nic[d.address] for d in devs]
     uplinks = [p for leaf in net.leaves for p in leaf.up]
+    switch_ports = [p for name, p in net.ports() if not name.startswith("nic ")]
+    all_ports = [p for _, p in net.ports()]
     up_q = []
     paused_series = []
     next_sample = 0.0
@@ -305,8 +307,8 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
             for r in range(n):
                 host_rx[r].append(down_ports[r].tx_bytes)
                 nic_tx[r].append(nic_ports[r].tx_bytes)
-            up_q.append(max(p.qbytes for p in uplinks))
-            paused_series.append(sum(p.paused_for(now) for p in uplinks))
+            up_q.append(max(p.qbytes for p in switch_ports))
+            paused_series.append(sum(p.paused_for(now) for p in all_ports))
             next_sample = now + cfg.sample
         if not ready_cqs and (now >= cfg.max_time or not fabric.pending()):
             break                    # out of time, or nothing left that could finish it
@@ -384,8 +386,8 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
         "times": times,
         "host_rx_bytes": host_rx,
         "nic_tx_bytes": nic_tx,
-        "uplink_queue_max_bytes": up_q,
-        "uplink_paused_s": paused_series,
+        "switch_queue_max_bytes": up_q,     # the deepest switch port, per sample
+        "paused_s": paused_series,          # time paused, summed over every port
         "fct_s": sorted(fct),
         "rank_done_s": rank_done,
         "uplink_bytes": up_bytes,
@@ -618,8 +620,8 @@ def _cdf(ax, xs, label, scale=1e3):
 
 def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
     """One collective: per-host receive throughput (sliding ``window``), the
-    deepest uplink queue and the uplinks' pause time, and the CDF of transfer
-    completion times."""
+    deepest switch queue and the ports' pause time, and the CDFs of transfer
+    and per-rank completion times."""
     plt = _plt()
     path = Path(path)
     cfg, s = res["config"], res["summary"]
@@ -639,19 +641,23 @@ def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
                  + (f"{comp * 1e3:.3f} ms ({s['slowdown']:.2f}x ideal)" if comp else "unfinished"),
                  fontsize=9)
     ax = axes[1]
-    ax.plot(t_ms, [q / 1e3 for q in res["uplink_queue_max_bytes"]], lw=0.6, color="k",
-            label="deepest leaf uplink queue")
+    ax.plot(t_ms, [q / 1e3 for q in res["switch_queue_max_bytes"]], lw=0.6, color="k",
+            label="deepest switch port queue")
     ax.set_ylabel("queue (KB)")
     ax.set_xlabel("time (ms, virtual)")
     ax2 = ax.twinx()
-    ax2.plot(t_ms, [p * 1e6 for p in res["uplink_paused_s"]], lw=0.8, color="r",
-             label="leaf uplinks' paused time, summed")
+    ax2.plot(t_ms, [p * 1e6 for p in res["paused_s"]], lw=0.8, color="r",
+             label="time paused, summed over all ports (NICs too)")
     ax2.set_ylabel("cumulative pause (µs)", color="r")
     ax.legend(loc="upper left", fontsize=7)
     ax2.legend(loc="upper right", fontsize=7)
     ax = axes[2]
-    _cdf(ax, res["fct_s"], "transfers")
-    ax.set_xlabel("transfer completion time (ms)")
+    _cdf(ax, res["fct_s"], "each transfer (start to last ACK)")
+    _cdf(ax, [t for t in res["rank_done_s"] if t is not None],
+         "each rank's collective (0 to its last receive)")
+    ax.set_xlabel("completion time (ms)")
+    ax.set_xscale("log")
+    ax.legend(fontsize=7)
     ax.set_ylabel("CDF")
     ax.grid(alpha=0.3)
     fig.tight_layout()
