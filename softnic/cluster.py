@@ -628,8 +628,19 @@ def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
     t_ms = [t * 1e3 for t in res["times"]]
     fig, axes = plt.subplots(3, 1, figsize=(9, 10))
     ax = axes[0]
-    for r, series in enumerate(res["host_rx_bytes"]):
-        ax.plot(t_ms, smooth_rate(res["times"], series, window), lw=0.6)
+    rates = [smooth_rate(res["times"], series, window) for series in res["host_rx_bytes"]]
+    if len(rates) <= 8:
+        for r, series in enumerate(rates):
+            ax.plot(t_ms, series, lw=0.6, label=f"rank {r}")
+        ax.legend(fontsize=6, ncol=4)
+    else:                       # many hosts: the spread across them at each instant
+        cols = [sorted(col) for col in zip(*rates)]
+        k = len(rates)
+        ax.fill_between(t_ms, [c[k // 10] for c in cols], [c[k - 1 - k // 10] for c in cols],
+                        color="C0", alpha=0.3, lw=0, label="10th to 90th percentile of hosts")
+        ax.plot(t_ms, [c[k // 2] for c in cols], color="C0", lw=0.8, label="median host")
+        ax.plot(t_ms, [c[0] for c in cols], color="C3", lw=0.5, label="slowest host")
+        ax.legend(fontsize=7)
     ax.set_ylabel(f"per-host receive rate (Gbit/s,\nsliding {window * 1e6:g} µs window)")
     ax.set_xlabel("time (ms, virtual)")
     comp = s["completion_s"]

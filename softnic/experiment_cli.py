@@ -165,8 +165,8 @@ def _cluster(args, out: Path, progress: bool) -> int:
             print("  did not finish")
         print(f"  transfers p50 {s['fct_p50_s'] * 1e3:.3f} ms  p99 {s['fct_p99_s'] * 1e3:.3f} ms;"
               f"  drops {s['switch_drops']}  resent {s['retransmitted_pkts']}  timeouts "
-              f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  uplink pause "
-              f"{s['pause_time_uplinks_s'] * 1e6:.0f} µs  busiest uplink / mean "
+              f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  time paused (all ports) "
+              f"{s['pause_time_all_s'] * 1e6:.0f} µs  busiest uplink / mean "
               f"{s['uplink_max_over_mean']:.2f}")
         print(f"  {s['events']} events in {s['wall_s']:.1f} s wall")
         j = cl.write_json(res, out / "cluster-single.json")
