@@ -85,11 +85,33 @@ def _cmd(ip: str, args, faults, capture=None):
     return cmd + ["--", *args], env
 
 
+def _wait_bound(ip, deadline: float, proc, tcp_port: int | None = None) -> None:
+    """Until the server's device has its UDP socket (RoCEv2's port 4791) on ``ip``, or
+    (``tcp_port``) until something listens on that TCP port."""
+    import ipaddress
+    if tcp_port is not None:
+        tables, want, state = ("/proc/net/tcp", "/proc/net/tcp6"), ":%04X" % tcp_port, "0A"
+    else:
+        tables, state = ("/proc/net/udp",), None
+        want = "%08X:12B7" % int.from_bytes(ipaddress.IPv4Address(ip).packed, "little")
+    while time.monotonic() < deadline and proc.poll() is None:
+        for table in tables:
+            try:
+                lines = Path(table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                f = line.split()
+                if f[1] == want if state is None else f[1].endswith(want) and f[3] == state:
+                    return
+        time.sleep(0.1)
+
+
 #: what a client prints when it came before the server listened (it is told REJECTED)
 REFUSED = ("REJECTED", "error 8", "Connection refused", "rdma_connect: ", "Failed to handle")
 
 
-def pair(server, client, *, faults=None, timeout=TIMEOUT, capture=None):
+def pair(server, client, *, faults=None, timeout=TIMEOUT, capture=None, tcp_ready=False):
     """Run ``server`` (a list; ``{S}`` stands for its address) and then ``client``
     against it; returns (server, client) CompletedProcess-like results.  A client
     refused because the server had not listened yet is run again."""
@@ -102,7 +124,11 @@ def pair(server, client, *, faults=None, timeout=TIMEOUT, capture=None):
                            text=True)
     try:
         deadline = time.monotonic() + timeout
-        time.sleep(1.0)
+        if tcp_ready:                   # (qperf: its TCP control port; devices open later)
+            _wait_bound(None, deadline, srv, tcp_port=int(port))
+        else:
+            _wait_bound(sip, deadline, srv)
+        time.sleep(0.5)                 # (the device opens at bind; listen follows)
         while True:
             ccmd, cenv = _cmd(cip, client, faults, capture)
             cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True,
@@ -179,7 +205,7 @@ def test_qperf_cm():
     need("qperf")
     sout, cout = check(pair(["qperf", "-lp", "{PORT}"],
                             ["qperf", "-lp", "{PORT}", "-cm1", "-t", "1", "{S}", "rc_bw", "rc_lat",
-                             "rc_rdma_write_bw", "rc_rdma_read_lat", "quit"]))
+                             "rc_rdma_write_bw", "rc_rdma_read_lat", "quit"], tcp_ready=True))
     for test in ("rc_bw:", "rc_lat:", "rc_rdma_write_bw:", "rc_rdma_read_lat:"):
         assert test in cout
     assert cout.count("bw  =") == 2 and cout.count("latency  =") == 2
