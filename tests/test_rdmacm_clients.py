@@ -128,7 +128,7 @@ def pair(server, client, *, faults=None, timeout=TIMEOUT, capture=None, tcp_read
             _wait_bound(None, deadline, srv, tcp_port=int(port))
         else:
             _wait_bound(sip, deadline, srv)
-        time.sleep(0.5)                 # (the device opens at bind; listen follows)
+        time.sleep(1.5)                 # (the device opens at bind; listen follows)
         while True:
             ccmd, cenv = _cmd(cip, client, faults, capture)
             cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True,
