@@ -45,6 +45,8 @@ def _exec(args) -> int:
         # every program of the tree loads softnic's libibverbs, however it loads it
         try:
             env.update(library_env(env))
+            from ._librdmacm.launch import library_env as rdmacm_env
+            env.update(rdmacm_env(env))       # ... and its librdmacm (rdma_cm programs)
         except BuildError as e:
             if args.libibverbs or links_libibverbs(cmd[0]):
                 print(f"softnic exec: {e}", file=sys.stderr)

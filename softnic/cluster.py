@@ -52,9 +52,10 @@ from .core.device import Device, DeviceConfig
 from .core.enums import QPType, SendFlags, WCStatus, WROpcode as W
 from .core.memory import Buffer
 from .core.qp import QPCap, QPInitAttr, SendWR
-from .rig import ALL_ACCESS, Endpoint, bring_up
+from .rig import ALL_ACCESS, Endpoint, bring_up, connect
 from .transport.clos import PFC, LeafSpineConfig
 from .transport.sim import RED, WIRE_OVERHEAD, Fabric
+from .wire.roce import psn_diff
 
 CTS_BYTES = 64
 
@@ -80,7 +81,7 @@ class ClusterConfig:
     buffer: int = 1 << 20              # per port (lossy)
     xoff: int = 96_000
     xon: int = 64_000
-    headroom: int = 64_000
+    headroom: int | None = None        # None: per link, what its round trip needs
     kmin: int = 5_000
     kmax: int = 200_000
     pmax: float = 0.01
@@ -144,10 +145,8 @@ def schedule(cfg: ClusterConfig) -> list[_Transfer]:
         for s in range(2 * (n - 1)):
             cur = [None] * n
             for r in range(n):
-                left = (r - 1) % n
                 deps = [prev[r]] if prev[r] is not None else []
                 cur[(r + 1) % n] = add(r, (r + 1) % n, block, deps)
-                del left
             prev = cur
     else:                            # binomial tree: reduce to 0, broadcast back
         got = defaultdict(list)      # rank -> transfers it received (reduce phase)
@@ -288,6 +287,8 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     down_ports = [net.leaves[net.leaf_of[d.address]].down[d.address] for d in devs]
     nic_ports = [net.nic[d.address] for d in devs]
     uplinks = [p for leaf in net.leaves for p in leaf.up]
+    switch_ports = [p for name, p in net.ports() if not name.startswith("nic ")]
+    all_ports = [p for _, p in net.ports()]
     up_q = []
     paused_series = []
     next_sample = 0.0
@@ -306,11 +307,11 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
             for r in range(n):
                 host_rx[r].append(down_ports[r].tx_bytes)
                 nic_tx[r].append(nic_ports[r].tx_bytes)
-            up_q.append(max(p.qbytes for p in uplinks))
-            paused_series.append(sum(p.paused_for(now) for p in uplinks))
+            up_q.append(max(p.qbytes for p in switch_ports))
+            paused_series.append(sum(p.paused_for(now) for p in all_ports))
             next_sample = now + cfg.sample
-        if now >= cfg.max_time and not ready_cqs:
-            break
+        if not ready_cqs and (now >= cfg.max_time or not fabric.pending()):
+            break                    # out of time, or nothing left that could finish it
         while ready_cqs:
             cq = ready_cqs.pop()
             cq.armed = True
@@ -385,8 +386,8 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
         "times": times,
         "host_rx_bytes": host_rx,
         "nic_tx_bytes": nic_tx,
-        "uplink_queue_max_bytes": up_q,
-        "uplink_paused_s": paused_series,
+        "switch_queue_max_bytes": up_q,     # the deepest switch port, per sample
+        "paused_s": paused_series,          # time paused, summed over every port
         "fct_s": sorted(fct),
         "rank_done_s": rank_done,
         "uplink_bytes": up_bytes,
@@ -433,4 +434,310 @@ def smooth_rate(times, cum_bytes, window: float):
 def write_json(obj, path) -> Path:
     path = Path(path)
     path.write_text(json.dumps(obj, indent=1))
+    return path
+
+
+# ---------------------------------------------------------------- studies
+
+#: what each study varies, over a base configuration: (label, changes)
+STUDIES = {
+    "qps": ("ring allreduce, completion time against QPs per peer (ECMP)",
+            [(f"ecmp q={q}", dict(qps=q)) for q in (1, 2, 4, 8)]),
+    "lossless": ("alltoall, lossy against lossless (PFC), no congestion control",
+                 [("lossy", dict(mode="lossy")), ("lossless", dict(mode="lossless"))]),
+    "dcqcn": ("alltoall, DCQCN off and on, lossless and lossy",
+              [("lossless", dict(mode="lossless", cc="none")),
+               ("lossless+dcqcn", dict(mode="lossless", cc="dcqcn")),
+               ("lossy", dict(mode="lossy", cc="none")),
+               ("lossy+dcqcn", dict(mode="lossy", cc="dcqcn"))]),
+    "admission": ("alltoall, receiver-driven admission (clear-to-send) against none, lossless",
+                  [("no admission", dict(admission=False)),
+                   ("admission, 1 grant", dict(admission=True, grants=1)),
+                   ("admission, 2 grants", dict(admission=True, grants=2)),
+                   ("admission, 4 grants", dict(admission=True, grants=4))]),
+}
+
+STUDY_BASE = {
+    "qps": dict(collective="allreduce", algorithm="ring", mode="lossless"),
+    "lossless": dict(collective="alltoall"),
+    "dcqcn": dict(collective="alltoall"),
+    "admission": dict(collective="alltoall", mode="lossless"),
+}
+
+
+def study(name: str, base: dict, *, seeds=(1,), progress: bool = False) -> dict:
+    """Run every variant of study ``name`` over ``base`` (ClusterConfig fields)
+    for each seed; return rows (one per variant and seed) and per-variant
+    series of the first seed."""
+    title, variants = STUDIES[name]
+    rows, runs = [], {}
+    for label, change in variants:
+        for seed in seeds:
+            cfg = ClusterConfig(**{**base, **STUDY_BASE[name], **change, "seed": seed})
+            res = run(cfg, progress=progress)
+            s = res["summary"]
+            rows.append({"variant": label, "seed": seed, **{k: s[k] for k in (
+                "finished", "completion_s", "ideal_s", "slowdown", "fct_p50_s", "fct_p99_s",
+                "switch_drops", "pause_frames", "pause_time_uplinks_s", "pause_time_all_s",
+                "uplink_max_over_mean", "uplink_mean_max_over_mean", "retransmitted_pkts",
+                "timeouts", "ecn_marked", "wall_s", "events", "host_events")}})
+            if label not in runs:
+                runs[label] = res
+    return {"study": name, "title": title, "base": base, "seeds": list(seeds), "rows": rows,
+            "runs": runs}
+
+
+# ---------------------------------------------------------------- PFC victim
+
+
+@dataclass
+class VictimConfig:
+    """Head-of-line blocking by PFC: three leaves of four hosts under one spine
+    whose links are fast enough (``spine_rate_gbps``) that no uplink is a
+    bottleneck.  Hosts 1-3 of leaf 0 and of leaf 2 all write to host 0 of
+    leaf 1 (a 6:1 incast: that host's port is the only bottleneck); the
+    victim, host 0 of leaf 0, writes to host 0 of leaf 2, a path no other
+    flow's bottleneck is on."""
+    mode: str = "lossless"
+    cc: str = "none"
+    rate_gbps: float = 100.0
+    spine_rate_gbps: float = 400.0
+    duration: float = 2e-3
+    delay: float = 1e-6
+    msg: int = 256 << 10
+    outstanding: int = 4
+    buffer: int = 1 << 20
+    xoff: int = 96_000
+    xon: int = 64_000
+    headroom: int | None = None        # None: per link, what its round trip needs
+    mtu: int = 4096
+    sample: float = 5e-6
+    seed: int = 1
+
+
+def victim(cfg: VictimConfig) -> dict:
+    rate = cfg.rate_gbps * 1e9
+    pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
+    base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
+    dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=128,
+                        ack_every=4, min_timer=max(200e-6, 20 * base_rtt), check_icrc=False)
+    fabric = Fabric(cfg.seed)
+    dcqcn = cfg.cc.split(":")[0] == "dcqcn"
+    net = fabric.add_leaf_spine(LeafSpineConfig(
+        leaves=3, hosts_per_leaf=4, spines=1, host_rate_bps=rate,
+        spine_rate_bps=cfg.spine_rate_gbps * 1e9, delay=cfg.delay, buffer_bytes=cfg.buffer,
+        red=RED() if dcqcn else None,
+        pfc=PFC(cfg.xoff, cfg.xon, cfg.headroom) if cfg.mode == "lossless" else None,
+        sample_interval=cfg.sample))
+    hosts = {}
+    for leaf in range(3):
+        for i in range(4):
+            d = Device(f"l{leaf}h{i}", f"10.{leaf}.0.{i + 1}", config=dcfg)
+            fabric.attach(d)
+            net.connect(d.address, leaf)
+            hosts[(leaf, i)] = d
+    flows = [("victim", (0, 0), (2, 0))] + [
+        (f"incast l{leaf}h{i}", (leaf, i), (1, 0)) for leaf in (0, 2) for i in (1, 2, 3)]
+    eps = []
+    for name, a, b in flows:
+        ea, eb = connect(hosts[a], hosts[b], mtu=cfg.mtu, timeout=10, endpoint_args=dict(
+            buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
+        eps.append((name, hosts[a], ea, eb))
+
+    def post(dev, ea, eb, k):
+        for _ in range(k):
+            dev.post_send(ea.qp, SendWR(0, W.RDMA_WRITE, [ea.sge(0, cfg.msg)],
+                                        SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                                        rkey=eb.mr.rkey))
+    for _, dev, ea, eb in eps:
+        post(dev, ea, eb, cfg.outstanding)
+    times, acked = [], {name: [] for name, *_ in eps}
+    first = {name: ea.qp.acked_psn for name, _, ea, _ in eps}
+    total = {name: 0 for name in acked}
+    last = dict(first)
+    uplink = net.leaves[0].up[0]
+    paused = {"leaf0->spine0": [], "spine0->leaf1": [], "nic victim": []}
+    t = 0.0
+    wall0 = time.perf_counter()
+    while t < cfg.duration:
+        t = min(cfg.duration, t + cfg.sample)
+        fabric.flush()
+        fabric.run(until=t)
+        times.append(t)
+        for name, dev, ea, eb in eps:
+            for wc in dev.poll_cq(ea.send_cq, 64):
+                if wc.status == WCStatus.SUCCESS and t < cfg.duration:
+                    post(dev, ea, eb, 1)
+            p = ea.qp.acked_psn
+            total[name] += psn_diff(p, last[name])
+            last[name] = p
+            acked[name].append(total[name] * cfg.mtu)
+        paused["leaf0->spine0"].append(uplink.paused_for(t))
+        paused["spine0->leaf1"].append(net.spines[0].down[1].paused_for(t))
+        paused["nic victim"].append(net.nic[hosts[(0, 0)].address].paused_for(t))
+    wall = time.perf_counter() - wall0
+    half = len(times) // 2
+    span = times[-1] - times[half]
+
+    def steady(name):
+        return (acked[name][-1] - acked[name][half]) * 8 / span / 1e9
+
+    stats = net.port_stats(fabric.now)
+    return {
+        "config": asdict(cfg),
+        "times": times,
+        "acked_bytes": acked,
+        "paused_s": paused,
+        "summary": {
+            "victim_gbps": steady("victim"),
+            "incast_total_gbps": sum(steady(n) for n in acked if n != "victim"),
+            "pause_frames": net.pause_frames_sent(),
+            "paused_s": {k: v[-1] for k, v in paused.items()},
+            "switch_drops": sum(v["dropped"] + v["headroom_drops"] for v in stats.values()),
+            "retransmitted_pkts": sum(h.counters["retransmitted_pkts"] for h in hosts.values()),
+            "wall_s": wall,
+            "events": fabric.events_processed + fabric.hops_processed,
+        },
+    }
+
+
+# ---------------------------------------------------------------- plots
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _cdf(ax, xs, label, scale=1e3):
+    xs = sorted(xs)
+    if not xs:
+        return
+    ax.step([x * scale for x in xs], [(i + 1) / len(xs) for i in range(len(xs))],
+            where="post", label=label, lw=1)
+
+
+def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
+    """One collective: per-host receive throughput (sliding ``window``), the
+    deepest switch queue and the ports' pause time, and the CDFs of transfer
+    and per-rank completion times."""
+    plt = _plt()
+    path = Path(path)
+    cfg, s = res["config"], res["summary"]
+    t_ms = [t * 1e3 for t in res["times"]]
+    fig, axes = plt.subplots(3, 1, figsize=(9, 10))
+    ax = axes[0]
+    rates = [smooth_rate(res["times"], series, window) for series in res["host_rx_bytes"]]
+    if len(rates) <= 8:
+        for r, series in enumerate(rates):
+            ax.plot(t_ms, series, lw=0.6, label=f"rank {r}")
+        ax.legend(fontsize=6, ncol=4)
+    else:                       # many hosts: the spread across them at each instant
+        cols = [sorted(col) for col in zip(*rates)]
+        k = len(rates)
+        ax.fill_between(t_ms, [c[k // 10] for c in cols], [c[k - 1 - k // 10] for c in cols],
+                        color="C0", alpha=0.3, lw=0, label="10th to 90th percentile of hosts")
+        ax.plot(t_ms, [c[k // 2] for c in cols], color="C0", lw=0.8, label="median host")
+        ax.plot(t_ms, [c[0] for c in cols], color="C3", lw=0.5, label="slowest host")
+        ax.legend(fontsize=7)
+    ax.set_ylabel(f"per-host receive rate (Gbit/s,\nsliding {window * 1e6:g} µs window)")
+    ax.set_xlabel("time (ms, virtual)")
+    comp = s["completion_s"]
+    algo = cfg["algorithm"] if cfg["collective"] == "allreduce" else ""
+    ax.set_title(f"{cfg['collective']} {algo}"
+                 f" {cfg['size'] / 2**20:g} MiB, {cfg['hosts']} hosts, {cfg['qps']} QP/peer, "
+                 f"{cfg['mode']}, cc={cfg['cc']}, {cfg['routing']}"
+                 f"{', admission' if cfg['admission'] else ''} — "
+                 + (f"{comp * 1e3:.3f} ms ({s['slowdown']:.2f}x ideal)" if comp else "unfinished"),
+                 fontsize=9)
+    ax = axes[1]
+    ax.plot(t_ms, [q / 1e3 for q in res["switch_queue_max_bytes"]], lw=0.6, color="k",
+            label="deepest switch port queue")
+    ax.set_ylabel("queue (KB)")
+    ax.set_xlabel("time (ms, virtual)")
+    ax2 = ax.twinx()
+    ax2.plot(t_ms, [p * 1e6 for p in res["paused_s"]], lw=0.8, color="r",
+             label="time paused, summed over all ports (NICs too)")
+    ax2.set_ylabel("cumulative pause (µs)", color="r")
+    ax.legend(loc="upper left", fontsize=7)
+    ax2.legend(loc="upper right", fontsize=7)
+    ax = axes[2]
+    _cdf(ax, res["fct_s"], "each transfer (start to last ACK)")
+    _cdf(ax, [t for t in res["rank_done_s"] if t is not None],
+         "each rank's collective (0 to its last receive)")
+    ax.set_xlabel("completion time (ms)")
+    ax.set_xscale("log")
+    ax.legend(fontsize=7)
+    ax.set_ylabel("CDF")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_study(st: dict, path) -> Path:
+    """Completion time (relative to line rate) per variant, and the CDF of
+    transfer completion times of each variant's first seed."""
+    plt = _plt()
+    path = Path(path)
+    labels = list(st["runs"])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    ax = axes[0]
+    for i, lab in enumerate(labels):
+        ys = [r["completion_s"] * 1e3 for r in st["rows"]
+              if r["variant"] == lab and r["completion_s"] is not None]
+        ax.scatter([i] * len(ys), ys, color="C0", s=14, zorder=3)
+        if ys:
+            ax.bar(i, sum(ys) / len(ys), color="C0", alpha=0.35)
+    ideal = st["rows"][0]["ideal_s"] * 1e3
+    ax.axhline(ideal, color="k", ls="--", lw=0.8, label="line rate, no contention")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, fontsize=8)
+    ax.set_ylabel("collective completion time (ms)")
+    ax.legend(fontsize=7)
+    b = st["base"]
+    ax.set_title(f"{st['title']}\n{b.get('hosts')} hosts, {b.get('size', 0) / 2**20:g} MiB/rank, "
+                 f"seeds {st['seeds']} (bar: mean, dots: runs)", fontsize=8)
+    ax = axes[1]
+    for lab in labels:
+        _cdf(ax, st["runs"][lab]["fct_s"], lab)
+    ax.set_xlabel("transfer completion time (ms)")
+    ax.set_ylabel("CDF")
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_victim(runs: dict, path, *, window: float = 50e-6) -> Path:
+    """The victim's goodput (sliding ``window``) and the pause time of the
+    ports on its path, per mode."""
+    plt = _plt()
+    path = Path(path)
+    fig, axes = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True)
+    for i, (label, res) in enumerate(runs.items()):
+        t = res["times"]
+        t_ms = [x * 1e3 for x in t]
+        axes[0].plot(t_ms, smooth_rate(t, res["acked_bytes"]["victim"], window), lw=0.9,
+                     color=f"C{i}", label=f"victim, {label}")
+        inc = [sum(v) for v in zip(*[b for n, b in res["acked_bytes"].items() if n != "victim"])]
+        axes[0].plot(t_ms, smooth_rate(t, inc, window), lw=0.6, ls=":", color=f"C{i}",
+                     label=f"6:1 incast total, {label}")
+        axes[1].plot(t_ms, [p * 1e6 for p in res["paused_s"]["leaf0->spine0"]], lw=0.9,
+                     color=f"C{i}", label=f"leaf0→spine0 (victim's uplink), {label}")
+    axes[0].set_ylabel(f"goodput (Gbit/s, sliding {window * 1e6:g} µs)")
+    axes[0].legend(fontsize=7)
+    axes[0].set_title("PFC head-of-line blocking: the victim (leaf0 h0 → leaf2 h0) shares no "
+                      "bottleneck with the 6:1 incast to leaf1 h0", fontsize=9)
+    axes[1].set_ylabel("cumulative time paused (µs)")
+    axes[1].set_xlabel("time (ms, virtual)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path

@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--delay", type=_time, default=1e-6, help="propagation per link")
     i.add_argument("--window", type=int, default=128, help="transport window (packets)")
     i.add_argument("--selective-repeat", action="store_true")
+    i.add_argument("--pfc", action="store_true",
+                   help="lossless: the switch pauses senders (PFC) instead of dropping")
+    i.add_argument("--xoff", type=_size, default=96_000, help="PFC XOFF per ingress (bytes)")
+    i.add_argument("--xon", type=_size, default=64_000, help="PFC XON per ingress (bytes)")
     i.add_argument("--seed", type=int, default=1)
     i.add_argument("--out", default="results", help="directory for JSON and PNG")
     i.add_argument("--no-progress", action="store_true")
@@ -67,6 +71,130 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--seed", type=int, default=1)
     lo.add_argument("--out", default="results")
     lo.add_argument("--no-progress", action="store_true")
+    c = sub.add_parser(
+        "cluster", help="collectives on a simulated leaf-spine (ECMP, PFC, DCQCN, admission)",
+        description="Collectives (ring/tree allreduce, alltoall) as RDMA WRITEs over the "
+        "engine's QPs on a leaf-spine in virtual time.  --study runs one comparison: qps "
+        "(completion against QPs per peer under ECMP), lossless (lossy against PFC), dcqcn "
+        "(DCQCN off and on), admission (receiver-driven clear-to-send against none), victim "
+        "(PFC head-of-line blocking of a flow that shares no bottleneck); 'single' runs one "
+        "configuration.  Writes OUT/cluster-STUDY.json and .png and prints a table.")
+    c.add_argument("--study", default="single",
+                   choices=("single", "qps", "lossless", "dcqcn", "admission", "victim"))
+    c.add_argument("--hosts", type=int, default=16)
+    c.add_argument("--hosts-per-leaf", type=int, default=4)
+    c.add_argument("--spines", type=int, default=None, help="default: hosts per leaf (1:1)")
+    c.add_argument("--rate-gbps", type=float, default=100.0)
+    c.add_argument("--spine-rate-gbps", type=float, default=None)
+    c.add_argument("--collective", default=None, choices=("allreduce", "alltoall"))
+    c.add_argument("--algorithm", default=None, choices=("ring", "tree"))
+    c.add_argument("--size", type=_size, default=16 << 20, help="bytes per rank, e.g. 256MB")
+    c.add_argument("--qps", type=int, default=1, help="QPs per peer")
+    c.add_argument("--mode", default=None, choices=("lossy", "lossless"))
+    c.add_argument("--cc", default=None, help="controller spec (default none)")
+    c.add_argument("--admission", action="store_true", help="receiver-driven clear-to-send")
+    c.add_argument("--grants", type=int, default=2)
+    c.add_argument("--routing", default="ecmp", choices=("ecmp", "flowlet", "spray"))
+    c.add_argument("--placement", default="spread", choices=("spread", "packed"))
+    c.add_argument("--buffer", type=_size, default=1 << 20, help="per port (lossy)")
+    c.add_argument("--xoff", type=_size, default=96_000)
+    c.add_argument("--xon", type=_size, default=64_000)
+    c.add_argument("--duration", type=_time, default=5e-3, help="victim study: virtual time")
+    c.add_argument("--seeds", default="1", help="comma-separated seeds (studies)")
+    c.add_argument("--window", type=_time, default=50e-6,
+                   help="sliding window the plots smooth throughput over")
+    c.add_argument("--out", default="results")
+    c.add_argument("--no-progress", action="store_true")
+
+
+def _cluster(args, out: Path, progress: bool) -> int:
+    from . import cluster as cl
+    if args.study == "victim":
+        runs = {}
+        print("PFC head-of-line blocking: 3 leaves x 4 hosts, 1 spine, hosts "
+              f"{args.rate_gbps:g} Gbit/s, spine links {args.spine_rate_gbps or 400:g} Gbit/s, "
+              f"{args.duration * 1e3:g} ms\n")
+        print("| mode | victim Gbit/s (2nd half) | incast total Gbit/s | PAUSE frames | "
+              "victim's uplink paused | drops | resent |")
+        print("|---|---|---|---|---|---|---|")
+        for label, mode, cc in (("lossy", "lossy", "none"), ("lossless", "lossless", "none"),
+                                ("lossless+dcqcn", "lossless", "dcqcn")):
+            r = cl.victim(cl.VictimConfig(mode=mode, cc=cc, rate_gbps=args.rate_gbps,
+                                          spine_rate_gbps=args.spine_rate_gbps or 400.0,
+                                          duration=args.duration, buffer=args.buffer,
+                                          xoff=args.xoff, xon=args.xon,
+                                          seed=int(args.seeds.split(",")[0])))
+            runs[label] = r
+            s = r["summary"]
+            print(f"| {label} | {s['victim_gbps']:.2f} | {s['incast_total_gbps']:.2f} | "
+                  f"{s['pause_frames']} | {s['paused_s']['leaf0->spine0'] * 1e6:.0f} µs | "
+                  f"{s['switch_drops']} | {s['retransmitted_pkts']} |")
+        j = cl.write_json(runs, out / "cluster-victim.json")
+        p = cl.plot_victim(runs, out / "cluster-victim.png", window=args.window)
+        print(f"\nwrote {j} and {p}")
+        return 0
+    base = dict(hosts=args.hosts, hosts_per_leaf=args.hosts_per_leaf, spines=args.spines,
+                rate_gbps=args.rate_gbps, spine_rate_gbps=args.spine_rate_gbps,
+                size=args.size, qps=args.qps, grants=args.grants, routing=args.routing,
+                placement=args.placement, buffer=args.buffer, xoff=args.xoff, xon=args.xon,
+                admission=args.admission)
+    for k in ("collective", "algorithm", "mode", "cc"):
+        if getattr(args, k) is not None:
+            base[k] = getattr(args, k)
+    try:
+        if args.study == "single":
+            res = cl.run(cl.ClusterConfig(**base), progress=progress)
+        else:
+            seeds = [int(x) for x in args.seeds.split(",")]
+            st = cl.study(args.study, base, seeds=seeds, progress=progress)
+    except ValueError as e:
+        print(f"softnic experiment cluster: {e}", file=sys.stderr)
+        return 2
+    if args.study == "single":
+        s = res["summary"]
+        c = res["config"]
+        print(f"{c['collective']} {c['algorithm']} {c['size'] / 2**20:g} MiB/rank, "
+              f"{c['hosts']} hosts "
+              f"({c['hosts_per_leaf']}/leaf, oversubscription {s['oversubscription']:g}:1), "
+              f"{c['qps']} QP/peer, {c['mode']}, cc={c['cc']}, {c['routing']}"
+              f"{', admission' if c['admission'] else ''}")
+        if s["finished"]:
+            print(f"  completion {s['completion_s'] * 1e3:.3f} ms ({s['slowdown']:.2f}x the "
+                  f"line-rate {s['ideal_s'] * 1e3:.3f} ms)")
+        else:
+            print("  did not finish")
+        print(f"  transfers p50 {s['fct_p50_s'] * 1e3:.3f} ms  p99 {s['fct_p99_s'] * 1e3:.3f} ms;"
+              f"  drops {s['switch_drops']}  resent {s['retransmitted_pkts']}  timeouts "
+              f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  time paused (all ports) "
+              f"{s['pause_time_all_s'] * 1e6:.0f} µs  busiest uplink / mean "
+              f"{s['uplink_max_over_mean']:.2f}")
+        print(f"  {s['events']} events in {s['wall_s']:.1f} s wall")
+        j = cl.write_json(res, out / "cluster-single.json")
+        p = cl.plot_run(res, out / "cluster-single.png", window=args.window)
+        print(f"  wrote {j} and {p}")
+        return 0 if s["finished"] and not s["wc_errors"] else 1
+    print(st["title"])
+    b = st["runs"][next(iter(st["runs"]))]["config"]
+    print(f"{b['hosts']} hosts, {b['hosts_per_leaf']}/leaf, {b['spines'] or b['hosts_per_leaf']} "
+          f"spines, {b['rate_gbps']:g} Gbit/s, {b['size'] / 2**20:g} MiB/rank, "
+          f"seeds {st['seeds']}\n")
+    print("| variant | seed | completion ms | x line rate | transfer p50 ms | p99 ms | drops | "
+          "resent | PAUSE frames | time paused, all ports µs | busiest uplink/mean |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for r in st["rows"]:
+        if not r["finished"]:
+            ok = False
+            print(f"| {r['variant']} | {r['seed']} | unfinished | | | | | | | | |")
+            continue
+        print(f"| {r['variant']} | {r['seed']} | {r['completion_s'] * 1e3:.3f} | "
+              f"{r['slowdown']:.2f} | {r['fct_p50_s'] * 1e3:.3f} | {r['fct_p99_s'] * 1e3:.3f} | "
+              f"{r['switch_drops']} | {r['retransmitted_pkts']} | {r['pause_frames']} | "
+              f"{r['pause_time_all_s'] * 1e6:.0f} | {r['uplink_mean_max_over_mean']:.2f} |")
+    j = cl.write_json(st, out / f"cluster-{args.study}.json")
+    p = cl.plot_study(st, out / f"cluster-{args.study}.png")
+    print(f"\nwrote {j} and {p}")
+    return 0 if ok else 1
 
 
 def main(args) -> int:
@@ -74,6 +202,8 @@ def main(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress
+    if args.experiment == "cluster":
+        return _cluster(args, out, progress)
     if args.experiment == "loss":
         losses = [float(x) for x in args.losses.split(",")]
         rows = ex.loss_sweep(losses, progress=progress, total=args.total, msg=args.msg,
@@ -99,14 +229,14 @@ def main(args) -> int:
                               msg=args.msg, buffer=args.buffer, kmin=args.kmin,
                               kmax=args.kmax, pmax=args.pmax, delay=args.delay,
                               window=args.window, selective_repeat=args.selective_repeat,
-                              seed=args.seed)
+                              seed=args.seed, pfc=args.pfc, xoff=args.xoff, xon=args.xon)
         try:
             res = ex.incast(cfg, progress=progress)
         except ValueError as e:
             print(f"softnic experiment incast: {e}", file=sys.stderr)
             return 2
         s = res["summary"]
-        stem = "incast-" + spec.split(":")[0]
+        stem = "incast-" + spec.split(":")[0] + ("-pfc" if args.pfc else "")
         j = ex.write_json(res, out / f"{stem}.json")
         p = ex.plot_incast(res, out / f"{stem}.png")
         late = s["late_flow_converged_after_s"]
@@ -120,6 +250,10 @@ def main(args) -> int:
         print(f"  goodput {s['goodput_gbps']:.2f} Gbit/s ({s['goodput_fraction']:.1%} of the "
               f"bottleneck; steady state {s['steady_total_goodput_gbps']:.2f})  drops {s['switch_drops']}  retransmitted {s['retransmitted_pkts']}"
               f"  timeouts {s['timeouts']}  ECN marks {s['ecn_marked']}  CNPs {s['cnps_sent']}")
+        if args.pfc:
+            print(f"  PFC: {s['pause_frames']} PAUSE frames; senders paused "
+                  f"{s['senders_paused_s'] * 1e6:.0f} µs in all, "
+                  f"{s['senders_paused_steady_s'] * 1e6:.0f} µs at steady state")
         if args.late_join is not None:
             print("  late flow reached its fair share after "
                   + (f"{late * 1e3:.2f} ms" if late is not None else "— never, in this run"))

@@ -76,6 +76,11 @@ class IncastConfig:
     selective_repeat: bool = False
     bin: float = 20e-6               # sampling interval (seconds)
     seed: int = 1
+    # lossless: the switch is a leaf of softnic.transport.clos with PFC
+    # (XOFF/XON bytes per ingress; the buffer then only bounds nothing)
+    pfc: bool = False
+    xoff: int = 96_000
+    xon: int = 64_000
 
 
 @dataclass
@@ -116,23 +121,42 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
     if int_telemetry is None:
         int_telemetry = cc_reads_int(cfg.cc)
     fabric = Fabric(cfg.seed)
-    sw = fabric.add_switch("sw", buffer_bytes=cfg.buffer,
-                           red=RED(cfg.kmin, cfg.kmax, cfg.pmax),
-                           int_telemetry=int_telemetry)
+    n = cfg.senders + (1 if cfg.late_join is not None else 0)
+    red = RED(cfg.kmin, cfg.kmax, cfg.pmax)
+    if cfg.pfc:
+        from .transport.clos import PFC, LeafSpineConfig
+        net = fabric.add_leaf_spine(LeafSpineConfig(
+            leaves=1, hosts_per_leaf=n + 1, spines=1, host_rate_bps=rate, delay=cfg.delay,
+            buffer_bytes=cfg.buffer, red=red, int_telemetry=int_telemetry,
+            pfc=PFC(cfg.xoff, cfg.xon), sample_interval=cfg.bin / 20))
+
+        def join(address):
+            net.connect(address, 0)
+    else:
+        sw = fabric.add_switch("sw", buffer_bytes=cfg.buffer, red=red,
+                               int_telemetry=int_telemetry)
+
+        def join(address):
+            fabric.connect(address, sw, rate_bps=rate, delay=cfg.delay)
     recv = Device("recv", "10.0.0.1", config=dcfg)
     fabric.attach(recv)
-    fabric.connect(recv.address, sw, rate_bps=rate, delay=cfg.delay)
-    n = cfg.senders + (1 if cfg.late_join is not None else 0)
+    join(recv.address)
     flows = []
     for i in range(n):
         dev = Device(f"s{i}", f"10.0.1.{i + 1}", config=dcfg)
         fabric.attach(dev)
-        fabric.connect(dev.address, sw, rate_bps=rate, delay=cfg.delay)
+        join(dev.address)
         ea, eb = connect(dev, recv, mtu=cfg.mtu, timeout=8, endpoint_args=dict(
             buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
         start = cfg.late_join if (cfg.late_join is not None and i == n - 1) else 0.0
         flows.append((dev, ea, eb, FlowSeries(f"s{i}", start), [0, ea.qp.acked_psn]))
-    port = sw.port(recv.address)
+    if cfg.pfc:
+        port = net.leaves[0].down[recv.address]
+        nics = [net.nic[fl[0].address] for fl in flows]
+    else:
+        port = sw.port(recv.address)
+        nics = []
+    pause_t: list = []
 
     def post(dev, ea, eb, k):
         for _ in range(k):
@@ -183,6 +207,8 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
             else:
                 fs.rate_gbps.append(None)
                 fs.window_kb.append(None)
+        if nics:
+            pause_t.append(sum(p.paused_for(t + cfg.bin) for p in nics))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -198,6 +224,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
     means = [sum(f.goodput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
     q_all = [q for _, q in port.samples]
     q_steady = [q for t, q in port.samples if t > steady_from]
+    pc = port.stats(fabric.now) if cfg.pfc else port.counters
     retrans = sum(d.counters["retransmitted_pkts"] for d, *_ in flows)
     timeouts = sum(d.counters["timeouts"] for d, *_ in flows)
     goodput = sum(sum(f.goodput_gbps) for f in series) * cfg.bin / cfg.duration
@@ -209,6 +236,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
         "config": asdict(cfg),
         "times": times,
         "flows": [_flow_dict(f) for f in series],
+        "senders_paused_s": pause_t,
         "queue": {"t": [t for t, _ in port.samples[::max(1, len(port.samples) // 4000)]],
                   "bytes": [q for _, q in port.samples[::max(1, len(port.samples) // 4000)]]},
         "summary": {
@@ -221,9 +249,9 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
             "queue_p99_kb": percentile(q_all, 99) / 1e3,
             "queue_steady_p50_kb": percentile(q_steady, 50) / 1e3,
             "queue_steady_p99_kb": percentile(q_steady, 99) / 1e3,
-            "queue_max_kb": port.counters["max_qlen"] / 1e3,
-            "switch_drops": port.counters["dropped"],
-            "ecn_marked": port.counters["marked"],
+            "queue_max_kb": pc["max_qlen"] / 1e3,
+            "switch_drops": pc["dropped"],
+            "ecn_marked": pc["marked"],
             "cnps_sent": recv.counters["np_cnp_sent"],
             "retransmitted_pkts": retrans,
             "timeouts": timeouts,
@@ -231,6 +259,10 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
             "goodput_fraction": goodput / cfg.rate_gbps,
             "wc_errors": errors,
             "late_flow_converged_after_s": late,
+            "pause_frames": net.pause_frames_sent() if cfg.pfc else 0,
+            "senders_paused_s": pause_t[-1] if pause_t else 0.0,
+            "senders_paused_steady_s": (pause_t[-1] - pause_t[steady[0] - 1]
+                                        if pause_t and steady and steady[0] else 0.0),
             "wall_s": wall,
             "events": fabric.events_processed,
             "all_events": fabric.events_processed + fabric.hops_processed,
@@ -335,12 +367,15 @@ def plot_incast(res: dict, path: str | Path) -> Path:
     t_ms = [t * 1e3 for t in res["times"]]
     fig, axes = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
     ax = axes[0]
+    k = 5
     for f in res["flows"]:
-        ax.plot(t_ms, _smooth(f["goodput_gbps"], 5), lw=0.8,
+        ax.plot(t_ms, _smooth(f["goodput_gbps"], k), lw=0.8,
                 label=f["name"] + (" (late)" if f["start"] > 0 else ""))
-    ax.set_ylabel("per-flow goodput (Gbit/s)")
+    ax.set_ylabel(f"per-flow goodput (Gbit/s,\nsliding {k * res['config']['bin'] * 1e6:g} µs "
+                  "window)")
     s = res["summary"]
     ax.set_title(f"incast {s['senders']}:1, cc={s['cc']}, {res['config']['rate_gbps']:g} Gbit/s "
+                 f"{'lossless (PFC) ' if res['config'].get('pfc') else ''}"
                  f"— Jain {s['jain_steady']:.3f}, queue p99 {s['queue_p99_kb']:.0f} KB, "
                  f"goodput {s['goodput_fraction']:.2f}")
     if len(res["flows"]) <= 17:
@@ -352,7 +387,13 @@ def plot_incast(res: dict, path: str | Path) -> Path:
     ax.axhline(res["config"]["kmin"] / 1e3, color="g", ls=":", lw=0.6, label="Kmin")
     ax.axhline(res["config"]["kmax"] / 1e3, color="g", ls="--", lw=0.6, label="Kmax")
     ax.set_ylabel("bottleneck queue (KB)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left")
+    if any(res.get("senders_paused_s") or ()):
+        ax2 = ax.twinx()
+        ax2.plot(t_ms, [p * 1e6 for p in res["senders_paused_s"]], color="r", lw=0.8,
+                 label=f"senders paused by PFC, summed ({s['pause_frames']} PAUSE frames)")
+        ax2.set_ylabel("cumulative pause (µs)", color="r")
+        ax2.legend(fontsize=7, loc="lower right")
     ax = axes[2]
     plotted = False
     for f in res["flows"]:

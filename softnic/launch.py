@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 SHIM = Path(__file__).resolve().parent / "_pyverbs_shim"
-GRACE = 5.0
+GRACE = 10.0
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -117,9 +117,23 @@ def open_device(name: str) -> "NIC | SimNIC":
                 nic = SimNIC(spec, sim_world())
             else:
                 nic = TcpNIC(spec, cfg) if transport == "tcp" else NIC(spec, cfg)
+            if transport != "tcp":
+                _attach_cm(nic)
             _open[name] = nic
         nic.refs += 1
         return nic
+
+
+def _attach_cm(nic) -> None:
+    """Every RoCE device answers connection management on QP1, as a NIC does
+    (``core.cm``; ``softnic.rdmacm`` takes its events when a program uses rdma_cm)."""
+    from .core.cm import CM
+    guid = 0x02534EFFFE000000 | (zlib.crc32(nic.name.encode()) & 0xFFFFFF)
+    world = getattr(nic, "world", None)
+    rng = world.fabric.derive_rng("cm", nic.name) if world is not None else \
+        random.Random(int.from_bytes(os.urandom(8), "little"))   # (simulated: replayable)
+    with nic.lock:
+        nic.dev.gsi = CM(nic.dev.gid, guid, rng)
 
 
 def open_nics() -> list["NIC"]:
@@ -163,7 +177,8 @@ class _Opened:
             self.refs -= 1
             if self.refs > 0:
                 return
-            _open.pop(self.name, None)
+            if _open.get(self.name) is self:     # (not a newer device of the same name)
+                del _open[self.name]
         self.close()
 
     def close(self) -> None:

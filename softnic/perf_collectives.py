@@ -1,13 +1,20 @@
-"""``softnic perf allreduce``: the collectives' benchmark (``softnic.perf`` registers
-every test in ``TESTS`` here next to perftest's).
+"""``softnic perf allreduce`` (and ``allgather``, ``reducescatter``, ``broadcast``): the
+collectives' benchmarks, as nccl-tests has them (``softnic.perf`` registers every test
+in ``TESTS`` here next to perftest's).
 
 ``softnic perf allreduce -n 4 -b 8 -e 1M -f 4`` runs 4 ranks on this machine
 (as ``softnic launch`` does) and prints, like nccl-tests' all_reduce_perf, one
 row per size: bytes, element count, type, reduction, time per call (the slowest
-rank's mean), algorithm bandwidth (size / time) and bus bandwidth (algbw *
-2(n-1)/n, the traffic each link carries in a ring), and how many elements came
-out wrong against numpy.  Bandwidths are in MB/s (nccl-tests prints GB/s; a
-NIC in Python moves megabytes).
+rank's mean), algorithm bandwidth (size / time), bus bandwidth (algbw times
+nccl-tests' factor: 2(n-1)/n for allreduce, (n-1)/n for allgather and
+reduce-scatter, 1 for broadcast: the traffic each link carries), and how many
+elements came out wrong against numpy.  The size is the whole buffer, as in
+nccl-tests: allgather's output, reduce-scatter's input.  Bandwidths are in MB/s
+(nccl-tests prints GB/s; a NIC in Python moves megabytes).
+
+``--compare gloo`` opens torch's gloo backend over the same ranks and times it on
+the same tensors, call for call in turn with softnic's, and adds its time, its
+bus bandwidth and the ratio softnic / gloo (below 1: softnic is faster).
 """
 
 from __future__ import annotations
@@ -17,6 +24,13 @@ import sys
 import time
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# test -> (torch.distributed name, bus bandwidth factor as a function of n, has a reduction)
+KINDS = {
+    "allreduce": ("all_reduce", lambda n: 2 * (n - 1) / n, True),
+    "allgather": ("all_gather", lambda n: (n - 1) / n, False),
+    "reducescatter": ("reduce_scatter", lambda n: (n - 1) / n, True),
+    "broadcast": ("broadcast", lambda n: 1.0, False),
+}
 
 
 def size_arg(text: str) -> int:
@@ -31,21 +45,30 @@ def size_arg(text: str) -> int:
     return n
 
 
-def _allreduce_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("-n", "--nproc", type=int, default=2, help="ranks (default 2)")
-    ap.add_argument("-b", "--minbytes", type=size_arg, default=8, help="smallest size (8)")
-    ap.add_argument("-e", "--maxbytes", type=size_arg, default=1 << 20, help="largest size (1M)")
-    ap.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (2)")
-    ap.add_argument("-d", "--datatype", default="float32", help="numpy dtype (float32)")
-    ap.add_argument("-o", "--op", default="sum", choices=("sum", "prod", "min", "max"))
-    ap.add_argument("-w", "--warmup-iters", type=int, default=1)
-    ap.add_argument("-i", "--iters", type=int, default=5, help="timed calls per size (5)")
-    ap.add_argument("-a", "--algorithm", choices=("auto", "ring", "rd"), default="auto")
-    ap.add_argument("--faults", help="fault model on every rank's device, e.g. 'loss=0.01'")
-    ap.add_argument("--seed", type=int, help="seed of the fault model")
+def _arguments(kind: str):
+    def add(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("-n", "--nproc", type=int, default=2, help="ranks (default 2)")
+        ap.add_argument("-b", "--minbytes", type=size_arg, default=8, help="smallest size (8)")
+        ap.add_argument("-e", "--maxbytes", type=size_arg, default=1 << 20,
+                        help="largest size (1M)")
+        ap.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (2)")
+        ap.add_argument("-d", "--datatype", default="float32", help="numpy dtype (float32)")
+        if KINDS[kind][2]:
+            ap.add_argument("-o", "--op", default="sum", choices=("sum", "prod", "min", "max"))
+        if kind == "broadcast":
+            ap.add_argument("-r", "--root", type=int, default=0, help="root rank (0)")
+        ap.add_argument("-w", "--warmup-iters", type=int, default=1)
+        ap.add_argument("-i", "--iters", type=int, default=5, help="timed calls per size (5)")
+        if kind == "allreduce":
+            ap.add_argument("-a", "--algorithm", choices=("auto", "ring", "rd"), default="auto")
+        ap.add_argument("--compare", choices=("gloo",),
+                        help="also time torch's gloo backend on the same tensors")
+        ap.add_argument("--faults", help="fault model on every rank's device, e.g. 'loss=0.01'")
+        ap.add_argument("--seed", type=int, help="seed of the fault model")
+    return add
 
 
-def _allreduce(args) -> int:
+def _run(args) -> int:
     import numpy as np
     if args.stepfactor < 2:
         print("softnic perf: --stepfactor must be at least 2", file=sys.stderr)
@@ -59,75 +82,190 @@ def _allreduce(args) -> int:
         print(f"softnic perf: datatype {args.datatype!r} is not one of "
               f"{', '.join(d.name for d in DTYPES)}", file=sys.stderr)
         return 2
+    if getattr(args, "root", 0) not in range(args.nproc):
+        print(f"softnic perf: root {args.root} outside 0..{args.nproc - 1}", file=sys.stderr)
+        return 2
+    if args.compare:
+        import importlib.util
+        if importlib.util.find_spec("torch") is None:
+            print("softnic perf: --compare gloo needs torch (pip install -e '.[torch]')",
+                  file=sys.stderr)
+            return 2
     from .launch import launch
-    worker = [sys.executable, "-u", "-m", "softnic.perf_collectives", "--worker", "allreduce",
-              "-b", str(args.minbytes), "-e", str(args.maxbytes), "-f", str(args.stepfactor),
-              "-d", args.datatype, "-o", args.op, "-w", str(args.warmup_iters),
-              "-i", str(args.iters), "-a", args.algorithm, "-n", str(args.nproc)]
+    worker = [sys.executable, "-u", "-m", "softnic.perf_collectives", "--worker",
+              args.perf_test, "-b", str(args.minbytes), "-e", str(args.maxbytes),
+              "-f", str(args.stepfactor), "-d", args.datatype, "-w", str(args.warmup_iters),
+              "-i", str(args.iters), "-n", str(args.nproc)]
+    if hasattr(args, "op"):
+        worker += ["-o", args.op]
+    if hasattr(args, "root"):
+        worker += ["-r", str(args.root)]
+    if hasattr(args, "algorithm"):
+        worker += ["-a", args.algorithm]
+    if args.compare:
+        worker += ["--compare", args.compare]
     return launch(worker, args.nproc, faults=args.faults, seed=args.seed)
 
 
-def _allreduce_worker(args) -> int:
+def _worker(args) -> int:
     import numpy as np
 
     from .collectives import DTYPES, Communicator
+    kind = args.perf_test
+    torch_name, factor, reduces = KINDS[kind]
     dtype = np.dtype(args.datatype)
     if dtype is None or dtype not in DTYPES:
         print(f"softnic perf: datatype {dtype} not supported", file=sys.stderr)
         return 2
-    comm = Communicator.from_env()
+    op = getattr(args, "op", "sum")
+    root = getattr(args, "root", 0)
+    algo = getattr(args, "algorithm", "auto")
+    algo = None if algo == "auto" else algo
+    gloo = dist = torch = None
+    if args.compare:
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        from .collectives import torch_backend
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        torch.set_num_threads(1)
+        dist.init_process_group(torch_backend.BACKEND)
+        pg = dist.group.WORLD
+        comm = pg.comm                   # softnic's collectives, called here directly
+        gloo = dist.new_group(backend="gloo")
+        gops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+                "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    else:
+        comm = Communicator.from_env()
     n, r = comm.world_size, comm.rank
-    algo = None if args.algorithm == "auto" else args.algorithm
-    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[args.op]
+    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
     out = print if r == 0 else (lambda *a, **k: None)
-    out(f"# softnic allreduce: {n} ranks, {comm.transport.device} each, chunk "
-        f"{comm.transport.chunk} B x {comm.transport.slots} slots, algorithm {args.algorithm}")
+    t = comm.transport
+    out(f"# softnic {kind}: {n} ranks, {t.device} each, {t.nqp} QP(s) per peer, chunk "
+        f"{t.chunk} B x {t.slots} slots" + (f", algorithm {algo or 'auto'}"
+                                            if kind == "allreduce" else "")
+        + (f", root {root}" if kind == "broadcast" else ""))
     out("#")
-    out(f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'time':>10} {'algbw':>8} "
-        f"{'busbw':>8} {'#wrong':>7}")
-    out(f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'(us)':>10} {'(MB/s)':>8} "
-        f"{'(MB/s)':>8} {'':>7}")
-    size = max(args.minbytes, dtype.itemsize)
+    head = (f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'time':>10} "
+            f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}")
+    units = (f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'(us)':>10} {'(MB/s)':>8} "
+             f"{'(MB/s)':>8} {'':>7}")
+    if gloo is not None:
+        head += f" {'gloo time':>10} {'busbw':>8} {'softnic/gloo':>12}"
+        units += f" {'(us)':>10} {'(MB/s)':>8} {'':>12}"
+    out(head)
+    out(units)
+    size = max(args.minbytes, dtype.itemsize * (n if kind in ("allgather",
+                                                                "reducescatter") else 1))
     total_bw = 0.0
     rows = 0
     while size <= args.maxbytes:
         count = size // dtype.itemsize
+        if kind in ("allgather", "reducescatter"):
+            count -= count % n
+        part = count // n
+        nbytes = count * dtype.itemsize
         # small integers, so every reduction is exact and checkable in any order
         inputs = [((np.arange(count) + k) % 3 + 1).astype(dtype) for k in range(n)]
-        expected = inputs[0].copy()
-        for k in range(1, n):
-            ufunc(expected, inputs[k], out=expected)
-        for _ in range(args.warmup_iters):
-            comm.allreduce(inputs[r].copy(), args.op, algo)
-        comm.barrier()
-        bufs = [inputs[r].copy() for _ in range(args.iters)]
-        t0 = time.perf_counter()
-        for b in bufs:
-            comm.allreduce(b, args.op, algo)
-        dt = (time.perf_counter() - t0) / max(1, args.iters)
-        wrong = sum(int(np.count_nonzero(b != expected)) for b in bufs)
-        # the slowest rank's time is the collective's time
-        t = np.array([dt], np.float64)
-        comm.allreduce(t, "max")
-        w = np.array([wrong], np.int64)
-        comm.allreduce(w, "sum")
-        algbw = count * dtype.itemsize / t[0] / 1e6
-        busbw = algbw * 2 * (n - 1) / n
+        if kind == "allreduce":
+            expected = inputs[0].copy()
+            for k in range(1, n):
+                ufunc(expected, inputs[k], out=expected)
+        elif kind == "reducescatter":
+            full = inputs[0].copy()
+            for k in range(1, n):
+                ufunc(full, inputs[k], out=full)
+            expected = full[r * part:(r + 1) * part]
+        elif kind == "allgather":
+            expected = np.concatenate([inputs[k][k * part:(k + 1) * part] for k in range(n)])
+        else:
+            expected = inputs[root]
+        if kind == "allgather":
+            src = inputs[r][r * part:(r + 1) * part].copy()
+            bufs = [np.empty(count, dtype) for _ in range(2)]
+        elif kind == "reducescatter":
+            src = inputs[r].copy()
+            bufs = [np.empty(part, dtype) for _ in range(2)]
+        else:
+            src = inputs[r]
+            bufs = [inputs[r].copy() for _ in range(2)]
+
+        def soft(b):
+            if kind == "allreduce":
+                comm.allreduce(b, op, algo)
+            elif kind == "broadcast":
+                comm.broadcast(b, root)
+            elif kind == "allgather":
+                comm.allgather(src, b)
+            else:
+                comm.reduce_scatter(src, b, op)
+
+        tb = tsrc = None
+        if gloo is not None:
+            tb = torch.from_numpy(bufs[1])
+            tsrc = torch.from_numpy(src)
+
+        def glo():
+            if kind == "allreduce":
+                dist.all_reduce(tb, op=gops[op], group=gloo)
+            elif kind == "broadcast":
+                dist.broadcast(tb, src=root, group=gloo)
+            elif kind == "allgather":
+                dist.all_gather_into_tensor(tb, tsrc, group=gloo)
+            else:
+                dist.reduce_scatter_tensor(tb, tsrc, op=gops[op], group=gloo)
+
+        sides = [("softnic", lambda: soft(bufs[0]), bufs[0])]
+        if gloo is not None:
+            sides.append(("gloo", glo, bufs[1]))
+        spent = {name: 0.0 for name, _, _ in sides}
+        wrong = {name: 0 for name, _, _ in sides}
+        for it in range(args.warmup_iters + args.iters):
+            for name, fn, b in (sides if it % 2 == 0 else sides[::-1]):
+                if kind in ("allreduce", "broadcast"):
+                    b[:] = src
+                comm.barrier()
+                t0 = time.perf_counter()
+                fn()
+                dt = time.perf_counter() - t0
+                if it >= args.warmup_iters:
+                    spent[name] += dt
+                    wrong[name] += int(np.count_nonzero(b != expected))
+        res = {}
+        for name in spent:
+            # the slowest rank's time is the collective's time
+            tt = np.array([spent[name] / max(1, args.iters)], np.float64)
+            comm.allreduce(tt, "max")
+            w = np.array([wrong[name]], np.int64)
+            comm.allreduce(w, "sum")
+            algbw = nbytes / tt[0] / 1e6
+            res[name] = (tt[0], algbw, algbw * factor(n), int(w[0]))
+        st, algbw, busbw, w = res["softnic"]
         total_bw += busbw
         rows += 1
-        out(f"  {count * dtype.itemsize:>10} {count:>12} {dtype.name:>8} {args.op:>6} "
-            f"{t[0] * 1e6:>10.1f} {algbw:>8.2f} {busbw:>8.2f} {int(w[0]):>7}")
+        line = (f"  {nbytes:>10} {count:>12} {dtype.name:>8} "
+                f"{op if reduces else 'none':>6} {st * 1e6:>10.1f} {algbw:>8.2f} "
+                f"{busbw:>8.2f} {w:>7}")
+        if "gloo" in res:
+            gt, _, gbus, gw = res["gloo"]
+            line += f" {gt * 1e6:>10.1f} {gbus:>8.2f} {st / gt:>12.2f}"
+            if gw:
+                line += f"  (gloo #wrong {gw})"
+        out(line)
         size *= args.stepfactor
     out(f"# Avg bus bandwidth    : {total_bw / max(1, rows):.2f} MB/s")
     comm.barrier()
-    comm.close()
+    if gloo is not None:
+        dist.destroy_process_group()
+    else:
+        comm.close()
     return 0
 
 
 # name -> (add the test's options, run it from the command line, its per-rank worker or None)
-TESTS = {
-    "allreduce": (_allreduce_arguments, _allreduce, _allreduce_worker),
-}
+TESTS = {kind: (_arguments(kind), _run, _worker) for kind in KINDS}
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

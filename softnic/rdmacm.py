@@ -62,7 +62,7 @@ MIN_RNR_TIMER = 12
 # ibv_qp_attr_mask bits
 QP_STATE, QP_ACCESS_FLAGS, QP_PKEY_INDEX, QP_PORT, QP_QKEY, QP_AV, QP_PATH_MTU, QP_TIMEOUT, \
     QP_RETRY_CNT, QP_RNR_RETRY, QP_RQ_PSN, QP_MAX_QP_RD_ATOMIC, QP_MIN_RNR_TIMER, QP_SQ_PSN, \
-    QP_MAX_DEST_RD_ATOMIC, QP_DEST_QPN = (1, 1 << 1, 1 << 3, 1 << 4, 1 << 5, 1 << 7, 1 << 8,
+    QP_MAX_DEST_RD_ATOMIC, QP_DEST_QPN = (1, 1 << 3, 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8,
                                           1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 15,
                                           1 << 16, 1 << 17, 1 << 20)
 QPS_INIT, QPS_RTR, QPS_RTS = 1, 2, 3
@@ -84,7 +84,7 @@ def devices() -> list:
     """Every configured device, opened (this module keeps them open)."""
     with _lock:
         for name in _nic.device_names():
-            if name not in _nics:
+            if name not in _nics or getattr(_nics[name], "_closed", False):
                 _nics[name] = _nic.open_device(name)
         return [_nics[n] for n in _nic.device_names() if n in _nics]
 
@@ -96,19 +96,29 @@ def device_named(name: str):
     raise VerbsError(errno.ENODEV, f"no softnic device {name!r}")
 
 
-def cm_of(nic) -> _cm.CM:
-    """The device's connection manager (created and attached on first use)."""
+def reset() -> None:
+    """Forget every device, CM and bound port (after ``softnic.nic.configure``)."""
     with _lock:
-        c = _cms.get(nic.name)
-        if c is None or nic.dev.gsi is not c:
-            from verbs_api.device import _guid
-            seed = int.from_bytes(os.urandom(8), "little")
-            c = _cm.CM(nic.gid, _guid(nic.name), random.Random(seed))
+        for nic in _nics.values():
+            if not getattr(nic, "_closed", False):
+                nic.release()
+        _nics.clear()
+        _cms.clear()
+        _bound.clear()
+
+
+def cm_of(nic) -> _cm.CM:
+    """The device's connection manager (attached when the device was opened),
+    with its events routed here."""
+    c = nic.dev.gsi
+    if c is None:
+        raise VerbsError(errno.EOPNOTSUPP, f"device {nic.name} has no connection manager "
+                         "(rdma_cm needs the udp transport)")
+    if c.on_event is not _dispatch:
+        with nic.lock:
             c.on_event = _dispatch
-            with nic.lock:
-                nic.dev.gsi = c
-            _cms[nic.name] = c
-        return c
+    _cms[nic.name] = c
+    return c
 
 
 def _ip(addr) -> str:
@@ -173,8 +183,10 @@ class Event:
 class EventChannel:
     """Events for the ids that use this channel; ``fd`` is readable while one waits."""
 
-    def __init__(self):
-        self.fd = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC)
+    def __init__(self, fd: int | None = None):
+        #: an eventfd in semaphore mode; given by a face that owns it, or made here
+        self.own = fd is None
+        self.fd = os.eventfd(0, os.EFD_SEMAPHORE | os.EFD_CLOEXEC) if fd is None else fd
         self.queue: deque[Event] = deque()
         self.closed = False
         self.lock = threading.Lock()
@@ -199,8 +211,10 @@ class EventChannel:
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             sims = [d for d in _nics.values() if hasattr(d, "world")]
-            if sims:                     # virtual time moves only when driven
-                sims[0].wait_until(lambda: bool(self.queue), timeout=1.0)
+            if sims:                     # virtual time moves only when driven: up to the event
+                world = sims[0].world
+                with world.lock:
+                    world.fabric.run(until=world.fabric.now + 1.0, stop=lambda: bool(self.queue))
             left = None if end is None else max(0.0, end - time.monotonic())
             if p.poll(None if left is None else int(left * 1000) + 1):
                 try:
@@ -211,11 +225,28 @@ class EventChannel:
             if end is not None and time.monotonic() >= end:
                 return None
 
+    def purge(self, cid: "CmId") -> None:
+        """Drop the events of a destroyed id (and the connection requests of a
+        destroyed listener), with their counts."""
+        with self.lock:
+            keep = deque(e for e in self.queue if e.id is not cid and e.listen_id is not cid)
+            gone = [e for e in self.queue if e.id is cid or e.listen_id is cid]
+            self.queue = keep
+            for _ in gone:
+                try:
+                    os.eventfd_read(self.fd)
+                except BlockingIOError:
+                    break
+        for e in gone:
+            if e.new and e.id is not cid:
+                e.id.destroy()
+
     def close(self) -> None:
         with self.lock:
             self.closed = True
             self.queue.clear()
-        os.close(self.fd)
+        if self.own:
+            os.close(self.fd)
 
 
 # ---------------------------------------------------------------- ids
@@ -286,6 +317,11 @@ class CmId:
             ip, nic = "0.0.0.0", None
         else:
             nic = device_for_ip(ip)
+            if nic is None and ipaddress.ip_address(ip).is_loopback and devices():
+                # as the kernel's rdma_cm binds a loopback address: to the first device,
+                # whose address the id then reports (what a peer can reach)
+                nic = devices()[0]
+                ip = nic.ip
             if nic is None:
                 raise VerbsError(errno.EADDRNOTAVAIL, f"{ip} is not a softnic device's address")
         port = self._claim_port(ip, port)
@@ -429,6 +465,8 @@ class CmId:
         if self.destroyed:
             return
         self.destroyed = True
+        if self.channel is not None and not self.channel.closed:
+            self.channel.purge(self)
         for nic, lst in self.listeners:
             with nic.lock:
                 cm_of(nic).unlisten(lst)

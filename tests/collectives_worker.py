@@ -53,6 +53,11 @@ def check(got, want, what: str) -> None:
                              f"got {got[bad[:5]]}, want {want[bad[:5]]}")
 
 
+def _verbs_pkg() -> str:
+    from softnic.collectives import _verbs
+    return _verbs._PKG
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", action="store_true", help="also sizes above the ring threshold")
@@ -90,7 +95,9 @@ def main() -> int:
                     check(buf, want, f"allreduce {algo} {op} {dtype} x{count}")
                     checks += 1
     for dtype in map(np.dtype, ("float64",) if args.quick else ("int32", "float64", "uint8")):
-        for count in (7,) if args.quick else (1, 7, 1000):
+        # 50 000 float64 elements per block: sent from the caller's registered memory in
+        # several chunks, and broadcast by the pipelined chain when there are 3+ ranks
+        for count in ((7,) if args.quick else (1, 7, 1000)) + ((50_000,) if args.big else ()):
             case += 1
             xs = inputs(case, n, count * n, dtype, "sum")
             # reduce-scatter: block r of the sum
@@ -115,6 +122,15 @@ def main() -> int:
                 check(buf, xs[root], f"broadcast root {root} {dtype} x{count}")
             checks += 4 + (2 if args.quick else n)
     comm.barrier()
+    # each QP of a peer sends from a UDP source port of its own (ECMP entropy)
+    t = comm.transport
+    for p in t.qps:
+        ports = t.udp_source_ports(p)
+        assert len(set(ports)) == len(ports) == t.nqp, ports
+        if _verbs_pkg() == "verbs_api":
+            from softnic.core.entropy import qp_udp_sport
+            assert [qp_udp_sport(qp._eqp) for qp in t.qps[p]] == ports
+        checks += 1
     # the results are the same bits on every rank (data-parallel training needs it)
     x = inputs(999, n, 5000, np.dtype("float32"), "sum")[r]
     comm.allreduce(x)

@@ -7,6 +7,7 @@ own device on its own loopback address) and bound every run with a timeout.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
@@ -142,7 +143,10 @@ def _launch_worker(n, *flags, faults=None, timeout=120, env=None):
     (8, ("--quick",), None),
     # two 4 KiB slots per peer: messages of up to 80 chunks stall on credits all the time
     (2, ("--quick", "--big"), {"SOFTNIC_COLL_SLOTS": "2", "SOFTNIC_COLL_CHUNK": "4096"}),
-], ids=["2-ranks", "3-ranks", "4-ranks-via-pyverbs", "8-ranks", "2-ranks-tight-credits"])
+    # chunks striped over three QPs per peer, taken in order whichever QP brings them
+    (3, ("--quick", "--big"), {"SOFTNIC_COLL_QPS": "3", "SOFTNIC_COLL_CHUNK": "16384"}),
+], ids=["2-ranks", "3-ranks", "4-ranks-via-pyverbs", "8-ranks", "2-ranks-tight-credits",
+        "3-ranks-3-qps"])
 def test_collectives_match_numpy(n, flags, env):
     assert _launch_worker(n, *flags, env=env) == 0
 
@@ -168,13 +172,79 @@ def test_collectives_use_the_pyverbs_api_only():
     assert '"pyverbs" if _WANT == "pyverbs" else "verbs_api"' in verbs
 
 
-@pytest.mark.parametrize("n, faults, flags", [
-    (2, "loss=0.05", ("--quick",)),
-    (3, "loss=0.03,reorder=0.01/200us", ("--quick", "--big")),   # ring with many chunks
-], ids=["2-ranks-loss", "3-ranks-loss-reorder"])
-def test_collectives_match_numpy_under_loss(n, faults, flags):
-    dropped = _launch_worker(n, *flags, faults=faults)
+@pytest.mark.parametrize("n, faults, flags, env", [
+    (2, "loss=0.05", ("--quick",), None),
+    # 2 % loss and reordering on every link, the ring and the chain with many chunks,
+    # striped over two QPs per peer
+    (4, "loss=0.02,reorder=0.02/300us", ("--quick", "--big"),
+     {"SOFTNIC_COLL_QPS": "2", "SOFTNIC_COLL_CHUNK": "32768"}),
+], ids=["2-ranks-loss", "4-ranks-loss-reorder-2-qps"])
+def test_collectives_match_numpy_under_loss(n, faults, flags, env):
+    dropped = _launch_worker(n, *flags, faults=faults, env=env)
     assert dropped > 0                  # the loss really happened, and was recovered
+
+
+def test_udp_source_port_follows_the_kernels_rule():
+    from softnic.core.entropy import calc_flow_label, udp_sport
+    from softnic.collectives.transport import flow_label
+    # rdma_get_udp_sport: a given label folds its top 6 bits into the low 14
+    assert udp_sport(0xFC001, 5, 6) == 0xC000 | (1 ^ 0x3F)
+    assert udp_sport(0x00123, 5, 6) == 0xC123
+    # no label: one from the QP numbers (rdma_calc_flow_label)
+    fl = (17 * 18) ^ ((17 * 18) >> 20)
+    assert calc_flow_label(17, 18) == fl & 0xFFFFF and udp_sport(0, 17, 18) == 0xC000 | fl
+    big = calc_flow_label(0xFFFFFF, 0xFFFFFE)
+    x = 0xFFFFFF * 0xFFFFFE
+    x ^= x >> 20
+    x ^= x >> 40
+    assert big == x & 0xFFFFF
+    # the collectives' labels: non-zero, 14 bits, a different port per QP and direction
+    for rank, peer in ((0, 1), (3, 7)):
+        labels = [flow_label(rank, peer, q) for q in range(64)] + \
+            [flow_label(peer, rank, q) for q in range(64)]
+        assert all(0 < fl <= 0x3FFF for fl in labels)
+        assert len({udp_sport(fl, 1, 2) for fl in labels}) == 128
+
+
+SIM_PROG = r"""
+import threading, numpy as np
+from softnic.collectives import Communicator, StoreServer, StoreClient
+from softnic.core.entropy import qp_udp_sport
+srv = StoreServer("127.0.0.1", 0)
+host, port = srv.address
+N, res = 3, {}
+def rank(r):
+    st = StoreClient(host, port, r)
+    c = Communicator(r, N, st, device=f"d{r}", timeout=20, qps=2)
+    x = np.full(300_000, float(r + 1), np.float32)
+    c.allreduce(x)
+    b = np.full(100_000, float(r), np.float64)
+    c.broadcast(b, 1)
+    g = c.allgather(np.full(10, r, np.int64))
+    rs = c.reduce_scatter(np.arange(30, dtype=np.int64))
+    ports = {p: [qp_udp_sport(qp._eqp) for qp in c.transport.qps[p]] for p in c.transport.qps}
+    res[r] = (bool(np.all(x == 6)), bool(np.all(b == 1)), g.reshape(-1).tolist()[::10],
+              rs.tolist(), ports == {p: c.transport.udp_source_ports(p) for p in ports})
+    c.close(); st.close()
+ts = [threading.Thread(target=rank, args=(r,)) for r in range(N)]
+[t.start() for t in ts]; [t.join(60) for t in ts]
+for r in range(N):
+    print("rank", r, res.get(r))
+srv.close()
+"""
+
+
+def test_collectives_run_on_the_simulated_fabric():
+    """Under SOFTNIC_BACKEND=sim (the ranks as threads of one process, a device each on
+    the simulated fabric), with two QPs per peer whose engine QPs carry the ports."""
+    env = dict(os.environ, SOFTNIC_BACKEND="sim",
+               SOFTNIC_DEVICES="d0=10.0.0.1,d1=10.0.0.2,d2=10.0.0.3")
+    res = run([sys.executable, "-c", SIM_PROG], timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for r in range(3):
+        want = (f"rank {r} (True, True, [0, 1, 2], "
+                f"{[3 * (10 * r + i) for i in range(10)]}, True)")
+        assert want in res.stdout, res.stdout
 
 
 # ---------------------------------------------------------------------- failing ranks
@@ -190,7 +260,8 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout():
     port = _port()
     procs = []
     for rank in (0, 1):                 # rank 2 of 3 never starts
-        env = rank_env(os.environ, rank, 3, port, timeout=2)
+        # long enough that rank 1, started after rank 0, arrives in time on a busy machine
+        env = rank_env(os.environ, rank, 3, port, timeout=6)
         procs.append(subprocess.Popen([sys.executable, WORKER, "--quick"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
@@ -260,9 +331,44 @@ def test_perf_allreduce_prints_an_nccl_tests_table():
     assert "Avg bus bandwidth" in res.stdout and "(MB/s)" in res.stdout
 
 
+@pytest.mark.parametrize("test, factor", [("allgather", 0.5), ("broadcast", 1.0)])
+def test_perf_collectives_compare_with_gloo(test, factor):
+    if importlib.util.find_spec("torch") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("torch is required in CI (.ci/run installs torch into .venv)")
+        pytest.skip("torch not installed")
+    res = run(CLI + ["perf", test, "-n", "2", "-b", "1K", "-e", "512K", "-f", "32",
+                     "-i", "2", "--compare", "gloo"], timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"#\s+size\s+count\s+type\s+redop\s+time\s+algbw\s+busbw\s+#wrong\s+"
+                     r"gloo time\s+busbw\s+softnic/gloo", res.stdout), res.stdout
+    rows = [line.split() for line in res.stdout.splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [1024, 32768]
+    for size, count, typ, op, t, algbw, busbw, wrong, gt, gbus, ratio in rows:
+        assert op == "none" and wrong == "0"
+        # nccl-tests' bus bandwidth: (n-1)/n of algbw for allgather and reduce-scatter
+        assert float(busbw) == pytest.approx(float(algbw) * factor, abs=0.011)
+        assert float(ratio) == pytest.approx(float(t) / float(gt), rel=0.02, abs=0.011)
+
+
+def test_perf_reducescatter_counts_wrong_elements_nowhere():
+    res = run(CLI + ["perf", "reducescatter", "-n", "3", "-b", "96", "-e", "96K", "-f", "32",
+                     "-i", "2", "-d", "int64", "-o", "max"], timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.split() for line in res.stdout.splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [96, 3072, 98304]
+    for size, count, typ, op, t, algbw, busbw, wrong in rows:
+        assert typ == "int64" and op == "max" and wrong == "0"
+        assert float(busbw) == pytest.approx(float(algbw) * 2 / 3, abs=0.011)
+
+
 def test_perf_has_a_subcommand_per_test():
     res = run(CLI + ["perf", "--help"])
     assert res.returncode == 0 and "allreduce" in res.stdout
+    for test in ("allgather", "reducescatter", "broadcast"):
+        assert test in res.stdout
     res = run(CLI + ["perf", "nosuchtest"])
     assert res.returncode == 2 and "invalid choice" in res.stderr
     res = run(CLI + ["perf", "allreduce", "-d", "float128"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,17 @@ def test_softnic_backend_collectives_and_ddp_loss_equal_to_gloo(tmp_path):
     assert softnic["params"] == gloo["params"]
     # and the model trained: the losses are not all the same
     assert len({round(l, 6) for l, _ in softnic["losses"]}) == STEPS
+
+
+def test_a_rank_that_dies_fails_the_waiting_work_with_a_clear_error():
+    need_torch()
+    cmd = [sys.executable, "-m", "softnic.cli", "launch", "-n", "2", "--timeout", "30",
+           str(HERE / "torch_worker.py"), "--die"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert "rank 1 exited with status 3" in res.stderr, res.stderr[-3000:]
+    m = re.search(r"rank 0 failed after ([\d.]+) s: (\w+): (.*)", res.stdout)
+    assert m, res.stdout + res.stderr[-3000:]
+    # well within the 30 s timeout: the QP's retries run out and the completion says so
+    assert float(m.group(1)) < 20
+    assert m.group(2) == "CollectiveError" and "rank(s) [1] left the job" in m.group(3), m.group(0)
+    assert "softnic backend: an earlier collective failed" in res.stdout

@@ -22,7 +22,38 @@ def inputs(world, shape, dtype):
     return [torch.randint(1, 4, shape, generator=g).to(dtype) for _ in range(world)]
 
 
+def die():
+    """Rank 1 exits in the middle of the job; rank 0, waiting on an asynchronous
+    all_reduce, must fail with an error naming it, not hang."""
+    import time
+    torch.set_num_threads(1)
+    dist.init_process_group("softnic")
+    r = dist.get_rank()
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)
+    if r == 1:
+        os._exit(3)
+    t0 = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    try:
+        work.wait()
+    except Exception as ex:         # noqa: BLE001 - what the caller sees is the point
+        print(f"rank 0 failed after {time.monotonic() - t0:.1f} s: {type(ex).__name__}: {ex}",
+              flush=True)
+        # and every collective after it fails at once
+        try:
+            dist.all_reduce(torch.ones(4))
+        except Exception as ex2:    # noqa: BLE001
+            print(f"next: {ex2}", flush=True)
+        os._exit(0)
+    print(f"rank 0: all_reduce completed with its peer gone after "
+          f"{time.monotonic() - t0:.1f} s: {t[:4]}", flush=True)
+    os._exit(1)
+
+
 def main():
+    if sys.argv[1] == "--die":
+        return die()
     out_path, steps = sys.argv[1], int(sys.argv[2])
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)

@@ -19,6 +19,7 @@ import zlib
 
 import softnic
 import softnic.nic as _nic
+from softnic.core.errors import VerbsError
 
 from . import enums as e
 from .addr import GID, GID_TABLE_LEN, raw_to_str
@@ -118,7 +119,18 @@ class Context(PyverbsCM):
         self.xrcds = weakref.WeakSet()
         self.vars = weakref.WeakSet()
         name = kwargs.get('name')
-        for k in ('cmid', 'attr', 'cmd_fd'):
+        self._cmd_fd = -1
+        cmd_fd = kwargs.get('cmd_fd')
+        if cmd_fd is not None:          # ibv_import_device: the context this fd belongs to
+            try:
+                st = os.fstat(cmd_fd)
+            except OSError as ex:
+                raise PyverbsRDMAError('Failed to import device', ex.errno) from None
+            name = _CMD_FDS.get((st.st_dev, st.st_ino))
+            if name is None:
+                raise PyverbsRDMAError('Failed to import device', errno.EOPNOTSUPP)
+            self._cmd_fd = cmd_fd
+        for k in ('cmid', 'attr'):
             if kwargs.get(k) is not None:
                 raise PyverbsRDMAError(f'Context({k}=...) is not supported by softnic',
                                        errno.EOPNOTSUPP)
@@ -137,6 +149,12 @@ class Context(PyverbsCM):
         except ValueError as ex:            # a configuration that cannot work, e.g. tcp on sim
             raise PyverbsRDMAError(f'Failed to open device {name}: {ex}', errno.EINVAL) from None
         self._events_taken = 0
+        if self._cmd_fd < 0:
+            # the context's command fd: a memfd of its own, so a dup of it names this device
+            # when imported (Context(cmd_fd=...))
+            self._cmd_fd = os.memfd_create(f'softnic-{name}', os.MFD_CLOEXEC)
+            st = os.fstat(self._cmd_fd)
+            _CMD_FDS[(st.st_dev, st.st_ino)] = name
         self._closed = False
         self.logger.debug(f'Context: opened device {name}')
 
@@ -146,11 +164,18 @@ class Context(PyverbsCM):
         self.logger.debug('Closing Context')
         close_weakrefs([self.qps, self.ccs, self.cqs, self.dms, self.pds, self.xrcds, self.vars])
         self._closed = True
+        if self._cmd_fd >= 0:
+            os.close(self._cmd_fd)
+            self._cmd_fd = -1
         self._nic.release()
 
     def _check(self):
         if self._closed:
             raise PyverbsError(f'Context of {self.name} is closed')
+
+    @property
+    def cmd_fd(self):
+        return self._cmd_fd
 
     @property
     def num_comp_vectors(self):
@@ -174,7 +199,7 @@ class Context(PyverbsCM):
             max_qp_rd_atom=cfg.max_rd_atomic, max_ee_rd_atom=0,
             max_res_rd_atom=cfg.max_qp * cfg.max_rd_atomic,
             max_qp_init_rd_atom=cfg.max_rd_atomic, max_ee_init_rd_atom=0,
-            atomic_caps=e.IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_mw=0, max_raw_ipv6_qps=0,
+            atomic_caps=e.IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_mw=1 << 20, max_raw_ipv6_qps=0,
             max_raw_ethy_qp=0, max_mcast_grp=0, max_mcast_qp_attach=0,
             max_total_mcast_qp_attach=0, max_ah=1 << 20, max_fmr=0, max_map_per_fmr=0,
             max_srq=cfg.max_qp, max_srq_wr=cfg.max_qp_wr, max_srq_sge=cfg.max_sge,
@@ -183,15 +208,18 @@ class Context(PyverbsCM):
     def query_device_ex(self, ex_input=None):
         orig = self.query_device()
         return DeviceAttrEx(
-            orig_attr=orig, comp_mask=0, odp_caps=ODPCaps(), completion_timestamp_mask=0,
+            orig_attr=orig, comp_mask=0, odp_caps=_odp_caps(), completion_timestamp_mask=0,
             hca_core_clock=0, device_cap_flags_ex=orig.device_cap_flags, tso_caps=TSOCaps(),
             pci_atomic_caps=PCIAtomicCaps(), rss_caps=RSSCaps(), max_wq_type_rq=0,
             packet_pacing_caps=PacketPacingCaps(), raw_packet_caps=0, tm_caps=TMCaps(),
-            cq_mod_caps=CQModerationCaps(), max_dm_size=0, phys_port_cnt_ex=1)
+            cq_mod_caps=CQModerationCaps(), max_dm_size=self._nic.dev.keys.dm.size,
+            phys_port_cnt_ex=1)
 
     def _port(self, port_num, what):
         self._check()
         if port_num != 1:
+            if what == 'attributes':        # pyverbs' own message for ibv_query_port
+                raise rdma_error(f'Failed to query port {port_num}')
             raise rdma_error(f'Failed to query {what} of port {port_num}: no such port')
 
     def query_port(self, port_num):
@@ -240,8 +268,9 @@ class Context(PyverbsCM):
     def query_gid_table(self, max_entries, flags=0):
         self._check()
         if max_entries < GID_TABLE_LEN:
+            # ibv_query_gid_table returns -EINVAL, which pyverbs passes on as the code
             raise rdma_error('Failed to query gid tables of the device: table larger than '
-                             f'{max_entries} entries')
+                             f'{max_entries} entries', -errno.EINVAL)
         return [self._gid_entry(i) for i in range(GID_TABLE_LEN)]
 
     def query_gid_ex(self, port_num, gid_index, flags=0):
@@ -295,10 +324,25 @@ class Context(PyverbsCM):
             raise PyverbsError('Unrecognized object type')
 
 
+def _odp_caps():
+    """On-demand paging is what softnic always does: it never pins, the engine reaches an
+    MR through the process's own mapping when a packet needs it, and an implicit MR (the
+    whole address space) reaches any address the mapping allows.  The C face reports
+    the same caps."""
+    rc = (e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV | e.IBV_ODP_SUPPORT_WRITE |
+          e.IBV_ODP_SUPPORT_READ | e.IBV_ODP_SUPPORT_ATOMIC | e.IBV_ODP_SUPPORT_SRQ_RECV)
+    uc = e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV | e.IBV_ODP_SUPPORT_WRITE
+    ud = e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV
+    return ODPCaps(general_caps=int(e.IBV_ODP_SUPPORT | e.IBV_ODP_SUPPORT_IMPLICIT),
+                   rc_odp_caps=int(rc), uc_odp_caps=int(uc),
+                   ud_odp_caps=int(ud), xrc_odp_caps=int(rc))
+
+
 DEVICE_CAP_FLAGS = (e.IBV_DEVICE_BAD_PKEY_CNTR | e.IBV_DEVICE_BAD_QKEY_CNTR |
                     e.IBV_DEVICE_CURR_QP_STATE_MOD | e.IBV_DEVICE_PORT_ACTIVE_EVENT |
                     e.IBV_DEVICE_SYS_IMAGE_GUID | e.IBV_DEVICE_RC_RNR_NAK_GEN |
-                    e.IBV_DEVICE_SRQ_RESIZE)
+                    e.IBV_DEVICE_SRQ_RESIZE | e.IBV_DEVICE_MEM_WINDOW |
+                    e.IBV_DEVICE_MEM_WINDOW_TYPE_2B | e.IBV_DEVICE_XRC)
 
 
 class DeviceAttr(_Attrs):
@@ -477,6 +521,9 @@ class AsyncEvent(PyverbsObject):
         return '{:<24}: {:<20}\n'.format('Event Type', translate_event_type(self._event_type))
 
 
+_CMD_FDS: dict = {}        # (st_dev, st_ino) of a context's command fd -> its device name
+
+
 class AllocDmAttr(PyverbsObject):
     def __init__(self, length, log_align_req=0, comp_mask=0):
         super().__init__()
@@ -486,12 +533,86 @@ class AllocDmAttr(PyverbsObject):
 
 
 class DM(PyverbsCM):
-    """Device memory: softnic has none (max_dm_size is 0), as pyverbs then reports."""
+    """Device memory (ibv_alloc_dm): memory on the NIC, emulated as a buffer the device
+    owns (max_dm_size bytes per device); read and written with copy_from_dm / copy_to_dm
+    in 4-byte words, and reached by the wire through a zero-based DMMR over it."""
 
     def __init__(self, context, dm_attr=None, **kwargs):
         super().__init__()
         self._closed = True
-        raise PyverbsUserError("Device doesn't support dm allocation")
+        self.dm_mrs = weakref.WeakSet()
+        self._is_imported = False
+        context._check()
+        self._nic = context._nic
+        handle = kwargs.get('handle')
+        if handle is not None:
+            self._edm = self._nic.dev.keys.dm.by_handle.get(handle)
+            if self._edm is None:
+                raise PyverbsRDMAError('Failed to import DM', errno.EINVAL)
+            self._is_imported = True
+        else:
+            max_size = self._nic.dev.keys.dm.size
+            if dm_attr is None:
+                raise PyverbsUserError('DM needs an AllocDmAttr')
+            msg = (f'Failed to allocate device memory of size {dm_attr.length}. Max available '
+                   f'size {max_size}.')
+            if dm_attr.length > max_size:
+                raise PyverbsRDMAError(msg, errno.ENOMEM)
+            # no engine lock: the pool is the device's own, and a forked child allocates too
+            try:
+                self._edm = self._nic.dev.keys.dm.alloc(int(dm_attr.length),
+                                                       int(dm_attr.log_align_req),
+                                                       int(dm_attr.comp_mask))
+            except VerbsError as ex:
+                raise PyverbsRDMAError(msg, ex.errno) from None
+        self.context = context
+        self._closed = False
+        context.dms.add(self)
+
+    def unimport(self):
+        self.close()
+
+    def close(self):
+        if self._closed:
+            return
+        self.logger.debug('Closing DM')
+        close_weakrefs([self.dm_mrs])
+        self._closed = True
+        if not self._is_imported:
+            try:
+                self._edm.pool.free(self._edm)
+            except VerbsError as ex:
+                raise PyverbsRDMAError('Failed to free dm', ex.errno) from None
+        self.context = None
+
+    def add_ref(self, obj):
+        self.dm_mrs.add(obj)
+
+    def copy_to_dm(self, dm_offset, data, length):
+        if self._closed:
+            raise PyverbsRDMAError('Failed to copy to dm', errno.EINVAL)
+        if isinstance(data, str):
+            data = data.encode()
+        data = bytes(memoryview(data).cast('B')[:length]).ljust(length, b'\0')
+        try:
+            self._edm.copy_to(int(dm_offset), data)
+        except VerbsError as ex:
+            raise PyverbsRDMAError('Failed to copy to dm', ex.errno) from None
+
+    def copy_from_dm(self, dm_offset, length):
+        if self._closed:
+            raise PyverbsRDMAError('Failed to copy from dm', errno.EINVAL)
+        try:
+            return self._edm.copy_from(int(dm_offset), int(length))
+        except VerbsError as ex:
+            raise PyverbsRDMAError('Failed to copy from dm', ex.errno) from None
+
+    def export_dmabuf_fd(self):
+        raise PyverbsRDMAError('Failed to export dmabuf FD for DM', errno.EOPNOTSUPP)
+
+    @property
+    def handle(self):
+        return self._edm.handle
 
 
 def translate_gid_type(gid_type):

@@ -541,6 +541,7 @@ class ibv_read_counters_flags(IntFlag):
 @_export
 class ibv_cq_init_attr_mask(IntFlag):
     IBV_CQ_INIT_ATTR_MASK_FLAGS = 1 << 0
+    IBV_CQ_INIT_ATTR_MASK_PD = 1 << 1
 
 
 @_export

@@ -39,13 +39,6 @@ class MR(PyverbsCM):
         if kwargs.get('handle') is not None:
             raise PyverbsRDMAError('Failed to import MR: not supported by softnic',
                                    errno.EOPNOTSUPP)
-        if implicit:
-            raise PyverbsRDMAError('Failed to register an implicit MR: softnic has no ODP',
-                                   errno.EOPNOTSUPP)
-        if access & e.IBV_ACCESS_ON_DEMAND:
-            raise PyverbsRDMAError(f'Failed to register a MR. length: {length}, access flags: '
-                                   f'{access}: the device has no on-demand paging',
-                                   errno.EOPNOTSUPP)
         self.is_huge = bool(access & e.IBV_ACCESS_HUGETLB)
         self.is_user_addr = bool(address)
         if address:
@@ -55,9 +48,14 @@ class MR(PyverbsCM):
         self._length = length
         self._nic = creator._nic
         try:
-            self._emr = engine_call(
-                self._nic, f'Failed to register a MR. length: {length}, access flags: {access}',
-                self._nic.dev.reg_mr, creator._epd, self._buf, length, int(access))
+            msg = f'Failed to register a MR. length: {length}, access flags: {access}'
+            if implicit:      # ibv_reg_mr(pd, NULL, SIZE_MAX, access): the whole address space
+                self._emr = engine_call(self._nic, msg, self._nic.dev.keys.register_implicit,
+                                        creator._epd, int(access))
+            else:
+                self._emr = engine_call(
+                    self._nic, msg, self._nic.dev.reg_mr, creator._epd, self._buf, length,
+                    int(access) & ~int(e.IBV_ACCESS_ON_DEMAND))  # never pinned: always ODP
         except PyverbsRDMAError:
             self._release_buffer()
             raise
@@ -126,7 +124,27 @@ class MR(PyverbsCM):
         return ctypes.string_at(self._buf + offset, length)
 
     def rereg(self, flags, pd=None, addr=0, length=0, access=0):
-        raise PyverbsRDMAError('Failed to rereg MR: not supported by softnic', errno.EOPNOTSUPP)
+        """ibv_rereg_mr: change the translation, the PD and/or the access in place (the
+        lkey and rkey stay)."""
+        if self._closed:
+            raise PyverbsError('MR is closed')
+        if flags & e.IBV_REREG_MR_CHANGE_PD:
+            from .pd import PD
+            if not isinstance(pd, PD) or pd._closed:
+                raise PyverbsRDMAError('Failed to rereg MR: IBV_REREG_MR_ERR_INPUT',
+                                       errno.EINVAL)
+        engine_call(self._nic, 'Failed to rereg MR: IBV_REREG_MR_ERR_INPUT',
+                    self._nic.dev.keys.rereg, self._emr, int(flags),
+                    pd._epd if pd is not None else None, int(addr), int(length), int(access))
+        if flags & e.IBV_REREG_MR_CHANGE_TRANSLATION:
+            self._release_buffer()
+            self._buf = int(addr)
+            self._length = int(length)
+            self.is_user_addr = True
+        if flags & e.IBV_REREG_MR_CHANGE_PD:
+            self.pd.remove_ref(self)
+            self.pd = pd
+            pd.add_ref(self)
 
     @property
     def buf(self):
@@ -161,6 +179,12 @@ class MWBindInfo(PyverbsCM):
         self.mr = mr
         self._addr, self._length, self._flags = addr, length, mw_access_flags
 
+    def _engine(self, mw, new_rkey):
+        from softnic.core.memory import MWBind as _EngineBind
+        lkey = self.mr.lkey if self.mr is not None else 0
+        return _EngineBind(mw_rkey=mw.rkey, rkey=new_rkey, mr_lkey=lkey, addr=int(self._addr),
+                           length=int(self._length), access=int(self._flags))
+
     @property
     def mw_access_flags(self):
         return self._flags
@@ -181,24 +205,82 @@ class MWBind(PyverbsCM):
 
 
 class MW(PyverbsCM):
-    """Memory windows: softnic has none (IBV_DEVICE_MEM_WINDOW is not reported)."""
+    """A memory window of type 1 (bound with QP.bind_mw) or 2 (bound by an IBV_WR_BIND_MW
+    work request, freed by LOCAL_INV or SEND_WITH_INV)."""
 
     def __init__(self, pd, mw_type):
         super().__init__()
         self._closed = True
-        raise PyverbsRDMAError('Failed to allocate MW: softnic has no memory windows',
-                               errno.EOPNOTSUPP)
+        from .pd import PD
+        if not isinstance(pd, PD):
+            raise PyverbsUserError('MW needs a PD')
+        pd._check()
+        self._nic = pd._nic
+        self._emw = engine_call(self._nic, 'Failed to allocate MW',
+                                self._nic.dev.keys.alloc_mw, pd._epd, int(mw_type))
+        self._rkey = self._emw.rkey          # the rkey as the consumer knows it (struct ibv_mw)
+        self._type = int(mw_type)
+        self.pd = pd
+        self._closed = False
+        pd.add_ref(self)
+        self.logger.debug(f'Allocated memory window of type {mwtype2str(mw_type)}')
+
+    def close(self):
+        if self._closed:
+            return
+        self.logger.debug('Closing MW')
+        self._closed = True
+        engine_call(self._nic, 'Failed to dealloc MW', self._nic.dev.keys.dealloc_mw, self._emw)
+        self.pd = None
+
+    @property
+    def handle(self):
+        return self._emw.rkey >> 8
+
+    @property
+    def rkey(self):
+        return self._rkey
+
+    @property
+    def type(self):
+        return self._type
+
+    def __str__(self):
+        f = '{:22}: {:<20}\n'
+        return ('MW:\n' + f.format('Rkey', self.rkey) + f.format('Handle', self.handle) +
+                f.format('MW Type', mwtype2str(self.type)))
 
 
 class DMMR(MR):
-    """An MR over device memory: softnic has no device memory."""
+    """ibv_reg_dm_mr: an MR over ``length`` bytes of device memory from ``offset``,
+    zero-based (``buf`` is 0: peers and SGEs address it by offset)."""
 
     def __init__(self, pd, length, access, dm, offset):
         PyverbsObject.__init__(self)
         self._closed = True
         self._owned = None
-        raise PyverbsRDMAError('Failed to register a device MR: softnic has no device memory',
-                               errno.EOPNOTSUPP)
+        self._buf = 0
+        from .pd import PD
+        if not isinstance(pd, PD) or dm is None or dm._closed:
+            raise PyverbsRDMAError(f'Failed to register a device MR. length: {length}, access '
+                                   f'flags: {access}', errno.EINVAL)
+        pd._check()
+        self._nic = pd._nic
+        self._emr = engine_call(self._nic, f'Failed to register a device MR. length: {length}, '
+                                f'access flags: {access}', self._nic.dev.keys.reg_dm_mr,
+                                pd._epd, dm._edm, int(offset), int(length), int(access))
+        self._length = int(length)
+        self.is_huge = self.is_user_addr = False
+        self.pd, self.dm, self._offset = pd, dm, int(offset)
+        self._closed = False
+        pd.add_ref(self)
+        dm.add_ref(self)
+
+    def write(self, data, length, offset=0):
+        return self.dm.copy_to_dm(offset, data, length)
+
+    def read(self, length, offset):
+        return self.dm.copy_from_dm(offset, length)
 
 
 def mwtype2str(mw_type):

@@ -72,6 +72,23 @@ class PD(PyverbsCM):
         for s in (self.mrs, self.mws, self.ahs, self.qps, self.srqs):
             s.discard(obj)
 
+    def advise_mr(self, advice, flags, sg_list):
+        """ibv_advise_mr: prefetch has nothing to do (the memory is this process's own and
+        never pinned); each SGE must still name an MR of this PD that covers it."""
+        self._check()
+        if advice not in (e._IBV_ADVISE_MR_ADVICE_PREFETCH,
+                          e._IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+                          e._IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT):
+            raise PyverbsRDMAError('Advise MR failed', errno.EOPNOTSUPP)
+        if flags & ~e._IBV_ADVISE_MR_FLAG_FLUSH:
+            raise PyverbsRDMAError('Advise MR failed', errno.EINVAL)
+        keys = self._nic.dev.keys
+        for sge in sg_list:
+            mr = keys.lookup(sge.lkey)
+            if mr is None or mr.pd is not self._epd or not mr.valid or \
+                    sge.addr < mr.addr or sge.addr + sge.length > mr.addr + mr.length:
+                raise PyverbsRDMAError('Advise MR failed', errno.EINVAL)
+
     @property
     def handle(self):
         return self._epd.handle

@@ -119,6 +119,8 @@ class SendWR(PyverbsCM):
         self._rdma = (0, 0)                 # remote_addr, rkey
         self._atomic = (0, 0, 0, 0)         # remote_addr, rkey, compare_add, swap
         self._ud = None                     # (AH, remote_qpn, remote_qkey)
+        self._bind = None                   # (MW, new rkey, MWBindInfo)
+        self._xrc_srqn = 0                  # XRC: the remote XRC SRQ number
 
     def close(self):
         pass
@@ -159,6 +161,16 @@ class SendWR(PyverbsCM):
         value for FETCH_AND_ADD, the compare value for CMP_AND_SWP)."""
         self._atomic = (addr, rkey, compare_add, swap)
 
+    def set_bind_wr(self, mw, bind_info):
+        """The window and range an IBV_WR_BIND_MW binds; the new rkey is the window's
+        with the next key byte (``rkey`` reads it)."""
+        from .base import inc_rkey
+        self._bind = (mw, inc_rkey(mw.rkey), bind_info)
+
+    @property
+    def rkey(self):
+        return self._bind[1] if self._bind is not None else 0
+
     def set_qp_type_xrc(self, remote_srqn):
         self._xrc_srqn = remote_srqn
 
@@ -177,10 +189,14 @@ class SendWR(PyverbsCM):
         if self._ud is not None:
             ah_obj, qpn, qkey = self._ud
             ah = ah_obj._engine
+        bind = None
+        if op == e.IBV_WR_BIND_MW and self._bind is not None:
+            mw, new_rkey, info = self._bind
+            bind = info._engine(mw, new_rkey)
         return _EngineSendWR(self.wr_id, op, self._sges[:self.num_sge], self.send_flags,
                              imm_data=imm, invalidate_rkey=inv, remote_addr=raddr, rkey=rkey,
                              compare_add=cmp_add, swap=swap, ah=ah, remote_qpn=qpn or 0,
-                             remote_qkey=qkey or 0)
+                             remote_qkey=qkey or 0, bind=bind, xrc_srqn=self._xrc_srqn)
 
     def _copy_from(self, other):
         self.__dict__.update({k: v for k, v in other.__dict__.items() if k != '_logger'})

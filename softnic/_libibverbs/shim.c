@@ -174,6 +174,13 @@ static int sn_vctx_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
 static int sn_vctx_query_rt_values(struct ibv_context *ctx, struct ibv_values_ex *values);
 static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
                              struct ibv_sge *sg_list, uint32_t num_sges);
+static void sn_mw_ops(struct ibv_context *c);
+static void sn_dm_ops(struct verbs_context *v);
+static void sn_xrc_ops(struct verbs_context *v);
+static void sn_pd_ops(struct verbs_context *v);
+static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *attr);
+static struct ibv_srq *sn_new_xrc_srq(struct ibv_srq_init_attr_ex *attr);
+static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr);
 
 /* What every op softnic does not provide answers, as rdma-core's dummy ops
  * (libibverbs/dummy_ops.c) do: an int op returns EOPNOTSUPP; an op that returns an
@@ -288,6 +295,11 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     c->ops._compat_query_device = ibv_query_device;
     c->ops._compat_query_port = ibv_query_port;
     sn_fill_unsupported_ops(v);
+    /* what softnic implements beyond the core ops, over the refusing defaults */
+    sn_mw_ops(c);
+    sn_dm_ops(v);
+    sn_xrc_ops(v);
+    sn_pd_ops(v);
     c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     c->num_comp_vectors = 1;
@@ -370,6 +382,7 @@ static int sn_vctx_query_device_ex(struct ibv_context *ctx,
     full.odp_caps.per_transport_caps.uc_odp_caps =
         IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE;
     full.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
+    sn_dm_caps(ctx, &full);
     full.completion_timestamp_mask = ~0ULL;
     full.hca_core_clock = 1000000;       /* kHz: completion timestamps are nanoseconds */
     memcpy(attr, &full, attr_size < sizeof(full) ? attr_size : sizeof(full));
@@ -576,42 +589,36 @@ SN_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t l
     return ibv_reg_mr_iova2(pd, addr, length, iova, access);
 }
 
-/* Re-registration makes a new registration (new keys) and drops the old one. */
+/* Re-registration in place: the engine changes the MR's translation, PD and/or access and
+ * keeps its keys (a peer holding the rkey keeps it). */
 SN_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr,
                            size_t length, int access)
 {
-    uint32_t h, lkey, rkey;
     if (flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
-                  IBV_REREG_MR_CHANGE_ACCESS))
-        return IBV_REREG_MR_ERR_INPUT;
-    struct ibv_pd *npd = (flags & IBV_REREG_MR_CHANGE_PD) ? pd : mr->pd;
-    void *naddr = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? addr : mr->addr;
-    size_t nlen = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? length : mr->length;
-    unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
-        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
-    if (!npd) {
+                  IBV_REREG_MR_CHANGE_ACCESS) || !flags) {
         errno = EINVAL;
         return IBV_REREG_MR_ERR_INPUT;
     }
-    int err = sn_reg_mr(npd->handle, (uint64_t)(uintptr_t)naddr, nlen, naccess, &h, &lkey,
-                        &rkey);
+    if ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
+        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
+    int err = sn_rereg_mr(mr->handle, flags, (flags & IBV_REREG_MR_CHANGE_PD) ? pd->handle : 0,
+                          (uint64_t)(uintptr_t)addr, length, naccess);
     if (err) {
         errno = err;
         return IBV_REREG_MR_ERR_INPUT;
     }
-    err = sn_dereg_mr(mr->handle);
-    if (err) {
-        sn_dereg_mr(h);
-        errno = err;
-        return IBV_REREG_MR_ERR_CMD;
+    if (flags & IBV_REREG_MR_CHANGE_PD) {
+        mr->pd = pd;
+        mr->context = pd->context;
     }
-    mr->pd = npd;
-    mr->context = npd->context;
-    mr->addr = naddr;
-    mr->length = nlen;
-    mr->handle = h;
-    mr->lkey = lkey;
-    mr->rkey = rkey;
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        mr->addr = addr;
+        mr->length = length;
+    }
     ((struct sn_mr *)mr)->access = naccess;
     return 0;
 }
@@ -1026,6 +1033,8 @@ static struct ibv_srq *sn_vctx_create_srq_ex(struct ibv_context *ctx,
     (void)ctx;
     if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD))
         return sn_fail_ptr(EINVAL);
+    if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type == IBV_SRQT_XRC)
+        return sn_new_xrc_srq(attr);
     if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC)
         return sn_fail_ptr(EOPNOTSUPP);
     return sn_new_srq(attr->pd, attr->srq_context, &attr->attr);
@@ -1033,8 +1042,7 @@ static struct ibv_srq *sn_vctx_create_srq_ex(struct ibv_context *ctx,
 
 static int sn_vctx_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num)
 {
-    *srq_num = srq->handle;
-    return 0;
+    return sn_srq_num(srq->handle, srq_num);     /* the number an XRCETH names */
 }
 
 SN_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int attr_mask)
@@ -1076,10 +1084,12 @@ static void sn_qpx_install(struct sn_qp *s);
 /* the ibv_wr_* builders softnic posts, per QP type (send_ops_flags) */
 #define SN_UD_SEND_OPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
 #define SN_UC_SEND_OPS (SN_UD_SEND_OPS | IBV_QP_EX_WITH_RDMA_WRITE | \
-                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND_WITH_INV)
+                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND_WITH_INV | \
+                        IBV_QP_EX_WITH_BIND_MW)
 #define SN_RC_SEND_OPS (SN_UC_SEND_OPS | IBV_QP_EX_WITH_RDMA_READ | \
                         IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
-                        IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV)
+                        IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | \
+                        IBV_QP_EX_WITH_ATOMIC_WRITE)
 
 static struct ibv_qp *sn_new_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a, int is_ex)
 {
@@ -1140,7 +1150,8 @@ SN_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
     memcpy(&a, attr, sizeof(*attr));
     a.comp_mask = IBV_QP_INIT_ATTR_PD;
     a.pd = pd;
-    struct ibv_qp *qp = sn_new_qp(pd, &a, 0);
+    struct ibv_qp *qp = a.qp_type == IBV_QPT_XRC_SEND ? sn_new_xrc_qp(&a)   /* an initiator */
+                                                     : sn_new_qp(pd, &a, 0);
     if (qp)
         attr->cap = a.cap;
     return qp;
@@ -1149,11 +1160,19 @@ SN_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
                                            struct ibv_qp_init_attr_ex *attr)
 {
+    if (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV)
+        return sn_new_xrc_qp(attr);
     (void)ctx;
     uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
                      IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd)
         return sn_fail_ptr(EINVAL);
+    /* creation flags and a TSO header are accepted when they ask for nothing */
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
+        return sn_fail_ptr(EOPNOTSUPP);
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header)
+        return sn_fail_ptr(EOPNOTSUPP);
+    known |= IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_MAX_TSO_HEADER;
     if (attr->comp_mask & ~known)
         return sn_fail_ptr(EOPNOTSUPP);
     if ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
@@ -1268,8 +1287,17 @@ SN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
     return 0;
 }
 
+static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr);
+static void sn_wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
+                          const struct ibv_mw_bind_info *info);
+static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
+                               const void *atomic_wr);
+static void sn_wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t remote_srqn);
+
 static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
 {
+    if (wr->opcode == IBV_WR_BIND_MW)
+        return sn_post_bind_mw(qp, wr);
     struct sn_send_wr s;
     memset(&s, 0, sizeof(s));
     s.wr_id = wr->wr_id;
@@ -1298,6 +1326,8 @@ static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
     default:
         break;
     }
+    if (qp->qp_type == IBV_QPT_XRC_SEND)      /* the remote XRC SRQ, carried in remote_qpn */
+        s.remote_qpn = wr->qp_type.xrc.remote_srqn;
     if (qp->qp_type == IBV_QPT_UD) {
         s.ah = wr->wr.ud.ah ? wr->wr.ud.ah->handle : 0;
         s.remote_qpn = wr->wr.ud.remote_qpn;
@@ -1367,6 +1397,8 @@ static struct sn_pending *sn_wr_cur(struct ibv_qp_ex *q)
     return &s->pend[s->npend - 1];
 }
 
+static int sn_post_pending_bind(struct ibv_qp_ex *q, struct sn_send_wr *w);
+
 static void sn_wr_start(struct ibv_qp_ex *q)
 {
     struct sn_qp *s = to_sqp(q);
@@ -1383,7 +1415,9 @@ static int sn_wr_complete(struct ibv_qp_ex *q)
     struct sn_qp *s = to_sqp(q);
     int err = s->wr_err;
     for (int i = 0; i < s->npend && !err; i++)
-        err = sn_post_send(q->qp_base.handle, &s->pend[i].wr);
+        err = s->pend[i].wr.opcode == IBV_WR_BIND_MW ? sn_post_pending_bind(q, &s->pend[i].wr)
+                                                     : sn_post_send(q->qp_base.handle,
+                                                                    &s->pend[i].wr);
     sn_wr_start(q);
     return err;
 }
@@ -1521,9 +1555,9 @@ static void sn_wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length
     sn_wr_set_inline_data_list(q, 1, &b);
 }
 
-/* A builder softnic does not provide (wr_bind_mw, wr_send_tso, wr_set_xrc_srqn,
- * wr_atomic_write, and those of later headers): the WR list fails at wr_complete
- * with EOPNOTSUPP and nothing of it is posted. */
+/* A builder softnic does not provide (wr_send_tso, wr_set_xrc_srqn, wr_atomic_write,
+ * and those of later headers): the WR list fails at wr_complete with EOPNOTSUPP and
+ * nothing of it is posted. */
 static void sn_wr_unsupported(struct ibv_qp_ex *q)
 {
     to_sqp(q)->wr_err = EOPNOTSUPP;
@@ -1532,7 +1566,6 @@ static void sn_wr_unsupported(struct ibv_qp_ex *q)
 static void sn_qpx_install(struct sn_qp *s)
 {
     struct ibv_qp_ex *q = &s->qpx;
-    q->wr_bind_mw = (void *)sn_wr_unsupported;
     q->wr_send_tso = (void *)sn_wr_unsupported;
     q->wr_set_xrc_srqn = (void *)sn_wr_unsupported;
     q->wr_atomic_write = (void *)sn_wr_unsupported;
@@ -1550,6 +1583,9 @@ static void sn_qpx_install(struct sn_qp *s)
     q->wr_send_imm = sn_wr_send_imm;
     q->wr_send_inv = sn_wr_send_inv;
     q->wr_local_inv = sn_wr_local_inv;
+    q->wr_bind_mw = sn_wr_bind_mw;
+    q->wr_atomic_write = sn_wr_atomic_write;
+    q->wr_set_xrc_srqn = sn_wr_set_xrc_srqn;
     q->wr_set_ud_addr = sn_wr_set_ud_addr;
     q->wr_set_sge = sn_wr_set_sge;
     q->wr_set_sge_list = sn_wr_set_sge_list;
@@ -1727,4 +1763,376 @@ SN_EXPORT int ibv_read_ibdev_sysfs_file(char *buf, size_t size, struct ibv_devic
     (void)buf; (void)size; (void)dev; (void)fnfmt;
     errno = ENOENT;
     return -1;
+}
+
+/* ------------------------------------------------------------------ memory windows
+ * Type 1 is bound by ibv_bind_mw and type 2 by an IBV_WR_BIND_MW work request; both are a
+ * BIND_MW in the send queue, checked by the engine as rxe checks them (a refused bind
+ * completes with IBV_WC_MW_BIND_ERR). */
+
+static struct ibv_mw *sn_op_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+    uint32_t h, rkey;
+    int err = sn_alloc_mw(pd->handle, (int)type, &h, &rkey);
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_mw *mw = calloc(1, sizeof(*mw));
+    if (!mw) {
+        sn_dealloc_mw(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    mw->context = pd->context;
+    mw->pd = pd;
+    mw->rkey = rkey;
+    mw->handle = h;
+    mw->type = type;
+    return mw;
+}
+
+static int sn_op_dealloc_mw(struct ibv_mw *mw)
+{
+    int err = sn_dealloc_mw(mw->handle);
+    if (!err)
+        free(mw);
+    return err;
+}
+
+static int sn_bind(struct ibv_qp *qp, uint64_t wr_id, unsigned int flags, struct ibv_mw *mw,
+                   uint32_t rkey, const struct ibv_mw_bind_info *info)
+{
+    if (!mw || !info || (!info->mr && info->length))
+        return EINVAL;
+    return sn_bind_mw(qp->handle, wr_id, flags, mw->rkey, rkey, info->mr ? info->mr->lkey : 0,
+                      info->addr, info->length, info->mw_access_flags);
+}
+
+static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr)
+{
+    return sn_bind(qp, wr->wr_id, wr->send_flags, wr->bind_mw.mw, wr->bind_mw.rkey,
+                   &wr->bind_mw.bind_info);
+}
+
+/* ibv_bind_mw (type 1): posted like rxe's provider posts it; the window's rkey moves to the
+ * next key byte when the bind is queued. */
+static int sn_op_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind)
+{
+    if (!mw || !bind || mw->type != IBV_MW_TYPE_1)
+        return EINVAL;
+    uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    int err = sn_bind(qp, bind->wr_id, bind->send_flags, mw, rkey, &bind->bind_info);
+    if (!err)
+        mw->rkey = rkey;
+    return err;
+}
+
+static void sn_mw_ops(struct ibv_context *c)
+{
+    c->ops.alloc_mw = sn_op_alloc_mw;
+    c->ops.dealloc_mw = sn_op_dealloc_mw;
+    c->ops.bind_mw = sn_op_bind_mw;
+}
+
+/* ibv_wr_bind_mw: a pending BIND_MW keeps its fields in the pending WR's record (window's
+ * rkey in invalidate_rkey, new rkey in rkey, MR lkey in imm_data, range in remote_addr and
+ * compare_add, access in swap) until ibv_wr_complete posts it. */
+static void sn_wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
+                          const struct ibv_mw_bind_info *info)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_BIND_MW);
+    if (!p)
+        return;
+    if (!mw || !info || (!info->mr && info->length)) {
+        to_sqp(q)->wr_err = EINVAL;
+        return;
+    }
+    p->wr.invalidate_rkey = mw->rkey;
+    p->wr.rkey = rkey;
+    p->wr.imm_data = info->mr ? info->mr->lkey : 0;
+    p->wr.remote_addr = info->addr;
+    p->wr.compare_add = info->length;
+    p->wr.swap = info->mw_access_flags;
+}
+
+static int sn_post_pending_bind(struct ibv_qp_ex *q, struct sn_send_wr *w)
+{
+    return sn_bind_mw(q->qp_base.handle, w->wr_id, w->send_flags, w->invalidate_rkey, w->rkey,
+                      w->imm_data, w->remote_addr, w->compare_add, (unsigned int)w->swap);
+}
+
+/* ------------------------------------------------------------------ device memory
+ * Emulated NIC-side memory: a buffer the device owns (its address comes from the engine),
+ * written and read only in 4-byte words through ibv_memcpy_to/from_dm (as mlx5), reached by
+ * the wire through a zero-based MR over it. */
+
+struct sn_dm {
+    struct ibv_dm dm;
+    uint8_t *buf;
+    uint64_t length;
+};
+
+static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr)
+{   /* the caps of device memory (and of XRC's ODP), set after the rest */
+    uint64_t size = 0;
+    if (!sn_dm_size(ctx_handle(ctx), &size))
+        attr->max_dm_size = size;
+    /* an implicit MR reaches any address the process's mapping allows */
+    attr->odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
+    /* XRC reaches memory as RC does: on demand, never pinned */
+    attr->xrc_odp_caps = attr->odp_caps.per_transport_caps.rc_odp_caps;
+}
+
+static int sn_dm_range(struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+    struct sn_dm *d = (struct sn_dm *)dm;
+    if ((offset & 3) || (length & 3) || offset > d->length || length > d->length - offset)
+        return EINVAL;
+    return 0;
+}
+
+static int sn_memcpy_to_dm(struct ibv_dm *dm, uint64_t offset, const void *host, size_t length)
+{
+    int err = sn_dm_range(dm, offset, length);
+    if (!err && length)
+        memcpy(((struct sn_dm *)dm)->buf + offset, host, length);
+    return err;
+}
+
+static int sn_memcpy_from_dm(void *host, struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+    int err = sn_dm_range(dm, offset, length);
+    if (!err && length)
+        memcpy(host, ((struct sn_dm *)dm)->buf + offset, length);
+    return err;
+}
+
+static struct ibv_dm *sn_vctx_alloc_dm(struct ibv_context *ctx, struct ibv_alloc_dm_attr *attr)
+{
+    uint32_t h;
+    uint64_t addr;
+    if (!attr)
+        return sn_fail_ptr(EINVAL);
+    int err = sn_alloc_dm(ctx_handle(ctx), attr->length, attr->log_align_req, attr->comp_mask,
+                          &h, &addr);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_dm *d = calloc(1, sizeof(*d));
+    if (!d) {
+        sn_free_dm(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    d->dm.context = ctx;
+    d->dm.memcpy_to_dm = sn_memcpy_to_dm;
+    d->dm.memcpy_from_dm = sn_memcpy_from_dm;
+    d->dm.handle = h;
+    d->buf = (uint8_t *)(uintptr_t)addr;
+    d->length = attr->length;
+    return &d->dm;
+}
+
+static int sn_vctx_free_dm(struct ibv_dm *dm)
+{
+    int err = sn_free_dm(dm->handle);
+    if (!err)
+        free(dm);
+    return err;
+}
+
+static struct ibv_mr *sn_vctx_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset,
+                                        size_t length, unsigned int access)
+{
+    uint32_t h, lkey, rkey;
+    if (!dm)
+        return sn_fail_ptr(EINVAL);
+    int err = sn_reg_dm_mr(pd->handle, dm->handle, offset, length, access, &h, &lkey, &rkey);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_mr *smr = calloc(1, sizeof(*smr));
+    if (!smr) {
+        sn_dereg_mr(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    smr->access = access;
+    struct ibv_mr *mr = &smr->mr;
+    mr->context = pd->context;
+    mr->pd = pd;
+    mr->addr = NULL;                /* zero-based */
+    mr->length = length;
+    mr->handle = h;
+    mr->lkey = lkey;
+    mr->rkey = rkey;
+    return mr;
+}
+
+static void sn_dm_ops(struct verbs_context *v)
+{
+    v->alloc_dm = sn_vctx_alloc_dm;
+    v->free_dm = sn_vctx_free_dm;
+    v->reg_dm_mr = sn_vctx_reg_dm_mr;
+}
+
+/* ibv_wr_atomic_write: 8 bytes placed as one (rxe since Linux 6.2); the pending WR keeps
+ * them in its swap field until ibv_wr_complete posts it. */
+static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
+                               const void *atomic_wr)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_ATOMIC_WRITE);
+    if (!p)
+        return;
+    if (!atomic_wr) {
+        to_sqp(q)->wr_err = EINVAL;
+        return;
+    }
+    p->wr.rkey = rkey;
+    p->wr.remote_addr = addr;
+    memcpy(&p->wr.swap, atomic_wr, 8);
+}
+
+/* ------------------------------------------------------------------ XRC
+ * XRC domains (one per file on a device, shared by its openers), XRC SRQs, and XRC
+ * initiator and target QPs: RC inside the engine, whose packets it turns into XRC ones
+ * (the XRC opcodes, the XRCETH naming the remote XRC SRQ). */
+
+struct sn_xrcd {
+    struct ibv_xrcd xrcd;
+    uint32_t handle;
+};
+
+static inline uint32_t xrcd_handle(struct ibv_xrcd *x) { return ((struct sn_xrcd *)x)->handle; }
+
+static struct ibv_xrcd *sn_vctx_open_xrcd(struct ibv_context *ctx,
+                                          struct ibv_xrcd_init_attr *attr)
+{
+    uint32_t h;
+    if (!attr || (attr->comp_mask & ~(IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS)))
+        return sn_fail_ptr(EINVAL);
+    int fd = (attr->comp_mask & IBV_XRCD_INIT_ATTR_FD) ? attr->fd : -1;
+    int oflags = (attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) ? attr->oflags : 0;
+    int err = sn_open_xrcd(ctx_handle(ctx), fd, oflags, &h);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_xrcd *x = calloc(1, sizeof(*x));
+    if (!x) {
+        sn_close_xrcd(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    x->xrcd.context = ctx;
+    x->handle = h;
+    return &x->xrcd;
+}
+
+static int sn_vctx_close_xrcd(struct ibv_xrcd *xrcd)
+{
+    int err = sn_close_xrcd(xrcd_handle(xrcd));
+    if (!err)
+        free(xrcd);
+    return err;
+}
+
+static struct ibv_srq *sn_new_xrc_srq(struct ibv_srq_init_attr_ex *attr)
+{
+    uint32_t need = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    if ((attr->comp_mask & need) != need || !attr->pd || !attr->xrcd || !attr->cq)
+        return sn_fail_ptr(EINVAL);
+    struct ibv_srq *srq = sn_new_srq(attr->pd, attr->srq_context, &attr->attr);
+    if (!srq)
+        return NULL;
+    int err = sn_make_xrc_srq(srq->handle, xrcd_handle(attr->xrcd), attr->cq->handle);
+    if (err) {
+        ibv_destroy_srq(srq);
+        return sn_fail_ptr(err);
+    }
+    return srq;
+}
+
+static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *a)
+{
+    int tgt = a->qp_type == IBV_QPT_XRC_RECV;
+    struct sn_qp_cap cap;
+    uint32_t h, qpn, xh = 0;
+    if (tgt ? !(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd
+            : !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq)
+        return sn_fail_ptr(EINVAL);
+    if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+        (tgt || (a->send_ops_flags & ~(uint64_t)(SN_RC_SEND_OPS & ~IBV_QP_EX_WITH_BIND_MW))))
+        return sn_fail_ptr(EOPNOTSUPP);
+    if (tgt)
+        xh = xrcd_handle(a->xrcd);
+    struct sn_qp *s = calloc(1, sizeof(*s));
+    if (!s)
+        return sn_fail_ptr(ENOMEM);
+    memset(&cap, 0, sizeof(cap));
+    cap.max_send_wr = a->cap.max_send_wr;
+    cap.max_send_sge = a->cap.max_send_sge;
+    cap.max_inline_data = a->cap.max_inline_data;
+    int err = sn_create_xrc_qp(tgt ? 0 : a->pd->handle, xh, tgt, tgt ? 0 : a->send_cq->handle,
+                               &cap, a->sq_sig_all, s, &h, &qpn);
+    if (err) {
+        free(s);
+        return sn_fail_ptr(err);
+    }
+    a->cap.max_send_wr = tgt ? 0 : cap.max_send_wr;
+    a->cap.max_send_sge = tgt ? 0 : cap.max_send_sge;
+    a->cap.max_recv_wr = a->cap.max_recv_sge = 0;
+    a->cap.max_inline_data = cap.max_inline_data;
+    struct ibv_qp *qp = &s->qpx.qp_base;
+    qp->context = tgt ? a->xrcd->context : a->pd->context;
+    qp->qp_context = a->qp_context;
+    qp->pd = tgt ? NULL : a->pd;
+    qp->send_cq = tgt ? NULL : a->send_cq;
+    qp->handle = h;
+    qp->qp_num = qpn;
+    qp->state = IBV_QPS_RESET;
+    qp->qp_type = a->qp_type;
+    pthread_mutex_init(&qp->mutex, NULL);
+    pthread_cond_init(&qp->cond, NULL);
+    s->is_ex = !tgt && (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+    if (s->is_ex)
+        sn_qpx_install(s);
+    return qp;
+}
+
+static void sn_wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t remote_srqn)
+{
+    struct sn_pending *p = sn_wr_cur(q);
+    if (p)
+        p->wr.remote_qpn = remote_srqn;
+}
+
+static void sn_xrc_ops(struct verbs_context *v)
+{
+    v->open_xrcd = sn_vctx_open_xrcd;
+    v->close_xrcd = sn_vctx_close_xrcd;
+}
+
+/* ------------------------------------------------------------------ parent domains
+ * ibv_alloc_parent_domain: a PD standing for attr->pd (objects made on it are in that
+ * protection domain).  softnic keeps its queues inside the engine, not in user memory, so
+ * it has no buffer to ask the allocators for and never calls them; thread domains are not
+ * offered (no td). */
+
+static struct ibv_pd *sn_vctx_alloc_parent_domain(struct ibv_context *ctx,
+                                                  struct ibv_parent_domain_init_attr *attr)
+{
+    uint32_t h;
+    if (!attr || !attr->pd || (attr->comp_mask & ~(IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+                                                   IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)))
+        return sn_fail_ptr(EINVAL);
+    if (attr->td)
+        return sn_fail_ptr(EOPNOTSUPP);
+    int err = sn_alias_pd(attr->pd->handle, &h);
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_pd *pd = calloc(1, sizeof(*pd));
+    if (!pd) {
+        sn_dealloc_pd(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    pd->context = ctx;
+    pd->handle = h;
+    return pd;
+}
+
+static void sn_pd_ops(struct verbs_context *v)
+{
+    v->alloc_parent_domain = sn_vctx_alloc_parent_domain;
 }

@@ -179,7 +179,7 @@ def write_first(dev, data, src) -> bool:
     if dlen < mtu or not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
         return False
     try:
-        view = dev.keys.remote(qp.pd, rkey, va, dlen, Access.REMOTE_WRITE)
+        view = dev.keys.remote(qp.pd, rkey, va, dlen, Access.REMOTE_WRITE, qp)
     except AccessError:
         return False                      # the general path NAKs it
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
@@ -219,7 +219,7 @@ def request_only(dev, data, src) -> bool:
         if dlen != plen or not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
             return False
         try:
-            view = dev.keys.remote(qp.pd, rkey, va, dlen, Access.REMOTE_WRITE)
+            view = dev.keys.remote(qp.pd, rkey, va, dlen, Access.REMOTE_WRITE, qp)
         except AccessError:
             return False                  # the general path NAKs it
         wqe = None

@@ -74,13 +74,23 @@ class PFC:
     """Per-ingress PFC thresholds of a switch (bytes of data held)."""
     xoff: int = 96_000
     xon: int = 64_000
-    headroom: int = 64_000
+    #: None: per ingress, what the link can still deliver after XOFF is
+    #: decided (``headroom_for``)
+    headroom: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.xon <= self.xoff:
             raise ValueError(f"PFC needs 0 < xon <= xoff, got xon={self.xon} xoff={self.xoff}")
-        if self.headroom < 0:
+        if self.headroom is not None and self.headroom < 0:
             raise ValueError(f"PFC headroom must be >= 0, got {self.headroom}")
+
+
+def headroom_for(rate_bps: float, delay: float, mtu_bytes: int = 4096 + 72) -> int:
+    """Bytes an ingress must still accept after it sends PAUSE: the PAUSE's
+    flight and the data already on the wire (two propagation delays at the
+    link's rate), the datagram being sent when the PAUSE lands and the one
+    that triggered it, and the PAUSE frame's own serialization."""
+    return int(2 * delay * rate_bps / 8 + 2 * mtu_bytes + PAUSE_BYTES) + 1
 
 
 @dataclass
@@ -144,14 +154,27 @@ _PAUSE, _RESUME, _TXDONE = object(), object(), object()
 class Port:
     """One egress port: a control FIFO with strict priority over a data FIFO,
     sending at ``rate_bps`` into a link of ``delay`` toward ``peer`` (a
-    ``SwitchNode``, or None: the hosts' own fabric ports, found per packet)."""
+    ``SwitchNode``, or None: the hosts' own fabric ports, found per packet).
+
+    With PFC, the switch at the far end keeps its per-ingress accounting for
+    this link here: ``held`` data bytes, ``xoff_sent`` while it has this port
+    paused, and the thresholds ``xoff``, ``xon`` and ``room`` (xoff plus the
+    headroom)."""
+
+    __slots__ = ("net", "name", "rate_bps", "delay", "peer", "buffer_bytes", "red",
+                 "int_telemetry", "rng", "ctrl", "data", "qbytes", "busy_until", "pending",
+                 "paused", "paused_since", "pause_time", "tx_bytes", "sent", "max_qlen",
+                 "counters", "tx_by_src", "samples", "_sample", "_next_sample", "_interval",
+                 "_bit", "lossless", "held", "xoff_sent", "xoff", "xon", "room")
 
     def __init__(self, net: "LeafSpine", name: str, rate_bps: float, delay: float, peer,
                  *, buffer_bytes: int | None, red=None, int_telemetry: bool = False,
-                 sample: bool = True, rng: random.Random | None = None) -> None:
+                 sample: bool = True, rng: random.Random | None = None,
+                 track_src: bool = False) -> None:
         self.net = net
         self.name = name
         self.rate_bps = float(rate_bps)
+        self._bit = 8 / self.rate_bps
         self.delay = delay
         self.peer = peer
         self.buffer_bytes = buffer_bytes
@@ -169,16 +192,36 @@ class Port:
         self.paused_since = 0.0
         self.pause_time = 0.0
         self.tx_bytes = 0
-        self.counters = {"sent": 0, "dropped": 0, "marked": 0, "pauses_rx": 0,
-                         "resumes_rx": 0, "max_qlen": 0, "headroom_drops": 0}
-        self.tx_by_src: dict = {}
+        self.sent = 0
+        self.max_qlen = 0
+        self.counters = {"dropped": 0, "marked": 0, "pauses_rx": 0, "resumes_rx": 0,
+                         "headroom_drops": 0}
+        #: bytes sent per source device (host-facing ports only)
+        self.tx_by_src: dict | None = {} if track_src else None
         self.samples: list[tuple[float, int]] = []
         self._sample = sample
         self._next_sample = 0.0
+        self._interval = net.cfg.sample_interval
+        self.lossless = net.lossless
+        pfc = net.cfg.pfc
+        self.held = 0
+        self.xoff_sent = False
+        if pfc is not None:
+            self.xoff, self.xon = pfc.xoff, pfc.xon
+            room = pfc.headroom if pfc.headroom is not None else headroom_for(rate_bps, delay)
+            self.room = pfc.xoff + room
+        else:
+            self.xoff = self.xon = self.room = 0
 
     def paused_for(self, now: float) -> float:
         """Seconds this port's data class has been paused up to ``now``."""
         return self.pause_time + (now - self.paused_since if self.paused else 0.0)
+
+    def stats(self, now: float) -> dict:
+        c = dict(self.counters)
+        c.update(sent=self.sent, max_qlen=self.max_qlen, tx_bytes=self.tx_bytes,
+                 paused_s=self.paused_for(now))
+        return c
 
     # -- events -------------------------------------------------------------
 
@@ -211,29 +254,33 @@ class Port:
     def enqueue(self, pkt: _Pkt, now: float) -> bool:
         """Queue ``pkt``; False if it was dropped."""
         q = self.qbytes
-        c = self.counters
         if self._sample and now >= self._next_sample:
             self.samples.append((now, q))
-            self._next_sample = now + self.net.cfg.sample_interval
-        if q > c["max_qlen"]:
-            c["max_qlen"] = q
+            self._next_sample = now + self._interval
+        if q > self.max_qlen:
+            self.max_qlen = q
         if pkt.ctrl:
             self.ctrl.append(pkt)
         else:
-            if (self.buffer_bytes is not None and not self.net.lossless
+            if (self.buffer_bytes is not None and not self.lossless
                     and q + pkt.size > self.buffer_bytes):
-                c["dropped"] += 1
+                self.counters["dropped"] += 1
                 return False
             red = self.red
             if red is not None and pkt.ect and q > red.kmin:
                 if q >= red.kmax or self.rng.random() < red.probability(q):
-                    c["marked"] += 1
+                    self.counters["marked"] += 1
                     d = pkt.data
                     pkt.data = d.with_(ecn=CE) if type(d) is Datagram else Datagram(d, ecn=CE)
             self.data.append(pkt)
         self.qbytes = q + pkt.size
         if not self.pending:
-            self._kick(now)
+            if now >= self.busy_until:
+                self._start(now)
+            else:
+                self.pending = True
+                heappush(self.net.heap, (self.busy_until, self.net.next_seq(), self, _TXDONE,
+                                         None))
         return True
 
     def _start(self, now: float) -> None:
@@ -245,15 +292,18 @@ class Port:
             return
         size = pkt.size
         self.qbytes -= size
-        self.busy_until = end = now + size * 8 / self.rate_bps
+        self.busy_until = end = now + size * self._bit
         self.tx_bytes += size
-        self.counters["sent"] += 1
-        self.tx_by_src[pkt.src] = self.tx_by_src.get(pkt.src, 0) + size
-        if pkt.ingress is not None:
-            sw, up = pkt.ingress
+        self.sent += 1
+        if self.tx_by_src is not None:
+            self.tx_by_src[pkt.src] = self.tx_by_src.get(pkt.src, 0) + size
+        up = pkt.ingress
+        if up is not None:                # leaves the switch's buffer: PFC accounting
             pkt.ingress = None
-            if not pkt.ctrl:
-                sw.release(up, size, now)
+            held = up.held = up.held - size
+            if up.xoff_sent and held <= up.xon:
+                up.xoff_sent = False
+                self.net.signal(up, _RESUME, now)
         if self.int_telemetry and not pkt.ctrl:
             d = pkt.data
             if type(d) is not Datagram or d.echo is None:
@@ -273,7 +323,7 @@ class Port:
 
 class SwitchNode:
     """A leaf or spine: routes each arriving datagram to one of its ports and,
-    with PFC, accounts data bytes per ingress."""
+    with PFC, accounts data bytes per ingress (on the port feeding it)."""
 
     def __init__(self, net: "LeafSpine", name: str, index: int, pfc: PFC | None) -> None:
         self.net = net
@@ -283,62 +333,48 @@ class SwitchNode:
         self.salt = zlib.crc32(f"{net.seed}/{name}".encode())
         self.down: dict = {}         # leaf: host address -> Port; spine: leaf index -> Port
         self.up: list[Port] = []     # leaf: one per spine
-        self.held: dict = {}         # ingress (upstream Port) -> data bytes held
-        self.pausing: set = set()    # upstream Ports we have paused
         self.pauses_tx: dict = {}    # upstream Port name -> PAUSE frames sent
         self.flowlets: dict = {}     # key -> (last seen, uplink index)
         self.rng = random.Random(f"{net.seed}/{name}/route")
+        self.mode = net.cfg.routing
 
     def event(self, now: float, pkt: _Pkt, up: Port) -> None:
         out = self.route(pkt, now)
-        pfc = self.pfc
-        if pfc is not None and not pkt.ctrl:
-            held = self.held.get(up, 0) + pkt.size
-            if held > pfc.xoff + pfc.headroom:
+        if self.pfc is not None and not pkt.ctrl:
+            held = up.held + pkt.size
+            if held > up.room:
                 out.counters["headroom_drops"] += 1
                 return
-            self.held[up] = held
-            pkt.ingress = (self, up)
-            if held > pfc.xoff and up not in self.pausing:
-                self.pausing.add(up)
+            up.held = held
+            pkt.ingress = up
+            if held > up.xoff and not up.xoff_sent:
+                up.xoff_sent = True
                 self.pauses_tx[up.name] = self.pauses_tx.get(up.name, 0) + 1
                 self.net.signal(up, _PAUSE, now)
-        else:
-            pkt.ingress = (self, up)
-        if not out.enqueue(pkt, now):
-            pkt.ingress = None
-            if pfc is not None and not pkt.ctrl:
-                self.release(up, pkt.size, now)
-
-    def release(self, up: Port, size: int, now: float) -> None:
-        if self.pfc is None:
-            return
-        held = self.held[up] = self.held[up] - size
-        if up in self.pausing and held <= self.pfc.xon:
-            self.pausing.discard(up)
-            self.net.signal(up, _RESUME, now)
+        out.enqueue(pkt, now)      # lossless: never refused
 
     def route(self, pkt: _Pkt, now: float) -> Port:
-        net = self.net
         if self.up:                                    # a leaf
             port = self.down.get(pkt.dst)
             if port is not None:
                 return port
             ups = self.up
-            mode = net.cfg.routing
-            if mode == "spray" and not pkt.ctrl:
+            mode = self.mode
+            if mode == "ecmp" or pkt.ctrl:
+                return ups[self._hash(pkt.key, len(ups))]
+            if mode == "spray":
                 return ups[self.rng.randrange(len(ups))]
-            key = pkt.key
-            if mode == "flowlet" and not pkt.ctrl:
-                fl = self.flowlets.get(key)
-                if fl is None or now - fl[0] > net.cfg.flowlet_gap:
-                    i = self.rng.randrange(len(ups)) if fl is not None else self._hash(key, len(ups))
-                else:
-                    i = fl[1]
-                self.flowlets[key] = (now, i)
-                return ups[i]
-            return ups[self._hash(key, len(ups))]
-        return self.down[net.leaf_of[pkt.dst]]         # a spine
+            key = pkt.key                              # flowlet
+            fl = self.flowlets.get(key)
+            if fl is None:
+                i = self._hash(key, len(ups))
+            elif now - fl[0] > self.net.cfg.flowlet_gap:
+                i = self.rng.randrange(len(ups))
+            else:
+                i = fl[1]
+            self.flowlets[key] = (now, i)
+            return ups[i]
+        return self.down[self.net.leaf_of[pkt.dst]]    # a spine
 
     def _hash(self, key: int, n: int) -> int:
         # the flow's five-tuple hash, salted per switch (as switches seed
@@ -392,7 +428,7 @@ class LeafSpine:
         self.leaf_of[address] = leaf
         sw.down[address] = Port(self, f"{sw.name}->{name}", cfg.host_rate_bps, cfg.delay, None,
                                 buffer_bytes=cfg.buffer_bytes, red=cfg.red,
-                                int_telemetry=cfg.int_telemetry,
+                                int_telemetry=cfg.int_telemetry, track_src=True,
                                 rng=self.fabric.derive_rng("port", sw.name, name))
         self.nic[address] = Port(self, f"nic {name}", cfg.host_rate_bps, cfg.delay, sw,
                                  buffer_bytes=None, sample=False)
@@ -426,13 +462,7 @@ class LeafSpine:
             yield p.name, p
 
     def port_stats(self, now: float) -> dict:
-        out = {}
-        for name, p in self.ports():
-            c = dict(p.counters)
-            c["paused_s"] = p.paused_for(now)
-            c["tx_bytes"] = p.tx_bytes
-            out[name] = c
-        return out
+        return {name: p.stats(now) for name, p in self.ports()}
 
     def pause_frames_sent(self) -> int:
         return sum(n for sw in self.leaves + self.spines for n in sw.pauses_tx.values())

@@ -13,7 +13,7 @@ import importlib.util
 import sys
 
 _MODULES = ("device", "pd", "mr", "cq", "qp", "wr", "addr", "srq", "base", "mem_alloc", "utils",
-            "pyverbs_error", "enums", "libibverbs_enums")
+            "pyverbs_error", "enums", "libibverbs_enums", "cmid", "cm_enums")
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -1,0 +1,233 @@
+"""The simulated leaf-spine (softnic.transport.clos): ECMP, PFC, and the cluster
+experiment's collectives on it (small, deterministic, seeded runs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from softnic import cluster as cl
+from softnic.cli import main
+from softnic.core.device import Device, DeviceConfig
+from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
+from softnic.core.qp import SendWR
+from softnic.rig import connect
+from softnic.transport.clos import PFC, LeafSpineConfig, headroom_for
+from softnic.transport.sim import Fabric
+
+
+def _fabric(seed=1, **kw):
+    cfg = dict(leaves=2, hosts_per_leaf=4, spines=2, host_rate_bps=25e9, buffer_bytes=200_000)
+    cfg.update(kw)
+    f = Fabric(seed)
+    net = f.add_leaf_spine(LeafSpineConfig(**cfg))
+    devs = []
+    for i in range(cfg["leaves"] * cfg["hosts_per_leaf"]):
+        d = Device(f"h{i}", f"10.0.{i // cfg['hosts_per_leaf']}.{i % cfg['hosts_per_leaf'] + 1}",
+                   config=DeviceConfig(check_icrc=False))
+        f.attach(d)
+        net.connect(d.address)
+        devs.append(d)
+    return f, net, devs
+
+
+def _writes(f, devs, pairs, nbytes=1 << 20, qps=1):
+    """One WRITE of ``nbytes`` on each of ``qps`` QPs per (src, dst); run to the end."""
+    eps = []
+    for s, d in pairs:
+        for _ in range(qps):
+            ea, eb = connect(devs[s], devs[d], mtu=4096, timeout=10, endpoint_args=dict(
+                buf_size=nbytes, max_send_wr=4, cq_depth=16))
+            devs[s].post_send(ea.qp, SendWR(0, W.RDMA_WRITE, [ea.sge(0, nbytes)],
+                                            SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                                            rkey=eb.mr.rkey))
+            eps.append((devs[s], ea))
+    got = []
+
+    def done():
+        for dev, ea in eps:
+            got.extend(dev.poll_cq(ea.send_cq, 4))
+        return len(got) == len(eps)
+
+    f.run(until=1.0, stop=done)
+    assert len(got) == len(eps) and all(w.status == WCStatus.SUCCESS for w in got)
+    return f.now
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="routing"):
+        LeafSpineConfig(routing="random")
+    with pytest.raises(ValueError, match="xon <= xoff"):
+        PFC(xoff=10_000, xon=20_000)
+    with pytest.raises(ValueError, match="spines"):
+        LeafSpineConfig(spines=0)
+    f, net, devs = _fabric(leaves=1, hosts_per_leaf=2)
+    extra = Device("x", "10.9.9.9", config=DeviceConfig())
+    f.attach(extra)
+    with pytest.raises(ValueError, match="already has 2 hosts"):
+        net.connect(extra.address, 0)
+    with pytest.raises(ValueError, match="no leaf 3"):
+        net.connect(extra.address, 3)
+    with pytest.raises(ValueError, match="already connected"):
+        net.connect(devs[0].address, 0)
+    assert LeafSpineConfig(hosts_per_leaf=8, spines=2).oversubscription == 4
+
+
+def test_ecmp_keeps_a_qp_on_one_path_and_spreads_qps():
+    # one QP from leaf 0 to leaf 1: all of its data crosses exactly one spine
+    f, net, devs = _fabric(spines=4)
+    _writes(f, devs, [(0, 4)])
+    up = net.uplink_bytes()["leaf0"]
+    assert sum(1 for b in up if b > 500_000) == 1
+    # 16 QPs between the same two hosts: the per-QP entropy spreads them
+    f, net, devs = _fabric(spines=4)
+    _writes(f, devs, [(0, 4)], nbytes=256 << 10, qps=16)
+    up = net.uplink_bytes()["leaf0"]
+    assert sum(1 for b in up if b > 200_000) >= 3
+    # traffic within a leaf never goes up
+    f, net, devs = _fabric(spines=4)
+    _writes(f, devs, [(0, 1)])
+    assert sum(net.uplink_bytes()["leaf0"]) == 0
+
+
+def test_spray_uses_every_spine_for_one_flow():
+    f, net, devs = _fabric(spines=4, routing="spray")
+    _writes(f, devs, [(0, 4)], nbytes=256 << 10)
+    up = net.uplink_bytes()["leaf0"]
+    assert all(b > 256_000 / 4 * 0.6 for b in up)
+
+
+def test_pfc_is_lossless_where_lossy_drops():
+    pairs = [(s, 0) for s in (4, 5, 6, 7)]          # 4:1 across the spines
+    f, net, devs = _fabric(buffer_bytes=100_000)
+    t_lossy = _writes(f, devs, pairs)
+    lossy = net.port_stats(f.now)
+    assert sum(p["dropped"] for p in lossy.values()) > 0
+    assert net.pause_frames_sent() == 0
+    f, net, devs = _fabric(buffer_bytes=100_000, pfc=PFC())
+    t_pfc = _writes(f, devs, pairs)
+    st = net.port_stats(f.now)
+    assert sum(p["dropped"] + p["headroom_drops"] for p in st.values()) == 0
+    assert net.pause_frames_sent() > 0
+    assert sum(d.counters["retransmitted_pkts"] for d in devs) == 0
+    # pauses reached the senders' NICs through the spines, and every paused
+    # port was resumed (nothing is left paused when the fabric is idle)
+    assert any(p["pauses_rx"] for n, p in st.items() if n.startswith("nic 10.0.1."))
+    assert any(p["paused_s"] > 0 for n, p in st.items() if n.startswith("spine"))
+    assert all(p["pauses_rx"] == p["resumes_rx"] for p in st.values())
+    # 4 MiB through one 25 Gbit/s port: near line rate, faster than lossy
+    assert t_pfc < t_lossy
+    assert t_pfc < 1.15 * (4 << 20) * 8 / 25e9 * 4168 / 4096
+
+
+def test_headroom_too_small_is_counted():
+    f, net, devs = _fabric(pfc=PFC(xoff=20_000, xon=10_000, headroom=0))
+    pairs = [(s, 0) for s in (4, 5, 6, 7)]
+    eps = []
+    for s, d in pairs:
+        ea, eb = connect(devs[s], devs[d], mtu=4096, timeout=10, endpoint_args=dict(
+            buf_size=1 << 20, max_send_wr=4, cq_depth=16))
+        devs[s].post_send(ea.qp, SendWR(0, W.RDMA_WRITE, [ea.sge(0, 1 << 20)],
+                                        SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                                        rkey=eb.mr.rkey))
+    f.run(until=2e-3)
+    st = net.port_stats(f.now)
+    assert sum(p["headroom_drops"] for p in st.values()) > 0
+    # the default headroom covers two propagation delays and two packets
+    assert headroom_for(25e9, 1e-6) == int(2 * 1e-6 * 25e9 / 8 + 2 * 4168 + 84) + 1
+
+
+def test_schedules_follow_the_algorithms():
+    n = 8
+    ring = cl.schedule(cl.ClusterConfig(hosts=n, hosts_per_leaf=4, size=8 << 10))
+    assert len(ring) == 2 * (n - 1) * n
+    assert all(t.dst == (t.src + 1) % n and t.nbytes == 1 << 10 for t in ring)
+    for t in ring:                                 # each step waits for the left neighbour
+        assert len(t.deps) == (0 if t.id < n else 1)
+        for d in t.deps:
+            assert ring[d].dst == t.src
+    a2a = cl.schedule(cl.ClusterConfig(hosts=n, hosts_per_leaf=4, collective="alltoall"))
+    assert len(a2a) == n * (n - 1) and not any(t.deps for t in a2a)
+    assert len({(t.src, t.dst) for t in a2a}) == n * (n - 1)
+    tree = cl.schedule(cl.ClusterConfig(hosts=n, hosts_per_leaf=4, algorithm="tree"))
+    assert len(tree) == 2 * (n - 1)               # reduce edges and broadcast edges
+    to_root = [t for t in tree if t.dst == 0]
+    assert {t.src for t in to_root} == {1, 2, 4}
+    bcast = [t for t in tree if t.src < t.dst]
+    assert sorted(t.dst for t in bcast) == list(range(1, n))
+    with pytest.raises(ValueError, match="mode"):
+        cl.ClusterConfig(mode="pfc")
+
+
+def _overlap(intervals):
+    ev = sorted([(a, 1) for a, b in intervals] + [(b, -1) for a, b in intervals],
+                key=lambda e: (e[0], e[1]))
+    cur = best = 0
+    for _, k in ev:
+        cur += k
+        best = max(best, cur)
+    return best
+
+
+def test_collectives_finish_deterministically_and_admission_limits_incast(monkeypatch):
+    base = dict(hosts=8, hosts_per_leaf=4, size=512 << 10)
+    a = cl.run(cl.ClusterConfig(**base, qps=2))
+    b = cl.run(cl.ClusterConfig(**base, qps=2))
+    assert a["summary"]["finished"] and a["summary"]["wc_errors"] == 0
+    assert a["summary"]["completion_s"] == b["summary"]["completion_s"]
+    assert a["fct_s"] == b["fct_s"]
+    assert a["summary"]["slowdown"] >= 1.0
+    # admission: no receiver ever has more than `grants` transfers admitted
+    seen = []
+    orig = cl.schedule
+
+    def spy(cfg):
+        out = orig(cfg)
+        seen.append(out)
+        return out
+    monkeypatch.setattr(cl, "schedule", spy)
+    r = cl.run(cl.ClusterConfig(**base, collective="alltoall", admission=True, grants=1))
+    assert r["summary"]["finished"]
+    for rcv in range(8):
+        xs = [(t.start, t.end) for t in seen[-1] if t.dst == rcv]
+        assert _overlap(xs) == 1
+    r = cl.run(cl.ClusterConfig(**base, collective="alltoall"))
+    assert max(_overlap([(t.start, t.end) for t in seen[-1] if t.dst == rcv])
+               for rcv in range(8)) == 7
+
+
+def test_smooth_rate_is_a_sliding_window():
+    times = [i * 1e-6 for i in range(1, 101)]
+    cum = [t * 1e9 / 8 for t in times]            # 1 Gbit/s exactly
+    r = cl.smooth_rate(times, cum, 10e-6)
+    assert r[-1] == pytest.approx(1.0)
+    assert r[50] == pytest.approx(1.0)
+
+
+def test_victim_is_slowed_by_pfc_only(tmp_path):
+    lossy = cl.victim(cl.VictimConfig(mode="lossy", duration=0.6e-3))["summary"]
+    pfc = cl.victim(cl.VictimConfig(mode="lossless", duration=0.6e-3))["summary"]
+    assert lossy["victim_gbps"] > 90 and lossy["pause_frames"] == 0
+    assert lossy["switch_drops"] > 0
+    assert pfc["switch_drops"] == 0 and pfc["pause_frames"] > 0
+    assert pfc["victim_gbps"] < 0.5 * lossy["victim_gbps"]
+    assert pfc["paused_s"]["leaf0->spine0"] > 0.2e-3
+
+
+def test_cluster_cli_writes_json_and_png(tmp_path, capsys):
+    out = tmp_path / "res"
+    assert main(["experiment", "cluster", "--hosts", "4", "--hosts-per-leaf", "2",
+                 "--size", "256KiB", "--qps", "2", "--out", str(out), "--no-progress"]) == 0
+    res = json.loads((out / "cluster-single.json").read_text())
+    assert res["summary"]["finished"] and res["config"]["qps"] == 2
+    assert (out / "cluster-single.png").read_bytes()[:4] == b"\x89PNG"
+    assert "completion" in capsys.readouterr().out
+    assert main(["experiment", "cluster", "--study", "admission", "--hosts", "4",
+                 "--hosts-per-leaf", "2", "--size", "128KiB", "--out", str(out),
+                 "--no-progress"]) == 0
+    st = json.loads((out / "cluster-admission.json").read_text())
+    assert [r["variant"] for r in st["rows"]][:2] == ["no admission", "admission, 1 grant"]
+    assert (out / "cluster-admission.png").stat().st_size > 10_000
+    assert main(["experiment", "cluster", "--hosts", "5", "--hosts-per-leaf", "2",
+                 "--out", str(out), "--no-progress"]) == 2

@@ -1,0 +1,183 @@
+"""Unmodified rdma_cm programs on softnic's librdmacm.so.1 and libibverbs.so.1.
+
+Debian's rdmacm-utils (rping, ucmatose, udaddy, rdma_server/rdma_client),
+perftest with ``-R`` and qperf with ``-cm1`` run as a server and a client
+process through ``softnic exec``, each process with a device of its own on a
+loopback address, with and without a lossy wire.  Skipped where a tool is
+missing, failed under CI=true (.ci/run installs them).  Every subprocess has a
+timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SOFTNIC = [sys.executable, "-m", "softnic.cli"]
+TIMEOUT = 150          # (a loaded machine starts an embedded interpreter slowly)
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def _missing(why: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why} (.ci/run installs it; CI must run the rdma_cm client tests)")
+    pytest.skip(why)
+
+
+def need(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        _missing(f"needs {binary} (Debian: rdmacm-utils / perftest / qperf)")
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def libs():
+    from softnic._libibverbs.build import BuildError, build
+    from softnic._librdmacm.build import build as build_rdmacm
+    if shutil.which("gcc") is None or not Path("/usr/include/rdma/rdma_cma.h").exists():
+        _missing("needs gcc, libibverbs-dev and librdmacm-dev to build softnic's libraries")
+    try:
+        return build(), build_rdmacm()
+    except BuildError as e:
+        _missing(str(e))
+
+
+def _free_tcp_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _addresses() -> tuple[str, str]:
+    """Two loopback addresses no other process on this machine holds a device on."""
+    import random
+    import socket
+    rng = random.Random()
+    while True:
+        net = f"127.{rng.randrange(20, 250)}.{rng.randrange(1, 250)}"
+        pair = (f"{net}.2", f"{net}.3")
+        try:
+            for ip in pair:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.bind((ip, 4791))
+        except OSError:
+            continue
+        return pair
+
+
+def _cmd(ip: str, args, faults):
+    cmd = [*SOFTNIC, "exec", "--devices", f"softnic0={ip}"]
+    if faults:
+        cmd += ["--faults", faults, "--seed", "11"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT)] + ([env["PYTHONPATH"]]
+                                                         if env.get("PYTHONPATH") else []))
+    return cmd + ["--", *args], env
+
+
+#: what a client prints when it came before the server listened (it is told REJECTED)
+REFUSED = ("REJECTED", "error 8", "Connection refused", "rdma_connect: ", "Failed to handle")
+
+
+def pair(server, client, *, faults=None, timeout=TIMEOUT):
+    """Run ``server`` (a list; ``{S}`` stands for its address) and then ``client``
+    against it; returns (server, client) CompletedProcess-like results.  A client
+    refused because the server had not listened yet is run again."""
+    sip, cip = _addresses()
+    port = str(_free_tcp_port())
+    server = [a.replace("{S}", sip).replace("{PORT}", port) for a in server]
+    client = [a.replace("{S}", sip).replace("{PORT}", port) for a in client]
+    scmd, senv = _cmd(sip, server, faults)
+    srv = subprocess.Popen(scmd, env=senv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        time.sleep(1.0)
+        while True:
+            ccmd, cenv = _cmd(cip, client, faults)
+            cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True,
+                                 timeout=max(5.0, deadline - time.monotonic()))
+            out = cli.stdout + cli.stderr
+            if cli.returncode == 0 or srv.poll() is not None or time.monotonic() > deadline - 10 \
+                    or not any(r in out for r in REFUSED):
+                break
+            time.sleep(0.5)
+        try:
+            sout, _ = srv.communicate(timeout=max(5.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            sout, _ = srv.communicate()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    return (srv.returncode, sout), (cli.returncode, out)
+
+
+def check(res):
+    (src, sout), (crc, cout) = res
+    assert crc == 0 and src == 0, f"server rc={src}:\n{sout}\nclient rc={crc}:\n{cout}"
+    return sout, cout
+
+
+@pytest.mark.parametrize("faults", [None, "loss=0.02"])
+def test_rping(faults):
+    need("rping")
+    count = 20 if faults else 10
+    sout, cout = check(pair(["rping", "-s", "-a", "{S}", "-C", str(count)],
+                            ["rping", "-c", "-a", "{S}", "-C", str(count), "-v"], faults=faults))
+    lines = [ln for ln in cout.splitlines() if ln.startswith("ping data: rdma-ping-")]
+    assert len(lines) == count
+    # rping's data: each ping a rotation of the printable characters
+    assert lines[0].startswith("ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@pytest.mark.parametrize("faults", [None, "loss=0.02"])
+def test_ucmatose(faults):
+    need("ucmatose")
+    sout, cout = check(pair(["ucmatose", "-b", "{S}", "-c", "2", "-C", "20"],
+                            ["ucmatose", "-s", "{S}", "-c", "2", "-C", "20"], faults=faults))
+    for out in (sout, cout):
+        assert "data transfers complete" in out and "return status 0" in out
+
+
+def test_udaddy():
+    need("udaddy")
+    sout, cout = check(pair(["udaddy", "-b", "{S}", "-C", "20"],
+                            ["udaddy", "-s", "{S}", "-C", "20"]))
+    for out in (sout, cout):
+        assert "data transfers complete" in out and "return status 0" in out
+
+
+def test_rdma_server_client():
+    need("rdma_server")
+    sout, cout = check(pair(["rdma_server", "-s", "{S}", "-p", "7472"],
+                            ["rdma_client", "-s", "{S}", "-p", "7472"]))
+    assert "rdma_server: end 0" in sout and "rdma_client: end 0" in cout
+
+
+@pytest.mark.parametrize("tool", ["ib_write_bw", "ib_read_lat", "ib_send_lat"])
+def test_perftest_rdma_cm(tool):
+    need(tool)
+    sout, cout = check(pair([tool, "-R", "-n", "100"], [tool, "-R", "-n", "100", "{S}"]))
+    assert "rdma_cm QPs\t : ON" in cout and "Data ex. method : rdma_cm" in cout
+    table = cout.split("#bytes", 1)[1].splitlines()[1].split()
+    assert table[1] == "100"                 # iterations done
+
+
+def test_qperf_cm():
+    need("qperf")
+    sout, cout = check(pair(["qperf", "-lp", "{PORT}"],
+                            ["qperf", "-lp", "{PORT}", "-cm1", "-t", "1", "{S}", "rc_bw", "rc_lat",
+                             "rc_rdma_write_bw", "rc_rdma_read_lat", "quit"]))
+    for test in ("rc_bw:", "rc_lat:", "rc_rdma_write_bw:", "rc_rdma_read_lat:"):
+        assert test in cout
+    assert cout.count("bw  =") == 2 and cout.count("latency  =") == 2
