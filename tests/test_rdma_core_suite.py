@@ -29,12 +29,11 @@ EXPLAINED = (
     "Allocating dmabuf is not supported",            # no GPU render node: 10
     "Create Raw Packet QP",                          # raw Ethernet QPs: 5
     "There are no huge pages of size 2M allocated",  # host setting: 3
-    "ODP implicit is not supported",                 # implicit ODP: 3
     "All gid indices populated",                     # one GID, every index in use: 1
     "Some object imports are not supported",         # C face: ibv_import_device: 1
-    "Device softnic0 doesn't have net interface",    # rdma_cm: no netdev behind softnic0
+    "Device softnic0 doesn't have net interface",    # test_rdmacm: no netdev in sysfs: 10
 )
-SKIP_BUDGET = {"c": 23, "python": 22}
+SKIP_BUDGET = {"c": 30, "python": 29}       # measured 2026-11-24: 30 and 29, 0 failed
 
 
 def _missing(why: str):
