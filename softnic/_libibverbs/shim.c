@@ -1587,9 +1587,9 @@ static void sn_wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length
     sn_wr_set_inline_data_list(q, 1, &b);
 }
 
-/* A builder softnic does not provide (wr_bind_mw, wr_send_tso, wr_set_xrc_srqn,
- * wr_atomic_write, and those of later headers): the WR list fails at wr_complete
- * with EOPNOTSUPP and nothing of it is posted. */
+/* A builder softnic does not provide (wr_send_tso, wr_set_xrc_srqn, wr_atomic_write,
+ * and those of later headers): the WR list fails at wr_complete with EOPNOTSUPP and
+ * nothing of it is posted. */
 static void sn_wr_unsupported(struct ibv_qp_ex *q)
 {
     to_sqp(q)->wr_err = EOPNOTSUPP;
@@ -1598,7 +1598,6 @@ static void sn_wr_unsupported(struct ibv_qp_ex *q)
 static void sn_qpx_install(struct sn_qp *s)
 {
     struct ibv_qp_ex *q = &s->qpx;
-    q->wr_bind_mw = (void *)sn_wr_unsupported;
     q->wr_send_tso = (void *)sn_wr_unsupported;
     q->wr_set_xrc_srqn = (void *)sn_wr_unsupported;
     q->wr_atomic_write = (void *)sn_wr_unsupported;
