@@ -179,6 +179,7 @@ static void sn_mw_ops(struct ibv_context *c);
 static void sn_dm_ops(struct verbs_context *v);
 static void sn_xrc_ops(struct verbs_context *v);
 static void sn_pd_ops(struct verbs_context *v);
+static struct ibv_qp *sn_qpx_trim(struct ibv_qp *qp, uint64_t send_ops_flags);
 static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *attr);
 static struct ibv_srq *sn_new_xrc_srq(struct ibv_srq_init_attr_ex *attr);
 static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr);
@@ -1217,7 +1218,8 @@ static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
         if (attr->send_ops_flags & ~ok)
             return sn_fail_ptr(EOPNOTSUPP);
     }
-    return sn_new_qp(attr->pd, attr, (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0);
+    int is_ex = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+    return sn_qpx_trim(sn_new_qp(attr->pd, attr, is_ex), is_ex ? attr->send_ops_flags : 0);
 }
 
 SN_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
@@ -2119,6 +2121,8 @@ static struct ibv_xrcd *sn_vctx_open_xrcd(struct ibv_context *ctx,
 
 static int sn_vctx_close_xrcd(struct ibv_xrcd *xrcd)
 {
+    if (!xrcd)
+        return EINVAL;
     int err = sn_close_xrcd(xrcd_handle(xrcd));
     if (!err)
         free(xrcd);
@@ -2185,7 +2189,7 @@ static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *a)
     s->is_ex = !tgt && (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
     if (s->is_ex)
         sn_qpx_install(s);
-    return qp;
+    return sn_qpx_trim(qp, s->is_ex ? a->send_ops_flags : 0);
 }
 
 static void sn_wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t remote_srqn)
@@ -2232,4 +2236,21 @@ static struct ibv_pd *sn_vctx_alloc_parent_domain(struct ibv_context *ctx,
 static void sn_pd_ops(struct verbs_context *v)
 {
     v->alloc_parent_domain = sn_vctx_alloc_parent_domain;
+}
+
+/* As rxe: an ibv_qp_ex has the ATOMIC_WRITE and BIND_MW builders only if its send_ops_flags
+ * asked for them, and wr_set_xrc_srqn only as an XRC initiator; elsewhere they fail the
+ * WR list at wr_complete with EOPNOTSUPP. */
+static struct ibv_qp *sn_qpx_trim(struct ibv_qp *qp, uint64_t send_ops_flags)
+{
+    struct sn_qp *s = (struct sn_qp *)qp;
+    if (!qp || !s->is_ex)
+        return qp;
+    if (!(send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE))
+        s->qpx.wr_atomic_write = (void *)sn_wr_unsupported;
+    if (!(send_ops_flags & IBV_QP_EX_WITH_BIND_MW))
+        s->qpx.wr_bind_mw = (void *)sn_wr_unsupported;
+    if (qp->qp_type != IBV_QPT_XRC_SEND)
+        s->qpx.wr_set_xrc_srqn = (void *)sn_wr_unsupported;
+    return qp;
 }
