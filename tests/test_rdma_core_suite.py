@@ -72,3 +72,31 @@ def test_rdma_core_suite_passes(face, tmp_path):
         "\n".join(f"{r['test']}: {r['detail']}" for r in unexplained)
     assert len(by["skipped"]) <= SKIP_BUDGET[face], summary
     assert len(by["passed"]) >= 125, summary        # the suite ran (129 and 130 pass)
+
+
+def test_exec_pyverbs_switch_chooses_the_face():
+    """``softnic exec --pyverbs system``: the program's ``import pyverbs`` is the machine's
+    (softnic's shim is not on its path) and softnic's libibverbs.so.1 is loaded; by
+    default softnic's verbs_api answers ``import pyverbs``."""
+    from softnic.cli import SHIM
+    probe = ("import os; print(os.environ.get('PYTHONPATH', '')); "
+             "print(os.environ.get('LD_LIBRARY_PATH', ''))")
+    base = [sys.executable, "-m", "softnic.cli", "exec"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("LD_LIBRARY_PATH", None)
+    own = subprocess.run(base + ["--no-libibverbs", "--", sys.executable, "-c", probe],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert own.returncode == 0, own.stderr
+    path, _ = own.stdout.splitlines()[:2]
+    assert str(SHIM) in path.split(os.pathsep)
+    try:
+        system = subprocess.run(base + ["--pyverbs", "system", "--", sys.executable, "-c", probe],
+                                capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("softnic exec --pyverbs system did not start the program")
+    if system.returncode and "building libibverbs" in system.stderr:
+        _missing(f"softnic's libibverbs.so.1 cannot be built here: {system.stderr[-300:]}")
+    assert system.returncode == 0, system.stderr
+    path, ld = system.stdout.splitlines()[:2]
+    assert str(SHIM) not in path.split(os.pathsep)
+    assert any(Path(d, "libibverbs.so.1").exists() for d in ld.split(os.pathsep) if d)
