@@ -52,9 +52,10 @@ from .core.device import Device, DeviceConfig
 from .core.enums import QPType, SendFlags, WCStatus, WROpcode as W
 from .core.memory import Buffer
 from .core.qp import QPCap, QPInitAttr, SendWR
-from .rig import ALL_ACCESS, Endpoint, bring_up
+from .rig import ALL_ACCESS, Endpoint, bring_up, connect
 from .transport.clos import PFC, LeafSpineConfig
 from .transport.sim import RED, WIRE_OVERHEAD, Fabric
+from .wire.roce import psn_diff
 
 CTS_BYTES = 64
 
@@ -144,10 +145,8 @@ def schedule(cfg: ClusterConfig) -> list[_Transfer]:
         for s in range(2 * (n - 1)):
             cur = [None] * n
             for r in range(n):
-                left = (r - 1) % n
                 deps = [prev[r]] if prev[r] is not None else []
                 cur[(r + 1) % n] = add(r, (r + 1) % n, block, deps)
-                del left
             prev = cur
     else:                            # binomial tree: reduce to 0, broadcast back
         got = defaultdict(list)      # rank -> transfers it received (reduce phase)
@@ -288,6 +287,8 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     down_ports = [net.leaves[net.leaf_of[d.address]].down[d.address] for d in devs]
     nic_ports = [net.nic[d.address] for d in devs]
     uplinks = [p for leaf in net.leaves for p in leaf.up]
+    switch_ports = [p for name, p in net.ports() if not name.startswith("nic ")]
+    all_ports = [p for _, p in net.ports()]
     up_q = []
     paused_series = []
     next_sample = 0.0
@@ -306,11 +307,11 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
             for r in range(n):
                 host_rx[r].append(down_ports[r].tx_bytes)
                 nic_tx[r].append(nic_ports[r].tx_bytes)
-            up_q.append(max(p.qbytes for p in uplinks))
-            paused_series.append(sum(p.paused_for(now) for p in uplinks))
+            up_q.append(max(p.qbytes for p in switch_ports))
+            paused_series.append(sum(p.paused_for(now) for p in all_ports))
             next_sample = now + cfg.sample
-        if now >= cfg.max_time and not ready_cqs:
-            break
+        if not ready_cqs and (now >= cfg.max_time or not fabric.pending()):
+            break                    # out of time, or nothing left that could finish it
         while ready_cqs:
             cq = ready_cqs.pop()
             cq.armed = True
@@ -385,8 +386,8 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
         "times": times,
         "host_rx_bytes": host_rx,
         "nic_tx_bytes": nic_tx,
-        "uplink_queue_max_bytes": up_q,
-        "uplink_paused_s": paused_series,
+        "switch_queue_max_bytes": up_q,     # the deepest switch port, per sample
+        "paused_s": paused_series,          # time paused, summed over every port
         "fct_s": sorted(fct),
         "rank_done_s": rank_done,
         "uplink_bytes": up_bytes,
@@ -538,7 +539,6 @@ def victim(cfg: VictimConfig) -> dict:
     flows = [("victim", (0, 0), (2, 0))] + [
         (f"incast l{leaf}h{i}", (leaf, i), (1, 0)) for leaf in (0, 2) for i in (1, 2, 3)]
     eps = []
-    from .rig import connect
     for name, a, b in flows:
         ea, eb = connect(hosts[a], hosts[b], mtu=cfg.mtu, timeout=10, endpoint_args=dict(
             buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
@@ -553,7 +553,6 @@ def victim(cfg: VictimConfig) -> dict:
         post(dev, ea, eb, cfg.outstanding)
     times, acked = [], {name: [] for name, *_ in eps}
     first = {name: ea.qp.acked_psn for name, _, ea, _ in eps}
-    from .wire.roce import psn_diff
     total = {name: 0 for name in acked}
     last = dict(first)
     uplink = net.leaves[0].up[0]
@@ -621,39 +620,55 @@ def _cdf(ax, xs, label, scale=1e3):
 
 def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
     """One collective: per-host receive throughput (sliding ``window``), the
-    deepest uplink queue and the uplinks' pause time, and the CDF of transfer
-    completion times."""
+    deepest switch queue and the ports' pause time, and the CDFs of transfer
+    and per-rank completion times."""
     plt = _plt()
     path = Path(path)
     cfg, s = res["config"], res["summary"]
     t_ms = [t * 1e3 for t in res["times"]]
     fig, axes = plt.subplots(3, 1, figsize=(9, 10))
     ax = axes[0]
-    for r, series in enumerate(res["host_rx_bytes"]):
-        ax.plot(t_ms, smooth_rate(res["times"], series, window), lw=0.6)
+    rates = [smooth_rate(res["times"], series, window) for series in res["host_rx_bytes"]]
+    if len(rates) <= 8:
+        for r, series in enumerate(rates):
+            ax.plot(t_ms, series, lw=0.6, label=f"rank {r}")
+        ax.legend(fontsize=6, ncol=4)
+    else:                       # many hosts: the spread across them at each instant
+        cols = [sorted(col) for col in zip(*rates)]
+        k = len(rates)
+        ax.fill_between(t_ms, [c[k // 10] for c in cols], [c[k - 1 - k // 10] for c in cols],
+                        color="C0", alpha=0.3, lw=0, label="10th to 90th percentile of hosts")
+        ax.plot(t_ms, [c[k // 2] for c in cols], color="C0", lw=0.8, label="median host")
+        ax.plot(t_ms, [c[0] for c in cols], color="C3", lw=0.5, label="slowest host")
+        ax.legend(fontsize=7)
     ax.set_ylabel(f"per-host receive rate (Gbit/s,\nsliding {window * 1e6:g} µs window)")
     ax.set_xlabel("time (ms, virtual)")
     comp = s["completion_s"]
-    ax.set_title(f"{cfg['collective']} {cfg['algorithm'] if cfg['collective'] == 'allreduce' else ''}"
+    algo = cfg["algorithm"] if cfg["collective"] == "allreduce" else ""
+    ax.set_title(f"{cfg['collective']} {algo}"
                  f" {cfg['size'] / 2**20:g} MiB, {cfg['hosts']} hosts, {cfg['qps']} QP/peer, "
                  f"{cfg['mode']}, cc={cfg['cc']}, {cfg['routing']}"
                  f"{', admission' if cfg['admission'] else ''} — "
                  + (f"{comp * 1e3:.3f} ms ({s['slowdown']:.2f}x ideal)" if comp else "unfinished"),
                  fontsize=9)
     ax = axes[1]
-    ax.plot(t_ms, [q / 1e3 for q in res["uplink_queue_max_bytes"]], lw=0.6, color="k",
-            label="deepest leaf uplink queue")
+    ax.plot(t_ms, [q / 1e3 for q in res["switch_queue_max_bytes"]], lw=0.6, color="k",
+            label="deepest switch port queue")
     ax.set_ylabel("queue (KB)")
     ax.set_xlabel("time (ms, virtual)")
     ax2 = ax.twinx()
-    ax2.plot(t_ms, [p * 1e6 for p in res["uplink_paused_s"]], lw=0.8, color="r",
-             label="leaf uplinks' paused time, summed")
+    ax2.plot(t_ms, [p * 1e6 for p in res["paused_s"]], lw=0.8, color="r",
+             label="time paused, summed over all ports (NICs too)")
     ax2.set_ylabel("cumulative pause (µs)", color="r")
     ax.legend(loc="upper left", fontsize=7)
     ax2.legend(loc="upper right", fontsize=7)
     ax = axes[2]
-    _cdf(ax, res["fct_s"], "transfers")
-    ax.set_xlabel("transfer completion time (ms)")
+    _cdf(ax, res["fct_s"], "each transfer (start to last ACK)")
+    _cdf(ax, [t for t in res["rank_done_s"] if t is not None],
+         "each rank's collective (0 to its last receive)")
+    ax.set_xlabel("completion time (ms)")
+    ax.set_xscale("log")
+    ax.legend(fontsize=7)
     ax.set_ylabel("CDF")
     ax.grid(alpha=0.3)
     fig.tight_layout()

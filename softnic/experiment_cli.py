@@ -153,7 +153,8 @@ def _cluster(args, out: Path, progress: bool) -> int:
     if args.study == "single":
         s = res["summary"]
         c = res["config"]
-        print(f"{c['collective']} {c['algorithm']} {c['size'] / 2**20:g} MiB/rank, {c['hosts']} hosts "
+        print(f"{c['collective']} {c['algorithm']} {c['size'] / 2**20:g} MiB/rank, "
+              f"{c['hosts']} hosts "
               f"({c['hosts_per_leaf']}/leaf, oversubscription {s['oversubscription']:g}:1), "
               f"{c['qps']} QP/peer, {c['mode']}, cc={c['cc']}, {c['routing']}"
               f"{', admission' if c['admission'] else ''}")
@@ -164,8 +165,8 @@ def _cluster(args, out: Path, progress: bool) -> int:
             print("  did not finish")
         print(f"  transfers p50 {s['fct_p50_s'] * 1e3:.3f} ms  p99 {s['fct_p99_s'] * 1e3:.3f} ms;"
               f"  drops {s['switch_drops']}  resent {s['retransmitted_pkts']}  timeouts "
-              f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  uplink pause "
-              f"{s['pause_time_uplinks_s'] * 1e6:.0f} µs  busiest uplink / mean "
+              f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  time paused (all ports) "
+              f"{s['pause_time_all_s'] * 1e6:.0f} µs  busiest uplink / mean "
               f"{s['uplink_max_over_mean']:.2f}")
         print(f"  {s['events']} events in {s['wall_s']:.1f} s wall")
         j = cl.write_json(res, out / "cluster-single.json")
@@ -175,7 +176,8 @@ def _cluster(args, out: Path, progress: bool) -> int:
     print(st["title"])
     b = st["runs"][next(iter(st["runs"]))]["config"]
     print(f"{b['hosts']} hosts, {b['hosts_per_leaf']}/leaf, {b['spines'] or b['hosts_per_leaf']} "
-          f"spines, {b['rate_gbps']:g} Gbit/s, {b['size'] / 2**20:g} MiB/rank, seeds {st['seeds']}\n")
+          f"spines, {b['rate_gbps']:g} Gbit/s, {b['size'] / 2**20:g} MiB/rank, "
+          f"seeds {st['seeds']}\n")
     print("| variant | seed | completion ms | x line rate | transfer p50 ms | p99 ms | drops | "
           "resent | PAUSE frames | time paused, all ports µs | busiest uplink/mean |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
