@@ -59,6 +59,11 @@ STATS_EVERY = 1.0           # seconds between counter publications
 #: Python without calling softnic to hand over the interpreter (CPython's default
 #: is 5 ms, a scheduler tick's worth of latency).
 SWITCH_INTERVAL = float(os.environ.get("SOFTNIC_SWITCH_INTERVAL_US", "500")) * 1e-6
+#: The progress thread's nice value (Linux: per thread), where the process may
+#: raise its priority: woken by a datagram, it must get a CPU from the program's
+#: own threads spinning on memory, which the scheduler does not preempt at once
+#: for an equal.  It runs briefly and sleeps; 0 (the default) leaves it as it is.
+PROGRESS_NICE = int(os.environ.get("SOFTNIC_PROGRESS_NICE", "0"))
 _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
@@ -119,8 +124,11 @@ def _attach_cm(nic) -> None:
     (``core.cm``; ``softnic.rdmacm`` takes its events when a program uses rdma_cm)."""
     from .core.cm import CM
     guid = 0x02534EFFFE000000 | (zlib.crc32(nic.name.encode()) & 0xFFFFFF)
+    world = getattr(nic, "world", None)
+    rng = world.fabric.derive_rng("cm", nic.name) if world is not None else \
+        random.Random(int.from_bytes(os.urandom(8), "little"))   # (simulated: replayable)
     with nic.lock:
-        nic.dev.gsi = CM(nic.dev.gid, guid, random.Random(int.from_bytes(os.urandom(8), "little")))
+        nic.dev.gsi = CM(nic.dev.gid, guid, rng)
 
 
 def open_nics() -> list["NIC"]:
@@ -209,7 +217,7 @@ class NIC(_Opened):
             self.capture = self._capture_class()(
                 p.with_name(f"{p.stem}-{spec.name}{p.suffix or '.pcap'}"))
         self._closed = False
-        self._stats_at = 0.0
+        self._stats_at = time.monotonic()
         self._owed = False          # an inline step left its output for the next call
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
@@ -299,18 +307,20 @@ class NIC(_Opened):
                 ns = time.monotonic_ns()
                 lease[0] = ns
                 now = ns * 1e-9
-                if self._idle(now):
+                ready = self._readable(0)
+                if not ready and self._idle(now, False):
                     return
                 lease[1] = 1
                 try:
-                    self._step(now, inline=True)
+                    self._step(now, inline=True, ready=bool(ready))
                 finally:
                     lease[0] = time.monotonic_ns()
                     lease[1] = 1 if self._owed else 0
 
-    def _idle(self, now: float) -> bool:
-        """Is there nothing to receive, no timer due and nothing to send?"""
-        if self._readable(0):
+    def _idle(self, now: float, look: bool = True) -> bool:
+        """Is there nothing to receive (``look``: ask the socket), no timer due and
+        nothing to send?"""
+        if look and self._readable(0):
             return False
         dev = self.dev
         if dev._ready or dev._cnps:
@@ -453,7 +463,7 @@ class NIC(_Opened):
         if d:
             self._deadline(d[0][0])
 
-    def _step(self, now: float, inline: bool = False) -> bool:
+    def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
         """Receive what waits, fire due timers, send.  Caller holds the lock.
 
         ``inline`` (a spinning caller's step): receive one datagram (or one
@@ -463,7 +473,7 @@ class NIC(_Opened):
         answers at once (a ping-pong, an RPC) sends its answer first, and the
         peer, who is waiting for the answer, finds the ACK behind it.  Output is
         held for one step at most, and the progress thread sends it if the
-        caller goes away."""
+        caller goes away.  ``ready``: the caller saw the socket readable just now."""
         did = False
         limit = 1 if inline else 256
         if self._ecn:
@@ -480,7 +490,7 @@ class NIC(_Opened):
         elif self._runs and self.capture is None:
             # coalesced runs straight to the device (its kernel places a WRITE's
             # MIDDLEs a run at a time)
-            runs = self.sock.recv_runs(limit)
+            runs = self.sock.recv_runs(limit, ready)
             if runs:
                 did = True
                 rx = self.dev.receive_run
@@ -550,6 +560,11 @@ class NIC(_Opened):
         return 2 if any(fd == self._bell for fd, _ in got) else (1 if got else 0)
 
     def _run(self) -> None:
+        if PROGRESS_NICE:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PROGRESS_NICE)
+            except (OSError, AttributeError):
+                pass                         # not permitted here: the default priority
         while True:
             with self.lock:
                 if self._closed:
@@ -637,7 +652,7 @@ class TcpNIC(NIC):
         cap = self.capture is not None
         self.sock.flush(self.dev, now, self._tx if cap else None)
 
-    def _step(self, now: float, inline: bool = False) -> bool:
+    def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
         cap = self.capture is not None
         self._flush(now)
         did = self.sock.step(self.dev, now, on_rx=self._rx if cap else None)

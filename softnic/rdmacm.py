@@ -211,8 +211,10 @@ class EventChannel:
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             sims = [d for d in _nics.values() if hasattr(d, "world")]
-            if sims:                     # virtual time moves only when driven
-                sims[0].wait_until(lambda: bool(self.queue), timeout=1.0)
+            if sims:                     # virtual time moves only when driven: up to the event
+                world = sims[0].world
+                with world.lock:
+                    world.fabric.run(until=world.fabric.now + 1.0, stop=lambda: bool(self.queue))
             left = None if end is None else max(0.0, end - time.monotonic())
             if p.poll(None if left is None else int(left * 1000) + 1):
                 try:
@@ -315,6 +317,11 @@ class CmId:
             ip, nic = "0.0.0.0", None
         else:
             nic = device_for_ip(ip)
+            if nic is None and ipaddress.ip_address(ip).is_loopback and devices():
+                # as the kernel's rdma_cm binds a loopback address: to the first device,
+                # whose address the id then reports (what a peer can reach)
+                nic = devices()[0]
+                ip = nic.ip
             if nic is None:
                 raise VerbsError(errno.EADDRNOTAVAIL, f"{ip} is not a softnic device's address")
         port = self._claim_port(ip, port)

@@ -206,6 +206,47 @@ def test_udp_source_port_follows_the_kernels_rule():
         assert len({udp_sport(fl, 1, 2) for fl in labels}) == 128
 
 
+SIM_PROG = r"""
+import threading, numpy as np
+from softnic.collectives import Communicator, StoreServer, StoreClient
+from softnic.core.entropy import qp_udp_sport
+srv = StoreServer("127.0.0.1", 0)
+host, port = srv.address
+N, res = 3, {}
+def rank(r):
+    st = StoreClient(host, port, r)
+    c = Communicator(r, N, st, device=f"d{r}", timeout=20, qps=2)
+    x = np.full(300_000, float(r + 1), np.float32)
+    c.allreduce(x)
+    b = np.full(100_000, float(r), np.float64)
+    c.broadcast(b, 1)
+    g = c.allgather(np.full(10, r, np.int64))
+    rs = c.reduce_scatter(np.arange(30, dtype=np.int64))
+    ports = {p: [qp_udp_sport(qp._eqp) for qp in c.transport.qps[p]] for p in c.transport.qps}
+    res[r] = (bool(np.all(x == 6)), bool(np.all(b == 1)), g.reshape(-1).tolist()[::10],
+              rs.tolist(), ports == {p: c.transport.udp_source_ports(p) for p in ports})
+    c.close(); st.close()
+ts = [threading.Thread(target=rank, args=(r,)) for r in range(N)]
+[t.start() for t in ts]; [t.join(60) for t in ts]
+for r in range(N):
+    print("rank", r, res.get(r))
+srv.close()
+"""
+
+
+def test_collectives_run_on_the_simulated_fabric():
+    """Under SOFTNIC_BACKEND=sim (the ranks as threads of one process, a device each on
+    the simulated fabric), with two QPs per peer whose engine QPs carry the ports."""
+    env = dict(os.environ, SOFTNIC_BACKEND="sim",
+               SOFTNIC_DEVICES="d0=10.0.0.1,d1=10.0.0.2,d2=10.0.0.3")
+    res = run([sys.executable, "-c", SIM_PROG], timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for r in range(3):
+        want = (f"rank {r} (True, True, [0, 1, 2], "
+                f"{[3 * (10 * r + i) for i in range(10)]}, True)")
+        assert want in res.stdout, res.stdout
+
+
 # ---------------------------------------------------------------------- failing ranks
 
 
@@ -219,7 +260,8 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout():
     port = _port()
     procs = []
     for rank in (0, 1):                 # rank 2 of 3 never starts
-        env = rank_env(os.environ, rank, 3, port, timeout=2)
+        # long enough that rank 1, started after rank 0, arrives in time on a busy machine
+        env = rank_env(os.environ, rank, 3, port, timeout=6)
         procs.append(subprocess.Popen([sys.executable, WORKER, "--quick"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))

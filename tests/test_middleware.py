@@ -15,12 +15,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from test_libibverbs import _missing, free_tcp_port, libdir, listening, softnic_exec  # noqa: F401
+from test_netns import two_hosts  # noqa: F401
 
 HERE = Path(__file__).resolve().parent
 CDIR = HERE / "c"
@@ -110,9 +112,8 @@ def test_ucx_perftest_ud_verbs(libdir, test):
 
 
 @pytest.mark.parametrize("tls,test,size", [
-    ("rc_v,self", "tag_lat", "8"), ("rc_v,self", "tag_bw", "65536"),
-    ("rc_v,self", "ucp_put_bw", "8"), ("rc_v,self", "ucp_get", "8"),
-    ("rc_v,self", "ucp_fadd", "8"), ("ud_v,self", "tag_lat", "8"), ("ud_v,self", "tag_bw", "8"),
+    ("rc_v,self", "tag_lat", "8"), ("rc_v,self", "ucp_put_bw", "65536"),
+    ("rc_v,self", "ucp_get", "8"), ("rc_v,self", "ucp_fadd", "8"), ("ud_v,self", "tag_bw", "8"),
 ], ids=lambda v: str(v))
 def test_ucx_perftest_with_2_percent_loss(libdir, tls, test, size):
     final = perftest(tls, test, "-n", "50", "-s", size, faults="loss=0.02")
@@ -156,7 +157,7 @@ def assert_ranks_used_softnic(docs: list[dict], np: int) -> None:
     assert len(used) == np, [(d["pid"], d["device"], d["counters"].get("sent_pkts")) for d in docs]
 
 
-@pytest.mark.parametrize("np,tls,top", [(2, "rc_v,self", 4 << 20), (4, "rc_v,self", 4 << 20),
+@pytest.mark.parametrize("np,tls,top", [(2, "rc_v,self", 1 << 20), (4, "rc_v,self", 4 << 20),
                                         (3, "ud_v,self", 4 << 20)],
                          ids=["2-ranks-rc", "4-ranks-rc", "3-ranks-ud"])
 def test_mpi_program_every_element_checked(libdir, mpi_check, tmp_path, np, tls, top):
@@ -176,3 +177,59 @@ def test_mpi_program_with_2_percent_loss(libdir, mpi_check, tmp_path, tls):
     assert "all checked" in out
     assert_ranks_used_softnic(docs, 3)
     assert sum(d["counters"].get("sent_pkts", 0) for d in docs) > 0
+
+
+@pytest.mark.parametrize("tls", ["rc_v,self", "ud_v,self"])
+def test_mpi4py_in_debian_python_every_element_checked(libdir, tmp_path, tls):
+    """Debian's /usr/bin/python3 (3.11.2) with Debian's mpi4py: softnic's backend runs in
+    that interpreter (one interpreter per process); mpi4py holds its lock through
+    MPI_Init and finalizes MPI after the interpreter is gone, which the preload takes
+    care of (MPI_Init without the lock, MPI_Finalize from a Python exit handler)."""
+    need("mpirun")
+    r = subprocess.run(["/usr/bin/python3", "-c", "import mpi4py"], capture_output=True,
+                       timeout=TIMEOUT)
+    if r.returncode:
+        _missing("needs Debian's python3-mpi4py")
+    out, docs = mpirun(tmp_path, 3, tls, ["/usr/bin/python3", str(CDIR / "mpi4py_check.py"),
+                                         str(1 << 18), "16"])
+    for what in ("Sendrecv ring", "Allreduce", "Bcast", "Alltoall", "Allgather",
+                 "Put (fence epoch)"):
+        assert f"{what} ok up to 262144 bytes, 3 ranks" in out, out
+    assert "all checked (mpi4py" in out and "Python 3.11.2 at /usr/bin/python3" in out, out
+    assert "Segmentation fault" not in out and "after this Python process's interpreter" \
+        not in out, out
+    assert_ranks_used_softnic(docs, 3)
+
+
+def test_ucx_perftest_between_two_network_namespaces(libdir, two_hosts):
+    """Two hosts (network namespaces joined by a veth pair, test_netns's fixture), one
+    softnic device on each namespace's veth address: ucx_perftest over rc_verbs crosses
+    the veth link, the out-of-band exchange too."""
+    (ns_a, addr_a), (ns_b, addr_b) = two_hosts
+    binary = need("ucx_perftest")
+    port = str(free_tcp_port())
+    env = dict(os.environ, UCX_TLS="rc_v,self", UCX_NET_DEVICES="softnic0:1")
+    base = [sys.executable, "-m", "softnic.cli", "exec"]
+    server = subprocess.Popen(["ip", "netns", "exec", ns_a, *base, "--devices",
+                               f"softnic0={addr_a}", "--", binary, "-p", port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while f":{int(port):04X} 00000000:0000 0A" not in subprocess.run(
+                ["ip", "netns", "exec", ns_a, "cat", "/proc/net/tcp", "/proc/net/tcp6"],
+                capture_output=True, text=True, timeout=10).stdout:   # that namespace's
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"ucx_perftest server did not listen:\n{server.communicate()[0]}")
+            time.sleep(0.1)
+        client = run(["ip", "netns", "exec", ns_b, *base, "--devices", f"softnic0={addr_b}",
+                      "--", binary, addr_a, "-p", port, "-t", "tag_lat", "-n", "100", "-s",
+                      "8"], env)
+        sout = server.communicate(timeout=TIMEOUT)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert client.returncode == 0 and server.returncode == 0, (
+        client.stdout + client.stderr + "\n--- server\n" + sout)
+    final = [ln.split() for ln in client.stdout.splitlines() if ln.startswith("Final:")]
+    assert final and final[0][1] == "100", client.stdout

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 SOFTNIC = [sys.executable, "-m", "softnic.cli"]
-TIMEOUT = 60
+TIMEOUT = 150          # (a loaded machine starts an embedded interpreter slowly)
 PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -49,9 +49,6 @@ def libs():
         _missing(str(e))
 
 
-_n = [0]
-
-
 def _free_tcp_port() -> int:
     import socket
     with socket.socket() as s:
@@ -60,10 +57,20 @@ def _free_tcp_port() -> int:
 
 
 def _addresses() -> tuple[str, str]:
-    """Two loopback addresses no other test (or process on this machine) uses."""
-    _n[0] += 1
-    a = 150 + os.getpid() % 100
-    return f"127.{a}.{_n[0]}.2", f"127.{a}.{_n[0]}.3"
+    """Two loopback addresses no other process on this machine holds a device on."""
+    import random
+    import socket
+    rng = random.Random()
+    while True:
+        net = f"127.{rng.randrange(20, 250)}.{rng.randrange(1, 250)}"
+        pair = (f"{net}.2", f"{net}.3")
+        try:
+            for ip in pair:
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                    s.bind((ip, 4791))
+        except OSError:
+            continue
+        return pair
 
 
 def _cmd(ip: str, args, faults):

@@ -138,3 +138,18 @@ def test_listen_on_any_serves_every_device(two_devices):
         child.close()
         cid.close()
     lst.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_async_program_in_the_simulated_fabric_with_loss_and_duplication(seed):
+    """The same program in virtual time, with 5 % loss and 5 % duplication on every
+    link: the CM's retransmissions and the QPs' carry it through.  Replays from its seed."""
+    r = subprocess.run([*SOFTNIC, "exec", "--faults", "loss=0.05,duplicate=0.05", "--seed",
+                        str(seed), sys.executable,
+                        str(HERE / "rdmacm" / "pyverbs_cm_async.py"), "10.0.0.1", "10.0.0.2",
+                        "7800"],
+                       env=dict(_env("softnic0=10.0.0.1,softnic1=10.0.0.2"),
+                                SOFTNIC_BACKEND="sim"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"seed {seed}:\n{r.stdout}{r.stderr}"
+    assert "connected, exchanged, disconnected" in r.stdout

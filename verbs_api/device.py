@@ -326,21 +326,23 @@ class Context(PyverbsCM):
 
 def _odp_caps():
     """On-demand paging is what softnic always does: it never pins, the engine reaches an
-    MR through the process's own mapping when a packet needs it (implicit ODP, an MR over
-    the whole address space, is not offered).  The same caps as the C face reports."""
+    MR through the process's own mapping when a packet needs it, and an implicit MR (the
+    whole address space) reaches any address the mapping allows.  The C face reports
+    the same caps."""
     rc = (e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV | e.IBV_ODP_SUPPORT_WRITE |
           e.IBV_ODP_SUPPORT_READ | e.IBV_ODP_SUPPORT_ATOMIC | e.IBV_ODP_SUPPORT_SRQ_RECV)
     uc = e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV | e.IBV_ODP_SUPPORT_WRITE
     ud = e.IBV_ODP_SUPPORT_SEND | e.IBV_ODP_SUPPORT_RECV
-    return ODPCaps(general_caps=int(e.IBV_ODP_SUPPORT), rc_odp_caps=int(rc), uc_odp_caps=int(uc),
-                   ud_odp_caps=int(ud), xrc_odp_caps=0)
+    return ODPCaps(general_caps=int(e.IBV_ODP_SUPPORT | e.IBV_ODP_SUPPORT_IMPLICIT),
+                   rc_odp_caps=int(rc), uc_odp_caps=int(uc),
+                   ud_odp_caps=int(ud), xrc_odp_caps=int(rc))
 
 
 DEVICE_CAP_FLAGS = (e.IBV_DEVICE_BAD_PKEY_CNTR | e.IBV_DEVICE_BAD_QKEY_CNTR |
                     e.IBV_DEVICE_CURR_QP_STATE_MOD | e.IBV_DEVICE_PORT_ACTIVE_EVENT |
                     e.IBV_DEVICE_SYS_IMAGE_GUID | e.IBV_DEVICE_RC_RNR_NAK_GEN |
                     e.IBV_DEVICE_SRQ_RESIZE | e.IBV_DEVICE_MEM_WINDOW |
-                    e.IBV_DEVICE_MEM_WINDOW_TYPE_2B)
+                    e.IBV_DEVICE_MEM_WINDOW_TYPE_2B | e.IBV_DEVICE_XRC)
 
 
 class DeviceAttr(_Attrs):

@@ -39,9 +39,6 @@ class MR(PyverbsCM):
         if kwargs.get('handle') is not None:
             raise PyverbsRDMAError('Failed to import MR: not supported by softnic',
                                    errno.EOPNOTSUPP)
-        if implicit:
-            raise PyverbsRDMAError('Failed to register an implicit MR: softnic offers no '
-                                   'implicit ODP', errno.EOPNOTSUPP)
         self.is_huge = bool(access & e.IBV_ACCESS_HUGETLB)
         self.is_user_addr = bool(address)
         if address:
@@ -51,10 +48,14 @@ class MR(PyverbsCM):
         self._length = length
         self._nic = creator._nic
         try:
-            self._emr = engine_call(
-                self._nic, f'Failed to register a MR. length: {length}, access flags: {access}',
-                self._nic.dev.reg_mr, creator._epd, self._buf, length,
-                int(access) & ~int(e.IBV_ACCESS_ON_DEMAND))  # softnic never pins: always ODP
+            msg = f'Failed to register a MR. length: {length}, access flags: {access}'
+            if implicit:      # ibv_reg_mr(pd, NULL, SIZE_MAX, access): the whole address space
+                self._emr = engine_call(self._nic, msg, self._nic.dev.keys.register_implicit,
+                                        creator._epd, int(access))
+            else:
+                self._emr = engine_call(
+                    self._nic, msg, self._nic.dev.reg_mr, creator._epd, self._buf, length,
+                    int(access) & ~int(e.IBV_ACCESS_ON_DEMAND))  # never pinned: always ODP
         except PyverbsRDMAError:
             self._release_buffer()
             raise

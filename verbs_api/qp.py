@@ -245,6 +245,12 @@ _COMP_MASKS = {
     e.IBV_QPT_UD: {'INIT': _M.IBV_QP_PKEY_INDEX | _M.IBV_QP_PORT | _M.IBV_QP_QKEY,
                    'RTR': 0, 'RTS': _M.IBV_QP_SQ_PSN},
 }
+# XRC: an initiator needs no responder attributes at RTR, a target no requester ones at RTS
+_COMP_MASKS[e.IBV_QPT_XRC_SEND] = dict(_COMP_MASKS[e.IBV_QPT_RC], RTR=_M.IBV_QP_AV |
+                                       _M.IBV_QP_PATH_MTU | _M.IBV_QP_DEST_QPN |
+                                       _M.IBV_QP_RQ_PSN)
+_COMP_MASKS[e.IBV_QPT_XRC_RECV] = dict(_COMP_MASKS[e.IBV_QPT_RC], RTS=_M.IBV_QP_TIMEOUT |
+                                       _M.IBV_QP_SQ_PSN)
 
 
 def _engine_attr(a: QPAttr, mask: int) -> _EngineQPAttr:
@@ -268,46 +274,66 @@ class QP(PyverbsCM):
         QPInitAttrEx naming its PD); with ``qp_attr``, move it towards RTS."""
         super().__init__()
         self._closed = True
-        self.pd = self.context = self.scq = self.rcq = self.srq = None
+        self.pd = self.context = self.scq = self.rcq = self.srq = self.xrcd = None
         from .device import Context
         from .pd import PD
         if creator is None or init_attr is None:
             raise TypeError('QP needs a creator and init_attr')
         ctx = None
+        qpt = init_attr.qp_type
+        xrcd = init_attr.xrcd if init_attr.comp_mask & e.IBV_QP_INIT_ATTR_XRCD else None
         if isinstance(creator, Context):
             creator._check()
             ctx, pd = creator, init_attr.pd
-            if pd is None:
+            if qpt == e.IBV_QPT_XRC_RECV:       # a target belongs to its XRC domain, no PD
+                if xrcd is None or xrcd._closed:
+                    raise rdma_error('Failed to create QP: an XRC target QP needs an XRCD')
+                pd = None
+            elif pd is None:
                 raise rdma_error('Failed to create QP: the QPInitAttrEx names no PD')
         elif isinstance(creator, PD):
             pd = creator
         else:
             raise PyverbsUserError(f'Cannot create QP from {type(creator)}')
-        pd._check()
-        if init_attr.xrcd is not None or init_attr.comp_mask & e.IBV_QP_INIT_ATTR_XRCD:
-            raise rdma_error('Failed to create QP: softnic has no XRC', errno.EOPNOTSUPP)
+        if qpt in (e.IBV_QPT_XRC_SEND, e.IBV_QPT_XRC_RECV) and ctx is None:
+            raise rdma_error('Failed to create QP: XRC QPs are created with ibv_create_qp_ex')
+        if pd is not None:
+            pd._check()
         if init_attr.create_flags:
             raise rdma_error(f'Failed to create QP: create_flags {init_attr.create_flags:#x} '
                              'are not supported', errno.EOPNOTSUPP)
         scq, rcq, srq = init_attr.send_cq, init_attr.recv_cq, init_attr.srq
+        nic = pd._nic if pd is not None else ctx._nic
         for obj in (scq, rcq, srq):
-            if obj is not None and (obj._closed or obj._nic is not pd._nic):
+            if obj is not None and (obj._closed or obj._nic is not nic):
                 raise rdma_error('Failed to create QP: a CQ or SRQ is closed or of another '
                                  'device')
-        self._nic = nic = pd._nic
+        self._nic = nic
+        role = {e.IBV_QPT_XRC_SEND: 'ini', e.IBV_QPT_XRC_RECV: 'tgt'}.get(qpt)
+        if role == 'tgt':
+            scq = rcq = srq = None              # a target sends nothing, receives from SRQs
+        elif role == 'ini':
+            rcq = srq = None                    # an initiator receives nothing
         einit = _EngineQPInitAttr(
-            qp_type=init_attr.qp_type, send_cq=scq._ecq if scq is not None else None,
+            qp_type=e.IBV_QPT_RC if role else qpt,
+            send_cq=scq._ecq if scq is not None else None,
             recv_cq=rcq._ecq if rcq is not None else None,
             srq=srq._esrq if srq is not None else None, cap=_EngineQPCap(*init_attr._cap),
-            sq_sig_all=bool(init_attr.sq_sig_all))
-        self._eqp = engine_call(nic, 'Failed to create QP', nic.dev.create_qp, pd._epd, einit)
+            sq_sig_all=bool(init_attr.sq_sig_all), xrc=role,
+            xrcd=xrcd._exrcd if role == 'tgt' else None)
+        epd = pd._epd if pd is not None else xrcd._exrcd.pd
+        self._eqp = engine_call(nic, 'Failed to create QP', nic.dev.create_qp, epd, einit)
         c = self._eqp.cap       # the caps given, written back as ibv_create_qp does
         init_attr._cap = [c.max_send_wr, c.max_recv_wr, c.max_send_sge, c.max_recv_sge,
                           c.max_inline_data]
         self._qp_type = init_attr.qp_type
         self._sq_sig_all = init_attr.sq_sig_all
         self.pd = pd
-        pd.add_ref(self)
+        if pd is not None:
+            pd.add_ref(self)
+        if role == 'tgt':
+            self.xrcd = xrcd
+            xrcd.add_ref(self)
         if ctx is not None:
             self.context = ctx
             ctx.add_ref(self)
@@ -322,7 +348,8 @@ class QP(PyverbsCM):
         self._closed = False
         if qp_attr is not None:
             funcs = {e.IBV_QPT_RC: self.to_init, e.IBV_QPT_UC: self.to_init,
-                     e.IBV_QPT_UD: self.to_rts}
+                     e.IBV_QPT_UD: self.to_rts, e.IBV_QPT_XRC_SEND: self.to_init,
+                     e.IBV_QPT_XRC_RECV: self.to_init}
             funcs[self._qp_type](qp_attr)
 
     def close(self):
@@ -548,6 +575,11 @@ class QPEx(QP):
     def wr_rdma_read(self, rkey, remote_addr):
         self._new(e.IBV_WR_RDMA_READ, rkey=rkey, remote_addr=remote_addr)
 
+    def wr_atomic_write(self, rkey, remote_addr, atomic_wr):
+        """ATOMIC_WRITE: the 8 bytes of ``atomic_wr`` placed at ``remote_addr`` as one."""
+        self._new(e.IBV_WR_ATOMIC_WRITE, rkey=rkey, remote_addr=remote_addr,
+                  atomic_data=bytes(memoryview(atomic_wr).cast('B')[:8]))
+
     def wr_atomic_cmp_swp(self, rkey, remote_addr, compare, swap):
         self._new(e.IBV_WR_ATOMIC_CMP_AND_SWP, rkey=rkey, remote_addr=remote_addr,
                   compare_add=compare, swap=swap)
@@ -562,6 +594,10 @@ class QPEx(QP):
     def wr_bind_mw(self, mw, rkey, bind_info):
         """Bind a type 2 window to ``bind_info``'s range, giving it ``rkey``."""
         self._new(e.IBV_WR_BIND_MW, bind=bind_info._engine(mw, rkey))
+
+    def wr_set_xrc_srqn(self, remote_srqn):
+        """The remote XRC SRQ of the last WR (an XRC initiator's XRCETH)."""
+        self._last().xrc_srqn = remote_srqn
 
     def wr_set_ud_addr(self, ah, remote_qpn, remote_qkey):
         w = self._last()

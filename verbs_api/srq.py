@@ -54,18 +54,28 @@ class SRQ(PyverbsCM):
         its PD; basic SRQs only)."""
         super().__init__()
         self._closed = True
-        self.cq = None
+        self.cq = self.xrcd = None
+        self._xrc = False
         from .device import Context
         from .pd import PD
         if creator is None or attr is None:
             raise TypeError('SRQ needs a creator and attributes')
+        xrc = None
         if isinstance(creator, PD):
             pd = creator
         elif isinstance(creator, Context):
             creator._check()
-            if getattr(attr, 'srq_type', e.IBV_SRQT_BASIC) != e.IBV_SRQT_BASIC or \
-                    getattr(attr, 'xrcd', None) is not None:
-                raise rdma_error('Failed to create SRQ: only basic SRQs', errno.EOPNOTSUPP)
+            srq_type = getattr(attr, 'srq_type', e.IBV_SRQT_BASIC) \
+                if attr.comp_mask & e.IBV_SRQ_INIT_ATTR_TYPE else e.IBV_SRQT_BASIC
+            if srq_type not in (e.IBV_SRQT_BASIC, e.IBV_SRQT_XRC):
+                raise rdma_error(f'Failed to create SRQ: SRQ type {srq_type}', errno.EOPNOTSUPP)
+            if srq_type == e.IBV_SRQT_XRC:
+                xrcd, cq = getattr(attr, 'xrcd', None), getattr(attr, 'cq', None)
+                if xrcd is None or cq is None or xrcd._closed or cq._closed or \
+                        not attr.comp_mask & e.IBV_SRQ_INIT_ATTR_XRCD or \
+                        not attr.comp_mask & e.IBV_SRQ_INIT_ATTR_CQ:
+                    raise rdma_error('Failed to create SRQ: an XRC SRQ needs an XRCD and a CQ')
+                xrc = (xrcd, cq)
             pd = getattr(attr, 'pd', None)
             if pd is None:
                 raise rdma_error('Failed to create SRQ: the SrqInitAttrEx names no PD')
@@ -76,6 +86,20 @@ class SRQ(PyverbsCM):
         self._esrq = engine_call(self._nic, 'Failed to create SRQ', self._nic.dev.create_srq,
                                  pd._epd, attr.max_wr, attr.max_sge, attr.srq_limit)
         self.pd = pd
+        self._xrc = xrc is not None
+        if xrc is not None:
+            from softnic.core import xrc as _xrc
+            xrcd, cq = xrc
+            try:
+                engine_call(self._nic, 'Failed to create SRQ', _xrc.make_srq, self._esrq,
+                            xrcd._exrcd, cq._ecq)
+            except PyverbsRDMAError:
+                engine_call(self._nic, 'Failed to destroy SRQ', self._nic.dev.destroy_srq,
+                            self._esrq)
+                raise
+            self.xrcd, self.cq = xrcd, cq
+            xrcd.add_ref(self)
+            cq.add_ref(self)
         self._closed = False
         pd.add_ref(self)
         self.logger.debug('SRQ Created')
@@ -94,7 +118,11 @@ class SRQ(PyverbsCM):
             raise PyverbsError('SRQ is closed')
 
     def get_srq_num(self):
-        raise rdma_error('Failed to retrieve SRQ number: not an XRC SRQ', errno.EOPNOTSUPP)
+        """The XRC SRQ number initiators name in their XRCETH."""
+        self._check()
+        if not self._xrc:
+            raise rdma_error('Failed to retrieve SRQ number: not an XRC SRQ', errno.EOPNOTSUPP)
+        return self._esrq.handle
 
     def modify(self, attr, comp_mask):
         """ibv_modify_srq: resize (IBV_SRQ_MAX_WR) and / or arm the limit (IBV_SRQ_LIMIT)."""

@@ -120,6 +120,7 @@ class SendWR(PyverbsCM):
         self._atomic = (0, 0, 0, 0)         # remote_addr, rkey, compare_add, swap
         self._ud = None                     # (AH, remote_qpn, remote_qkey)
         self._bind = None                   # (MW, new rkey, MWBindInfo)
+        self._xrc_srqn = 0                  # XRC: the remote XRC SRQ number
 
     def close(self):
         pass
@@ -195,7 +196,7 @@ class SendWR(PyverbsCM):
         return _EngineSendWR(self.wr_id, op, self._sges[:self.num_sge], self.send_flags,
                              imm_data=imm, invalidate_rkey=inv, remote_addr=raddr, rkey=rkey,
                              compare_add=cmp_add, swap=swap, ah=ah, remote_qpn=qpn or 0,
-                             remote_qkey=qkey or 0, bind=bind)
+                             remote_qkey=qkey or 0, bind=bind, xrc_srqn=self._xrc_srqn)
 
     def _copy_from(self, other):
         self.__dict__.update({k: v for k, v in other.__dict__.items() if k != '_logger'})

@@ -19,9 +19,11 @@ import traceback
 
 import softnic
 import softnic.nic as _nic
+from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.enums import Access, QPState, QPType
 from softnic.core.errors import VerbsError
+from softnic.core.memory import IMPLICIT_LENGTH
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
 
@@ -49,6 +51,8 @@ class _Obj:
         self.cqs: list = []
         self.closed = False
 
+
+_xrcd_files: dict = {}     # (device, st_dev, st_ino) -> [XRC domain, openers]
 
 def _new(obj) -> int:
     h = next(_ids) & 0xFFFFFFFF
@@ -228,13 +232,23 @@ def install(ffi) -> None:
     @extern()
     def sn_dealloc_pd(h):
         o = _get(h)
-        o.nic.call(o.nic.dev.dealloc_pd, o.eng)
+        if o.cookie != "parent domain":        # a parent domain's PD is its creator's
+            o.nic.call(o.nic.dev.dealloc_pd, o.eng)
         del _objs[h]
+
+    @extern()
+    def sn_alias_pd(pd, out):
+        """A parent domain: a handle of its protection domain's engine PD."""
+        p = _get(pd)
+        out[0] = _new(_Obj(p.nic, p.eng, cookie="parent domain"))
 
     @extern()
     def sn_reg_mr(pd, addr, length, access, out, lkey, rkey):
         p = _get(pd)
-        mr = p.nic.call(p.nic.dev.reg_mr, p.eng, addr, length, access)
+        if addr == 0 and length == IMPLICIT_LENGTH and access & Access.ON_DEMAND:
+            mr = p.nic.call(p.nic.dev.keys.register_implicit, p.eng, access)   # implicit ODP
+        else:
+            mr = p.nic.call(p.nic.dev.reg_mr, p.eng, addr, length, access)
         out[0] = _new(_Obj(p.nic, mr))
         lkey[0] = mr.lkey
         rkey[0] = mr.rkey
@@ -244,6 +258,72 @@ def install(ffi) -> None:
         o = _get(h)
         o.nic.call(o.nic.dev.dereg_mr, o.eng)
         del _objs[h]
+
+    # ------------------------------------------------------------ XRC
+
+    @extern()
+    def sn_open_xrcd(ctx, fd, oflags, out):
+        c = _get(ctx)
+        key = None
+        if fd >= 0:              # one domain per file on a device (shared by its openers)
+            st = os.fstat(fd)
+            key = (c.eng, st.st_dev, st.st_ino)
+            shared = _xrcd_files.get(key)
+            if shared is not None:
+                if oflags & os.O_EXCL:
+                    return errno.EEXIST
+                shared[1] += 1
+                out[0] = _new(_Obj(c.nic, shared[0], cookie=key))
+                return
+            if not oflags & os.O_CREAT:
+                return errno.ENOENT
+        x = c.nic.call(xrc.open_xrcd, c.nic.dev)
+        if key is not None:
+            _xrcd_files[key] = [x, 1]
+        out[0] = _new(_Obj(c.nic, x, cookie=key))
+
+    @extern()
+    def sn_close_xrcd(h):
+        o = _get(h)
+        key = o.cookie
+        if key is not None and key in _xrcd_files:
+            _xrcd_files[key][1] -= 1
+            if _xrcd_files[key][1] > 0:
+                del _objs[h]
+                return
+        o.nic.call(xrc.close_xrcd, o.nic.dev, o.eng)
+        if key is not None:
+            _xrcd_files.pop(key, None)
+        del _objs[h]
+
+    @extern()
+    def sn_make_xrc_srq(srq, xrcd, cq):
+        s = _get(srq)
+        s.nic.call(xrc.make_srq, s.eng, _get(xrcd).eng, _get(cq).eng)
+
+    @extern()
+    def sn_srq_num(srq, num):
+        num[0] = _get(srq).eng.handle         # the number an XRCETH names
+
+    @extern()
+    def sn_create_xrc_qp(pd, xrcd, role, send_cq, cap, sq_sig_all, cookie, out, qpn):
+        if role == 0:                         # an initiator, in a PD
+            p = _get(pd)
+            nic, epd, x, name = p.nic, p.eng, None, "ini"
+        else:                                 # a target, in its XRC domain
+            d = _get(xrcd)
+            nic, epd, x, name = d.nic, d.eng.pd, d.eng, "tgt"
+        init = QPInitAttr(qp_type=QPType.RC,
+                          send_cq=_get(send_cq).eng if send_cq and role == 0 else None,
+                          cap=QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge,
+                                    cap.max_recv_sge, cap.max_inline_data),
+                          sq_sig_all=bool(sq_sig_all), xrc=name, xrcd=x)
+        qp = nic.call(nic.dev.create_qp, epd, init)
+        cap.max_send_wr, cap.max_recv_wr = qp.cap.max_send_wr, qp.cap.max_recv_wr
+        cap.max_send_sge, cap.max_recv_sge = qp.cap.max_send_sge, qp.cap.max_recv_sge
+        cap.max_inline_data = qp.cap.max_inline_data
+        out[0] = _new(_Obj(nic, qp, cookie=cookie))
+        qpn[0] = qp.qpn
 
     # ------------------------------------------------------------ device memory
 
@@ -559,6 +639,10 @@ def install(ffi) -> None:
                     invalidate_rkey=w.invalidate_rkey, remote_addr=w.remote_addr,
                     rkey=w.rkey, compare_add=w.compare_add, swap=w.swap, ah=ah,
                     remote_qpn=w.remote_qpn, remote_qkey=w.remote_qkey)
+        if getattr(o.eng, "xrc", None) == "ini":      # an XRC initiator: the remote XRC SRQ travels in remote_qpn
+            wr.xrc_srqn = w.remote_qpn
+        if w.opcode == 15:          # IBV_WR_ATOMIC_WRITE: its 8 bytes, as stored in swap
+            wr.atomic_data = int(w.swap).to_bytes(8, sys.byteorder)
         o.nic.call(o.nic.dev.post_send, o.eng, wr)
 
     @extern()

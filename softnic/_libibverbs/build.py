@@ -224,9 +224,13 @@ def build(out: str | os.PathLike | None = None, force: bool = False,
             built = ffi.compile(tmpdir=str(tmpdir), target=SONAME, verbose=verbose)
         except (cffi.VerificationError, OSError) as e:
             raise BuildError(f"building {SONAME} failed (rerun with --verbose): {e}") from None
-        tmp_lib = dest / (SONAME + ".tmp")
+        tmp_lib = dest / f"{SONAME}.{os.getpid()}.tmp"   # concurrent builds never share one
         shutil.copyfile(built, tmp_lib)
-        _build_preload(dest, tmpdir, verbose)
+        try:
+            _build_preload(dest, tmpdir, verbose)
+        except BuildError:
+            tmp_lib.unlink(missing_ok=True)
+            raise
         os.replace(tmp_lib, lib)
     return dest
 
@@ -239,10 +243,13 @@ def _build_preload(dest: Path, tmpdir: Path, verbose: bool) -> None:
            "-o", str(out), str(HERE / "preload.c"), "-ldl"]
     if verbose:
         print(" ".join(cmd))
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(f"building {PRELOAD} failed: {e}") from None
     if r.returncode:
         raise BuildError(f"building {PRELOAD} failed: {r.stderr.strip()}")
-    tmp = dest / (PRELOAD + ".tmp")
+    tmp = dest / f"{PRELOAD}.{os.getpid()}.tmp"
     shutil.copyfile(out, tmp)
     os.replace(tmp, dest / PRELOAD)
 

@@ -14,6 +14,7 @@
  *    interpreter, with this project and the build's site-packages added to its
  *    path.  A host of another minor version than the build's would not share its
  *    ABI: every call then fails (no devices) with a message saying what to do.
+ *    Calls after the host interpreter has finished fail (EIO) with a message.
  *  - a child forked after the parent's first verbs call: its devices, threads and
  *    sockets stayed in the parent, and the interpreter may have been forked while
  *    another thread held its lock; every call fails (EIO, no devices) with a
@@ -30,6 +31,7 @@
 static volatile int sn_started;      /* this process has called into the backend */
 static volatile int sn_forked;       /* ... and this is a child forked after that */
 static int sn_bad_host;              /* the host interpreter's ABI is not the build's */
+static int sn_host_python;           /* the host process is a Python interpreter */
 
 static void sn_after_fork_child(void)
 {
@@ -43,6 +45,7 @@ __attribute__((constructor)) static void sn_embed_init(void)
     pthread_atfork(NULL, NULL, sn_after_fork_child);
     if (Py_IsInitialized()) {
         /* the host is a Python interpreter: use it, if its ABI is the build's */
+        sn_host_python = 1;
         const char *v = Py_GetVersion();
         size_t n = strlen(SN_PYTHON_VERSION);
         if (strncmp(v, SN_PYTHON_VERSION, n) != 0 || (v[n] != '.' && v[n] != ' '))
@@ -61,10 +64,17 @@ __attribute__((constructor)) static void sn_embed_init(void)
 static int sn_entry_forbidden(void)
 {
     static int told;
-    if (sn_forked || sn_bad_host) {
+    /* a Python host whose interpreter has finished (a C atexit handler, after
+     * Py_Finalize) has no softnic any more */
+    int gone = sn_host_python && !Py_IsInitialized();
+    if (sn_forked || sn_bad_host || gone) {
         if (!told) {
             told = 1;
-            if (sn_forked)
+            if (gone)
+                fprintf(stderr, "softnic libibverbs: a verbs call after this Python "
+                        "process's interpreter finished (from an exit handler); softnic's "
+                        "devices are gone, so it fails (EIO).\n");
+            else if (sn_forked)
                 fprintf(stderr, "softnic libibverbs: this process was forked after its "
                         "parent's first verbs call; softnic's devices stay in the parent, "
                         "so verbs fail here (EIO).  Open devices after fork(), or exec.\n");

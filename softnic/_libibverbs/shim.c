@@ -176,6 +176,10 @@ static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice
                              struct ibv_sge *sg_list, uint32_t num_sges);
 static void sn_mw_ops(struct ibv_context *c);
 static void sn_dm_ops(struct verbs_context *v);
+static void sn_xrc_ops(struct verbs_context *v);
+static void sn_pd_ops(struct verbs_context *v);
+static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *attr);
+static struct ibv_srq *sn_new_xrc_srq(struct ibv_srq_init_attr_ex *attr);
 static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr);
 
 /* What every op softnic does not provide answers, as rdma-core's dummy ops
@@ -294,6 +298,8 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     /* what softnic implements beyond the core ops, over the refusing defaults */
     sn_mw_ops(c);
     sn_dm_ops(v);
+    sn_xrc_ops(v);
+    sn_pd_ops(v);
     c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     c->num_comp_vectors = 1;
@@ -1027,6 +1033,8 @@ static struct ibv_srq *sn_vctx_create_srq_ex(struct ibv_context *ctx,
     (void)ctx;
     if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD))
         return sn_fail_ptr(EINVAL);
+    if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type == IBV_SRQT_XRC)
+        return sn_new_xrc_srq(attr);
     if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type != IBV_SRQT_BASIC)
         return sn_fail_ptr(EOPNOTSUPP);
     return sn_new_srq(attr->pd, attr->srq_context, &attr->attr);
@@ -1034,8 +1042,7 @@ static struct ibv_srq *sn_vctx_create_srq_ex(struct ibv_context *ctx,
 
 static int sn_vctx_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num)
 {
-    *srq_num = srq->handle;
-    return 0;
+    return sn_srq_num(srq->handle, srq_num);     /* the number an XRCETH names */
 }
 
 SN_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int attr_mask)
@@ -1077,10 +1084,12 @@ static void sn_qpx_install(struct sn_qp *s);
 /* the ibv_wr_* builders softnic posts, per QP type (send_ops_flags) */
 #define SN_UD_SEND_OPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
 #define SN_UC_SEND_OPS (SN_UD_SEND_OPS | IBV_QP_EX_WITH_RDMA_WRITE | \
-                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND_WITH_INV)
+                        IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND_WITH_INV | \
+                        IBV_QP_EX_WITH_BIND_MW)
 #define SN_RC_SEND_OPS (SN_UC_SEND_OPS | IBV_QP_EX_WITH_RDMA_READ | \
                         IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
-                        IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV)
+                        IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | \
+                        IBV_QP_EX_WITH_ATOMIC_WRITE)
 
 static struct ibv_qp *sn_new_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a, int is_ex)
 {
@@ -1141,7 +1150,8 @@ SN_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
     memcpy(&a, attr, sizeof(*attr));
     a.comp_mask = IBV_QP_INIT_ATTR_PD;
     a.pd = pd;
-    struct ibv_qp *qp = sn_new_qp(pd, &a, 0);
+    struct ibv_qp *qp = a.qp_type == IBV_QPT_XRC_SEND ? sn_new_xrc_qp(&a)   /* an initiator */
+                                                     : sn_new_qp(pd, &a, 0);
     if (qp)
         attr->cap = a.cap;
     return qp;
@@ -1150,6 +1160,8 @@ SN_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
                                            struct ibv_qp_init_attr_ex *attr)
 {
+    if (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV)
+        return sn_new_xrc_qp(attr);
     (void)ctx;
     uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
                      IBV_QP_INIT_ATTR_CREATE_FLAGS;
@@ -1278,6 +1290,9 @@ SN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr);
 static void sn_wr_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey,
                           const struct ibv_mw_bind_info *info);
+static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
+                               const void *atomic_wr);
+static void sn_wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t remote_srqn);
 
 static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
 {
@@ -1311,6 +1326,8 @@ static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
     default:
         break;
     }
+    if (qp->qp_type == IBV_QPT_XRC_SEND)      /* the remote XRC SRQ, carried in remote_qpn */
+        s.remote_qpn = wr->qp_type.xrc.remote_srqn;
     if (qp->qp_type == IBV_QPT_UD) {
         s.ah = wr->wr.ud.ah ? wr->wr.ud.ah->handle : 0;
         s.remote_qpn = wr->wr.ud.remote_qpn;
@@ -1538,9 +1555,9 @@ static void sn_wr_set_inline_data(struct ibv_qp_ex *q, void *addr, size_t length
     sn_wr_set_inline_data_list(q, 1, &b);
 }
 
-/* A builder softnic does not provide (wr_bind_mw, wr_send_tso, wr_set_xrc_srqn,
- * wr_atomic_write, and those of later headers): the WR list fails at wr_complete
- * with EOPNOTSUPP and nothing of it is posted. */
+/* A builder softnic does not provide (wr_send_tso, wr_set_xrc_srqn, wr_atomic_write,
+ * and those of later headers): the WR list fails at wr_complete with EOPNOTSUPP and
+ * nothing of it is posted. */
 static void sn_wr_unsupported(struct ibv_qp_ex *q)
 {
     to_sqp(q)->wr_err = EOPNOTSUPP;
@@ -1549,7 +1566,6 @@ static void sn_wr_unsupported(struct ibv_qp_ex *q)
 static void sn_qpx_install(struct sn_qp *s)
 {
     struct ibv_qp_ex *q = &s->qpx;
-    q->wr_bind_mw = (void *)sn_wr_unsupported;
     q->wr_send_tso = (void *)sn_wr_unsupported;
     q->wr_set_xrc_srqn = (void *)sn_wr_unsupported;
     q->wr_atomic_write = (void *)sn_wr_unsupported;
@@ -1568,6 +1584,8 @@ static void sn_qpx_install(struct sn_qp *s)
     q->wr_send_inv = sn_wr_send_inv;
     q->wr_local_inv = sn_wr_local_inv;
     q->wr_bind_mw = sn_wr_bind_mw;
+    q->wr_atomic_write = sn_wr_atomic_write;
+    q->wr_set_xrc_srqn = sn_wr_set_xrc_srqn;
     q->wr_set_ud_addr = sn_wr_set_ud_addr;
     q->wr_set_sge = sn_wr_set_sge;
     q->wr_set_sge_list = sn_wr_set_sge_list;
@@ -1853,10 +1871,14 @@ struct sn_dm {
 };
 
 static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr)
-{
+{   /* the caps of device memory (and of XRC's ODP), set after the rest */
     uint64_t size = 0;
     if (!sn_dm_size(ctx_handle(ctx), &size))
         attr->max_dm_size = size;
+    /* an implicit MR reaches any address the process's mapping allows */
+    attr->odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
+    /* XRC reaches memory as RC does: on demand, never pinned */
+    attr->xrc_odp_caps = attr->odp_caps.per_transport_caps.rc_odp_caps;
 }
 
 static int sn_dm_range(struct ibv_dm *dm, uint64_t offset, size_t length)
@@ -1946,4 +1968,171 @@ static void sn_dm_ops(struct verbs_context *v)
     v->alloc_dm = sn_vctx_alloc_dm;
     v->free_dm = sn_vctx_free_dm;
     v->reg_dm_mr = sn_vctx_reg_dm_mr;
+}
+
+/* ibv_wr_atomic_write: 8 bytes placed as one (rxe since Linux 6.2); the pending WR keeps
+ * them in its swap field until ibv_wr_complete posts it. */
+static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr,
+                               const void *atomic_wr)
+{
+    struct sn_pending *p = sn_wr_new(q, IBV_WR_ATOMIC_WRITE);
+    if (!p)
+        return;
+    if (!atomic_wr) {
+        to_sqp(q)->wr_err = EINVAL;
+        return;
+    }
+    p->wr.rkey = rkey;
+    p->wr.remote_addr = addr;
+    memcpy(&p->wr.swap, atomic_wr, 8);
+}
+
+/* ------------------------------------------------------------------ XRC
+ * XRC domains (one per file on a device, shared by its openers), XRC SRQs, and XRC
+ * initiator and target QPs: RC inside the engine, whose packets it turns into XRC ones
+ * (the XRC opcodes, the XRCETH naming the remote XRC SRQ). */
+
+struct sn_xrcd {
+    struct ibv_xrcd xrcd;
+    uint32_t handle;
+};
+
+static inline uint32_t xrcd_handle(struct ibv_xrcd *x) { return ((struct sn_xrcd *)x)->handle; }
+
+static struct ibv_xrcd *sn_vctx_open_xrcd(struct ibv_context *ctx,
+                                          struct ibv_xrcd_init_attr *attr)
+{
+    uint32_t h;
+    if (!attr || (attr->comp_mask & ~(IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS)))
+        return sn_fail_ptr(EINVAL);
+    int fd = (attr->comp_mask & IBV_XRCD_INIT_ATTR_FD) ? attr->fd : -1;
+    int oflags = (attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) ? attr->oflags : 0;
+    int err = sn_open_xrcd(ctx_handle(ctx), fd, oflags, &h);
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_xrcd *x = calloc(1, sizeof(*x));
+    if (!x) {
+        sn_close_xrcd(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    x->xrcd.context = ctx;
+    x->handle = h;
+    return &x->xrcd;
+}
+
+static int sn_vctx_close_xrcd(struct ibv_xrcd *xrcd)
+{
+    int err = sn_close_xrcd(xrcd_handle(xrcd));
+    if (!err)
+        free(xrcd);
+    return err;
+}
+
+static struct ibv_srq *sn_new_xrc_srq(struct ibv_srq_init_attr_ex *attr)
+{
+    uint32_t need = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    if ((attr->comp_mask & need) != need || !attr->pd || !attr->xrcd || !attr->cq)
+        return sn_fail_ptr(EINVAL);
+    struct ibv_srq *srq = sn_new_srq(attr->pd, attr->srq_context, &attr->attr);
+    if (!srq)
+        return NULL;
+    int err = sn_make_xrc_srq(srq->handle, xrcd_handle(attr->xrcd), attr->cq->handle);
+    if (err) {
+        ibv_destroy_srq(srq);
+        return sn_fail_ptr(err);
+    }
+    return srq;
+}
+
+static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *a)
+{
+    int tgt = a->qp_type == IBV_QPT_XRC_RECV;
+    struct sn_qp_cap cap;
+    uint32_t h, qpn, xh = 0;
+    if (tgt ? !(a->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !a->xrcd
+            : !(a->comp_mask & IBV_QP_INIT_ATTR_PD) || !a->pd || !a->send_cq)
+        return sn_fail_ptr(EINVAL);
+    if ((a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+        (tgt || (a->send_ops_flags & ~(uint64_t)(SN_RC_SEND_OPS & ~IBV_QP_EX_WITH_BIND_MW))))
+        return sn_fail_ptr(EOPNOTSUPP);
+    if (tgt)
+        xh = xrcd_handle(a->xrcd);
+    struct sn_qp *s = calloc(1, sizeof(*s));
+    if (!s)
+        return sn_fail_ptr(ENOMEM);
+    memset(&cap, 0, sizeof(cap));
+    cap.max_send_wr = a->cap.max_send_wr;
+    cap.max_send_sge = a->cap.max_send_sge;
+    cap.max_inline_data = a->cap.max_inline_data;
+    int err = sn_create_xrc_qp(tgt ? 0 : a->pd->handle, xh, tgt, tgt ? 0 : a->send_cq->handle,
+                               &cap, a->sq_sig_all, s, &h, &qpn);
+    if (err) {
+        free(s);
+        return sn_fail_ptr(err);
+    }
+    a->cap.max_send_wr = tgt ? 0 : cap.max_send_wr;
+    a->cap.max_send_sge = tgt ? 0 : cap.max_send_sge;
+    a->cap.max_recv_wr = a->cap.max_recv_sge = 0;
+    a->cap.max_inline_data = cap.max_inline_data;
+    struct ibv_qp *qp = &s->qpx.qp_base;
+    qp->context = tgt ? a->xrcd->context : a->pd->context;
+    qp->qp_context = a->qp_context;
+    qp->pd = tgt ? NULL : a->pd;
+    qp->send_cq = tgt ? NULL : a->send_cq;
+    qp->handle = h;
+    qp->qp_num = qpn;
+    qp->state = IBV_QPS_RESET;
+    qp->qp_type = a->qp_type;
+    pthread_mutex_init(&qp->mutex, NULL);
+    pthread_cond_init(&qp->cond, NULL);
+    s->is_ex = !tgt && (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+    if (s->is_ex)
+        sn_qpx_install(s);
+    return qp;
+}
+
+static void sn_wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t remote_srqn)
+{
+    struct sn_pending *p = sn_wr_cur(q);
+    if (p)
+        p->wr.remote_qpn = remote_srqn;
+}
+
+static void sn_xrc_ops(struct verbs_context *v)
+{
+    v->open_xrcd = sn_vctx_open_xrcd;
+    v->close_xrcd = sn_vctx_close_xrcd;
+}
+
+/* ------------------------------------------------------------------ parent domains
+ * ibv_alloc_parent_domain: a PD standing for attr->pd (objects made on it are in that
+ * protection domain).  softnic keeps its queues inside the engine, not in user memory, so
+ * it has no buffer to ask the allocators for and never calls them; thread domains are not
+ * offered (no td). */
+
+static struct ibv_pd *sn_vctx_alloc_parent_domain(struct ibv_context *ctx,
+                                                  struct ibv_parent_domain_init_attr *attr)
+{
+    uint32_t h;
+    if (!attr || !attr->pd || (attr->comp_mask & ~(IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+                                                   IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)))
+        return sn_fail_ptr(EINVAL);
+    if (attr->td)
+        return sn_fail_ptr(EOPNOTSUPP);
+    int err = sn_alias_pd(attr->pd->handle, &h);
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_pd *pd = calloc(1, sizeof(*pd));
+    if (!pd) {
+        sn_dealloc_pd(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    pd->context = ctx;
+    pd->handle = h;
+    return pd;
+}
+
+static void sn_pd_ops(struct verbs_context *v)
+{
+    v->alloc_parent_domain = sn_vctx_alloc_parent_domain;
 }

@@ -65,7 +65,7 @@ def install(ffi) -> None:
                     traceback.print_exc(file=sys.stderr)
                     return error
             call.__name__ = fn.__name__
-            return ffi.def_extern(name=fn.__name__, error=error)(call)
+            return ffi.def_extern(name="sn_py_" + fn.__name__[3:], error=error)(call)
         return wrap
 
     @extern()

@@ -10,7 +10,10 @@ __all__ = ["BuildError", "library_env"]
 
 
 def library_env(env: dict) -> dict:
-    """LD_LIBRARY_PATH with softnic's librdmacm first (built if need be)."""
+    """Builds softnic's librdmacm (if need be) beside its libibverbs; LD_LIBRARY_PATH
+    gains its directory only if that is not there already."""
     d = str(build())
     old = env.get("LD_LIBRARY_PATH")
+    if old and d in old.split(os.pathsep):
+        return {}
     return {"LD_LIBRARY_PATH": d + (os.pathsep + old if old else "")}

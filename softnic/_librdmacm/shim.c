@@ -164,6 +164,22 @@ static void sn_update(struct sn_id *s)
 
 /* ------------------------------------------------------------------ channels */
 
+/* A destroyed channel's fd number is not closed but made a never-ready eventfd:
+ * programs (rping) destroy the channel while another thread of theirs is about to
+ * wait on it again; with the kernel's rdma_cm fd that thread just stays blocked, and
+ * so it does here, where a closed (or reused) fd number would fail it or hand it
+ * another file's data.  The cost is one descriptor per destroyed channel. */
+static void sn_park_fd(int fd)
+{
+    static int parked = -1;
+    pthread_mutex_lock(&sn_lock);
+    if (parked < 0)
+        parked = eventfd(0, EFD_CLOEXEC);
+    pthread_mutex_unlock(&sn_lock);
+    if (parked < 0 || dup3(parked, fd, O_CLOEXEC) < 0)
+        close(fd);
+}
+
 SN_EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 {
     struct sn_chan *c = calloc(1, sizeof *c);
@@ -192,7 +208,7 @@ SN_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
         return;
     struct sn_chan *c = to_chan(channel);
     sn_cm_destroy_channel(c->h);
-    close(c->ch.fd);
+    sn_park_fd(c->ch.fd);
     free(c);
 }
 
@@ -1110,7 +1126,9 @@ SN_EXPORT void rdma_freeaddrinfo(struct rdma_addrinfo *res)
 SN_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
                                const struct rdma_addrinfo *hints, struct rdma_addrinfo **res)
 {
-    if (!res || (!node && !service))
+    if (!res)
+        return sn_err(EINVAL);
+    if (!node && !service && !(hints && (hints->ai_src_addr || hints->ai_dst_addr)))
         return sn_err(EINVAL);
     struct rdma_addrinfo *ai = calloc(1, sizeof *ai);
     if (!ai)
@@ -1121,10 +1139,53 @@ SN_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
     ai->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
     ai->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type
                      : (ai->ai_port_space == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC);
+    if (!node && !service) {
+        /* the addresses come from the hints (as rdma-core copies them) */
+        if (hints->ai_src_addr && hints->ai_src_len) {
+            ai->ai_src_addr = sn_sockaddr_dup(hints->ai_src_addr, hints->ai_src_len);
+            ai->ai_src_len = hints->ai_src_len;
+            ai->ai_family = hints->ai_src_addr->sa_family;
+        }
+        if (hints->ai_dst_addr && hints->ai_dst_len) {
+            ai->ai_dst_addr = sn_sockaddr_dup(hints->ai_dst_addr, hints->ai_dst_len);
+            ai->ai_dst_len = hints->ai_dst_len;
+            ai->ai_family = hints->ai_dst_addr->sa_family;
+        }
+        if ((hints->ai_src_addr && !ai->ai_src_addr) || (hints->ai_dst_addr && !ai->ai_dst_addr)) {
+            rdma_freeaddrinfo(ai);
+            return sn_err(ENOMEM);
+        }
+        *res = ai;
+        return 0;
+    }
     if (hints && hints->ai_family && hints->ai_family != AF_INET && hints->ai_family != AF_INET6
             && hints->ai_family != AF_UNSPEC) {
         free(ai);
         return sn_err(EAFNOSUPPORT);
+    }
+    if (!node && passive && hints->ai_src_addr && hints->ai_src_addr->sa_family == AF_INET) {
+        /* a passive lookup of a service on the hints' source address */
+        struct addrinfo h, *gai = NULL;
+        memset(&h, 0, sizeof h);
+        h.ai_family = AF_INET;
+        h.ai_flags = AI_PASSIVE;
+        if (getaddrinfo(NULL, service, &h, &gai) || !gai) {
+            free(ai);
+            return sn_err(EINVAL);
+        }
+        struct sockaddr_in *in = (struct sockaddr_in *)sn_sockaddr_dup(hints->ai_src_addr,
+                                                                       sizeof(struct sockaddr_in));
+        if (in)
+            in->sin_port = ((struct sockaddr_in *)gai->ai_addr)->sin_port;
+        freeaddrinfo(gai);
+        if (!in) {
+            free(ai);
+            return sn_err(ENOMEM);
+        }
+        ai->ai_src_addr = (struct sockaddr *)in;
+        ai->ai_src_len = sizeof *in;
+        *res = ai;
+        return 0;
     }
     struct addrinfo h, *gai = NULL;
     memset(&h, 0, sizeof h);
@@ -1190,6 +1251,6 @@ SN_EXPORT int rselect(int nfds, fd_set *readfds, fd_set *writefds, fd_set *excep
 
 __attribute__((destructor)) static void sn_cm_fini(void)
 {
-    if (sn_nctx >= 0)
+    if (sn_nctx >= 0 && Py_IsInitialized())    /* (a Python host may have finalized it) */
         sn_cm_exit();
 }

@@ -59,7 +59,7 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
         pending = l[1] != 0;
         if (!pending) {
             n = poll(p, 1, 0);
-            pending = n > 0 && (p[0].revents & POLLIN);
+            pending = n > 0 && (p[0].revents & (POLLIN | POLLERR));
             p[0].revents = 0;
         }
         if (pending && fresh <= 0)
@@ -87,7 +87,9 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
         }
         if (n == 0)
             continue;               /* the deadline may have moved on meanwhile */
-        if ((p[0].revents | p[1].revents) & (POLLERR | POLLNVAL))
+        /* (POLLERR on the socket is an ICMP error for an earlier send, which the
+           receive that follows reports and clears: a datagram, for this purpose) */
+        if ((p[0].revents | p[1].revents) & POLLNVAL || p[1].revents & POLLERR)
             return -EBADF;
         if (p[1].revents & POLLIN)
             return 2;

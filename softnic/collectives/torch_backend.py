@@ -42,6 +42,7 @@ _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.M
         dist.ReduceOp.MAX: "max", dist.ReduceOp.AVG: "sum"}
 
 
+INLINE_MAX = 64 * 1024  # smaller collectives issued with none in flight run in the caller
 HEARTBEAT = 0.25        # seconds between a rank's heartbeats in the store
 DEAD_AFTER = 3.0        # a peer whose heartbeat stood still this long is gone
 
@@ -145,31 +146,54 @@ class _Worker:
     def __init__(self, name: str):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.failed: BaseException | None = None
+        self.mu = threading.Lock()                  # guards pending
+        self.pending = 0                            # issued, not finished
+        self.running = threading.Lock()             # held while a collective runs
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
     def submit(self, fn, result) -> torch.futures.Future:
         fut = torch.futures.Future()
+        with self.mu:
+            self.pending += 1
         self.jobs.put((fn, result, fut))
         return fut
+
+    def inline(self, fn, result) -> torch.futures.Future | None:
+        """Run ``fn`` in the caller's thread if nothing is in flight (saving two thread
+        hand-offs on a small collective); None if something is."""
+        with self.mu:
+            if self.pending:
+                return None
+            self.pending += 1
+        fut = torch.futures.Future()
+        self._do(fn, result, fut)
+        return fut
+
+    def _do(self, fn, result, fut) -> None:
+        with self.running:
+            try:
+                if self.failed is not None:
+                    fut.set_exception(RuntimeError(f"softnic backend: an earlier collective "
+                                                   f"failed: {self.failed}"))
+                    return
+                try:
+                    fn()
+                except BaseException as ex:         # noqa: BLE001 - handed to the waiter
+                    self.failed = ex
+                    fut.set_exception(ex)
+                    return
+                fut.set_result(result)
+            finally:
+                with self.mu:
+                    self.pending -= 1
 
     def _loop(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            fn, result, fut = job
-            if self.failed is not None:
-                fut.set_exception(RuntimeError(f"softnic backend: an earlier collective "
-                                               f"failed: {self.failed}"))
-                continue
-            try:
-                fn()
-            except BaseException as ex:             # noqa: BLE001 - handed to the waiter
-                self.failed = ex
-                fut.set_exception(ex)
-                continue
-            fut.set_result(result)
+            self._do(*job)
 
     def stop(self) -> None:
         self.jobs.put(None)
@@ -187,6 +211,10 @@ def _op_name(reduce_op) -> str:
 
 def _is_avg(reduce_op) -> bool:
     return getattr(reduce_op, "op", reduce_op) == dist.ReduceOp.AVG
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class _Array:
@@ -215,14 +243,20 @@ class SoftnicProcessGroup(dist.ProcessGroup):
         self.store = _Store(store, rank, size) if size > 1 else store
         self.comm = Communicator(rank, size, self.store, prefix="softnic", timeout=secs)
         self.asynchronous = os.environ.get("SOFTNIC_COLL_ASYNC", "1") != "0"
+        self.inline_max = int(os.environ.get("SOFTNIC_COLL_INLINE", INLINE_MAX))
         self._worker = _Worker(f"softnic-pg-{rank}")
 
     def getBackendName(self) -> str:
         return BACKEND
 
-    def _run(self, fn, result) -> dist.Work:
+    def _run(self, fn, result, nbytes: int | None = None) -> dist.Work:
         """Run ``fn`` in the group's thread; the Work completes (with ``result``) when it
-        has.  Synchronous mode waits for it here."""
+        has.  Synchronous mode waits for it here.  A collective of at most
+        ``inline_max`` bytes issued while none is in flight runs here and now."""
+        if nbytes is not None and nbytes <= self.inline_max:
+            fut = self._worker.inline(fn, result)
+            if fut is not None:
+                return _Work(fut)
         fut = self._worker.submit(fn, result)
         if not self.asynchronous:
             try:
@@ -246,7 +280,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
                 if _is_avg(op):
                     x.stage.div_(self.size())
                 x.finish()
-        return self._run(job, tensors)
+        return self._run(job, tensors, _nbytes(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -259,7 +293,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
             for x in xs:
                 self.comm.broadcast(x.a, root)
                 x.finish()
-        return self._run(job, tensors)
+        return self._run(job, tensors, _nbytes(tensors))
 
     def allgather(self, output_lists, inputs, opts=None):
         for outs in output_lists:
@@ -272,7 +306,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
                 gathered = self.comm.allgather(x.a)
                 for i, o in enumerate(outs):
                     o.copy_(torch.from_numpy(gathered[i].reshape(tuple(inp.shape))))
-        return self._run(job, output_lists)
+        return self._run(job, output_lists, self.size() * _nbytes(inputs))
 
     def all_gather_single(self, output, inp, opts=None):
         x, y = _Array(inp), _Array(output)
@@ -280,7 +314,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
         def job():
             self.comm.allgather(x.a, y.a)
             y.finish()
-        return self._run(job, [output])
+        return self._run(job, [output], _nbytes([output]))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         pairs = [(_Array(i), _Array(o)) for o, i in zip(outputs, inputs)]
@@ -319,7 +353,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
                 if _is_avg(op):
                     y.stage.div_(self.size())
                 y.finish()
-        return self._run(job, result)
+        return self._run(job, result, sum(_nbytes([f]) for _, f in pairs))
 
     def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes, opts=None):
         if output_split_sizes or input_split_sizes:
@@ -338,7 +372,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        return self._run(self.comm.barrier, None)
+        return self._run(self.comm.barrier, None, 0)
 
     def shutdown(self) -> None:
         if self._worker is not None:

@@ -10,14 +10,18 @@ qps`` (NCCL's ``NCCL_IB_QPS_PER_CONNECTION`` striping); the immediate carries
 the chunk's sequence number, and the receive completion tells the peer it has
 landed, whichever QP it came on: chunks are taken in sequence order.  A
 sender holds one credit per free slot of the peer's ring and never writes
-without one; the receiver returns credits (a zero-length SEND_WITH_IMM whose
-immediate has the top bit set and the count below) once it has consumed the
-chunks, so a fast sender can never overrun a slow receiver, and chunks flow in
-a pipeline ``slots`` deep.
+without one; the receiver returns credits once it has consumed the chunks,
+in the immediate of its own next chunk to that peer (7 bits beside the 24-bit
+sequence number) or, when half the ring is owed or it has nothing else to do,
+in a zero-length SEND_WITH_IMM whose immediate has the top bit set and the
+count below.  So a fast sender can never overrun a slow receiver, chunks flow
+in a pipeline ``slots`` deep, and a small collective costs one message each
+way, not two.
 
-Large sends leave from the caller's own memory: the buffer is registered once
-and the registration cached (``register``), so a chunk costs one WRITE and no
-copy; a collective returns only when those WRITEs are acknowledged, since the
+A message is cut into chunks of about a quarter of it (64 KiB up to a slot),
+so that even mid-size messages pipeline.  Large sends leave from the caller's
+own memory: the buffer is registered once and the registration cached
+(``register``), so a chunk costs one WRITE and no copy; a collective returns only when those WRITEs are acknowledged, since the
 caller may then change the buffer.  Small sends are copied into a registered
 staging ring, which costs less than a registration.
 
@@ -43,14 +47,20 @@ import numpy as np
 
 from . import _verbs as v
 
-CREDIT_FLAG = 0x80000000
-SEQ_MASK = 0x7FFFFFFF
-DEFAULT_CHUNK = 256 * 1024
+CREDIT_FLAG = 0x80000000            # immediate of a credit return: the flag, the count below
+SEQ_MASK = 0xFFFFFF                  # immediate of a chunk: its sequence number (24 bits)...
+PIGGY_SHIFT, PIGGY_MAX = 24, 0x7F    # ... and credits returned with it (7 bits)
+DEFAULT_CHUNK = 1 << 20             # the largest chunk, the size of a receive slot
+MIN_CHUNK = 64 * 1024                # messages are cut into PIPELINE chunks, not smaller
+PIPELINE = 4
 DEFAULT_SLOTS = 8
-DEFAULT_QPS = 1
+DEFAULT_QPS = 4
 ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 64 * 1024))  # sends this big: no copy
 MR_CACHE = 16                         # registrations of callers' buffers kept
-SPIN = float(os.environ.get("SOFTNIC_COLL_SPIN", 2e-4))    # busy-poll this long before napping
+# An idle rank polls for SPIN seconds, then naps between polls, up to NAP at a time.  With
+# a core per rank, polling keeps the device moving (its progress thread stands aside
+# while a caller polls); with more ranks than cores, polling takes the core a peer needs.
+SPIN_NAP = {"free": (1e-3, 1e-4), "oversubscribed": (2e-4, 1e-3)}
 ACCESS = v.e.IBV_ACCESS_LOCAL_WRITE | v.e.IBV_ACCESS_REMOTE_WRITE
 _ZC = 1 << 40                         # wr_id flag: a WRITE from a caller's buffer
 
@@ -79,12 +89,14 @@ class _Stream:
     that chunk's byte offset.  A send stream has, per segment, the lkey of a
     registration holding it (None: stage a copy); a receive stream the ufunc that
     reduces into it (None: copy) and the dtype it reduces in."""
-    __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "i", "k", "off", "gate", "lkeys")
+    __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "csz", "i", "k", "off", "gate",
+                 "lkeys")
 
-    def __init__(self, peer, segs, nchunks, ops=None, dtypes=None, gate=None, lkeys=None):
+    def __init__(self, peer, segs, csize, ops=None, dtypes=None, gate=None, lkeys=None):
         self.peer, self.segs = peer, segs
         self.ops, self.dtypes = ops, dtypes
-        self.nch = [nchunks(len(x)) for x in segs]
+        self.csz = [csize(len(x)) for x in segs]
+        self.nch = [max(1, -(-len(x) // c)) for x, c in zip(segs, self.csz)]
         self.i = self.k = self.off = 0
         self.gate = gate
         self.lkeys = lkeys
@@ -123,6 +135,10 @@ class Transport:
             raise ValueError("need at least one slot per peer")
         if not 1 <= self.nqp <= 64:
             raise ValueError(f"{self.nqp} QPs per peer: give 1 to 64")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        spin, nap = SPIN_NAP["oversubscribed" if local > (os.cpu_count() or 1) else "free"]
+        self.spin = float(os.environ.get("SOFTNIC_COLL_SPIN", spin))
+        self.nap = float(os.environ.get("SOFTNIC_COLL_NAP", nap))
         self.credit_batch = max(1, self.slots // 2)
         self.rq_batch = max(1, self.slots // 2)
         # zero-copy sends keep registrations of callers' memory; on a real device a
@@ -142,10 +158,15 @@ class Transport:
         self.cq = v.CQ(self.ctx, max(1, len(peers) * self.nqp) * (self.sq_depth + self.rq_depth)
                        + 16)
         region = max(1, world * self.slots * self.chunk)
+        # small chunks are copied into a staging ring; larger ones leave from the
+        # caller's memory
+        self.stage = min(self.chunk, ZC_MIN)
+        stage_region = max(1, world * self.slots * self.stage)
         self.recv_mr = v.MR(self.pd, region, ACCESS)
-        self.send_mr = v.MR(self.pd, region, v.e.IBV_ACCESS_LOCAL_WRITE)
+        self.send_mr = v.MR(self.pd, stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
         self.recv_mem = _u8_view(self.recv_mr.buf, region)
-        self.send_mem = _u8_view(self.send_mr.buf, region)
+        self.send_mem = _u8_view(self.send_mr.buf, stage_region)
+        self._keep: list = []                   # staged copies of this call's large sends
         self._mrs: OrderedDict[tuple[int, int], object] = OrderedDict()
         self._call_mrs: list = []               # registrations for this call only
         # QPs: self.qps[p] the list for peer p; per QP (by global index) its peer and
@@ -317,26 +338,47 @@ class Transport:
 
     def _end_call(self) -> None:
         for mr in self._call_mrs:
-            self._mrs.pop(next(k for k, m in self._mrs.items() if m is mr), None)
+            for k in [k for k, m in self._mrs.items() if m is mr]:
+                del self._mrs[k]
             mr.close()
         self._call_mrs = []
 
     # ------------------------------------------------------------------ data path
 
+    def csize(self, nbytes: int) -> int:
+        """The chunk size of a message of ``nbytes``: about a PIPELINE-th of it, at least
+        MIN_CHUNK and at most a slot (both ends cut a message alike)."""
+        c = -(-nbytes // PIPELINE)
+        c = -(-c // 4096) * 4096
+        return max(1, min(self.chunk, max(MIN_CHUNK, c)))
+
     def nchunks(self, nbytes: int) -> int:
-        return max(1, -(-nbytes // self.chunk))
+        return max(1, -(-nbytes // self.csize(nbytes)))
 
     def _send_stream(self, peer, arrays, gate=None) -> _Stream:
         segs = [np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in arrays]
-        return _Stream(peer, segs, self.nchunks, gate=gate,
-                       lkeys=[self._lkey(s) for s in segs])
+        lkeys = []
+        for seg in segs:
+            lkey = self._lkey(seg)
+            if lkey is None and self.csize(seg.nbytes) > self.stage:
+                # its memory could not be registered and its chunks do not fit the
+                # staging ring: each chunk is copied, when it goes, into a registered
+                # bounce buffer of the message's size
+                bounce = np.empty(seg.nbytes, np.uint8)
+                mr = v.MR(self.pd, max(1, bounce.nbytes), v.e.IBV_ACCESS_LOCAL_WRITE,
+                          address=bounce.ctypes.data)
+                self._keep.append(bounce)
+                self._call_mrs.append(mr)
+                lkey = (mr.lkey, bounce)
+            lkeys.append(lkey)
+        return _Stream(peer, segs, self.csize, gate=gate, lkeys=lkeys)
 
     def exchange(self, sends=(), recvs=()) -> None:
         """Send each ``(peer, array)`` of ``sends`` and receive each ``(peer, dst, op)``
         of ``recvs`` (``dst`` a contiguous 1-D array; ``op`` a numpy ufunc reducing the
         incoming data into ``dst``, or None to copy), all at once."""
         ss = [self._send_stream(peer, [data]) for peer, data in sends]
-        rs = [_Stream(peer, [dst.reshape(-1).view(np.uint8)], self.nchunks, [op], [dst.dtype])
+        rs = [_Stream(peer, [dst.reshape(-1).view(np.uint8)], self.csize, [op], [dst.dtype])
               for peer, dst, op in recvs]
         self.run(ss, rs)
 
@@ -355,7 +397,7 @@ class Transport:
         ``right``, where ``sends[s]`` is what ``recvs[s - lag]`` received: each chunk is
         passed on as soon as it has come in (a ring's steps, ``lag`` 1; a pipelined
         broadcast, ``lag`` 0, where what comes in goes on)."""
-        rs = _Stream(left, [d.reshape(-1).view(np.uint8) for d, _ in recvs], self.nchunks,
+        rs = _Stream(left, [d.reshape(-1).view(np.uint8) for d, _ in recvs], self.csize,
                      [op for _, op in recvs], [d.dtype for d, _ in recvs])
 
         def ready(i, k):
@@ -375,6 +417,7 @@ class Transport:
         finally:
             if self._call_mrs:
                 self._end_call()
+            self._keep = []
 
     def _run(self, ss: list[_Stream], rs: list[_Stream]) -> None:
         for st in ss + rs:
@@ -413,7 +456,7 @@ class Transport:
             # credits go back in batches, or whenever this rank has nothing else to do
             # (so a sender never waits on credits a receiver sits on)
             for p, n in self.owed.items():
-                if n and (n >= self.credit_batch or not moved or not rs) and \
+                if n and (n >= self.credit_batch or not moved) and \
                         self.sq_out[self.first_qp[p]] < self.sq_depth:
                     self._post_credit(p, n)
             if moved:
@@ -422,10 +465,10 @@ class Transport:
                 continue
             idle += 1
             now = time.monotonic()
-            if now - last > SPIN:
+            if now - last > self.spin:
                 # idle for a while: let the other processes on this core (and this
                 # device's progress thread) run
-                time.sleep(min(0.001, 2e-5 * idle))
+                time.sleep(min(self.nap, 2e-5 * idle))
             if now - checked > 1.0:
                 checked = now
                 self._check_peers([st.peer for st in ss + rs])
@@ -435,9 +478,15 @@ class Transport:
                 raise CollectiveError(
                     f"rank {self.rank}: no progress for {self.timeout:g} s waiting on rank(s) "
                     f"{waiting} (dead, hung, or not in the same collective)")
-        # credits owed go back now: the peer may be blocked on them in its next call
+        # one more poll: a device may hold the acknowledgements of what just came in
+        # until its caller's next call, and the peer may be waiting on them (its
+        # zero-copy sends complete only when acknowledged)
+        self._poll()
+        # a full batch of credits goes back now; fewer ride on this rank's next chunk to
+        # that peer, or go back as soon as a later call has nothing else to do (a peer
+        # never waits on them for long: it still holds at least half its credits)
         for p, n in self.owed.items():
-            if n and self.sq_out[self.first_qp[p]] < self.sq_depth:
+            if n >= self.credit_batch and self.sq_out[self.first_qp[p]] < self.sq_depth:
                 self._post_credit(p, n)
 
     def _check_peers(self, peers) -> None:
@@ -453,22 +502,29 @@ class Transport:
     def _post_chunk(self, st: _Stream, qi: int) -> None:
         p = st.peer
         data = st.segs[st.i]
-        n = min(self.chunk, len(data) - st.off)
+        n = min(st.csz[st.i], len(data) - st.off)
         seq = self.send_seq[p]
         lkey = st.lkeys[st.i]
         wr_id = p
+        give = min(self.owed[p], PIGGY_MAX)
+        self.owed[p] -= give
         if not n:
             sg = None
         elif lkey is not None:
+            if type(lkey) is tuple:
+                lkey, bounce = lkey
+                bounce[st.off:st.off + n] = data[st.off:st.off + n]
+                data = bounce
             sg = [v.SGE(data.ctypes.data + st.off, n, lkey)]
             wr_id |= _ZC
             self.zc_out += 1
         else:
-            off = self._slot(p, seq)
+            off = (p * self.slots + seq % self.slots) * self.stage
             self.send_mem[off:off + n] = data[st.off:st.off + n]
             sg = [v.SGE(self.send_mr.buf + off, n, self.send_mr.lkey)]
         wr = v.SendWR(wr_id=wr_id, opcode=v.e.IBV_WR_RDMA_WRITE_WITH_IMM,
-                      num_sge=1 if n else 0, sg=sg, imm_data=seq & SEQ_MASK)
+                      num_sge=1 if n else 0, sg=sg,
+                      imm_data=(seq & SEQ_MASK) | (give << PIGGY_SHIFT))
         r = self.remote[p]
         wr.set_wr_rdma(r["rkey"], r["addr"] + self._slot(self.rank, seq))
         self.qp_list[qi].post_send(wr)
@@ -489,7 +545,7 @@ class Transport:
         p = st.peer
         seq = self.consumed[p]
         dst_seg = st.segs[st.i]
-        n = min(self.chunk, len(dst_seg) - st.off)
+        n = min(st.csz[st.i], len(dst_seg) - st.off)
         if n:
             off = self._slot(p, seq)
             src = self.recv_mem[off:off + n]
@@ -529,14 +585,16 @@ class Transport:
                         self._post_recvs(self.qp_list[qi], self.rq_owed[qi], p)
                         self.rq_owed[qi] = 0
                     if imm & CREDIT_FLAG:
-                        self.credits[p] += imm & SEQ_MASK
+                        self.credits[p] += imm & ~CREDIT_FLAG
                     else:
+                        self.credits[p] += imm >> PIGGY_SHIFT
                         c = self.consumed[p]
-                        seq = c + ((imm - c) & SEQ_MASK)
+                        seq = c + (((imm & SEQ_MASK) - c) & SEQ_MASK)
                         slot = seq % self.slots
                         if seq - c >= self.slots or self.landed[p][slot]:
                             raise CollectiveError(
-                                f"rank {self.rank}: chunk {imm} from rank {p} outside the "
+                                f"rank {self.rank}: chunk {imm & SEQ_MASK} from rank {p} "
+                                f"outside the "
                                 f"window (next expected {c & SEQ_MASK}, {self.slots} slots)")
                         self.landed[p][slot] = 1
                 else:

@@ -26,7 +26,7 @@ _WC_OPCODE = {
     W.SEND: WCOpcode.SEND, W.SEND_WITH_IMM: WCOpcode.SEND, W.SEND_WITH_INV: WCOpcode.SEND,
     W.RDMA_READ: WCOpcode.RDMA_READ, W.ATOMIC_CMP_AND_SWP: WCOpcode.COMP_SWAP,
     W.ATOMIC_FETCH_AND_ADD: WCOpcode.FETCH_ADD, W.LOCAL_INV: WCOpcode.LOCAL_INV,
-    W.BIND_MW: WCOpcode.BIND_MW,
+    W.BIND_MW: WCOpcode.BIND_MW, W.ATOMIC_WRITE: WCOpcode.ATOMIC_WRITE,
 }
 
 
@@ -149,6 +149,12 @@ def receive(dev, qp, pkt, now: float) -> None:
             if wqe is not None:
                 _finish(qp, wqe, _NAK_STATUS.get(aeth.value, WCStatus.REM_INV_REQ_ERR))
                 qp.req_error = True
+    elif kind == Kind.READ_RESPONSE and wqe is not None and wqe.opcode == W.ATOMIC_WRITE:
+        # an ATOMIC_WRITE is answered by an empty RDMA READ RESPONSE ONLY (as rxe)
+        if psn != wqe.first_psn or not pkt.info.first or not pkt.info.last or pkt.payload:
+            dev.counters["rcvd_bad_response"] += 1
+            return
+        _finish(qp, wqe)
     elif kind == Kind.READ_RESPONSE:
         if wqe is None or wqe.opcode != W.RDMA_READ:
             dev.counters["rcvd_bad_response"] += 1

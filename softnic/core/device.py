@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ..wire.icrc import append_icrc, check_icrc, icrc_start
 from ..wire.roce import (BTH_LEN, ICRC_LEN, Kind, Opcode as O, WireError, decode,
                          encode, ROCEV2_PORT)
-from . import completer, fastpath, requester, responder
+from . import completer, fastpath, requester, responder, xrc
 from .cq import CQ, WC
 from .enums import EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
     WCStatus, WROpcode as W, mtu_bytes
@@ -204,6 +204,7 @@ class Device:
         if any(q.srq is srq for q in self.qps.values()):
             raise VerbsError(errno.EBUSY, "SRQ still in use by a QP")
         srq.closed = True
+        xrc.forget_srq(srq)
         srq.pd.srqs.discard(srq)
         self.srqs.pop(srq.handle, None)
 
@@ -217,7 +218,7 @@ class Device:
         t = init.qp_type
         if t not in (QPType.RC, QPType.UC, QPType.UD):
             raise VerbsError(errno.EOPNOTSUPP, f"QP type {t} not supported")
-        if init.send_cq is None or init.recv_cq is None:
+        if init.xrc is None and (init.send_cq is None or init.recv_cq is None):
             raise einval("a QP needs a send CQ and a receive CQ")
         c = init.cap
         lim = self.config
@@ -235,6 +236,8 @@ class Device:
         cap = QPCap(max(1, c.max_send_wr), 0 if init.srq is not None else max(1, c.max_recv_wr),
                     max(1, c.max_send_sge), max(1, c.max_recv_sge), c.max_inline_data)
         qp = QP(qpn, pd, init, cap)
+        if init.xrc is not None:
+            xrc.make_qp(qp, init.xrc, init.xrcd)
         qp.selective_repeat = self.config.selective_repeat
         qp.window = self.config.window
         self.qps[qpn] = qp
@@ -258,6 +261,7 @@ class Device:
             qp.window = window
 
     def destroy_qp(self, qp: QP) -> None:
+        xrc.forget_qp(qp)
         self.qps.pop(qp.qpn, None)
         qp.pd.qps.discard(qp)
         self._ready.pop(qp, None)
@@ -265,7 +269,7 @@ class Device:
         qp.timer_at = None
 
     def modify_qp(self, qp: QP, attr: QPAttr, mask: int) -> None:
-        nxt = check_transition(qp.qp_type, qp.state, attr, mask)
+        nxt = check_transition(qp.qp_type, qp.state, attr, mask, qp.xrc)
         if mask & M.MAX_QP_RD_ATOMIC and attr.max_rd_atomic > self.config.max_rd_atomic:
             raise einval("max_rd_atomic above the device limit")
         if mask & M.MAX_DEST_RD_ATOMIC and attr.max_dest_rd_atomic > self.config.max_rd_atomic:
@@ -325,7 +329,7 @@ class Device:
     # ------------------------------------------------------------ posting
 
     _ALLOWED = {
-        QPType.RC: frozenset(W),
+        QPType.RC: frozenset(W),          # ATOMIC_WRITE too (RC only, as rxe)
         QPType.UC: frozenset({W.SEND, W.SEND_WITH_IMM, W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM,
                               W.LOCAL_INV, W.BIND_MW}),
         QPType.UD: frozenset({W.SEND, W.SEND_WITH_IMM}),
@@ -342,6 +346,9 @@ class Device:
             raise einval(f"{op.name} is not valid on a {qp.qp_type.name} QP")
         if op is W.BIND_MW and wr.bind is None:
             raise einval("BIND_MW without a window to bind")
+        if op is W.ATOMIC_WRITE:        # as rxe: 8 bytes to an 8-byte aligned address
+            if wr.atomic_data is None or len(wr.atomic_data) != 8 or wr.remote_addr & 7:
+                raise einval("ATOMIC_WRITE needs 8 bytes and an 8-byte aligned address")
         sgl = wr.sg_list
         if len(sgl) > qp.cap.max_send_sge:
             raise einval(f"{len(sgl)} SGEs > max_send_sge {qp.cap.max_send_sge}")
@@ -366,6 +373,8 @@ class Device:
             if length > min(self.config.active_mtu, 4096):
                 raise einval("UD message longer than the MTU")
         signaled = qp.sq_sig_all or bool(flags & _SIGNALED)
+        if op is W.ATOMIC_WRITE:
+            inline, length = bytes(wr.atomic_data), 8
         wqe = SendWQE(wr, signaled, inline, length)
         if qp.state == QPState.ERR:
             wqe.done = True
@@ -521,7 +530,7 @@ class Device:
         if qp is None:
             c["rcvd_unknown_qp"] += 1
             return
-        if pkt.info.qp_type != qp.qp_type.name:
+        if pkt.info.qp_type != qp.wire:
             c["rcvd_wrong_qp_type"] += 1
             return
         if pkt.bth.pkey != 0xFFFF:
@@ -752,7 +761,8 @@ class Device:
                 sq = qp.sq
                 if qp.send_idx < len(sq) or qp.rexmit:      # something to (re)send
                     n0 = len(out)
-                    if not (self._fast and fastpath.send_only(self, qp, out)):
+                    if not (self._fast and qp.xrc is None and
+                            fastpath.send_only(self, qp, out)):
                         requester.generate(self, qp, now, out)
                     if len(out) > n0 and qp.qp_type is QPType.RC and qp.rto_at is None \
                             and qp.attr.timeout:
@@ -784,6 +794,14 @@ class Device:
         return res
 
     def _responses(self, qp: QP, out: list) -> None:
+        if qp.xrc is not None:
+            start = len(out)
+            self._rc_responses(qp, out)
+            xrc.tag_responses(out, start)
+        else:
+            self._rc_responses(qp, out)
+
+    def _rc_responses(self, qp: QP, out: list) -> None:
         dest = qp.dest
         dqpn = qp.attr.dest_qp_num
         mtu = qp.mtu

@@ -64,6 +64,7 @@ class WROpcode(IntEnum):
     LOCAL_INV = 7
     BIND_MW = 8
     SEND_WITH_INV = 9
+    ATOMIC_WRITE = 15         # 8 bytes written as one (IBTA 1.5, rxe since Linux 6.2)
 
 
 class SendFlags(IntFlag):
@@ -106,6 +107,7 @@ class WCOpcode(IntEnum):
     FETCH_ADD = 4
     BIND_MW = 5
     LOCAL_INV = 6
+    ATOMIC_WRITE = 9
     RECV = 128
     RECV_RDMA_WITH_IMM = 129
 

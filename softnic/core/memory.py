@@ -236,6 +236,71 @@ class DMPool:
         dm.buf.close()
 
 
+class ProcessMaps:
+    """Which address ranges of this process are mapped, and how (``/proc/self/maps``),
+    read again when an address is not found: what an implicit ODP MR's page faults ask
+    the kernel, so that an access the mapping would refuse fails instead of crashing."""
+
+    def __init__(self, path: str = "/proc/self/maps"):
+        self.path = path
+        self.maps: list[tuple[int, int, str]] = []
+
+    def _load(self) -> None:
+        maps = []
+        try:
+            with open(self.path) as f:
+                for line in f:
+                    rng, perms = line.split(None, 2)[:2]
+                    lo, hi = rng.split("-")
+                    maps.append((int(lo, 16), int(hi, 16), perms))
+        except OSError:
+            maps = []
+        self.maps = maps
+
+    def allows(self, addr: int, length: int, write: bool) -> bool:
+        for attempt in (0, 1):
+            if attempt:
+                self._load()
+            pos, end = addr, addr + length
+            for lo, hi, perms in self.maps:
+                if lo <= pos < hi:
+                    if "r" not in perms or (write and "w" not in perms):
+                        break
+                    pos = hi
+                    if pos >= end:
+                        return True
+            if pos >= end:
+                return True
+        return False
+
+
+class ImplicitMR(MR):
+    """An implicit on-demand-paging MR (ibv_reg_mr(pd, NULL, SIZE_MAX, ON_DEMAND)): the
+    whole address space of the process, each access reaching it as a page fault would,
+    where the process's mapping allows."""
+
+    def _reach(self, addr: int, length: int, write: bool) -> memoryview:
+        if not self.valid:
+            raise AccessError("memory region invalidated")
+        if addr < 0 or length < 0 or not (length == 0 or self.maps.allows(addr, length, write)):
+            raise AccessError(f"[{addr:#x}, +{length}) is not mapped for this access")
+        return view_at(addr, length)
+
+    def local_view(self, addr: int, length: int, *, write: bool) -> memoryview:
+        if write and not self.access & Access.LOCAL_WRITE:
+            raise AccessError("MR lacks LOCAL_WRITE")
+        return self._reach(addr, length, write)
+
+    def remote_view(self, addr: int, length: int, need: Access) -> memoryview:
+        if not int(self.access) & int(need):
+            raise AccessError(f"MR lacks {need!r}")
+        return self._reach(addr, length, bool(int(need) & int(Access.REMOTE_WRITE |
+                                                              Access.REMOTE_ATOMIC)))
+
+
+IMPLICIT_LENGTH = (1 << 64) - 1      # SIZE_MAX: what ibv_reg_mr is given for an implicit MR
+
+
 class KeyTable:
     """lkey/rkey allocation: an index in the high 24 bits and a key byte that
     changes on every reuse of the index, as hardware does, so a stale key misses."""
@@ -310,6 +375,22 @@ class KeyTable:
             mr.pd = pd
             pd.mrs.add(mr)
         mr.access = new_access
+
+    def register_implicit(self, pd: PD, access: int) -> MR:
+        """An implicit ODP MR over this process's whole address space."""
+        access = Access(access)
+        if not access & Access.ON_DEMAND:
+            raise einval("an implicit MR is an on-demand paging one")
+        if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
+            raise einval("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE")
+        if pd.closed:
+            raise VerbsError(errno.EINVAL, "PD is closed")
+        key = self._new_key()
+        mr = ImplicitMR(pd, 0, IMPLICIT_LENGTH, access, key, key, memoryview(b""))
+        mr.maps = ProcessMaps()
+        self._by_key[key] = mr
+        pd.mrs.add(mr)
+        return mr
 
     def reg_dm_mr(self, pd: PD, dm: DeviceMemory, offset: int, length: int,
                   access: int) -> MR:
@@ -409,7 +490,7 @@ class KeyTable:
 
     def local(self, pd: PD, lkey: int, addr: int, length: int, *, write: bool) -> memoryview:
         mr = self._by_key.get(lkey)
-        if mr is None or mr.pd is not pd or type(mr) is not MR:
+        if mr is None or mr.pd is not pd or type(mr) is MW:
             raise AccessError(f"lkey {lkey:#x} unknown in this PD")
         return mr.local_view(addr, length, write=write)
 

@@ -71,6 +71,8 @@ class QPInitAttr:
     srq: object = None
     cap: QPCap = QPCap()
     sq_sig_all: bool = False
+    xrc: str | None = None            # XRC: "ini" (XRC_SEND) or "tgt" (XRC_RECV), as RC
+    xrcd: object = None               # XRC: the target's domain (an xrc.XRCD)
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,15 @@ for _s in S:
         TRANSITIONS[(_s, S.ERR)] = {t: (_NONE, _NONE) for t in (RC, UC, UD)}
 
 
-def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int) -> S:
+#: XRC QPs are RC inside; what the kernel's table (ib_modify_qp_is_ok) lets each role
+#: leave out of RC's required attributes: an initiator receives no requests (no responder
+#: attributes at RTR), a target sends none (only TIMEOUT and SQ_PSN at RTS).
+_XRC_OPTIONAL = {("ini", S.INIT, S.RTR): M.MAX_DEST_RD_ATOMIC | M.MIN_RNR_TIMER,
+                 ("tgt", S.RTR, S.RTS): M.RETRY_CNT | M.RNR_RETRY | M.MAX_QP_RD_ATOMIC}
+
+
+def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int,
+                     xrc: str | None = None) -> S:
     """Validate a modify_qp call; returns the next state.  Raises EINVAL."""
     mask = M(mask)
     if mask & M.CUR_STATE and attr.cur_qp_state != cur:
@@ -150,6 +160,9 @@ def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int) -> S:
     if rule is None:
         raise einval(f"{qp_type.name} QP cannot go from {cur.name} to {nxt.name}")
     required, optional = rule
+    if xrc is not None:
+        relax = _XRC_OPTIONAL.get((xrc, cur, nxt), M(0))
+        required, optional = required & ~relax, optional | relax
     given = mask & ~M.STATE
     if missing := required & ~given:
         raise einval(f"{cur.name}->{nxt.name} needs attribute mask bits {missing!r}")
@@ -207,6 +220,8 @@ class SendWR:
     remote_qpn: int = 0               # UD
     remote_qkey: int = 0              # UD
     bind: object = None               # BIND_MW: a memory.MWBind
+    xrc_srqn: int = 0                 # XRC initiator: the remote XRC SRQ (the XRCETH)
+    atomic_data: bytes | None = None  # ATOMIC_WRITE: the 8 bytes to place
 
 
 @dataclass
@@ -218,7 +233,7 @@ class RecvWR:
 #: WR opcodes by value (an enum lookup by value costs a call into enum's machinery)
 _WR_OPCODES = {int(w): w for w in WROpcode}
 _RD_ATOMIC = frozenset({WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
-                        WROpcode.ATOMIC_FETCH_AND_ADD})
+                        WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_WRITE})
 
 
 class SendWQE:
@@ -227,7 +242,8 @@ class SendWQE:
                  "remote_addr", "rkey", "compare_add", "swap", "dest", "remote_qpn",
                  "remote_qkey", "signaled", "first_psn", "last_psn", "npkts", "next_pkt",
                  "views", "done", "status", "atomic_orig", "rd_atomic", "got", "asked",
-                 "iw_msn", "got_bytes", "sink_stag", "sink_to", "bind")
+                 "iw_msn", "got_bytes", "sink_stag", "sink_to", "bind",
+                 "xrc_srqn")
 
     def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None,
                  length: int | None = None):
@@ -267,6 +283,7 @@ class SendWQE:
         self.sink_to = 0
         self.rd_atomic = self.opcode in _RD_ATOMIC
         self.bind = wr.bind
+        self.xrc_srqn = wr.xrc_srqn
 
 
 class QP:
@@ -280,6 +297,9 @@ class QP:
         self.send_cq = init.send_cq
         self.recv_cq = init.recv_cq
         self.srq = init.srq
+        self.xrc: str | None = None           # XRC role ("ini", "tgt"), set by xrc.make_qp
+        self.xrcd = None
+        self.wire = self.qp_type.name         # the transport its packets' opcodes name
         self.sq_sig_all = bool(init.sq_sig_all)
         self.cap = cap
         self.attr = QPAttr(cap=cap)

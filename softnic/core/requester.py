@@ -15,6 +15,7 @@ from ..wire.roce import BTH_LEN, ICRC_LEN, Opcode as O, encode, encode_middle, p
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
 from .memory import AccessError
 from .responder import SR_SPAN
+from . import xrc
 
 # (WR opcode, first, last) -> RC opcode; UC opcodes are RC's + 0x20.
 _POS = {(True, False): 0, (False, False): 1, (False, True): 2, (True, True): 3}
@@ -117,6 +118,12 @@ def gather(wqe, off: int, n: int):
 def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
     """Request packet number ``idx`` of ``wqe`` (for a READ re-issued from
     response ``idx``: ``count`` responses, or all the rest)."""
+    if qp.xrc is not None:              # an XRC initiator: RC's packet as XRC's
+        return xrc.request(_build_rc(dev, qp, wqe, idx, ackreq, count), wqe.xrc_srqn)
+    return _build_rc(dev, qp, wqe, idx, ackreq, count)
+
+
+def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
     psn = (wqe.first_psn + idx) & 0xFFFFFF
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
@@ -149,6 +156,9 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
         n = wqe.length - off if count is None else min(count * qp.mtu, wqe.length - off)
         return encode(O.RC_RDMA_READ_REQUEST, dest_qp=dqpn, psn=psn, ackreq=True,
                       reth=(wqe.remote_addr + off, wqe.rkey, n))
+    if op == W.ATOMIC_WRITE:
+        return encode(O.RC_ATOMIC_WRITE, dest_qp=dqpn, psn=psn, ackreq=True,
+                      reth=(wqe.remote_addr, wqe.rkey, 8), payload=wqe.inline)
     if op in _ATOMIC_OPC:
         return encode(_ATOMIC_OPC[op], dest_qp=dqpn, psn=psn, ackreq=True,
                       atomiceth=(wqe.remote_addr, wqe.rkey, wqe.compare_add if op ==
@@ -416,7 +426,7 @@ def generate(dev, qp, now: float, out: list) -> None:
             break
         if dest is None:
             dest = wqe.dest
-        if rc and cc is None and wqe.next_pkt and wqe.opcode in _MIDDLE:
+        if rc and cc is None and wqe.next_pkt and wqe.opcode in _MIDDLE and qp.xrc is None:
             # The bulk of a long message: its MIDDLEs (and a plain LAST) that the
             # window admits, built in one pass into one buffer, ICRCs included.
             idx = wqe.next_pkt

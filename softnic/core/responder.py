@@ -19,6 +19,7 @@ from ..wire.roce import AethCode, Kind, NakCode, psn_diff
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import AccessError, view_span
+from . import xrc
 
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
 ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
@@ -383,6 +384,10 @@ def _execute(dev, qp, pkt) -> None:
     info = pkt.info
     psn = pkt.bth.psn
     try:
+        if qp.xrc is not None:           # the XRC SRQ this request is for (its PD, its CQ)
+            code = xrc.target(dev, qp, pkt)
+            if code is not None:
+                raise _Nak(code)
         _check_sequence(qp, info)
         if info.kind == Kind.SEND:
             _send(dev, qp, pkt)
@@ -393,6 +398,9 @@ def _execute(dev, qp, pkt) -> None:
             return
         elif info.kind == Kind.ATOMIC:
             _atomic(dev, qp, pkt)
+            return
+        elif info.kind == Kind.ATOMIC_WRITE:
+            _atomic_write(dev, qp, pkt)
             return
         else:
             raise _Nak(NakCode.INVALID_REQUEST)
@@ -589,7 +597,7 @@ def _atomic(dev, qp, pkt) -> None:
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     orig = int.from_bytes(view, sys.byteorder)
-    if pkt.info.opcode == 0x13:       # COMPARE_SWAP: swap_add holds the swap value
+    if pkt.info.opcode & 0x1F == 0x13:  # (RC or XRC) COMPARE_SWAP: swap_add is the swap value
         if orig == a.compare:
             view[:] = a.swap_add.to_bytes(8, sys.byteorder)
     else:                             # FETCH_ADD
@@ -600,6 +608,28 @@ def _atomic(dev, qp, pkt) -> None:
     qp.nak_sent = False
     qp.msn = (qp.msn + 1) & 0xFFFFFF
     qp.resp_out.append(("atomic", psn, orig, qp.msn))
+    dev.mark_ready(qp)
+
+
+def _atomic_write(dev, qp, pkt) -> None:
+    """ATOMIC_WRITE: 8 bytes placed as one at an 8-byte aligned address the MR lets the
+    peer write (rxe: REMOTE_WRITE), answered like a READ of nothing."""
+    if not qp.attr.qp_access_flags & Access.REMOTE_WRITE:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    reth = pkt.reth
+    if len(pkt.payload) != 8 or reth.va & 7:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    try:
+        view = dev.keys.remote(qp.pd, reth.rkey, reth.va, 8, Access.REMOTE_WRITE, qp)
+    except AccessError:
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+    view[:] = pkt.payload
+    psn = pkt.bth.psn
+    _remember(qp, ("read", psn, psn))           # a duplicate is answered, not placed again
+    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.nak_sent = False
+    qp.msn = (qp.msn + 1) & 0xFFFFFF
+    qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))
     dev.mark_ready(qp)
 
 
@@ -619,6 +649,10 @@ def _duplicate(dev, qp, pkt) -> None:
             except AccessError:
                 return
             qp.resp_out.append(("read", psn, view, qp.msn))
+            dev.mark_ready(qp)
+            return
+        if res[0] == "read" and kind == Kind.ATOMIC_WRITE and res[1] == psn:
+            qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))   # not placed again
             dev.mark_ready(qp)
             return
         if res[0] == "atomic" and kind == Kind.ATOMIC and res[1] == psn:

@@ -215,14 +215,17 @@ class UdpSocket:
                 append((data, addr))
         return out
 
-    def _recvmsgs(self, limit: int):
+    def _recvmsgs(self, limit: int, ready: bool = False):
         """Up to ``limit`` waiting datagrams (or coalesced runs) as ``(data,
-        ancillary, addr)``; a truncated one is counted and left out."""
+        ancillary, addr)``; a truncated one is counted and left out.  ``ready``:
+        the caller has just seen the socket readable (no second poll(2) for it)."""
         recv = self.sock.recvmsg
         space = self._space
         readable = self.readable
         for _ in range(limit):
-            if not readable(0):
+            if ready:
+                ready = False
+            elif not readable(0):
                 break
             try:
                 data, anc, flags, addr = recv(MAX_DATAGRAM, space)
@@ -235,16 +238,18 @@ class UdpSocket:
                 continue
             yield data, anc, addr
 
-    def recv_runs(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
+    def recv_runs(self, limit: int = 256, ready: bool = False
+                  ) -> list[tuple[bytes, Address, int]]:
         """What waits, as ``(data, addr, seg)``: with UDP_GRO, a coalesced run of
         datagrams of ``seg`` bytes laid end to end in ``data`` (the last may be
         shorter), as the kernel hands it over (``Device.receive_run`` takes it
-        so); ``seg`` is 0 for a lone datagram.  At most ``limit`` receives."""
+        so); ``seg`` is 0 for a lone datagram.  At most ``limit`` receives;
+        ``ready`` as for ``_recvmsgs``."""
         if not self.gro:
             return [(data, addr, 0) for data, addr in self.recv_batch(limit)]
         out = []
         append = out.append
-        for data, anc, addr in self._recvmsgs(limit):
+        for data, anc, addr in self._recvmsgs(limit, ready):
             seg = 0
             for level, typ, cdata in anc:
                 if level == SOL_UDP and typ == UDP_GRO and len(cdata) >= 4:

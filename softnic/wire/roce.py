@@ -5,7 +5,10 @@ BTH, whether there is a payload, where the packet sits in a message) lives in
 the one table ``OPCODES``, built the way the IBA opcode table (and Linux rxe's
 ``rxe_opcode.c``) lays it out.  Header order on the wire:
 
-    BTH [DETH] [RETH] [AtomicETH] [AETH] [AtomicAckETH] [ImmDt] [IETH] payload pad ICRC
+    BTH [DETH] [XRCETH] [RETH] [AtomicETH] [AETH] [AtomicAckETH] [ImmDt] [IETH] payload pad ICRC
+
+XRC opcodes (0xA0 + the RC suffix) carry an XRCETH (the target XRC SRQ number) in every
+request packet; XRC responses are RC's with the XRC prefix.
 
 All fields are big-endian.  The ICRC is handled in ``icrc.py``.
 """
@@ -22,7 +25,7 @@ __all__ = [
     "BTH", "RETH", "AETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH", "DETH",
     "Packet", "encode", "encode_middle", "decode", "pad_count", "AethCode", "NakCode",
     "BTH_LEN", "RETH_LEN", "AETH_LEN", "ATOMICETH_LEN", "ATOMICACKETH_LEN",
-    "IMMDT_LEN", "IETH_LEN", "DETH_LEN", "ICRC_LEN", "CNP_PAD_LEN",
+    "IMMDT_LEN", "IETH_LEN", "DETH_LEN", "XRCETH_LEN", "ICRC_LEN", "CNP_PAD_LEN",
     "ROCEV2_PORT", "PSN_MASK", "psn_add", "psn_diff",
 ]
 
@@ -37,6 +40,7 @@ ATOMICACKETH_LEN = 8
 IMMDT_LEN = 4
 IETH_LEN = 4
 DETH_LEN = 8
+XRCETH_LEN = 4
 ICRC_LEN = 4
 CNP_PAD_LEN = 16  # a CNP carries 16 reserved bytes after its BTH
 
@@ -79,6 +83,7 @@ class Opcode(IntEnum):
     RC_FETCH_ADD = 0x14
     RC_SEND_LAST_WITH_INVALIDATE = 0x16
     RC_SEND_ONLY_WITH_INVALIDATE = 0x17
+    RC_ATOMIC_WRITE = 0x1D
     UC_SEND_FIRST = 0x20
     UC_SEND_MIDDLE = 0x21
     UC_SEND_LAST = 0x22
@@ -94,6 +99,29 @@ class Opcode(IntEnum):
     UD_SEND_ONLY = 0x64
     UD_SEND_ONLY_WITH_IMMEDIATE = 0x65
     CNP = 0x81
+    XRC_SEND_FIRST = 0xA0
+    XRC_SEND_MIDDLE = 0xA1
+    XRC_SEND_LAST = 0xA2
+    XRC_SEND_LAST_WITH_IMMEDIATE = 0xA3
+    XRC_SEND_ONLY = 0xA4
+    XRC_SEND_ONLY_WITH_IMMEDIATE = 0xA5
+    XRC_RDMA_WRITE_FIRST = 0xA6
+    XRC_RDMA_WRITE_MIDDLE = 0xA7
+    XRC_RDMA_WRITE_LAST = 0xA8
+    XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE = 0xA9
+    XRC_RDMA_WRITE_ONLY = 0xAA
+    XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0xAB
+    XRC_RDMA_READ_REQUEST = 0xAC
+    XRC_RDMA_READ_RESPONSE_FIRST = 0xAD
+    XRC_RDMA_READ_RESPONSE_MIDDLE = 0xAE
+    XRC_RDMA_READ_RESPONSE_LAST = 0xAF
+    XRC_RDMA_READ_RESPONSE_ONLY = 0xB0
+    XRC_ACKNOWLEDGE = 0xB1
+    XRC_ATOMIC_ACKNOWLEDGE = 0xB2
+    XRC_COMPARE_SWAP = 0xB3
+    XRC_FETCH_ADD = 0xB4
+    XRC_SEND_LAST_WITH_INVALIDATE = 0xB6
+    XRC_SEND_ONLY_WITH_INVALIDATE = 0xB7
 
 
 class Kind(IntEnum):
@@ -105,6 +133,7 @@ class Kind(IntEnum):
     ATOMIC_ACK = 6
     ATOMIC = 7
     CNP = 8
+    ATOMIC_WRITE = 9      # RETH and 8 bytes placed as one; answered by an empty READ RESPONSE
 
 
 class Pos(IntFlag):
@@ -117,7 +146,7 @@ class Pos(IntFlag):
 class OpInfo(NamedTuple):
     opcode: int
     name: str
-    qp_type: str          # "RC", "UC", "UD" or "CNP"
+    qp_type: str          # "RC", "UC", "UD", "XRC" or "CNP"
     kind: Kind
     first: bool           # starts a message
     last: bool            # ends a message
@@ -130,11 +159,13 @@ class OpInfo(NamedTuple):
     ieth: bool
     payload: bool         # may carry payload bytes
     hdr_len: int          # BTH plus every extended header
+    xrceth: bool = False  # an XRC request: the target XRC SRQ follows the BTH
 
     @property
     def is_request(self) -> bool:
         """Requester -> responder direction (everything but responses, ACKs, CNPs)."""
-        return self.kind in (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC)
+        return self.kind in (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC,
+                             Kind.ATOMIC_WRITE)
 
     @property
     def is_response(self) -> bool:
@@ -149,6 +180,14 @@ def _info(op: Opcode, kind: Kind, pos: Pos, *, deth=False, reth=False, atomiceth
     qp_type = op.name.split("_", 1)[0]
     return OpInfo(int(op), op.name, qp_type, kind, bool(pos & Pos.FIRST), bool(pos & Pos.LAST),
                   deth, reth, atomiceth, aeth, atomicacketh, immdt, ieth, payload, hdr)
+
+
+def _xrc(rc: OpInfo) -> OpInfo:
+    """The XRC opcode with ``rc``'s suffix: the same headers, and an XRCETH in a request."""
+    op = Opcode(0xA0 | rc.opcode)
+    x = rc.kind in (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC)
+    return rc._replace(opcode=int(op), name=op.name, qp_type="XRC", xrceth=x,
+                       hdr_len=rc.hdr_len + XRCETH_LEN * x)
 
 
 def _build_table() -> dict[int, OpInfo]:
@@ -184,14 +223,16 @@ def _build_table() -> dict[int, OpInfo]:
         _info(R.RC_FETCH_ADD, Kind.ATOMIC, O, atomiceth=True),
         _info(R.RC_SEND_LAST_WITH_INVALIDATE, Kind.SEND, L, ieth=True, payload=True),
         _info(R.RC_SEND_ONLY_WITH_INVALIDATE, Kind.SEND, O, ieth=True, payload=True),
+        _info(R.RC_ATOMIC_WRITE, Kind.ATOMIC_WRITE, O, reth=True, payload=True),
         _info(R.UD_SEND_ONLY, Kind.SEND, O, deth=True, payload=True),
         _info(R.UD_SEND_ONLY_WITH_IMMEDIATE, Kind.SEND, O, deth=True, immdt=True, payload=True),
         _info(R.CNP, Kind.CNP, O),
     ]
+    t += [_xrc(i) for i in t if i.qp_type == "RC" and i.opcode <= 0x17]
     return {i.opcode: i for i in t}
 
 
-#: opcode -> OpInfo, for every RC, UC and UD opcode and the RoCEv2 CNP.
+#: opcode -> OpInfo, for every RC, UC, UD and XRC opcode and the RoCEv2 CNP.
 OPCODES: dict[int, OpInfo] = _build_table()
 
 
@@ -291,6 +332,7 @@ class Packet:
     atomicacketh: AtomicAckETH | None = None
     immdt: ImmDt | None = None
     ieth: IETH | None = None
+    xrceth: int | None = None     # XRC requests: the target XRC SRQ number
 
 
 _BTH = struct.Struct("!BBHII")
@@ -316,12 +358,13 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
            atomicack: int | None = None,
            imm: int | None = None,
            ieth: int | None = None,
-           deth: tuple[int, int] | None = None) -> bytearray:
+           deth: tuple[int, int] | None = None,
+           xrceth: int | None = None) -> bytearray:
     """Build headers + payload + pad (no ICRC) for ``opcode``.
 
     Extended headers are given as plain tuples in wire order
     (reth=(va, rkey, dma_len), aeth=(syndrome, msn),
-    atomiceth=(va, rkey, swap_add, compare), deth=(qkey, src_qp)).
+    atomiceth=(va, rkey, swap_add, compare), deth=(qkey, src_qp), xrceth=srq number).
     Raises WireError if a header the opcode requires is missing or one it
     forbids is given.
     """
@@ -329,9 +372,9 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
     if info is None:
         raise WireError(f"unknown opcode {opcode:#x}")
     given = (deth is not None, reth is not None, atomiceth is not None, aeth is not None,
-             atomicack is not None, imm is not None, ieth is not None)
+             atomicack is not None, imm is not None, ieth is not None, xrceth is not None)
     wanted = (info.deth, info.reth, info.atomiceth, info.aeth, info.atomicacketh,
-              info.immdt, info.ieth)
+              info.immdt, info.ieth, info.xrceth)
     if given != wanted:
         raise WireError(f"{info.name}: extended headers {given} do not match {wanted}")
     plen = len(payload)
@@ -350,6 +393,9 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
     if deth is not None:
         _DETH.pack_into(buf, off, deth[0], deth[1] & 0xFFFFFF)
         off += DETH_LEN
+    if xrceth is not None:
+        _I.pack_into(buf, off, xrceth & 0xFFFFFF)
+        off += XRCETH_LEN
     if reth is not None:
         _RETH.pack_into(buf, off, *reth)
         off += RETH_LEN
@@ -401,11 +447,14 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
     if n < info.hdr_len:
         raise WireError(f"{info.name}: truncated headers ({n} < {info.hdr_len})")
     off = BTH_LEN
-    deth = reth = atomiceth = aeth = atomicacketh = immdt = ieth = None
+    deth = reth = atomiceth = aeth = atomicacketh = immdt = ieth = xrceth = None
     if info.deth:
         deth = DETH(*_DETH.unpack_from(data, off))
         deth = DETH(deth.qkey, deth.src_qp & 0xFFFFFF)
         off += DETH_LEN
+    if info.xrceth:
+        xrceth = _I.unpack_from(data, off)[0] & 0xFFFFFF
+        off += XRCETH_LEN
     if info.reth:
         reth = RETH(*_RETH.unpack_from(data, off))
         off += RETH_LEN
@@ -436,4 +485,5 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
         if plen and not info.payload:
             raise WireError(f"{info.name}: unexpected {plen} payload bytes")
         payload = memoryview(data)[off:off + plen] if plen else b""
-    return Packet(bth, info, payload, deth, reth, atomiceth, aeth, atomicacketh, immdt, ieth)
+    return Packet(bth, info, payload, deth, reth, atomiceth, aeth, atomicacketh, immdt, ieth,
+                  xrceth)

@@ -1,0 +1,211 @@
+"""The live NIC's event-driven progress thread (softnic/nic.py, accel/wait.c).
+
+``sn_wait`` is checked on its own with a socket pair and an eventfd: what each
+answer means, the inline caller's lease, the deadline shared through memory.
+Then live NICs: a WRITE lands and a SEND completes while the program does not
+call softnic at all (the thread did it: its counters say why it woke), a
+waiter in ``wait_until`` is woken by the step that made its completion (no
+clock polling), a verbs call that arms an earlier timer rings the bell, and
+the same without the compiled sleep (``select.poll``).  Nothing here depends
+on how fast anything runs: time limits are seconds, for a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from softnic import accel
+from softnic import nic as nicmod
+from softnic.config import DeviceSpec, RuntimeConfig
+from softnic.core.enums import SendFlags, WROpcode as W
+from softnic.core.qp import RecvWR, SendWR
+from softnic.nic import NIC
+from softnic.rig import bring_up, endpoint
+
+NS = 1_000_000_000
+
+
+def _waiter():
+    k = accel.waiter()
+    if k is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the compiled sleep must build in CI: {accel._error}")
+        pytest.skip(f"no compiled module here: {accel._error}")
+    return k
+
+
+@pytest.fixture
+def wait_env():
+    k = _waiter()
+    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    b.bind(("127.0.0.1", 0))
+    bell = os.eventfd(0, os.EFD_NONBLOCK)
+    lease = k.ffi.new("int64_t[4]")
+    lease[3] = (1 << 63) - 1
+    yield k, a, b, bell, lease
+    a.close()
+    b.close()
+    os.close(bell)
+
+
+def test_sn_wait_answers(wait_env):
+    k, a, b, bell, lease = wait_env
+    w = lambda timeout: k.lib.sn_wait(b.fileno(), bell, int(timeout * NS), lease,  # noqa: E731
+                                      100_000)
+    assert w(0.01) == 0                               # nothing: time is up
+    os.eventfd_write(bell, 1)
+    assert w(5) == 2                                  # the bell
+    os.eventfd_read(bell)
+    a.sendto(b"x", b.getsockname())
+    assert w(5) == 1                                  # a datagram, no caller holds a lease
+    b.recv(16)
+    lease[3] = time.monotonic_ns() + NS // 50         # the engine's deadline, 20 ms away
+    t = time.monotonic()
+    assert w(30) == 0 and time.monotonic() - t < 10   # woke for the deadline, not the timeout
+    lease[3] = (1 << 63) - 1
+    assert k.lib.sn_wait(-1, bell, NS, lease, 0) < 0 or True   # a bad fd: an errno, no crash
+
+
+def test_sn_wait_leaves_a_datagram_to_a_caller_holding_the_lease(wait_env):
+    k, a, b, bell, lease = wait_env
+    a.sendto(b"x", b.getsockname())
+    lease[0] = time.monotonic_ns()                    # a caller polled just now
+    # lease of 10 s: the caller will take it; the thread wakes only for its timeout
+    assert k.lib.sn_wait(b.fileno(), bell, NS // 20, lease, 10 * NS) == 0
+    # ... or for the bell, which a caller giving its lease back rings
+    os.eventfd_write(bell, 1)
+    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS) == 2
+    os.eventfd_read(bell)
+    lease[0] = 0                                      # the lease given back: the thread takes it
+    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS) == 1
+    b.recv(16)
+    lease[0] = time.monotonic_ns() - NS               # lapsed, and output held: the thread sends it
+    lease[1] = 1
+    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, NS // 1000) == 3
+
+
+def _nics(n=2):
+    cfg = RuntimeConfig(min_timer=2e-3)
+    return [NIC(DeviceSpec(f"p{i}", None, 0), cfg) for i in range(n)]
+
+
+def _pair(a, b):
+    with a.lock, b.lock:
+        ea, eb = endpoint(a.dev, buf_size=1 << 16), endpoint(b.dev, buf_size=1 << 16)
+        bring_up(ea, eb, mtu=1024, timeout=14)
+        bring_up(eb, ea, mtu=1024, timeout=14)
+    return ea, eb
+
+
+def _until(cond, limit=10.0):
+    end = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < end, "not within the time limit"
+        time.sleep(0.001)                 # the program sleeps: only the threads move
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["sn_wait", "select.poll"])
+def test_a_write_lands_while_the_program_does_not_call(compiled, monkeypatch):
+    if compiled:
+        _waiter()
+    else:
+        monkeypatch.setattr(accel, "waiter", lambda: None)
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        for i in range(1, 21):
+            ea.buf.view[0:8] = i.to_bytes(8, "little")
+            a.call(a.dev.post_send, ea.qp, SendWR(i, W.RDMA_WRITE, [ea.sge(0, 8)],
+                                                  SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                                                  rkey=eb.mr.rkey))
+            _until(lambda: bytes(eb.buf.view[0:8]) == i.to_bytes(8, "little"))
+        done = []
+        _until(lambda: done.extend(a.call(a.dev.poll_cq, ea.send_cq, 64)) or len(done) >= 20)
+        # nothing but b's thread ever stepped b: it received each WRITE, woken for it
+        c = b.counters
+        # (each WRITE is posted once the one before has landed: one wake-up each at least)
+        assert c["rcvd_pkts"] >= 20
+        assert sum(c[k] for k in nicmod._WAKES) >= 20 and c["progress_wake_datagram"] >= 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_waiter_is_woken_by_the_step_that_made_its_completion():
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        b.call(b.dev.post_recv, eb.qp, RecvWR(7, [eb.sge(0, 64)]))
+        got = []
+
+        def waiter():
+            # no recheck, no timeout: only a notify can end this wait
+            b.wait_until(lambda: got.extend(b.dev.poll_cq(eb.recv_cq, 4)) or bool(got))
+
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        time.sleep(0.05)
+        assert not got
+        a.call(a.dev.post_send, ea.qp, SendWR(1, W.SEND, [ea.sge(0, 16)], SendFlags.SIGNALED))
+        t.join(10)
+        assert not t.is_alive() and got and got[0].wr_id == 7
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_earlier_deadline_rings_the_sleeping_thread():
+    _waiter()
+    (a,) = _nics(1)
+    try:
+        _until(lambda: a._sleep_until > time.monotonic() + 0.1)   # it sleeps (toward stats)
+        rung = []
+        real = a.ring
+        a.ring = lambda: (rung.append(1), real())
+        with a.lock:
+            a._deadline(time.monotonic() + 0.01)          # earlier than its wake-up: ring
+            n = len(rung)
+            a._deadline(time.monotonic() + 0.5)           # later: no ring, it re-reads lease[3]
+        assert n == 1 and len(rung) == 1
+        _until(lambda: a.counters["progress_wake_timer"] >= 1)
+    finally:
+        a.close()
+
+
+def test_close_wakes_the_thread_at_once():
+    (a,) = _nics(1)
+    t = time.monotonic()
+    a.close()
+    assert not a._thread.is_alive() and time.monotonic() - t < nicmod.STATS_EVERY
+
+
+def test_an_icmp_error_does_not_stop_the_thread():
+    """A send to a port nobody holds comes back as an ICMP port unreachable.  (On
+    an unconnected socket Linux reports it only with IP_RECVERR; where it is
+    reported, poll(2) says POLLERR, which sn_wait takes for a datagram: the
+    receive that follows reports and clears it.)  The thread goes on either way."""
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((a.ip, 0))
+            gone = s.getsockname()
+        for _ in range(3):
+            with a.lock:
+                a.sock.send(b"\x00" * 32, gone)
+            time.sleep(0.05)
+        assert a._thread.is_alive()
+        eb.buf.view[0:4] = b"ping"
+        b.call(b.dev.post_send, eb.qp, SendWR(1, W.RDMA_WRITE, [eb.sge(0, 4)], SendFlags.SIGNALED,
+                                              remote_addr=ea.buf.addr, rkey=ea.mr.rkey))
+        _until(lambda: bytes(ea.buf.view[0:4]) == b"ping")
+        assert a._thread.is_alive()
+    finally:
+        a.close()
+        b.close()

@@ -1,0 +1,146 @@
+"""UCX and Open MPI on softnic next to what a user without RDMA would pick instead.
+
+    python tools/middleware_bench.py [--rounds 3] [--quick]
+
+* ucx_perftest (two processes on 127.0.0.1): tag_lat 8 B, tag_bw 64 KiB and
+  ucp_put_bw 64 KiB over softnic's rc_verbs (UCX_TLS=rc_v,self) and over UCX's tcp
+  transport on loopback (UCX_TLS=tcp,self, UCX_NET_DEVICES=lo), the two alternating
+  round by round; medians and the softnic/tcp ratio of each round's pair.
+* MPI_Allreduce time per size (tests/c/mpi_check.c --time-allreduce, 2 ranks) with
+  Open MPI's pml ucx over softnic's rc_verbs next to Open MPI's ob1 with btl tcp.
+
+Prints tables (markdown) with the date, the load and the Python the library runs in.
+Needs ucx-utils, openmpi-bin, libopenmpi-dev and what softnic's libibverbs needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOFTNIC = [sys.executable, "-m", "softnic.cli", "exec", "--"]
+MPI_ARGS = ["--allow-run-as-root", "--oversubscribe", "-np", "2"]
+SOFTNIC_MPI = ["--mca", "pml", "ucx", "--mca", "pml_ucx_devices", "any", "--mca", "btl", "self",
+               "--mca", "osc", "ucx", "--mca", "mtl", "^ofi", "-x", "UCX_TLS=rc_v,self",
+               "-x", "UCX_NET_DEVICES=softnic0:1"]
+TCP_MPI = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "mtl", "^ofi",
+           "--mca", "btl_tcp_if_include", "lo"]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def perftest(softnic: bool, test: str, size: int, iters: int) -> tuple[float, float]:
+    """(average latency us, average bandwidth MB/s) of one ucx_perftest run."""
+    env = _env()
+    if softnic:
+        env.update(UCX_TLS="rc_v,self", UCX_NET_DEVICES="softnic0:1")
+        pre = SOFTNIC
+    else:
+        env.update(UCX_TLS="tcp,self", UCX_NET_DEVICES="lo")
+        pre = []
+    port = str(_free_port())
+    server = subprocess.Popen(pre + ["ucx_perftest", "-p", port], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2.0)
+        r = subprocess.run(pre + ["ucx_perftest", "127.0.0.1", "-p", port, "-t", test, "-s",
+                                  str(size), "-n", str(iters)], env=env, capture_output=True,
+                           text=True, timeout=300)
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    final = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("Final:")]
+    if r.returncode or not final:
+        raise RuntimeError(f"ucx_perftest {test} failed:\n{r.stdout}\n{r.stderr}")
+    f = final[0]          # Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
+    return float(f[3]), float(f[5])
+
+
+def allreduce_times(exe: str, softnic: bool, top: int, iters: int) -> dict[int, float]:
+    cmd = (SOFTNIC if softnic else []) + ["mpirun", *MPI_ARGS,
+                                          *(SOFTNIC_MPI if softnic else TCP_MPI),
+                                          exe, "--time-allreduce", str(top), str(iters)]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
+    if r.returncode:
+        raise RuntimeError(f"mpirun failed:\n{r.stdout}\n{r.stderr}")
+    out = {}
+    for ln in r.stdout.splitlines():
+        p = ln.split()
+        if len(p) == 3 and p[0] == "allreduce":
+            out[int(p[1])] = float(p[2])
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="fewer iterations and sizes")
+    args = ap.parse_args(argv)
+    iters = 200 if args.quick else 1000
+    print(f"date {datetime.date.today()}  load {os.getloadavg()[0]:.2f} (1 min)  "
+          f"Python {platform.python_version()} ({sys.executable})  host {platform.node()}")
+
+    cases = [("tag_lat", 8, "latency us"), ("tag_bw", 65536, "MB/s"),
+             ("ucp_put_bw", 65536, "MB/s")]
+    rows = []
+    for test, size, unit in cases:
+        sn, tcp, ratios = [], [], []
+        n = iters if test == "tag_lat" else max(50, iters // 10)
+        for _ in range(args.rounds):             # alternate: both sides see the same load
+            a = perftest(True, test, size, n)
+            b = perftest(False, test, size, n)
+            pick = 0 if unit.startswith("latency") else 1
+            sn.append(a[pick])
+            tcp.append(b[pick])
+            ratios.append(a[pick] / b[pick])
+        rows.append((test, size, unit, statistics.median(sn), statistics.median(tcp),
+                     statistics.median(ratios)))
+    print("\n| ucx_perftest | size | unit | softnic rc_verbs | UCX tcp (lo) | softnic/tcp |")
+    print("|---|---|---|---|---|---|")
+    for test, size, unit, a, b, ratio in rows:
+        print(f"| {test} | {size} | {unit} | {a:.1f} | {b:.1f} | {ratio:.3g} |")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = str(Path(tmp) / "mpi_check")
+        subprocess.run(["mpicc", "-O2", "-o", exe, str(ROOT / "tests" / "c" / "mpi_check.c")],
+                       check=True, timeout=120)
+        top = (1 << 18) if args.quick else (1 << 22)
+        per_round = []
+        for _ in range(args.rounds):
+            per_round.append((allreduce_times(exe, True, top, 3 if args.quick else 5),
+                              allreduce_times(exe, False, top, 20)))
+    sizes = sorted(per_round[0][0])
+    print("\n| MPI_Allreduce bytes | softnic rc_verbs (ms) | Open MPI tcp (ms) | softnic/tcp |")
+    print("|---|---|---|---|")
+    for s in sizes:
+        a = statistics.median(r[0][s] for r in per_round) * 1e3
+        b = statistics.median(r[1][s] for r in per_round) * 1e3
+        ratio = statistics.median(r[0][s] / r[1][s] for r in per_round)
+        print(f"| {s} | {a:.3f} | {b:.3f} | {ratio:.3g} |")
+    print(f"\nload after: {os.getloadavg()[0]:.2f} (1 min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
