@@ -285,7 +285,9 @@ def test_debian_pyverbs_in_debian_python_single_thread_owning_both_ends(libdir, 
              "test_qpex.QpExTestCase.test_qp_ex_rc_atomic_write",
              "test_qpex.QpExTestCase.test_qp_ex_rc_send_imm",
              "test_cqex.CqExTestCase.test_rc_traffic_cq_ex"]
-    cmd, env = softnic_exec("/usr/bin/python3", "-E", str(tests / "run_tests.py"), "-v", *names)
+    # a hang is killed with SIGABRT first, so faulthandler prints every thread's stack
+    cmd, env = softnic_exec("timeout", "-s", "ABRT", "100", "/usr/bin/python3", "-X",
+                            "faulthandler", "-E", str(tests / "run_tests.py"), "-v", *names)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tests)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
