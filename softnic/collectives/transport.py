@@ -55,7 +55,10 @@ MIN_CHUNK = 64 * 1024                # messages are cut into PIPELINE chunks, no
 PIPELINE = 4
 DEFAULT_SLOTS = 8
 DEFAULT_QPS = 4
-ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 64 * 1024))  # sends this big: no copy
+# sends this big leave from the caller's memory; smaller ones are copied into a staging ring
+# (a copy costs less than waiting, at the end of the call, for the WRITEs' acknowledgements:
+# tools/coll_qps.py --zcopy)
+ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 1 << 20))
 MR_CACHE = 16                         # registrations of callers' buffers kept
 # An idle rank polls for SPIN seconds, then naps between polls, up to NAP at a time.  With
 # a core per rank, polling keeps the device moving (its progress thread stands aside
@@ -121,7 +124,8 @@ class Transport:
 
     def __init__(self, rank: int, world: int, store, prefix: str = "softnic", *,
                  device: str | None = None, chunk: int | None = None,
-                 slots: int | None = None, qps: int | None = None, timeout: float = 60.0):
+                 slots: int | None = None, qps: int | None = None, zcopy: int | None = None,
+                 timeout: float = 60.0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside 0..{world - 1}")
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
@@ -160,7 +164,9 @@ class Transport:
         region = max(1, world * self.slots * self.chunk)
         # small chunks are copied into a staging ring; larger ones leave from the
         # caller's memory
-        self.stage = min(self.chunk, ZC_MIN)
+        self.zc_min = int(zcopy or ZC_MIN)
+        # a staged message is smaller than zc_min, so its chunks are at most this big
+        self.stage = min(self.chunk, self.csize(self.zc_min))
         stage_region = max(1, world * self.slots * self.stage)
         self.recv_mr = v.MR(self.pd, region, ACCESS)
         self.send_mr = v.MR(self.pd, stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
@@ -303,7 +309,7 @@ class Transport:
         """Register ``arr``'s memory (if big enough to be worth it) so that sends from it,
         or any part of it, leave without a copy.  Kept in a small cache of the most
         recently used buffers (softnic's device), or for this call only (a real one)."""
-        if arr.nbytes < ZC_MIN:
+        if arr.nbytes < self.zc_min:
             return
         addr = arr.ctypes.data
         key = (addr, arr.nbytes)
@@ -325,7 +331,7 @@ class Transport:
             old.close()
 
     def _lkey(self, seg: np.ndarray):
-        if seg.nbytes < ZC_MIN:
+        if seg.nbytes < self.zc_min:
             return None
         lo = seg.ctypes.data
         hi = lo + seg.nbytes
