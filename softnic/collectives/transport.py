@@ -19,11 +19,13 @@ in a pipeline ``slots`` deep, and a small collective costs one message each
 way, not two.
 
 A message is cut into chunks of about a quarter of it (64 KiB up to a slot),
-so that even mid-size messages pipeline.  Large sends leave from the caller's
-own memory: the buffer is registered once and the registration cached
-(``register``), so a chunk costs one WRITE and no copy; a collective returns only when those WRITEs are acknowledged, since the
-caller may then change the buffer.  Small sends are copied into a registered
-staging ring, which costs less than a registration.
+so that even mid-size messages pipeline.  Sends of 1 MiB and more
+(``SOFTNIC_COLL_ZCOPY``) leave from the caller's own memory: the buffer is
+registered once and the registration cached (``register``), so a chunk costs
+one WRITE and no copy; a collective returns only when those WRITEs are
+acknowledged, since the caller may then change the buffer.  Sends below 1 MiB
+are copied into a registered staging ring instead, which costs less than
+waiting for those acknowledgements.
 
 The algorithms use two primitives.  ``exchange(sends, recvs)`` moves any
 number of messages to and from any peers at once, copying or reducing (with a
