@@ -119,6 +119,10 @@ def test_clients_connect_exchange_and_disconnect_under_loss_and_duplication(seed
             f"seed {seed}: client {i} saw {kinds}"
     est = [c for cm in ccms for c in cm.conns.values() if c.state is State.ESTABLISHED]
     assert len(est) >= n - 1, f"seed {seed}: only {len(est)} of {n} connected"
+    # both ends agree: the passive end of every established connection is established too
+    for c in est:
+        (pc,) = [p for p in passive if p.remote_id == c.local_id]
+        assert passive[pc].count(EventKind.ESTABLISHED) == 1, f"seed {seed}: {passive[pc]}"
     # every established pair talks: a SEND from each client to its server QP and back
     for c in est:
         e, _ = ep[c]
@@ -255,3 +259,26 @@ def test_mad_codecs_round_trip():
     hdr = M.CmaHeader("10.1.2.3", "10.4.5.6", 5555)
     assert M.CmaHeader.decode(hdr.encode()) == hdr and len(hdr.encode()) == 36
     assert M.service_port(SID) == (M.RDMA_PS_TCP, 7174)
+
+
+def test_listen_backlog_rejects_requests_beyond_it_until_one_is_accepted():
+    fabric, server, clients = _world(1, 3, FaultModel.none())
+    scm = _cm(server, 1)
+    scm.listen(SID, backlog=1)
+    cms = [_cm(d, 10 + i) for i, d in enumerate(clients)]
+    cms[0].connect(server.address, service_id=SID, remote_gid=server.gid, local_qpn=0x11,
+                   psn=1, owner=0, now=0.0)
+    fabric.run(until=0.01)
+    cms[1].connect(server.address, service_id=SID, remote_gid=server.gid, local_qpn=0x12,
+                   psn=1, owner=1, now=fabric.now)
+    fabric.run(until=0.02)
+    assert [(e.kind, e.status) for e in cms[1].events] == [(EventKind.REJECTED,
+                                                             M.RejReason.NO_RESOURCES)]
+    (req,) = scm.events
+    scm.accept(req.conn, local_qpn=0x20, psn=2, now=fabric.now)   # the backlog frees up
+    fabric.flush()
+    cms[2].connect(server.address, service_id=SID, remote_gid=server.gid, local_qpn=0x13,
+                   psn=1, owner=2, now=fabric.now)
+    fabric.run(until=0.03)
+    assert [e.kind for e in scm.events] == [EventKind.CONNECT_REQUEST] * 2
+    assert [e.kind for e in cms[0].events] == [EventKind.CONNECT_RESPONSE]

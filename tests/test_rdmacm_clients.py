@@ -73,8 +73,10 @@ def _addresses() -> tuple[str, str]:
         return pair
 
 
-def _cmd(ip: str, args, faults):
+def _cmd(ip: str, args, faults, capture=None):
     cmd = [*SOFTNIC, "exec", "--devices", f"softnic0={ip}"]
+    if capture:
+        cmd += ["--capture", str(capture).replace(".pcap", f"-{ip}.pcap")]
     if faults:
         cmd += ["--faults", faults, "--seed", "11"]
     env = dict(os.environ)
@@ -87,7 +89,7 @@ def _cmd(ip: str, args, faults):
 REFUSED = ("REJECTED", "error 8", "Connection refused", "rdma_connect: ", "Failed to handle")
 
 
-def pair(server, client, *, faults=None, timeout=TIMEOUT):
+def pair(server, client, *, faults=None, timeout=TIMEOUT, capture=None):
     """Run ``server`` (a list; ``{S}`` stands for its address) and then ``client``
     against it; returns (server, client) CompletedProcess-like results.  A client
     refused because the server had not listened yet is run again."""
@@ -95,14 +97,14 @@ def pair(server, client, *, faults=None, timeout=TIMEOUT):
     port = str(_free_tcp_port())
     server = [a.replace("{S}", sip).replace("{PORT}", port) for a in server]
     client = [a.replace("{S}", sip).replace("{PORT}", port) for a in client]
-    scmd, senv = _cmd(sip, server, faults)
+    scmd, senv = _cmd(sip, server, faults, capture)
     srv = subprocess.Popen(scmd, env=senv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
     try:
         deadline = time.monotonic() + timeout
         time.sleep(1.0)
         while True:
-            ccmd, cenv = _cmd(cip, client, faults)
+            ccmd, cenv = _cmd(cip, client, faults, capture)
             cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True,
                                  timeout=max(5.0, deadline - time.monotonic()))
             out = cli.stdout + cli.stderr
@@ -181,3 +183,29 @@ def test_qperf_cm():
     for test in ("rc_bw:", "rc_lat:", "rc_rdma_write_bw:", "rc_rdma_read_lat:"):
         assert test in cout
     assert cout.count("bw  =") == 2 and cout.count("latency  =") == 2
+
+
+def test_rping_capture_shows_the_cm_exchange_decoded_by_tshark(tmp_path):
+    need("rping")
+    tshark = shutil.which("tshark")
+    if tshark is None:
+        _missing("needs tshark")
+    check(pair(["rping", "-s", "-a", "{S}", "-C", "3"], ["rping", "-c", "-a", "{S}", "-C", "3"],
+               capture=tmp_path / "rping.pcap"))
+    caps = sorted(tmp_path.glob("rping-*-softnic0.pcap"))
+    assert len(caps) == 2, list(tmp_path.iterdir())
+    seen_anywhere = set()
+    for cap in caps:
+        info = subprocess.run([tshark, "-r", str(cap)], capture_output=True, text=True,
+                              timeout=60, check=True).stdout
+        seen = [m for m in ("CM: ConnectRequest", "CM: ConnectReply", "CM: ReadyToUse",
+                            "CM: DisconnectRequest", "CM: DisconnectReply") if m in info]
+        assert seen[:3] == ["CM: ConnectRequest", "CM: ConnectReply", "CM: ReadyToUse"], info
+        seen_anywhere.update(seen)
+        assert "RC Send Only" in info and "RC RDMA Read" in info        # rping's data
+        bad = subprocess.run([tshark, "-r", str(cap), "-Y", "_ws.malformed || _ws.expert"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        assert bad.strip() == "", bad
+    # the client may exit before the DREP reaches it (rping does not wait): the server's
+    # capture has it
+    assert {"CM: DisconnectRequest", "CM: DisconnectReply"} <= seen_anywhere

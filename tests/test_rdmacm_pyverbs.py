@@ -153,3 +153,21 @@ def test_async_program_in_the_simulated_fabric_with_loss_and_duplication(seed):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"seed {seed}:\n{r.stdout}{r.stderr}"
     assert "connected, exchanged, disconnected" in r.stdout
+
+
+def test_the_same_program_on_debians_pyverbs_over_softnics_librdmacm():
+    """rdma-core's own pyverbs (Debian's python3-pyverbs, Cython over librdmacm.so.1)
+    runs the program unchanged over softnic's C libraries, in a Python host."""
+    py = "/usr/bin/python3"
+    probe = subprocess.run([py, "-c", "import pyverbs.cmid"], capture_output=True, timeout=60)
+    if probe.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("needs Debian's python3-pyverbs (.ci/run installs it)")
+        pytest.skip("needs Debian's python3-pyverbs")
+    a, b = f"127.{BASE}.93.2", f"127.{BASE}.93.3"
+    r = subprocess.run([*SOFTNIC, "exec", "--pyverbs", "system", py,
+                        str(HERE / "rdmacm" / "pyverbs_cm_async.py"), a, b, "7810"],
+                       env=_env(f"softnic0={a},softnic1={b}"), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "connected, exchanged, disconnected" in r.stdout

@@ -410,11 +410,17 @@ SN_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
     struct sn_chan *c = to_chan(channel);
     for (;;) {
         uint64_t v;
+        /* a Python host (pyverbs) may call with the interpreter lock held: let the
+         * progress threads run while this waits */
+        void *gil = sn_gil_release();
         ssize_t n = read(c->ch.fd, &v, sizeof v);
+        int e = errno;
+        sn_gil_restore(gil);
         if (n == sizeof v)
             break;
-        if (n < 0 && errno == EINTR)
+        if (n < 0 && e == EINTR)
             continue;
+        errno = e;
         return -1;                      /* EAGAIN on a non-blocking channel */
     }
     struct sn_cm_event e;
@@ -1236,13 +1242,23 @@ SN_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
 
 SN_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 {
-    return poll(fds, nfds, timeout);
+    void *gil = sn_gil_release();
+    int r = poll(fds, nfds, timeout);
+    int e = errno;
+    sn_gil_restore(gil);
+    errno = e;
+    return r;
 }
 
 SN_EXPORT int rselect(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds,
                       struct timeval *timeout)
 {
-    return select(nfds, readfds, writefds, exceptfds, timeout);
+    void *gil = sn_gil_release();
+    int r = select(nfds, readfds, writefds, exceptfds, timeout);
+    int e = errno;
+    sn_gil_restore(gil);
+    errno = e;
+    return r;
 }
 
 /* ------------------------------------------------------------------ exit
