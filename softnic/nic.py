@@ -50,9 +50,14 @@ from .transport.udp import UdpSocket, bind_free
 from .wire.roce import ROCEV2_PORT
 
 #: How long after an inline step (a caller spinning on ``poll``) the caller is
-#: trusted to take what arrives; after that the progress thread takes it.  Short:
-#: a C program that stops calling (it spins on memory) waits at most this long.
-SPIN_LEASE = float(os.environ.get("SOFTNIC_SPIN_LEASE_US", "100")) * 1e-6
+#: trusted to take what arrives; after that the progress thread takes it.  Long
+#: enough that a spinner the scheduler preempts for a moment is not fought for
+#: the interpreter; a C program that polls its CQ until a completion gives the
+#: lease back at once (``end_lease``), so spinning on memory next costs nothing.
+SPIN_LEASE = float(os.environ.get("SOFTNIC_SPIN_LEASE_US", "1000")) * 1e-6
+#: How long output an inline step holds for its caller's next call may wait
+#: before the progress thread sends it (the peer waits for it).
+HOLD_LEASE = float(os.environ.get("SOFTNIC_HOLD_US", "100")) * 1e-6
 STATS_EVERY = 1.0           # seconds between counter publications
 #: The interpreter's switch interval while a live NIC is open: how long the
 #: progress thread, woken with work, may wait for a thread that computes in
@@ -548,7 +553,7 @@ class NIC(_Opened):
         w = self._waiter
         if w is not None:
             r = w.lib.sn_wait(self.sock.fileno(), self._bell, int(timeout * 1e9),
-                              self._lease, int(SPIN_LEASE * 1e9))
+                              self._lease, int(SPIN_LEASE * 1e9), int(HOLD_LEASE * 1e9))
             if r < 0:
                 raise OSError(-r, os.strerror(-r))
             return r

@@ -95,8 +95,9 @@ def main() -> int:
                     check(buf, want, f"allreduce {algo} {op} {dtype} x{count}")
                     checks += 1
     for dtype in map(np.dtype, ("float64",) if args.quick else ("int32", "float64", "uint8")):
-        # 50 000 float64 elements per block: sent from the caller's registered memory in
-        # several chunks, and broadcast by the pipelined chain when there are 3+ ranks
+        # 50 000 float64 elements per block: several chunks each, sent from the caller's
+        # registered memory (with SOFTNIC_COLL_ZCOPY below 400 KB), and broadcast by the
+        # pipelined chain when there are 3+ ranks
         for count in ((7,) if args.quick else (1, 7, 1000)) + ((50_000,) if args.big else ()):
             case += 1
             xs = inputs(case, n, count * n, dtype, "sum")

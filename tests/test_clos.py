@@ -91,6 +91,17 @@ def test_ecmp_keeps_a_qp_on_one_path_and_spreads_qps():
     assert sum(net.uplink_bytes()["leaf0"]) == 0
 
 
+def test_the_entropy_is_the_qps_udp_source_port():
+    from softnic.core.entropy import qp_udp_sport
+    from softnic.transport.clos import _udp_sport
+    f, net, devs = _fabric()
+    ea, eb = connect(devs[0], devs[4], mtu=4096)
+    # the requester's data and the responder's ACKs: each side's own QP's port
+    assert _udp_sport(devs[0], devs[4].address, eb.qp.qpn) == qp_udp_sport(ea.qp)
+    assert _udp_sport(devs[4], devs[0].address, ea.qp.qpn) == qp_udp_sport(eb.qp)
+    assert 0xC000 <= qp_udp_sport(ea.qp) <= 0xFFFF
+
+
 def test_spray_uses_every_spine_for_one_flow():
     f, net, devs = _fabric(spines=4, routing="spray")
     _writes(f, devs, [(0, 4)], nbytes=256 << 10)

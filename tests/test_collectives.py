@@ -144,7 +144,9 @@ def _launch_worker(n, *flags, faults=None, timeout=120, env=None):
     # two 4 KiB slots per peer: messages of up to 80 chunks stall on credits all the time
     (2, ("--quick", "--big"), {"SOFTNIC_COLL_SLOTS": "2", "SOFTNIC_COLL_CHUNK": "4096"}),
     # chunks striped over three QPs per peer, taken in order whichever QP brings them
-    (3, ("--quick", "--big"), {"SOFTNIC_COLL_QPS": "3", "SOFTNIC_COLL_CHUNK": "16384"}),
+    # (and sends of 64 KiB or more from the caller's registered memory)
+    (3, ("--quick", "--big"), {"SOFTNIC_COLL_QPS": "3", "SOFTNIC_COLL_CHUNK": "16384",
+                               "SOFTNIC_COLL_ZCOPY": "65536"}),
 ], ids=["2-ranks", "3-ranks", "4-ranks-via-pyverbs", "8-ranks", "2-ranks-tight-credits",
         "3-ranks-3-qps"])
 def test_collectives_match_numpy(n, flags, env):
@@ -175,9 +177,9 @@ def test_collectives_use_the_pyverbs_api_only():
 @pytest.mark.parametrize("n, faults, flags, env", [
     (2, "loss=0.05", ("--quick",), None),
     # 2 % loss and reordering on every link, the ring and the chain with many chunks,
-    # striped over two QPs per peer
+    # striped over two QPs per peer, sent from the callers' registered memory
     (4, "loss=0.02,reorder=0.02/300us", ("--quick", "--big"),
-     {"SOFTNIC_COLL_QPS": "2", "SOFTNIC_COLL_CHUNK": "32768"}),
+     {"SOFTNIC_COLL_QPS": "2", "SOFTNIC_COLL_CHUNK": "32768", "SOFTNIC_COLL_ZCOPY": "65536"}),
 ], ids=["2-ranks-loss", "4-ranks-loss-reorder-2-qps"])
 def test_collectives_match_numpy_under_loss(n, faults, flags, env):
     dropped = _launch_worker(n, *flags, faults=faults, env=env)

@@ -12,6 +12,7 @@ on how fast anything runs: time limits are seconds, for a hang.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
@@ -57,7 +58,7 @@ def wait_env():
 def test_sn_wait_answers(wait_env):
     k, a, b, bell, lease = wait_env
     w = lambda timeout: k.lib.sn_wait(b.fileno(), bell, int(timeout * NS), lease,  # noqa: E731
-                                      100_000)
+                                      100_000, 100_000)
     assert w(0.01) == 0                               # nothing: time is up
     os.eventfd_write(bell, 1)
     assert w(5) == 2                                  # the bell
@@ -69,7 +70,9 @@ def test_sn_wait_answers(wait_env):
     t = time.monotonic()
     assert w(30) == 0 and time.monotonic() - t < 10   # woke for the deadline, not the timeout
     lease[3] = (1 << 63) - 1
-    assert k.lib.sn_wait(-1, bell, NS, lease, 0) < 0 or True   # a bad fd: an errno, no crash
+    fd = os.open(os.devnull, os.O_RDONLY)
+    os.close(fd)                                      # a closed descriptor: EBADF, no crash
+    assert k.lib.sn_wait(fd, bell, NS, lease, 0, 0) == -errno.EBADF
 
 
 def test_sn_wait_leaves_a_datagram_to_a_caller_holding_the_lease(wait_env):
@@ -77,17 +80,18 @@ def test_sn_wait_leaves_a_datagram_to_a_caller_holding_the_lease(wait_env):
     a.sendto(b"x", b.getsockname())
     lease[0] = time.monotonic_ns()                    # a caller polled just now
     # lease of 10 s: the caller will take it; the thread wakes only for its timeout
-    assert k.lib.sn_wait(b.fileno(), bell, NS // 20, lease, 10 * NS) == 0
+    assert k.lib.sn_wait(b.fileno(), bell, NS // 20, lease, 10 * NS, 10 * NS) == 0
     # ... or for the bell, which a caller giving its lease back rings
     os.eventfd_write(bell, 1)
-    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS) == 2
+    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS, 10 * NS) == 2
     os.eventfd_read(bell)
     lease[0] = 0                                      # the lease given back: the thread takes it
-    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS) == 1
+    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS, 10 * NS) == 1
     b.recv(16)
-    lease[0] = time.monotonic_ns() - NS               # lapsed, and output held: the thread sends it
+    # output held: its shorter lease (hold_ns) lapses first, then the thread sends it
+    lease[0] = time.monotonic_ns()
     lease[1] = 1
-    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, NS // 1000) == 3
+    assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS, NS // 100) == 3
 
 
 def _nics(n=2):

@@ -3,7 +3,7 @@
 in the same processes, calls alternating between the settings (so that the machine's
 load falls on all of them alike).
 
-    python tools/coll_qps.py -n 2 --qps 1 2 4 --chunks 256K
+    python tools/coll_qps.py -n 2 --qps 1 2 4 --chunks 256K 1M --zcopy 64K 1M
 
 For each size, every setting's median time per allreduce (the slowest rank's) and its
 ratio to the first setting.  This is how SOFTNIC_COLL_QPS's and SOFTNIC_COLL_CHUNK's
@@ -30,9 +30,10 @@ def worker(args) -> int:
     from softnic.collectives import Communicator
     from softnic.collectives.rendezvous import from_env
     rdv = from_env()
-    settings = [(q, c) for c in args.chunks for q in args.qps]
+    settings = [(q, c, z) for z in args.zcopy for c in args.chunks for q in args.qps]
     comms = [Communicator(rdv.rank, rdv.world_size, rdv.store, prefix=f"s{i}", qps=q, chunk=c,
-                          timeout=rdv.timeout) for i, (q, c) in enumerate(settings)]
+                          zcopy=z, timeout=rdv.timeout)
+             for i, (q, c, z) in enumerate(settings)]
     head = comms[0]
     for size in sizes(args.minbytes, args.maxbytes, args.factor):
         base = np.ones(size // 4, np.float32)
@@ -54,8 +55,8 @@ def worker(args) -> int:
             head.allreduce(t, "max")
             meds.append(statistics.median(t.tolist()))
         if rdv.rank == 0:
-            cells = "  ".join(f"qps {q} chunk {human(c)}: {m * 1e3:8.2f} ms ({m / meds[0]:.2f})"
-                              for (q, c), m in zip(settings, meds))
+            cells = "  ".join(f"qps {q} chunk {human(c)} zcopy {human(z)}: {m * 1e3:8.2f} ms "
+                              f"({m / meds[0]:.2f})" for (q, c, z), m in zip(settings, meds))
             print(f"{human(size):>8}  {cells}", flush=True)
     for c in comms:
         c.transport.close()
@@ -68,6 +69,8 @@ def main() -> int:
     ap.add_argument("-n", "--nproc", type=int, default=2)
     ap.add_argument("--qps", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--chunks", type=size_arg, nargs="+", default=[256 << 10])
+    ap.add_argument("--zcopy", type=size_arg, nargs="+", default=[64 << 10],
+                    help="sends of at least this size leave from the caller's memory")
     ap.add_argument("-b", "--minbytes", type=size_arg, default=256 << 10)
     ap.add_argument("-e", "--maxbytes", type=size_arg, default=16 << 20)
     ap.add_argument("-f", "--factor", type=int, default=4)

@@ -23,7 +23,7 @@ from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.enums import Access, QPState, QPType
 from softnic.core.errors import VerbsError
-from softnic.core.memory import IMPLICIT_LENGTH
+from softnic.core.memory import IMPLICIT_LENGTH, external_device_memory
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
 
@@ -332,22 +332,10 @@ def install(ffi) -> None:
         size[0] = _get(ctx).nic.dev.keys.dm.size
 
     @extern()
-    def sn_alloc_dm(ctx, length, log_align, comp_mask, out, addr):
-        c = _get(ctx)
-        dm = c.nic.dev.keys.dm.alloc(length, log_align, comp_mask)   # the device's own pool
-        out[0] = _new(_Obj(c.nic, dm))
-        addr[0] = dm.buf.addr
-
-    @extern()
-    def sn_free_dm(h):
-        o = _get(h)
-        o.eng.pool.free(o.eng)
-        del _objs[h]
-
-    @extern()
-    def sn_reg_dm_mr(pd, dm, offset, length, access, out, lkey, rkey):
-        p, d = _get(pd), _get(dm)
-        mr = p.nic.call(p.nic.dev.keys.reg_dm_mr, p.eng, d.eng, offset, length, access)
+    def sn_reg_dm_mr(pd, addr, dm_length, offset, length, access, out, lkey, rkey):
+        p = _get(pd)
+        dm = external_device_memory(addr, dm_length)      # the library's device memory
+        mr = p.nic.call(p.nic.dev.keys.reg_dm_mr, p.eng, dm, offset, length, access)
         out[0] = _new(_Obj(p.nic, mr))
         lkey[0] = mr.lkey
         rkey[0] = mr.rkey

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -178,6 +179,7 @@ static void sn_mw_ops(struct ibv_context *c);
 static void sn_dm_ops(struct verbs_context *v);
 static void sn_xrc_ops(struct verbs_context *v);
 static void sn_pd_ops(struct verbs_context *v);
+static struct ibv_qp *sn_qpx_trim(struct ibv_qp *qp, uint64_t send_ops_flags);
 static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *attr);
 static struct ibv_srq *sn_new_xrc_srq(struct ibv_srq_init_attr_ex *attr);
 static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr);
@@ -320,11 +322,35 @@ SN_EXPORT int ibv_close_device(struct ibv_context *context)
     return err;
 }
 
+/* A device's attributes never change: the last answer is kept, and a child forked after
+ * the first verbs call (whose engine is not running) is answered from it. */
+static struct { struct ibv_device *dev; struct sn_dev_attr d; } sn_attr_cache[SN_MAX_DEVICES];
+
+static int sn_query_device_cached(struct ibv_context *context, struct sn_dev_attr *d)
+{
+    int err = sn_query_device(ctx_handle(context), d);
+    pthread_mutex_lock(&sn_lock);
+    for (int i = 0; i < SN_MAX_DEVICES; i++) {
+        if (sn_attr_cache[i].dev && sn_attr_cache[i].dev != context->device)
+            continue;
+        if (!err) {
+            sn_attr_cache[i].dev = context->device;
+            sn_attr_cache[i].d = *d;
+        } else if (err == EIO && sn_attr_cache[i].dev) {
+            *d = sn_attr_cache[i].d;
+            err = 0;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&sn_lock);
+    return err;
+}
+
 SN_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *a)
 {
     struct sn_dev_attr d;
     memset(&d, 0, sizeof(d));
-    int err = sn_query_device(ctx_handle(context), &d);
+    int err = sn_query_device_cached(context, &d);
     if (err)
         return err;
     memset(a, 0, sizeof(*a));
@@ -604,7 +630,8 @@ SN_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void
         return IBV_REREG_MR_ERR_INPUT;
     }
     unsigned int naccess = (flags & IBV_REREG_MR_CHANGE_ACCESS)
-        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE : ((struct sn_mr *)mr)->access;
+        ? (unsigned int)access & ~IBV_ACCESS_OPTIONAL_RANGE
+        : ((struct sn_mr *)mr)->access & ~(1u << 31);    /* without the device-memory mark */
     int err = sn_rereg_mr(mr->handle, flags, (flags & IBV_REREG_MR_CHANGE_PD) ? pd->handle : 0,
                           (uint64_t)(uintptr_t)addr, length, naccess);
     if (err) {
@@ -619,15 +646,21 @@ SN_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void
         mr->addr = addr;
         mr->length = length;
     }
-    ((struct sn_mr *)mr)->access = naccess;
+    ((struct sn_mr *)mr)->access = naccess | (((struct sn_mr *)mr)->access & (1u << 31));
     return 0;
 }
+
+static void sn_dm_mr_gone(struct ibv_mr *mr);
+#define SN_DM_MR (1u << 31)      /* in sn_mr.access: an sn_dm_mr (no access flag uses it) */
 
 SN_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 {
     int err = sn_dereg_mr(mr->handle);
-    if (!err)
+    if (!err) {
+        if (((struct sn_mr *)mr)->access & SN_DM_MR)    /* an MR over device memory */
+            sn_dm_mr_gone(mr);
         free(mr);
+    }
     return err;
 }
 
@@ -1185,7 +1218,8 @@ static struct ibv_qp *sn_vctx_create_qp_ex(struct ibv_context *ctx,
         if (attr->send_ops_flags & ~ok)
             return sn_fail_ptr(EOPNOTSUPP);
     }
-    return sn_new_qp(attr->pd, attr, (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0);
+    int is_ex = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+    return sn_qpx_trim(sn_new_qp(attr->pd, attr, is_ex), is_ex ? attr->send_ops_flags : 0);
 }
 
 SN_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
@@ -1860,21 +1894,51 @@ static int sn_post_pending_bind(struct ibv_qp_ex *q, struct sn_send_wr *w)
 }
 
 /* ------------------------------------------------------------------ device memory
- * Emulated NIC-side memory: a buffer the device owns (its address comes from the engine),
- * written and read only in 4-byte words through ibv_memcpy_to/from_dm (as mlx5), reached by
- * the wire through a zero-based MR over it. */
+ * Emulated NIC-side memory: memory the library owns for the device (max_dm_size bytes per
+ * device, counted here so that a forked child, whose engine is not running, allocates as
+ * a parent does), written and read only in 4-byte words through ibv_memcpy_to/from_dm (as
+ * mlx5), reached by the wire through a zero-based MR the engine registers over it.  It is
+ * freed only once no MR is registered over it (EBUSY before). */
 
 struct sn_dm {
     struct ibv_dm dm;
     uint8_t *buf;
-    uint64_t length;
+    uint64_t length, map_len;
+    int nmr;                       /* MRs registered over it */
 };
 
+struct sn_dm_mr {                  /* an MR over device memory: SN_DM_MR in its access */
+    struct sn_mr smr;
+    struct sn_dm *dm;
+};
+
+static struct { struct ibv_device *dev; uint64_t size, used; } sn_dm_pool[SN_MAX_DEVICES];
+static pthread_mutex_t sn_dm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int sn_dm_slot(struct ibv_context *ctx)     /* under sn_dm_lock */
+{
+    for (int i = 0; i < SN_MAX_DEVICES; i++) {
+        if (sn_dm_pool[i].dev == ctx->device)
+            return i;
+        if (!sn_dm_pool[i].dev) {
+            uint64_t size = 0;
+            if (sn_dm_size(ctx_handle(ctx), &size))
+                return -1;
+            sn_dm_pool[i].dev = ctx->device;
+            sn_dm_pool[i].size = size;
+            return i;
+        }
+    }
+    return -1;
+}
+
 static void sn_dm_caps(struct ibv_context *ctx, struct ibv_device_attr_ex *attr)
-{   /* the caps of device memory (and of XRC's ODP), set after the rest */
-    uint64_t size = 0;
-    if (!sn_dm_size(ctx_handle(ctx), &size))
-        attr->max_dm_size = size;
+{   /* the caps of device memory (and of XRC's and implicit ODP), set after the rest */
+    pthread_mutex_lock(&sn_dm_lock);
+    int i = sn_dm_slot(ctx);
+    if (i >= 0)
+        attr->max_dm_size = sn_dm_pool[i].size;
+    pthread_mutex_unlock(&sn_dm_lock);
     /* an implicit MR reaches any address the process's mapping allows */
     attr->odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
     /* XRC reaches memory as RC does: on demand, never pinned */
@@ -1907,52 +1971,78 @@ static int sn_memcpy_from_dm(void *host, struct ibv_dm *dm, uint64_t offset, siz
 
 static struct ibv_dm *sn_vctx_alloc_dm(struct ibv_context *ctx, struct ibv_alloc_dm_attr *attr)
 {
-    uint32_t h;
-    uint64_t addr;
-    if (!attr)
+    if (!attr || attr->comp_mask || !attr->length || attr->log_align_req > 12)
         return sn_fail_ptr(EINVAL);
-    int err = sn_alloc_dm(ctx_handle(ctx), attr->length, attr->log_align_req, attr->comp_mask,
-                          &h, &addr);
+    pthread_mutex_lock(&sn_dm_lock);
+    int i = sn_dm_slot(ctx);
+    int err = i < 0 ? EIO : attr->length > sn_dm_pool[i].size - sn_dm_pool[i].used ? ENOMEM : 0;
+    if (!err)
+        sn_dm_pool[i].used += attr->length;
+    pthread_mutex_unlock(&sn_dm_lock);
     if (err)
         return sn_fail_ptr(err);
     struct sn_dm *d = calloc(1, sizeof(*d));
-    if (!d) {
-        sn_free_dm(h);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t map_len = (attr->length + page - 1) / page * page;
+    void *buf = d ? mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                         -1, 0) : MAP_FAILED;
+    if (buf == MAP_FAILED) {
+        free(d);
+        pthread_mutex_lock(&sn_dm_lock);
+        sn_dm_pool[i].used -= attr->length;
+        pthread_mutex_unlock(&sn_dm_lock);
         return sn_fail_ptr(ENOMEM);
     }
     d->dm.context = ctx;
     d->dm.memcpy_to_dm = sn_memcpy_to_dm;
     d->dm.memcpy_from_dm = sn_memcpy_from_dm;
-    d->dm.handle = h;
-    d->buf = (uint8_t *)(uintptr_t)addr;
+    d->dm.handle = (uint32_t)(uintptr_t)d;
+    d->buf = buf;
     d->length = attr->length;
+    d->map_len = map_len;
     return &d->dm;
 }
 
 static int sn_vctx_free_dm(struct ibv_dm *dm)
 {
-    int err = sn_free_dm(dm->handle);
-    if (!err)
-        free(dm);
-    return err;
+    struct sn_dm *d = (struct sn_dm *)dm;
+    pthread_mutex_lock(&sn_dm_lock);
+    int busy = d->nmr > 0;
+    if (!busy) {
+        for (int i = 0; i < SN_MAX_DEVICES; i++)
+            if (sn_dm_pool[i].dev == dm->context->device)
+                sn_dm_pool[i].used -= d->length;
+    }
+    pthread_mutex_unlock(&sn_dm_lock);
+    if (busy)
+        return EBUSY;
+    munmap(d->buf, d->map_len);
+    free(d);
+    return 0;
 }
 
 static struct ibv_mr *sn_vctx_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset,
                                         size_t length, unsigned int access)
 {
     uint32_t h, lkey, rkey;
+    struct sn_dm *d = (struct sn_dm *)dm;
     if (!dm)
         return sn_fail_ptr(EINVAL);
-    int err = sn_reg_dm_mr(pd->handle, dm->handle, offset, length, access, &h, &lkey, &rkey);
+    int err = sn_reg_dm_mr(pd->handle, (uint64_t)(uintptr_t)d->buf, d->length, offset, length,
+                           access, &h, &lkey, &rkey);
     if (err)
         return sn_fail_ptr(err);
-    struct sn_mr *smr = calloc(1, sizeof(*smr));
-    if (!smr) {
+    struct sn_dm_mr *m = calloc(1, sizeof(*m));
+    if (!m) {
         sn_dereg_mr(h);
         return sn_fail_ptr(ENOMEM);
     }
-    smr->access = access;
-    struct ibv_mr *mr = &smr->mr;
+    m->smr.access = access | SN_DM_MR;    /* ibv_dereg_mr finds the DM by it */
+    m->dm = d;
+    pthread_mutex_lock(&sn_dm_lock);
+    d->nmr++;
+    pthread_mutex_unlock(&sn_dm_lock);
+    struct ibv_mr *mr = &m->smr.mr;
     mr->context = pd->context;
     mr->pd = pd;
     mr->addr = NULL;                /* zero-based */
@@ -1961,6 +2051,15 @@ static struct ibv_mr *sn_vctx_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, ui
     mr->lkey = lkey;
     mr->rkey = rkey;
     return mr;
+}
+
+/* ibv_dereg_mr of an MR over device memory: the memory may be freed once none is left */
+static void sn_dm_mr_gone(struct ibv_mr *mr)
+{
+    struct sn_dm_mr *m = (struct sn_dm_mr *)mr;
+    pthread_mutex_lock(&sn_dm_lock);
+    m->dm->nmr--;
+    pthread_mutex_unlock(&sn_dm_lock);
 }
 
 static void sn_dm_ops(struct verbs_context *v)
@@ -2022,6 +2121,8 @@ static struct ibv_xrcd *sn_vctx_open_xrcd(struct ibv_context *ctx,
 
 static int sn_vctx_close_xrcd(struct ibv_xrcd *xrcd)
 {
+    if (!xrcd)
+        return EINVAL;
     int err = sn_close_xrcd(xrcd_handle(xrcd));
     if (!err)
         free(xrcd);
@@ -2088,7 +2189,7 @@ static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *a)
     s->is_ex = !tgt && (a->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
     if (s->is_ex)
         sn_qpx_install(s);
-    return qp;
+    return sn_qpx_trim(qp, s->is_ex ? a->send_ops_flags : 0);
 }
 
 static void sn_wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t remote_srqn)
@@ -2135,4 +2236,21 @@ static struct ibv_pd *sn_vctx_alloc_parent_domain(struct ibv_context *ctx,
 static void sn_pd_ops(struct verbs_context *v)
 {
     v->alloc_parent_domain = sn_vctx_alloc_parent_domain;
+}
+
+/* As rxe: an ibv_qp_ex has the ATOMIC_WRITE and BIND_MW builders only if its send_ops_flags
+ * asked for them, and wr_set_xrc_srqn only as an XRC initiator; elsewhere they fail the
+ * WR list at wr_complete with EOPNOTSUPP. */
+static struct ibv_qp *sn_qpx_trim(struct ibv_qp *qp, uint64_t send_ops_flags)
+{
+    struct sn_qp *s = (struct sn_qp *)qp;
+    if (!qp || !s->is_ex)
+        return qp;
+    if (!(send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE))
+        s->qpx.wr_atomic_write = (void *)sn_wr_unsupported;
+    if (!(send_ops_flags & IBV_QP_EX_WITH_BIND_MW))
+        s->qpx.wr_bind_mw = (void *)sn_wr_unsupported;
+    if (qp->qp_type != IBV_QPT_XRC_SEND)
+        s->qpx.wr_set_xrc_srqn = (void *)sn_wr_unsupported;
+    return qp;
 }

@@ -7,8 +7,10 @@
    its next call; lease[2] is set by the thread while it waits on a lease;
    lease[3] is the engine's next deadline (ns), which the thread sleeps toward
    and re-reads when it gets there, so a timer re-armed later (each message's
-   retransmission timer) costs no wake-up with the interpreter lock.  While the lease is younger than ``grace_ns`` and there is
-   work (a datagram waits, or output is held), that caller will do the work: the
+   retransmission timer) costs no wake-up with the interpreter lock.  While the
+   lease is younger than ``grace_ns`` (``hold_ns`` while lease[1] is set: held
+   output is not kept from the peer long) and there is work (a datagram
+   waits, or output is held), that caller will do the work: the
    thread waits for the bell or the lease lapsing, never taking the interpreter
    lock from it.  Otherwise the thread returns at once, so a datagram that lands
    while the program does not call softnic (it spins on memory, it sleeps) is
@@ -38,7 +40,8 @@ static int sn_ppoll(struct pollfd *p, int n, int64_t ns)
     return ppoll(p, n, &t, NULL);
 }
 
-int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns)
+int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
+            int64_t hold_ns)
 {
     volatile int64_t *l = lease;
     int64_t stop = timeout_ns < 0 ? -1 : sn_now_ns() + timeout_ns;
@@ -55,7 +58,7 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
         }
         p[0].fd = sock; p[0].events = POLLIN; p[0].revents = 0;
         p[1].fd = bell; p[1].events = POLLIN; p[1].revents = 0;
-        fresh = l[0] + grace_ns - now;
+        fresh = l[0] + (l[1] ? hold_ns : grace_ns) - now;
         pending = l[1] != 0;
         if (!pending) {
             n = poll(p, 1, 0);

@@ -19,11 +19,13 @@ in a pipeline ``slots`` deep, and a small collective costs one message each
 way, not two.
 
 A message is cut into chunks of about a quarter of it (64 KiB up to a slot),
-so that even mid-size messages pipeline.  Large sends leave from the caller's
-own memory: the buffer is registered once and the registration cached
-(``register``), so a chunk costs one WRITE and no copy; a collective returns only when those WRITEs are acknowledged, since the
-caller may then change the buffer.  Small sends are copied into a registered
-staging ring, which costs less than a registration.
+so that even mid-size messages pipeline.  Sends of 1 MiB and more
+(``SOFTNIC_COLL_ZCOPY``) leave from the caller's own memory: the buffer is
+registered once and the registration cached (``register``), so a chunk costs
+one WRITE and no copy; a collective returns only when those WRITEs are
+acknowledged, since the caller may then change the buffer.  Sends below 1 MiB
+are copied into a registered staging ring instead, which costs less than
+waiting for those acknowledgements.
 
 The algorithms use two primitives.  ``exchange(sends, recvs)`` moves any
 number of messages to and from any peers at once, copying or reducing (with a
@@ -55,7 +57,10 @@ MIN_CHUNK = 64 * 1024                # messages are cut into PIPELINE chunks, no
 PIPELINE = 4
 DEFAULT_SLOTS = 8
 DEFAULT_QPS = 4
-ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 64 * 1024))  # sends this big: no copy
+# sends this big leave from the caller's memory; smaller ones are copied into a staging ring
+# (a copy costs less than waiting, at the end of the call, for the WRITEs' acknowledgements:
+# tools/coll_qps.py --zcopy)
+ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 1 << 20))
 MR_CACHE = 16                         # registrations of callers' buffers kept
 # An idle rank polls for SPIN seconds, then naps between polls, up to NAP at a time.  With
 # a core per rank, polling keeps the device moving (its progress thread stands aside
@@ -121,7 +126,8 @@ class Transport:
 
     def __init__(self, rank: int, world: int, store, prefix: str = "softnic", *,
                  device: str | None = None, chunk: int | None = None,
-                 slots: int | None = None, qps: int | None = None, timeout: float = 60.0):
+                 slots: int | None = None, qps: int | None = None, zcopy: int | None = None,
+                 timeout: float = 60.0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside 0..{world - 1}")
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
@@ -160,7 +166,9 @@ class Transport:
         region = max(1, world * self.slots * self.chunk)
         # small chunks are copied into a staging ring; larger ones leave from the
         # caller's memory
-        self.stage = min(self.chunk, ZC_MIN)
+        self.zc_min = int(zcopy or ZC_MIN)
+        # a staged message is smaller than zc_min, so its chunks are at most this big
+        self.stage = min(self.chunk, self.csize(self.zc_min))
         stage_region = max(1, world * self.slots * self.stage)
         self.recv_mr = v.MR(self.pd, region, ACCESS)
         self.send_mr = v.MR(self.pd, stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
@@ -303,7 +311,7 @@ class Transport:
         """Register ``arr``'s memory (if big enough to be worth it) so that sends from it,
         or any part of it, leave without a copy.  Kept in a small cache of the most
         recently used buffers (softnic's device), or for this call only (a real one)."""
-        if arr.nbytes < ZC_MIN:
+        if arr.nbytes < self.zc_min:
             return
         addr = arr.ctypes.data
         key = (addr, arr.nbytes)
@@ -325,7 +333,7 @@ class Transport:
             old.close()
 
     def _lkey(self, seg: np.ndarray):
-        if seg.nbytes < ZC_MIN:
+        if seg.nbytes < self.zc_min:
             return None
         lo = seg.ctypes.data
         hi = lo + seg.nbytes

@@ -202,6 +202,27 @@ class DeviceMemory:
         return bytes(self.buf.view[offset:offset + length])
 
 
+class _Memory:
+    """Memory someone else owns (the C library's device memory), seen as a Buffer is."""
+
+    def __init__(self, addr: int, length: int):
+        self.addr, self.length = addr, length
+        self.view = view_at(addr, length)
+
+    def close(self) -> None:
+        self.view = memoryview(b"")
+
+
+def external_device_memory(addr: int, length: int) -> DeviceMemory:
+    """Device memory the C library allocated (so that a forked child, whose engine is not
+    running, can still allocate and copy it): the engine only registers MRs over it."""
+    dm = DeviceMemory.__new__(DeviceMemory)
+    dm.pool, dm.handle, dm.length = None, 0, length
+    dm.buf = _Memory(addr, length)
+    dm.mrs, dm.closed = set(), False
+    return dm
+
+
 class DMPool:
     """A device's device memory: DM_MAX_SIZE bytes shared by its allocations."""
 

@@ -18,11 +18,12 @@ Routing (``routing``):
     A leaf sends a datagram for another leaf up the spine that a hash of its
     RoCEv2 five-tuple picks (source and destination IP, UDP source port,
     destination port 4791, protocol UDP), salted per switch.  The UDP source
-    port is the flow's entropy: real NICs set it per QP (rxe takes it from a
-    hash of the QPN).  The simulated datagram carries no UDP header, so the
-    fabric takes the per-QP port the way the NIC would from the QP: from the
-    BTH's destination QPN, which on RC names exactly one sending QP, plus the
-    device's UDP port.  All packets of one QP take one path.
+    port is the flow's entropy: real NICs set it per QP, from the flow label
+    of its address vector or its two QP numbers (``softnic.core.entropy``, the
+    kernel's ``rdma_get_udp_sport``).  softnic's devices all send from one
+    socket, so the fabric finds the sending QP (by the BTH's destination QPN
+    and the destination) and takes that QP's port.  All packets of one QP take
+    one path.
 ``flowlet``
     As ecmp, but a flow whose packets stop for ``flowlet_gap`` seconds may
     move: the next packet picks a spine at random (seeded).
@@ -53,6 +54,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from heapq import heappush
 
+from softnic.core.entropy import qp_udp_sport, udp_sport
 from softnic.wire.datagram import CE, Datagram
 from congestion.base import Hop
 
@@ -382,6 +384,18 @@ class SwitchNode:
         return (((key ^ self.salt) * 0x9E3779B1) & 0xFFFFFFFF) * n >> 32
 
 
+def _udp_sport(device, dst, dqpn: int) -> int:
+    """The RoCEv2 UDP source port a NIC would send this datagram from: that of
+    the sending QP (``softnic.core.entropy``, the kernel's rule from its flow
+    label or its two QP numbers), found on ``device`` by its destination QPN
+    and address; for a datagram of no known QP, the rule with only ``dqpn``."""
+    for qp in getattr(device, "qps", {}).values():
+        attr = getattr(qp, "attr", None)
+        if attr is not None and attr.dest_qp_num == dqpn and tuple(qp.dest or ()) == dst:
+            return qp_udp_sport(qp)
+    return udp_sport(0, 0, dqpn)
+
+
 class LeafSpine:
     """The switches and ports of one leaf-spine; hosts join with ``connect``."""
 
@@ -437,11 +451,12 @@ class LeafSpine:
     def inject(self, src_port, dst_port, data, now: float) -> None:
         """A device hands ``data`` to its NIC."""
         src, dst = src_port.address, dst_port.address
-        salt = self.hash_cache.get((src, dst))
-        if salt is None:
-            salt = self.hash_cache[(src, dst)] = zlib.crc32(
-                f"{src[0]}|{dst[0]}|{src[1]}|{ROCEV2_PORT}|17".encode())
-        key = zlib.crc32(data[5:8], salt)      # the per-QP source port's entropy
+        fk = (src, dst, data[5:8])
+        key = self.hash_cache.get(fk)
+        if key is None:
+            sport = _udp_sport(src_port.device, dst, int.from_bytes(fk[2], "big"))
+            key = self.hash_cache[fk] = zlib.crc32(
+                f"{src[0]}|{dst[0]}|{sport}|{ROCEV2_PORT}|17".encode())
         pkt = _Pkt(data, src, dst, key, len(data) > 0 and data[0] in _CONTROL,
                    src_port.ect, dst_port)
         self.nic[src].enqueue(pkt, now)
