@@ -128,8 +128,21 @@ def test_srq_full_is_enomem(dev):
         == errno.EINVAL
 
 
+def test_send_caps_round_up_to_the_wqe_as_rxe_does():
+    # rxe_qp_init_req: a send WQE holds max(SGEs * 16, inline bytes); both caps grow to it
+    for sge, inline, want in [(1, 0, (1, 16)), (1, 8, (1, 16)), (2, 100, (6, 100)),
+                              (4, 64, (4, 64)), (3, 0, (3, 48))]:
+        qp = pair(endpoint_args=dict(max_sge=sge, max_inline=inline)).ea.qp
+        assert (qp.cap.max_send_sge, qp.cap.max_inline_data) == want, (sge, inline)
+        assert qp.cap.max_recv_sge == sge
+    p = pair(endpoint_args=dict(max_sge=1, max_inline=0))
+    p.a.post_send(p.ea.qp, SendWR(1, W.SEND, [p.ea.sge(0, 16)], SendFlags.INLINE))
+    assert errno_of(p.a.post_send, p.ea.qp,
+                    SendWR(2, W.SEND, [p.ea.sge(0, 17)], SendFlags.INLINE)) == errno.EINVAL
+
+
 def test_too_many_sges_is_einval():
-    p = pair(endpoint_args=dict(max_sge=2))
+    p = pair(endpoint_args=dict(max_sge=2, max_inline=0))
     sges = [p.ea.sge(i * 8, 8) for i in range(3)]
     assert errno_of(p.a.post_send, p.ea.qp, SendWR(1, W.SEND, sges)) == errno.EINVAL
     rsges = [p.eb.sge(i * 8, 8) for i in range(3)]
@@ -188,9 +201,9 @@ def test_atomic_needs_one_8_byte_sge():
 
 
 def test_refused_posts_leave_the_qp_working():
-    p = pair(endpoint_args=dict(max_sge=1, max_inline=8))
+    p = pair(endpoint_args=dict(max_sge=1, max_inline=8))      # a 16-byte WQE
     bad = [SendWR(1, W.SEND, [p.ea.sge(0, 8)] * 2),
-           SendWR(2, W.SEND, [p.ea.sge(0, 9)], SendFlags.INLINE),
+           SendWR(2, W.SEND, [p.ea.sge(0, 17)], SendFlags.INLINE),
            SendWR(3, W.ATOMIC_FETCH_AND_ADD, [p.ea.sge(0, 8)], remote_addr=p.eb.buf.addr + 1,
                   rkey=p.eb.mr.rkey)]
     for wr in bad:

@@ -232,9 +232,13 @@ class Device:
         while qpn in self.qps:
             qpn = (qpn + 1) & 0xFFFFFF or 0x11
         self._next_qpn = (qpn + 1) & 0xFFFFFF or 0x11
-        # The caps actually enforced (as ibv_create_qp reports them back).
+        # The caps actually enforced (as ibv_create_qp reports them back).  As in rxe
+        # (rxe_qp_init_req), a send WQE holds max(SGEs * 16 bytes, inline data), so the
+        # inline room and the send SGE count both grow to what that WQE holds.
+        wqe = max(max(1, c.max_send_sge) * 16, c.max_inline_data)
         cap = QPCap(max(1, c.max_send_wr), 0 if init.srq is not None else max(1, c.max_recv_wr),
-                    max(1, c.max_send_sge), max(1, c.max_recv_sge), c.max_inline_data)
+                    min(wqe // 16, lim.max_sge), max(1, c.max_recv_sge),
+                    min(wqe, lim.max_inline_data))
         qp = QP(qpn, pd, init, cap)
         if init.xrc is not None:
             xrc.make_qp(qp, init.xrc, init.xrcd)
