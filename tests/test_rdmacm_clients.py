@@ -185,22 +185,6 @@ def test_udaddy():
         assert "data transfers complete" in out and "return status 0" in out
 
 
-def test_rdma_server_client():
-    need("rdma_server")
-    sout, cout = check(pair(["rdma_server", "-s", "{S}", "-p", "7472"],
-                            ["rdma_client", "-s", "{S}", "-p", "7472"]))
-    assert "rdma_server: end 0" in sout and "rdma_client: end 0" in cout
-
-
-def test_rdma_xserver_xclient():
-    # rdma_xclient sends 16 bytes inline on a QP that asked for no inline room: the room
-    # of its 16-byte WQE, as rxe grants it
-    need("rdma_xserver")
-    sout, cout = check(pair(["rdma_xserver", "-p", "7473"],
-                            ["rdma_xclient", "-s", "{S}", "-p", "7473"]))
-    assert "rdma_xserver: end 0" in sout and "rdma_xclient: end 0" in cout
-
-
 @pytest.mark.parametrize("tool", ["ib_write_bw", "ib_read_lat", "ib_send_lat"])
 def test_perftest_rdma_cm(tool):
     need(tool)
