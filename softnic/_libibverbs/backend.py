@@ -25,11 +25,11 @@ from softnic.core.enums import Access, QPState, QPType
 from softnic.core.errors import VerbsError
 from softnic.core.memory import IMPLICIT_LENGTH, external_device_memory
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
+from verbs_api.addr import GID_POPULATED, GID_TABLE_LEN
 from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
 
 _WC_GRH = 1                  # IBV_WC_GRH
 _SL_IPV4 = 2                 # RoCE L3 header type IPv4 (mlx5's CQE sl for RoCE UD receives)
-GID_TABLE_LEN = 4            # as the pyverbs API reports (rxe on an IPv4 netdev has as many)
 _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 
@@ -83,6 +83,8 @@ def _engine_ah(a) -> AHAttr:
         raise VerbsError(errno.EINVAL, "a RoCE address vector needs a GRH (is_global=1)")
     if a.port_num not in (0, 1):
         raise VerbsError(errno.EINVAL, f"port {a.port_num} does not exist")
+    if a.sgid_index >= GID_POPULATED:
+        raise VerbsError(errno.EINVAL, f"sgid_index {a.sgid_index} is not a GID of the port")
     ip = ipaddress.IPv6Address(bytes(a.dgid))
     if ip.ipv4_mapped is None:
         raise VerbsError(errno.EINVAL, f"GID {ip} is not an IPv4-mapped GID")
@@ -220,6 +222,8 @@ def install(ffi) -> None:
         o = _get(h)
         if port != 1 or not 0 <= index < GID_TABLE_LEN:
             return errno.EINVAL
+        if index >= GID_POPULATED:
+            return errno.ENODATA             # an empty entry of the table (verbs_api.addr)
         ffi.memmove(raw, _gid_bytes(o.nic.gid), 16)
 
     # ------------------------------------------------------------ PD, MR, AH

@@ -460,6 +460,10 @@ SN_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int i
                             union ibv_gid *gid)
 {
     int err = sn_query_gid(ctx_handle(context), port_num, index, gid->raw);
+    if (err == ENODATA) {               /* an empty entry: zeros, as libibverbs answers */
+        memset(gid->raw, 0, 16);
+        return 0;
+    }
     return err ? -1 : 0;
 }
 
@@ -490,23 +494,34 @@ SN_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context,
     int err = sn_query_port(ctx_handle(context), 1, &s);
     if (err)
         return -err;
-    if (max_entries < (size_t)s.gid_tbl_len)
-        return -EINVAL;
+    /* the populated entries, as the kernel's table query gives them */
+    size_t n = 0;
     for (int i = 0; i < s.gid_tbl_len; i++) {
-        err = _ibv_query_gid_ex(context, 1, i,
-                                (struct ibv_gid_entry *)((char *)entries + i * entry_size),
-                                flags, entry_size);
+        struct ibv_gid_entry e;
+        err = _ibv_query_gid_ex(context, 1, i, &e, flags, sizeof(e));
+        if (err == ENODATA)
+            continue;
         if (err)
             return -err;
+        if (n == max_entries)
+            return -EINVAL;
+        memcpy((char *)entries + n * entry_size, &e,
+               entry_size < sizeof(e) ? entry_size : sizeof(e));
+        n++;
     }
-    return s.gid_tbl_len;
+    return (ssize_t)n;
 }
 
 SN_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num,
                                  unsigned int index, int *type)
 {
     uint8_t raw[16];
-    if (sn_query_gid(ctx_handle(context), port_num, index, raw))
+    int err = sn_query_gid(ctx_handle(context), port_num, index, raw);
+    if (err == ENODATA) {             /* an empty entry: libibverbs says IB/RoCE v1 */
+        *type = 0;
+        return 0;
+    }
+    if (err)
         return -1;
     *type = 1;                        /* IBV_GID_TYPE_SYSFS_ROCE_V2 (rdma-core's private enum) */
     return 0;
