@@ -266,6 +266,18 @@ def _engine_attr(a: QPAttr, mask: int) -> _EngineQPAttr:
         cap=_EngineQPCap(*a._cap))
 
 
+class ECE(PyverbsObject):
+    """ibv_ece: enhanced connection establishment options (vendor, options, mask)."""
+
+    def __init__(self, vendor_id=0, options=0, comp_mask=0):
+        super().__init__()
+        self.vendor_id, self.options, self.comp_mask = vendor_id, options, comp_mask
+
+    def __str__(self):
+        return (f'{"Vendor ID":<20}: {self.vendor_id}\n{"Options":<20}: {self.options}\n'
+                f'{"Comp Mask":<20}: {self.comp_mask}\n')
+
+
 class QP(PyverbsCM):
     ind_table = None        # a receive WQ indirection table (RSS): softnic's QPs have none
 
@@ -409,6 +421,16 @@ class QP(PyverbsCM):
         self._check()
         ea = _engine_attr(qp_attr, mask)
         engine_call(self._nic, msg, self._nic.dev.modify_qp, self._eqp, ea, int(mask))
+
+    def query_ece(self):
+        """ibv_query_ece: softnic, like rxe, has no enhanced connection establishment."""
+        self._check()
+        raise rdma_error('Failed to query ECE', errno.EOPNOTSUPP)
+
+    def set_ece(self, ece):
+        """ibv_set_ece: not offered (as rxe)."""
+        self._check()
+        raise rdma_error('Failed to set ECE', errno.EOPNOTSUPP)
 
     def query(self, attr_mask):
         """(QPAttr, QPInitAttr) of the QP as it is now, with the caps it enforces."""

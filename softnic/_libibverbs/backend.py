@@ -122,8 +122,15 @@ def _linger(nic, qp) -> None:
     nic.wait_until(quiet_enough, timeout=LINGER_MAX, recheck=quiet / 4)
 
 
-def install(ffi) -> None:
+def install(ffi, lib=None) -> None:
     """Register the sn_* implementations with the embedded module's ffi."""
+    if lib is not None:
+        def after_fork_in_child() -> None:
+            # a Python host forked (its interpreter is whole in the child): with no
+            # device open in the parent, the child may open its own (embed.c)
+            if not _nic.open_nics():
+                lib.sn_fork_resumed()
+        os.register_at_fork(after_in_child=after_fork_in_child)
 
     def extern(error=errno.EIO):
         def wrap(fn):

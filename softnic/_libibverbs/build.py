@@ -169,9 +169,9 @@ for _p in {paths!r}:
 if {str(PROJECT)!r} in sys.path:
     sys.path.remove({str(PROJECT)!r})
 sys.path.insert(0, {str(PROJECT)!r})
-from {MODULE} import ffi
+from {MODULE} import ffi, lib
 import softnic._libibverbs.backend as _backend
-_backend.install(ffi)
+_backend.install(ffi, lib)
 """
 
 

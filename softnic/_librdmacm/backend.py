@@ -161,9 +161,7 @@ def install(ffi) -> None:
 
     @extern()
     def sn_cm_set_ack_timeout(h, t):
-        cid = _id(h)
-        if cid.conn is not None:
-            cid.conn.local_ack_timeout = t
+        _id(h).set_ack_timeout(t)
 
     @extern()
     def sn_cm_init_qp_attr(h, a, mask):
@@ -218,7 +216,7 @@ def install(ffi) -> None:
             info.has_dst = 1
             ffi.memmove(info.dst_ip, ipaddress.IPv4Address(cid.dst[0]).packed, 4)
             info.dst_port = cid.dst[1]
-            ffi.memmove(info.dgid, R.gid_of(cid.dst[0]), 16)
+            ffi.memmove(info.dgid, cid.dgid, 16)
         info.routed = int(cid.state not in ("idle", "bound", "addr_resolved", "listen"))
 
     @extern()
