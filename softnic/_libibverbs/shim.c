@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -263,7 +264,54 @@ static void sn_fill_unsupported_ops(struct verbs_context *v)
     SN_NOSUP_INT(v->close_xrcd);
 }
 
+/* Open contexts, so that ibv_import_device finds one by its command fd (a memfd: one
+ * inode per context, shared by the fds a dup or SCM_RIGHTS makes of it). */
+#define SN_MAX_CONTEXTS 1024
+static struct ibv_context *sn_contexts[SN_MAX_CONTEXTS];
+static pthread_mutex_t sn_contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void sn_context_track(struct ibv_context *c, int add)
+{
+    pthread_mutex_lock(&sn_contexts_lock);
+    for (int i = 0; i < SN_MAX_CONTEXTS; i++) {
+        if (add ? sn_contexts[i] == NULL : sn_contexts[i] == c) {
+            sn_contexts[i] = add ? c : NULL;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&sn_contexts_lock);
+}
+
+static struct ibv_context *sn_open_context(struct ibv_device *device, int cmd_fd);
+
 SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
+{
+    return sn_open_context(device, -1);
+}
+
+/* ibv_import_device: another context of the device whose context owns cmd_fd (a dup of
+ * its command fd, in this process: softnic's devices belong to the process that opened
+ * them).  The new context takes cmd_fd, and closes it when it is closed. */
+SN_EXPORT struct ibv_context *ibv_import_device(int cmd_fd)
+{
+    struct stat want, st;
+    if (fstat(cmd_fd, &want) != 0)
+        return sn_fail_ptr(EBADF);
+    struct ibv_device *dev = NULL;
+    pthread_mutex_lock(&sn_contexts_lock);
+    for (int i = 0; i < SN_MAX_CONTEXTS && !dev; i++) {
+        struct ibv_context *c = sn_contexts[i];
+        if (c && fstat(c->cmd_fd, &st) == 0 && st.st_dev == want.st_dev &&
+            st.st_ino == want.st_ino)
+            dev = c->device;
+    }
+    pthread_mutex_unlock(&sn_contexts_lock);
+    if (!dev)
+        return sn_fail_ptr(EOPNOTSUPP);  /* not a command fd of softnic's: a kernel uverbs fd */
+    return sn_open_context(dev, cmd_fd);
+}
+
+static struct ibv_context *sn_open_context(struct ibv_device *device, int cmd_fd)
 {
     struct sn_device *d = (struct sn_device *)device;
     struct sn_context *s;
@@ -302,17 +350,19 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     sn_dm_ops(v);
     sn_xrc_ops(v);
     sn_pd_ops(v);
-    c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    c->cmd_fd = cmd_fd >= 0 ? cmd_fd : memfd_create("softnic-context", MFD_CLOEXEC);
     c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     c->num_comp_vectors = 1;
     pthread_mutex_init(&c->mutex, NULL);
     c->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    sn_context_track(c, 1);
     return c;
 }
 
 SN_EXPORT int ibv_close_device(struct ibv_context *context)
 {
     struct sn_context *s = to_sctx(context);
+    sn_context_track(context, 0);
     int err = sn_close(s->handle);
     if (context->cmd_fd >= 0)
         close(context->cmd_fd);
@@ -1920,7 +1970,12 @@ struct sn_dm {
     uint8_t *buf;
     uint64_t length, map_len;
     int nmr;                       /* MRs registered over it */
+    struct sn_dm *orig;            /* an imported DM: the one allocated (NULL: this one) */
+    int nimport;                   /* imports of this one that live */
+    struct sn_dm *next;            /* the allocated DMs, for ibv_import_dm */
 };
+static struct sn_dm *sn_dms;       /* under sn_dm_lock */
+static uint32_t sn_dm_handles;
 
 struct sn_dm_mr {                  /* an MR over device memory: SN_DM_MR in its access */
     struct sn_mr smr;
@@ -2011,22 +2066,73 @@ static struct ibv_dm *sn_vctx_alloc_dm(struct ibv_context *ctx, struct ibv_alloc
     d->dm.context = ctx;
     d->dm.memcpy_to_dm = sn_memcpy_to_dm;
     d->dm.memcpy_from_dm = sn_memcpy_from_dm;
-    d->dm.handle = (uint32_t)(uintptr_t)d;
     d->buf = buf;
     d->length = attr->length;
     d->map_len = map_len;
+    pthread_mutex_lock(&sn_dm_lock);
+    d->dm.handle = ++sn_dm_handles;
+    d->next = sn_dms;
+    sn_dms = d;
+    pthread_mutex_unlock(&sn_dm_lock);
     return &d->dm;
+}
+
+/* ibv_import_dm: the device memory of handle (a DM allocated on this device, in this
+ * process), seen through another context; ibv_unimport_dm lets it go, the memory stays
+ * with the DM allocated.  An unknown handle is EINVAL, as the kernel's lookup says. */
+SN_EXPORT struct ibv_dm *ibv_import_dm(struct ibv_context *ctx, uint32_t dm_handle)
+{
+    if (!ctx)
+        return sn_fail_ptr(EINVAL);
+    struct sn_dm *n = calloc(1, sizeof(*n));
+    if (!n)
+        return sn_fail_ptr(ENOMEM);
+    pthread_mutex_lock(&sn_dm_lock);
+    struct sn_dm *d = sn_dms;
+    while (d && !(d->dm.handle == dm_handle && d->dm.context->device == ctx->device))
+        d = d->next;
+    if (d)
+        d->nimport++;
+    pthread_mutex_unlock(&sn_dm_lock);
+    if (!d) {
+        free(n);
+        return sn_fail_ptr(EINVAL);
+    }
+    *n = *d;
+    n->dm.context = ctx;
+    n->nmr = 0;
+    n->nimport = 0;
+    n->next = NULL;
+    n->orig = d;
+    return &n->dm;
+}
+
+SN_EXPORT void ibv_unimport_dm(struct ibv_dm *dm)
+{
+    struct sn_dm *n = (struct sn_dm *)dm;
+    if (!n || !n->orig)
+        return;
+    pthread_mutex_lock(&sn_dm_lock);
+    n->orig->nimport--;
+    pthread_mutex_unlock(&sn_dm_lock);
+    free(n);
 }
 
 static int sn_vctx_free_dm(struct ibv_dm *dm)
 {
     struct sn_dm *d = (struct sn_dm *)dm;
     pthread_mutex_lock(&sn_dm_lock);
-    int busy = d->nmr > 0;
+    /* (an imported DM's memory is its allocator's: it is let go by ibv_unimport_dm) */
+    int busy = d->nmr > 0 || d->nimport > 0 || d->orig;
     if (!busy) {
         for (int i = 0; i < SN_MAX_DEVICES; i++)
             if (sn_dm_pool[i].dev == dm->context->device)
                 sn_dm_pool[i].used -= d->length;
+        for (struct sn_dm **p = &sn_dms; *p; p = &(*p)->next)
+            if (*p == d) {
+                *p = d->next;
+                break;
+            }
     }
     pthread_mutex_unlock(&sn_dm_lock);
     if (busy)
