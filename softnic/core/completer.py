@@ -27,6 +27,7 @@ _WC_OPCODE = {
     W.RDMA_READ: WCOpcode.RDMA_READ, W.ATOMIC_CMP_AND_SWP: WCOpcode.COMP_SWAP,
     W.ATOMIC_FETCH_AND_ADD: WCOpcode.FETCH_ADD, W.LOCAL_INV: WCOpcode.LOCAL_INV,
     W.BIND_MW: WCOpcode.BIND_MW, W.ATOMIC_WRITE: WCOpcode.ATOMIC_WRITE,
+    W.FLUSH: WCOpcode.FLUSH,
 }
 
 
@@ -149,8 +150,9 @@ def receive(dev, qp, pkt, now: float) -> None:
             if wqe is not None:
                 _finish(qp, wqe, _NAK_STATUS.get(aeth.value, WCStatus.REM_INV_REQ_ERR))
                 qp.req_error = True
-    elif kind == Kind.READ_RESPONSE and wqe is not None and wqe.opcode == W.ATOMIC_WRITE:
-        # an ATOMIC_WRITE is answered by an empty RDMA READ RESPONSE ONLY (as rxe)
+    elif kind == Kind.READ_RESPONSE and wqe is not None and wqe.opcode in (W.ATOMIC_WRITE,
+                                                                           W.FLUSH):
+        # an ATOMIC_WRITE or a FLUSH is answered by an empty RDMA READ RESPONSE ONLY (rxe)
         if psn != wqe.first_psn or not pkt.info.first or not pkt.info.last or pkt.payload:
             dev.counters["rcvd_bad_response"] += 1
             return
@@ -394,7 +396,8 @@ def complete(dev, qp) -> None:
             if w.signaled:
                 dev.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.SUCCESS, _WC_OPCODE[w.opcode],
                                             qp.qpn, byte_len=8 if w.rd_atomic and
-                                            w.opcode != W.RDMA_READ else w.length), qp)
+                                            w.opcode not in (W.RDMA_READ, W.FLUSH)
+                                            else w.length), qp)
             if w.opcode in (W.SEND, W.SEND_WITH_IMM, W.SEND_WITH_INV):
                 dev.counters["rdma_sends"] += 1
         else:

@@ -82,8 +82,8 @@ def _start(dev, qp, wqe) -> None:
         return
     if qp.qp_type == QPType.UD:
         wqe.npkts = 1
-    elif wqe.opcode in _ATOMIC_OPC:
-        wqe.npkts = 1
+    elif wqe.opcode in _ATOMIC_OPC or wqe.opcode == W.FLUSH:
+        wqe.npkts = 1                   # (a FLUSH names memory of the peer's, sends none)
     else:
         wqe.npkts = max(1, -(-wqe.length // mtu))
     wqe.first_psn = qp.sq_psn
@@ -159,6 +159,9 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
     if op == W.ATOMIC_WRITE:
         return encode(O.RC_ATOMIC_WRITE, dest_qp=dqpn, psn=psn, ackreq=True,
                       reth=(wqe.remote_addr, wqe.rkey, 8), payload=wqe.inline)
+    if op == W.FLUSH:
+        return encode(O.RC_FLUSH, dest_qp=dqpn, psn=psn, ackreq=True, feth=wqe.flush,
+                      reth=(wqe.remote_addr, wqe.rkey, wqe.length & 0xFFFFFFFF))
     if op in _ATOMIC_OPC:
         return encode(_ATOMIC_OPC[op], dest_qp=dqpn, psn=psn, ackreq=True,
                       atomiceth=(wqe.remote_addr, wqe.rkey, wqe.compare_add if op ==
