@@ -602,6 +602,13 @@ class QPEx(QP):
         self._new(e.IBV_WR_ATOMIC_WRITE, rkey=rkey, remote_addr=remote_addr,
                   atomic_data=bytes(memoryview(atomic_wr).cast('B')[:8]))
 
+    def wr_flush(self, rkey, remote_addr, length, ptype, level):
+        """FLUSH: make what was placed in ``[remote_addr, +length)`` (``level``
+        IBV_FLUSH_RANGE) or in the whole region of ``rkey`` (IBV_FLUSH_MR) globally visible
+        or persistent (``ptype``), as rxe does since Linux 6.2; no local memory."""
+        self._new(e.IBV_WR_FLUSH, rkey=rkey, remote_addr=remote_addr, length=length,
+                  flush_type=ptype, flush_level=level)
+
     def wr_atomic_cmp_swp(self, rkey, remote_addr, compare, swap):
         self._new(e.IBV_WR_ATOMIC_CMP_AND_SWP, rkey=rkey, remote_addr=remote_addr,
                   compare_add=compare, swap=swap)

@@ -642,6 +642,10 @@ def install(ffi, lib=None) -> None:
             wr.xrc_srqn = w.remote_qpn
         if w.opcode == 15:          # IBV_WR_ATOMIC_WRITE: its 8 bytes, as stored in swap
             wr.atomic_data = int(w.swap).to_bytes(8, sys.byteorder)
+        elif w.opcode == 14:        # IBV_WR_FLUSH: len in compare_add, type | level << 8 in swap
+            wr.length, wr.flush_type, wr.flush_level = w.compare_add, w.swap & 0xFF, \
+                (w.swap >> 8) & 0xFF
+            wr.compare_add = wr.swap = 0
         o.nic.call(o.nic.dev.post_send, o.eng, wr)
 
     @extern()

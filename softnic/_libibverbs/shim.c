@@ -67,6 +67,10 @@ struct sn_pending {                /* a WR built with the ibv_wr_* calls, posted
 };
 
 #define SN_QPX_SPARE 8
+/* RDMA FLUSH as rdma-core 45 declares it (these headers are 44's): IBV_WR_FLUSH,
+ * IBV_QP_EX_WITH_FLUSH, and ibv_qp_ex.wr_flush right after wr_atomic_write (spare_wr[0]) */
+#define SN_WR_FLUSH 14
+#define SN_QP_EX_WITH_FLUSH (1 << 11)
 
 struct sn_qp {
     struct ibv_qp_ex qpx;          /* starts with struct ibv_qp */
@@ -1187,7 +1191,7 @@ static void sn_qpx_install(struct sn_qp *s);
 #define SN_RC_SEND_OPS (SN_UC_SEND_OPS | IBV_QP_EX_WITH_RDMA_READ | \
                         IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
                         IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | \
-                        IBV_QP_EX_WITH_ATOMIC_WRITE)
+                        IBV_QP_EX_WITH_ATOMIC_WRITE | SN_QP_EX_WITH_FLUSH)
 
 static struct ibv_qp *sn_new_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a, int is_ex)
 {
@@ -2207,6 +2211,21 @@ static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr
     memcpy(&p->wr.swap, atomic_wr, 8);
 }
 
+/* ibv_wr_flush (rdma-core 45's qp_ex.wr_flush): the placement type and selectivity level
+ * of a FLUSH of [addr, +len) of rkey's region; the pending WR carries len in compare_add
+ * and type | level << 8 in swap (backend.py). */
+static void sn_wr_flush(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr, size_t len,
+                        uint8_t type, uint8_t level)
+{
+    struct sn_pending *p = sn_wr_new(q, SN_WR_FLUSH);
+    if (!p)
+        return;
+    p->wr.rkey = rkey;
+    p->wr.remote_addr = addr;
+    p->wr.compare_add = len;
+    p->wr.swap = (uint64_t)type | (uint64_t)level << 8;
+}
+
 /* ------------------------------------------------------------------ XRC
  * XRC domains (one per file on a device, shared by its openers), XRC SRQs, and XRC
  * initiator and target QPs: RC inside the engine, whose packets it turns into XRC ones
@@ -2359,7 +2378,7 @@ static void sn_pd_ops(struct verbs_context *v)
     v->alloc_parent_domain = sn_vctx_alloc_parent_domain;
 }
 
-/* As rxe: an ibv_qp_ex has the ATOMIC_WRITE and BIND_MW builders only if its send_ops_flags
+/* As rxe: an ibv_qp_ex has the ATOMIC_WRITE, FLUSH and BIND_MW builders only if its send_ops_flags
  * asked for them, and wr_set_xrc_srqn only as an XRC initiator; elsewhere they fail the
  * WR list at wr_complete with EOPNOTSUPP. */
 static struct ibv_qp *sn_qpx_trim(struct ibv_qp *qp, uint64_t send_ops_flags)
@@ -2369,6 +2388,8 @@ static struct ibv_qp *sn_qpx_trim(struct ibv_qp *qp, uint64_t send_ops_flags)
         return qp;
     if (!(send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE))
         s->qpx.wr_atomic_write = (void *)sn_wr_unsupported;
+    if (send_ops_flags & SN_QP_EX_WITH_FLUSH)
+        s->spare_wr[0] = (void (*)(struct ibv_qp_ex *))sn_wr_flush;
     if (!(send_ops_flags & IBV_QP_EX_WITH_BIND_MW))
         s->qpx.wr_bind_mw = (void *)sn_wr_unsupported;
     if (qp->qp_type != IBV_QPT_XRC_SEND)
