@@ -325,3 +325,13 @@ def test_c_flush_through_the_extended_post_api(libdir, tmp_path):
                            "infiniband.bth.opcode"],
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert back.stdout.split().count("16") >= 2, back.stdout   # the two that succeeded
+
+
+def test_c_import_device_and_dm(libdir, tmp_path):
+    """tests/c/imports.c: ibv_import_device from a dup of a context's command fd, the
+    imported DM reading what the original wrote, EINVAL for a DM handle that is none,
+    EOPNOTSUPP for an fd that is no context's, EBADF for -1, EBUSY freeing a DM while an
+    import of it lives, and the imported context closing its fd."""
+    r = run(compile_c("imports", tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "imports: all checks passed" in r.stdout
