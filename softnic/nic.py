@@ -163,7 +163,9 @@ def stats_dir() -> Path:
 
 
 def _loopback_candidates() -> list[str]:
-    return [f"127.0.0.{i}" for i in range(1, 255)] + [f"127.0.1.{i}" for i in range(1, 255)]
+    # not 127.0.0.1: that is the host's own loopback address, which rdma_cm reaches as
+    # the host's (a listener bound to it in any process, softnic/rdmacm_host.py)
+    return [f"127.0.0.{i}" for i in range(2, 255)] + [f"127.0.1.{i}" for i in range(1, 255)]
 
 
 class _Opened:

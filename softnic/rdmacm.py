@@ -58,7 +58,7 @@ SIDR_USER_PRIVATE = 216 - M.CMA_HDR_LEN
 EPHEMERAL = (32768, 61000)
 #: QP attributes rdma_cm sets (as the kernel's ib_cm picks them)
 ACK_TIMEOUT = 14
-MIN_RNR_TIMER = 12
+MIN_RNR_TIMER = 0           # 655.36 ms, as ib_cm's cm_init_qp_rtr_attr sets it
 
 # ibv_qp_attr_mask bits
 QP_STATE, QP_ACCESS_FLAGS, QP_PKEY_INDEX, QP_PORT, QP_QKEY, QP_AV, QP_PATH_MTU, QP_TIMEOUT, \

@@ -210,6 +210,9 @@ def run_face(face: str, root: Path, modules: list[str], dev: str, timeout: float
                 detail = f"exit status {status} before a result"
             detail += ("\n" + _tail(text)) if text.strip() else ""
             record = {"outcome": "failed", "detail": detail}
+        elif record.get("outcome") == "failed" and _tail(text):
+            # what the test's own processes printed (test_rdmacm's sides say why they failed)
+            record["detail"] += "\n-- its output:\n" + _tail(text, 12)
         return {"face": face, "module": mod, "test": test, "seconds": round(took, 2), **record}
 
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
