@@ -2,7 +2,7 @@
 its network interface in sysfs (``/sys/class/infiniband/<dev>/device/net/<netdev>``,
 answered by softnic's preload from ``SOFTNIC_SYSFS``), the host's loopback address
 shared by every process (a listener on 127.0.0.1 in one process is reached from
-another, ``softnic/rdmacm_host.py``), and a Python program that forks before it uses
+another, ``softnic/driver/rdmacm_host.py``), and a Python program that forks before it uses
 its devices (the C face: the child starts afresh)."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from softnic import config as _config
-from softnic import rdmacm_host as H
-from softnic._libibverbs import sysfs
+from softnic.driver import config as _config
+from softnic.driver import rdmacm_host as H
+from softnic.faces.libibverbs import sysfs
 from softnic.core.errors import VerbsError
 
 HERE = Path(__file__).resolve().parent

@@ -279,6 +279,8 @@ class ECE(PyverbsObject):
 
 
 class QP(PyverbsCM):
+    _kind = 'QP'
+
     ind_table = None        # a receive WQ indirection table (RSS): softnic's QPs have none
 
     def __init__(self, creator, init_attr, qp_attr=None):

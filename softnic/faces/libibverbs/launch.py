@@ -42,7 +42,7 @@ def library_env(env: dict) -> dict:
     out = {"LD_LIBRARY_PATH": _prepend(str(d), env.get("LD_LIBRARY_PATH"), os.pathsep),
            "LD_PRELOAD": _prepend(str(d / PRELOAD), env.get("LD_PRELOAD"), " ")}
     # the devices' sysfs entries, which the preload answers for (sysfs.py)
-    from softnic import config
+    from softnic.driver import config
     from .sysfs import ENV, tree
     try:
         out[ENV] = str(tree(config.load(env)))

@@ -30,7 +30,7 @@ from softnic.core.errors import VerbsError
 
 
 def _table() -> Path:
-    from softnic.nic import stats_dir
+    from softnic.driver.nic import stats_dir
     try:
         ns = os.readlink("/proc/self/ns/net").strip("net:[]")
     except OSError:
