@@ -14,7 +14,7 @@ from enginekit import pair, write_wr
 from softnic.core.enums import Access, SendFlags, WCOpcode, WCStatus, WROpcode as W
 from softnic.core.errors import VerbsError
 from softnic.core.qp import SendWR
-from softnic.rig import ALL_ACCESS
+from softnic.cli.rig import ALL_ACCESS
 from softnic.wire.roce import FETH, Kind, NakCode
 
 SIG = SendFlags.SIGNALED
