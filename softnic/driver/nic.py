@@ -120,18 +120,24 @@ def open_device(name: str) -> "NIC | SimNIC":
                 spec = next((d for d in cfg.devices if d.name == name), None)
                 if spec is None:
                     raise KeyError(f"no softnic device {name!r} (devices: {device_names()})")
+                transport = spec.transport or cfg.transport
+                if cfg.backend == "sim":
+                    # the simulated fabric's devices start no thread: built here, under
+                    # the lock, all in the one world
+                    if transport == "tcp":
+                        raise ValueError(f"device {name}: transport=tcp needs real sockets, "
+                                         "not SOFTNIC_BACKEND=sim (the simulated fabric "
+                                         "carries datagrams)")
+                    nic = SimNIC(spec, sim_world())
+                    _attach_cm(nic)
+                    _open[name] = nic
+                    nic.refs += 1
+                    return nic
                 building = _opening[name] = threading.Event()
                 break
         building.wait()                 # another thread builds it: take that one
     try:
-        transport = spec.transport or cfg.transport
-        if cfg.backend == "sim":
-            if transport == "tcp":
-                raise ValueError(f"device {name}: transport=tcp needs real sockets, not "
-                                 "SOFTNIC_BACKEND=sim (the simulated fabric carries datagrams)")
-            nic = SimNIC(spec, sim_world())
-        else:
-            nic = TcpNIC(spec, cfg) if transport == "tcp" else NIC(spec, cfg)
+        nic = TcpNIC(spec, cfg) if transport == "tcp" else NIC(spec, cfg)
         if transport != "tcp":
             _attach_cm(nic)
         with _lock:
