@@ -59,15 +59,15 @@ _ONLY = {
 
 def _start(dev, qp, wqe) -> None:
     """Check the WQE's local memory and give it its PSNs."""
-    mtu = qp.mtu
-    if wqe.opcode == W.LOCAL_INV:
+    op = wqe.opcode
+    if op is W.LOCAL_INV:
         if dev.keys.invalidate(qp.pd, wqe.inv_rkey):
             wqe.status = WCStatus.SUCCESS
         else:
             wqe.status = WCStatus.LOC_PROT_ERR   # rxe: an unknown key fails the WR
         wqe.done = True
         return
-    if wqe.opcode == W.BIND_MW:                  # a local operation, in send queue order
+    if op is W.BIND_MW:                          # a local operation, in send queue order
         try:
             dev.keys.bind_mw(qp, qp.pd, wqe.bind)
             wqe.status = WCStatus.SUCCESS
@@ -86,19 +86,20 @@ def _start(dev, qp, wqe) -> None:
         wqe.status = WCStatus.LOC_PROT_ERR
         wqe.done = True
         return
-    if wqe.opcode in _ATOMIC_OPC and wqe.length < 8:
+    atomic = op in _ATOMIC_OPC
+    if atomic and wqe.length < 8:
         wqe.status = WCStatus.LOC_LEN_ERR
         wqe.done = True
         return
-    if qp.qp_type == QPType.UD:
-        wqe.npkts = 1
-    elif wqe.opcode in _ATOMIC_OPC:
-        wqe.npkts = 1
+    if atomic or qp.qp_type is _UD:
+        npkts = 1
     else:
-        wqe.npkts = max(1, -(-wqe.length // mtu))
-    wqe.first_psn = qp.sq_psn
-    wqe.last_psn = (qp.sq_psn + wqe.npkts - 1) & 0xFFFFFF
-    qp.sq_psn = (qp.sq_psn + wqe.npkts) & 0xFFFFFF
+        npkts = -(-wqe.length // qp.mtu) or 1
+    wqe.npkts = npkts
+    psn = qp.sq_psn
+    wqe.first_psn = psn
+    wqe.last_psn = (psn + npkts - 1) & 0xFFFFFF
+    qp.sq_psn = (psn + npkts) & 0xFFFFFF
     wqe.next_pkt = 0
     if wqe.rd_atomic:
         qp.rd_atomic_inflight += 1
@@ -420,7 +421,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     qtype = qp.qp_type
     rc = qtype is _RC
     dest = qp.dest if qtype is not _UD else None
-    ack_every = dev.config.ack_every or max(1, qp.window // 4)
+    ack_every = dev.config.ack_every or qp.window // 4 or 1
     cc = qp.cc if qtype is not _UD else None
     if qp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):
         return
@@ -482,7 +483,7 @@ def _may_start(qp, wqe, rc: bool) -> bool:
     READ/ATOMIC credits (max_rd_atomic), not beyond the window."""
     if qp.state != QPState.RTS:
         return False
-    if int(wqe.flags) & _FENCE and qp.rd_atomic_inflight:
+    if wqe.flags & _FENCE and qp.rd_atomic_inflight:
         return False
     if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
         return False

@@ -891,7 +891,7 @@ def receive_common(dev, data, src, now: float = 0.0) -> bool:
         c["duplicate_request"] += 1
         _duplicate(dev, qp, info.kind, psn, None)
         return True
-    execute(dev, qp, info, psn, bool(w3 & 0x80000000), bool(flags & 0x80),
+    execute(dev, qp, info, psn, w3 & 0x80000000, flags & 0x80,
             memoryview(data)[hdr:hdr + plen],
             _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
             _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
