@@ -14,8 +14,8 @@ the responder's side):
   RNR NAK and nothing is executed.
 - Access (``write_target``, ``_read``, ``_atomic``): the QP's access flags, then
   the rkey's MR, bounds and rights; INVALID REQUEST or REMOTE ACCESS ERROR NAK.
-- Placement (``_place_recv``, ``_place_in_order``) and receive completions
-  (``recv_done``).
+- Placement (``_place_recv``; a WRITE's by ``sr_place.place_in_order``) and
+  receive completions (``recv_done``).
 - Acknowledgement (``accept``): the ePSN moves past an executed packet, the MSN
   counts each completed message, and an ACK is queued for a message's last packet
   or a packet with AckReq set.  Responses leave in PSN order through
@@ -34,7 +34,6 @@ a run of a WRITE's MIDDLE packets, in the compiled kernel (``softnic.accel``,
 from __future__ import annotations
 
 import sys
-from bisect import bisect_right
 
 import struct
 
@@ -43,7 +42,7 @@ from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, OPCODES, psn
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import AccessError, view_span
-from . import xrc
+from . import sr_place, xrc
 
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
 ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
@@ -170,7 +169,7 @@ def receive(dev, qp, pkt, src, now: float) -> None:
         if qp.ooo and qp.state != QPState.ERR:
             # another hole below packets already held: name it at once
             _sack_nak(dev, qp, qp.epsn, max(qp.ooo, key=lambda p: psn_diff(p, qp.epsn)))
-            _prune_chain(qp)
+            sr_place.prune(qp)
             chain_writes(dev, qp)
     if not qp.ooo:
         _nothing_held(qp)
@@ -221,7 +220,7 @@ def chain_writes(dev, qp) -> None:
     whose every PSN is known to be a packet of a WRITE with a checked target:
     the current WRITE, then each WRITE whose FIRST is held directly after the
     last one.  Their later packets may be placed before the hole below them
-    fills (the device's receive shortcut, ``place_beyond``): only WRITE data is
+    fills (``_hold_placed_write``, ``sr_place.place_beyond``): only WRITE data is
     still to come before them, and its bytes skip what newer PSNs placed.  A
     SEND, READ, ATOMIC or unknown PSN ends the run (those execute in order,
     before anything after them lands).  Each FIRST is checked as ``_write``
@@ -262,151 +261,6 @@ def chain_writes(dev, qp) -> None:
             return
         first, end = end, (end + n) & 0xFFFFFF
         chain.append((first, view, reth.dma_len, end, span[0]))
-
-
-def _prune_chain(qp) -> None:
-    """Forget the WRITEs of ``qp.sr_writes`` already received in full and the
-    placed ranges already accounted for (PSNs below the expected one)."""
-    chain = qp.sr_writes
-    epsn = qp.epsn
-    k = 0
-    while k < len(chain) and psn_diff(chain[k][3], epsn) <= 0:
-        k += 1
-    if k:
-        del chain[:k]
-    pl = qp.sr_placed
-    if pl is not None and pl.starts:
-        pl.prune(epsn)
-
-
-class Placed:
-    """The bytes placed beyond a hole, as sorted disjoint address ranges
-    ``[starts[i], ends[i])``, each with the PSN that wrote it last.  A range
-    whose PSN is below the expected PSN is stale (accounted for in order)."""
-
-    __slots__ = ("starts", "ends", "psns")
-
-    def __init__(self):
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        self.psns: list[int] = []
-
-    def clear(self) -> None:
-        self.starts.clear()
-        self.ends.clear()
-        self.psns.clear()
-
-    def prune(self, epsn: int) -> None:
-        keep = [i for i, q in enumerate(self.psns) if psn_diff(q, epsn) >= 0]
-        if len(keep) != len(self.psns):
-            self.starts = [self.starts[i] for i in keep]
-            self.ends = [self.ends[i] for i in keep]
-            self.psns = [self.psns[i] for i in keep]
-
-
-def place_beyond(qp, psn: int, view, off: int, data, addr: int) -> None:
-    """Write the WRITE packet ``psn``'s ``data`` at ``view[off:]`` (``addr`` is the
-    address of ``view[0]``) beyond a hole: bytes a newer PSN already placed are
-    skipped (later bytes win, as in order), and what it writes is remembered."""
-    n = len(data)
-    if not n:
-        return
-    pl = qp.sr_placed
-    if pl is None:
-        pl = qp.sr_placed = Placed()
-    elif not qp.ooo:
-        pl.clear()          # a new hole: nothing placed before it is beyond one
-    starts, ends, psns = pl.starts, pl.ends, pl.psns
-    s = addr + off
-    e = s + n
-    i = bisect_right(ends, s)
-    if i == len(starts) or starts[i] >= e:
-        view[off:off + n] = data
-        starts.insert(i, s)
-        ends.insert(i, e)
-        psns.insert(i, psn)
-        return
-    epsn = qp.epsn
-    if starts[i] == s and ends[i] == e:
-        # the common case (WRITEs of one size to one buffer): the same bytes as
-        # one earlier packet; newer only if not yet accounted for in order
-        q = psns[i]
-        if 0 < (q - psn) & 0xFFFFFF < 0x800000 and (q - epsn) & 0xFFFFFF < 0x800000:
-            return
-        view[off:off + n] = data
-        psns[i] = psn
-        return
-    ns: list[int] = []
-    ne: list[int] = []
-    np: list[int] = []
-    cur = s
-    tail = None
-    j = i
-    while j < len(starts) and starts[j] < e:
-        ss, ee, q = starts[j], ends[j], psns[j]
-        if ss < s:
-            ns.append(ss)
-            ne.append(s)
-            np.append(q)
-        if ee > e:
-            tail = (e, ee, q)
-        if psn_diff(q, psn) > 0 and psn_diff(q, epsn) >= 0:
-            lo = ss if ss > s else s
-            if cur < lo:
-                view[cur - addr:lo - addr] = data[cur - s:lo - s]
-                ns.append(cur)
-                ne.append(lo)
-                np.append(psn)
-            cur = ee if ee < e else e
-            ns.append(lo)
-            ne.append(cur)
-            np.append(q)
-        j += 1
-    if cur < e:
-        view[cur - addr:e - addr] = data[cur - s:]
-        ns.append(cur)
-        ne.append(e)
-        np.append(psn)
-    if tail is not None:
-        ns.append(tail[0])
-        ne.append(tail[1])
-        np.append(tail[2])
-    starts[i:j] = ns
-    ends[i:j] = ne
-    psns[i:j] = np
-
-
-def _place_in_order(qp, view, off: int, data) -> None:
-    """Write the expected PSN's WRITE data at ``view[off:]``, skipping the bytes
-    that packets beyond a hole (newer PSNs) already placed."""
-    n = len(data)
-    pl = qp.sr_placed
-    if pl is None or not pl.starts or not qp.ooo or not n:
-        # (with nothing held, every placed range is accounted for: none is newer)
-        view[off:off + n] = data
-        return
-    span = view_span(view)
-    if span is None:            # (no address, so nothing beyond a hole was placed in it)
-        view[off:off + n] = data
-        return
-    starts, ends, psns = pl.starts, pl.ends, pl.psns
-    addr = span[0]
-    s = addr + off
-    e = s + n
-    epsn = qp.epsn
-    cur = s
-    j = bisect_right(ends, s)
-    while j < len(starts) and starts[j] < e:
-        if psn_diff(psns[j], epsn) > 0:
-            lo = starts[j] if starts[j] > s else s
-            if cur < lo:
-                view[cur - addr:lo - addr] = data[cur - s:lo - s]
-            hi = ends[j] if ends[j] < e else e
-            if hi > cur:
-                cur = hi
-        j += 1
-    if cur < e:
-        view[cur - addr:e - addr] = data[cur - s:]
 
 
 def placed_write(dev, qp, item) -> None:
@@ -611,7 +465,7 @@ def _write(dev, qp, info, payload, reth, tail: int, se: bool) -> None:
         # RNR NAK leaves nothing half done
         qp.resp_wqe = _take_recv(dev, qp)
     if n:
-        _place_in_order(qp, qp.write_view, off, payload)
+        sr_place.place_in_order(qp, qp.write_view, off, payload)
     qp.write_off = off + n
     if info.last:
         qp.resp_kind = None
@@ -937,7 +791,8 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
     dev.counters["rcvd_pkts"] += 1
     dev.counters["out_of_seq_request"] += 1
     if plen:
-        place_beyond(qp, psn, view, off, memoryview(data)[BTH_LEN:BTH_LEN + plen], addr)
+        sr_place.place_beyond(qp, psn, view, off,
+                              memoryview(data)[BTH_LEN:BTH_LEN + plen], addr)
     ackreq = bool(w3 & 0x80000000)
     hold(dev, qp, psn, ackreq, (psn, last, plen, ackreq))
     return True
