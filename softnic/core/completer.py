@@ -94,8 +94,8 @@ def receive(dev, qp, pkt, now: float) -> None:
 
 
 def _sequence_nak(dev, qp, psn: int, msn: int, comp_psn: int, before: int, now: float) -> None:
-    """A PSN SEQUENCE ERROR NAK: the responder misses ``psn``.  Go-back-N: what
-    comes before it is acknowledged, and everything from it is sent again.
+    """A PSN SEQUENCE ERROR NAK: the responder misses ``psn``.  Go-back-N: the
+    NAK implicitly acknowledges what comes before it, and everything from it is sent again.
     Selective repeat: only ``psn`` is resent, and the MSN field names a PSN the
     responder holds (a selective ACK)."""
     dev.counters["rcvd_seq_err"] += 1
@@ -435,7 +435,9 @@ def _sr_timeout(qp, comp: int) -> None:
 
 
 def complete(dev, qp) -> None:
-    """Post completions for finished WQEs at the head of the SQ, in order."""
+    """Post completions for finished WQEs at the head of the SQ, in order: a
+    signaled one's on success, every one's on an error (IBA 10.7.3.1, "a Work
+    Completion will always be generated" for a completion error)."""
     sq = qp.sq
     while sq and sq[0].done:
         w = sq.popleft()

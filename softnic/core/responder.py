@@ -96,8 +96,8 @@ def accept(dev, qp, psn: int, last: bool, ackreq: bool) -> None:
 
 def _answered(qp, psn: int) -> None:
     """A READ, ATOMIC or ATOMIC WRITE request executed: the ePSN moves past its
-    PSNs (``psn`` is its last) and the MSN counts it; its response, not an ACK,
-    answers it."""
+    PSNs (``psn`` is its last) and the MSN counts it at once (for a READ, on
+    receipt: IBA C9-148, as rxe); its response, not an ACK, answers it."""
     qp.epsn = (psn + 1) & 0xFFFFFF
     qp.nak_sent = False
     qp.msn = (qp.msn + 1) & 0xFFFFFF
@@ -359,7 +359,8 @@ def _rnr_nak(dev, qp, psn: int) -> None:
 
 
 def _class_error(dev, qp, psn: int, e: _Nak) -> None:
-    """A request the responder must refuse: NAK it, fail any receive in use, QP to ERR."""
+    """A request the responder must refuse (a class A or C error, as rxe's
+    ``do_class_ac_error``): NAK it, fail any receive in use, QP to ERR."""
     dev.counters["resp_nak_" + e.code.name.lower()] += 1
     _nak(dev, qp, psn, e.code)
     if qp.resp_wqe is not None:
@@ -551,9 +552,10 @@ _ANSWERED = {Kind.READ_REQUEST: _read, Kind.ATOMIC: _atomic, Kind.ATOMIC_WRITE: 
 
 
 def _duplicate(dev, qp, kind: Kind, psn: int, pkt) -> None:
-    """A request below the ePSN: a SEND or WRITE is acknowledged again (up to the
-    PSN before the ePSN), a READ re-read, an ATOMIC WRITE answered without being
-    placed again, an ATOMIC answered from the result saved when it executed."""
+    """A request below the ePSN: a SEND or WRITE is acknowledged again (up to
+    the PSN before the ePSN; IBA C9-105, as rxe), a READ re-read, an ATOMIC
+    WRITE answered without being placed again, an ATOMIC answered from the
+    result saved when it executed."""
     if kind is Kind.SEND or kind is Kind.WRITE:
         queue_ack(dev, qp, (qp.epsn - 1) & 0xFFFFFF)
         return
