@@ -211,3 +211,29 @@ def test_engine_pingpong_tool_runs_both_ways(capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and "fast paths" in out[0] and "general path" in out[1]
     assert all(float(line.split(": ")[1].split()[0]) > 0 for line in out)
+
+
+def test_routes_cover_every_opcode_and_send_each_to_its_side():
+    """``dispatch.ROUTES`` has every opcode ``wire.roce`` knows; requests go to the
+    responder, responses to the completer, CNPs to the controller; the only
+    common-case branches are the responder's for RC SENDs and WRITEs and the
+    completer's for the RC ACK."""
+    from softnic.core import completer, responder
+    from softnic.wire.roce import Kind, OPCODES
+    assert set(dispatch.ROUTES) == set(OPCODES)
+    for op, route in dispatch.ROUTES.items():
+        info = OPCODES[op]
+        assert route.info is info
+        if info.kind == Kind.CNP:
+            assert route.side == dispatch.CNP
+        elif info.is_request:
+            assert route.side == dispatch.REQUEST
+        else:
+            assert route.side == dispatch.RESPONSE
+        rc_message = info.qp_type == "RC" and info.kind in (Kind.SEND, Kind.WRITE)
+        if rc_message:
+            assert route.common is responder.receive_common, info.name
+        elif op == O.RC_ACKNOWLEDGE:
+            assert route.common is completer.receive_common
+        else:
+            assert route.common is None, info.name
