@@ -1,9 +1,17 @@
 """Completer: ACKs, NAKs, READ responses and ATOMIC ACKs -> send completions.
 
 Responses arrive in PSN order; a response for PSN p implicitly acknowledges
-every request before the request it answers (IBA 9.7.5.1.x).  A gap in READ
+every request before the request it answers (``_ack_before``).  A gap in READ
 responses, or an ACK past a READ whose responses never came, means responses
 were lost: the requester re-issues from the first missing PSN.
+
+``receive`` checks a decoded response and hands it to its kind's handler
+(``_RESPONSES``: ``_ack``, ``_read_response``, ``_atomic_ack``; a PSN SEQUENCE
+ERROR NAK to ``_sequence_nak``); ``_progress`` then resets the retry counts,
+restarts the retransmission timer and posts completions (``complete``).
+``receive_common``, which dispatch tries first, takes a plain ACK of the oldest
+WQE from its bytes through the same ``acknowledged`` and ``_progress``.
+Timeouts: ``on_timeout``.
 """
 
 from __future__ import annotations

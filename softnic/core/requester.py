@@ -4,6 +4,15 @@ Segments each WQE by the path MTU, assigns PSNs, honours the in-flight
 window, the READ/ATOMIC credit limit (max_rd_atomic) and fences, and
 regenerates packets from the WQE when the completer rewinds (go-back-N) or
 asks for a single PSN (selective repeat).
+
+Each rule once: admission (``_may_start``, ``_window_full``), PSNs and local
+keys (``_start``), the AckReq cadence and the go-back-N record of what was sent
+(``_send_packet``), the bytes of each packet (``_build_rc``: an ONLY or FIRST is
+packed straight, ``_pack_only``, the bytes ``encode`` gives).  The bulk of a
+long message takes a faster way through the same rules, a run of MIDDLEs into
+one buffer (``_bulk_run``, ``_bulk``; its MIDDLEs built by the compiled kernel's
+``sn_tx_middles`` when there is one); tests/test_bulk_tx.py and
+tests/test_kernel.py check it against ``_build`` packet by packet.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ the responder's side):
   coalescing).
 
 Two ways in, one set of rules.  ``receive`` takes a decoded ``Packet`` (every
-opcode, every QP type).  ``receive_common`` is its first branch for the common
-case, taken straight from the datagram's bytes when ``COMMON_CASE`` below holds:
+opcode, every QP type).  ``receive_common``, which dispatch tries first, takes
+the common case straight from the datagram's bytes when ``COMMON_CASE`` below holds:
 it reads the few header fields the rules need (where ``wire.roce.OPCODES`` says
 they are) and calls the same functions.  ``receive_middles`` is the same step for
 a run of a WRITE's MIDDLE packets, in the compiled kernel (``softnic.accel``,
@@ -33,9 +33,8 @@ a run of a WRITE's MIDDLE packets, in the compiled kernel (``softnic.accel``,
 
 from __future__ import annotations
 
-import sys
-
 import struct
+import sys
 
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers
 from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, OPCODES, psn_diff
