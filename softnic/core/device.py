@@ -26,7 +26,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, replace
 
 from ..wire.roce import ROCEV2_PORT
-from . import completer
+from . import completer, responder
 from .cq import CQ, WC
 from .dispatch import Dispatch
 from .enums import EventType, QPState, WCOpcode, WCStatus
@@ -174,6 +174,8 @@ class Device(Verbs, Dispatch, Output, Timers):
         qp.ooo.clear()
         qp.sr_writes.clear()
         if not keep_responses:
-            qp.resp_out.clear()
+            responder.keep_answers(qp)
+        if qp.resp_out:
+            self.mark_ready(qp)
         if qp.srq is not None:
             self.events.append((EventType.QP_LAST_WQE_REACHED, qp))

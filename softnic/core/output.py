@@ -66,6 +66,8 @@ class Output:
         ready, self._ready = self._ready, {}
         for qp in ready:
             if qp.closed:
+                if qp.resp_out:                 # the answers it owed when destroyed
+                    self._responses(qp, out)
                 continue
             # Requests before responses: a program that posts as soon as a peer's
             # request lands (a ping-pong, an RPC) gets its request out first, and

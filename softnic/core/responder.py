@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import struct
 import sys
+from collections import deque
 
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers
 from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, OPCODES, psn_diff
@@ -73,6 +74,19 @@ def queue_ack(dev, qp, psn: int, syndrome: int = ACK_CREDITS) -> None:
     else:
         out.append(("ack", psn, syndrome, qp.msn))
     dev.mark_ready(qp)
+
+
+def keep_answers(qp) -> None:
+    """A QP moved to ERR or destroyed keeps, of the responses it has queued, the
+    ACKs, NAKs and atomic acknowledgements: each answers a request the responder
+    already executed, whose receive completion the consumer may have seen (a live
+    driver holds a spinning caller's ACK for its next call, and that call may be
+    the move to ERR of ``rdma_disconnect``).  A NIC has them on the wire by then;
+    without them the peer's requester retransmits to a QP that answers no more
+    (for ever with retry_cnt 7, as rxe).  READ responses, which read registered
+    memory the consumer may free next, are dropped."""
+    if qp.resp_out:
+        qp.resp_out = deque(e for e in qp.resp_out if e[0] != "read")
 
 
 def _nak(dev, qp, psn: int, code: NakCode, msn: int | None = None) -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import congestion
 
-from . import completer, xrc
+from . import completer, responder, xrc
 from .cq import CQ, WC
 from .enums import EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
     WCStatus, WROpcode as W, mtu_bytes
@@ -155,9 +155,11 @@ class Verbs:
         xrc.forget_qp(qp)
         self.qps.pop(qp.qpn, None)
         qp.pd.qps.discard(qp)
-        self._ready.pop(qp, None)
         qp.closed = True
         qp.timer_at = None
+        responder.keep_answers(qp)
+        if not qp.resp_out:
+            self._ready.pop(qp, None)
 
     def modify_qp(self, qp: QP, attr: QPAttr, mask: int) -> None:
         nxt = check_transition(qp.qp_type, qp.state, attr, mask, qp.xrc)
