@@ -395,9 +395,8 @@ def _check_sequence(qp, info) -> None:
 
 def _check_size(qp, info, n: int) -> None:
     """A FIRST or MIDDLE carries a whole path MTU; no packet carries more."""
-    if not info.last and n != qp.mtu:
-        raise _Nak(NakCode.INVALID_REQUEST)
-    if n > qp.mtu:
+    mtu = qp.mtu
+    if n > mtu or (n != mtu and not info.last):
         raise _Nak(NakCode.INVALID_REQUEST)
 
 
