@@ -281,8 +281,10 @@ def test_rping_capture_shows_the_cm_exchange_decoded_by_tshark(tmp_path):
     tshark = shutil.which("tshark")
     if tshark is None:
         _missing("needs tshark")
-    check(pair(["rping", "-s", "-a", "{S}", "-C", "3"], ["rping", "-c", "-a", "{S}", "-C", "3"],
-               capture=tmp_path / "rping.pcap"))
+    # the issue's own commands: a server on every device of its process, a client with -v
+    sout, cout = check(pair(["rping", "-s"], ["rping", "-c", "-a", "{S}", "-v", "-C", "10"],
+                            capture=tmp_path / "rping.pcap"))
+    assert cout.count("ping data: rdma-ping-") == 10
     caps = sorted(tmp_path.glob("rping-*-softnic0.pcap"))
     assert len(caps) == 2, list(tmp_path.iterdir())
     seen_anywhere = set()
