@@ -268,9 +268,11 @@ class Device:
         xrc.forget_qp(qp)
         self.qps.pop(qp.qpn, None)
         qp.pd.qps.discard(qp)
-        self._ready.pop(qp, None)
         qp.closed = True
         qp.timer_at = None
+        _keep_answers(qp)
+        if not qp.resp_out:
+            self._ready.pop(qp, None)
 
     def modify_qp(self, qp: QP, attr: QPAttr, mask: int) -> None:
         nxt = check_transition(qp.qp_type, qp.state, attr, mask, qp.xrc)
@@ -480,7 +482,9 @@ class Device:
         qp.ooo.clear()
         qp.sr_writes.clear()
         if not keep_responses:
-            qp.resp_out.clear()
+            _keep_answers(qp)
+        if qp.resp_out:
+            self.mark_ready(qp)
         if qp.srq is not None:
             self.events.append((EventType.QP_LAST_WQE_REACHED, qp))
 
@@ -757,6 +761,8 @@ class Device:
         ready, self._ready = self._ready, {}
         for qp in ready:
             if qp.closed:
+                if qp.resp_out:                 # the answers it owed when destroyed
+                    self._responses(qp, out)
                 continue
             # Requests before responses: a program that posts as soon as a peer's
             # request lands (a ping-pong, an RPC) gets its request out first, and
@@ -876,3 +882,16 @@ class Device:
                     self.mark_ready(qp)
             completer.on_timeout(self, qp, now)
             self.arm(qp)
+
+
+def _keep_answers(qp: QP) -> None:
+    """A QP moved to ERR or destroyed keeps, of the responses it has queued, the
+    ACKs, NAKs and atomic acknowledgements: each answers a request the responder
+    already executed, whose receive completion the consumer may have seen (a live
+    driver holds a spinning caller's ACK for its next call, and that call may be
+    the move to ERR of ``rdma_disconnect``).  A NIC has them on the wire by then;
+    without them the peer's requester retransmits to a QP that answers no more
+    (for ever with retry_cnt 7, as rxe).  READ responses, which read registered
+    memory the consumer may free next, are dropped."""
+    if qp.resp_out:
+        qp.resp_out = deque(e for e in qp.resp_out if e[0] != "read")
