@@ -1,7 +1,7 @@
 """Responder: request packets -> memory, receive completions and responses.
 
-The responder's rules, each written once (IBA vol. 1, 9.7 "Reliable service",
-the responder's side):
+The responder's rules, each written once (IBA vol. 1, chapter 9, the reliable
+service's responder side):
 
 - PSN verification: a request at the expected PSN (ePSN) is new and executed; one
   below it is a duplicate (``_duplicate``: SEND and WRITE are acknowledged again,
