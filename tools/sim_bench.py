@@ -41,13 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(name: str) -> dict:
-    from softnic import experiments as ex
+    from softnic.cli import experiments as ex
     if name == "incast16":
         cfg = ex.IncastConfig(cc="dcqcn", senders=16, rate_gbps=25.0, duration=0.02)
     elif name == "incast64":
         cfg = ex.IncastConfig(cc="dcqcn", senders=64, rate_gbps=100.0, duration=0.002)
     elif name == "allreduce64":
-        from softnic import cluster
+        from softnic.cli import cluster
         t0, c0 = time.perf_counter(), time.process_time()
         res = cluster.run(cluster.ClusterConfig(hosts=64, hosts_per_leaf=8, spines=8,
                                                 rate_gbps=100.0, collective="allreduce",

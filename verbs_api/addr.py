@@ -14,7 +14,7 @@ import errno
 import ipaddress
 import sys
 
-import softnic.nic as _nic
+import softnic.driver.nic as _nic
 from softnic.core.qp import AHAttr as _EngineAH
 
 from .base import PyverbsCM, PyverbsObject, rdma_error
@@ -277,6 +277,8 @@ def ahattr_from_engine(ah: _EngineAH) -> AHAttr:
 class AH(PyverbsCM):
     """An address handle, made from an AHAttr (``attr=``) or from a received work
     completion and the GRH at the start of its buffer (``wc=``, ``grh=``, ``port_num=``)."""
+
+    _kind = 'AH'
 
     def __init__(self, pd, **kwargs):
         super().__init__()

@@ -267,6 +267,8 @@ def _engine_attr(a: QPAttr, mask: int) -> _EngineQPAttr:
 
 
 class QP(PyverbsCM):
+    _kind = 'QP'
+
     ind_table = None        # a receive WQ indirection table (RSS): softnic's QPs have none
 
     def __init__(self, creator, init_attr, qp_attr=None):

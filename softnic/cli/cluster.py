@@ -48,14 +48,14 @@ from collections import defaultdict, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .core.device import Device, DeviceConfig
-from .core.enums import QPType, SendFlags, WCStatus, WROpcode as W
-from .core.memory import Buffer
-from .core.qp import QPCap, QPInitAttr, SendWR
+from ..core.device import Device, DeviceConfig
+from ..core.enums import QPType, SendFlags, WCStatus, WROpcode as W
+from ..core.memory import Buffer
+from ..core.qp import QPCap, QPInitAttr, SendWR
 from .rig import ALL_ACCESS, Endpoint, bring_up, connect
-from .transport.clos import PFC, LeafSpineConfig
-from .transport.sim import RED, WIRE_OVERHEAD, Fabric
-from .wire.roce import psn_diff
+from ..transport.clos import PFC, LeafSpineConfig
+from ..transport.sim import RED, WIRE_OVERHEAD, Fabric
+from ..wire.roce import psn_diff
 
 CTS_BYTES = 64
 
