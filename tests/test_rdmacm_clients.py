@@ -73,12 +73,12 @@ def _addresses() -> tuple[str, str]:
         return pair
 
 
-def _cmd(ip: str, args, faults, capture=None):
+def _cmd(ip: str, args, faults, capture=None, seed: int = 11):
     cmd = [*SOFTNIC, "exec", "--devices", f"softnic0={ip}"]
     if capture:
         cmd += ["--capture", str(capture).replace(".pcap", f"-{ip}.pcap")]
     if faults:
-        cmd += ["--faults", faults, "--seed", "11"]
+        cmd += ["--faults", faults, "--seed", str(seed)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT)] + ([env["PYTHONPATH"]]
                                                          if env.get("PYTHONPATH") else []))
@@ -112,7 +112,7 @@ REFUSED = ("REJECTED", "error 8", "Connection refused", "rdma_connect: ", "Faile
 
 
 def pair(server, client, *, faults=None, timeout=TIMEOUT, capture=None, tcp_ready=False,
-         race: tuple[str, ...] = ()):
+         race: tuple[str, ...] = (), seed: int = 11):
     """Run ``server`` (a list; ``{S}`` stands for its address) and then ``client``
     against it; returns (server, client) CompletedProcess-like results.  A client
     refused because the server had not listened yet is run again; one that failed
@@ -121,7 +121,7 @@ def pair(server, client, *, faults=None, timeout=TIMEOUT, capture=None, tcp_read
     port = str(_free_tcp_port())
     server = [a.replace("{S}", sip).replace("{PORT}", port) for a in server]
     client = [a.replace("{S}", sip).replace("{PORT}", port) for a in client]
-    scmd, senv = _cmd(sip, server, faults, capture)
+    scmd, senv = _cmd(sip, server, faults, capture, seed)
     srv = subprocess.Popen(scmd, env=senv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
     try:
@@ -132,7 +132,7 @@ def pair(server, client, *, faults=None, timeout=TIMEOUT, capture=None, tcp_read
             _wait_bound(sip, deadline, srv)
         time.sleep(1.5)                 # (the device opens at bind; listen follows)
         while True:
-            ccmd, cenv = _cmd(cip, client, faults, capture)
+            ccmd, cenv = _cmd(cip, client, faults, capture, seed)
             cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True,
                                  timeout=max(5.0, deadline - time.monotonic()))
             out = cli.stdout + cli.stderr
@@ -203,34 +203,54 @@ def test_udaddy():
         assert "data transfers complete" in out and "return status 0" in out
 
 
+#: Seeds of the fault model (each side draws the same sequence: one draw per datagram
+#: it sends) whose 2 % loss hits the few datagrams of a short exchange.  Seed 2 drops
+#: each side's 2nd datagram, seed 61 its 3rd; the default, 11, drops the 13th (the
+#: longer runs above lose several).
+DROP_2ND, DROP_3RD = 2, 61
+
+
 def test_udaddy_connects_under_loss():
     # udaddy's data are UD datagrams, which nothing retransmits, and it waits for every
     # one of them (poll_cqs), so a lossy wire stops it, as it would a NIC's: under loss
-    # it runs without data (-C 0), its 4 SIDR exchanges retried by the CM
+    # it runs without data (-C 0); of its 4 SIDR exchanges the 2nd REQ and the 2nd REP
+    # are lost, and the CM retries them
     need("udaddy")
     sout, cout = check(pair(["udaddy", "-b", "{S}", "-C", "0", "-c", "4"],
-                            ["udaddy", "-s", "{S}", "-C", "0", "-c", "4"], faults="loss=0.02"))
+                            ["udaddy", "-s", "{S}", "-C", "0", "-c", "4"], faults="loss=0.02",
+                            seed=DROP_2ND))
     for out in (sout, cout):
         assert "return status 0" in out
 
 
+# Both pairs below end each side's QP as soon as its last completion is in, so the
+# last ACK must leave even so (test_teardown_answers).  Under loss, that ACK itself
+# must not be the one lost: its requester then retransmits to a QP in ERR, which
+# answers nothing, for ever (retry_cnt 7, librdmacm's default, is unlimited in rxe
+# and here; a NIC such as mlx5 fails the send after 7 retries, and the programs
+# still end 0).  The seeds lose other datagrams of the exchange.
+
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_rdma_server_client(faults):
-    # synchronous ids and rdma_create_ep; each side disconnects as soon as its last
-    # completion is in (the peer's ACK of it must still leave: test_teardown_answers)
+    # synchronous ids and rdma_create_ep.  With loss: the client's RTU (the server hears
+    # of the connection from the REP's retransmission) and the server's ACK of the
+    # client's SEND (resent) are lost
     need("rdma_server")
     sout, cout = check(pair(["rdma_server", "-s", "{S}", "-p", "7472"],
-                            ["rdma_client", "-s", "{S}", "-p", "7472"], faults=faults))
+                            ["rdma_client", "-s", "{S}", "-p", "7472"], faults=faults,
+                            seed=DROP_2ND))
     assert "rdma_server: end 0" in sout and "rdma_client: end 0" in cout
 
 
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_rdma_xserver_xclient(faults):
     # rdma_xclient sends 16 bytes inline on a QP that asked for no inline room: the room
-    # of its 16-byte WQE, as rxe grants it
+    # of its 16-byte WQE, as rxe grants it.  With loss: the client's SEND (resent) and
+    # the server's DREQ (the client's own DREQ ends the connection) are lost
     need("rdma_xserver")
     sout, cout = check(pair(["rdma_xserver", "-p", "7473"],
-                            ["rdma_xclient", "-s", "{S}", "-p", "7473"], faults=faults))
+                            ["rdma_xclient", "-s", "{S}", "-p", "7473"], faults=faults,
+                            seed=DROP_3RD))
     assert "rdma_xserver: end 0" in sout and "rdma_xclient: end 0" in cout
 
 
