@@ -1,7 +1,7 @@
 """A responder's queued answers survive the consumer's teardown of the QP.
 
 A live driver may hold the ACK of a peer's request for its caller's next call
-(``softnic.nic``: the inline step), so the consumer can see the receive
+(``softnic.driver.nic``: the inline step), so the consumer can see the receive
 completion before the ACK leaves.  If that next call moves the QP to ERR (as
 ``rdma_disconnect`` does first) or destroys it, the ACK must still go out: the
 peer's requester is waiting on it, and with retry_cnt 7 (librdmacm's default,
