@@ -100,7 +100,10 @@ class UDParam(PyverbsObject):
         ev = cm_event._ev
         self._qp_num = ev.qp_num if ev is not None else 0
         self._qkey = ev.qkey if ev is not None else 0
-        self._dgid = ev.id.dgid if ev is not None and ev.id.dst else bytes(16)
+        if ev is not None and ev.mgid:
+            self._dgid = ev.mgid
+        else:
+            self._dgid = ev.id.dgid if ev is not None and ev.id.dst else bytes(16)
 
     @property
     def qp_num(self):
@@ -129,7 +132,8 @@ class AddrInfo(PyverbsObject):
             else:
                 if src is not None:
                     self.src = R.getaddrinfo(src, src_service, passive=True)["src"]
-                self.dst = R.getaddrinfo(dst, dst_service)["dst"]
+                if dst is not None or dst_service is not None or src is None:
+                    self.dst = R.getaddrinfo(dst, dst_service)["dst"]
         except VerbsError as ex:
             raise _rdma('Failed to get Address Info', ex) from None
 
@@ -177,6 +181,12 @@ def _process(ev: R.Event) -> R.Event:
             cmid._to_error()
     elif ev.kind == R.REJECTED and cmid is not None:
         cmid._to_error()
+    elif ev.kind == R.MULTICAST_JOIN and cmid is not None and cmid._qp is not None:
+        try:                          # as librdmacm's ucma_process_join
+            cmid._qp.attach_mcast(ev.mgid, 0)
+        except PyverbsRDMAError as ex:
+            ev.kind = R.MULTICAST_ERROR
+            ev.status = -ex.error_code
     return ev
 
 
@@ -457,11 +467,32 @@ class CMID(PyverbsCM):
         if not addr and not mc_attr:
             raise PyverbsUserError('Join to multicast must have AddrInfo or JoinMCAttrEx '
                                    'arguments')
-        raise PyverbsRDMAError('Failed to Join multicast: softnic has no multicast',
-                               errno.EOPNOTSUPP)
+        self._check()
+        ai = mc_attr.addr if mc_attr is not None else addr
+        if mc_attr is not None and mc_attr.join_flags not in (ce.RDMA_MC_JOIN_FLAG_FULLMEMBER,
+                                                             ce.RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER):
+            raise PyverbsRDMAError('Failed to Join multicast', errno.EINVAL)
+        group = ai.src[0] if ai.src else (ai.dst[0] if ai.dst else None)
+        if group is None:
+            raise PyverbsRDMAError('Failed to Join multicast', errno.EINVAL)
+        try:
+            self._id.join_multicast(group)
+        except VerbsError as ex:
+            raise _rdma('Failed to Join multicast', ex) from None
+        self._complete('Failed to Join multicast')
 
     def leave_multicast(self, addr):
-        raise PyverbsRDMAError('Failed to leave multicast', errno.EOPNOTSUPP)
+        self._check()
+        group = addr.src[0] if addr.src else (addr.dst[0] if addr.dst else None)
+        try:
+            mgid = self._id.leave_multicast(group)
+        except VerbsError as ex:
+            raise _rdma('Failed to leave multicast', ex) from None
+        if self._qp is not None:
+            try:
+                self._qp.detach_mcast(mgid, 0)
+            except PyverbsRDMAError:
+                pass                  # never attached (the QP came after the join)
 
     def resolve_route(self, timeout_ms=2000):
         self._check()

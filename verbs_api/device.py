@@ -19,6 +19,7 @@ import zlib
 
 import softnic
 import softnic.driver.nic as _nic
+from softnic.driver import mcast as _mcast
 from softnic.core.errors import VerbsError
 
 from . import enums as e
@@ -200,8 +201,9 @@ class Context(PyverbsCM):
             max_res_rd_atom=cfg.max_qp * cfg.max_rd_atomic,
             max_qp_init_rd_atom=cfg.max_rd_atomic, max_ee_init_rd_atom=0,
             atomic_caps=e.IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_mw=1 << 20, max_raw_ipv6_qps=0,
-            max_raw_ethy_qp=0, max_mcast_grp=0, max_mcast_qp_attach=0,
-            max_total_mcast_qp_attach=0, max_ah=1 << 20, max_fmr=0, max_map_per_fmr=0,
+            max_raw_ethy_qp=0, max_mcast_grp=_mcast.MAX_MCAST_GRP,
+            max_mcast_qp_attach=_mcast.MAX_MCAST_QP_ATTACH,
+            max_total_mcast_qp_attach=_mcast.MAX_TOTAL_MCAST_QP_ATTACH, max_ah=1 << 20, max_fmr=0, max_map_per_fmr=0,
             max_srq=cfg.max_qp, max_srq_wr=cfg.max_qp_wr, max_srq_sge=cfg.max_sge,
             max_pkeys=1, local_ca_ack_delay=15, phys_port_cnt=1)
 
@@ -706,3 +708,16 @@ __all__ = ['Device', 'Context', 'DeviceAttr', 'DeviceAttrEx', 'QueryDeviceExInpu
            'PCIAtomicCaps', 'TSOCaps', 'RSSCaps', 'PacketPacingCaps', 'TMCaps',
            'CQModerationCaps', 'PortAttr', 'GIDEntry', 'AsyncEvent', 'AllocDmAttr', 'DM',
            'get_device_list', 'guid_format', 'raw_to_str']
+
+
+def _forget_devices_after_fork() -> None:
+    """A child of fork() opens devices of its own (as a process opens its own context on
+    a kernel device); the parent's, inherited with its sockets and without its progress
+    thread, are the parent's and stay unused here."""
+    from softnic.driver import rdmacm as _rdmacm
+    _nic._open.clear()          # (no lock: a parent's thread may have held it at fork)
+    _rdmacm._nics.clear()
+    _rdmacm._cms.clear()
+
+
+os.register_at_fork(after_in_child=_forget_devices_after_fork)

@@ -15,6 +15,7 @@ import errno
 
 from softnic.core.enums import Access as _Access
 from softnic.core.errors import VerbsError
+from softnic.driver import mcast as _mcast
 from softnic.core.qp import (AHAttr as _EngineAH, QPAttr as _EngineQPAttr,
                              QPCap as _EngineQPCap, QPInitAttr as _EngineQPInitAttr,
                              SendWR as _EngineSendWR)
@@ -379,12 +380,31 @@ class QP(PyverbsCM):
             return
         self.logger.debug('Closing QP')
         engine_call(self._nic, 'Failed to destroy QP', self._nic.dev.destroy_qp, self._eqp)
+        if getattr(self._nic, '_mcast', None):
+            _mcast.detach_qp(self._nic, self._eqp.qpn)
         self._closed = True
         self.pd = self.context = self.scq = self.rcq = self.srq = None
 
     def _check(self):
         if self._closed:
             raise PyverbsError('QP is closed')
+
+    def attach_mcast(self, gid, lid):
+        """ibv_attach_mcast: this UD QP receives what is sent to the group ``gid``."""
+        self._check()
+        try:
+            _mcast.attach(self._nic, self._eqp.qpn, self._qp_type == e.IBV_QPT_UD,
+                          gid.raw if hasattr(gid, 'raw') else gid)
+        except VerbsError as ex:
+            raise PyverbsRDMAError('Failed to attach QP to MC group', ex.errno) from None
+
+    def detach_mcast(self, gid, lid):
+        """ibv_detach_mcast."""
+        self._check()
+        try:
+            _mcast.detach(self._nic, self._eqp.qpn, gid.raw if hasattr(gid, 'raw') else gid)
+        except VerbsError as ex:
+            raise PyverbsRDMAError('Failed to detach QP from MC group', ex.errno) from None
 
     def set_congestion_control(self, spec):
         """softnic extension (not in pyverbs): this QP's congestion controller, a

@@ -46,6 +46,7 @@ from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from .. import accel as _accel
 from .faults import FaultInjector
+from . import mcast as _mcast
 from ..transport.udp import UdpSocket, bind_free
 from ..wire.roce import ROCEV2_PORT
 
@@ -473,6 +474,8 @@ class NIC(_Opened):
             self._deadline(t)
         if not out:
             return
+        if any(_mcast.is_group(item[1][0]) for item in out):
+            out = self._fan_out(out)
         if self.capture is None and self.injector is None:
             if len(out) == 1 and len(out[0]) == 2:
                 self.sock.send(*out[0])      # one datagram (an ACK, a small message)
@@ -495,6 +498,24 @@ class NIC(_Opened):
         d = self._delayed
         if d:
             self._deadline(d[0][0])
+
+    def _fan_out(self, out: list) -> list:
+        """Datagrams to a multicast group become unicast copies, one per member QP
+        (``softnic.driver.mcast``); the rest pass as they are."""
+        res = []
+        me = (self.ip, self.port)
+        for item in out:
+            addr = item[1]
+            if not _mcast.is_group(addr[0]):
+                res.append(item)
+                continue
+            if len(item) == 2:
+                res.extend(_mcast.fan_out(item[0], addr[0], me))
+            else:
+                mv = memoryview(item[0])
+                for o in range(0, len(mv), item[2]):
+                    res.extend(_mcast.fan_out(mv[o:o + item[2]], addr[0], me))
+        return res
 
     def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
         """Receive what waits, fire due timers, send.  Caller holds the lock.

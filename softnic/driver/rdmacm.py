@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import softnic.driver.nic as _nic
 from softnic.driver import rdmacm_host as _host
+from softnic.driver import mcast as _mcast
 from softnic.core import cm as _cm
 from softnic.core.cm import EventKind
 from softnic.core.errors import VerbsError
@@ -175,6 +176,7 @@ class Event:
     qp_num: int = 0
     qkey: int = 0
     new: bool = False              # the id is new to the consumer (a connection request)
+    mgid: bytes = b""              # MULTICAST_JOIN: the group's GID
 
     @property
     def name(self) -> str:
@@ -285,6 +287,8 @@ class CmId:
     via: tuple[str, int] | None = None
     #: RDMA_OPTION_ID_ACK_TIMEOUT, set before or after the connection exists
     ack_timeout: int | None = None
+    #: the multicast groups joined: group IP -> GID
+    mcast: dict = field(default_factory=dict)
 
     def set_ack_timeout(self, timeout: int) -> None:
         """rdma_set_option(ACK_TIMEOUT): the QP's ``timeout`` from now on (as the kernel's
@@ -509,6 +513,34 @@ class CmId:
             c = self.conn
             self.nic.call(cm_of(self.nic).destroy, c, now_of(self.nic))
         self._release_port()
+
+    # ---------------------------------------------------------- multicast
+
+    def join_multicast(self, group: str) -> bytes:
+        """rdma_join_multicast: the group's GID; MULTICAST_JOIN follows with the UD
+        parameters (DQPN 0xFFFFFF, rdma_cm's Q_Key).  On RoCE the join is local: the
+        QP's attachment (``softnic.driver.mcast``) is what puts it in the group."""
+        group = _ip(group)
+        if self.nic is None or self.state not in ("bound", "addr_resolved", "route_resolved"):
+            raise VerbsError(errno.EINVAL, "bind or resolve the id to a device first")
+        if not ipaddress.ip_address(group).is_multicast:
+            raise VerbsError(errno.EINVAL, f"{group} is not a multicast address")
+        if group in self.mcast:
+            raise VerbsError(errno.EADDRINUSE, f"the id has joined {group} already")
+        mgid = gid_of(group)
+        self.mcast[group] = mgid
+        self._post(Event(MULTICAST_JOIN, self, qp_num=_mcast.MULTICAST_QPN, qkey=self.qkey,
+                         mgid=mgid))
+        return mgid
+
+    def leave_multicast(self, group: str) -> bytes:
+        """rdma_leave_multicast: the group's GID (the face detaches the QP);
+        EADDRNOTAVAIL for a group the id has not joined (as librdmacm)."""
+        group = _ip(group)
+        mgid = self.mcast.pop(group, None)
+        if mgid is None:
+            raise VerbsError(errno.EADDRNOTAVAIL, f"the id has not joined {group}")
+        return mgid
 
     # ---------------------------------------------------------- QP attributes
 
