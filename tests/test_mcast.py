@@ -23,6 +23,7 @@ from verbs_api.addr import GID
 from verbs_api.pyverbs_error import PyverbsRDMAError
 
 from verbskit import Side
+from test_libibverbs import libdir, run  # noqa: F401 (libdir: a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -131,3 +132,66 @@ def test_ud_multicast_between_two_processes(tmp_path):
         if rx.poll() is None:
             rx.kill()
             rx.wait(timeout=10)
+
+
+
+C_PROG = r"""
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+int main(int argc, char **argv)
+{
+    struct ibv_device **l = ibv_get_device_list(NULL);
+    struct ibv_context *ctx = ibv_open_device(l[0]);
+    struct ibv_device_attr a;
+    ibv_query_device(ctx, &a);
+    printf("limits %d %d %d\n", a.max_mcast_grp, a.max_mcast_qp_attach,
+           a.max_total_mcast_qp_attach);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+    struct ibv_qp_init_attr i = {.send_cq = cq, .recv_cq = cq,
+                                 .cap = {.max_send_wr = 1, .max_recv_wr = 1,
+                                         .max_send_sge = 1, .max_recv_sge = 1}};
+    i.qp_type = IBV_QPT_UD;
+    struct ibv_qp *ud = ibv_create_qp(pd, &i);
+    i.qp_type = IBV_QPT_RC;
+    struct ibv_qp *rc = ibv_create_qp(pd, &i);
+    union ibv_gid g, u;
+    inet_pton(AF_INET6, argv[1], g.raw);
+    inet_pton(AF_INET6, "::ffff:10.0.0.1", u.raw);
+    printf("rc %d\n", ibv_attach_mcast(rc, &g, 0));
+    printf("unicast %d\n", ibv_attach_mcast(ud, &u, 0));
+    printf("detach-unattached %d\n", ibv_detach_mcast(ud, &g, 0));
+    printf("attach %d", ibv_attach_mcast(ud, &g, 0));
+    printf(" %d\n", ibv_attach_mcast(ud, &g, 0));
+    printf("detach %d", ibv_detach_mcast(ud, &g, 0));
+    printf(" %d\n", ibv_detach_mcast(ud, &g, 0));
+    ibv_destroy_qp(ud);
+    ibv_destroy_qp(rc);
+    ibv_destroy_cq(cq);
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+    ibv_free_device_list(l);
+    return 0;
+}
+"""
+
+
+def test_c_face_attach_detach_errnos(tmp_path, libdir):
+    """softnic's libibverbs.so.1: the same limits and errnos through ibv_attach_mcast /
+    ibv_detach_mcast (pyverbs has no call for them: rdma_cm makes them)."""
+    src, exe = tmp_path / "mcast.c", tmp_path / "mcast"
+    src.write_text(C_PROG)
+    r = subprocess.run(["gcc", "-O1", "-Wall", "-Werror", "-o", str(exe), str(src), "-libverbs"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = run(str(exe), _group(3))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.split('\n')
+    assert 'limits 8192 56 458752' in lines
+    assert f'rc {errno.EINVAL}' in lines
+    assert f'unicast {errno.EINVAL}' in lines
+    assert f'detach-unattached {errno.EINVAL}' in lines
+    assert 'attach 0 0' in lines
+    assert f'detach 0 {errno.EINVAL}' in lines

@@ -4,7 +4,7 @@ softnic's libibverbs.so.1 (``c``), and softnic's verbs_api as pyverbs (``python`
 
 Every test must pass or skip; the skips are held to a budget and each must be one of the
 reasons docs/rdma-core-tests.md explains (no GPU render node for dma-buf, no raw Ethernet
-QPs, no multicast; off CI, a host without 2 MiB huge pages), so a new skip fails here until
+QPs; off CI, a host without 2 MiB huge pages), so a new skip fails here until
 it is explained.
 Locally a missing tool skips; under CI=true it fails (.ci/run installs python3-pyverbs).
 """
@@ -29,10 +29,9 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 EXPLAINED = (
     "Allocating dmabuf is not supported",            # no GPU render node: 10
     "Create Raw Packet QP",                          # raw Ethernet QPs: 5
-    "Multicast is not supported on this device",     # test_rdmacm's multicast: 3
 )
 HUGE_PAGES = "There are no huge pages of size 2M allocated"   # .ci/run reserves them: 3
-SKIP_BUDGET = {"c": 18, "python": 15}       # measured 2026-11-25: 18 and 15, 0 failed
+SKIP_BUDGET = {"c": 15, "python": 15}       # measured 2026-11-25: 15 and 15, 0 failed
 
 
 def _huge_pages_reserved() -> bool:

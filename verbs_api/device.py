@@ -106,11 +106,23 @@ def get_device_list():
     return out
 
 
+_fork_hook = []
+
+
+def _forget_devices_in_children() -> None:
+    """Once the Python face opens a device: a child of fork() opens devices of its own
+    (``softnic.driver.nic.forget_after_fork``); the parent's objects stay the parent's."""
+    if not _fork_hook:
+        _fork_hook.append(True)
+        os.register_at_fork(after_in_child=_nic.forget_after_fork)
+
+
 class Context(PyverbsCM):
     """An open device (ibv_context).  ``Context(name='softnic0')``."""
 
     def __init__(self, **kwargs):
         super().__init__()
+        _forget_devices_in_children()
         self._closed = True
         self.pds = weakref.WeakSet()
         self.dms = weakref.WeakSet()
@@ -709,15 +721,3 @@ __all__ = ['Device', 'Context', 'DeviceAttr', 'DeviceAttrEx', 'QueryDeviceExInpu
            'CQModerationCaps', 'PortAttr', 'GIDEntry', 'AsyncEvent', 'AllocDmAttr', 'DM',
            'get_device_list', 'guid_format', 'raw_to_str']
 
-
-def _forget_devices_after_fork() -> None:
-    """A child of fork() opens devices of its own (as a process opens its own context on
-    a kernel device); the parent's, inherited with its sockets and without its progress
-    thread, are the parent's and stay unused here."""
-    from softnic.driver import rdmacm as _rdmacm
-    _nic._open.clear()          # (no lock: a parent's thread may have held it at fork)
-    _rdmacm._nics.clear()
-    _rdmacm._cms.clear()
-
-
-os.register_at_fork(after_in_child=_forget_devices_after_fork)

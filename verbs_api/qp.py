@@ -390,7 +390,8 @@ class QP(PyverbsCM):
             raise PyverbsError('QP is closed')
 
     def attach_mcast(self, gid, lid):
-        """ibv_attach_mcast: this UD QP receives what is sent to the group ``gid``."""
+        """ibv_attach_mcast: this UD QP receives what is sent to the group ``gid``
+        (softnic extension: pyverbs v44's QP has no call for it; librdmacm makes it)."""
         self._check()
         try:
             _mcast.attach(self._nic, self._eqp.qpn, self._qp_type == e.IBV_QPT_UD,

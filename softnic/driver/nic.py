@@ -163,6 +163,19 @@ def _attach_cm(nic) -> None:
         nic.dev.gsi = CM(nic.dev.gid, guid, rng)
 
 
+def forget_after_fork() -> None:
+    """In a child of fork(): the devices open in the parent are the parent's (their
+    sockets inherited, their progress threads gone); the child opens its own afresh, as
+    a process opens its own context on a kernel device.  (No lock: a thread of the
+    parent may have held it at fork.)"""
+    global _lock
+    _lock = threading.RLock()
+    _open.clear()
+    _opening.clear()
+    from . import rdmacm as _rdmacm
+    _rdmacm.forget_devices()
+
+
 def open_nics() -> list["NIC"]:
     with _lock:
         return list(_open.values())

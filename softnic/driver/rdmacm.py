@@ -109,6 +109,14 @@ def reset() -> None:
         _bound.clear()
 
 
+def forget_devices() -> None:
+    """After fork, in the child: the parent's devices and CMs are not this process's."""
+    global _lock
+    _lock = threading.RLock()
+    _nics.clear()
+    _cms.clear()
+
+
 def cm_of(nic) -> _cm.CM:
     """The device's connection manager (attached when the device was opened),
     with its events routed here."""

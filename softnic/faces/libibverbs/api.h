@@ -11,7 +11,8 @@ struct sn_dev_attr {
     int max_cq; int max_cqe; int max_mr; int max_pd; int max_qp_rd_atom; int max_res_rd_atom;
     int max_qp_init_rd_atom; int atomic_cap; int max_ah; int max_srq; int max_srq_wr;
     int max_srq_sge; int max_pkeys; int local_ca_ack_delay; int phys_port_cnt;
-    int max_inline_data;
+    int max_inline_data; int max_mcast_grp; int max_mcast_qp_attach;
+    int max_total_mcast_qp_attach;
 };
 
 struct sn_port_attr {

@@ -25,6 +25,7 @@ from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.enums import Access, QPState, QPType
 from softnic.core.errors import VerbsError
+from softnic.driver import mcast as _mcast
 from softnic.core.memory import IMPLICIT_LENGTH, external_device_memory
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from verbs_api.addr import GID_POPULATED, GID_TABLE_LEN
@@ -38,6 +39,7 @@ _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 
 _objs: dict[int, object] = {}
+_inherited: set[int] = set()      # handles of the parent's objects, in a forked child
 _ids = itertools.count(1)
 
 
@@ -68,6 +70,9 @@ def _get(h: int) -> _Obj:
     try:
         return _objs[h]
     except KeyError:
+        if h in _inherited:
+            raise VerbsError(errno.EIO, "an object of the parent process (this process "
+                             "was forked after its parent opened a device)") from None
         raise VerbsError(errno.EINVAL, f"no object with handle {h}") from None
 
 
@@ -134,10 +139,14 @@ def install(ffi, lib=None) -> None:
     extern.install(ffi)
     if lib is not None:
         def after_fork_in_child() -> None:
-            # a Python host forked (its interpreter is whole in the child): with no
-            # device open in the parent, the child may open its own (embed.c)
-            if not _nic.open_nics():
-                lib.sn_fork_resumed()
+            # a Python host forked (its interpreter is whole in the child): the child
+            # opens devices of its own (embed.c); the objects of the parent's devices
+            # are the parent's, and fail here with EIO
+            if _nic.open_nics() or _objs:
+                _inherited.update(_objs)
+                _objs.clear()
+                _nic.forget_after_fork()
+            lib.sn_fork_resumed()
         os.register_at_fork(after_in_child=after_fork_in_child)
 
 
@@ -205,6 +214,9 @@ def sn_query_device(h, a):
     a.local_ca_ack_delay = 15
     a.phys_port_cnt = 1
     a.max_inline_data = cfg.max_inline_data
+    a.max_mcast_grp = _mcast.MAX_MCAST_GRP
+    a.max_mcast_qp_attach = _mcast.MAX_MCAST_QP_ATTACH
+    a.max_total_mcast_qp_attach = _mcast.MAX_TOTAL_MCAST_QP_ATTACH
 
 
 @extern()
@@ -600,10 +612,23 @@ def sn_query_qp(h, a, i):
 
 
 @extern()
+def sn_mcast(h, gid, attach):
+    """ibv_attach_mcast / ibv_detach_mcast."""
+    o = _get(h)
+    raw = bytes(extern.ffi.buffer(gid, 16))
+    if attach:
+        _mcast.attach(o.nic, o.eng.qpn, o.eng.qp_type == QPType.UD, raw)
+    else:
+        _mcast.detach(o.nic, o.eng.qpn, raw)
+
+
+@extern()
 def sn_destroy_qp(h):
     o = _get(h)
     _linger(o.nic, o.eng)
     o.nic.call(o.nic.dev.destroy_qp, o.eng)
+    if getattr(o.nic, '_mcast', None):
+        _mcast.detach_qp(o.nic, o.eng.qpn)
     del _objs[h]
 
 

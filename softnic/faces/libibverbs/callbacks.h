@@ -28,6 +28,7 @@ int sn_create_qp(uint32_t pd, struct sn_qp_init *init, void *cookie, uint32_t *q
 int sn_modify_qp(uint32_t qp, struct sn_qp_attr *attr, int mask);
 int sn_query_qp(uint32_t qp, struct sn_qp_attr *attr, struct sn_qp_init *init);
 int sn_destroy_qp(uint32_t qp);
+int sn_mcast(uint32_t qp, const uint8_t *gid, int attach);
 int sn_post_send(uint32_t qp, struct sn_send_wr *wr);
 int sn_post_recv(uint32_t qp, uint64_t wr_id, struct sn_sge *sg, int n);
 int sn_create_ah(uint32_t pd, struct sn_ah *attr, uint32_t *ah);

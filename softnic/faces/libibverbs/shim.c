@@ -460,6 +460,9 @@ SN_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
     a->max_qp_init_rd_atom = d.max_qp_init_rd_atom;
     a->atomic_cap = d.atomic_cap;
     a->max_ah = d.max_ah;
+    a->max_mcast_grp = d.max_mcast_grp;
+    a->max_mcast_qp_attach = d.max_mcast_qp_attach;
+    a->max_total_mcast_qp_attach = d.max_total_mcast_qp_attach;
     a->max_srq = d.max_srq;
     a->max_srq_wr = d.max_srq_wr;
     a->max_srq_sge = d.max_srq_sge;
@@ -1398,6 +1401,24 @@ SN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
     free(s->pend);
     free(s);
     return 0;
+}
+
+/* UD multicast: the QP joins or leaves a group (softnic/driver/mcast.py); the LID is
+ * unused on RoCE. */
+SN_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+    (void)lid;
+    if (!qp || !gid)
+        return EINVAL;
+    return sn_mcast(qp->handle, gid->raw, 1);
+}
+
+SN_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+    (void)lid;
+    if (!qp || !gid)
+        return EINVAL;
+    return sn_mcast(qp->handle, gid->raw, 0);
 }
 
 static int sn_post_bind_mw(struct ibv_qp *qp, struct ibv_send_wr *wr);

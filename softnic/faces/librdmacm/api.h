@@ -22,6 +22,7 @@ struct sn_cm_event {
     int is_new; uint8_t private_data[256]; int private_data_len;
     uint8_t responder_resources; uint8_t initiator_depth; uint8_t retry_count;
     uint8_t rnr_retry_count; uint8_t srq; uint32_t qp_num; uint32_t qkey;
+    uint8_t mgid[16];       /* MULTICAST_JOIN: the group's GID */
 };
 
 struct sn_cm_info {

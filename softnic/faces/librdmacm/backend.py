@@ -101,6 +101,28 @@ def sn_cm_get_event(ch, e):
     e.srq = ev.srq
     e.qp_num = ev.qp_num
     e.qkey = ev.qkey
+    if ev.mgid:
+        extern.ffi.memmove(e.mgid, ev.mgid, 16)
+
+
+# ------------------------------------------------------------ multicast
+
+@extern()
+def sn_cm_join(h, group):
+    """rdma_join_multicast: MULTICAST_JOIN follows on the id's channel."""
+    _id(h).join_multicast(_group_ip(group))
+
+
+@extern()
+def sn_cm_leave(h, group, mgid):
+    """rdma_leave_multicast: the group's GID in ``mgid`` (the C side detaches the QP)."""
+    extern.ffi.memmove(mgid, _id(h).leave_multicast(_group_ip(group)), 16)
+
+
+def _group_ip(a) -> str:
+    if a.family != 2:
+        raise VerbsError(errno.EAFNOSUPPORT, "softnic's rdma_cm joins IPv4 groups only")
+    return _ip(a.ip)
 
 
 # ------------------------------------------------------------ ids

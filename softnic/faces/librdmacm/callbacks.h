@@ -19,4 +19,6 @@ int sn_cm_init_qp_attr(uint32_t id, struct sn_cm_qp_attr *a, int *mask);
 int sn_cm_get_event(uint32_t ch, struct sn_cm_event *e);
 int sn_cm_id_info(uint32_t id, struct sn_cm_info *info);
 int sn_cm_set_ack_timeout(uint32_t id, int timeout);
+int sn_cm_join(uint32_t id, struct sn_cm_addr *group);
+int sn_cm_leave(uint32_t id, struct sn_cm_addr *group, uint8_t *mgid);
 int sn_cm_exit(void);

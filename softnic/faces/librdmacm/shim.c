@@ -464,6 +464,15 @@ SN_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
         evt->ev.param.ud.qp_num = e.qp_num;
         evt->ev.param.ud.qkey = e.qkey;
         sn_ud_ah(id, &evt->ev.param.ud.ah_attr);
+        if (e.event == RDMA_CM_EVENT_MULTICAST_JOIN) {
+            memcpy(evt->ev.param.ud.ah_attr.grh.dgid.raw, e.mgid, 16);
+            /* as librdmacm's ucma_process_join: the id's QP joins the group */
+            if (id->qp && (r = ibv_attach_mcast(id->qp, &evt->ev.param.ud.ah_attr.grh.dgid,
+                                                0)) != 0) {
+                evt->ev.event = RDMA_CM_EVENT_MULTICAST_ERROR;
+                evt->ev.status = -r;
+            }
+        }
     } else {
         struct rdma_conn_param *p = &evt->ev.param.conn;
         p->private_data = e.private_data_len ? evt->pd : NULL;
@@ -985,6 +994,61 @@ SN_EXPORT int rdma_disconnect(struct rdma_cm_id *id)
     if (r)
         return sn_err(r);
     return sn_complete(id);
+}
+
+/* ------------------------------------------------------------------ multicast */
+
+static int sn_join(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+    if (!id || !addr)
+        return sn_err(EINVAL);
+    struct sn_cm_addr a;
+    int r = sn_addr(addr, &a);
+    if (r)
+        return sn_err(r);
+    r = sn_cm_join(to_sid(id)->h, &a);
+    return r ? sn_err(r) : 0;
+}
+
+SN_EXPORT int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr, void *context)
+{
+    (void)context;
+    return sn_join(id, addr);
+}
+
+SN_EXPORT int rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *mc_join_attr,
+                                     void *context)
+{
+    (void)context;
+    if (!id || !mc_join_attr)
+        return sn_err(EINVAL);
+    /* as librdmacm: the address and the join flags are required, and a flag it knows */
+    if (!(mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS)
+            || !(mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS)
+            || mc_join_attr->comp_mask > (RDMA_CM_JOIN_MC_ATTR_ADDRESS
+                                          | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS))
+        return sn_err(EINVAL);
+    if (mc_join_attr->join_flags != RDMA_MC_JOIN_FLAG_FULLMEMBER
+            && mc_join_attr->join_flags != RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER)
+        return sn_err(EINVAL);
+    return sn_join(id, mc_join_attr->addr);
+}
+
+SN_EXPORT int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+    if (!id || !addr)
+        return sn_err(EINVAL);
+    struct sn_cm_addr a;
+    int r = sn_addr(addr, &a);
+    if (r)
+        return sn_err(r);
+    union ibv_gid mgid;
+    r = sn_cm_leave(to_sid(id)->h, &a, mgid.raw);
+    if (r)
+        return sn_err(r);
+    if (id->qp)
+        ibv_detach_mcast(id->qp, &mgid, 0);
+    return 0;
 }
 
 SN_EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
