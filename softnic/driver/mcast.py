@@ -3,15 +3,16 @@
 A RoCE device sends a UD datagram to a multicast GID (``ff0e::/16``, or an IPv4-mapped
 ``::ffff:224.0.0.0/100``) with DQPN 0xFFFFFF; the network delivers a copy to every port
 with a QP attached to the group, and each port hands it to every attached QP whose Q_Key
-matches (IBA 10.5.2.4, as rxe's ``rxe_rcv_mcast_pkt``).  softnic's devices are per process
-and talk over unicast UDP, so the network's part is played here: ``attach`` records
+matches (as rxe's ``rxe_rcv_mcast_pkt``).  softnic's devices are per process and talk
+over unicast UDP, so the network's part is played here: ``attach`` records
 ``(device IP, device UDP port, QPN)`` under the group in a per-user, per-network-namespace
 table (files, as ``rdmacm_host``'s listeners, so every process of the host sees it), and
 the sending device's driver turns a datagram to a group address into one unicast copy per
 member, its BTH DestQP set to the member's QPN and its ICRC computed for that copy
-(``fan_out``).  The engine sees ordinary UD datagrams for its own QPs.  The sending QP
-itself gets no copy (rxe does not loop a multicast back to its sender's QP either when the
-QP is the only one; IBV_QP_CREATE_BLOCK_SELF_MCAST_LB is the default here).
+(``fan_out``).  The engine sees ordinary UD datagrams for its own QPs and checks their
+Q_Key as for any.  The sending QP itself gets no copy (as a QP created with
+IBV_QP_CREATE_BLOCK_SELF_MCAST_LB; softnic does not loop a group's traffic back to its
+sender).  A copy in flight when its QP detaches still reaches that QP.
 
 Limits are rxe's: 8192 groups, 56 QPs per group, 0x70000 attachments in all.
 """
