@@ -114,7 +114,7 @@ def open_device(name: str) -> "NIC | SimNIC":
                 if transport == "tcp":
                     raise ValueError(f"device {name}: transport=tcp needs real sockets, not "
                                      "SOFTNIC_BACKEND=sim (the simulated fabric carries datagrams)")
-                nic = SimNIC(spec, sim_world())
+                nic = sim_world().open(spec)
             else:
                 nic = TcpNIC(spec, cfg) if transport == "tcp" else NIC(spec, cfg)
             if transport != "tcp":
@@ -691,6 +691,10 @@ class SimWorld:
                              trace=True, capture=self.capture)
         self.next_host = 1
 
+    def open(self, spec: _config.DeviceSpec) -> "SimNIC":
+        """The device ``spec`` names, joined to this world."""
+        return SimNIC(spec, self)
+
     def run(self, max_events: int = 2000) -> bool:
         """Advance virtual time by up to ``max_events`` events; False when idle."""
         with self.lock:
@@ -710,6 +714,14 @@ def sim_world() -> SimWorld:
     if _world is None:
         _world = SimWorld(runtime_config())
     return _world
+
+
+def use_sim_world(world) -> None:
+    """Make ``world`` the simulated world the devices of ``SOFTNIC_BACKEND=sim`` open
+    in (anything with ``open(spec)`` giving a device with ``SimNIC``'s interface;
+    ``softnic.collectives.virtual`` runs ranks on a leaf-spine this way)."""
+    global _world
+    _world = world
 
 
 class SimNIC(_Opened):
