@@ -189,8 +189,8 @@ class Transport:
         # a staged message is smaller than zc_min, so its chunks are at most this big
         self.stage = min(self.chunk, self.csize(self.zc_min))
         stage_region = max(1, world * self.slots * self.stage)
-        self.recv_mr = v.MR(self.pd, region, ACCESS)
-        self.send_mr = v.MR(self.pd, stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
+        self.recv_mr = self._region(region, ACCESS)
+        self.send_mr = self._region(stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
         self.recv_mem = _u8_view(self.recv_mr.buf, region)
         self.send_mem = _u8_view(self.send_mr.buf, stage_region)
         self._keep: list = []                   # staged copies of this call's large sends
@@ -286,6 +286,11 @@ class Transport:
         self.store.set(f"{self.prefix}/ready/{self.rank}", b"1")
         for p in peers:
             self._get(f"{self.prefix}/ready/{p}", p)
+
+    def _region(self, nbytes: int, access: int):
+        """A registered region of ``nbytes``: the ring of receive slots, or the staging
+        ring of small sends."""
+        return v.MR(self.pd, nbytes, access)
 
     @staticmethod
     def _initial_psn() -> int:

@@ -16,7 +16,11 @@ with a core to spare for its NIC, which reacts to each completion at once.
 
 The store (``VirtualStore``) blocks the same way until a key is set.
 
-A rank's program is any function ``program(rank, cluster)``; the scheduler:
+Each rank is a greenlet (``greenlet``, a switch costs about a microsecond), or
+where that package is missing a thread handed the turn through a lock (each
+switch then waits for the OS to schedule the thread: several times slower on a
+loaded machine).  A rank's program is any function ``program(rank, cluster)``;
+the scheduler:
 
 1. runs every runnable rank until it blocks (on its CQ, a store key, a
    deadline) or returns;
@@ -46,10 +50,16 @@ from typing import Any, Callable
 
 import numpy as np
 
+try:                           # switching between ranks in about a microsecond
+    import greenlet as _greenlet
+except ImportError:            # threads handing a lock over: the OS schedules each switch
+    _greenlet = None
+
 import softnic.nic as _nic
 from softnic import config as _config
 from softnic.core.device import Device, DeviceConfig
 
+from . import _verbs as _v
 from .transport import Transport
 
 __all__ = ["VirtualCluster", "VirtualTransport", "VirtualStore", "Deadlock"]
@@ -63,13 +73,23 @@ class _Abort(BaseException):
     """Raised in a rank's thread when the run is abandoned (another rank failed)."""
 
 
+def _baton() -> threading.Lock:
+    """A lock held from the start: ``release`` hands the turn over, ``acquire`` waits
+    for it (a plain lock is the cheapest such handover between two threads)."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 class _Task:
-    __slots__ = ("rank", "sem", "thread", "state", "cq", "key", "deadline", "result", "error")
+    __slots__ = ("rank", "sem", "thread", "glet", "state", "cq", "key", "deadline", "result",
+                 "error")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.sem = threading.Semaphore(0)
+        self.sem = None
         self.thread: threading.Thread | None = None
+        self.glet = None
         self.state = "new"        # new, run, cq, key, tick, done
         self.cq = None            # the engine CQ it waits on
         self.key = None           # the store key it waits for
@@ -157,10 +177,19 @@ class VirtualTransport(Transport):
     def __init__(self, cluster: "VirtualCluster", rank: int, world: int, **kw):
         self.vc = cluster
         self._psns = random.Random(f"{cluster.seed}/psn/{rank}")
+        self._keep_regions: list = []
         kw.setdefault("timeout", 10.0)          # virtual seconds without progress
         super().__init__(rank, world, cluster.store, device=cluster.device_name(rank), **kw)
         self._ecq = self.cq._ecq
         cluster._own_cq(self._ecq, rank)
+
+    def _region(self, nbytes: int, access: int):
+        # the virtual cluster's memory: pages are touched only where chunks land
+        # (allocated and zeroed in full, a 64-rank ring of slots would be 32 GB)
+        mem = self.vc.buffer(self.rank, nbytes)
+        mr = _v.MR(self.pd, nbytes, access, address=mem.ctypes.data)
+        self._keep_regions.append(mem)
+        return mr
 
     def _initial_psn(self) -> int:
         return self._psns.getrandbits(24)
@@ -210,7 +239,7 @@ class VirtualCluster:
 
     def __init__(self, fabric, addresses: list[str], device_config: DeviceConfig, *,
                  place: Callable[[Device, int], None] | None = None, seed: int = 1,
-                 shared_payload: bool = False) -> None:
+                 shared_payload: bool = False, greenlets: bool | None = None) -> None:
         self.fabric = fabric
         self.n = len(addresses)
         self.addresses = list(addresses)
@@ -224,7 +253,11 @@ class VirtualCluster:
         self.flows: dict = defaultdict(lambda: ([], []))
         self.current: _Task | None = None
         self.tasks = [_Task(r) for r in range(self.n)]
-        self._main = threading.Semaphore(0)
+        if greenlets and _greenlet is None:
+            raise RuntimeError("greenlets asked for, but the greenlet package is missing")
+        self.greenlets = _greenlet is not None if greenlets is None else greenlets
+        self._main = None
+        self._main_glet = None
         self._runnable: deque = deque()
         self._ready: list = []             # engine CQs that raised an event
         self._cq_owner: dict = {}
@@ -254,13 +287,15 @@ class VirtualCluster:
         self._cq_owner[id(ecq)] = self.tasks[rank]
         ecq.on_event = self._ready.append
 
-    def buffer(self, rank: int, nbytes: int, dtype=np.uint8, role: int = 0) -> np.ndarray:
-        """Payload memory for ``rank`` (``role`` tells a rank's buffers apart when
-        they share pages): zeroed and its own, or shared (see the module's notes)."""
+    def buffer(self, rank: int, nbytes: int, dtype=np.uint8) -> np.ndarray:
+        """Zeroed memory for ``rank``: its own, or (``shared_payload``) pages every
+        rank's buffers share (see the module's notes)."""
         nbytes = max(nbytes, 1)
-        if not self.shared_payload:
-            return np.zeros(nbytes // np.dtype(dtype).itemsize, dtype)
         size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        if not self.shared_payload:         # anonymous pages: zero, and real only once used
+            m = mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._maps.append(m)
+            return np.frombuffer(m, dtype, nbytes // np.dtype(dtype).itemsize)
         if self._memfd is None or os.fstat(self._memfd).st_size < size:
             if self._memfd is not None:
                 os.close(self._memfd)
@@ -277,8 +312,11 @@ class VirtualCluster:
         if self._aborting or t is None:
             raise _Abort()
         t.state, t.deadline, t.cq, t.key = state, deadline, cq, key
-        self._main.release()
-        t.sem.acquire()
+        if self._main_glet is not None:
+            self._main_glet.switch()
+        else:
+            self._main.release()
+            t.sem.acquire()
         if self._aborting:
             raise _Abort()
 
@@ -327,8 +365,11 @@ class VirtualCluster:
                 self._memfd = None
 
     def _run(self, program, sample, on_sample, max_time) -> list:
+        threads = not self.greenlets
+
         def body(t: _Task) -> None:
-            t.sem.acquire()
+            if threads:
+                t.sem.acquire()
             try:
                 if not self._aborting:
                     t.result = program(t.rank, self)
@@ -338,13 +379,21 @@ class VirtualCluster:
                 t.error = ex
             finally:
                 t.state = "done"
-                if not self._aborting:
+                if threads and not self._aborting:
                     self._main.release()
 
+        if threads:
+            self._main = _baton()
+        else:
+            self._main_glet = _greenlet.getcurrent()
         for t in self.tasks:
-            t.thread = threading.Thread(target=body, args=(t,), name=f"rank {t.rank}",
-                                        daemon=True)
-            t.thread.start()
+            if threads:
+                t.sem = _baton()
+                t.thread = threading.Thread(target=body, args=(t,), name=f"rank {t.rank}",
+                                            daemon=True)
+                t.thread.start()
+            else:
+                t.glet = _greenlet.greenlet(body, parent=self._main_glet)
             self._runnable.append(t)
         live = self.n
         fabric = self.fabric
@@ -356,8 +405,11 @@ class VirtualCluster:
                 t = runnable.popleft()
                 self.current = t
                 t.state = "run"
-                t.sem.release()
-                self._main.acquire()
+                if threads:
+                    t.sem.release()
+                    self._main.acquire()
+                else:
+                    t.glet.switch(t)
                 self.current = None
                 if t.state == "done":
                     live -= 1
@@ -414,3 +466,8 @@ class VirtualCluster:
             if t.thread is not None and t.thread.is_alive():
                 t.sem.release()
                 t.thread.join(30)
+            elif t.glet is not None and t.glet:          # started, not finished
+                self.current = t
+                t.glet.throw(_Abort())
+        self.current = None
+        self._main_glet = None
