@@ -40,6 +40,7 @@ and nothing else changes (the collectives never branch on data:
 
 from __future__ import annotations
 
+import heapq
 import mmap
 import os
 import random
@@ -83,7 +84,7 @@ def _baton() -> threading.Lock:
 
 class _Task:
     __slots__ = ("rank", "sem", "thread", "glet", "state", "cq", "key", "deadline", "result",
-                 "error")
+                 "error", "wait")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -94,6 +95,7 @@ class _Task:
         self.cq = None            # the engine CQ it waits on
         self.key = None           # the store key it waits for
         self.deadline = None      # virtual time it wakes at, whatever happens
+        self.wait = 0             # counts its waits (a deadline entry names the one it is of)
         self.result = None
         self.error: BaseException | None = None
 
@@ -102,6 +104,8 @@ class VNIC(_nic._Opened):
     """A device of the virtual cluster with the interface ``verbs_api`` expects of
     ``softnic.nic.SimNIC``.  Verbs calls run at once and mark the device for the
     scheduler's flush; polling does not move time (the scheduler does)."""
+
+    poll_others = False          # an empty poll need not move the other devices along
 
     def __init__(self, cluster: "VirtualCluster", spec: _config.DeviceSpec, dev: Device):
         self.world = cluster
@@ -260,6 +264,8 @@ class VirtualCluster:
         self._main_glet = None
         self._runnable: deque = deque()
         self._ready: list = []             # engine CQs that raised an event
+        self._deadlines: list = []         # heap of (deadline, rank, wait)
+        self._ticking: list = []           # ranks waiting on a condition (wait_until)
         self._cq_owner: dict = {}
         self._aborting = False
         self._memfd = None
@@ -312,6 +318,11 @@ class VirtualCluster:
         if self._aborting or t is None:
             raise _Abort()
         t.state, t.deadline, t.cq, t.key = state, deadline, cq, key
+        t.wait += 1
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, t.rank, t.wait))
+        if state == "tick":
+            self._ticking.append(t)
         if self._main_glet is not None:
             self._main_glet.switch()
         else:
@@ -420,11 +431,13 @@ class VirtualCluster:
             if self.dirty:
                 fabric.flush(self.dirty)
                 self.dirty.clear()
-            waiting = [t for t in self.tasks if t.state in ("cq", "key", "tick")]
-            deadlines = [t.deadline for t in waiting if t.deadline is not None]
-            until = min([next_sample, max_time] + deadlines)
+            dl = self._deadlines
+            while dl and (self.tasks[dl[0][1]].wait != dl[0][2] or
+                          self.tasks[dl[0][1]].state not in ("cq", "key", "tick")):
+                heapq.heappop(dl)               # a wait that ended otherwise
+            until = min(next_sample, max_time, dl[0][0] if dl else float("inf"))
             if not ready:
-                if not deadlines and not fabric.pending():
+                if not dl and not fabric.pending():
                     raise Deadlock(f"every rank waits and the fabric is idle at "
                                    f"{fabric.now * 1e3:.3f} ms: {self._who_waits()}")
                 fabric.run(until=None if until == float("inf") else until,
@@ -438,9 +451,14 @@ class VirtualCluster:
                 if t is not None and t.state == "cq" and t.cq is cq:
                     self._wake(t)
             ready.clear()
-            for t in waiting:
-                if t.state == "tick" or (t.state in ("cq", "key") and t.deadline is not None
-                                         and now >= t.deadline):
+            while dl and dl[0][0] <= now:
+                _, rank, wait = heapq.heappop(dl)
+                t = self.tasks[rank]
+                if t.wait == wait and t.state in ("cq", "key", "tick"):
+                    self._wake(t)
+            ticking, self._ticking = self._ticking, []
+            for t in ticking:
+                if t.state == "tick":
                     self._wake(t)
             if runnable:
                 continue
