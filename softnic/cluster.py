@@ -839,7 +839,7 @@ def plot_study(st: dict, path) -> Path:
     plt = _plt()
     path = Path(path)
     labels = list(st["runs"])
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     ax = axes[0]
     for i, lab in enumerate(labels):
         ys = [r["completion_s"] * 1e3 for r in st["rows"]
@@ -859,10 +859,23 @@ def plot_study(st: dict, path) -> Path:
     ax = axes[1]
     for lab in labels:
         _cdf(ax, st["runs"][lab]["fct_s"], lab)
-    ax.set_xlabel("transfer completion time (ms)")
+    ax.set_xlabel("transfer (message) completion time (ms)")
     ax.set_ylabel("CDF")
     ax.set_xscale("log")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax = axes[2]                # pause time and the deepest queue, per variant (first seed)
+    for i, lab in enumerate(labels):
+        r = next(r for r in st["rows"] if r["variant"] == lab)
+        ax.bar(i - 0.2, r["pause_time_all_s"] * 1e3, 0.4, color="C3",
+               label="time paused, all ports (ms)" if i == 0 else None)
+        res = st["runs"][lab]
+        q = max(res["switch_queue_max_bytes"], default=0) / 1e6
+        ax.bar(i + 0.2, q, 0.4, color="C7", label="deepest switch queue (MB)" if i == 0 else None)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, fontsize=8)
+    ax.set_title("PFC pause time summed over every port, and the deepest switch queue seen",
+                 fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
