@@ -819,7 +819,9 @@ def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
     ax.legend(loc="upper left", fontsize=7)
     ax2.legend(loc="upper right", fontsize=7)
     ax = axes[2]
-    _cdf(ax, res["fct_s"], "each transfer (start to last ACK)")
+    _cdf(ax, res["fct_s"], "each transfer (start to last ACK)"
+         if s.get("driver") == "schedule" else
+         "each message between two ranks (first chunk posted to last chunk taken)")
     _cdf(ax, [t for t in res["rank_done_s"] if t is not None],
          "each rank's collective (0 to its last receive)")
     ax.set_xlabel("completion time (ms)")
