@@ -91,6 +91,7 @@ class ClusterConfig:
     chunk: int | None = None           # the collectives' chunk (slot) size; None: theirs
     slots: int | None = None           # receive slots per peer; None: theirs
     payload: str = "auto"              # private (checked), shared (one copy), auto
+    qp_timeout: int = 14               # the collectives' QP timeout: RTO 4.096 us * 2**this
 
     def __post_init__(self) -> None:
         if self.collective not in ("allreduce", "alltoall"):
@@ -305,7 +306,7 @@ def run_collectives(cfg: ClusterConfig, *, progress: bool = False) -> dict:
 
     def program(rank, vc):
         t = VirtualTransport(vc, rank, n, qps=cfg.qps, chunk=cfg.chunk, slots=cfg.slots,
-                             admit=admit, timeout=cfg.max_time)
+                             admit=admit, qp_timeout=cfg.qp_timeout, timeout=cfg.max_time)
         comm = Communicator(rank, n, vc.store, transport=t)
         try:
             send = vc.buffer(rank, count * 4, np.int32)
@@ -600,7 +601,9 @@ STUDIES = {
     "qps": ("ring allreduce, completion time against QPs per peer (ECMP)",
             [(f"ecmp q={q}", dict(qps=q)) for q in (1, 2, 4, 8)]),
     "lossless": ("alltoall, lossy against lossless (PFC), no congestion control",
-                 [("lossy", dict(mode="lossy")), ("lossless", dict(mode="lossless"))]),
+                 [("lossy", dict(mode="lossy")),
+                  ("lossy, RTO 4 ms", dict(mode="lossy", qp_timeout=10)),
+                  ("lossless", dict(mode="lossless"))]),
     "dcqcn": ("alltoall, DCQCN off and on, lossless and lossy",
               [("lossless", dict(mode="lossless", cc="none")),
                ("lossless+dcqcn", dict(mode="lossless", cc="dcqcn")),

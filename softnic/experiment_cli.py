@@ -106,6 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "ranks' payload on the same pages (values meaningless, timing the same); "
                    "auto: private up to 1 GiB in all")
     c.add_argument("--max-time", type=_time, default=1.0, help="virtual time before giving up")
+    c.add_argument("--qp-timeout", type=int, default=14,
+                   help="the collectives' QP timeout (RTO 4.096 us * 2**N; theirs is 14)")
     c.add_argument("--routing", default="ecmp", choices=("ecmp", "flowlet", "spray"))
     c.add_argument("--placement", default="spread", choices=("spread", "packed"))
     c.add_argument("--buffer", type=_size, default=1 << 20, help="per port (lossy)")
@@ -150,7 +152,8 @@ def _cluster(args, out: Path, progress: bool) -> int:
                 size=args.size, qps=args.qps, grants=args.grants, routing=args.routing,
                 placement=args.placement, buffer=args.buffer, xoff=args.xoff, xon=args.xon,
                 admission=args.admission, driver=args.driver, chunk=args.chunk,
-                slots=args.slots, payload=args.payload, max_time=args.max_time)
+                slots=args.slots, payload=args.payload, max_time=args.max_time,
+                qp_timeout=args.qp_timeout)
     for k in ("collective", "algorithm", "mode", "cc"):
         if getattr(args, k) is not None:
             base[k] = getattr(args, k)

@@ -141,7 +141,8 @@ class Transport:
     def __init__(self, rank: int, world: int, store, prefix: str = "softnic", *,
                  device: str | None = None, chunk: int | None = None,
                  slots: int | None = None, qps: int | None = None, zcopy: int | None = None,
-                 admit: int | None = None, timeout: float = 60.0):
+                 admit: int | None = None, qp_timeout: int | None = None,
+                 timeout: float = 60.0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside 0..{world - 1}")
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
@@ -155,6 +156,11 @@ class Transport:
             raise ValueError("need at least one slot per peer")
         if not 1 <= self.nqp <= 64:
             raise ValueError(f"{self.nqp} QPs per peer: give 1 to 64")
+        # the QPs' timeout attribute: the retransmission timer is 4.096 us * 2**qp_timeout
+        self.qp_timeout = int(qp_timeout if qp_timeout is not None else
+                              os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
+        if not 0 <= self.qp_timeout <= 31:
+            raise ValueError(f"QP timeout {self.qp_timeout}: give 0 to 31")
         self.admit = int(admit if admit is not None else
                          os.environ.get("SOFTNIC_COLL_ADMIT", 0)) or None
         if self.admit is not None and self.admit < 1:
@@ -277,7 +283,7 @@ class Transport:
                                                          flow_label=flow_label(self.rank, p, q)))
                 qp.to_rtr(attr)
                 attr.sq_psn = psns[p][q]
-                attr.timeout = int(os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
+                attr.timeout = self.qp_timeout
                 attr.retry_cnt = 7
                 attr.rnr_retry = 7
                 attr.max_rd_atomic = 1
