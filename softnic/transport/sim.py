@@ -593,12 +593,12 @@ class Fabric:
             max_events: int | None = None, flush: bool = True) -> float:
         """Process events in time order; return the virtual time reached.
 
-        Flushes every device first.  Stops when no events are left (idle),
-        before an event later than ``until`` (the clock then reads ``until``),
-        once ``stop()`` is true (checked before the first event and after each
-        one), or after ``max_events`` events.  ``flush=False``: the caller has
-        flushed the devices it touched (``flush(addresses)``).  An event is a delivery (or a
-        drop at a detached device) or a timer firing.
+        Flushes every device first (``flush=False``: the caller has flushed
+        the devices it touched, ``flush(addresses)``).  Stops when no events
+        are left (idle), before an event later than ``until`` (the clock then
+        reads ``until``), once ``stop()`` is true (checked before the first
+        event and after each one), or after ``max_events`` events.  An event
+        is a delivery (or a drop at a detached device) or a timer firing.
         """
         if flush:
             self.flush()
