@@ -141,8 +141,8 @@ def main() -> int:
     comm.barrier()
     dropped = 0
     try:                                    # softnic's own counters, when on softnic
-        import softnic.nic
-        dropped = sum(nic.counters.get("fault_dropped_loss", 0) for nic in softnic.nic.open_nics())
+        import softnic.driver.nic
+        dropped = sum(nic.counters.get("fault_dropped_loss", 0) for nic in softnic.driver.nic.open_nics())
     except ImportError:
         pass
     from softnic.collectives import _verbs

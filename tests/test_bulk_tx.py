@@ -298,10 +298,10 @@ def test_live_capture_and_faults_see_each_datagram_of_a_run(tmp_path):
     """With a capture and a fault model the driver hands every datagram of a run
     to both on its own: the pcap holds every packet the device counted, each
     with a good ICRC, and a lost one is resent."""
-    from softnic.config import DeviceSpec, RuntimeConfig
-    from softnic.faults import FaultModel
-    from softnic.nic import NIC
-    from softnic.rig import bring_up, endpoint
+    from softnic.driver.config import DeviceSpec, RuntimeConfig
+    from softnic.driver.faults import FaultModel
+    from softnic.driver.nic import NIC
+    from softnic.cli.rig import bring_up, endpoint
 
     cfg = RuntimeConfig(capture=str(tmp_path / "run.pcap"), faults=FaultModel.parse("loss=0.05"),
                         seed=11, min_timer=2e-3)

@@ -1,4 +1,4 @@
-"""softnic.capture: the pcap files it writes, read back with scapy's pcap reader."""
+"""softnic.driver.capture: the pcap files it writes, read back with scapy's pcap reader."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from scapy.layers.inet import IP, UDP
 from scapy.utils import RawPcapReader
 
-from softnic.capture import LINKTYPE_RAW, Capture
+from softnic.driver.capture import LINKTYPE_RAW, Capture
 from softnic.wire.icrc import append_icrc, check_icrc, ipv4_udp_headers
 from softnic.wire.roce import ROCEV2_PORT, Opcode, encode
 

@@ -13,11 +13,11 @@ import socket
 
 import pytest
 
-from softnic.config import DeviceSpec, RuntimeConfig
+from softnic.driver.config import DeviceSpec, RuntimeConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
-from softnic.nic import NIC
-from softnic.rig import bring_up, endpoint
+from softnic.driver.nic import NIC
+from softnic.cli.rig import bring_up, endpoint
 from softnic.transport.udp import UdpSocket
 
 
@@ -81,7 +81,7 @@ def test_ce_marks_on_real_sockets_become_cnps_that_cut_the_rate():
 
 
 def test_per_device_specs_from_the_environment():
-    from softnic import config
+    from softnic.driver import config
     cfg = config.load({"SOFTNIC_CC": "softnic0=dcqcn;softnic1=hpcc:eta=0.9"})
     assert config.cc_for(cfg, "softnic0") == "dcqcn"
     assert config.cc_for(cfg, "softnic1") == "hpcc:eta=0.9"

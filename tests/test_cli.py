@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from softnic.cli import SHIM
+from softnic.cli.main import SHIM
 
 
 def run(*args, env=None, check=True):
@@ -51,7 +51,7 @@ def test_exec_gives_the_program_softnic_pyverbs_and_passes_settings():
 
 def test_exec_leaves_other_programs_alone():
     # outside `softnic exec` the shim is not on the path
-    r = subprocess.run([sys.executable, "-c", "import sys; print(any('_pyverbs_shim' in p for p"
+    r = subprocess.run([sys.executable, "-c", "import sys; print(any('pyverbs_shim' in p for p"
                         " in sys.path))"], capture_output=True, text=True)
     assert r.stdout.strip() == "False"
     assert (SHIM / "pyverbs" / "__init__.py").is_file()
@@ -65,7 +65,7 @@ def test_exec_refuses_a_bad_fault_model():
 def test_counters_of_a_running_program(tmp_path):
     import os
     env = dict(os.environ, SOFTNIC_STATS_DIR=str(tmp_path))
-    prog = ("import softnic.nic as n; a = n.open_device('softnic0'); a.publish_counters();"
+    prog = ("import softnic.driver.nic as n; a = n.open_device('softnic0'); a.publish_counters();"
             "import subprocess, sys; r = subprocess.run([sys.executable, '-m', 'softnic.cli',"
             " 'counters', '-v', '--json'], capture_output=True, text=True); print(r.stdout)")
     out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env,

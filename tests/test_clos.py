@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from softnic import cluster as cl
+from softnic.cli import cluster as cl
 from softnic.cli import main
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
-from softnic.rig import connect
+from softnic.cli.rig import connect
 from softnic.transport.clos import PFC, LeafSpineConfig, headroom_for
 from softnic.transport.sim import Fabric
 

@@ -12,10 +12,10 @@ import subprocess
 
 import pytest
 
-from softnic.capture import Capture
+from softnic.driver.capture import Capture
 from softnic.core.cm import CM, CMConfig, EventKind
 from softnic.core.device import Device, DeviceConfig
-from softnic.faults import FaultModel
+from softnic.driver.faults import FaultModel
 from softnic.transport.sim import Fabric
 from softnic.wire import mad as M
 

@@ -21,7 +21,7 @@ import pytest
 
 from softnic.collectives import Communicator, RankFailure, StoreClient, StoreServer
 from softnic.collectives.store import StoreTimeout
-from softnic.launch import rank_env
+from softnic.cli.launch import rank_env
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collectives_worker.py")

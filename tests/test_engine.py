@@ -25,8 +25,8 @@ from softnic.core.errors import VerbsError
 from softnic.core.enums import (EventType, QPState, QPType, SendFlags, WCFlags, WCOpcode,
                                 WCStatus, WROpcode as W)
 from softnic.core.qp import AHAttr, RecvWR, SendWR
-from softnic.faults import FaultModel
-from softnic.rig import ALL_ACCESS, bring_up, endpoint
+from softnic.driver.faults import FaultModel
+from softnic.cli.rig import ALL_ACCESS, bring_up, endpoint
 from softnic.transport.sim import Fabric
 from softnic.wire.roce import Kind, Opcode as O, WireError, decode
 

@@ -16,8 +16,8 @@ from softnic.core.completer import RTO_BACKOFF_MAX
 from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, WROpcode as W
 from softnic.core.errors import VerbsError
 from softnic.core.qp import RecvWR, SendWR
-from softnic.faults import FaultModel
-from softnic.rig import ALL_ACCESS
+from softnic.driver.faults import FaultModel
+from softnic.cli.rig import ALL_ACCESS
 from softnic.wire.icrc import append_icrc
 from softnic.wire.roce import AethCode, Kind, NakCode, Opcode as O, encode
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from softnic import experiments as ex
+from softnic.cli import experiments as ex
 from softnic.cli import main
 
 

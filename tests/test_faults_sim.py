@@ -1,4 +1,4 @@
-"""Fault models (softnic.faults) and the virtual-time fabric (softnic.transport.sim).
+"""Fault models (softnic.driver.faults) and the virtual-time fabric (softnic.transport.sim).
 
 The fabric is driven with toy devices here, not the protocol engine.
 """
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from softnic.faults import COUNTER_NAMES, DEFAULT_QUEUE_BYTES, FaultInjector, FaultModel
+from softnic.driver.faults import COUNTER_NAMES, DEFAULT_QUEUE_BYTES, FaultInjector, FaultModel
 from softnic.transport.sim import Fabric, TraceRecord
 
 A = ("10.0.0.1", 4791)

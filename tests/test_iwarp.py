@@ -380,7 +380,7 @@ def test_closing_the_connection_fails_the_qps():
 # ------------------------------------------------------------------ configuration
 
 def test_transport_per_device_and_for_all():
-    from softnic import config
+    from softnic.driver import config
     c = config.load({"SOFTNIC_DEVICES": "x=127.0.0.2/tcp,y=127.0.0.3:5000"})
     assert c.transport_of("x") == "tcp" and c.transport_of("y") == "udp"
     assert c.devices[1].port == 5000
@@ -407,8 +407,8 @@ def tshark() -> str:
 
 def _live_session(tmp_path):
     """A real TCP session between two live iWARP devices, captured; returns what was done."""
-    import softnic.config as config
-    import softnic.nic as nic
+    import softnic.driver.config as config
+    import softnic.driver.nic as nic
     nic.configure(config.RuntimeConfig(devices=config.parse_devices("2"), transport="tcp",
                                        capture=str(tmp_path / "iw.pcap")))
     try:
@@ -488,8 +488,8 @@ def test_tshark_decodes_a_live_iwarp_capture(tshark, tmp_path):
 
 
 def test_tcp_on_the_simulated_backend_is_a_clear_error():
-    import softnic.config as config
-    import softnic.nic as nic
+    import softnic.driver.config as config
+    import softnic.driver.nic as nic
     from verbs_api.device import Context
     from verbs_api.pyverbs_error import PyverbsRDMAError
     nic.configure(config.RuntimeConfig(backend="sim", transport="tcp"))

@@ -26,7 +26,7 @@ from softnic.core import requester
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WROpcode as W
 from softnic.core.qp import SendWR
-from softnic.rig import connect
+from softnic.cli.rig import connect
 from softnic.wire.icrc import append_icrc
 
 from test_bulk_tx import bulk_cases, _wqe

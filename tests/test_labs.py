@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from softnic import labs
+from softnic.cli import labs
 from softnic.core.enums import QPState, WCStatus
 
 

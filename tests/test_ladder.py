@@ -1,4 +1,4 @@
-"""softnic.ladder and `softnic trace`: packet ladders from fabric traces and pcaps."""
+"""softnic.cli.ladder and `softnic trace`: packet ladders from fabric traces and pcaps."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Raw
 from scapy.utils import RawPcapWriter
 
-from softnic import ladder
-from softnic.capture import Capture
+from softnic.cli import ladder
+from softnic.driver.capture import Capture
 from softnic.transport.sim import TraceRecord
 from softnic.wire.icrc import append_icrc
 from softnic.wire.roce import AethCode, NakCode, Opcode, encode

@@ -40,7 +40,7 @@ def need(binary: str) -> str:
 
 @pytest.fixture(scope="module")
 def libdir():
-    from softnic._libibverbs.build import BuildError, build
+    from softnic.faces.libibverbs.build import BuildError, build
     if shutil.which("gcc") is None or not Path("/usr/include/infiniband/verbs.h").exists():
         _missing("needs gcc and libibverbs-dev to build softnic's libibverbs")
     try:
@@ -130,7 +130,7 @@ def test_exec_reaches_the_whole_process_tree_unless_told_not_to(libdir, tmp_path
     """Every program softnic exec starts, and their children, get softnic's libibverbs
     directory on LD_LIBRARY_PATH and its preload on LD_PRELOAD (a shell script, which
     links nothing, included); --no-libibverbs leaves both alone."""
-    from softnic._libibverbs.launch import links_libibverbs
+    from softnic.faces.libibverbs.launch import links_libibverbs
     assert links_libibverbs(need("ibv_devinfo"))
     assert not links_libibverbs(sys.executable)
     assert not links_libibverbs(str(tmp_path / "nothing-here"))

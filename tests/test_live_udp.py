@@ -1,6 +1,6 @@
 """The engine over real UDP sockets on loopback: one process, two processes, faults, capture.
 
-These drive live NICs (``softnic.nic.NIC``) at the engine level; the pyverbs
+These drive live NICs (``softnic.driver.nic.NIC``) at the engine level; the pyverbs
 API over the same NICs has its own tests.
 """
 
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from softnic.config import DeviceSpec, RuntimeConfig
+from softnic.driver.config import DeviceSpec, RuntimeConfig
 from softnic.core.enums import QPState, SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
-from softnic.faults import FaultModel
-from softnic.nic import NIC, _loopback_candidates
-from softnic.rig import bring_up, endpoint
+from softnic.driver.faults import FaultModel
+from softnic.driver.nic import NIC, _loopback_candidates
+from softnic.cli.rig import bring_up, endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,10 +149,10 @@ def test_retry_exhausted_when_the_peer_is_gone():
 TARGET = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {root!r})
-    from softnic.config import DeviceSpec, RuntimeConfig
-    from softnic.nic import NIC
+    from softnic.driver.config import DeviceSpec, RuntimeConfig
+    from softnic.driver.nic import NIC
     from softnic.core.qp import QPAttr
-    from softnic.rig import endpoint, bring_up
+    from softnic.cli.rig import endpoint, bring_up
     nic = NIC(DeviceSpec("target", None, 0), RuntimeConfig())
     with nic.lock:
         ep = endpoint(nic.dev, buf_size=1 << 20)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from softnic import perf
+from softnic.cli import perf
 from softnic.cli import main as cli_main
 from softnic.core import responder
 from softnic.core.device import Device, DeviceConfig
@@ -212,7 +212,7 @@ def _bulk_run(shortcut: bool, monkeypatch, seed: int, faults=None, sr: bool = Fa
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_write_shortcut_matches_general_path(monkeypatch, seed):
-    from softnic.faults import FaultModel
+    from softnic.driver.faults import FaultModel
     faults = FaultModel.parse("loss=0.05,dup=0.02,reorder=0.02/20us") if seed == 2 else None
     fast = _bulk_run(True, monkeypatch, seed, faults)
     slow = _bulk_run(False, monkeypatch, seed, faults)
@@ -229,7 +229,7 @@ def test_write_shortcut_matches_general_path(monkeypatch, seed):
 def test_write_shortcut_beyond_a_hole_matches_general_path(monkeypatch, seed):
     """Selective repeat: WRITE packets held beyond a hole are placed at once by
     the shortcut; memory, wire, completions and counters are the general path's."""
-    from softnic.faults import FaultModel
+    from softnic.driver.faults import FaultModel
     faults = FaultModel.parse("loss=0.05,dup=0.03,reorder=0.03/20us")
     placed: list = []
     fast = _bulk_run(True, monkeypatch, seed, faults, sr=True, placed=placed)

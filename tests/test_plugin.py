@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-import softnic.nic
+import softnic.driver.nic
 import softnic.testing.plugin as plugin
 
 pytest_plugins = ["pytester"]
 
 HELPERS = '''
 import pytest
-import softnic.nic
+import softnic.driver.nic
 import verbs_api.enums as e
 from verbs_api.wr import RecvWR, SendWR
 
@@ -71,15 +71,15 @@ def test_devices(softnic_devices):
     c0, c1 = softnic_devices
     assert (c0.name, c1.name) == ("softnic0", "softnic1")
     assert c0.query_gid(1, 0) != c1.query_gid(1, 0)
-    assert len(softnic.nic.open_nics()) == 2
+    assert len(softnic.driver.nic.open_nics()) == 2
 
 def test_nothing_left_open():
-    assert softnic.nic.open_nics() == []
-    assert softnic.nic.runtime_config().backend in ("udp", "sim")
+    assert softnic.driver.nic.open_nics() == []
+    assert softnic.driver.nic.runtime_config().backend in ("udp", "sim")
 ''')
     result = pytester.runpytest()
     result.assert_outcomes(passed=4)
-    assert softnic.nic.open_nics() == []
+    assert softnic.driver.nic.open_nics() == []
 
 
 def test_a_failing_test_reports_seed_and_last_packets(pytester):
@@ -113,7 +113,7 @@ def test_bad(softnic_rc_pair):
 @pytest.mark.softnic(seed=99)
 def test_pinned(softnic_config, softnic_rc_pair):
     assert softnic_config.seed == 99
-    assert softnic.nic.sim_world().fabric.seed == 99
+    assert softnic.driver.nic.sim_world().fabric.seed == 99
 ''')
     result = pytester.runpytest("--softnic-seed=1234")
     result.assert_outcomes(failed=1, passed=1)
@@ -169,7 +169,7 @@ def test_live_udp_backend_by_marker_and_its_failure_report(pytester):
 @pytest.mark.softnic(backend="udp", mtu=4096)
 def test_live(softnic_rc_pair):
     assert softnic_rc_pair.config.mtu == 4096
-    assert not hasattr(softnic.nic.open_nics()[0], "world")      # a live NIC
+    assert not hasattr(softnic.driver.nic.open_nics()[0], "world")      # a live NIC
     wc = write(softnic_rc_pair, b"z" * 10000)
     assert wc.status == e.IBV_WC_SUCCESS
     assert softnic_rc_pair.b.mr.read(10000, 0) == b"z" * 10000
@@ -220,7 +220,7 @@ class TestNested:
     def test_closest_wins(self, softnic_config, softnic_rc_pair):
         assert (softnic_config.mtu, softnic_config.seed) == (512, 6)
         assert softnic_config.recovery == "sr"
-        assert softnic.nic.runtime_config().selective_repeat
+        assert softnic.driver.nic.runtime_config().selective_repeat
         assert write(softnic_rc_pair, bytes(2000)).status == e.IBV_WC_SUCCESS
         assert softnic_rc_pair.a.counters()["sent_pkts"] == 4         # 2000 B at MTU 512
 ''')
@@ -242,9 +242,9 @@ def test_bad_mtu(softnic_rc_pair):
 
 
 def test_the_report_without_the_ladder_module(pytester, monkeypatch):
-    """softnic.ladder draws the ladder when it is there; without it the plugin
+    """softnic.cli.ladder draws the ladder when it is there; without it the plugin
     writes one plain line per packet event."""
-    monkeypatch.setitem(sys.modules, "softnic.ladder", None)      # import fails
+    monkeypatch.setitem(sys.modules, "softnic.cli.ladder", None)      # import fails
     _project(pytester, '''
 @pytest.mark.softnic(faults="loss=0.3", seed=4)
 def test_bad(softnic_rc_pair):

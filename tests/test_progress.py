@@ -1,4 +1,4 @@
-"""The live NIC's event-driven progress thread (softnic/nic.py, accel/wait.c).
+"""The live NIC's event-driven progress thread (softnic/driver/nic.py, accel/wait.c).
 
 ``sn_wait`` is checked on its own with a socket pair and an eventfd: what each
 answer means, the inline caller's lease, the deadline shared through memory.
@@ -21,12 +21,12 @@ import time
 import pytest
 
 from softnic import accel
-from softnic import nic as nicmod
-from softnic.config import DeviceSpec, RuntimeConfig
+from softnic.driver import nic as nicmod
+from softnic.driver.config import DeviceSpec, RuntimeConfig
 from softnic.core.enums import SendFlags, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
-from softnic.nic import NIC
-from softnic.rig import bring_up, endpoint
+from softnic.driver.nic import NIC
+from softnic.cli.rig import bring_up, endpoint
 
 NS = 1_000_000_000
 

@@ -78,7 +78,7 @@ def test_exec_pyverbs_switch_chooses_the_face():
     """``softnic exec --pyverbs system``: the program's ``import pyverbs`` is the machine's
     (softnic's shim is not on its path) and softnic's libibverbs.so.1 is loaded; by
     default softnic's verbs_api answers ``import pyverbs``."""
-    from softnic.cli import SHIM
+    from softnic.cli.main import SHIM
     probe = ("import os; print(os.environ.get('PYTHONPATH', '')); "
              "print(os.environ.get('LD_LIBRARY_PATH', ''))")
     base = [sys.executable, "-m", "softnic.cli", "exec"]

@@ -40,8 +40,8 @@ def need(binary: str) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def libs():
-    from softnic._libibverbs.build import BuildError, build
-    from softnic._librdmacm.build import build as build_rdmacm
+    from softnic.faces.libibverbs.build import BuildError, build
+    from softnic.faces.librdmacm.build import build as build_rdmacm
     if shutil.which("gcc") is None or not Path("/usr/include/rdma/rdma_cma.h").exists():
         _missing("needs gcc, libibverbs-dev and librdmacm-dev to build softnic's libraries")
     try:

@@ -40,8 +40,8 @@ def two_hosts():
         _missing("needs iproute2 for network namespaces")
     if os.geteuid() != 0:
         _missing("needs root (CAP_NET_ADMIN) for network namespaces")
-    from softnic._libibverbs.build import BuildError, build
-    from softnic._librdmacm.build import build as build_rdmacm
+    from softnic.faces.libibverbs.build import BuildError, build
+    from softnic.faces.librdmacm.build import build as build_rdmacm
     try:
         build()
         build_rdmacm()

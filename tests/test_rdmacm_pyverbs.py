@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import softnic.nic as _nic
-from softnic import config as _config
-from softnic import rdmacm as R
+import softnic.driver.nic as _nic
+from softnic.driver import config as _config
+from softnic.driver import rdmacm as R
 from verbs_api import cm_enums as ce
 from verbs_api.cmid import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
 from verbs_api.pyverbs_error import PyverbsRDMAError

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, note, settings, strategies as st
 from softnic.core.completer import RTO_BACKOFF_MAX
 from softnic.core.device import DeviceConfig
 from softnic.core.enums import WCStatus as S
-from softnic.faults import COUNTER_NAMES, FaultModel
+from softnic.driver.faults import COUNTER_NAMES, FaultModel
 
 from enginekit import fill, pair, pattern, read, write_wr
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-REPORT = ("\nimport json, softnic.nic as n\nw = n.sim_world().fabric\n"
+REPORT = ("\nimport json, softnic.driver.nic as n\nw = n.sim_world().fabric\n"
           "print(json.dumps(dict(now=w.now, counters=w.counters)))\n")
 
 

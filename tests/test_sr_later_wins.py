@@ -15,7 +15,7 @@ from softnic.core import responder
 from softnic.core.device import DeviceConfig
 from softnic.core.enums import WCOpcode, WCStatus as S, WROpcode as W
 from softnic.core.qp import RecvWR
-from softnic.faults import COUNTER_NAMES
+from softnic.driver.faults import COUNTER_NAMES
 from softnic.testing import loss_patterns
 from softnic.wire.roce import AethCode, Kind, NakCode
 

@@ -8,7 +8,7 @@ import pytest
 
 from softnic.core.device import DeviceConfig
 from softnic.core.enums import WCStatus as S
-from softnic.faults import FaultModel
+from softnic.driver.faults import FaultModel
 from softnic.wire.roce import AethCode, Kind
 
 from enginekit import fill, pair, pattern, read, write_wr

@@ -22,7 +22,7 @@ from hypothesis.errors import InvalidArgument
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import QPState, WCFlags, WCOpcode, WCStatus, WROpcode as W, mtu_bytes
 from softnic.core.qp import RecvWR
-from softnic.faults import COUNTER_NAMES, DEFAULT_QUEUE_BYTES, FaultModel
+from softnic.driver.faults import COUNTER_NAMES, DEFAULT_QUEUE_BYTES, FaultModel
 from softnic.testing import (RC_OPCODES, DropList, QPAttrs, WorkRequest, describe_datagram,
                              fault_models, loss_patterns, qp_attrs, work_requests)
 from softnic.transport.sim import Fabric

@@ -27,8 +27,8 @@ import verbs_api.enums as e
 from verbs_api.addr import AH
 from verbs_api.cq import CQ, CQEX, CompChannel, CqInitAttrEx
 from verbs_api.device import Context, get_device_list
-import softnic.config as _config
-import softnic.nic as _nic
+import softnic.driver.config as _config
+import softnic.driver.nic as _nic
 from verbs_api.mr import MR
 from verbs_api.pyverbs_error import PyverbsRDMAError
 from verbs_api.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import softnic.cluster as cl
+import softnic.cli.cluster as cl
 from softnic.collectives import CollectiveError, Communicator
 from softnic.collectives.virtual import Deadlock, VirtualCluster, VirtualTransport
 from softnic.core.device import DeviceConfig

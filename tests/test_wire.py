@@ -21,7 +21,7 @@ from scapy.contrib.roce import BTH as ScapyBTH
 from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw
 
-from softnic.capture import Capture
+from softnic.driver.capture import Capture
 from softnic.wire import icrc as icrc_module
 from softnic.wire.icrc import append_icrc, check_icrc, ipv4_udp_headers
 from softnic.wire.roce import (

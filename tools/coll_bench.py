@@ -177,7 +177,7 @@ def main() -> int:
     if args.worker:
         return worker(args)
     sys.path.insert(0, str(ROOT))
-    from softnic.launch import launch
+    from softnic.cli.launch import launch
     load = os.getloadavg()
     print(f"# softnic vs gloo, {args.nproc} ranks on {os.cpu_count()} CPUs, float32, "
           f"median per call (slowest rank)")

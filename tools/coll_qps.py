@@ -79,7 +79,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         return worker(args)
-    from softnic.launch import launch
+    from softnic.cli.launch import launch
     load = os.getloadavg()
     print(f"# allreduce, {args.nproc} ranks, median per call; {time.strftime('%Y-%m-%d %H:%M')} "
           f"UTC, Python {sys.version.split()[0]}, load {load[0]:.2f}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from softnic.perf import Channel, Endpoint  # noqa: E402
+from softnic.cli.perf import Channel, Endpoint  # noqa: E402
 
 RECV_WRID, SEND_WRID = 1, 2
 

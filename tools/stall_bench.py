@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from softnic.core.device import Device, DeviceConfig  # noqa: E402
 from softnic.core.enums import SendFlags, WROpcode as W, WCStatus  # noqa: E402
 from softnic.core.qp import SendWR  # noqa: E402
-from softnic.faults import FaultInjector, FaultModel  # noqa: E402
-from softnic.rig import connect  # noqa: E402
+from softnic.driver.faults import FaultInjector, FaultModel  # noqa: E402
+from softnic.cli.rig import connect  # noqa: E402
 from softnic.transport.sim import Fabric  # noqa: E402
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import softnic.config as config  # noqa: E402
-import softnic.nic as nic  # noqa: E402
+import softnic.driver.config as config  # noqa: E402
+import softnic.driver.nic as nic  # noqa: E402
 import verbs_api.enums as e  # noqa: E402
 from verbs_api.wr import SGE, RecvWR, SendWR  # noqa: E402
 from verbskit import Side, connect  # noqa: E402

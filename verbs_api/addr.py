@@ -14,7 +14,7 @@ import errno
 import ipaddress
 import sys
 
-import softnic.nic as _nic
+import softnic.driver.nic as _nic
 from softnic.core.qp import AHAttr as _EngineAH
 
 from .base import PyverbsCM, PyverbsObject, rdma_error

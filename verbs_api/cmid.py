@@ -2,7 +2,7 @@
 
 ``CMID``, ``CMEventChannel``, ``CMEvent``, ``AddrInfo``, ``ConnParam``,
 ``UDParam`` and ``JoinMCAttrEx`` over softnic's connection manager
-(``softnic.rdmacm``, the same code the C librdmacm uses).  As in librdmacm, an
+(``softnic.driver.rdmacm``, the same code the C librdmacm uses).  As in librdmacm, an
 id made from an ``AddrInfo`` is synchronous (its calls wait for their outcome)
 and one made from a ``CMEventChannel`` reports through the channel; the QP a
 CMID creates is moved to RTR and RTS with the attributes the CM negotiated.
@@ -15,7 +15,7 @@ import ctypes
 import errno
 import weakref
 
-from softnic import rdmacm as R
+from softnic.driver import rdmacm as R
 from softnic.core.errors import VerbsError
 
 from . import cm_enums as ce

@@ -13,7 +13,7 @@ import errno
 import socket
 import weakref
 
-import softnic.nic as _nic
+import softnic.driver.nic as _nic
 from softnic.core.errors import VerbsError
 
 from . import enums as e

@@ -18,7 +18,7 @@ import weakref
 import zlib
 
 import softnic
-import softnic.nic as _nic
+import softnic.driver.nic as _nic
 from softnic.core.errors import VerbsError
 
 from . import enums as e

@@ -20,7 +20,7 @@ each is checked against ``zlib.crc32`` before it is used.
 
 The same module carries the progress thread's sleep (``wait.c``, ``sn_wait``):
 one ppoll(2) on a device's socket and doorbell without the interpreter lock,
-which ``waiter()`` gives whatever ``SOFTNIC_KERNEL`` says (softnic.nic falls
+which ``waiter()`` gives whatever ``SOFTNIC_KERNEL`` says (softnic.driver.nic falls
 back to ``select.poll`` without it).
 
     python -m softnic.accel [-v]     # build, check and say which CRC it uses

@@ -56,8 +56,8 @@ try:                           # switching between ranks in about a microsecond
 except ImportError:            # threads handing a lock over: the OS schedules each switch
     _greenlet = None
 
-import softnic.nic as _nic
-from softnic import config as _config
+import softnic.driver.nic as _nic
+from softnic.driver import config as _config
 from softnic.core.device import Device, DeviceConfig
 
 from . import _verbs as _v
@@ -102,7 +102,7 @@ class _Task:
 
 class VNIC(_nic._Opened):
     """A device of the virtual cluster with the interface ``verbs_api`` expects of
-    ``softnic.nic.SimNIC``.  Verbs calls run at once and mark the device for the
+    ``softnic.driver.nic.SimNIC``.  Verbs calls run at once and mark the device for the
     scheduler's flush; polling does not move time (the scheduler does)."""
 
     poll_others = False          # an empty poll need not move the other devices along
@@ -227,7 +227,7 @@ class VirtualTransport(Transport):
 
 
 class _Sim:
-    """What ``softnic.nic`` asks of a simulated world: devices open in it."""
+    """What ``softnic.driver.nic`` asks of a simulated world: devices open in it."""
 
     def __init__(self, cluster: "VirtualCluster") -> None:
         self.cluster = cluster

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from softnic.faults import COUNTER_NAMES
+from softnic.driver.faults import COUNTER_NAMES
 
 __all__ = ["DropList", "describe_datagram"]
 

@@ -6,7 +6,7 @@ active wherever the package is (``-p no:softnic`` turns it off).  Everything
 is built through the pyverbs API (``verbs_api``), as an application would.
 
 Fixtures (function scope; each configures softnic before the test with
-``softnic.nic.configure(...)`` and closes everything and calls
+``softnic.driver.nic.configure(...)`` and closes everything and calls
 ``configure(None)`` after it, so nothing leaks from one test to the next):
 
 ``softnic_config``      the ``SoftnicConfig`` in force: defaults, then the
@@ -23,7 +23,7 @@ Fixtures (function scope; each configures softnic before the test with
                         the config's ``lossy_faults``, ``loss=0.05`` by default)
 
 Options: ``--softnic-backend=sim|udp``, ``--softnic-seed=N``,
-``--softnic-faults=MODEL`` (``softnic.faults.FaultModel.parse`` text, applied
+``--softnic-faults=MODEL`` (``softnic.driver.faults.FaultModel.parse`` text, applied
 to every link of every softnic fixture), ``--softnic-trace-lines=N``.
 
 When a test that used these fixtures fails, its report gets a ``softnic``
@@ -69,7 +69,7 @@ class SoftnicConfig:
     mr_size: int = 1 << 20
 
     def __post_init__(self) -> None:
-        from softnic.faults import FaultModel
+        from softnic.driver.faults import FaultModel
         if self.backend not in ("sim", "udp"):
             raise ValueError(f"softnic backend must be 'sim' or 'udp', not {self.backend!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -122,7 +122,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seed of the softnic fabric and its fault models (default 0)")
     group.addoption("--softnic-faults", default=None, metavar="MODEL",
                     help="fault model on every softnic link, e.g. 'loss=0.05,dup=0.01' "
-                         "(softnic.faults.FaultModel.parse)")
+                         "(softnic.driver.faults.FaultModel.parse)")
     group.addoption("--softnic-trace-lines", type=int, default=DEFAULT_TRACE_LINES,
                     metavar="N", help="packets shown in a failing softnic test's report "
                                       f"(default {DEFAULT_TRACE_LINES})")
@@ -259,9 +259,9 @@ class SoftnicFabric:
         return self.config.fault_text(self.lossy)
 
     def start(self) -> None:
-        import softnic.nic as nic
-        from softnic.config import RuntimeConfig, parse_devices
-        from softnic.faults import FaultModel
+        import softnic.driver.nic as nic
+        from softnic.driver.config import RuntimeConfig, parse_devices
+        from softnic.driver.faults import FaultModel
         capture = str(self.capture_dir / "softnic.pcap") if self.capture_dir else None
         self.runtime = RuntimeConfig(devices=parse_devices(str(len(DEVICES))),
                                      faults=FaultModel.parse(self.faults), seed=self.seed,
@@ -273,7 +273,7 @@ class SoftnicFabric:
             self.world = nic.sim_world()
 
     def close(self) -> None:
-        import softnic.nic as nic
+        import softnic.driver.nic as nic
         try:
             while self._contexts:
                 self._contexts.pop().close()
@@ -284,7 +284,7 @@ class SoftnicFabric:
 
     def context(self, name: str = DEVICES[0]):
         """An open pyverbs ``Context`` on device ``name``, closed at teardown."""
-        import softnic.nic as nic
+        import softnic.driver.nic as nic
         from verbs_api.device import Context
         ctx = Context(name=name)
         self._contexts.append(ctx)
@@ -307,8 +307,8 @@ class SoftnicFabric:
 
     def fault_counters(self) -> dict[str, int]:
         """What the links did: sent, delivered, dropped_loss, dropped_burst,
-        dropped_queue, duplicated, corrupted, reordered (softnic.faults)."""
-        from softnic.faults import COUNTER_NAMES
+        dropped_queue, duplicated, corrupted, reordered (softnic.driver.faults)."""
+        from softnic.driver.faults import COUNTER_NAMES
         if self.world is not None:
             with self.world.lock:
                 c = self.world.fabric.counters
@@ -367,7 +367,7 @@ class SoftnicFabric:
 
     def _ladder_rendered(self, records: list, last: int) -> str:
         import importlib
-        ladder = importlib.import_module("softnic.ladder")
+        ladder = importlib.import_module("softnic.cli.ladder")
         events = ladder.from_fabric_trace(records)
         shown = events[-last:] if last > 0 else []
         clock = "virtual time" if self.world is not None else "wall clock"

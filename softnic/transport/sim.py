@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from heapq import heapify, heappop, heappush
 from typing import Any, Callable, NamedTuple, Protocol
 
-from softnic.faults import COUNTER_NAMES, FaultInjector, FaultModel
+from softnic.driver.faults import COUNTER_NAMES, FaultInjector, FaultModel
 from softnic.wire.datagram import CE, Datagram
 from congestion.base import Hop
 
@@ -339,7 +339,7 @@ class Fabric:
         ``injector`` replaces the ``FaultInjector`` built from the link's
         fault model.  Any object with ``apply(data, now)`` returning a list of
         ``(delivery time, bytes)`` copies (empty: dropped) and a ``counters``
-        dict with the keys of ``softnic.faults.COUNTER_NAMES`` will do, e.g.
+        dict with the keys of ``softnic.driver.faults.COUNTER_NAMES`` will do, e.g.
         ``softnic.testing.DropList``, which drops chosen datagrams.  The
         link's propagation delay still applies.  A later ``set_link`` on
         this direction goes back to a fault-model injector.
@@ -444,7 +444,7 @@ class Fabric:
 
     @property
     def counters(self) -> dict[str, int]:
-        """Totals over all links (see ``softnic.faults.COUNTER_NAMES``), plus
+        """Totals over all links (see ``softnic.driver.faults.COUNTER_NAMES``), plus
         ``dropped_unknown`` (nobody at the destination) and ``received``
         (datagrams handed to a device)."""
         total = dict.fromkeys(COUNTER_NAMES, 0)

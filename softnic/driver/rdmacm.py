@@ -1,6 +1,6 @@
 """rdma_cm over live softnic devices: what both rdma_cm faces share.
 
-The C face (``softnic/_librdmacm``) and the Python face (``verbs_api.cmid``)
+The C face (``softnic/faces/librdmacm``) and the Python face (``verbs_api.cmid``)
 keep their own objects and call into this module for everything about
 addresses and connections: which device owns an IP address, port spaces and
 bound ports, listeners, and the device's connection manager (``core.cm``),
@@ -26,7 +26,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import softnic.nic as _nic
+import softnic.driver.nic as _nic
 from softnic.core import cm as _cm
 from softnic.core.cm import EventKind
 from softnic.core.errors import VerbsError
@@ -97,7 +97,7 @@ def device_named(name: str):
 
 
 def reset() -> None:
-    """Forget every device, CM and bound port (after ``softnic.nic.configure``)."""
+    """Forget every device, CM and bound port (after ``softnic.driver.nic.configure``)."""
     with _lock:
         for nic in _nics.values():
             if not getattr(nic, "_closed", False):

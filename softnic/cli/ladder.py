@@ -34,9 +34,9 @@ from statistics import median
 from typing import Iterable, Sequence
 from xml.sax.saxutils import escape
 
-from .core.enums import RNR_TIMER_SECONDS
-from .wire.icrc import check_icrc
-from .wire.roce import (
+from ..core.enums import RNR_TIMER_SECONDS
+from ..wire.icrc import check_icrc
+from ..wire.roce import (
     BTH_LEN, ICRC_LEN, OPCODES, ROCEV2_PORT, AethCode, Kind, NakCode, Opcode, WireError,
     decode, psn_diff,
 )
@@ -815,12 +815,12 @@ def simulate(*, loss: float = 0.05, faults: str | None = None, seed: int = 2, mt
     (the requester) and softnic1 send that the link loses.  ``capture`` names
     a pcap to write every delivered datagram to.
     """
-    from .core.device import Device, DeviceConfig
-    from .core.enums import SendFlags, WCStatus, WROpcode as W
-    from .core.qp import SendWR
-    from .faults import FaultModel
+    from ..core.device import Device, DeviceConfig
+    from ..core.enums import SendFlags, WCStatus, WROpcode as W
+    from ..core.qp import SendWR
+    from ..driver.faults import FaultModel
     from .rig import connect
-    from .transport.sim import Fabric
+    from ..transport.sim import Fabric
 
     model = FaultModel.parse(faults) if faults is not None else FaultModel(loss=loss)
     drops = (set(drop_requests), set(drop_responses))
@@ -831,7 +831,7 @@ def simulate(*, loss: float = 0.05, faults: str | None = None, seed: int = 2, mt
     b = Device("softnic1", "10.0.0.2", config=cfg)
     cap = None
     if capture is not None:
-        from .capture import Capture
+        from ..driver.capture import Capture
         cap = Capture(capture)
     link_model = model
     if any(drops) and not model.loss:

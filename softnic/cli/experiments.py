@@ -24,13 +24,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .core.device import Device, DeviceConfig
-from .core.enums import SendFlags, WCStatus, WROpcode as W
-from .core.qp import SendWR
-from .faults import FaultModel
-from .wire.roce import psn_diff
+from ..core.device import Device, DeviceConfig
+from ..core.enums import SendFlags, WCStatus, WROpcode as W
+from ..core.qp import SendWR
+from ..driver.faults import FaultModel
+from ..wire.roce import psn_diff
 from .rig import connect
-from .transport.sim import RED, WIRE_OVERHEAD, Fabric
+from ..transport.sim import RED, WIRE_OVERHEAD, Fabric
 
 ACK_BYTES = 12 + 4 + 4 + WIRE_OVERHEAD      # BTH + AETH + ICRC, with IP/UDP
 
@@ -124,7 +124,7 @@ def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
     n = cfg.senders + (1 if cfg.late_join is not None else 0)
     red = RED(cfg.kmin, cfg.kmax, cfg.pmax)
     if cfg.pfc:
-        from .transport.clos import PFC, LeafSpineConfig
+        from ..transport.clos import PFC, LeafSpineConfig
         net = fabric.add_leaf_spine(LeafSpineConfig(
             leaves=1, hosts_per_leaf=n + 1, spines=1, host_rate_bps=rate, delay=cfg.delay,
             buffer_bytes=cfg.buffer, red=red, int_telemetry=int_telemetry,

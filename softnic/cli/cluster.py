@@ -41,14 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.device import Device, DeviceConfig
-from .core.enums import QPType, SendFlags, WCStatus, WROpcode as W
-from .core.memory import Buffer
-from .core.qp import QPCap, QPInitAttr, SendWR
+from ..core.device import Device, DeviceConfig
+from ..core.enums import QPType, SendFlags, WCStatus, WROpcode as W
+from ..core.memory import Buffer
+from ..core.qp import QPCap, QPInitAttr, SendWR
 from .rig import ALL_ACCESS, Endpoint, bring_up, connect
-from .transport.clos import PFC, LeafSpineConfig
-from .transport.sim import RED, WIRE_OVERHEAD, Fabric
-from .wire.roce import psn_diff
+from ..transport.clos import PFC, LeafSpineConfig
+from ..transport.sim import RED, WIRE_OVERHEAD, Fabric
+from ..wire.roce import psn_diff
 
 CTS_BYTES = 64
 #: with ``payload="auto"``, ranks get memory of their own (and check their results)
@@ -290,8 +290,8 @@ def run_collectives(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     """One collective of ``softnic.collectives`` (``Communicator.allreduce`` or
     ``alltoall``), a rank per host, in virtual time (``softnic.collectives.virtual``).
     With private payload memory every rank checks its result."""
-    from .collectives import Communicator
-    from .collectives.virtual import VirtualCluster, VirtualTransport
+    from ..collectives import Communicator
+    from ..collectives.virtual import VirtualCluster, VirtualTransport
 
     n = cfg.hosts
     fabric, net, dcfg, hosts = _fabric(cfg)

@@ -1,8 +1,8 @@
 """Build softnic's librdmacm.so.1 with cffi's embedding mode.
 
-    python -m softnic._librdmacm.build [--out DIR] [--force]
+    python -m softnic.faces.librdmacm.build [--out DIR] [--force]
 
-Built as softnic's libibverbs.so.1 is (``softnic._libibverbs.build``): the
+Built as softnic's libibverbs.so.1 is (``softnic.faces.libibverbs.build``): the
 interpreter building it runs inside the program that loads it, and it links
 libibverbs.so.1, which ``softnic exec`` resolves to softnic's, so both libraries
 share one interpreter, one engine and the same device contexts.  Builds are
@@ -25,10 +25,10 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from softnic._libibverbs import build as _ibv
+from softnic.faces.libibverbs import build as _ibv
 
 HERE = Path(__file__).resolve().parent
-PROJECT = HERE.parent.parent
+PROJECT = HERE.parents[2]
 SONAME = "librdmacm.so.1"
 MODULE = "_softnic_librdmacm"
 SOURCES = ("api.h", "callbacks.h", "shim.c", "symbols.txt", "build.py", "backend.py")
@@ -149,7 +149,7 @@ if {str(PROJECT)!r} in sys.path:
     sys.path.remove({str(PROJECT)!r})
 sys.path.insert(0, {str(PROJECT)!r})
 from {MODULE} import ffi
-import softnic._librdmacm.backend as _backend
+import softnic.faces.librdmacm.backend as _backend
 _backend.install(ffi)
 """
 

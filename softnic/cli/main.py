@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-SHIM = Path(__file__).resolve().parent / "_pyverbs_shim"
+SHIM = Path(__file__).resolve().parent.parent / "faces" / "pyverbs_shim"
 
 
 def _exec(args) -> int:
@@ -18,7 +18,7 @@ def _exec(args) -> int:
         print("softnic exec: give a command, e.g. softnic exec python3 app.py", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    project = str(Path(__file__).resolve().parent.parent)
+    project = str(Path(__file__).resolve().parents[2])
     if args.pyverbs != "system":            # softnic's verbs_api answers "import pyverbs"
         env["PYTHONPATH"] = os.pathsep.join(
             [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -28,7 +28,7 @@ def _exec(args) -> int:
         if val is not None:
             env["SOFTNIC_" + key] = str(val)
     if args.faults is not None:
-        from .faults import FaultModel
+        from ..driver.faults import FaultModel
         FaultModel.parse(args.faults)           # a bad model is an error here, not in the child
     if args.cc is not None:
         import congestion
@@ -38,14 +38,14 @@ def _exec(args) -> int:
             print(f"softnic exec: --cc: {e}", file=sys.stderr)
             return 2
     cmd = args.command[1:] if args.command[0] == "--" else args.command
-    from ._libibverbs.launch import BuildError, library_env, links_libibverbs
+    from ..faces.libibverbs.launch import BuildError, library_env, links_libibverbs
     if args.libibverbs is None and args.pyverbs == "system":
         args.libibverbs = True          # the machine's pyverbs runs over softnic's libibverbs
     if args.libibverbs is not False:
         # every program of the tree loads softnic's libibverbs, however it loads it
         try:
             env.update(library_env(env))
-            from ._librdmacm.launch import library_env as rdmacm_env
+            from ..faces.librdmacm.launch import library_env as rdmacm_env
             env.update(rdmacm_env(env))       # ... and its librdmacm (rdma_cm programs)
         except BuildError as e:
             if args.libibverbs or links_libibverbs(cmd[0]):
@@ -61,7 +61,7 @@ def _exec(args) -> int:
 
 
 def _counters(args) -> int:
-    from .nic import stats_dir
+    from ..driver.nic import stats_dir
     d = stats_dir()
     rows = []
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     from .perf import add_arguments as perf_arguments
     perf_arguments(sub.add_parser("perf", help="benchmarks: perftest's (write_bw, read_lat, ...) "
                                   "between two softnic processes, and allreduce"))
-    from ._libibverbs.launch import add_build_parser, run_build
+    from ..faces.libibverbs.launch import add_build_parser, run_build
     add_build_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "build-libibverbs":

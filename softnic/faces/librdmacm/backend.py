@@ -3,7 +3,7 @@
 The C side keeps the structs programs read (rdma_cm_id, rdma_cm_event,
 rdma_event_channel) and drives the QPs through libibverbs, as rdma-core's
 librdmacm does; this side keeps the ids, their addresses and connections
-(``softnic.rdmacm``) on the same live devices the process's libibverbs uses.
+(``softnic.driver.rdmacm``) on the same live devices the process's libibverbs uses.
 Every call returns 0 or a positive errno; an unexpected exception is printed
 and becomes EIO.
 """
@@ -15,7 +15,7 @@ import ipaddress
 import sys
 import traceback
 
-from softnic import rdmacm as R
+from softnic.driver import rdmacm as R
 from softnic.core.errors import VerbsError
 
 _chans: dict[int, R.EventChannel] = {}
@@ -223,7 +223,7 @@ def install(ffi) -> None:
 
     @extern()
     def sn_cm_exit():
-        import softnic.nic as _nic
+        import softnic.driver.nic as _nic
         for nic in _nic.open_nics():
             cap = getattr(nic, "capture", None)
             if cap is not None:

@@ -4,7 +4,7 @@
  * rdma_event_channel, rdma_addrinfo) and, as rdma-core's librdmacm does in user
  * space, moves an id's QP through INIT/RTR/RTS with libibverbs calls (which
  * resolve to softnic's libibverbs.so.1).  Addresses, ids and the connection
- * manager live in backend.py (softnic.rdmacm), reached through callbacks.h.
+ * manager live in backend.py (softnic.driver.rdmacm), reached through callbacks.h.
  *
  * An event channel's fd is an eventfd in semaphore mode counting the events
  * queued for it: rdma_get_cm_event reads one count (blocking, or EAGAIN when

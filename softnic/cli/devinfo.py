@@ -80,7 +80,7 @@ def render(name: str, verbose: bool = False) -> str:
 
 
 def main(device: str | None = None, verbose: bool = False) -> int:
-    import softnic.nic as nic
+    import softnic.driver.nic as nic
     names = nic.device_names()
     if device is not None:
         if device not in names:

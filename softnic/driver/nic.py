@@ -43,11 +43,11 @@ from pathlib import Path
 
 from . import config as _config
 from .capture import Capture, TcpCapture
-from .core.device import Device, DeviceConfig
-from . import accel as _accel
+from ..core.device import Device, DeviceConfig
+from .. import accel as _accel
 from .faults import FaultInjector
-from .transport.udp import UdpSocket, bind_free
-from .wire.roce import ROCEV2_PORT
+from ..transport.udp import UdpSocket, bind_free
+from ..wire.roce import ROCEV2_PORT
 
 #: How long after an inline step (a caller spinning on ``poll``) the caller is
 #: trusted to take what arrives; after that the progress thread takes it.  Long
@@ -126,8 +126,8 @@ def open_device(name: str) -> "NIC | SimNIC":
 
 def _attach_cm(nic) -> None:
     """Every RoCE device answers connection management on QP1, as a NIC does
-    (``core.cm``; ``softnic.rdmacm`` takes its events when a program uses rdma_cm)."""
-    from .core.cm import CM
+    (``core.cm``; ``softnic.driver.rdmacm`` takes its events when a program uses rdma_cm)."""
+    from ..core.cm import CM
     guid = 0x02534EFFFE000000 | (zlib.crc32(nic.name.encode()) & 0xFFFFFF)
     world = getattr(nic, "world", None)
     rng = world.fabric.derive_rng("cm", nic.name) if world is not None else \
@@ -612,7 +612,7 @@ class TcpNIC(NIC):
     transport = "tcp"
 
     def _open_wire(self, spec: _config.DeviceSpec) -> None:
-        from .transport.tcp import TcpTransport, bind_free_tcp
+        from ..transport.tcp import TcpTransport, bind_free_tcp
         if spec.ip is None:
             self.sock = bind_free_tcp(_loopback_candidates(), spec.port)
         else:
@@ -620,7 +620,7 @@ class TcpNIC(NIC):
         self.ip, self.port = self.sock.address
 
     def _device_class(self):
-        from .core.iwarp import IwarpDevice
+        from ..core.iwarp import IwarpDevice
         return IwarpDevice
 
     def _readiness(self):
@@ -683,7 +683,7 @@ class SimWorld:
     ``sim``: one lock, one virtual clock, everything reproducible from the seed."""
 
     def __init__(self, cfg: _config.RuntimeConfig):
-        from .transport.sim import Fabric
+        from ..transport.sim import Fabric
         self.cfg = cfg
         self.lock = threading.RLock()
         self.capture = Capture(cfg.capture) if cfg.capture else None

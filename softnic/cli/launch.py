@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-SHIM = Path(__file__).resolve().parent / "_pyverbs_shim"
+SHIM = Path(__file__).resolve().parent.parent / "faces" / "pyverbs_shim"
 GRACE = 10.0
 
 
@@ -51,7 +51,7 @@ def rank_address(port: int, rank: int) -> str:
 def rank_env(base: dict, rank: int, world: int, port: int, faults=None, seed=None,
              timeout=None) -> dict:
     env = dict(base)
-    project = str(Path(__file__).resolve().parent.parent)
+    project = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(
         [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
@@ -78,7 +78,7 @@ def launch(command: list[str], nproc: int, port: int = 0, faults=None, seed=None
               file=sys.stderr)
         return 2
     if faults is not None:
-        from .faults import FaultModel
+        from ..driver.faults import FaultModel
         FaultModel.parse(faults)              # a bad model is an error here, not in N ranks
     if module:
         command = [sys.executable, "-u", "-m"] + command

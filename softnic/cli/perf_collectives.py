@@ -1,5 +1,5 @@
 """``softnic perf allreduce`` (and ``allgather``, ``reducescatter``, ``broadcast``): the
-collectives' benchmarks, as nccl-tests has them (``softnic.perf`` registers every test
+collectives' benchmarks, as nccl-tests has them (``softnic.cli.perf`` registers every test
 in ``TESTS`` here next to perftest's).
 
 ``softnic perf allreduce -n 4 -b 8 -e 1M -f 4`` runs 4 ranks on this machine
@@ -73,7 +73,7 @@ def _run(args) -> int:
     if args.stepfactor < 2:
         print("softnic perf: --stepfactor must be at least 2", file=sys.stderr)
         return 2
-    from .collectives.communicator import DTYPES
+    from ..collectives.communicator import DTYPES
     try:
         dtype = np.dtype(args.datatype)
     except TypeError:
@@ -92,7 +92,7 @@ def _run(args) -> int:
                   file=sys.stderr)
             return 2
     from .launch import launch
-    worker = [sys.executable, "-u", "-m", "softnic.perf_collectives", "--worker",
+    worker = [sys.executable, "-u", "-m", "softnic.cli.perf_collectives", "--worker",
               args.perf_test, "-b", str(args.minbytes), "-e", str(args.maxbytes),
               "-f", str(args.stepfactor), "-d", args.datatype, "-w", str(args.warmup_iters),
               "-i", str(args.iters), "-n", str(args.nproc)]
@@ -110,7 +110,7 @@ def _run(args) -> int:
 def _worker(args) -> int:
     import numpy as np
 
-    from .collectives import DTYPES, Communicator
+    from ..collectives import DTYPES, Communicator
     kind = args.perf_test
     torch_name, factor, reduces = KINDS[kind]
     dtype = np.dtype(args.datatype)
@@ -128,7 +128,7 @@ def _worker(args) -> int:
         import torch
         import torch.distributed as dist
 
-        from .collectives import torch_backend
+        from ..collectives import torch_backend
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(1)
         dist.init_process_group(torch_backend.BACKEND)

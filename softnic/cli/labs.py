@@ -11,12 +11,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from .core.device import Device, DeviceConfig
-from .core.enums import SendFlags, WCStatus, WROpcode as W
-from .core.qp import RecvWR, SendWR
-from .faults import FaultModel
+from ..core.device import Device, DeviceConfig
+from ..core.enums import SendFlags, WCStatus, WROpcode as W
+from ..core.qp import RecvWR, SendWR
+from ..driver.faults import FaultModel
 from .rig import connect
-from .transport.sim import Fabric
+from ..transport.sim import Fabric
 
 
 @dataclass
@@ -69,7 +69,7 @@ def segmentation(seed: int = 1) -> LabRun:
 
 
 def _one_loss(selective_repeat: bool, seed: int) -> LabRun:
-    from .testing.droplist import DropList
+    from ..testing.droplist import DropList
     fabric, a, b, ea, eb = _setup(seed, selective_repeat=selective_repeat)
     mode = "selective repeat" if selective_repeat else "go-back-N"
     run = LabRun(f"one lost packet, {mode}", fabric, (a, b))
@@ -142,7 +142,7 @@ def atomic_once(seed: int = 1) -> LabRun:
 def _ecn_run(cc: str, seed: int, *, until: float = 10e-3):
     """Two senders WRITE 1 MiB each to one receiver through a switch (10 Gbit/s
     links, 512 KB buffer, ECN marking from 5 KB); return the run and its timeline."""
-    from .transport.sim import RED
+    from ..transport.sim import RED
     rate = 10e9
     cfg = DeviceConfig(cc=cc, line_rate_bps=rate, base_rtt=12e-6, min_timer=200e-6)
     fabric = Fabric(seed)

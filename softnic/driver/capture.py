@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from os import PathLike
 
-from .wire.icrc import ipv4_udp_headers
+from ..wire.icrc import ipv4_udp_headers
 
 __all__ = ["Capture", "TcpCapture", "LINKTYPE_RAW"]
 

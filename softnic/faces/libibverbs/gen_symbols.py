@@ -1,7 +1,7 @@
 """Regenerate ``symbols.txt``: every default-version symbol of the installed
 libibverbs.so.1, its version node, and what an unimplemented stub returns.
 
-    python -m softnic._libibverbs.gen_symbols [/path/to/libibverbs.so.1]
+    python -m softnic.faces.libibverbs.gen_symbols [/path/to/libibverbs.so.1]
 
 Programs are linked against versioned symbols and loaded BIND_NOW, so a
 replacement must define every ``name@@VERSION`` the real library defines.

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROJECT = HERE.parent.parent
+PROJECT = HERE.parents[2]
 SONAME = "libibverbs.so.1"
 PRELOAD = "libsoftnic_preload.so"
 MODULE = "_softnic_libibverbs"
@@ -170,7 +170,7 @@ if {str(PROJECT)!r} in sys.path:
     sys.path.remove({str(PROJECT)!r})
 sys.path.insert(0, {str(PROJECT)!r})
 from {MODULE} import ffi
-import softnic._libibverbs.backend as _backend
+import softnic.faces.libibverbs.backend as _backend
 _backend.install(ffi)
 """
 

@@ -15,7 +15,7 @@ same keys in lower case without the prefix, and the variables win over it):
     on TCP) for every device that does not name its own.
 ``SOFTNIC_FAULTS``
     a fault model applied to every datagram a device sends, e.g.
-    ``loss=0.05,reorder=0.01/200us`` (see ``softnic.faults.FaultModel.parse``).
+    ``loss=0.05,reorder=0.01/200us`` (see ``softnic.driver.faults.FaultModel.parse``).
 ``SOFTNIC_SEED``
     the seed of the fault model's random draws (default 0).
 ``SOFTNIC_CAPTURE``
@@ -45,7 +45,7 @@ import os
 from dataclasses import dataclass, field
 
 from .faults import FaultModel
-from .wire.roce import ROCEV2_PORT
+from ..wire.roce import ROCEV2_PORT
 
 ENV_PREFIX = "SOFTNIC_"
 TRANSPORTS = ("udp", "tcp")

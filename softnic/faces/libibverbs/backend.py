@@ -2,7 +2,7 @@
 
 The C side hands over flat records (api.h) and small integer handles; this
 module keeps the objects behind the handles and drives the same live NICs the
-pyverbs-compatible API uses (``softnic.nic``), so a C program and a Python
+pyverbs-compatible API uses (``softnic.driver.nic``), so a C program and a Python
 program are peers on one engine.  Every call returns 0 or a positive errno,
 as libibverbs does; an unexpected exception is printed and becomes EIO.
 """
@@ -18,7 +18,7 @@ import sys
 import traceback
 
 import softnic
-import softnic.nic as _nic
+import softnic.driver.nic as _nic
 from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.enums import Access, QPState, QPType

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core.device import Device
-from .core.enums import Access, QPAttrMask as M, QPState, QPType
-from .core.memory import MR, PD, Buffer
-from .core.qp import QP, AHAttr, QPAttr, QPCap, QPInitAttr
+from ..core.device import Device
+from ..core.enums import Access, QPAttrMask as M, QPState, QPType
+from ..core.memory import MR, PD, Buffer
+from ..core.qp import QP, AHAttr, QPAttr, QPCap, QPInitAttr
 
 ALL_ACCESS = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ | Access.REMOTE_ATOMIC
 
