@@ -48,13 +48,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(name: str) -> dict:
-    from softnic.cli import experiments as ex
+    try:
+        from softnic.cli import experiments as ex
+    except ImportError:          # a tree from before the layout by layer (--compare)
+        from softnic import experiments as ex
     if name == "incast16":
         cfg = ex.IncastConfig(cc="dcqcn", senders=16, rate_gbps=25.0, duration=0.02)
     elif name == "incast64":
         cfg = ex.IncastConfig(cc="dcqcn", senders=64, rate_gbps=100.0, duration=0.002)
     elif name in ("allreduce64", "allreduce64c"):
-        from softnic.cli import cluster
+        try:
+            from softnic.cli import cluster
+        except ImportError:      # a tree from before the layout by layer
+            from softnic import cluster
         kw = dict(hosts=64, hosts_per_leaf=8, spines=8, rate_gbps=100.0,
                   collective="allreduce", algorithm="ring", size=8 << 20, qps=1,
                   mode="lossless", cc="none")
