@@ -1,8 +1,7 @@
 """softnic.collectives ranks in virtual time, one per host of a simulated fabric.
 
-``VirtualCluster`` runs one program per rank, each on its own thread, but only
-one at a time and in an order fixed by the simulation (cooperative tasks), so a
-run depends only on its seed.  Every rank opens its own engine ``Device``
+``VirtualCluster`` runs one program per rank as cooperative tasks: one at a
+time, in an order fixed by the simulation, so a run depends only on its seed.  Every rank opens its own engine ``Device``
 through the pyverbs API (``verbs_api``, as under ``softnic exec`` with
 ``SOFTNIC_BACKEND=sim``), attached to a ``softnic.transport.sim.Fabric`` (a
 leaf-spine, say).  The collectives are the real ones: ``Communicator``, the
@@ -30,8 +29,8 @@ the scheduler:
    ranks are deadlocked: an error names what each waits for).
 
 Payload memory: ``buffer(rank, nbytes)`` gives a rank its own zeroed memory, or
-with ``shared_payload=True`` a private mapping of pages all ranks share (one
-``memfd`` mapped once per rank: distinct addresses, so every registration and
+with ``shared_payload=True`` a mapping of pages all ranks share (one ``memfd``
+mapped once per buffer: distinct addresses, so every registration and
 bounds check is as usual, but the memory of one).  Shared pages make a 64-rank
 collective of hundreds of MB fit in memory; their values are then meaningless,
 and nothing else changes (the collectives never branch on data:
