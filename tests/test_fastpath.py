@@ -1,7 +1,10 @@
-"""The small-message fast paths change nothing but speed.
+"""The common-case branches change nothing but speed.
 
-``softnic.core.fastpath`` takes the common case of one-packet WRITEs and
-SENDs and their ACKs without the general path's decoding and dispatch.  The
+The responder's and completer's ``receive_common`` take in-sequence SENDs and
+WRITEs and plain ACKs from their bytes, through the same rules as the general
+path, without decoding a ``Packet``; the requester packs ONLY and FIRST packets
+straight and builds bulk runs (``DeviceConfig(fast_path=False)`` turns all of it
+off: every packet is decoded and dispatched, one at a time).  The
 property here: the same random workload (test_engine_properties' scenarios,
 posted one WR at a time with the fabric running between posts, over a faulty
 link) run with the fast paths and without them puts the same bytes on the
@@ -13,9 +16,10 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, note, settings, strategies as st
 
-from softnic.core import fastpath
+from softnic.core import dispatch, requester
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, WROpcode as W
+from softnic.core.output import ack_packet
 from softnic.core.qp import RecvWR, SendWR
 from softnic.cli.rig import connect
 from softnic.wire.roce import Opcode as O, encode
@@ -63,18 +67,25 @@ def _deliver(x, y, now=0.0) -> int:
     return len(out)
 
 
-def test_a_ping_pong_takes_the_fast_paths(monkeypatch):
-    """Each fast path is taken (they return True) for a WRITE, a SEND with
-    immediate and their ACKs; data lands, completions are right."""
-    taken = {"send_only": 0, "request_only": 0, "ack": 0}
-    for name in taken:
-        real = getattr(fastpath, name)
-
-        def counted(*args, _real=real, _name=name):
+def _count_common(monkeypatch, taken: dict) -> None:
+    """Count the common-case branches taken (they return True), by opcode name."""
+    for op, real in list(dispatch._COMMON.items()):
+        def counted(*args, _real=real, _name=O(op).name):
             ok = _real(*args)
-            taken[_name] += ok
+            taken[_name] = taken.get(_name, 0) + ok
             return ok
-        monkeypatch.setattr(fastpath, name, counted)
+        monkeypatch.setitem(dispatch._COMMON, op, counted)
+
+
+def test_a_ping_pong_takes_the_fast_paths(monkeypatch):
+    """The common-case branches are taken for a WRITE, a SEND with immediate and
+    their ACKs, and the requester packs both ONLYs straight; data lands,
+    completions are right."""
+    taken: dict = {}
+    _count_common(monkeypatch, taken)
+    packed = []
+    real_pack = requester._pack_only
+    monkeypatch.setattr(requester, "_pack_only", lambda *a: packed.append(1) or real_pack(*a))
     a, b, ea, eb = _pair()
     ea.buf.view[:8] = b"pingpong"
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
@@ -93,7 +104,9 @@ def test_a_ping_pong_takes_the_fast_paths(monkeypatch):
         (9, WCStatus.SUCCESS, WCOpcode.RECV, 5, 0x01020304)
     assert bytes(eb.buf.view[256:261]) == b"pingp"
     assert [w.wr_id for w in a.poll_cq(ea.send_cq, 4)] == [2]
-    assert taken == {"send_only": 2, "request_only": 2, "ack": 2}
+    assert taken == {"RC_RDMA_WRITE_ONLY": 1, "RC_SEND_ONLY_WITH_IMMEDIATE": 1,
+                     "RC_ACKNOWLEDGE": 2}
+    assert len(packed) == 2
 
 
 def _bad_rkey_write(size: int) -> None:
@@ -111,9 +124,9 @@ def _bad_rkey_write(size: int) -> None:
     assert bytes(eb.buf.view[:4096]) == before
 
 
-def test_errors_leave_the_fast_path_to_the_general_one():
-    """A bad rkey, a missing receive (RNR) and a corrupted ICRC are all refused
-    by the fast path and handled by the general path as before."""
+def test_errors_are_refused_by_the_same_rules_either_way():
+    """A bad rkey (NAK), a missing receive (RNR NAK) and a corrupted ICRC (counted,
+    dropped): the rules the general path applies, whichever way the packet came in."""
     # bad rkey: NAK remote access error, memory untouched, requester's WC says so
     _bad_rkey_write(8)
     # corrupted ICRC: counted and dropped
@@ -133,13 +146,12 @@ def test_errors_leave_the_fast_path_to_the_general_one():
     assert eb.qp.state == QPState.RTS and eb.qp.epsn == 0
 
 
-def test_a_long_writes_first_takes_the_fast_path_and_a_bad_one_does_not(monkeypatch):
-    """A multi-packet WRITE's FIRST is placed by ``write_first``; one with a bad
-    rkey is refused by it and NAKed by the general path, memory untouched."""
-    taken = []
-    real = fastpath.write_first
-    monkeypatch.setattr(fastpath, "write_first",
-                        lambda *a: taken.append(real(*a)) or taken[-1])
+def test_a_long_writes_first_takes_the_common_branch_a_bad_one_is_naked_there(monkeypatch):
+    """A multi-packet WRITE's FIRST, MIDDLE and LAST take the responder's common
+    branch; a FIRST with a bad rkey is refused there by the same access rule
+    (``write_target``): NAKed, memory untouched."""
+    taken: dict = {}
+    _count_common(monkeypatch, taken)
     a, b, ea, eb = _pair()
     ea.buf.view[0:3000] = bytes(range(250)) * 12
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 3000)], SendFlags.SIGNALED,
@@ -147,21 +159,23 @@ def test_a_long_writes_first_takes_the_fast_path_and_a_bad_one_does_not(monkeypa
     _deliver(a, b)
     _deliver(b, a)
     [wc] = a.poll_cq(ea.send_cq, 4)
-    assert wc.status == WCStatus.SUCCESS and taken == [True]
+    assert wc.status == WCStatus.SUCCESS
+    assert taken == {"RC_RDMA_WRITE_FIRST": 1, "RC_RDMA_WRITE_MIDDLE": 1,
+                     "RC_RDMA_WRITE_LAST": 1, "RC_ACKNOWLEDGE": 1}
     assert bytes(eb.buf.view[64:3064]) == bytes(ea.buf.view[0:3000])
     _bad_rkey_write(3000)
-    assert taken[-1] is False
+    assert taken["RC_RDMA_WRITE_FIRST"] == 2
 
 
 def test_ack_packet_is_what_encode_builds():
     for psn, syn, msn in ((0, 0x1F, 0), (0xFFFFFF, 0x60, 0xABCDEF), (12345, 0x3F, 7)):
-        assert fastpath.ack_packet(0x123456, psn, syn, msn) == \
+        assert ack_packet(0x123456, psn, syn, msn) == \
             encode(O.RC_ACKNOWLEDGE, dest_qp=0x123456, psn=psn, aeth=(syn, msn))
 
 
 def test_many_small_then_one_large_write_same_bytes_either_way():
     """The requester's ACK-request cadence (every window/4 packets) counts the
-    fast path's packets too: after 40 one-packet WRITEs a long WRITE asks for
+    packed ONLYs too: after 40 one-packet WRITEs a long WRITE asks for
     ACKs on the same packets with or without the fast paths."""
     wires = []
     for fast in (True, False):
@@ -197,3 +211,29 @@ def test_engine_pingpong_tool_runs_both_ways(capsys):
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and "fast paths" in out[0] and "general path" in out[1]
     assert all(float(line.split(": ")[1].split()[0]) > 0 for line in out)
+
+
+def test_routes_cover_every_opcode_and_send_each_to_its_side():
+    """``dispatch.ROUTES`` has every opcode ``wire.roce`` knows; requests go to the
+    responder, responses to the completer, CNPs to the controller; the only
+    common-case branches are the responder's for RC SENDs and WRITEs and the
+    completer's for the RC ACK."""
+    from softnic.core import completer, responder
+    from softnic.wire.roce import Kind, OPCODES
+    assert set(dispatch.ROUTES) == set(OPCODES)
+    for op, route in dispatch.ROUTES.items():
+        info = OPCODES[op]
+        assert route.info is info
+        if info.kind == Kind.CNP:
+            assert route.side == dispatch.CNP
+        elif info.is_request:
+            assert route.side == dispatch.REQUEST
+        else:
+            assert route.side == dispatch.RESPONSE
+        rc_message = info.qp_type == "RC" and info.kind in (Kind.SEND, Kind.WRITE)
+        if rc_message:
+            assert route.common is responder.receive_common, info.name
+        elif op == O.RC_ACKNOWLEDGE:
+            assert route.common is completer.receive_common
+        else:
+            assert route.common is None, info.name

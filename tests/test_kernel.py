@@ -1,11 +1,13 @@
-"""The compiled per-packet kernel (``softnic.accel``) against the Python loops.
+"""The compiled per-packet kernel (``softnic.accel``) against the engine.
 
 The kernel runs two loops in C: the sender building a run of MIDDLE packets
 (``requester._bulk``) and the receiver checking and placing them
-(``Device.receive_run``).  Whatever it does must be exactly what the Python
-loops do: the same bytes on the wire, the same memory, counters, ACKs and
-completions, whatever arrives (corrupt, lost, duplicated or reordered
-packets in a coalesced run).  Without a C compiler or Python's headers the
+(``responder.receive_middles``).  Whatever it does must be exactly what the
+engine's general path does packet by packet: the requester's ``_build`` (and
+``append_icrc``) for each packet, and a receiver with ``fast_path=False`` (every
+datagram checked, decoded and handed to ``responder.receive``): the same bytes
+on the wire, the same memory, counters, ACKs and completions, whatever arrives
+(corrupt, lost, duplicated or reordered packets in a coalesced run).  Without a C compiler or Python's headers the
 kernel cannot be built and these tests skip, except in CI (``CI`` set), which
 installs both and fails instead.
 """
@@ -89,9 +91,10 @@ def test_the_kernel_uses_isa_l_where_isal_is_installed():
 
 @settings(max_examples=60, deadline=None)
 @given(bulk_cases(), st.data())
-def test_the_kernels_bulk_run_is_the_python_loops(c, data):
-    """``_bulk`` gives the same bytes and AckReq count with the kernel as without
-    (test_bulk_tx checks those against ``_build`` packet by packet)."""
+def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
+    """``_bulk`` with the kernel gives, packet by packet, the bytes ``_build`` and
+    ``append_icrc`` give with the AckReq cadence ``_send_packet`` follows, and the
+    same bytes and AckReq count as its Python loop."""
     dev, qp, wqe, _ = _wqe(c)
     end = wqe.npkts if c["op"] in requester._PLAIN_LAST else wqe.npkts - 1
     if end <= 1:
@@ -106,6 +109,17 @@ def test_the_kernels_bulk_run_is_the_python_loops(c, data):
         buf, seg = requester._bulk(dev, qp, wqe, idx, k, qp.dest, c["ack_every"])
         got[name] = (bytes(buf), seg, qp.pkts_since_ackreq)
     assert got["kernel"] == got["python"]
+    buf, seg, since = got["kernel"]
+    s = c["since"]
+    for i in range(k):
+        s += 1
+        ackreq = s >= c["ack_every"]
+        if ackreq or idx + i == wqe.npkts - 1:      # a LAST always asks for an ACK
+            s = 0
+        want = append_icrc(requester._build(dev, qp, wqe, idx + i, ackreq),
+                           dev.ip, qp.dest[0], dev.port, qp.dest[1])
+        assert buf[i * seg:(i + 1) * seg] == bytes(want), f"packet {idx + i}"
+    assert since == s
     middles = k - (idx + k - 1 == wqe.npkts - 1)
     if not c["cuts"]:                   # one SGE: the MIDDLEs are the kernel's
         assert counting.built == middles
@@ -144,9 +158,12 @@ class Counting:
         self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=tx)
 
 
-def _side(kernel, mtu: int, window: int, sr: bool):
+def _side(kernel, mtu: int, window: int, sr: bool, engine: bool = False):
+    """Two devices; ``engine``: the receiver ``b`` runs the general path only."""
     cfg = DeviceConfig(min_timer=1e-3, window=window, selective_repeat=sr)
-    a, b = Device("a", "10.0.0.1", config=cfg), Device("b", "10.0.0.2", config=cfg)
+    a = Device("a", "10.0.0.1", config=cfg)
+    b = Device("b", "10.0.0.2", config=DeviceConfig(min_timer=1e-3, window=window,
+                                                    selective_repeat=sr, fast_path=not engine))
     a.kernel = b.kernel = kernel
     ea, eb = connect(a, b, mtu=mtu, timeout=10, endpoint_args={"buf_size": 1 << 17})
     return a, b, ea, eb
@@ -195,9 +212,10 @@ def _mangle(rng: random.Random, buf: bytes, seg: int, faults: bool = True,
 def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kernel,
               faults: bool = True):
     """Two devices, the receiver given runs of datagrams (mangled by a seeded
-    network), the sender the receiver's answers; returns everything observable."""
+    network), the sender the receiver's answers; returns everything observable.
+    ``kernel`` None: the receiver is the engine alone (``fast_path=False``)."""
     rng = random.Random(seed)
-    a, b, ea, eb = _side(kernel, mtu, window, sr)
+    a, b, ea, eb = _side(kernel, mtu, window, sr, engine=kernel is None)
     src = bytes(rng.getrandbits(8) for _ in range(1 << 16))
     ea.buf.view[0:1 << 16] = src
     wire = []
@@ -241,8 +259,8 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.lists(st.integers(1, 40000), min_size=1, max_size=6),
        st.sampled_from([256, 1024, 4096]), st.sampled_from([8, 32, 128]), st.booleans())
-def test_receiving_runs_with_the_kernel_is_receiving_them_one_by_one(seed, sizes, mtu,
-                                                                     window, sr):
+def test_receiving_runs_with_the_kernel_is_the_engine_receiving_them_one_by_one(
+        seed, sizes, mtu, window, sr):
     note(f"replay: _exchange({seed}, {sizes}, {mtu}, {window}, {sr}, kernel)")
     counting = Counting(kernel())
     fast = _exchange(seed, sizes, mtu, window, sr, counting)
@@ -309,7 +327,7 @@ def test_middles_beyond_the_writes_length_are_refused_memory_untouched():
     as without."""
     outcome = {}
     for name, kern in (("python", None), ("kernel", Counting(kernel()))):
-        a, b, ea, eb = _side(kern, 1024, 128, False)
+        a, b, ea, eb = _side(kern, 1024, 128, False, engine=kern is None)
         ea.buf.view[0:6 * 1024] = bytes(range(256)) * 24
         eb.buf.view[0:8192] = b"\xee" * 8192
         a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 6 * 1024)], SendFlags.SIGNALED,

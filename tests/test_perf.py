@@ -19,9 +19,9 @@ import pytest
 
 from softnic.cli import perf
 from softnic.cli import main as cli_main
-from softnic.core import responder
-from softnic.core.device import Device, DeviceConfig
-from softnic.wire.roce import decode
+from softnic.core import dispatch, responder
+from softnic.core.device import DeviceConfig
+from softnic.wire.roce import Opcode as O, decode
 
 from enginekit import fill, pair, pattern, read, write_wr
 
@@ -173,15 +173,18 @@ def test_harness_smoke(tmp_path):
 
 def _bulk_run(shortcut: bool, monkeypatch, seed: int, faults=None, sr: bool = False,
               placed: list | None = None):
+    """Three WRITEs and a bad one through the fabric: with ``shortcut`` the
+    common-case branches (``responder.receive_common``) counted; without, the
+    general path only (``fast_path=False``)."""
     monkeypatch.undo()
     taken = []
-    real = Device._write_continue
     if shortcut:
-        def counting(self, data, src):
-            ok = real(self, data, src)
-            taken.append(ok)
-            return ok
-        monkeypatch.setattr(Device, "_write_continue", counting)
+        for op in (O.RC_RDMA_WRITE_MIDDLE, O.RC_RDMA_WRITE_LAST):
+            def counting(*args, _real=dispatch._COMMON[op]):
+                ok = _real(*args)
+                taken.append(ok)
+                return ok
+            monkeypatch.setitem(dispatch._COMMON, op, counting)
         if placed is not None:
             real_hold = responder.hold
 
@@ -190,9 +193,7 @@ def _bulk_run(shortcut: bool, monkeypatch, seed: int, faults=None, sr: bool = Fa
                     placed.append(psn)
                 return real_hold(dev, qp, psn, ackreq, item)
             monkeypatch.setattr(responder, "hold", hold)
-    else:
-        monkeypatch.setattr(Device, "_write_continue", lambda self, data, src: False)
-    cfg = DeviceConfig(min_timer=1e-3, selective_repeat=sr)
+    cfg = DeviceConfig(min_timer=1e-3, selective_repeat=sr, fast_path=shortcut)
     p = pair(seed, mtu=256, faults=faults, endpoint_args={"buf_size": 1 << 15}, config=cfg)
     fill(p.ea, 0, pattern(20000, 3))
     # three WRITEs (the middle one lands over the end of the first) and a bad one

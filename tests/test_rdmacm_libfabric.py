@@ -69,11 +69,12 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
 
 
-def _cmd(ns, ip, args):
+def _cmd(ns, ip, args, faults=None):
     env = dict(os.environ, SOFTNIC_DEVICES=f"softnic0={ip}")
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT)] + ([env["PYTHONPATH"]]
                                                          if env.get("PYTHONPATH") else []))
-    return ["ip", "netns", "exec", ns, *SOFTNIC, "exec", "--", *args], env
+    lossy = ["--faults", faults, "--seed", "11"] if faults else []
+    return ["ip", "netns", "exec", ns, *SOFTNIC, "exec", *lossy, "--", *args], env
 
 
 def test_fi_info_lists_softnic_devices(two_hosts):
@@ -85,14 +86,15 @@ def test_fi_info_lists_softnic_devices(two_hosts):
     assert "domain: softnic0-dgram" in r.stdout
 
 
+@pytest.mark.parametrize("faults", [None, "loss=0.02"])
 @pytest.mark.parametrize("mode", [["-p", "verbs", "-e", "msg"],
                                   ["-p", "verbs;ofi_rxm", "-e", "rdm"]],
                          ids=["verbs-msg", "verbs-ofi_rxm-rdm"])
-def test_fi_pingpong(two_hosts, mode):
+def test_fi_pingpong(two_hosts, mode, faults):
     (a, aip), (b, bip) = two_hosts
-    port = str(20000 + os.getpid() % 20000 + len(mode[1]))
+    port = str(20000 + os.getpid() % 20000 + len(mode[1]) + (100 if faults else 0))
     args = ["fi_pingpong", *mode, "-I", "50", "-S", "1024", "-B", port]
-    scmd, senv = _cmd(a, aip, args)
+    scmd, senv = _cmd(a, aip, args, faults)
     srv = subprocess.Popen(scmd, env=senv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
     try:
@@ -100,7 +102,7 @@ def test_fi_pingpong(two_hosts, mode):
         while True:
             time.sleep(1.0)
             ccmd, cenv = _cmd(b, bip, ["fi_pingpong", *mode, "-I", "50", "-S", "1024",
-                                       "-P", port, aip])
+                                       "-P", port, aip], faults)
             cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True, timeout=120)
             # the control connection is refused until the server listens: try again
             if cli.returncode == 0 or srv.poll() is not None or time.monotonic() > deadline \

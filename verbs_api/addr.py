@@ -278,6 +278,8 @@ class AH(PyverbsCM):
     """An address handle, made from an AHAttr (``attr=``) or from a received work
     completion and the GRH at the start of its buffer (``wc=``, ``grh=``, ``port_num=``)."""
 
+    _kind = 'AH'
+
     def __init__(self, pd, **kwargs):
         super().__init__()
         self._closed = True

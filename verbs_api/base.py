@@ -55,6 +55,32 @@ class PyverbsObject:
         self.logger.setLevel(val)
 
 
+def kinds(obj) -> set[str]:
+    """What ``obj`` is, as its classes say with ``_kind`` (``'PD'``, ``'CQ'``, ...).
+
+    A parent's ``add_ref`` and a creator's argument check test these instead of
+    ``isinstance`` against the child's class, so a lower module (``device``,
+    ``pd``, ``cq``) never imports a higher one (``qp``, ``srq``, ``mr``): the
+    modules layer as pyverbs' do, base < device < pd, cq < mr < srq < qp, where
+    Cython's declaration files give the lower ones the higher ones' types.  A
+    subclass is every kind of its bases, as ``isinstance`` would say.
+    """
+    return {c.__dict__['_kind'] for c in type(obj).__mro__ if '_kind' in c.__dict__}
+
+
+def keep_ref(owner, obj, table):
+    """Keep ``obj`` in the first of ``owner``'s WeakSets whose kind it is.
+
+    ``table`` holds (kind, attribute) pairs in the order ``add_ref`` tests them.
+    """
+    have = kinds(obj)
+    for kind, attr in table:
+        if kind in have:
+            getattr(owner, attr).add(obj)
+            return
+    raise PyverbsError('Unrecognized object type')
+
+
 class PyverbsCM(PyverbsObject):
     """An object that owns a verbs resource: a context manager whose exit closes it.
 

@@ -17,7 +17,7 @@ import softnic.driver.nic as _nic
 from softnic.core.errors import VerbsError
 
 from . import enums as e
-from .base import PyverbsCM, PyverbsObject, close_weakrefs, engine_call, rdma_error
+from .base import PyverbsCM, PyverbsObject, close_weakrefs, engine_call, keep_ref, kinds, rdma_error
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 
 _WITH_IMM = int(e.IBV_WC_WITH_IMM)
@@ -26,6 +26,8 @@ _WITH_INV = int(e.IBV_WC_WITH_INV)
 
 class CompChannel(PyverbsCM):
     """A completion event channel (ibv_comp_channel)."""
+
+    _kind = 'CompChannel'
 
     def __init__(self, context):
         super().__init__()
@@ -73,7 +75,7 @@ class CompChannel(PyverbsCM):
         expected_cq.num_events += 1
 
     def add_ref(self, obj):
-        if isinstance(obj, (CQ, CQEX)):
+        if kinds(obj) & {'CQ', 'CQEX'}:
             self.cqs.add(obj)
 
 
@@ -113,15 +115,10 @@ class _CQBase(PyverbsCM):
         self._closed = False
         context.add_ref(self)
 
+    _REFS = (('QP', 'qps'), ('SRQ', 'srqs'))
+
     def add_ref(self, obj):
-        from .qp import QP
-        from .srq import SRQ
-        if isinstance(obj, QP):
-            self.qps.add(obj)
-        elif isinstance(obj, SRQ):
-            self.srqs.add(obj)
-        else:
-            raise PyverbsError('Unrecognized object type')
+        keep_ref(self, obj, self._REFS)
 
     def close(self):
         if self._closed:
@@ -185,6 +182,8 @@ class _CQBase(PyverbsCM):
 
 
 class CQ(_CQBase):
+    _kind = 'CQ'
+
     def __init__(self, context, cqe, cq_context=None, channel=None, comp_vector=0):
         """A CQ of ``cqe`` entries on ``context``; with ``channel``, its events go there."""
         super().__init__()
@@ -215,6 +214,8 @@ class CqInitAttrEx(PyverbsObject):
 class CQEX(_CQBase):
     """An extended CQ, read with start_poll / poll_next / end_poll and read_*()."""
 
+    _kind = 'CQEX'
+
     def __init__(self, context, init_attr=None):
         super().__init__()
         if init_attr is None:
@@ -224,8 +225,7 @@ class CQEX(_CQBase):
         self._create(context, init_attr.cqe, init_attr.comp_channel, init_attr.comp_vector)
         pd = getattr(init_attr, 'parent_domain', None)
         if pd is not None and init_attr.comp_mask & e.IBV_CQ_INIT_ATTR_MASK_PD:
-            from .pd import ParentDomain
-            if not isinstance(pd, ParentDomain) or pd._closed:
+            if 'ParentDomain' not in kinds(pd) or pd._closed:
                 self.close()
                 raise rdma_error('Failed to create extended CQ: parent_domain is not an open '
                                  'parent domain')

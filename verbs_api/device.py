@@ -23,7 +23,7 @@ from softnic.core.errors import VerbsError
 
 from . import enums as e
 from .addr import GID, GID_TABLE_LEN, raw_to_str
-from .base import PyverbsCM, PyverbsObject, close_weakrefs, rdma_error
+from .base import PyverbsCM, PyverbsObject, close_weakrefs, keep_ref, rdma_error
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 from .utils import gid_str
 
@@ -306,22 +306,11 @@ class Context(PyverbsCM):
         ev._element = element
         return ev
 
+    _REFS = (('PD', 'pds'), ('DM', 'dms'), ('CompChannel', 'ccs'), ('CQ', 'cqs'),
+             ('CQEX', 'cqs'), ('QP', 'qps'))
+
     def add_ref(self, obj):
-        from .cq import CQ, CQEX, CompChannel
-        from .pd import PD
-        from .qp import QP
-        if isinstance(obj, PD):
-            self.pds.add(obj)
-        elif isinstance(obj, DM):
-            self.dms.add(obj)
-        elif isinstance(obj, CompChannel):
-            self.ccs.add(obj)
-        elif isinstance(obj, (CQ, CQEX)):
-            self.cqs.add(obj)
-        elif isinstance(obj, QP):
-            self.qps.add(obj)
-        else:
-            raise PyverbsError('Unrecognized object type')
+        keep_ref(self, obj, self._REFS)
 
 
 def _odp_caps():
@@ -536,6 +525,8 @@ class DM(PyverbsCM):
     """Device memory (ibv_alloc_dm): memory on the NIC, emulated as a buffer the device
     owns (max_dm_size bytes per device); read and written with copy_from_dm / copy_to_dm
     in 4-byte words, and reached by the wire through a zero-based DMMR over it."""
+
+    _kind = 'DM'
 
     def __init__(self, context, dm_attr=None, **kwargs):
         super().__init__()

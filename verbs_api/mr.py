@@ -23,6 +23,8 @@ HUGE_PAGE_SIZE = 0x200000
 
 
 class MR(PyverbsCM):
+    _kind = 'MR'
+
     def __init__(self, creator, length=0, access=0, address=None, implicit=False, **kwargs):
         super().__init__()
         self._closed = True
@@ -207,6 +209,8 @@ class MWBind(PyverbsCM):
 class MW(PyverbsCM):
     """A memory window of type 1 (bound with QP.bind_mw) or 2 (bound by an IBV_WR_BIND_MW
     work request, freed by LOCAL_INV or SEND_WITH_INV)."""
+
+    _kind = 'MW'
 
     def __init__(self, pd, mw_type):
         super().__init__()

@@ -6,11 +6,13 @@ import errno
 import weakref
 
 from . import enums as e
-from .base import PyverbsCM, PyverbsObject, close_weakrefs, engine_call
+from .base import PyverbsCM, PyverbsObject, close_weakrefs, engine_call, keep_ref
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 
 
 class PD(PyverbsCM):
+    _kind = 'PD'
+
     def __init__(self, creator):
         """A protection domain on ``creator``, an open Context."""
         super().__init__()
@@ -50,23 +52,10 @@ class PD(PyverbsCM):
         if self._closed:
             raise PyverbsError('PD is closed')
 
+    _REFS = (('MR', 'mrs'), ('MW', 'mws'), ('AH', 'ahs'), ('QP', 'qps'), ('SRQ', 'srqs'))
+
     def add_ref(self, obj):
-        from .addr import AH
-        from .mr import MR, MW
-        from .qp import QP
-        from .srq import SRQ
-        if isinstance(obj, MR):
-            self.mrs.add(obj)
-        elif isinstance(obj, MW):
-            self.mws.add(obj)
-        elif isinstance(obj, AH):
-            self.ahs.add(obj)
-        elif isinstance(obj, QP):
-            self.qps.add(obj)
-        elif isinstance(obj, SRQ):
-            self.srqs.add(obj)
-        else:
-            raise PyverbsError('Unrecognized object type')
+        keep_ref(self, obj, self._REFS)
 
     def remove_ref(self, obj):
         for s in (self.mrs, self.mws, self.ahs, self.qps, self.srqs):
@@ -120,6 +109,8 @@ class ParentDomain(PD):
     such buffer, it never calls them); everything else behaves as on ``attr.pd``.
     """
 
+    _kind = 'ParentDomain'
+
     def __init__(self, context, attr):
         PyverbsCM.__init__(self)
         self._closed = True
@@ -140,12 +131,10 @@ class ParentDomain(PD):
         attr.pd.parent_domains.add(self)
         self.logger.debug('PD: Allocated ibv_parent_domain')
 
+    _REFS = (('CQEX', 'cqs'),) + PD._REFS
+
     def add_ref(self, obj):
-        from .cq import CQEX
-        if isinstance(obj, CQEX):
-            self.cqs.add(obj)
-        else:
-            super().add_ref(obj)
+        keep_ref(self, obj, self._REFS)
 
     def close(self):
         if self._closed:

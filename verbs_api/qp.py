@@ -266,7 +266,36 @@ def _engine_attr(a: QPAttr, mask: int) -> _EngineQPAttr:
         cap=_EngineQPCap(*a._cap))
 
 
+def _context_and_pd(creator, init_attr, xrcd):
+    """(context, PD) of a QP being created: from a PD (no context), or from a Context
+    with a QPInitAttrEx naming its PD (an XRC target: its XRC domain, no PD)."""
+    from .device import Context
+    from .pd import PD
+    ctx = None
+    qpt = init_attr.qp_type
+    if isinstance(creator, Context):
+        creator._check()
+        ctx, pd = creator, init_attr.pd
+        if qpt == e.IBV_QPT_XRC_RECV:       # a target belongs to its XRC domain, no PD
+            if xrcd is None or xrcd._closed:
+                raise rdma_error('Failed to create QP: an XRC target QP needs an XRCD')
+            pd = None
+        elif pd is None:
+            raise rdma_error('Failed to create QP: the QPInitAttrEx names no PD')
+    elif isinstance(creator, PD):
+        pd = creator
+    else:
+        raise PyverbsUserError(f'Cannot create QP from {type(creator)}')
+    if qpt in (e.IBV_QPT_XRC_SEND, e.IBV_QPT_XRC_RECV) and ctx is None:
+        raise rdma_error('Failed to create QP: XRC QPs are created with ibv_create_qp_ex')
+    if pd is not None:
+        pd._check()
+    return ctx, pd
+
+
 class QP(PyverbsCM):
+    _kind = 'QP'
+
     ind_table = None        # a receive WQ indirection table (RSS): softnic's QPs have none
 
     def __init__(self, creator, init_attr, qp_attr=None):
@@ -275,30 +304,11 @@ class QP(PyverbsCM):
         super().__init__()
         self._closed = True
         self.pd = self.context = self.scq = self.rcq = self.srq = self.xrcd = None
-        from .device import Context
-        from .pd import PD
         if creator is None or init_attr is None:
             raise TypeError('QP needs a creator and init_attr')
-        ctx = None
         qpt = init_attr.qp_type
         xrcd = init_attr.xrcd if init_attr.comp_mask & e.IBV_QP_INIT_ATTR_XRCD else None
-        if isinstance(creator, Context):
-            creator._check()
-            ctx, pd = creator, init_attr.pd
-            if qpt == e.IBV_QPT_XRC_RECV:       # a target belongs to its XRC domain, no PD
-                if xrcd is None or xrcd._closed:
-                    raise rdma_error('Failed to create QP: an XRC target QP needs an XRCD')
-                pd = None
-            elif pd is None:
-                raise rdma_error('Failed to create QP: the QPInitAttrEx names no PD')
-        elif isinstance(creator, PD):
-            pd = creator
-        else:
-            raise PyverbsUserError(f'Cannot create QP from {type(creator)}')
-        if qpt in (e.IBV_QPT_XRC_SEND, e.IBV_QPT_XRC_RECV) and ctx is None:
-            raise rdma_error('Failed to create QP: XRC QPs are created with ibv_create_qp_ex')
-        if pd is not None:
-            pd._check()
+        ctx, pd = _context_and_pd(creator, init_attr, xrcd)
         if init_attr.create_flags:
             raise rdma_error(f'Failed to create QP: create_flags {init_attr.create_flags:#x} '
                              'are not supported', errno.EOPNOTSUPP)

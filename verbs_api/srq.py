@@ -49,6 +49,8 @@ class SrqInitAttrEx(SrqInitAttr):
 
 
 class SRQ(PyverbsCM):
+    _kind = 'SRQ'
+
     def __init__(self, creator, attr):
         """An SRQ on a PD (with SrqInitAttr) or a Context (with SrqInitAttrEx naming
         its PD; basic SRQs only)."""

@@ -1,10 +1,22 @@
 /* softnic's per-packet kernel: the inner loops of the bulk data path, for the
    packets that make up nearly all of a large WRITE (MIDDLEs).
 
-   Each function does, for a run of packets, exactly what the Python path does
-   packet by packet (softnic.core.requester._bulk, Device._write_continue), and
-   stops, leaving the rest to Python, at the first packet that is not the plain
-   case.  Python does the per-run bookkeeping with the count returned.
+   No protocol rule lives here.  Each function is a faster way through a rule
+   the engine states once, for a run of packets, and stops, leaving the rest to
+   the engine, at the first packet the rule's common case does not cover:
+
+     sn_tx_middles   requester._send_packet / _build for a MIDDLE (BTH, AckReq
+                     every ack_every packets, payload, ICRC), called by
+                     requester._bulk;
+     sn_rx_middles   responder.execute for a WRITE MIDDLE at the ePSN (sequence,
+                     size, room, placement), under the conditions of the comment
+                     COMMON_CASE in responder.py: the QP's are checked by its
+                     caller, responder.receive_middles, each packet's here.
+
+   The caller accounts for the packets taken with the count returned, through
+   the same rule functions (responder.accept, the AckReq count).  The
+   differential tests (tests/test_kernel.py) compare both against the engine's
+   general path, byte for byte.
 
    CRC-32 (the IEEE polynomial, zlib's crc32 with its pre- and post-inversion):
    a function found at run time (ISA-L's crc32_gzip_refl, or zlib's crc32), or
@@ -90,14 +102,17 @@ static inline void put_le32(uint8_t *p, uint32_t v)
     p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
 }
 
-/* Receive: the datagrams laid end to end in buf[0:n] (each seg bytes, the last
+/* Receive (responder.execute for a run of MIDDLEs; responder.receive_middles
+   calls it): the datagrams laid end to end in buf[0:n] (each seg bytes, the last
    maybe shorter), from offset o on, are taken while each is the next MIDDLE of
-   the WRITE being received:
+   the WRITE being received, that is while each meets COMMON_CASE's per-packet
+   conditions:
      - seg bytes whole: a full MTU of payload (seg = BTH + MTU + ICRC), no pad;
      - BTH word 0 equal to w0 (the opcode, flags and P_Key the ICRC state
        ``start`` was computed for);
      - the destination QP dqpn, FECN and BECN clear;
-     - the expected PSN, AckReq clear (an AckReq is Python's: it sends an ACK);
+     - the expected PSN, AckReq clear (an AckReq is the engine's: accept queues
+       an ACK for it);
      - room in the target: off + MTU <= len;
      - a good ICRC (``start``: the state after the pseudo header and the BTH's
        first 8 bytes, icrc_start, which covers w0 and dqpn).
@@ -128,7 +143,8 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
     return (int)k;
 }
 
-/* Send: count MIDDLE packets built into buf from offset o on, one after
+/* Send (requester._send_packet and _build for a run of MIDDLEs; requester._bulk
+   calls it): count MIDDLE packets built into buf from offset o on, one after
    another (BTH, an MTU of payload from src, ICRC): BTH word 0 w0, destination
    QP dqpn, PSNs from psn on.  The AckReq bit follows the requester's count s
    of packets since the last one that asked: set when s reaches ack_every.

@@ -44,19 +44,7 @@ def run(seed: int = 1, faults: str = DEFAULT_FAULTS, mtu: int = 1024,
       f"recovery {'selective repeat' if selective_repeat else 'go-back-N'}")
     for i in range(4):
         b.post_recv(eb.qp, RecvWR(100 + i, [eb.sge((1 << 20) + i * 65536, 65536)]))
-    wrs = [
-        SendWR(1, W.RDMA_WRITE, [ea.sge(0, size)], SendFlags.SIGNALED,
-               remote_addr=eb.buf.addr, rkey=eb.mr.rkey),
-        SendWR(2, W.RDMA_READ, [ea.sge(2 << 20, size)], SendFlags.SIGNALED,
-               remote_addr=eb.buf.addr + (2 << 20), rkey=eb.mr.rkey),
-        SendWR(3, W.SEND_WITH_IMM, [ea.sge(0, 50000)], SendFlags.SIGNALED, imm_data=0xC0FFEE),
-        SendWR(4, W.RDMA_WRITE_WITH_IMM, [ea.sge(4096, 10000)], SendFlags.SIGNALED,
-               imm_data=7, remote_addr=eb.buf.addr + (3 << 20) + 4096, rkey=eb.mr.rkey),
-        SendWR(5, W.ATOMIC_FETCH_AND_ADD, [ea.sge(3 << 20, 8)], SendFlags.SIGNALED,
-               remote_addr=eb.buf.addr + (3 << 20), rkey=eb.mr.rkey, compare_add=234),
-        SendWR(6, W.ATOMIC_CMP_AND_SWP, [ea.sge((3 << 20) + 8, 8)], SendFlags.SIGNALED,
-               remote_addr=eb.buf.addr + (3 << 20), rkey=eb.mr.rkey, compare_add=1234, swap=42),
-    ]
+    wrs = _work_requests(ea, eb, size)
     for wr in wrs:
         a.post_send(ea.qp, wr)
     got_a, got_b = [], []
@@ -79,11 +67,39 @@ def run(seed: int = 1, faults: str = DEFAULT_FAULTS, mtu: int = 1024,
     for wc in got_b:
         p(f"    wr_id {wc.wr_id}  {wc.opcode.name:<20} byte_len {wc.byte_len:<6} "
           f"imm {wc.imm_data:#x}  {wc.status.name}")
+    checks = _checks(ea, eb, src, size, got_a, got_b)
+    p("\n  checks:")
+    for k, v in checks.items():
+        p(f"    [{'ok' if v else 'FAILED'}] {k}")
+    _counters(p, fabric, (a, b))
+    return all(checks.values())
+
+
+def _work_requests(ea, eb, size: int) -> list:
+    """One of each: a WRITE and a READ of ``size`` bytes, a SEND and a WRITE with
+    immediate, and both atomics on one 8-byte counter."""
+    return [
+        SendWR(1, W.RDMA_WRITE, [ea.sge(0, size)], SendFlags.SIGNALED,
+               remote_addr=eb.buf.addr, rkey=eb.mr.rkey),
+        SendWR(2, W.RDMA_READ, [ea.sge(2 << 20, size)], SendFlags.SIGNALED,
+               remote_addr=eb.buf.addr + (2 << 20), rkey=eb.mr.rkey),
+        SendWR(3, W.SEND_WITH_IMM, [ea.sge(0, 50000)], SendFlags.SIGNALED, imm_data=0xC0FFEE),
+        SendWR(4, W.RDMA_WRITE_WITH_IMM, [ea.sge(4096, 10000)], SendFlags.SIGNALED,
+               imm_data=7, remote_addr=eb.buf.addr + (3 << 20) + 4096, rkey=eb.mr.rkey),
+        SendWR(5, W.ATOMIC_FETCH_AND_ADD, [ea.sge(3 << 20, 8)], SendFlags.SIGNALED,
+               remote_addr=eb.buf.addr + (3 << 20), rkey=eb.mr.rkey, compare_add=234),
+        SendWR(6, W.ATOMIC_CMP_AND_SWP, [ea.sge((3 << 20) + 8, 8)], SendFlags.SIGNALED,
+               remote_addr=eb.buf.addr + (3 << 20), rkey=eb.mr.rkey, compare_add=1234, swap=42),
+    ]
+
+
+def _checks(ea, eb, src: bytes, size: int, got_a: list, got_b: list) -> dict[str, bool]:
+    """What the run must have done, each by the bytes in memory or the completions."""
     bv, av = eb.buf.view, ea.buf.view
     fetched = int.from_bytes(av[3 << 20:(3 << 20) + 8], sys.byteorder)
     swapped = int.from_bytes(av[(3 << 20) + 8:(3 << 20) + 16], sys.byteorder)
     final = int.from_bytes(bv[3 << 20:(3 << 20) + 8], sys.byteorder)
-    checks = {
+    return {
         "WRITE landed byte for byte": bytes(bv[:size]) == src,
         "READ returned the remote bytes": bytes(av[2 << 20:(2 << 20) + size])
         == bytes(bv[2 << 20:(2 << 20) + size]),
@@ -95,14 +111,14 @@ def run(seed: int = 1, faults: str = DEFAULT_FAULTS, mtu: int = 1024,
         "every completion succeeded": all(w.status == WCStatus.SUCCESS for w in got_a + got_b)
         and len(got_a) == 6 and len(got_b) == 2,
     }
-    p("\n  checks:")
-    for k, v in checks.items():
-        p(f"    [{'ok' if v else 'FAILED'}] {k}")
+
+
+def _counters(p, fabric, devices) -> None:
+    """The link's nonzero counters, then each device's, four to a line."""
     fc = fabric.counters
     p("\n  link: " + ", ".join(f"{k} {v}" for k, v in fc.items() if v))
-    for d in (a, b):
+    for d in devices:
         p(f"\n  {d.name} counters:")
         items = [(k, v) for k, v in d.counters.items() if v or k in ("sent_pkts", "rcvd_pkts")]
         for i in range(0, len(items), 4):
             p("    " + "  ".join(f"{k}={v}" for k, v in items[i:i + 4]))
-    return all(checks.values())

@@ -124,29 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _cluster(args, out: Path, progress: bool) -> int:
     from . import cluster as cl
     if args.study == "victim":
-        runs = {}
-        print("PFC head-of-line blocking: 3 leaves x 4 hosts, 1 spine, hosts "
-              f"{args.rate_gbps:g} Gbit/s, spine links {args.spine_rate_gbps or 400:g} Gbit/s, "
-              f"{args.duration * 1e3:g} ms\n")
-        print("| mode | victim Gbit/s (2nd half) | incast total Gbit/s | PAUSE frames | "
-              "victim's uplink paused | drops | resent |")
-        print("|---|---|---|---|---|---|---|")
-        for label, mode, cc in (("lossy", "lossy", "none"), ("lossless", "lossless", "none"),
-                                ("lossless+dcqcn", "lossless", "dcqcn")):
-            r = cl.victim(cl.VictimConfig(mode=mode, cc=cc, rate_gbps=args.rate_gbps,
-                                          spine_rate_gbps=args.spine_rate_gbps or 400.0,
-                                          duration=args.duration, buffer=args.buffer,
-                                          xoff=args.xoff, xon=args.xon,
-                                          seed=int(args.seeds.split(",")[0])))
-            runs[label] = r
-            s = r["summary"]
-            print(f"| {label} | {s['victim_gbps']:.2f} | {s['incast_total_gbps']:.2f} | "
-                  f"{s['pause_frames']} | {s['paused_s']['leaf0->spine0'] * 1e6:.0f} µs | "
-                  f"{s['switch_drops']} | {s['retransmitted_pkts']} |")
-        j = cl.write_json(runs, out / "cluster-victim.json")
-        p = cl.plot_victim(runs, out / "cluster-victim.png", window=args.window)
-        print(f"\nwrote {j} and {p}")
-        return 0
+        return _cluster_victim(cl, args, out)
     base = dict(hosts=args.hosts, hosts_per_leaf=args.hosts_per_leaf, spines=args.spines,
                 rate_gbps=args.rate_gbps, spine_rate_gbps=args.spine_rate_gbps,
                 size=args.size, qps=args.qps, grants=args.grants, routing=args.routing,
@@ -167,30 +145,67 @@ def _cluster(args, out: Path, progress: bool) -> int:
         print(f"softnic experiment cluster: {e}", file=sys.stderr)
         return 2
     if args.study == "single":
-        s = res["summary"]
-        c = res["config"]
-        print(f"{c['collective']} {c['algorithm']} {c['size'] / 2**20:g} MiB/rank, "
-              f"{c['hosts']} hosts "
-              f"({c['hosts_per_leaf']}/leaf, oversubscription {s['oversubscription']:g}:1), "
-              f"{c['qps']} QP/peer, {c['mode']}, cc={c['cc']}, {c['routing']}"
-              f"{', admission' if c['admission'] else ''}")
-        if s["finished"]:
-            print(f"  completion {s['completion_s'] * 1e3:.3f} ms ({s['slowdown']:.2f}x the "
-                  f"line-rate {s['ideal_s'] * 1e3:.3f} ms)")
-        else:
-            print("  did not finish")
-        print(f"  transfers p50 {s['fct_p50_s'] * 1e3:.3f} ms  p99 {s['fct_p99_s'] * 1e3:.3f} ms;"
-              f"  drops {s['switch_drops']}  resent {s['retransmitted_pkts']}  timeouts "
-              f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  time paused (all ports) "
-              f"{s['pause_time_all_s'] * 1e6:.0f} µs  busiest uplink / mean "
-              f"{s['uplink_max_over_mean']:.2f}")
-        print(f"  driver {s['driver']}" + (f", payload {s['payload']}" if s.get("payload")
-                                            else ""))
-        print(f"  {s['events']} events in {s['wall_s']:.1f} s wall")
-        j = cl.write_json(res, out / "cluster-single.json")
-        p = cl.plot_run(res, out / "cluster-single.png", window=args.window)
-        print(f"  wrote {j} and {p}")
-        return 0 if s["finished"] and not s["wc_errors"] else 1
+        return _cluster_single(cl, res, out, args.window)
+    return _cluster_study(cl, st, out, args.study)
+
+
+def _cluster_victim(cl, args, out: Path) -> int:
+    """The PFC head-of-line blocking study: a table of three modes, JSON and a plot."""
+    runs = {}
+    print("PFC head-of-line blocking: 3 leaves x 4 hosts, 1 spine, hosts "
+          f"{args.rate_gbps:g} Gbit/s, spine links {args.spine_rate_gbps or 400:g} Gbit/s, "
+          f"{args.duration * 1e3:g} ms\n")
+    print("| mode | victim Gbit/s (2nd half) | incast total Gbit/s | PAUSE frames | "
+          "victim's uplink paused | drops | resent |")
+    print("|---|---|---|---|---|---|---|")
+    for label, mode, cc in (("lossy", "lossy", "none"), ("lossless", "lossless", "none"),
+                            ("lossless+dcqcn", "lossless", "dcqcn")):
+        r = cl.victim(cl.VictimConfig(mode=mode, cc=cc, rate_gbps=args.rate_gbps,
+                                      spine_rate_gbps=args.spine_rate_gbps or 400.0,
+                                      duration=args.duration, buffer=args.buffer,
+                                      xoff=args.xoff, xon=args.xon,
+                                      seed=int(args.seeds.split(",")[0])))
+        runs[label] = r
+        s = r["summary"]
+        print(f"| {label} | {s['victim_gbps']:.2f} | {s['incast_total_gbps']:.2f} | "
+              f"{s['pause_frames']} | {s['paused_s']['leaf0->spine0'] * 1e6:.0f} µs | "
+              f"{s['switch_drops']} | {s['retransmitted_pkts']} |")
+    j = cl.write_json(runs, out / "cluster-victim.json")
+    p = cl.plot_victim(runs, out / "cluster-victim.png", window=args.window)
+    print(f"\nwrote {j} and {p}")
+    return 0
+
+
+def _cluster_single(cl, res: dict, out: Path, window) -> int:
+    """One run's figures, JSON and plot; 1 if it did not finish cleanly."""
+    s = res["summary"]
+    c = res["config"]
+    print(f"{c['collective']} {c['algorithm']} {c['size'] / 2**20:g} MiB/rank, "
+          f"{c['hosts']} hosts "
+          f"({c['hosts_per_leaf']}/leaf, oversubscription {s['oversubscription']:g}:1), "
+          f"{c['qps']} QP/peer, {c['mode']}, cc={c['cc']}, {c['routing']}"
+          f"{', admission' if c['admission'] else ''}")
+    if s["finished"]:
+        print(f"  completion {s['completion_s'] * 1e3:.3f} ms ({s['slowdown']:.2f}x the "
+              f"line-rate {s['ideal_s'] * 1e3:.3f} ms)")
+    else:
+        print("  did not finish")
+    print(f"  transfers p50 {s['fct_p50_s'] * 1e3:.3f} ms  p99 {s['fct_p99_s'] * 1e3:.3f} ms;"
+          f"  drops {s['switch_drops']}  resent {s['retransmitted_pkts']}  timeouts "
+          f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  time paused (all ports) "
+          f"{s['pause_time_all_s'] * 1e6:.0f} µs  busiest uplink / mean "
+          f"{s['uplink_max_over_mean']:.2f}")
+    print(f"  driver {s['driver']}" + (f", payload {s['payload']}" if s.get("payload")
+                                        else ""))
+    print(f"  {s['events']} events in {s['wall_s']:.1f} s wall")
+    j = cl.write_json(res, out / "cluster-single.json")
+    p = cl.plot_run(res, out / "cluster-single.png", window=window)
+    print(f"  wrote {j} and {p}")
+    return 0 if s["finished"] and not s["wc_errors"] else 1
+
+
+def _cluster_study(cl, st: dict, out: Path, study: str) -> int:
+    """A study's table of variants and seeds, JSON and plot; 1 if a run did not finish."""
     print(st["title"])
     b = st["runs"][next(iter(st["runs"]))]["config"]
     print(f"{b['hosts']} hosts, {b['hosts_per_leaf']}/leaf, {b['spines'] or b['hosts_per_leaf']} "
@@ -209,8 +224,8 @@ def _cluster(args, out: Path, progress: bool) -> int:
               f"{r['slowdown']:.2f} | {r['fct_p50_s'] * 1e3:.3f} | {r['fct_p99_s'] * 1e3:.3f} | "
               f"{r['switch_drops']} | {r['retransmitted_pkts']} | {r['pause_frames']} | "
               f"{r['pause_time_all_s'] * 1e6:.0f} | {r['uplink_mean_max_over_mean']:.2f} |")
-    j = cl.write_json(st, out / f"cluster-{args.study}.json")
-    p = cl.plot_study(st, out / f"cluster-{args.study}.png")
+    j = cl.write_json(st, out / f"cluster-{study}.json")
+    p = cl.plot_study(st, out / f"cluster-{study}.png")
     print(f"\nwrote {j} and {p}")
     return 0 if ok else 1
 

@@ -109,170 +109,190 @@ def _flow_dict(f: FlowSeries) -> dict:
 
 def incast(cfg: IncastConfig, *, progress: bool = False) -> dict:
     """Run one incast experiment; return a JSON-able dict of series and figures."""
-    rate = cfg.rate_gbps * 1e9
-    pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
-    base_rtt = 4 * cfg.delay + 2 * pkt * 8 / rate + 2 * ACK_BYTES * 8 / rate
-    # check_icrc=False: no link of this fabric corrupts, so every ICRC checks;
-    # senders still compute theirs.
-    dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
-                        ack_every=cfg.ack_every, selective_repeat=cfg.selective_repeat,
-                        min_timer=max(200e-6, 20 * base_rtt), check_icrc=False)
-    int_telemetry = cfg.int_telemetry
-    if int_telemetry is None:
-        int_telemetry = cc_reads_int(cfg.cc)
-    fabric = Fabric(cfg.seed)
-    n = cfg.senders + (1 if cfg.late_join is not None else 0)
-    red = RED(cfg.kmin, cfg.kmax, cfg.pmax)
-    if cfg.pfc:
-        from ..transport.clos import PFC, LeafSpineConfig
-        net = fabric.add_leaf_spine(LeafSpineConfig(
-            leaves=1, hosts_per_leaf=n + 1, spines=1, host_rate_bps=rate, delay=cfg.delay,
-            buffer_bytes=cfg.buffer, red=red, int_telemetry=int_telemetry,
-            pfc=PFC(cfg.xoff, cfg.xon), sample_interval=cfg.bin / 20))
-
-        def join(address):
-            net.connect(address, 0)
-    else:
-        sw = fabric.add_switch("sw", buffer_bytes=cfg.buffer, red=red,
-                               int_telemetry=int_telemetry)
-
-        def join(address):
-            fabric.connect(address, sw, rate_bps=rate, delay=cfg.delay)
-    recv = Device("recv", "10.0.0.1", config=dcfg)
-    fabric.attach(recv)
-    join(recv.address)
-    flows = []
-    for i in range(n):
-        dev = Device(f"s{i}", f"10.0.1.{i + 1}", config=dcfg)
-        fabric.attach(dev)
-        join(dev.address)
-        ea, eb = connect(dev, recv, mtu=cfg.mtu, timeout=8, endpoint_args=dict(
-            buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
-        start = cfg.late_join if (cfg.late_join is not None and i == n - 1) else 0.0
-        flows.append((dev, ea, eb, FlowSeries(f"s{i}", start), [0, ea.qp.acked_psn]))
-    if cfg.pfc:
-        port = net.leaves[0].down[recv.address]
-        nics = [net.nic[fl[0].address] for fl in flows]
-    else:
-        port = sw.port(recv.address)
-        nics = []
-    pause_t: list = []
-
-    def post(dev, ea, eb, k):
-        for _ in range(k):
-            dev.post_send(ea.qp, SendWR(0, W.RDMA_WRITE, [ea.sge(0, cfg.msg)], SendFlags.SIGNALED,
-                                        remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
-
-    nbins = int(round(cfg.duration / cfg.bin))
-    times = []
-    prev_tx = {}
+    run = _IncastRun(cfg)
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=nbins, unit="bin", desc=f"incast {cfg.cc} x{n}", leave=False)
+        bar = tqdm(total=run.nbins, unit="bin", desc=f"incast {cfg.cc} x{run.n}", leave=False)
     wall0 = time.perf_counter()
-    errors = 0
-    touched: dict = {}          # devices posted to since the fabric last ran (in order)
-    for b in range(nbins):
-        t = b * cfg.bin
-        for dev, ea, eb, fs, posted in flows:
-            if posted[0] == 0 and t >= fs.start:
-                post(dev, ea, eb, cfg.outstanding)
-                posted[0] = cfg.outstanding
-                touched[dev.address] = None
-        # only a device the driver posted to has output the fabric has not drained
-        fabric.flush(touched)
-        touched.clear()
-        fabric.run(until=t + cfg.bin, flush=False)
-        times.append(round(t + cfg.bin, 9))
-        for dev, ea, eb, fs, posted in flows:
-            wcs = dev.poll_cq(ea.send_cq, 64)
-            for wc in wcs:
-                if wc.status != WCStatus.SUCCESS:
-                    errors += 1
-                else:
-                    fs.completed_bytes += cfg.msg
-            ok = sum(1 for wc in wcs if wc.status == WCStatus.SUCCESS)
-            if ok and t + cfg.bin < cfg.duration:
-                post(dev, ea, eb, ok)
-                touched[dev.address] = None
-            qp = ea.qp
-            acked = psn_diff(qp.acked_psn, posted[1]) if posted[0] else 0
-            posted[1] = qp.acked_psn
-            fs.goodput_gbps.append(acked * cfg.mtu * 8 / cfg.bin / 1e9)
-            fs.inflight_kb.append(psn_diff(qp.max_sent_psn, qp.acked_psn) * cfg.mtu / 1e3
-                                  if posted[0] else 0.0)
-            tx = port.tx_by_src.get(dev.address, 0)
-            fs.tput_gbps.append((tx - prev_tx.get(dev.address, 0)) * 8 / cfg.bin / 1e9)
-            prev_tx[dev.address] = tx
-            cc = ea.qp.cc
-            if cc is not None and posted[0]:
-                fs.rate_gbps.append(None if cc.rate is None else cc.rate / 1e9)
-                fs.window_kb.append(None if cc.window is None else cc.window / 1e3)
-            else:
-                fs.rate_gbps.append(None)
-                fs.window_kb.append(None)
-        if nics:
-            pause_t.append(sum(p.paused_for(t + cfg.bin) for p in nics))
+    for b in range(run.nbins):
+        run.step(b * cfg.bin)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    wall = time.perf_counter() - wall0
+    return run.result(time.perf_counter() - wall0)
 
-    # -- figures ------------------------------------------------------------
-    series = [fl[3] for fl in flows]
-    steady_from = cfg.duration * 0.5
-    if cfg.late_join is not None:
-        steady_from = max(steady_from, cfg.late_join + (cfg.duration - cfg.late_join) * 0.5)
-    steady = [i for i, t in enumerate(times) if t > steady_from]
-    means = [sum(f.goodput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
-    q_all = [q for _, q in port.samples]
-    q_steady = [q for t, q in port.samples if t > steady_from]
-    pc = port.stats(fabric.now) if cfg.pfc else port.counters
-    retrans = sum(d.counters["retransmitted_pkts"] for d, *_ in flows)
-    timeouts = sum(d.counters["timeouts"] for d, *_ in flows)
-    goodput = sum(sum(f.goodput_gbps) for f in series) * cfg.bin / cfg.duration
-    late = None
-    if cfg.late_join is not None:
-        late = convergence_time(times, series[-1].goodput_gbps, cfg.late_join,
-                                cfg.rate_gbps / n)
-    return {
-        "config": asdict(cfg),
-        "times": times,
-        "flows": [_flow_dict(f) for f in series],
-        "senders_paused_s": pause_t,
-        "queue": {"t": [t for t, _ in port.samples[::max(1, len(port.samples) // 4000)]],
-                  "bytes": [q for _, q in port.samples[::max(1, len(port.samples) // 4000)]]},
-        "summary": {
-            "cc": cfg.cc, "senders": n,
-            "jain_steady": jain(means),
-            "steady_from_s": steady_from,
-            "steady_goodput_gbps": means,
-            "steady_total_goodput_gbps": sum(means),
-            "queue_p50_kb": percentile(q_all, 50) / 1e3,
-            "queue_p99_kb": percentile(q_all, 99) / 1e3,
-            "queue_steady_p50_kb": percentile(q_steady, 50) / 1e3,
-            "queue_steady_p99_kb": percentile(q_steady, 99) / 1e3,
-            "queue_max_kb": pc["max_qlen"] / 1e3,
-            "switch_drops": pc["dropped"],
-            "ecn_marked": pc["marked"],
-            "cnps_sent": recv.counters["np_cnp_sent"],
-            "retransmitted_pkts": retrans,
-            "timeouts": timeouts,
-            "goodput_gbps": goodput,
-            "goodput_fraction": goodput / cfg.rate_gbps,
-            "wc_errors": errors,
-            "late_flow_converged_after_s": late,
-            "pause_frames": net.pause_frames_sent() if cfg.pfc else 0,
-            "senders_paused_s": pause_t[-1] if pause_t else 0.0,
-            "senders_paused_steady_s": (pause_t[-1] - pause_t[steady[0] - 1]
-                                        if pause_t and steady and steady[0] else 0.0),
-            "wall_s": wall,
-            "events": fabric.events_processed,
-            "all_events": fabric.events_processed + fabric.hops_processed,
-        },
-    }
+
+class _IncastRun:
+    """One incast experiment: the fabric (a switch, or a PFC leaf), the receiver and
+    its senders, stepped one sampling bin at a time."""
+
+    def __init__(self, cfg: IncastConfig):
+        self.cfg = cfg
+        rate = cfg.rate_gbps * 1e9
+        pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
+        base_rtt = 4 * cfg.delay + 2 * pkt * 8 / rate + 2 * ACK_BYTES * 8 / rate
+        # check_icrc=False: no link of this fabric corrupts, so every ICRC checks;
+        # senders still compute theirs.
+        dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
+                            ack_every=cfg.ack_every, selective_repeat=cfg.selective_repeat,
+                            min_timer=max(200e-6, 20 * base_rtt), check_icrc=False)
+        self.fabric = Fabric(cfg.seed)
+        self.n = n = cfg.senders + (1 if cfg.late_join is not None else 0)
+        join = self._build_network(rate)
+        self.recv = recv = Device("recv", "10.0.0.1", config=dcfg)
+        self.fabric.attach(recv)
+        join(recv.address)
+        self.flows = []
+        for i in range(n):
+            dev = Device(f"s{i}", f"10.0.1.{i + 1}", config=dcfg)
+            self.fabric.attach(dev)
+            join(dev.address)
+            ea, eb = connect(dev, recv, mtu=cfg.mtu, timeout=8, endpoint_args=dict(
+                buf_size=cfg.msg, max_send_wr=cfg.outstanding + 1, cq_depth=256))
+            start = cfg.late_join if (cfg.late_join is not None and i == n - 1) else 0.0
+            self.flows.append((dev, ea, eb, FlowSeries(f"s{i}", start), [0, ea.qp.acked_psn]))
+        if cfg.pfc:
+            self.port = self.net.leaves[0].down[recv.address]
+            self.nics = [self.net.nic[fl[0].address] for fl in self.flows]
+        else:
+            self.port = self.sw.port(recv.address)
+            self.nics = []
+        self.nbins = int(round(cfg.duration / cfg.bin))
+        self.times: list = []
+        self.pause_t: list = []
+        self.prev_tx: dict = {}
+        self.errors = 0
+        self.touched: dict = {}     # devices posted to since the fabric last ran (in order)
+
+    def _build_network(self, rate: float):
+        """The bottleneck: one switch, or (``pfc``) a lossless leaf; returns how a host
+        joins it."""
+        cfg, fabric = self.cfg, self.fabric
+        int_telemetry = cfg.int_telemetry
+        if int_telemetry is None:
+            int_telemetry = cc_reads_int(cfg.cc)
+        red = RED(cfg.kmin, cfg.kmax, cfg.pmax)
+        if cfg.pfc:
+            from ..transport.clos import PFC, LeafSpineConfig
+            self.net = net = fabric.add_leaf_spine(LeafSpineConfig(
+                leaves=1, hosts_per_leaf=self.n + 1, spines=1, host_rate_bps=rate,
+                delay=cfg.delay, buffer_bytes=cfg.buffer, red=red, int_telemetry=int_telemetry,
+                pfc=PFC(cfg.xoff, cfg.xon), sample_interval=cfg.bin / 20))
+            return lambda address: net.connect(address, 0)
+        self.sw = sw = fabric.add_switch("sw", buffer_bytes=cfg.buffer, red=red,
+                                         int_telemetry=int_telemetry)
+        return lambda address: fabric.connect(address, sw, rate_bps=rate, delay=cfg.delay)
+
+    def _post(self, dev, ea, eb, k):
+        cfg = self.cfg
+        self.touched[dev.address] = None
+        for _ in range(k):
+            dev.post_send(ea.qp, SendWR(0, W.RDMA_WRITE, [ea.sge(0, cfg.msg)], SendFlags.SIGNALED,
+                                        remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+
+    def step(self, t: float) -> None:
+        """Start the flows due at ``t``, run one bin, and sample every flow."""
+        cfg = self.cfg
+        for dev, ea, eb, fs, posted in self.flows:
+            if posted[0] == 0 and t >= fs.start:
+                self._post(dev, ea, eb, cfg.outstanding)
+                posted[0] = cfg.outstanding
+        # only a device the driver posted to has output the fabric has not drained
+        self.fabric.flush(self.touched)
+        self.touched.clear()
+        self.fabric.run(until=t + cfg.bin, flush=False)
+        self.times.append(round(t + cfg.bin, 9))
+        for flow in self.flows:
+            self._sample(t, *flow)
+        if self.nics:
+            self.pause_t.append(sum(p.paused_for(t + cfg.bin) for p in self.nics))
+
+    def _sample(self, t, dev, ea, eb, fs, posted) -> None:
+        """One flow's bin: repost what completed, and record its series."""
+        cfg = self.cfg
+        wcs = dev.poll_cq(ea.send_cq, 64)
+        for wc in wcs:
+            if wc.status != WCStatus.SUCCESS:
+                self.errors += 1
+            else:
+                fs.completed_bytes += cfg.msg
+        ok = sum(1 for wc in wcs if wc.status == WCStatus.SUCCESS)
+        if ok and t + cfg.bin < cfg.duration:
+            self._post(dev, ea, eb, ok)
+        qp = ea.qp
+        acked = psn_diff(qp.acked_psn, posted[1]) if posted[0] else 0
+        posted[1] = qp.acked_psn
+        fs.goodput_gbps.append(acked * cfg.mtu * 8 / cfg.bin / 1e9)
+        fs.inflight_kb.append(psn_diff(qp.max_sent_psn, qp.acked_psn) * cfg.mtu / 1e3
+                              if posted[0] else 0.0)
+        tx = self.port.tx_by_src.get(dev.address, 0)
+        fs.tput_gbps.append((tx - self.prev_tx.get(dev.address, 0)) * 8 / cfg.bin / 1e9)
+        self.prev_tx[dev.address] = tx
+        cc = ea.qp.cc
+        if cc is not None and posted[0]:
+            fs.rate_gbps.append(None if cc.rate is None else cc.rate / 1e9)
+            fs.window_kb.append(None if cc.window is None else cc.window / 1e3)
+        else:
+            fs.rate_gbps.append(None)
+            fs.window_kb.append(None)
+
+    def result(self, wall: float) -> dict:
+        """The series and the figures (steady state: the second half of the run, or of
+        what follows a late join)."""
+        cfg, n, port, times, pause_t = self.cfg, self.n, self.port, self.times, self.pause_t
+        series = [fl[3] for fl in self.flows]
+        steady_from = cfg.duration * 0.5
+        if cfg.late_join is not None:
+            steady_from = max(steady_from, cfg.late_join + (cfg.duration - cfg.late_join) * 0.5)
+        steady = [i for i, t in enumerate(times) if t > steady_from]
+        means = [sum(f.goodput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
+        q_all = [q for _, q in port.samples]
+        q_steady = [q for t, q in port.samples if t > steady_from]
+        pc = port.stats(self.fabric.now) if cfg.pfc else port.counters
+        goodput = sum(sum(f.goodput_gbps) for f in series) * cfg.bin / cfg.duration
+        late = None
+        if cfg.late_join is not None:
+            late = convergence_time(times, series[-1].goodput_gbps, cfg.late_join,
+                                    cfg.rate_gbps / n)
+        every = max(1, len(port.samples) // 4000)
+        return {
+            "config": asdict(cfg),
+            "times": times,
+            "flows": [_flow_dict(f) for f in series],
+            "senders_paused_s": pause_t,
+            "queue": {"t": [t for t, _ in port.samples[::every]],
+                      "bytes": [q for _, q in port.samples[::every]]},
+            "summary": {
+                "cc": cfg.cc, "senders": n,
+                "jain_steady": jain(means),
+                "steady_from_s": steady_from,
+                "steady_goodput_gbps": means,
+                "steady_total_goodput_gbps": sum(means),
+                "queue_p50_kb": percentile(q_all, 50) / 1e3,
+                "queue_p99_kb": percentile(q_all, 99) / 1e3,
+                "queue_steady_p50_kb": percentile(q_steady, 50) / 1e3,
+                "queue_steady_p99_kb": percentile(q_steady, 99) / 1e3,
+                "queue_max_kb": pc["max_qlen"] / 1e3,
+                "switch_drops": pc["dropped"],
+                "ecn_marked": pc["marked"],
+                "cnps_sent": self.recv.counters["np_cnp_sent"],
+                "retransmitted_pkts": sum(d.counters["retransmitted_pkts"] for d, *_ in self.flows),
+                "timeouts": sum(d.counters["timeouts"] for d, *_ in self.flows),
+                "goodput_gbps": goodput,
+                "goodput_fraction": goodput / cfg.rate_gbps,
+                "wc_errors": self.errors,
+                "late_flow_converged_after_s": late,
+                "pause_frames": self.net.pause_frames_sent() if cfg.pfc else 0,
+                "senders_paused_s": pause_t[-1] if pause_t else 0.0,
+                "senders_paused_steady_s": (pause_t[-1] - pause_t[steady[0] - 1]
+                                            if pause_t and steady and steady[0] else 0.0),
+                "wall_s": wall,
+                "events": self.fabric.events_processed,
+                "all_events": self.fabric.events_processed + self.fabric.hops_processed,
+            },
+        }
 
 
 def convergence_time(times, tput, join: float, fair: float, *, band: float = 0.25,

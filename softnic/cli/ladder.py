@@ -279,87 +279,36 @@ def from_fabric_trace(trace: Iterable) -> list[Event]:
     """
     recs = list(trace)
     history = _History()
-    built: list[dict] = []
-    copies: list[bytes | None] = []
-    by_id: dict[int, deque[int]] = {}           # id(copy) -> events waiting for it
-    by_dir: dict[tuple, list[int]] = {}         # (src, dst) -> events waiting, in send order
-
-    def add(kw: dict, copy: bytes | None) -> None:
-        built.append(kw)
-        copies.append(copy)
-        if copy is not None:
-            idx = len(built) - 1
-            by_id.setdefault(id(copy), deque()).append(idx)
-            by_dir.setdefault((kw["src"], kw["dst"]), []).append(idx)
-
-    def take(src: Address, dst: Address, data: bytes) -> int | None:
-        waiting = by_id.get(id(data))
-        idx = waiting[0] if waiting else None
-        open_ = by_dir.get((src, dst), [])
-        if idx is None:
-            idx = next((i for i in open_ if copies[i] == data), None)
-            if idx is None:
-                return None
-        by_id[id(copies[idx])].remove(idx)
-        open_.remove(idx)
-        return idx
-
+    m = _Sends()
     i, n = 0, len(recs)
     while i < n:
         time, kind, src, dst, data = recs[i][:5]
         src, dst = tuple(src), tuple(dst)
         i += 1
         if kind == "send":
-            # The records the fabric writes right after a send belong to it.
-            dropped, corrupted, dup = False, [], None
-            while i < n:
-                t2, k2, s2, d2, data2 = recs[i][:5]
-                if t2 != time or tuple(s2) != src or tuple(d2) != dst:
-                    break
-                if k2 == "drop" and (data2 is data or data2 == data):
-                    dropped = True
-                elif k2 == "corrupt":
-                    corrupted.append(data2)
-                elif k2 == "dup":
-                    dup = data2
-                else:
-                    break
-                i += 1
+            i, dropped, corrupted, dup = _send_fate(recs, i, time, src, dst, data)
             f = _fields(data)
             base = {k: v for k, v in f.items() if not k.startswith("_")}
             base.update(time=time, src=src, dst=dst, retransmit=history.observe(src, dst, f))
-            if dropped:
-                add(dict(base, dropped=True), None)
-                continue
-            # Copy 0 is ``data`` unless corrupted; a corrupt record whose bytes are
-            # the dup record's is the second copy's.
-            first, first_corrupt, dup_corrupt = data, False, False
-            for c in corrupted:
-                if dup is not None and c is dup:
-                    dup_corrupt = True
-                else:
-                    first, first_corrupt = c, True
-            add(dict(base, corrupt=first_corrupt), first)
-            if dup is not None:
-                add(dict(base, duplicate=True, corrupt=dup_corrupt), dup)
+            m.add_send(base, data, dropped, corrupted, dup)
         elif kind == "deliver":
-            idx = take(src, dst, data)
+            idx = m.take(src, dst, data)
             if idx is not None:
-                built[idx]["arrive"] = time
+                m.built[idx]["arrive"] = time
             else:   # sent before the trace began
                 f = _fields(data)
                 kw = {k: v for k, v in f.items() if not k.startswith("_")}
                 kw.update(time=time, src=src, dst=dst, arrive=time,
                           retransmit=history.observe(src, dst, f))
-                built.append(kw)
-                copies.append(data)
+                m.built.append(kw)
+                m.copies.append(data)
         elif kind == "drop":   # lost on arrival (the destination was detached)
-            idx = take(src, dst, data)
+            idx = m.take(src, dst, data)
             if idx is not None:
-                built[idx]["dropped"] = True
+                m.built[idx]["dropped"] = True
         # "corrupt"/"dup" without their "send" (tracing switched on mid-run): nothing to add
     events = []
-    for kw, copy in zip(built, copies):
+    for kw, copy in zip(m.built, m.copies):
         if copy is not None:
             ok = _icrc(copy, kw["src"], kw["dst"])
             kw["icrc_ok"] = ok
@@ -367,6 +316,74 @@ def from_fabric_trace(trace: Iterable) -> list[Event]:
                 kw["corrupt"] = True
         events.append(Event(**kw))
     return events
+
+
+def _send_fate(recs: list, i: int, time, src, dst, data):
+    """The records the fabric writes right after a send belong to it: (the index past
+    them, dropped, the corrupted copies' bytes, the duplicate's bytes or None)."""
+    dropped, corrupted, dup = False, [], None
+    while i < len(recs):
+        t2, k2, s2, d2, data2 = recs[i][:5]
+        if t2 != time or tuple(s2) != src or tuple(d2) != dst:
+            break
+        if k2 == "drop" and (data2 is data or data2 == data):
+            dropped = True
+        elif k2 == "corrupt":
+            corrupted.append(data2)
+        elif k2 == "dup":
+            dup = data2
+        else:
+            break
+        i += 1
+    return i, dropped, corrupted, dup
+
+
+class _Sends:
+    """The events built so far, each with the bytes (copy) it waits to see delivered."""
+
+    def __init__(self):
+        self.built: list[dict] = []
+        self.copies: list[bytes | None] = []
+        self.by_id: dict[int, deque[int]] = {}     # id(copy) -> events waiting for it
+        self.by_dir: dict[tuple, list[int]] = {}   # (src, dst) -> events waiting, in send order
+
+    def add(self, kw: dict, copy: bytes | None) -> None:
+        self.built.append(kw)
+        self.copies.append(copy)
+        if copy is not None:
+            idx = len(self.built) - 1
+            self.by_id.setdefault(id(copy), deque()).append(idx)
+            self.by_dir.setdefault((kw["src"], kw["dst"]), []).append(idx)
+
+    def add_send(self, base: dict, data: bytes, dropped: bool, corrupted: list, dup) -> None:
+        """A send's events: one if dropped, else its copy and the duplicate's."""
+        if dropped:
+            self.add(dict(base, dropped=True), None)
+            return
+        # Copy 0 is ``data`` unless corrupted; a corrupt record whose bytes are
+        # the dup record's is the second copy's.
+        first, first_corrupt, dup_corrupt = data, False, False
+        for c in corrupted:
+            if dup is not None and c is dup:
+                dup_corrupt = True
+            else:
+                first, first_corrupt = c, True
+        self.add(dict(base, corrupt=first_corrupt), first)
+        if dup is not None:
+            self.add(dict(base, duplicate=True, corrupt=dup_corrupt), dup)
+
+    def take(self, src: Address, dst: Address, data: bytes) -> int | None:
+        """The event waiting for these delivered bytes (no longer waiting), or None."""
+        waiting = self.by_id.get(id(data))
+        idx = waiting[0] if waiting else None
+        open_ = self.by_dir.get((src, dst), [])
+        if idx is None:
+            idx = next((i for i in open_ if self.copies[i] == data), None)
+            if idx is None:
+                return None
+        self.by_id[id(self.copies[idx])].remove(idx)
+        open_.remove(idx)
+        return idx
 
 
 # -- pcaps -------------------------------------------------------------------
@@ -697,42 +714,7 @@ def render_svg(events: Sequence[Event], path: str | PathLike[str] | None = None,
             y1 = top + ys[e.arrive] + (0 if e.arrive != e.time else k * _ROW)
         else:
             y1 = y0
-        cls = ["arrow"]
-        if e.dropped:
-            cls.append("drop")
-        if e.retransmit:
-            cls.append("retx")
-        if e.is_nak:
-            cls.append("nak")
-        if e.duplicate:
-            cls.append("dup")
-        if e.corrupt:
-            cls.append("corrupt")
-        resp = e.opcode is not None and OPCODES[e.opcode].is_response
-        cls.append("resp" if resp else "req")
-        color = _svg_color(cls)
-        cls.append("c-" + color)
-        marker = "" if e.dropped else f' marker-end="url(#head-{color})"'
-        tip = f"{e.name} psn {e.psn} qp {e.dest_qp:#x} len {e.length}" if e.psn is not None \
-            else e.name
-        body.append(f'<g class="pkt" data-index="{i}"><title>{escape(tip)}</title>'
-                    f'<line class="{" ".join(cls)}" x1="{x0:.1f}" y1="{y0:.1f}" '
-                    f'x2="{x1:.1f}" y2="{y1:.1f}"{marker}/>')
-        if e.dropped:
-            d = 6
-            body.append(f'<path class="x" d="M{x1 - d:.1f},{y1 - d:.1f} L{x1 + d:.1f},{y1 + d:.1f} '
-                        f'M{x1 - d:.1f},{y1 + d:.1f} L{x1 + d:.1f},{y1 - d:.1f}"/>')
-        # Label just above the arrow, near its sender.
-        rightward = x1 >= x0
-        lx = x0 + (14 if rightward else -14)
-        anchor = "start" if rightward else "end"
-        text = e.name if e.psn is None else f"{e.name}  {e.psn}"
-        if e.marks:
-            text += "  " + " ".join(e.marks)
-        frac = 14 / max(abs(x1 - x0), 1)
-        ly = y0 + (y1 - y0) * frac - 4
-        body.append(f'<text class="lbl" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">'
-                    f'{escape(text)}</text>')
+        body += _svg_packet(i, e, x0, y0, x1, y1)
         if y0 - last_label_y >= 12:
             body.append(f'<text class="t" x="{xs[0] - 12:.1f}" y="{y0 + 4:.1f}" '
                         f'text-anchor="end">{(e.time - t0) * scale:.3f} {_svg_unit(unit)}</text>')
@@ -743,6 +725,60 @@ def render_svg(events: Sequence[Event], path: str | PathLike[str] | None = None,
         body.append(f'<text class="gap" x="{xs[0] + 8:.1f}" y="{top + y - _MAX_GAP / 2:.1f}">'
                     f'\u22ee {seconds * scale:.3f} {_svg_unit(unit)} later</text>')
     bottom += 2 * _ROW
+    head = _svg_head(xs, top, bottom, title,
+                     [_label(a, labels, default_port) for a in ends])
+    svg = "\n".join(head + body + ["</svg>"]) + "\n"
+    if path is not None:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(svg)
+    return svg
+
+
+def _svg_packet(i: int, e: Event, x0: float, y0: float, x1: float, y1: float) -> list[str]:
+    """A packet's group, open: its arrow (an X at the end if dropped) and its label
+    just above the arrow, near its sender."""
+    cls = ["arrow"]
+    if e.dropped:
+        cls.append("drop")
+    if e.retransmit:
+        cls.append("retx")
+    if e.is_nak:
+        cls.append("nak")
+    if e.duplicate:
+        cls.append("dup")
+    if e.corrupt:
+        cls.append("corrupt")
+    resp = e.opcode is not None and OPCODES[e.opcode].is_response
+    cls.append("resp" if resp else "req")
+    color = _svg_color(cls)
+    cls.append("c-" + color)
+    marker = "" if e.dropped else f' marker-end="url(#head-{color})"'
+    tip = f"{e.name} psn {e.psn} qp {e.dest_qp:#x} len {e.length}" if e.psn is not None \
+        else e.name
+    out = [f'<g class="pkt" data-index="{i}"><title>{escape(tip)}</title>'
+           f'<line class="{" ".join(cls)}" x1="{x0:.1f}" y1="{y0:.1f}" '
+           f'x2="{x1:.1f}" y2="{y1:.1f}"{marker}/>']
+    if e.dropped:
+        d = 6
+        out.append(f'<path class="x" d="M{x1 - d:.1f},{y1 - d:.1f} L{x1 + d:.1f},{y1 + d:.1f} '
+                   f'M{x1 - d:.1f},{y1 + d:.1f} L{x1 + d:.1f},{y1 - d:.1f}"/>')
+    rightward = x1 >= x0
+    lx = x0 + (14 if rightward else -14)
+    anchor = "start" if rightward else "end"
+    text = e.name if e.psn is None else f"{e.name}  {e.psn}"
+    if e.marks:
+        text += "  " + " ".join(e.marks)
+    frac = 14 / max(abs(x1 - x0), 1)
+    ly = y0 + (y1 - y0) * frac - 4
+    out.append(f'<text class="lbl" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">'
+               f'{escape(text)}</text>')
+    return out
+
+
+def _svg_head(xs: list[float], top: float, bottom: float, title: str | None,
+              names: list[str]) -> list[str]:
+    """The document's start: size, arrowheads and styles, the title, and each
+    endpoint's name and lifeline."""
     width = xs[-1] + 140 if xs else 400
     head = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{bottom:.0f}" '
@@ -764,16 +800,12 @@ def render_svg(events: Sequence[Event], path: str | PathLike[str] | None = None,
     ]
     if title:
         head.append(f'<text x="10" y="18" font-size="13">{escape(title)}</text>')
-    for k, a in enumerate(ends):
+    for k, name in enumerate(names):
         head.append(f'<text class="ep" x="{xs[k]:.1f}" y="{top - 20:.1f}" text-anchor="middle">'
-                    f'{escape(_label(a, labels, default_port))}</text>')
+                    f'{escape(name)}</text>')
         head.append(f'<line class="life" x1="{xs[k]:.1f}" y1="{top - 10:.1f}" x2="{xs[k]:.1f}" '
                     f'y2="{bottom - _ROW:.1f}"/>')
-    svg = "\n".join(head + body + ["</svg>"]) + "\n"
-    if path is not None:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(svg)
-    return svg
+    return head
 
 
 # Arrow classes and their colors; the first class an arrow has picks its color.

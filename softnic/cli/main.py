@@ -122,7 +122,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: one subparser per subcommand."""
     ap = argparse.ArgumentParser(prog="softnic", description="A software RDMA NIC.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="two NICs in the simulated fabric over a lossy link")
@@ -132,6 +133,38 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--mtu", type=int, default=1024, choices=(256, 512, 1024, 2048, 4096))
     d.add_argument("--selective-repeat", action="store_true",
                    help="recover from loss with selective repeat instead of go-back-N")
+    _exec_arguments(sub)
+    c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
+    c.add_argument("-a", "--all", action="store_true", help="include exited programs")
+    c.add_argument("-v", "--verbose", action="store_true", help="show zero counters too")
+    c.add_argument("--json", action="store_true")
+    v = sub.add_parser("devinfo", help="what ibv_devinfo prints, for softnic's devices")
+    v.add_argument("-d", "--ib-dev", help="only this device")
+    v.add_argument("-v", "--verbose", action="store_true", help="all device attributes")
+    from .ladder import add_arguments as trace_arguments
+    trace_arguments(sub.add_parser("trace", help="packet ladder of a RoCEv2 pcap or a "
+                                   "simulated lossy run (--demo)"))
+    lab = sub.add_parser("lab", help="run a teaching lab (see docs/labs): ladder, completions, "
+                         "counters")
+    lab.add_argument("number", type=int, help="lab number (1-6)")
+    lab.add_argument("--seed", type=int, default=1)
+    lab.add_argument("--svg", help="also draw the ladder(s) to this SVG file")
+    from .experiment_cli import add_arguments as experiment_arguments
+    experiment_arguments(sub.add_parser("experiment", help="congestion (incast) and loss "
+                                        "experiments in virtual time: JSON, PNG, figures"))
+    from .launch import add_arguments as launch_arguments
+    launch_arguments(sub.add_parser("launch", help="run N ranks of a program on this "
+                                        "machine (torchrun's environment, a device each)"))
+    from .perf import add_arguments as perf_arguments
+    perf_arguments(sub.add_parser("perf", help="benchmarks: perftest's (write_bw, read_lat, ...) "
+                                  "between two softnic processes, and allreduce"))
+    from ..faces.libibverbs.launch import add_build_parser
+    add_build_parser(sub)
+    return ap
+
+
+def _exec_arguments(sub) -> None:
+    """softnic exec's options: the SOFTNIC_* settings for COMMAND, and which faces it gets."""
     e = sub.add_parser("exec", help="run a program whose 'import pyverbs' (or, for a C "
                        "program, libibverbs) uses softnic",
                        description="Run COMMAND with pyverbs resolving to softnic's (only for "
@@ -154,34 +187,12 @@ def main(argv: list[str] | None = None) -> int:
                    "default) or the machine's (e.g. Debian's python3-pyverbs, with /usr/bin/"
                    "python3) running over softnic's libibverbs.so.1")
     e.add_argument("command", nargs=argparse.REMAINDER)
-    c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
-    c.add_argument("-a", "--all", action="store_true", help="include exited programs")
-    c.add_argument("-v", "--verbose", action="store_true", help="show zero counters too")
-    c.add_argument("--json", action="store_true")
-    v = sub.add_parser("devinfo", help="what ibv_devinfo prints, for softnic's devices")
-    v.add_argument("-d", "--ib-dev", help="only this device")
-    v.add_argument("-v", "--verbose", action="store_true", help="all device attributes")
-    from .ladder import add_arguments as trace_arguments, main as trace
-    trace_arguments(sub.add_parser("trace", help="packet ladder of a RoCEv2 pcap or a "
-                                   "simulated lossy run (--demo)"))
-    lab = sub.add_parser("lab", help="run a teaching lab (see docs/labs): ladder, completions, "
-                         "counters")
-    lab.add_argument("number", type=int, help="lab number (1-6)")
-    lab.add_argument("--seed", type=int, default=1)
-    lab.add_argument("--svg", help="also draw the ladder(s) to this SVG file")
-    from .experiment_cli import add_arguments as experiment_arguments
-    experiment_arguments(sub.add_parser("experiment", help="congestion (incast) and loss "
-                                        "experiments in virtual time: JSON, PNG, figures"))
-    from . import launch
-    launch.add_arguments(sub.add_parser("launch", help="run N ranks of a program on this "
-                                        "machine (torchrun's environment, a device each)"))
-    from .perf import add_arguments as perf_arguments
-    perf_arguments(sub.add_parser("perf", help="benchmarks: perftest's (write_bw, read_lat, ...) "
-                                  "between two softnic processes, and allreduce"))
-    from ..faces.libibverbs.launch import add_build_parser, run_build
-    add_build_parser(sub)
-    args = ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.cmd == "build-libibverbs":
+        from ..faces.libibverbs.launch import run_build
         return run_build(args)
     if args.cmd == "perf":
         from .perf import main as perf
@@ -190,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         from .experiment_cli import main as experiment
         return experiment(args)
     if args.cmd == "launch":
+        from . import launch
         return launch.main(args)
     if args.cmd == "lab":
         return _lab(args)
@@ -203,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "counters":
         return _counters(args)
     if args.cmd == "trace":
+        from .ladder import main as trace
         return trace(args)
     if args.cmd == "devinfo":
         from .devinfo import main as devinfo

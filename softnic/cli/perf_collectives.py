@@ -110,53 +110,20 @@ def _run(args) -> int:
 def _worker(args) -> int:
     import numpy as np
 
-    from ..collectives import DTYPES, Communicator
     kind = args.perf_test
-    torch_name, factor, reduces = KINDS[kind]
+    _, factor, reduces = KINDS[kind]
     dtype = np.dtype(args.datatype)
-    if dtype is None or dtype not in DTYPES:
+    if dtype is None or dtype not in _dtypes():
         print(f"softnic perf: datatype {dtype} not supported", file=sys.stderr)
         return 2
     op = getattr(args, "op", "sum")
     root = getattr(args, "root", 0)
     algo = getattr(args, "algorithm", "auto")
     algo = None if algo == "auto" else algo
-    gloo = dist = torch = None
-    if args.compare:
-        import os
-
-        import torch
-        import torch.distributed as dist
-
-        from ..collectives import torch_backend
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        torch.set_num_threads(1)
-        dist.init_process_group(torch_backend.BACKEND)
-        pg = dist.group.WORLD
-        comm = pg.comm                   # softnic's collectives, called here directly
-        gloo = dist.new_group(backend="gloo")
-        gops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
-                "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
-    else:
-        comm = Communicator.from_env()
+    comm, gloo = _open(args.compare)
     n, r = comm.world_size, comm.rank
-    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[op]
     out = print if r == 0 else (lambda *a, **k: None)
-    t = comm.transport
-    out(f"# softnic {kind}: {n} ranks, {t.device} each, {t.nqp} QP(s) per peer, chunk "
-        f"{t.chunk} B x {t.slots} slots" + (f", algorithm {algo or 'auto'}"
-                                            if kind == "allreduce" else "")
-        + (f", root {root}" if kind == "broadcast" else ""))
-    out("#")
-    head = (f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'time':>10} "
-            f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}")
-    units = (f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'(us)':>10} {'(MB/s)':>8} "
-             f"{'(MB/s)':>8} {'':>7}")
-    if gloo is not None:
-        head += f" {'gloo time':>10} {'busbw':>8} {'softnic/gloo':>12}"
-        units += f" {'(us)':>10} {'(MB/s)':>8} {'':>12}"
-    out(head)
-    out(units)
+    _print_header(out, kind, comm, algo, root, gloo is not None)
     size = max(args.minbytes, dtype.itemsize * (n if kind in ("allgather",
                                                                 "reducescatter") else 1))
     total_bw = 0.0
@@ -165,83 +132,12 @@ def _worker(args) -> int:
         count = size // dtype.itemsize
         if kind in ("allgather", "reducescatter"):
             count -= count % n
-        part = count // n
         nbytes = count * dtype.itemsize
-        # small integers, so every reduction is exact and checkable in any order
-        inputs = [((np.arange(count) + k) % 3 + 1).astype(dtype) for k in range(n)]
-        if kind == "allreduce":
-            expected = inputs[0].copy()
-            for k in range(1, n):
-                ufunc(expected, inputs[k], out=expected)
-        elif kind == "reducescatter":
-            full = inputs[0].copy()
-            for k in range(1, n):
-                ufunc(full, inputs[k], out=full)
-            expected = full[r * part:(r + 1) * part]
-        elif kind == "allgather":
-            expected = np.concatenate([inputs[k][k * part:(k + 1) * part] for k in range(n)])
-        else:
-            expected = inputs[root]
-        if kind == "allgather":
-            src = inputs[r][r * part:(r + 1) * part].copy()
-            bufs = [np.empty(count, dtype) for _ in range(2)]
-        elif kind == "reducescatter":
-            src = inputs[r].copy()
-            bufs = [np.empty(part, dtype) for _ in range(2)]
-        else:
-            src = inputs[r]
-            bufs = [inputs[r].copy() for _ in range(2)]
-
-        def soft(b):
-            if kind == "allreduce":
-                comm.allreduce(b, op, algo)
-            elif kind == "broadcast":
-                comm.broadcast(b, root)
-            elif kind == "allgather":
-                comm.allgather(src, b)
-            else:
-                comm.reduce_scatter(src, b, op)
-
-        tb = tsrc = None
+        expected, src, bufs = _case(kind, comm, count, dtype, op, root)
+        sides = [("softnic", _softnic_call(kind, comm, src, bufs[0], op, algo, root), bufs[0])]
         if gloo is not None:
-            tb = torch.from_numpy(bufs[1])
-            tsrc = torch.from_numpy(src)
-
-        def glo():
-            if kind == "allreduce":
-                dist.all_reduce(tb, op=gops[op], group=gloo)
-            elif kind == "broadcast":
-                dist.broadcast(tb, src=root, group=gloo)
-            elif kind == "allgather":
-                dist.all_gather_into_tensor(tb, tsrc, group=gloo)
-            else:
-                dist.reduce_scatter_tensor(tb, tsrc, op=gops[op], group=gloo)
-
-        sides = [("softnic", lambda: soft(bufs[0]), bufs[0])]
-        if gloo is not None:
-            sides.append(("gloo", glo, bufs[1]))
-        spent = {name: 0.0 for name, _, _ in sides}
-        wrong = {name: 0 for name, _, _ in sides}
-        for it in range(args.warmup_iters + args.iters):
-            for name, fn, b in (sides if it % 2 == 0 else sides[::-1]):
-                if kind in ("allreduce", "broadcast"):
-                    b[:] = src
-                comm.barrier()
-                t0 = time.perf_counter()
-                fn()
-                dt = time.perf_counter() - t0
-                if it >= args.warmup_iters:
-                    spent[name] += dt
-                    wrong[name] += int(np.count_nonzero(b != expected))
-        res = {}
-        for name in spent:
-            # the slowest rank's time is the collective's time
-            tt = np.array([spent[name] / max(1, args.iters)], np.float64)
-            comm.allreduce(tt, "max")
-            w = np.array([wrong[name]], np.int64)
-            comm.allreduce(w, "sum")
-            algbw = nbytes / tt[0] / 1e6
-            res[name] = (tt[0], algbw, algbw * factor(n), int(w[0]))
+            sides.append(("gloo", _gloo_call(kind, gloo, src, bufs[1], op, root), bufs[1]))
+        res = _time(args, comm, kind, sides, src, expected, nbytes, factor(n))
         st, algbw, busbw, w = res["softnic"]
         total_bw += busbw
         rows += 1
@@ -258,10 +154,150 @@ def _worker(args) -> int:
     out(f"# Avg bus bandwidth    : {total_bw / max(1, rows):.2f} MB/s")
     comm.barrier()
     if gloo is not None:
+        import torch.distributed as dist
         dist.destroy_process_group()
     else:
         comm.close()
     return 0
+
+
+def _dtypes():
+    from ..collectives import DTYPES
+    return DTYPES
+
+
+def _open(compare):
+    """This rank's communicator, and (``--compare gloo``) a gloo group beside it: then
+    softnic's runs as torch's process group, so both start from one rendezvous."""
+    from ..collectives import Communicator
+    if not compare:
+        return Communicator.from_env(), None
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from ..collectives import torch_backend
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group(torch_backend.BACKEND)
+    comm = dist.group.WORLD.comm         # softnic's collectives, called here directly
+    return comm, dist.new_group(backend="gloo")
+
+
+def _print_header(out, kind, comm, algo, root, gloo: bool) -> None:
+    t = comm.transport
+    out(f"# softnic {kind}: {comm.world_size} ranks, {t.device} each, {t.nqp} QP(s) per peer, "
+        f"chunk {t.chunk} B x {t.slots} slots" + (f", algorithm {algo or 'auto'}"
+                                                  if kind == "allreduce" else "")
+        + (f", root {root}" if kind == "broadcast" else ""))
+    out("#")
+    head = (f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'time':>10} "
+            f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}")
+    units = (f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'(us)':>10} {'(MB/s)':>8} "
+             f"{'(MB/s)':>8} {'':>7}")
+    if gloo:
+        head += f" {'gloo time':>10} {'busbw':>8} {'softnic/gloo':>12}"
+        units += f" {'(us)':>10} {'(MB/s)':>8} {'':>12}"
+    out(head)
+    out(units)
+
+
+_UFUNCS = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum"}
+
+
+def _case(kind, comm, count, dtype, op, root):
+    """One size's inputs: (the result this rank must see, its source, two output
+    buffers: softnic's and gloo's).  Small integers, so every reduction is exact and
+    checkable in any order."""
+    import numpy as np
+    n, r = comm.world_size, comm.rank
+    ufunc = getattr(np, _UFUNCS[op])
+    part = count // n
+    inputs = [((np.arange(count) + k) % 3 + 1).astype(dtype) for k in range(n)]
+    if kind == "allreduce":
+        expected = inputs[0].copy()
+        for k in range(1, n):
+            ufunc(expected, inputs[k], out=expected)
+    elif kind == "reducescatter":
+        full = inputs[0].copy()
+        for k in range(1, n):
+            ufunc(full, inputs[k], out=full)
+        expected = full[r * part:(r + 1) * part]
+    elif kind == "allgather":
+        expected = np.concatenate([inputs[k][k * part:(k + 1) * part] for k in range(n)])
+    else:
+        expected = inputs[root]
+    if kind == "allgather":
+        src = inputs[r][r * part:(r + 1) * part].copy()
+        bufs = [np.empty(count, dtype) for _ in range(2)]
+    elif kind == "reducescatter":
+        src = inputs[r].copy()
+        bufs = [np.empty(part, dtype) for _ in range(2)]
+    else:
+        src = inputs[r]
+        bufs = [inputs[r].copy() for _ in range(2)]
+    return expected, src, bufs
+
+
+def _softnic_call(kind, comm, src, b, op, algo, root):
+    def call():
+        if kind == "allreduce":
+            comm.allreduce(b, op, algo)
+        elif kind == "broadcast":
+            comm.broadcast(b, root)
+        elif kind == "allgather":
+            comm.allgather(src, b)
+        else:
+            comm.reduce_scatter(src, b, op)
+    return call
+
+
+def _gloo_call(kind, gloo, src, b, op, root):
+    import torch
+    import torch.distributed as dist
+    gop = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+           "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+    tb, tsrc = torch.from_numpy(b), torch.from_numpy(src)
+
+    def call():
+        if kind == "allreduce":
+            dist.all_reduce(tb, op=gop, group=gloo)
+        elif kind == "broadcast":
+            dist.broadcast(tb, src=root, group=gloo)
+        elif kind == "allgather":
+            dist.all_gather_into_tensor(tb, tsrc, group=gloo)
+        else:
+            dist.reduce_scatter_tensor(tb, tsrc, op=gop, group=gloo)
+    return call
+
+
+def _time(args, comm, kind, sides, src, expected, nbytes, bus_factor):
+    """Run each side warmup + iters times, alternating which goes first, each behind a
+    barrier; {side: (time, algbw, busbw, wrong elements)}, time the slowest rank's."""
+    import numpy as np
+    spent = {name: 0.0 for name, _, _ in sides}
+    wrong = {name: 0 for name, _, _ in sides}
+    for it in range(args.warmup_iters + args.iters):
+        for name, fn, b in (sides if it % 2 == 0 else sides[::-1]):
+            if kind in ("allreduce", "broadcast"):
+                b[:] = src
+            comm.barrier()
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if it >= args.warmup_iters:
+                spent[name] += dt
+                wrong[name] += int(np.count_nonzero(b != expected))
+    res = {}
+    for name in spent:
+        tt = np.array([spent[name] / max(1, args.iters)], np.float64)
+        comm.allreduce(tt, "max")
+        w = np.array([wrong[name]], np.int64)
+        comm.allreduce(w, "sum")
+        algbw = nbytes / tt[0] / 1e6
+        res[name] = (tt[0], algbw, algbw * bus_factor, int(w[0]))
+    return res
 
 
 # name -> (add the test's options, run it from the command line, its per-rank worker or None)

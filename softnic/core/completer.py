@@ -1,15 +1,25 @@
 """Completer: ACKs, NAKs, READ responses and ATOMIC ACKs -> send completions.
 
 Responses arrive in PSN order; a response for PSN p implicitly acknowledges
-every request before the request it answers (IBA 9.7.5.1.x).  A gap in READ
+every request before the request it answers (``_ack_before``).  A gap in READ
 responses, or an ACK past a READ whose responses never came, means responses
 were lost: the requester re-issues from the first missing PSN.
+
+``receive`` checks a decoded response and hands it to its kind's handler
+(``_RESPONSES``: ``_ack``, ``_read_response``, ``_atomic_ack``; a PSN SEQUENCE
+ERROR NAK to ``_sequence_nak``); ``_progress`` then resets the retry counts,
+restarts the retransmission timer and posts completions (``complete``).
+``receive_common``, which dispatch tries first, takes a plain ACK of the oldest
+WQE from its bytes through the same ``acknowledged`` and ``_progress``.
+Timeouts: ``on_timeout``.
 """
 
 from __future__ import annotations
 
+import struct
 import sys
 
+from ..wire.icrc import check_icrc
 from ..wire.roce import AethCode, Kind, NakCode, psn_diff
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCOpcode, WCStatus, WROpcode as W
@@ -68,148 +78,197 @@ def _retry_from(dev, qp, psn: int) -> None:
 
 def receive(dev, qp, pkt, now: float) -> None:
     """Handle one response packet for an RC QP's send side."""
-    bth = pkt.bth
-    psn = bth.psn
-    kind = pkt.info.kind
+    psn = pkt.bth.psn
     comp_psn = (qp.acked_psn + 1) & 0xFFFFFF
     if psn_diff(psn, comp_psn) < 0 or psn_diff(psn, qp.sq_psn) >= 0:
         dev.counters["rcvd_stale_response"] += 1       # old duplicate, or PSN we never sent
         return
     before = qp.acked_psn
+    kind = pkt.info.kind
     aeth = pkt.aeth
     code = aeth.code if aeth is not None else AethCode.ACK
     if kind == Kind.ACK and code == AethCode.NAK and aeth.value == NakCode.PSN_SEQUENCE_ERROR:
-        dev.counters["rcvd_seq_err"] += 1
-        if qp.cc is not None:
-            qp.cc.on_loss(now=now, kind="nak")
-        if qp.selective_repeat:
-            # The NAK names one missing PSN; its MSN field names one that arrived.
-            sack = aeth.msn
-            if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.sq_psn) < 0 and (
-                    qp.sacked_psn is None or psn_diff(sack, qp.sacked_psn) > 0):
-                qp.sacked_psn = sack
-                if qp.rto_at is not None:
-                    # the responder holds newer packets: the path works, and the
-                    # hole's resend may wait behind a queue; restart both timers
-                    qp.rto_at = now + dev.rto(qp)
-                    qp.probe_at = now + dev.probe_interval(qp)
-                    dev.arm(qp)
-            mark = qp.rexmitted.get(psn)
-            if mark is None or psn_diff(sack, mark) > 0:
-                # Not resent yet, or resent and lost: the responder holds a packet
-                # first sent after that resend (resends leave before new packets),
-                # so on an in-order path the resend is gone.  Resend it now rather
-                # than waiting for the retransmission timer.
-                if mark is not None:
-                    dev.counters["rexmit_lost"] += 1
-                qp.rexmitted[psn] = qp.max_sent_psn
-                qp.rexmit.append(psn)
-            dev.mark_ready(qp)
-            return
-        if not _ack_before(qp, psn):
-            _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
-        else:
-            qp.retry_pending = None
-            _retry_from(dev, qp, psn)
-        _progress(dev, qp, before, now)
+        _sequence_nak(dev, qp, psn, aeth.msn, comp_psn, before, now)
         return
+    # a response for PSN p acknowledges every request before the one it answers
     if not _ack_before(qp, psn):
         _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
         _progress(dev, qp, before, now)
         return
     i = requester._find(qp, psn)
     wqe = qp.sq[i] if i is not None else None
-    if kind == Kind.ACK:
-        if code == AethCode.ACK:
-            if wqe is not None and not wqe.rd_atomic:
-                if psn == wqe.last_psn:
-                    _finish(qp, wqe)
-                else:
-                    qp.acked_psn = psn           # part of a multi-packet message
-        elif code == AethCode.RNR_NAK:
-            dev.counters["rcvd_rnr_err"] += 1
-            if qp.attr.rnr_retry != 7:
-                if qp.rnr_left == 0:
-                    dev.counters["retry_rnr_exceeded_err"] += 1
-                    if wqe is not None:
-                        _finish(qp, wqe, WCStatus.RNR_RETRY_EXC_ERR)
-                    qp.req_error = True
-                    complete(dev, qp)
-                    return
-                qp.rnr_left -= 1
-            requester.rewind(qp, psn)
-            qp.rnr_wait = True
-            qp.rnr_at = now + max(RNR_TIMER_SECONDS[aeth.value], dev.config.min_timer)
-            # An RNR NAK is a response: stop the transport timer while waiting (the
-            # resend restarts it), so RNR waits never count against retry_cnt.
-            qp.rto_at = None
+    if _RESPONSES[kind](dev, qp, pkt, psn, wqe, now, before):
+        _progress(dev, qp, before, now)
+
+
+def _sequence_nak(dev, qp, psn: int, msn: int, comp_psn: int, before: int, now: float) -> None:
+    """A PSN SEQUENCE ERROR NAK: the responder misses ``psn``.  Go-back-N: the
+    NAK implicitly acknowledges what comes before it, and everything from it is sent again.
+    Selective repeat: only ``psn`` is resent, and the MSN field names a PSN the
+    responder holds (a selective ACK)."""
+    dev.counters["rcvd_seq_err"] += 1
+    if qp.cc is not None:
+        qp.cc.on_loss(now=now, kind="nak")
+    if qp.selective_repeat:
+        _selective_nak(dev, qp, psn, msn, comp_psn, now)
+        return
+    if not _ack_before(qp, psn):
+        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
+    else:
+        qp.retry_pending = None
+        _retry_from(dev, qp, psn)
+    _progress(dev, qp, before, now)
+
+
+def _selective_nak(dev, qp, psn: int, sack: int, comp_psn: int, now: float) -> None:
+    if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.sq_psn) < 0 and (
+            qp.sacked_psn is None or psn_diff(sack, qp.sacked_psn) > 0):
+        qp.sacked_psn = sack
+        if qp.rto_at is not None:
+            # the responder holds newer packets: the path works, and the
+            # hole's resend may wait behind a queue; restart both timers
+            qp.rto_at = now + dev.rto(qp)
+            qp.probe_at = now + dev.probe_interval(qp)
             dev.arm(qp)
-        elif code == AethCode.NAK:
-            dev.counters["rcvd_nak"] += 1
+    mark = qp.rexmitted.get(psn)
+    if mark is None or psn_diff(sack, mark) > 0:
+        # Not resent yet, or resent and lost: the responder holds a packet
+        # first sent after that resend (resends leave before new packets),
+        # so on an in-order path the resend is gone.  Resend it now rather
+        # than waiting for the retransmission timer.
+        if mark is not None:
+            dev.counters["rexmit_lost"] += 1
+        qp.rexmitted[psn] = qp.max_sent_psn
+        qp.rexmit.append(psn)
+    dev.mark_ready(qp)
+
+
+def acknowledged(qp, psn: int, wqe) -> None:
+    """A plain ACK of ``psn`` (everything before ``wqe`` already acknowledged):
+    ``wqe`` is done if ``psn`` is its last PSN; a READ or ATOMIC waits for its
+    response, not an ACK."""
+    if wqe is not None and not wqe.rd_atomic:
+        if psn == wqe.last_psn:
+            _finish(qp, wqe)
+        else:
+            qp.acked_psn = psn           # part of a multi-packet message
+
+
+def _ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
+    """An ACK, an RNR NAK or an error NAK (a PSN SEQUENCE ERROR NAK is
+    ``_sequence_nak``'s).  True: ``_progress`` follows."""
+    aeth = pkt.aeth
+    code = aeth.code
+    if code == AethCode.ACK:
+        acknowledged(qp, psn, wqe)
+    elif code == AethCode.RNR_NAK:
+        return _rnr_nak(dev, qp, psn, aeth.value, wqe, now)
+    elif code == AethCode.NAK:
+        dev.counters["rcvd_nak"] += 1
+        if wqe is not None:
+            _finish(qp, wqe, _NAK_STATUS.get(aeth.value, WCStatus.REM_INV_REQ_ERR))
+            qp.req_error = True
+    return True
+
+
+def _rnr_nak(dev, qp, psn: int, timer: int, wqe, now: float) -> bool:
+    """The responder had no receive WQE: wait the RNR timer and resend from
+    ``psn``, ``rnr_retry`` times (7: forever)."""
+    dev.counters["rcvd_rnr_err"] += 1
+    if qp.attr.rnr_retry != 7:
+        if qp.rnr_left == 0:
+            dev.counters["retry_rnr_exceeded_err"] += 1
             if wqe is not None:
-                _finish(qp, wqe, _NAK_STATUS.get(aeth.value, WCStatus.REM_INV_REQ_ERR))
-                qp.req_error = True
-    elif kind == Kind.READ_RESPONSE and wqe is not None and wqe.opcode == W.ATOMIC_WRITE:
-        # an ATOMIC_WRITE is answered by an empty RDMA READ RESPONSE ONLY (as rxe)
+                _finish(qp, wqe, WCStatus.RNR_RETRY_EXC_ERR)
+            qp.req_error = True
+            complete(dev, qp)
+            return False
+        qp.rnr_left -= 1
+    requester.rewind(qp, psn)
+    qp.rnr_wait = True
+    qp.rnr_at = now + max(RNR_TIMER_SECONDS[timer], dev.config.min_timer)
+    # An RNR NAK is a response: stop the transport timer while waiting (the
+    # resend restarts it), so RNR waits never count against retry_cnt.
+    qp.rto_at = None
+    dev.arm(qp)
+    return True
+
+
+def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
+    """A READ RESPONSE: its data scattered into the READ's gather list, in
+    order (a gap means responses were lost: the READ is re-issued from the
+    first missing one; selective repeat places it and asks for the hole only).
+    An ATOMIC WRITE is answered by an empty READ RESPONSE ONLY (as rxe)."""
+    if wqe is not None and wqe.opcode == W.ATOMIC_WRITE:
         if psn != wqe.first_psn or not pkt.info.first or not pkt.info.last or pkt.payload:
             dev.counters["rcvd_bad_response"] += 1
-            return
+            return False
         _finish(qp, wqe)
-    elif kind == Kind.READ_RESPONSE:
-        if wqe is None or wqe.opcode != W.RDMA_READ:
-            dev.counters["rcvd_bad_response"] += 1
-            return
-        if psn == wqe.first_psn:
-            qp.acked_psn = (psn - 1) & 0xFFFFFF       # everything before the READ is done
-        expected = (qp.acked_psn + 1) & 0xFFFFFF
-        idx = (psn - wqe.first_psn) & 0xFFFFFF
-        mtu = qp.mtu
-        off = idx * mtu
-        n = len(pkt.payload)
-        is_last = idx == wqe.npkts - 1
-        if n != ((wqe.length - off) if is_last else mtu):
-            _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
-            qp.req_error = True
-            _progress(dev, qp, before, now)
-            return
-        if psn != expected:
-            if not qp.selective_repeat or psn_diff(expected, wqe.first_psn) < 0:
-                _retry_from(dev, qp, max_psn(expected, wqe.first_psn))
-                return
-            # Selective repeat: place the response now and ask again only for the hole.
-            if wqe.got is None:
-                wqe.got, wqe.asked = set(), set()
-            if idx not in wqe.got:
-                _scatter(wqe, off, pkt.payload)
-                wqe.got.add(idx)
-            first_missing = (expected - wqe.first_psn) & 0xFFFFFF
-            hole = [i for i in range(first_missing, idx) if i not in wqe.got and i not in wqe.asked]
-            if hole:
-                wqe.asked.update(hole)
-                qp.rexmit.append(((wqe.first_psn + hole[0]) & 0xFFFFFF, hole[-1] - hole[0] + 1))
-                dev.counters["read_holes_requested"] += 1
-                dev.mark_ready(qp)
-            return
-        _scatter(wqe, off, pkt.payload)
-        qp.acked_psn = psn
-        qp.retry_pending = None
-        if wqe.got:
-            nxt = idx + 1
-            while nxt in wqe.got:
-                wqe.got.discard(nxt)
-                qp.acked_psn = (wqe.first_psn + nxt) & 0xFFFFFF
-                nxt += 1
-            is_last = nxt - 1 == wqe.npkts - 1
-        if is_last:
-            _finish(qp, wqe)
-    elif kind == Kind.ATOMIC_ACK:
-        if wqe is None or not wqe.rd_atomic or wqe.opcode == W.RDMA_READ or psn != wqe.first_psn:
-            dev.counters["rcvd_bad_response"] += 1
-            return
-        orig = pkt.atomicacketh.orig
-        _scatter(wqe, 0, orig.to_bytes(8, sys.byteorder))
+        return True
+    if wqe is None or wqe.opcode != W.RDMA_READ:
+        dev.counters["rcvd_bad_response"] += 1
+        return False
+    if psn == wqe.first_psn:
+        qp.acked_psn = (psn - 1) & 0xFFFFFF       # everything before the READ is done
+    expected = (qp.acked_psn + 1) & 0xFFFFFF
+    idx = (psn - wqe.first_psn) & 0xFFFFFF
+    off = idx * qp.mtu
+    n = len(pkt.payload)
+    is_last = idx == wqe.npkts - 1
+    if n != ((wqe.length - off) if is_last else qp.mtu):
+        _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
+        qp.req_error = True
+        return True
+    if psn != expected:
+        if not qp.selective_repeat or psn_diff(expected, wqe.first_psn) < 0:
+            _retry_from(dev, qp, max_psn(expected, wqe.first_psn))
+        else:
+            _read_beyond_hole(dev, qp, wqe, expected, idx, off, pkt.payload)
+        return False
+    _scatter(wqe, off, pkt.payload)
+    qp.acked_psn = psn
+    qp.retry_pending = None
+    if wqe.got:
+        nxt = idx + 1
+        while nxt in wqe.got:
+            wqe.got.discard(nxt)
+            qp.acked_psn = (wqe.first_psn + nxt) & 0xFFFFFF
+            nxt += 1
+        is_last = nxt - 1 == wqe.npkts - 1
+    if is_last:
         _finish(qp, wqe)
-    _progress(dev, qp, before, now)
+    return True
+
+
+def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) -> None:
+    """Selective repeat: place a READ response beyond a gap now and ask again
+    only for the responses missing below it."""
+    if wqe.got is None:
+        wqe.got, wqe.asked = set(), set()
+    if idx not in wqe.got:
+        _scatter(wqe, off, payload)
+        wqe.got.add(idx)
+    first_missing = (expected - wqe.first_psn) & 0xFFFFFF
+    hole = [i for i in range(first_missing, idx) if i not in wqe.got and i not in wqe.asked]
+    if hole:
+        wqe.asked.update(hole)
+        qp.rexmit.append(((wqe.first_psn + hole[0]) & 0xFFFFFF, hole[-1] - hole[0] + 1))
+        dev.counters["read_holes_requested"] += 1
+        dev.mark_ready(qp)
+
+
+def _atomic_ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
+    """An ATOMIC ACKNOWLEDGE: the original value goes to the ATOMIC's buffer."""
+    if wqe is None or not wqe.rd_atomic or wqe.opcode == W.RDMA_READ or psn != wqe.first_psn:
+        dev.counters["rcvd_bad_response"] += 1
+        return False
+    _scatter(wqe, 0, pkt.atomicacketh.orig.to_bytes(8, sys.byteorder))
+    _finish(qp, wqe)
+    return True
+
+
+#: response kind -> its handler (True: ``_progress`` follows)
+_RESPONSES = {Kind.ACK: _ack, Kind.READ_RESPONSE: _read_response, Kind.ATOMIC_ACK: _atomic_ack}
 
 
 def max_psn(a: int, b: int) -> int:
@@ -384,7 +443,9 @@ def _sr_timeout(qp, comp: int) -> None:
 
 
 def complete(dev, qp) -> None:
-    """Post completions for finished WQEs at the head of the SQ, in order."""
+    """Post completions for finished WQEs at the head of the SQ, in order: a
+    signaled one's on success, every one's on an error (IBA 10.7.3.1, "a Work
+    Completion will always be generated" for a completion error)."""
     sq = qp.sq
     while sq and sq[0].done:
         w = sq.popleft()
@@ -413,3 +474,44 @@ def complete(dev, qp) -> None:
 def fail(dev, qp) -> None:
     """A fatal error: the QP goes to ERR and flushes its work."""
     dev.to_error(qp)
+
+
+# ------------------------------------------------------------------ the common case
+#
+# The completer's first branch (``receive_common``) takes a plain ACK straight
+# from the datagram's bytes when: it is 20 bytes (BTH, AETH, ICRC) with P_Key
+# 0xFFFF, FECN, BECN and pad clear, an AETH syndrome of ACK; for an RC QP
+# without a congestion controller, in RTS, from its peer; acknowledging the last
+# PSN of the oldest WQE, started, not done, not a READ or ATOMIC; a good ICRC;
+# no ECN mark or INT telemetry (dispatch checks those).  Then ``receive``'s
+# checks all pass, ``_ack_before`` has nothing to do, and the ACK is
+# ``acknowledged`` then ``_progress``, as here.  Anything else: False, nothing
+# changed, the general path.
+
+_ACK_PKT = struct.Struct("!BBHIII")        # BTH + AETH
+_RC = QPType.RC
+_RTS = QPState.RTS
+
+
+def receive_common(dev, data, src, now: float) -> bool:
+    """A plain ACK of the oldest outstanding WQE's last PSN, from its bytes."""
+    if len(data) != 20:
+        return False
+    _, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
+    qp = dev.qps.get(w2 & 0xFFFFFF)
+    if qp is None or qp.qp_type is not _RC or qp.cc is not None or pkey != 0xFFFF or w2 >> 30 \
+            or flags & 0x30 or aeth >> 29:
+        return False
+    if qp.state is not _RTS or not qp.sq or tuple(src) != qp.dest:
+        return False
+    w = qp.sq[0]
+    psn = w3 & 0xFFFFFF
+    if w.done or w.first_psn is None or w.rd_atomic or psn != w.last_psn:
+        return False
+    if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
+        return False
+    dev.counters["rcvd_pkts"] += 1
+    before = qp.acked_psn
+    acknowledged(qp, psn, w)
+    _progress(dev, qp, before, now)
+    return True

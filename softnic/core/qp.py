@@ -389,7 +389,7 @@ class QP:
         self.sr_scan: int | None = None   # responder: PSNs below it are held or named
         self.ooo: dict[int, object] = {}   # selective repeat: PSN -> packet held for in-order apply
         self.sr_writes: list = []   # ... the current WRITE, then those whose FIRST is held: (first psn, view, length, end psn, address)
-        self.sr_placed = None       # ... byte ranges placed beyond a hole, by PSN (responder.Placed)
+        self.sr_placed = None       # ... byte ranges placed beyond a hole, by PSN (sr_place.Placed)
         self.ooo_high = None
         self.resources: deque = deque()    # READ / ATOMIC replay resources
         self.resp_out: deque = deque()     # responses to send, in PSN order

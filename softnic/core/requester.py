@@ -4,6 +4,15 @@ Segments each WQE by the path MTU, assigns PSNs, honours the in-flight
 window, the READ/ATOMIC credit limit (max_rd_atomic) and fences, and
 regenerates packets from the WQE when the completer rewinds (go-back-N) or
 asks for a single PSN (selective repeat).
+
+Each rule once: admission (``_may_start``, ``_window_full``), PSNs and local
+keys (``_start``), the AckReq cadence and the go-back-N record of what was sent
+(``_send_packet``), the bytes of each packet (``_build_rc``: an ONLY or FIRST is
+packed straight, ``_pack_only``, the bytes ``encode`` gives).  The bulk of a
+long message takes a faster way through the same rules, a run of MIDDLEs into
+one buffer (``_bulk_run``, ``_bulk``; its MIDDLEs built by the compiled kernel's
+``sn_tx_middles`` when there is one); tests/test_bulk_tx.py and
+tests/test_kernel.py check it against ``_build`` packet by packet.
 """
 
 from __future__ import annotations
@@ -45,19 +54,29 @@ _WRITE_FIRST = int(O.RC_RDMA_WRITE_FIRST)
 _SEND_FIRST = int(O.RC_SEND_FIRST)
 _HEAD = struct.Struct("!BBHI")          # its first 8 bytes, byte 4 (FECN, BECN) masked
 _ICRC = struct.Struct("<I")             # the ICRC, least significant byte first
+_U32 = struct.Struct("!I")
+_RC, _UD = QPType.RC, QPType.UD
+_SENDING = frozenset({QPState.RTS, QPState.SQD})
+#: WR opcode -> (its RC ONLY opcode, carries a RETH, carries an ImmDt)
+_ONLY = {
+    W.RDMA_WRITE: (int(O.RC_RDMA_WRITE_ONLY), True, False),
+    W.RDMA_WRITE_WITH_IMM: (int(O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE), True, True),
+    W.SEND: (int(O.RC_SEND_ONLY), False, False),
+    W.SEND_WITH_IMM: (int(O.RC_SEND_ONLY_WITH_IMMEDIATE), False, True),
+}
 
 
 def _start(dev, qp, wqe) -> None:
     """Check the WQE's local memory and give it its PSNs."""
-    mtu = qp.mtu
-    if wqe.opcode == W.LOCAL_INV:
+    op = wqe.opcode
+    if op is W.LOCAL_INV:
         if dev.keys.invalidate(qp.pd, wqe.inv_rkey):
             wqe.status = WCStatus.SUCCESS
         else:
             wqe.status = WCStatus.LOC_PROT_ERR   # rxe: an unknown key fails the WR
         wqe.done = True
         return
-    if wqe.opcode == W.BIND_MW:                  # a local operation, in send queue order
+    if op is W.BIND_MW:                          # a local operation, in send queue order
         try:
             dev.keys.bind_mw(qp, qp.pd, wqe.bind)
             wqe.status = WCStatus.SUCCESS
@@ -76,19 +95,20 @@ def _start(dev, qp, wqe) -> None:
         wqe.status = WCStatus.LOC_PROT_ERR
         wqe.done = True
         return
-    if wqe.opcode in _ATOMIC_OPC and wqe.length < 8:
+    atomic = op in _ATOMIC_OPC
+    if atomic and wqe.length < 8:
         wqe.status = WCStatus.LOC_LEN_ERR
         wqe.done = True
         return
-    if qp.qp_type == QPType.UD:
-        wqe.npkts = 1
-    elif wqe.opcode in _ATOMIC_OPC:
-        wqe.npkts = 1
+    if atomic or qp.qp_type is _UD:
+        npkts = 1
     else:
-        wqe.npkts = max(1, -(-wqe.length // mtu))
-    wqe.first_psn = qp.sq_psn
-    wqe.last_psn = (qp.sq_psn + wqe.npkts - 1) & 0xFFFFFF
-    qp.sq_psn = (qp.sq_psn + wqe.npkts) & 0xFFFFFF
+        npkts = -(-wqe.length // qp.mtu) or 1
+    wqe.npkts = npkts
+    psn = qp.sq_psn
+    wqe.first_psn = psn
+    wqe.last_psn = (psn + npkts - 1) & 0xFFFFFF
+    qp.sq_psn = (psn + npkts) & 0xFFFFFF
     wqe.next_pkt = 0
     if wqe.rd_atomic:
         qp.rd_atomic_inflight += 1
@@ -127,6 +147,8 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
     psn = (wqe.first_psn + idx) & 0xFFFFFF
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
+    if wqe.npkts == 1 and dev._fast and op in _ONLY and qp.qp_type is QPType.RC:
+        return _pack_only(qp, wqe, psn, dqpn)
     if 0 < idx < wqe.npkts - 1 and qp.qp_type is QPType.RC and op in _MIDDLE:
         mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
         return encode_middle(_MIDDLE[op], dqpn, psn, ackreq, gather(wqe, idx * mtu, mtu))
@@ -179,6 +201,30 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
         reth=(wqe.remote_addr, wqe.rkey, wqe.length) if first and is_write else None,
         imm=wqe.imm if last and op in (W.SEND_WITH_IMM, W.RDMA_WRITE_WITH_IMM) else None,
         ieth=wqe.inv_rkey if last and op == W.SEND_WITH_INV else None)
+
+
+def _pack_only(qp, wqe, psn: int, dqpn: int) -> bytearray:
+    """An RC WRITE or SEND ONLY (with or without immediate), packed straight:
+    the bytes ``encode`` gives (AckReq set, SE as the WR asks, pad zeros)."""
+    opcode, reth, imm = _ONLY[wqe.opcode]
+    n = wqe.length
+    pad = -n & 3
+    hdr = 28 if reth else 12
+    if imm:
+        hdr += 4
+    buf = bytearray(hdr + n + pad)
+    flags = (0x80 if int(wqe.flags) & _SOLICITED else 0) | (pad << 4)
+    if reth:
+        _BTH_RETH.pack_into(buf, 0, opcode, flags, 0xFFFF, dqpn & 0xFFFFFF,
+                            0x80000000 | psn, wqe.remote_addr, wqe.rkey, n)
+    else:
+        _HDR.pack_into(buf, 0, opcode, flags, 0xFFFF, dqpn & 0xFFFFFF, 0x80000000 | psn)
+    if imm:
+        _U32.pack_into(buf, hdr - 4, wqe.imm)
+    if n:
+        views = wqe.views
+        buf[hdr:hdr + n] = views[0] if len(views) == 1 else gather(wqe, 0, n)
+    return buf
 
 
 def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearray, int]:
@@ -375,17 +421,56 @@ def cc_acked(qp, before: int, now: float) -> None:
 
 
 def generate(dev, qp, now: float, out: list) -> None:
-    """Append this QP's request packets (as (bytes, dest)) to ``out`` while it may send."""
-    if qp.rnr_wait or qp.state not in (QPState.RTS, QPState.SQD):
+    """Append this QP's request packets (as (bytes, dest)) to ``out`` while it may
+    send: first the single PSNs selective repeat resends, then, in send queue
+    order, each WQE's packets as the window, the READ/ATOMIC credits, fences and
+    the congestion controller admit them."""
+    if qp.rnr_wait or qp.state not in _SENDING:
         return
-    rc = qp.qp_type == QPType.RC
-    dest = qp.dest if qp.qp_type != QPType.UD else None
-    ack_every = dev.config.ack_every or max(1, qp.window // 4)
-    cc = qp.cc if qp.qp_type != QPType.UD else None
-    # Selective repeat: single lost PSNs first.
+    qtype = qp.qp_type
+    rc = qtype is _RC
+    dest = qp.dest if qtype is not _UD else None
+    ack_every = dev.config.ack_every or qp.window // 4 or 1
+    cc = qp.cc if qtype is not _UD else None
+    if qp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):
+        return
+    sq = qp.sq
+    while qp.send_idx < len(sq) and not qp.req_error:
+        wqe = sq[qp.send_idx]
+        if wqe.first_psn is None and not wqe.done:
+            if not _may_start(qp, wqe, rc):
+                break
+            _start(dev, qp, wqe)
+            if wqe.done:                                # local op or local error
+                if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
+                    qp.req_error = True
+                qp.send_idx += 1
+                continue
+        elif wqe.done:
+            qp.send_idx += 1
+            continue
+        nxt = wqe.next_pkt
+        psn = (wqe.first_psn + nxt) & 0xFFFFFF
+        if nxt and rc and _window_full(qp, psn):
+            break
+        if cc is not None and _cc_blocked(dev, qp, now, False):
+            break
+        if dest is None:
+            dest = wqe.dest
+        if nxt and rc and cc is None and wqe.opcode in _MIDDLE and qp.xrc is None \
+                and dev._fast and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
+            continue
+        _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc)
+        if qtype is _UD:
+            dest = None
+
+
+def _resend_singles(dev, qp, now: float, out: list, dest, cc) -> bool:
+    """Selective repeat: the single lost PSNs (or READ response ranges) named for
+    resending, oldest first.  False if the congestion controller holds them."""
     while qp.rexmit:
         if cc is not None and _cc_blocked(dev, qp, now, True):
-            return
+            return False
         item = qp.rexmit.popleft()
         psn, count = item if isinstance(item, tuple) else (item, None)
         i = _find(qp, psn)
@@ -398,87 +483,86 @@ def generate(dev, qp, now: float, out: list) -> None:
         if cc is not None:
             _cc_sent(qp, psn, len(pkt) + 4, now, True)
         out.append((pkt, dest))
-    sq = qp.sq
-    while qp.send_idx < len(sq) and not qp.req_error:
-        wqe = sq[qp.send_idx]
-        if wqe.first_psn is None and not wqe.done:
-            if qp.state != QPState.RTS:
-                break                                   # SQD: start nothing new
-            if int(wqe.flags) & _FENCE and qp.rd_atomic_inflight:
-                break
-            if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
-                break
-            if rc and _window_full(qp, qp.sq_psn):
-                break
-            _start(dev, qp, wqe)
-            if wqe.done:                                # local op or local error
-                if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
-                    qp.req_error = True
-                qp.send_idx += 1
-                continue
-        elif wqe.done:
-            qp.send_idx += 1
-            continue
-        psn = (wqe.first_psn + wqe.next_pkt) & 0xFFFFFF
-        if rc and wqe.next_pkt and _window_full(qp, psn):
-            break
-        if cc is not None and _cc_blocked(dev, qp, now, False):
-            break
-        if dest is None:
-            dest = wqe.dest
-        if rc and cc is None and wqe.next_pkt and wqe.opcode in _MIDDLE and qp.xrc is None:
-            # The bulk of a long message: its MIDDLEs (and a plain LAST) that the
-            # window admits, built in one pass into one buffer, ICRCs included.
-            idx = wqe.next_pkt
-            end = wqe.npkts if wqe.opcode in _PLAIN_LAST else wqe.npkts - 1
-            k = min(end - idx, _window_room(qp, psn))
-            if k > 0:
-                ahead = psn_diff(qp.max_sent_psn, psn) + 1
-                if ahead > 0:                         # go-back-N resends among them
-                    dev.counters["retransmitted_pkts"] += min(ahead, k)
-                if ahead < k:
-                    qp.max_sent_psn = (psn + k - 1) & 0xFFFFFF
-                buf, seg = _bulk(dev, qp, wqe, idx, k, dest, ack_every)
-                out.append((buf, dest, seg, k))
-                wqe.next_pkt = idx + k
-                if wqe.next_pkt >= wqe.npkts:
-                    qp.send_idx += 1
-                continue
-        qp.pkts_since_ackreq += 1
-        ackreq = qp.pkts_since_ackreq >= ack_every
-        if cc is not None and not ackreq:
-            if cc.window is not None:
-                # A window controller needs every packet's feedback (HPCC, Swift), and
-                # a window that shrinks below what is in flight reopens only by ACKs.
-                ackreq = True
-            elif cc.rate and (qp.mtu + 60) * 8 / cc.rate * ack_every > dev.rto(qp) / 4:
-                # paced so slowly that waiting for ack_every packets would run the
-                # retransmission timer out: ask for an ACK now
-                ackreq = True
-        if ackreq or (rc and (wqe.rd_atomic or wqe.next_pkt == wqe.npkts - 1)):
-            # this new packet asks for an ACK (a LAST, an ONLY, a READ or an atomic
-            # always does, as rxe's): the count of packets since one did restarts
-            # (a resend's AckReq leaves the count of new packets as it is)
-            qp.pkts_since_ackreq = 0
-        resent = False
-        if rc:
-            if psn_diff(psn, qp.max_sent_psn) <= 0:
-                dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
-                resent = True
-            else:
-                qp.max_sent_psn = psn
-        pkt = _build(dev, qp, wqe, wqe.next_pkt, ackreq)
-        if cc is not None:
-            _cc_sent(qp, psn, len(pkt) + 4, now, resent)
-        out.append((pkt, dest if qp.qp_type != QPType.UD else wqe.dest))
-        if wqe.opcode == W.RDMA_READ or wqe.opcode in _ATOMIC_OPC:
-            wqe.next_pkt = wqe.npkts          # one request covers the whole PSN range
+    return True
+
+
+def _may_start(qp, wqe, rc: bool) -> bool:
+    """May the next WQE take its PSNs now?  Not in SQD (it starts nothing new),
+    not behind a fence while READs or ATOMICs are outstanding, not beyond the
+    READ/ATOMIC credits (max_rd_atomic), not beyond the window."""
+    if qp.state != QPState.RTS:
+        return False
+    if wqe.flags & _FENCE and qp.rd_atomic_inflight:
+        return False
+    if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
+        return False
+    return not (rc and _window_full(qp, qp.sq_psn))
+
+
+def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
+    """The bulk of a long message: its MIDDLEs (and a plain LAST) that the window
+    admits, built in one pass into one buffer, ICRCs included (``_bulk``).  The
+    same packets, bytes and bookkeeping as ``_send_packet`` one at a time."""
+    idx = wqe.next_pkt
+    end = wqe.npkts if wqe.opcode in _PLAIN_LAST else wqe.npkts - 1
+    k = min(end - idx, _window_room(qp, psn))
+    if k <= 0:
+        return False
+    ahead = psn_diff(qp.max_sent_psn, psn) + 1
+    if ahead > 0:                         # go-back-N resends among them
+        dev.counters["retransmitted_pkts"] += min(ahead, k)
+    if ahead < k:
+        qp.max_sent_psn = (psn + k - 1) & 0xFFFFFF
+    buf, seg = _bulk(dev, qp, wqe, idx, k, dest, ack_every)
+    out.append((buf, dest, seg, k))
+    wqe.next_pkt = idx + k
+    if wqe.next_pkt >= wqe.npkts:
+        qp.send_idx += 1
+    return True
+
+
+def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: list,
+                 dest, rc: bool) -> None:
+    """Send ``wqe``'s next packet (PSN ``psn``): its AckReq bit, its place in the
+    go-back-N record of what was sent, the controller's accounting."""
+    qp.pkts_since_ackreq += 1
+    ackreq = qp.pkts_since_ackreq >= ack_every
+    if cc is not None and not ackreq:
+        ackreq = _cc_wants_ack(dev, qp, cc, ack_every)
+    nxt = wqe.next_pkt
+    npkts = wqe.npkts
+    if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)):
+        # this new packet asks for an ACK (a LAST, an ONLY, a READ or an atomic
+        # always does, as rxe's): the count of packets since one did restarts
+        # (a resend's AckReq leaves the count of new packets as it is)
+        qp.pkts_since_ackreq = 0
+    resent = False
+    if rc:
+        if psn_diff(psn, qp.max_sent_psn) <= 0:
+            dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
+            resent = True
         else:
-            wqe.next_pkt += 1
-        if wqe.next_pkt >= wqe.npkts:
-            qp.send_idx += 1
-            if not rc:                        # UC / UD: done once on the wire
-                wqe.done = True
-                wqe.status = WCStatus.SUCCESS
-        if qp.qp_type == QPType.UD:
-            dest = None
+            qp.max_sent_psn = psn
+    pkt = _build(dev, qp, wqe, nxt, ackreq)
+    if cc is not None:
+        _cc_sent(qp, psn, len(pkt) + 4, now, resent)
+    out.append((pkt, dest if qp.qp_type is not _UD else wqe.dest))
+    # one READ or ATOMIC request covers the whole PSN range
+    nxt = npkts if wqe.rd_atomic else nxt + 1
+    wqe.next_pkt = nxt
+    if nxt >= npkts:
+        qp.send_idx += 1
+        if not rc:                        # UC / UD: done once on the wire
+            wqe.done = True
+            wqe.status = WCStatus.SUCCESS
+
+
+def _cc_wants_ack(dev, qp, cc, ack_every: int) -> bool:
+    """Does a congestion-controlled QP need an ACK for this packet anyway?"""
+    if cc.window is not None:
+        # A window controller needs every packet's feedback (HPCC, Swift), and
+        # a window that shrinks below what is in flight reopens only by ACKs.
+        return True
+    # paced so slowly that waiting for ack_every packets would run the
+    # retransmission timer out: ask for an ACK now
+    return bool(cc.rate and (qp.mtu + 60) * 8 / cc.rate * ack_every > dev.rto(qp) / 4)

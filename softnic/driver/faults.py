@@ -316,29 +316,10 @@ class FaultInjector:
 
         t = now
         if rate is not None:
-            size = len(data)
-            busy_until = self._busy_until
-            if busy_until > now:
-                queue = self._queue
-                queued = self._queued_bytes
-                while queue[0][0] <= now:
-                    queued -= queue.popleft()[1]
-                # A datagram reaching an empty queue is always taken, so
-                # queue_bytes=0 means "no buffer": drop whatever arrives while
-                # the link is busy.
-                if queued + size > queue_bytes:
-                    self._queued_bytes = queued
-                    counters["dropped_queue"] += 1
-                    return []
-                t = busy_until + size * 8 / rate
-            else:
-                queue = self._queue
-                queue.clear()
-                queued = 0
-                t = now + size * 8 / rate
-            self._busy_until = t
-            queue.append((t, size))
-            self._queued_bytes = queued + size
+            t = self._pace(len(data), now, rate, queue_bytes)
+            if t is None:
+                counters["dropped_queue"] += 1
+                return []
 
         if p_enter_bad:
             if self.in_bad_state:
@@ -381,6 +362,32 @@ class FaultInjector:
             out.append((at, copy))
         counters["delivered"] += copies
         return out
+
+    def _pace(self, size: int, now: float, rate: float, queue_bytes: int) -> float | None:
+        """When a datagram of ``size`` bytes sent at ``now`` has left the rate-limited
+        link, or None if the queue in front of it has no room."""
+        busy_until = self._busy_until
+        if busy_until > now:
+            queue = self._queue
+            queued = self._queued_bytes
+            while queue[0][0] <= now:
+                queued -= queue.popleft()[1]
+            # A datagram reaching an empty queue is always taken, so
+            # queue_bytes=0 means "no buffer": drop whatever arrives while
+            # the link is busy.
+            if queued + size > queue_bytes:
+                self._queued_bytes = queued
+                return None
+            t = busy_until + size * 8 / rate
+        else:
+            queue = self._queue
+            queue.clear()
+            queued = 0
+            t = now + size * 8 / rate
+        self._busy_until = t
+        queue.append((t, size))
+        self._queued_bytes = queued + size
+        return t
 
     def _flip_bits(self, data: bytes) -> bytes:
         nbits = len(data) * 8

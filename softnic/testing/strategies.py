@@ -101,24 +101,8 @@ def fault_models(*, max_loss: float = 0.1, bursts: bool = True, max_reorder: flo
     models may keep a fault that does nothing.  ``loss_patterns`` shrinks
     exactly.
     """
-    for name, value in (("max_loss", max_loss), ("max_reorder", max_reorder),
-                        ("max_duplicate", max_duplicate), ("max_corrupt", max_corrupt)):
-        if not 0.0 <= value <= 1.0:
-            raise InvalidArgument(f"fault_models({name}={value!r}): a probability in [0, 1]")
-    for name, value in (("max_reorder_delay", max_reorder_delay), ("max_delay", max_delay),
-                        ("max_jitter", max_jitter)):
-        if not 0.0 <= value < 3600.0:
-            raise InvalidArgument(f"fault_models({name}={value!r}): seconds, >= 0")
-    if max_reorder and max_reorder_delay * _NS < 1:
-        raise InvalidArgument("fault_models: reordering needs max_reorder_delay >= 1 ns "
-                              "(or max_reorder=0)")
-    if isinstance(max_corrupt_bits, bool) or not isinstance(max_corrupt_bits, int) \
-            or max_corrupt_bits < 1:
-        raise InvalidArgument(f"fault_models(max_corrupt_bits={max_corrupt_bits!r}): an int >= 1")
-    if rates is not None:
-        low, high = rates
-        if not 0.0 < low <= high < float("inf"):
-            raise InvalidArgument(f"fault_models(rates={rates!r}): 0 < low <= high bits/s")
+    _check_fault_bounds(max_loss, max_reorder, max_reorder_delay, max_duplicate, max_corrupt,
+                        max_corrupt_bits, max_delay, max_jitter, rates)
 
     loss = _probability(max_loss)
     reorder = _probability(max_reorder)
@@ -159,6 +143,29 @@ def fault_models(*, max_loss: float = 0.1, bursts: bool = True, max_reorder: flo
         return FaultModel(**kw)
 
     return build()
+
+
+def _check_fault_bounds(max_loss, max_reorder, max_reorder_delay, max_duplicate, max_corrupt,
+                        max_corrupt_bits, max_delay, max_jitter, rates) -> None:
+    """fault_models' arguments, or InvalidArgument naming the bad one."""
+    for name, value in (("max_loss", max_loss), ("max_reorder", max_reorder),
+                        ("max_duplicate", max_duplicate), ("max_corrupt", max_corrupt)):
+        if not 0.0 <= value <= 1.0:
+            raise InvalidArgument(f"fault_models({name}={value!r}): a probability in [0, 1]")
+    for name, value in (("max_reorder_delay", max_reorder_delay), ("max_delay", max_delay),
+                        ("max_jitter", max_jitter)):
+        if not 0.0 <= value < 3600.0:
+            raise InvalidArgument(f"fault_models({name}={value!r}): seconds, >= 0")
+    if max_reorder and max_reorder_delay * _NS < 1:
+        raise InvalidArgument("fault_models: reordering needs max_reorder_delay >= 1 ns "
+                              "(or max_reorder=0)")
+    if isinstance(max_corrupt_bits, bool) or not isinstance(max_corrupt_bits, int) \
+            or max_corrupt_bits < 1:
+        raise InvalidArgument(f"fault_models(max_corrupt_bits={max_corrupt_bits!r}): an int >= 1")
+    if rates is not None:
+        low, high = rates
+        if not 0.0 < low <= high < float("inf"):
+            raise InvalidArgument(f"fault_models(rates={rates!r}): 0 < low <= high bits/s")
 
 
 def _probability(maximum: float) -> SearchStrategy[float] | None:
@@ -306,28 +313,8 @@ def work_requests(buffer_size: int = 4096, *, remote_buffer_size: int | None = N
     reference model is a plain copy per WR.  Overlapping WRs are legal, but
     a READ and a later WR touching the same local bytes race unless fenced.
     """
-    remote_size = buffer_size if remote_buffer_size is None else remote_buffer_size
-    ops = tuple(WROpcode(o) for o in opcodes)
-    for name, value in (("buffer_size", buffer_size), ("remote_buffer_size", remote_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidArgument(f"work_requests({name}={value!r}): an int >= 0")
-    if not ops:
-        raise InvalidArgument("work_requests: opcodes is empty")
-    for op in ops:
-        if op not in RC_OPCODES:
-            raise InvalidArgument(f"work_requests: {op.name} is not one of RC_OPCODES")
-    if not 0 <= min_size <= max_size:
-        raise InvalidArgument(f"work_requests: need 0 <= min_size <= max_size, got "
-                              f"{min_size}, {max_size}")
-    cap = min(buffer_size, remote_size)
-    if max_length is not None:
-        if max_length < 0:
-            raise InvalidArgument(f"work_requests(max_length={max_length!r}): >= 0")
-        cap = min(cap, max_length)
-    if buffer_size < 8 or remote_size < 8:
-        ops = tuple(op for op in ops if op not in _ATOMICS)
-        if not ops:
-            raise InvalidArgument("work_requests: atomics need buffers of 8 bytes or more")
+    remote_size, ops, cap = _check_wr_bounds(buffer_size, remote_buffer_size, opcodes,
+                                             min_size, max_size, max_length)
 
     @st.composite
     def build(draw) -> list[WorkRequest]:
@@ -378,6 +365,34 @@ def work_requests(buffer_size: int = 4096, *, remote_buffer_size: int | None = N
         return out
 
     return build()
+
+
+def _check_wr_bounds(buffer_size, remote_buffer_size, opcodes, min_size, max_size, max_length):
+    """work_requests' arguments as (remote buffer size, opcodes, longest length; atomics
+    left out where they cannot fit), or InvalidArgument naming the bad one."""
+    remote_size = buffer_size if remote_buffer_size is None else remote_buffer_size
+    ops = tuple(WROpcode(o) for o in opcodes)
+    for name, value in (("buffer_size", buffer_size), ("remote_buffer_size", remote_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"work_requests({name}={value!r}): an int >= 0")
+    if not ops:
+        raise InvalidArgument("work_requests: opcodes is empty")
+    for op in ops:
+        if op not in RC_OPCODES:
+            raise InvalidArgument(f"work_requests: {op.name} is not one of RC_OPCODES")
+    if not 0 <= min_size <= max_size:
+        raise InvalidArgument(f"work_requests: need 0 <= min_size <= max_size, got "
+                              f"{min_size}, {max_size}")
+    cap = min(buffer_size, remote_size)
+    if max_length is not None:
+        if max_length < 0:
+            raise InvalidArgument(f"work_requests(max_length={max_length!r}): >= 0")
+        cap = min(cap, max_length)
+    if buffer_size < 8 or remote_size < 8:
+        ops = tuple(op for op in ops if op not in _ATOMICS)
+        if not ops:
+            raise InvalidArgument("work_requests: atomics need buffers of 8 bytes or more")
+    return remote_size, ops, cap
 
 
 def _lengths(top: int) -> SearchStrategy[int]:

@@ -613,6 +613,8 @@ class Fabric:
         limit = -1 if max_events is None else max_events
         stopped = False
         ports = self._ports
+        # long: one loop on purpose: its body runs once per event, and each step moved
+        # into a method would add a call per event (tools/sim_bench.py counts them)
         while processed != limit and heap:
             at, seq, port, data, src = heap[0]
             if until is not None and at > until:

@@ -4,7 +4,10 @@ The C side hands over flat records (api.h) and small integer handles; this
 module keeps the objects behind the handles and drives the same live NICs the
 pyverbs-compatible API uses (``softnic.driver.nic``), so a C program and a Python
 program are peers on one engine.  Every call returns 0 or a positive errno,
-as libibverbs does; an unexpected exception is printed and becomes EIO.
+as libibverbs does; an unexpected exception is printed and becomes EIO
+(``softnic.faces.externs``).  The calls are plain module functions, grouped by
+the object they act on: devices and contexts, PDs, MRs, MWs, AHs, CQs, SRQs,
+QPs, XRC.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import itertools
 import os
 import time as _time
 import sys
-import traceback
 
 import softnic
 import softnic.driver.nic as _nic
@@ -26,6 +28,8 @@ from softnic.core.errors import VerbsError
 from softnic.core.memory import IMPLICIT_LENGTH, external_device_memory
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
+
+from ..externs import Externs
 
 _WC_GRH = 1                  # IBV_WC_GRH
 _SL_IPV4 = 2                 # RoCE L3 header type IPv4 (mlx5's CQE sl for RoCE UD receives)
@@ -120,545 +124,571 @@ def _linger(nic, qp) -> None:
     nic.wait_until(quiet_enough, timeout=LINGER_MAX, recheck=quiet / 4)
 
 
+extern = Externs()
+
+
 def install(ffi) -> None:
-    """Register the sn_* implementations with the embedded module's ffi."""
+    """Register this module's sn_* functions with the embedded module's ffi."""
+    extern.install(ffi)
 
-    def extern(error=errno.EIO):
-        def wrap(fn):
-            def call(*args):
-                try:
-                    r = fn(*args)
-                    return 0 if r is None else r
-                except VerbsError as e:
-                    return e.errno or errno.EINVAL
-                except OSError as e:
-                    return e.errno or errno.EIO
-                except Exception:                    # a bug here must not kill the program
-                    traceback.print_exc(file=sys.stderr)
-                    return error
-            call.__name__ = fn.__name__
-            return ffi.def_extern(name="sn_py_" + fn.__name__[3:], error=error)(call)
-        return wrap
 
-    # ------------------------------------------------------------ devices
+# ------------------------------------------------------------ devices and contexts
 
-    @extern(error=0)
-    def sn_device_count():
-        return len(_nic.device_names())
+@extern(error=0)
+def sn_device_count():
+    return len(_nic.device_names())
 
-    @extern()
-    def sn_device_name(idx, name, length, guid):
-        n = _nic.device_names()[idx].encode()[:length - 1]
-        ffi.memmove(name, n + b"\0", len(n) + 1)
-        guid[0] = int.from_bytes(_guid(_nic.device_names()[idx]).to_bytes(8, "big"),
-                                 sys.byteorder)
 
-    @extern()
-    def sn_open(idx, out):
-        names = _nic.device_names()
-        if not 0 <= idx < len(names):
-            return errno.ENODEV
-        nic = _nic.open_device(names[idx])
-        out[0] = _new(_Obj(nic, eng=names[idx]))
+@extern()
+def sn_device_name(idx, name, length, guid):
+    n = _nic.device_names()[idx].encode()[:length - 1]
+    extern.ffi.memmove(name, n + b"\0", len(n) + 1)
+    guid[0] = int.from_bytes(_guid(_nic.device_names()[idx]).to_bytes(8, "big"),
+                             sys.byteorder)
 
-    @extern()
-    def sn_close(h):
-        o = _objs.pop(h, None)
-        if o is None:
+
+@extern()
+def sn_open(idx, out):
+    names = _nic.device_names()
+    if not 0 <= idx < len(names):
+        return errno.ENODEV
+    nic = _nic.open_device(names[idx])
+    out[0] = _new(_Obj(nic, eng=names[idx]))
+
+
+@extern()
+def sn_close(h):
+    o = _objs.pop(h, None)
+    if o is None:
+        return errno.EINVAL
+    o.nic.release()
+
+
+@extern()
+def sn_query_device(h, a):
+    o = _get(h)
+    cfg = o.nic.dev.config
+    fw = getattr(softnic, "__version__", "0.1.0").encode()[:63]
+    extern.ffi.memmove(a.fw_ver, fw + b"\0", len(fw) + 1)
+    guid = int.from_bytes(_guid(o.eng).to_bytes(8, "big"), sys.byteorder)
+    a.node_guid = a.sys_image_guid = guid
+    a.max_mr_size = cfg.max_mr_size
+    a.page_size_cap = 0xFFFFF000
+    a.vendor_id = 0xFFFFFF
+    a.vendor_part_id = 0
+    a.hw_ver = 0
+    a.max_qp = cfg.max_qp
+    a.max_qp_wr = cfg.max_qp_wr
+    a.device_cap_flags = int(DEVICE_CAP_FLAGS)          # what the pyverbs API reports
+    a.max_sge = a.max_sge_rd = cfg.max_sge
+    a.max_cq = cfg.max_qp
+    a.max_cqe = cfg.max_cqe
+    a.max_mr = 1 << 20
+    a.max_pd = 1 << 16
+    a.max_qp_rd_atom = a.max_qp_init_rd_atom = cfg.max_rd_atomic
+    a.max_res_rd_atom = cfg.max_qp * cfg.max_rd_atomic
+    a.atomic_cap = 1                                    # IBV_ATOMIC_HCA
+    a.max_ah = 1 << 20
+    a.max_srq = cfg.max_qp
+    a.max_srq_wr = cfg.max_qp_wr
+    a.max_srq_sge = cfg.max_sge
+    a.max_pkeys = 1
+    a.local_ca_ack_delay = 15
+    a.phys_port_cnt = 1
+    a.max_inline_data = cfg.max_inline_data
+
+
+@extern()
+def sn_query_port(h, port, a):
+    o = _get(h)
+    if port != 1:
+        return errno.EINVAL
+    cfg = o.nic.dev.config
+    with o.nic.lock:
+        c = o.nic.dev.counters
+        a.bad_pkey_cntr = c.get("rcvd_bad_pkey", 0) & 0xFFFF
+        a.qkey_viol_cntr = c.get("rcvd_bad_qkey", 0) & 0xFFFF
+    a.active_mtu = _MTU_ENUM.get(cfg.active_mtu, 5)
+    a.max_msg_sz = min(cfg.max_msg_size, 0xFFFFFFFF)
+    a.gid_tbl_len = GID_TABLE_LEN
+
+
+@extern()
+def sn_query_gid(h, port, index, raw):
+    o = _get(h)
+    if port != 1 or not 0 <= index < GID_TABLE_LEN:
+        return errno.EINVAL
+    extern.ffi.memmove(raw, _gid_bytes(o.nic.gid), 16)
+
+
+@extern()
+def sn_get_async_event(ctx, type_, cookie):
+    c = _get(ctx)
+    dev = c.nic.dev
+    got = []
+
+    def take():
+        if dev.events:
+            got.append(dev.events.popleft())
+            return True
+        return False
+
+    if not c.nic.wait_until(take) or not got:
+        return errno.EIO
+    kind, obj = got[0]
+    type_[0] = int(kind)
+    for o in list(_objs.values()):
+        if o.eng is obj:
+            cookie[0] = o.cookie if o.cookie is not None else extern.ffi.NULL
+            break
+
+# ------------------------------------------------------------ protection domains
+
+@extern()
+def sn_alloc_pd(ctx, out):
+    c = _get(ctx)
+    out[0] = _new(_Obj(c.nic, c.nic.call(c.nic.dev.alloc_pd), ctx=c))
+
+
+@extern()
+def sn_dealloc_pd(h):
+    o = _get(h)
+    if o.cookie != "parent domain":        # a parent domain's PD is its creator's
+        o.nic.call(o.nic.dev.dealloc_pd, o.eng)
+    del _objs[h]
+
+
+@extern()
+def sn_alias_pd(pd, out):
+    """A parent domain: a handle of its protection domain's engine PD."""
+    p = _get(pd)
+    out[0] = _new(_Obj(p.nic, p.eng, cookie="parent domain"))
+
+# ------------------------------------------------------------ memory regions and device memory
+
+@extern()
+def sn_reg_mr(pd, addr, length, access, out, lkey, rkey):
+    p = _get(pd)
+    if addr == 0 and length == IMPLICIT_LENGTH and access & Access.ON_DEMAND:
+        mr = p.nic.call(p.nic.dev.keys.register_implicit, p.eng, access)   # implicit ODP
+    else:
+        mr = p.nic.call(p.nic.dev.reg_mr, p.eng, addr, length, access)
+    out[0] = _new(_Obj(p.nic, mr))
+    lkey[0] = mr.lkey
+    rkey[0] = mr.rkey
+
+
+@extern()
+def sn_rereg_mr(h, flags, pd, addr, length, access):
+    o = _get(h)
+    npd = _get(pd).eng if flags & 2 else None
+    o.nic.call(o.nic.dev.keys.rereg, o.eng, flags, npd, addr, length,
+               access & ~int(Access.ON_DEMAND))       # softnic never pins: always ODP
+
+
+@extern()
+def sn_dereg_mr(h):
+    o = _get(h)
+    o.nic.call(o.nic.dev.dereg_mr, o.eng)
+    del _objs[h]
+
+
+@extern()
+def sn_dm_size(ctx, size):
+    size[0] = _get(ctx).nic.dev.keys.dm.size
+
+
+@extern()
+def sn_reg_dm_mr(pd, addr, dm_length, offset, length, access, out, lkey, rkey):
+    p = _get(pd)
+    dm = external_device_memory(addr, dm_length)      # the library's device memory
+    mr = p.nic.call(p.nic.dev.keys.reg_dm_mr, p.eng, dm, offset, length, access)
+    out[0] = _new(_Obj(p.nic, mr))
+    lkey[0] = mr.lkey
+    rkey[0] = mr.rkey
+
+# ------------------------------------------------------------ memory windows
+
+@extern()
+def sn_alloc_mw(pd, type_, out, rkey):
+    p = _get(pd)
+    mw = p.nic.call(p.nic.dev.keys.alloc_mw, p.eng, type_)
+    out[0] = _new(_Obj(p.nic, mw))
+    rkey[0] = mw.rkey
+
+
+@extern()
+def sn_dealloc_mw(h):
+    o = _get(h)
+    o.nic.call(o.nic.dev.keys.dealloc_mw, o.eng)
+    del _objs[h]
+
+
+@extern()
+def sn_bind_mw(h, wr_id, send_flags, mw_rkey, rkey, mr_lkey, addr, length, access):
+    from softnic.core.memory import MWBind
+    o = _objs.get(h)
+    if o is None:
+        return errno.EINVAL
+    wr = SendWR(wr_id=wr_id, opcode=8, sg_list=[], send_flags=send_flags,     # BIND_MW
+                bind=MWBind(mw_rkey, rkey, mr_lkey, addr, length, access))
+    o.nic.call(o.nic.dev.post_send, o.eng, wr)
+
+# ------------------------------------------------------------ address handles
+
+@extern()
+def sn_create_ah(pd, a, out):
+    p = _get(pd)
+    out[0] = _new(_Obj(p.nic, _engine_ah(a)))
+
+
+@extern()
+def sn_destroy_ah(h):
+    _get(h)
+    del _objs[h]
+
+# ------------------------------------------------------------ completion channels and CQs
+
+@extern()
+def sn_create_channel(ctx, fd, out):
+    c = _get(ctx)
+    o = _Obj(c.nic, ctx=c)
+    o.cookie = fd            # the channel's eventfd: one count per event, for poll()
+    out[0] = _new(o)
+
+
+@extern()
+def sn_destroy_channel(h):
+    o = _get(h)
+    if any(not cq.closed for cq in o.cqs):
+        return errno.EBUSY
+    o.closed = True
+    del _objs[h]
+
+
+@extern()
+def sn_create_cq(ctx, cqe, ch, cookie, out, actual):
+    c = _get(ctx)
+    ecq = c.nic.call(c.nic.dev.create_cq, cqe)
+    o = _Obj(c.nic, ecq, ctx=c, cookie=cookie)
+    if ch:
+        o.channel = _get(ch)
+        o.channel.cqs.append(o)
+        ecq.on_event = lambda _cq, fd=o.channel.cookie: os.write(fd, _ONE)
+    out[0] = _new(o)
+    actual[0] = cqe
+
+
+@extern()
+def sn_destroy_cq(h):
+    o = _get(h)
+    o.nic.call(o.nic.dev.destroy_cq, o.eng)
+    o.closed = True
+    o.eng.on_event = None
+    if o.channel is not None:
+        o.channel.cqs.remove(o)
+    del _objs[h]
+
+
+@extern()
+def sn_resize_cq(h, cqe, actual):
+    o = _get(h)
+    with o.nic.lock:
+        if not len(o.eng.entries) <= cqe <= o.nic.dev.config.max_cqe or cqe < 1:
             return errno.EINVAL
-        o.nic.release()
+        o.eng.depth = cqe
+    actual[0] = cqe
 
-    @extern()
-    def sn_query_device(h, a):
-        o = _get(h)
-        cfg = o.nic.dev.config
-        fw = getattr(softnic, "__version__", "0.1.0").encode()[:63]
-        ffi.memmove(a.fw_ver, fw + b"\0", len(fw) + 1)
-        guid = int.from_bytes(_guid(o.eng).to_bytes(8, "big"), sys.byteorder)
-        a.node_guid = a.sys_image_guid = guid
-        a.max_mr_size = cfg.max_mr_size
-        a.page_size_cap = 0xFFFFF000
-        a.vendor_id = 0xFFFFFF
-        a.vendor_part_id = 0
-        a.hw_ver = 0
-        a.max_qp = cfg.max_qp
-        a.max_qp_wr = cfg.max_qp_wr
-        a.device_cap_flags = int(DEVICE_CAP_FLAGS)          # what the pyverbs API reports
-        a.max_sge = a.max_sge_rd = cfg.max_sge
-        a.max_cq = cfg.max_qp
-        a.max_cqe = cfg.max_cqe
-        a.max_mr = 1 << 20
-        a.max_pd = 1 << 16
-        a.max_qp_rd_atom = a.max_qp_init_rd_atom = cfg.max_rd_atomic
-        a.max_res_rd_atom = cfg.max_qp * cfg.max_rd_atomic
-        a.atomic_cap = 1                                    # IBV_ATOMIC_HCA
-        a.max_ah = 1 << 20
-        a.max_srq = cfg.max_qp
-        a.max_srq_wr = cfg.max_qp_wr
-        a.max_srq_sge = cfg.max_sge
-        a.max_pkeys = 1
-        a.local_ca_ack_delay = 15
-        a.phys_port_cnt = 1
-        a.max_inline_data = cfg.max_inline_data
 
-    @extern()
-    def sn_query_port(h, port, a):
-        o = _get(h)
-        if port != 1:
-            return errno.EINVAL
-        cfg = o.nic.dev.config
-        with o.nic.lock:
-            c = o.nic.dev.counters
-            a.bad_pkey_cntr = c.get("rcvd_bad_pkey", 0) & 0xFFFF
-            a.qkey_viol_cntr = c.get("rcvd_bad_qkey", 0) & 0xFFFF
-        a.active_mtu = _MTU_ENUM.get(cfg.active_mtu, 5)
-        a.max_msg_sz = min(cfg.max_msg_size, 0xFFFFFFFF)
-        a.gid_tbl_len = GID_TABLE_LEN
+@extern(error=-1)
+def sn_poll_cq(h, n, out):
+    o = _objs.get(h)
+    if o is None:
+        return -errno.EINVAL
+    nic = o.nic
+    nic.poll()
+    with nic.lock:
+        try:
+            got = nic.dev.poll_cq(o.eng, n)
+        except CQOverflow:
+            return -errno.EOVERFLOW
+    if not got:
+        # a program spinning on this CQ: move this process's other devices along (the
+        # peer may be one of them) and let their progress threads have the GIL
+        for other in _nic.open_nics():
+            if other is not nic:
+                other.poll()
+        _time.sleep(0)
+    else:
+        nic.end_lease()          # a program polls until a completion, then spins elsewhere
+    for i, w in enumerate(got):
+        r = out[i]
+        r.wr_id = w.wr_id
+        r.status = w.status
+        r.opcode = w.opcode
+        r.vendor_err = w.vendor_err
+        r.byte_len = w.byte_len
+        r.imm_data = (w.invalidated_rkey if w.wc_flags & 8 else w.imm_data) & 0xFFFFFFFF
+        r.qp_num = w.qp_num
+        r.src_qp = w.src_qp
+        r.wc_flags = w.wc_flags
+        r.pkey_index = w.pkey_index
+        r.slid = w.slid
+        # a receive with a GRH (UD) says in sl what L3 header the GRH area holds, as
+        # mlx5 does on RoCE (2: IPv4, in its last 20 bytes); UCX's ud_verbs reads
+        # the destination address from there by it
+        r.sl = _SL_IPV4 if w.wc_flags & _WC_GRH else w.sl
+        r.dlid_path_bits = w.dlid_path_bits
+    return len(got)
 
-    @extern()
-    def sn_query_gid(h, port, index, raw):
-        o = _get(h)
-        if port != 1 or not 0 <= index < GID_TABLE_LEN:
-            return errno.EINVAL
-        ffi.memmove(raw, _gid_bytes(o.nic.gid), 16)
 
-    # ------------------------------------------------------------ PD, MR, AH
+@extern()
+def sn_req_notify_cq(h, solicited_only):
+    o = _get(h)
+    with o.nic.lock:
+        o.eng.req_notify(bool(solicited_only))
 
-    @extern()
-    def sn_alloc_pd(ctx, out):
-        c = _get(ctx)
-        out[0] = _new(_Obj(c.nic, c.nic.call(c.nic.dev.alloc_pd), ctx=c))
 
-    @extern()
-    def sn_dealloc_pd(h):
-        o = _get(h)
-        if o.cookie != "parent domain":        # a parent domain's PD is its creator's
-            o.nic.call(o.nic.dev.dealloc_pd, o.eng)
-        del _objs[h]
+@extern()
+def sn_get_cq_event(h, cookie):
+    ch = _get(h)
+    got = []
 
-    @extern()
-    def sn_alias_pd(pd, out):
-        """A parent domain: a handle of its protection domain's engine PD."""
-        p = _get(pd)
-        out[0] = _new(_Obj(p.nic, p.eng, cookie="parent domain"))
-
-    @extern()
-    def sn_reg_mr(pd, addr, length, access, out, lkey, rkey):
-        p = _get(pd)
-        if addr == 0 and length == IMPLICIT_LENGTH and access & Access.ON_DEMAND:
-            mr = p.nic.call(p.nic.dev.keys.register_implicit, p.eng, access)   # implicit ODP
-        else:
-            mr = p.nic.call(p.nic.dev.reg_mr, p.eng, addr, length, access)
-        out[0] = _new(_Obj(p.nic, mr))
-        lkey[0] = mr.lkey
-        rkey[0] = mr.rkey
-
-    @extern()
-    def sn_dereg_mr(h):
-        o = _get(h)
-        o.nic.call(o.nic.dev.dereg_mr, o.eng)
-        del _objs[h]
-
-    # ------------------------------------------------------------ XRC
-
-    @extern()
-    def sn_open_xrcd(ctx, fd, oflags, out):
-        c = _get(ctx)
-        key = None
-        if fd >= 0:              # one domain per file on a device (shared by its openers)
-            st = os.fstat(fd)
-            key = (c.eng, st.st_dev, st.st_ino)
-            shared = _xrcd_files.get(key)
-            if shared is not None:
-                if oflags & os.O_EXCL:
-                    return errno.EEXIST
-                shared[1] += 1
-                out[0] = _new(_Obj(c.nic, shared[0], cookie=key))
-                return
-            if not oflags & os.O_CREAT:
-                return errno.ENOENT
-        x = c.nic.call(xrc.open_xrcd, c.nic.dev)
-        if key is not None:
-            _xrcd_files[key] = [x, 1]
-        out[0] = _new(_Obj(c.nic, x, cookie=key))
-
-    @extern()
-    def sn_close_xrcd(h):
-        o = _get(h)
-        key = o.cookie
-        if key is not None and key in _xrcd_files:
-            _xrcd_files[key][1] -= 1
-            if _xrcd_files[key][1] > 0:
-                del _objs[h]
-                return
-        o.nic.call(xrc.close_xrcd, o.nic.dev, o.eng)
-        if key is not None:
-            _xrcd_files.pop(key, None)
-        del _objs[h]
-
-    @extern()
-    def sn_make_xrc_srq(srq, xrcd, cq):
-        s = _get(srq)
-        s.nic.call(xrc.make_srq, s.eng, _get(xrcd).eng, _get(cq).eng)
-
-    @extern()
-    def sn_srq_num(srq, num):
-        num[0] = _get(srq).eng.handle         # the number an XRCETH names
-
-    @extern()
-    def sn_create_xrc_qp(pd, xrcd, role, send_cq, cap, sq_sig_all, cookie, out, qpn):
-        if role == 0:                         # an initiator, in a PD
-            p = _get(pd)
-            nic, epd, x, name = p.nic, p.eng, None, "ini"
-        else:                                 # a target, in its XRC domain
-            d = _get(xrcd)
-            nic, epd, x, name = d.nic, d.eng.pd, d.eng, "tgt"
-        init = QPInitAttr(qp_type=QPType.RC,
-                          send_cq=_get(send_cq).eng if send_cq and role == 0 else None,
-                          cap=QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge,
-                                    cap.max_recv_sge, cap.max_inline_data),
-                          sq_sig_all=bool(sq_sig_all), xrc=name, xrcd=x)
-        qp = nic.call(nic.dev.create_qp, epd, init)
-        cap.max_send_wr, cap.max_recv_wr = qp.cap.max_send_wr, qp.cap.max_recv_wr
-        cap.max_send_sge, cap.max_recv_sge = qp.cap.max_send_sge, qp.cap.max_recv_sge
-        cap.max_inline_data = qp.cap.max_inline_data
-        out[0] = _new(_Obj(nic, qp, cookie=cookie))
-        qpn[0] = qp.qpn
-
-    # ------------------------------------------------------------ device memory
-
-    @extern()
-    def sn_dm_size(ctx, size):
-        size[0] = _get(ctx).nic.dev.keys.dm.size
-
-    @extern()
-    def sn_reg_dm_mr(pd, addr, dm_length, offset, length, access, out, lkey, rkey):
-        p = _get(pd)
-        dm = external_device_memory(addr, dm_length)      # the library's device memory
-        mr = p.nic.call(p.nic.dev.keys.reg_dm_mr, p.eng, dm, offset, length, access)
-        out[0] = _new(_Obj(p.nic, mr))
-        lkey[0] = mr.lkey
-        rkey[0] = mr.rkey
-
-    # ------------------------------------------------------------ rereg, memory windows
-
-    @extern()
-    def sn_rereg_mr(h, flags, pd, addr, length, access):
-        o = _get(h)
-        npd = _get(pd).eng if flags & 2 else None
-        o.nic.call(o.nic.dev.keys.rereg, o.eng, flags, npd, addr, length,
-                   access & ~int(Access.ON_DEMAND))       # softnic never pins: always ODP
-
-    @extern()
-    def sn_alloc_mw(pd, type_, out, rkey):
-        p = _get(pd)
-        mw = p.nic.call(p.nic.dev.keys.alloc_mw, p.eng, type_)
-        out[0] = _new(_Obj(p.nic, mw))
-        rkey[0] = mw.rkey
-
-    @extern()
-    def sn_dealloc_mw(h):
-        o = _get(h)
-        o.nic.call(o.nic.dev.keys.dealloc_mw, o.eng)
-        del _objs[h]
-
-    @extern()
-    def sn_bind_mw(h, wr_id, send_flags, mw_rkey, rkey, mr_lkey, addr, length, access):
-        from softnic.core.memory import MWBind
-        o = _objs.get(h)
-        if o is None:
-            return errno.EINVAL
-        wr = SendWR(wr_id=wr_id, opcode=8, sg_list=[], send_flags=send_flags,     # BIND_MW
-                    bind=MWBind(mw_rkey, rkey, mr_lkey, addr, length, access))
-        o.nic.call(o.nic.dev.post_send, o.eng, wr)
-
-    @extern()
-    def sn_create_ah(pd, a, out):
-        p = _get(pd)
-        out[0] = _new(_Obj(p.nic, _engine_ah(a)))
-
-    @extern()
-    def sn_destroy_ah(h):
-        _get(h)
-        del _objs[h]
-
-    # ------------------------------------------------------------ CQs and channels
-
-    @extern()
-    def sn_create_channel(ctx, fd, out):
-        c = _get(ctx)
-        o = _Obj(c.nic, ctx=c)
-        o.cookie = fd            # the channel's eventfd: one count per event, for poll()
-        out[0] = _new(o)
-
-    @extern()
-    def sn_destroy_channel(h):
-        o = _get(h)
-        if any(not cq.closed for cq in o.cqs):
-            return errno.EBUSY
-        o.closed = True
-        del _objs[h]
-
-    @extern()
-    def sn_create_cq(ctx, cqe, ch, cookie, out, actual):
-        c = _get(ctx)
-        ecq = c.nic.call(c.nic.dev.create_cq, cqe)
-        o = _Obj(c.nic, ecq, ctx=c, cookie=cookie)
-        if ch:
-            o.channel = _get(ch)
-            o.channel.cqs.append(o)
-            ecq.on_event = lambda _cq, fd=o.channel.cookie: os.write(fd, _ONE)
-        out[0] = _new(o)
-        actual[0] = cqe
-
-    @extern()
-    def sn_destroy_cq(h):
-        o = _get(h)
-        o.nic.call(o.nic.dev.destroy_cq, o.eng)
-        o.closed = True
-        o.eng.on_event = None
-        if o.channel is not None:
-            o.channel.cqs.remove(o)
-        del _objs[h]
-
-    @extern()
-    def sn_resize_cq(h, cqe, actual):
-        o = _get(h)
-        with o.nic.lock:
-            if not len(o.eng.entries) <= cqe <= o.nic.dev.config.max_cqe or cqe < 1:
-                return errno.EINVAL
-            o.eng.depth = cqe
-        actual[0] = cqe
-
-    @extern(error=-1)
-    def sn_poll_cq(h, n, out):
-        o = _objs.get(h)
-        if o is None:
-            return -errno.EINVAL
-        nic = o.nic
-        nic.poll()
-        with nic.lock:
-            try:
-                got = nic.dev.poll_cq(o.eng, n)
-            except CQOverflow:
-                return -errno.EOVERFLOW
-        if not got:
-            # a program spinning on this CQ: move this process's other devices along (the
-            # peer may be one of them) and let their progress threads have the GIL
-            for other in _nic.open_nics():
-                if other is not nic:
-                    other.poll()
-            _time.sleep(0)
-        else:
-            nic.end_lease()          # a program polls until a completion, then spins elsewhere
-        for i, w in enumerate(got):
-            r = out[i]
-            r.wr_id = w.wr_id
-            r.status = w.status
-            r.opcode = w.opcode
-            r.vendor_err = w.vendor_err
-            r.byte_len = w.byte_len
-            r.imm_data = (w.invalidated_rkey if w.wc_flags & 8 else w.imm_data) & 0xFFFFFFFF
-            r.qp_num = w.qp_num
-            r.src_qp = w.src_qp
-            r.wc_flags = w.wc_flags
-            r.pkey_index = w.pkey_index
-            r.slid = w.slid
-            # a receive with a GRH (UD) says in sl what L3 header the GRH area holds, as
-            # mlx5 does on RoCE (2: IPv4, in its last 20 bytes); UCX's ud_verbs reads
-            # the destination address from there by it
-            r.sl = _SL_IPV4 if w.wc_flags & _WC_GRH else w.sl
-            r.dlid_path_bits = w.dlid_path_bits
-        return len(got)
-
-    @extern()
-    def sn_req_notify_cq(h, solicited_only):
-        o = _get(h)
-        with o.nic.lock:
-            o.eng.req_notify(bool(solicited_only))
-
-    @extern()
-    def sn_get_cq_event(h, cookie):
-        ch = _get(h)
-        got = []
-
-        def ready():
-            if ch.closed:
+    def ready():
+        if ch.closed:
+            return True
+        for cq in ch.cqs:
+            if cq.eng.events > cq.taken:
+                got.append(cq)
                 return True
-            for cq in ch.cqs:
-                if cq.eng.events > cq.taken:
-                    got.append(cq)
-                    return True
-            return False
+        return False
 
-        if not ch.nic.wait_until(ready) or not got:
-            return errno.EIO
-        got[0].taken += 1
-        cookie[0] = got[0].cookie
+    if not ch.nic.wait_until(ready) or not got:
+        return errno.EIO
+    got[0].taken += 1
+    cookie[0] = got[0].cookie
 
-    # ------------------------------------------------------------ SRQ
+# ------------------------------------------------------------ work requests' scatter/gather lists
 
-    @extern()
-    def sn_create_srq(pd, max_wr, max_sge, limit, cookie, out):
+def _sges(sg, n):
+    return [(sg[i].addr, sg[i].length, sg[i].lkey) for i in range(n)]
+
+# ------------------------------------------------------------ shared receive queues
+
+@extern()
+def sn_create_srq(pd, max_wr, max_sge, limit, cookie, out):
+    p = _get(pd)
+    srq = p.nic.call(p.nic.dev.create_srq, p.eng, max_wr, max_sge, limit)
+    out[0] = _new(_Obj(p.nic, srq, cookie=cookie))
+
+
+@extern()
+def sn_modify_srq(h, max_wr, limit, mask):
+    o = _get(h)
+    with o.nic.lock:
+        o.eng.modify(max_wr=max_wr if mask & 1 else None,       # IBV_SRQ_MAX_WR
+                     srq_limit=limit if mask & 2 else None)     # IBV_SRQ_LIMIT
+
+
+@extern()
+def sn_query_srq(h, max_wr, max_sge, limit):
+    o = _get(h)
+    max_wr[0] = o.eng.max_wr
+    max_sge[0] = o.eng.max_sge
+    limit[0] = o.eng.srq_limit
+
+
+@extern()
+def sn_destroy_srq(h):
+    o = _get(h)
+    o.nic.call(o.nic.dev.destroy_srq, o.eng)
+    del _objs[h]
+
+
+@extern()
+def sn_post_srq_recv(h, wr_id, sg, n):
+    o = _get(h)
+    o.nic.call(o.nic.dev.post_srq_recv, o.eng, RecvWR(wr_id, _sges(sg, n)))
+
+# ------------------------------------------------------------ queue pairs
+
+@extern()
+def sn_create_qp(pd, i, cookie, out, qpn):
+    p = _get(pd)
+    c = i.cap
+    init = QPInitAttr(qp_type=QPType(i.qp_type), send_cq=_get(i.send_cq).eng,
+                      recv_cq=_get(i.recv_cq).eng,
+                      srq=_get(i.srq).eng if i.srq else None,
+                      cap=QPCap(c.max_send_wr, c.max_recv_wr, c.max_send_sge,
+                                c.max_recv_sge, c.max_inline_data),
+                      sq_sig_all=bool(i.sq_sig_all))
+    qp = p.nic.call(p.nic.dev.create_qp, p.eng, init)
+    c.max_send_wr, c.max_recv_wr = qp.cap.max_send_wr, qp.cap.max_recv_wr
+    c.max_send_sge, c.max_recv_sge = qp.cap.max_send_sge, qp.cap.max_recv_sge
+    c.max_inline_data = qp.cap.max_inline_data
+    out[0] = _new(_Obj(p.nic, qp, cookie=cookie))
+    qpn[0] = qp.qpn
+
+
+@extern()
+def sn_modify_qp(h, a, mask):
+    o = _get(h)
+    ah = _engine_ah(a.ah) if mask & (1 << 7) else AHAttr()
+    attr = QPAttr(qp_state=QPState(a.qp_state) if mask & 1 else QPState.RESET,
+                  cur_qp_state=QPState(a.cur_qp_state) if mask & 2 else QPState.RESET,
+                  path_mtu=a.path_mtu if mask & (1 << 8) else 3,
+                  qp_access_flags=Access(a.qp_access_flags), pkey_index=a.pkey_index,
+                  port_num=a.port_num, qkey=a.qkey, ah_attr=ah, dest_qp_num=a.dest_qp_num,
+                  rq_psn=a.rq_psn, sq_psn=a.sq_psn, max_rd_atomic=a.max_rd_atomic,
+                  max_dest_rd_atomic=a.max_dest_rd_atomic, min_rnr_timer=a.min_rnr_timer,
+                  timeout=a.timeout, retry_cnt=a.retry_cnt, rnr_retry=a.rnr_retry,
+                  en_sqd_async_notify=a.en_sqd_async_notify,
+                  path_mig_state=a.path_mig_state)
+    o.nic.call(o.nic.dev.modify_qp, o.eng, attr, mask)
+
+
+@extern()
+def sn_query_qp(h, a, i):
+    o = _get(h)
+    attr, init = o.nic.call(o.nic.dev.query_qp, o.eng)
+    a.qp_state = attr.qp_state
+    a.cur_qp_state = attr.cur_qp_state
+    a.path_mtu = attr.path_mtu
+    a.path_mig_state = attr.path_mig_state
+    a.qkey = attr.qkey
+    a.rq_psn = attr.rq_psn
+    a.sq_psn = attr.sq_psn
+    a.dest_qp_num = attr.dest_qp_num
+    a.qp_access_flags = int(attr.qp_access_flags)
+    cap = attr.cap
+    a.cap.max_send_wr, a.cap.max_recv_wr = cap.max_send_wr, cap.max_recv_wr
+    a.cap.max_send_sge, a.cap.max_recv_sge = cap.max_send_sge, cap.max_recv_sge
+    a.cap.max_inline_data = cap.max_inline_data
+    ah = attr.ah_attr
+    if ah.dgid not in ("", "::"):
+        extern.ffi.memmove(a.ah.dgid, _gid_bytes(ah.dgid), 16)
+        a.ah.is_global = 1
+    a.ah.flow_label = ah.flow_label
+    a.ah.sgid_index = ah.sgid_index
+    a.ah.hop_limit = ah.hop_limit
+    a.ah.traffic_class = ah.traffic_class
+    a.ah.sl = ah.sl
+    a.ah.port_num = ah.port_num
+    a.pkey_index = attr.pkey_index
+    a.en_sqd_async_notify = attr.en_sqd_async_notify
+    a.sq_draining = 0
+    a.max_rd_atomic = attr.max_rd_atomic
+    a.max_dest_rd_atomic = attr.max_dest_rd_atomic
+    a.min_rnr_timer = attr.min_rnr_timer
+    a.port_num = attr.port_num
+    a.timeout = attr.timeout
+    a.retry_cnt = attr.retry_cnt
+    a.rnr_retry = attr.rnr_retry
+    i.qp_type = int(init.qp_type)
+    i.sq_sig_all = int(init.sq_sig_all)
+
+
+@extern()
+def sn_destroy_qp(h):
+    o = _get(h)
+    _linger(o.nic, o.eng)
+    o.nic.call(o.nic.dev.destroy_qp, o.eng)
+    del _objs[h]
+
+
+@extern()
+def sn_post_send(h, w):
+    o = _objs.get(h)
+    if o is None:
+        return errno.EINVAL
+    ah = None
+    if w.ah:
+        ah = _get(w.ah).eng
+    wr = SendWR(wr_id=w.wr_id, opcode=w.opcode, sg_list=_sges(w.sg_list, w.num_sge),
+                send_flags=w.send_flags, imm_data=w.imm_data,
+                invalidate_rkey=w.invalidate_rkey, remote_addr=w.remote_addr,
+                rkey=w.rkey, compare_add=w.compare_add, swap=w.swap, ah=ah,
+                remote_qpn=w.remote_qpn, remote_qkey=w.remote_qkey)
+    if getattr(o.eng, "xrc", None) == "ini":      # an XRC initiator: the remote XRC SRQ travels in remote_qpn
+        wr.xrc_srqn = w.remote_qpn
+    if w.opcode == 15:          # IBV_WR_ATOMIC_WRITE: its 8 bytes, as stored in swap
+        wr.atomic_data = int(w.swap).to_bytes(8, sys.byteorder)
+    o.nic.call(o.nic.dev.post_send, o.eng, wr)
+
+
+@extern()
+def sn_post_recv(h, wr_id, sg, n):
+    o = _objs.get(h)
+    if o is None:
+        return errno.EINVAL
+    o.nic.call(o.nic.dev.post_recv, o.eng, RecvWR(wr_id, _sges(sg, n)))
+
+# ------------------------------------------------------------ XRC domains, XRC SRQs and XRC QPs
+
+@extern()
+def sn_open_xrcd(ctx, fd, oflags, out):
+    c = _get(ctx)
+    key = None
+    if fd >= 0:              # one domain per file on a device (shared by its openers)
+        st = os.fstat(fd)
+        key = (c.eng, st.st_dev, st.st_ino)
+        shared = _xrcd_files.get(key)
+        if shared is not None:
+            if oflags & os.O_EXCL:
+                return errno.EEXIST
+            shared[1] += 1
+            out[0] = _new(_Obj(c.nic, shared[0], cookie=key))
+            return
+        if not oflags & os.O_CREAT:
+            return errno.ENOENT
+    x = c.nic.call(xrc.open_xrcd, c.nic.dev)
+    if key is not None:
+        _xrcd_files[key] = [x, 1]
+    out[0] = _new(_Obj(c.nic, x, cookie=key))
+
+
+@extern()
+def sn_close_xrcd(h):
+    o = _get(h)
+    key = o.cookie
+    if key is not None and key in _xrcd_files:
+        _xrcd_files[key][1] -= 1
+        if _xrcd_files[key][1] > 0:
+            del _objs[h]
+            return
+    o.nic.call(xrc.close_xrcd, o.nic.dev, o.eng)
+    if key is not None:
+        _xrcd_files.pop(key, None)
+    del _objs[h]
+
+
+@extern()
+def sn_make_xrc_srq(srq, xrcd, cq):
+    s = _get(srq)
+    s.nic.call(xrc.make_srq, s.eng, _get(xrcd).eng, _get(cq).eng)
+
+
+@extern()
+def sn_srq_num(srq, num):
+    num[0] = _get(srq).eng.handle         # the number an XRCETH names
+
+
+@extern()
+def sn_create_xrc_qp(pd, xrcd, role, send_cq, cap, sq_sig_all, cookie, out, qpn):
+    if role == 0:                         # an initiator, in a PD
         p = _get(pd)
-        srq = p.nic.call(p.nic.dev.create_srq, p.eng, max_wr, max_sge, limit)
-        out[0] = _new(_Obj(p.nic, srq, cookie=cookie))
-
-    @extern()
-    def sn_modify_srq(h, max_wr, limit, mask):
-        o = _get(h)
-        with o.nic.lock:
-            o.eng.modify(max_wr=max_wr if mask & 1 else None,       # IBV_SRQ_MAX_WR
-                         srq_limit=limit if mask & 2 else None)     # IBV_SRQ_LIMIT
-
-    @extern()
-    def sn_query_srq(h, max_wr, max_sge, limit):
-        o = _get(h)
-        max_wr[0] = o.eng.max_wr
-        max_sge[0] = o.eng.max_sge
-        limit[0] = o.eng.srq_limit
-
-    @extern()
-    def sn_destroy_srq(h):
-        o = _get(h)
-        o.nic.call(o.nic.dev.destroy_srq, o.eng)
-        del _objs[h]
-
-    def _sges(sg, n):
-        return [(sg[i].addr, sg[i].length, sg[i].lkey) for i in range(n)]
-
-    @extern()
-    def sn_post_srq_recv(h, wr_id, sg, n):
-        o = _get(h)
-        o.nic.call(o.nic.dev.post_srq_recv, o.eng, RecvWR(wr_id, _sges(sg, n)))
-
-    # ------------------------------------------------------------ QP
-
-    @extern()
-    def sn_create_qp(pd, i, cookie, out, qpn):
-        p = _get(pd)
-        c = i.cap
-        init = QPInitAttr(qp_type=QPType(i.qp_type), send_cq=_get(i.send_cq).eng,
-                          recv_cq=_get(i.recv_cq).eng,
-                          srq=_get(i.srq).eng if i.srq else None,
-                          cap=QPCap(c.max_send_wr, c.max_recv_wr, c.max_send_sge,
-                                    c.max_recv_sge, c.max_inline_data),
-                          sq_sig_all=bool(i.sq_sig_all))
-        qp = p.nic.call(p.nic.dev.create_qp, p.eng, init)
-        c.max_send_wr, c.max_recv_wr = qp.cap.max_send_wr, qp.cap.max_recv_wr
-        c.max_send_sge, c.max_recv_sge = qp.cap.max_send_sge, qp.cap.max_recv_sge
-        c.max_inline_data = qp.cap.max_inline_data
-        out[0] = _new(_Obj(p.nic, qp, cookie=cookie))
-        qpn[0] = qp.qpn
-
-    @extern()
-    def sn_modify_qp(h, a, mask):
-        o = _get(h)
-        ah = _engine_ah(a.ah) if mask & (1 << 7) else AHAttr()
-        attr = QPAttr(qp_state=QPState(a.qp_state) if mask & 1 else QPState.RESET,
-                      cur_qp_state=QPState(a.cur_qp_state) if mask & 2 else QPState.RESET,
-                      path_mtu=a.path_mtu if mask & (1 << 8) else 3,
-                      qp_access_flags=Access(a.qp_access_flags), pkey_index=a.pkey_index,
-                      port_num=a.port_num, qkey=a.qkey, ah_attr=ah, dest_qp_num=a.dest_qp_num,
-                      rq_psn=a.rq_psn, sq_psn=a.sq_psn, max_rd_atomic=a.max_rd_atomic,
-                      max_dest_rd_atomic=a.max_dest_rd_atomic, min_rnr_timer=a.min_rnr_timer,
-                      timeout=a.timeout, retry_cnt=a.retry_cnt, rnr_retry=a.rnr_retry,
-                      en_sqd_async_notify=a.en_sqd_async_notify,
-                      path_mig_state=a.path_mig_state)
-        o.nic.call(o.nic.dev.modify_qp, o.eng, attr, mask)
-
-    @extern()
-    def sn_query_qp(h, a, i):
-        o = _get(h)
-        attr, init = o.nic.call(o.nic.dev.query_qp, o.eng)
-        a.qp_state = attr.qp_state
-        a.cur_qp_state = attr.cur_qp_state
-        a.path_mtu = attr.path_mtu
-        a.path_mig_state = attr.path_mig_state
-        a.qkey = attr.qkey
-        a.rq_psn = attr.rq_psn
-        a.sq_psn = attr.sq_psn
-        a.dest_qp_num = attr.dest_qp_num
-        a.qp_access_flags = int(attr.qp_access_flags)
-        cap = attr.cap
-        a.cap.max_send_wr, a.cap.max_recv_wr = cap.max_send_wr, cap.max_recv_wr
-        a.cap.max_send_sge, a.cap.max_recv_sge = cap.max_send_sge, cap.max_recv_sge
-        a.cap.max_inline_data = cap.max_inline_data
-        ah = attr.ah_attr
-        if ah.dgid not in ("", "::"):
-            ffi.memmove(a.ah.dgid, _gid_bytes(ah.dgid), 16)
-            a.ah.is_global = 1
-        a.ah.flow_label = ah.flow_label
-        a.ah.sgid_index = ah.sgid_index
-        a.ah.hop_limit = ah.hop_limit
-        a.ah.traffic_class = ah.traffic_class
-        a.ah.sl = ah.sl
-        a.ah.port_num = ah.port_num
-        a.pkey_index = attr.pkey_index
-        a.en_sqd_async_notify = attr.en_sqd_async_notify
-        a.sq_draining = 0
-        a.max_rd_atomic = attr.max_rd_atomic
-        a.max_dest_rd_atomic = attr.max_dest_rd_atomic
-        a.min_rnr_timer = attr.min_rnr_timer
-        a.port_num = attr.port_num
-        a.timeout = attr.timeout
-        a.retry_cnt = attr.retry_cnt
-        a.rnr_retry = attr.rnr_retry
-        i.qp_type = int(init.qp_type)
-        i.sq_sig_all = int(init.sq_sig_all)
-
-    @extern()
-    def sn_destroy_qp(h):
-        o = _get(h)
-        _linger(o.nic, o.eng)
-        o.nic.call(o.nic.dev.destroy_qp, o.eng)
-        del _objs[h]
-
-    @extern()
-    def sn_post_send(h, w):
-        o = _objs.get(h)
-        if o is None:
-            return errno.EINVAL
-        ah = None
-        if w.ah:
-            ah = _get(w.ah).eng
-        wr = SendWR(wr_id=w.wr_id, opcode=w.opcode, sg_list=_sges(w.sg_list, w.num_sge),
-                    send_flags=w.send_flags, imm_data=w.imm_data,
-                    invalidate_rkey=w.invalidate_rkey, remote_addr=w.remote_addr,
-                    rkey=w.rkey, compare_add=w.compare_add, swap=w.swap, ah=ah,
-                    remote_qpn=w.remote_qpn, remote_qkey=w.remote_qkey)
-        if getattr(o.eng, "xrc", None) == "ini":      # an XRC initiator: the remote XRC SRQ travels in remote_qpn
-            wr.xrc_srqn = w.remote_qpn
-        if w.opcode == 15:          # IBV_WR_ATOMIC_WRITE: its 8 bytes, as stored in swap
-            wr.atomic_data = int(w.swap).to_bytes(8, sys.byteorder)
-        o.nic.call(o.nic.dev.post_send, o.eng, wr)
-
-    @extern()
-    def sn_post_recv(h, wr_id, sg, n):
-        o = _objs.get(h)
-        if o is None:
-            return errno.EINVAL
-        o.nic.call(o.nic.dev.post_recv, o.eng, RecvWR(wr_id, _sges(sg, n)))
-
-    # ------------------------------------------------------------ async events
-
-    @extern()
-    def sn_get_async_event(ctx, type_, cookie):
-        c = _get(ctx)
-        dev = c.nic.dev
-        got = []
-
-        def take():
-            if dev.events:
-                got.append(dev.events.popleft())
-                return True
-            return False
-
-        if not c.nic.wait_until(take) or not got:
-            return errno.EIO
-        kind, obj = got[0]
-        type_[0] = int(kind)
-        for o in list(_objs.values()):
-            if o.eng is obj:
-                cookie[0] = o.cookie if o.cookie is not None else ffi.NULL
-                break
+        nic, epd, x, name = p.nic, p.eng, None, "ini"
+    else:                                 # a target, in its XRC domain
+        d = _get(xrcd)
+        nic, epd, x, name = d.nic, d.eng.pd, d.eng, "tgt"
+    init = QPInitAttr(qp_type=QPType.RC,
+                      send_cq=_get(send_cq).eng if send_cq and role == 0 else None,
+                      cap=QPCap(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge,
+                                cap.max_recv_sge, cap.max_inline_data),
+                      sq_sig_all=bool(sq_sig_all), xrc=name, xrcd=x)
+    qp = nic.call(nic.dev.create_qp, epd, init)
+    cap.max_send_wr, cap.max_recv_wr = qp.cap.max_send_wr, qp.cap.max_recv_wr
+    cap.max_send_sge, cap.max_recv_sge = qp.cap.max_send_sge, qp.cap.max_recv_sge
+    cap.max_inline_data = qp.cap.max_inline_data
+    out[0] = _new(_Obj(nic, qp, cookie=cookie))
+    qpn[0] = qp.qpn

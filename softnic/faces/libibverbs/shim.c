@@ -90,6 +90,35 @@ static inline uint32_t ctx_handle(struct ibv_context *ctx) { return to_sctx(ctx)
 
 static void *sn_fail_ptr(int err) { errno = err; return NULL; }
 
+/* After a create call that gave handle h: a zeroed object of size bytes for it, or NULL
+ * with errno set: the call's error, or ENOMEM once undo has given the handle back. */
+static void *sn_object_for(int err, size_t size, int (*undo)(uint32_t), uint32_t h)
+{
+    if (err)
+        return sn_fail_ptr(err);
+    void *obj = calloc(1, size);
+    if (!obj) {
+        undo(h);
+        return sn_fail_ptr(ENOMEM);
+    }
+    return obj;
+}
+
+/* A create call that named obj (its cookie) failed: free obj, NULL with errno err. */
+static void *sn_unmade(void *obj, int err)
+{
+    free(obj);
+    return sn_fail_ptr(err);
+}
+
+/* A destroy call's result; obj is freed once the backend has let its handle go. */
+static int sn_destroyed(int err, void *obj)
+{
+    if (!err)
+        free(obj);
+    return err;
+}
+
 /* ------------------------------------------------------------------ devices */
 
 static int sn_load_devices(void)
@@ -553,45 +582,40 @@ static int sn_vctx_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice
     return 0;
 }
 
+/* The ibv_pd of a PD (or of a parent domain's alias of one) that the backend made. */
+static struct ibv_pd *sn_pd_for(int err, struct ibv_context *context, uint32_t h)
+{
+    struct ibv_pd *pd = sn_object_for(err, sizeof(*pd), sn_dealloc_pd, h);
+    if (pd) {
+        pd->context = context;
+        pd->handle = h;
+    }
+    return pd;
+}
+
 SN_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 {
-    uint32_t h;
+    uint32_t h = 0;
     int err = sn_alloc_pd(ctx_handle(context), &h);
-    if (err)
-        return sn_fail_ptr(err);
-    struct ibv_pd *pd = calloc(1, sizeof(*pd));
-    if (!pd) {
-        sn_dealloc_pd(h);
-        return sn_fail_ptr(ENOMEM);
-    }
-    pd->context = context;
-    pd->handle = h;
-    return pd;
+    return sn_pd_for(err, context, h);
 }
 
 SN_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 {
-    int err = sn_dealloc_pd(pd->handle);
-    if (!err)
-        free(pd);
-    return err;
+    return sn_destroyed(sn_dealloc_pd(pd->handle), pd);
 }
 
 SN_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
                                           uint64_t iova, unsigned int access)
 {
-    uint32_t h, lkey, rkey;
+    uint32_t h = 0, lkey, rkey;
     if (iova != (uint64_t)(uintptr_t)addr)
         return sn_fail_ptr(EOPNOTSUPP);    /* remote addresses are virtual addresses */
     int err = sn_reg_mr(pd->handle, (uint64_t)(uintptr_t)addr, length,
                         access & ~IBV_ACCESS_OPTIONAL_RANGE, &h, &lkey, &rkey);
-    if (err)
-        return sn_fail_ptr(err);
-    struct sn_mr *smr = calloc(1, sizeof(*smr));
-    if (!smr) {
-        sn_dereg_mr(h);
-        return sn_fail_ptr(ENOMEM);
-    }
+    struct sn_mr *smr = sn_object_for(err, sizeof(*smr), sn_dereg_mr, h);
+    if (!smr)
+        return NULL;
     smr->access = access & ~IBV_ACCESS_OPTIONAL_RANGE;
     struct ibv_mr *mr = &smr->mr;
     mr->context = pd->context;
@@ -693,16 +717,12 @@ static void sn_ah_to_ibv(struct ibv_ah_attr *a, const struct sn_ah *s)
 SN_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
     struct sn_ah s;
-    uint32_t h;
+    uint32_t h = 0;
     sn_ah_from_ibv(&s, attr);
     int err = sn_create_ah(pd->handle, &s, &h);
-    if (err)
-        return sn_fail_ptr(err);
-    struct ibv_ah *ah = calloc(1, sizeof(*ah));
-    if (!ah) {
-        sn_destroy_ah(h);
-        return sn_fail_ptr(ENOMEM);
-    }
+    struct ibv_ah *ah = sn_object_for(err, sizeof(*ah), sn_destroy_ah, h);
+    if (!ah)
+        return NULL;
     ah->context = pd->context;
     ah->pd = pd;
     ah->handle = h;
@@ -711,10 +731,7 @@ SN_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *at
 
 SN_EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
 {
-    int err = sn_destroy_ah(ah->handle);
-    if (!err)
-        free(ah);
-    return err;
+    return sn_destroyed(sn_destroy_ah(ah->handle), ah);
 }
 
 /* RoCEv2 over IPv4: the 40-byte GRH area of a UD receive holds the IPv4 header
@@ -1042,10 +1059,8 @@ static struct ibv_srq *sn_new_srq(struct ibv_pd *pd, void *srq_context, struct i
     if (!srq)
         return sn_fail_ptr(ENOMEM);
     int err = sn_create_srq(pd->handle, a->max_wr, a->max_sge, a->srq_limit, srq, &h);
-    if (err) {
-        free(srq);
-        return sn_fail_ptr(err);
-    }
+    if (err)
+        return sn_unmade(srq, err);
     srq->context = pd->context;
     srq->srq_context = srq_context;
     srq->pd = pd;
@@ -1090,10 +1105,7 @@ SN_EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
 
 SN_EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
 {
-    int err = sn_destroy_srq(srq->handle);
-    if (!err)
-        free(srq);
-    return err;
+    return sn_destroyed(sn_destroy_srq(srq->handle), srq);
 }
 
 static int sn_op_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
@@ -1148,10 +1160,8 @@ static struct ibv_qp *sn_new_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a
     init.cap.max_recv_sge = a->cap.max_recv_sge;
     init.cap.max_inline_data = a->cap.max_inline_data;
     int err = sn_create_qp(pd->handle, &init, s, &h, &qpn);
-    if (err) {
-        free(s);
-        return sn_fail_ptr(err);
-    }
+    if (err)
+        return sn_unmade(s, err);
     a->cap.max_send_wr = init.cap.max_send_wr;
     a->cap.max_recv_wr = init.cap.max_recv_wr;
     a->cap.max_send_sge = init.cap.max_send_sge;
@@ -1806,15 +1816,11 @@ SN_EXPORT int ibv_read_ibdev_sysfs_file(char *buf, size_t size, struct ibv_devic
 
 static struct ibv_mw *sn_op_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 {
-    uint32_t h, rkey;
+    uint32_t h = 0, rkey;
     int err = sn_alloc_mw(pd->handle, (int)type, &h, &rkey);
-    if (err)
-        return sn_fail_ptr(err);
-    struct ibv_mw *mw = calloc(1, sizeof(*mw));
-    if (!mw) {
-        sn_dealloc_mw(h);
-        return sn_fail_ptr(ENOMEM);
-    }
+    struct ibv_mw *mw = sn_object_for(err, sizeof(*mw), sn_dealloc_mw, h);
+    if (!mw)
+        return NULL;
     mw->context = pd->context;
     mw->pd = pd;
     mw->rkey = rkey;
@@ -1825,10 +1831,7 @@ static struct ibv_mw *sn_op_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 
 static int sn_op_dealloc_mw(struct ibv_mw *mw)
 {
-    int err = sn_dealloc_mw(mw->handle);
-    if (!err)
-        free(mw);
-    return err;
+    return sn_destroyed(sn_dealloc_mw(mw->handle), mw);
 }
 
 static int sn_bind(struct ibv_qp *qp, uint64_t wr_id, unsigned int flags, struct ibv_mw *mw,
@@ -2101,19 +2104,15 @@ static inline uint32_t xrcd_handle(struct ibv_xrcd *x) { return ((struct sn_xrcd
 static struct ibv_xrcd *sn_vctx_open_xrcd(struct ibv_context *ctx,
                                           struct ibv_xrcd_init_attr *attr)
 {
-    uint32_t h;
+    uint32_t h = 0;
     if (!attr || (attr->comp_mask & ~(IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS)))
         return sn_fail_ptr(EINVAL);
     int fd = (attr->comp_mask & IBV_XRCD_INIT_ATTR_FD) ? attr->fd : -1;
     int oflags = (attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS) ? attr->oflags : 0;
     int err = sn_open_xrcd(ctx_handle(ctx), fd, oflags, &h);
-    if (err)
-        return sn_fail_ptr(err);
-    struct sn_xrcd *x = calloc(1, sizeof(*x));
-    if (!x) {
-        sn_close_xrcd(h);
-        return sn_fail_ptr(ENOMEM);
-    }
+    struct sn_xrcd *x = sn_object_for(err, sizeof(*x), sn_close_xrcd, h);
+    if (!x)
+        return NULL;
     x->xrcd.context = ctx;
     x->handle = h;
     return &x->xrcd;
@@ -2123,10 +2122,7 @@ static int sn_vctx_close_xrcd(struct ibv_xrcd *xrcd)
 {
     if (!xrcd)
         return EINVAL;
-    int err = sn_close_xrcd(xrcd_handle(xrcd));
-    if (!err)
-        free(xrcd);
-    return err;
+    return sn_destroyed(sn_close_xrcd(xrcd_handle(xrcd)), xrcd);
 }
 
 static struct ibv_srq *sn_new_xrc_srq(struct ibv_srq_init_attr_ex *attr)
@@ -2167,10 +2163,8 @@ static struct ibv_qp *sn_new_xrc_qp(struct ibv_qp_init_attr_ex *a)
     cap.max_inline_data = a->cap.max_inline_data;
     int err = sn_create_xrc_qp(tgt ? 0 : a->pd->handle, xh, tgt, tgt ? 0 : a->send_cq->handle,
                                &cap, a->sq_sig_all, s, &h, &qpn);
-    if (err) {
-        free(s);
-        return sn_fail_ptr(err);
-    }
+    if (err)
+        return sn_unmade(s, err);
     a->cap.max_send_wr = tgt ? 0 : cap.max_send_wr;
     a->cap.max_send_sge = tgt ? 0 : cap.max_send_sge;
     a->cap.max_recv_wr = a->cap.max_recv_sge = 0;
@@ -2214,23 +2208,14 @@ static void sn_xrc_ops(struct verbs_context *v)
 static struct ibv_pd *sn_vctx_alloc_parent_domain(struct ibv_context *ctx,
                                                   struct ibv_parent_domain_init_attr *attr)
 {
-    uint32_t h;
+    uint32_t h = 0;
     if (!attr || !attr->pd || (attr->comp_mask & ~(IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
                                                    IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)))
         return sn_fail_ptr(EINVAL);
     if (attr->td)
         return sn_fail_ptr(EOPNOTSUPP);
     int err = sn_alias_pd(attr->pd->handle, &h);
-    if (err)
-        return sn_fail_ptr(err);
-    struct ibv_pd *pd = calloc(1, sizeof(*pd));
-    if (!pd) {
-        sn_dealloc_pd(h);
-        return sn_fail_ptr(ENOMEM);
-    }
-    pd->context = ctx;
-    pd->handle = h;
-    return pd;
+    return sn_pd_for(err, ctx, h);
 }
 
 static void sn_pd_ops(struct verbs_context *v)

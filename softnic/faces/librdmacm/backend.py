@@ -5,18 +5,20 @@ rdma_event_channel) and drives the QPs through libibverbs, as rdma-core's
 librdmacm does; this side keeps the ids, their addresses and connections
 (``softnic.driver.rdmacm``) on the same live devices the process's libibverbs uses.
 Every call returns 0 or a positive errno; an unexpected exception is printed
-and becomes EIO.
+and becomes EIO (``softnic.faces.externs``).  The calls are plain module
+functions, grouped by what they act on: event channels, ids, addresses and
+routes, connections.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
-import sys
-import traceback
 
 from softnic.driver import rdmacm as R
 from softnic.core.errors import VerbsError
+
+from ..externs import Externs
 
 _chans: dict[int, R.EventChannel] = {}
 _ids: dict[int, R.CmId] = {}
@@ -47,184 +49,200 @@ def _ip(raw) -> str:
     return str(ipaddress.IPv4Address(bytes(raw[0:4])))
 
 
+extern = Externs(missing_device="softnic librdmacm")
+
+
 def install(ffi) -> None:
-    def extern(error=errno.EIO):
-        def wrap(fn):
-            def call(*args):
-                try:
-                    r = fn(*args)
-                    return 0 if r is None else r
-                except VerbsError as e:
-                    return e.errno or errno.EINVAL
-                except OSError as e:
-                    return e.errno or errno.EIO
-                except KeyError as e:
-                    print(f"softnic librdmacm: {e}", file=sys.stderr)
-                    return errno.ENODEV
-                except Exception:                    # a bug here must not kill the program
-                    traceback.print_exc(file=sys.stderr)
-                    return error
-            call.__name__ = fn.__name__
-            return ffi.def_extern(name="sn_py_" + fn.__name__[3:], error=error)(call)
-        return wrap
+    """Register this module's sn_cm_* functions with the embedded module's ffi."""
+    extern.install(ffi)
 
-    @extern()
-    def sn_cm_create_channel(fd, out):
-        ch = R.EventChannel(fd)          # the C side's eventfd (semaphore mode)
-        h = _new_handle()
-        _chans[h] = ch
-        out[0] = h
 
-    @extern()
-    def sn_cm_destroy_channel(h):
-        ch = _chans.pop(h, None)
-        if ch is None:
-            return errno.EINVAL
-        ch.close()
+# ------------------------------------------------------------ event channels and events
 
-    @extern()
-    def sn_cm_create_id(ch, cookie, ps, qp_type, out):
-        if ps not in R.PORT_SPACES:
-            return errno.EPROTONOSUPPORT
-        cid = R.CmId(_chan(ch), ps=ps, qp_type=qp_type, cookie=cookie)
+@extern()
+def sn_cm_create_channel(fd, out):
+    ch = R.EventChannel(fd)          # the C side's eventfd (semaphore mode)
+    h = _new_handle()
+    _chans[h] = ch
+    out[0] = h
+
+
+@extern()
+def sn_cm_destroy_channel(h):
+    ch = _chans.pop(h, None)
+    if ch is None:
+        return errno.EINVAL
+    ch.close()
+
+
+@extern()
+def sn_cm_get_event(ch, e):
+    ev = _chan(ch).take()
+    if ev is None:
+        return errno.EAGAIN
+    cid = ev.id
+    if ev.new:
         _ids[cid.handle] = cid
-        out[0] = cid.handle
+    e.event = ev.kind
+    e.status = ev.status
+    e.id = cid.handle
+    e.id_cookie = cid.cookie if cid.cookie is not None else extern.ffi.NULL
+    e.is_new = int(ev.new)
+    if ev.listen_id is not None:
+        e.listen_id = ev.listen_id.handle
+        e.listen_cookie = ev.listen_id.cookie if ev.listen_id.cookie is not None else extern.ffi.NULL
+    pd = ev.private_data[:256]
+    extern.ffi.memmove(e.private_data, pd, len(pd))
+    e.private_data_len = len(pd)
+    e.responder_resources = ev.responder_resources & 0xFF
+    e.initiator_depth = ev.initiator_depth & 0xFF
+    e.retry_count = ev.retry_count
+    e.rnr_retry_count = ev.rnr_retry_count
+    e.srq = ev.srq
+    e.qp_num = ev.qp_num
+    e.qkey = ev.qkey
 
-    @extern()
-    def sn_cm_set_cookie(h, cookie):
-        _id(h).cookie = cookie
 
-    @extern()
-    def sn_cm_migrate_id(h, ch):
-        cid = _id(h)
-        cid.channel = _chan(ch)
+# ------------------------------------------------------------ ids
 
-    @extern()
-    def sn_cm_destroy_id(h):
-        cid = _ids.pop(h, None)
-        if cid is None:
-            return errno.EINVAL
-        cid.destroy()
+@extern()
+def sn_cm_create_id(ch, cookie, ps, qp_type, out):
+    if ps not in R.PORT_SPACES:
+        return errno.EPROTONOSUPPORT
+    cid = R.CmId(_chan(ch), ps=ps, qp_type=qp_type, cookie=cookie)
+    _ids[cid.handle] = cid
+    out[0] = cid.handle
 
-    @extern()
-    def sn_cm_bind(h, a):
-        if a.family != 2:
-            return errno.EAFNOSUPPORT
-        _id(h).bind(_ip(a.ip), a.port)
 
-    @extern()
-    def sn_cm_resolve_addr(h, src, dst):
-        if dst.family != 2 or src.family not in (0, 2):
-            return errno.EAFNOSUPPORT
-        cid = _id(h)
-        s = _ip(src.ip) if src.family == 2 else None
-        if s == "0.0.0.0" and not src.port:
-            s = None
-        cid.resolve_addr(s, _ip(dst.ip), dst.port)
+@extern()
+def sn_cm_set_cookie(h, cookie):
+    _id(h).cookie = cookie
 
-    @extern()
-    def sn_cm_resolve_route(h):
-        _id(h).resolve_route()
 
-    @extern()
-    def sn_cm_listen(h, backlog):
-        _id(h).listen(backlog)
+@extern()
+def sn_cm_migrate_id(h, ch):
+    cid = _id(h)
+    cid.channel = _chan(ch)
 
-    @extern()
-    def sn_cm_connect(h, p):
-        cid = _id(h)
-        cid.connect(qpn=p.qp_num, responder_resources=p.responder_resources,
-                    initiator_depth=p.initiator_depth, retry_count=p.retry_count,
-                    rnr_retry_count=p.rnr_retry_count, srq=p.srq,
-                    private_data=bytes(ffi.buffer(p.private_data, p.private_data_len)))
 
-    @extern()
-    def sn_cm_accept(h, p):
-        cid = _id(h)
-        cid.accept(qpn=p.qp_num, responder_resources=p.responder_resources,
-                   initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
-                   srq=p.srq, private_data=bytes(ffi.buffer(p.private_data,
-                                                            p.private_data_len)),
-                   qkey=p.qkey)
+@extern()
+def sn_cm_destroy_id(h):
+    cid = _ids.pop(h, None)
+    if cid is None:
+        return errno.EINVAL
+    cid.destroy()
 
-    @extern()
-    def sn_cm_reject(h, pd, n):
-        _id(h).reject(bytes(ffi.buffer(pd, n)) if n else b"")
 
-    @extern()
-    def sn_cm_establish(h):
-        _id(h).establish()
+@extern()
+def sn_cm_id_info(h, info):
+    cid = _id(h)
+    if cid.nic is not None:
+        n = cid.nic.name.encode()[:63]
+        extern.ffi.memmove(info.dev_name, n + b"\0", len(n) + 1)
+        info.has_dev = 1
+        extern.ffi.memmove(info.sgid, R.gid_of(cid.nic.ip), 16)
+    if cid.src is not None:
+        info.has_src = 1
+        extern.ffi.memmove(info.src_ip, ipaddress.IPv4Address(cid.src[0]).packed, 4)
+        info.src_port = cid.src[1]
+    if cid.dst is not None:
+        info.has_dst = 1
+        extern.ffi.memmove(info.dst_ip, ipaddress.IPv4Address(cid.dst[0]).packed, 4)
+        info.dst_port = cid.dst[1]
+        extern.ffi.memmove(info.dgid, R.gid_of(cid.dst[0]), 16)
+    info.routed = int(cid.state not in ("idle", "bound", "addr_resolved", "listen"))
 
-    @extern()
-    def sn_cm_disconnect(h):
-        _id(h).disconnect()
 
-    @extern()
-    def sn_cm_set_ack_timeout(h, t):
-        cid = _id(h)
-        if cid.conn is not None:
-            cid.conn.local_ack_timeout = t
+# ------------------------------------------------------------ addresses and routes
 
-    @extern()
-    def sn_cm_init_qp_attr(h, a, mask):
-        attrs, m = _id(h).init_qp_attr(a.qp_state)
-        for k, v in attrs.items():
-            if k == "dgid":
-                ffi.memmove(a.dgid, bytes(v), 16)
-            else:
-                setattr(a, k, v)
-        mask[0] = m
+@extern()
+def sn_cm_bind(h, a):
+    if a.family != 2:
+        return errno.EAFNOSUPPORT
+    _id(h).bind(_ip(a.ip), a.port)
 
-    @extern()
-    def sn_cm_get_event(ch, e):
-        ev = _chan(ch).take()
-        if ev is None:
-            return errno.EAGAIN
-        cid = ev.id
-        if ev.new:
-            _ids[cid.handle] = cid
-        e.event = ev.kind
-        e.status = ev.status
-        e.id = cid.handle
-        e.id_cookie = cid.cookie if cid.cookie is not None else ffi.NULL
-        e.is_new = int(ev.new)
-        if ev.listen_id is not None:
-            e.listen_id = ev.listen_id.handle
-            e.listen_cookie = ev.listen_id.cookie if ev.listen_id.cookie is not None else ffi.NULL
-        pd = ev.private_data[:256]
-        ffi.memmove(e.private_data, pd, len(pd))
-        e.private_data_len = len(pd)
-        e.responder_resources = ev.responder_resources & 0xFF
-        e.initiator_depth = ev.initiator_depth & 0xFF
-        e.retry_count = ev.retry_count
-        e.rnr_retry_count = ev.rnr_retry_count
-        e.srq = ev.srq
-        e.qp_num = ev.qp_num
-        e.qkey = ev.qkey
 
-    @extern()
-    def sn_cm_id_info(h, info):
-        cid = _id(h)
-        if cid.nic is not None:
-            n = cid.nic.name.encode()[:63]
-            ffi.memmove(info.dev_name, n + b"\0", len(n) + 1)
-            info.has_dev = 1
-            ffi.memmove(info.sgid, R.gid_of(cid.nic.ip), 16)
-        if cid.src is not None:
-            info.has_src = 1
-            ffi.memmove(info.src_ip, ipaddress.IPv4Address(cid.src[0]).packed, 4)
-            info.src_port = cid.src[1]
-        if cid.dst is not None:
-            info.has_dst = 1
-            ffi.memmove(info.dst_ip, ipaddress.IPv4Address(cid.dst[0]).packed, 4)
-            info.dst_port = cid.dst[1]
-            ffi.memmove(info.dgid, R.gid_of(cid.dst[0]), 16)
-        info.routed = int(cid.state not in ("idle", "bound", "addr_resolved", "listen"))
+@extern()
+def sn_cm_resolve_addr(h, src, dst):
+    if dst.family != 2 or src.family not in (0, 2):
+        return errno.EAFNOSUPPORT
+    cid = _id(h)
+    s = _ip(src.ip) if src.family == 2 else None
+    if s == "0.0.0.0" and not src.port:
+        s = None
+    cid.resolve_addr(s, _ip(dst.ip), dst.port)
 
-    @extern()
-    def sn_cm_exit():
-        import softnic.driver.nic as _nic
-        for nic in _nic.open_nics():
-            cap = getattr(nic, "capture", None)
-            if cap is not None:
-                cap.flush()
+
+@extern()
+def sn_cm_resolve_route(h):
+    _id(h).resolve_route()
+
+
+@extern()
+def sn_cm_listen(h, backlog):
+    _id(h).listen(backlog)
+
+
+# ------------------------------------------------------------ connections
+
+@extern()
+def sn_cm_connect(h, p):
+    cid = _id(h)
+    cid.connect(qpn=p.qp_num, responder_resources=p.responder_resources,
+                initiator_depth=p.initiator_depth, retry_count=p.retry_count,
+                rnr_retry_count=p.rnr_retry_count, srq=p.srq,
+                private_data=bytes(extern.ffi.buffer(p.private_data, p.private_data_len)))
+
+
+@extern()
+def sn_cm_accept(h, p):
+    cid = _id(h)
+    cid.accept(qpn=p.qp_num, responder_resources=p.responder_resources,
+               initiator_depth=p.initiator_depth, rnr_retry_count=p.rnr_retry_count,
+               srq=p.srq, private_data=bytes(extern.ffi.buffer(p.private_data,
+                                                        p.private_data_len)),
+               qkey=p.qkey)
+
+
+@extern()
+def sn_cm_reject(h, pd, n):
+    _id(h).reject(bytes(extern.ffi.buffer(pd, n)) if n else b"")
+
+
+@extern()
+def sn_cm_establish(h):
+    _id(h).establish()
+
+
+@extern()
+def sn_cm_disconnect(h):
+    _id(h).disconnect()
+
+
+@extern()
+def sn_cm_set_ack_timeout(h, t):
+    cid = _id(h)
+    if cid.conn is not None:
+        cid.conn.local_ack_timeout = t
+
+
+@extern()
+def sn_cm_init_qp_attr(h, a, mask):
+    attrs, m = _id(h).init_qp_attr(a.qp_state)
+    for k, v in attrs.items():
+        if k == "dgid":
+            extern.ffi.memmove(a.dgid, bytes(v), 16)
+        else:
+            setattr(a, k, v)
+    mask[0] = m
+
+
+# ------------------------------------------------------------ the process
+
+@extern()
+def sn_cm_exit():
+    import softnic.driver.nic as _nic
+    for nic in _nic.open_nics():
+        cap = getattr(nic, "capture", None)
+        if cap is not None:
+            cap.flush()

@@ -1,0 +1,198 @@
+"""Packet dispatch: a datagram in, the handler that owns its opcode called.
+
+``ROUTES`` is the one table dispatch reads, opcode by opcode (as rxe's
+``rxe_opcode.c``): the wire's facts from ``wire.roce.OPCODES`` (headers, kind,
+place in a message), the side of the QP that takes it (a request goes to the
+responder, a response to the completer, a CNP to the congestion controller), and
+that side's first branch for the common case (``responder.receive_common``,
+``completer.receive_common``), which takes the packet from its bytes when the
+conditions written there hold.  ``Dispatch`` is one of the classes
+``core.device.Device`` is made of.
+
+With ``DeviceConfig(fast_path=False)`` no packet takes a common-case branch or
+the kernel: every one is checked, decoded and handled by the general path, the
+same rules reached the long way (tests/test_fastpath.py and tests/test_kernel.py
+compare the two, byte for byte).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from ..wire.datagram import CE
+from ..wire.icrc import check_icrc
+from ..wire.roce import BTH_LEN, ICRC_LEN, Kind, OPCODES, OpInfo, Opcode as O, WireError, \
+    decode
+from . import completer, responder
+from .enums import QPState, QPType
+
+#: the sides of a QP a packet can be for
+REQUEST, RESPONSE, CNP = "responder", "completer", "cnp"
+
+
+class Route(NamedTuple):
+    info: OpInfo                  # the wire's facts (``wire.roce.OPCODES``)
+    side: str                     # REQUEST, RESPONSE or CNP
+    common: Callable | None       # ``(dev, data, src, now) -> bool``: the side's first
+                                  # branch for the common case, from the bytes
+
+
+def _route(info: OpInfo) -> Route:
+    if info.kind == Kind.CNP:
+        return Route(info, CNP, None)
+    if info.is_request:
+        common = responder.receive_common if info.opcode in responder.COMMON_OPCODES else None
+        return Route(info, REQUEST, common)
+    common = completer.receive_common if info.opcode == O.RC_ACKNOWLEDGE else None
+    return Route(info, RESPONSE, common)
+
+
+#: opcode -> Route, for every opcode ``wire.roce`` knows
+ROUTES: dict[int, Route] = {op: _route(info) for op, info in OPCODES.items()}
+#: opcode -> common-case branch, for the opcodes that have one
+_COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
+_RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
+_SENDING = (QPState.RTS, QPState.SQD)
+
+
+class Dispatch:
+    """Datagrams in (a part of ``Device``)."""
+
+    def receive_datagram(self, data: bytes, src: tuple[str, int], now: float, ecn: int = 0,
+                         telemetry: tuple | None = None) -> None:
+        """One UDP payload from ``src``.  ``ecn`` is the IP header's ECN codepoint
+        (3 = CE, congestion experienced); ``telemetry`` the INT hop records the
+        packet carries (for a response: those its responder echoed)."""
+        if self._fast and ecn != CE and telemetry is None and len(data) >= BTH_LEN + ICRC_LEN:
+            common = _COMMON.get(data[0])
+            if common is not None and common(self, data, src, now):
+                return
+        self._dispatch(data, src, now, ecn, telemetry)
+
+    def _dispatch(self, data, src, now: float, ecn: int, telemetry) -> None:
+        """The general path: checked, decoded, routed."""
+        c = self.counters
+        c["rcvd_pkts"] += 1
+        n = len(data)
+        if self.config.check_icrc and not check_icrc(data, src[0], self.ip, src[1], self.port):
+            c["rcvd_icrc_err"] += 1
+            return
+        try:
+            pkt = decode(memoryview(data)[:n - 4])
+        except WireError:
+            c["rcvd_malformed"] += 1
+            return
+        side = ROUTES[pkt.info.opcode].side
+        if side is CNP:
+            self._cnp(pkt, src, now)
+            return
+        if pkt.bth.dest_qp == 1:
+            self._gsi_receive(pkt, src, now)
+            return
+        qp = self._qp_for(pkt, src)
+        if qp is None:
+            return
+        if side is REQUEST:
+            self._request(qp, pkt, src, now, ecn, telemetry)
+        else:
+            self._response(qp, pkt, now, telemetry)
+
+    def _qp_for(self, pkt, src):
+        """The QP a packet is for, if it may reach it (else counted, None)."""
+        c = self.counters
+        qp = self.qps.get(pkt.bth.dest_qp)
+        if qp is None:
+            c["rcvd_unknown_qp"] += 1
+            return None
+        if pkt.info.qp_type != qp.wire:
+            c["rcvd_wrong_qp_type"] += 1
+            return None
+        if pkt.bth.pkey != 0xFFFF:
+            c["rcvd_bad_pkey"] += 1
+            return None
+        if qp.qp_type != QPType.UD:
+            if qp.state in (QPState.RESET, QPState.INIT):   # no peer yet: its AV is unset
+                c["rcvd_bad_state"] += 1
+                return None
+            if tuple(src) != qp.dest:
+                c["rcvd_wrong_source"] += 1
+                return None
+        return qp
+
+    def _request(self, qp, pkt, src, now: float, ecn: int, telemetry) -> None:
+        c = self.counters
+        if qp.state not in _RECEIVING:
+            c["rcvd_bad_state"] += 1
+            return
+        if ecn == CE:
+            c["np_ecn_marked_roce_packets"] += 1
+            if qp.cc is not None and qp.qp_type != QPType.UD and qp.cc.on_ecn(now=now):
+                self._cnps.append(qp)
+        if telemetry is not None:
+            qp.int_echo = telemetry
+        responder.receive(self, qp, pkt, src, now)
+
+    def _response(self, qp, pkt, now: float, telemetry) -> None:
+        if qp.state not in _SENDING:
+            self.counters["rcvd_bad_state"] += 1
+            return
+        if qp.cc is not None:
+            qp.rx_telemetry = telemetry
+            completer.receive(self, qp, pkt, now)
+            qp.rx_telemetry = None
+            self.arm(qp)
+        else:
+            completer.receive(self, qp, pkt, now)
+
+    def _cnp(self, pkt, src, now: float) -> None:
+        """A congestion notification for the requester of ``pkt``'s QP."""
+        c = self.counters
+        c["rcvd_cnp"] += 1
+        qp = self.qps.get(pkt.bth.dest_qp)
+        if qp is not None and qp.cc is not None and tuple(src) == qp.dest:
+            c["rp_cnp_handled"] += 1
+            qp.cc.on_cnp(now=now)
+            self.arm(qp)
+            self.mark_ready(qp)
+        else:
+            c["rp_cnp_ignored"] += 1
+
+    def _gsi_receive(self, pkt, src, now: float) -> None:
+        """A packet for QP1: a MAD for the GSI agent, if it is a UD SEND with the
+        GSI's Q_Key and P_Key."""
+        c = self.counters
+        if self.gsi is None:
+            c["rcvd_unknown_qp"] += 1
+        elif pkt.info.opcode != O.UD_SEND_ONLY or pkt.deth.qkey != 0x80010000 \
+                or pkt.bth.pkey != 0xFFFF:
+            c["rcvd_bad_mad"] += 1
+        else:
+            c["rcvd_mads"] += 1
+            self.gsi.receive(pkt.payload, src, now)
+
+    def receive_run(self, data: bytes, seg: int, src: tuple[str, int], now: float) -> None:
+        """Datagrams from ``src`` laid end to end in ``data``, ``seg`` bytes each
+        (the last may be shorter; 0: ``data`` is one datagram), as a socket with
+        UDP GRO hands them over: ``receive_datagram`` of each in turn.  With a
+        kernel, runs of a WRITE's MIDDLE packets are taken a run at a time
+        (``responder.receive_middles``)."""
+        n = len(data)
+        if not seg or seg >= n:
+            self.receive_datagram(data, src, now)
+            return
+        rx = self.receive_datagram
+        o = 0
+        if self.kernel is None or not self._fast:
+            while o < n:
+                rx(data[o:o + seg], src, now)
+                o += seg
+            return
+        middles = responder.receive_middles
+        while o < n:
+            if o + seg <= n:
+                k = middles(self, data, o, seg, src)
+                if k:
+                    o += k * seg
+                    continue
+            rx(data[o:o + seg], src, now)
+            o += seg

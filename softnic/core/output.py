@@ -1,0 +1,160 @@
+"""A device's output: what its QPs send, pulled by the driver.
+
+``Output`` is one of the classes ``core.device.Device`` is made of.  For each QP
+made ready since the last call: its requester's packets (``requester.generate``),
+completions that became due, then the responses its responder queued (ACKs and
+NAKs, READ responses, ATOMIC ACKs, in PSN order); each packet gets its ICRC here.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ..wire.datagram import Datagram
+from ..wire.icrc import append_icrc
+from ..wire.roce import Opcode as O, encode
+from . import completer, requester, responder, xrc
+from .enums import QPState, QPType
+from .qp import QP
+
+_SENDING = (QPState.RTS, QPState.SQD)
+_ACK = int(O.RC_ACKNOWLEDGE)
+_ACK_PKT = struct.Struct("!BBHIII")        # BTH + AETH
+
+
+def ack_packet(dqpn: int, psn: int, syndrome: int, msn: int) -> bytearray:
+    """An ACK's BTH + AETH (without ICRC), packed straight: the bytes ``encode``
+    gives."""
+    buf = bytearray(16)
+    _ACK_PKT.pack_into(buf, 0, _ACK, 0, 0xFFFF, dqpn & 0xFFFFFF, psn & 0xFFFFFF,
+                       ((syndrome & 0xFF) << 24) | (msn & 0xFFFFFF))
+    return buf
+
+
+class Output:
+    """Datagrams out (a part of ``Device``)."""
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
+        res = []
+        for item in self.datagram_runs(now):
+            if len(item) == 2:
+                data, dest = item
+                res.append((data if type(data) is not bytearray else bytes(data), dest))
+            else:
+                buf, dest, seg = item
+                mv = memoryview(buf)
+                res.extend((bytes(mv[o:o + seg]), dest) for o in range(0, len(buf), seg))
+        return res
+
+    def datagram_runs(self, now: float) -> list[tuple]:
+        """``datagrams_to_send`` for a driver that sends runs at once: items are
+        ``(data, dest)``, one datagram, or ``(buffer, dest, seg)``, datagrams of
+        ``seg`` bytes one after another in ``buffer`` (the last may be shorter),
+        all to ``dest``, in the order they are to leave."""
+        gsi = self.gsi
+        if not self._ready and not self._cnps and not (gsi is not None and gsi.pending):
+            return []
+        out: list = []
+        if gsi is not None and gsi.pending:
+            out.extend(gsi.datagrams())
+        if self._cnps:
+            cnps, self._cnps = self._cnps, []
+            for qp in cnps:
+                if not qp.closed:
+                    out.append((encode(O.CNP, dest_qp=qp.attr.dest_qp_num, psn=0), qp.dest))
+            self.counters["np_cnp_sent"] += len(out)
+        ready, self._ready = self._ready, {}
+        for qp in ready:
+            if qp.closed:
+                if qp.resp_out:                 # the answers it owed when destroyed
+                    self._responses(qp, out)
+                continue
+            # Requests before responses: a program that posts as soon as a peer's
+            # request lands (a ping-pong, an RPC) gets its request out first, and
+            # the ACK it owes follows in the same flush.
+            if qp.state in _SENDING:
+                self._requests(qp, now, out)
+            if qp.resp_out:
+                self._responses(qp, out)
+        return self._sealed(out)
+
+    def _requests(self, qp: QP, now: float, out: list) -> None:
+        """The requester's packets of a QP that may send, the retransmission timer
+        started with the first of them, and completions now due."""
+        sq = qp.sq
+        if qp.send_idx < len(sq) or qp.rexmit:      # something to (re)send
+            n0 = len(out)
+            requester.generate(self, qp, now, out)
+            if len(out) > n0 and qp.qp_type is QPType.RC and qp.rto_at is None \
+                    and qp.attr.timeout:
+                qp.rto_at = now + self.rto(qp)
+                if qp.selective_repeat:
+                    qp.probe_at = now + self.probe_interval(qp)
+                self.arm(qp)
+        if qp.cc is not None:
+            self.arm(qp)
+        if (sq and sq[0].done) or qp.state is QPState.SQD:
+            completer.complete(self, qp)
+
+    def _sealed(self, out: list) -> list:
+        """``out``'s packets with their ICRCs (a requester's runs have theirs),
+        counted in ``sent_pkts``."""
+        ip, port = self.ip, self.port
+        res = []
+        npkts = len(out)
+        for item in out:
+            pkt, dest = item[0], item[1]
+            n = len(item)
+            if n == 2:
+                res.append((append_icrc(pkt, ip, dest[0], port, dest[1]), dest))
+            elif n == 4:                # a requester's run, ICRCs included
+                res.append((pkt, dest, item[2]))
+                npkts += item[3] - 1
+            else:                       # an ACK echoing INT telemetry
+                res.append((Datagram(append_icrc(pkt, ip, dest[0], port, dest[1]),
+                                     echo=item[2]), dest))
+        self.counters["sent_pkts"] += npkts
+        return res
+
+    def _responses(self, qp: QP, out: list) -> None:
+        if qp.xrc is not None:
+            start = len(out)
+            self._rc_responses(qp, out)
+            xrc.tag_responses(out, start)
+        else:
+            self._rc_responses(qp, out)
+
+    def _rc_responses(self, qp: QP, out: list) -> None:
+        dest = qp.dest
+        dqpn = qp.attr.dest_qp_num
+        mtu = qp.mtu
+        while qp.resp_out:
+            entry = qp.resp_out.popleft()
+            kind, psn = entry[0], entry[1]
+            if kind == "ack":
+                ack = ack_packet(dqpn, psn, entry[2], entry[3])
+                if qp.int_echo is not None:
+                    out.append((ack, dest, qp.int_echo))
+                else:
+                    out.append((ack, dest))
+            elif kind == "atomic":
+                out.append((encode(O.RC_ATOMIC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn,
+                                   aeth=(responder.ACK_CREDITS, entry[3]), atomicack=entry[2]),
+                            dest))
+            else:
+                view, msn = entry[2], entry[3]
+                total = len(view)
+                npkts = max(1, -(-total // mtu))
+                aeth = (responder.ACK_CREDITS, msn)
+                for i in range(npkts):
+                    if npkts == 1:
+                        op, a = O.RC_RDMA_READ_RESPONSE_ONLY, aeth
+                    elif i == 0:
+                        op, a = O.RC_RDMA_READ_RESPONSE_FIRST, aeth
+                    elif i == npkts - 1:
+                        op, a = O.RC_RDMA_READ_RESPONSE_LAST, aeth
+                    else:
+                        op, a = O.RC_RDMA_READ_RESPONSE_MIDDLE, None
+                    out.append((encode(op, dest_qp=dqpn, psn=(psn + i) & 0xFFFFFF,
+                                       payload=view[i * mtu:(i + 1) * mtu], aeth=a), dest))
+

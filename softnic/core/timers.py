@@ -1,0 +1,98 @@
+"""A device's timers: the retransmission timeout, selective repeat's loss
+probe, the RNR wait and a congestion controller's pacing, kept as one heap of
+per-QP deadlines behind the one timer a driver arms (``get_timer``).
+
+``Timers`` is one of the classes ``core.device.Device`` is made of.  What a
+timeout does (resend, count a retry, fail the WQE) is the completer's rule
+(``completer.on_timeout``); here is only when.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from . import completer
+from .qp import QP
+
+
+class Timers:
+    """The one timer (a part of ``Device``)."""
+
+    def rto(self, qp: QP) -> float:
+        """The retransmission timeout: ``4.096 us * 2**timeout`` (at least the
+        timer floor), doubled for each timeout in a row without ACK progress
+        (``completer.on_timeout``), up to ``2**completer.RTO_BACKOFF_MAX`` times.
+        Any progress of the cumulative ACK since the last timeout ends the
+        backoff (checked here, as the fast path's ACK restarts the timer too)."""
+        t = max(4.096e-6 * (1 << qp.attr.timeout), self.config.min_timer)
+        if qp.rto_shift:
+            if qp.acked_psn == qp.rto_shift_psn:
+                return t * (1 << qp.rto_shift)
+            qp.rto_shift = 0
+        return t
+
+    def probe_interval(self, qp: QP) -> float:
+        """Selective repeat's loss probe: with no ACK progress for this long, the
+        requester resends its oldest unacknowledged PSN once (a lost resend or a
+        lost NAK is then repaired without waiting out the retransmission timer)."""
+        return max(self.rto(qp) / 8, self.config.min_timer)
+
+    def arm(self, qp: QP) -> None:
+        t = qp.rto_at
+        if qp.probe_at is not None and (t is None or qp.probe_at < t):
+            t = qp.probe_at
+        if qp.rnr_at is not None and (t is None or qp.rnr_at < t):
+            t = qp.rnr_at
+        cc = qp.cc
+        if cc is not None:
+            if qp.pace_at is not None and (t is None or qp.pace_at < t):
+                t = qp.pace_at
+            c = cc.next_timer()
+            if c is not None and (t is None or c < t):
+                t = c
+        if t == qp.timer_at:
+            return
+        qp.timer_at = t
+        if t is not None:
+            self._tseq += 1
+            heapq.heappush(self._timers, (t, self._tseq, qp))
+
+
+    def get_timer(self) -> float | None:
+        h = self._timers
+        t = None
+        while h:
+            t, _, qp = h[0]
+            if qp.timer_at == t and not qp.closed:
+                break
+            heapq.heappop(h)
+            t = None
+        if self.gsi is not None:
+            g = self.gsi.get_timer()
+            if g is not None and (t is None or g < t):
+                return g
+        return t
+
+    def handle_timer(self, now: float) -> None:
+        if self.gsi is not None:
+            g = self.gsi.get_timer()
+            if g is not None and g <= now:
+                self.gsi.handle_timer(now)
+        h = self._timers
+        while h and h[0][0] <= now:
+            t, _, qp = heapq.heappop(h)
+            if qp.timer_at != t or qp.closed:
+                continue
+            qp.timer_at = None
+            cc = qp.cc
+            if cc is not None:
+                if qp.pace_at is not None and qp.pace_at <= now:
+                    qp.pace_at = None
+                    self.mark_ready(qp)
+                c = cc.next_timer()
+                if c is not None and c <= now:
+                    cc.on_timer(now=now)
+                    self.mark_ready(qp)
+            completer.on_timeout(self, qp, now)
+            self.arm(qp)
+
