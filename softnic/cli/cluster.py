@@ -286,22 +286,15 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     return run_collectives(cfg, progress=progress)
 
 
-def run_collectives(cfg: ClusterConfig, *, progress: bool = False) -> dict:
-    """One collective of ``softnic.collectives`` (``Communicator.allreduce`` or
-    ``alltoall``), a rank per host, in virtual time (``softnic.collectives.virtual``).
-    With private payload memory every rank checks its result."""
+def _rank_program(cfg: ClusterConfig, shared: bool, starts: list, ends: list):
+    """What each rank runs: its Communicator on a ``VirtualTransport``, one collective
+    timed from its call to its return (``starts``, ``ends``), and (private payload)
+    a check of the result against what every rank can compute."""
     from ..collectives import Communicator
-    from ..collectives.virtual import VirtualCluster, VirtualTransport
+    from ..collectives.virtual import VirtualTransport
 
     n = cfg.hosts
-    fabric, net, dcfg, hosts = _fabric(cfg)
-    shared = cfg.payload == "shared" or (cfg.payload == "auto" and
-                                         2 * n * cfg.size > PRIVATE_PAYLOAD_MAX)
-    vc = VirtualCluster(fabric, [ip for ip, _ in hosts], dcfg,
-                        place=lambda d, r: net.connect(d.address, hosts[r][1]),
-                        seed=cfg.seed, shared_payload=shared)
     count = max(n, cfg.size // 4 // n * n)          # int32 elements, n equal blocks
-    starts, ends = [None] * n, [None] * n
     admit = cfg.grants if cfg.admission else None
 
     def program(rank, vc):
@@ -334,6 +327,24 @@ def run_collectives(cfg: ClusterConfig, *, progress: bool = False) -> dict:
         finally:
             comm.close()
 
+    return program
+
+
+def run_collectives(cfg: ClusterConfig, *, progress: bool = False) -> dict:
+    """One collective of ``softnic.collectives`` (``Communicator.allreduce`` or
+    ``alltoall``), a rank per host, in virtual time (``softnic.collectives.virtual``).
+    With private payload memory every rank checks its result."""
+    from ..collectives.virtual import VirtualCluster
+
+    n = cfg.hosts
+    fabric, net, dcfg, hosts = _fabric(cfg)
+    shared = cfg.payload == "shared" or (cfg.payload == "auto" and
+                                         2 * n * cfg.size > PRIVATE_PAYLOAD_MAX)
+    vc = VirtualCluster(fabric, [ip for ip, _ in hosts], dcfg,
+                        place=lambda d, r: net.connect(d.address, hosts[r][1]),
+                        seed=cfg.seed, shared_payload=shared)
+    starts, ends = [None] * n, [None] * n
+    program = _rank_program(cfg, shared, starts, ends)
     devs_ready = vc.devices
     series = None
     bar = None
@@ -380,6 +391,7 @@ def run_collectives(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     return _result(cfg, summary, series, fct, done, net)
 
 
+# long: the first driver, kept as it was to compare with
 def run_schedule(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     """The collective's transfers (``schedule``) as RDMA WRITEs over the engine's QPs,
     without the collectives' code (the first driver of this experiment, kept to

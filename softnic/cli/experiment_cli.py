@@ -71,6 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--seed", type=int, default=1)
     lo.add_argument("--out", default="results")
     lo.add_argument("--no-progress", action="store_true")
+    _add_cluster(sub)
+
+
+def _add_cluster(sub) -> None:
+    """The ``cluster`` experiment's arguments."""
     c = sub.add_parser(
         "cluster", help="collectives on a simulated leaf-spine (ECMP, PFC, DCQCN, admission)",
         description="softnic.collectives ranks (ring/tree allreduce, alltoall), one per host "

@@ -147,25 +147,7 @@ class Transport:
             raise ValueError(f"rank {rank} outside 0..{world - 1}")
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
         self.timeout = timeout
-        self.chunk = int(chunk or os.environ.get("SOFTNIC_COLL_CHUNK", DEFAULT_CHUNK))
-        self.slots = int(slots or os.environ.get("SOFTNIC_COLL_SLOTS", DEFAULT_SLOTS))
-        self.nqp = int(qps or os.environ.get("SOFTNIC_COLL_QPS", DEFAULT_QPS))
-        if self.chunk <= 0 or self.chunk % 64:
-            raise ValueError(f"chunk size {self.chunk} must be a positive multiple of 64")
-        if self.slots < 1:
-            raise ValueError("need at least one slot per peer")
-        if not 1 <= self.nqp <= 64:
-            raise ValueError(f"{self.nqp} QPs per peer: give 1 to 64")
-        # the QPs' timeout attribute: the retransmission timer is 4.096 us * 2**qp_timeout
-        self.qp_timeout = int(qp_timeout if qp_timeout is not None else
-                              os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
-        if not 0 <= self.qp_timeout <= 31:
-            raise ValueError(f"QP timeout {self.qp_timeout}: give 0 to 31")
-        self.admit = int(admit if admit is not None else
-                         os.environ.get("SOFTNIC_COLL_ADMIT", 0)) or None
-        if self.admit is not None and self.admit < 1:
-            raise ValueError(f"admit {self.admit}: give the number of senders a receiver "
-                             "admits at once (>= 1), or 0 for none")
+        self._settings(chunk, slots, qps, admit, qp_timeout)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         spin, nap = SPIN_NAP["oversubscribed" if local > (os.cpu_count() or 1) else "free"]
         self.spin = float(os.environ.get("SOFTNIC_COLL_SPIN", spin))
@@ -237,6 +219,29 @@ class Transport:
         self._connect(peers)
 
     # ------------------------------------------------------------------ setup
+
+    def _settings(self, chunk, slots, qps, admit, qp_timeout) -> None:
+        """The chunk size, slots, QPs per peer, QP timeout and admission: the arguments,
+        else the environment, else the defaults; checked."""
+        self.chunk = int(chunk or os.environ.get("SOFTNIC_COLL_CHUNK", DEFAULT_CHUNK))
+        self.slots = int(slots or os.environ.get("SOFTNIC_COLL_SLOTS", DEFAULT_SLOTS))
+        self.nqp = int(qps or os.environ.get("SOFTNIC_COLL_QPS", DEFAULT_QPS))
+        if self.chunk <= 0 or self.chunk % 64:
+            raise ValueError(f"chunk size {self.chunk} must be a positive multiple of 64")
+        if self.slots < 1:
+            raise ValueError("need at least one slot per peer")
+        if not 1 <= self.nqp <= 64:
+            raise ValueError(f"{self.nqp} QPs per peer: give 1 to 64")
+        # the QPs' timeout attribute: the retransmission timer is 4.096 us * 2**qp_timeout
+        self.qp_timeout = int(qp_timeout if qp_timeout is not None else
+                              os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
+        if not 0 <= self.qp_timeout <= 31:
+            raise ValueError(f"QP timeout {self.qp_timeout}: give 0 to 31")
+        self.admit = int(admit if admit is not None else
+                         os.environ.get("SOFTNIC_COLL_ADMIT", 0)) or None
+        if self.admit is not None and self.admit < 1:
+            raise ValueError(f"admit {self.admit}: give the number of senders a receiver "
+                             "admits at once (>= 1), or 0 for none")
 
     def _slot(self, peer: int, seq: int) -> int:
         return (peer * self.slots + seq % self.slots) * self.chunk

@@ -374,7 +374,8 @@ class VirtualCluster:
                 os.close(self._memfd)
                 self._memfd = None
 
-    def _run(self, program, sample, on_sample, max_time) -> list:
+    def _start(self, program) -> None:
+        """A task per rank, each runnable, none started."""
         threads = not self.greenlets
 
         def body(t: _Task) -> None:
@@ -405,6 +406,10 @@ class VirtualCluster:
             else:
                 t.glet = _greenlet.greenlet(body, parent=self._main_glet)
             self._runnable.append(t)
+
+    def _run(self, program, sample, on_sample, max_time) -> list:
+        self._start(program)
+        threads = not self.greenlets
         live = self.n
         fabric = self.fabric
         ready = self._ready
