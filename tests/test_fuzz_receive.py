@@ -42,6 +42,8 @@ def hostile_packets(draw, qpns: list[int]):
         kw["ieth"] = draw(u32)
     if info.deth:
         kw["deth"] = (draw(u32), draw(st.integers(0, 0xFFFFFF)))
+    if info.feth:             # FLUSH: any selectivity level and placement type, valid or not
+        kw["feth"] = (draw(st.integers(0, 3)), draw(st.integers(0, 15)))
     if info.xrceth:           # any SRQ number: mostly none, sometimes one that exists
         kw["xrceth"] = draw(st.integers(0, 0xFFFFFF) | st.integers(0, 64))
     if info.payload:

@@ -296,3 +296,42 @@ def test_debian_pyverbs_in_debian_python_single_thread_owning_both_ends(libdir, 
     assert "test_qp_ex_rc_atomic_write (tests.test_qpex.QpExTestCase." \
         "test_qp_ex_rc_atomic_write) ... ok" in out, out
     assert f"Ran {len(names)} tests" in out
+
+
+def test_c_flush_through_the_extended_post_api(libdir, tmp_path):
+    """tests/c/flush.c: ibv_wr_flush as rdma-core 45 lays it out (the builder after
+    wr_atomic_write), against the 44 headers installed here; on the wire (tshark's BTH,
+    scapy's UDP) each FLUSH is opcode 28 with its FETH (selectivity level, placement type)
+    before the RETH, answered by an empty RDMA READ RESPONSE ONLY (opcode 16)."""
+    cap = tmp_path / "flush.pcap"
+    r = run(compile_c("flush", tmp_path), extra_env={"SOFTNIC_CAPTURE": str(cap)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "flush: all checks passed" in r.stdout
+    if shutil.which("tshark") is None:
+        _missing("needs tshark (Debian: tshark)")
+    sent = tmp_path / "flush-softnic0.pcap"
+    got = subprocess.run(["tshark", "-r", str(sent), "-d", "udp.port==4791,infiniband",
+                          "-T", "fields", "-e", "infiniband.bth.opcode"],
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split().count("28") == 3, got.stdout     # range, region, persistent
+    from scapy.all import UDP, rdpcap
+    feths = [bytes(p[UDP].payload)[12:16] for p in rdpcap(str(sent))
+             if UDP in p and bytes(p[UDP].payload)[0] == 0x1C]
+    # bits 5:4 the selectivity level, 3:0 the placement type
+    assert [int.from_bytes(f, "big") for f in feths] == [0x01, 0x11, 0x02]
+    back = subprocess.run(["tshark", "-r", str(tmp_path / "flush-softnic1.pcap"), "-d",
+                           "udp.port==4791,infiniband", "-T", "fields", "-e",
+                           "infiniband.bth.opcode"],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert back.stdout.split().count("16") >= 2, back.stdout   # the two that succeeded
+
+
+def test_c_import_device_and_dm(libdir, tmp_path):
+    """tests/c/imports.c: ibv_import_device from a dup of a context's command fd, the
+    imported DM reading what the original wrote, EINVAL for a DM handle that is none,
+    EOPNOTSUPP for an fd that is no context's, EBADF for -1, EBUSY freeing a DM while an
+    import of it lives, and the imported context closing its fd."""
+    r = run(compile_c("imports", tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "imports: all checks passed" in r.stdout

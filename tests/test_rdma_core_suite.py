@@ -4,7 +4,8 @@ softnic's libibverbs.so.1 (``c``), and softnic's verbs_api as pyverbs (``python`
 
 Every test must pass or skip; the skips are held to a budget and each must be one of the
 reasons docs/rdma-core-tests.md explains (no GPU render node for dma-buf, no raw Ethernet
-QPs, no 2 MiB huge pages on the host, ...), so a new skip fails here until it is explained.
+QPs, no multicast; off CI, a host without 2 MiB huge pages), so a new skip fails here until
+it is explained.
 Locally a missing tool skips; under CI=true it fails (.ci/run installs python3-pyverbs).
 """
 
@@ -28,12 +29,17 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 EXPLAINED = (
     "Allocating dmabuf is not supported",            # no GPU render node: 10
     "Create Raw Packet QP",                          # raw Ethernet QPs: 5
-    "There are no huge pages of size 2M allocated",  # host setting: 3
-    "All gid indices populated",                     # one GID, every index in use: 1
-    "Some object imports are not supported",         # C face: ibv_import_device: 1
-    "Device softnic0 doesn't have net interface",    # test_rdmacm: no netdev in sysfs: 10
+    "Multicast is not supported on this device",     # test_rdmacm's multicast: 3
 )
-SKIP_BUDGET = {"c": 30, "python": 29}       # measured 2026-11-24: 30 and 29, 0 failed
+HUGE_PAGES = "There are no huge pages of size 2M allocated"   # .ci/run reserves them: 3
+SKIP_BUDGET = {"c": 18, "python": 18}       # measured 2026-11-25: 18 and 18, 0 failed
+
+
+def _huge_pages_reserved() -> bool:
+    try:
+        return int(Path("/proc/sys/vm/nr_hugepages").read_text()) > 0
+    except (OSError, ValueError):
+        return False
 
 
 def _missing(why: str):
@@ -67,11 +73,15 @@ def test_rdma_core_suite_passes(face, tmp_path):
     summary = run.stdout[run.stdout.find("\n== "):]
     assert not by["failed"], "failed:\n" + "\n".join(
         f"{r['test']}: {r['detail'][-800:]}" for r in by["failed"]) + summary
-    unexplained = [r for r in by["skipped"] if not r["detail"].startswith(EXPLAINED)]
+    explained, budget = EXPLAINED, SKIP_BUDGET[face]
+    if os.environ.get("CI") != "true" and not _huge_pages_reserved():
+        # a host without 2 MiB huge pages skips those 3 tests (CI reserves some)
+        explained, budget = explained + (HUGE_PAGES,), budget + 3
+    unexplained = [r for r in by["skipped"] if not r["detail"].startswith(explained)]
     assert not unexplained, "skips without an explanation in docs/rdma-core-tests.md:\n" + \
         "\n".join(f"{r['test']}: {r['detail']}" for r in unexplained)
-    assert len(by["skipped"]) <= SKIP_BUDGET[face], summary
-    assert len(by["passed"]) >= 125, summary        # the suite ran (129 and 130 pass)
+    assert len(by["skipped"]) <= budget, summary
+    assert len(by["passed"]) >= 135, summary        # the suite ran (141 pass on each)
 
 
 def test_exec_pyverbs_switch_chooses_the_face():

@@ -162,7 +162,15 @@ def test_query_port_gid_pkey(ctx):
     assert ip is not None and ip.is_loopback
     assert ctx.query_pkey(1, 0) == 0xFFFF
     table = ctx.query_gid_table(8)
-    assert len(table) == p.gid_tbl_len and table[0].gid_str() == text
+    assert len(table) == 4 < p.gid_tbl_len and table[0].gid_str() == text
+    assert [t.gid_index for t in table] == [0, 1, 2, 3]
+    # the rest of the table is empty, answered as the kernel does
+    empty = p.gid_tbl_len - 1
+    assert str(ctx.query_gid(1, empty)) == '0000:0000:0000:0000:0000:0000:0000:0000'
+    assert ctx.query_gid_type(1, empty) == e.IBV_GID_TYPE_SYSFS_IB_ROCE_V1
+    with pytest.raises(PyverbsRDMAError) as ex:
+        ctx.query_gid_ex(1, 4)
+    assert ex.value.error_code == errno.ENODATA
     assert table[0].gid_type == e.IBV_GID_TYPE_ROCE_V2
     assert ctx.query_gid_ex(1, 0).gid_str() == text
     assert ctx.query_gid_type(1, 0) == e.IBV_GID_TYPE_SYSFS_ROCE_V2

@@ -35,7 +35,7 @@ from verbs_api.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from verbs_api.srq import SRQ, SrqAttr, SrqInitAttr
 from verbs_api.wr import SGE, RecvWR, SendWR
 
-from verbskit import GRH_SIZE, UD_QKEY, Side, connect, poll
+from verbskit import GRH_SIZE, REMOTE_ACCESS, UD_QKEY, Side, connect, poll
 
 ROOT = Path(__file__).resolve().parent.parent
 IMM = 0x12345678
@@ -899,3 +899,58 @@ def test_1mib_messages_over_tcp(transport):
     finally:
         a.close()
         b.close()
+
+
+def test_flush_through_the_new_post_send_api(pair):
+    """QPEx.wr_flush (pyverbs' signature, rdma-core's test_qp_ex_rc_flush): after an RDMA
+    WRITE, a FLUSH of its range and one of the whole region complete as IBV_WC_FLUSH; a
+    persistent FLUSH of memory without FLUSH_PERSISTENT is a remote access error
+    (test_qp_ex_rc_flush_type_violate), and no MR may ask for FLUSH_PERSISTENT (no
+    persistent memory: EINVAL, as rxe over ordinary pages)."""
+    a, b = pair
+    if _iwarp(a):
+        init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=a.cq, rcq=a.cq, cap=QPCap(8, 8),
+                            pd=a.pd, comp_mask=e.IBV_QP_INIT_ATTR_PD |
+                            e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                            send_ops_flags=e.IBV_QP_EX_WITH_FLUSH)
+        qp = QPEx(a.ctx, init, QPAttr())
+        qp.wr_start()
+        qp.wr_flush(b.mr.rkey, b.mr.buf, 8, e.IBV_FLUSH_GLOBAL, e.IBV_FLUSH_RANGE)
+        _rejected(qp.wr_complete)                       # RoCE's, not iWARP's
+        return
+    with pytest.raises(PyverbsRDMAError) as ex:
+        MR(b.pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_FLUSH_PERSISTENT)
+    assert ex.value.error_code == errno.EINVAL
+    target = MR(b.pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
+                e.IBV_ACCESS_FLUSH_GLOBAL)
+    init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=a.cq, rcq=a.cq, cap=QPCap(8, 8), pd=a.pd,
+                        comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                        send_ops_flags=e.IBV_QP_EX_WITH_FLUSH | e.IBV_QP_EX_WITH_RDMA_WRITE)
+    qp = QPEx(a.ctx, init, QPAttr())
+    flush_access = e.IBV_ACCESS_FLUSH_GLOBAL | e.IBV_ACCESS_FLUSH_PERSISTENT
+    connect(a, b, qp_a=qp)
+    attr = QPAttr()
+    attr.qp_access_flags = REMOTE_ACCESS | flush_access     # RTS to RTS: FLUSH allowed
+    b.qp.modify(attr, e.IBV_QP_ACCESS_FLAGS)
+    a.mr.write(b'flushed!', 8)
+    steps = [(1, e.IBV_FLUSH_GLOBAL, e.IBV_FLUSH_RANGE, 8),
+             (2, e.IBV_FLUSH_GLOBAL, e.IBV_FLUSH_MR, 12_345_678)]
+    qp.wr_start()
+    qp.wr_id, qp.wr_flags = 0, e.IBV_SEND_SIGNALED
+    qp.wr_rdma_write(target.rkey, target.buf)
+    qp.wr_set_sge(SGE(a.mr.buf, 8, a.mr.lkey))
+    for wr_id, ptype, level, length in steps:
+        qp.wr_id = wr_id
+        qp.wr_flush(target.rkey, target.buf, length, ptype, level)
+    qp.wr_complete()
+    wcs = poll(a.cq, 3)
+    assert [(w.wr_id, w.status, w.opcode) for w in wcs] == [
+        (0, e.IBV_WC_SUCCESS, e.IBV_WC_RDMA_WRITE), (1, e.IBV_WC_SUCCESS, e.IBV_WC_FLUSH),
+        (2, e.IBV_WC_SUCCESS, e.IBV_WC_FLUSH)]
+    assert target.read(8, 0) == b'flushed!'
+    qp.wr_start()
+    qp.wr_id = 3
+    qp.wr_flush(target.rkey, target.buf, 8, e.IBV_FLUSH_PERSISTENT, e.IBV_FLUSH_RANGE)
+    qp.wr_complete()
+    assert poll(a.cq)[0].status == e.IBV_WC_REM_ACCESS_ERR
+    target.close()

@@ -25,7 +25,7 @@ from softnic.driver.capture import Capture
 from softnic.wire import icrc as icrc_module
 from softnic.wire.icrc import append_icrc, check_icrc, ipv4_udp_headers
 from softnic.wire.roce import (
-    AETH, BTH, CNP_PAD_LEN, DETH, IETH, OPCODES, RETH, ROCEV2_PORT, AtomicAckETH, AtomicETH,
+    AETH, BTH, CNP_PAD_LEN, DETH, FETH, IETH, OPCODES, RETH, ROCEV2_PORT, AtomicAckETH, AtomicETH,
     ImmDt, Kind, Opcode, Packet, WireError, decode, encode, pad_count,
 )
 
@@ -34,7 +34,8 @@ OPCODE_IDS = [OPCODES[op].name for op in ALL_OPCODES]
 UNKNOWN_OPCODES = [op for op in range(256) if op not in OPCODES]
 # encode() keyword for each extended header, and the OpInfo flag that says it is present.
 HEADER_ARGS = {"deth": "deth", "reth": "reth", "atomiceth": "atomiceth", "aeth": "aeth",
-               "atomicack": "atomicacketh", "imm": "immdt", "ieth": "ieth", "xrceth": "xrceth"}
+               "atomicack": "atomicacketh", "imm": "immdt", "ieth": "ieth", "xrceth": "xrceth",
+               "feth": "feth"}
 
 by_opcode = pytest.mark.parametrize("opcode", ALL_OPCODES, ids=OPCODE_IDS)
 
@@ -71,6 +72,8 @@ def fields(draw, opcode: int, max_payload: int = 4096) -> dict:
         kw["deth"] = (draw(U32), draw(U24))
     if info.xrceth:
         kw["xrceth"] = draw(U24)
+    if info.feth:
+        kw["feth"] = (draw(st.integers(0, 3)), draw(st.integers(0, 15)))
     if info.reth:
         kw["reth"] = (draw(U64), draw(U32), draw(U32))
     if info.atomiceth:
@@ -111,7 +114,7 @@ def expected_packet(opcode: int, kw: dict) -> Packet:
     return Packet(bth, OPCODES[opcode], payload, deth=opt(DETH, "deth"), reth=opt(RETH, "reth"),
                   atomiceth=opt(AtomicETH, "atomiceth"), aeth=opt(AETH, "aeth"),
                   atomicacketh=opt(AtomicAckETH, "atomicack"), immdt=opt(ImmDt, "imm"),
-                  ieth=opt(IETH, "ieth"), xrceth=kw.get("xrceth"))
+                  ieth=opt(IETH, "ieth"), xrceth=kw.get("xrceth"), feth=opt(FETH, "feth"))
 
 
 def encode_args(p: Packet) -> dict:
@@ -240,7 +243,7 @@ def test_pad_count_is_checked_against_remaining_bytes(opcode, data):
 def test_encode_rejects_missing_or_extra_headers(opcode):
     info = OPCODES[opcode]
     full = {"deth": (1, 2), "reth": (3, 4, 5), "atomiceth": (6, 7, 8, 9), "aeth": (0, 10),
-            "atomicack": 11, "imm": 12, "ieth": 13, "xrceth": 14}
+            "atomicack": 11, "imm": 12, "ieth": 13, "xrceth": 14, "feth": (1, 1)}
     required = {arg: full[arg] for arg, flag in HEADER_ARGS.items() if getattr(info, flag)}
     encode(opcode, dest_qp=1, psn=2, **required)  # the right set is accepted
     for arg in HEADER_ARGS:
@@ -462,9 +465,10 @@ def tshark_expected(opcode: int, kw: dict, datagram: bytes, dport: int, now_us: 
         "infiniband.invariant.crc": int.from_bytes(datagram[-4:], "big"),
         "data.data": (payload + bytes(pad)).hex() or None,
     }
-    if info.qp_type == "XRC" or info.kind == Kind.ATOMIC_WRITE:
+    if info.qp_type == "XRC" or info.kind in (Kind.ATOMIC_WRITE, Kind.FLUSH):
         # tshark 4.0 names the XRC opcodes but dissects no header after their BTH (the
-        # XRCETH and the rest show as unknown bytes), and knows no ATOMIC WRITE (0x1D):
+        # XRCETH and the rest show as unknown bytes), and knows no ATOMIC WRITE (0x1D)
+        # nor FLUSH (0x1C; test_flush_headers_in_place pins its FETH and RETH):
         # check its BTH fields only.  scapy checks the ICRC of every such packet
         # (test_scapy_decodes_our_packets), test_xrc_headers_in_place the byte layout.
         for f in exp:
@@ -561,3 +565,23 @@ def test_xrc_headers_in_place(srqn, va, rkey, dma_len, payload):
             twin = OPCODES[op & 0x1F]
             assert info.xrceth == twin.is_request and info.kind == twin.kind
             assert info.hdr_len == twin.hdr_len + 4 * info.xrceth
+
+
+@settings(max_examples=examples(20))
+@given(sel=st.integers(0, 3), plt=st.integers(0, 15), va=U64, rkey=U32, dma_len=U32,
+       dest_qp=U24, psn=U24)
+def test_flush_headers_in_place(sel, plt, va, rkey, dma_len, dest_qp, psn):
+    """FLUSH (opcode 0x1C, IBTA Memory Placement Extensions, rxe's rxe_opcode.c): the
+    BTH, a FETH (bits 5:4 the selectivity level, bits 3:0 the placement type, the rest
+    reserved), then the RETH; no payload.  Bytes built by hand, not by encode()."""
+    x = encode(Opcode.RC_FLUSH, dest_qp=dest_qp, psn=psn, ackreq=True, feth=(sel, plt),
+               reth=(va, rkey, dma_len))
+    bth = bytes([0x1C, 0, 0xFF, 0xFF]) + dest_qp.to_bytes(4, "big") + \
+        ((1 << 31) | psn).to_bytes(4, "big")
+    assert bytes(x) == bth + ((sel << 4) | plt).to_bytes(4, "big") + va.to_bytes(8, "big") + \
+        rkey.to_bytes(4, "big") + dma_len.to_bytes(4, "big")
+    got = decode(x)
+    assert got.feth == FETH(sel, plt) and got.reth == RETH(va, rkey, dma_len)
+    assert got.info.kind == Kind.FLUSH and got.info.is_request and not got.payload
+    with pytest.raises(WireError):
+        encode(Opcode.RC_FLUSH, dest_qp=1, psn=2, feth=(0, 1), reth=(0, 0, 0), payload=b"x")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import gzip
 import json
 import os
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +42,9 @@ SUPPORT = ("__init__.py", "args_parser.py", "base.py", "utils.py", "base_rdmacm.
            "rdmacm_utils.py", "efa_base.py", "mlx5_base.py", "mlx5_prm_structs.py",
            "cuda_utils.py")
 MARK = "@@rdma-core-test@@ "
+# Modules whose tests run one at a time: test_rdmacm's listen on the host's address
+# (127.0.0.1, port 7471), which one listener at a time may hold, as on a kernel device.
+SERIAL = {"test_rdmacm"}
 
 # What runs in the child: one test (or the listing of a module), its outcome as one line.
 CHILD = r'''
@@ -187,12 +192,15 @@ def run_face(face: str, root: Path, modules: list[str], dev: str, timeout: float
             if not only or any(k in t for k in only):
                 tests.append((mod, t))
 
+    serial = threading.Lock()
+
     def one(item):
         mod, test = item
-        t0 = time.monotonic()
-        record, text, status = run_child(prefix + [str(root / mod), "run", test, dev], timeout,
-                                          env)
-        took = time.monotonic() - t0
+        with serial if mod in SERIAL else contextlib.nullcontext():
+            t0 = time.monotonic()
+            record, text, status = run_child(prefix + [str(root / mod), "run", test, dev],
+                                              timeout, env)
+            took = time.monotonic() - t0
         if record is None:
             if status is None:
                 detail = f"timed out after {timeout:.0f} s"
@@ -202,6 +210,9 @@ def run_face(face: str, root: Path, modules: list[str], dev: str, timeout: float
                 detail = f"exit status {status} before a result"
             detail += ("\n" + _tail(text)) if text.strip() else ""
             record = {"outcome": "failed", "detail": detail}
+        elif record.get("outcome") == "failed" and _tail(text):
+            # what the test's own processes printed (test_rdmacm's sides say why they failed)
+            record["detail"] += "\n-- its output:\n" + _tail(text, 12)
         return {"face": face, "module": mod, "test": test, "seconds": round(took, 2), **record}
 
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

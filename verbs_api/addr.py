@@ -21,7 +21,12 @@ from .base import PyverbsCM, PyverbsObject, rdma_error
 from .pyverbs_error import PyverbsUserError
 from .utils import gid_str_to_array
 
-GID_TABLE_LEN = 4        # rxe on an IPv4 netdev has 4 (programs hard-code 1 or 3); each holds the RoCEv2 GID
+# A RoCE port's GID table is longer than what its netdev's addresses fill (rxe: 1024
+# entries).  rxe on an IPv4 netdev populates 4 (programs hard-code index 1 or 3); each of
+# softnic's holds the device's RoCEv2 GID.  The rest are empty, answered as the kernel
+# does: ibv_query_gid gives zeros, ibv_query_gid_ex ENODATA, an AH naming one EINVAL.
+GID_TABLE_LEN = 1024
+GID_POPULATED = 4
 
 
 def gid_to_raw(val) -> bytes:
@@ -253,8 +258,8 @@ def engine_ah(attr: AHAttr, what: str = 'AH') -> _EngineAH:
         raise rdma_error(f'{what}: a RoCE address vector needs a GRH (is_global=1)')
     if attr.port_num != 1:
         raise rdma_error(f'{what}: port {attr.port_num} does not exist')
-    if not 0 <= attr._sgid_index < GID_TABLE_LEN:
-        raise rdma_error(f'{what}: sgid_index {attr._sgid_index} is not in the GID table')
+    if not 0 <= attr._sgid_index < GID_POPULATED:
+        raise rdma_error(f'{what}: sgid_index {attr._sgid_index} is not a GID of the port')
     ip = ipaddress.IPv6Address(attr._dgid)
     if ip.ipv4_mapped is None:
         raise rdma_error(f'{what}: GID {raw_to_str(attr._dgid)} is not an IPv4-mapped GID')

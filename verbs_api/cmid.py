@@ -100,7 +100,7 @@ class UDParam(PyverbsObject):
         ev = cm_event._ev
         self._qp_num = ev.qp_num if ev is not None else 0
         self._qkey = ev.qkey if ev is not None else 0
-        self._dgid = R.gid_of(ev.id.dst[0]) if ev is not None and ev.id.dst else bytes(16)
+        self._dgid = ev.id.dgid if ev is not None and ev.id.dst else bytes(16)
 
     @property
     def qp_num(self):
@@ -595,11 +595,13 @@ class CMID(PyverbsCM):
 
     def reg_read(self, size=0):
         from .mr import MR
-        return self._reg(MR, size, e.IBV_ACCESS_REMOTE_READ)
+        # rdma_reg_read: local write too (rdma_verbs.h)
+        return self._reg(MR, size, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)
 
     def reg_write(self, size=0):
         from .mr import MR
-        return self._reg(MR, size, e.IBV_ACCESS_REMOTE_WRITE)
+        # rdma_reg_write: local write too (rdma_verbs.h)
+        return self._reg(MR, size, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
 
     def _reg(self, MR, size, access):
         if self.pd is None:
@@ -676,8 +678,7 @@ class CMID(PyverbsCM):
         if optname != ce.RDMA_OPTION_ID_ACK_TIMEOUT:
             raise PyverbsUserError('Currently only RDMA_OPTION_ID_ACK_TIMEOUT is supported '
                                    'in Pyverbs.')
-        if self._id.conn is not None:
-            self._id.conn.local_ack_timeout = int(optval)
+        self._id.set_ack_timeout(int(optval))
 
     def reject(self, private_data=None):
         self._check()

@@ -22,7 +22,7 @@ import softnic.driver.nic as _nic
 from softnic.core.errors import VerbsError
 
 from . import enums as e
-from .addr import GID, GID_TABLE_LEN, raw_to_str
+from .addr import GID, GID_POPULATED, GID_TABLE_LEN, raw_to_str
 from .base import PyverbsCM, PyverbsObject, close_weakrefs, keep_ref, rdma_error
 from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 from .utils import gid_str
@@ -247,12 +247,16 @@ class Context(PyverbsCM):
         self._port(port_num, 'gid')
         if not 0 <= index < GID_TABLE_LEN:
             raise rdma_error(f'Failed to query gid {index} of port {port_num}')
+        if index >= GID_POPULATED:
+            return GID()                     # an empty entry reads as zeros
         return GID(self._nic.gid)
 
     def query_gid_type(self, port_num, index):
         self._port(port_num, 'gid type')
         if not 0 <= index < GID_TABLE_LEN:
             raise rdma_error(f'Failed to query gid type of port {port_num} and gid index {index}')
+        if index >= GID_POPULATED:
+            return e.IBV_GID_TYPE_SYSFS_IB_ROCE_V1     # libibverbs' answer for an empty entry
         return e.IBV_GID_TYPE_SYSFS_ROCE_V2
 
     def _gid_entry(self, index):
@@ -267,16 +271,19 @@ class Context(PyverbsCM):
 
     def query_gid_table(self, max_entries, flags=0):
         self._check()
-        if max_entries < GID_TABLE_LEN:
+        if max_entries < GID_POPULATED:
             # ibv_query_gid_table returns -EINVAL, which pyverbs passes on as the code
-            raise rdma_error('Failed to query gid tables of the device: table larger than '
+            raise rdma_error('Failed to query gid tables of the device: more than '
                              f'{max_entries} entries', -errno.EINVAL)
-        return [self._gid_entry(i) for i in range(GID_TABLE_LEN)]
+        return [self._gid_entry(i) for i in range(GID_POPULATED)]     # the populated ones
 
     def query_gid_ex(self, port_num, gid_index, flags=0):
         self._port(port_num, 'gid table')
         if not 0 <= gid_index < GID_TABLE_LEN:
             raise rdma_error(f'Failed to query gid table of port {port_num} in index {gid_index}')
+        if gid_index >= GID_POPULATED:
+            raise rdma_error(f'Failed to query gid table of port {port_num} in index {gid_index}',
+                             errno.ENODATA)
         return self._gid_entry(gid_index)
 
     def query_rt_values_ex(self, comp_mask=e.IBV_VALUES_MASK_RAW_CLOCK):

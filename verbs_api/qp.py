@@ -266,6 +266,18 @@ def _engine_attr(a: QPAttr, mask: int) -> _EngineQPAttr:
         cap=_EngineQPCap(*a._cap))
 
 
+class ECE(PyverbsObject):
+    """ibv_ece: enhanced connection establishment options (vendor, options, mask)."""
+
+    def __init__(self, vendor_id=0, options=0, comp_mask=0):
+        super().__init__()
+        self.vendor_id, self.options, self.comp_mask = vendor_id, options, comp_mask
+
+    def __str__(self):
+        return (f'{"Vendor ID":<20}: {self.vendor_id}\n{"Options":<20}: {self.options}\n'
+                f'{"Comp Mask":<20}: {self.comp_mask}\n')
+
+
 def _context_and_pd(creator, init_attr, xrcd):
     """(context, PD) of a QP being created: from a PD (no context), or from a Context
     with a QPInitAttrEx naming its PD (an XRC target: its XRC domain, no PD)."""
@@ -419,6 +431,16 @@ class QP(PyverbsCM):
         self._check()
         ea = _engine_attr(qp_attr, mask)
         engine_call(self._nic, msg, self._nic.dev.modify_qp, self._eqp, ea, int(mask))
+
+    def query_ece(self):
+        """ibv_query_ece: softnic, like rxe, has no enhanced connection establishment."""
+        self._check()
+        raise rdma_error('Failed to query ECE', errno.EOPNOTSUPP)
+
+    def set_ece(self, ece):
+        """ibv_set_ece: not offered (as rxe)."""
+        self._check()
+        raise rdma_error('Failed to set ECE', errno.EOPNOTSUPP)
 
     def query(self, attr_mask):
         """(QPAttr, QPInitAttr) of the QP as it is now, with the caps it enforces."""
@@ -589,6 +611,13 @@ class QPEx(QP):
         """ATOMIC_WRITE: the 8 bytes of ``atomic_wr`` placed at ``remote_addr`` as one."""
         self._new(e.IBV_WR_ATOMIC_WRITE, rkey=rkey, remote_addr=remote_addr,
                   atomic_data=bytes(memoryview(atomic_wr).cast('B')[:8]))
+
+    def wr_flush(self, rkey, remote_addr, length, ptype, level):
+        """FLUSH: make what was placed in ``[remote_addr, +length)`` (``level``
+        IBV_FLUSH_RANGE) or in the whole region of ``rkey`` (IBV_FLUSH_MR) globally visible
+        or persistent (``ptype``), as rxe does since Linux 6.2; no local memory."""
+        self._new(e.IBV_WR_FLUSH, rkey=rkey, remote_addr=remote_addr, length=length,
+                  flush_type=ptype, flush_level=level)
 
     def wr_atomic_cmp_swp(self, rkey, remote_addr, compare, swap):
         self._new(e.IBV_WR_ATOMIC_CMP_AND_SWP, rkey=rkey, remote_addr=remote_addr,

@@ -37,6 +37,7 @@ _WC_OPCODE = {
     W.RDMA_READ: WCOpcode.RDMA_READ, W.ATOMIC_CMP_AND_SWP: WCOpcode.COMP_SWAP,
     W.ATOMIC_FETCH_AND_ADD: WCOpcode.FETCH_ADD, W.LOCAL_INV: WCOpcode.LOCAL_INV,
     W.BIND_MW: WCOpcode.BIND_MW, W.ATOMIC_WRITE: WCOpcode.ATOMIC_WRITE,
+    W.FLUSH: WCOpcode.FLUSH,
 }
 
 
@@ -198,8 +199,8 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     """A READ RESPONSE: its data scattered into the READ's gather list, in
     order (a gap means responses were lost: the READ is re-issued from the
     first missing one; selective repeat places it and asks for the hole only).
-    An ATOMIC WRITE is answered by an empty READ RESPONSE ONLY (as rxe)."""
-    if wqe is not None and wqe.opcode == W.ATOMIC_WRITE:
+    An ATOMIC WRITE or a FLUSH is answered by an empty READ RESPONSE ONLY (as rxe)."""
+    if wqe is not None and wqe.opcode in (W.ATOMIC_WRITE, W.FLUSH):
         if psn != wqe.first_psn or not pkt.info.first or not pkt.info.last or pkt.payload:
             dev.counters["rcvd_bad_response"] += 1
             return False
@@ -455,7 +456,8 @@ def complete(dev, qp) -> None:
             if w.signaled:
                 dev.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.SUCCESS, _WC_OPCODE[w.opcode],
                                             qp.qpn, byte_len=8 if w.rd_atomic and
-                                            w.opcode != W.RDMA_READ else w.length), qp)
+                                            w.opcode not in (W.RDMA_READ, W.FLUSH)
+                                            else w.length), qp)
             if w.opcode in (W.SEND, W.SEND_WITH_IMM, W.SEND_WITH_INV):
                 dev.counters["rdma_sends"] += 1
         else:

@@ -51,6 +51,8 @@ class Access(IntFlag):
     MW_BIND = 16
     ZERO_BASED = 32
     ON_DEMAND = 64
+    FLUSH_GLOBAL = 1 << 8       # a FLUSH may make placed data globally visible
+    FLUSH_PERSISTENT = 1 << 9   # ... or persistent (memory that can be: rxe, pmem only)
 
 
 class WROpcode(IntEnum):
@@ -64,6 +66,7 @@ class WROpcode(IntEnum):
     LOCAL_INV = 7
     BIND_MW = 8
     SEND_WITH_INV = 9
+    FLUSH = 14                # placed data made visible/persistent (rxe since Linux 6.2)
     ATOMIC_WRITE = 15         # 8 bytes written as one (IBTA 1.5, rxe since Linux 6.2)
 
 
@@ -107,6 +110,7 @@ class WCOpcode(IntEnum):
     FETCH_ADD = 4
     BIND_MW = 5
     LOCAL_INV = 6
+    FLUSH = 8
     ATOMIC_WRITE = 9
     RECV = 128
     RECV_RDMA_WITH_IMM = 129

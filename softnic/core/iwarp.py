@@ -64,6 +64,7 @@ _NOT_ON_IWARP = {
     W.SEND_WITH_IMM: "iWARP has no Send with Immediate (RFC 7306 has only Immediate Data, "
                      "which RDMA_WRITE_WITH_IMM uses)",
     W.BIND_MW: "memory windows are not supported",
+    W.FLUSH: "FLUSH is RoCE's (IBTA Memory Placement Extensions), not iWARP's",
 }
 
 #: Terminate (layer, error type) -> WC status of the WR it names, at the requester.

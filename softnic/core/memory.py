@@ -322,6 +322,13 @@ class ImplicitMR(MR):
 IMPLICIT_LENGTH = (1 << 64) - 1      # SIZE_MAX: what ibv_reg_mr is given for an implicit MR
 
 
+def _no_persistence(access: Access) -> None:
+    """FLUSH_PERSISTENT is granted only over persistent memory (rxe: pmem pages, else
+    EINVAL); softnic's memory is the process's, never persistent."""
+    if access & Access.FLUSH_PERSISTENT:
+        raise einval("FLUSH_PERSISTENT needs persistent memory; this is not")
+
+
 class KeyTable:
     """lkey/rkey allocation: an index in the high 24 bits and a key byte that
     changes on every reuse of the index, as hardware does, so a stale key misses."""
@@ -342,6 +349,7 @@ class KeyTable:
         # IBA o10-37: remote write or atomic needs local write.
         if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
             raise einval("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE")
+        _no_persistence(access)
         if pd.closed:
             raise VerbsError(errno.EINVAL, "PD is closed")
         key = self._new_key()
@@ -404,6 +412,7 @@ class KeyTable:
             raise einval("an implicit MR is an on-demand paging one")
         if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
             raise einval("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE")
+        _no_persistence(access)
         if pd.closed:
             raise VerbsError(errno.EINVAL, "PD is closed")
         key = self._new_key()
@@ -508,6 +517,13 @@ class KeyTable:
         if type(mr) is MW:
             return mr.remote_view(qp, addr, length, need)
         return mr.remote_view(addr, length, need)
+
+    def region(self, pd: PD, rkey: int):
+        """The MR or window ``rkey`` names in ``pd`` (a FLUSH of a whole region)."""
+        mr = self._by_key.get(rkey)
+        if mr is None or mr.pd is not pd:
+            raise AccessError(f"rkey {rkey:#x} unknown in this PD")
+        return mr
 
     def local(self, pd: PD, lkey: int, addr: int, length: int, *, write: bool) -> memoryview:
         mr = self._by_key.get(lkey)

@@ -222,6 +222,9 @@ class SendWR:
     bind: object = None               # BIND_MW: a memory.MWBind
     xrc_srqn: int = 0                 # XRC initiator: the remote XRC SRQ (the XRCETH)
     atomic_data: bytes | None = None  # ATOMIC_WRITE: the 8 bytes to place
+    flush_type: int = 0               # FLUSH: placement type (1 global, 2 persistent)
+    flush_level: int = 0              # FLUSH: selectivity level (0 the range, 1 the MR)
+    length: int | None = None         # FLUSH: the range's length (no local SGEs)
 
 
 @dataclass
@@ -233,7 +236,8 @@ class RecvWR:
 #: WR opcodes by value (an enum lookup by value costs a call into enum's machinery)
 _WR_OPCODES = {int(w): w for w in WROpcode}
 _RD_ATOMIC = frozenset({WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
-                        WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_WRITE})
+                        WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_WRITE,
+                        WROpcode.FLUSH})
 
 
 class SendWQE:
@@ -243,7 +247,7 @@ class SendWQE:
                  "remote_qkey", "signaled", "first_psn", "last_psn", "npkts", "next_pkt",
                  "views", "done", "status", "atomic_orig", "rd_atomic", "got", "asked",
                  "iw_msn", "got_bytes", "sink_stag", "sink_to", "bind",
-                 "xrc_srqn")
+                 "xrc_srqn", "flush")
 
     def __init__(self, wr: SendWR, signaled: bool, inline: bytes | None,
                  length: int | None = None):
@@ -284,6 +288,7 @@ class SendWQE:
         self.rd_atomic = self.opcode in _RD_ATOMIC
         self.bind = wr.bind
         self.xrc_srqn = wr.xrc_srqn
+        self.flush = (wr.flush_level, wr.flush_type) if self.opcode is WROpcode.FLUSH else None
 
 
 class QP:

@@ -100,8 +100,8 @@ def _start(dev, qp, wqe) -> None:
         wqe.status = WCStatus.LOC_LEN_ERR
         wqe.done = True
         return
-    if atomic or qp.qp_type is _UD:
-        npkts = 1
+    if atomic or op == W.FLUSH or qp.qp_type is _UD:
+        npkts = 1                       # (a FLUSH names memory of the peer's, sends none)
     else:
         npkts = -(-wqe.length // qp.mtu) or 1
     wqe.npkts = npkts
@@ -181,6 +181,9 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
     if op == W.ATOMIC_WRITE:
         return encode(O.RC_ATOMIC_WRITE, dest_qp=dqpn, psn=psn, ackreq=True,
                       reth=(wqe.remote_addr, wqe.rkey, 8), payload=wqe.inline)
+    if op == W.FLUSH:
+        return encode(O.RC_FLUSH, dest_qp=dqpn, psn=psn, ackreq=True, feth=wqe.flush,
+                      reth=(wqe.remote_addr, wqe.rkey, wqe.length & 0xFFFFFFFF))
     if op in _ATOMIC_OPC:
         return encode(_ATOMIC_OPC[op], dest_qp=dqpn, psn=psn, ackreq=True,
                       atomiceth=(wqe.remote_addr, wqe.rkey, wqe.compare_add if op ==

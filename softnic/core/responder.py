@@ -41,7 +41,7 @@ from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers
 from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, OPCODES, psn_diff
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
-from .memory import AccessError, view_span
+from .memory import MW, AccessError, view_span
 from . import sr_place, xrc
 
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
@@ -559,15 +559,54 @@ def _atomic_write(dev, qp, pkt) -> None:
     dev.mark_ready(qp)
 
 
+#: FLUSH placement type bits -> the access a QP and the memory must grant for it
+_FLUSH_ACCESS = ((1, Access.FLUSH_GLOBAL), (2, Access.FLUSH_PERSISTENT))
+
+
+def _flush(dev, qp, pkt) -> None:
+    """FLUSH (rxe's process_flush): the placement its FETH asks for (global visibility,
+    persistence) of a range, or of the whole memory region the rkey names, answered like a
+    READ of nothing.  The QP must allow each placement type asked (else invalid request,
+    as rxe's check_qp_attr_access), the MR or window too (else remote access error, as
+    rxe's check_rkey), and a range must lie inside it.  What softnic places is in the
+    host's memory once the engine has stored it, visible to every CPU: nothing is left
+    to write back.  (Persistence is never granted: no MR is registered with it.)"""
+    feth = pkt.feth
+    if not feth.plt or feth.plt & ~3 or feth.sel > 1:
+        raise _Nak(NakCode.INVALID_REQUEST)
+    needs = [a for bit, a in _FLUSH_ACCESS if feth.plt & bit]
+    if any(not qp.attr.qp_access_flags & a for a in needs):
+        raise _Nak(NakCode.INVALID_REQUEST)
+    reth = pkt.reth
+    try:
+        region = dev.keys.region(qp.pd, reth.rkey)
+        addr, length = (region.addr, 0) if feth.sel == 1 else (reth.va, reth.dma_len)
+        for a in needs:
+            if type(region) is MW:
+                region.remote_view(qp, addr, length, a)
+            else:
+                region.remote_view(addr, length, a)
+    except AccessError:
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+    psn = pkt.bth.psn
+    _remember(qp, ("read", psn, psn))           # a duplicate is answered, not run again
+    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.nak_sent = False
+    qp.msn = (qp.msn + 1) & 0xFFFFFF
+    qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))
+    dev.mark_ready(qp)
+
+
 #: the requests answered by a response (not an ACK): their handlers take the Packet
-_ANSWERED = {Kind.READ_REQUEST: _read, Kind.ATOMIC: _atomic, Kind.ATOMIC_WRITE: _atomic_write}
+_ANSWERED = {Kind.READ_REQUEST: _read, Kind.ATOMIC: _atomic, Kind.ATOMIC_WRITE: _atomic_write,
+             Kind.FLUSH: _flush}
 
 
 def _duplicate(dev, qp, kind: Kind, psn: int, pkt) -> None:
     """A request below the ePSN: a SEND or WRITE is acknowledged again (up to
     the PSN before the ePSN; IBA C9-105, as rxe), a READ re-read, an ATOMIC
     WRITE answered without being placed again, an ATOMIC answered from the
-    result saved when it executed."""
+    result saved when it executed; a FLUSH is answered again, not run again."""
     if kind is Kind.SEND or kind is Kind.WRITE:
         queue_ack(dev, qp, (qp.epsn - 1) & 0xFFFFFF)
         return
@@ -583,7 +622,7 @@ def _duplicate(dev, qp, kind: Kind, psn: int, pkt) -> None:
             qp.resp_out.append(("read", psn, view, qp.msn))
             dev.mark_ready(qp)
             return
-        if res[0] == "read" and kind == Kind.ATOMIC_WRITE and res[1] == psn:
+        if res[0] == "read" and kind in (Kind.ATOMIC_WRITE, Kind.FLUSH) and res[1] == psn:
             qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))   # not placed again
             dev.mark_ready(qp)
             return

@@ -242,13 +242,21 @@ class Verbs:
         if op is W.ATOMIC_WRITE:        # as rxe: 8 bytes to an 8-byte aligned address
             if wr.atomic_data is None or len(wr.atomic_data) != 8 or wr.remote_addr & 7:
                 raise einval("ATOMIC_WRITE needs 8 bytes and an 8-byte aligned address")
+        if op is W.FLUSH:
+            if qp.xrc is not None or wr.sg_list:
+                raise einval("FLUSH is an RC request with no local memory")
+            if not wr.flush_type or wr.flush_type & ~3 or wr.flush_level not in (0, 1):
+                raise einval(f"FLUSH: placement type {wr.flush_type}, selectivity level "
+                             f"{wr.flush_level}")
         sgl = wr.sg_list
         if len(sgl) > qp.cap.max_send_sge:
             raise einval(f"{len(sgl)} SGEs > max_send_sge {qp.cap.max_send_sge}")
         if len(qp.sq) >= qp.cap.max_send_wr:
             raise enomem("send queue is full")
         length = sgl[0][1] if len(sgl) == 1 else sum(s[1] for s in sgl)
-        if length > self.config.max_msg_size:
+        if op is W.FLUSH:
+            length = wr.length or 0             # the peer's range, not a message
+        elif length > self.config.max_msg_size:
             raise einval("message longer than max_msg_size")
         inline = None
         flags = int(wr.send_flags)

@@ -73,8 +73,14 @@ _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
 _NO_DEADLINE = (1 << 63) - 1
-_lock = threading.Lock()
+# Reentrant, and never held while a device is built: the garbage collector may run in any
+# thread at any allocation (a new progress thread's start included) and close a device
+# whose last owner it collects (pyverbs' Context.__dealloc__ in the C face), which takes
+# this lock: held across a thread start, or by the collecting thread itself, it would
+# deadlock.
+_lock = threading.RLock()
 _open: dict[str, "NIC"] = {}
+_opening: dict[str, threading.Event] = {}     # devices being built (outside the lock)
 _cfg: _config.RuntimeConfig | None = None
 
 
@@ -102,26 +108,46 @@ def configure(cfg: _config.RuntimeConfig | None = None) -> None:
 
 
 def open_device(name: str) -> "NIC | SimNIC":
-    with _lock:
-        nic = _open.get(name)
-        if nic is None:
-            cfg = runtime_config()
-            spec = next((d for d in cfg.devices if d.name == name), None)
-            if spec is None:
-                raise KeyError(f"no softnic device {name!r} (devices: {device_names()})")
-            transport = spec.transport or cfg.transport
-            if cfg.backend == "sim":
-                if transport == "tcp":
-                    raise ValueError(f"device {name}: transport=tcp needs real sockets, not "
-                                     "SOFTNIC_BACKEND=sim (the simulated fabric carries datagrams)")
-                nic = sim_world().open(spec)
-            else:
-                nic = TcpNIC(spec, cfg) if transport == "tcp" else NIC(spec, cfg)
-            if transport != "tcp":
-                _attach_cm(nic)
+    while True:
+        with _lock:
+            nic = _open.get(name)
+            if nic is not None:
+                nic.refs += 1
+                return nic
+            building = _opening.get(name)
+            if building is None:
+                cfg = runtime_config()
+                spec = next((d for d in cfg.devices if d.name == name), None)
+                if spec is None:
+                    raise KeyError(f"no softnic device {name!r} (devices: {device_names()})")
+                transport = spec.transport or cfg.transport
+                if cfg.backend == "sim":
+                    # the simulated fabric's devices start no thread: built here, under
+                    # the lock, all in the one world
+                    if transport == "tcp":
+                        raise ValueError(f"device {name}: transport=tcp needs real sockets, "
+                                         "not SOFTNIC_BACKEND=sim (the simulated fabric "
+                                         "carries datagrams)")
+                    nic = sim_world().open(spec)
+                    _attach_cm(nic)
+                    _open[name] = nic
+                    nic.refs += 1
+                    return nic
+                building = _opening[name] = threading.Event()
+                break
+        building.wait()                 # another thread builds it: take that one
+    try:
+        nic = TcpNIC(spec, cfg) if transport == "tcp" else NIC(spec, cfg)
+        if transport != "tcp":
+            _attach_cm(nic)
+        with _lock:
             _open[name] = nic
-        nic.refs += 1
+            nic.refs += 1
         return nic
+    finally:
+        with _lock:
+            del _opening[name]
+        building.set()
 
 
 def _attach_cm(nic) -> None:
@@ -163,7 +189,9 @@ def stats_dir() -> Path:
 
 
 def _loopback_candidates() -> list[str]:
-    return [f"127.0.0.{i}" for i in range(1, 255)] + [f"127.0.1.{i}" for i in range(1, 255)]
+    # not 127.0.0.1: that is the host's own loopback address, which rdma_cm reaches as
+    # the host's (a listener bound to it in any process, softnic/driver/rdmacm_host.py)
+    return [f"127.0.0.{i}" for i in range(2, 255)] + [f"127.0.1.{i}" for i in range(1, 255)]
 
 
 class _Opened:

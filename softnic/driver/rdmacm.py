@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import softnic.driver.nic as _nic
+from softnic.driver import rdmacm_host as _host
 from softnic.core import cm as _cm
 from softnic.core.cm import EventKind
 from softnic.core.errors import VerbsError
@@ -57,7 +58,7 @@ SIDR_USER_PRIVATE = 216 - M.CMA_HDR_LEN
 EPHEMERAL = (32768, 61000)
 #: QP attributes rdma_cm sets (as the kernel's ib_cm picks them)
 ACK_TIMEOUT = 14
-MIN_RNR_TIMER = 12
+MIN_RNR_TIMER = 0           # 655.36 ms, as ib_cm's cm_init_qp_rtr_attr sets it
 
 # ibv_qp_attr_mask bits
 QP_STATE, QP_ACCESS_FLAGS, QP_PKEY_INDEX, QP_PORT, QP_QKEY, QP_AV, QP_PATH_MTU, QP_TIMEOUT, \
@@ -277,6 +278,25 @@ class CmId:
     remote_qkey: int = 0
     destroyed: bool = False
     backlog: int = 0
+    #: the host's loopback address this id was bound as (no device's; rdmacm_host)
+    host_ip: str | None = None
+    #: the device (ip, udp port) through which a loopback destination of the host is
+    #: reached (a listener of another process, rdmacm_host); None: dst's own device
+    via: tuple[str, int] | None = None
+    #: RDMA_OPTION_ID_ACK_TIMEOUT, set before or after the connection exists
+    ack_timeout: int | None = None
+
+    def set_ack_timeout(self, timeout: int) -> None:
+        """rdma_set_option(ACK_TIMEOUT): the QP's ``timeout`` from now on (as the kernel's
+        rdma_set_ack_timeout: rdma_init_qp_attr gives it for RTS)."""
+        self.ack_timeout = timeout
+        if self.conn is not None:
+            self.conn.local_ack_timeout = timeout
+
+    @property
+    def dgid(self) -> bytes:
+        """The GID of the device at the other end."""
+        return gid_of(self.via[0] if self.via else self.dst[0])
 
     # ---------------------------------------------------------- addresses
 
@@ -321,7 +341,7 @@ class CmId:
                 # as the kernel's rdma_cm binds a loopback address: to the first device,
                 # whose address the id then reports (what a peer can reach)
                 nic = devices()[0]
-                ip = nic.ip
+                self.host_ip, ip = ip, nic.ip
             if nic is None:
                 raise VerbsError(errno.EADDRNOTAVAIL, f"{ip} is not a softnic device's address")
         port = self._claim_port(ip, port)
@@ -371,6 +391,15 @@ class CmId:
                 if sid in cm.listeners:
                     raise VerbsError(errno.EADDRINUSE, f"port {self.src[1]} has a listener")
                 self.listeners.append((nic, cm.listen(sid, self, backlog)))
+        if self.host_ip is not None:            # reachable from the host's other processes
+            try:
+                _host.publish(self.ps, self.src[1], self.host_ip, (self.nic.ip, self.nic.port))
+            except VerbsError:
+                for nic, lst in self.listeners:
+                    with nic.lock:
+                        cm_of(nic).unlisten(lst)
+                self.listeners.clear()
+                raise
         self.state = "listen"
         self.backlog = backlog
 
@@ -423,7 +452,9 @@ class CmId:
         now = now_of(nic)
         sid = M.service_id(self.ps, self.dst[1])
         hdr = M.CmaHeader(self.src[0], self.dst[0], self.src[1]).encode()
-        peer = (self.dst[0], _nic.port_for_gid(self.dst[0]))
+        if device_for_ip(self.dst[0]) is None and ipaddress.ip_address(self.dst[0]).is_loopback:
+            self.via = _host.lookup(self.ps, self.dst[1], self.dst[0])
+        peer = self.via or (self.dst[0], _nic.port_for_gid(self.dst[0]))
         if self.ps == M.RDMA_PS_UDP or self.qp_type == IBV_QPT_UD:
             if len(private_data) > SIDR_USER_PRIVATE:
                 raise VerbsError(errno.EINVAL, "private data too long")
@@ -437,11 +468,12 @@ class CmId:
             self.responder_resources, self.initiator_depth = responder_resources, initiator_depth
             self.retry_count, self.rnr_retry_count = retry_count, rnr_retry_count
             self.conn = nic.call(cm.connect, peer, service_id=sid,
-                                 remote_gid=gid_of(self.dst[0]), local_qpn=qpn, psn=self.psn,
+                                 remote_gid=self.dgid, local_qpn=qpn, psn=self.psn,
                                  responder_resources=responder_resources,
                                  initiator_depth=initiator_depth, retry_count=retry_count,
                                  rnr_retry_count=rnr_retry_count, path_mtu=mtu,
-                                 local_ack_timeout=ACK_TIMEOUT, srq=srq,
+                                 local_ack_timeout=ACK_TIMEOUT if self.ack_timeout is None
+                                 else self.ack_timeout, srq=srq,
                                  qp_type=1 if self.qp_type == IBV_QPT_UC else 0,
                                  private_data=hdr + private_data, owner=self, now=now)
         self.state = "connecting"
@@ -470,6 +502,8 @@ class CmId:
         for nic, lst in self.listeners:
             with nic.lock:
                 cm_of(nic).unlisten(lst)
+        if self.listeners and self.host_ip is not None:
+            _host.withdraw(self.ps, self.src[1], self.host_ip)
         self.listeners.clear()
         if self.conn is not None and self.nic is not None:
             c = self.conn
@@ -505,8 +539,8 @@ class CmId:
             mtu = min(c.path_mtu or 5, 5)
             return ({"qp_state": QPS_RTR, "path_mtu": mtu, "dest_qp_num": c.remote_qpn,
                      "rq_psn": c.remote_psn, "max_dest_rd_atomic": c.responder_resources,
-                     "min_rnr_timer": MIN_RNR_TIMER, "dgid": c.remote_gid or
-                     gid_of(self.dst[0]), "port_num": 1, "hop_limit": 64},
+                     "min_rnr_timer": MIN_RNR_TIMER, "dgid": c.remote_gid or self.dgid,
+                     "port_num": 1, "hop_limit": 64},
                     QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN
                     | QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER)
         if state == QPS_RTS:

@@ -135,7 +135,7 @@ class Library:
     def init_code(self) -> str:
         """What the library runs when it first starts the interpreter: this project first
         on sys.path, this environment's site-packages after, then the backend's
-        ``install(ffi)``."""
+        ``install(ffi, lib)`` (``lib``: the library's own C functions its cdef declares)."""
         paths = [str(PROJECT)] + site_dirs()
         return f"""
 import sys, site
@@ -145,9 +145,9 @@ for _p in {paths!r}:
 if {str(PROJECT)!r} in sys.path:
     sys.path.remove({str(PROJECT)!r})
 sys.path.insert(0, {str(PROJECT)!r})
-from {self.module} import ffi
+from {self.module} import ffi, lib
 import {self.backend} as _backend
-_backend.install(ffi)
+_backend.install(ffi, lib)
 """
 
     def check_tools(self, dest: Path) -> None:

@@ -5,7 +5,10 @@ BTH, whether there is a payload, where the packet sits in a message) lives in
 the one table ``OPCODES``, built the way the IBA opcode table (and Linux rxe's
 ``rxe_opcode.c``) lays it out.  Header order on the wire:
 
-    BTH [DETH] [XRCETH] [RETH] [AtomicETH] [AETH] [AtomicAckETH] [ImmDt] [IETH] payload pad ICRC
+    BTH [DETH] [XRCETH] [FETH] [RETH] [AtomicETH] [AETH] [AtomicAckETH] [ImmDt] [IETH] payload pad ICRC
+
+FLUSH (IBTA Memory Placement Extensions; rxe since Linux 6.2) carries a FETH (its
+placement type and selectivity level) before its RETH.
 
 XRC opcodes (0xA0 + the RC suffix) carry an XRCETH (the target XRC SRQ number) in every
 request packet; XRC responses are RC's with the XRC prefix.
@@ -26,6 +29,7 @@ __all__ = [
     "Packet", "encode", "encode_middle", "decode", "pad_count", "AethCode", "NakCode",
     "BTH_LEN", "RETH_LEN", "AETH_LEN", "ATOMICETH_LEN", "ATOMICACKETH_LEN",
     "IMMDT_LEN", "IETH_LEN", "DETH_LEN", "XRCETH_LEN", "ICRC_LEN", "CNP_PAD_LEN",
+    "FETH", "FETH_LEN",
     "ROCEV2_PORT", "PSN_MASK", "psn_add", "psn_diff",
 ]
 
@@ -41,6 +45,7 @@ IMMDT_LEN = 4
 IETH_LEN = 4
 DETH_LEN = 8
 XRCETH_LEN = 4
+FETH_LEN = 4
 ICRC_LEN = 4
 CNP_PAD_LEN = 16  # a CNP carries 16 reserved bytes after its BTH
 
@@ -83,6 +88,7 @@ class Opcode(IntEnum):
     RC_FETCH_ADD = 0x14
     RC_SEND_LAST_WITH_INVALIDATE = 0x16
     RC_SEND_ONLY_WITH_INVALIDATE = 0x17
+    RC_FLUSH = 0x1C
     RC_ATOMIC_WRITE = 0x1D
     UC_SEND_FIRST = 0x20
     UC_SEND_MIDDLE = 0x21
@@ -134,6 +140,7 @@ class Kind(IntEnum):
     ATOMIC = 7
     CNP = 8
     ATOMIC_WRITE = 9      # RETH and 8 bytes placed as one; answered by an empty READ RESPONSE
+    FLUSH = 10            # FETH and RETH: make placed data visible/persistent; answered so too
 
 
 class Pos(IntFlag):
@@ -160,12 +167,13 @@ class OpInfo(NamedTuple):
     payload: bool         # may carry payload bytes
     hdr_len: int          # BTH plus every extended header
     xrceth: bool = False  # an XRC request: the target XRC SRQ follows the BTH
+    feth: bool = False    # FLUSH: placement type and selectivity level, before the RETH
 
     @property
     def is_request(self) -> bool:
         """Requester -> responder direction (everything but responses, ACKs, CNPs)."""
         return self.kind in (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC,
-                             Kind.ATOMIC_WRITE)
+                             Kind.ATOMIC_WRITE, Kind.FLUSH)
 
     @property
     def is_response(self) -> bool:
@@ -173,13 +181,15 @@ class OpInfo(NamedTuple):
 
 
 def _info(op: Opcode, kind: Kind, pos: Pos, *, deth=False, reth=False, atomiceth=False,
-          aeth=False, atomicacketh=False, immdt=False, ieth=False, payload=False) -> OpInfo:
+          aeth=False, atomicacketh=False, immdt=False, ieth=False, payload=False,
+          feth=False) -> OpInfo:
     hdr = (BTH_LEN + DETH_LEN * deth + RETH_LEN * reth + ATOMICETH_LEN * atomiceth
            + AETH_LEN * aeth + ATOMICACKETH_LEN * atomicacketh + IMMDT_LEN * immdt
-           + IETH_LEN * ieth)
+           + IETH_LEN * ieth + FETH_LEN * feth)
     qp_type = op.name.split("_", 1)[0]
     return OpInfo(int(op), op.name, qp_type, kind, bool(pos & Pos.FIRST), bool(pos & Pos.LAST),
-                  deth, reth, atomiceth, aeth, atomicacketh, immdt, ieth, payload, hdr)
+                  deth, reth, atomiceth, aeth, atomicacketh, immdt, ieth, payload, hdr,
+                  feth=feth)
 
 
 def _xrc(rc: OpInfo) -> OpInfo:
@@ -223,6 +233,7 @@ def _build_table() -> dict[int, OpInfo]:
         _info(R.RC_FETCH_ADD, Kind.ATOMIC, O, atomiceth=True),
         _info(R.RC_SEND_LAST_WITH_INVALIDATE, Kind.SEND, L, ieth=True, payload=True),
         _info(R.RC_SEND_ONLY_WITH_INVALIDATE, Kind.SEND, O, ieth=True, payload=True),
+        _info(R.RC_FLUSH, Kind.FLUSH, O, feth=True, reth=True),
         _info(R.RC_ATOMIC_WRITE, Kind.ATOMIC_WRITE, O, reth=True, payload=True),
         _info(R.UD_SEND_ONLY, Kind.SEND, O, deth=True, payload=True),
         _info(R.UD_SEND_ONLY_WITH_IMMEDIATE, Kind.SEND, O, deth=True, immdt=True, payload=True),
@@ -299,6 +310,14 @@ class AtomicETH:
 
 
 @dataclass(frozen=True, slots=True)
+class FETH:
+    """FLUSH's extended header: bits 5:4 the selectivity level (0 a range, 1 the whole
+    memory region), bits 3:0 the placement type (1 global visibility, 2 persistence)."""
+    sel: int
+    plt: int
+
+
+@dataclass(frozen=True, slots=True)
 class AtomicAckETH:
     orig: int
 
@@ -333,6 +352,7 @@ class Packet:
     immdt: ImmDt | None = None
     ieth: IETH | None = None
     xrceth: int | None = None     # XRC requests: the target XRC SRQ number
+    feth: FETH | None = None
 
 
 _BTH = struct.Struct("!BBHII")
@@ -359,12 +379,14 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
            imm: int | None = None,
            ieth: int | None = None,
            deth: tuple[int, int] | None = None,
-           xrceth: int | None = None) -> bytearray:
+           xrceth: int | None = None,
+           feth: tuple[int, int] | None = None) -> bytearray:
     """Build headers + payload + pad (no ICRC) for ``opcode``.
 
     Extended headers are given as plain tuples in wire order
     (reth=(va, rkey, dma_len), aeth=(syndrome, msn),
-    atomiceth=(va, rkey, swap_add, compare), deth=(qkey, src_qp), xrceth=srq number).
+    atomiceth=(va, rkey, swap_add, compare), deth=(qkey, src_qp), xrceth=srq number,
+    feth=(selectivity level, placement type)).
     Raises WireError if a header the opcode requires is missing or one it
     forbids is given.
     """
@@ -372,9 +394,10 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
     if info is None:
         raise WireError(f"unknown opcode {opcode:#x}")
     given = (deth is not None, reth is not None, atomiceth is not None, aeth is not None,
-             atomicack is not None, imm is not None, ieth is not None, xrceth is not None)
+             atomicack is not None, imm is not None, ieth is not None, xrceth is not None,
+             feth is not None)
     wanted = (info.deth, info.reth, info.atomiceth, info.aeth, info.atomicacketh,
-              info.immdt, info.ieth, info.xrceth)
+              info.immdt, info.ieth, info.xrceth, info.feth)
     if given != wanted:
         raise WireError(f"{info.name}: extended headers {given} do not match {wanted}")
     plen = len(payload)
@@ -396,6 +419,9 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
     if xrceth is not None:
         _I.pack_into(buf, off, xrceth & 0xFFFFFF)
         off += XRCETH_LEN
+    if feth is not None:
+        _I.pack_into(buf, off, ((feth[0] & 3) << 4) | (feth[1] & 0xF))
+        off += FETH_LEN
     if reth is not None:
         _RETH.pack_into(buf, off, *reth)
         off += RETH_LEN
@@ -447,7 +473,7 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
     if n < info.hdr_len:
         raise WireError(f"{info.name}: truncated headers ({n} < {info.hdr_len})")
     off = BTH_LEN
-    deth = reth = atomiceth = aeth = atomicacketh = immdt = ieth = xrceth = None
+    deth = reth = atomiceth = aeth = atomicacketh = immdt = ieth = xrceth = feth = None
     if info.deth:
         deth = DETH(*_DETH.unpack_from(data, off))
         deth = DETH(deth.qkey, deth.src_qp & 0xFFFFFF)
@@ -455,6 +481,10 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
     if info.xrceth:
         xrceth = _I.unpack_from(data, off)[0] & 0xFFFFFF
         off += XRCETH_LEN
+    if info.feth:
+        w = _I.unpack_from(data, off)[0]
+        feth = FETH((w >> 4) & 3, w & 0xF)
+        off += FETH_LEN
     if info.reth:
         reth = RETH(*_RETH.unpack_from(data, off))
         off += RETH_LEN
@@ -486,4 +516,4 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
             raise WireError(f"{info.name}: unexpected {plen} payload bytes")
         payload = memoryview(data)[off:off + plen] if plen else b""
     return Packet(bth, info, payload, deth, reth, atomiceth, aeth, atomicacketh, immdt, ieth,
-                  xrceth)
+                  xrceth, feth)

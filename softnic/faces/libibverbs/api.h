@@ -57,3 +57,6 @@ struct sn_wc {
     uint32_t qp_num; uint32_t src_qp; unsigned int wc_flags; uint16_t pkey_index;
     uint16_t slid; uint8_t sl; uint8_t dlid_path_bits;
 };
+
+/* a C function the Python side calls (embed.c) */
+void sn_fork_resumed(void);

@@ -27,13 +27,13 @@ from softnic.core.enums import Access, QPState, QPType
 from softnic.core.errors import VerbsError
 from softnic.core.memory import IMPLICIT_LENGTH, external_device_memory
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
+from verbs_api.addr import GID_POPULATED, GID_TABLE_LEN
 from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
 
 from ..externs import Externs
 
 _WC_GRH = 1                  # IBV_WC_GRH
 _SL_IPV4 = 2                 # RoCE L3 header type IPv4 (mlx5's CQE sl for RoCE UD receives)
-GID_TABLE_LEN = 4            # as the pyverbs API reports (rxe on an IPv4 netdev has as many)
 _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 
@@ -87,6 +87,8 @@ def _engine_ah(a) -> AHAttr:
         raise VerbsError(errno.EINVAL, "a RoCE address vector needs a GRH (is_global=1)")
     if a.port_num not in (0, 1):
         raise VerbsError(errno.EINVAL, f"port {a.port_num} does not exist")
+    if a.sgid_index >= GID_POPULATED:
+        raise VerbsError(errno.EINVAL, f"sgid_index {a.sgid_index} is not a GID of the port")
     ip = ipaddress.IPv6Address(bytes(a.dgid))
     if ip.ipv4_mapped is None:
         raise VerbsError(errno.EINVAL, f"GID {ip} is not an IPv4-mapped GID")
@@ -127,9 +129,16 @@ def _linger(nic, qp) -> None:
 extern = Externs()
 
 
-def install(ffi) -> None:
+def install(ffi, lib=None) -> None:
     """Register this module's sn_* functions with the embedded module's ffi."""
     extern.install(ffi)
+    if lib is not None:
+        def after_fork_in_child() -> None:
+            # a Python host forked (its interpreter is whole in the child): with no
+            # device open in the parent, the child may open its own (embed.c)
+            if not _nic.open_nics():
+                lib.sn_fork_resumed()
+        os.register_at_fork(after_in_child=after_fork_in_child)
 
 
 # ------------------------------------------------------------ devices and contexts
@@ -218,6 +227,8 @@ def sn_query_gid(h, port, index, raw):
     o = _get(h)
     if port != 1 or not 0 <= index < GID_TABLE_LEN:
         return errno.EINVAL
+    if index >= GID_POPULATED:
+        return errno.ENODATA             # an empty entry of the table (verbs_api.addr)
     extern.ffi.memmove(raw, _gid_bytes(o.nic.gid), 16)
 
 
@@ -613,6 +624,10 @@ def sn_post_send(h, w):
         wr.xrc_srqn = w.remote_qpn
     if w.opcode == 15:          # IBV_WR_ATOMIC_WRITE: its 8 bytes, as stored in swap
         wr.atomic_data = int(w.swap).to_bytes(8, sys.byteorder)
+    elif w.opcode == 14:        # IBV_WR_FLUSH: len in compare_add, type | level << 8 in swap
+        wr.length, wr.flush_type, wr.flush_level = w.compare_add, w.swap & 0xFF, \
+            (w.swap >> 8) & 0xFF
+        wr.compare_add = wr.swap = 0
     o.nic.call(o.nic.dev.post_send, o.eng, wr)
 
 

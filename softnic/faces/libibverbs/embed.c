@@ -18,7 +18,10 @@
  *  - a child forked after the parent's first verbs call: its devices, threads and
  *    sockets stayed in the parent, and the interpreter may have been forked while
  *    another thread held its lock; every call fails (EIO, no devices) with a
- *    message, never touching the interpreter, so nothing waits for ever.
+ *    message, never touching the interpreter, so nothing waits for ever.  Except a
+ *    Python host's own fork (os.fork, multiprocessing) while no device was open:
+ *    Python re-initialises its interpreter and the child starts afresh
+ *    (sn_fork_resumed).
  *
  * Included by build.py after <Python.h>, before the generated sn_* wrappers. */
 
@@ -37,6 +40,15 @@ static void sn_after_fork_child(void)
 {
     if (sn_started)
         sn_forked = 1;
+}
+
+/* Called by backend.py from Python's after-fork hook in the child (os.fork or
+ * multiprocessing in a Python host, so Python has re-initialised its interpreter) when
+ * the parent had no device open: nothing of the parent's is left to lose, and the child
+ * opens devices of its own as a fresh process would. */
+void sn_fork_resumed(void)
+{
+    sn_forked = 0;
 }
 
 __attribute__((constructor)) static void sn_embed_init(void)

@@ -35,11 +35,20 @@ def library_env(env: dict) -> dict:
     libibverbs (built if need be): its directory first on ``LD_LIBRARY_PATH`` (found by
     the loader however the library is loaded: linked, or dlopen'ed by a plugin such as
     UCX's libuct_ib), and ``libsoftnic_preload.so`` in ``LD_PRELOAD`` (makes
-    /dev/infiniband/uverbsN look usable to UCX; see preload.c).  Children inherit
-    both (mpirun's daemons and ranks, a Python program's C libraries)."""
+    /dev/infiniband/uverbsN look usable to UCX, and answers for the devices under
+    /sys/class/infiniband from ``SOFTNIC_SYSFS``; see preload.c).  Children inherit
+    them (mpirun's daemons and ranks, a Python program's C libraries)."""
     d = build()
-    return {"LD_LIBRARY_PATH": _prepend(str(d), env.get("LD_LIBRARY_PATH"), os.pathsep),
-            "LD_PRELOAD": _prepend(str(d / PRELOAD), env.get("LD_PRELOAD"), " ")}
+    out = {"LD_LIBRARY_PATH": _prepend(str(d), env.get("LD_LIBRARY_PATH"), os.pathsep),
+           "LD_PRELOAD": _prepend(str(d / PRELOAD), env.get("LD_PRELOAD"), " ")}
+    # the devices' sysfs entries, which the preload answers for (sysfs.py)
+    from softnic.driver import config
+    from .sysfs import ENV, tree
+    try:
+        out[ENV] = str(tree(config.load(env)))
+    except (ValueError, OSError):
+        pass                # a bad configuration fails in the program, as without exec
+    return out
 
 
 def add_build_parser(sub) -> None:

@@ -11,11 +11,24 @@
  * access grants read and write.  Nothing else is touched: paths that exist are the
  * real ones, and no process opens them (softnic's libibverbs never does).
  *
- * No Python and no state: it costs a string compare per stat/access. */
+ * The same way it answers for softnic's devices under /sys/class/infiniband/ (what the
+ * kernel shows of an RDMA device; rdma-core's test suite finds a device's network
+ * interface in /sys/class/infiniband/<dev>/device/net/): `softnic exec` writes those
+ * entries into a directory named by SOFTNIC_SYSFS (sysfs.py), and a path under
+ * /sys/class/infiniband that does not exist is looked up there instead (stat, lstat,
+ * statx, fstatat, access, open, openat, opendir).  A host with real RDMA devices keeps
+ * its own entries: only what is missing is answered.
+ *
+ * No Python and no state: it costs a string compare per stat/access/open. */
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <link.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,20 +61,57 @@ static void sn_fake_stat(struct stat *st, int index)
     st->st_blksize = 4096;
 }
 
+#define SN_SYSFS "/sys/class/infiniband"
+
+/* The stand-in of a path under /sys/class/infiniband, in buf; NULL if there is none
+ * (another path, no SOFTNIC_SYSFS, too long). */
+static const char *sn_sysfs_path(const char *path, char *buf, size_t size)
+{
+    const size_t n = sizeof(SN_SYSFS) - 1;
+    if (!path || strncmp(path, SN_SYSFS, n) != 0 || (path[n] != 0 && path[n] != '/'))
+        return NULL;
+    const char *root = getenv("SOFTNIC_SYSFS");
+    if (!root || root[0] != '/')
+        return NULL;
+    int len = snprintf(buf, size, "%s%s", root, path + n);
+    return (len > 0 && (size_t)len < size) ? buf : NULL;
+}
+
+/* Does a failed call on path deserve a second look at its stand-in? */
+#define SN_RETRY(path, alt) \
+    ((errno == ENOENT || errno == ENOTDIR) && \
+     ((alt) = sn_sysfs_path((path), sn_alt, sizeof(sn_alt))) != NULL)
+
 typedef int (*sn_stat_fn)(const char *, struct stat *);
 typedef int (*sn_access_fn)(const char *, int);
+typedef int (*sn_statx_fn)(int, const char *, int, unsigned int, struct statx *);
+typedef int (*sn_fstatat_fn)(int, const char *, struct stat *, int);
+typedef int (*sn_open_fn)(const char *, int, ...);
+typedef int (*sn_openat_fn)(int, const char *, int, ...);
+typedef DIR *(*sn_opendir_fn)(const char *);
+
+#define SN_REAL(type, name) \
+    static type real; \
+    if (!real) \
+        real = (type)dlsym(RTLD_NEXT, name); \
+    if (!real) { \
+        errno = ENOSYS; \
+        return -1; \
+    }
 
 SN_EXPORT int stat(const char *path, struct stat *st)
 {
-    static sn_stat_fn real;
-    if (!real)
-        real = (sn_stat_fn)dlsym(RTLD_NEXT, "stat");
-    int r = real ? real(path, st) : (errno = ENOSYS, -1);
+    SN_REAL(sn_stat_fn, "stat");
+    char sn_alt[PATH_MAX];
+    const char *alt;
+    int r = real(path, st);
     int idx;
     if (r != 0 && errno == ENOENT && (idx = sn_uverbs_index(path)) >= 0) {
         sn_fake_stat(st, idx);
         return 0;
     }
+    if (r != 0 && SN_RETRY(path, alt))
+        return real(alt, st);
     return r;
 }
 
@@ -70,15 +120,117 @@ SN_EXPORT int stat64(const char *path, struct stat64 *st)
     return stat(path, (struct stat *)st);       /* one layout on 64-bit Linux */
 }
 
+SN_EXPORT int lstat(const char *path, struct stat *st)
+{
+    SN_REAL(sn_stat_fn, "lstat");
+    char sn_alt[PATH_MAX];
+    const char *alt;
+    int r = real(path, st);
+    if (r != 0 && SN_RETRY(path, alt))
+        return real(alt, st);
+    return r;
+}
+
+SN_EXPORT int lstat64(const char *path, struct stat64 *st)
+{
+    return lstat(path, (struct stat *)st);
+}
+
+SN_EXPORT int fstatat(int dirfd, const char *path, struct stat *st, int flags)
+{
+    SN_REAL(sn_fstatat_fn, "fstatat");
+    char sn_alt[PATH_MAX];
+    const char *alt;
+    int r = real(dirfd, path, st, flags);
+    if (r != 0 && SN_RETRY(path, alt))
+        return real(dirfd, alt, st, flags);
+    return r;
+}
+
+SN_EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags)
+{
+    return fstatat(dirfd, path, (struct stat *)st, flags);
+}
+
+SN_EXPORT int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *st)
+{
+    SN_REAL(sn_statx_fn, "statx");
+    char sn_alt[PATH_MAX];
+    const char *alt;
+    int r = real(dirfd, path, flags, mask, st);
+    if (r != 0 && SN_RETRY(path, alt))
+        return real(dirfd, alt, flags, mask, st);
+    return r;
+}
+
 SN_EXPORT int access(const char *path, int mode)
 {
-    static sn_access_fn real;
-    if (!real)
-        real = (sn_access_fn)dlsym(RTLD_NEXT, "access");
-    int r = real ? real(path, mode) : (errno = ENOSYS, -1);
+    SN_REAL(sn_access_fn, "access");
+    char sn_alt[PATH_MAX];
+    const char *alt;
+    int r = real(path, mode);
     if (r != 0 && errno == ENOENT && sn_uverbs_index(path) >= 0 && !(mode & X_OK))
         return 0;
+    if (r != 0 && SN_RETRY(path, alt))
+        return real(alt, mode);
     return r;
+}
+
+/* open/openat on path, then (not when creating) on its stand-in */
+static int sn_open_retry(sn_open_fn op, sn_openat_fn opat, int dirfd, const char *path,
+                         int flags, mode_t mode)
+{
+    char sn_alt[PATH_MAX];
+    const char *alt;
+    int r = op ? op(path, flags, mode) : opat(dirfd, path, flags, mode);
+    if (r < 0 && !(flags & O_CREAT) && SN_RETRY(path, alt))
+        r = op ? op(alt, flags, mode) : opat(dirfd, alt, flags, mode);
+    return r;
+}
+
+static mode_t sn_mode(int flags, va_list ap)
+{
+    return (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, int) : 0;
+}
+
+#define SN_OPEN(name) \
+SN_EXPORT int name(const char *path, int flags, ...) \
+{ \
+    SN_REAL(sn_open_fn, #name); \
+    va_list ap; \
+    va_start(ap, flags); \
+    mode_t mode = sn_mode(flags, ap); \
+    va_end(ap); \
+    return sn_open_retry(real, NULL, 0, path, flags, mode); \
+}
+
+#define SN_OPENAT(name) \
+SN_EXPORT int name(int dirfd, const char *path, int flags, ...) \
+{ \
+    SN_REAL(sn_openat_fn, #name); \
+    va_list ap; \
+    va_start(ap, flags); \
+    mode_t mode = sn_mode(flags, ap); \
+    va_end(ap); \
+    return sn_open_retry(NULL, real, dirfd, path, flags, mode); \
+}
+
+SN_OPEN(open)
+SN_OPEN(open64)
+SN_OPENAT(openat)
+SN_OPENAT(openat64)
+
+SN_EXPORT DIR *opendir(const char *path)
+{
+    static sn_opendir_fn real;
+    if (!real && !(real = (sn_opendir_fn)dlsym(RTLD_NEXT, "opendir")))
+        return errno = ENOSYS, NULL;
+    char sn_alt[PATH_MAX];
+    const char *alt;
+    DIR *d = real(path);
+    if (!d && SN_RETRY(path, alt))
+        d = real(alt);
+    return d;
 }
 
 /* ------------------------------------------------------------------ MPI from Python

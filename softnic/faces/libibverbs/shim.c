@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,6 +67,10 @@ struct sn_pending {                /* a WR built with the ibv_wr_* calls, posted
 };
 
 #define SN_QPX_SPARE 8
+/* RDMA FLUSH as rdma-core 45 declares it (these headers are 44's): IBV_WR_FLUSH,
+ * IBV_QP_EX_WITH_FLUSH, and ibv_qp_ex.wr_flush right after wr_atomic_write (spare_wr[0]) */
+#define SN_WR_FLUSH 14
+#define SN_QP_EX_WITH_FLUSH (1 << 11)
 
 struct sn_qp {
     struct ibv_qp_ex qpx;          /* starts with struct ibv_qp */
@@ -292,7 +297,54 @@ static void sn_fill_unsupported_ops(struct verbs_context *v)
     SN_NOSUP_INT(v->close_xrcd);
 }
 
+/* Open contexts, so that ibv_import_device finds one by its command fd (a memfd: one
+ * inode per context, shared by the fds a dup or SCM_RIGHTS makes of it). */
+#define SN_MAX_CONTEXTS 1024
+static struct ibv_context *sn_contexts[SN_MAX_CONTEXTS];
+static pthread_mutex_t sn_contexts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void sn_context_track(struct ibv_context *c, int add)
+{
+    pthread_mutex_lock(&sn_contexts_lock);
+    for (int i = 0; i < SN_MAX_CONTEXTS; i++) {
+        if (add ? sn_contexts[i] == NULL : sn_contexts[i] == c) {
+            sn_contexts[i] = add ? c : NULL;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&sn_contexts_lock);
+}
+
+static struct ibv_context *sn_open_context(struct ibv_device *device, int cmd_fd);
+
 SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
+{
+    return sn_open_context(device, -1);
+}
+
+/* ibv_import_device: another context of the device whose context owns cmd_fd (a dup of
+ * its command fd, in this process: softnic's devices belong to the process that opened
+ * them).  The new context takes cmd_fd, and closes it when it is closed. */
+SN_EXPORT struct ibv_context *ibv_import_device(int cmd_fd)
+{
+    struct stat want, st;
+    if (fstat(cmd_fd, &want) != 0)
+        return sn_fail_ptr(EBADF);
+    struct ibv_device *dev = NULL;
+    pthread_mutex_lock(&sn_contexts_lock);
+    for (int i = 0; i < SN_MAX_CONTEXTS && !dev; i++) {
+        struct ibv_context *c = sn_contexts[i];
+        if (c && fstat(c->cmd_fd, &st) == 0 && st.st_dev == want.st_dev &&
+            st.st_ino == want.st_ino)
+            dev = c->device;
+    }
+    pthread_mutex_unlock(&sn_contexts_lock);
+    if (!dev)
+        return sn_fail_ptr(EOPNOTSUPP);  /* not a command fd of softnic's: a kernel uverbs fd */
+    return sn_open_context(dev, cmd_fd);
+}
+
+static struct ibv_context *sn_open_context(struct ibv_device *device, int cmd_fd)
 {
     struct sn_device *d = (struct sn_device *)device;
     struct sn_context *s;
@@ -331,17 +383,19 @@ SN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
     sn_dm_ops(v);
     sn_xrc_ops(v);
     sn_pd_ops(v);
-    c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    c->cmd_fd = cmd_fd >= 0 ? cmd_fd : memfd_create("softnic-context", MFD_CLOEXEC);
     c->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     c->num_comp_vectors = 1;
     pthread_mutex_init(&c->mutex, NULL);
     c->abi_compat = __VERBS_ABI_IS_EXTENDED;
+    sn_context_track(c, 1);
     return c;
 }
 
 SN_EXPORT int ibv_close_device(struct ibv_context *context)
 {
     struct sn_context *s = to_sctx(context);
+    sn_context_track(context, 0);
     int err = sn_close(s->handle);
     if (context->cmd_fd >= 0)
         close(context->cmd_fd);
@@ -489,6 +543,10 @@ SN_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int i
                             union ibv_gid *gid)
 {
     int err = sn_query_gid(ctx_handle(context), port_num, index, gid->raw);
+    if (err == ENODATA) {               /* an empty entry: zeros, as libibverbs answers */
+        memset(gid->raw, 0, 16);
+        return 0;
+    }
     return err ? -1 : 0;
 }
 
@@ -519,23 +577,34 @@ SN_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context,
     int err = sn_query_port(ctx_handle(context), 1, &s);
     if (err)
         return -err;
-    if (max_entries < (size_t)s.gid_tbl_len)
-        return -EINVAL;
+    /* the populated entries, as the kernel's table query gives them */
+    size_t n = 0;
     for (int i = 0; i < s.gid_tbl_len; i++) {
-        err = _ibv_query_gid_ex(context, 1, i,
-                                (struct ibv_gid_entry *)((char *)entries + i * entry_size),
-                                flags, entry_size);
+        struct ibv_gid_entry e;
+        err = _ibv_query_gid_ex(context, 1, i, &e, flags, sizeof(e));
+        if (err == ENODATA)
+            continue;
         if (err)
             return -err;
+        if (n == max_entries)
+            return -EINVAL;
+        memcpy((char *)entries + n * entry_size, &e,
+               entry_size < sizeof(e) ? entry_size : sizeof(e));
+        n++;
     }
-    return s.gid_tbl_len;
+    return (ssize_t)n;
 }
 
 SN_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num,
                                  unsigned int index, int *type)
 {
     uint8_t raw[16];
-    if (sn_query_gid(ctx_handle(context), port_num, index, raw))
+    int err = sn_query_gid(ctx_handle(context), port_num, index, raw);
+    if (err == ENODATA) {             /* an empty entry: libibverbs says IB/RoCE v1 */
+        *type = 0;
+        return 0;
+    }
+    if (err)
         return -1;
     *type = 1;                        /* IBV_GID_TYPE_SYSFS_ROCE_V2 (rdma-core's private enum) */
     return 0;
@@ -1134,7 +1203,7 @@ static void sn_qpx_install(struct sn_qp *s);
 #define SN_RC_SEND_OPS (SN_UC_SEND_OPS | IBV_QP_EX_WITH_RDMA_READ | \
                         IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
                         IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV | \
-                        IBV_QP_EX_WITH_ATOMIC_WRITE)
+                        IBV_QP_EX_WITH_ATOMIC_WRITE | SN_QP_EX_WITH_FLUSH)
 
 static struct ibv_qp *sn_new_qp(struct ibv_pd *pd, struct ibv_qp_init_attr_ex *a, int is_ex)
 {
@@ -1908,7 +1977,12 @@ struct sn_dm {
     uint8_t *buf;
     uint64_t length, map_len;
     int nmr;                       /* MRs registered over it */
+    struct sn_dm *orig;            /* an imported DM: the one allocated (NULL: this one) */
+    int nimport;                   /* imports of this one that live */
+    struct sn_dm *next;            /* the allocated DMs, for ibv_import_dm */
 };
+static struct sn_dm *sn_dms;       /* under sn_dm_lock */
+static uint32_t sn_dm_handles;
 
 struct sn_dm_mr {                  /* an MR over device memory: SN_DM_MR in its access */
     struct sn_mr smr;
@@ -1999,22 +2073,73 @@ static struct ibv_dm *sn_vctx_alloc_dm(struct ibv_context *ctx, struct ibv_alloc
     d->dm.context = ctx;
     d->dm.memcpy_to_dm = sn_memcpy_to_dm;
     d->dm.memcpy_from_dm = sn_memcpy_from_dm;
-    d->dm.handle = (uint32_t)(uintptr_t)d;
     d->buf = buf;
     d->length = attr->length;
     d->map_len = map_len;
+    pthread_mutex_lock(&sn_dm_lock);
+    d->dm.handle = ++sn_dm_handles;
+    d->next = sn_dms;
+    sn_dms = d;
+    pthread_mutex_unlock(&sn_dm_lock);
     return &d->dm;
+}
+
+/* ibv_import_dm: the device memory of handle (a DM allocated on this device, in this
+ * process), seen through another context; ibv_unimport_dm lets it go, the memory stays
+ * with the DM allocated.  An unknown handle is EINVAL, as the kernel's lookup says. */
+SN_EXPORT struct ibv_dm *ibv_import_dm(struct ibv_context *ctx, uint32_t dm_handle)
+{
+    if (!ctx)
+        return sn_fail_ptr(EINVAL);
+    struct sn_dm *n = calloc(1, sizeof(*n));
+    if (!n)
+        return sn_fail_ptr(ENOMEM);
+    pthread_mutex_lock(&sn_dm_lock);
+    struct sn_dm *d = sn_dms;
+    while (d && !(d->dm.handle == dm_handle && d->dm.context->device == ctx->device))
+        d = d->next;
+    if (d)
+        d->nimport++;
+    pthread_mutex_unlock(&sn_dm_lock);
+    if (!d) {
+        free(n);
+        return sn_fail_ptr(EINVAL);
+    }
+    *n = *d;
+    n->dm.context = ctx;
+    n->nmr = 0;
+    n->nimport = 0;
+    n->next = NULL;
+    n->orig = d;
+    return &n->dm;
+}
+
+SN_EXPORT void ibv_unimport_dm(struct ibv_dm *dm)
+{
+    struct sn_dm *n = (struct sn_dm *)dm;
+    if (!n || !n->orig)
+        return;
+    pthread_mutex_lock(&sn_dm_lock);
+    n->orig->nimport--;
+    pthread_mutex_unlock(&sn_dm_lock);
+    free(n);
 }
 
 static int sn_vctx_free_dm(struct ibv_dm *dm)
 {
     struct sn_dm *d = (struct sn_dm *)dm;
     pthread_mutex_lock(&sn_dm_lock);
-    int busy = d->nmr > 0;
+    /* (an imported DM's memory is its allocator's: it is let go by ibv_unimport_dm) */
+    int busy = d->nmr > 0 || d->nimport > 0 || d->orig;
     if (!busy) {
         for (int i = 0; i < SN_MAX_DEVICES; i++)
             if (sn_dm_pool[i].dev == dm->context->device)
                 sn_dm_pool[i].used -= d->length;
+        for (struct sn_dm **p = &sn_dms; *p; p = &(*p)->next)
+            if (*p == d) {
+                *p = d->next;
+                break;
+            }
     }
     pthread_mutex_unlock(&sn_dm_lock);
     if (busy)
@@ -2087,6 +2212,21 @@ static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr
     p->wr.rkey = rkey;
     p->wr.remote_addr = addr;
     memcpy(&p->wr.swap, atomic_wr, 8);
+}
+
+/* ibv_wr_flush (rdma-core 45's qp_ex.wr_flush): the placement type and selectivity level
+ * of a FLUSH of [addr, +len) of rkey's region; the pending WR carries len in compare_add
+ * and type | level << 8 in swap (backend.py). */
+static void sn_wr_flush(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr, size_t len,
+                        uint8_t type, uint8_t level)
+{
+    struct sn_pending *p = sn_wr_new(q, SN_WR_FLUSH);
+    if (!p)
+        return;
+    p->wr.rkey = rkey;
+    p->wr.remote_addr = addr;
+    p->wr.compare_add = len;
+    p->wr.swap = (uint64_t)type | (uint64_t)level << 8;
 }
 
 /* ------------------------------------------------------------------ XRC
@@ -2223,7 +2363,7 @@ static void sn_pd_ops(struct verbs_context *v)
     v->alloc_parent_domain = sn_vctx_alloc_parent_domain;
 }
 
-/* As rxe: an ibv_qp_ex has the ATOMIC_WRITE and BIND_MW builders only if its send_ops_flags
+/* As rxe: an ibv_qp_ex has the ATOMIC_WRITE, FLUSH and BIND_MW builders only if its send_ops_flags
  * asked for them, and wr_set_xrc_srqn only as an XRC initiator; elsewhere they fail the
  * WR list at wr_complete with EOPNOTSUPP. */
 static struct ibv_qp *sn_qpx_trim(struct ibv_qp *qp, uint64_t send_ops_flags)
@@ -2233,6 +2373,8 @@ static struct ibv_qp *sn_qpx_trim(struct ibv_qp *qp, uint64_t send_ops_flags)
         return qp;
     if (!(send_ops_flags & IBV_QP_EX_WITH_ATOMIC_WRITE))
         s->qpx.wr_atomic_write = (void *)sn_wr_unsupported;
+    if (send_ops_flags & SN_QP_EX_WITH_FLUSH)
+        s->spare_wr[0] = (void (*)(struct ibv_qp_ex *))sn_wr_flush;
     if (!(send_ops_flags & IBV_QP_EX_WITH_BIND_MW))
         s->qpx.wr_bind_mw = (void *)sn_wr_unsupported;
     if (qp->qp_type != IBV_QPT_XRC_SEND)

@@ -52,7 +52,7 @@ def _ip(raw) -> str:
 extern = Externs(missing_device="softnic librdmacm")
 
 
-def install(ffi) -> None:
+def install(ffi, lib=None) -> None:
     """Register this module's sn_cm_* functions with the embedded module's ffi."""
     extern.install(ffi)
 
@@ -149,7 +149,7 @@ def sn_cm_id_info(h, info):
         info.has_dst = 1
         extern.ffi.memmove(info.dst_ip, ipaddress.IPv4Address(cid.dst[0]).packed, 4)
         info.dst_port = cid.dst[1]
-        extern.ffi.memmove(info.dgid, R.gid_of(cid.dst[0]), 16)
+        extern.ffi.memmove(info.dgid, cid.dgid, 16)
     info.routed = int(cid.state not in ("idle", "bound", "addr_resolved", "listen"))
 
 
@@ -221,9 +221,7 @@ def sn_cm_disconnect(h):
 
 @extern()
 def sn_cm_set_ack_timeout(h, t):
-    cid = _id(h)
-    if cid.conn is not None:
-        cid.conn.local_ack_timeout = t
+    _id(h).set_ack_timeout(t)
 
 
 @extern()
