@@ -686,7 +686,8 @@ class VictimConfig:
     seed: int = 1
 
 
-def victim(cfg: VictimConfig) -> dict:
+def _victim_network(cfg: VictimConfig):
+    """Three leaves of four hosts under one spine, lossy or lossless as ``cfg.mode`` says."""
     rate = cfg.rate_gbps * 1e9
     pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
     base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
@@ -707,6 +708,11 @@ def victim(cfg: VictimConfig) -> dict:
             fabric.attach(d)
             net.connect(d.address, leaf)
             hosts[(leaf, i)] = d
+    return fabric, net, hosts
+
+
+def victim(cfg: VictimConfig) -> dict:
+    fabric, net, hosts = _victim_network(cfg)
     flows = [("victim", (0, 0), (2, 0))] + [
         (f"incast l{leaf}h{i}", (leaf, i), (1, 0)) for leaf in (0, 2) for i in (1, 2, 3)]
     eps = []
