@@ -188,6 +188,17 @@ def stats_dir() -> Path:
                 Path(tempfile.gettempdir()) / f"softnic-{os.getuid()}")
 
 
+def process_alive(pid: int) -> bool:
+    """Whether the process that published a file (counters, a host-wide listener) lives."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _loopback_candidates() -> list[str]:
     # not 127.0.0.1: that is the host's own loopback address, which rdma_cm reaches as
     # the host's (a listener bound to it in any process, softnic/driver/rdmacm_host.py)
