@@ -119,9 +119,15 @@ class DCQCN(Controller):
         self._advance(now)
 
     def next_timer(self) -> float | None:
-        if self._inc_at is None:                  # idle: only a pending cut matters
+        t = self._inc_at
+        if t is None:                             # idle: only a pending cut matters
             return self._dec_at
-        return min(t for t in (self._alpha_at, self._dec_at, self._inc_at) if t is not None)
+        a, d = self._alpha_at, self._dec_at       # (the engine asks on every packet)
+        if a is not None and a < t:
+            t = a
+        if d is not None and d < t:
+            t = d
+        return t
 
     def state(self) -> dict:
         return {"rate": self.rate, "window": None, "target_rate": self.target_rate,
@@ -146,6 +152,10 @@ class DCQCN(Controller):
     # -- internals -------------------------------------------------------------
     def _advance(self, now: float) -> None:
         """Run every timer event due by ``now``, each at its own time, in order."""
+        lim = now + TIME_EPS                      # (on every packet: most often none is due)
+        a, d, i = self._alpha_at, self._dec_at, self._inc_at
+        if (a is None or a > lim) and (d is None or d > lim) and (i is None or i > lim):
+            return
         while True:
             due = [(t, order) for order, t in enumerate((self._alpha_at, self._dec_at, self._inc_at))
                    if t is not None and t <= now + TIME_EPS]

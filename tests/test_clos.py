@@ -181,8 +181,8 @@ def _overlap(intervals):
     return best
 
 
-def test_collectives_finish_deterministically_and_admission_limits_incast(monkeypatch):
-    base = dict(hosts=8, hosts_per_leaf=4, size=512 << 10)
+def test_schedule_driver_finishes_deterministically_and_admission_limits_incast(monkeypatch):
+    base = dict(hosts=8, hosts_per_leaf=4, size=512 << 10, driver="schedule")
     a = cl.run(cl.ClusterConfig(**base, qps=2))
     b = cl.run(cl.ClusterConfig(**base, qps=2))
     assert a["summary"]["finished"] and a["summary"]["wc_errors"] == 0

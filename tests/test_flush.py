@@ -8,6 +8,8 @@ FLUSH_PERSISTENT is refused (EINVAL), as rxe refuses it over memory that is not 
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from enginekit import pair, write_wr
@@ -138,3 +140,8 @@ def test_no_memory_region_grants_persistence():
         b.dev.reg_mr(b.pd, b.buf.addr, 4096, ALL_ACCESS | Access.FLUSH_PERSISTENT)
     mr = b.dev.reg_mr(b.pd, b.buf.addr, 4096, ALL_ACCESS | Access.FLUSH_GLOBAL)
     assert mr.access & Access.FLUSH_GLOBAL
+    # nor does re-registering one: rereg's new access passes the same rule (EINVAL)
+    with pytest.raises(VerbsError) as e:
+        b.dev.keys.rereg(mr, 4, None, 0, 0, int(ALL_ACCESS | Access.FLUSH_PERSISTENT))
+    assert e.value.errno == errno.EINVAL
+    assert not mr.access & Access.FLUSH_PERSISTENT

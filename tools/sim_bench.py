@@ -7,8 +7,15 @@ Workloads, each run in virtual time through the real engine:
   (MTU 4096), the configuration the experiment runs by default;
 * ``incast64``: 64:1 at 100 Gbit/s, DCQCN, 2 ms;
 * ``allreduce64``: a ring allreduce of 8 MiB per rank over 64 hosts of a
-  leaf-spine (8 leaves of 8 hosts, 8 spines, 100 Gbit/s, ECMP, PFC), the
-  cluster experiment's driver (skipped by ``--quick``).
+  leaf-spine (8 leaves of 8 hosts, 8 spines, 100 Gbit/s, ECMP, PFC, one QP per
+  peer), the cluster experiment's schedule driver (its transfers as RDMA
+  WRITEs: the fabric and the engine only);
+* ``allreduce64c``: the same allreduce run by ``softnic.collectives`` itself, a
+  rank per host in virtual time (the cluster experiment's default driver): the
+  figures then include the collectives' own work per chunk and the set-up of
+  the 4032 QPs.
+
+``--quick`` runs incast16 only.
 
 The machine may be shared: the figures per CPU second (``time.process_time``)
 depend less on what else runs than those per wall second.
@@ -41,18 +48,29 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(name: str) -> dict:
-    from softnic.cli import experiments as ex
+    try:
+        from softnic.cli import experiments as ex
+    except ImportError:          # a tree from before the layout by layer (--compare)
+        from softnic import experiments as ex
     if name == "incast16":
         cfg = ex.IncastConfig(cc="dcqcn", senders=16, rate_gbps=25.0, duration=0.02)
     elif name == "incast64":
         cfg = ex.IncastConfig(cc="dcqcn", senders=64, rate_gbps=100.0, duration=0.002)
-    elif name == "allreduce64":
-        from softnic.cli import cluster
+    elif name in ("allreduce64", "allreduce64c"):
+        try:
+            from softnic.cli import cluster
+        except ImportError:      # a tree from before the layout by layer
+            from softnic import cluster
+        kw = dict(hosts=64, hosts_per_leaf=8, spines=8, rate_gbps=100.0,
+                  collective="allreduce", algorithm="ring", size=8 << 20, qps=1,
+                  mode="lossless", cc="none")
+        driver = "schedule" if name == "allreduce64" else "collectives"
+        if "driver" in getattr(cluster.ClusterConfig, "__dataclass_fields__", {}):
+            kw["driver"] = driver
+        elif driver != "schedule":
+            raise SystemExit("this tree's cluster experiment has no collectives driver")
         t0, c0 = time.perf_counter(), time.process_time()
-        res = cluster.run(cluster.ClusterConfig(hosts=64, hosts_per_leaf=8, spines=8,
-                                                rate_gbps=100.0, collective="allreduce",
-                                                algorithm="ring", size=8 << 20, qps=1,
-                                                mode="lossless", cc="none"))
+        res = cluster.run(cluster.ClusterConfig(**kw))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         s = res["summary"]
         return dict(workload=name, wall_s=wall, cpu_s=cpu, host_events=s["host_events"],
@@ -93,7 +111,7 @@ def _child(tree: str, name: str) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", default="incast16,incast64,allreduce64")
+    p.add_argument("--workloads", default="incast16,incast64,allreduce64,allreduce64c")
     p.add_argument("--quick", action="store_true", help="incast16 only")
     p.add_argument("--compare", metavar="DIR", help="another source tree to run alternately")
     p.add_argument("--repeat", type=int, default=1)

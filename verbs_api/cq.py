@@ -82,9 +82,10 @@ class CompChannel(PyverbsCM):
 def _idle(nic):
     """After an empty poll, move this process's other NICs along too: the peer of a
     program that spins on one CQ is often another device of the same process, whose
-    progress thread would otherwise wait for the interpreter lock."""
-    if len(_nic._open) < 2:          # (read without the lock: a hint, as any poll is)
-        return
+    progress thread would otherwise wait for the interpreter lock.  (A device whose
+    ``poll_others`` is False says its peers move otherwise: the virtual cluster's.)"""
+    if len(_nic._open) < 2 or not getattr(nic, 'poll_others', True):
+        return                       # (read without the lock: a hint, as any poll is)
     for other in _nic.open_nics():
         if other is not nic:
             other.poll()

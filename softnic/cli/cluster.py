@@ -1,43 +1,34 @@
 """Collectives on a simulated leaf-spine, in virtual time.
 
 One engine ``Device`` per host of a ``softnic.transport.clos.LeafSpine``; one
-rank per host.  The collective is driven at the level of its transfers: this
-module runs the same schedule of sends as ``softnic.collectives.algorithms``
-(which block goes to which rank after which receive) as RDMA WRITEs over the
-engine's RC QPs, rather than the collectives' own code (whose transport runs
-on threads and sockets in real time).  Every packet is the engine's: its
-window, ACKs, retransmission and congestion control all run; only the data's
-values are not reduced (the schedule does not depend on them).
+rank per host.  Two drivers:
 
-Algorithms:
+``collectives`` (the default)
+    The collectives' own code: each rank builds a ``softnic.collectives``
+    ``Communicator`` over the pyverbs API on its device and calls
+    ``allreduce`` (``ring`` or ``tree``) or ``alltoall``; the ranks run as
+    cooperative tasks in virtual time (``softnic.collectives.virtual``).  Their
+    chunking, credits, QPs per peer (``qps``, chunk ``s`` on QP ``s mod qps``,
+    each QP with its own UDP source port and so its own ECMP path) and
+    receiver-driven admission (``admission``: a receiver grants credits, its
+    clear-to-send, to at most ``grants`` senders at once, as the NCCL change in
+    Meta's RoCE paper) are the real ones.  With private payload memory each rank
+    checks its result; past ``PRIVATE_PAYLOAD_MAX`` the ranks share payload
+    pages (the timing does not depend on the values).
+``schedule``
+    The first driver of this experiment: the same schedule of transfers as the
+    algorithms (ring: ``2(n-1)`` pipelined steps of one block; tree: binomial
+    reduce and broadcast of whole buffers; alltoall: every pair at once) as
+    plain RDMA WRITEs split over the pair's QPs, with admission as a 64-byte
+    clear-to-send WRITE; kept to compare with.
 
-``ring`` allreduce
-    ``2(n-1)`` steps as ``algorithms.ring_allreduce``: at step ``s`` rank
-    ``r`` sends one block (``size/n``) to ``r+1``, once it has received step
-    ``s-1``'s block from ``r-1``; steps are pipelined as one stream.
-``tree`` allreduce
-    a binomial tree: reduce to rank 0 (each rank sends the whole buffer to
-    its parent once its children's have arrived), then a binomial broadcast
-    back (``algorithms.binomial_broadcast``).  Whole-buffer steps, no
-    pipelining.
-``alltoall``
-    as ``algorithms.alltoall``: every rank sends ``size/n`` to every other
-    rank, all at once.
+Every packet is the engine's: its window, ACKs, retransmission and congestion
+control all run.
 
-Each transfer between two ranks is split evenly over ``qps`` QPs of that pair
-(the collectives' several QPs per peer), each QP with its own ECMP entropy.
-
-Receiver-driven admission (``admission=True``), as the NCCL change in Meta's
-RoCE paper: a sender may start a transfer only after the receiver has sent it a
-clear-to-send (a 64-byte WRITE back over the same QPs), and a receiver keeps at
-most ``grants`` transfers admitted at once.  A CTS counts as seen by the
-sender when its WRITE completes at the receiver (its ACK is back), half a
-round trip later than a sender would see it.  A transfer counts as received
-when its last WRITE completes at the sender (ACKed: the data is placed).
-
-Figures: the collective's completion time, every transfer's completion time
-(CDF), per-host throughput over time (smoothed over a sliding window), the
-fabric's queues and pause time, the ECMP load of each leaf's uplinks.
+Figures: the collective's completion time, every transfer's (message's)
+completion time (CDF), per-host throughput over time (smoothed over a sliding
+window), the fabric's queues and pause time, the ECMP load of each leaf's
+uplinks.
 """
 
 from __future__ import annotations
@@ -47,6 +38,8 @@ import time
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..core.device import Device, DeviceConfig
 from ..core.enums import QPType, SendFlags, WCStatus, WROpcode as W
@@ -58,6 +51,9 @@ from ..transport.sim import RED, WIRE_OVERHEAD, Fabric
 from ..wire.roce import psn_diff
 
 CTS_BYTES = 64
+#: with ``payload="auto"``, ranks get memory of their own (and check their results)
+#: while all their buffers together stay below this; above it they share pages
+PRIVATE_PAYLOAD_MAX = 1 << 30
 
 
 @dataclass
@@ -91,6 +87,11 @@ class ClusterConfig:
     sample: float = 10e-6              # sampling interval of series (s)
     seed: int = 1
     max_time: float = 1.0              # virtual seconds before giving up
+    driver: str = "collectives"        # collectives (their own code) or schedule
+    chunk: int | None = None           # the collectives' chunk (slot) size; None: theirs
+    slots: int | None = None           # receive slots per peer; None: theirs
+    payload: str = "auto"              # private (checked), shared (one copy), auto
+    qp_timeout: int = 14               # the collectives' QP timeout: RTO 4.096 us * 2**this
 
     def __post_init__(self) -> None:
         if self.collective not in ("allreduce", "alltoall"):
@@ -107,6 +108,10 @@ class ClusterConfig:
             raise ValueError(f"qps must be in 1..64, got {self.qps}")
         if self.grants < 1:
             raise ValueError("grants must be >= 1")
+        if self.driver not in ("collectives", "schedule"):
+            raise ValueError(f"driver must be collectives or schedule, not {self.driver!r}")
+        if self.payload not in ("auto", "private", "shared"):
+            raise ValueError(f"payload must be auto, private or shared, not {self.payload!r}")
 
 
 class _Transfer:
@@ -169,8 +174,9 @@ def schedule(cfg: ClusterConfig) -> list[_Transfer]:
     return out
 
 
-def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
-    """Run one collective; return a JSON-able dict of figures and series."""
+def _fabric(cfg: ClusterConfig):
+    """The leaf-spine of ``cfg``, the engine devices' configuration, and each rank's
+    address and leaf."""
     n = cfg.hosts
     leaves = n // cfg.hosts_per_leaf
     spines = cfg.spines or cfg.hosts_per_leaf
@@ -190,10 +196,211 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
         int_telemetry=cc_name in ("hpcc", "swift"), routing=cfg.routing,
         pfc=PFC(cfg.xoff, cfg.xon, cfg.headroom) if cfg.mode == "lossless" else None,
         sample_interval=cfg.sample))
-    devs = []
+    hosts = []
     for r in range(n):
         leaf = r % leaves if cfg.placement == "spread" else r // cfg.hosts_per_leaf
-        d = Device(f"h{r}", f"10.{leaf}.{r // leaves}.{r % 250 + 1}", config=dcfg)
+        hosts.append((f"10.{leaf}.{r // leaves}.{r % 250 + 1}", leaf))
+    return fabric, net, dcfg, hosts
+
+
+class _Series:
+    """The figures sampled every ``cfg.sample`` of virtual time."""
+
+    def __init__(self, net, addresses) -> None:
+        self.net = net
+        self.times: list = []
+        self.host_rx = [[] for _ in addresses]
+        self.nic_tx = [[] for _ in addresses]
+        self.down = [net.leaves[net.leaf_of[a]].down[a] for a in addresses]
+        self.nics = [net.nic[a] for a in addresses]
+        self.switch_ports = [p for name, p in net.ports() if not name.startswith("nic ")]
+        self.all_ports = [p for _, p in net.ports()]
+        self.up_q: list = []
+        self.paused: list = []
+
+    def sample(self, now: float) -> None:
+        self.times.append(now)
+        for r, (d, nic) in enumerate(zip(self.down, self.nics)):
+            self.host_rx[r].append(d.tx_bytes)
+            self.nic_tx[r].append(nic.tx_bytes)
+        self.up_q.append(max(p.qbytes for p in self.switch_ports))
+        self.paused.append(sum(p.paused_for(now) for p in self.all_ports))
+
+
+def _summary(cfg, fabric, net, devs, fct, ends, finished, errors, wall) -> dict:
+    stats = net.port_stats(fabric.now)
+    uplinks = [p for leaf in net.leaves for p in leaf.up]
+    imbalance = []
+    for leaf, per in net.uplink_bytes().items():
+        if sum(per):
+            imbalance.append(max(per) / (sum(per) / len(per)))
+    counters = defaultdict(int)
+    for d in devs:
+        for k in ("retransmitted_pkts", "timeouts", "sent_pkts", "np_cnp_sent"):
+            counters[k] += d.counters.get(k, 0)
+    completion = max(ends) if finished and ends else None
+    ideal = _ideal_time(cfg)
+    return {
+        "finished": finished,
+        "completion_s": completion,
+        "ideal_s": ideal,
+        "slowdown": (completion / ideal) if completion and ideal else None,
+        "transfers": len(fct),
+        "fct_p50_s": _pct(fct, 50), "fct_p99_s": _pct(fct, 99),
+        "switch_drops": sum(v["dropped"] + v["headroom_drops"] for v in stats.values()),
+        "pause_frames": net.pause_frames_sent(),
+        "pause_time_uplinks_s": sum(p.paused_for(fabric.now) for p in uplinks),
+        "pause_time_all_s": sum(v["paused_s"] for v in stats.values()),
+        "uplink_max_over_mean": max(imbalance) if imbalance else None,
+        "uplink_mean_max_over_mean": sum(imbalance) / len(imbalance) if imbalance else None,
+        "ecn_marked": sum(v["marked"] for v in stats.values()),
+        "wc_errors": errors,
+        "wall_s": wall,
+        "host_events": fabric.events_processed,
+        "events": fabric.events_processed + fabric.hops_processed,
+        "oversubscription": net.cfg.oversubscription,
+        **counters,
+    }
+
+
+def _result(cfg, summary, series: _Series, fct, rank_done, net) -> dict:
+    return {
+        "config": asdict(cfg),
+        "summary": summary,
+        "times": series.times,
+        "host_rx_bytes": series.host_rx,
+        "nic_tx_bytes": series.nic_tx,
+        "switch_queue_max_bytes": series.up_q,     # the deepest switch port, per sample
+        "paused_s": series.paused,                 # time paused, summed over every port
+        "fct_s": sorted(fct),
+        "rank_done_s": rank_done,
+        "uplink_bytes": net.uplink_bytes(),
+    }
+
+
+def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
+    """Run one collective (``cfg.driver``: the collectives' own code, or the
+    schedule driver); return a JSON-able dict of figures and series."""
+    if cfg.driver == "schedule":
+        return run_schedule(cfg, progress=progress)
+    return run_collectives(cfg, progress=progress)
+
+
+def _rank_program(cfg: ClusterConfig, shared: bool, starts: list, ends: list):
+    """What each rank runs: its Communicator on a ``VirtualTransport``, one collective
+    timed from its call to its return (``starts``, ``ends``), and (private payload)
+    a check of the result against what every rank can compute."""
+    from ..collectives import Communicator
+    from ..collectives.virtual import VirtualTransport
+
+    n = cfg.hosts
+    count = max(n, cfg.size // 4 // n * n)          # int32 elements, n equal blocks
+    admit = cfg.grants if cfg.admission else None
+
+    def program(rank, vc):
+        t = VirtualTransport(vc, rank, n, qps=cfg.qps, chunk=cfg.chunk, slots=cfg.slots,
+                             admit=admit, qp_timeout=cfg.qp_timeout, timeout=cfg.max_time)
+        comm = Communicator(rank, n, vc.store, transport=t)
+        try:
+            send = vc.buffer(rank, count * 4, np.int32)
+            recv = vc.buffer(rank, count * 4, np.int32) if cfg.collective == "alltoall" \
+                else None
+            m = count // n
+            if not shared:      # inputs every rank can check the result of
+                if recv is None:
+                    send[:] = np.arange(count, dtype=np.int32) % 1000 + rank
+                else:
+                    send[:] = (rank * n + np.arange(count, dtype=np.int32) // m) * 7
+            starts[rank] = vc.now
+            if recv is None:
+                comm.allreduce(send, algorithm=cfg.algorithm)
+            else:
+                comm.alltoall(send, recv)
+            ends[rank] = vc.now
+            if shared:
+                return None
+            if recv is None:
+                want = (np.arange(count, dtype=np.int32) % 1000) * n + n * (n - 1) // 2
+                return bool(np.array_equal(send, want))
+            want = (np.arange(count, dtype=np.int32) // m * n + rank) * 7
+            return bool(np.array_equal(recv, want))
+        finally:
+            comm.close()
+
+    return program
+
+
+def run_collectives(cfg: ClusterConfig, *, progress: bool = False) -> dict:
+    """One collective of ``softnic.collectives`` (``Communicator.allreduce`` or
+    ``alltoall``), a rank per host, in virtual time (``softnic.collectives.virtual``).
+    With private payload memory every rank checks its result."""
+    from ..collectives.virtual import VirtualCluster
+
+    n = cfg.hosts
+    fabric, net, dcfg, hosts = _fabric(cfg)
+    shared = cfg.payload == "shared" or (cfg.payload == "auto" and
+                                         2 * n * cfg.size > PRIVATE_PAYLOAD_MAX)
+    vc = VirtualCluster(fabric, [ip for ip, _ in hosts], dcfg,
+                        place=lambda d, r: net.connect(d.address, hosts[r][1]),
+                        seed=cfg.seed, shared_payload=shared)
+    starts, ends = [None] * n, [None] * n
+    program = _rank_program(cfg, shared, starts, ends)
+    devs_ready = vc.devices
+    series = None
+    bar = None
+
+    def on_sample(now):
+        nonlocal series
+        if series is None:
+            series = _Series(net, [(ip, 4791) for ip, _ in hosts])
+        series.sample(now)
+        if bar is not None:
+            bar.n = round(now * 1e6)
+            bar.refresh()
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(unit="µs virtual", desc=f"{cfg.collective} {cfg.algorithm} n={n} "
+                   f"q={cfg.qps}", leave=False)
+    wall0 = time.perf_counter()
+    finished, errors, checks = True, 0, []
+    try:
+        checks = vc.run(program, sample=cfg.sample, on_sample=on_sample,
+                        max_time=cfg.max_time)
+    except TimeoutError:
+        finished = False
+    finally:
+        if bar is not None:
+            bar.close()
+    wall = time.perf_counter() - wall0
+    if series is None:
+        series = _Series(net, [(ip, 4791) for ip, _ in hosts])
+    if finished and not shared and not all(checks):
+        raise AssertionError(f"wrong results on ranks "
+                             f"{[r for r, ok in enumerate(checks) if not ok]}")
+    fct = []
+    for (src, dst), (st, en) in sorted(vc.flows.items()):
+        fct.extend(e - s for s, e in zip(st, en))
+    t0 = min(x for x in starts if x is not None) if any(x is not None for x in starts) else 0.0
+    done = [None if e is None else e - t0 for e in ends]
+    finished = finished and all(e is not None for e in ends)
+    devs = [d for d in devs_ready if d is not None]
+    summary = _summary(cfg, fabric, net, devs, fct, [e for e in done if e is not None],
+                       finished, errors, wall)
+    summary["driver"] = "collectives"
+    summary["payload"] = "shared" if shared else "private (results checked)"
+    return _result(cfg, summary, series, fct, done, net)
+
+
+# long: the first driver, kept as it was to compare with
+def run_schedule(cfg: ClusterConfig, *, progress: bool = False) -> dict:
+    """The collective's transfers (``schedule``) as RDMA WRITEs over the engine's QPs,
+    without the collectives' code (the first driver of this experiment, kept to
+    compare with)."""
+    n = cfg.hosts
+    fabric, net, dcfg, hosts = _fabric(cfg)
+    devs = []
+    for r, (ip, leaf) in enumerate(hosts):
+        d = Device(f"h{r}", ip, config=dcfg)
         fabric.attach(d)
         net.connect(d.address, leaf)
         devs.append(d)
@@ -344,54 +551,16 @@ def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     if bar is not None:
         bar.close()
     finished = done == total
-    completion = max((t.end for t in transfers if t.end is not None), default=None)
+    ends = [t.end for t in transfers if t.end is not None]
     rank_done = [max((t.end for t in transfers if t.dst == r and t.end is not None),
                      default=None) for r in range(n)]
     fct = [t.end - t.start for t in transfers if t.end is not None]
-    stats = net.port_stats(fabric.now)
-    up_bytes = net.uplink_bytes()
-    imbalance = []
-    for leaf, per in up_bytes.items():
-        if sum(per):
-            imbalance.append(max(per) / (sum(per) / len(per)))
-    counters = defaultdict(int)
-    for d in devs:
-        for k in ("retransmitted_pkts", "timeouts", "sent_pkts", "np_cnp_sent"):
-            counters[k] += d.counters.get(k, 0)
-    ideal = _ideal_time(cfg)
-    summary = {
-        "finished": finished,
-        "completion_s": completion if finished else None,
-        "ideal_s": ideal,
-        "slowdown": (completion / ideal) if finished and ideal else None,
-        "transfers": total,
-        "fct_p50_s": _pct(fct, 50), "fct_p99_s": _pct(fct, 99),
-        "switch_drops": sum(v["dropped"] + v["headroom_drops"] for v in stats.values()),
-        "pause_frames": net.pause_frames_sent(),
-        "pause_time_uplinks_s": sum(p.paused_for(fabric.now) for p in uplinks),
-        "pause_time_all_s": sum(v["paused_s"] for v in stats.values()),
-        "uplink_max_over_mean": max(imbalance) if imbalance else None,
-        "uplink_mean_max_over_mean": sum(imbalance) / len(imbalance) if imbalance else None,
-        "ecn_marked": sum(v["marked"] for v in stats.values()),
-        "wc_errors": errors,
-        "wall_s": wall,
-        "host_events": fabric.events_processed,
-        "events": fabric.events_processed + fabric.hops_processed,
-        "oversubscription": net.cfg.oversubscription,
-        **counters,
-    }
-    return {
-        "config": asdict(cfg),
-        "summary": summary,
-        "times": times,
-        "host_rx_bytes": host_rx,
-        "nic_tx_bytes": nic_tx,
-        "switch_queue_max_bytes": up_q,     # the deepest switch port, per sample
-        "paused_s": paused_series,          # time paused, summed over every port
-        "fct_s": sorted(fct),
-        "rank_done_s": rank_done,
-        "uplink_bytes": up_bytes,
-    }
+    summary = _summary(cfg, fabric, net, devs, fct, ends, finished, errors, wall)
+    summary["driver"] = "schedule"
+    series = _Series.__new__(_Series)
+    series.times, series.host_rx, series.nic_tx = times, host_rx, nic_tx
+    series.up_q, series.paused = up_q, paused_series
+    return _result(cfg, summary, series, fct, rank_done, net)
 
 
 def _ideal_time(cfg: ClusterConfig) -> float:
@@ -444,7 +613,9 @@ STUDIES = {
     "qps": ("ring allreduce, completion time against QPs per peer (ECMP)",
             [(f"ecmp q={q}", dict(qps=q)) for q in (1, 2, 4, 8)]),
     "lossless": ("alltoall, lossy against lossless (PFC), no congestion control",
-                 [("lossy", dict(mode="lossy")), ("lossless", dict(mode="lossless"))]),
+                 [("lossy", dict(mode="lossy")),
+                  ("lossy, RTO 4 ms", dict(mode="lossy", qp_timeout=10)),
+                  ("lossless", dict(mode="lossless"))]),
     "dcqcn": ("alltoall, DCQCN off and on, lossless and lossy",
               [("lossless", dict(mode="lossless", cc="none")),
                ("lossless+dcqcn", dict(mode="lossless", cc="dcqcn")),
@@ -515,7 +686,8 @@ class VictimConfig:
     seed: int = 1
 
 
-def victim(cfg: VictimConfig) -> dict:
+def _victim_network(cfg: VictimConfig):
+    """Three leaves of four hosts under one spine, lossy or lossless as ``cfg.mode`` says."""
     rate = cfg.rate_gbps * 1e9
     pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
     base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
@@ -536,6 +708,11 @@ def victim(cfg: VictimConfig) -> dict:
             fabric.attach(d)
             net.connect(d.address, leaf)
             hosts[(leaf, i)] = d
+    return fabric, net, hosts
+
+
+def victim(cfg: VictimConfig) -> dict:
+    fabric, net, hosts = _victim_network(cfg)
     flows = [("victim", (0, 0), (2, 0))] + [
         (f"incast l{leaf}h{i}", (leaf, i), (1, 0)) for leaf in (0, 2) for i in (1, 2, 3)]
     eps = []
@@ -663,7 +840,9 @@ def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
     ax.legend(loc="upper left", fontsize=7)
     ax2.legend(loc="upper right", fontsize=7)
     ax = axes[2]
-    _cdf(ax, res["fct_s"], "each transfer (start to last ACK)")
+    _cdf(ax, res["fct_s"], "each transfer (start to last ACK)"
+         if s.get("driver") == "schedule" else
+         "each message between two ranks (first chunk posted to last chunk taken)")
     _cdf(ax, [t for t in res["rank_done_s"] if t is not None],
          "each rank's collective (0 to its last receive)")
     ax.set_xlabel("completion time (ms)")
@@ -683,7 +862,7 @@ def plot_study(st: dict, path) -> Path:
     plt = _plt()
     path = Path(path)
     labels = list(st["runs"])
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     ax = axes[0]
     for i, lab in enumerate(labels):
         ys = [r["completion_s"] * 1e3 for r in st["rows"]
@@ -703,10 +882,23 @@ def plot_study(st: dict, path) -> Path:
     ax = axes[1]
     for lab in labels:
         _cdf(ax, st["runs"][lab]["fct_s"], lab)
-    ax.set_xlabel("transfer completion time (ms)")
+    ax.set_xlabel("transfer (message) completion time (ms)")
     ax.set_ylabel("CDF")
     ax.set_xscale("log")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax = axes[2]                # pause time and the deepest queue, per variant (first seed)
+    for i, lab in enumerate(labels):
+        r = next(r for r in st["rows"] if r["variant"] == lab)
+        ax.bar(i - 0.2, r["pause_time_all_s"] * 1e3, 0.4, color="C3",
+               label="time paused, all ports (ms)" if i == 0 else None)
+        res = st["runs"][lab]
+        q = max(res["switch_queue_max_bytes"], default=0) / 1e6
+        ax.bar(i + 0.2, q, 0.4, color="C7", label="deepest switch queue (MB)" if i == 0 else None)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, fontsize=8)
+    ax.set_title("PFC pause time summed over every port, and the deepest switch queue seen",
+                 fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -71,10 +71,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--seed", type=int, default=1)
     lo.add_argument("--out", default="results")
     lo.add_argument("--no-progress", action="store_true")
+    _add_cluster(sub)
+
+
+def _add_cluster(sub) -> None:
+    """The ``cluster`` experiment's arguments."""
     c = sub.add_parser(
         "cluster", help="collectives on a simulated leaf-spine (ECMP, PFC, DCQCN, admission)",
-        description="Collectives (ring/tree allreduce, alltoall) as RDMA WRITEs over the "
-        "engine's QPs on a leaf-spine in virtual time.  --study runs one comparison: qps "
+        description="softnic.collectives ranks (ring/tree allreduce, alltoall), one per host "
+        "of a leaf-spine, in virtual time (--driver schedule: their schedule of transfers as "
+        "plain RDMA WRITEs instead).  --study runs one comparison: qps "
         "(completion against QPs per peer under ECMP), lossless (lossy against PFC), dcqcn "
         "(DCQCN off and on), admission (receiver-driven clear-to-send against none), victim "
         "(PFC head-of-line blocking of a flow that shares no bottleneck); 'single' runs one "
@@ -93,7 +99,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--mode", default=None, choices=("lossy", "lossless"))
     c.add_argument("--cc", default=None, help="controller spec (default none)")
     c.add_argument("--admission", action="store_true", help="receiver-driven clear-to-send")
-    c.add_argument("--grants", type=int, default=2)
+    c.add_argument("--grants", type=int, default=2,
+                   help="with --admission: senders a receiver admits at once")
+    c.add_argument("--driver", default="collectives", choices=("collectives", "schedule"))
+    c.add_argument("--chunk", type=_size, default=None,
+                   help="the collectives' largest chunk (default theirs, 1 MiB)")
+    c.add_argument("--slots", type=int, default=None,
+                   help="receive slots per peer (default theirs, 8)")
+    c.add_argument("--payload", default="auto", choices=("auto", "private", "shared"),
+                   help="private: each rank its own memory, results checked; shared: all "
+                   "ranks' payload on the same pages (values meaningless, timing the same); "
+                   "auto: private up to 1 GiB in all")
+    c.add_argument("--max-time", type=_time, default=1.0, help="virtual time before giving up")
+    c.add_argument("--qp-timeout", type=int, default=14,
+                   help="the collectives' QP timeout (RTO 4.096 us * 2**N; theirs is 14)")
     c.add_argument("--routing", default="ecmp", choices=("ecmp", "flowlet", "spray"))
     c.add_argument("--placement", default="spread", choices=("spread", "packed"))
     c.add_argument("--buffer", type=_size, default=1 << 20, help="per port (lossy)")
@@ -115,7 +134,9 @@ def _cluster(args, out: Path, progress: bool) -> int:
                 rate_gbps=args.rate_gbps, spine_rate_gbps=args.spine_rate_gbps,
                 size=args.size, qps=args.qps, grants=args.grants, routing=args.routing,
                 placement=args.placement, buffer=args.buffer, xoff=args.xoff, xon=args.xon,
-                admission=args.admission)
+                admission=args.admission, driver=args.driver, chunk=args.chunk,
+                slots=args.slots, payload=args.payload, max_time=args.max_time,
+                qp_timeout=args.qp_timeout)
     for k in ("collective", "algorithm", "mode", "cc"):
         if getattr(args, k) is not None:
             base[k] = getattr(args, k)
@@ -179,6 +200,8 @@ def _cluster_single(cl, res: dict, out: Path, window) -> int:
           f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  time paused (all ports) "
           f"{s['pause_time_all_s'] * 1e6:.0f} µs  busiest uplink / mean "
           f"{s['uplink_max_over_mean']:.2f}")
+    print(f"  driver {s['driver']}" + (f", payload {s['payload']}" if s.get("payload")
+                                        else ""))
     print(f"  {s['events']} events in {s['wall_s']:.1f} s wall")
     j = cl.write_json(res, out / "cluster-single.json")
     p = cl.plot_run(res, out / "cluster-single.png", window=window)

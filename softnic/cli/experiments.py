@@ -164,6 +164,7 @@ class _IncastRun:
         self.pause_t: list = []
         self.prev_tx: dict = {}
         self.errors = 0
+        self.touched: dict = {}     # devices posted to since the fabric last ran (in order)
 
     def _build_network(self, rate: float):
         """The bottleneck: one switch, or (``pfc``) a lossless leaf; returns how a host
@@ -186,6 +187,7 @@ class _IncastRun:
 
     def _post(self, dev, ea, eb, k):
         cfg = self.cfg
+        self.touched[dev.address] = None
         for _ in range(k):
             dev.post_send(ea.qp, SendWR(0, W.RDMA_WRITE, [ea.sge(0, cfg.msg)], SendFlags.SIGNALED,
                                         remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
@@ -197,8 +199,10 @@ class _IncastRun:
             if posted[0] == 0 and t >= fs.start:
                 self._post(dev, ea, eb, cfg.outstanding)
                 posted[0] = cfg.outstanding
-        self.fabric.flush()
-        self.fabric.run(until=t + cfg.bin)
+        # only a device the driver posted to has output the fabric has not drained
+        self.fabric.flush(self.touched)
+        self.touched.clear()
+        self.fabric.run(until=t + cfg.bin, flush=False)
         self.times.append(round(t + cfg.bin, 9))
         for flow in self.flows:
             self._sample(t, *flow)

@@ -61,7 +61,7 @@ def _exec(args) -> int:
 
 
 def _counters(args) -> int:
-    from ..driver.nic import stats_dir
+    from ..driver.nic import process_alive, stats_dir
     d = stats_dir()
     rows = []
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:
@@ -69,7 +69,7 @@ def _counters(args) -> int:
             doc = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        alive = _alive(doc["pid"]) and not doc.get("closed")
+        alive = process_alive(doc["pid"]) and not doc.get("closed")
         if alive or args.all:
             rows.append((doc, alive))
     if args.json:
@@ -110,16 +110,6 @@ def _lab(args) -> int:
             print(f"  ladder drawn to {path}")
         print()
     return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -82,6 +82,30 @@ def recursive_doubling_allreduce(t: Transport, buf: np.ndarray, op) -> None:
         t.exchange(sends=[(r + p2, buf)])
 
 
+def binomial_reduce(t: Transport, buf: np.ndarray, op, root: int) -> None:
+    """A binomial tree toward ``root``: at round ``k`` a rank whose bit ``k`` is set (in
+    rank order from the root) sends what it holds to the rank ``2**k`` below and is done;
+    the one below reduces it in.  Afterwards ``buf`` on ``root`` holds the reduction."""
+    n = t.world
+    vrank = (t.rank - root) % n
+    mask = 1
+    while mask < n:
+        if vrank & mask:
+            t.exchange(sends=[((vrank - mask + root) % n, buf)])
+            return
+        if vrank + mask < n:
+            t.exchange(recvs=[((vrank + mask + root) % n, buf, op)])
+        mask <<= 1
+
+
+def tree_allreduce(t: Transport, buf: np.ndarray, op) -> None:
+    """A binomial-tree reduce to rank 0, then a binomial broadcast back: 2 log2(n)
+    rounds of whole buffers (no pipelining across rounds); every rank gets rank 0's
+    bits."""
+    binomial_reduce(t, buf, op, 0)
+    binomial_broadcast(t, buf, 0)
+
+
 def binomial_broadcast(t: Transport, buf: np.ndarray, root: int) -> None:
     n = t.world
     vrank = (t.rank - root) % n

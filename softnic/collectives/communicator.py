@@ -51,12 +51,19 @@ class Communicator:
     """
 
     def __init__(self, rank: int, world_size: int, store, *, prefix: str = "softnic",
-                 timeout: float = 60.0, rendezvous: Rendezvous | None = None, **transport_kw):
+                 timeout: float = 60.0, rendezvous: Rendezvous | None = None,
+                 transport: Transport | None = None, **transport_kw):
+        """``transport``: a connected ``Transport`` (or subclass) of this rank to use
+        instead of making one (the virtual-time driver passes its own)."""
         self.rank, self.world_size = rank, world_size
         self._rendezvous = rendezvous
         self._work: np.ndarray | None = None
-        self.transport = Transport(rank, world_size, store, prefix, timeout=timeout,
-                                   **transport_kw)
+        if transport is None:
+            transport = Transport(rank, world_size, store, prefix, timeout=timeout,
+                                  **transport_kw)
+        elif (transport.rank, transport.world) != (rank, world_size):
+            raise ValueError("the transport given is of another rank or world size")
+        self.transport = transport
 
     @classmethod
     def from_env(cls, timeout: float | None = None, **kw) -> "Communicator":
@@ -84,13 +91,14 @@ class Communicator:
 
     def allreduce(self, buf: np.ndarray, op="sum", algorithm: str | None = None) -> np.ndarray:
         """Reduce ``buf`` over all ranks, in place; returns ``buf``.
-        ``algorithm``: ``ring``, ``rd`` (recursive doubling) or None (by size)."""
+        ``algorithm``: ``ring``, ``rd`` (recursive doubling), ``tree`` (binomial reduce
+        and broadcast) or None (by size: rd, then ring)."""
         flat = _check(buf, "allreduce buffer")
         ufunc = _op(op)
         if algorithm is None:
             algorithm = "rd" if flat.nbytes <= SMALL_ALLREDUCE else "ring"
-        if algorithm not in ("ring", "rd"):
-            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd)")
+        if algorithm not in ("ring", "rd", "tree"):
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd, tree)")
         if self.world_size == 1:
             return buf
         self.transport.register(flat)
@@ -98,6 +106,8 @@ class Communicator:
             alg.ring_allreduce(self.transport, flat, ufunc)
         elif algorithm == "rd":
             alg.recursive_doubling_allreduce(self.transport, flat, ufunc)
+        else:
+            alg.tree_allreduce(self.transport, flat, ufunc)
         return buf
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> np.ndarray:

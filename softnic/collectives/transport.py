@@ -34,6 +34,19 @@ every send is posted and every receive consumed.  ``ring(sends, recvs)`` runs
 the steps of a ring as one pipelined stream: a chunk is passed on to the right
 as soon as the same chunk of the step before has come in from the left.
 Messages between two ranks are matched by order, as on the wire.
+
+Receiver-driven admission (``admit``, ``SOFTNIC_COLL_ADMIT``; off by default), as
+the NCCL change in Meta's RoCE paper (SIGCOMM 2024) does it: a sender starts with no
+credits, and a receiver grants them (its clear-to-send, a credit return) to at most
+``admit`` of the peers it is receiving from at once, each for that message's chunks
+only, in the order ``rank - 1, rank - 2, ...`` (so that the receivers of an alltoall
+admit different senders first).  Every rank of a job must use the same setting.
+
+How a rank waits is three methods (``_started``, ``_progressed``, ``_idle``) and
+``drain``: in real time it polls, then naps, and gives up after ``timeout``; the
+virtual-time driver (``softnic.collectives.virtual``) replaces them so that ranks
+run as cooperative tasks on a simulated fabric, with the same algorithms and the
+same data path.
 """
 
 from __future__ import annotations
@@ -95,7 +108,7 @@ class _Stream:
     registration holding it (None: stage a copy); a receive stream the ufunc that
     reduces into it (None: copy) and the dtype it reduces in."""
     __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "csz", "i", "k", "off", "gate",
-                 "lkeys")
+                 "lkeys", "end")
 
     def __init__(self, peer, segs, csize, ops=None, dtypes=None, gate=None, lkeys=None):
         self.peer, self.segs = peer, segs
@@ -105,6 +118,7 @@ class _Stream:
         self.i = self.k = self.off = 0
         self.gate = gate
         self.lkeys = lkeys
+        self.end = None         # admission: the peer's sequence number after this message
 
     def done(self) -> bool:
         return self.i >= len(self.segs)
@@ -127,20 +141,13 @@ class Transport:
     def __init__(self, rank: int, world: int, store, prefix: str = "softnic", *,
                  device: str | None = None, chunk: int | None = None,
                  slots: int | None = None, qps: int | None = None, zcopy: int | None = None,
+                 admit: int | None = None, qp_timeout: int | None = None,
                  timeout: float = 60.0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside 0..{world - 1}")
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
         self.timeout = timeout
-        self.chunk = int(chunk or os.environ.get("SOFTNIC_COLL_CHUNK", DEFAULT_CHUNK))
-        self.slots = int(slots or os.environ.get("SOFTNIC_COLL_SLOTS", DEFAULT_SLOTS))
-        self.nqp = int(qps or os.environ.get("SOFTNIC_COLL_QPS", DEFAULT_QPS))
-        if self.chunk <= 0 or self.chunk % 64:
-            raise ValueError(f"chunk size {self.chunk} must be a positive multiple of 64")
-        if self.slots < 1:
-            raise ValueError("need at least one slot per peer")
-        if not 1 <= self.nqp <= 64:
-            raise ValueError(f"{self.nqp} QPs per peer: give 1 to 64")
+        self._settings(chunk, slots, qps, admit, qp_timeout)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         spin, nap = SPIN_NAP["oversubscribed" if local > (os.cpu_count() or 1) else "free"]
         self.spin = float(os.environ.get("SOFTNIC_COLL_SPIN", spin))
@@ -170,8 +177,8 @@ class Transport:
         # a staged message is smaller than zc_min, so its chunks are at most this big
         self.stage = min(self.chunk, self.csize(self.zc_min))
         stage_region = max(1, world * self.slots * self.stage)
-        self.recv_mr = v.MR(self.pd, region, ACCESS)
-        self.send_mr = v.MR(self.pd, stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
+        self.recv_mr = self._region(region, ACCESS)
+        self.send_mr = self._region(stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
         self.recv_mem = _u8_view(self.recv_mr.buf, region)
         self.send_mem = _u8_view(self.send_mr.buf, stage_region)
         self._keep: list = []                   # staged copies of this call's large sends
@@ -201,7 +208,10 @@ class Transport:
         self.first_qp = {p: self.qp_index[self.qps[p][0].qp_num] for p in peers}
         # per-peer flow state
         self.send_seq = dict.fromkeys(peers, 0)      # data chunks posted to the peer
-        self.credits = dict.fromkeys(peers, self.slots)
+        # a sender holds a credit per free slot of the peer's ring; with admission it
+        # has none until the receiver grants them
+        self.credits = dict.fromkeys(peers, 0 if self.admit else self.slots)
+        self.granted = dict.fromkeys(peers, 0)       # admission: chunks granted to the peer
         self.consumed = dict.fromkeys(peers, 0)      # chunks taken by a receive
         self.landed = {p: bytearray(self.slots) for p in peers}  # by seq mod slots
         self.owed = dict.fromkeys(peers, 0)          # credits to return to the peer
@@ -209,6 +219,29 @@ class Transport:
         self._connect(peers)
 
     # ------------------------------------------------------------------ setup
+
+    def _settings(self, chunk, slots, qps, admit, qp_timeout) -> None:
+        """The chunk size, slots, QPs per peer, QP timeout and admission: the arguments,
+        else the environment, else the defaults; checked."""
+        self.chunk = int(chunk or os.environ.get("SOFTNIC_COLL_CHUNK", DEFAULT_CHUNK))
+        self.slots = int(slots or os.environ.get("SOFTNIC_COLL_SLOTS", DEFAULT_SLOTS))
+        self.nqp = int(qps or os.environ.get("SOFTNIC_COLL_QPS", DEFAULT_QPS))
+        if self.chunk <= 0 or self.chunk % 64:
+            raise ValueError(f"chunk size {self.chunk} must be a positive multiple of 64")
+        if self.slots < 1:
+            raise ValueError("need at least one slot per peer")
+        if not 1 <= self.nqp <= 64:
+            raise ValueError(f"{self.nqp} QPs per peer: give 1 to 64")
+        # the QPs' timeout attribute: the retransmission timer is 4.096 us * 2**qp_timeout
+        self.qp_timeout = int(qp_timeout if qp_timeout is not None else
+                              os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
+        if not 0 <= self.qp_timeout <= 31:
+            raise ValueError(f"QP timeout {self.qp_timeout}: give 0 to 31")
+        self.admit = int(admit if admit is not None else
+                         os.environ.get("SOFTNIC_COLL_ADMIT", 0)) or None
+        if self.admit is not None and self.admit < 1:
+            raise ValueError(f"admit {self.admit}: give the number of senders a receiver "
+                             "admits at once (>= 1), or 0 for none")
 
     def _slot(self, peer: int, seq: int) -> int:
         return (peer * self.slots + seq % self.slots) * self.chunk
@@ -219,9 +252,9 @@ class Transport:
 
     def _connect(self, peers: list[int]) -> None:
         gid = self.ctx.query_gid(1, 0)
-        psns = {p: [int.from_bytes(os.urandom(3), "little") for _ in self.qps[p]] for p in peers}
+        psns = {p: [self._initial_psn() for _ in self.qps[p]] for p in peers}
         me = {"gid": str(gid), "rkey": self.recv_mr.rkey, "addr": self.recv_mr.buf,
-              "nqp": self.nqp,
+              "nqp": self.nqp, "admit": self.admit,
               "qpn": {str(p): [qp.qp_num for qp in self.qps[p]] for p in peers},
               "psn": {str(p): psns[p] for p in peers}}
         self.store.set(f"{self.prefix}/conn/{self.rank}", json.dumps(me).encode())
@@ -232,6 +265,11 @@ class Transport:
                 raise CollectiveError(f"rank {self.rank}: rank {p} uses "
                                       f"{self.remote[p].get('nqp')} QPs per peer, this rank "
                                       f"{self.nqp} (set SOFTNIC_COLL_QPS alike on every rank)")
+            if self.remote[p].get("admit") != self.admit:
+                raise CollectiveError(f"rank {self.rank}: rank {p} admits "
+                                      f"{self.remote[p].get('admit')} senders at once, this "
+                                      f"rank {self.admit} (set SOFTNIC_COLL_ADMIT alike on "
+                                      f"every rank)")
         for p in peers:
             r = self.remote[p]
             for q, qp in enumerate(self.qps[p]):
@@ -250,7 +288,7 @@ class Transport:
                                                          flow_label=flow_label(self.rank, p, q)))
                 qp.to_rtr(attr)
                 attr.sq_psn = psns[p][q]
-                attr.timeout = int(os.environ.get("SOFTNIC_COLL_QP_TIMEOUT", 14))
+                attr.timeout = self.qp_timeout
                 attr.retry_cnt = 7
                 attr.rnr_retry = 7
                 attr.max_rd_atomic = 1
@@ -259,6 +297,15 @@ class Transport:
         self.store.set(f"{self.prefix}/ready/{self.rank}", b"1")
         for p in peers:
             self._get(f"{self.prefix}/ready/{p}", p)
+
+    def _region(self, nbytes: int, access: int):
+        """A registered region of ``nbytes``: the ring of receive slots, or the staging
+        ring of small sends."""
+        return v.MR(self.pd, nbytes, access)
+
+    @staticmethod
+    def _initial_psn() -> int:
+        return int.from_bytes(os.urandom(3), "little")
 
     @staticmethod
     def _post_recvs(qp, n: int, peer: int) -> None:
@@ -435,9 +482,13 @@ class Transport:
             raise ValueError("one stream per peer and direction")
         ss = [st for st in ss if not st.done()]
         rs = [st for st in rs if not st.done()]
-        last = time.monotonic()
-        idle = 0
-        checked = last
+        waiting = None
+        if self.admit is not None and rs:
+            # receiver-driven admission: grant the first ``admit`` senders, in the order
+            # rank - 1, rank - 2, ...; the next when one of them is done
+            waiting = sorted(rs, key=lambda st: (self.rank - st.peer) % self.world)
+            waiting = self._admit_more(waiting, 0)
+        self._started()
         nqp = self.nqp
         while ss or rs or self.zc_out:
             moved = False
@@ -460,7 +511,10 @@ class Transport:
                     moved = True
             if moved:
                 ss = [st for st in ss if not st.done()]
+                live = len(rs)
                 rs = [st for st in rs if not st.done()]
+                if waiting and len(rs) < live:
+                    waiting = self._admit_more(waiting, sum(st.end is not None for st in rs))
             # credits go back in batches, or whenever this rank has nothing else to do
             # (so a sender never waits on credits a receiver sits on)
             for p, n in self.owed.items():
@@ -468,24 +522,9 @@ class Transport:
                         self.sq_out[self.first_qp[p]] < self.sq_depth:
                     self._post_credit(p, n)
             if moved:
-                last = time.monotonic()
-                idle = 0
+                self._progressed()
                 continue
-            idle += 1
-            now = time.monotonic()
-            if now - last > self.spin:
-                # idle for a while: let the other processes on this core (and this
-                # device's progress thread) run
-                time.sleep(min(self.nap, 2e-5 * idle))
-            if now - checked > 1.0:
-                checked = now
-                self._check_peers([st.peer for st in ss + rs])
-            if now - last > self.timeout:
-                waiting = sorted({st.peer for st in ss + rs}) or sorted(
-                    {self.qp_peer[i] for i, n in enumerate(self.sq_out) if n})
-                raise CollectiveError(
-                    f"rank {self.rank}: no progress for {self.timeout:g} s waiting on rank(s) "
-                    f"{waiting} (dead, hung, or not in the same collective)")
+            self._idle(ss + rs)
         # one more poll: a device may hold the acknowledgements of what just came in
         # until its caller's next call, and the peer may be waiting on them (its
         # zero-copy sends complete only when acknowledged)
@@ -496,6 +535,65 @@ class Transport:
         for p, n in self.owed.items():
             if n >= self.credit_batch and self.sq_out[self.first_qp[p]] < self.sq_depth:
                 self._post_credit(p, n)
+
+    # ------------------------------------------------------------------ waiting
+
+    def _started(self) -> None:
+        """A call starts driving its streams."""
+        self._last = self._checked = time.monotonic()
+        self._idles = 0
+
+    def _progressed(self) -> None:
+        """Something moved: a chunk posted or taken, a completion polled."""
+        self._last = time.monotonic()
+        self._idles = 0
+
+    def _idle(self, streams) -> None:
+        """Nothing moved: every step onward needs a completion on the CQ.  Poll for
+        ``spin`` seconds, then nap between polls; check the peers every second; give up
+        after ``timeout`` seconds without progress."""
+        self._idles += 1
+        now = time.monotonic()
+        if now - self._last > self.spin:
+            # idle for a while: let the other processes on this core (and this
+            # device's progress thread) run
+            time.sleep(min(self.nap, 2e-5 * self._idles))
+        if now - self._checked > 1.0:
+            self._checked = now
+            self._check_peers([st.peer for st in streams])
+        if now - self._last > self.timeout:
+            self._stalled(streams, f"{self.timeout:g} s")
+
+    def _stalled(self, streams, how_long: str):
+        waiting = sorted({st.peer for st in streams}) or sorted(
+            {self.qp_peer[i] for i, n in enumerate(self.sq_out) if n})
+        raise CollectiveError(
+            f"rank {self.rank}: no progress for {how_long} waiting on rank(s) "
+            f"{waiting} (dead, hung, or not in the same collective)")
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit_more(self, waiting: list, active: int) -> list:
+        """Admit receive streams from the head of ``waiting`` until ``admit`` are active;
+        the clear-to-send (their first credits) goes at once.  Returns the rest."""
+        while waiting and active < self.admit:
+            st = waiting.pop(0)
+            p = st.peer
+            st.end = self.consumed[p] + sum(st.nch)
+            self._grant(st)
+            if self.owed[p] and self.sq_out[self.first_qp[p]] < self.sq_depth:
+                self._post_credit(p, self.owed[p])
+            active += 1
+        return waiting
+
+    def _grant(self, st: _Stream) -> None:
+        """Admission: credit the sender of ``st`` for the free slots of its ring, but
+        never beyond the chunks of this message."""
+        p = st.peer
+        target = min(self.consumed[p] + self.slots, st.end)
+        if target > self.granted[p]:
+            self.owed[p] += target - self.granted[p]
+            self.granted[p] = target
 
     def _check_peers(self, peers) -> None:
         failed = getattr(self.store, "failed_ranks", None)
@@ -567,8 +665,11 @@ class Transport:
                 op(d, src.view(dt), out=d)
         self.landed[p][seq % self.slots] = 0
         self.consumed[p] = seq + 1
-        self.owed[p] += 1
         st.advance(n)
+        if self.admit is None:
+            self.owed[p] += 1
+        else:
+            self._grant(st)
 
     def _poll(self) -> bool:
         moved = False

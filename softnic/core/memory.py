@@ -322,6 +322,14 @@ class ImplicitMR(MR):
 IMPLICIT_LENGTH = (1 << 64) - 1      # SIZE_MAX: what ibv_reg_mr is given for an implicit MR
 
 
+def _check_mr_access(access: Access) -> None:
+    """The access flags a new MR may have."""
+    # IBA o10-37: remote write or atomic needs local write.
+    if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
+        raise einval("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE")
+    _no_persistence(access)
+
+
 def _no_persistence(access: Access) -> None:
     """FLUSH_PERSISTENT is granted only over persistent memory (rxe: pmem pages, else
     EINVAL); softnic's memory is the process's, never persistent."""
@@ -346,10 +354,7 @@ class KeyTable:
         access = Access(access)
         if length < 0 or addr < 0:
             raise einval("negative address or length")
-        # IBA o10-37: remote write or atomic needs local write.
-        if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
-            raise einval("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE")
-        _no_persistence(access)
+        _check_mr_access(access)
         if pd.closed:
             raise VerbsError(errno.EINVAL, "PD is closed")
         key = self._new_key()
@@ -389,9 +394,7 @@ class KeyTable:
         if mr.num_mw:
             raise einval("memory windows are bound to the MR")
         new_access = Access(access) if flags & 4 else mr.access
-        if new_access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and \
-                not new_access & Access.LOCAL_WRITE:
-            raise einval("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE")
+        _check_mr_access(new_access)
         if flags & 2 and (pd is None or pd.closed):
             raise einval("rereg to a missing or closed PD")
         if flags & 1 and (addr < 0 or length < 0):
@@ -410,9 +413,7 @@ class KeyTable:
         access = Access(access)
         if not access & Access.ON_DEMAND:
             raise einval("an implicit MR is an on-demand paging one")
-        if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
-            raise einval("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE")
-        _no_persistence(access)
+        _check_mr_access(access)
         if pd.closed:
             raise VerbsError(errno.EINVAL, "PD is closed")
         key = self._new_key()

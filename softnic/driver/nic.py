@@ -129,7 +129,7 @@ def open_device(name: str) -> "NIC | SimNIC":
                         raise ValueError(f"device {name}: transport=tcp needs real sockets, "
                                          "not SOFTNIC_BACKEND=sim (the simulated fabric "
                                          "carries datagrams)")
-                    nic = SimNIC(spec, sim_world())
+                    nic = sim_world().open(spec)
                     _attach_cm(nic)
                     _open[name] = nic
                     nic.refs += 1
@@ -200,6 +200,17 @@ def stats_dir() -> Path:
     """Where live NICs publish their counters for ``softnic counters``."""
     return Path(os.environ.get("SOFTNIC_STATS_DIR") or
                 Path(tempfile.gettempdir()) / f"softnic-{os.getuid()}")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether the process that published a file (counters, a host-wide listener) lives."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _loopback_candidates() -> list[str]:
@@ -753,6 +764,10 @@ class SimWorld:
                              trace=True, capture=self.capture)
         self.next_host = 1
 
+    def open(self, spec: _config.DeviceSpec) -> "SimNIC":
+        """The device ``spec`` names, joined to this world."""
+        return SimNIC(spec, self)
+
     def run(self, max_events: int = 2000) -> bool:
         """Advance virtual time by up to ``max_events`` events; False when idle."""
         with self.lock:
@@ -772,6 +787,14 @@ def sim_world() -> SimWorld:
     if _world is None:
         _world = SimWorld(runtime_config())
     return _world
+
+
+def use_sim_world(world) -> None:
+    """Make ``world`` the simulated world the devices of ``SOFTNIC_BACKEND=sim`` open
+    in (anything with ``open(spec)`` giving a device with ``SimNIC``'s interface;
+    ``softnic.collectives.virtual`` runs ranks on a leaf-spine this way)."""
+    global _world
+    _world = world
 
 
 class SimNIC(_Opened):

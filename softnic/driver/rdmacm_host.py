@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 from softnic.core.errors import VerbsError
+from softnic.driver.nic import process_alive
 
 
 def _table() -> Path:
@@ -40,16 +41,6 @@ def _table() -> Path:
 
 def _entry(ps: int, port: int, ip: str) -> Path:
     return _table() / f"{ps}-{port}-{ip}.json"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read(path: Path) -> dict | None:
@@ -70,7 +61,7 @@ def publish(ps: int, port: int, ip: str, device: tuple[str, int]) -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             old = _read(path)
-            if old is not None and old.get("pid") != os.getpid() and _alive(old["pid"]):
+            if old is not None and old.get("pid") != os.getpid() and process_alive(old["pid"]):
                 raise VerbsError(errno.EADDRINUSE,
                                  f"{ip}:{port} has a listener in process {old['pid']}") from None
             try:
@@ -98,6 +89,6 @@ def withdraw(ps: int, port: int, ip: str) -> None:
 def lookup(ps: int, port: int, ip: str) -> tuple[str, int] | None:
     """The device (IP, UDP port) of the live listener on ``ip:port``, if any."""
     doc = _read(_entry(ps, port, ip))
-    if doc is None or not _alive(doc.get("pid", 0)):
+    if doc is None or not process_alive(doc.get("pid", 0)):
         return None
     return doc["ip"], int(doc["port"])

@@ -457,11 +457,16 @@ class Fabric:
 
     # -- the driver rule ------------------------------------------------------
 
-    def flush(self) -> None:
-        """Drain every device's output and re-arm its timer.  Call after
-        verbs calls made outside ``run`` (``run`` itself starts with this)."""
+    def flush(self, addresses: Any = None) -> None:
+        """Drain every device's output and re-arm its timer (or only those of the
+        devices at ``addresses``).  Call after verbs calls made outside ``run``
+        (``run`` itself starts with this, unless told not to)."""
         now = self._now
-        for port in list(self._ports.values()):
+        if addresses is None:
+            ports = list(self._ports.values())
+        else:
+            ports = [p for p in map(self._ports.get, addresses) if p is not None]
+        for port in ports:
             device = port.device
             for data, dst in device.datagrams_to_send(now):
                 self._send(port, dst, data, now)
@@ -585,16 +590,18 @@ class Fabric:
         return self.next_event_time() is not None
 
     def run(self, until: float | None = None, *, stop: Callable[[], bool] | None = None,
-            max_events: int | None = None) -> float:
+            max_events: int | None = None, flush: bool = True) -> float:
         """Process events in time order; return the virtual time reached.
 
-        Flushes every device first.  Stops when no events are left (idle),
-        before an event later than ``until`` (the clock then reads ``until``),
-        once ``stop()`` is true (checked before the first event and after each
-        one), or after ``max_events`` events.  An event is a delivery (or a
-        drop at a detached device) or a timer firing.
+        Flushes every device first (``flush=False``: the caller has flushed
+        the devices it touched, ``flush(addresses)``).  Stops when no events
+        are left (idle), before an event later than ``until`` (the clock then
+        reads ``until``), once ``stop()`` is true (checked before the first
+        event and after each one), or after ``max_events`` events.  An event
+        is a delivery (or a drop at a detached device) or a timer firing.
         """
-        self.flush()
+        if flush:
+            self.flush()
         if stop is not None and stop():
             return self._now
         heap = self._heap

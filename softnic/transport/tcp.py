@@ -166,9 +166,15 @@ class TcpTransport:
 
     def wait(self, timeout: float | None) -> bool:
         """Block until a socket is readable (or a queued write can go), or ``timeout``."""
-        r = [self.listener] + [s for c, s in self.socks.items() if c not in self.connecting]
-        w = [self.socks[c] for c in self.connecting] + \
-            [self.socks[c] for c, b in self.out.items() if b and c not in self.connecting]
+        # The progress thread waits here without the device lock, while a verbs call may
+        # open or close a connection: take copies (each made in one step under the
+        # interpreter lock) rather than iterate the live dict and set.
+        socks = dict(self.socks)
+        connecting = frozenset(self.connecting)
+        out = tuple((c, bool(b)) for c, b in tuple(self.out.items()))
+        r = [self.listener] + [s for c, s in socks.items() if c not in connecting]
+        w = [socks[c] for c in connecting if c in socks] + \
+            [socks[c] for c, b in out if b and c not in connecting and c in socks]
         try:
             rr, ww, _ = select.select(r, w, [], timeout)
         except ValueError:
