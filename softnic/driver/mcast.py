@@ -25,6 +25,7 @@ import ipaddress
 import os
 from pathlib import Path
 
+import softnic.driver.nic as _nic
 from softnic.core.errors import VerbsError
 from softnic.wire.icrc import append_icrc
 
@@ -68,16 +69,6 @@ def is_group(ip: str) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _entries(group: str) -> list[tuple[str, int, int, int, Path]]:
     d = _table() / group.replace(":", "_")
     try:
@@ -98,7 +89,7 @@ def members(group: str) -> list[tuple[str, int, int]]:
     """Every live ``(device IP, UDP port, QPN)`` attached to ``group``."""
     res = []
     for ip, port, qpn, pid, path in _entries(group):
-        if _alive(pid):
+        if _nic.process_alive(pid):
             res.append((ip, port, qpn))
         else:
             try:
