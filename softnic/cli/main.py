@@ -61,7 +61,7 @@ def _exec(args) -> int:
 
 
 def _counters(args) -> int:
-    from ..driver.nic import process_alive, stats_dir
+    from ..driver.hostfiles import process_alive, stats_dir
     d = stats_dir()
     rows = []
     for f in sorted(d.glob("*.json")) if d.is_dir() else []:

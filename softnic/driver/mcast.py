@@ -25,7 +25,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-import softnic.driver.nic as _nic
+from softnic.driver.hostfiles import process_alive
 from softnic.core.errors import VerbsError
 from softnic.wire.icrc import append_icrc
 
@@ -89,7 +89,7 @@ def members(group: str) -> list[tuple[str, int, int]]:
     """Every live ``(device IP, UDP port, QPN)`` attached to ``group``."""
     res = []
     for ip, port, qpn, pid, path in _entries(group):
-        if _nic.process_alive(pid):
+        if process_alive(pid):
             res.append((ip, port, qpn))
         else:
             try:

@@ -35,7 +35,6 @@ import os
 import random
 import select
 import sys
-import tempfile
 import threading
 import time
 import zlib
@@ -47,6 +46,7 @@ from ..core.device import Device, DeviceConfig
 from .. import accel as _accel
 from .faults import FaultInjector
 from . import mcast as _mcast
+from .hostfiles import process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
 from ..transport.udp import UdpSocket, bind_free
 from ..wire.roce import ROCEV2_PORT
 
@@ -172,8 +172,17 @@ def forget_after_fork() -> None:
     _lock = threading.RLock()
     _open.clear()
     _opening.clear()
-    from . import rdmacm as _rdmacm
-    _rdmacm.forget_devices()
+    for hook in _fork_hooks:
+        hook()
+
+
+_fork_hooks: list = []
+
+
+def on_fork(hook) -> None:
+    """``hook()`` runs in a forked child after the parent's devices are forgotten (the
+    layers above, such as rdma_cm, forget what they kept of them)."""
+    _fork_hooks.append(hook)
 
 
 def open_nics() -> list["NIC"]:
@@ -194,23 +203,6 @@ def port_for_gid(gid: str) -> int:
         if d.ip == ip:
             return d.port
     return ROCEV2_PORT
-
-
-def stats_dir() -> Path:
-    """Where live NICs publish their counters for ``softnic counters``."""
-    return Path(os.environ.get("SOFTNIC_STATS_DIR") or
-                Path(tempfile.gettempdir()) / f"softnic-{os.getuid()}")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether the process that published a file (counters, a host-wide listener) lives."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _loopback_candidates() -> list[str]:

@@ -117,6 +117,9 @@ def forget_devices() -> None:
     _cms.clear()
 
 
+_nic.on_fork(forget_devices)
+
+
 def cm_of(nic) -> _cm.CM:
     """The device's connection manager (attached when the device was opened),
     with its events routed here."""

@@ -27,11 +27,10 @@ import os
 from pathlib import Path
 
 from softnic.core.errors import VerbsError
-from softnic.driver.nic import process_alive
+from softnic.driver.hostfiles import process_alive, stats_dir
 
 
 def _table() -> Path:
-    from softnic.driver.nic import stats_dir
     try:
         ns = os.readlink("/proc/self/ns/net").strip("net:[]")
     except OSError:

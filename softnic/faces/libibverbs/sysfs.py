@@ -71,7 +71,7 @@ def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> 
                                 for d in cfg.devices) else []
     layout = {d.name: netdev_for(d.ip, rows) for d in cfg.devices}
     if base is None:
-        from softnic.driver.nic import stats_dir
+        from softnic.driver.hostfiles import stats_dir
         base = stats_dir()
     key = hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()[:12]
     dest = base / f"sysfs-{key}"
