@@ -152,6 +152,11 @@ def worker(args) -> int:
                 r = rows[-1]
                 print(f"| {coll} | {human(size)} | {fmt_t(r['softnic'])} | {fmt_t(r['gloo'])} "
                       f"| {r['ratio']:.2f} |", flush=True)
+    if rank == 0 and rows:
+        ahead = [r for r in rows if r["ratio"] < 1]
+        print(f"# softnic faster in {len(ahead)} of {len(rows)} cells; ratio median "
+              f"{statistics.median(r['ratio'] for r in rows):.2f}, worst "
+              f"{max(r['ratio'] for r in rows):.2f}", flush=True)
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump({"world": n, "rows": rows}, f, indent=1)
@@ -185,6 +190,16 @@ def main() -> int:
           f"{platform.python_implementation()} {platform.python_version()} "
           f"({sys.executable}), load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           f"SOFTNIC_COLL_QPS={os.environ.get('SOFTNIC_COLL_QPS', 'default')}")
+    print(f"# command: {' '.join([os.path.relpath(sys.executable)] + sys.argv)}")
+    cpus = os.cpu_count() or 1
+    if args.nproc > cpus:
+        print(f"# NOTE: {args.nproc} ranks on {cpus} CPUs oversubscribe them "
+              f"({args.nproc / cpus:g} ranks per CPU, each with its application thread, its "
+              f"device's progress thread and gloo's threads): every wait for a peer is also "
+              f"a wait for a CPU, for both backends")
+    print(f"# per size: {args.min_iters} to {args.iters} timed calls per backend (fewer for "
+          f"big sizes, about {args.budget:g} s each), after {args.warmup} untimed; "
+          f"softnic / gloo below 1: softnic is faster")
     print("| collective | bytes | softnic | gloo | softnic / gloo |")
     print("|---|---:|---:|---:|---:|")
     sys.stdout.flush()
