@@ -14,12 +14,14 @@ per step: rank 0's own loss and the mean loss over all ranks, with every
 digit (``repr``); ``--json PATH`` writes them there too.
 
 ``--overlap`` times what the backend's asynchronous work buys: a wider network
-trained twice over softnic in the same processes, step by step in turn, once
+trained over softnic in the same processes, step by step in turn, once
 with the gradient buckets reduced in the background while the backward pass
 goes on (what DDP does with an asynchronous backend) and once with every
 reduction completed before the backward pass resumes (``asynchronous =
-False`` on that group); it prints the median step time of each and checks
-that the losses are the same bits:
+False`` on that group); for reference also over gloo and with no
+communication at all (the same model trained alone: the step's compute).  It
+prints the median step time of each and checks that the losses of the two
+softnic runs are the same bits:
 
     softnic launch -n 2 examples/ddp_train.py --overlap
 """
@@ -73,8 +75,11 @@ def overlap(rank, world, args):
     """Train the same wide network twice, overlapped and synchronous, one step of each in
     turn; returns {mode: (losses, step times)}."""
     groups = {"overlapped": dist.new_group(backend="softnic"),
-              "synchronous": dist.new_group(backend="softnic")}
+              "synchronous": dist.new_group(backend="softnic"),
+              "gloo": dist.new_group(backend="gloo"),
+              "no communication": None}
     groups["synchronous"].asynchronous = False
+    sync_on = groups["gloo"]
     data = torch.Generator().manual_seed(99)
     x_all = torch.randn(args.steps, world * args.batch, args.width, generator=data)
     y_all = torch.randn(args.steps, world * args.batch, 1, generator=data)
@@ -85,7 +90,9 @@ def overlap(rank, world, args):
         for _ in range(args.layers):
             layers += [nn.Linear(args.width, args.width), nn.Tanh()]
         model = nn.Sequential(*layers, nn.Linear(args.width, 1))
-        ddp = DDP(model, process_group=group, bucket_cap_mb=args.bucket_mb)
+        # "no communication": the same model trained alone, the step's compute only
+        ddp = model if group is None else DDP(model, process_group=group,
+                                              bucket_cap_mb=args.bucket_mb)
         runs[mode] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3), [], [])
     order = list(runs)
     for step in range(args.steps):
@@ -93,7 +100,7 @@ def overlap(rank, world, args):
         y = y_all[step, rank * args.batch:(rank + 1) * args.batch]
         for mode in (order if step % 2 == 0 else order[::-1]):
             ddp, opt, losses, times = runs[mode]
-            dist.barrier(group=groups[mode])
+            dist.barrier(group=groups[mode] or sync_on)
             t0 = time.perf_counter()
             loss = nn.functional.mse_loss(ddp(x), y)
             opt.zero_grad()
@@ -134,11 +141,16 @@ def main():
                   f"MB of gradients, buckets of {args.bucket_mb:g} MB), batch {args.batch} per "
                   f"rank, {args.steps} steps; median time per step (rank 0):")
             for mode, (losses, times) in runs.items():
-                print(f"  {mode:>12}: {statistics.median(times) * 1e3:8.1f} ms")
+                print(f"  {mode:>16}: {statistics.median(times) * 1e3:8.1f} ms")
             t = {m: statistics.median(ts) for m, (_, ts) in runs.items()}
             print(f"  overlapped / synchronous: {t['overlapped'] / t['synchronous']:.2f}")
+            print(f"  communication hidden: {max(0.0, t['synchronous'] - t['overlapped']) * 1e3:.1f}"
+                  f" of {max(0.0, t['synchronous'] - t['no communication']) * 1e3:.1f} ms "
+                  f"(synchronous minus no communication)")
             same = runs["overlapped"][0] == runs["synchronous"][0]
             print(f"losses equal step for step (every bit): {same}")
+            if world == 2:
+                print(f"  ... and equal to gloo's: {runs['overlapped'][0] == runs['gloo'][0]}")
             print("losses: " + " ".join(f"{v!r}" for v in runs["overlapped"][0]))
             if args.json:
                 with open(args.json, "w") as f:
