@@ -89,7 +89,7 @@ def main() -> int:
                 case += 1
                 xs = inputs(case, n, count, dtype, op)
                 want = reduce(xs, op)
-                for algo in ("ring", "rd"):
+                for algo in ("ring", "rd", "hd"):
                     buf = xs[r].copy()
                     comm.allreduce(buf, op, algorithm=algo)
                     check(buf, want, f"allreduce {algo} {op} {dtype} x{count}")

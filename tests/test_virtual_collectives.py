@@ -34,7 +34,7 @@ def _every_collective(rank, vc, n, **kw):
     c = Communicator(rank, n, vc.store, transport=t)
     out = {}
     try:
-        for algo, count in (("ring", 300_001), ("tree", 70_000), ("rd", 17)):
+        for algo, count in (("ring", 300_001), ("tree", 70_000), ("rd", 17), ("hd", 90_001)):
             x = (np.arange(count, dtype=np.int64) % 1000) * (rank + 1)
             c.allreduce(x, algorithm=algo)
             out[algo] = bool(np.array_equal(x, (np.arange(count) % 1000) * n * (n + 1) // 2))

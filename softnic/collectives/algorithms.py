@@ -82,6 +82,45 @@ def recursive_doubling_allreduce(t: Transport, buf: np.ndarray, op) -> None:
         t.exchange(sends=[(r + p2, buf)])
 
 
+def halving_doubling_allreduce(t: Transport, buf: np.ndarray, op) -> None:
+    """Rabenseifner's allreduce: a reduce-scatter by recursive halving (round ``k``
+    exchanges half of what is left with the rank ``2**k`` away, each reducing the half
+    it keeps, straight from the slot into ``buf``), then an allgather by recursive
+    doubling; 2 log2(n) rounds, each rank sending ``2(n-1)/n`` of the buffer, as the
+    ring does in ``2(n-1)`` steps.  Ranks beyond the largest power of two fold in first
+    and get the result last, as in recursive doubling.  Every block is reduced by its
+    owner alone and copied to the others, so every rank ends with the same bits."""
+    n, r = t.world, t.rank
+    p2 = 1 << (n.bit_length() - 1)
+    rem = n - p2
+    if r >= p2:
+        t.exchange(sends=[(r - p2, buf)])
+        t.exchange(recvs=[(r - p2, buf, None)])
+        return
+    if r < rem:
+        t.exchange(recvs=[(r + p2, buf, op)])
+    bounds = block_bounds(buf.size, p2)
+
+    def span(b0: int, w: int) -> np.ndarray:
+        return buf[bounds[b0][0]:bounds[b0 + w - 1][1]]
+
+    b0, mask = 0, p2 >> 1
+    while mask:                         # reduce-scatter: keep the half holding block r
+        partner = r ^ mask
+        lo, hi = (b0 + mask, b0) if r & mask else (b0, b0 + mask)
+        t.exchange(sends=[(partner, span(hi, mask))], recvs=[(partner, span(lo, mask), op)])
+        b0, mask = lo, mask >> 1
+    mask = 1
+    while mask < p2:                    # allgather: block r's range doubles each round
+        partner = r ^ mask
+        mine, theirs = (r // mask) * mask, (partner // mask) * mask
+        t.exchange(sends=[(partner, span(mine, mask))],
+                   recvs=[(partner, span(theirs, mask), None)])
+        mask <<= 1
+    if r < rem:
+        t.exchange(sends=[(r + p2, buf)])
+
+
 def binomial_reduce(t: Transport, buf: np.ndarray, op, root: int) -> None:
     """A binomial tree toward ``root``: at round ``k`` a rank whose bit ``k`` is set (in
     rank order from the root) sends what it holds to the rank ``2**k`` below and is done;

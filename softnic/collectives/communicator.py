@@ -14,8 +14,17 @@ OPS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 DTYPES = tuple(np.dtype(t) for t in (
     "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
     "float16", "float32", "float64", "complex64", "complex128"))
-# below this many bytes allreduce uses recursive doubling (fewer rounds), above it the ring
-SMALL_ALLREDUCE = int(os.environ.get("SOFTNIC_COLL_SMALL", 64 * 1024))
+# allreduce up to this many bytes uses recursive doubling (fewest rounds): 64 KiB with 2
+# ranks, 1 MiB with more, where the ring's 2(n-1) dependent steps cost more than the bytes
+# recursive doubling adds (4 ranks, 256 KiB and 1 MiB: 0.47-0.77 of the ring's time)
+SMALL_ALLREDUCE = {2: 64 * 1024, "more": 1 << 20}
+if "SOFTNIC_COLL_SMALL" in os.environ:
+    SMALL_ALLREDUCE = dict.fromkeys(SMALL_ALLREDUCE, int(os.environ["SOFTNIC_COLL_SMALL"]))
+# with more than 2 ranks, allreduce up to this many bytes uses recursive halving and
+# doubling (2 log2 n rounds, the ring's bytes), above it the ring (4 ranks, 4 MiB: 0.82-0.86
+# of the ring's time; 16 MiB: 1.01-1.19); with 2 ranks the two move the same bytes, and the
+# ring pipelines its second step behind its first
+MID_ALLREDUCE = int(os.environ.get("SOFTNIC_COLL_MID", 4 << 20))
 # above this many bytes broadcast is a pipelined chain, below a binomial tree
 SMALL_BROADCAST = int(os.environ.get("SOFTNIC_COLL_SMALL_BCAST", 64 * 1024))
 
@@ -91,14 +100,18 @@ class Communicator:
 
     def allreduce(self, buf: np.ndarray, op="sum", algorithm: str | None = None) -> np.ndarray:
         """Reduce ``buf`` over all ranks, in place; returns ``buf``.
-        ``algorithm``: ``ring``, ``rd`` (recursive doubling), ``tree`` (binomial reduce
-        and broadcast) or None (by size: rd, then ring)."""
+        ``algorithm``: ``ring``, ``rd`` (recursive doubling), ``hd`` (recursive halving
+        then doubling), ``tree`` (binomial reduce and broadcast) or None (by size and
+        world: rd up to ``SOFTNIC_COLL_SMALL``; then, with more than 2 ranks, hd up to
+        ``SOFTNIC_COLL_MID``; then ring)."""
         flat = _check(buf, "allreduce buffer")
         ufunc = _op(op)
         if algorithm is None:
-            algorithm = "rd" if flat.nbytes <= SMALL_ALLREDUCE else "ring"
-        if algorithm not in ("ring", "rd", "tree"):
-            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd, tree)")
+            small = SMALL_ALLREDUCE[2 if self.world_size == 2 else "more"]
+            algorithm = "rd" if flat.nbytes <= small else \
+                "hd" if flat.nbytes <= MID_ALLREDUCE and self.world_size > 2 else "ring"
+        if algorithm not in ("ring", "rd", "hd", "tree"):
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd, hd, tree)")
         if self.world_size == 1:
             return buf
         self.transport.register(flat)
@@ -106,6 +119,8 @@ class Communicator:
             alg.ring_allreduce(self.transport, flat, ufunc)
         elif algorithm == "rd":
             alg.recursive_doubling_allreduce(self.transport, flat, ufunc)
+        elif algorithm == "hd":
+            alg.halving_doubling_allreduce(self.transport, flat, ufunc)
         else:
             alg.tree_allreduce(self.transport, flat, ufunc)
         return buf
