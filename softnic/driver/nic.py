@@ -498,6 +498,9 @@ class NIC(_Opened):
             else:
                 self.sock.send_runs(out)     # runs of equal datagrams: one sendmsg each
             return
+        if self.capture is None and self.injector.drops_only:
+            self.sock.send_runs(self._surviving(out, now))
+            return
         # The capture and the fault model see every datagram on its own (a run's
         # as read-only views of its buffer); what survives goes in one batch.
         batch: list = []
@@ -514,6 +517,36 @@ class NIC(_Opened):
         d = self._delayed
         if d:
             self._deadline(d[0][0])
+
+    def _surviving(self, out: list, now: float) -> list:
+        """``out`` as a fault model that only drops (``drops_only``) leaves it, as
+        ``send_runs`` items: a run's datagrams drawn together
+        (``FaultInjector.apply_run``, the draws of one ``apply`` each), its
+        survivors sent as slices of its buffer, neighbours together."""
+        apply_run = self.injector.apply_run
+        res = []
+        for item in out:
+            if len(item) == 2:
+                if apply_run(1, now):
+                    res.append(item)
+                continue
+            buf, addr, seg = item
+            total = len(buf)
+            n = -(-total // seg)
+            keep = apply_run(n, now)
+            if len(keep) == n:
+                res.append(item)
+                continue
+            mv = memoryview(buf).toreadonly()
+            i, m = 0, len(keep)
+            while i < m:
+                j = i
+                while j + 1 < m and keep[j + 1] == keep[j] + 1:
+                    j += 1
+                a, b = keep[i] * seg, min((keep[j] + 1) * seg, total)
+                res.append((mv[a:b], addr, seg) if j > i else (mv[a:b], addr))
+                i = j + 1
+        return res
 
     def _fan_out(self, out: list) -> list:
         """Datagrams to a multicast group become unicast copies, one per member QP
