@@ -9,10 +9,10 @@
    and re-reads when it gets there, so a timer re-armed later (each message's
    retransmission timer) costs no wake-up with the interpreter lock.  While the
    lease is younger than ``grace_ns`` (``hold_ns`` while lease[1] is set: held
-   output is not kept from the peer long) and there is work (a datagram
-   waits, or output is held), that caller will do the work: the
+   output is not kept from the peer long), that caller will do the work: the
    thread waits for the bell or the lease lapsing, never taking the interpreter
-   lock from it.  Otherwise the thread returns at once, so a datagram that lands
+   lock from it, and does not watch the socket meanwhile (a spinner on a
+   machine with few cores would lose its CPU to a wake-up per datagram).  Otherwise the thread returns at once, so a datagram that lands
    while the program does not call softnic (it spins on memory, it sleeps) is
    handled within a wake-up, not a scheduler tick.
 
@@ -70,6 +70,22 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
         if (pending) {
             /* an inline caller is at work and will take this: wait out its lease
                (lease[2] says so: a caller giving its lease back rings the bell) */
+            l[2] = 1;
+            n = sn_ppoll(p + 1, 1, left >= 0 && left < fresh ? left : fresh);
+            l[2] = 0;
+            if (n < 0 && errno != EINTR)
+                return -errno;
+            if (n > 0) {
+                if (p[1].revents & (POLLERR | POLLNVAL))
+                    return -EBADF;
+                return 2;
+            }
+            continue;
+        }
+        if (fresh > 0) {
+            /* a caller is spinning and takes what arrives: sleep on the bell alone
+               until its lease would lapse, rather than waking (a context switch on
+               a machine whose cores the spinners fill) for each datagram it takes */
             l[2] = 1;
             n = sn_ppoll(p + 1, 1, left >= 0 && left < fresh ? left : fresh);
             l[2] = 0;
