@@ -353,6 +353,7 @@ class NIC(_Opened):
         lease = self._lease
         lease[0] = 0
         if lease[2]:
+            lease[2] = 2                 # (sn_wait takes this ring itself)
             self.ring()
 
     def poll(self) -> None:
@@ -479,6 +480,7 @@ class NIC(_Opened):
                 return
             self._closed = True
             self._notify()
+            self._lease[3] = 1               # a deadline past: sn_wait returns (see end_lease)
         self.ring()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
