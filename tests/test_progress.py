@@ -346,3 +346,23 @@ def test_close_ends_a_wait_on_the_socket():
     a.close()
     t.join(10)
     assert out == [False]
+
+
+def test_the_tcp_thread_sleeps_until_there_is_work():
+    """The iWARP NIC's thread sleeps in one select on its connections and the bell:
+    idle, it wakes for the counters' publication only (once a second), not on a
+    timed nap; a connection a verbs call opens is rung for."""
+    from softnic.driver.nic import TcpNIC
+    a = TcpNIC(DeviceSpec("t0", None, 0), RuntimeConfig())
+    try:
+        _until(lambda: a._sleep_until > time.monotonic())   # asleep
+        time.sleep(0.5)
+        assert sum(a._wakes) <= 2, a._wakes               # (a 50 ms nap: 10)
+        rung = []
+        real = a.ring
+        a.ring = lambda: (rung.append(1), real())
+        with socket.create_server((a.ip, 0)) as ls:
+            a.call(a.sock.connect, 99, ls.getsockname())
+            assert rung                                   # a new connection to watch
+    finally:
+        a.close()

@@ -787,6 +787,11 @@ class TcpNIC(NIC):
             return
         cap = self.capture is not None
         self.sock.flush(self.dev, now, self._tx if cap else None)
+        # the sleeping thread watches the connections it saw when it went to sleep:
+        # one opened, closed or left with output queued since is rung for
+        if self._sleep_until != -_NEVER and threading.get_ident() != self._thread.ident \
+                and self.sock.watched() != getattr(self.sock, "watching", None):
+            self.ring()
 
     def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
         cap = self.capture is not None
@@ -801,9 +806,10 @@ class TcpNIC(NIC):
         return None
 
     def _sleep(self, timeout: float) -> int:
-        # its sockets come and go with connections: a select over them, re-read
-        # every 50 ms at the longest (the engine has no timers of its own here)
-        return 1 if self.sock.wait(min(timeout, 0.05)) else 0
+        # its sockets come and go with connections: a select over them and the bell,
+        # which a verbs call or inline step that changes them rings (``_flush``); the
+        # engine has no timers of its own here
+        return self.sock.wait(timeout, self._bell)
 
     def _close_wire(self) -> None:
         self.sock.close_all()
