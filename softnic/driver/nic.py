@@ -17,8 +17,10 @@ and a progress thread.  Progress happens in two ways, as the design asks:
   sleeping thread reads): while it is fresh, a datagram that arrives is left to
   the caller, and the thread does not wake to fight it for the interpreter.
 
-Completion channels wake their waiter from the step that made the completion
-(``wait_until`` is notified by every step and verbs call that did something).
+Completion channels wake their waiter from the step that made the completion:
+a thread blocked in ``wait_until`` sleeps on the socket itself (``sn_wait``)
+and steps what arrives, holding the lease meanwhile; other waiters are notified
+by every step and verbs call that did something.
 
 The driver rule holds everywhere: after every input, drain
 ``datagrams_to_send`` and re-arm from ``get_timer``.
