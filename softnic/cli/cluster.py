@@ -185,7 +185,7 @@ def _fabric(cfg: ClusterConfig):
     base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
     dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
                         ack_every=cfg.ack_every, min_timer=max(200e-6, 20 * base_rtt),
-                        check_icrc=False, max_qp_wr=1 << 14)
+                        check_icrc=False, icrc=False, max_qp_wr=1 << 14)
     fabric = Fabric(cfg.seed)
     cc_name = cfg.cc.split(":")[0]
     net = fabric.add_leaf_spine(LeafSpineConfig(
@@ -700,7 +700,8 @@ def _victim_network(cfg: VictimConfig):
     pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
     base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
     dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=128,
-                        ack_every=4, min_timer=max(200e-6, 20 * base_rtt), check_icrc=False)
+                        ack_every=4, min_timer=max(200e-6, 20 * base_rtt), check_icrc=False,
+                        icrc=False)
     fabric = Fabric(cfg.seed)
     dcqcn = cfg.cc.split(":")[0] == "dcqcn"
     net = fabric.add_leaf_spine(LeafSpineConfig(

@@ -350,6 +350,7 @@ class SwitchNode:
         self.mode = net.cfg.routing
         #: a spine (no uplinks), set when the fabric is built
         self.spine = False
+        self.by_key: dict = {}       # a leaf's ECMP uplink per flow key
 
     def event(self, now: float, pkt: _Pkt, up: Port) -> None:
         # the common cases of ``route`` first, inline: a spine, a leaf's own host
@@ -358,7 +359,12 @@ class SwitchNode:
         else:
             out = self.down.get(pkt.dst)
             if out is None:
-                out = self.route(pkt, now)
+                if self.mode == "ecmp" or pkt.ctrl:     # ``route``'s hash, memoized
+                    out = self.by_key.get(pkt.key)
+                    if out is None:
+                        out = self.by_key[pkt.key] = self.route(pkt, now)
+                else:
+                    out = self.route(pkt, now)
         if self.pfc is not None and not pkt.ctrl:
             held = up.held + pkt.size
             if held > up.room:
