@@ -18,7 +18,8 @@ rank per host.  Two drivers:
 ``schedule``
     The first driver of this experiment: the same schedule of transfers as the
     algorithms (ring: ``2(n-1)`` pipelined steps of one block; tree: binomial
-    reduce and broadcast of whole buffers; alltoall: every pair at once) as
+    reduce and broadcast of whole buffers; alltoall: every pair at once; not the
+    pipelined tree, ``ptree``, which only the collectives driver runs) as
     plain RDMA WRITEs split over the pair's QPs, with admission as a 64-byte
     clear-to-send WRITE; kept to compare with.
 
@@ -65,7 +66,7 @@ class ClusterConfig:
     spine_rate_gbps: float | None = None
     delay: float = 1e-6
     collective: str = "allreduce"      # allreduce or alltoall
-    algorithm: str = "ring"            # ring or tree (allreduce)
+    algorithm: str = "ring"            # ring, tree or ptree (pipelined tree) (allreduce)
     size: int = 16 << 20               # bytes per rank
     qps: int = 1                       # QPs per peer
     mode: str = "lossless"             # lossy or lossless (PFC)
@@ -96,8 +97,11 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.collective not in ("allreduce", "alltoall"):
             raise ValueError(f"collective must be allreduce or alltoall, not {self.collective!r}")
-        if self.collective == "allreduce" and self.algorithm not in ("ring", "tree"):
-            raise ValueError(f"allreduce algorithm must be ring or tree, not {self.algorithm!r}")
+        if self.collective == "allreduce" and self.algorithm not in ("ring", "tree", "ptree"):
+            raise ValueError(f"allreduce algorithm must be ring, tree or ptree, not "
+                             f"{self.algorithm!r}")
+        if self.algorithm == "ptree" and self.driver == "schedule":
+            raise ValueError("the pipelined tree (ptree) runs on the collectives driver only")
         if self.mode not in ("lossy", "lossless"):
             raise ValueError(f"mode must be lossy or lossless, not {self.mode!r}")
         if self.placement not in ("spread", "packed"):

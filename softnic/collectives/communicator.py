@@ -92,13 +92,15 @@ class Communicator:
     def allreduce(self, buf: np.ndarray, op="sum", algorithm: str | None = None) -> np.ndarray:
         """Reduce ``buf`` over all ranks, in place; returns ``buf``.
         ``algorithm``: ``ring``, ``rd`` (recursive doubling), ``tree`` (binomial reduce
-        and broadcast) or None (by size: rd, then ring)."""
+        and broadcast of the whole buffer), ``ptree`` (the same tree pipelined segment
+        by segment) or None (by size: rd, then ring)."""
         flat = _check(buf, "allreduce buffer")
         ufunc = _op(op)
         if algorithm is None:
             algorithm = "rd" if flat.nbytes <= SMALL_ALLREDUCE else "ring"
-        if algorithm not in ("ring", "rd", "tree"):
-            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd, tree)")
+        if algorithm not in ("ring", "rd", "tree", "ptree"):
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd, tree, "
+                             "ptree)")
         if self.world_size == 1:
             return buf
         self.transport.register(flat)
@@ -106,6 +108,8 @@ class Communicator:
             alg.ring_allreduce(self.transport, flat, ufunc)
         elif algorithm == "rd":
             alg.recursive_doubling_allreduce(self.transport, flat, ufunc)
+        elif algorithm == "ptree":
+            alg.pipelined_tree_allreduce(self.transport, flat, ufunc)
         else:
             alg.tree_allreduce(self.transport, flat, ufunc)
         return buf
