@@ -251,7 +251,13 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
             if t is not None and t <= now:
                 d.handle_timer(now)
     qb = eb.qp
-    return {"wire": wire, "wcs": wcs, "memory": bytes(eb.buf.view[0:1 << 17]),
+    memory = bytearray(eb.buf.view[0:1 << 17])
+    ok = {wr_id for wr_id, status in wcs if status == 0}
+    for i, n in enumerate(sizes):
+        if i not in ok:             # a WRITE that did not complete successfully
+            start = (i * 1000) % 8192   # leaves its target undefined: not compared
+            memory[start:start + n] = bytes(n)
+    return {"wire": wire, "wcs": wcs, "memory": bytes(memory),
             "counters_b": dict(b.counters), "counters_a": dict(a.counters),
             "qp": (qb.epsn, qb.msn, qb.write_off, qb.resp_kind)}
 
@@ -269,7 +275,7 @@ def test_receiving_runs_with_the_kernel_is_the_engine_receiving_them_one_by_one(
         assert fast[key] == slow[key], f"{key} differs with the kernel (seed {seed})"
     assert fast["wcs"] or fast["counters_a"].get("retry_exceeded_err") or \
         fast["counters_b"].get("rcvd_pkts"), "nothing happened"
-    if any(n > 3 * mtu for n in sizes):
+    if any(n > 12 * mtu for n in sizes):    # enough MIDDLEs that some form a run
         cb = fast["counters_b"]
         assert counting.taken > 0 or cb.get("rcvd_icrc_err") or \
             cb.get("out_of_seq_request"), "the kernel took nothing"

@@ -99,11 +99,11 @@ def _nics(n=2):
     return [NIC(DeviceSpec(f"p{i}", None, 0), cfg) for i in range(n)]
 
 
-def _pair(a, b):
+def _pair(a, b, retry_cnt=7):
     with a.lock, b.lock:
         ea, eb = endpoint(a.dev, buf_size=1 << 16), endpoint(b.dev, buf_size=1 << 16)
-        bring_up(ea, eb, mtu=1024, timeout=14)
-        bring_up(eb, ea, mtu=1024, timeout=14)
+        bring_up(ea, eb, mtu=1024, timeout=14, retry_cnt=retry_cnt)
+        bring_up(eb, ea, mtu=1024, timeout=14, retry_cnt=retry_cnt)
     return ea, eb
 
 
@@ -213,3 +213,156 @@ def test_an_icmp_error_does_not_stop_the_thread():
     finally:
         a.close()
         b.close()
+
+
+def test_sn_wait_with_a_fresh_lease_sleeps_on_the_bell_alone(wait_env):
+    """While a caller's lease is fresh the thread does not watch the socket (the
+    caller takes what arrives): it says it waits on the lease (lease[2]), so a
+    caller giving its lease back rings it, and it returns for the bell."""
+    k, a, b, bell, lease = wait_env
+    lease[0] = time.monotonic_ns()
+    out = []
+    t = threading.Thread(target=lambda: out.append(
+        k.lib.sn_wait(b.fileno(), bell, 10 * NS, lease, 10 * NS, 10 * NS)), daemon=True)
+    t.start()
+    _until(lambda: lease[2] == 1)
+    a.sendto(b"x", b.getsockname())                   # left to the caller: no answer
+    time.sleep(0.05)
+    assert not out
+    os.eventfd_write(bell, 1)                         # any other ring: it returns
+    t.join(10)
+    assert out == [2] and lease[2] == 0
+    os.eventfd_read(bell)
+    # end_lease (lease given back, lease[2] = 2, a ring): the thread takes the ring
+    # itself and answers for the datagram the caller no longer takes
+    lease[0] = time.monotonic_ns()
+    out.clear()
+    t = threading.Thread(target=lambda: out.append(
+        k.lib.sn_wait(b.fileno(), bell, 10 * NS, lease, 10 * NS, 10 * NS)), daemon=True)
+    t.start()
+    _until(lambda: lease[2] == 1)
+    lease[0] = 0
+    lease[2] = 2
+    os.eventfd_write(bell, 1)
+    t.join(10)
+    assert out == [1]
+    with pytest.raises(BlockingIOError):
+        os.eventfd_read(bell)                         # the ring was taken
+
+
+def _steps_by_thread(nic):
+    """Record which thread's steps did something on ``nic``."""
+    seen = []
+    real = nic._step
+
+    def step(now, inline=False, ready=False):
+        did = real(now, inline, ready)
+        if did:
+            seen.append(threading.get_ident())
+        return did
+    nic._step = step
+    return seen
+
+
+def test_a_thread_blocked_in_wait_until_takes_its_datagram_itself():
+    """The waiter sleeps on the socket in sn_wait and steps itself: the SEND that
+    ends its wait is received by its own thread, not handed over by the progress
+    thread."""
+    _waiter()
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        b.call(b.dev.post_recv, eb.qp, RecvWR(7, [eb.sge(0, 64)]))
+        seen = _steps_by_thread(b)
+        got, me = [], []
+
+        def waiter():
+            me.append(threading.get_ident())
+            b.wait_until(lambda: got.extend(b.dev.poll_cq(eb.recv_cq, 4)) or bool(got))
+
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        _until(lambda: b._poller >= 0)
+        a.call(a.dev.post_send, ea.qp, SendWR(1, W.SEND, [ea.sge(0, 16)], SendFlags.SIGNALED))
+        t.join(10)
+        assert not t.is_alive() and got and got[0].wr_id == 7
+        assert seen and seen[0] == me[0]
+        assert b._poller == -1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_two_waiters_and_a_timer_while_one_sleeps_on_the_socket():
+    """One waiter sleeps on the socket, a second on the condition: each is woken by
+    the step that made its completion.  Then the peer is gone: the retransmission
+    timer (the progress thread's) still fires while a thread waits, and the
+    error completion ends the wait."""
+    _waiter()
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b, retry_cnt=2)
+        for i in (1, 2):
+            b.call(b.dev.post_recv, eb.qp, RecvWR(i, [eb.sge(64 * i, 64)]))
+        got: list = []
+        done = {1: False, 2: False}
+
+        def waiter(k):
+            def pred():
+                got.extend(b.dev.poll_cq(eb.recv_cq, 4))
+                return any(w.wr_id == k for w in got)
+            done[k] = b.wait_until(pred, timeout=20)
+
+        ts = [threading.Thread(target=waiter, args=(k,), daemon=True) for k in (1, 2)]
+        for t in ts:
+            t.start()
+        _until(lambda: b._waiters == 2)
+        for i in (1, 2):
+            a.call(a.dev.post_send, ea.qp, SendWR(i, W.SEND, [ea.sge(0, 16)],
+                                                  SendFlags.SIGNALED))
+        for t in ts:
+            t.join(15)
+        assert done == {1: True, 2: True}
+        sent: list = []
+        _until(lambda: sent.extend(a.call(a.dev.poll_cq, ea.send_cq, 4)) or len(sent) >= 2)
+        b.close()                                         # the peer goes away
+        a.call(a.dev.post_send, ea.qp, SendWR(3, W.SEND, [ea.sge(0, 16)], SendFlags.SIGNALED))
+        err: list = []
+        assert a.wait_until(lambda: err.extend(a.dev.poll_cq(ea.send_cq, 4)) or bool(err),
+                            timeout=30)
+        assert err[0].wr_id == 3 and err[0].status != 0   # retries exhausted
+    finally:
+        a.close()
+        b.close()
+
+
+def test_close_ends_a_wait_on_the_socket():
+    _waiter()
+    (a,) = _nics(1)
+    out = []
+    t = threading.Thread(target=lambda: out.append(a.wait_until(lambda: False)), daemon=True)
+    t.start()
+    _until(lambda: a._poller >= 0)
+    a.close()
+    t.join(10)
+    assert out == [False]
+
+
+def test_the_tcp_thread_sleeps_until_there_is_work():
+    """The iWARP NIC's thread sleeps in one select on its connections and the bell:
+    idle, it wakes for the counters' publication only (once a second), not on a
+    timed nap; a connection a verbs call opens is rung for."""
+    from softnic.driver.nic import TcpNIC
+    a = TcpNIC(DeviceSpec("t0", None, 0), RuntimeConfig())
+    try:
+        _until(lambda: a._sleep_until > time.monotonic())   # asleep
+        time.sleep(0.5)
+        assert sum(a._wakes) <= 2, a._wakes               # (a 50 ms nap: 10)
+        rung = []
+        real = a.ring
+        a.ring = lambda: (rung.append(1), real())
+        with socket.create_server((a.ip, 0)) as ls:
+            a.call(a.sock.connect, 99, ls.getsockname())
+            assert rung                                   # a new connection to watch
+    finally:
+        a.close()

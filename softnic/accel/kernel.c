@@ -11,7 +11,11 @@
      sn_rx_middles   responder.execute for a WRITE MIDDLE at the ePSN (sequence,
                      size, room, placement), under the conditions of the comment
                      COMMON_CASE in responder.py: the QP's are checked by its
-                     caller, responder.receive_middles, each packet's here.
+                     caller, responder.receive_middles, each packet's here;
+                     and, with selective repeat, responder._hold_placed_write
+                     for a run of MIDDLEs beyond a hole (responder.
+                     _middles_beyond: the PSNs from the run's first on, room
+                     up to the WRITE's LAST, no byte a newer PSN placed).
 
    The caller accounts for the packets taken with the count returned, through
    the same rule functions (responder.accept, the AckReq count).  The

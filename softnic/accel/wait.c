@@ -9,12 +9,15 @@
    and re-reads when it gets there, so a timer re-armed later (each message's
    retransmission timer) costs no wake-up with the interpreter lock.  While the
    lease is younger than ``grace_ns`` (``hold_ns`` while lease[1] is set: held
-   output is not kept from the peer long) and there is work (a datagram
-   waits, or output is held), that caller will do the work: the
+   output is not kept from the peer long), that caller will do the work: the
    thread waits for the bell or the lease lapsing, never taking the interpreter
-   lock from it.  Otherwise the thread returns at once, so a datagram that lands
+   lock from it, and does not watch the socket meanwhile (a spinner on a
+   machine with few cores would lose its CPU to a wake-up per datagram).  Otherwise the thread returns at once, so a datagram that lands
    while the program does not call softnic (it spins on memory, it sleeps) is
    handled within a wake-up, not a scheduler tick.
+
+   A caller giving its lease back sets lease[2] to 2 and rings: the thread takes
+   that ring itself and watches the socket again.
 
    Returns 1: a datagram waits; 2: the bell rang (read it); 3: a caller went
    away holding output; 0: ``timeout_ns`` or lease[3] passed (-1: no timeout);
@@ -22,6 +25,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <time.h>
+#include <unistd.h>
 
 static int64_t sn_now_ns(void)
 {
@@ -38,6 +42,22 @@ static int sn_ppoll(struct pollfd *p, int n, int64_t ns)
     t.tv_sec = ns / 1000000000;
     t.tv_nsec = ns % 1000000000;
     return ppoll(p, n, &t, NULL);
+}
+
+/* The bell rang while the thread waited on a lease: if the ring was a caller
+   giving its lease back (lease[2] == 2, end_lease), take it here and go on
+   watching the socket, without waking the interpreter for nothing (anything else
+   rung meanwhile is a moved deadline, re-read from lease[3]; close moves that
+   deadline to the past).  1: it was; 0: return 2. */
+static int sn_lease_returned(volatile int64_t *l, int bell)
+{
+    uint64_t v;
+    if (l[2] != 2)
+        return 0;
+    l[2] = 0;
+    if (read(bell, &v, sizeof v) < 0 && errno != EAGAIN)
+        return 0;
+    return 1;
 }
 
 int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
@@ -72,14 +92,44 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
                (lease[2] says so: a caller giving its lease back rings the bell) */
             l[2] = 1;
             n = sn_ppoll(p + 1, 1, left >= 0 && left < fresh ? left : fresh);
-            l[2] = 0;
-            if (n < 0 && errno != EINTR)
+            if (n < 0 && errno != EINTR) {
+                l[2] = 0;
                 return -errno;
+            }
             if (n > 0) {
-                if (p[1].revents & (POLLERR | POLLNVAL))
+                if (p[1].revents & (POLLERR | POLLNVAL)) {
+                    l[2] = 0;
                     return -EBADF;
+                }
+                if (sn_lease_returned(l, bell))
+                    continue;
+                l[2] = 0;
                 return 2;
             }
+            l[2] = 0;
+            continue;
+        }
+        if (fresh > 0) {
+            /* a caller is spinning and takes what arrives: sleep on the bell alone
+               until its lease would lapse, rather than waking (a context switch on
+               a machine whose cores the spinners fill) for each datagram it takes */
+            l[2] = 1;
+            n = sn_ppoll(p + 1, 1, left >= 0 && left < fresh ? left : fresh);
+            if (n < 0 && errno != EINTR) {
+                l[2] = 0;
+                return -errno;
+            }
+            if (n > 0) {
+                if (p[1].revents & (POLLERR | POLLNVAL)) {
+                    l[2] = 0;
+                    return -EBADF;
+                }
+                if (sn_lease_returned(l, bell))
+                    continue;
+                l[2] = 0;
+                return 2;
+            }
+            l[2] = 0;
             continue;
         }
         n = sn_ppoll(p, 2, left);

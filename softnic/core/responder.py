@@ -807,6 +807,23 @@ def receive_common(dev, data, src, now: float = 0.0) -> bool:
     return True
 
 
+def _chain_target(dev, qp, psn: int):
+    """The WRITE of ``qp.sr_writes`` (extended by ``chain_writes`` if empty) whose
+    PSNs hold ``psn``: ``(view, length, address, index of psn in it, its packet
+    count)``; None if ``psn`` is beyond the run."""
+    chain = qp.sr_writes
+    if not chain:
+        chain_writes(dev, qp)
+    for first, view, length, end, addr in reversed(chain):
+        e = (psn - first) & _MASK
+        n = (end - first) & _MASK
+        if e < n:
+            return view, length, addr, e, n
+        if e < 0x800000:
+            return None             # beyond the run
+    return None
+
+
 def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3: int) -> bool:
     """Selective repeat, beyond a hole: a MIDDLE or LAST of a WRITE of the run
     that starts with the one being received (``chain_writes``) has a known target
@@ -824,19 +841,12 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
     last = info.last
     if plen > mtu or (not last and plen != mtu) or info.immdt:
         return False
-    chain = qp.sr_writes
-    if not chain:
-        chain_writes(dev, qp)
-    for first, view, length, end, addr in reversed(chain):
-        e = (psn - first) & _MASK
-        if e < ((end - first) & _MASK):
-            break
-        if e < 0x800000:
-            return False            # beyond the run
-    else:
+    target = _chain_target(dev, qp, psn)
+    if target is None:
         return False
+    view, length, addr, e, n = target
     off = e * mtu
-    if off + plen > length or last != (((psn + 1) & _MASK) == end) \
+    if off + plen > length or last != (e + 1 == n) \
             or (last and off + plen != length):
         return False
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
@@ -867,9 +877,13 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
         return 0
     qp = _common_qp(dev, int.from_bytes(data[o + 4:o + 8], "big"),
                     int.from_bytes(data[o + 2:o + 4], "big"), src)
-    if qp is None or qp.resp_kind is not Kind.WRITE or qp.ooo or data[o + 1] & 0x30 \
-            or seg != BTH_LEN + qp.mtu + ICRC_LEN or not dev.config.check_icrc:
+    if qp is None or data[o + 1] & 0x30 or seg != BTH_LEN + qp.mtu + ICRC_LEN \
+            or not dev.config.check_icrc:
         return 0                # (a MIDDLE has no pad; the kernel checks every ICRC)
+    if qp.ooo:
+        return _middles_beyond(dev, qp, data, o, seg, src)
+    if qp.resp_kind is not Kind.WRITE:
+        return 0
     view = qp.write_view
     kern = dev.kernel
     ffi = kern.ffi
@@ -883,4 +897,53 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
         qp.write_off += k * qp.mtu
         accept(dev, qp, (qp.epsn + k - 1) & _MASK, False, False)
         _nothing_held(qp)
+    return k
+
+
+def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
+    """``_hold_placed_write`` for a run of a WRITE's MIDDLEs beyond a hole (the
+    run of WRITEs ``chain_writes`` knows), in the compiled kernel: the run's
+    conditions are checked here (selective repeat, each PSN in the span and not
+    yet held, the bytes newer PSNs placed untouched: ``sr_place.plain_run``),
+    each packet's in ``sn_rx_middles`` (as in order, with the PSNs from the run's
+    first on and room up to the WRITE's last packet, which is not a MIDDLE).
+    Each taken packet is then accounted for as ``_hold_placed_write`` does:
+    counted, its bytes remembered (``sr_place.record_run``, what ``place_beyond``
+    records), and held (``hold``, AckReq clear).  Returns how many it took."""
+    if not qp.selective_repeat:
+        return 0
+    psn = int.from_bytes(data[o + 9:o + 12], "big")
+    d = (psn - qp.epsn) & _MASK
+    if d == 0 or d >= 0x800000:
+        return 0                # in order (the general path drains what is held) or old
+    target = _chain_target(dev, qp, psn)
+    if target is None:
+        return 0
+    view, length, addr, e, _ = target
+    span = SR_SPAN * qp.window
+    ooo = qp.ooo
+    m = min((len(data) - o) // seg, span - d, span - len(ooo))
+    k = 0
+    while k < m and (psn + k) & _MASK not in ooo:
+        k += 1
+    mtu = qp.mtu
+    off = e * mtu
+    k = sr_place.plain_run(qp, addr + off, psn, k, mtu)
+    if k <= 0:
+        return 0
+    kern = dev.kernel
+    ffi = kern.ffi
+    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
+    k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
+                               int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn,
+                               start, ffi.from_buffer(view, require_writable=True),
+                               off, min(length - 1, view.nbytes), k)
+    if k:
+        c = dev.counters
+        c["rcvd_pkts"] += k
+        c["out_of_seq_request"] += k
+        sr_place.record_run(qp, addr + off, psn, k, mtu)
+        for i in range(k):
+            p = (psn + i) & _MASK
+            hold(dev, qp, p, False, (p, False, mtu, False))
     return k

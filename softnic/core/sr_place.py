@@ -113,6 +113,60 @@ def place_beyond(qp, psn: int, view, off: int, data, addr: int) -> None:
     psns[i:j] = np
 
 
+def plain_run(qp, s: int, psn: int, k: int, mtu: int) -> int:
+    """Of ``k`` WRITE packets beyond a hole, PSNs from ``psn`` on, ``mtu`` bytes
+    each from address ``s`` on, how many (from the first) ``place_beyond`` would
+    write whole: none of their bytes was placed by a newer PSN not yet accounted
+    for (a stale or older range is overwritten, as ``place_beyond`` does)."""
+    pl = qp.sr_placed
+    if pl is None or not pl.starts or not qp.ooo or k <= 0:
+        return k
+    starts, ends, psns = pl.starts, pl.ends, pl.psns
+    epsn = qp.epsn
+    e = s + k * mtu
+    j = bisect_right(ends, s)
+    while j < len(starts) and starts[j] < e:
+        q = psns[j]
+        i = (starts[j] - s) // mtu if starts[j] > s else 0     # the first it overlaps
+        if psn_diff(q, (psn + i) & 0xFFFFFF) > 0 and psn_diff(q, epsn) >= 0:
+            return i
+        j += 1
+    return k
+
+
+def record_run(qp, s: int, psn: int, k: int, mtu: int) -> None:
+    """Remember ``k`` packets placed beyond a hole (``plain_run`` of them: each
+    written whole), PSNs from ``psn`` on, ``mtu`` bytes each from address ``s``
+    on: the ranges ``place_beyond`` leaves after each in turn (what they
+    overlapped is theirs now; what sticks out either side keeps its PSN)."""
+    pl = qp.sr_placed
+    if pl is None:
+        pl = qp.sr_placed = Placed()
+    elif not qp.ooo:
+        pl.clear()
+    starts, ends, psns = pl.starts, pl.ends, pl.psns
+    e = s + k * mtu
+    i = bisect_right(ends, s)
+    j = i
+    while j < len(starts) and starts[j] < e:
+        j += 1
+    ns = list(range(s, e, mtu))
+    ne = list(range(s + mtu, e + 1, mtu))
+    np = [(psn + t) & 0xFFFFFF for t in range(k)]
+    if j > i:
+        if starts[i] < s:
+            ns.insert(0, starts[i])
+            ne.insert(0, s)
+            np.insert(0, psns[i])
+        if ends[j - 1] > e:
+            ns.append(e)
+            ne.append(ends[j - 1])
+            np.append(psns[j - 1])
+    starts[i:j] = ns
+    ends[i:j] = ne
+    psns[i:j] = np
+
+
 def place_in_order(qp, view, off: int, data) -> None:
     """Write the expected PSN's WRITE data at ``view[off:]``, skipping the bytes
     that packets beyond a hole (newer PSNs) already placed."""

@@ -265,7 +265,7 @@ class FaultInjector:
     """
 
     __slots__ = ("model", "rng", "counters", "in_bad_state", "_queue", "_queued_bytes",
-                 "_busy_until", "_passthrough", "_params")
+                 "_busy_until", "_passthrough", "_params", "drops_only")
 
     def __init__(self, model: FaultModel, rng: random.Random) -> None:
         self.model = model
@@ -279,6 +279,10 @@ class FaultInjector:
         m = model
         self._params = (m.rate_bps, m.queue_bytes, m.loss, m.p_enter_bad, m.p_leave_bad, m.loss_bad,
                         m.duplicate, m.corrupt, m.delay, m.jitter, m.reorder, m.reorder_delay)
+        #: the model at most drops each datagram on its own, at once (``apply_run``)
+        self.drops_only = self._passthrough or not (
+            m.rate_bps is not None or m.p_enter_bad or m.delay or m.duplicate or m.corrupt
+            or m.jitter or m.reorder)
 
     @property
     def busy_until(self) -> float:
@@ -298,6 +302,26 @@ class FaultInjector:
         queue = self._queue
         while queue[0][0] <= now:
             self._queued_bytes -= queue.popleft()[1]
+
+    def apply_run(self, n: int, now: float) -> list[int] | None:
+        """``apply`` for ``n`` datagrams sent together at ``now``, where the model
+        at most drops each on its own (no pacing, bursts, delay, duplicates,
+        corruption, jitter or reordering): the indexes of those delivered now,
+        after the same draws and counts as ``n`` calls of ``apply``.  None where
+        the model does more (then ``apply`` each)."""
+        if not self.drops_only:
+            return None
+        loss = self._params[2]
+        counters = self.counters
+        counters["sent"] += n
+        if self._passthrough or not loss:
+            counters["delivered"] += n
+            return list(range(n))
+        rnd = self.rng.random
+        keep = [i for i in range(n) if not rnd() < loss]
+        counters["dropped_loss"] += n - len(keep)
+        counters["delivered"] += len(keep)
+        return keep
 
     def apply(self, data: bytes, now: float) -> list[tuple[float, bytes]]:
         """Return the ``(delivery time, bytes)`` copies of ``data`` sent at ``now``.

@@ -17,8 +17,10 @@ and a progress thread.  Progress happens in two ways, as the design asks:
   sleeping thread reads): while it is fresh, a datagram that arrives is left to
   the caller, and the thread does not wake to fight it for the interpreter.
 
-Completion channels wake their waiter from the step that made the completion
-(``wait_until`` is notified by every step and verbs call that did something).
+Completion channels wake their waiter from the step that made the completion:
+a thread blocked in ``wait_until`` sleeps on the socket itself (``sn_wait``)
+and steps what arrives, holding the lease meanwhile; other waiters are notified
+by every step and verbs call that did something.
 
 The driver rule holds everywhere: after every input, drain
 ``datagrams_to_send`` and re-arm from ``get_timer``.
@@ -281,6 +283,17 @@ class NIC(_Opened):
         self._sleep_until = -_NEVER
         self._wakes = [0, 0, 0, 0]
         self._waiter = _accel.waiter() if self.transport == "udp" else None
+        # A thread blocked in ``wait_until`` sleeps on the socket itself (one wake-up
+        # from datagram to its completion, not the progress thread's and then its
+        # own); ``_poller`` is its eventfd while it does (-1: none), which a step
+        # by another thread that did something writes to.
+        self._poller = -1
+        self._poller_id = 0
+        self._poll_fd = -1
+        self._poll_lease = None
+        if self._waiter is not None:
+            self._poll_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._poll_lease = self._waiter.ffi.new("int64_t[4]")
         if self._waiter is not None:
             # lease[0]: monotonic ns of the latest inline step; lease[1]: a step is
             # under way or holds output (read by sn_wait without the GIL); lease[2]:
@@ -324,7 +337,7 @@ class NIC(_Opened):
             finally:
                 self._flush(time.monotonic())
                 if self._waiters:
-                    self._cond.notify_all()
+                    self._notify()
 
     def ring(self) -> None:
         """Wake the progress thread (it re-reads the engine's timer and steps).
@@ -342,6 +355,7 @@ class NIC(_Opened):
         lease = self._lease
         lease[0] = 0
         if lease[2]:
+            lease[2] = 2                 # (sn_wait takes this ring itself)
             self.ring()
 
     def poll(self) -> None:
@@ -406,9 +420,49 @@ class NIC(_Opened):
                     wait = left if wait is None else min(wait, left)
                 self._waiters += 1
                 try:
-                    self._cond.wait(wait)
+                    if self._poller < 0 and self._poll_lease is not None:
+                        self._wait_on_socket(wait)
+                    else:
+                        self._cond.wait(wait)
                 finally:
                     self._waiters -= 1
+
+    def _wait_on_socket(self, wait: float | None) -> None:
+        """``wait_until``'s sleep for the one thread that sleeps on the socket (and
+        its own eventfd) in ``sn_wait``, without the lock or the interpreter: what
+        arrives wakes it, and it steps itself.  It holds the spinning caller's lease
+        meanwhile, so the progress thread leaves what arrives to it (and keeps the
+        timers); the lease lapses as a spinner's does, or at once when other
+        threads wait too.  Caller holds the lock (once or more: released whole, as
+        ``Condition.wait`` does)."""
+        fd = self._poll_fd
+        self._poller, self._poller_id = fd, threading.get_ident()
+        pl = self._poll_lease
+        pl[0] = pl[1] = pl[2] = 0          # never fresh: sn_wait returns on a datagram
+        pl[3] = self._lease[3]             # (the progress thread keeps the timers)
+        lease = self._lease
+        # the lease while it sleeps: as long as it may sleep (at most 10 s), so the
+        # progress thread sleeps on its doorbell and timers meanwhile
+        lease[0] = time.monotonic_ns() + int(min(10.0 if wait is None else wait, 10.0) * 1e9)
+        sock = self.sock.fileno()
+        saved = self.lock._release_save()
+        try:
+            r = self._waiter.lib.sn_wait(sock, fd, -1 if wait is None else int(wait * 1e9),
+                                         pl, 0, 0)
+        finally:
+            self.lock._acquire_restore(saved)
+            self._poller = -1
+            if self._waiters > 1:
+                self.end_lease()           # the others sleep on the progress thread
+            else:
+                lease[0] = time.monotonic_ns()   # a spinner's lease from here on
+        if r == 2 and not self._closed:         # (closed: the fd may be another's now)
+            try:
+                os.eventfd_read(fd)
+            except BlockingIOError:
+                pass
+        elif r < 0 and not self._closed:
+            raise OSError(-r, os.strerror(-r))
 
     @property
     def counters(self) -> dict[str, int]:
@@ -427,7 +481,8 @@ class NIC(_Opened):
             if self._closed:
                 return
             self._closed = True
-            self._cond.notify_all()
+            self._notify()
+            self._lease[3] = 1               # a deadline past: sn_wait returns (see end_lease)
         self.ring()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
@@ -438,6 +493,10 @@ class NIC(_Opened):
                 self.capture.close()
             os.close(self._bell)
             self._bell = -1
+            if self._poll_fd >= 0:
+                os.close(self._poll_fd)
+                self._poll_fd = -1
+                self._poll_lease = None
 
     def _close_wire(self) -> None:
         self.sock.close()
@@ -498,6 +557,9 @@ class NIC(_Opened):
             else:
                 self.sock.send_runs(out)     # runs of equal datagrams: one sendmsg each
             return
+        if self.capture is None and self.injector.drops_only:
+            self.sock.send_runs(self._surviving(out, now))
+            return
         # The capture and the fault model see every datagram on its own (a run's
         # as read-only views of its buffer); what survives goes in one batch.
         batch: list = []
@@ -514,6 +576,36 @@ class NIC(_Opened):
         d = self._delayed
         if d:
             self._deadline(d[0][0])
+
+    def _surviving(self, out: list, now: float) -> list:
+        """``out`` as a fault model that only drops (``drops_only``) leaves it, as
+        ``send_runs`` items: a run's datagrams drawn together
+        (``FaultInjector.apply_run``, the draws of one ``apply`` each), its
+        survivors sent as slices of its buffer, neighbours together."""
+        apply_run = self.injector.apply_run
+        res = []
+        for item in out:
+            if len(item) == 2:
+                if apply_run(1, now):
+                    res.append(item)
+                continue
+            buf, addr, seg = item
+            total = len(buf)
+            n = -(-total // seg)
+            keep = apply_run(n, now)
+            if len(keep) == n:
+                res.append(item)
+                continue
+            mv = memoryview(buf).toreadonly()
+            i, m = 0, len(keep)
+            while i < m:
+                j = i
+                while j + 1 < m and keep[j + 1] == keep[j] + 1:
+                    j += 1
+                a, b = keep[i] * seg, min((keep[j] + 1) * seg, total)
+                res.append((mv[a:b], addr, seg) if j > i else (mv[a:b], addr))
+                i = j + 1
+        return res
 
     def _fan_out(self, out: list) -> list:
         """Datagrams to a multicast group become unicast copies, one per member QP
@@ -590,8 +682,17 @@ class NIC(_Opened):
         else:
             self._flush(now)
         if did and self._waiters:
-            self._cond.notify_all()
+            self._notify()
         return did
+
+    def _notify(self) -> None:
+        """Wake the threads in ``wait_until`` (caller holds the lock)."""
+        self._cond.notify_all()
+        if self._poller >= 0 and threading.get_ident() != self._poller_id:
+            try:
+                os.eventfd_write(self._poller, 1)
+            except OSError:
+                pass
 
     def _next_deadline(self) -> float | None:
         t = self.dev.get_timer()
@@ -721,6 +822,11 @@ class TcpNIC(NIC):
             return
         cap = self.capture is not None
         self.sock.flush(self.dev, now, self._tx if cap else None)
+        # the sleeping thread watches the connections it saw when it went to sleep:
+        # one opened, closed or left with output queued since is rung for
+        if self._sleep_until != -_NEVER and threading.get_ident() != self._thread.ident \
+                and self.sock.watched() != getattr(self.sock, "watching", None):
+            self.ring()
 
     def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
         cap = self.capture is not None
@@ -735,9 +841,10 @@ class TcpNIC(NIC):
         return None
 
     def _sleep(self, timeout: float) -> int:
-        # its sockets come and go with connections: a select over them, re-read
-        # every 50 ms at the longest (the engine has no timers of its own here)
-        return 1 if self.sock.wait(min(timeout, 0.05)) else 0
+        # its sockets come and go with connections: a select over them and the bell,
+        # which a verbs call or inline step that changes them rings (``_flush``); the
+        # engine has no timers of its own here
+        return self.sock.wait(timeout, self._bell)
 
     def _close_wire(self) -> None:
         self.sock.close_all()

@@ -164,22 +164,37 @@ class TcpTransport:
                 return
             del buf[:n]
 
-    def wait(self, timeout: float | None) -> bool:
-        """Block until a socket is readable (or a queued write can go), or ``timeout``."""
+    def watched(self) -> tuple:
+        """What ``wait`` watches: the connections, those connecting, those with
+        output queued.  A caller that changes it while a thread waits rings that
+        thread's bell (the thread then watches afresh)."""
+        return (frozenset(self.socks), frozenset(self.connecting),
+                frozenset(c for c, b in tuple(self.out.items()) if b))
+
+    def wait(self, timeout: float | None, bell: int | None = None) -> int:
+        """Block until a socket is readable (or a queued write can go), ``bell`` (a
+        descriptor) is readable, or ``timeout``.  1: a socket; 2: the bell; 0: time
+        is up."""
         # The progress thread waits here without the device lock, while a verbs call may
         # open or close a connection: take copies (each made in one step under the
-        # interpreter lock) rather than iterate the live dict and set.
+        # interpreter lock) rather than iterate the live dict and set.  What it watches
+        # is noted first: a change after that is one the caller rings for.
+        self.watching = self.watched()
         socks = dict(self.socks)
         connecting = frozenset(self.connecting)
         out = tuple((c, bool(b)) for c, b in tuple(self.out.items()))
         r = [self.listener] + [s for c, s in socks.items() if c not in connecting]
+        if bell is not None:
+            r.append(bell)
         w = [socks[c] for c in connecting if c in socks] + \
             [socks[c] for c, b in out if b and c not in connecting and c in socks]
         try:
             rr, ww, _ = select.select(r, w, [], timeout)
         except ValueError:
-            return False
-        return bool(rr or ww)
+            return 0
+        if bell is not None and bell in rr:
+            return 2
+        return 1 if rr or ww else 0
 
     def fileno(self) -> int:
         return self.listener.fileno()
