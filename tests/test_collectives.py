@@ -106,7 +106,7 @@ def test_communicator_checks_its_arguments():
         with pytest.raises(ValueError, match="root 1 outside 0..0"):
             comm.broadcast(x, root=1)
         with pytest.raises(ValueError, match=r"unknown allreduce algorithm 'bus' \(ring, rd, "
-                                             r"hd, tree\)"):
+                                             r"hd, tree, ptree\)"):
             comm.allreduce(x, algorithm="bus")
         with pytest.raises(ValueError, match="allgather output has 4 elements, needs 5"):
             comm.allgather(x, np.zeros(4, np.float32))

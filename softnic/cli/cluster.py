@@ -18,7 +18,8 @@ rank per host.  Two drivers:
 ``schedule``
     The first driver of this experiment: the same schedule of transfers as the
     algorithms (ring: ``2(n-1)`` pipelined steps of one block; tree: binomial
-    reduce and broadcast of whole buffers; alltoall: every pair at once) as
+    reduce and broadcast of whole buffers; alltoall: every pair at once; not the
+    pipelined tree, ``ptree``, which only the collectives driver runs) as
     plain RDMA WRITEs split over the pair's QPs, with admission as a 64-byte
     clear-to-send WRITE; kept to compare with.
 
@@ -65,7 +66,7 @@ class ClusterConfig:
     spine_rate_gbps: float | None = None
     delay: float = 1e-6
     collective: str = "allreduce"      # allreduce or alltoall
-    algorithm: str = "ring"            # ring or tree (allreduce)
+    algorithm: str = "ring"            # ring, tree or ptree (pipelined tree) (allreduce)
     size: int = 16 << 20               # bytes per rank
     qps: int = 1                       # QPs per peer
     mode: str = "lossless"             # lossy or lossless (PFC)
@@ -96,8 +97,11 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.collective not in ("allreduce", "alltoall"):
             raise ValueError(f"collective must be allreduce or alltoall, not {self.collective!r}")
-        if self.collective == "allreduce" and self.algorithm not in ("ring", "tree"):
-            raise ValueError(f"allreduce algorithm must be ring or tree, not {self.algorithm!r}")
+        if self.collective == "allreduce" and self.algorithm not in ("ring", "tree", "ptree"):
+            raise ValueError(f"allreduce algorithm must be ring, tree or ptree, not "
+                             f"{self.algorithm!r}")
+        if self.algorithm == "ptree" and self.driver == "schedule":
+            raise ValueError("the pipelined tree (ptree) runs on the collectives driver only")
         if self.mode not in ("lossy", "lossless"):
             raise ValueError(f"mode must be lossy or lossless, not {self.mode!r}")
         if self.placement not in ("spread", "packed"):
@@ -185,7 +189,7 @@ def _fabric(cfg: ClusterConfig):
     base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
     dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
                         ack_every=cfg.ack_every, min_timer=max(200e-6, 20 * base_rtt),
-                        check_icrc=False, max_qp_wr=1 << 14)
+                        check_icrc=False, icrc=False, max_qp_wr=1 << 14)
     fabric = Fabric(cfg.seed)
     cc_name = cfg.cc.split(":")[0]
     net = fabric.add_leaf_spine(LeafSpineConfig(
@@ -431,6 +435,10 @@ def run_schedule(cfg: ClusterConfig, *, progress: bool = False) -> dict:
             qps.setdefault((b, a), []).append(eps[1])
 
     ready_cqs: list = []
+    # hosts a verbs call was made on since the fabric last ran: only their output
+    # and timers can have changed (the first flush takes every host)
+    touched: dict = {}
+    rank_of_cq = {id(r[1]): i for i, r in enumerate(res)}
     for pd, cq, buf, mr in res:
         cq.on_event = ready_cqs.append
         cq.armed = True
@@ -454,6 +462,7 @@ def run_schedule(cfg: ClusterConfig, *, progress: bool = False) -> dict:
             wid = next_wr[0]
             next_wr[0] += 1
             wr_of[wid] = (kind, t)
+            touched[src] = None
             devs[src].post_send(ep.qp, SendWR(wid, W.RDMA_WRITE, [ep.sge(0, m)],
                                               SendFlags.SIGNALED, remote_addr=peer.buf.addr,
                                               rkey=peer.mr.rkey))
@@ -506,9 +515,11 @@ def run_schedule(cfg: ClusterConfig, *, progress: bool = False) -> dict:
         bar = tqdm(total=total, unit="xfer", desc=f"{cfg.collective} {cfg.algorithm} "
                    f"n={n} q={cfg.qps}", leave=False)
     stop = ready_cqs.__len__
+    fabric.flush()
     while done < total:
-        fabric.flush()
-        now = fabric.run(until=min(next_sample, cfg.max_time), stop=stop)
+        fabric.flush([devs[r].address for r in sorted(touched)])   # in attach order
+        touched.clear()
+        now = fabric.run(until=min(next_sample, cfg.max_time), stop=stop, flush=False)
         if now >= next_sample:
             times.append(now)
             for r in range(n):
@@ -522,6 +533,7 @@ def run_schedule(cfg: ClusterConfig, *, progress: bool = False) -> dict:
         while ready_cqs:
             cq = ready_cqs.pop()
             cq.armed = True
+            touched[rank_of_cq[id(cq)]] = None
             for wc in cq.poll(4096):
                 kind, t = wr_of.pop(wc.wr_id)
                 if wc.status != WCStatus.SUCCESS:
@@ -692,7 +704,8 @@ def _victim_network(cfg: VictimConfig):
     pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
     base_rtt = 8 * cfg.delay + 6 * pkt * 8 / rate
     dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=128,
-                        ack_every=4, min_timer=max(200e-6, 20 * base_rtt), check_icrc=False)
+                        ack_every=4, min_timer=max(200e-6, 20 * base_rtt), check_icrc=False,
+                        icrc=False)
     fabric = Fabric(cfg.seed)
     dcqcn = cfg.cc.split(":")[0] == "dcqcn"
     net = fabric.add_leaf_spine(LeafSpineConfig(

@@ -93,7 +93,7 @@ def _add_cluster(sub) -> None:
     c.add_argument("--rate-gbps", type=float, default=100.0)
     c.add_argument("--spine-rate-gbps", type=float, default=None)
     c.add_argument("--collective", default=None, choices=("allreduce", "alltoall"))
-    c.add_argument("--algorithm", default=None, choices=("ring", "tree"))
+    c.add_argument("--algorithm", default=None, choices=("ring", "tree", "ptree"))
     c.add_argument("--size", type=_size, default=16 << 20, help="bytes per rank, e.g. 256MB")
     c.add_argument("--qps", type=int, default=1, help="QPs per peer")
     c.add_argument("--mode", default=None, choices=("lossy", "lossless"))

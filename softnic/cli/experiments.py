@@ -133,11 +133,13 @@ class _IncastRun:
         rate = cfg.rate_gbps * 1e9
         pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
         base_rtt = 4 * cfg.delay + 2 * pkt * 8 / rate + 2 * ACK_BYTES * 8 / rate
-        # check_icrc=False: no link of this fabric corrupts, so every ICRC checks;
-        # senders still compute theirs.
+        # No link of this fabric corrupts, so every ICRC would check: receivers do not
+        # check (check_icrc=False) and senders append zeros (icrc=False) - the same run
+        # (tests/test_sim_icrc.py).
         dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
                             ack_every=cfg.ack_every, selective_repeat=cfg.selective_repeat,
-                            min_timer=max(200e-6, 20 * base_rtt), check_icrc=False)
+                            min_timer=max(200e-6, 20 * base_rtt), check_icrc=False,
+                            icrc=False)
         self.fabric = Fabric(cfg.seed)
         self.n = n = cfg.senders + (1 if cfg.late_join is not None else 0)
         join = self._build_network(rate)

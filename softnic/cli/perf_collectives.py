@@ -60,8 +60,8 @@ def _arguments(kind: str):
         ap.add_argument("-w", "--warmup-iters", type=int, default=1)
         ap.add_argument("-i", "--iters", type=int, default=5, help="timed calls per size (5)")
         if kind == "allreduce":
-            ap.add_argument("-a", "--algorithm", choices=("auto", "ring", "rd", "hd", "tree"),
-                            default="auto")
+            ap.add_argument("-a", "--algorithm", default="auto",
+                            choices=("auto", "ring", "rd", "hd", "tree", "ptree"))
         ap.add_argument("--compare", choices=("gloo",),
                         help="also time torch's gloo backend on the same tensors")
         ap.add_argument("--faults", help="fault model on every rank's device, e.g. 'loss=0.01'")

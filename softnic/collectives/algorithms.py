@@ -145,6 +145,60 @@ def tree_allreduce(t: Transport, buf: np.ndarray, op) -> None:
     binomial_broadcast(t, buf, 0)
 
 
+#: a pipelined tree's segment (bytes): small enough that a 64-rank tree's depth is a
+#: small part of a few-MiB buffer's segments, large enough that each is many chunks
+TREE_SEGMENT = 512 << 10
+
+
+def pipelined_tree_allreduce(t: Transport, buf: np.ndarray, op,
+                             segment: int = TREE_SEGMENT) -> None:
+    """The binomial tree's reduce to rank 0 and broadcast back, pipelined segment by
+    segment instead of whole buffers, the broadcast of a segment starting as soon as
+    rank 0 has reduced it: with ``S`` segments, rank 0's ``H`` = log2(n) children
+    and a tree ``D`` deep, ``S + H + D`` steps of one segment rather than ``2H``
+    rounds of the whole buffer, rank 0 receiving and sending at once.
+
+    Reduce: rank ``v`` is child ``k`` of its parent ``v - 2**k`` (``k`` its lowest
+    set bit) and sends segment ``j - k`` up at step ``j``; from its own child ``m`` it
+    receives segment ``j - m`` (distinct segments in one step, and each segment is
+    whole before it goes up: ``m < k``).  Broadcast: a rank ``d`` levels below rank 0
+    receives segment ``j - H - d + 1`` at step ``j`` and passes segment ``j - H - d``
+    down (segments the reduce no longer touches: ``k <= H - 1 < H + d - 1``).  Every
+    rank ends with rank 0's bits."""
+    n, r = t.world, t.rank
+    nseg = max(1, -(-buf.nbytes // max(1, segment)))
+    segs = [buf[lo:hi] for lo, hi in block_bounds(buf.size, nseg) if hi > lo]
+    nseg = len(segs)
+    if n == 1 or not nseg:
+        return
+
+    def seg(k):
+        return segs[k] if 0 <= k < nseg else None
+
+    top = (n - 1).bit_length()                    # rank 0's children: 1, 2, 4, ...
+    lag = (r & -r).bit_length() - 1 if r else top
+    parent = r - (r & -r) if r else None
+    children = [(r + (1 << m), m) for m in range(lag) if r + (1 << m) < n]
+    depth = bin(r).count("1")
+    for j in range(nseg + top + depth):
+        sends, recvs = [], []
+        if parent is not None:
+            up, got = seg(j - lag), seg(j - top - depth + 1)
+            if up is not None:
+                sends.append((parent, up))
+            if got is not None:
+                recvs.append((parent, got, None))
+        for c, m in children:
+            part = seg(j - m)
+            if part is not None:
+                recvs.append((c, part, op))
+        down = seg(j - top - depth)
+        if down is not None:
+            sends.extend((c, down) for c, _ in children)
+        if sends or recvs:
+            t.exchange(sends=sends, recvs=recvs)
+
+
 def binomial_broadcast(t: Transport, buf: np.ndarray, root: int) -> None:
     n = t.world
     vrank = (t.rank - root) % n

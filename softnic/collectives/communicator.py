@@ -101,7 +101,8 @@ class Communicator:
     def allreduce(self, buf: np.ndarray, op="sum", algorithm: str | None = None) -> np.ndarray:
         """Reduce ``buf`` over all ranks, in place; returns ``buf``.
         ``algorithm``: ``ring``, ``rd`` (recursive doubling), ``hd`` (recursive halving
-        then doubling), ``tree`` (binomial reduce and broadcast) or None (by size and
+        then doubling), ``tree`` (binomial reduce and broadcast of the whole buffer),
+        ``ptree`` (the same tree pipelined segment by segment) or None (by size and
         world: rd up to ``SOFTNIC_COLL_SMALL``; then, with more than 2 ranks, hd up to
         ``SOFTNIC_COLL_MID``; then ring)."""
         flat = _check(buf, "allreduce buffer")
@@ -110,8 +111,9 @@ class Communicator:
             small = SMALL_ALLREDUCE[2 if self.world_size == 2 else "more"]
             algorithm = "rd" if flat.nbytes <= small else \
                 "hd" if flat.nbytes <= MID_ALLREDUCE and self.world_size > 2 else "ring"
-        if algorithm not in ("ring", "rd", "hd", "tree"):
-            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd, hd, tree)")
+        if algorithm not in ("ring", "rd", "hd", "tree", "ptree"):
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r} (ring, rd, hd, tree, "
+                             "ptree)")
         if self.world_size == 1:
             return buf
         self.transport.register(flat)
@@ -121,6 +123,8 @@ class Communicator:
             alg.recursive_doubling_allreduce(self.transport, flat, ufunc)
         elif algorithm == "hd":
             alg.halving_doubling_allreduce(self.transport, flat, ufunc)
+        elif algorithm == "ptree":
+            alg.pipelined_tree_allreduce(self.transport, flat, ufunc)
         else:
             alg.tree_allreduce(self.transport, flat, ufunc)
         return buf

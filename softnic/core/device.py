@@ -73,6 +73,14 @@ class DeviceConfig:
     #: ask for an ACK every this many packets (None: every window/4)
     ack_every: int | None = None
     check_icrc: bool = True
+    #: compute the ICRC of the packets sent one at a time (ACKs, responses, a
+    #: paced or window-limited requester's packets).  False: they carry four zero
+    #: bytes instead (the same length, so the same timing) - a simulator's
+    #: option, for a fabric none of whose links can corrupt and whose receivers
+    #: do not check (``check_icrc`` False): nothing that follows can differ
+    #: (``softnic.transport.sim.Fabric`` refuses such a sender on a corrupting
+    #: link; tests/test_sim_icrc.py).  A requester's bulk runs keep theirs.
+    icrc: bool = True
     #: congestion control for every QP unless set per QP: a ``congestion`` spec
     #: such as ``"dcqcn"`` or ``"hpcc:eta=0.9"``; ``"none"`` for no control
     cc: str = "none"

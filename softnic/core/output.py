@@ -31,6 +31,13 @@ def ack_packet(dqpn: int, psn: int, syndrome: int, msn: int) -> bytearray:
     return buf
 
 
+def _zero_icrc(pkt: bytearray, *_addresses) -> bytearray:
+    """``append_icrc``'s place for a device configured with ``icrc=False``: four
+    zero bytes (``DeviceConfig.icrc``)."""
+    pkt += b"\0\0\0\0"
+    return pkt
+
+
 class Output:
     """Datagrams out (a part of ``Device``)."""
 
@@ -102,16 +109,17 @@ class Output:
         ip, port = self.ip, self.port
         res = []
         npkts = len(out)
+        seal = append_icrc if self.config.icrc else _zero_icrc
         for item in out:
             pkt, dest = item[0], item[1]
             n = len(item)
             if n == 2:
-                res.append((append_icrc(pkt, ip, dest[0], port, dest[1]), dest))
+                res.append((seal(pkt, ip, dest[0], port, dest[1]), dest))
             elif n == 4:                # a requester's run, ICRCs included
                 res.append((pkt, dest, item[2]))
                 npkts += item[3] - 1
             else:                       # an ACK echoing INT telemetry
-                res.append((Datagram(append_icrc(pkt, ip, dest[0], port, dest[1]),
+                res.append((Datagram(seal(pkt, ip, dest[0], port, dest[1]),
                                      echo=item[2]), dest))
         self.counters["sent_pkts"] += npkts
         return res

@@ -181,19 +181,22 @@ def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int,
     return nxt
 
 
+#: the attribute each mask bit selects (the bits as ints: tested once per bit per call)
+_PICK = tuple((int(bit), f) for bit, f in {
+    M.STATE: "qp_state", M.ACCESS_FLAGS: "qp_access_flags", M.PKEY_INDEX: "pkey_index",
+    M.PORT: "port_num", M.QKEY: "qkey", M.AV: "ah_attr", M.PATH_MTU: "path_mtu",
+    M.TIMEOUT: "timeout", M.RETRY_CNT: "retry_cnt", M.RNR_RETRY: "rnr_retry",
+    M.RQ_PSN: "rq_psn", M.MAX_QP_RD_ATOMIC: "max_rd_atomic", M.MIN_RNR_TIMER: "min_rnr_timer",
+    M.SQ_PSN: "sq_psn", M.MAX_DEST_RD_ATOMIC: "max_dest_rd_atomic",
+    M.PATH_MIG_STATE: "path_mig_state", M.DEST_QPN: "dest_qp_num",
+    M.EN_SQD_ASYNC_NOTIFY: "en_sqd_async_notify",
+}.items())
+
+
 def merge_attr(cur: QPAttr, new: QPAttr, mask: int) -> QPAttr:
     """The QP's attributes after applying the fields selected by ``mask``."""
-    mask = M(mask)
-    pick = {
-        M.STATE: "qp_state", M.ACCESS_FLAGS: "qp_access_flags", M.PKEY_INDEX: "pkey_index",
-        M.PORT: "port_num", M.QKEY: "qkey", M.AV: "ah_attr", M.PATH_MTU: "path_mtu",
-        M.TIMEOUT: "timeout", M.RETRY_CNT: "retry_cnt", M.RNR_RETRY: "rnr_retry",
-        M.RQ_PSN: "rq_psn", M.MAX_QP_RD_ATOMIC: "max_rd_atomic", M.MIN_RNR_TIMER: "min_rnr_timer",
-        M.SQ_PSN: "sq_psn", M.MAX_DEST_RD_ATOMIC: "max_dest_rd_atomic",
-        M.PATH_MIG_STATE: "path_mig_state", M.DEST_QPN: "dest_qp_num",
-        M.EN_SQD_ASYNC_NOTIFY: "en_sqd_async_notify",
-    }
-    changes = {f: getattr(new, f) for bit, f in pick.items() if mask & bit}
+    mask = int(M(mask))
+    changes = {f: getattr(new, f) for bit, f in _PICK if mask & bit}
     if "sq_psn" in changes:
         changes["sq_psn"] &= 0xFFFFFF
     if "rq_psn" in changes:

@@ -255,17 +255,19 @@ class Port:
 
     def enqueue(self, pkt: _Pkt, now: float) -> bool:
         """Queue ``pkt``; False if it was dropped."""
+        # once per packet per hop: attributes read once, into locals
         q = self.qbytes
         if self._sample and now >= self._next_sample:
             self.samples.append((now, q))
             self._next_sample = now + self._interval
         if q > self.max_qlen:
             self.max_qlen = q
+        size = pkt.size
         if pkt.ctrl:
             self.ctrl.append(pkt)
         else:
             if (self.buffer_bytes is not None and not self.lossless
-                    and q + pkt.size > self.buffer_bytes):
+                    and q + size > self.buffer_bytes):
                 self.counters["dropped"] += 1
                 return False
             red = self.red
@@ -275,52 +277,59 @@ class Port:
                     d = pkt.data
                     pkt.data = d.with_(ecn=CE) if type(d) is Datagram else Datagram(d, ecn=CE)
             self.data.append(pkt)
-        self.qbytes = q + pkt.size
+        self.qbytes = q + size
         if not self.pending:
-            if now >= self.busy_until:
+            busy = self.busy_until
+            if now >= busy:
                 self._start(now)
             else:
                 self.pending = True
-                heappush(self.net.heap, (self.busy_until, self.net.next_seq(), self, _TXDONE,
-                                         None))
+                net = self.net
+                heappush(net.heap, (busy, net.next_seq(), self, _TXDONE, None))
         return True
 
     def _start(self, now: float) -> None:
-        if self.ctrl:
-            pkt = self.ctrl.popleft()
-        elif self.data and not self.paused:
-            pkt = self.data.popleft()
+        ctrl = self.ctrl
+        if ctrl:
+            pkt = ctrl.popleft()
         else:
-            return
+            data = self.data
+            if data and not self.paused:
+                pkt = data.popleft()
+            else:
+                return
         size = pkt.size
         self.qbytes -= size
         self.busy_until = end = now + size * self._bit
         self.tx_bytes += size
         self.sent += 1
-        if self.tx_by_src is not None:
-            self.tx_by_src[pkt.src] = self.tx_by_src.get(pkt.src, 0) + size
+        by_src = self.tx_by_src
+        if by_src is not None:
+            src = pkt.src
+            by_src[src] = by_src.get(src, 0) + size
         up = pkt.ingress
+        net = self.net
         if up is not None:                # leaves the switch's buffer: PFC accounting
             pkt.ingress = None
             held = up.held = up.held - size
             if up.xoff_sent and held <= up.xon:
                 up.xoff_sent = False
-                self.net.signal(up, _RESUME, now)
+                net.signal(up, _RESUME, now)
         if self.int_telemetry and not pkt.ctrl:
             d = pkt.data
             if type(d) is not Datagram or d.echo is None:
                 hop = Hop(int(self.qbytes), self.tx_bytes, end, self.rate_bps)
                 pkt.data = (d.with_(hops=(d.hops or ()) + (hop,)) if type(d) is Datagram
                             else Datagram(d, hops=(hop,)))
-        net = self.net
         heap, seq = net.heap, net.next_seq
-        if self.ctrl or (self.data and not self.paused):
+        if ctrl or (self.data and not self.paused):
             self.pending = True
             heappush(heap, (end, seq(), self, _TXDONE, None))
-        if self.peer is None:       # the last hop: deliver to the device
+        peer = self.peer
+        if peer is None:            # the last hop: deliver to the device
             heappush(heap, (end + self.delay, seq(), pkt.tdst, pkt.data, pkt.src))
         else:
-            heappush(heap, (end + self.delay, seq(), self.peer, pkt, self))
+            heappush(heap, (end + self.delay, seq(), peer, pkt, self))
 
 
 class SwitchNode:
@@ -339,9 +348,23 @@ class SwitchNode:
         self.flowlets: dict = {}     # key -> (last seen, uplink index)
         self.rng = random.Random(f"{net.seed}/{name}/route")
         self.mode = net.cfg.routing
+        #: a spine (no uplinks), set when the fabric is built
+        self.spine = False
+        self.by_key: dict = {}       # a leaf's ECMP uplink per flow key
 
     def event(self, now: float, pkt: _Pkt, up: Port) -> None:
-        out = self.route(pkt, now)
+        # the common cases of ``route`` first, inline: a spine, a leaf's own host
+        if self.spine:
+            out = self.down[self.net.leaf_of[pkt.dst]]
+        else:
+            out = self.down.get(pkt.dst)
+            if out is None:
+                if self.mode == "ecmp" or pkt.ctrl:     # ``route``'s hash, memoized
+                    out = self.by_key.get(pkt.key)
+                    if out is None:
+                        out = self.by_key[pkt.key] = self.route(pkt, now)
+                else:
+                    out = self.route(pkt, now)
         if self.pfc is not None and not pkt.ctrl:
             held = up.held + pkt.size
             if held > up.room:
@@ -414,6 +437,8 @@ class LeafSpine:
         self.leaves = [SwitchNode(self, f"leaf{i}", i, cfg.pfc) for i in range(cfg.leaves)]
         self.spines = [SwitchNode(self, f"spine{j}", cfg.leaves + j, cfg.pfc)
                        for j in range(cfg.spines)]
+        for spine in self.spines:
+            spine.spine = True
         kw = dict(buffer_bytes=cfg.buffer_bytes, red=cfg.red, int_telemetry=cfg.int_telemetry)
         for leaf in self.leaves:
             for spine in self.spines:

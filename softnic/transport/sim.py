@@ -394,6 +394,20 @@ class Fabric:
         (for seeding devices' own randomness from the same seed)."""
         return random.Random("/".join([str(self.seed), *map(str, labels)]))
 
+    def _zero_icrc_guard(self, src: Address, dst: Address, model: FaultModel) -> None:
+        """A device that sends zero ICRCs (``DeviceConfig(icrc=False)``) is allowed
+        only where that cannot change what happens: a link that never corrupts,
+        to a receiver that does not check ICRCs."""
+        sp, dp = self._ports.get(src), self._ports.get(dst)
+        cfg = getattr(sp.device, "config", None) if sp is not None else None
+        if cfg is None or getattr(cfg, "icrc", True):
+            return
+        dcfg = getattr(dp.device, "config", None)
+        if model.corrupt or getattr(dcfg, "check_icrc", False):
+            raise ValueError(
+                f"{_fmt(src)} sends zero ICRCs (icrc=False), but the link to {_fmt(dst)} "
+                + ("corrupts" if model.corrupt else "ends at a device that checks ICRCs"))
+
     def _make_link(self, src: Address, dst: Address) -> _Link | None:
         port = self._ports.get(dst)
         if port is None:
@@ -405,19 +419,22 @@ class Fabric:
             if injector is None:
                 injector = self._injectors[(src, dst)] = FaultInjector(
                     FaultModel.none(), self.derive_rng(_fmt(src), _fmt(dst)))
+            self._zero_icrc_guard(src, dst, FaultModel.none())
             return _Link(port, 0.0, injector, clos=net)
         sw = self._switch_of.get(src)
         if sw is not None and self._switch_of.get(dst) is sw:
+            model = self._host_faults[src]
+            self._zero_icrc_guard(src, dst, model)
             injector = self._injectors.get((src, dst))
             if injector is None:
-                model = self._host_faults[src]
                 injector = self._injectors[(src, dst)] = FaultInjector(
                     model, self.derive_rng(_fmt(src), _fmt(dst)))
             return _Link(port, sw.links[src][1], injector, uplink=self._uplinks[src],
                          hop=_SwitchHop(sw.ports[dst], port, sw.links[dst][1]))
+        model = self.default_faults if faults is None else faults
+        self._zero_icrc_guard(src, dst, model)
         injector = self._injectors.get((src, dst))
         if injector is None:
-            model = self.default_faults if faults is None else faults
             if rate is None:
                 rate = self.default_rate_bps
             if rate is not None and model.rate_bps is None:
@@ -616,10 +633,10 @@ class Fabric:
         # long: one loop on purpose: its body runs once per event, and each step moved
         # into a method would add a call per event (tools/sim_bench.py counts them)
         while processed != limit and heap:
-            at, seq, port, data, src = heap[0]
+            at, seq, port, data, src = entry = heappop(heap)
             if until is not None and at > until:
+                heappush(heap, entry)         # the same entry back: it keeps its place
                 break
-            heappop(heap)
             if port.__class__ is _SwitchHop:          # a datagram reaches a switch port
                 hops += 1
                 sp = ports.get(src)
