@@ -175,16 +175,20 @@ class Dispatch:
         (the last may be shorter; 0: ``data`` is one datagram), as a socket with
         UDP GRO hands them over: ``receive_datagram`` of each in turn.  With a
         kernel, runs of a WRITE's MIDDLE packets are taken a run at a time
-        (``responder.receive_middles``)."""
+        (``responder.receive_middles``).
+
+        ``data`` may be a view of the driver's receive buffer, good for this call
+        only: what goes on to ``receive_datagram`` (which may hold a packet) is
+        copied, what the kernel places is copied into memory at once."""
         n = len(data)
         if not seg or seg >= n:
-            self.receive_datagram(data, src, now)
+            self.receive_datagram(bytes(data), src, now)
             return
         rx = self.receive_datagram
         o = 0
         if self.kernel is None or not self._fast:
             while o < n:
-                rx(data[o:o + seg], src, now)
+                rx(bytes(data[o:o + seg]), src, now)
                 o += seg
             return
         middles = responder.receive_middles
@@ -194,5 +198,5 @@ class Dispatch:
                 if k:
                     o += k * seg
                     continue
-            rx(data[o:o + seg], src, now)
+            rx(bytes(data[o:o + seg]), src, now)
             o += seg

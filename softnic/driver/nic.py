@@ -274,6 +274,10 @@ class NIC(_Opened):
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
         self._runs = hasattr(self.sock, "recv_runs")
+        # A step that keeps receiving sends its coalesced ACKs after every half
+        # window of data (a QP's window at the active MTU), not only at its end
+        cfg_d = self.dev.config
+        self._ack_bytes = cfg_d.window * cfg_d.active_mtu // 2
         if self._runs:
             self.dev.kernel = _accel.load()
         # The doorbell: verbs calls that need the sleeping thread (an earlier timer,
@@ -652,12 +656,19 @@ class NIC(_Opened):
         elif self._runs and self.capture is None:
             # coalesced runs straight to the device (its kernel places a WRITE's
             # MIDDLEs a run at a time)
-            runs = self.sock.recv_runs(limit, ready)
-            if runs:
+            # (each a view of the socket's receive buffer, taken before the next)
+            dev = self.dev
+            rx = dev.receive_run
+            got = 0
+            for data, src, seg in self.sock.recv_runs(limit, ready):
                 did = True
-                rx = self.dev.receive_run
-                for data, src, seg in runs:
-                    rx(data, seg, src, now)
+                rx(data, seg, src, now)
+                got += len(data)
+                if got >= self._ack_bytes and dev._ready and not inline:
+                    # the coalesced ACK leaves now, not after the last run waiting:
+                    # a sender streaming into a busy socket would run out of window
+                    got = 0
+                    self._flush(now)
             batch = None
         else:
             batch = self.sock.recv_batch(limit)

@@ -60,6 +60,12 @@ class UdpSocket:
             except OSError:
                 pass
         self._space = socket.CMSG_SPACE(4) * 2
+        # one receive buffer, reused: a receive into fresh memory (what recvmsg
+        # allocates) page-faults its way through the copy out of the kernel, a
+        # quarter of a bulk receiver's time
+        self._rxbuf = bytearray(MAX_DATAGRAM + 1)
+        self._rxview = memoryview(self._rxbuf)
+        self._rxbufs = [self._rxview]
         self._gso_cmsg = {}
         p = select.poll()
         p.register(s.fileno(), select.POLLIN)
@@ -210,16 +216,21 @@ class UdpSocket:
             n = len(data)
             if seg and n > seg:
                 for k in range(0, n, seg):
-                    append((data[k:k + seg], addr))
+                    append((bytes(data[k:k + seg]), addr))
             else:
-                append((data, addr))
+                append((bytes(data), addr))
         return out
 
     def _recvmsgs(self, limit: int, ready: bool = False):
         """Up to ``limit`` waiting datagrams (or coalesced runs) as ``(data,
-        ancillary, addr)``; a truncated one is counted and left out.  ``ready``:
-        the caller has just seen the socket readable (no second poll(2) for it)."""
-        recv = self.sock.recvmsg
+        ancillary, addr)``, one at a time: ``data`` is a view of this socket's one
+        receive buffer, which the next receive overwrites, so the caller is done
+        with each (or has copied it) before it asks for the next.  A truncated
+        one is counted and left out.  ``ready``: the caller has just seen the
+        socket readable (no second poll(2) for it)."""
+        recv = self.sock.recvmsg_into
+        bufs = self._rxbufs
+        view = self._rxview
         space = self._space
         readable = self.readable
         for _ in range(limit):
@@ -228,34 +239,35 @@ class UdpSocket:
             elif not readable(0):
                 break
             try:
-                data, anc, flags, addr = recv(MAX_DATAGRAM, space)
+                n, anc, flags, addr = recv(bufs, space)
             except (BlockingIOError, InterruptedError):
                 break
             except ConnectionRefusedError:   # an ICMP error for an earlier send
                 continue
-            if flags & _MSG_TRUNC:
+            if flags & _MSG_TRUNC or n > MAX_DATAGRAM:
                 self.recv_truncated += 1     # cannot happen below 64 KiB; counted if it does
                 continue
-            yield data, anc, addr
+            yield view[:n], anc, addr
 
-    def recv_runs(self, limit: int = 256, ready: bool = False
-                  ) -> list[tuple[bytes, Address, int]]:
-        """What waits, as ``(data, addr, seg)``: with UDP_GRO, a coalesced run of
-        datagrams of ``seg`` bytes laid end to end in ``data`` (the last may be
-        shorter), as the kernel hands it over (``Device.receive_run`` takes it
-        so); ``seg`` is 0 for a lone datagram.  At most ``limit`` receives;
-        ``ready`` as for ``_recvmsgs``."""
+    def recv_runs(self, limit: int = 256, ready: bool = False):
+        """What waits, one at a time, as ``(data, addr, seg)``: with UDP_GRO, a
+        coalesced run of datagrams of ``seg`` bytes laid end to end in ``data``
+        (the last may be shorter), as the kernel hands it over
+        (``Device.receive_run`` takes it so); ``seg`` is 0 for a lone datagram.
+        ``data`` is a view of the receive buffer, valid until the caller asks
+        for the next (``_recvmsgs``).  At most ``limit`` receives; ``ready`` as
+        for ``_recvmsgs``."""
         if not self.gro:
-            return [(data, addr, 0) for data, addr in self.recv_batch(limit)]
-        out = []
-        append = out.append
+            for data, addr in self.recv_batch(limit):
+                yield data, addr, 0
+            return
+        gro = (SOL_UDP, UDP_GRO)
         for data, anc, addr in self._recvmsgs(limit, ready):
             seg = 0
             for level, typ, cdata in anc:
-                if level == SOL_UDP and typ == UDP_GRO and len(cdata) >= 4:
+                if (level, typ) == gro and len(cdata) >= 4:
                     seg = _I32.unpack_from(cdata)[0]
-            append((data, addr, seg if seg and len(data) > seg else 0))
-        return out
+            yield data, addr, (seg if seg and len(data) > seg else 0)
 
     def recv_batch_ecn(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
         """Like ``recv_batch``, with each datagram's IP ECN codepoint (0-3)."""
@@ -272,9 +284,9 @@ class UdpSocket:
                     seg = _I32.unpack_from(cdata)[0]
             if seg and len(data) > seg:          # a coalesced run: cut it apart
                 for k in range(0, len(data), seg):
-                    out.append((data[k:k + seg], addr, ecn))
+                    out.append((bytes(data[k:k + seg]), addr, ecn))
             else:
-                out.append((data, addr, ecn))
+                out.append((bytes(data), addr, ecn))
         return out
 
     def wait(self, timeout: float | None) -> bool:
