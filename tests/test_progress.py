@@ -366,3 +366,31 @@ def test_the_tcp_thread_sleeps_until_there_is_work():
             assert rung                                   # a new connection to watch
     finally:
         a.close()
+
+
+def test_the_c_face_gives_its_lease_back_only_at_its_last_completion():
+    """ibv_poll_cq gives the caller's lease back (NIC.end_lease) when the QPs of
+    what it returned have nothing more outstanding (a latency test spins on memory
+    next), and keeps it while sends are still in flight (a bandwidth test polls
+    again at once: its inline steps take the ACKs, not the progress thread)."""
+    from softnic.cli.rig import connect
+    from softnic.core.device import Device
+    from softnic.faces.libibverbs.backend import _more_to_complete
+    a, b = Device("a", "10.0.0.1"), Device("b", "10.0.0.2")
+    ea, eb = connect(a, b, mtu=1024)
+    for i in (1, 2):
+        a.post_send(ea.qp, SendWR(i, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    first, second = a.datagrams_to_send(0.0)
+    b.receive_datagram(first[0], a.address, 0.0)
+    for d, _ in b.datagrams_to_send(0.0):
+        a.receive_datagram(d, b.address, 0.0)
+    got = a.poll_cq(ea.send_cq, 8)
+    assert [w.wr_id for w in got] == [1]
+    assert _more_to_complete(a, got)            # the second is still in flight
+    b.receive_datagram(second[0], a.address, 0.0)
+    for d, _ in b.datagrams_to_send(0.0):
+        a.receive_datagram(d, b.address, 0.0)
+    got = a.poll_cq(ea.send_cq, 8)
+    assert [w.wr_id for w in got] == [2]
+    assert not _more_to_complete(a, got)        # nothing outstanding: give the lease back
