@@ -68,10 +68,13 @@ STATS_EVERY = 1.0           # seconds between counter publications
 #: is 5 ms, a scheduler tick's worth of latency).
 SWITCH_INTERVAL = float(os.environ.get("SOFTNIC_SWITCH_INTERVAL_US", "500")) * 1e-6
 #: The progress thread's nice value (Linux: per thread), where the process may
-#: raise its priority: woken by a datagram, it must get a CPU from the program's
-#: own threads spinning on memory, which the scheduler does not preempt at once
-#: for an equal.  It runs briefly and sleeps; 0 (the default) leaves it as it is.
-PROGRESS_NICE = int(os.environ.get("SOFTNIC_PROGRESS_NICE", "0"))
+#: raise its priority (root, CAP_SYS_NICE, RLIMIT_NICE; elsewhere it stays as it
+#: is): woken by a datagram, it must get a CPU from the program's own threads
+#: spinning on memory, which the scheduler does not preempt at once for an equal
+#: (perftest's ib_write_lat on two CPUs: p99 4 ms at 0, a scheduler tick, and
+#: about 0.1 ms at -10).  It runs briefly and sleeps, as a NIC's own engine would;
+#: 0 leaves it as it is.
+PROGRESS_NICE = int(os.environ.get("SOFTNIC_PROGRESS_NICE", "-10"))
 _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)

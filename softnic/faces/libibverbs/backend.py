@@ -447,11 +447,14 @@ def sn_poll_cq(h, n, out):
             return -errno.EOVERFLOW
     if not got:
         # a program spinning on this CQ: move this process's other devices along (the
-        # peer may be one of them) and let their progress threads have the GIL
+        # peer may be one of them).  No yield to the progress threads here: this
+        # caller's inline steps do their work while its lease is fresh, and a thread
+        # that still wants the interpreter gets it within the switch interval; a
+        # sleep(0) per empty poll handed it over on every turn and doubled the
+        # latency of a program spinning for its completion
         for other in _nic.open_nics():
             if other is not nic:
                 other.poll()
-        _time.sleep(0)
     elif not _more_to_complete(nic.dev, got):
         # a program that polls until its last completion then spins elsewhere (on
         # memory, as perftest's latency tests do): the progress thread takes what
