@@ -11,6 +11,7 @@ data, so the sender's window does not run dry behind a busy socket.
 from __future__ import annotations
 
 import socket
+import threading
 
 from softnic.cli.rig import bring_up, endpoint
 from softnic.core.device import Device
@@ -79,7 +80,11 @@ def test_a_streaming_step_sends_its_ack_before_the_last_run():
         taken = []
         sent = []                       # (runs taken when it left, datagram)
 
+        me = threading.get_ident()
+
         def recv_runs(limit, ready=False):
+            if threading.get_ident() != me:
+                return                                # (b's progress thread, if it wakes)
             yield pkts[0], (a.ip, a.port), 0          # the FIRST, with its RETH
             for r in runs:
                 taken.append(r)

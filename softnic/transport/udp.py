@@ -62,7 +62,7 @@ class UdpSocket:
         self._space = socket.CMSG_SPACE(4) * 2
         # one receive buffer, reused: a receive into fresh memory (what recvmsg
         # allocates) page-faults its way through the copy out of the kernel, a
-        # quarter of a bulk receiver's time
+        # fifth of a bulk receiver's time
         self._rxbuf = bytearray(MAX_DATAGRAM + 1)
         self._rxview = memoryview(self._rxbuf)
         self._rxbufs = [self._rxview]
