@@ -84,3 +84,20 @@ def test_lab_command_prints_the_ladder(tmp_path):
     assert out.count("DROP") == 2 and "NAK seq-err" in out and "RETX" in out
     assert (tmp_path / "lab-1.svg").read_text().startswith("<")
     assert run("lab", "9", check=False).returncode == 2
+
+
+def test_perf_peak_is_a_rate_over_a_twentieth_of_the_run_at_least():
+    """A coalesced ACK completes a burst of work requests in one poll: the peak is
+    not the rate between two stamps microseconds apart."""
+    from softnic.cli.perf import peak_rate
+    # 20 stamps of 100 completions each, 1 ms apart, but the 10th arrives 1 us
+    # after the 9th (a burst)
+    t0 = 0.0
+    stamps = [(100 * k, 1e-3 * k) for k in range(1, 21)]
+    stamps[9] = (1000, stamps[8][1] + 1e-6)
+    elapsed = 20e-3
+    peak = peak_rate(stamps, t0, elapsed)
+    assert peak <= 2 * 100 / 1e-3           # at most twice the steady 100 per ms
+    assert peak >= 100 / 1e-3               # and at least the steady rate
+    steady = [(100 * k, 1e-3 * k) for k in range(1, 21)]
+    assert abs(peak_rate(steady, t0, elapsed) - 1e5) < 1

@@ -11,8 +11,8 @@ test through the pyverbs API.  The client's options decide the test; the
 server takes them from the side channel.
 
 Bandwidth tests keep ``--tx-depth`` work requests in flight on every QP and
-report the average over the run and the peak over a window of a twentieth of
-the completions.  Latency tests run one operation at a time: write_lat and
+report the average over the run and the peak over a window of at least a
+twentieth of the completions and of the run's time.  Latency tests run one operation at a time: write_lat and
 send_lat are ping-pongs (half the round trip is reported, as perftest does),
 read_lat and atomic_lat report the whole round trip.  ``MB/sec`` is 2**20
 bytes per second, as in perftest; ``--report_gbits`` gives 10**9 bits per second.
@@ -302,6 +302,23 @@ def iterations(p: dict, size: int) -> int:
     return n
 
 
+def peak_rate(stamps: list, t0: float, elapsed: float) -> float:
+    """The highest completion rate over a stretch of at least a twentieth of the
+    run (``stamps``: (completions so far, time), every twentieth of them).  One
+    coalesced ACK completes many work requests at once, so two stamps may lie
+    microseconds apart: a rate between those would be the burst's, not the link's."""
+    span = elapsed / 20
+    points = [(0, t0)] + stamps
+    peak = 0.0
+    for j in range(1, len(points)):
+        n, t = points[j]
+        for n0, s0 in reversed(points[:j]):
+            if t - s0 >= span:
+                peak = max(peak, (n - n0) / (t - s0))
+                break
+    return peak
+
+
 def bw_client(ep: Endpoint, p: dict, peer: dict, size: int, progress: Progress) -> dict:
     """Keep ``tx_depth`` WRs in flight on every QP; every one is signaled, so a
     completion frees its slot.  Returns times of completions for the peak."""
@@ -343,12 +360,7 @@ def bw_client(ep: Endpoint, p: dict, peer: dict, size: int, progress: Progress) 
             stamps.append((done, now))
         progress.tick(done)
     elapsed = time.perf_counter() - t0
-    peak = 0.0
-    prev_n, prev_t = 0, t0
-    for n, t in stamps:
-        if t > prev_t:
-            peak = max(peak, (n - prev_n) / (t - prev_t))
-        prev_n, prev_t = n, t
+    peak = peak_rate(stamps, t0, elapsed)
     rate = total / elapsed
     return {"bytes": size, "iterations": iters, "qps": len(qps), "seconds": elapsed,
             "msg_rate": rate, "bytes_per_sec": rate * size,
