@@ -371,8 +371,8 @@ def test_the_tcp_thread_sleeps_until_there_is_work():
 def test_the_c_face_gives_its_lease_back_only_at_its_last_completion():
     """ibv_poll_cq gives the caller's lease back (NIC.end_lease) when the QPs of
     what it returned have nothing more outstanding (a latency test spins on memory
-    next), and keeps it while sends are still in flight (a bandwidth test polls
-    again at once: its inline steps take the ACKs, not the progress thread)."""
+    next), and keeps it while sends are in flight or receives posted (a bandwidth
+    test or UCX polls again at once: its inline steps take what arrives)."""
     from softnic.cli.rig import connect
     from softnic.core.device import Device
     from softnic.faces.libibverbs.backend import _more_to_complete
@@ -394,3 +394,31 @@ def test_the_c_face_gives_its_lease_back_only_at_its_last_completion():
     got = a.poll_cq(ea.send_cq, 8)
     assert [w.wr_id for w in got] == [2]
     assert not _more_to_complete(a, got)        # nothing outstanding: give the lease back
+    # a receive posted may complete without a new post (a SEND arriving: UCX, an
+    # RPC server): the caller polls again, and keeps its lease
+    a.post_recv(ea.qp, RecvWR(9, [ea.sge(0, 64)]))
+    assert _more_to_complete(a, got)
+
+
+def test_the_c_face_gives_its_lease_back_when_its_cq_is_armed():
+    """A program that arms its CQ (ibv_req_notify_cq) waits on the channel next
+    (ibv_get_cq_event): its poll gives the lease back, so the progress thread
+    takes the datagram that makes the next completion at once, instead of leaving
+    it to a caller that polls no more.  Unarmed, an empty poll keeps (renews) it."""
+    from softnic.faces.libibverbs import backend
+    (a,) = _nics(1)
+    try:
+        with a.lock:
+            cq = a.dev.create_cq(16)
+        h = backend._new(backend._Obj(a, cq))
+        try:
+            assert backend.sn_poll_cq(h, 4, None) == 0
+            assert a._lease[0] != 0                   # a spinning caller's lease
+            with a.lock:
+                cq.req_notify(False)
+            assert backend.sn_poll_cq(h, 4, None) == 0
+            assert a._lease[0] == 0                   # given back: the thread takes over
+        finally:
+            del backend._objs[h]
+    finally:
+        a.close()

@@ -424,11 +424,12 @@ def sn_resize_cq(h, cqe, actual):
 
 
 def _more_to_complete(dev, got) -> bool:
-    """Does a QP of these completions still have send work requests outstanding?"""
+    """May a QP of these completions complete more work without a new post: sends
+    outstanding, or receives posted (on its receive queue or its SRQ)?"""
     qps = dev.qps
     for w in got:
         qp = qps.get(w.qp_num)
-        if qp is not None and qp.sq:
+        if qp is not None and (qp.sq or qp.rq or (qp.srq is not None and qp.srq.queue)):
             return True
     return False
 
@@ -455,11 +456,14 @@ def sn_poll_cq(h, n, out):
         for other in _nic.open_nics():
             if other is not nic:
                 other.poll()
-    elif not _more_to_complete(nic.dev, got):
-        # a program that polls until its last completion then spins elsewhere (on
-        # memory, as perftest's latency tests do): the progress thread takes what
-        # arrives from now on.  One with sends still outstanding on the QP polls
-        # again (a bandwidth test): it keeps its lease and its inline steps.
+    if o.eng.armed or (got and not _more_to_complete(nic.dev, got)):
+        # The caller gives its lease back, and the progress thread takes what
+        # arrives from now on, when it is about to wait elsewhere: on its channel
+        # (the CQ is armed: ibv_get_cq_event comes next), or on memory (nothing more
+        # can complete on these QPs without a new post: perftest's WRITE latency
+        # test spins on a byte next).  A caller whose QPs still have sends in
+        # flight or receives posted polls again (a bandwidth test, UCX's progress
+        # loop): it keeps its lease, and its inline steps take what arrives.
         nic.end_lease()
     for i, w in enumerate(got):
         r = out[i]
