@@ -9,7 +9,9 @@ failed under CI=true (.ci/run installs them).  Every subprocess has a timeout.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -335,3 +337,34 @@ def test_c_import_device_and_dm(libdir, tmp_path):
     r = run(compile_c("imports", tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "imports: all checks passed" in r.stdout
+
+
+def test_c_a_thread_blocked_in_ibv_get_cq_event(libdir, tmp_path):
+    """tests/c/cq_wait.c: a thread blocked in ibv_get_cq_event on a blocking channel
+    gets its events, a signal ends its wait with EINTR only where the handler was
+    installed without SA_RESTART (the kernel's read() of the channel), and a thread
+    cancelled while it waits gives the device's lease back (a WRITE lands with
+    nobody calling; the waiter's lease is 60 s here, and one the cancelled thread
+    kept would leave the WRITE to the progress thread's wake-up to publish its
+    counters, once a second: the second of two such WRITEs, which starts just
+    after the first landed, would take most of a second; the bound below is half
+    that).  And the waiter sleeps on the
+    device's socket and takes what arrives itself: b's progress thread hardly ever
+    wakes for a datagram (it took every one, a lease's lapse after each, when the
+    waiter slept on the channel alone)."""
+    exe = compile_c("cq_wait", tmp_path)
+    stats = tmp_path / "stats"
+    r = run(exe, extra_env={"SOFTNIC_WAITER_LEASE_S": "60", "SOFTNIC_STATS_DIR": str(stats)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    for want in ["events on a blocking channel: ok", "without SA_RESTART: EINTR: ok",
+                 "with SA_RESTART: the wait goes on: ok", "a waiter cancelled: the device goes on: ok",
+                 "all checks: ok"]:
+        assert want in r.stdout, r.stdout
+    landed = [float(x) for x in re.findall(r"the WRITE landed after ([\d.]+) ms", r.stdout)]
+    assert len(landed) == 2 and max(landed) < 500, r.stdout
+    files = sorted(stats.glob("*-softnic1.json"))
+    assert files, list(stats.iterdir())
+    c = json.loads(files[-1].read_text())
+    c = c.get("counters", c)
+    assert c["rcvd_pkts"] >= 40
+    assert c["progress_wake_datagram"] < 20, c      # 40 SENDs, each waited for

@@ -250,6 +250,26 @@ def test_sn_wait_with_a_fresh_lease_sleeps_on_the_bell_alone(wait_env):
         os.eventfd_read(bell)                         # the ring was taken
 
 
+def test_sn_wait_notices_a_lease_shortened_without_a_ring(wait_env):
+    """A long lease (a C face's thread asleep on the socket in ibv_get_cq_event
+    holds one) is shortened without a ring when that thread returns to its
+    program: the parked thread looks again within a spinner's lease (grace_ns),
+    not at the long lease's end, and takes the datagram nobody else will."""
+    k, a, b, bell, lease = wait_env
+    lease[0] = time.monotonic_ns() + 600 * NS          # ten minutes
+    out = []
+    t = threading.Thread(target=lambda: out.append(
+        k.lib.sn_wait(b.fileno(), bell, 600 * NS, lease, NS // 20, NS // 20)), daemon=True)
+    t.start()
+    _until(lambda: lease[2] == 1)
+    a.sendto(b"x", b.getsockname())
+    time.sleep(0.2)
+    assert not out                                      # the lease holder's to take
+    lease[0] = time.monotonic_ns()                      # it went back to its program
+    t.join(10)
+    assert out == [1]
+
+
 def _steps_by_thread(nic):
     """Record which thread's steps did something on ``nic``."""
     seen = []

@@ -11,10 +11,13 @@
    lease is younger than ``grace_ns`` (``hold_ns`` while lease[1] is set: held
    output is not kept from the peer long), that caller will do the work: the
    thread waits for the bell or the lease lapsing, never taking the interpreter
-   lock from it, and does not watch the socket meanwhile (a spinner on a
-   machine with few cores would lose its CPU to a wake-up per datagram).  Otherwise the thread returns at once, so a datagram that lands
-   while the program does not call softnic (it spins on memory, it sleeps) is
-   handled within a wake-up, not a scheduler tick.
+   lock from it, and does not watch the socket meanwhile (a spinner on a machine
+   with few cores would lose its CPU to a wake-up per datagram).  A lease may lie
+   ahead (a thread asleep on the socket holds one for as long as it may sleep)
+   and be shortened without a ring, so the thread looks again at least every
+   grace_ns (sn_park).  Otherwise the thread returns at once, so a datagram that
+   lands while the program does not call softnic (it spins on memory, it sleeps)
+   is handled within a wake-up, not a scheduler tick.
 
    A caller giving its lease back sets lease[2] to 2 and rings: the thread takes
    that ring itself and watches the socket again.
@@ -60,6 +63,20 @@ static int sn_lease_returned(volatile int64_t *l, int bell)
     return 1;
 }
 
+/* How long to wait out a fresh lease before looking again: until it lapses or the
+   deadline, but no longer than a spinner's lease at a time.  A lease may be
+   shortened without a ring: a C face's thread that slept on the socket holding a
+   long lease hands the program a spinner's one when it returns with its event,
+   and its next call renews or ends that (ringing a thread parked here would cost
+   a context switch per event). */
+static int64_t sn_park(int64_t left, int64_t fresh, int64_t grace_ns)
+{
+    int64_t t = fresh;
+    if (grace_ns > 0 && grace_ns < t)
+        t = grace_ns;
+    return left >= 0 && left < t ? left : t;
+}
+
 int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
             int64_t hold_ns)
 {
@@ -91,7 +108,7 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
             /* an inline caller is at work and will take this: wait out its lease
                (lease[2] says so: a caller giving its lease back rings the bell) */
             l[2] = 1;
-            n = sn_ppoll(p + 1, 1, left >= 0 && left < fresh ? left : fresh);
+            n = sn_ppoll(p + 1, 1, sn_park(left, fresh, grace_ns));
             if (n < 0 && errno != EINTR) {
                 l[2] = 0;
                 return -errno;
@@ -114,7 +131,7 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
                until its lease would lapse, rather than waking (a context switch on
                a machine whose cores the spinners fill) for each datagram it takes */
             l[2] = 1;
-            n = sn_ppoll(p + 1, 1, left >= 0 && left < fresh ? left : fresh);
+            n = sn_ppoll(p + 1, 1, sn_park(left, fresh, grace_ns));
             if (n < 0 && errno != EINTR) {
                 l[2] = 0;
                 return -errno;

@@ -61,6 +61,9 @@ SPIN_LEASE = float(os.environ.get("SOFTNIC_SPIN_LEASE_US", "1000")) * 1e-6
 #: How long output an inline step holds for its caller's next call may wait
 #: before the progress thread sends it (the peer waits for it).
 HOLD_LEASE = float(os.environ.get("SOFTNIC_HOLD_US", "100")) * 1e-6
+#: How long a C face's thread asleep on the socket in ``ibv_get_cq_event`` holds
+#: the lease (``hold_for_waiter``): it renews it each second it sleeps.
+WAITER_LEASE = float(os.environ.get("SOFTNIC_WAITER_LEASE_S", "2"))
 STATS_EVERY = 1.0           # seconds between counter publications
 #: The interpreter's switch interval while a live NIC is open: how long the
 #: progress thread, woken with work, may wait for a thread that computes in
@@ -433,6 +436,33 @@ class NIC(_Opened):
                         self._cond.wait(wait)
                 finally:
                     self._waiters -= 1
+
+    def hold_for_waiter(self) -> int:
+        """A thread of a C face is about to sleep on this device's socket itself
+        (``ibv_get_cq_event``: it polls the socket and its channel, and steps what
+        arrives with ``poll``).  Send what an inline step held, and give it the lease
+        for as long as it may sleep before it comes back (``WAITER_LEASE``; it
+        renews it each second), so the progress thread leaves what arrives to it
+        and keeps the timers.  Returns the socket's fd, or -1 where it cannot (no
+        ``sn_wait``: the progress thread wakes it through the channel)."""
+        with self.lock:
+            if self._closed or self._poll_lease is None:
+                return -1
+            if self._owed:
+                self._flush(time.monotonic())
+            self._lease[0] = time.monotonic_ns() + int(WAITER_LEASE * 1e9)
+            return self.sock.fileno()
+
+    def waiter_done(self) -> None:
+        """The thread of ``hold_for_waiter`` returns to its program (with an event,
+        or interrupted, or cancelled): a spinner's lease from now, which the
+        program's next call (a poll of its CQ) renews or ends.  Not rung: the
+        progress thread, parked on the long lease, looks again within a spinner's
+        lease (``sn_wait``), so output held for that call leaves even if it never
+        comes."""
+        with self.lock:
+            if not self._closed:
+                self._lease[0] = time.monotonic_ns()
 
     def _wait_on_socket(self, wait: float | None) -> None:
         """``wait_until``'s sleep for the one thread that sleeps on the socket (and

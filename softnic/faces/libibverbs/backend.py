@@ -45,7 +45,8 @@ _ids = itertools.count(1)
 
 class _Obj:
     """What a handle names: the NIC it lives on and the engine object."""
-    __slots__ = ("nic", "ctx", "eng", "cookie", "channel", "taken", "cqs", "closed")
+    __slots__ = ("nic", "ctx", "eng", "cookie", "channel", "taken", "cqs", "closed",
+                 "sleeper")
 
     def __init__(self, nic, eng=None, ctx=None, cookie=None):
         self.nic = nic
@@ -56,6 +57,7 @@ class _Obj:
         self.taken = 0
         self.cqs: list = []
         self.closed = False
+        self.sleeper = False      # a channel: ibv_get_cq_event sleeps on the socket for it
 
 
 _xrcd_files: dict = {}     # (device, st_dev, st_ino) -> [XRC domain, openers]
@@ -456,14 +458,18 @@ def sn_poll_cq(h, n, out):
         for other in _nic.open_nics():
             if other is not nic:
                 other.poll()
-    if o.eng.armed or (got and not _more_to_complete(nic.dev, got)):
+    if (o.eng.armed and (o.channel is None or not o.channel.sleeper)
+            or got and not _more_to_complete(nic.dev, got)):
         # The caller gives its lease back, and the progress thread takes what
         # arrives from now on, when it is about to wait elsewhere: on its channel
         # (the CQ is armed: ibv_get_cq_event comes next), or on memory (nothing more
         # can complete on these QPs without a new post: perftest's WRITE latency
         # test spins on a byte next).  A caller whose QPs still have sends in
         # flight or receives posted polls again (a bandwidth test, UCX's progress
-        # loop): it keeps its lease, and its inline steps take what arrives.
+        # loop): it keeps its lease, and its inline steps take what arrives.  So
+        # does a caller whose armed CQ's channel ibv_get_cq_event sleeps on for it,
+        # taking the lease again (a channel the program polls itself, non-blocking
+        # (UCX's, libfabric's), needs the progress thread).
         nic.end_lease()
     for i, w in enumerate(got):
         r = out[i]
@@ -494,6 +500,45 @@ def sn_req_notify_cq(h, solicited_only):
 
 
 @extern()
+def sn_cq_wait_begin(h, sock):
+    """ibv_get_cq_event is about to sleep on the channel and the device's socket
+    (shim.c's sn_cq_wait): the socket's fd, or -1 to sleep on the channel alone."""
+    ch = _get(h)
+    sock[0] = -1 if ch.closed else ch.nic.hold_for_waiter()
+    if sock[0] >= 0:
+        ch.sleeper = True
+
+
+@extern()
+def sn_cq_wait_step(h):
+    """sn_cq_wait woke on the socket (or its second passed): step the device here
+    (inline: what the step produces waits for the program's next call if it made an
+    event), then, without an event, sleep again holding the lease."""
+    ch = _get(h)
+    if ch.closed:
+        return errno.EIO
+    nic = ch.nic
+    cqs = ch.cqs
+    while True:
+        nic.poll()
+        with nic.lock:
+            if any(cq.eng.events > cq.taken for cq in cqs):
+                return                   # an event: what the step holds waits for the program
+            if nic._closed or not nic._readable(0):
+                break                    # (a message's next packet may be there already)
+    if nic.hold_for_waiter() < 0:
+        return errno.EIO                 # (the device closed under the waiter)
+
+
+@extern()
+def sn_cq_wait_end(h):
+    """sn_cq_wait returns to the program (an event, a signal, a cancellation)."""
+    o = _objs.get(h)
+    if o is not None and not o.closed:
+        o.nic.waiter_done()
+
+
+@extern()
 def sn_get_cq_event(h, cookie):
     ch = _get(h)
     got = []
@@ -507,7 +552,9 @@ def sn_get_cq_event(h, cookie):
                 return True
         return False
 
-    if not ch.nic.wait_until(ready) or not got:
+    with ch.nic.lock:                    # (the event is there: the channel said so)
+        found = ready()
+    if not found and not ch.nic.wait_until(ready) or not got:
         return errno.EIO
     got[0].taken += 1
     cookie[0] = got[0].cookie

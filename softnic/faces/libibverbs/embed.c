@@ -51,6 +51,12 @@ void sn_fork_resumed(void)
     sn_forked = 0;
 }
 
+/* Is the host process a Python interpreter (embedding.EMBED_API)? */
+int sn_python_host(void)
+{
+    return sn_host_python;
+}
+
 __attribute__((constructor)) static void sn_embed_init(void)
 {
     Dl_info info;

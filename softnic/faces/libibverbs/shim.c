@@ -14,7 +14,9 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1045,20 +1047,97 @@ static int sn_op_req_notify_cq(struct ibv_cq *cq, int solicited_only)
     return sn_req_notify_cq(cq->handle, solicited_only);
 }
 
+/* Could a signal that interrupted a wait here have come to a handler installed
+ * without SA_RESTART?  The kernel's ibv_get_cq_event is a read() of the channel,
+ * which such a handler interrupts (EINTR: qperf ends each test with SIGALRM) and
+ * any other restarts; poll() is never restarted, so a wait here returns EINTR
+ * where some installed handler would interrupt a read, and waits on otherwise. */
+static int sn_signal_interrupts(void)
+{
+    for (int s = 1; s < NSIG; s++) {
+        struct sigaction sa;
+        if (s == SIGKILL || s == SIGSTOP || sigaction(s, NULL, &sa))
+            continue;
+        if (sa.sa_flags & SA_RESTART)
+            continue;
+        if (sa.sa_flags & SA_SIGINFO ? sa.sa_sigaction != NULL
+                                     : sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN)
+            return 1;
+    }
+    return 0;
+}
+
+static void sn_cq_wait_cancelled(void *channel)
+{
+    sn_cq_wait_end(((struct sn_channel *)channel)->handle);
+}
+
+/* Wait for the channel's next event asleep on the device's socket as well as the
+ * channel: a datagram wakes this thread, which steps the device itself, so the
+ * completion it makes reaches the program in one wake-up (not the progress
+ * thread's and then this thread's).  It holds the device's lease meanwhile
+ * (sn_cq_wait_begin): the progress thread leaves what arrives to it and keeps the
+ * timers.  The wait is in C, and the only cancellation point of the call: programs
+ * cancel a thread blocked here (rping stops its CQ thread with pthread_cancel),
+ * which unwinds C frames only, and the cleanup handler gives the lease back.
+ * 0: an event waits on the channel (read it); else an errno. */
+static int sn_cq_wait(struct sn_channel *c)
+{
+    int sock = -1, err, ret = 0;
+    err = sn_cq_wait_begin(c->handle, &sock);
+    if (err)
+        return err;
+    if (sock < 0)
+        return 0;                         /* (a device without it: read() waits) */
+    pthread_cleanup_push(sn_cq_wait_cancelled, c);
+    for (;;) {
+        struct pollfd p[2] = {{c->ch.fd, POLLIN, 0}, {sock, POLLIN, 0}};
+        int n = poll(p, 2, 1000);         /* (each second: the lease renewed) */
+        if (n < 0) {
+            if (errno == EINTR && !sn_signal_interrupts())
+                continue;
+            ret = errno;
+            break;
+        }
+        if (p[0].revents & POLLIN)
+            break;
+        if (p[0].revents & (POLLERR | POLLNVAL)) {
+            ret = EBADF;
+            break;
+        }
+        /* a datagram (or a second without): step the device here */
+        err = sn_cq_wait_step(c->handle);
+        if (err) {
+            ret = err;
+            break;
+        }
+    }
+    pthread_cleanup_pop(0);
+    err = sn_cq_wait_end(c->handle);
+    return ret ? ret : err;
+}
+
 SN_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
                                void **cq_context)
 {
+    struct sn_channel *c = (struct sn_channel *)channel;
     void *cookie = NULL;
     uint64_t one;
     void *gil = sn_gil_release();         /* a Python caller: its other threads run meanwhile */
-    ssize_t n = read(channel->fd, &one, sizeof(one));
-    int read_errno = errno;
+    int fl = fcntl(channel->fd, F_GETFL);
+    int err = fl >= 0 && !(fl & O_NONBLOCK) ? sn_cq_wait(c) : 0;
+    ssize_t n = -1;
+    int read_errno = err;
+    if (!err) {
+        n = read(channel->fd, &one, sizeof(one));
+        read_errno = errno;
+    }
     sn_gil_restore(gil);
     if (n != sizeof(one)) {
         errno = read_errno;
         return -1;                        /* EAGAIN on a non-blocking channel, as the kernel's */
     }
-    int err = sn_get_cq_event(((struct sn_channel *)channel)->handle, &cookie);
+    err = sn_get_cq_event(c->handle, &cookie);
     if (err || !cookie) {
         errno = err ? err : EIO;
         return -1;
