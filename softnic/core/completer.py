@@ -485,7 +485,7 @@ def fail(dev, qp) -> None:
 # 0xFFFF, FECN, BECN and pad clear, an AETH syndrome of ACK; for an RC QP
 # without a congestion controller, in RTS, from its peer; acknowledging the last
 # PSN of the oldest WQE, started, not done, not a READ or ATOMIC; a good ICRC;
-# no ECN mark or INT telemetry (dispatch checks those).  Then ``receive``'s
+# no INT telemetry (a response's ECN mark changes nothing).  Then ``receive``'s
 # checks all pass, ``_ack_before`` has nothing to do, and the ACK is
 # ``acknowledged`` then ``_progress``, as here.  Anything else: False, nothing
 # changed, the general path.
@@ -495,9 +495,9 @@ _RC = QPType.RC
 _RTS = QPState.RTS
 
 
-def receive_common(dev, data, src, now: float) -> bool:
+def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:
     """A plain ACK of the oldest outstanding WQE's last PSN, from its bytes."""
-    if len(data) != 20:
+    if len(data) != 20 or telemetry is not None:
         return False
     _, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
     qp = dev.qps.get(w2 & 0xFFFFFF)
