@@ -157,13 +157,15 @@ class DCQCN(Controller):
         if (a is None or a > lim) and (d is None or d > lim) and (i is None or i > lim):
             return
         while True:
-            due = [(t, order) for order, t in enumerate((self._alpha_at, self._dec_at, self._inc_at))
-                   if t is not None and t <= now + TIME_EPS]
-            if not due:
+            # the earliest due event; on a tie the first of alpha, cut, increase
+            at = which = None
+            for order, t in ((0, self._alpha_at), (1, self._dec_at), (2, self._inc_at)):
+                if t is not None and t <= lim and (at is None or t < at):
+                    at, which = t, order
+            if at is None:
                 return
             if self._inc_at is None and self._dec_at is None:
                 return                            # idle: alpha decays lazily
-            at, which = min(due)
             if which == 0:
                 self.alpha *= 1 - self._g
                 self._alpha_at = at + self.params["t_alpha"]

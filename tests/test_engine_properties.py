@@ -38,7 +38,7 @@ from softnic.core.memory import Buffer
 from softnic.core.qp import QPCap, QPInitAttr, RecvWR, SendWR
 from softnic.driver.faults import FaultModel
 from softnic.cli.rig import ALL_ACCESS, Endpoint, bring_up
-from softnic.transport.sim import Fabric
+from softnic.transport.sim import RED, Fabric
 from softnic.wire.icrc import check_icrc
 from softnic.wire.roce import WireError, decode
 
@@ -145,14 +145,43 @@ def _arena_size(s) -> tuple[int, int]:
     return a + b, a + b
 
 
+@st.composite
+def switched(draw) -> dict:
+    """A scenario's ``net``: both devices behind one switch (RED marking, INT
+    stamping if drawn), each with its own link rate (the slower one's switch port
+    queues, so packets toward it get marked), every QP running controller ``cc``
+    and sending ECN-capable packets."""
+    return dict(cc=draw(st.sampled_from(["none", "dcqcn", "hpcc", "swift", "timely"])),
+                rates=(draw(st.sampled_from([2e9, 10e9, 25e9])),
+                       draw(st.sampled_from([2e9, 10e9, 25e9]))),
+                kmin=draw(st.sampled_from([0, 2_000, 20_000])),
+                kspan=draw(st.sampled_from([1_000, 100_000])),
+                pmax=draw(st.sampled_from([0.2, 1.0])),
+                buffer=draw(st.sampled_from([None, 60_000, 1 << 20])),
+                int_telemetry=draw(st.booleans()))
+
+
 def run_scenario(s, *, trace: bool = False):
     rng = random.Random(s["seed"])
-    cfg = DeviceConfig(selective_repeat=s["selective_repeat"], min_timer=50e-6,
-                       fast_path=s.get("fast_path", True))
-    devs = (Device("a", "10.0.0.1", config=cfg), Device("b", "10.0.0.2", config=cfg))
-    fabric = Fabric(s["seed"], default_faults=s["faults"], default_delay=2e-6, trace=trace)
-    for d in devs:
-        fabric.attach(d)
+    net = s.get("net")
+    cfgs = [DeviceConfig(selective_repeat=s["selective_repeat"], min_timer=50e-6,
+                         fast_path=s.get("fast_path", True),
+                         **(dict(cc=net["cc"], ecn=True, line_rate_bps=net["rates"][i])
+                            if net else {}))
+            for i in range(2)]
+    devs = (Device("a", "10.0.0.1", config=cfgs[0]), Device("b", "10.0.0.2", config=cfgs[1]))
+    if net:     # through a switch; the faults on what each host sends
+        fabric = Fabric(s["seed"], default_delay=2e-6, trace=trace)
+        sw = fabric.add_switch("sw", buffer_bytes=net["buffer"],
+                               red=RED(net["kmin"], net["kmin"] + net["kspan"], net["pmax"]),
+                               int_telemetry=net["int_telemetry"])
+        for d, rate in zip(devs, net["rates"]):
+            fabric.attach(d)
+            fabric.connect(d.address, sw, rate_bps=rate, delay=2e-6, faults=s["faults"])
+    else:
+        fabric = Fabric(s["seed"], default_faults=s["faults"], default_delay=2e-6, trace=trace)
+        for d in devs:
+            fabric.attach(d)
     pds = [d.alloc_pd() for d in devs]
     size_a, size_b = _arena_size(s)
     arenas = [Arena(devs[0], pds[0], size_a, rng), Arena(devs[1], pds[1], size_b, rng)]
@@ -327,7 +356,8 @@ def test_random_workloads_under_faults(s):
 def _normalized_trace(r) -> list:
     """The trace with process addresses (RETH/AtomicETH VAs) made relative to the
     buffers they point into: buffers land at different addresses in every run.
-    Corrupted datagrams (the ICRC fails) count by size only."""
+    Corrupted datagrams (the ICRC fails) count by size only.  What a simulated
+    datagram carries beside its bytes (ECN mark, INT records) is kept."""
     bases = [a.buf.addr for a in r["arenas"]]
 
     def rel(va):
@@ -350,7 +380,9 @@ def _normalized_trace(r) -> list:
                     pkt.reth and (rel(pkt.reth.va), pkt.reth.rkey, pkt.reth.dma_len),
                     pkt.atomiceth and (rel(pkt.atomiceth.va), pkt.atomiceth.swap_add,
                                        pkt.atomiceth.compare),
-                    pkt.immdt, pkt.atomicacketh))
+                    pkt.immdt, pkt.atomicacketh,
+                    getattr(t.data, "ecn", 0), getattr(t.data, "hops", None),
+                    getattr(t.data, "echo", None)))
     return out
 
 

@@ -24,7 +24,7 @@ from softnic.core.qp import RecvWR, SendWR
 from softnic.cli.rig import connect
 from softnic.wire.roce import Opcode as O, encode
 
-from test_engine_properties import _normalized_trace, run_scenario, scenarios
+from test_engine_properties import _normalized_trace, run_scenario, scenarios, switched
 
 
 def _outcome(r) -> dict:
@@ -44,13 +44,28 @@ def _outcome(r) -> dict:
 @given(scenarios(max_size=9000), st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6, 200e-6]),
                                           min_size=1, max_size=8))
 def test_fast_paths_give_the_same_wire_and_results(s, gaps):
-    s = dict(s, gaps=gaps)
+    _same_either_way(dict(s, gaps=gaps))
+
+
+def _same_either_way(s) -> None:
     note(f"replay with: run_scenario({s!r}, trace=True)")
     fast = _outcome(run_scenario(dict(s, fast_path=True), trace=True))
     slow = _outcome(run_scenario(dict(s, fast_path=False), trace=True))
     assert len(fast["trace"]) > 0
     for key in ("trace", "wcs", "recv_wcs", "counters", "memory"):
         assert fast[key] == slow[key], f"{key} differs with the fast paths"
+
+
+@settings(deadline=None, max_examples=30,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios(max_size=9000), switched(),
+       st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6, 200e-6]), min_size=1, max_size=8))
+def test_fast_paths_give_the_same_results_with_congestion_control(s, net, gaps):
+    """The same through a switch that marks (RED/ECN) and stamps INT, every QP
+    running a congestion controller: the responder's common case takes a
+    controlled QP's requests, CE-marked or carrying telemetry, and passes their
+    signals on (``Device.request_signals``) as the general path does."""
+    _same_either_way(dict(s, gaps=gaps, net=net))
 
 
 def _pair(**cfg):

@@ -215,24 +215,31 @@ class _IncastRun:
         """One flow's bin: repost what completed, and record its series."""
         cfg = self.cfg
         wcs = dev.poll_cq(ea.send_cq, 64)
-        for wc in wcs:
-            if wc.status != WCStatus.SUCCESS:
-                self.errors += 1
-            else:
-                fs.completed_bytes += cfg.msg
-        ok = sum(1 for wc in wcs if wc.status == WCStatus.SUCCESS)
-        if ok and t + cfg.bin < cfg.duration:
-            self._post(dev, ea, eb, ok)
+        if wcs:
+            ok = 0
+            for wc in wcs:
+                if wc.status != WCStatus.SUCCESS:
+                    self.errors += 1
+                else:
+                    ok += 1
+            fs.completed_bytes += ok * cfg.msg
+            if ok and t + cfg.bin < cfg.duration:
+                self._post(dev, ea, eb, ok)
         qp = ea.qp
-        acked = psn_diff(qp.acked_psn, posted[1]) if posted[0] else 0
-        posted[1] = qp.acked_psn
-        fs.goodput_gbps.append(acked * cfg.mtu * 8 / cfg.bin / 1e9)
-        fs.inflight_kb.append(psn_diff(qp.max_sent_psn, qp.acked_psn) * cfg.mtu / 1e3
-                              if posted[0] else 0.0)
-        tx = self.port.tx_by_src.get(dev.address, 0)
-        fs.tput_gbps.append((tx - self.prev_tx.get(dev.address, 0)) * 8 / cfg.bin / 1e9)
-        self.prev_tx[dev.address] = tx
-        cc = ea.qp.cc
+        acked_psn = qp.acked_psn
+        if posted[0]:
+            fs.goodput_gbps.append(psn_diff(acked_psn, posted[1]) * cfg.mtu * 8 / cfg.bin / 1e9)
+            fs.inflight_kb.append(psn_diff(qp.max_sent_psn, acked_psn) * cfg.mtu / 1e3)
+        else:
+            fs.goodput_gbps.append(0.0)
+            fs.inflight_kb.append(0.0)
+        posted[1] = acked_psn
+        address = dev.address
+        tx = self.port.tx_by_src.get(address, 0)
+        prev_tx = self.prev_tx
+        fs.tput_gbps.append((tx - prev_tx.get(address, 0)) * 8 / cfg.bin / 1e9)
+        prev_tx[address] = tx
+        cc = qp.cc
         if cc is not None and posted[0]:
             fs.rate_gbps.append(None if cc.rate is None else cc.rate / 1e9)
             fs.window_kb.append(None if cc.window is None else cc.window / 1e3)

@@ -482,12 +482,14 @@ def fail(dev, qp) -> None:
 #
 # The completer's first branch (``receive_common``) takes a plain ACK straight
 # from the datagram's bytes when: it is 20 bytes (BTH, AETH, ICRC) with P_Key
-# 0xFFFF, FECN, BECN and pad clear, an AETH syndrome of ACK; for an RC QP
-# without a congestion controller, in RTS, from its peer; acknowledging the last
-# PSN of the oldest WQE, started, not done, not a READ or ATOMIC; a good ICRC;
-# no ECN mark or INT telemetry (dispatch checks those).  Then ``receive``'s
-# checks all pass, ``_ack_before`` has nothing to do, and the ACK is
-# ``acknowledged`` then ``_progress``, as here.  Anything else: False, nothing
+# 0xFFFF, FECN, BECN and pad clear, an AETH syndrome of ACK; for an RC QP (with
+# or without a congestion controller), in RTS, from its peer; acknowledging a
+# PSN of the oldest WQE (started, not done, not a READ or ATOMIC) beyond the
+# last one acknowledged; a good ICRC; no INT telemetry (a response's ECN mark
+# changes nothing).  Then ``receive``'s checks all pass, ``_ack_before`` has
+# nothing to do, ``_find`` names that WQE, and the ACK is ``acknowledged`` then
+# ``_progress``, as here; a controlled QP's timers are then re-armed, as
+# ``Device._response`` does after any response.  Anything else: False, nothing
 # changed, the general path.
 
 _ACK_PKT = struct.Struct("!BBHIII")        # BTH + AETH
@@ -495,25 +497,28 @@ _RC = QPType.RC
 _RTS = QPState.RTS
 
 
-def receive_common(dev, data, src, now: float) -> bool:
-    """A plain ACK of the oldest outstanding WQE's last PSN, from its bytes."""
-    if len(data) != 20:
+def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:
+    """A plain ACK of a PSN of the oldest outstanding WQE, from its bytes."""
+    if len(data) != 20 or telemetry is not None:
         return False
     _, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
     qp = dev.qps.get(w2 & 0xFFFFFF)
-    if qp is None or qp.qp_type is not _RC or qp.cc is not None or pkey != 0xFFFF or w2 >> 30 \
+    if qp is None or qp.qp_type is not _RC or pkey != 0xFFFF or w2 >> 30 \
             or flags & 0x30 or aeth >> 29:
         return False
     if qp.state is not _RTS or not qp.sq or tuple(src) != qp.dest:
         return False
     w = qp.sq[0]
     psn = w3 & 0xFFFFFF
-    if w.done or w.first_psn is None or w.rd_atomic or psn != w.last_psn:
+    before = qp.acked_psn
+    if w.done or w.first_psn is None or w.rd_atomic or psn_diff(psn, w.first_psn) < 0 \
+            or psn_diff(psn, w.last_psn) > 0 or psn_diff(psn, before) <= 0:
         return False
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False
     dev.counters["rcvd_pkts"] += 1
-    before = qp.acked_psn
     acknowledged(qp, psn, w)
     _progress(dev, qp, before, now)
+    if qp.cc is not None:
+        dev.arm(qp)
     return True

@@ -33,8 +33,8 @@ REQUEST, RESPONSE, CNP = "responder", "completer", "cnp"
 class Route(NamedTuple):
     info: OpInfo                  # the wire's facts (``wire.roce.OPCODES``)
     side: str                     # REQUEST, RESPONSE or CNP
-    common: Callable | None       # ``(dev, data, src, now) -> bool``: the side's first
-                                  # branch for the common case, from the bytes
+    common: Callable | None       # ``(dev, data, src, now, ecn, telemetry) -> bool``: the
+                                  # side's first branch for the common case, from the bytes
 
 
 def _route(info: OpInfo) -> Route:
@@ -63,9 +63,9 @@ class Dispatch:
         """One UDP payload from ``src``.  ``ecn`` is the IP header's ECN codepoint
         (3 = CE, congestion experienced); ``telemetry`` the INT hop records the
         packet carries (for a response: those its responder echoed)."""
-        if self._fast and ecn != CE and telemetry is None and len(data) >= BTH_LEN + ICRC_LEN:
+        if self._fast and len(data) >= BTH_LEN + ICRC_LEN:
             common = _COMMON.get(data[0])
-            if common is not None and common(self, data, src, now):
+            if common is not None and common(self, data, src, now, ecn, telemetry):
                 return
         self._dispatch(data, src, now, ecn, telemetry)
 
@@ -124,13 +124,21 @@ class Dispatch:
         if qp.state not in _RECEIVING:
             c["rcvd_bad_state"] += 1
             return
+        self.request_signals(qp, now, ecn, telemetry)
+        responder.receive(self, qp, pkt, src, now)
+
+    def request_signals(self, qp, now: float, ecn: int, telemetry) -> None:
+        """What a request tells the congestion control beside its bytes, before the
+        responder takes it: a CE mark is counted and, if the QP's controller asks
+        for one (DCQCN's notification point), owes the requester a CNP; INT
+        telemetry is kept for the QP's next ACK to echo.  (The general path and
+        ``responder.receive_common`` both come here.)"""
         if ecn == CE:
-            c["np_ecn_marked_roce_packets"] += 1
+            self.counters["np_ecn_marked_roce_packets"] += 1
             if qp.cc is not None and qp.qp_type != QPType.UD and qp.cc.on_ecn(now=now):
                 self._cnps.append(qp)
         if telemetry is not None:
             qp.int_echo = telemetry
-        responder.receive(self, qp, pkt, src, now)
 
     def _response(self, qp, pkt, now: float, telemetry) -> None:
         if qp.state not in _SENDING:

@@ -42,22 +42,19 @@ class Output:
     """Datagrams out (a part of ``Device``)."""
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
-        res = []
-        for item in self.datagram_runs(now):
-            if len(item) == 2:
-                data, dest = item
-                res.append((data if type(data) is not bytearray else bytes(data), dest))
-            else:
-                buf, dest, seg = item
-                mv = memoryview(buf)
-                res.extend((bytes(mv[o:o + seg]), dest) for o in range(0, len(buf), seg))
-        return res
+        out = self._outgoing(now)
+        return self._sealed(out, True) if out else out
 
     def datagram_runs(self, now: float) -> list[tuple]:
         """``datagrams_to_send`` for a driver that sends runs at once: items are
         ``(data, dest)``, one datagram, or ``(buffer, dest, seg)``, datagrams of
         ``seg`` bytes one after another in ``buffer`` (the last may be shorter),
         all to ``dest``, in the order they are to leave."""
+        out = self._outgoing(now)
+        return self._sealed(out, False) if out else out
+
+    def _outgoing(self, now: float) -> list:
+        """What the device sends now, before sealing (``_sealed``)."""
         gsi = self.gsi
         if not self._ready and not self._cnps and not (gsi is not None and gsi.pending):
             return []
@@ -83,7 +80,7 @@ class Output:
                 self._requests(qp, now, out)
             if qp.resp_out:
                 self._responses(qp, out)
-        return self._sealed(out)
+        return out
 
     def _requests(self, qp: QP, now: float, out: list) -> None:
         """The requester's packets of a QP that may send, the retransmission timer
@@ -103,9 +100,10 @@ class Output:
         if (sq and sq[0].done) or qp.state is QPState.SQD:
             completer.complete(self, qp)
 
-    def _sealed(self, out: list) -> list:
+    def _sealed(self, out: list, flat: bool) -> list:
         """``out``'s packets with their ICRCs (a requester's runs have theirs),
-        counted in ``sent_pkts``."""
+        counted in ``sent_pkts``: as ``datagram_runs`` gives them, or (``flat``)
+        as ``datagrams_to_send`` does, one ``bytes`` each (runs cut up)."""
         ip, port = self.ip, self.port
         res = []
         npkts = len(out)
@@ -114,10 +112,16 @@ class Output:
             pkt, dest = item[0], item[1]
             n = len(item)
             if n == 2:
-                res.append((seal(pkt, ip, dest[0], port, dest[1]), dest))
+                pkt = seal(pkt, ip, dest[0], port, dest[1])
+                res.append((bytes(pkt) if flat and type(pkt) is bytearray else pkt, dest))
             elif n == 4:                # a requester's run, ICRCs included
-                res.append((pkt, dest, item[2]))
                 npkts += item[3] - 1
+                seg = item[2]
+                if flat:
+                    mv = memoryview(pkt)
+                    res.extend((bytes(mv[o:o + seg]), dest) for o in range(0, len(pkt), seg))
+                else:
+                    res.append((pkt, dest, seg))
             else:                       # an ACK echoing INT telemetry
                 res.append((Datagram(seal(pkt, ip, dest[0], port, dest[1]),
                                      echo=item[2]), dest))

@@ -728,13 +728,15 @@ def _receive_ud(dev, qp, pkt, src) -> None:
 # (``receive_common``) takes a request straight from the datagram's bytes.  They
 # are exactly those under which the general path's checks before ``receive``
 # (``Device._dispatch``: ICRC, decode, QP number, QP type, P_Key, state, source)
-# all pass and add nothing but the ``rcvd_pkts`` count:
+# all pass and add nothing but the ``rcvd_pkts`` count and the packet's signals to
+# the congestion control (``Device.request_signals``: a CE mark, INT telemetry),
+# which the common case then passes on the same way:
 #
 #   the packet     an RC SEND or RDMA WRITE opcode (``COMMON_OPCODES``); P_Key
 #                  0xFFFF; FECN and BECN clear; its headers and pad present; a
-#                  good ICRC; no ECN mark, no INT telemetry (checked by dispatch)
-#   the QP         RC; no congestion controller; not XRC; RTR, RTS or SQD; the
-#                  packet from its peer's address
+#                  good ICRC
+#   the QP         RC (with or without a congestion controller); not XRC; RTR,
+#                  RTS or SQD; the packet from its peer's address
 #   the PSN        the ePSN with nothing held out of order: executed (``execute``)
 #                  below the ePSN: a duplicate SEND or WRITE (``_duplicate``)
 #                  above it, selective repeat, a WRITE's MIDDLE or LAST whose
@@ -760,17 +762,18 @@ def _common_qp(dev, w2: int, pkey: int, src):
     """The QP a request is for if it meets COMMON_CASE's conditions on the QP and
     the BTH's P_Key, FECN and BECN; else None."""
     qp = dev.qps.get(w2 & _MASK)
-    if qp is None or qp.qp_type is not _RC or qp.cc is not None or qp.xrc is not None \
+    if qp is None or qp.qp_type is not _RC or qp.xrc is not None \
             or pkey != 0xFFFF or w2 >> 30 or qp.state not in _RECEIVING \
             or tuple(src) != qp.dest:
         return None
     return qp
 
 
-def receive_common(dev, data, src, now: float = 0.0) -> bool:
+def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=None) -> bool:
     """The responder's first branch: a request that meets COMMON_CASE, taken
-    from the datagram's bytes through the same rules as ``receive``.  False,
-    nothing changed, for anything else."""
+    from the datagram's bytes through the same rules as ``receive`` (``ecn`` and
+    ``telemetry`` as ``Device.receive_datagram`` has them).  False, nothing
+    changed, for anything else."""
     opcode, flags, pkey, w2, w3 = _BTH.unpack_from(data, 0)
     info = COMMON_OPCODES.get(opcode)
     if info is None:
@@ -789,11 +792,14 @@ def receive_common(dev, data, src, now: float = 0.0) -> bool:
         if qp.ooo:
             return False                # the general path drains what is held
     elif d < 0x800000:
-        return _hold_placed_write(dev, qp, data, src, info, psn, d, plen, w3)
+        return _hold_placed_write(dev, qp, data, src, info, psn, d, plen, w3, now, ecn,
+                                  telemetry)
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False                    # counted and dropped by the general path
     c = dev.counters
     c["rcvd_pkts"] += 1
+    if ecn or telemetry is not None:
+        dev.request_signals(qp, now, ecn, telemetry)
     if d:
         c["duplicate_request"] += 1
         _duplicate(dev, qp, info.kind, psn, None)
@@ -824,7 +830,8 @@ def _chain_target(dev, qp, psn: int):
     return None
 
 
-def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3: int) -> bool:
+def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3: int,
+                       now: float, ecn: int, telemetry) -> bool:
     """Selective repeat, beyond a hole: a MIDDLE or LAST of a WRITE of the run
     that starts with the one being received (``chain_writes``) has a known target
     and offset (every packet before it in its message carries a whole MTU).  It
@@ -852,6 +859,8 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False
     dev.counters["rcvd_pkts"] += 1
+    if ecn or telemetry is not None:
+        dev.request_signals(qp, now, ecn, telemetry)
     dev.counters["out_of_seq_request"] += 1
     if plen:
         sr_place.place_beyond(qp, psn, view, off,

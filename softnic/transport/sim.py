@@ -88,7 +88,7 @@ class _Link:
     """One direction of a link: where it goes and what happens on the way."""
 
     __slots__ = ("dst", "delay", "injector", "counters", "fast", "uplink", "hop", "clos",
-                 "clean")
+                 "clean", "nic")
 
     def __init__(self, dst: _Port, delay: float, injector: FaultInjector,
                  uplink: "EgressQueue | None" = None, hop: "_SwitchHop | None" = None,
@@ -105,6 +105,10 @@ class _Link:
         # by set_injector sees every datagram.
         self.clean = type(injector) is FaultInjector and injector.model.is_none()
         self.fast = self.clean and hop is None and clos is None
+        # Through a switch with nothing to draw on the host's side: the NIC's queue,
+        # which drops, marks, stamps and samples nothing (``EgressQueue.depart``).
+        self.nic = uplink if self.clean and hop is not None and uplink is not None \
+            and uplink.plain else None
 
 
 #: bytes a link carries per datagram beyond the UDP payload (IPv4 + UDP headers)
@@ -164,10 +168,32 @@ class EgressQueue:
         #: ``sample_every`` is 0)
         self.samples: list[tuple[float, int]] = []
         self._sample = sample_every > 0
+        #: drops, marks, stamps and samples nothing: ``depart`` may stand for ``arrive``
+        self.plain = buffer_bytes is None and red is None and not int_telemetry \
+            and not self._sample
 
     def qlen(self, now: float) -> float:
         b = self.busy_until - now
         return b * self.rate_bps / 8 if b > 0 else 0.0
+
+    def depart(self, data: bytes, now: float) -> float:
+        """``arrive`` of a ``plain`` queue (no buffer limit, no RED, no INT, no
+        samples; a NIC's own) for a datagram without ``src``: the same
+        bookkeeping, and the departure time (the datagram leaves as it came)."""
+        size = len(data) + WIRE_OVERHEAD
+        busy = self.busy_until
+        c = self.counters
+        if busy > now:
+            q = (busy - now) * self.rate_bps / 8
+            if q > c["max_qlen"]:
+                c["max_qlen"] = int(q)
+            start = busy
+        else:
+            start = now
+        self.busy_until = depart = start + size * 8 / self.rate_bps
+        self.tx_bytes += size
+        c["enqueued"] += 1
+        return depart
 
     def arrive(self, data: bytes, now: float, ect: bool = False, src=None):
         """Queue ``data``; return ``(departure time, datagram)`` or None if dropped."""
@@ -541,8 +567,15 @@ class Fabric:
         src = port.address
         injector = link.injector
         trace = self.trace if self.tracing else None
-        if link.hop is not None and trace is None and link.clean:
+        if link.nic is not None and trace is None:
             # through a switch with no faults on the host's side: nothing to draw
+            counters = link.counters
+            counters["sent"] += 1
+            counters["delivered"] += 1
+            heappush(self._heap, (link.nic.depart(data, now) + link.delay, self._next_seq(),
+                                  link.hop, data, src))
+            return
+        if link.hop is not None and trace is None and link.clean:
             counters = link.counters
             counters["sent"] += 1
             counters["delivered"] += 1
@@ -694,11 +727,19 @@ class Fabric:
             links = port.links
             for out, dst in device.datagrams_to_send(at):
                 link = links.get(dst)
-                if link is not None and link.fast and trace is None:
+                if link is None or trace is not None:
+                    send(port, dst, out, at)
+                elif link.fast:
                     counters = link.counters
                     counters["sent"] += 1
                     counters["delivered"] += 1
                     heappush(heap, (at + link.delay, next_seq(), link.dst, out, port.address))
+                elif link.nic is not None:       # the NIC's queue, then a switch port
+                    counters = link.counters
+                    counters["sent"] += 1
+                    counters["delivered"] += 1
+                    heappush(heap, (link.nic.depart(out, at) + link.delay, next_seq(), link.hop,
+                                    out, port.address))
                 else:
                     send(port, dst, out, at)
             deadline = device.get_timer()
