@@ -99,11 +99,11 @@ def _nics(n=2):
     return [NIC(DeviceSpec(f"p{i}", None, 0), cfg) for i in range(n)]
 
 
-def _pair(a, b, retry_cnt=7):
+def _pair(a, b, retry_cnt=7, timeout=14):
     with a.lock, b.lock:
         ea, eb = endpoint(a.dev, buf_size=1 << 16), endpoint(b.dev, buf_size=1 << 16)
-        bring_up(ea, eb, mtu=1024, timeout=14, retry_cnt=retry_cnt)
-        bring_up(eb, ea, mtu=1024, timeout=14, retry_cnt=retry_cnt)
+        bring_up(ea, eb, mtu=1024, timeout=timeout, retry_cnt=retry_cnt)
+        bring_up(eb, ea, mtu=1024, timeout=timeout, retry_cnt=retry_cnt)
     return ea, eb
 
 
@@ -442,3 +442,104 @@ def test_the_c_face_gives_its_lease_back_when_its_cq_is_armed():
             del backend._objs[h]
     finally:
         a.close()
+
+
+def test_owes_acks_only_is_plain_acks_and_nothing_else():
+    """Device.owes_acks_only: true while all the device would send is plain ACKs of
+    requests it received (what a driver may hold for the program's next post);
+    false with a request to send, a READ response to send, or nothing at all."""
+    from softnic.cli.rig import connect
+    from softnic.core.device import Device
+    a, b = Device("a", "10.0.0.1"), Device("b", "10.0.0.2")
+    ea, eb = connect(a, b, mtu=1024)
+    assert not b.owes_acks_only()                                   # nothing owed
+    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    assert not a.owes_acks_only()                                   # a request to send
+    for d, _ in a.datagrams_to_send(0.0):
+        b.receive_datagram(d, a.address, 0.0)
+    assert b.owes_acks_only()                                       # the WRITE's ACK
+    b.post_send(eb.qp, SendWR(2, W.RDMA_WRITE, [eb.sge(0, 8)], SendFlags.SIGNALED,
+                              remote_addr=ea.buf.addr, rkey=ea.mr.rkey))
+    assert not b.owes_acks_only()                                   # ... and a request
+    out = b.datagrams_to_send(0.0)
+    assert len(out) == 2 and len(out[1][0]) < len(out[0][0])        # the request first
+    a.post_send(ea.qp, SendWR(3, W.RDMA_READ, [ea.sge(0, 8)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    for d, _ in a.datagrams_to_send(0.0):
+        b.receive_datagram(d, a.address, 0.0)
+    assert not b.owes_acks_only()                                   # a READ response
+
+
+def _wrote(ep, i):
+    return bytes(ep.buf.view[0:8]) == i.to_bytes(8, "little")
+
+
+def _write(nic, ep, peer, i):
+    ep.buf.view[0:8] = i.to_bytes(8, "little")
+    nic.call(nic.dev.post_send, ep.qp, SendWR(i, W.RDMA_WRITE, [ep.sge(0, 8)],
+                                              SendFlags.SIGNALED, remote_addr=peer.buf.addr,
+                                              rkey=peer.mr.rkey))
+
+
+def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
+    """A program that spins on memory after its last completion (end_lease with
+    ``answering``: perftest's WRITE latency test) answers the WRITE that lands
+    with one of its own.  The progress thread that lands it holds its ACK for
+    that post, which carries it out behind its WRITE; the peer, polling for the
+    ACK, takes the WRITE inline first, and an inline step that then receives the
+    ACK keeps holding the ACK it owes (it answers next).  Without an answer the
+    held ACK still leaves (HOLD_LEASE)."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)      # held until the post, here
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b, timeout=22)                 # (no retransmission meanwhile: 17 s)
+        b.end_lease(answering=True)                      # b spins on memory
+        _write(a, ea, eb, 1)
+        _until(lambda: _wrote(eb, 1))                    # b's thread landed it ...
+        with b.lock:
+            assert b._owed                               # ... and holds its ACK
+        with a.lock:
+            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
+        time.sleep(0.05)
+        assert not a._readable(0)                        # the ACK has not left
+        _write(b, eb, ea, 2)                             # b's answer carries it out
+        _until(lambda: a._readable(0))
+        time.sleep(0.05)
+        a.poll()                                         # a takes b's WRITE first ...
+        assert _wrote(ea, 2) and a._owed
+        got = []
+        a.poll()                                         # ... then the ACK of its own
+        with a.lock:
+            got.extend(a.dev.poll_cq(ea.send_cq, 4))
+            assert [w.wr_id for w in got] == [1]
+            assert a._owed and a.dev.owes_acks_only()    # and still holds b's ACK
+        time.sleep(0.05)
+        assert not b._readable(0)
+        a.end_lease(answering=True)
+        _write(a, ea, eb, 3)                             # carried out by a's answer
+        done = []
+        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 4)) or bool(done))
+        assert [w.wr_id for w in done] == [2]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_held_ack_leaves_without_an_answer(monkeypatch):
+    _waiter()
+    monkeypatch.setattr(nicmod, "HOLD_LEASE", 0.02)
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        b.end_lease(answering=True)
+        _write(a, ea, eb, 1)
+        _until(lambda: _wrote(eb, 1))
+        done = []                                        # b never calls: its thread sends it
+        _until(lambda: done.extend(a.call(a.dev.poll_cq, ea.send_cq, 4)) or bool(done))
+        assert [w.wr_id for w in done] == [1]
+        assert b.counters["progress_wake_held"] >= 1
+    finally:
+        a.close()
+        b.close()

@@ -82,6 +82,27 @@ class Output:
                 self._responses(qp, out)
         return out
 
+    def owes_acks_only(self) -> bool:
+        """Is all the device has to send now plain ACKs of requests it received:
+        no request, read or atomic response, NAK, CNP or MAD, and no completion
+        that sending would make (``_requests``)?  A driver may hold such output a
+        moment, for the program's next post to carry it out behind its own
+        request (a responder may coalesce ACKs: a later one acknowledges all
+        before it, and the requester's timers allow for the delay)."""
+        gsi = self.gsi
+        if not self._ready or self._cnps or (gsi is not None and gsi.pending):
+            return False
+        plain = responder.ACK_CREDITS
+        for qp in self._ready:
+            sq = qp.sq
+            if qp.closed or qp.cc is not None or qp.send_idx < len(sq) or qp.rexmit \
+                    or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp_out:
+                return False
+            for e in qp.resp_out:
+                if e[0] != "ack" or e[2] != plain:
+                    return False
+        return True
+
     def _requests(self, qp: QP, now: float, out: list) -> None:
         """The requester's packets of a QP that may send, the retransmission timer
         started with the first of them, and completions now due."""

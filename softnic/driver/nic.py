@@ -277,6 +277,7 @@ class NIC(_Opened):
         self._closed = False
         self._stats_at = time.monotonic()
         self._owed = False          # an inline step left its output for the next call
+        self._answering = False     # the program spins for a request it will answer (end_lease)
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
         self._runs = hasattr(self.sock, "recv_runs")
@@ -342,6 +343,7 @@ class NIC(_Opened):
         """Run an engine call under the lock, then send what it produced (and wake
         whoever waits on its effects: a completion made by the call itself)."""
         with self.lock:
+            self._answering = False
             try:
                 return fn(*args, **kw)
             finally:
@@ -357,13 +359,21 @@ class NIC(_Opened):
         except OSError:
             pass                                  # closed
 
-    def end_lease(self) -> None:
+    def end_lease(self, answering: bool = False) -> None:
         """The caller stops polling (its poll found what it spun for): the progress
         thread takes what arrives from now on, at once.  A C program that polls its
         CQ until a completion and then spins on memory calls this, through the
-        C face's ``ibv_poll_cq``."""
+        C face's ``ibv_poll_cq``.  ``answering``: it had nothing more outstanding,
+        so what it spins for is a peer's request, which it will answer with a
+        post of its own (until its next call, the progress thread holds the ACK
+        of a request that lands, for that post to carry).  Output its inline
+        steps hold then stays for that post too: the thread is not rung for it,
+        and sends it within ``HOLD_LEASE`` if the post does not come."""
+        self._answering = answering
         lease = self._lease
         lease[0] = 0
+        if answering and self._owed:
+            return
         if lease[2]:
             lease[2] = 2                 # (sn_wait takes this ring itself)
             self.ring()
@@ -377,6 +387,7 @@ class NIC(_Opened):
         renews the caller's lease: the progress thread leaves what arrives to it."""
         with self.lock:
             if not self._closed:
+                self._answering = False
                 lease = self._lease
                 ns = time.monotonic_ns()
                 lease[0] = ns
@@ -721,8 +732,23 @@ class NIC(_Opened):
         while d and d[0][0] <= now:
             _, _, data, addr = heapq.heappop(d)
             self.sock.send(data, addr)
-        if inline and did and not self._owed and (self.dev._ready or self.dev._cnps):
-            self._owed = True             # sent by the next call (or the progress thread)
+        if inline and did and (self.dev._ready or self.dev._cnps) \
+                and (not self._owed or self.dev.owes_acks_only()):
+            # sent by the next call (or the progress thread); a step that only
+            # received (a response that completes the caller's work: it answers
+            # next) keeps holding ACKs; a step that receives nothing sends them
+            self._owed = True
+        elif did and self._answering and not self._owed and self.dev.owes_acks_only():
+            # The program spins on memory for a peer's request after its last
+            # completion (a latency test, a ping-pong over WRITEs): the ACK of what
+            # just landed waits for its answer, which carries it out behind its
+            # own request; the peer, polling for that ACK, then finds the request
+            # first and takes it inline, not through its own progress thread.
+            # Held for HOLD_LEASE at most, as a caller's output (sn_wait's 3).
+            self._owed = True
+            lease = self._lease
+            lease[0] = time.monotonic_ns()
+            lease[1] = 1
         else:
             self._flush(now)
         if did and self._waiters:

@@ -458,8 +458,8 @@ def sn_poll_cq(h, n, out):
         for other in _nic.open_nics():
             if other is not nic:
                 other.poll()
-    if (o.eng.armed and (o.channel is None or not o.channel.sleeper)
-            or got and not _more_to_complete(nic.dev, got)):
+    answering = bool(got) and not _more_to_complete(nic.dev, got)
+    if answering or o.eng.armed and (o.channel is None or not o.channel.sleeper):
         # The caller gives its lease back, and the progress thread takes what
         # arrives from now on, when it is about to wait elsewhere: on its channel
         # (the CQ is armed: ibv_get_cq_event comes next), or on memory (nothing more
@@ -470,7 +470,7 @@ def sn_poll_cq(h, n, out):
         # does a caller whose armed CQ's channel ibv_get_cq_event sleeps on for it,
         # taking the lease again (a channel the program polls itself, non-blocking
         # (UCX's, libfabric's), needs the progress thread).
-        nic.end_lease()
+        nic.end_lease(answering)
     for i, w in enumerate(got):
         r = out[i]
         r.wr_id = w.wr_id
