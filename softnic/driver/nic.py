@@ -464,6 +464,18 @@ class NIC(_Opened):
             self._lease[0] = time.monotonic_ns() + int(WAITER_LEASE * 1e9)
             return self.sock.fileno()
 
+    def waiter_step(self, pred) -> bool:
+        """The thread of ``hold_for_waiter`` woke on the socket: inline steps while
+        datagrams wait (a message's next packet may be there already) until
+        ``pred()`` (evaluated under the lock) is true.  Returns ``pred()``."""
+        while True:
+            self.poll()
+            with self.lock:
+                if pred():
+                    return True
+                if self._closed or not self._readable(0):
+                    return False
+
     def waiter_done(self) -> None:
         """The thread of ``hold_for_waiter`` returns to its program (with an event,
         or interrupted, or cancelled): a spinner's lease from now, which the

@@ -519,13 +519,8 @@ def sn_cq_wait_step(h):
         return errno.EIO
     nic = ch.nic
     cqs = ch.cqs
-    while True:
-        nic.poll()
-        with nic.lock:
-            if any(cq.eng.events > cq.taken for cq in cqs):
-                return                   # an event: what the step holds waits for the program
-            if nic._closed or not nic._readable(0):
-                break                    # (a message's next packet may be there already)
+    if nic.waiter_step(lambda: any(cq.eng.events > cq.taken for cq in cqs)):
+        return                           # an event: what the step holds waits for the program
     if nic.hold_for_waiter() < 0:
         return errno.EIO                 # (the device closed under the waiter)
 
