@@ -198,6 +198,12 @@ def open_nics() -> list["NIC"]:
         return list(_open.values())
 
 
+def open_count() -> int:
+    """How many devices this process has open (without the module's lock: a
+    caller spinning on a CQ asks it on every empty poll)."""
+    return len(_open)
+
+
 def port_for_gid(gid: str) -> int:
     """UDP port of the device with this GID, if it is known here; else 4791."""
     ip = ipaddress.ip_address(gid)

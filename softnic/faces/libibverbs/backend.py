@@ -455,9 +455,10 @@ def sn_poll_cq(h, n, out):
         # that still wants the interpreter gets it within the switch interval; a
         # sleep(0) per empty poll handed it over on every turn and doubled the
         # latency of a program spinning for its completion
-        for other in _nic.open_nics():
-            if other is not nic:
-                other.poll()
+        if _nic.open_count() > 1:
+            for other in _nic.open_nics():
+                if other is not nic:
+                    other.poll()
     answering = bool(got) and not _more_to_complete(nic.dev, got)
     if answering or o.eng.armed and (o.channel is None or not o.channel.sleeper):
         # The caller gives its lease back, and the progress thread takes what
