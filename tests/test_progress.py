@@ -543,3 +543,33 @@ def test_a_held_ack_leaves_without_an_answer(monkeypatch):
     finally:
         a.close()
         b.close()
+
+
+def test_a_polling_receiver_of_a_stream_does_not_hold_its_acks(monkeypatch):
+    """An inline step keeps holding ACKs across a step that receives only a
+    response (the ACK of the caller's own request: it answers next), never across
+    one that receives another request: a sender streaming to a program that polls
+    (UCX's progress loop) would run out of window waiting for them."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b, timeout=22)
+        with a.lock:
+            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
+        _write(b, eb, ea, 1)
+        _until(lambda: a._readable(0))
+        a.poll()                                         # the first WRITE: its ACK held
+        assert _wrote(ea, 1) and a._owed
+        _write(b, eb, ea, 2)
+        _until(lambda: a._readable(0))
+        a.poll()                                         # a second request: ACKs go
+        assert _wrote(ea, 2)
+        with a.lock:
+            assert not a._owed                           # sent with this step
+        done = []
+        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 4)) or len(done) >= 2)
+        assert [w.wr_id for w in done] == [1, 2]
+    finally:
+        a.close()
+        b.close()

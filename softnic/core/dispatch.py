@@ -49,6 +49,9 @@ def _route(info: OpInfo) -> Route:
 
 #: opcode -> Route, for every opcode ``wire.roce`` knows
 ROUTES: dict[int, Route] = {op: _route(info) for op, info in OPCODES.items()}
+#: the opcodes of responses (ACKs, NAKs, READ responses, atomic ACKs): a
+#: datagram's first byte says whether it answers this device's own requests
+RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side == RESPONSE)
 #: opcode -> common-case branch, for the opcodes that have one
 _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)

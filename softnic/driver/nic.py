@@ -45,6 +45,7 @@ from pathlib import Path
 from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
+from ..core.dispatch import RESPONSES as _RESPONSES
 from .. import accel as _accel
 from .faults import FaultInjector
 from . import mcast as _mcast
@@ -703,6 +704,7 @@ class NIC(_Opened):
         held for one step at most, and the progress thread sends it if the
         caller goes away.  ``ready``: the caller saw the socket readable just now."""
         did = False
+        answers = True                   # what was received answers this device's requests
         limit = 1 if inline else 256
         if self._ecn:
             batch = self.sock.recv_batch_ecn(limit)
@@ -713,6 +715,7 @@ class NIC(_Opened):
                 for data, src, ecn in batch:
                     if cap is not None:
                         cap.record(data, src, (self.ip, self.port), time.time())
+                    answers = answers and bool(data) and data[0] in _RESPONSES
                     rx(data, src, now, ecn)
             batch = None
         elif self._runs and self.capture is None:
@@ -724,6 +727,7 @@ class NIC(_Opened):
             got = 0
             for data, src, seg in self.sock.recv_runs(limit, ready):
                 did = True
+                answers = answers and bool(data) and data[0] in _RESPONSES
                 rx(data, seg, src, now)
                 got += len(data)
                 if got >= self._ack_bytes and dev._ready and not inline:
@@ -741,6 +745,7 @@ class NIC(_Opened):
             for data, src in batch:
                 if cap is not None:
                     cap.record(data, src, (self.ip, self.port), time.time())
+                answers = answers and bool(data) and data[0] in _RESPONSES
                 rx(data, src, now)
         t = self.dev.get_timer()
         if t is not None and t <= now:
@@ -751,10 +756,11 @@ class NIC(_Opened):
             _, _, data, addr = heapq.heappop(d)
             self.sock.send(data, addr)
         if inline and did and (self.dev._ready or self.dev._cnps) \
-                and (not self._owed or self.dev.owes_acks_only()):
+                and (not self._owed or answers and self.dev.owes_acks_only()):
             # sent by the next call (or the progress thread); a step that only
-            # received (a response that completes the caller's work: it answers
-            # next) keeps holding ACKs; a step that receives nothing sends them
+            # received responses (the ACK that completes the caller's own request:
+            # it answers next) keeps holding them; a step that receives requests
+            # (a stream: the sender waits for the ACK) or nothing sends them
             self._owed = True
         elif did and self._answering and not self._owed and self.dev.owes_acks_only():
             # The program spins on memory for a peer's request after its last
