@@ -252,3 +252,20 @@ def test_routes_cover_every_opcode_and_send_each_to_its_side():
             assert route.common is completer.receive_common
         else:
             assert route.common is None, info.name
+
+
+@settings(deadline=None, max_examples=30,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios(max_size=20000), st.sampled_from(["dcqcn", "timely", "dcqcn:t_dec=0"]),
+       st.sampled_from([1e9, 2e9]), st.booleans(),
+       st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6]), min_size=1, max_size=8))
+def test_a_paced_requester_stops_early_only_where_nothing_changes(s, cc, rate, marks, gaps):
+    """A rate-paced QP (each packet ``bytes * 8 / rate`` after the last, so nearly
+    every packet waits for the pacer) is made ready by ACKs, CNPs and its
+    controller's timers while its pacer holds it; ``requester.generate`` then stops
+    at once (``_held_by_pacer``) without walking the send queue.  Through a slow
+    switch that marks every queued packet (``marks``: many CNPs and rate cuts) or
+    none, the same wire and results as the general path's full walk."""
+    net = dict(cc=cc, rates=(rate, rate), kmin=0 if marks else 10**9,
+               kspan=1_000, pmax=1.0, buffer=None, int_telemetry=False)
+    _same_either_way(dict(s, gaps=gaps, net=net))
