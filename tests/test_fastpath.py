@@ -1,10 +1,12 @@
 """The common-case branches change nothing but speed.
 
 The responder's and completer's ``receive_common`` take in-sequence SENDs and
-WRITEs and plain ACKs from their bytes, through the same rules as the general
-path, without decoding a ``Packet``; the requester packs ONLY and FIRST packets
-straight and builds bulk runs (``DeviceConfig(fast_path=False)`` turns all of it
-off: every packet is decoded and dispatched, one at a time).  The
+WRITEs and plain ACKs from their bytes, and dispatch's ``cnp_common`` CNPs,
+through the same rules as the general path, without decoding a ``Packet``; the
+requester packs ONLY and FIRST packets straight, builds bulk runs, and leaves
+``generate`` at once while a paced QP's pacer holds it
+(``DeviceConfig(fast_path=False)`` turns all of it off: every packet is decoded
+and dispatched, one at a time, and the send queue walked each time).  The
 property here: the same random workload (test_engine_properties' scenarios,
 posted one WR at a time with the fabric running between posts, over a faulty
 link) run with the fast paths and without them puts the same bytes on the
@@ -231,8 +233,8 @@ def test_engine_pingpong_tool_runs_both_ways(capsys):
 def test_routes_cover_every_opcode_and_send_each_to_its_side():
     """``dispatch.ROUTES`` has every opcode ``wire.roce`` knows; requests go to the
     responder, responses to the completer, CNPs to the controller; the only
-    common-case branches are the responder's for RC SENDs and WRITEs and the
-    completer's for the RC ACK."""
+    common-case branches are the responder's for RC SENDs and WRITEs, the
+    completer's for the RC ACK and dispatch's own for the CNP."""
     from softnic.core import completer, responder
     from softnic.wire.roce import Kind, OPCODES
     assert set(dispatch.ROUTES) == set(OPCODES)
@@ -241,7 +243,9 @@ def test_routes_cover_every_opcode_and_send_each_to_its_side():
         assert route.info is info
         if info.kind == Kind.CNP:
             assert route.side == dispatch.CNP
-        elif info.is_request:
+            assert route.common is dispatch.cnp_common
+            continue
+        if info.is_request:
             assert route.side == dispatch.REQUEST
         else:
             assert route.side == dispatch.RESPONSE
@@ -252,3 +256,20 @@ def test_routes_cover_every_opcode_and_send_each_to_its_side():
             assert route.common is completer.receive_common
         else:
             assert route.common is None, info.name
+
+
+@settings(deadline=None, max_examples=30,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios(max_size=20000), st.sampled_from(["dcqcn", "timely", "dcqcn:t_dec=0"]),
+       st.sampled_from([1e9, 2e9]), st.booleans(),
+       st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6]), min_size=1, max_size=8))
+def test_a_paced_requester_stops_early_only_where_nothing_changes(s, cc, rate, marks, gaps):
+    """A rate-paced QP (each packet ``bytes * 8 / rate`` after the last, so nearly
+    every packet waits for the pacer) is made ready by ACKs, CNPs and its
+    controller's timers while its pacer holds it; ``requester.generate`` then stops
+    at once (``_held_by_pacer``) without walking the send queue.  Through a slow
+    switch that marks every queued packet (``marks``: many CNPs and rate cuts) or
+    none, the same wire and results as the general path's full walk."""
+    net = dict(cc=cc, rates=(rate, rate), kmin=0 if marks else 10**9,
+               kspan=1_000, pmax=1.0, buffer=None, int_telemetry=False)
+    _same_either_way(dict(s, gaps=gaps, net=net))

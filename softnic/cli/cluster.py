@@ -300,6 +300,15 @@ def _rank_program(cfg: ClusterConfig, shared: bool, starts: list, ends: list):
     n = cfg.hosts
     count = max(n, cfg.size // 4 // n * n)          # int32 elements, n equal blocks
     admit = cfg.grants if cfg.admission else None
+    memo: dict = {}
+
+    def ramp():
+        """``arange(count) % 1000``, the part of an allreduce's inputs and of its
+        result that no rank's number changes: made once, not once per rank."""
+        r = memo.get("ramp")
+        if r is None:
+            r = memo["ramp"] = np.arange(count, dtype=np.int32) % 1000
+        return r
 
     def program(rank, vc):
         t = VirtualTransport(vc, rank, n, qps=cfg.qps, chunk=cfg.chunk, slots=cfg.slots,
@@ -312,7 +321,8 @@ def _rank_program(cfg: ClusterConfig, shared: bool, starts: list, ends: list):
             m = count // n
             if not shared:      # inputs every rank can check the result of
                 if recv is None:
-                    send[:] = np.arange(count, dtype=np.int32) % 1000 + rank
+                    send[:] = ramp()
+                    send += rank
                 else:
                     send[:] = (rank * n + np.arange(count, dtype=np.int32) // m) * 7
             starts[rank] = vc.now
@@ -324,7 +334,9 @@ def _rank_program(cfg: ClusterConfig, shared: bool, starts: list, ends: list):
             if shared:
                 return None
             if recv is None:
-                want = (np.arange(count, dtype=np.int32) % 1000) * n + n * (n - 1) // 2
+                want = memo.get("want")
+                if want is None:        # the same for every rank
+                    want = memo["want"] = ramp() * n + n * (n - 1) // 2
                 return bool(np.array_equal(send, want))
             want = (np.arange(count, dtype=np.int32) // m * n + rank) * 7
             return bool(np.array_equal(recv, want))

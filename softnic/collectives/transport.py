@@ -52,6 +52,7 @@ same data path.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import time
@@ -91,6 +92,13 @@ def _u8_view(addr: int, length: int) -> np.ndarray:
     if length == 0:
         return np.zeros(0, np.uint8)
     return np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(addr))
+
+
+@functools.lru_cache(maxsize=1024)
+def _record(raw: bytes) -> dict:
+    """A peer's connection record, decoded (read, never changed: every rank of a
+    process reading the same record - a virtual cluster's - shares one decode)."""
+    return json.loads(raw)
 
 
 def flow_label(rank: int, peer: int, q: int) -> int:
@@ -260,7 +268,7 @@ class Transport:
         self.store.set(f"{self.prefix}/conn/{self.rank}", json.dumps(me).encode())
         self.remote: dict[int, dict] = {}
         for p in peers:
-            self.remote[p] = json.loads(self._get(f"{self.prefix}/conn/{p}", p))
+            self.remote[p] = _record(bytes(self._get(f"{self.prefix}/conn/{p}", p)))
             if self.remote[p].get("nqp") != self.nqp:
                 raise CollectiveError(f"rank {self.rank}: rank {p} uses "
                                       f"{self.remote[p].get('nqp')} QPs per peer, this rank "

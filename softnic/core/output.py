@@ -31,10 +31,13 @@ def ack_packet(dqpn: int, psn: int, syndrome: int, msn: int) -> bytearray:
     return buf
 
 
+_ZERO_ICRC = b"\0\0\0\0"
+
+
 def _zero_icrc(pkt: bytearray, *_addresses) -> bytearray:
     """``append_icrc``'s place for a device configured with ``icrc=False``: four
     zero bytes (``DeviceConfig.icrc``)."""
-    pkt += b"\0\0\0\0"
+    pkt += _ZERO_ICRC
     return pkt
 
 
@@ -42,6 +45,8 @@ class Output:
     """Datagrams out (a part of ``Device``)."""
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple[str, int]]]:
+        if not self._ready and not self._cnps and self.gsi is None:
+            return []                   # (_outgoing's first test: nothing to send)
         out = self._outgoing(now)
         return self._sealed(out, True) if out else out
 
@@ -128,11 +133,16 @@ class Output:
         ip, port = self.ip, self.port
         res = []
         npkts = len(out)
-        seal = append_icrc if self.config.icrc else _zero_icrc
+        icrc = self.config.icrc
+        seal = append_icrc if icrc else _zero_icrc
+        zero = flat and not icrc
         for item in out:
             pkt, dest = item[0], item[1]
             n = len(item)
             if n == 2:
+                if zero:                # the same bytes as _zero_icrc, then bytes(): one copy
+                    res.append((b"".join((pkt, _ZERO_ICRC)), dest))
+                    continue
                 pkt = seal(pkt, ip, dest[0], port, dest[1])
                 res.append((bytes(pkt) if flat and type(pkt) is bytearray else pkt, dest))
             elif n == 4:                # a requester's run, ICRCs included

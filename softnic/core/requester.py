@@ -430,6 +430,8 @@ def generate(dev, qp, now: float, out: list) -> None:
     the congestion controller admit them."""
     if qp.rnr_wait or qp.state not in _SENDING:
         return
+    if dev._fast and qp.pace_at is not None and _held_by_pacer(qp, now):
+        return
     qtype = qp.qp_type
     rc = qtype is _RC
     dest = qp.dest if qtype is not _UD else None
@@ -466,6 +468,25 @@ def generate(dev, qp, now: float, out: list) -> None:
         _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc)
         if qtype is _UD:
             dest = None
+
+
+def _held_by_pacer(qp, now: float) -> bool:
+    """Would ``generate`` stop at once, changing nothing?  So it does for a paced QP
+    whose next packet's time has not come and whose pacing timer is armed for that
+    time (``_cc_blocked`` is then true and changes nothing), when the WQE up next
+    has its PSNs (or there is none): a resend or the WQE's next packet meets
+    ``_cc_blocked`` first, or the window.  (A WQE not yet started is left to the
+    loop: it takes its PSNs even when the controller holds its packets.)"""
+    cc = qp.cc
+    if cc is None or qp.qp_type is _UD or cc.rate is None or not now < qp.next_tx \
+            or qp.pace_at != qp.next_tx:
+        return False
+    i = qp.send_idx
+    sq = qp.sq
+    if i >= len(sq) or qp.req_error:
+        return True
+    wqe = sq[i]
+    return wqe.first_psn is not None and not wqe.done
 
 
 def _resend_singles(dev, qp, now: float, out: list, dest, cc) -> bool:

@@ -62,6 +62,8 @@ class TraceRecord(NamedTuple):
     data: bytes
 
 
+_INF = float("inf")
+
 # Rebuild the heap without stale timer entries once there are this many and
 # they make up more than half of it.
 _COMPACT_MIN_STALE = 4096
@@ -663,11 +665,12 @@ class Fabric:
         limit = -1 if max_events is None else max_events
         stopped = False
         ports = self._ports
+        end = _INF if until is None else until
         # long: one loop on purpose: its body runs once per event, and each step moved
         # into a method would add a call per event (tools/sim_bench.py counts them)
         while processed != limit and heap:
             at, seq, port, data, src = entry = heappop(heap)
-            if until is not None and at > until:
+            if at > end:
                 heappush(heap, entry)         # the same entry back: it keeps its place
                 break
             if port.__class__ is _SwitchHop:          # a datagram reaches a switch port
