@@ -368,3 +368,20 @@ def test_c_a_thread_blocked_in_ibv_get_cq_event(libdir, tmp_path):
     c = c.get("counters", c)
     assert c["rcvd_pkts"] >= 40
     assert c["progress_wake_datagram"] < 20, c      # 40 SENDs, each waited for
+
+
+def test_c_polls_of_one_device(libdir, tmp_path):
+    """tests/c/fastpoll.c, on one device (an empty poll may then be answered
+    without entering Python: shim.c's sn_cq_idle): completions made while the
+    program spins are found (a WRITE WITH IMM received, an error completion of
+    the retransmission timer), an armed CQ's empty poll leaves what arrives to
+    the device's progress thread while the program waits on the channel's fd
+    (every datagram leaves 2 ms late, from the progress thread, and a spinner's
+    lease is 5 s here), and an overflowed CQ reports it."""
+    exe = compile_c("fastpoll", tmp_path)
+    r = run(exe, faults="delay=2ms", extra_env={"SOFTNIC_SPIN_LEASE_US": "5000000"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    for want in ["completions found while spinning: ok", "an armed CQ's empty poll: ok",
+                 "an error completion from the timer: ok", "all checks: ok"]:
+        assert want in r.stdout, r.stdout
+    assert re.search(r"an overflowed CQ: -\d+: ok", r.stdout), r.stdout

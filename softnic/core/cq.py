@@ -51,12 +51,26 @@ class CQ:
         self.on_event = None          # called with the CQ when it raises one (a driver's hook)
         self._on_overflow = on_overflow
         self.closed = False
+        #: a driver's view of the CQ for a poll that need not take the engine's lock
+        #: (the C face's ibv_poll_cq): a two-element integer array kept as
+        #: [completions queued, or -1 once overflowed or closed; armed], or None
+        self.mirror = None
+
+    def mirrored(self) -> None:
+        """Bring ``mirror`` up to date (a change made to ``entries`` from outside
+        calls this too)."""
+        m = self.mirror
+        if m is not None:
+            m[0] = -1 if self.overflowed or self.closed else len(self.entries)
+            m[1] = 1 if self.armed else 0
 
     def push(self, wc: WC, *, solicited: bool = False) -> bool:
         """Queue a completion.  Returns False (and enters the error state) if the CQ is full."""
         if self.overflowed or len(self.entries) >= self.depth:
             if not self.overflowed:
                 self.overflowed = True
+                if self.mirror is not None:
+                    self.mirrored()
                 if self._on_overflow is not None:
                     self._on_overflow(self)
             return False
@@ -64,8 +78,12 @@ class CQ:
         if self.armed and (not self.armed_solicited or solicited or wc.status != WCStatus.SUCCESS):
             self.armed = False
             self.events += 1
+            if self.mirror is not None:
+                self.mirrored()
             if self.on_event is not None:
                 self.on_event(self)
+        elif self.mirror is not None:
+            self.mirror[0] = -1 if self.closed else len(self.entries)
         return True
 
     def poll(self, n: int = 1) -> list[WC]:
@@ -75,8 +93,12 @@ class CQ:
         e = self.entries
         while e and len(out) < n:
             out.append(e.popleft())
+        if out and self.mirror is not None:
+            self.mirror[0] = -1 if self.closed else len(e)
         return out
 
     def req_notify(self, solicited_only: bool = False) -> None:
         self.armed = True
         self.armed_solicited = solicited_only
+        if self.mirror is not None:
+            self.mirror[1] = 1

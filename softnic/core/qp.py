@@ -349,6 +349,7 @@ class QP:
             if len(keep) != len(cq.entries):
                 cq.entries.clear()
                 cq.entries.extend(keep)
+                cq.mirrored()
 
     def reset(self) -> None:
         # requester / completer

@@ -70,6 +70,7 @@ class Verbs:
         if any(q.send_cq is cq or q.recv_cq is cq for q in self.qps.values()):
             raise VerbsError(errno.EBUSY, "CQ still in use by a QP")
         cq.closed = True
+        cq.mirrored()
         self.cqs.pop(cq.handle, None)
 
     def poll_cq(self, cq: CQ, n: int = 1) -> list[WC]:

@@ -141,6 +141,7 @@ def open_device(name: str) -> "NIC | SimNIC":
                     nic = sim_world().open(spec)
                     _attach_cm(nic)
                     _open[name] = nic
+                    _count_open()
                     nic.refs += 1
                     return nic
                 building = _opening[name] = threading.Event()
@@ -152,6 +153,7 @@ def open_device(name: str) -> "NIC | SimNIC":
             _attach_cm(nic)
         with _lock:
             _open[name] = nic
+            _count_open()
             nic.refs += 1
         return nic
     finally:
@@ -180,6 +182,7 @@ def forget_after_fork() -> None:
     global _lock
     _lock = threading.RLock()
     _open.clear()
+    _count_open()
     _opening.clear()
     for hook in _fork_hooks:
         hook()
@@ -203,6 +206,17 @@ def open_count() -> int:
     """How many devices this process has open (without the module's lock: a
     caller spinning on a CQ asks it on every empty poll)."""
     return len(_open)
+
+
+#: ``[open_count()]`` in memory a C face reads without the interpreter (``fast_view``),
+#: made with the first device that has the compiled sleep
+_open_view = None
+
+
+def _count_open() -> None:
+    """``_open`` changed (caller holds ``_lock``)."""
+    if _open_view is not None:
+        _open_view[0] = len(_open)
 
 
 def port_for_gid(gid: str) -> int:
@@ -239,6 +253,7 @@ class _Opened:
                 return
             if _open.get(self.name) is self:     # (not a newer device of the same name)
                 del _open[self.name]
+                _count_open()
         self.close()
 
     def close(self) -> None:
@@ -309,9 +324,16 @@ class NIC(_Opened):
         self._poller_id = 0
         self._poll_fd = -1
         self._poll_lease = None
+        self._sock_view = None
         if self._waiter is not None:
             self._poll_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._poll_lease = self._waiter.ffi.new("int64_t[4]")
+            # the socket's fd (-1 once closed), for a C face's poll (fast_view)
+            self._sock_view = self._waiter.ffi.new("int32_t[1]", [self.sock.fileno()])
+            global _open_view
+            if _open_view is None:          # (not under _lock: a device is being built)
+                view = self._waiter.ffi.new("int32_t[1]", [len(_open)])
+                _open_view = view
         if self._waiter is not None:
             # lease[0]: monotonic ns of the latest inline step; lease[1]: a step is
             # under way or holds output (read by sn_wait without the GIL); lease[2]:
@@ -455,6 +477,16 @@ class NIC(_Opened):
                 finally:
                     self._waiters -= 1
 
+    def fast_view(self):
+        """What a C face's ``ibv_poll_cq`` reads without the interpreter to see that a
+        poll would find nothing and do nothing (shim.c's ``sn_cq_idle``): this
+        device's lease, its socket's fd (-1 once closed) and the number of devices
+        open in the process, as cffi arrays; None where there is none (no compiled
+        sleep: every poll enters Python)."""
+        if self._sock_view is None or _open_view is None:
+            return None
+        return self._lease, self._sock_view, _open_view
+
     def hold_for_waiter(self) -> int:
         """A thread of a C face is about to sleep on this device's socket itself
         (``ibv_get_cq_event``: it polls the socket and its channel, and steps what
@@ -550,6 +582,8 @@ class NIC(_Opened):
             self._closed = True
             self._notify()
             self._lease[3] = 1               # a deadline past: sn_wait returns (see end_lease)
+            if self._sock_view is not None:
+                self._sock_view[0] = -1      # a C face's poll enters Python (fast_view)
         self.ring()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)

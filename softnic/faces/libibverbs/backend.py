@@ -46,7 +46,7 @@ _ids = itertools.count(1)
 class _Obj:
     """What a handle names: the NIC it lives on and the engine object."""
     __slots__ = ("nic", "ctx", "eng", "cookie", "channel", "taken", "cqs", "closed",
-                 "sleeper")
+                 "sleeper", "mirror")
 
     def __init__(self, nic, eng=None, ctx=None, cookie=None):
         self.nic = nic
@@ -58,6 +58,7 @@ class _Obj:
         self.cqs: list = []
         self.closed = False
         self.sleeper = False      # a channel: ibv_get_cq_event sleeps on the socket for it
+        self.mirror = None        # a CQ: the engine's view of it for shim.c (sn_cq_fastpoll)
 
 
 _xrcd_files: dict = {}     # (device, st_dev, st_ino) -> [XRC domain, openers]
@@ -423,6 +424,31 @@ def sn_resize_cq(h, cqe, actual):
             return errno.EINVAL
         o.eng.depth = cqe
     actual[0] = cqe
+
+
+@extern()
+def sn_cq_fastpoll(h, view):
+    """Where shim.c's ibv_poll_cq reads whether a poll would find nothing and do
+    nothing, without entering Python (``sn_cq_idle``): the CQ's mirror (the engine
+    keeps it: completions queued, armed) and the device's ``NIC.fast_view``, as
+    addresses; EOPNOTSUPP where there is none (every poll enters Python)."""
+    o = _get(h)
+    fv = o.nic.fast_view() if hasattr(o.nic, "fast_view") else None
+    if fv is None:
+        return errno.EOPNOTSUPP
+    ffi = extern.ffi
+    with o.nic.lock:
+        o.mirror = ffi.new("int32_t[2]")
+        o.eng.mirror = o.mirror
+        o.eng.mirrored()
+    view[0] = _address(o.mirror)
+    view[1], view[2], view[3] = (_address(c) for c in fv)
+
+
+def _address(c) -> int:
+    """The address of a cffi array (the engine's and the compiled sleep's are made
+    by other ffi instances of the same backend)."""
+    return int(extern.ffi.cast("uintptr_t", c))
 
 
 def _more_to_complete(dev, got) -> bool:

@@ -60,6 +60,11 @@ struct sn_cq {
     struct ibv_cq_ex cqx;          /* starts with the fields of struct ibv_cq */
     struct sn_wc cur;              /* the completion ibv_start_poll / ibv_next_poll reached */
     uint64_t cur_ts;
+    /* what sn_cq_idle reads (sn_cq_fastpoll; NULL: every poll enters Python) */
+    volatile int32_t *fp_cq;       /* [completions queued (-1: overflowed, closed), armed] */
+    volatile int64_t *fp_lease;    /* the device's lease (softnic/accel/wait.c) */
+    volatile int32_t *fp_sock;     /* the device's socket (-1: closed) */
+    volatile int32_t *fp_open;     /* devices open in this process */
 };
 
 struct sn_pending {                /* a WR built with the ibv_wr_* calls, posted on complete */
@@ -946,6 +951,13 @@ static struct sn_cq *sn_new_cq(struct ibv_context *context, int cqe, void *cq_co
     c->read_cvlan = sn_cqx_read_cvlan;
     c->read_flow_tag = sn_cqx_read_flow_tag;
     c->read_tm_info = sn_cqx_read_tm_info;
+    uint64_t view[4] = {0, 0, 0, 0};
+    if (sn_cq_fastpoll(h, view) == 0 && view[0] && view[1] && view[2] && view[3]) {
+        s->fp_cq = (volatile int32_t *)(uintptr_t)view[0];
+        s->fp_lease = (volatile int64_t *)(uintptr_t)view[1];
+        s->fp_sock = (volatile int32_t *)(uintptr_t)view[2];
+        s->fp_open = (volatile int32_t *)(uintptr_t)view[3];
+    }
     return s;
 }
 
@@ -1022,10 +1034,40 @@ static void sn_wc_to_ibv(struct ibv_wc *w, const struct sn_wc *s)
 
 #define SN_POLL_BATCH 32
 
+/* A poll that would find nothing and do nothing: NIC.poll's idle case, read from
+ * memory the Python side keeps (sn_cq_fastpoll), without entering the interpreter.
+ * It is so when the CQ holds no completion and is not armed (ibv_poll_cq gives an
+ * armed CQ's lease back: sn_poll_cq), nothing waits on the device's socket, no
+ * deadline of the engine has come (lease[3]), no output is held for this call
+ * (lease[1]) and the process has no other device (an empty poll moves those
+ * along).  Then, as NIC.poll does, it renews the caller's lease (lease[0]): the
+ * progress thread leaves what arrives to it.  Anything else enters Python. */
+static int sn_cq_idle(struct sn_cq *s)
+{
+    struct timespec t;
+    if (!s->fp_cq || sn_forked || (sn_host_python && !Py_IsInitialized()) ||
+        s->fp_cq[0] != 0 || s->fp_cq[1] || *s->fp_open != 1 || s->fp_lease[1])
+        return 0;
+    int fd = *s->fp_sock;
+    if (fd < 0)
+        return 0;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    int64_t now = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+    if (s->fp_lease[3] <= now)
+        return 0;
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, 0) != 0)
+        return 0;                         /* a datagram (or an error to report) */
+    s->fp_lease[0] = now;
+    return 1;
+}
+
 static int sn_op_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
     struct sn_wc buf[SN_POLL_BATCH];
     int total = 0;
+    if (num_entries > 0 && sn_cq_idle((struct sn_cq *)cq))
+        return 0;
     while (total < num_entries) {
         int want = num_entries - total;
         if (want > SN_POLL_BATCH)
@@ -1159,9 +1201,13 @@ SN_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 
 static inline struct sn_cq *to_scq(struct ibv_cq_ex *cq) { return (struct sn_cq *)cq; }
 
+static int sn_cq_idle(struct sn_cq *s);
+
 static int sn_cqx_fetch(struct ibv_cq_ex *cq)
 {
     struct sn_cq *s = to_scq(cq);
+    if (sn_cq_idle(s))
+        return ENOENT;
     int got = sn_poll_cq(cq->handle, 1, &s->cur);
     if (got < 0)
         return EINVAL;

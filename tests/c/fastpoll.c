@@ -1,0 +1,174 @@
+/* ibv_poll_cq's cases on one device, two RC QPs connected to each other on it (a
+ * process with one device: a provider may answer an empty poll without its
+ * slow path).  Completions made while the program spins (a WRITE WITH IMM the
+ * device receives, an error completion its retransmission timer makes) are
+ * found; an armed CQ's empty poll leaves what arrives to the device's own
+ * progress (the program then waits on the channel's fd, as UCX does); an
+ * overflowed CQ reports it.  Plain libibverbs: runs against any provider. */
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include "sn_common.h"
+
+#define SIZE 512
+
+static struct ibv_wc spin(struct ep *e, const char *what)
+{
+    struct ibv_wc wc;
+    double end = now_s() + WAIT_SECONDS;
+    for (;;) {
+        int n = ibv_poll_cq(e->cq, 1, &wc);
+        CHECK(n >= 0, what);
+        if (n == 1)
+            return wc;
+        if (now_s() > end) {
+            errno = ETIMEDOUT;
+            die(what);
+        }
+    }
+}
+
+int main(void)
+{
+    struct ibv_context *c = open_dev(0);
+    struct ibv_pd *pd = ibv_alloc_pd(c);
+    CHECK(pd, "ibv_alloc_pd");
+    struct ibv_comp_channel *ch = ibv_create_comp_channel(c);
+    CHECK(ch, "ibv_create_comp_channel");
+    CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0, "O_NONBLOCK");
+    struct ep a, b;
+    ep_init(&a, c, pd, IBV_QPT_RC, 0, NULL);
+    next_cq_channel = ch;
+    ep_init(&b, c, pd, IBV_QPT_RC, 0, NULL);
+    ep_connect(&a, b.qp->qp_num, &b.gid);
+    ep_connect(&b, a.qp->qp_num, &a.gid);
+    uint8_t *src = calloc(1, SIZE), *dst = calloc(1, SIZE);
+    CHECK(src && dst, "calloc");
+    struct ibv_mr *ms = ibv_reg_mr(pd, src, SIZE, ACCESS_ALL);
+    struct ibv_mr *md = ibv_reg_mr(pd, dst, SIZE, ACCESS_ALL);
+    CHECK(ms && md, "ibv_reg_mr");
+    struct ibv_wc wc;
+
+    /* completions found by a program spinning on its CQ */
+    for (int i = 0; i < 50; i++) {
+        struct ibv_sge rs = { .addr = (uintptr_t)dst, .length = SIZE, .lkey = md->lkey };
+        struct ibv_recv_wr rwr = { .wr_id = 100 + i, .sg_list = &rs, .num_sge = 1 }, *rbad;
+        CHECK(ibv_post_recv(b.qp, &rwr, &rbad) == 0, "ibv_post_recv");
+        CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0, "an empty CQ");
+        fill(src, SIZE, i + 1);
+        struct ibv_sge ss = { .addr = (uintptr_t)src, .length = SIZE, .lkey = ms->lkey };
+        struct ibv_send_wr swr = { .wr_id = i, .sg_list = &ss, .num_sge = 1,
+                                   .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                                   .send_flags = IBV_SEND_SIGNALED,
+                                   .imm_data = htobe32(i) }, *sbad;
+        swr.wr.rdma.remote_addr = (uintptr_t)dst;
+        swr.wr.rdma.rkey = md->rkey;
+        CHECK(ibv_post_send(a.qp, &swr, &sbad) == 0, "ibv_post_send");
+        wc = spin(&b, "the WRITE WITH IMM's receive completion");
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)(100 + i) &&
+              wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && be32toh(wc.imm_data) == (uint32_t)i,
+              "the receive completion");
+        same(dst, src, SIZE, "the WRITE WITH IMM's data");
+        expect_wc(&a, i, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "the WRITE's completion");
+    }
+    fill(src, SIZE, 99);
+    post_rdma(&a, IBV_WR_RDMA_WRITE, 60, src, SIZE, ms->lkey, (uintptr_t)dst, md->rkey);
+    expect_wc(&a, 60, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "a WRITE's completion");
+    same(dst, src, SIZE, "a WRITE's data");
+    printf("completions found while spinning: ok\n");
+
+    /* an armed CQ: its empty poll leaves the device to its own progress, and the
+     * program waits on the channel's fd */
+    for (int i = 0; i < 5; i++) {
+        struct ibv_sge rs = { .addr = (uintptr_t)dst, .length = SIZE, .lkey = md->lkey };
+        struct ibv_recv_wr rwr = { .wr_id = 200 + i, .sg_list = &rs, .num_sge = 1 }, *rbad;
+        CHECK(ibv_post_recv(b.qp, &rwr, &rbad) == 0, "ibv_post_recv");
+        CHECK(ibv_req_notify_cq(b.cq, 0) == 0, "ibv_req_notify_cq");
+        CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0, "an empty armed CQ");
+        struct ibv_sge ss = { .addr = (uintptr_t)src, .length = 8, .lkey = ms->lkey };
+        struct ibv_send_wr swr = { .wr_id = 300 + i, .sg_list = &ss, .num_sge = 1,
+                                   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+                           *sbad;
+        CHECK(ibv_post_send(a.qp, &swr, &sbad) == 0, "ibv_post_send");
+        struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
+        CHECK(poll(&pfd, 1, 500) == 1, "the channel's event within 0.5 s, nobody polling");
+        struct ibv_cq *ev_cq;
+        void *ev_ctx;
+        CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == b.cq, "ibv_get_cq_event");
+        ibv_ack_cq_events(ev_cq, 1);
+        wc = spin(&b, "the SEND's receive completion");
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)(200 + i), "the receive");
+        expect_wc(&a, 300 + i, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND's completion");
+    }
+    printf("an armed CQ's empty poll: ok\n");
+
+    /* an error completion the retransmission timer makes while the program spins:
+     * a QP whose peer is a QP number nobody has */
+    struct ep d;
+    ep_init(&d, c, pd, IBV_QPT_RC, 0, NULL);
+    {
+        struct ibv_qp_attr q = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024,
+                                 .dest_qp_num = 0xABCDE, .rq_psn = 0,
+                                 .max_dest_rd_atomic = 1, .min_rnr_timer = 1 };
+        q.ah_attr.is_global = 1;
+        q.ah_attr.grh.dgid = d.gid;
+        q.ah_attr.grh.hop_limit = 64;
+        q.ah_attr.port_num = 1;
+        CHECK(ibv_modify_qp(d.qp, &q, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                            IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                            IBV_QP_MIN_RNR_TIMER) == 0, "RTR");
+        memset(&q, 0, sizeof(q));
+        q.qp_state = IBV_QPS_RTS;
+        q.timeout = 4;                    /* 64 us */
+        q.retry_cnt = 1;
+        q.rnr_retry = 1;
+        q.max_rd_atomic = 1;
+        CHECK(ibv_modify_qp(d.qp, &q, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+                            IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                            IBV_QP_MAX_QP_RD_ATOMIC) == 0, "RTS");
+        struct ibv_sge ss = { .addr = (uintptr_t)src, .length = 8, .lkey = ms->lkey };
+        struct ibv_send_wr swr = { .wr_id = 400, .sg_list = &ss, .num_sge = 1,
+                                   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+                           *sbad;
+        CHECK(ibv_post_send(d.qp, &swr, &sbad) == 0, "ibv_post_send");
+        wc = spin(&d, "the error completion");
+        CHECK(wc.wr_id == 400 && wc.status == IBV_WC_RETRY_EXC_ERR, "retries exhausted");
+    }
+    printf("an error completion from the timer: ok\n");
+
+    /* an overflowed CQ says so */
+    struct ibv_cq *small = ibv_create_cq(c, 2, NULL, NULL, 0);
+    CHECK(small, "ibv_create_cq");
+    struct ibv_qp_init_attr qa = { .send_cq = small, .recv_cq = small, .qp_type = IBV_QPT_RC,
+                                   .cap = { .max_send_wr = 8, .max_recv_wr = 8,
+                                            .max_send_sge = 1, .max_recv_sge = 1 } };
+    struct ep e = b;
+    e.qp = ibv_create_qp(pd, &qa);
+    CHECK(e.qp, "ibv_create_qp");
+    e.cq = small;
+    struct ibv_qp_attr ia = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+                              .qp_access_flags = ACCESS_ALL };
+    CHECK(ibv_modify_qp(e.qp, &ia, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                        IBV_QP_ACCESS_FLAGS) == 0, "INIT");
+    for (int i = 0; i < 3; i++) {      /* flushed when the QP fails: 3 completions, 2 slots */
+        struct ibv_sge rs = { .addr = (uintptr_t)dst, .length = 8, .lkey = md->lkey };
+        struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 }, *rbad;
+        CHECK(ibv_post_recv(e.qp, &rwr, &rbad) == 0, "ibv_post_recv");
+    }
+    struct ibv_qp_attr ea = { .qp_state = IBV_QPS_ERR };
+    CHECK(ibv_modify_qp(e.qp, &ea, IBV_QP_STATE) == 0, "to ERR");
+    double end = now_s() + WAIT_SECONDS;
+    int r;
+    while ((r = ibv_poll_cq(small, 1, &wc)) >= 0) {
+        CHECK(now_s() < end, "the overflow reported");
+    }
+    printf("an overflowed CQ: %d: ok\n", r);
+    CHECK(ibv_destroy_qp(e.qp) == 0 && ibv_destroy_cq(small) == 0, "destroy");
+    ep_destroy(&d);
+    ep_destroy(&a);
+    ep_destroy(&b);
+    CHECK(ibv_destroy_comp_channel(ch) == 0, "ibv_destroy_comp_channel");
+    printf("all checks: ok\n");
+    return 0;
+}

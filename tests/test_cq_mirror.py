@@ -1,0 +1,53 @@
+"""The CQ's mirror (softnic/core/cq.py): the view a C face's ibv_poll_cq reads
+without entering Python (shim.c's sn_cq_idle) must say [completions queued, or -1
+once overflowed or closed; armed] after every operation, or an empty-looking CQ
+would hide a completion from a spinning program."""
+
+from __future__ import annotations
+
+import array
+
+from hypothesis import given, settings, strategies as st
+
+from softnic.core.cq import CQ, WC
+from softnic.core.enums import WCOpcode, WCStatus
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("push"), st.integers(1, 3), st.booleans(), st.booleans()),
+    st.tuples(st.just("poll"), st.integers(1, 4)),
+    st.tuples(st.just("notify"), st.booleans()),
+    st.tuples(st.just("clean"), st.integers(1, 3)),
+    st.tuples(st.just("close"),)), max_size=60)
+
+
+def _expected(cq: CQ) -> list[int]:
+    return [-1 if cq.overflowed or cq.closed else len(cq.entries), int(cq.armed)]
+
+
+@settings(max_examples=300)
+@given(st.integers(1, 6), OPS)
+def test_the_mirror_follows_every_operation(depth, ops):
+    cq = CQ(1, depth)
+    cq.mirror = array.array("i", [0, 0])
+    cq.mirrored()
+    for op in ops:
+        if op[0] == "push":
+            _, qpn, solicited, ok = op
+            cq.push(WC(0, WCStatus.SUCCESS if ok else WCStatus.WR_FLUSH_ERR,
+                       WCOpcode.SEND, qpn), solicited=solicited)
+        elif op[0] == "poll":
+            try:
+                cq.poll(op[1])
+            except Exception:
+                assert cq.overflowed
+        elif op[0] == "notify":
+            cq.req_notify(op[1])
+        elif op[0] == "clean":          # as QP.clean_cqs drops a reset QP's completions
+            keep = [w for w in cq.entries if w.qp_num != op[1]]
+            cq.entries.clear()
+            cq.entries.extend(keep)
+            cq.mirrored()
+        else:
+            cq.closed = True
+            cq.mirrored()
+        assert list(cq.mirror) == _expected(cq), (op, list(cq.mirror), _expected(cq))
