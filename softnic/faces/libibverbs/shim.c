@@ -1136,9 +1136,10 @@ static int sn_cq_wait(struct sn_channel *c)
         struct pollfd p[2] = {{c->ch.fd, POLLIN, 0}, {sock, POLLIN, 0}};
         int n = poll(p, 2, 1000);         /* (each second: the lease renewed) */
         if (n < 0) {
-            if (errno == EINTR && !sn_signal_interrupts())
+            int e = errno;               /* (sn_signal_interrupts may change errno) */
+            if (e == EINTR && !sn_signal_interrupts())
                 continue;
-            ret = errno;
+            ret = e;
             break;
         }
         if (p[0].revents & POLLIN)
