@@ -492,7 +492,8 @@ def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
     held ACK still leaves (HOLD_LEASE)."""
     _waiter()
     monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)      # held until the post, here
-    a, b = _nics()
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)  # (no wake-up to publish counters,
+    a, b = _nics()                                       # whose step would send it early)
     try:
         ea, eb = _pair(a, b, timeout=22)                 # (no retransmission meanwhile: 17 s)
         b.end_lease(answering=True)                      # b spins on memory
@@ -552,6 +553,7 @@ def test_a_polling_receiver_of_a_stream_does_not_hold_its_acks(monkeypatch):
     (UCX's progress loop) would run out of window waiting for them."""
     _waiter()
     monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
     a, b = _nics()
     try:
         ea, eb = _pair(a, b, timeout=22)
