@@ -235,22 +235,24 @@ class EventChannel:
                     os.eventfd_read(self.fd)
                 except BlockingIOError:
                     continue
-                return self.take()
+                ev = self.take()
+                if ev is None:
+                    continue             # the count of an event purged meanwhile
+                return ev
             if end is not None and time.monotonic() >= end:
                 return None
 
     def purge(self, cid: "CmId") -> None:
         """Drop the events of a destroyed id (and the connection requests of a
-        destroyed listener), with their counts."""
+        destroyed listener).  Their counts stay in ``fd``: a reader may have read
+        one already and be on its way to ``take`` (the C face reads the count,
+        then takes), so reading them here could block for ever, holding the lock
+        that reader waits for.  A reader whose count finds no event reads again
+        (``get``; the C face's ``rdma_get_cm_event``)."""
         with self.lock:
             keep = deque(e for e in self.queue if e.id is not cid and e.listen_id is not cid)
             gone = [e for e in self.queue if e.id is cid or e.listen_id is cid]
             self.queue = keep
-            for _ in gone:
-                try:
-                    os.eventfd_read(self.fd)
-                except BlockingIOError:
-                    break
         for e in gone:
             if e.new and e.id is not cid:
                 e.id.destroy()

@@ -426,6 +426,8 @@ SN_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
     struct sn_cm_event e;
     memset(&e, 0, sizeof e);
     int r = sn_cm_get_event(c->h, &e);
+    if (r == EAGAIN)                    /* the count of an event purged meanwhile */
+        return rdma_get_cm_event(channel, event);
     if (r)
         return sn_err(r);
     struct sn_evt *evt = calloc(1, sizeof *evt);
