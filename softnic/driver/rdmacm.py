@@ -195,7 +195,13 @@ class Event:
 
 
 class EventChannel:
-    """Events for the ids that use this channel; ``fd`` is readable while one waits."""
+    """Events for the ids that use this channel; ``fd`` is readable while one waits.
+
+    ``fd`` counts the queued events, and both change together under ``lock``:
+    ``post`` adds one of each, ``take`` removes one of each (a reader waits for
+    ``fd`` to be readable, then takes), ``purge`` removes a destroyed id's events
+    with their counts.  Nothing reads ``fd`` without the lock, so a read there
+    never blocks on a count another thread took first."""
 
     def __init__(self, fd: int | None = None):
         #: an eventfd in semaphore mode; given by a face that owns it, or made here
@@ -213,9 +219,22 @@ class EventChannel:
             os.eventfd_write(self.fd, 1)
 
     def take(self) -> Event | None:
-        """Pop the next event after its count was read from ``fd``."""
+        """Pop the next event and read its count from ``fd``; None if none waits."""
         with self.lock:
-            return self.queue.popleft() if self.queue else None
+            if not self.queue or not self._counted():
+                return None
+            return self.queue.popleft()
+
+    def _counted(self) -> bool:
+        """Read one count from ``fd`` if it has one, without blocking (caller holds
+        the lock; ``fd`` may be a blocking descriptor, the C face's)."""
+        import select
+        p = select.poll()
+        p.register(self.fd, select.POLLIN)
+        if not p.poll(0):
+            return False
+        os.eventfd_read(self.fd)
+        return True
 
     def get(self, timeout: float | None = None) -> Event | None:
         """Block (without the caller's other locks) until an event, then take it."""
@@ -231,28 +250,23 @@ class EventChannel:
                     world.fabric.run(until=world.fabric.now + 1.0, stop=lambda: bool(self.queue))
             left = None if end is None else max(0.0, end - time.monotonic())
             if p.poll(None if left is None else int(left * 1000) + 1):
-                try:
-                    os.eventfd_read(self.fd)
-                except BlockingIOError:
-                    continue
                 ev = self.take()
                 if ev is None:
-                    continue             # the count of an event purged meanwhile
+                    continue             # another reader took it first
                 return ev
             if end is not None and time.monotonic() >= end:
                 return None
 
     def purge(self, cid: "CmId") -> None:
         """Drop the events of a destroyed id (and the connection requests of a
-        destroyed listener).  Their counts stay in ``fd``: a reader may have read
-        one already and be on its way to ``take`` (the C face reads the count,
-        then takes), so reading them here could block for ever, holding the lock
-        that reader waits for.  A reader whose count finds no event reads again
-        (``get``; the C face's ``rdma_get_cm_event``)."""
+        destroyed listener), with their counts."""
         with self.lock:
             keep = deque(e for e in self.queue if e.id is not cid and e.listen_id is not cid)
             gone = [e for e in self.queue if e.id is cid or e.listen_id is cid]
             self.queue = keep
+            for _ in gone:
+                if not self._counted():
+                    break
         for e in gone:
             if e.new and e.id is not cid:
                 e.id.destroy()

@@ -408,28 +408,36 @@ SN_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel,
     if (!channel || !event)
         return sn_err(EINVAL);
     struct sn_chan *c = to_chan(channel);
-    for (;;) {
-        uint64_t v;
-        /* a Python host (pyverbs) may call with the interpreter lock held: let the
-         * progress threads run while this waits */
-        void *gil = sn_gil_release();
-        ssize_t n = read(c->ch.fd, &v, sizeof v);
-        int e = errno;
-        sn_gil_restore(gil);
-        if (n == sizeof v)
-            break;
-        if (n < 0 && e == EINTR)
-            continue;
-        errno = e;
-        return -1;                      /* EAGAIN on a non-blocking channel */
-    }
     struct sn_cm_event e;
-    memset(&e, 0, sizeof e);
-    int r = sn_cm_get_event(c->h, &e);
-    if (r == EAGAIN)                    /* the count of an event purged meanwhile */
-        return rdma_get_cm_event(channel, event);
+    int r;
+    /* The channel's fd counts its events; the Python side reads a count as it
+     * takes the event (EventChannel.take), so here a blocking channel waits for
+     * the fd to be readable and never reads it itself. */
+    int fl = fcntl(c->ch.fd, F_GETFL);
+    for (;;) {
+        if (fl >= 0 && !(fl & O_NONBLOCK)) {
+            struct pollfd p = {c->ch.fd, POLLIN, 0};
+            /* a Python host (pyverbs) may call with the interpreter lock held: let
+             * the progress threads run while this waits */
+            void *gil = sn_gil_release();
+            int n = poll(&p, 1, -1);
+            int err = errno;
+            sn_gil_restore(gil);
+            if (n < 0 && err == EINTR)
+                continue;
+            if (n < 0) {
+                errno = err;
+                return -1;
+            }
+        }
+        memset(&e, 0, sizeof e);
+        r = sn_cm_get_event(c->h, &e);
+        if (r == EAGAIN && fl >= 0 && !(fl & O_NONBLOCK))
+            continue;                   /* another thread took it first: wait again */
+        break;
+    }
     if (r)
-        return sn_err(r);
+        return sn_err(r);               /* EAGAIN on a non-blocking channel */
     struct sn_evt *evt = calloc(1, sizeof *evt);
     if (!evt)
         return sn_err(ENOMEM);
