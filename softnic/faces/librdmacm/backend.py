@@ -31,6 +31,11 @@ def _new_handle() -> int:
     return h
 
 
+#: handles of destroyed channels (never reused: handles only grow), where a thread
+#: still in rdma_get_cm_event waits on, as on the kernel's rdma_cm fd
+_destroyed_chans: set[int] = set()
+
+
 def _chan(h: int) -> R.EventChannel:
     try:
         return _chans[h]
@@ -72,11 +77,14 @@ def sn_cm_destroy_channel(h):
     ch = _chans.pop(h, None)
     if ch is None:
         return errno.EINVAL
+    _destroyed_chans.add(h)
     ch.close()
 
 
 @extern()
 def sn_cm_get_event(ch, e):
+    if ch in _destroyed_chans:
+        return errno.EAGAIN             # a waiter on a destroyed channel waits on
     ev = _chan(ch).take()
     if ev is None:
         return errno.EAGAIN

@@ -209,7 +209,9 @@ SN_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
     struct sn_chan *c = to_chan(channel);
     sn_cm_destroy_channel(c->h);
     sn_park_fd(c->ch.fd);
-    free(c);
+    /* not freed: a thread of the program may still wait in rdma_get_cm_event on it
+     * (rping's CM thread does, as its main thread tears down), and goes on waiting,
+     * on the parked fd, as on the kernel's */
 }
 
 /* ------------------------------------------------------------------ ids */
