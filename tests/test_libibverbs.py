@@ -374,10 +374,13 @@ def test_c_polls_of_one_device(libdir, tmp_path):
     """tests/c/fastpoll.c, on one device (an empty poll may then be answered
     without entering Python: shim.c's sn_cq_idle): completions made while the
     program spins are found (a WRITE WITH IMM received, an error completion of
-    the retransmission timer), an armed CQ's empty poll leaves what arrives to
-    the device's progress thread while the program waits on the channel's fd
-    (every datagram leaves 2 ms late, from the progress thread, and a spinner's
-    lease is 5 s here), and an overflowed CQ reports it."""
+    the retransmission timer), the event of a SEND that arrives while the program,
+    after an armed CQ's empty poll, waits on the channel's fd (every datagram
+    leaves 2 ms late, from the progress thread, and a spinner's lease is 5 s
+    here), and an overflowed CQ reports it.  (That an armed CQ's empty poll gives
+    the lease back is not told apart here: with the poll answered in C ignoring
+    the armed flag, this program still passes, the progress thread's wake-ups for
+    the delayed send and its timers taking the SEND.)"""
     exe = compile_c("fastpoll", tmp_path)
     r = run(exe, faults="delay=2ms", extra_env={"SOFTNIC_SPIN_LEASE_US": "5000000"})
     assert r.returncode == 0, r.stdout + r.stderr

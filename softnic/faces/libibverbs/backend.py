@@ -526,6 +526,14 @@ def sn_req_notify_cq(h, solicited_only):
         o.eng.req_notify(bool(solicited_only))
 
 
+def _event_waiting(cqs):
+    """The first of a channel's CQs with an event not yet taken, or None."""
+    for cq in cqs:
+        if cq.eng.events > cq.taken:
+            return cq
+    return None
+
+
 @extern()
 def sn_cq_wait_begin(h, sock):
     """ibv_get_cq_event is about to sleep on the channel and the device's socket
@@ -546,7 +554,7 @@ def sn_cq_wait_step(h):
         return errno.EIO
     nic = ch.nic
     cqs = ch.cqs
-    if nic.waiter_step(lambda: any(cq.eng.events > cq.taken for cq in cqs)):
+    if nic.waiter_step(lambda: _event_waiting(cqs) is not None):
         return                           # an event: what the step holds waits for the program
     if nic.hold_for_waiter() < 0:
         return errno.EIO                 # (the device closed under the waiter)
@@ -568,10 +576,10 @@ def sn_get_cq_event(h, cookie):
     def ready():
         if ch.closed:
             return True
-        for cq in ch.cqs:
-            if cq.eng.events > cq.taken:
-                got.append(cq)
-                return True
+        cq = _event_waiting(ch.cqs)
+        if cq is not None:
+            got.append(cq)
+            return True
         return False
 
     with ch.nic.lock:                    # (the event is there: the channel said so)
