@@ -30,7 +30,7 @@ from verbs_api.device import Context, get_device_list
 import softnic.driver.config as _config
 import softnic.driver.nic as _nic
 from verbs_api.mr import MR
-from verbs_api.pyverbs_error import PyverbsRDMAError
+from verbs_api.pyverbs_error import PyverbsError, PyverbsRDMAError
 from verbs_api.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from verbs_api.srq import SRQ, SrqAttr, SrqInitAttr
 from verbs_api.wr import SGE, RecvWR, SendWR
@@ -214,6 +214,43 @@ def test_rdma_write_with_imm(rc):
     _ok(wc, e.IBV_WC_RECV_RDMA_WITH_IMM)
     assert wc.wr_id == 11 and socket.ntohl(wc.imm_data) == IMM and wc.byte_len == 3000
     assert b.mr.read(3000, 4096) == b'W' * 3000
+
+
+def test_cq_wait_moves_the_device_in_the_waiting_thread():
+    """``CQ._wait`` (softnic's, for the collectives): the caller's thread sleeps on the
+    device and takes what arrives itself, as many datagrams per step as wait, until a
+    completion is queued; the device's progress thread is left asleep.  An empty CQ
+    waits out its timeout and answers False; a closed one is refused."""
+    a, b = Side('softnic0', msg_size=1 << 16), Side('softnic1', msg_size=1 << 16)
+    try:
+        connect(a, b)
+        before = b.ctx._nic.counters['progress_wake_datagram']
+        for i in range(20):
+            b.qp.post_recv(RecvWR(i, 1, [SGE(b.mr.buf, 8, b.mr.lkey)]))
+            a.mr.write(bytes([i + 1]) * (1 << 16), 1 << 16)
+            wr = _signaled(i, e.IBV_WR_RDMA_WRITE_WITH_IMM, SGE(a.mr.buf, 1 << 16, a.mr.lkey))
+            wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+            wr.imm_data = i
+            a.qp.post_send(wr)
+            assert b.cq._wait(10.0)
+            n, wcs = b.cq.poll(4)
+            assert n == 1 and wcs[0].wr_id == i and wcs[0].imm_data == i, wcs
+            _ok(wcs[0], e.IBV_WC_RECV_RDMA_WITH_IMM)
+            assert b.mr.read(1 << 16, 0) == bytes([i + 1]) * (1 << 16)
+            _ok(poll(a.cq)[0], e.IBV_WC_RDMA_WRITE)
+        # 20 WRITEs of 64 datagrams each: taken by the waiting thread (1-2 wake-ups of
+        # the progress thread in all), not the progress thread (a wait that slept and
+        # polled leaves it one wake-up per WRITE, 21)
+        woke = b.ctx._nic.counters['progress_wake_datagram'] - before
+        assert woke < 10, woke
+        t = time.monotonic()
+        assert not b.cq._wait(0.05)
+        assert time.monotonic() - t >= 0.05
+    finally:
+        a.close()
+        b.close()
+    with pytest.raises(PyverbsError):
+        b.cq._wait(0.01)
 
 
 def test_rdma_read(rc):

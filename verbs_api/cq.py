@@ -150,6 +150,19 @@ class _CQBase(PyverbsCM):
             _idle(nic)
         return got
 
+    def _wait(self, timeout):
+        """softnic's own (pyverbs has no such call): block until this CQ holds a
+        completion (or has overflowed or closed), at most ``timeout`` seconds.  The
+        caller's thread moves the device meanwhile as its progress thread would
+        (every datagram that waits, acknowledgements every half window) and sleeps
+        on the device's socket between datagrams, instead of spinning on ``poll``,
+        whose inline step takes one datagram or run per call.  True if it holds
+        one."""
+        self._check()
+        ecq = self._ecq
+        return self._nic.wait_until(lambda: bool(ecq.entries) or ecq.overflowed or ecq.closed,
+                                    timeout=timeout)
+
     def req_notify(self, solicited_only=False):
         """Arm the CQ: the next completion (the next solicited one, if asked) raises an
         event on its channel."""
