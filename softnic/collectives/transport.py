@@ -508,6 +508,13 @@ class Transport:
             waiting = sorted(rs, key=lambda st: (self.rank - st.peer) % self.world)
             waiting = self._admit_more(waiting, 0)
         self._started()
+        # an inline step first: it takes what already waits and renews this thread's
+        # lease on the device, so the device's progress thread leaves what arrives
+        # during the posts below to this thread instead of waking to take it (after a
+        # pause between calls the lease has lapsed, and the two threads then pass the
+        # interpreter back and forth: allgather of 256 KiB, 2 ranks, 1 ms apart, 530
+        # against 340 us)
+        self._poll()
         nqp = self.nqp
         while ss or rs or self.zc_out:
             moved = False
