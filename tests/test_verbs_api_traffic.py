@@ -253,6 +253,33 @@ def test_cq_wait_moves_the_device_in_the_waiting_thread():
         b.cq._wait(0.01)
 
 
+def test_set_window_caps_the_packets_in_flight():
+    """``QP.set_window`` (softnic's, for the collectives): with a window of one packet
+    each packet of a WRITE waits for the ACK of the one before, so the sender gets an
+    ACK per packet; with the default (128) one or two for the whole WRITE.  Out of
+    range is EINVAL."""
+    for window, acks in ((None, (1, 4)), (1, (16, 64))):
+        a, b = Side('softnic0', msg_size=1 << 16), Side('softnic1', msg_size=1 << 16)
+        try:
+            if window is not None:
+                a.qp.set_window(window)
+            connect(a, b, mtu=e.IBV_MTU_4096)
+            before = a.ctx._nic.counters['rcvd_pkts']
+            a.mr.write(b'w' * (1 << 16), 1 << 16)
+            wr = _signaled(1, e.IBV_WR_RDMA_WRITE, SGE(a.mr.buf, 1 << 16, a.mr.lkey))
+            wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
+            a.qp.post_send(wr)
+            _ok(poll(a.cq)[0], e.IBV_WC_RDMA_WRITE)
+            assert b.mr.read(1 << 16, 0) == b'w' * (1 << 16)
+            got = a.ctx._nic.counters['rcvd_pkts'] - before
+            assert acks[0] <= got <= acks[1], (window, got)
+            for bad in (0, 1 << 23):
+                _rejected(lambda: a.qp.set_window(bad))
+        finally:
+            a.close()
+            b.close()
+
+
 def test_rdma_read(rc):
     a, b = rc
     data = os.urandom(30000)

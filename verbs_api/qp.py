@@ -417,6 +417,17 @@ class QP(PyverbsCM):
         except ValueError as ex:
             raise PyverbsError(f'Failed to set congestion control: {ex}') from None
 
+    def set_window(self, packets):
+        """softnic extension (not in pyverbs): the most packets this QP keeps sent and
+        not yet acknowledged (default 128, rxe's ``RXE_MAX_UNACKED_PSNS``), 1 to
+        2**22.  A stream's rate is at most this window per acknowledgement's round
+        trip, which through two Python processes is far longer than in a kernel.
+        Under selective repeat (``SOFTNIC_RECOVERY=sr``) both ends of a connection
+        must use the same."""
+        self._check()
+        engine_call(self._nic, 'Failed to set the window', self._nic.dev.set_qp_transport,
+                    self._eqp, window=int(packets))
+
     def _get_comp_mask(self, dst):
         return _COMP_MASKS[self._qp_type][dst] | _M.IBV_QP_STATE
 

@@ -177,6 +177,10 @@ class VirtualTransport(Transport):
     for the figures, when each message starts (its first chunk posted) and ends (its
     last chunk taken by the receiver): ``cluster.flows``."""
 
+    #: the engine's window: on the simulated fabric an ACK's round trip is the
+    #: fabric's, as the experiments' results assume
+    window = None
+
     def __init__(self, cluster: "VirtualCluster", rank: int, world: int, **kw):
         self.vc = cluster
         self._psns = random.Random(f"{cluster.seed}/psn/{rank}")
