@@ -92,8 +92,8 @@ SPIN_NAP = {"free": (1e-3, 1e-4), "oversubscribed": (2e-4, 1e-3)}
 # On softnic's own devices an idle rank instead sleeps on its device until a completion
 # reaches its CQ (``CQ._wait``), its thread moving the device as the progress thread
 # does: every datagram waiting per step, not the one run a spinning poll takes, and
-# its CPU free for the peer meanwhile (2 ranks, broadcast of 64 MiB: 36 ms spinning,
-# 27 ms waiting; ring allreduce of 64 MiB 102 ms, 64 ms).  0: spin and nap as above.
+# its CPU free for the peer meanwhile (2 ranks, broadcast of 64 MiB: 40 ms spinning,
+# 28 ms waiting; ring allreduce of 64 MiB 109 ms, 77 ms).  0: spin and nap as above.
 WAIT = os.environ.get("SOFTNIC_COLL_WAIT", "1") != "0"
 WAIT_SLICE = 0.05                     # seconds per wait, between checks of the peers
 ACCESS = v.e.IBV_ACCESS_LOCAL_WRITE | v.e.IBV_ACCESS_REMOTE_WRITE
