@@ -118,6 +118,64 @@ def test_communicator_checks_its_arguments():
         server.close()
 
 
+def test_a_message_below_a_slot_is_one_chunk_on_live_devices():
+    """``csize``: on softnic's live devices a message up to a slot goes as one chunk
+    (``min_chunk`` defaults to the slot), a larger one in slots; with a smaller
+    ``min_chunk`` a message is cut into quarters of at least that size."""
+    server = StoreServer("127.0.0.1", 0)
+    store = StoreClient(*server.address, 0)
+    comms = [Communicator(0, 1, store, prefix="cut"),
+             Communicator(0, 1, store, prefix="cut64", min_chunk=65536)]
+    try:
+        t, q = comms[0].transport, comms[1].transport
+        assert t.chunk == 1 << 20 and t.min_chunk == 1 << 20
+        assert [t.nchunks(n) for n in (1000, 256 << 10, 1 << 20, (4 << 20) + 1)] == \
+            [1, 1, 1, 5]
+        assert [q.csize(n) for n in (1000, 256 << 10, 1 << 20, 64 << 20)] == \
+            [65536, 65536, 256 << 10, 1 << 20]
+        assert [q.nchunks(n) for n in (1000, 256 << 10, 1 << 20, 64 << 20)] == [1, 4, 4, 64]
+        with pytest.raises(ValueError, match="smallest chunk -1"):
+            Communicator(0, 1, store, prefix="bad", min_chunk=-1)
+    finally:
+        for c in comms:
+            c.close()
+        store.close()
+        server.close()
+
+
+def test_ranks_cutting_messages_differently_refuse_to_connect():
+    """Every rank must cut a message alike and write into its peers' rings at the same
+    offsets: a rank whose smallest chunk, chunk or slots differ from a peer's fails to
+    connect with an error naming the setting, instead of misplacing data."""
+    import threading
+    from softnic.collectives import CollectiveError
+    server = StoreServer("127.0.0.1", 0)
+    for kw, env in (({"min_chunk": 65536}, "SOFTNIC_COLL_MIN_CHUNK"),
+                    ({"chunk": 65536}, "SOFTNIC_COLL_CHUNK"),
+                    ({"slots": 4}, "SOFTNIC_COLL_SLOTS")):
+        errors, comms = {}, []
+
+        def rank(r):
+            store = StoreClient(*server.address, r)
+            try:
+                comms.append(Communicator(r, 2, store, prefix=env, timeout=20,
+                                          **(kw if r else {})))
+            except CollectiveError as ex:
+                errors[r] = str(ex)
+            finally:
+                store.close()
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        for c in comms:
+            c.close()
+        assert sorted(errors) == [0, 1], (kw, errors)
+        assert all(f"set {env} alike on every rank" in e for e in errors.values()), errors
+    server.close()
+
+
 # ---------------------------------------------------------------------- N ranks against numpy
 
 
@@ -146,8 +204,9 @@ def _launch_worker(n, *flags, faults=None, timeout=120, env=None):
     (2, ("--quick", "--big"), {"SOFTNIC_COLL_SLOTS": "2", "SOFTNIC_COLL_CHUNK": "4096"}),
     # chunks striped over three QPs per peer, taken in order whichever QP brings them
     # (and sends of 64 KiB or more from the caller's registered memory)
+    # (and messages below a slot cut into quarters of at least 4 KiB, as in virtual time)
     (3, ("--quick", "--big"), {"SOFTNIC_COLL_QPS": "3", "SOFTNIC_COLL_CHUNK": "16384",
-                               "SOFTNIC_COLL_ZCOPY": "65536"}),
+                               "SOFTNIC_COLL_ZCOPY": "65536", "SOFTNIC_COLL_MIN_CHUNK": "4096"}),
     # receiver-driven admission: credits only from a receiver that admitted the sender,
     # one sender at a time, with small slots so messages span many grants
     (4, ("--quick", "--big"), {"SOFTNIC_COLL_ADMIT": "1", "SOFTNIC_COLL_SLOTS": "2",

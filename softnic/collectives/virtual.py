@@ -180,6 +180,9 @@ class VirtualTransport(Transport):
     #: the engine's window: on the simulated fabric an ACK's round trip is the
     #: fabric's, as the experiments' results assume
     window = None
+    #: chunks of a quarter of a message, at least 64 KiB: in virtual time a chunk costs
+    #: no CPU time of its own, and the experiments' pipelining is the fabric's concern
+    min_chunk_default = 64 * 1024
 
     def __init__(self, cluster: "VirtualCluster", rank: int, world: int, **kw):
         self.vc = cluster
