@@ -203,8 +203,8 @@ def _launch_worker(n, *flags, faults=None, timeout=120, env=None):
     # two 4 KiB slots per peer: messages of up to 80 chunks stall on credits all the time
     (2, ("--quick", "--big"), {"SOFTNIC_COLL_SLOTS": "2", "SOFTNIC_COLL_CHUNK": "4096"}),
     # chunks striped over three QPs per peer, taken in order whichever QP brings them
-    # (and sends of 64 KiB or more from the caller's registered memory)
-    # (and messages below a slot cut into quarters of at least 4 KiB, as in virtual time)
+    # (sends of 64 KiB or more from the caller's registered memory, and messages below a
+    # slot cut into quarters of at least 4 KiB, as virtual time cuts them)
     (3, ("--quick", "--big"), {"SOFTNIC_COLL_QPS": "3", "SOFTNIC_COLL_CHUNK": "16384",
                                "SOFTNIC_COLL_ZCOPY": "65536", "SOFTNIC_COLL_MIN_CHUNK": "4096"}),
     # receiver-driven admission: credits only from a receiver that admitted the sender,

@@ -21,10 +21,10 @@ way, not two.
 A message is cut into chunks of about a quarter of it, at least ``min_chunk``
 and at most a slot: on softnic's live devices ``min_chunk`` is the slot (a
 message up to a slot goes as one chunk, since each chunk costs CPU time of its
-own), in virtual time 64 KiB (so that mid-size messages pipeline).  Sends of 1 MiB and more
-(``SOFTNIC_COLL_ZCOPY``) leave from the caller's own memory: the buffer is
-registered once and the registration cached (``register``), so a chunk costs
-one WRITE and no copy; a collective returns only when those WRITEs are
+own), in virtual time 64 KiB (so that mid-size messages pipeline).  Sends of
+1 MiB and more (``SOFTNIC_COLL_ZCOPY``) leave from the caller's own memory: the
+buffer is registered once and the registration cached (``register``), so a
+chunk costs one WRITE and no copy; a collective returns only when those WRITEs are
 acknowledged, since the caller may then change the buffer.  Sends below 1 MiB
 are copied into a registered staging ring instead, which costs less than
 waiting for those acknowledgements.
