@@ -359,20 +359,32 @@ def test_middles_beyond_the_writes_length_are_refused_memory_untouched():
     assert counters["resp_nak_invalid_request"] == 1 and out
 
 
-def test_ack_every_packet_sends_every_middle_through_python():
-    """A MIDDLE that asks for an ACK is Python's: the kernel stops before it."""
-    counting = Counting(kernel())
-    cfg = DeviceConfig(min_timer=1e-3, ack_every=1)
-    a, b = Device("a", "10.0.0.1", config=cfg), Device("b", "10.0.0.2", config=cfg)
-    a.kernel = b.kernel = counting
-    ea, eb = connect(a, b, mtu=1024, timeout=10, endpoint_args={"buf_size": 1 << 16})
-    a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
-                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
-    for item in a.datagram_runs(0.0):
-        b.receive_run(bytes(item[0]), item[2] if len(item) > 2 else 0, a.address, 0.0)
-    assert counting.taken == 0
-    assert eb.qp.epsn == 8 and b.counters["rcvd_icrc_err"] == 0 == b.counters["rcvd_malformed"]
-    assert len(b.datagrams_to_send(0.0)) >= 1
+def test_middles_that_ask_for_an_ack_are_taken_and_each_ack_queued():
+    """A MIDDLE with AckReq is the kernel's too: its ACK is queued as ``accept``
+    queues it, so the ACKs that leave are the engine's (with ack_every=1, every
+    MIDDLE asks; the receiver's ACKs, coalesced, name the last PSN taken)."""
+    out = {}
+    for name, kern in (("python", None), ("kernel", Counting(kernel()))):
+        cfg = DeviceConfig(min_timer=1e-3, ack_every=1)
+        a = Device("a", "10.0.0.1", config=cfg)
+        b = Device("b", "10.0.0.2", config=DeviceConfig(min_timer=1e-3, ack_every=1,
+                                                        fast_path=kern is not None))
+        a.kernel = b.kernel = kern
+        ea, eb = connect(a, b, mtu=1024, timeout=10, endpoint_args={"buf_size": 1 << 16})
+        ea.buf.view[0:8192] = bytes(range(256)) * 32
+        a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+        for item in a.datagram_runs(0.0):
+            b.receive_run(bytes(item[0]), item[2] if len(item) > 2 else 0, a.address, 0.0)
+        out[name] = ([bytes(d) for d, _ in b.datagrams_to_send(0.0)], dict(b.counters),
+                     bytes(eb.buf.view[0:8192]), eb.qp.epsn)
+        if kern is not None:
+            assert kern.taken == 6                # the 6 MIDDLEs, each with AckReq
+    assert out["kernel"] == out["python"]
+    acks, counters, memory, epsn = out["kernel"]
+    assert epsn == 8 and memory == bytes(range(256)) * 32
+    assert counters["ack_deferred"] >= 6 and len(acks) >= 1
+    assert counters.get("rcvd_icrc_err", 0) == 0 == counters.get("rcvd_malformed", 0)
 
 
 def test_append_icrc_agrees_with_the_kernels_tx_icrc():

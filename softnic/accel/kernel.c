@@ -9,8 +9,9 @@
                      every ack_every packets, payload, ICRC), called by
                      requester._bulk;
      sn_rx_middles   responder.execute for a WRITE MIDDLE at the ePSN (sequence,
-                     size, room, placement), under the conditions of the comment
-                     COMMON_CASE in responder.py: the QP's are checked by its
+                     size, room, placement, the ACK its AckReq asks for),
+                     under the conditions of the comment COMMON_CASE in
+                     responder.py: the QP's are checked by its
                      caller, responder.receive_middles, each packet's here;
                      and, with selective repeat, responder._hold_placed_write
                      for a run of MIDDLEs beyond a hole (responder.
@@ -115,35 +116,46 @@ static inline void put_le32(uint8_t *p, uint32_t v)
      - BTH word 0 equal to w0 (the opcode, flags and P_Key the ICRC state
        ``start`` was computed for);
      - the destination QP dqpn, FECN and BECN clear;
-     - the expected PSN, AckReq clear (an AckReq is the engine's: accept queues
-       an ACK for it);
+     - the expected PSN;
      - room in the target: off + MTU <= len;
      - a good ICRC (``start``: the state after the pseudo header and the BTH's
        first 8 bytes, icrc_start, which covers w0 and dqpn).
-   Each is copied to dst + off.  At most max packets are taken.  Returns how
-   many; Python accounts for them (epsn, write offset, counters). */
+   Each is copied to dst + off.  At most max packets are taken.  A packet with
+   AckReq set is taken only with room in ``acks`` (cap entries): its index in
+   the run goes there, for Python to queue its ACK as accept does (with cap 0,
+   the run stops before it).  Returns how many; *nacks is how many of them
+   asked for an ACK; Python accounts for them (epsn, write offset, counters,
+   the ACKs). */
 int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
                   uint32_t dqpn, uint32_t epsn, uint32_t start, uint8_t *dst,
-                  uint64_t off, uint64_t len, uint32_t max)
+                  uint64_t off, uint64_t len, uint32_t max, uint32_t *acks,
+                  uint32_t cap, uint32_t *nacks)
 {
     size_t mtu = seg - BTH_LEN - ICRC_LEN;
-    uint32_t k = 0;
+    uint32_t k = 0, a = 0;
+    if (nacks)
+        *nacks = 0;
     if (seg <= BTH_LEN + ICRC_LEN)
         return 0;
     while (k < max && o + seg <= n) {
         const uint8_t *p = buf + o;
         uint32_t w2 = be32(p + 4), w3 = be32(p + 8);
-        if (be32(p) != w0 || (w2 & MASK) != dqpn || w2 >> 30 || w3 >> 31
-                || (w3 & MASK) != epsn || off + mtu > len)
+        if (be32(p) != w0 || (w2 & MASK) != dqpn || w2 >> 30
+                || (w3 & MASK) != epsn || off + mtu > len
+                || (w3 >> 31 && a >= cap))
             break;
         if (sn_crc32(start, p + 8, seg - 8 - ICRC_LEN) != le32(p + seg - ICRC_LEN))
             break;
         memcpy(dst + off, p + BTH_LEN, mtu);
+        if (w3 >> 31)
+            acks[a++] = k;
         off += mtu;
         epsn = (epsn + 1) & MASK;
         o += seg;
         k++;
     }
+    if (nacks)
+        *nacks = a;
     return (int)k;
 }
 

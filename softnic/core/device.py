@@ -133,6 +133,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         #: the compiled per-packet loops (``softnic.accel.load()``), given by the
         #: driver; None runs the same loops in Python
         self.kernel = None
+        self._rx_acks = None             # (ffi, uint32_t[]): the kernel's AckReqs of a run
         #: the agent behind QP1 (``core.cm.CM``), attached by whoever manages
         #: connections; None: MADs are counted and dropped
         self.gsi = None

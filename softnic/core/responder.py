@@ -871,17 +871,19 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
 
 
 _WRITE_MIDDLE = 0x07            # RC RDMA WRITE MIDDLE
+_ACKS_PER_RUN = 64              # AckReqs one kernel call takes (a GRO run is <= 64 datagrams)
 
 
 def receive_middles(dev, data, o: int, seg: int, src) -> int:
     """``receive_common`` for the run of a WRITE's MIDDLE packets from ``data[o:]``
     on (``seg`` bytes each), in the compiled kernel: the QP's COMMON_CASE
     conditions are checked here, each packet's in ``sn_rx_middles`` (the WRITE
-    being received and continued in sequence, P_Key, FECN/BECN, ePSN, AckReq
-    clear, room in the target, a whole MTU, a good ICRC); it places each and
-    stops at the first that is not so.  Each taken packet is then accounted for
-    as ``execute`` accounts for a MIDDLE: ``accept`` with neither last nor AckReq.
-    Returns how many it took."""
+    being received and continued in sequence, P_Key, FECN/BECN, ePSN, room in
+    the target, a whole MTU, a good ICRC); it places each and stops at the
+    first that is not so.  Each taken packet is then accounted for as
+    ``execute`` accounts for a MIDDLE: ``accept``, not last, which queues an
+    ACK for each that asked for one (AckReq) before the ePSN moves past the
+    run.  Returns how many it took."""
     if data[o] != _WRITE_MIDDLE:
         return 0
     qp = _common_qp(dev, int.from_bytes(data[o + 4:o + 8], "big"),
@@ -896,15 +898,23 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
     view = qp.write_view
     kern = dev.kernel
     ffi = kern.ffi
+    acks = dev._rx_acks
+    if acks is None or acks[0] is not ffi:
+        acks = dev._rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
+    out = acks[1]
     start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
     k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
                                int.from_bytes(data[o:o + 4], "big"), qp.qpn, qp.epsn,
                                start, ffi.from_buffer(view, require_writable=True),
-                               qp.write_off, min(qp.write_len, view.nbytes), 0xFFFFFFFF)
+                               qp.write_off, min(qp.write_len, view.nbytes), 0xFFFFFFFF,
+                               out + 1, _ACKS_PER_RUN, out)
     if k:
         dev.counters["rcvd_pkts"] += k
         qp.write_off += k * qp.mtu
-        accept(dev, qp, (qp.epsn + k - 1) & _MASK, False, False)
+        e = qp.epsn
+        for i in range(out[0]):          # accept's ACK for each MIDDLE that asked
+            queue_ack(dev, qp, (e + out[1 + i]) & _MASK)
+        accept(dev, qp, (e + k - 1) & _MASK, False, False)
         _nothing_held(qp)
     return k
 
@@ -946,7 +956,7 @@ def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
     k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
                                int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn,
                                start, ffi.from_buffer(view, require_writable=True),
-                               off, min(length - 1, view.nbytes), k)
+                               off, min(length - 1, view.nbytes), k, ffi.NULL, 0, ffi.NULL)
     if k:
         c = dev.counters
         c["rcvd_pkts"] += k
