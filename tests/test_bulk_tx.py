@@ -17,6 +17,7 @@ import struct
 import time
 import zlib
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from enginekit import pair, pattern
@@ -258,6 +259,78 @@ def test_device_datagram_runs_expand_to_datagrams_to_send():
     assert outs[0][1:] == outs[1][1:]
     assert outs[0][0][0][:12] == outs[1][0][0][:12]
     assert all(type(d) is bytes for d, _ in outs[1])
+
+
+def _gather_run(mtu: int, length: int, kern):
+    """A real WRITE's bulk run as a device that gathers leaves it: the Gather
+    (MIDDLEs and the LAST) and its segment size."""
+    p = pair(mtu=mtu, trace=False, endpoint_args={"buf_size": 1 << 17})
+    p.a.kernel, p.a.tx_gather = kern, True
+    p.ea.buf.view[0:length] = pattern(length)
+    p.a.post_send(p.ea.qp, SendWR(1, W.RDMA_WRITE, [p.ea.sge(0, length)], SendFlags.SIGNALED,
+                                  remote_addr=p.eb.buf.addr, rkey=p.eb.mr.rkey))
+    runs = [item for item in p.a.datagram_runs(0.0) if len(item) == 3]
+    assert len(runs) == 1 and type(runs[0][0]) is requester.Gather
+    return runs[0][0], runs[0][2]
+
+
+def test_a_gathered_run_puts_the_runs_datagrams_on_the_wire():
+    """``sn_send_gather``: each packet's BTH, its payload from registered memory
+    and its ICRC, one datagram each on the wire, the bytes ``flatten`` gives
+    (GSO cuts a 64 KiB run into more than one sendmsg: 60 MIDDLEs of 1 KiB)."""
+    from softnic import accel
+    kern = accel.load()
+    if kern is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    for mtu, length in ((1024, 62 * 1024 - 100), (4096, 5 * 4096), (256, 2000)):
+        g, seg = _gather_run(mtu, length, kern)
+        flat = bytes(g.flatten())
+        want = [flat[o:o + seg] for o in range(0, len(flat), seg)]
+        a, b = _pair_of_sockets()
+        try:
+            assert a.use_gather(kern)
+            a.send_runs([(b"head", b.address), (g, b.address, seg), (b"tail", b.address)])
+            got = _drain(b, len(want) + 2)
+            assert got == [b"head"] + want + [b"tail"], f"MTU {mtu}"
+            assert a.send_errors == 0
+        finally:
+            a.close()
+            b.close()
+
+
+class _RefusingKernel:
+    """A kernel whose gathered send finds no GSO (EINVAL) after ``ok`` datagrams."""
+
+    def __init__(self, k, ok: int):
+        import types
+        import errno
+
+        def send(fd, ip, port, heads, src, mtu, count, last, last_len, per_call, lost, err):
+            lost[0] = 0
+            err[0] = errno.EINVAL
+            return ok
+        self.ffi = k.ffi
+        self.lib = types.SimpleNamespace(sn_send_gather=send)
+
+
+def test_a_gathered_run_falls_back_to_one_datagram_each_where_gso_is_refused():
+    from softnic import accel
+    kern = accel.load()
+    if kern is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    g, seg = _gather_run(1024, 9 * 1024, kern)
+    flat = bytes(g.flatten())
+    want = [flat[o:o + seg] for o in range(0, len(flat), seg)]
+    a, b = _pair_of_sockets()
+    try:
+        assert a.use_gather(_RefusingKernel(kern, 3))
+        a.send_runs([(g, b.address, seg)])
+        assert not a.gso
+        assert _drain(b, len(want) - 3) == want[3:]      # the 3 it sent are not sent again
+        assert a.send_errors == 0
+    finally:
+        a.close()
+        b.close()
 
 
 class _NoGso:

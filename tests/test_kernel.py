@@ -94,7 +94,8 @@ def test_the_kernel_uses_isa_l_where_isal_is_installed():
 def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
     """``_bulk`` with the kernel gives, packet by packet, the bytes ``_build`` and
     ``append_icrc`` give with the AckReq cadence ``_send_packet`` follows, and the
-    same bytes and AckReq count as its Python loop."""
+    same bytes and AckReq count as its Python loop; so does the run it leaves in
+    memory for a driver that gathers (``requester.Gather``, laid end to end)."""
     dev, qp, wqe, _ = _wqe(c)
     end = wqe.npkts if c["op"] in requester._PLAIN_LAST else wqe.npkts - 1
     if end <= 1:
@@ -103,12 +104,21 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
     k = data.draw(st.integers(1, end - idx), label="k")
     got = {}
     counting = Counting(kernel())
-    for name, kern in (("python", None), ("kernel", counting)):
+    for name, kern, gather in (("python", None, False), ("kernel", counting, False),
+                               ("gather", kernel(), True)):
         dev.kernel = kern
+        dev.tx_gather = gather
         qp.pkts_since_ackreq = c["since"]
         buf, seg = requester._bulk(dev, qp, wqe, idx, k, qp.dest, c["ack_every"])
+        if gather:
+            middles = k - (idx + k - 1 == wqe.npkts - 1)
+            assert (type(buf) is requester.Gather) == (not c["cuts"] and middles > 0)
+            if type(buf) is requester.Gather:
+                assert len(buf) == len(buf.flatten())
+                buf = buf.flatten()
         got[name] = (bytes(buf), seg, qp.pkts_since_ackreq)
-    assert got["kernel"] == got["python"]
+    dev.tx_gather = False
+    assert got["kernel"] == got["python"] == got["gather"]
     buf, seg, since = got["kernel"]
     s = c["since"]
     for i in range(k):

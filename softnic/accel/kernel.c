@@ -7,7 +7,8 @@
 
      sn_tx_middles   requester._send_packet / _build for a MIDDLE (BTH, AckReq
                      every ack_every packets, payload, ICRC), called by
-                     requester._bulk;
+                     requester._bulk; sn_tx_heads, the same but the payload,
+                     which the driver gathers from memory as it sends;
      sn_rx_middles   responder.execute for a WRITE MIDDLE at the ePSN (sequence,
                      size, room, placement, the ACK its AckReq asks for),
                      under the conditions of the comment COMMON_CASE in
@@ -188,3 +189,32 @@ uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint
     }
     return s;
 }
+
+/* Send without copying the payload (requester._bulk for a driver that gathers,
+   ``Device.tx_gather``): of count MIDDLE packets, what sn_tx_middles builds but
+   the payload, 16 bytes a packet in heads: the BTH (12 bytes, AckReq as there)
+   and the ICRC (4), computed over the payload where it lies, src (an MTU a
+   packet, one after another).  The driver sends each packet as its BTH, its
+   MTU of src and its ICRC, gathered (sn_send_gather).  Returns the count s
+   after them. */
+uint32_t sn_tx_heads(uint8_t *heads, uint32_t count, uint32_t w0, uint32_t dqpn,
+                     uint32_t psn, uint32_t s, uint32_t ack_every, const uint8_t *src,
+                     size_t mtu, uint32_t start)
+{
+    for (uint32_t i = 0; i < count; i++) {
+        uint8_t *p = heads + 16 * (size_t)i;
+        uint32_t w3 = psn & MASK;
+        if (++s >= ack_every) {
+            s = 0;
+            w3 |= 0x80000000u;
+        }
+        put_be32(p, w0);
+        put_be32(p + 4, dqpn & MASK);
+        put_be32(p + 8, w3);
+        put_le32(p + BTH_LEN, sn_crc32(sn_crc32(start, p + 8, 4), src, mtu));
+        src += mtu;
+        psn = (psn + 1) & MASK;
+    }
+    return s;
+}
+

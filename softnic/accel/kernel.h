@@ -9,3 +9,6 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
 uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint32_t dqpn,
                        uint32_t psn, uint32_t s, uint32_t ack_every, const uint8_t *src,
                        size_t mtu, uint32_t start);
+uint32_t sn_tx_heads(uint8_t *heads, uint32_t count, uint32_t w0, uint32_t dqpn,
+                     uint32_t psn, uint32_t s, uint32_t ack_every, const uint8_t *src,
+                     size_t mtu, uint32_t start);

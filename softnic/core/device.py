@@ -134,6 +134,9 @@ class Device(Verbs, Dispatch, Output, Timers):
         #: driver; None runs the same loops in Python
         self.kernel = None
         self._rx_acks = None             # (ffi, uint32_t[]): the kernel's AckReqs of a run
+        #: the driver sends a ``requester.Gather`` (a run whose payload stays in
+        #: registered memory) as it is; False: every run is built whole
+        self.tx_gather = False
         #: the agent behind QP1 (``core.cm.CM``), attached by whoever manages
         #: connections; None: MADs are counted and dropped
         self.gsi = None

@@ -149,6 +149,8 @@ class Output:
                 npkts += item[3] - 1
                 seg = item[2]
                 if flat:
+                    if type(pkt) is requester.Gather:
+                        pkt = pkt.flatten()
                     mv = memoryview(pkt)
                     res.extend((bytes(mv[o:o + seg]), dest) for o in range(0, len(pkt), seg))
                 else:

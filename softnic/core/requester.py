@@ -250,10 +250,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
         n_last = wqe.length - last_idx * mtu
         pad = -n_last & 3
         size += BTH_LEN + n_last + pad + ICRC_LEN
-    buf = bytearray(size)
-    mv = memoryview(buf)
-    sip, dip, sport, dport = dev.ip, dest[0], dev.port, dest[1]
-    start = icrc_start(sip, dip, sport, dport, seg, _HEAD.pack(mid, 0, 0xFFFF, dqpn))
+    start = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg, _HEAD.pack(mid, 0, 0xFFFF, dqpn))
     psn = (wqe.first_psn + idx) & 0xFFFFFF
     s = qp.pkts_since_ackreq
     views = wqe.views
@@ -263,6 +260,21 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     o = 0
     kern = dev.kernel
     if kern is not None and one is not None and nmid and off + nmid * mtu <= len(one):
+        if dev.tx_gather:
+            # the loop below, in C, but for the payload, which stays where it is
+            heads = bytearray(16 * nmid)
+            ffi = kern.ffi
+            s = kern.lib.sn_tx_heads(
+                ffi.from_buffer(heads, require_writable=True), nmid, (mid << 24) | 0xFFFF,
+                dqpn, psn, s, ack_every, ffi.from_buffer(one) + off, mtu, start)
+            last = None
+            if has_last:
+                s = 0               # a LAST asks for an ACK: the count starts again
+                last = _plain_last(dev, qp, wqe, (psn + nmid) & 0xFFFFFF, off + nmid * mtu,
+                                   n_last, dest)
+            qp.pkts_since_ackreq = s
+            return Gather(heads, one[off:off + nmid * mtu], mtu, nmid, last), seg
+        buf = bytearray(size)
         # the loop below, in C
         ffi = kern.ffi
         s = kern.lib.sn_tx_middles(ffi.from_buffer(buf, require_writable=True), 0, nmid,
@@ -272,6 +284,9 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
         off += nmid * mtu
         o = nmid * seg
         nmid = 0
+    else:
+        buf = bytearray(size)
+    mv = memoryview(buf)
     for _ in range(nmid):
         s += 1
         if s >= ack_every:
@@ -287,17 +302,60 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
         o = e + ICRC_LEN
     if has_last:
         s = 0                       # a LAST asks for an ACK: the count starts again
-        lop = _PLAIN_LAST[op]
-        flags = (bool(int(wqe.flags) & _SOLICITED) << 7) | (pad << 4)
-        pack(buf, o, lop, flags, 0xFFFF, dqpn, 0x80000000 | psn)   # a LAST asks for an ACK
-        e = o + BTH_LEN + n_last
-        mv[o + BTH_LEN:e] = gather(wqe, off, n_last)
-        e += pad                                                     # zeros
-        start = icrc_start(sip, dip, sport, dport, e + ICRC_LEN - o,
-                           _HEAD.pack(lop, flags, 0xFFFF, dqpn))
-        put(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
+        _plain_last(dev, qp, wqe, psn, off, n_last, dest, buf, o)
     qp.pkts_since_ackreq = s
     return buf, seg
+
+
+def _plain_last(dev, qp, wqe, psn: int, off: int, n: int, dest, buf=None, o: int = 0):
+    """A plain LAST (``n`` bytes of ``wqe``'s payload from ``off``, PSN ``psn``), ICRC
+    and all, into ``buf`` at ``o`` (None: a new buffer, returned).  It asks for an
+    ACK, as every LAST does."""
+    pad = -n & 3
+    if buf is None:
+        buf = bytearray(BTH_LEN + n + pad + ICRC_LEN)
+    lop = _PLAIN_LAST[wqe.opcode]
+    flags = (bool(int(wqe.flags) & _SOLICITED) << 7) | (pad << 4)
+    dqpn = qp.attr.dest_qp_num & 0xFFFFFF
+    _HDR.pack_into(buf, o, lop, flags, 0xFFFF, dqpn, 0x80000000 | psn)
+    e = o + BTH_LEN + n
+    mv = memoryview(buf)
+    mv[o + BTH_LEN:e] = gather(wqe, off, n)
+    e += pad                                                     # zeros
+    start = icrc_start(dev.ip, dest[0], dev.port, dest[1], e + ICRC_LEN - o,
+                       _HEAD.pack(lop, flags, 0xFFFF, dqpn))
+    _ICRC.pack_into(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
+    return buf
+
+
+class Gather:
+    """A run ``_bulk`` left in registered memory for a driver that gathers
+    (``Device.tx_gather``): ``count`` MIDDLEs, each its BTH and ICRC (16 bytes
+    of ``heads``: the kernel's ``sn_tx_heads``) around its MTU of ``src``, then
+    ``last`` (a plain LAST, built whole) if not None.  ``flatten()`` is the run
+    laid end to end, the bytes ``_bulk`` builds without it."""
+
+    __slots__ = ("heads", "src", "mtu", "count", "last")
+
+    def __init__(self, heads: bytearray, src: memoryview, mtu: int, count: int, last):
+        self.heads = heads
+        self.src = src
+        self.mtu = mtu
+        self.count = count
+        self.last = last
+
+    def __len__(self) -> int:
+        return self.count * (BTH_LEN + self.mtu + ICRC_LEN) + \
+            (len(self.last) if self.last is not None else 0)
+
+    def flatten(self) -> bytearray:
+        h, src, mtu = memoryview(self.heads), self.src, self.mtu
+        parts = []
+        for i in range(self.count):
+            parts += (h[16 * i:16 * i + 12], src[i * mtu:(i + 1) * mtu], h[16 * i + 12:16 * i + 16])
+        if self.last is not None:
+            parts.append(self.last)
+        return bytearray(b"".join(parts))
 
 
 def _window_room(qp, psn: int) -> int:

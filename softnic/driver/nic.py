@@ -45,6 +45,7 @@ from pathlib import Path
 from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
+from ..core.requester import Gather
 from ..core.dispatch import RESPONSES as _RESPONSES
 from .. import accel as _accel
 from .faults import FaultInjector
@@ -79,10 +80,20 @@ SWITCH_INTERVAL = float(os.environ.get("SOFTNIC_SWITCH_INTERVAL_US", "500")) * 1
 #: about 0.1 ms at -10).  It runs briefly and sleeps, as a NIC's own engine would;
 #: 0 leaves it as it is.
 PROGRESS_NICE = int(os.environ.get("SOFTNIC_PROGRESS_NICE", "-10"))
+#: Send a long message's packets gathered from registered memory (the payload
+#: copied once, by the kernel into the socket buffer) rather than built whole
+#: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
+GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "no", "off", "false")
 _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
 _NO_DEADLINE = (1 << 63) - 1
+
+
+def _flat(buf):
+    """A run's buffer laid end to end (a ``Gather`` is only for the socket)."""
+    return buf.flatten() if type(buf) is Gather else buf
+
 # Reentrant, and never held while a device is built: the garbage collector may run in any
 # thread at any allocation (a new progress thread's start included) and close a device
 # whose last owner it collects (pyverbs' Context.__dealloc__ in the C face), which takes
@@ -309,6 +320,10 @@ class NIC(_Opened):
         self._ack_bytes = cfg_d.window * cfg_d.active_mtu // 2
         if self._runs:
             self.dev.kernel = _accel.load()
+            # a run's payload goes from registered memory to the socket, gathered
+            # (requester.Gather), where no capture or fault model needs its bytes
+            self.dev.tx_gather = GATHER and self.capture is None and self.injector is None \
+                and hasattr(self.sock, "use_gather") and self.sock.use_gather(self.dev.kernel)
         # The doorbell: verbs calls that need the sleeping thread (an earlier timer,
         # close) add one to it.  ``_sleep_until`` is the thread's planned wake-up while
         # it sleeps (-inf while it is awake, when nobody need ring).
@@ -670,7 +685,7 @@ class NIC(_Opened):
                 send(item[0], item[1], now, batch)
             else:
                 buf, addr, seg = item
-                mv = memoryview(buf).toreadonly()
+                mv = memoryview(_flat(buf)).toreadonly()
                 for o in range(0, len(mv), seg):
                     send(mv[o:o + seg], addr, now, batch)
         self.sock.send_batch(batch)
@@ -697,7 +712,7 @@ class NIC(_Opened):
             if len(keep) == n:
                 res.append(item)
                 continue
-            mv = memoryview(buf).toreadonly()
+            mv = memoryview(_flat(buf)).toreadonly()
             i, m = 0, len(keep)
             while i < m:
                 j = i
@@ -721,7 +736,7 @@ class NIC(_Opened):
             if len(item) == 2:
                 res.extend(_mcast.fan_out(item[0], addr[0], me))
             else:
-                mv = memoryview(item[0])
+                mv = memoryview(_flat(item[0]))
                 for o in range(0, len(mv), item[2]):
                     res.extend(_mcast.fan_out(mv[o:o + item[2]], addr[0], me))
         return res

@@ -11,14 +11,20 @@ so the wire carries the same datagrams as one ``sendto`` each), and with
 ``UDP_GRO`` the kernel hands up runs of datagrams from one source as one
 buffer with the segment size in a control message, which ``recv_batch``
 cuts apart again.  Both save a trip through the socket layer per packet.
+A requester's run whose payload stays in registered memory
+(``core.requester.Gather``) goes down gathered, each packet's header, payload
+and ICRC, through the compiled kernel's ``sn_send_gather`` (``use_gather``).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import struct
+
+from ..core.requester import Gather
 
 Address = tuple[str, int]
 MAX_DATAGRAM = 65535
@@ -30,6 +36,7 @@ UDP_GRO = getattr(socket, "UDP_GRO", 104)            # linux/udp.h: receive coal
 GSO_MAX_SEGMENTS = 64                                # UDP_MAX_SEGMENTS in the kernel
 GSO_MAX_BYTES = 65507                                # one IPv4 UDP payload at most
 _U16 = struct.Struct("=H")
+_U32 = struct.Struct("!I")
 _MSG_TRUNC = int(socket.MSG_TRUNC)           # a plain int: IntFlag operations are slow
 _I32 = struct.Struct("=i")
 
@@ -67,6 +74,9 @@ class UdpSocket:
         self._rxview = memoryview(self._rxbuf)
         self._rxbufs = [self._rxview]
         self._gso_cmsg = {}
+        self._gather = None                 # the kernel, once use_gather() says yes
+        self._gather_out = None
+        self._ip_u32: dict[str, int] = {}
         p = select.poll()
         p.register(s.fileno(), select.POLLIN)
         #: ``readable(0)``: does a datagram wait?  (A poll(2) costs a quarter of
@@ -151,6 +161,11 @@ class UdpSocket:
                 self.send_batch(pending)
                 pending = []
             buf, addr, seg = item
+            if type(buf) is Gather:
+                if self.gso and self._gather is not None:
+                    self._send_gather(buf, addr, seg)
+                    continue
+                buf = buf.flatten()
             total = len(buf)
             if not self.gso or total <= seg:
                 mv = memoryview(buf)
@@ -167,6 +182,44 @@ class UdpSocket:
                     self._send_gso([mv[o:e]], seg, addr, -(-(e - o) // seg))
         if pending:
             self.send_batch(pending)
+
+    def use_gather(self, kernel) -> bool:
+        """Send ``requester.Gather`` runs with ``kernel``'s ``sn_send_gather`` (the
+        payload gathered from registered memory, no copy of it here); True if this
+        socket can (GSO on, IPv4)."""
+        if kernel is None or not self.gso or self.sock.family != socket.AF_INET:
+            return False
+        self._gather = kernel
+        self._gather_out = kernel.ffi.new("uint32_t *"), kernel.ffi.new("int *")
+        return True
+
+    def _send_gather(self, g: Gather, addr: Address, seg: int) -> None:
+        """One ``Gather`` run to ``addr``: ``sn_send_gather`` (GSO, as many segments
+        per ``sendmsg`` as ``_send_gso`` sends); without GSO after all, the rest
+        one by one."""
+        k = self._gather
+        ffi = k.ffi
+        ip = self._ip_u32.get(addr[0])
+        if ip is None:
+            ip = self._ip_u32[addr[0]] = _U32.unpack(socket.inet_aton(addr[0]))[0]
+        lost, err = self._gather_out
+        last = g.last
+        done = k.lib.sn_send_gather(
+            self.sock.fileno(), ip, addr[1], ffi.from_buffer(g.heads), ffi.from_buffer(g.src),
+            g.mtu, g.count, ffi.from_buffer(last) if last is not None else ffi.NULL,
+            len(last) if last is not None else 0,
+            min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg), lost, err)
+        self.send_errors += lost[0]
+        e = err[0]
+        if not e:
+            return
+        if e in (errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EIO):
+            self.gso = False                     # no segmentation offload here: one by one
+            mv = memoryview(g.flatten())
+            for o in range(done * seg, len(mv), seg):
+                self.send(mv[o:o + seg], addr)
+            return
+        raise OSError(e, os.strerror(e))
 
     def _send_gso(self, parts: list, seg: int, addr: Address, count: int) -> None:
         cmsg = self._gso_cmsg.get(seg)
