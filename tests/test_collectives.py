@@ -152,7 +152,8 @@ def test_ranks_cutting_messages_differently_refuse_to_connect():
     server = StoreServer("127.0.0.1", 0)
     for kw, env in (({"min_chunk": 65536}, "SOFTNIC_COLL_MIN_CHUNK"),
                     ({"chunk": 65536}, "SOFTNIC_COLL_CHUNK"),
-                    ({"slots": 4}, "SOFTNIC_COLL_SLOTS")):
+                    ({"slots": 4}, "SOFTNIC_COLL_SLOTS"),
+                    ({"direct": 65536}, "SOFTNIC_COLL_DIRECT")):
         errors, comms = {}, []
 
         def rank(r):
@@ -174,6 +175,72 @@ def test_ranks_cutting_messages_differently_refuse_to_connect():
         assert sorted(errors) == [0, 1], (kw, errors)
         assert all(f"set {env} alike on every rank" in e for e in errors.values()), errors
     server.close()
+
+
+def _two_ranks(body, **kw):
+    """Run ``body(comm)`` on two ranks as threads of this process; their results."""
+    import threading
+    server = StoreServer("127.0.0.1", 0)
+    out, errors = {}, {}
+
+    def rank(r):
+        store = StoreClient(*server.address, r)
+        try:
+            c = Communicator(r, 2, store, prefix="two", timeout=30, **kw)
+            try:
+                out[r] = body(c)
+            finally:
+                c.close()
+        except Exception as ex:         # reported below, with the rank
+            errors[r] = repr(ex)
+        finally:
+            store.close()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    server.close()
+    assert not errors, errors
+    return out
+
+
+def test_large_copied_receives_land_in_the_callers_memory():
+    """A receive of ``direct`` bytes or more that is copied (a broadcast's, an
+    allgather's) lands in the caller's registered array: its sender asks where
+    (a descriptor per large message) and writes there; a reduction's goes through
+    the ring (its descriptor says so).  The data is exact either way; with
+    ``direct=0`` no descriptor is sent."""
+    n = (3 << 20) // 4 + 5                      # 3 MiB and a bit: several chunks
+
+    def body(c):
+        r = c.rank
+        b = np.arange(n, dtype=np.float32) * 3 if r == 0 else np.zeros(n, np.float32)
+        c.broadcast(b, 0)
+        x = np.arange(n, dtype=np.float32) + r
+        c.allreduce(x)
+        src = np.arange(n // 2, dtype=np.float32) + 1e6 * r
+        out = np.empty(n // 2 * 2, np.float32)
+        c.allgather(src, out)
+        t = c.transport
+        return (np.array_equal(b, np.arange(n, dtype=np.float32) * 3),
+                np.array_equal(x, 2 * np.arange(n, dtype=np.float32) + 1),
+                np.array_equal(out, np.concatenate([np.arange(n // 2, dtype=np.float32) + 1e6 * k
+                                                    for k in (0, 1)])),
+                t.desc_sent[1 - r], t.desc_used[1 - r], t.direct_recvs)
+    for direct, described in ((1 << 20, True), (0, False)):
+        res = _two_ranks(body, direct=direct)
+        for r in (0, 1):
+            bc, ar, ag, sent, used, direct_recvs = res[r]
+            assert bc and ar and ag, (direct, r, res[r])
+            # the allgather's receive, the allreduce's second half (an allgather of
+            # the reduced halves) and rank 1's of the broadcast landed in place; the
+            # allreduce's reduction did not
+            assert direct_recvs == (r + 2 if direct else 0), (direct, res)
+            # each rank received the allreduce's messages and the allgather's; rank 1
+            # the broadcast too: a descriptor for each large one, each used by the peer
+            assert (sent > 0) == described and (used > 0) == described, (direct, res)
+            assert sent == res[1 - r][4]
 
 
 # ---------------------------------------------------------------------- N ranks against numpy
@@ -241,9 +308,11 @@ def test_collectives_use_the_pyverbs_api_only():
 @pytest.mark.parametrize("n, faults, flags, env", [
     (2, "loss=0.05", ("--quick",), None),
     # 2 % loss and reordering on every link, the ring and the chain with many chunks,
-    # striped over two QPs per peer, sent from the callers' registered memory
+    # striped over two QPs per peer, sent from the callers' registered memory and
+    # received into theirs (direct receives from 64 KiB)
     (4, "loss=0.02,reorder=0.02/300us", ("--quick", "--big"),
-     {"SOFTNIC_COLL_QPS": "2", "SOFTNIC_COLL_CHUNK": "32768", "SOFTNIC_COLL_ZCOPY": "65536"}),
+     {"SOFTNIC_COLL_QPS": "2", "SOFTNIC_COLL_CHUNK": "32768", "SOFTNIC_COLL_ZCOPY": "65536",
+      "SOFTNIC_COLL_DIRECT": "65536"}),
 ], ids=["2-ranks-loss", "4-ranks-loss-reorder-2-qps"])
 def test_collectives_match_numpy_under_loss(n, faults, flags, env):
     dropped = _launch_worker(n, *flags, faults=faults, env=env)

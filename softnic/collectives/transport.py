@@ -66,6 +66,7 @@ import numpy as np
 from . import _verbs as v
 
 CREDIT_FLAG = 0x80000000            # immediate of a credit return: the flag, the count below
+DESC_FLAG = 0x40000000              # ... with this bit too: a receive's descriptor, its index below
 SEQ_MASK = 0xFFFFFF                  # immediate of a chunk: its sequence number (24 bits)...
 PIGGY_SHIFT, PIGGY_MAX = 24, 0x7F    # ... and credits returned with it (7 bits)
 DEFAULT_CHUNK = 1 << 20             # the largest chunk, the size of a receive slot
@@ -85,6 +86,12 @@ DEFAULT_QPS = 4
 # tools/coll_qps.py --zcopy)
 ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 1 << 20))
 MR_CACHE = 16                         # registrations of callers' buffers kept
+# Receives this big whose data is copied (a broadcast's, an allgather's; not a reduction's)
+# land in the caller's own memory: the receiver registers it and tells the sender where, so
+# a chunk costs no copy out of the receive ring (2 ranks, broadcast of 64 MiB: the copy out
+# of the ring was about a third of the receiver's time).  0: every receive through the ring.
+DIRECT_MIN = int(os.environ.get("SOFTNIC_COLL_DIRECT", 1 << 20))
+DESC_LEN = 16                         # a descriptor: address (8 bytes), rkey (4), spare (4)
 # Each QP's window (packets sent and not yet acknowledged) on softnic's devices, above
 # the engine's 128 (rxe's): a 1 MiB chunk is 256 packets, and an ACK's round trip
 # through two Python processes is 100-200 us, so 128 packets (512 KiB) per QP held a
@@ -139,9 +146,13 @@ class _Stream:
     each cut into chunks.  ``i``/``k``/``off``: the current segment, its next chunk and
     that chunk's byte offset.  A send stream has, per segment, the lkey of a
     registration holding it (None: stage a copy); a receive stream the ufunc that
-    reduces into it (None: copy) and the dtype it reduces in."""
+    reduces into it (None: copy) and the dtype it reduces in.  ``direct``, per
+    segment: for a send, None while the receiver's descriptor of a large one is
+    awaited, then ``(addr, rkey)`` where it lands in the receiver's own memory or
+    False for its ring; for a receive, whether it lands in ``segs`` itself (None:
+    no segment does)."""
     __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "csz", "i", "k", "off", "gate",
-                 "lkeys", "end")
+                 "lkeys", "end", "direct")
 
     def __init__(self, peer, segs, csize, ops=None, dtypes=None, gate=None, lkeys=None):
         self.peer, self.segs = peer, segs
@@ -152,6 +163,7 @@ class _Stream:
         self.gate = gate
         self.lkeys = lkeys
         self.end = None         # admission: the peer's sequence number after this message
+        self.direct = None
 
     def done(self) -> bool:
         return self.i >= len(self.segs)
@@ -176,17 +188,20 @@ class Transport:
     window: int | None = WINDOW
     #: the smallest chunk a message is cut into (``MIN_CHUNK``), where the argument does not say
     min_chunk_default: int = MIN_CHUNK
+    #: the smallest receive that lands in the caller's memory (``DIRECT_MIN``; 0: none)
+    direct_default: int = DIRECT_MIN
 
     def __init__(self, rank: int, world: int, store, prefix: str = "softnic", *,
                  device: str | None = None, chunk: int | None = None,
                  slots: int | None = None, qps: int | None = None, zcopy: int | None = None,
                  admit: int | None = None, qp_timeout: int | None = None,
-                 min_chunk: int | None = None, timeout: float = 60.0):
+                 min_chunk: int | None = None, direct: int | None = None,
+                 timeout: float = 60.0):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside 0..{world - 1}")
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
         self.timeout = timeout
-        self._settings(chunk, slots, qps, admit, qp_timeout, min_chunk)
+        self._settings(chunk, slots, qps, admit, qp_timeout, min_chunk, direct)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         spin, nap = SPIN_NAP["oversubscribed" if local > (os.cpu_count() or 1) else "free"]
         self.spin = float(os.environ.get("SOFTNIC_COLL_SPIN", spin))
@@ -207,7 +222,11 @@ class Transport:
         peers = [p for p in range(world) if p != rank]
         self.peers = peers
         self.sq_depth = self.slots + 4                  # data chunks plus credit returns
-        self.rq_depth = 2 * self.slots + self.rq_batch + 4  # data, credits, unreposted
+        # descriptors of direct receives in flight per peer: at most a call's receives
+        # from it (a run ends only when the peer has used them all)
+        self.ndesc = 2 * world + 8 if self.direct else 0
+        self.rq_depth = 2 * self.slots + self.rq_batch + 4 + self.ndesc  # data, credits,
+        # unreposted, descriptors
         self.cq = v.CQ(self.ctx, max(1, len(peers) * self.nqp) * (self.sq_depth + self.rq_depth)
                        + 16)
         if WAIT and hasattr(self.cq, "_wait") and hasattr(getattr(self.cq, "_nic", None),
@@ -224,6 +243,10 @@ class Transport:
         self.send_mr = self._region(stage_region, v.e.IBV_ACCESS_LOCAL_WRITE)
         self.recv_mem = _u8_view(self.recv_mr.buf, region)
         self.send_mem = _u8_view(self.send_mr.buf, stage_region)
+        # peers' descriptors of their direct receives land here, a ring of ndesc per peer
+        self.desc_mr = self._region(max(1, world * self.ndesc * DESC_LEN), ACCESS)
+        self.desc_mem = _u8_view(self.desc_mr.buf, max(1, world * self.ndesc * DESC_LEN))
+        self._desc_out = np.zeros(DESC_LEN, np.uint8)  # a descriptor on its way (inline)
         self._keep: list = []                   # staged copies of this call's large sends
         self._mrs: OrderedDict[tuple[int, int], object] = OrderedDict()
         self._call_mrs: list = []               # registrations for this call only
@@ -238,8 +261,9 @@ class Transport:
         for p in peers:
             self.qps[p] = []
             for _ in range(self.nqp):
-                cap = v.QPCap(max_send_wr=self.sq_depth, max_recv_wr=self.rq_depth,
-                              max_send_sge=1, max_recv_sge=1)
+                cap = v.QPCap(max_send_wr=self.sq_depth + self.ndesc,
+                              max_recv_wr=self.rq_depth, max_send_sge=1, max_recv_sge=1,
+                              max_inline_data=DESC_LEN if self.ndesc else 0)
                 qp = v.QP(self.pd, v.QPInitAttr(qp_type=v.e.IBV_QPT_RC, scq=self.cq,
                                                 rcq=self.cq, cap=cap, sq_sig_all=1))
                 if self.window and hasattr(qp, "set_window"):
@@ -260,14 +284,20 @@ class Transport:
         self.consumed = dict.fromkeys(peers, 0)      # chunks taken by a receive
         self.landed = {p: bytearray(self.slots) for p in peers}  # by seq mod slots
         self.owed = dict.fromkeys(peers, 0)          # credits to return to the peer
+        self.desc_sent = dict.fromkeys(peers, 0)     # descriptors sent to the peer
+        self.desc_landed = dict.fromkeys(peers, 0)   # descriptors the peer sent, landed
+        self.desc_used = dict.fromkeys(peers, 0)     # ... and taken by a send
+        self.direct_recvs = 0                        # receives that landed in callers' memory
         self.zc_out = 0                              # zero-copy WRITEs not yet completed
         self._connect(peers)
 
     # ------------------------------------------------------------------ setup
 
-    def _settings(self, chunk, slots, qps, admit, qp_timeout, min_chunk=None) -> None:
-        """The chunk size, slots, QPs per peer, QP timeout, admission and smallest chunk:
-        the arguments, else the environment, else the defaults; checked."""
+    def _settings(self, chunk, slots, qps, admit, qp_timeout, min_chunk=None,
+                  direct=None) -> None:
+        """The chunk size, slots, QPs per peer, QP timeout, admission, smallest chunk and
+        smallest direct receive: the arguments, else the environment, else the
+        defaults; checked."""
         self.chunk = int(chunk or os.environ.get("SOFTNIC_COLL_CHUNK", DEFAULT_CHUNK))
         self.min_chunk = int(min_chunk or self.min_chunk_default)
         if self.min_chunk <= 0:
@@ -287,6 +317,10 @@ class Transport:
             raise ValueError(f"QP timeout {self.qp_timeout}: give 0 to 31")
         self.admit = int(admit if admit is not None else
                          os.environ.get("SOFTNIC_COLL_ADMIT", 0)) or None
+        self.direct = int(direct if direct is not None else self.direct_default)
+        if self.direct < 0:
+            raise ValueError(f"direct receives from {self.direct} bytes: give a size, or 0 "
+                             "for none")
         if self.admit is not None and self.admit < 1:
             raise ValueError(f"admit {self.admit}: give the number of senders a receiver "
                              "admits at once (>= 1), or 0 for none")
@@ -304,6 +338,8 @@ class Transport:
         me = {"gid": str(gid), "rkey": self.recv_mr.rkey, "addr": self.recv_mr.buf,
               "nqp": self.nqp, "admit": self.admit, "window": self.window,
               "chunk": self.chunk, "slots": self.slots, "min_chunk": self.min_chunk,
+              "direct": self.direct, "desc_rkey": self.desc_mr.rkey,
+              "desc_addr": self.desc_mr.buf,
               "qpn": {str(p): [qp.qp_num for qp in self.qps[p]] for p in peers},
               "psn": {str(p): psns[p] for p in peers}}
         self.store.set(f"{self.prefix}/conn/{self.rank}", json.dumps(me).encode())
@@ -328,7 +364,9 @@ class Transport:
             # size give, and both ends cut a message into chunks alike
             for key, what, env in (("chunk", "slots of", "SOFTNIC_COLL_CHUNK"),
                                    ("slots", "slots per peer:", "SOFTNIC_COLL_SLOTS"),
-                                   ("min_chunk", "chunks of at least", "SOFTNIC_COLL_MIN_CHUNK")):
+                                   ("min_chunk", "chunks of at least", "SOFTNIC_COLL_MIN_CHUNK"),
+                                   ("direct", "direct receives from",
+                                    "SOFTNIC_COLL_DIRECT")):
                 if self.remote[p].get(key) != getattr(self, key):
                     raise CollectiveError(f"rank {self.rank}: rank {p} uses {what} "
                                           f"{self.remote[p].get(key)}, this rank "
@@ -409,7 +447,7 @@ class Transport:
             except Exception:           # a peer already gone: nothing left to protect
                 pass
         for obj in (self.qp_list + list(self._mrs.values()) + self._call_mrs
-                    + [self.recv_mr, self.send_mr, self.cq, self.pd, self.ctx]):
+                    + [self.recv_mr, self.send_mr, self.desc_mr, self.cq, self.pd, self.ctx]):
             try:
                 obj.close()
             except v.PyverbsError:
@@ -418,11 +456,13 @@ class Transport:
 
     # ------------------------------------------------------------------ registrations
 
-    def register(self, arr: np.ndarray) -> None:
-        """Register ``arr``'s memory (if big enough to be worth it) so that sends from it,
-        or any part of it, leave without a copy.  Kept in a small cache of the most
-        recently used buffers (softnic's device), or for this call only (a real one)."""
-        if arr.nbytes < self.zc_min:
+    def register(self, arr: np.ndarray, least: int | None = None) -> None:
+        """Register ``arr``'s memory (if big enough to be worth it: ``least`` bytes, by
+        default the smallest zero-copy send) so that sends from it, or any part of it,
+        leave without a copy, and large receives into it land there.  Kept in a small
+        cache of the most recently used buffers (softnic's device), or for this call
+        only (a real one)."""
+        if arr.nbytes < (self.zc_min if least is None else least):
             return
         addr = arr.ctypes.data
         key = (addr, arr.nbytes)
@@ -431,7 +471,7 @@ class Transport:
             self._mrs.move_to_end(key)
             return
         try:
-            mr = v.MR(self.pd, arr.nbytes, v.e.IBV_ACCESS_LOCAL_WRITE, address=addr)
+            mr = v.MR(self.pd, arr.nbytes, ACCESS, address=addr)
         except v.PyverbsError:
             return                          # not registrable here: sends are staged
         if not self.cache_mrs:
@@ -444,16 +484,21 @@ class Transport:
             old.close()
 
     def _lkey(self, seg: np.ndarray):
-        if seg.nbytes < self.zc_min:
+        mr = self._mr_of(seg, self.zc_min)
+        return None if mr is None else mr.lkey
+
+    def _mr_of(self, seg: np.ndarray, least: int):
+        """The registration holding ``seg`` (made now if none does and ``seg`` has
+        ``least`` bytes or more), or None."""
+        if seg.nbytes < least:
             return None
         lo = seg.ctypes.data
         hi = lo + seg.nbytes
         for (addr, n), mr in self._mrs.items():
             if addr <= lo and hi <= addr + n:
-                return mr.lkey
-        self.register(seg)
-        mr = self._mrs.get((lo, seg.nbytes))
-        return None if mr is None else mr.lkey
+                return mr
+        self.register(seg, least)
+        return self._mrs.get((lo, seg.nbytes))
 
     def _end_call(self) -> None:
         for mr in self._call_mrs:
@@ -560,6 +605,11 @@ class Transport:
         # interpreter back and forth: allgather of 256 KiB, 2 ranks, 1 ms apart, 530
         # against 340 us)
         self._poll()
+        if self.direct:
+            for st in ss:
+                st.direct = self._large(st)
+            for st in rs:
+                self._describe(st)
         nqp = self.nqp
         while ss or rs or self.zc_out:
             moved = False
@@ -571,6 +621,9 @@ class Transport:
                     qi = first + self.send_seq[p] % nqp
                     if self.sq_out[qi] >= self.sq_depth - 1:
                         break
+                    if st.k == 0 and st.direct is not None and st.direct[st.i] is None \
+                            and not self._take_desc(st):
+                        break               # a large message waits for where it goes
                     self._post_chunk(st, qi)
                     moved = True
             moved |= self._poll()
@@ -649,6 +702,82 @@ class Transport:
             f"rank {self.rank}: no progress for {how_long} waiting on rank(s) "
             f"{waiting} (dead, hung, or not in the same collective)")
 
+    # ------------------------------------------------------------------ direct receives
+
+    def _large(self, st: _Stream):
+        """Per segment of ``st``, None for those a descriptor will be sent for (the
+        first ``ndesc`` of ``direct`` bytes or more), False for the rest; None if none
+        is.  Sender and receiver apply the same rule to the same sizes."""
+        k = 0
+        out = []
+        for seg in st.segs:
+            big = seg.nbytes >= self.direct and k < self.ndesc
+            k += big
+            out.append(None if big else False)
+        return out if k else None
+
+    def _describe(self, st: _Stream) -> None:
+        """A receive stream starts: for each of its large segments, tell the sender
+        where it goes, in order: into the caller's memory (registered, if the data is
+        copied there, not reduced) or into the ring."""
+        large = self._large(st)
+        if large is None:
+            return
+        st.direct = [False] * len(st.segs)
+        for i, seg in enumerate(st.segs):
+            if large[i] is False:
+                continue
+            mr = self._mr_of(seg, self.direct) if st.ops[i] is None else None
+            if mr is not None:
+                st.direct[i] = True
+                self.direct_recvs += 1
+                self._post_desc(st.peer, seg.ctypes.data, mr.rkey, True)
+            else:
+                self._post_desc(st.peer, 0, 0, False)
+
+    def _post_desc(self, p: int, addr: int, rkey: int, direct: bool) -> None:
+        """Descriptor number ``desc_sent[p]`` to ``p``: a WRITE_WITH_IMM into its ring of
+        them (inline: the WR carries the bytes, so a resend sends these)."""
+        j = self.desc_sent[p]
+        qi = self.first_qp[p]
+        while self.sq_out[qi] >= self.sq_depth + self.ndesc - 1:
+            if not self._poll():
+                self._idle([])
+        d = self._desc_out
+        d.view(np.uint64)[0] = addr
+        d.view(np.uint32)[2] = rkey
+        d.view(np.uint32)[3] = (j & 0x7FFFFFFF) | (direct << 31)
+        wr = v.SendWR(wr_id=p, opcode=v.e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1,
+                      sg=[v.SGE(d.ctypes.data, DESC_LEN, 0)],
+                      send_flags=v.e.IBV_SEND_INLINE,
+                      imm_data=CREDIT_FLAG | DESC_FLAG | (j & SEQ_MASK))
+        r = self.remote[p]
+        wr.set_wr_rdma(r["desc_rkey"],
+                       r["desc_addr"] + (self.rank * self.ndesc + j % self.ndesc) * DESC_LEN)
+        self.qp_list[qi].post_send(wr)
+        self.sq_out[qi] += 1
+        self.desc_sent[p] = j + 1
+
+    def _take_desc(self, st: _Stream) -> bool:
+        """The receiver's descriptor of ``st``'s current segment, if it has landed:
+        where its chunks go.  False if it has not yet."""
+        p = st.peer
+        j = self.desc_used[p]
+        if self.desc_landed[p] <= j:
+            return False
+        o = (p * self.ndesc + j % self.ndesc) * DESC_LEN
+        e = self.desc_mem[o:o + DESC_LEN]
+        word = int(e[12:16].view(np.uint32)[0])
+        if word & 0x7FFFFFFF != j & 0x7FFFFFFF:
+            raise CollectiveError(f"rank {self.rank}: descriptor {word & 0x7FFFFFFF} from "
+                                  f"rank {p} where {j & 0x7FFFFFFF} was expected")
+        if word >> 31:
+            st.direct[st.i] = (int(e[0:8].view(np.uint64)[0]), int(e[8:12].view(np.uint32)[0]))
+        else:
+            st.direct[st.i] = False
+        self.desc_used[p] = j + 1
+        return True
+
     # ------------------------------------------------------------------ admission
 
     def _admit_more(self, waiting: list, active: int) -> list:
@@ -709,8 +838,12 @@ class Transport:
         wr = v.SendWR(wr_id=wr_id, opcode=v.e.IBV_WR_RDMA_WRITE_WITH_IMM,
                       num_sge=1 if n else 0, sg=sg,
                       imm_data=(seq & SEQ_MASK) | (give << PIGGY_SHIFT))
-        r = self.remote[p]
-        wr.set_wr_rdma(r["rkey"], r["addr"] + self._slot(self.rank, seq))
+        d = st.direct[st.i] if st.direct is not None else False
+        if d:                       # into the receiver's own memory, where its descriptor says
+            wr.set_wr_rdma(d[1], d[0] + st.off)
+        else:
+            r = self.remote[p]
+            wr.set_wr_rdma(r["rkey"], r["addr"] + self._slot(self.rank, seq))
         self.qp_list[qi].post_send(wr)
         self.send_seq[p] = seq + 1
         self.credits[p] -= 1
@@ -730,7 +863,7 @@ class Transport:
         seq = self.consumed[p]
         dst_seg = st.segs[st.i]
         n = min(st.csz[st.i], len(dst_seg) - st.off)
-        if n:
+        if n and not (st.direct is not None and st.direct[st.i]):
             off = self._slot(p, seq)
             src = self.recv_mem[off:off + n]
             dst = dst_seg[st.off:st.off + n]
@@ -772,7 +905,10 @@ class Transport:
                         self._post_recvs(self.qp_list[qi], self.rq_owed[qi], p)
                         self.rq_owed[qi] = 0
                     if imm & CREDIT_FLAG:
-                        self.credits[p] += imm & ~CREDIT_FLAG
+                        if imm & DESC_FLAG:
+                            self.desc_landed[p] += 1
+                        else:
+                            self.credits[p] += imm & ~CREDIT_FLAG
                     else:
                         self.credits[p] += imm >> PIGGY_SHIFT
                         c = self.consumed[p]

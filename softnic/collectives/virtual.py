@@ -183,6 +183,9 @@ class VirtualTransport(Transport):
     #: chunks of a quarter of a message, at least 64 KiB: in virtual time a chunk costs
     #: no CPU time of its own, and the experiments' pipelining is the fabric's concern
     min_chunk_default = 64 * 1024
+    #: every receive through the ring: what a copy out of it costs is CPU time, which
+    #: virtual time does not count, and the experiments' messages stay as they were
+    direct_default = 0
 
     def __init__(self, cluster: "VirtualCluster", rank: int, world: int, **kw):
         self.vc = cluster
