@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
+
+import pytest
 
 from softnic.cli.rig import bring_up, endpoint
 from softnic.core.device import Device
@@ -91,6 +94,7 @@ def test_a_streaming_step_sends_its_ack_before_the_last_run():
                 yield memoryview(bytearray(r)), (a.ip, a.port), seg
 
         b.sock.recv_runs = recv_runs
+        b._stream = None            # (the engine's loop over recv_runs; the kernel's: below)
         b.sock.send = lambda data, addr: sent.append((len(taken), bytes(data)))
         b.sock.send_runs = lambda items: sent.extend((len(taken), bytes(i[0])) for i in items)
         with b.lock:
@@ -104,3 +108,50 @@ def test_a_streaming_step_sends_its_ack_before_the_last_run():
             bytes(ea.buf.view[:len(pkts) * 4096 - 4096])
     finally:
         b.close()
+
+
+def test_a_stream_taken_by_the_kernel_sends_its_ack_before_the_last_run():
+    """The same with the runs in b's socket, where the progress thread's step takes
+    them run after run in the kernel (``sn_rx_stream``): the first ACK leaves
+    while MIDDLEs still wait (it names a PSN below the last one), and every byte
+    lands."""
+    from softnic import accel
+    if accel.load() is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    tx = UdpSocket("127.0.0.250", 0)                  # sends runs with GSO, as a NIC does
+    b = NIC(DeviceSpec("rxp1", None, 0), RuntimeConfig(min_timer=2e-3))
+    a = Device("a", "127.0.0.250", tx.address[1])
+    try:
+        assert b._stream is not None
+        with b.lock:
+            ea, eb = endpoint(a, buf_size=4 << 20), endpoint(b.dev, buf_size=4 << 20)
+            bring_up(ea, eb, mtu=4096)
+            bring_up(eb, ea, mtu=4096)
+        ea.buf.view[:2 << 20] = bytes(range(256)) * (2 << 12)
+        a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 2 << 20)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+        items = a.datagram_runs(0.0)
+        pkts = []
+        for item in items:
+            data, seg = item[0], (item[2] if len(item) > 2 else len(item[0]))
+            pkts += [bytes(data[o:o + seg]) for o in range(0, len(data), seg)]
+        assert len(pkts) == a.config.window
+        sent = []
+        with b.lock:                    # (b's progress thread waits: this step takes them)
+            b.sock.send = lambda data, addr: sent.append(bytes(data))
+            b.sock.send_runs = lambda items: sent.extend(bytes(i[0]) for i in items)
+            tx.send_runs([(item[0], b.sock.address) + tuple(item[2:]) for item in items])
+            time.sleep(0.05)
+            b._step(0.0)
+        acks = [d for d in sent if d[0] == Opcode.RC_ACKNOWLEDGE]
+        last = int.from_bytes(pkts[-1][9:12], "big")
+        assert acks, "no ACK at all"
+        assert int.from_bytes(acks[0][9:12], "big") != last, \
+            "the first ACK waited for the step's last run"
+        assert b.counters["rx_stream_pkts"] > len(pkts) // 2
+        n = (len(pkts) - 1) * 4096
+        assert bytes(eb.buf.view[:n]) == bytes(ea.buf.view[:n])
+    finally:
+        b.close()
+        tx.close()
+

@@ -24,7 +24,9 @@ which ``waiter()`` gives whatever ``SOFTNIC_KERNEL`` says (softnic.driver.nic fa
 back to ``select.poll`` without it); and the UDP driver's gathered send
 (``send.c``, ``sn_send_gather``): a run whose payload stays in registered memory
 (``sn_tx_heads``) goes down as each packet's header, payload and ICRC, one
-sendmsg(2) with GSO per 64 KiB, the payload copied once, by the kernel.
+sendmsg(2) with GSO per 64 KiB, the payload copied once, by the kernel; and its
+receive of a stream of a WRITE's MIDDLEs (``rx.c``, ``sn_rx_stream``): run after
+run received and placed without the interpreter between them.
 
     python -m softnic.accel [-v]     # build, check and say which CRC it uses
 """
@@ -70,7 +72,8 @@ class Kernel:
 
 def _key() -> str:
     h = hashlib.sha256()
-    for name in ("kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c", "__init__.py"):
+    for name in ("kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c", "rx.h", "rx.c",
+                 "__init__.py"):
         h.update((HERE / name).read_bytes())
     h.update(sys.version.encode())
     h.update(sys.executable.encode())
@@ -103,10 +106,10 @@ def build(dest: Path, verbose: bool = False) -> Path:
         raise RuntimeError(f"no Python.h in {inc} (Debian: python3-dev)")
     ffi = cffi.FFI()
     ffi.cdef((HERE / "kernel.h").read_text() + (HERE / "wait.h").read_text()
-             + (HERE / "send.h").read_text())
+             + (HERE / "send.h").read_text() + (HERE / "rx.h").read_text())
     ffi.set_source(MODULE, "#include <stdint.h>\n#include <stddef.h>\n"
                    + (HERE / "wait.c").read_text() + (HERE / "send.c").read_text()
-                   + (HERE / "kernel.c").read_text(),
+                   + (HERE / "rx.c").read_text() + (HERE / "kernel.c").read_text(),
                    extra_compile_args=["-O2", "-fvisibility=hidden"])
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="softnic-kernel-") as tmp:

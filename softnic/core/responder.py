@@ -871,6 +871,7 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
 
 
 _WRITE_MIDDLE = 0x07            # RC RDMA WRITE MIDDLE
+_W0_DQPN = struct.Struct("!II")  # BTH words 0 and 1 (byte 4, FECN/BECN, is masked by icrc_start)
 _ACKS_PER_RUN = 64              # AckReqs one kernel call takes (a GRO run is <= 64 datagrams)
 
 
@@ -909,14 +910,47 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
                                qp.write_off, min(qp.write_len, view.nbytes), 0xFFFFFFFF,
                                out + 1, _ACKS_PER_RUN, out)
     if k:
-        dev.counters["rcvd_pkts"] += k
-        qp.write_off += k * qp.mtu
-        e = qp.epsn
-        for i in range(out[0]):          # accept's ACK for each MIDDLE that asked
-            queue_ack(dev, qp, (e + out[1 + i]) & _MASK)
-        accept(dev, qp, (e + k - 1) & _MASK, False, False)
-        _nothing_held(qp)
+        took_middles(dev, qp, k, out, 1, out[0])
+        dev.stream_qp = qp
     return k
+
+
+def took_middles(dev, qp, k: int, acks, first: int, nacks: int) -> None:
+    """Account for ``k`` MIDDLEs of ``qp``'s WRITE the kernel placed in sequence from
+    the ePSN on, as ``execute`` accounts for each: counted, the write offset moved,
+    ``accept`` (not last), which queues an ACK for each that asked for one (their
+    indexes from the first: ``acks[first:first + nacks]``) before the ePSN moves
+    past them."""
+    dev.counters["rcvd_pkts"] += k
+    qp.write_off += k * qp.mtu
+    e = qp.epsn
+    for i in range(first, first + nacks):
+        queue_ack(dev, qp, (e + acks[i]) & _MASK)
+    accept(dev, qp, (e + k - 1) & _MASK, False, False)
+    _nothing_held(qp)
+
+
+def stream_target(dev):
+    """The QP whose WRITE's MIDDLEs the kernel took last (``receive_middles``), if it
+    still receives that WRITE in order under COMMON_CASE's conditions on the QP, so
+    that a driver may take more of them without the engine between runs
+    (``sn_rx_stream``, whose packets meet the conditions ``sn_rx_middles`` checks):
+    ``(qp, seg, w0, start)``, the datagram size, BTH word 0 and ICRC state of its
+    MIDDLEs; else None."""
+    qp = dev.stream_qp
+    if qp is None:
+        return None
+    if dev.qps.get(qp.qpn) is not qp or qp.qp_type is not _RC or qp.xrc is not None \
+            or qp.state not in _RECEIVING or qp.ooo or qp.resp_kind is not Kind.WRITE \
+            or not dev.config.check_icrc or dev.kernel is None or not dev._fast:
+        dev.stream_qp = None
+        return None
+    seg = BTH_LEN + qp.mtu + ICRC_LEN
+    w0 = (_WRITE_MIDDLE << 24) | 0xFFFF
+    src = qp.dest
+    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg,
+                       _W0_DQPN.pack(w0, qp.qpn))
+    return qp, seg, w0, start
 
 
 def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:

@@ -36,6 +36,7 @@ import json
 import os
 import random
 import select
+import socket
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from ..core.requester import Gather
+from ..core import responder as _responder
 from ..core.dispatch import RESPONSES as _RESPONSES
 from .. import accel as _accel
 from .faults import FaultInjector
@@ -84,10 +86,29 @@ PROGRESS_NICE = int(os.environ.get("SOFTNIC_PROGRESS_NICE", "-10"))
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
 GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "no", "off", "false")
+#: Receive a stream of a WRITE's MIDDLEs run after run in the compiled kernel
+#: (``_rx_stream``); ``SOFTNIC_RX_STREAM=0``: each run through the engine.
+RX_STREAM = os.environ.get("SOFTNIC_RX_STREAM", "1").strip().lower() not in ("0", "no", "off",
+                                                                             "false")
+_STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may take
 _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
 _NO_DEADLINE = (1 << 63) - 1
+
+
+def _ip_u32(ip: str, _cache: dict = {}) -> int:
+    v = _cache.get(ip)
+    if v is None:
+        v = _cache[ip] = int(ipaddress.IPv4Address(ip))
+    return v
+
+
+def _ip_str(v: int, _cache: dict = {}) -> str:
+    s = _cache.get(v)
+    if s is None:
+        s = _cache[v] = str(ipaddress.IPv4Address(v))
+    return s
 
 
 def _flat(buf):
@@ -318,8 +339,18 @@ class NIC(_Opened):
         # window of data (a QP's window at the active MTU), not only at its end
         cfg_d = self.dev.config
         self._ack_bytes = cfg_d.window * cfg_d.active_mtu // 2
+        self._stream = None
+        self._stream_pkts = 0       # packets _rx_stream took
         if self._runs:
             self.dev.kernel = _accel.load()
+            k = self.dev.kernel
+            if RX_STREAM and k is not None and hasattr(self.sock, "_rxbuf") \
+                    and self.sock.sock.family == socket.AF_INET:
+                # the progress thread's receive of a stream of MIDDLEs (_rx_stream)
+                self._stream = (k.lib, k.ffi,
+                                k.ffi.from_buffer(self.sock._rxbuf, require_writable=True),
+                                len(self.sock._rxbuf), k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
+                                k.ffi.new("uint32_t[10]"))
             # a run's payload goes from registered memory to the socket, gathered
             # (requester.Gather), where no capture or fault model needs its bytes
             self.dev.tx_gather = GATHER and self.capture is None and self.injector is None \
@@ -585,6 +616,8 @@ class NIC(_Opened):
         c["udp_send_errors"] = self.sock.send_errors if self.sock else 0
         c.update(zip(_WAKES, self._wakes))
         c["udp_recv_truncated"] = self.sock.recv_truncated if self.sock else 0
+        c["rx_stream_pkts"] = self._stream_pkts
+        c["udp_gather_pkts"] = getattr(self.sock, "gather_pkts", 0) if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
         return c
@@ -774,16 +807,37 @@ class NIC(_Opened):
             dev = self.dev
             rx = dev.receive_run
             got = 0
-            for data, src, seg in self.sock.recv_runs(limit, ready):
-                did = True
-                answers = answers and bool(data) and data[0] in _RESPONSES
-                rx(data, seg, src, now)
-                got += len(data)
-                if got >= self._ack_bytes and dev._ready and not inline:
-                    # the coalesced ACK leaves now, not after the last run waiting:
-                    # a sender streaming into a busy socket would run out of window
-                    got = 0
-                    self._flush(now)
+            stream = self._stream is not None and not inline
+            while limit > 0:
+                if stream and dev.stream_qp is not None:
+                    s_did, s_answers, used, empty = self._rx_stream(now, limit)
+                    if s_did:
+                        did = True
+                        answers = answers and s_answers
+                    limit -= used
+                    ready = False
+                    if empty:
+                        break               # nothing waits
+                n = 0
+                switch = False
+                for data, src, seg in self.sock.recv_runs(limit, ready):
+                    n += 1
+                    did = True
+                    answers = answers and bool(data) and data[0] in _RESPONSES
+                    rx(data, seg, src, now)
+                    got += len(data)
+                    if got >= self._ack_bytes and dev._ready and not inline:
+                        # the coalesced ACK leaves now, not after the last run waiting:
+                        # a sender streaming into a busy socket would run out of window
+                        got = 0
+                        self._flush(now)
+                    if stream and dev.stream_qp is not None:
+                        switch = True       # a WRITE's MIDDLEs in order: the kernel's
+                        break
+                limit -= n
+                ready = False
+                if not switch:
+                    break
             batch = None
         else:
             batch = self.sock.recv_batch(limit)
@@ -827,6 +881,54 @@ class NIC(_Opened):
         if did and self._waiters:
             self._notify()
         return did
+
+    def _rx_stream(self, now: float, limit: int) -> tuple[bool, bool, int]:
+        """The progress thread's receive while a QP takes a WRITE's MIDDLEs in order
+        (``responder.stream_target``): ``sn_rx_stream`` receives and places run
+        after run, the engine accounting for them after each call
+        (``responder.took_middles``), and takes the run that stopped it, if any, as
+        ``_step`` takes every run.  Returns (did anything arrive, did only responses
+        arrive, receives used of ``limit``, did it stop because nothing waits)."""
+        lib, ffi, rxptr, cap, acks, out = self._stream
+        dev = self.dev
+        fd = self.sock.fileno()
+        did, answers, used, got = False, True, 0, 0
+        state = 2
+        while used < limit:
+            t = _responder.stream_target(dev)
+            if t is None:
+                break
+            qp, seg, w0, start = t
+            view = qp.write_view
+            ip, port = qp.dest
+            k = lib.sn_rx_stream(fd, rxptr, cap, _ip_u32(ip), port, w0, qp.qpn, qp.epsn, start,
+                                 seg, ffi.from_buffer(view, require_writable=True),
+                                 qp.write_off, min(qp.write_len, view.nbytes), limit - used,
+                                 self._ack_bytes, acks, _STREAM_ACKS, out)
+            state = out[1]
+            used += out[7] + (state in (1, 3))
+            got += out[8]
+            if k:
+                did, answers = True, False
+                self._stream_pkts += k
+                _responder.took_middles(dev, qp, k, acks, 0, out[0])
+            if state == 1:              # a run the kernel did not (wholly) take
+                did = True
+                n, g, o = out[2], out[3], out[4]
+                data = self.sock._rxview[o:n]
+                answers = answers and bool(data) and data[0] in _RESPONSES
+                dev.receive_run(data, g, (_ip_str(out[5]), out[6]), now)
+                got += n - o
+            elif state == 3:
+                self.sock.recv_truncated += 1
+            elif state == 4:
+                raise OSError(out[9], os.strerror(out[9]))
+            if got >= self._ack_bytes and dev._ready:
+                got = 0                  # the coalesced ACKs leave now (as in _step)
+                self._flush(now)
+            if state == 0:
+                break
+        return did, answers, used, state == 0
 
     def _notify(self) -> None:
         """Wake the threads in ``wait_until`` (caller holds the lock)."""

@@ -75,6 +75,7 @@ class UdpSocket:
         self._rxbufs = [self._rxview]
         self._gso_cmsg = {}
         self._gather = None                 # the kernel, once use_gather() says yes
+        self.gather_pkts = 0                # datagrams sent gathered (sn_send_gather)
         self._gather_out = None
         self._ip_u32: dict[str, int] = {}
         p = select.poll()
@@ -210,6 +211,7 @@ class UdpSocket:
             len(last) if last is not None else 0,
             min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg), lost, err)
         self.send_errors += lost[0]
+        self.gather_pkts += done - lost[0]
         e = err[0]
         if not e:
             return

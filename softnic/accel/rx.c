@@ -1,0 +1,113 @@
+/* The UDP driver's receive of a stream of one WRITE's MIDDLEs, without the
+   interpreter between datagrams: receive (recvmsg(2) into buf, cap bytes: the
+   socket's one receive buffer, UDP_GRO runs as the kernel coalesces them) and
+   take each run with sn_rx_middles, run after run, while each is wholly the next
+   MIDDLEs of the WRITE a QP is receiving in order (the conditions
+   responder.receive_middles checks once per run are the caller's, checked
+   before the call, and hold while only such MIDDLEs arrive: the PSNs and the
+   offset move on here; the packet's conditions are sn_rx_middles'), from its
+   peer's address (peer_ip, peer_port).
+
+   Stops, with out[1] saying why:
+     0  nothing waits (EAGAIN);
+     1  a run that is not (wholly) such MIDDLEs was received: it waits in buf,
+        out[2] bytes, datagrams of out[3] bytes (0: one datagram), from out[5]
+        (IPv4, host order) port out[6]; its datagrams from offset out[4] on are
+        not taken (those before it are), for the engine to take;
+     2  max_runs receives, or max_bytes taken (the caller sends the ACKs owed);
+     3  a datagram was truncated (dropped);
+     4  recvmsg failed: out[9] is its errno.
+   Returns how many packets it took; their AckReqs, as indexes from the first
+   taken, are acks[0 .. out[0]-1] (a run stops before an AckReq with no room
+   left there).  out[7]: the runs wholly taken; out[8]: bytes taken. */
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#define SN_RX_SOL_UDP 17
+#define SN_RX_UDP_GRO 104
+
+int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
+                  uint32_t dqpn, uint32_t epsn, uint32_t start, uint8_t *dst,
+                  uint64_t off, uint64_t len, uint32_t max, uint32_t *acks,
+                  uint32_t cap, uint32_t *nacks);
+
+int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
+                 uint32_t w0, uint32_t dqpn, uint32_t epsn, uint32_t start, uint32_t seg,
+                 uint8_t *dst, uint64_t off, uint64_t len, uint32_t max_runs,
+                 uint64_t max_bytes, uint32_t *acks, uint32_t cap_acks, uint32_t *out)
+{
+    uint32_t taken = 0, nacks = 0, runs = 0, mtu = seg - 16;
+    uint64_t bytes = 0;
+    memset(out, 0, 10 * sizeof *out);
+    while (runs < max_runs && bytes < max_bytes) {
+        struct sockaddr_in sa;
+        struct iovec iov = { buf, cap };
+        union {
+            char b[CMSG_SPACE(sizeof(int)) * 2];
+            struct cmsghdr align;
+        } ctl;
+        struct msghdr m;
+        struct cmsghdr *c;
+        ssize_t r;
+        uint32_t gro = 0, k, na = 0, ip;
+        memset(&m, 0, sizeof m);
+        m.msg_name = &sa;
+        m.msg_namelen = sizeof sa;
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl.b;
+        m.msg_controllen = sizeof ctl.b;
+        r = recvmsg(fd, &m, MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR || errno == ECONNREFUSED)   /* (an ICMP error for a send) */
+                continue;
+            out[1] = (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 4;
+            out[9] = (uint32_t)errno;
+            break;
+        }
+        runs++;
+        if ((m.msg_flags & MSG_TRUNC) || (size_t)r >= cap) {
+            out[1] = 3;
+            break;
+        }
+        for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+            if (c->cmsg_level == SN_RX_SOL_UDP && c->cmsg_type == SN_RX_UDP_GRO
+                    && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int g;
+                memcpy(&g, CMSG_DATA(c), sizeof g);
+                gro = g > 0 && (size_t)g < (size_t)r ? (uint32_t)g : 0;
+            }
+        ip = ntohl(sa.sin_addr.s_addr);
+        k = 0;
+        if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port
+                && (gro ? gro : (uint32_t)r) == seg)
+            k = (uint32_t)sn_rx_middles(buf, (size_t)r, 0, seg, w0, dqpn, epsn, start, dst,
+                                        off, len, 0xFFFFFFFFu, acks + nacks,
+                                        cap_acks - nacks, &na);
+        for (uint32_t i = 0; i < na; i++)
+            acks[nacks + i] += taken;
+        nacks += na;
+        taken += k;
+        epsn = (epsn + k) & 0xFFFFFFu;
+        off += (uint64_t)k * mtu;
+        bytes += (uint64_t)k * seg;
+        if ((size_t)k * seg < (size_t)r) {
+            out[1] = 1;
+            out[2] = (uint32_t)r;
+            out[3] = gro;
+            out[4] = k * seg;
+            out[5] = ip;
+            out[6] = ntohs(sa.sin_port);
+            runs--;
+            break;
+        }
+        out[1] = 2;
+    }
+    out[0] = nacks;
+    out[7] = runs;
+    out[8] = (uint32_t)bytes;
+    return (int)taken;
+}

@@ -1,0 +1,5 @@
+/* The driver's receive of a stream of a WRITE's MIDDLEs (rx.c): I/O, as wait.c. */
+int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
+                 uint32_t w0, uint32_t dqpn, uint32_t epsn, uint32_t start, uint32_t seg,
+                 uint8_t *dst, uint64_t off, uint64_t len, uint32_t max_runs,
+                 uint64_t max_bytes, uint32_t *acks, uint32_t cap_acks, uint32_t *out);
