@@ -597,7 +597,11 @@ def step_c_face(args, res: dict, step) -> None:
         pairs["c_write_bw_vs_py"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
         for size, key in zip(big, ("write_1m_vs_gso", "write_8m_vs_gso")):
             step(f"C face round {k + 1}: WRITE {size >> 10} KiB / raw-Python GSO/GRO blast")
-            n = max(8, (n_bw * 65536) // size)
+            # eight times the 64 KiB rows' bytes (1.5 GB at the default count, about
+            # half a second): 23 WRITEs of 8 MiB took some 70 ms, which the first
+            # milliseconds of a run (the window filling, the threads waking) decided,
+            # and varied 1.6 to 3.2 GB/s from run to run
+            n = max(8, (n_bw * 65536 * 8) // size)
             a, b = _both([lambda: perf("write_bw", ["-s", str(size), "-n", str(n), "-m", "4096",
                                                     "-t", "4"])["results"][0],
                           lambda: python_gso_blast(0.5 if q else args.seconds)], flip)

@@ -27,7 +27,11 @@ buffer is registered once and the registration cached (``register``), so a
 chunk costs one WRITE and no copy; a collective returns only when those WRITEs are
 acknowledged, since the caller may then change the buffer.  Sends below 1 MiB
 are copied into a registered staging ring instead, which costs less than
-waiting for those acknowledgements.
+waiting for those acknowledgements.  Receives of 1 MiB and more whose data is
+copied, not reduced (``SOFTNIC_COLL_DIRECT``), land in the caller's own
+registered memory: the receiver sends a descriptor per such message (where it
+goes, or "into the ring"), the sender writes its chunks there, and they skip
+the copy out of the ring; they take sequence numbers and credits as any chunk.
 
 The algorithms use two primitives.  ``exchange(sends, recvs)`` moves any
 number of messages to and from any peers at once, copying or reducing (with a
