@@ -263,7 +263,8 @@ def test_device_datagram_runs_expand_to_datagrams_to_send():
 
 def _gather_run(mtu: int, length: int, kern):
     """A real WRITE's bulk run as a device that gathers leaves it: the Gather
-    (MIDDLEs and the LAST) and its segment size."""
+    (MIDDLEs and the LAST), its segment size and the devices (the Gather's payload
+    is their memory: the caller keeps them while it uses the Gather)."""
     p = pair(mtu=mtu, trace=False, endpoint_args={"buf_size": 1 << 17})
     p.a.kernel, p.a.tx_gather = kern, True
     p.ea.buf.view[0:length] = pattern(length)
@@ -271,7 +272,7 @@ def _gather_run(mtu: int, length: int, kern):
                                   remote_addr=p.eb.buf.addr, rkey=p.eb.mr.rkey))
     runs = [item for item in p.a.datagram_runs(0.0) if len(item) == 3]
     assert len(runs) == 1 and type(runs[0][0]) is requester.Gather
-    return runs[0][0], runs[0][2]
+    return runs[0][0], runs[0][2], p
 
 
 def test_a_gathered_run_puts_the_runs_datagrams_on_the_wire():
@@ -283,7 +284,7 @@ def test_a_gathered_run_puts_the_runs_datagrams_on_the_wire():
     if kern is None:
         pytest.fail(f"no kernel: {accel.error}")
     for mtu, length in ((1024, 62 * 1024 - 100), (4096, 5 * 4096), (256, 2000)):
-        g, seg = _gather_run(mtu, length, kern)
+        g, seg, keep = _gather_run(mtu, length, kern)
         flat = bytes(g.flatten())
         want = [flat[o:o + seg] for o in range(0, len(flat), seg)]
         a, b = _pair_of_sockets()
@@ -296,6 +297,24 @@ def test_a_gathered_run_puts_the_runs_datagrams_on_the_wire():
         finally:
             a.close()
             b.close()
+
+
+def test_a_part_of_a_gathered_run_is_that_part_of_its_bytes():
+    """``Gather.part(i, j)``, what a fault model that drops leaves of a run, is
+    packets i .. j-1 of the flattened run (the LAST among them or not)."""
+    from softnic import accel
+    kern = accel.load()
+    if kern is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    g, seg, keep = _gather_run(1024, 9 * 1024 + 77, kern)
+    flat = bytes(g.flatten())
+    n = g.count + 1
+    assert g.last is not None and len(flat) == g.count * seg + len(g.last)
+    for i in range(n):
+        for j in range(i + 1, n + 1):
+            part = g.part(i, j)
+            assert bytes(part.flatten()) == flat[i * seg:j * seg], (i, j)
+            assert len(part) == len(flat[i * seg:j * seg])
 
 
 class _RefusingKernel:
@@ -318,7 +337,7 @@ def test_a_gathered_run_falls_back_to_one_datagram_each_where_gso_is_refused():
     kern = accel.load()
     if kern is None:
         pytest.fail(f"no kernel: {accel.error}")
-    g, seg = _gather_run(1024, 9 * 1024, kern)
+    g, seg, keep = _gather_run(1024, 9 * 1024, kern)
     flat = bytes(g.flatten())
     want = [flat[o:o + seg] for o in range(0, len(flat), seg)]
     a, b = _pair_of_sockets()

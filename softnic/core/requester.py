@@ -348,6 +348,15 @@ class Gather:
         return self.count * (BTH_LEN + self.mtu + ICRC_LEN) + \
             (len(self.last) if self.last is not None else 0)
 
+    def part(self, i: int, j: int) -> "Gather":
+        """Packets ``i`` .. ``j - 1`` of the run (index ``count`` is the LAST), as a
+        run of their own: what survives of it where a fault model drops some."""
+        mtu = self.mtu
+        k = min(j, self.count)
+        return Gather(self.heads[16 * i:16 * k] if i < k else bytearray(),
+                      self.src[i * mtu:k * mtu] if i < k else self.src[0:0], mtu,
+                      max(0, k - i), self.last if j > self.count else None)
+
     def flatten(self) -> bytearray:
         h, src, mtu = memoryview(self.heads), self.src, self.mtu
         parts = []

@@ -352,8 +352,10 @@ class NIC(_Opened):
                                 len(self.sock._rxbuf), k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
                                 k.ffi.new("uint32_t[10]"))
             # a run's payload goes from registered memory to the socket, gathered
-            # (requester.Gather), where no capture or fault model needs its bytes
-            self.dev.tx_gather = GATHER and self.capture is None and self.injector is None \
+            # (requester.Gather), where no capture or fault model needs its bytes (a
+            # model that only drops sends the survivors of a run gathered too)
+            self.dev.tx_gather = GATHER and self.capture is None \
+                and (self.injector is None or self.injector.drops_only) \
                 and hasattr(self.sock, "use_gather") and self.sock.use_gather(self.dev.kernel)
         # The doorbell: verbs calls that need the sleeping thread (an earlier timer,
         # close) add one to it.  ``_sleep_until`` is the thread's planned wake-up while
@@ -745,14 +747,18 @@ class NIC(_Opened):
             if len(keep) == n:
                 res.append(item)
                 continue
-            mv = memoryview(_flat(buf)).toreadonly()
+            gather = type(buf) is Gather
+            mv = None if gather else memoryview(buf).toreadonly()
             i, m = 0, len(keep)
             while i < m:
                 j = i
                 while j + 1 < m and keep[j + 1] == keep[j] + 1:
                     j += 1
-                a, b = keep[i] * seg, min((keep[j] + 1) * seg, total)
-                res.append((mv[a:b], addr, seg) if j > i else (mv[a:b], addr))
+                if gather:              # the survivors still go gathered from memory
+                    res.append((buf.part(keep[i], keep[j] + 1), addr, seg))
+                else:
+                    a, b = keep[i] * seg, min((keep[j] + 1) * seg, total)
+                    res.append((mv[a:b], addr, seg) if j > i else (mv[a:b], addr))
                 i = j + 1
         return res
 
