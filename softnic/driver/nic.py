@@ -888,7 +888,7 @@ class NIC(_Opened):
             self._notify()
         return did
 
-    def _rx_stream(self, now: float, limit: int) -> tuple[bool, bool, int]:
+    def _rx_stream(self, now: float, limit: int) -> tuple[bool, bool, int, bool]:
         """The progress thread's receive while a QP takes a WRITE's MIDDLEs in order
         (``responder.stream_target``): ``sn_rx_stream`` receives and places run
         after run, the engine accounting for them after each call
