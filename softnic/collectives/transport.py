@@ -92,10 +92,11 @@ ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 1 << 20))
 MR_CACHE = 16                         # registrations of callers' buffers kept
 # Receives this big whose data is copied (a broadcast's, an allgather's; not a reduction's)
 # land in the caller's own memory: the receiver registers it and tells the sender where, so
-# a chunk costs no copy out of the receive ring (2 ranks, broadcast of 64 MiB: the copy out
-# of the ring was about a third of the receiver's time).  0: every receive through the ring.
+# a chunk costs no copy out of the receive ring (2 ranks, 2026-11-27, alternating: broadcast
+# of 64 MiB 20.2, 20.4 -> 19.7, 18.9 ms; allgather 25.5, 27.4 -> 23.7, 22.9 ms).  0: every
+# receive through the ring.
 DIRECT_MIN = int(os.environ.get("SOFTNIC_COLL_DIRECT", 1 << 20))
-DESC_LEN = 16                         # a descriptor: address (8 bytes), rkey (4), spare (4)
+DESC_LEN = 16      # a descriptor: address (8 bytes), rkey (4), its number with bit 31: direct (4)
 # Each QP's window (packets sent and not yet acknowledged) on softnic's devices, above
 # the engine's 128 (rxe's): a 1 MiB chunk is 256 packets, and an ACK's round trip
 # through two Python processes is 100-200 us, so 128 packets (512 KiB) per QP held a
