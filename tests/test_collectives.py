@@ -147,38 +147,21 @@ def test_ranks_cutting_messages_differently_refuse_to_connect():
     """Every rank must cut a message alike and write into its peers' rings at the same
     offsets: a rank whose smallest chunk, chunk or slots differ from a peer's fails to
     connect with an error naming the setting, instead of misplacing data."""
-    import threading
     from softnic.collectives import CollectiveError
-    server = StoreServer("127.0.0.1", 0)
     for kw, env in (({"min_chunk": 65536}, "SOFTNIC_COLL_MIN_CHUNK"),
                     ({"chunk": 65536}, "SOFTNIC_COLL_CHUNK"),
                     ({"slots": 4}, "SOFTNIC_COLL_SLOTS"),
                     ({"direct": 65536}, "SOFTNIC_COLL_DIRECT")):
-        errors, comms = {}, []
-
-        def rank(r):
-            store = StoreClient(*server.address, r)
-            try:
-                comms.append(Communicator(r, 2, store, prefix=env, timeout=20,
-                                          **(kw if r else {})))
-            except CollectiveError as ex:
-                errors[r] = str(ex)
-            finally:
-                store.close()
-        threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(60)
-        for c in comms:
-            c.close()
+        _, errors = _ranks_as_threads(lambda c: None, {0: {}, 1: kw}, prefix=env, timeout=20)
         assert sorted(errors) == [0, 1], (kw, errors)
-        assert all(f"set {env} alike on every rank" in e for e in errors.values()), errors
-    server.close()
+        assert all(type(e) is CollectiveError for e in errors.values()), errors
+        assert all(f"set {env} alike on every rank" in str(e) for e in errors.values()), errors
 
 
-def _two_ranks(body, **kw):
-    """Run ``body(comm)`` on two ranks as threads of this process; their results."""
+def _ranks_as_threads(body, kws: dict, prefix: str = "two", timeout: float = 30):
+    """Two ranks as threads of this process, rank r a Communicator made with
+    ``kws[r]``, each running ``body(comm)``: their results and their exceptions,
+    by rank."""
     import threading
     server = StoreServer("127.0.0.1", 0)
     out, errors = {}, {}
@@ -186,13 +169,13 @@ def _two_ranks(body, **kw):
     def rank(r):
         store = StoreClient(*server.address, r)
         try:
-            c = Communicator(r, 2, store, prefix="two", timeout=30, **kw)
+            c = Communicator(r, 2, store, prefix=prefix, timeout=timeout, **kws[r])
             try:
                 out[r] = body(c)
             finally:
                 c.close()
-        except Exception as ex:         # reported below, with the rank
-            errors[r] = repr(ex)
+        except Exception as ex:         # reported by the caller, with the rank
+            errors[r] = ex
         finally:
             store.close()
     threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
@@ -201,7 +184,13 @@ def _two_ranks(body, **kw):
     for th in threads:
         th.join(120)
     server.close()
-    assert not errors, errors
+    return out, errors
+
+
+def _two_ranks(body, **kw):
+    """``body(comm)`` on two ranks alike; their results (any exception fails)."""
+    out, errors = _ranks_as_threads(body, {0: kw, 1: kw})
+    assert not errors, {r: repr(e) for r, e in errors.items()}
     return out
 
 

@@ -160,6 +160,23 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
     return (int)k;
 }
 
+/* A MIDDLE's BTH at p: word 0 w0, destination QP dqpn, PSN psn, and the AckReq
+   bit as requester._send_packet sets it, when the count s of packets since the
+   last that asked reaches ack_every.  Returns the count after this packet. */
+static inline uint32_t put_middle_bth(uint8_t *p, uint32_t w0, uint32_t dqpn, uint32_t psn,
+                                      uint32_t s, uint32_t ack_every)
+{
+    uint32_t w3 = psn & MASK;
+    if (++s >= ack_every) {
+        s = 0;
+        w3 |= 0x80000000u;
+    }
+    put_be32(p, w0);
+    put_be32(p + 4, dqpn & MASK);
+    put_be32(p + 8, w3);
+    return s;
+}
+
 /* Send (requester._send_packet and _build for a run of MIDDLEs; requester._bulk
    calls it): count MIDDLE packets built into buf from offset o on, one after
    another (BTH, an MTU of payload from src, ICRC): BTH word 0 w0, destination
@@ -173,14 +190,7 @@ uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint
 {
     for (uint32_t i = 0; i < count; i++) {
         uint8_t *p = buf + o;
-        uint32_t w3 = psn & MASK;
-        if (++s >= ack_every) {
-            s = 0;
-            w3 |= 0x80000000u;
-        }
-        put_be32(p, w0);
-        put_be32(p + 4, dqpn & MASK);
-        put_be32(p + 8, w3);
+        s = put_middle_bth(p, w0, dqpn, psn, s, ack_every);
         memcpy(p + BTH_LEN, src, mtu);
         put_le32(p + BTH_LEN + mtu, sn_crc32(start, p + 8, 4 + mtu));
         src += mtu;
@@ -203,14 +213,7 @@ uint32_t sn_tx_heads(uint8_t *heads, uint32_t count, uint32_t w0, uint32_t dqpn,
 {
     for (uint32_t i = 0; i < count; i++) {
         uint8_t *p = heads + 16 * (size_t)i;
-        uint32_t w3 = psn & MASK;
-        if (++s >= ack_every) {
-            s = 0;
-            w3 |= 0x80000000u;
-        }
-        put_be32(p, w0);
-        put_be32(p + 4, dqpn & MASK);
-        put_be32(p + 8, w3);
+        s = put_middle_bth(p, w0, dqpn, psn, s, ack_every);
         put_le32(p + BTH_LEN, sn_crc32(sn_crc32(start, p + 8, 4), src, mtu));
         src += mtu;
         psn = (psn + 1) & MASK;
