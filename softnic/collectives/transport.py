@@ -255,8 +255,28 @@ class Transport:
         self._keep: list = []                   # staged copies of this call's large sends
         self._mrs: OrderedDict[tuple[int, int], object] = OrderedDict()
         self._call_mrs: list = []               # registrations for this call only
-        # QPs: self.qps[p] the list for peer p; per QP (by global index) its peer and
-        # send WRs not yet completed
+        self._make_qps(peers)
+        # per-peer flow state
+        self.send_seq = dict.fromkeys(peers, 0)      # data chunks posted to the peer
+        # a sender holds a credit per free slot of the peer's ring; with admission it
+        # has none until the receiver grants them
+        self.credits = dict.fromkeys(peers, 0 if self.admit else self.slots)
+        self.granted = dict.fromkeys(peers, 0)       # admission: chunks granted to the peer
+        self.consumed = dict.fromkeys(peers, 0)      # chunks taken by a receive
+        self.landed = {p: bytearray(self.slots) for p in peers}  # by seq mod slots
+        self.owed = dict.fromkeys(peers, 0)          # credits to return to the peer
+        self.desc_sent = dict.fromkeys(peers, 0)     # descriptors sent to the peer
+        self.desc_landed = dict.fromkeys(peers, 0)   # descriptors the peer sent, landed
+        self.desc_used = dict.fromkeys(peers, 0)     # ... and taken by a send
+        self.direct_recvs = 0                        # receives that landed in callers' memory
+        self.zc_out = 0                              # zero-copy WRITEs not yet completed
+        self._connect(peers)
+
+    # ------------------------------------------------------------------ setup
+
+    def _make_qps(self, peers: list[int]) -> None:
+        """``nqp`` RC QPs per peer on the one CQ: ``self.qps[p]`` the list for peer
+        ``p``; per QP, by global index, its peer and its send WRs not yet completed."""
         self.qps: dict[int, list] = {}
         self.qp_index: dict[int, int] = {}      # qp_num -> global index
         self.qp_list: list = []
@@ -280,23 +300,6 @@ class Transport:
                 self.rq_owed.append(0)
                 self.qps[p].append(qp)
         self.first_qp = {p: self.qp_index[self.qps[p][0].qp_num] for p in peers}
-        # per-peer flow state
-        self.send_seq = dict.fromkeys(peers, 0)      # data chunks posted to the peer
-        # a sender holds a credit per free slot of the peer's ring; with admission it
-        # has none until the receiver grants them
-        self.credits = dict.fromkeys(peers, 0 if self.admit else self.slots)
-        self.granted = dict.fromkeys(peers, 0)       # admission: chunks granted to the peer
-        self.consumed = dict.fromkeys(peers, 0)      # chunks taken by a receive
-        self.landed = {p: bytearray(self.slots) for p in peers}  # by seq mod slots
-        self.owed = dict.fromkeys(peers, 0)          # credits to return to the peer
-        self.desc_sent = dict.fromkeys(peers, 0)     # descriptors sent to the peer
-        self.desc_landed = dict.fromkeys(peers, 0)   # descriptors the peer sent, landed
-        self.desc_used = dict.fromkeys(peers, 0)     # ... and taken by a send
-        self.direct_recvs = 0                        # receives that landed in callers' memory
-        self.zc_out = 0                              # zero-copy WRITEs not yet completed
-        self._connect(peers)
-
-    # ------------------------------------------------------------------ setup
 
     def _settings(self, chunk, slots, qps, admit, qp_timeout, min_chunk=None,
                   direct=None) -> None:
