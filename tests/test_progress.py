@@ -528,6 +528,52 @@ def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
         b.close()
 
 
+@pytest.mark.parametrize("armed", [False, True], ids=["polling", "armed"])
+def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed):
+    """ib_write_lat's turn on the C face: the peer's WRITE lands just ahead of the
+    ACK the program polls for (the WRITE carried it out), and the program reacts
+    to completions only.  One ``ibv_poll_cq`` takes both (``POLL_RUNS``): the
+    WRITE is placed and the completion comes back in that call.  A program whose
+    CQ is armed sleeps on its channel next: its poll takes one receive.  (The
+    socket is looked at under the NIC's lock: ``waiting``.)"""
+    from types import SimpleNamespace
+    from softnic.faces.libibverbs import backend
+    _waiter()
+    monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)      # the ACK leaves with the answer
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b, timeout=22)
+        b.end_lease(answering=True)                      # b spins on memory
+        _write(a, ea, eb, 1)
+        _until(lambda: _wrote(eb, 1))                    # landed; its ACK held for b's post
+        with a.lock:
+            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
+        time.sleep(0.05)                                 # (a's thread back asleep)
+        _write(b, eb, ea, 2)                             # b's WRITE, then a's ACK behind it
+        _until(lambda: a.waiting())
+        time.sleep(0.05)                                 # (both wait on a's socket)
+        h = backend._new(backend._Obj(a, ea.send_cq))
+        try:
+            if armed:
+                with a.lock:
+                    ea.send_cq.req_notify(False)
+            out = [SimpleNamespace() for _ in range(4)]
+            got = backend.sn_poll_cq(h, 4, out)
+            assert _wrote(ea, 2)                         # b's WRITE landed first
+            if armed:
+                assert got == 0                          # one receive: the WRITE (the
+                # poll then gives the lease back: the thread takes the ACK)
+            else:
+                assert got == 1 and out[0].wr_id == 1    # the WRITE and the ACK, one call
+                assert not a.waiting()
+        finally:
+            del backend._objs[h]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_held_ack_leaves_without_an_answer(monkeypatch):
     _waiter()
     monkeypatch.setattr(nicmod, "HOLD_LEASE", 0.02)

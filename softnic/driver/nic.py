@@ -455,8 +455,10 @@ class NIC(_Opened):
             lease[2] = 2                 # (sn_wait takes this ring itself)
             self.ring()
 
-    def poll(self) -> None:
+    def poll(self, runs: int = 1) -> None:
         """One inline progress step: receive, fire timers, send.  Never blocks.
+        ``runs``: receives it may take (one datagram or coalesced run each), while
+        more wait.
 
         A program spins on this, so the step with nothing to do is kept cheap: one
         ``poll(2)`` on the socket (a failed non-blocking receive costs four times
@@ -474,10 +476,16 @@ class NIC(_Opened):
                     return
                 lease[1] = 1
                 try:
-                    self._step(now, inline=True, ready=bool(ready))
+                    self._step(now, inline=True, ready=bool(ready), runs=runs)
                 finally:
                     lease[0] = time.monotonic_ns()
                     lease[1] = 1 if self._owed else 0
+
+    def waiting(self) -> bool:
+        """Does a datagram wait on the socket?  (One ``poll(2)``, under the lock: the
+        progress thread's steps use the same poll object.)"""
+        with self.lock:
+            return not self._closed and bool(self._readable(0))
 
     def _idle(self, now: float, look: bool = True) -> bool:
         """Is there nothing to receive (``look``: ask the socket), no timer due and
@@ -780,11 +788,12 @@ class NIC(_Opened):
                     res.extend(_mcast.fan_out(mv[o:o + item[2]], addr[0], me))
         return res
 
-    def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
+    def _step(self, now: float, inline: bool = False, ready: bool = False,
+              runs: int = 1) -> bool:
         """Receive what waits, fire due timers, send.  Caller holds the lock.
 
-        ``inline`` (a spinning caller's step): receive one datagram (or one
-        coalesced run) and leave what it produced, typically the ACK of a peer's
+        ``inline`` (a spinning caller's step): receive ``runs`` datagrams (or
+        coalesced runs) at most, and leave what they produced, typically the ACK of a peer's
         request, for the caller's next call.  The caller looks at its memory or
         CQ between the request landing and the ACK leaving: a program that
         answers at once (a ping-pong, an RPC) sends its answer first, and the
@@ -793,7 +802,7 @@ class NIC(_Opened):
         caller goes away.  ``ready``: the caller saw the socket readable just now."""
         did = False
         answers = True                   # what was received answers this device's requests
-        limit = 1 if inline else 256
+        limit = runs if inline else 256
         if self._ecn:
             batch = self.sock.recv_batch_ecn(limit)
             if batch:
@@ -1079,7 +1088,8 @@ class TcpNIC(NIC):
                 and self.sock.watched() != getattr(self.sock, "watching", None):
             self.ring()
 
-    def _step(self, now: float, inline: bool = False, ready: bool = False) -> bool:
+    def _step(self, now: float, inline: bool = False, ready: bool = False,
+              runs: int = 1) -> bool:
         cap = self.capture is not None
         self._flush(now)
         did = self.sock.step(self.dev, now, on_rx=self._rx if cap else None)
@@ -1179,7 +1189,7 @@ class SimNIC(_Opened):
             finally:
                 self.world.fabric.flush()
 
-    def poll(self) -> None:
+    def poll(self, runs: int = 1) -> None:
         if not self._closed:
             self.world.run()
 

@@ -37,6 +37,14 @@ _WC_GRH = 1                  # IBV_WC_GRH
 _SL_IPV4 = 2                 # RoCE L3 header type IPv4 (mlx5's CQE sl for RoCE UD receives)
 _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
+#: receives an ``ibv_poll_cq``'s inline step may take while more wait.  A C program
+#: that polls its CQ reacts to completions only: a request of the peer's landing
+#: just ahead of the ACK it polls for (``ib_write_lat``: the peer's WRITE, then the
+#: ACK of ours that the WRITE carried out behind it) is taken with that ACK, in one
+#: call.  (A program spinning on memory reacts to the request itself: the Python
+#: face's ``poll`` keeps one, and ``softnic perf write_lat`` answers before the ACK.
+#: A program whose CQ is armed sleeps on its channel next, and its poll keeps one.)
+POLL_RUNS = int(os.environ.get("SOFTNIC_POLL_RUNS", "2"))
 
 _objs: dict[int, object] = {}
 _inherited: set[int] = set()      # handles of the parent's objects, in a forked child
@@ -468,7 +476,7 @@ def sn_poll_cq(h, n, out):
     if o is None:
         return -errno.EINVAL
     nic = o.nic
-    nic.poll()
+    nic.poll(1 if o.eng.armed else POLL_RUNS)    # (armed: it sleeps on its channel next)
     with nic.lock:
         try:
             got = nic.dev.poll_cq(o.eng, n)
