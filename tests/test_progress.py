@@ -504,9 +504,9 @@ def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
         with a.lock:
             a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
         time.sleep(0.05)
-        assert not a._readable(0)                        # the ACK has not left
+        assert not a.waiting()                        # the ACK has not left
         _write(b, eb, ea, 2)                             # b's answer carries it out
-        _until(lambda: a._readable(0))
+        _until(lambda: a.waiting())
         time.sleep(0.05)
         a.poll()                                         # a takes b's WRITE first ...
         assert _wrote(ea, 2) and a._owed
@@ -517,7 +517,7 @@ def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
             assert [w.wr_id for w in got] == [1]
             assert a._owed and a.dev.owes_acks_only()    # and still holds b's ACK
         time.sleep(0.05)
-        assert not b._readable(0)
+        assert not b.waiting()
         a.end_lease(answering=True)
         _write(a, ea, eb, 3)                             # carried out by a's answer
         done = []
@@ -606,11 +606,11 @@ def test_a_polling_receiver_of_a_stream_does_not_hold_its_acks(monkeypatch):
         with a.lock:
             a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
         _write(b, eb, ea, 1)
-        _until(lambda: a._readable(0))
+        _until(lambda: a.waiting())
         a.poll()                                         # the first WRITE: its ACK held
         assert _wrote(ea, 1) and a._owed
         _write(b, eb, ea, 2)
-        _until(lambda: a._readable(0))
+        _until(lambda: a.waiting())
         a.poll()                                         # a second request: ACKs go
         assert _wrote(ea, 2)
         with a.lock:
