@@ -793,9 +793,9 @@ class NIC(_Opened):
         """Receive what waits, fire due timers, send.  Caller holds the lock.
 
         ``inline`` (a spinning caller's step): receive ``runs`` datagrams (or
-        coalesced runs) at most, and leave what they produced, typically the ACK of a peer's
-        request, for the caller's next call.  The caller looks at its memory or
-        CQ between the request landing and the ACK leaving: a program that
+        coalesced runs) at most, and leave what they produced, typically the ACK
+        of a peer's request, for the caller's next call.  The caller looks at its
+        memory or CQ between the request landing and the ACK leaving: a program that
         answers at once (a ping-pong, an RPC) sends its answer first, and the
         peer, who is waiting for the answer, finds the ACK behind it.  Output is
         held for one step at most, and the progress thread sends it if the
@@ -1090,6 +1090,7 @@ class TcpNIC(NIC):
 
     def _step(self, now: float, inline: bool = False, ready: bool = False,
               runs: int = 1) -> bool:
+        # (one step takes what the connections hold, whatever ``runs`` says)
         cap = self.capture is not None
         self._flush(now)
         did = self.sock.step(self.dev, now, on_rx=self._rx if cap else None)
