@@ -504,7 +504,7 @@ def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
         with a.lock:
             a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
         time.sleep(0.05)
-        assert not a.waiting()                        # the ACK has not left
+        assert not a.waiting()                           # the ACK has not left
         _write(b, eb, ea, 2)                             # b's answer carries it out
         _until(lambda: a.waiting())
         time.sleep(0.05)
