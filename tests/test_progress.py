@@ -107,6 +107,13 @@ def _pair(a, b, retry_cnt=7, timeout=14):
     return ea, eb
 
 
+def _waiting(nic):
+    """Does a datagram wait on the NIC's socket?  Looked at under its lock: the
+    progress thread's steps use the same poll object."""
+    with nic.lock:
+        return bool(nic._readable(0))
+
+
 def _until(cond, limit=10.0):
     end = time.monotonic() + limit
     while not cond():
@@ -504,9 +511,9 @@ def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
         with a.lock:
             a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
         time.sleep(0.05)
-        assert not a.waiting()                           # the ACK has not left
+        assert not _waiting(a)                           # the ACK has not left
         _write(b, eb, ea, 2)                             # b's answer carries it out
-        _until(lambda: a.waiting())
+        _until(lambda: _waiting(a))
         time.sleep(0.05)
         a.poll()                                         # a takes b's WRITE first ...
         assert _wrote(ea, 2) and a._owed
@@ -517,7 +524,7 @@ def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
             assert [w.wr_id for w in got] == [1]
             assert a._owed and a.dev.owes_acks_only()    # and still holds b's ACK
         time.sleep(0.05)
-        assert not b.waiting()
+        assert not _waiting(b)
         a.end_lease(answering=True)
         _write(a, ea, eb, 3)                             # carried out by a's answer
         done = []
@@ -535,7 +542,7 @@ def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed
     to completions only.  One ``ibv_poll_cq`` takes both (``POLL_RUNS``): the
     WRITE is placed and the completion comes back in that call.  A program whose
     CQ is armed sleeps on its channel next: its poll takes one receive.  (The
-    socket is looked at under the NIC's lock: ``waiting``.)"""
+    socket is looked at under the NIC's lock: ``_waiting``.)"""
     from types import SimpleNamespace
     from softnic.faces.libibverbs import backend
     _waiter()
@@ -551,7 +558,7 @@ def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed
             a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
         time.sleep(0.05)                                 # (a's thread back asleep)
         _write(b, eb, ea, 2)                             # b's WRITE, then a's ACK behind it
-        _until(lambda: a.waiting())
+        _until(lambda: _waiting(a))
         time.sleep(0.05)                                 # (both wait on a's socket)
         h = backend._new(backend._Obj(a, ea.send_cq))
         try:
@@ -566,7 +573,7 @@ def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed
                 # poll then gives the lease back: the thread takes the ACK)
             else:
                 assert got == 1 and out[0].wr_id == 1    # the WRITE and the ACK, one call
-                assert not a.waiting()
+                assert not _waiting(a)
         finally:
             del backend._objs[h]
     finally:
@@ -606,11 +613,11 @@ def test_a_polling_receiver_of_a_stream_does_not_hold_its_acks(monkeypatch):
         with a.lock:
             a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
         _write(b, eb, ea, 1)
-        _until(lambda: a.waiting())
+        _until(lambda: _waiting(a))
         a.poll()                                         # the first WRITE: its ACK held
         assert _wrote(ea, 1) and a._owed
         _write(b, eb, ea, 2)
-        _until(lambda: a.waiting())
+        _until(lambda: _waiting(a))
         a.poll()                                         # a second request: ACKs go
         assert _wrote(ea, 2)
         with a.lock:

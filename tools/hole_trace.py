@@ -45,6 +45,8 @@ def _hooks(role: str, events: list) -> None:
     import softnic.core.requester as rq
     import softnic.core.responder as rm
     from softnic.transport import udp
+    from softnic.wire import roce
+    from softnic.wire.icrc import ICRC_LEN
     from softnic.wire.roce import psn_diff
     pc = time.perf_counter
     if role == "cli":
@@ -90,9 +92,12 @@ def _hooks(role: str, events: list) -> None:
         return receive(dev, qp, pkt, src, now)
 
     def look(data) -> None:
-        if len(data) == 20:                 # BTH + AETH + ICRC: an ACK or a NAK
-            events.append(("NAKSENT" if data[12] >> 5 == 3 else "ACKSENT",
-                           int.from_bytes(bytes(data[9:12]), "big"), pc()))
+        if len(data) != 20:                 # BTH + AETH + ICRC: an ACK or a NAK
+            return
+        pkt = roce.decode(bytes(data[:-ICRC_LEN]))
+        if pkt.aeth is not None:
+            events.append(("NAKSENT" if pkt.aeth.code is roce.AethCode.NAK else "ACKSENT",
+                           pkt.bth.psn, pc()))
     send, runs, batch = udp.UdpSocket.send, udp.UdpSocket.send_runs, udp.UdpSocket.send_batch
 
     def send_one(self, data, addr):

@@ -481,12 +481,6 @@ class NIC(_Opened):
                     lease[0] = time.monotonic_ns()
                     lease[1] = 1 if self._owed else 0
 
-    def waiting(self) -> bool:
-        """Does a datagram wait on the socket?  (One ``poll(2)``, under the lock: the
-        progress thread's steps use the same poll object.)"""
-        with self.lock:
-            return not self._closed and bool(self._readable(0))
-
     def _idle(self, now: float, look: bool = True) -> bool:
         """Is there nothing to receive (``look``: ask the socket), no timer due and
         nothing to send?"""
