@@ -444,11 +444,24 @@ def _timely(**params):
 
 def test_timely_defaults():
     cc = create("timely", FLOW)
-    assert cc.params == {"alpha": 0.875, "beta": 0.8, "delta": 10e6, "t_low": 50e-6,
-                         "t_high": 500e-6, "hai_n": 5, "min_rtt": None, "min_rate": 10e6,
+    assert cc.params == {"alpha": 0.875, "beta": 0.8, "delta": None, "t_low": 50e-6,
+                         "t_high": 500e-6, "hai_n": 5, "min_rtt": None, "min_rate": None,
                          "init_rate": None, "segment": 16384}
     assert cc.rate == LINE and cc.window is None and cc.min_rtt == FLOW.base_rtt
     assert cc.next_timer() is None
+    # the paper's 10 Mbit/s at its 10 Gbit/s, scaled to the line rate (TIMELY
+    # authors' snippet; HPCC's ns-3 run.py); HPCC's ns-3 floor of 1 Gbit/s
+    assert cc.delta == pytest.approx(LINE / 1000) and cc.min_rate == 1e9
+
+
+@pytest.mark.parametrize("line, delta, floor", [(10e9, 10e6, 1e9), (25e9, 25e6, 1e9),
+                                                (100e9, 100e6, 1e9), (0.5e9, 0.5e6, 0.5e9)])
+def test_timely_delta_and_floor_follow_the_line_rate(line, delta, floor):
+    cc = create("timely", FlowInfo(line_rate_bps=line, mtu=4096, base_rtt=10e-6))
+    assert cc.delta == pytest.approx(delta) and cc.min_rate == floor
+    given = create("timely", FlowInfo(line_rate_bps=line, mtu=4096, base_rtt=10e-6),
+                   delta="3Mbps", min_rate="0.1Gbps")
+    assert given.delta == 3e6 and given.min_rate == 0.1e9
 
 
 def test_timely_first_sample_is_only_a_reference():
@@ -461,7 +474,7 @@ def test_timely_below_t_low_adds_delta():
     cc = _timely(init_rate="10Gbps")
     for i, rtt in enumerate([20e-6, 30e-6, 45e-6]):     # rising, but all below T_low
         cc.on_ack(now=i * US, acked_bytes=4096, rtt=rtt, telemetry=None)
-    assert cc.rate == pytest.approx(10e9 + 2 * 10e6)
+    assert cc.rate == pytest.approx(10e9 + 2 * 100e6)  # delta: 100 Gbit/s / 1000
 
 
 def test_timely_above_t_high_cuts_by_the_formula():
@@ -484,6 +497,25 @@ def test_timely_positive_gradient_cuts_by_the_formula():
     assert cc.rate == pytest.approx(rate1 * (1 - 0.8 * diff2 / 20e-6))
 
 
+def test_timely_gradient_above_one_cuts_by_the_unbounded_formula():
+    # the paper's 1 - beta * gradient, not capped at a gradient of 1
+    cc = _timely(init_rate="10Gbps", min_rtt="20us")
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=100e-6, telemetry=None)
+    cc.on_ack(now=1 * US, acked_bytes=4096, rtt=125e-6, telemetry=None)
+    g = 0.875 * 25e-6 / 20e-6                          # 1.09: above 1, below 1/beta
+    assert cc.gradient == pytest.approx(g)
+    assert cc.rate == pytest.approx(10e9 * (1 - 0.8 * g))     # 1.25 Gbit/s, not 2
+
+
+def test_timely_gradient_past_one_over_beta_stops_at_min_rate():
+    # the factor goes below zero: it stops at zero, the rate at min_rate (HPCC's ns-3)
+    cc = _timely(init_rate="10Gbps", min_rtt="20us", min_rate="1.5Gbps")
+    cc.on_ack(now=0.0, acked_bytes=4096, rtt=100e-6, telemetry=None)
+    cc.on_ack(now=1 * US, acked_bytes=4096, rtt=160e-6, telemetry=None)
+    assert 1 - 0.8 * cc.gradient < 0
+    assert cc.rate == 1.5e9                            # not 10 Gbit/s x (1 - beta)
+
+
 def test_timely_hyper_active_increase_after_n_negative_gradients():
     cc = _timely(init_rate="10Gbps")
     rtts = [400e-6 - 10e-6 * k for k in range(8)]      # falling, between T_low and T_high
@@ -491,21 +523,22 @@ def test_timely_hyper_active_increase_after_n_negative_gradients():
     for k, rtt in enumerate(rtts):
         cc.on_ack(now=k * US, acked_bytes=4096, rtt=rtt, telemetry=None)
         if k >= 1:                                     # the k-th negative gradient
-            expected += (5 if k >= 5 else 1) * 10e6
+            expected += (5 if k >= 5 else 1) * 100e6
         assert cc.rate == pytest.approx(expected), k
     cc.on_ack(now=9 * US, acked_bytes=4096, rtt=rtts[-1] + 50e-6, telemetry=None)
     assert cc.neg_events == 0                          # a rise ends the streak
     assert cc.rate < expected
 
 
-def test_timely_recovers_to_line_rate_and_floors_at_min_rate():
-    cc = _timely(init_rate="1Gbps", delta="1Gbps")
+@pytest.mark.parametrize("params, floor", [({}, 1e9), ({"min_rate": "10Mbps"}, 10e6)])
+def test_timely_recovers_to_line_rate_and_floors_at_min_rate(params, floor):
+    cc = _timely(init_rate="1Gbps", delta="1Gbps", **params)
     for k in range(200):
         cc.on_ack(now=k * US, acked_bytes=4096, rtt=15e-6, telemetry=None)
     assert cc.rate == LINE
     for k in range(200, 260):
         cc.on_ack(now=k * US, acked_bytes=4096, rtt=10.0, telemetry=None)
-    assert cc.rate == 10e6
+    assert cc.rate == floor
 
 
 def test_timely_updates_once_per_segment_with_its_newest_rtt():
@@ -517,7 +550,7 @@ def test_timely_updates_once_per_segment_with_its_newest_rtt():
         assert cc.rate == 10e9 and cc.prev_rtt == 20e-6
     cc.on_ack(now=4 * US, acked_bytes=4096, rtt=30e-6, telemetry=None)
     # one update, from the newest sample (30 us < T_low: add delta), not four cuts
-    assert cc.prev_rtt == 30e-6 and cc.rate == pytest.approx(10e9 + 10e6)
+    assert cc.prev_rtt == 30e-6 and cc.rate == pytest.approx(10e9 + 100e6)
 
 
 def test_timely_ignores_acks_without_sample_and_rejects_bad_samples():
@@ -535,7 +568,8 @@ def test_timely_cross_parameter_checks():
     with pytest.raises(ValueError, match="init_rate"):
         _timely(init_rate="200Gbps")
     with pytest.raises(ValueError, match="init_rate"):
-        _timely(init_rate="1Mbps")
+        _timely(init_rate="0.5Gbps")                    # below the 1 Gbit/s floor
+    _timely(init_rate="0.5Gbps", min_rate="0.5Gbps")
     with pytest.raises(ValueError, match="min_rate"):
         _timely(min_rate="101Gbps")
 
@@ -545,7 +579,7 @@ def test_timely_rate_stays_in_bounds(rtts):
     cc = _timely()
     for k, rtt in enumerate(rtts):
         cc.on_ack(now=k * US, acked_bytes=4096, rtt=rtt, telemetry=None)
-        assert 10e6 <= cc.rate <= LINE
+        assert 1e9 <= cc.rate <= LINE
 
 
 # ------------------------------------------------------------------ Swift --
