@@ -55,7 +55,7 @@ GOALS = {            # figure: (goal, comparison), the issue's targets
     "write_8m_vs_gso": (None, ">="),
     "write_vs_sockperf": (1.0, ">="),
     "write_vs_python_blast": (1.0, ">="),
-    "lat_p50_vs_python": (1.5, "<="),
+    "lat_p50_vs_python": (3.0, "<="),      # the goal; its compass keeps 1.5
     "lat_p99_vs_python": (None, "<="),
     "loss_goodput": (0.9, ">="),
     "qps_1024_vs_1": (0.8, ">="),
@@ -460,6 +460,8 @@ def ratio_row(name, what, ours, ref, ratio, key):
     else:
         met = "yes" if (ratio >= goal if cmp == ">=" else ratio <= goal) else "no"
     g = "" if goal is None else f"{cmp} {goal:g}"
+    if key == "lat_p50_vs_python":
+        g += " (compass 1.5)"
     return {"figure": name, "softnic": ours, "reference": ref, "ratio": ratio,
             "goal": g, "met": met, "what": what, "key": key}
 
