@@ -23,7 +23,10 @@ depend less on what else runs than those per wall second.
 An *event* is what the fabric's heap processes: a delivery to a host, a host
 timer firing, and a datagram reaching a queue inside the fabric (a NIC's egress,
 a switch port).  ``host events`` counts the first two only (the figure
-``Fabric.events_processed`` gave before the fabric counted its own hops).
+``Fabric.events_processed`` gave before the fabric counted its own hops).  A
+second line splits the host events: the hosts' timers (a paced QP's next packet,
+the retransmission timer, a congestion controller's own timers) and, without
+them, the *datagram events* per wall second (deliveries and the fabric's hops).
 
     python tools/sim_bench.py                  # this tree
     python tools/sim_bench.py --compare /tmp/base   # also a second tree, alternating
@@ -48,6 +51,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(name: str) -> dict:
+    from softnic.transport import sim
+    made = []                   # the fabric the workload builds (its datagrams delivered)
+    init = sim.Fabric.__init__
+
+    def spy(self, *a, **kw):
+        init(self, *a, **kw)
+        made.append(self)
+    sim.Fabric.__init__ = spy
     try:
         from softnic.cli import experiments as ex
     except ImportError:          # a tree from before the layout by layer (--compare)
@@ -74,17 +85,10 @@ def _run(name: str) -> dict:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         s = res["summary"]
         return dict(workload=name, wall_s=wall, cpu_s=cpu, host_events=s["host_events"],
-                    events=s["events"], virtual_s=s["completion_s"])
+                    events=s["events"], virtual_s=s["completion_s"],
+                    delivered=getattr(made[-1], "_received", None) if made else None)
     else:
         raise SystemExit(f"unknown workload {name}")
-    from softnic.transport import sim
-    made = []
-    init = sim.Fabric.__init__
-
-    def spy(self, *a, **kw):
-        init(self, *a, **kw)
-        made.append(self)
-    sim.Fabric.__init__ = spy
     t0, c0 = time.perf_counter(), time.process_time()
     res = ex.incast(cfg)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -97,7 +101,7 @@ def _run(name: str) -> dict:
         hops = sum(q.counters["enqueued"] + q.counters["dropped"]
                    for s in sw.values() for q in s.ports.values())
     return dict(workload=name, wall_s=wall, cpu_s=cpu, host_events=host, events=host + hops,
-                virtual_s=cfg.duration)
+                virtual_s=cfg.duration, delivered=getattr(fabric, "_received", None))
 
 
 def _child(tree: str, name: str) -> dict:
@@ -146,6 +150,15 @@ def main() -> int:
                   f"{r['wall_s']:.2f} s wall ({r['cpu_s']:.2f} s CPU) for "
                   f"{r['virtual_s'] * 1e3:.2f} ms virtual: {ev / 1e3:.1f} k events/s, "
                   f"{hev / 1e3:.1f} k host events/s; {cev / 1e3:.1f} k events per CPU s")
+            if r.get("delivered") is not None:
+                # a datagram's events only (delivered to a host, or reaching a queue in
+                # the fabric), without the hosts' timers (pacing, retransmission,
+                # a congestion controller's own)
+                timers = r["host_events"] - r["delivered"]
+                pev = statistics.median((x["events"] - x["host_events"] + x["delivered"])
+                                        / x["wall_s"] for x in runs[t])
+                print(f"{name:12s} {t}: of which {timers} host timers; without them "
+                      f"{pev / 1e3:.1f} k datagram events/s")
         if len(rates) == 2:
             a, b = rates[trees[0]], rates[trees[1]]
             print(f"{name:12s} ratio this/compare: events/s x{a[0] / b[0]:.2f}, "
