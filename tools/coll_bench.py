@@ -10,7 +10,10 @@ collective and size, both backends run on the same tensors, alternating in
 rounds (softnic, gloo, softnic, gloo, ...), each call started together on every
 rank (a barrier on the other backend first) and timed alone.  The time of a call
 is the slowest rank's; the table gives the median over the calls, and the ratio
-softnic / gloo (below 1: softnic is faster).  Results are checked.
+softnic / gloo (below 1: softnic is faster).  Results are checked.  ``--json``
+also keeps, per backend, the median spread of the ranks' starts (``start_skew``)
+and the median time from the last rank's start to the last rank's end
+(``from_last_start``): what a call costs once every rank is in it.
 
 Sizes are the whole buffer: all_reduce's and broadcast's tensor, all_gather's
 output (each rank gives size / n), reduce_scatter's input (each rank gets
@@ -86,6 +89,7 @@ def worker(args) -> int:
             if coll == "all_reduce":
                 want = torch.arange(count, dtype=torch.float32) % 7 * n + n * (n - 1) / 2
             times = {"softnic": [], "gloo": []}
+            stamps = {"softnic": [], "gloo": []}     # (start, end) per timed call
             iters = iters_for(size, args.budget, args.min_iters, args.iters)
             bufs = {}
             for name in groups:
@@ -122,6 +126,7 @@ def worker(args) -> int:
                     dt = time.perf_counter() - t0
                     if it >= args.warmup:
                         times[name].append(dt)
+                        stamps[name].append((t0, t0 + dt))
             # check the last results
             for name in groups:
                 b = bufs[name]
@@ -139,15 +144,27 @@ def worker(args) -> int:
                     ok = torch.equal(b[1], full[rank * part:(rank + 1) * part])
                 if not ok:
                     raise SystemExit(f"rank {rank}: {name} {coll} {size} B gave a wrong result")
-            # the slowest rank's time for each call
-            med = {}
+            # the slowest rank's time for each call; and, from every rank's start and
+            # end (one clock: the ranks share this machine), how far apart the ranks
+            # started and the time from the last start to the last end
+            med, skew, late = {}, {}, {}
             for name in groups:
                 t = torch.tensor(times[name], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
                 med[name] = statistics.median(t.tolist())
+                st = torch.tensor(stamps[name], dtype=torch.float64)
+                every = [torch.zeros_like(st) for _ in range(n)]
+                dist.all_gather(every, st, group=gloo)
+                a = torch.stack(every)                      # rank, call, (start, end)
+                starts = a[:, :, 0]
+                skew[name] = statistics.median(
+                    (starts.max(0).values - starts.min(0).values).tolist())
+                late[name] = statistics.median(
+                    (a[:, :, 1].max(0).values - starts.max(0).values).tolist())
             rows.append({"collective": coll, "bytes": size, "iters": iters,
                          "softnic": med["softnic"], "gloo": med["gloo"],
-                         "ratio": med["softnic"] / med["gloo"]})
+                         "ratio": med["softnic"] / med["gloo"],
+                         "start_skew": skew, "from_last_start": late})
             if rank == 0:
                 r = rows[-1]
                 print(f"| {coll} | {human(size)} | {fmt_t(r['softnic'])} | {fmt_t(r['gloo'])} "
