@@ -103,6 +103,9 @@ def test_a_ping_pong_takes_the_fast_paths(monkeypatch):
     packed = []
     real_pack = requester._pack_only
     monkeypatch.setattr(requester, "_pack_only", lambda *a: packed.append(1) or real_pack(*a))
+    only = []
+    real_only = requester._only_one
+    monkeypatch.setattr(requester, "_only_one", lambda *a: only.append(real_only(*a)) or only[-1])
     a, b, ea, eb = _pair()
     ea.buf.view[:8] = b"pingpong"
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
@@ -124,6 +127,27 @@ def test_a_ping_pong_takes_the_fast_paths(monkeypatch):
     assert taken == {"RC_RDMA_WRITE_ONLY": 1, "RC_SEND_ONLY_WITH_IMMEDIATE": 1,
                      "RC_ACKNOWLEDGE": 2}
     assert len(packed) == 2
+    assert only == [True, True]         # each post left generate's walk at once
+
+
+def test_a_bad_lkey_on_the_one_packet_path_fails_as_the_walk_fails_it():
+    """A one-packet WRITE whose lkey is wrong (``_only_one`` takes it): the WR
+    completes with LOC_PROT_ERR, nothing is sent, and the next WR is flushed,
+    exactly as with the fast paths off."""
+    got = []
+    for fast in (True, False):
+        a, b, ea, eb = _pair(fast_path=fast)
+        a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [(ea.buf.addr, 8, ea.mr.lkey ^ 0x5A)],
+                                  SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                                  rkey=eb.mr.rkey))
+        sent = _deliver(a, b)
+        a.post_send(ea.qp, SendWR(2, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
+                                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+        sent += _deliver(a, b)
+        got.append((sent, [(w.wr_id, w.status) for w in a.poll_cq(ea.send_cq, 4)],
+                    ea.qp.state, dict(a.counters)))
+    assert got[0] == got[1]
+    assert got[0][0] == 0 and got[0][1][0] == (1, WCStatus.LOC_PROT_ERR)
 
 
 def _bad_rkey_write(size: int) -> None:

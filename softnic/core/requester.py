@@ -12,7 +12,9 @@ packed straight, ``_pack_only``, the bytes ``encode`` gives).  The bulk of a
 long message takes a faster way through the same rules, a run of MIDDLEs into
 one buffer (``_bulk_run``, ``_bulk``; its MIDDLEs built by the compiled kernel's
 ``sn_tx_middles`` when there is one); tests/test_bulk_tx.py and
-tests/test_kernel.py check it against ``_build`` packet by packet.
+tests/test_kernel.py check it against ``_build`` packet by packet.  A lone
+one-packet WRITE or SEND (a ping-pong's, an RPC's) skips the walk of the send
+queue (``_only_one``); tests/test_fastpath.py runs workloads both ways.
 """
 
 from __future__ import annotations
@@ -499,6 +501,8 @@ def generate(dev, qp, now: float, out: list) -> None:
         return
     if dev._fast and qp.pace_at is not None and _held_by_pacer(qp, now):
         return
+    if dev._fast and qp.cc is None and not qp.rexmit and _only_one(dev, qp, out):
+        return
     qtype = qp.qp_type
     rc = qtype is _RC
     dest = qp.dest if qtype is not _UD else None
@@ -535,6 +539,40 @@ def generate(dev, qp, now: float, out: list) -> None:
         _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc)
         if qtype is _UD:
             dest = None
+
+
+def _only_one(dev, qp, out: list) -> bool:
+    """``generate``'s walk for what a ping-pong or an RPC posts: one new WRITE or SEND
+    of at most one packet, the only WQE to send, on an RC QP without a congestion
+    controller or resends, in RTS, with room in the window.  The same rules in
+    the walk's order (``_may_start``, ``_start``, ``_send_packet``: an ONLY asks
+    for an ACK, so the count of packets since one did restarts; ``_pack_only``);
+    False, nothing changed, for anything else."""
+    i = qp.send_idx
+    sq = qp.sq
+    if i != len(sq) - 1 or qp.qp_type is not _RC or qp.xrc is not None or qp.req_error \
+            or qp.state is not QPState.RTS:
+        return False
+    wqe = sq[i]
+    if wqe.first_psn is not None or wqe.done or wqe.opcode not in _ONLY \
+            or wqe.length > qp.mtu or wqe.flags & _FENCE and qp.rd_atomic_inflight \
+            or _window_full(qp, qp.sq_psn):
+        return False
+    _start(dev, qp, wqe)
+    if wqe.done:                                # a local error: failed, as the walk does
+        qp.req_error = True
+        qp.send_idx = i + 1
+        return True
+    psn = wqe.first_psn
+    qp.pkts_since_ackreq = 0
+    if psn_diff(psn, qp.max_sent_psn) <= 0:
+        dev.counters["retransmitted_pkts"] += 1
+    else:
+        qp.max_sent_psn = psn
+    out.append((_pack_only(qp, wqe, psn, qp.attr.dest_qp_num), qp.dest))
+    wqe.next_pkt = 1
+    qp.send_idx = i + 1
+    return True
 
 
 def _held_by_pacer(qp, now: float) -> bool:
