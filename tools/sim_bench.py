@@ -153,7 +153,9 @@ def main() -> int:
             if r.get("delivered") is not None:
                 # a datagram's events only (delivered to a host, or reaching a queue in
                 # the fabric), without the hosts' timers (pacing, retransmission,
-                # a congestion controller's own)
+                # a congestion controller's own); the host events not delivered are
+                # those timers and any datagram dropped at a detached host (none in
+                # these workloads)
                 timers = r["host_events"] - r["delivered"]
                 pev = statistics.median((x["events"] - x["host_events"] + x["delivered"])
                                         / x["wall_s"] for x in runs[t])

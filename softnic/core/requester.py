@@ -555,7 +555,7 @@ def _only_one(dev, qp, out: list) -> bool:
         return False
     wqe = sq[i]
     if wqe.first_psn is not None or wqe.done or wqe.opcode not in _ONLY \
-            or wqe.length > qp.mtu or wqe.flags & _FENCE and qp.rd_atomic_inflight \
+            or wqe.length > qp.mtu or (wqe.flags & _FENCE and qp.rd_atomic_inflight) \
             or _window_full(qp, qp.sq_psn):
         return False
     _start(dev, qp, wqe)
