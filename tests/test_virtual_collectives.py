@@ -107,6 +107,43 @@ def test_shared_payload_pages_leave_the_timing_unchanged():
     assert own["summary"]["events"] == shared["summary"]["events"]
 
 
+@pytest.mark.parametrize("idle", [False, True])
+def test_credits_go_back_in_batches_unless_returned_when_idle(idle):
+    """Live devices return a receiver's credits in batches of half its ring (each
+    return is a SEND and its ACK); ``idle_credits`` returns them whenever the
+    receiver has nothing else to do.  Small broadcasts back to back: the root never
+    runs short of credits either way, and every result is right."""
+    n, calls = 2, 40
+
+    class T(VirtualTransport):
+        idle_credits = idle
+
+    posted = []
+
+    def prog(rank, vc):
+        t = T(vc, rank, n, qps=1, slots=8)
+        real = t._post_credit
+        t._post_credit = lambda p, k: (posted.append((rank, k)), real(p, k))
+        c = Communicator(rank, n, vc.store, transport=t)
+        ok = []
+        for i in range(calls):
+            x = np.full(256, i if rank == 0 else -1, np.int32)
+            c.broadcast(x, root=0)
+            ok.append(bool(np.all(x == i)))
+        c.close()
+        return all(ok)
+
+    vc, _ = _cluster(n, leaves=1)
+    assert vc.run(prog) == [True, True]
+    mine = [k for r, k in posted if r == 1]
+    assert sum(mine) <= calls
+    if idle:
+        assert len(mine) > calls // 2          # one or two at a time
+    else:
+        assert mine and all(k >= 4 for k in mine)      # half of the 8 slots at a time
+        assert len(mine) <= calls // 4
+
+
 def _overlap(intervals):
     ev = sorted([(a, 1) for a, b in intervals] + [(b, -1) for a, b in intervals])
     cur = best = 0

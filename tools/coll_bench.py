@@ -90,7 +90,8 @@ def worker(args) -> int:
                 want = torch.arange(count, dtype=torch.float32) % 7 * n + n * (n - 1) / 2
             times = {"softnic": [], "gloo": []}
             stamps = {"softnic": [], "gloo": []}     # (start, end) per timed call
-            iters = iters_for(size, args.budget, args.min_iters, args.iters)
+            iters = max(args.min_iters,
+                        iters_for(size, args.budget, args.min_iters, args.iters) // args.loop)
             bufs = {}
             for name in groups:
                 if coll == "all_reduce":
@@ -115,6 +116,7 @@ def worker(args) -> int:
                 else:
                     dist.reduce_scatter_tensor(b[1], b[0], group=g)
 
+            loop = args.loop
             for it in range(iters + args.warmup):
                 for name in (("softnic", "gloo") if it % 2 == 0 else ("gloo", "softnic")):
                     if coll == "all_reduce":
@@ -122,12 +124,17 @@ def worker(args) -> int:
                     other = "gloo" if name == "softnic" else "softnic"
                     dist.barrier(group=groups[other])
                     t0 = time.perf_counter()
-                    call(name)
-                    dt = time.perf_counter() - t0
+                    for _ in range(loop):
+                        call(name)
+                    t1 = time.perf_counter()
                     if it >= args.warmup:
-                        times[name].append(dt)
-                        stamps[name].append((t0, t0 + dt))
-            # check the last results
+                        times[name].append((t1 - t0) / loop)
+                        stamps[name].append((t0, t1))
+            # check the results of one more call of each
+            for name in groups:
+                if coll == "all_reduce":
+                    bufs[name].copy_(base)
+                call(name)
             for name in groups:
                 b = bufs[name]
                 if coll == "all_reduce":
@@ -160,7 +167,7 @@ def worker(args) -> int:
                 skew[name] = statistics.median(
                     (starts.max(0).values - starts.min(0).values).tolist())
                 late[name] = statistics.median(
-                    (a[:, :, 1].max(0).values - starts.max(0).values).tolist())
+                    (a[:, :, 1].max(0).values - starts.max(0).values).tolist()) / args.loop
             rows.append({"collective": coll, "bytes": size, "iters": iters,
                          "softnic": med["softnic"], "gloo": med["gloo"],
                          "ratio": med["softnic"] / med["gloo"],
@@ -193,6 +200,9 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=1.0,
                     help="seconds per size and backend, roughly (sets the calls per size)")
     ap.add_argument("-w", "--warmup", type=int, default=2)
+    ap.add_argument("-l", "--loop", type=int, default=1,
+                    help="calls per timed sample, back to back after the barrier (as "
+                         "nccl-tests times its iterations); 1: each call alone")
     ap.add_argument("--json", help="rank 0 writes the rows here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -214,9 +224,15 @@ def main() -> int:
               f"({args.nproc / cpus:g} ranks per CPU, each with its application thread, its "
               f"device's progress thread and gloo's threads): every wait for a peer is also "
               f"a wait for a CPU, for both backends")
-    print(f"# per size: {args.min_iters} to {args.iters} timed calls per backend (fewer for "
-          f"big sizes, about {args.budget:g} s each), after {args.warmup} untimed; "
-          f"softnic / gloo below 1: softnic is faster")
+    if args.loop > 1:
+        print(f"# per size: {args.min_iters} to {args.iters} timed samples per backend, each "
+              f"{args.loop} calls back to back after a barrier (the time per call: the sample "
+              f"/ {args.loop}); about {args.budget:g} s each, after {args.warmup} untimed; "
+              f"softnic / gloo below 1: softnic is faster")
+    else:
+        print(f"# per size: {args.min_iters} to {args.iters} timed calls per backend (fewer "
+              f"for big sizes, about {args.budget:g} s each), after {args.warmup} untimed; "
+              f"softnic / gloo below 1: softnic is faster")
     print("| collective | bytes | softnic | gloo | softnic / gloo |")
     print("|---|---:|---:|---:|---:|")
     sys.stdout.flush()

@@ -186,6 +186,9 @@ class VirtualTransport(Transport):
     #: every receive through the ring: what a copy out of it costs is CPU time, which
     #: virtual time does not count, and the experiments' messages stay as they were
     direct_default = 0
+    #: credits back whenever a rank idles: in virtual time a return costs no CPU time,
+    #: and the experiments' results were made with it
+    idle_credits = True
 
     def __init__(self, cluster: "VirtualCluster", rank: int, world: int, **kw):
         self.vc = cluster
