@@ -159,7 +159,8 @@ def test_harness_smoke(tmp_path):
                     "lat_p99_vs_python", "loss_goodput", "qps_1024_vs_1", "rss_per_qp_kib",
                     # the C face against its Python twins (perftest, ibverbs-utils)
                     "c_write_lat_vs_py", "c_pingpong_events_vs_poll",
-                    "py_pingpong_events_vs_poll", "c_write_bw_vs_py", "write_1m_vs_gso"]
+                    "py_pingpong_events_vs_poll", "c_write_bw_vs_py", "c_write_bw_long_vs_py",
+                    "write_1m_vs_gso"]
     for r in res["table"]:
         assert r["softnic"] > 0 and r["reference"] > 0 and r["ratio"] > 0
     assert res["executable"] == sys.executable
