@@ -12,9 +12,10 @@ landed, whichever QP it came on: chunks are taken in sequence order.  A
 sender holds one credit per free slot of the peer's ring and never writes
 without one; the receiver returns credits once it has consumed the chunks,
 in the immediate of its own next chunk to that peer (7 bits beside the 24-bit
-sequence number) or, when half the ring is owed or it has nothing else to do,
-in a zero-length SEND_WITH_IMM whose immediate has the top bit set and the
-count below.  So a fast sender can never overrun a slow receiver, chunks flow
+sequence number) or, when half the ring is owed (in virtual time and under
+admission also whenever it has nothing else to do: ``idle_credits``), in a
+zero-length SEND_WITH_IMM whose immediate has the top bit set and the count
+below.  So a fast sender can never overrun a slow receiver, chunks flow
 in a pipeline ``slots`` deep, and a small collective costs one message each
 way, not two.
 
@@ -688,8 +689,8 @@ class Transport:
         # zero-copy sends complete only when acknowledged)
         self._poll()
         # a full batch of credits goes back now; fewer ride on this rank's next chunk to
-        # that peer, or go back as soon as a later call has nothing else to do (a peer
-        # never waits on them for long: it still holds at least half its credits)
+        # that peer, or go back with a batch a later call completes (the peer still
+        # holds at least half its credits meanwhile)
         for p, n in self.owed.items():
             if n >= self.credit_batch and self.sq_out[self.first_qp[p]] < self.sq_depth:
                 self._post_credit(p, n)
