@@ -4,16 +4,19 @@ in ``TESTS`` here next to perftest's).
 
 ``softnic perf allreduce -n 4 -b 8 -e 1M -f 4`` runs 4 ranks on this machine
 (as ``softnic launch`` does) and prints, like nccl-tests' all_reduce_perf, one
-row per size: bytes, element count, type, reduction, time per call (the slowest
-rank's mean), algorithm bandwidth (size / time), bus bandwidth (algbw times
-nccl-tests' factor: 2(n-1)/n for allreduce, (n-1)/n for allgather and
-reduce-scatter, 1 for broadcast: the traffic each link carries), and how many
-elements came out wrong against numpy.  The size is the whole buffer, as in
-nccl-tests: allgather's output, reduce-scatter's input.  Bandwidths are in MB/s
-(nccl-tests prints GB/s; a NIC in Python moves megabytes).
+row per size: bytes, element count, type, reduction, time per call (``-i`` calls
+back to back after a barrier, timed together as nccl-tests times them, over
+``-i``; the slowest rank's), algorithm bandwidth (size / time), bus bandwidth
+(algbw times nccl-tests' factor: 2(n-1)/n for allreduce, (n-1)/n for allgather
+and reduce-scatter, 1 for broadcast: the traffic each link carries), and how
+many elements came out wrong against numpy in one more call from fresh inputs.
+The size is the whole buffer, as in nccl-tests: allgather's output,
+reduce-scatter's input.  Bandwidths are in MB/s (nccl-tests prints GB/s; a NIC
+in Python moves megabytes).
 
 ``--compare gloo`` opens torch's gloo backend over the same ranks and times it on
-the same tensors, call for call in turn with softnic's, and adds its time, its
+the same tensors, in turn with softnic's (half the calls each, then the other
+half in the other order), and adds its time, its
 bus bandwidth and the ratio softnic / gloo (below 1: softnic is faster).
 """
 
@@ -58,7 +61,7 @@ def _arguments(kind: str):
         if kind == "broadcast":
             ap.add_argument("-r", "--root", type=int, default=0, help="root rank (0)")
         ap.add_argument("-w", "--warmup-iters", type=int, default=1)
-        ap.add_argument("-i", "--iters", type=int, default=5, help="timed calls per size (5)")
+        ap.add_argument("-i", "--iters", type=int, default=5, help="timed calls per size, back to back (5)")
         if kind == "allreduce":
             ap.add_argument("-a", "--algorithm", default="auto",
                             choices=("auto", "ring", "rd", "hd", "tree", "ptree"))
@@ -274,22 +277,39 @@ def _gloo_call(kind, gloo, src, b, op, root):
 
 
 def _time(args, comm, kind, sides, src, expected, nbytes, bus_factor):
-    """Run each side warmup + iters times, alternating which goes first, each behind a
-    barrier; {side: (time, algbw, busbw, wrong elements)}, time the slowest rank's."""
+    """Time each side as nccl-tests does (common.cu's ``BenchTime``): untimed warm-up
+    calls, then a barrier and ``iters`` calls back to back, timed together; a call's
+    time is their total over ``iters``, the slowest rank's.  The sides take turns in
+    two rounds of half the calls each (this side first, then the other), then each
+    makes one more call from fresh inputs, whose result is checked (``#wrong``, as
+    nccl-tests' check).  {side: (time, algbw, busbw, wrong elements)}."""
     import numpy as np
+
+    def fresh(b):
+        if kind in ("allreduce", "broadcast"):
+            b[:] = src
+
+    for _, fn, b in sides:
+        for _ in range(args.warmup_iters):
+            fresh(b)
+            fn()
     spent = {name: 0.0 for name, _, _ in sides}
-    wrong = {name: 0 for name, _, _ in sides}
-    for it in range(args.warmup_iters + args.iters):
-        for name, fn, b in (sides if it % 2 == 0 else sides[::-1]):
-            if kind in ("allreduce", "broadcast"):
-                b[:] = src
+    for rnd, k in enumerate((args.iters - args.iters // 2, args.iters // 2)):
+        for name, fn, b in (sides if rnd == 0 else sides[::-1]):
+            if not k:
+                continue
+            fresh(b)
             comm.barrier()
             t0 = time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t0
-            if it >= args.warmup_iters:
-                spent[name] += dt
-                wrong[name] += int(np.count_nonzero(b != expected))
+            for _ in range(k):
+                fn()
+            spent[name] += time.perf_counter() - t0
+    wrong = {}
+    for name, fn, b in sides:
+        fresh(b)
+        comm.barrier()
+        fn()
+        wrong[name] = int(np.count_nonzero(b != expected))
     res = {}
     for name in spent:
         tt = np.array([spent[name] / max(1, args.iters)], np.float64)
