@@ -61,7 +61,8 @@ def _arguments(kind: str):
         if kind == "broadcast":
             ap.add_argument("-r", "--root", type=int, default=0, help="root rank (0)")
         ap.add_argument("-w", "--warmup-iters", type=int, default=1)
-        ap.add_argument("-i", "--iters", type=int, default=5, help="timed calls per size, back to back (5)")
+        ap.add_argument("-i", "--iters", type=int, default=5,
+                        help="timed calls per size, back to back (5)")
         if kind == "allreduce":
             ap.add_argument("-a", "--algorithm", default="auto",
                             choices=("auto", "ring", "rd", "hd", "tree", "ptree"))
