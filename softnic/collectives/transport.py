@@ -226,12 +226,11 @@ class Transport:
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
         self.timeout = timeout
         self._settings(chunk, slots, qps, admit, qp_timeout, min_chunk, direct)
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        spin, nap = SPIN_NAP["oversubscribed" if local > (os.cpu_count() or 1) else "free"]
+        over = int(os.environ.get("LOCAL_WORLD_SIZE", world)) > (os.cpu_count() or 1)
+        spin, nap = SPIN_NAP["oversubscribed" if over else "free"]
         self.spin = float(os.environ.get("SOFTNIC_COLL_SPIN", spin))
         self.nap = float(os.environ.get("SOFTNIC_COLL_NAP", nap))
         self.credit_batch = max(1, self.slots // 2)
-        over = local > (os.cpu_count() or 1)
         self.wait_spin = float(os.environ.get("SOFTNIC_COLL_WAIT_SPIN_US",
                                               0 if over else WAIT_SPIN_US)) * 1e-6
         self._spin_call = False         # this call's receives are small enough to spin for
