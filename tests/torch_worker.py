@@ -89,6 +89,11 @@ def main():
     store = dist.distributed_c10d._get_default_store()
     if r == 1:
         store.get("late")                  # rank 1 issues only when rank 0 says so
+    # the first is small and issued with nothing in flight: asynchronous all the same
+    # (run in the caller's thread, rank 0 would wait in it for rank 1, which waits
+    # for rank 0's "late" below)
+    small = torch.full((8,), float(r + 1))
+    first = dist.all_reduce(small, async_op=True)
     big = [torch.full((100_000,), float(r + k)) for k in range(4)]
     works = [dist.all_reduce(t, async_op=True) for t in big]
     works.append(dist.broadcast(torch.full((5,), float(r)), src=1, async_op=True))
@@ -98,10 +103,13 @@ def main():
     if r == 0:
         # rank 1 has not started: nothing can have completed yet
         time.sleep(0.3)
+        assert not first.is_completed()
         assert not any(w.is_completed() for w in works)
         assert not works[0].get_future().done()
         store.set("late", b"1")
     chained = works[0].get_future().then(lambda f: f.value()[0].sum().item())
+    assert first.wait()
+    assert torch.equal(small, torch.full((8,), float(n * (n + 1) // 2)))
     for w in works:
         assert w.wait()
     assert all(w.is_completed() for w in works)
@@ -111,6 +119,26 @@ def main():
     assert torch.equal(works[4].get_future().value()[0], torch.full((5,), 1.0))
     assert torch.equal(gathered, torch.arange(n).repeat_interleave(3).float())
     checked.append("async in flight")
+    # where a call runs: one its caller waits for (async_op=False) in the caller's
+    # thread, whatever its size; an asynchronous one in the group's thread
+    import threading
+    from softnic.collectives.communicator import Communicator
+    ran = []
+    plain = Communicator.allreduce
+
+    def traced(self, *a, **k):
+        ran.append(threading.current_thread() is threading.main_thread())
+        return plain(self, *a, **k)
+    Communicator.allreduce = traced
+    try:
+        dist.all_reduce(torch.ones(300_000))
+        dist.all_reduce(torch.ones(300_000), async_op=True).wait()
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+        dist.all_reduce(torch.ones(4))
+    finally:
+        Communicator.allreduce = plain
+    assert ran == [True, False, False, True], ran
+    checked.append("caller's thread when waited for")
     for root in range(n):
         t = torch.full((7,), float(r))
         dist.broadcast(t, src=root)

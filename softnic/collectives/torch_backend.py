@@ -21,6 +21,17 @@ torch defines them; an error (a dead peer, a timeout) is raised by ``wait()``
 and by the future, and fails every collective issued after it.
 ``SOFTNIC_COLL_ASYNC=0`` (or ``group's backend.asynchronous = False``) runs
 each call to completion before it returns instead.
+
+A call its caller waits for at once (``async_op=False``: torch passes
+``asyncOp = False`` in the call's options and waits on the Work before it
+returns) runs in the caller's thread when nothing is in flight, which saves
+the two thread hand-offs.  ``SOFTNIC_COLL_INLINE`` caps the bytes of such a
+call (default: no cap; 0: every call goes through the group's thread).  An
+asynchronous call always goes through the group's thread: it must make
+progress while its caller does something else (which may be waiting for a
+peer that has not issued the call yet).  With a torch whose options do not
+say (no ``asyncOp``), calls up to 64 KiB with nothing in flight run in the
+caller's thread, as before that field existed.
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.M
         dist.ReduceOp.MAX: "max", dist.ReduceOp.AVG: "sum"}
 
 
-INLINE_MAX = 64 * 1024  # smaller collectives issued with none in flight run in the caller
+INLINE_UNSAID = 64 * 1024  # options that do not say whether the caller waits: up to this inline
 HEARTBEAT = 0.25        # seconds between a rank's heartbeats in the store
 DEAD_AFTER = 3.0        # a peer whose heartbeat stood still this long is gone
 
@@ -171,22 +182,26 @@ class _Worker:
         return fut
 
     def _do(self, fn, result, fut) -> None:
+        err = None
         with self.running:
             try:
                 if self.failed is not None:
-                    fut.set_exception(RuntimeError(f"softnic backend: an earlier collective "
-                                                   f"failed: {self.failed}"))
-                    return
-                try:
-                    fn()
-                except BaseException as ex:         # noqa: BLE001 - handed to the waiter
-                    self.failed = ex
-                    fut.set_exception(ex)
-                    return
-                fut.set_result(result)
+                    err = RuntimeError(f"softnic backend: an earlier collective failed: "
+                                       f"{self.failed}")
+                else:
+                    try:
+                        fn()
+                    except BaseException as ex:     # noqa: BLE001 - handed to the waiter
+                        self.failed = err = ex
             finally:
+                # no longer in flight before its waiter wakes: the waiter's next call
+                # finds nothing pending (and may run in its own thread)
                 with self.mu:
                     self.pending -= 1
+        if err is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(err)
 
     def _loop(self) -> None:
         while True:
@@ -198,6 +213,15 @@ class _Worker:
     def stop(self) -> None:
         self.jobs.put(None)
         self.thread.join(timeout=30)
+
+
+def _caller_waits(opts) -> bool | None:
+    """Does the caller wait for this call's Work before it does anything else?
+    torch's collectives say so in their options (``asyncOp``: ``async_op``);
+    a call made without it (DistributedDataParallel's, from C++) defaults to
+    asynchronous.  None: these options do not say."""
+    a = getattr(opts, "asyncOp", None)
+    return None if a is None else not a
 
 
 def _op_name(reduce_op) -> str:
@@ -243,17 +267,18 @@ class SoftnicProcessGroup(dist.ProcessGroup):
         self.store = _Store(store, rank, size) if size > 1 else store
         self.comm = Communicator(rank, size, self.store, prefix="softnic", timeout=secs)
         self.asynchronous = os.environ.get("SOFTNIC_COLL_ASYNC", "1") != "0"
-        self.inline_max = int(os.environ.get("SOFTNIC_COLL_INLINE", INLINE_MAX))
+        cap = os.environ.get("SOFTNIC_COLL_INLINE", "").strip()
+        self.inline_max = int(cap) if cap else None     # None: a waited-for call of any size
         self._worker = _Worker(f"softnic-pg-{rank}")
 
     def getBackendName(self) -> str:
         return BACKEND
 
-    def _run(self, fn, result, nbytes: int | None = None) -> dist.Work:
+    def _run(self, fn, result, nbytes: int, opts) -> dist.Work:
         """Run ``fn`` in the group's thread; the Work completes (with ``result``) when it
-        has.  Synchronous mode waits for it here.  A collective of at most
-        ``inline_max`` bytes issued while none is in flight runs here and now."""
-        if nbytes is not None and nbytes <= self.inline_max:
+        has.  Synchronous mode waits for it here.  A call whose caller waits for it
+        at once (``_caller_waits``) runs here and now if none is in flight."""
+        if self._inline(nbytes, _caller_waits(opts)):
             fut = self._worker.inline(fn, result)
             if fut is not None:
                 return _Work(fut)
@@ -264,6 +289,17 @@ class SoftnicProcessGroup(dist.ProcessGroup):
             except Exception:               # noqa: BLE001 - raised again by wait()
                 pass
         return _Work(fut)
+
+    def _inline(self, nbytes: int, waits: bool | None) -> bool:
+        """May a call of ``nbytes`` run in the caller's thread?  Only one its caller
+        waits for at once (``waits``; None: torch did not say, and a small call
+        may), within ``SOFTNIC_COLL_INLINE``."""
+        cap = self.inline_max
+        if waits is None:
+            cap = INLINE_UNSAID if cap is None else min(cap, INLINE_UNSAID)
+        elif not waits:
+            return False
+        return cap is None or 0 < cap and nbytes <= cap
 
     # ------------------------------------------------------------------ collectives
 
@@ -280,7 +316,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
                 if _is_avg(op):
                     x.stage.div_(self.size())
                 x.finish()
-        return self._run(job, tensors, _nbytes(tensors))
+        return self._run(job, tensors, _nbytes(tensors), opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -293,7 +329,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
             for x in xs:
                 self.comm.broadcast(x.a, root)
                 x.finish()
-        return self._run(job, tensors, _nbytes(tensors))
+        return self._run(job, tensors, _nbytes(tensors), opts)
 
     def allgather(self, output_lists, inputs, opts=None):
         for outs in output_lists:
@@ -306,7 +342,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
                 gathered = self.comm.allgather(x.a)
                 for i, o in enumerate(outs):
                     o.copy_(torch.from_numpy(gathered[i].reshape(tuple(inp.shape))))
-        return self._run(job, output_lists, self.size() * _nbytes(inputs))
+        return self._run(job, output_lists, self.size() * _nbytes(inputs), opts)
 
     def all_gather_single(self, output, inp, opts=None):
         x, y = _Array(inp), _Array(output)
@@ -314,7 +350,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
         def job():
             self.comm.allgather(x.a, y.a)
             y.finish()
-        return self._run(job, [output], _nbytes([output]))
+        return self._run(job, [output], _nbytes([output]), opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         pairs = [(_Array(i), _Array(o)) for o, i in zip(outputs, inputs)]
@@ -323,7 +359,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
             for x, y in pairs:
                 self.comm.allgather(x.a, y.a)
                 y.finish()
-        return self._run(job, outputs)
+        return self._run(job, outputs, _nbytes(outputs), opts)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -332,18 +368,18 @@ class SoftnicProcessGroup(dist.ProcessGroup):
             if len(ins) != self.size():
                 raise ValueError(f"softnic backend: reduce_scatter needs {self.size()} inputs")
             pairs.append((out, torch.cat([t.reshape(-1) for t in ins])))
-        return self._reduce_scatter(pairs, op, outputs)
+        return self._reduce_scatter(pairs, op, outputs, opts)
 
     def reduce_scatter_single(self, output, inp, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._reduce_scatter([(output, inp.reshape(-1))], op, [output])
+        return self._reduce_scatter([(output, inp.reshape(-1))], op, [output], opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._reduce_scatter([(o, i.reshape(-1)) for o, i in zip(outputs, inputs)],
-                                    op, outputs)
+                                    op, outputs, opts)
 
-    def _reduce_scatter(self, pairs, op, result) -> dist.Work:
+    def _reduce_scatter(self, pairs, op, result, opts) -> dist.Work:
         name = _op_name(op)
         arrays = [(_Array(flat), _Array(out)) for out, flat in pairs]
 
@@ -353,7 +389,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
                 if _is_avg(op):
                     y.stage.div_(self.size())
                 y.finish()
-        return self._run(job, result, sum(_nbytes([f]) for _, f in pairs))
+        return self._run(job, result, sum(_nbytes([f]) for _, f in pairs), opts)
 
     def all_to_all_single(self, output, inp, output_split_sizes, input_split_sizes, opts=None):
         if output_split_sizes or input_split_sizes:
@@ -364,7 +400,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
         def job():
             self.comm.alltoall(x.a, y.a)
             y.finish()
-        return self._run(job, [output])
+        return self._run(job, [output], _nbytes([output]), opts)
 
     # the names older torch releases call
     _allgather_base = all_gather_single
@@ -372,7 +408,7 @@ class SoftnicProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        return self._run(self.comm.barrier, None, 0)
+        return self._run(self.comm.barrier, None, 0, opts)
 
     def shutdown(self) -> None:
         if self._worker is not None:
