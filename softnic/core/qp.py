@@ -396,6 +396,7 @@ class QP:
         self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
         self.sr_naked: set[int] = set()
         self.sr_scan: int | None = None   # responder: PSNs below it are held or named
+        self.sr_stream_psn = 0      # ... the PSN a driver's stream of MIDDLEs beyond a hole takes next
         self.ooo: dict[int, object] = {}   # selective repeat: PSN -> packet held for in-order apply
         self.sr_writes: list = []   # ... the current WRITE, then those whose FIRST is held: (first psn, view, length, end psn, address)
         self.sr_placed = None       # ... byte ranges placed beyond a hole, by PSN (sr_place.Placed)

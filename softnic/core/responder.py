@@ -931,18 +931,35 @@ def took_middles(dev, qp, k: int, acks, first: int, nacks: int) -> None:
 
 
 def stream_target(dev):
-    """The QP whose WRITE's MIDDLEs the kernel took last (``receive_middles``), if it
-    still receives that WRITE in order under COMMON_CASE's conditions on the QP, so
-    that a driver may take more of them without the engine between runs
-    (``sn_rx_stream``, whose packets meet the conditions ``sn_rx_middles`` checks):
-    ``(qp, seg, w0, start)``, the datagram size, BTH word 0 and ICRC state of its
-    MIDDLEs; else None."""
+    """The QP whose WRITE's MIDDLEs the kernel took last (``receive_middles``,
+    ``took_beyond``), if it may take more of them without the engine between
+    runs (``sn_rx_stream``, whose packets meet the conditions ``sn_rx_middles``
+    checks): the WRITE it receives in order under COMMON_CASE's conditions on
+    the QP, or, beyond a hole, the MIDDLEs from the PSN after the last taken
+    (``beyond_run``).  ``(qp, seg, w0, start, psn, view, offset, room, at)``:
+    the datagram size, BTH word 0 and ICRC state of its MIDDLEs, the PSN the
+    stream starts at, the target and where that PSN's bytes go in it, the end
+    of what it may fill, and (beyond a hole, else None) the address of that
+    PSN's first byte; else None."""
     qp = dev.stream_qp
     if qp is None:
         return None
     if dev.qps.get(qp.qpn) is not qp or qp.qp_type is not _RC or qp.xrc is not None \
-            or qp.state not in _RECEIVING or qp.ooo or qp.resp_kind is not Kind.WRITE \
-            or not dev.config.check_icrc or dev.kernel is None or not dev._fast:
+            or qp.state not in _RECEIVING or not dev.config.check_icrc \
+            or dev.kernel is None or not dev._fast:
+        dev.stream_qp = None
+        return None
+    if qp.ooo:
+        psn = qp.sr_stream_psn
+        run = beyond_run(dev, qp, psn, 1 << 24) if qp.selective_repeat else None
+        if run is None:
+            dev.stream_qp = None
+            return None
+        view, off, room, at = run
+    elif qp.resp_kind is Kind.WRITE:
+        psn, view, off, at = qp.epsn, qp.write_view, qp.write_off, None
+        room = min(qp.write_len, view.nbytes)
+    else:
         dev.stream_qp = None
         return None
     seg = BTH_LEN + qp.mtu + ICRC_LEN
@@ -950,32 +967,59 @@ def stream_target(dev):
     src = qp.dest
     start = icrc_start(src[0], dev.ip, src[1], dev.port, seg,
                        _W0_DQPN.pack(w0, qp.qpn))
-    return qp, seg, w0, start
+    return qp, seg, w0, start, psn, view, off, room, at
 
 
 def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
     """``_hold_placed_write`` for a run of a WRITE's MIDDLEs beyond a hole (the
     run of WRITEs ``chain_writes`` knows), in the compiled kernel: the run's
-    conditions are checked here (selective repeat, each PSN in the span and not
-    yet held, the bytes newer PSNs placed untouched: ``sr_place.plain_run``),
-    each packet's in ``sn_rx_middles`` (as in order, with the PSNs from the run's
-    first on and room up to the WRITE's last packet, which is not a MIDDLE).
-    Each taken packet is then accounted for as ``_hold_placed_write`` does:
-    counted, its bytes remembered (``sr_place.record_run``, what ``place_beyond``
-    records), and held (``hold``, AckReq clear).  Returns how many it took."""
+    conditions are checked here (``beyond_run``), each packet's in
+    ``sn_rx_middles`` (as in order, with the PSNs from the run's first on and
+    room up to the WRITE's last packet, which is not a MIDDLE).  Each taken
+    packet is then accounted for as ``_hold_placed_write`` does
+    (``took_beyond``).  Returns how many it took."""
     if not qp.selective_repeat:
         return 0
     psn = int.from_bytes(data[o + 9:o + 12], "big")
+    run = beyond_run(dev, qp, psn, (len(data) - o) // seg)
+    if run is None:
+        return 0
+    view, off, room, at = run
+    kern = dev.kernel
+    ffi = kern.ffi
+    acks = dev._rx_acks
+    if acks is None or acks[0] is not ffi:
+        acks = dev._rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
+    out = acks[1]
+    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
+    k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
+                               int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn,
+                               start, ffi.from_buffer(view, require_writable=True),
+                               off, room, 0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
+    if k:
+        took_beyond(dev, qp, psn, k, at, out, 1, out[0])
+    return k
+
+
+def beyond_run(dev, qp, psn: int, m: int):
+    """May up to ``m`` MIDDLEs of a WRITE, PSNs from ``psn`` on, be placed now,
+    beyond a hole (``_hold_placed_write``'s conditions, for a run)?  Each PSN in
+    the span and not yet held, of a WRITE of the run ``chain_writes`` knows and
+    before its last packet, its bytes not placed by a newer PSN
+    (``sr_place.plain_run``).  Returns ``(view, offset, room, address)``: the
+    WRITE's target, where ``psn``'s bytes go in it, the end of what the run may
+    fill (``sn_rx_middles``' ``len``) and the address of ``psn``'s first byte;
+    None if not even one may."""
     d = (psn - qp.epsn) & _MASK
     if d == 0 or d >= 0x800000:
-        return 0                # in order (the general path drains what is held) or old
+        return None             # in order (the general path drains what is held) or old
     target = _chain_target(dev, qp, psn)
     if target is None:
-        return 0
-    view, length, addr, e, _ = target
+        return None
+    view, length, addr, e, n = target
     span = SR_SPAN * qp.window
     ooo = qp.ooo
-    m = min((len(data) - o) // seg, span - d, span - len(ooo))
+    m = min(m, span - d, span - len(ooo), n - 1 - e)
     k = 0
     while k < m and (psn + k) & _MASK not in ooo:
         k += 1
@@ -983,20 +1027,37 @@ def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
     off = e * mtu
     k = sr_place.plain_run(qp, addr + off, psn, k, mtu)
     if k <= 0:
-        return 0
-    kern = dev.kernel
-    ffi = kern.ffi
-    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
-    k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
-                               int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn,
-                               start, ffi.from_buffer(view, require_writable=True),
-                               off, min(length - 1, view.nbytes), k, ffi.NULL, 0, ffi.NULL)
-    if k:
-        c = dev.counters
-        c["rcvd_pkts"] += k
-        c["out_of_seq_request"] += k
-        sr_place.record_run(qp, addr + off, psn, k, mtu)
-        for i in range(k):
-            p = (psn + i) & _MASK
-            hold(dev, qp, p, False, (p, False, mtu, False))
-    return k
+        return None
+    return view, off, min(length - 1, view.nbytes, off + k * mtu), addr + off
+
+
+def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int) -> None:
+    """Account for ``k`` MIDDLEs the kernel placed beyond a hole, PSNs from ``psn``
+    on, from address ``at`` on (a ``beyond_run``), as ``_hold_placed_write``
+    accounts for each: counted, its bytes remembered (``sr_place.record_run``,
+    what ``place_beyond`` records), and held (``hold``; the packets that asked
+    for an ACK, their indexes from the first ``acks[first:first + nacks]``,
+    selectively acknowledged).  The driver's stream goes on from the next PSN
+    (``stream_target``)."""
+    c = dev.counters
+    c["rcvd_pkts"] += k
+    c["out_of_seq_request"] += k
+    mtu = qp.mtu
+    sr_place.record_run(qp, at, psn, k, mtu)
+    asked = {acks[i] for i in range(first, first + nacks)}
+    a = 0 in asked
+    hold(dev, qp, psn, a, (psn, False, mtu, a))
+    ooo = qp.ooo
+    for i in range(1, k):
+        p = (psn + i) & _MASK
+        a = i in asked
+        if qp.sr_scan != (p - 1) & _MASK:
+            hold(dev, qp, p, a, (p, False, mtu, a))
+            continue
+        # ``hold`` when every PSN below ``p`` is held or named: nothing to name
+        ooo[p] = (p, False, mtu, a)
+        qp.sr_scan = p
+        if a:
+            _sack_nak(dev, qp, qp.epsn, p)
+    dev.stream_qp = qp
+    qp.sr_stream_psn = (psn + k) & _MASK

@@ -341,6 +341,7 @@ class NIC(_Opened):
         self._ack_bytes = cfg_d.window * cfg_d.active_mtu // 2
         self._stream = None
         self._stream_pkts = 0       # packets _rx_stream took
+        self._stream_beyond_pkts = 0    # ... of them beyond a hole (selective repeat)
         if self._runs:
             self.dev.kernel = _accel.load()
             k = self.dev.kernel
@@ -621,6 +622,7 @@ class NIC(_Opened):
         c.update(zip(_WAKES, self._wakes))
         c["udp_recv_truncated"] = self.sock.recv_truncated if self.sock else 0
         c["rx_stream_pkts"] = self._stream_pkts
+        c["rx_stream_beyond_pkts"] = self._stream_beyond_pkts
         c["udp_gather_pkts"] = getattr(self.sock, "gather_pkts", 0) if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
@@ -907,20 +909,23 @@ class NIC(_Opened):
             t = _responder.stream_target(dev)
             if t is None:
                 break
-            qp, seg, w0, start = t
-            view = qp.write_view
+            qp, seg, w0, start, psn, view, off, room, at = t
             ip, port = qp.dest
-            k = lib.sn_rx_stream(fd, rxptr, cap, _ip_u32(ip), port, w0, qp.qpn, qp.epsn, start,
+            k = lib.sn_rx_stream(fd, rxptr, cap, _ip_u32(ip), port, w0, qp.qpn, psn, start,
                                  seg, ffi.from_buffer(view, require_writable=True),
-                                 qp.write_off, min(qp.write_len, view.nbytes), limit - used,
-                                 self._ack_bytes, acks, _STREAM_ACKS, out)
+                                 off, room, limit - used, self._ack_bytes, acks, _STREAM_ACKS,
+                                 out)
             state = out[1]
             used += out[7] + (state in (1, 3))
             got += out[8]
             if k:
                 did, answers = True, False
                 self._stream_pkts += k
-                _responder.took_middles(dev, qp, k, acks, 0, out[0])
+                if at is None:
+                    _responder.took_middles(dev, qp, k, acks, 0, out[0])
+                else:                   # beyond a hole
+                    self._stream_beyond_pkts += k
+                    _responder.took_beyond(dev, qp, psn, k, at, acks, 0, out[0])
             if state == 1:              # a run the kernel did not (wholly) take
                 did = True
                 n, g, o = out[2], out[3], out[4]
