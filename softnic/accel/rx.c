@@ -2,8 +2,9 @@
    interpreter between datagrams: receive (recvmsg(2) into buf, cap bytes: the
    socket's one receive buffer, UDP_GRO runs as the kernel coalesces them) and
    take each run with sn_rx_middles, run after run, while each is wholly the next
-   MIDDLEs of the WRITE a QP is receiving in order (the conditions
-   responder.receive_middles checks once per run are the caller's, checked
+   MIDDLEs of the WRITE a QP is receiving in order, or of a WRITE beyond a hole
+   whose target is known, from PSN epsn on and up to len (the conditions
+   responder.stream_target checks once per call are the caller's, checked
    before the call, and hold while only such MIDDLEs arrive: the PSNs and the
    offset move on here; the packet's conditions are sn_rx_middles'), from its
    peer's address (peer_ip, peer_port).

@@ -911,7 +911,8 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
                                out + 1, _ACKS_PER_RUN, out)
     if k:
         took_middles(dev, qp, k, out, 1, out[0])
-        dev.stream_qp = qp
+        if qp.write_off + qp.mtu < qp.write_len:
+            dev.stream_qp = qp      # more MIDDLEs to come: a driver may stream them
     return k
 
 
@@ -1037,8 +1038,8 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
     accounts for each: counted, its bytes remembered (``sr_place.record_run``,
     what ``place_beyond`` records), and held (``hold``; the packets that asked
     for an ACK, their indexes from the first ``acks[first:first + nacks]``,
-    selectively acknowledged).  The driver's stream goes on from the next PSN
-    (``stream_target``)."""
+    selectively acknowledged).  A driver's stream may go on from the next PSN
+    (``stream_target``) if that is a MIDDLE of the WRITE too."""
     c = dev.counters
     c["rcvd_pkts"] += k
     c["out_of_seq_request"] += k
@@ -1059,5 +1060,7 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
         qp.sr_scan = p
         if a:
             _sack_nak(dev, qp, qp.epsn, p)
-    dev.stream_qp = qp
-    qp.sr_stream_psn = (psn + k) & _MASK
+    nxt = qp.sr_stream_psn = (psn + k) & _MASK
+    run = _chain_target(dev, qp, nxt)
+    if run is not None and run[3] < run[4] - 1:
+        dev.stream_qp = qp          # more MIDDLEs of the WRITE to come: a driver may stream them

@@ -894,11 +894,11 @@ class NIC(_Opened):
         return did
 
     def _rx_stream(self, now: float, limit: int) -> tuple[bool, bool, int, bool]:
-        """The progress thread's receive while a QP takes a WRITE's MIDDLEs in order
-        (``responder.stream_target``): ``sn_rx_stream`` receives and places run
-        after run, the engine accounting for them after each call
-        (``responder.took_middles``), and takes the run that stopped it, if any, as
-        ``_step`` takes every run.  Returns (did anything arrive, did only responses
+        """The progress thread's receive while a QP takes a WRITE's MIDDLEs, in order
+        or beyond a hole (``responder.stream_target``): ``sn_rx_stream`` receives
+        and places run after run, the engine accounting for them after each call
+        (``responder.took_middles``, ``took_beyond``), and takes the run that
+        stopped it, if any, as ``_step`` takes every run.  Returns (did anything arrive, did only responses
         arrive, receives used of ``limit``, did it stop because nothing waits)."""
         lib, ffi, rxptr, cap, acks, out = self._stream
         dev = self.dev
