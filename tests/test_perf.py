@@ -160,7 +160,7 @@ def test_harness_smoke(tmp_path):
                     # the C face against its Python twins (perftest, ibverbs-utils)
                     "c_write_lat_vs_py", "c_pingpong_events_vs_poll",
                     "py_pingpong_events_vs_poll", "c_write_bw_vs_py", "c_write_bw_long_vs_py",
-                    "write_1m_vs_gso"]
+                    "write_1m_vs_gso", "loss_goodput_1m"]
     for r in res["table"]:
         assert r["softnic"] > 0 and r["reference"] > 0 and r["ratio"] > 0
     assert res["executable"] == sys.executable
