@@ -15,6 +15,14 @@ from softnic.driver.faults import FaultModel
 from test_live_udp import _nics, _pair, _wait
 
 
+def _write_all(a, ea, wrs) -> None:
+    """Post every WR on ``ea``'s QP; each completes, successfully, in order."""
+    for wr in wrs:
+        a.call(a.dev.post_send, ea.qp, wr)
+    got = _wait(a, ea.send_cq, len(wrs), timeout=60)
+    assert [(w.wr_id, w.status) for w in got] == [(w.wr_id, WCStatus.SUCCESS) for w in wrs]
+
+
 def test_bulk_writes_with_loss_and_selective_repeat_arrive_exactly():
     cfg = RuntimeConfig(faults=FaultModel.parse("loss=0.02"), seed=11, min_timer=2e-3,
                         selective_repeat=True)
@@ -30,10 +38,7 @@ def test_bulk_writes_with_loss_and_selective_repeat_arrive_exactly():
             src = (i if i < 32 else 32 + i) * n % len(data)
             wrs.append(SendWR(i, W.RDMA_WRITE, [ea.sge(src, n)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr + dst, rkey=eb.mr.rkey))
-        for wr in wrs:
-            a.call(a.dev.post_send, ea.qp, wr)
-        got = _wait(a, ea.send_cq, len(wrs), timeout=60)
-        assert [(w.wr_id, w.status) for w in got] == [(w.wr_id, WCStatus.SUCCESS) for w in wrs]
+        _write_all(a, ea, wrs)
         for slot in range(32):
             src = (32 + slot + 32) * n % len(data) if slot < 16 else slot * n
             assert bytes(eb.buf.view[slot * n:(slot + 1) * n]) == data[src:src + n], slot
@@ -60,10 +65,7 @@ def test_long_writes_beyond_a_hole_stream_through_the_kernel_and_arrive_exactly(
         wrs = [SendWR(i, W.RDMA_WRITE, [ea.sge(i * n, n)], SendFlags.SIGNALED,
                       remote_addr=eb.buf.addr + (i % 8) * n, rkey=eb.mr.rkey)
                for i in range(12)]
-        for wr in wrs:
-            a.call(a.dev.post_send, ea.qp, wr)
-        got = _wait(a, ea.send_cq, len(wrs), timeout=60)
-        assert [(w.wr_id, w.status) for w in got] == [(w.wr_id, WCStatus.SUCCESS) for w in wrs]
+        _write_all(a, ea, wrs)
         for slot in range(8):
             src = (slot + 8 if slot < 4 else slot) * n
             assert bytes(eb.buf.view[slot * n:(slot + 1) * n]) == data[src:src + n], slot

@@ -897,6 +897,20 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
     if qp.resp_kind is not Kind.WRITE:
         return 0
     view = qp.write_view
+    k, out = _kernel_middles(dev, qp, data, o, seg, src, qp.epsn, view, qp.write_off,
+                             min(qp.write_len, view.nbytes))
+    if k:
+        took_middles(dev, qp, k, out, 1, out[0])
+        if qp.write_off + qp.mtu < qp.write_len:
+            dev.stream_qp = qp      # more MIDDLEs to come: a driver may stream them
+    return k
+
+
+def _kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: int,
+                    room: int):
+    """``sn_rx_middles`` on the run at ``data[o:]``: the MIDDLEs of ``qp`` from PSN
+    ``psn`` on, placed at ``view[off:]`` up to ``room``.  Returns how many it took
+    and the AckReqs' array (their count, then their indexes from the first)."""
     kern = dev.kernel
     ffi = kern.ffi
     acks = dev._rx_acks
@@ -905,15 +919,10 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
     out = acks[1]
     start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
     k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
-                               int.from_bytes(data[o:o + 4], "big"), qp.qpn, qp.epsn,
+                               int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn,
                                start, ffi.from_buffer(view, require_writable=True),
-                               qp.write_off, min(qp.write_len, view.nbytes), 0xFFFFFFFF,
-                               out + 1, _ACKS_PER_RUN, out)
-    if k:
-        took_middles(dev, qp, k, out, 1, out[0])
-        if qp.write_off + qp.mtu < qp.write_len:
-            dev.stream_qp = qp      # more MIDDLEs to come: a driver may stream them
-    return k
+                               off, room, 0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
+    return k, out
 
 
 def took_middles(dev, qp, k: int, acks, first: int, nacks: int) -> None:
@@ -986,17 +995,7 @@ def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
     if run is None:
         return 0
     view, off, room, at = run
-    kern = dev.kernel
-    ffi = kern.ffi
-    acks = dev._rx_acks
-    if acks is None or acks[0] is not ffi:
-        acks = dev._rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
-    out = acks[1]
-    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
-    k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
-                               int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn,
-                               start, ffi.from_buffer(view, require_writable=True),
-                               off, room, 0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
+    k, out = _kernel_middles(dev, qp, data, o, seg, src, psn, view, off, room)
     if k:
         took_beyond(dev, qp, psn, k, at, out, 1, out[0])
     return k
