@@ -961,7 +961,7 @@ def stream_target(dev):
         return None
     if qp.ooo:
         psn = qp.sr_stream_psn
-        run = beyond_run(dev, qp, psn, 1 << 24) if qp.selective_repeat else None
+        run = beyond_run(dev, qp, psn, 1 << 24)
         if run is None:
             dev.stream_qp = None
             return None
@@ -988,8 +988,6 @@ def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
     room up to the WRITE's last packet, which is not a MIDDLE).  Each taken
     packet is then accounted for as ``_hold_placed_write`` does
     (``took_beyond``).  Returns how many it took."""
-    if not qp.selective_repeat:
-        return 0
     psn = int.from_bytes(data[o + 9:o + 12], "big")
     run = beyond_run(dev, qp, psn, (len(data) - o) // seg)
     if run is None:
@@ -1006,10 +1004,12 @@ def beyond_run(dev, qp, psn: int, m: int):
     beyond a hole (``_hold_placed_write``'s conditions, for a run)?  Each PSN in
     the span and not yet held, of a WRITE of the run ``chain_writes`` knows and
     before its last packet, its bytes not placed by a newer PSN
-    (``sr_place.plain_run``).  Returns ``(view, offset, room, address)``: the
-    WRITE's target, where ``psn``'s bytes go in it, the end of what the run may
-    fill (``sn_rx_middles``' ``len``) and the address of ``psn``'s first byte;
-    None if not even one may."""
+    (``sr_place.plain_run``), with selective repeat.  Returns ``(view, offset,
+    room, address)``: the WRITE's target, where ``psn``'s bytes go in it, the end
+    of what the run may fill (``sn_rx_middles``' ``len``) and the address of
+    ``psn``'s first byte; None if not even one may."""
+    if not qp.selective_repeat:
+        return None
     d = (psn - qp.epsn) & _MASK
     if d == 0 or d >= 0x800000:
         return None             # in order (the general path drains what is held) or old
