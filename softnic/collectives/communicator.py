@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from .. import env
 from . import algorithms as alg
 from .rendezvous import Rendezvous, from_env
 from .transport import CollectiveError, Transport
@@ -18,15 +17,15 @@ DTYPES = tuple(np.dtype(t) for t in (
 # ranks, 1 MiB with more, where the ring's 2(n-1) dependent steps cost more than the bytes
 # recursive doubling adds (4 ranks, 256 KiB and 1 MiB: 0.47-0.77 of the ring's time)
 SMALL_ALLREDUCE = {2: 64 * 1024, "more": 1 << 20}
-if "SOFTNIC_COLL_SMALL" in os.environ:
-    SMALL_ALLREDUCE = dict.fromkeys(SMALL_ALLREDUCE, int(os.environ["SOFTNIC_COLL_SMALL"]))
+if env.number("SOFTNIC_COLL_SMALL", None) is not None:
+    SMALL_ALLREDUCE = dict.fromkeys(SMALL_ALLREDUCE, env.number("SOFTNIC_COLL_SMALL", None))
 # with more than 2 ranks, allreduce up to this many bytes uses recursive halving and
 # doubling (2 log2 n rounds, the ring's bytes), above it the ring (4 ranks, 4 MiB: 0.82-0.86
 # of the ring's time; 16 MiB: 1.01-1.19); with 2 ranks the two move the same bytes, and the
 # ring pipelines its second step behind its first
-MID_ALLREDUCE = int(os.environ.get("SOFTNIC_COLL_MID", 4 << 20))
+MID_ALLREDUCE = env.number("SOFTNIC_COLL_MID", 4 << 20)
 # above this many bytes broadcast is a pipelined chain, below a binomial tree
-SMALL_BROADCAST = int(os.environ.get("SOFTNIC_COLL_SMALL_BCAST", 64 * 1024))
+SMALL_BROADCAST = env.number("SOFTNIC_COLL_SMALL_BCAST", 64 * 1024)
 
 
 def _op(op):

@@ -45,6 +45,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .. import env
 from .communicator import Communicator
 
 BACKEND = "softnic"
@@ -263,7 +264,7 @@ class _Array:
 class SoftnicProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
-        secs = float(os.environ.get("SOFTNIC_COLL_TIMEOUT", timeout.total_seconds()))
+        secs = env.number("SOFTNIC_COLL_TIMEOUT", timeout.total_seconds(), float)
         self.store = _Store(store, rank, size) if size > 1 else store
         self.comm = Communicator(rank, size, self.store, prefix="softnic", timeout=secs)
         self.asynchronous = os.environ.get("SOFTNIC_COLL_ASYNC", "1") != "0"

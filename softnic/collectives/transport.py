@@ -68,6 +68,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .. import env
 from . import _verbs as v
 
 CREDIT_FLAG = 0x80000000            # immediate of a credit return: the flag, the count below
@@ -83,20 +84,20 @@ PIPELINE = 4                        # messages are cut into this many chunks, no
 # allgather of 1 MiB 0.73 -> 0.41 ms, against a quarter of the message, at least 64 KiB.
 # In virtual time a chunk costs no time of its own and pipelining is what the fabric
 # sees (the experiments keep 64 KiB); on a real device set SOFTNIC_COLL_MIN_CHUNK alike.
-MIN_CHUNK = int(os.environ.get("SOFTNIC_COLL_MIN_CHUNK") or DEFAULT_CHUNK)
+MIN_CHUNK = env.number("SOFTNIC_COLL_MIN_CHUNK", DEFAULT_CHUNK)
 DEFAULT_SLOTS = 8
 DEFAULT_QPS = 4
 # sends this big leave from the caller's memory; smaller ones are copied into a staging ring
 # (a copy costs less than waiting, at the end of the call, for the WRITEs' acknowledgements:
 # tools/coll_qps.py --zcopy)
-ZC_MIN = int(os.environ.get("SOFTNIC_COLL_ZCOPY", 1 << 20))
+ZC_MIN = env.number("SOFTNIC_COLL_ZCOPY", 1 << 20)
 MR_CACHE = 16                         # registrations of callers' buffers kept
 # Receives this big whose data is copied (a broadcast's, an allgather's; not a reduction's)
 # land in the caller's own memory: the receiver registers it and tells the sender where, so
 # a chunk costs no copy out of the receive ring (2 ranks, 2026-11-27, alternating: broadcast
 # of 64 MiB 20.2, 20.4 -> 19.7, 18.9 ms; allgather 25.5, 27.4 -> 23.7, 22.9 ms).  0: every
 # receive through the ring.
-DIRECT_MIN = int(os.environ.get("SOFTNIC_COLL_DIRECT", 1 << 20))
+DIRECT_MIN = env.number("SOFTNIC_COLL_DIRECT", 1 << 20)
 DESC_LEN = 16      # a descriptor: address (8 bytes), rkey (4), its number with bit 31: direct (4)
 # Each QP's window (packets sent and not yet acknowledged) on softnic's devices, above
 # the engine's 128 (rxe's): a 1 MiB chunk is 256 packets, and an ACK's round trip
@@ -106,7 +107,7 @@ DESC_LEN = 16      # a descriptor: address (8 bytes), rkey (4), its number with 
 # overflowed it now and then (go-back-N resends).  2 ranks, allreduce of 64 MiB 70 ->
 # 39 ms, allgather 41 -> 23 ms, broadcast 24 -> 21 ms; 4 ranks, allreduce of 16 MiB
 # 58 -> 39 ms.
-WINDOW = int(os.environ.get("SOFTNIC_COLL_WINDOW", 384))
+WINDOW = env.number("SOFTNIC_COLL_WINDOW", 384)
 # An idle rank polls for SPIN seconds, then naps between polls, up to NAP at a time.  With
 # a core per rank, polling keeps the device moving (its progress thread stands aside
 # while a caller polls); with more ranks than cores, polling takes the core a peer needs.
@@ -226,13 +227,13 @@ class Transport:
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
         self.timeout = timeout
         self._settings(chunk, slots, qps, admit, qp_timeout, min_chunk, direct)
-        over = int(os.environ.get("LOCAL_WORLD_SIZE", world)) > (os.cpu_count() or 1)
+        over = env.number("LOCAL_WORLD_SIZE", world) > (os.cpu_count() or 1)
         spin, nap = SPIN_NAP["oversubscribed" if over else "free"]
-        self.spin = float(os.environ.get("SOFTNIC_COLL_SPIN", spin))
-        self.nap = float(os.environ.get("SOFTNIC_COLL_NAP", nap))
+        self.spin = env.number("SOFTNIC_COLL_SPIN", spin, float)
+        self.nap = env.number("SOFTNIC_COLL_NAP", nap, float)
         self.credit_batch = max(1, self.slots // 2)
-        self.wait_spin = float(os.environ.get("SOFTNIC_COLL_WAIT_SPIN_US",
-                                              0 if over else WAIT_SPIN_US)) * 1e-6
+        self.wait_spin = env.number("SOFTNIC_COLL_WAIT_SPIN_US",
+                                   0 if over else WAIT_SPIN_US, float) * 1e-6
         self._spin_call = False         # this call's receives are small enough to spin for
         self._wait = None               # set below: CQ._wait on softnic's own devices
         self.rq_batch = max(1, self.slots // 2)
@@ -328,12 +329,12 @@ class Transport:
         """The chunk size, slots, QPs per peer, QP timeout, admission, smallest chunk and
         smallest direct receive: the arguments, else the environment, else the
         defaults; checked."""
-        self.chunk = int(chunk or os.environ.get("SOFTNIC_COLL_CHUNK", DEFAULT_CHUNK))
+        self.chunk = int(chunk or env.number("SOFTNIC_COLL_CHUNK", DEFAULT_CHUNK))
         self.min_chunk = int(min_chunk or self.min_chunk_default)
         if self.min_chunk <= 0:
             raise ValueError(f"smallest chunk {self.min_chunk}: give a positive size")
-        self.slots = int(slots or os.environ.get("SOFTNIC_COLL_SLOTS", DEFAULT_SLOTS))
-        self.nqp = int(qps or os.environ.get("SOFTNIC_COLL_QPS", DEFAULT_QPS))
+        self.slots = int(slots or env.number("SOFTNIC_COLL_SLOTS", DEFAULT_SLOTS))
+        self.nqp = int(qps or env.number("SOFTNIC_COLL_QPS", DEFAULT_QPS))
         if self.chunk <= 0 or self.chunk % 64:
             raise ValueError(f"chunk size {self.chunk} must be a positive multiple of 64")
         if self.slots < 1:

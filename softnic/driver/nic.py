@@ -50,6 +50,7 @@ from ..core.requester import Gather
 from ..core import responder as _responder
 from ..core.dispatch import RESPONSES as _RESPONSES
 from .. import accel as _accel
+from .. import env
 from .faults import FaultInjector
 from . import mcast as _mcast
 from .hostfiles import process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
@@ -61,19 +62,19 @@ from ..wire.roce import ROCEV2_PORT
 #: enough that a spinner the scheduler preempts for a moment is not fought for
 #: the interpreter; a C program that polls its CQ until a completion gives the
 #: lease back at once (``end_lease``), so spinning on memory next costs nothing.
-SPIN_LEASE = float(os.environ.get("SOFTNIC_SPIN_LEASE_US", "1000")) * 1e-6
+SPIN_LEASE = env.number("SOFTNIC_SPIN_LEASE_US", 1000.0, float) * 1e-6
 #: How long output an inline step holds for its caller's next call may wait
 #: before the progress thread sends it (the peer waits for it).
-HOLD_LEASE = float(os.environ.get("SOFTNIC_HOLD_US", "100")) * 1e-6
+HOLD_LEASE = env.number("SOFTNIC_HOLD_US", 100.0, float) * 1e-6
 #: How long a C face's thread asleep on the socket in ``ibv_get_cq_event`` holds
 #: the lease (``hold_for_waiter``): it renews it each second it sleeps.
-WAITER_LEASE = float(os.environ.get("SOFTNIC_WAITER_LEASE_S", "2"))
+WAITER_LEASE = env.number("SOFTNIC_WAITER_LEASE_S", 2.0, float)
 STATS_EVERY = 1.0           # seconds between counter publications
 #: The interpreter's switch interval while a live NIC is open: how long the
 #: progress thread, woken with work, may wait for a thread that computes in
 #: Python without calling softnic to hand over the interpreter (CPython's default
 #: is 5 ms, a scheduler tick's worth of latency).
-SWITCH_INTERVAL = float(os.environ.get("SOFTNIC_SWITCH_INTERVAL_US", "500")) * 1e-6
+SWITCH_INTERVAL = env.number("SOFTNIC_SWITCH_INTERVAL_US", 500.0, float) * 1e-6
 #: The progress thread's nice value (Linux: per thread), where the process may
 #: raise its priority (root, CAP_SYS_NICE, RLIMIT_NICE; elsewhere it stays as it
 #: is): woken by a datagram, it must get a CPU from the program's own threads
@@ -81,7 +82,7 @@ SWITCH_INTERVAL = float(os.environ.get("SOFTNIC_SWITCH_INTERVAL_US", "500")) * 1
 #: (perftest's ib_write_lat on two CPUs: p99 4 ms at 0, a scheduler tick, and
 #: about 0.1 ms at -10).  It runs briefly and sleeps, as a NIC's own engine would;
 #: 0 leaves it as it is.
-PROGRESS_NICE = int(os.environ.get("SOFTNIC_PROGRESS_NICE", "-10"))
+PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
 #: Send a long message's packets gathered from registered memory (the payload
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.

@@ -21,6 +21,7 @@ import sys
 
 import softnic
 import softnic.driver.nic as _nic
+from softnic import env
 from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.enums import Access, QPState, QPType
@@ -44,7 +45,7 @@ _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 #: call.  (A program spinning on memory reacts to the request itself: the Python
 #: face's ``poll`` keeps one, and ``softnic perf write_lat`` answers before the ACK.
 #: A program whose CQ is armed sleeps on its channel next, and its poll keeps one.)
-POLL_RUNS = int(os.environ.get("SOFTNIC_POLL_RUNS", "2"))
+POLL_RUNS = env.number("SOFTNIC_POLL_RUNS", 2)
 
 _objs: dict[int, object] = {}
 _inherited: set[int] = set()      # handles of the parent's objects, in a forked child
