@@ -243,6 +243,38 @@ def test_first_beyond_hole_with_bad_rkey_naks_and_leaves_memory(monkeypatch):
     assert not [k for k in placed if k >= 79]
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_first_placed_beyond_a_hole_is_checked_again_in_order(fast):
+    """The second WRITE's FIRST arrives beyond a hole with a good rkey, and its
+    region is deregistered before the hole fills: in PSN order the WRITE finds no
+    target, so it fails (REM_ACCESS_ERR) and the QP stops, whether its FIRST was
+    held decoded (the general path) or placed on arrival (the common case)."""
+    cfg = DeviceConfig(min_timer=1e-3, selective_repeat=True, fast_path=fast)
+    p = pair(seed=1, mtu=MTU, config=cfg, endpoint_args=dict(buf_size=1 << 17))
+    first = p.ea.qp.sq_psn
+    held = []
+    p.filter_a.drop = _drop_requests(first, {10: 1})
+    second = p.b.reg_mr(p.eb.pd, p.eb.buf.addr + 65536, N, p.eb.mr.access)
+    fill(p.ea, 0, pattern(N, 1))
+    p.a.post_send(p.ea.qp, write_wr(1, p.ea, p.eb, 0, N, 0))
+    wr = write_wr(2, p.ea, p.eb, 0, N, 65536, rkey=second.rkey)
+    p.a.post_send(p.ea.qp, wr)
+    p.a.post_send(p.ea.qp, write_wr(3, p.ea, p.eb, 0, N, 0))
+
+    def second_first_held():
+        item = p.eb.qp.ooo.get((first + 79) & 0xFFFFFF)
+        held[:] = [item]
+        return item is not None
+    p.run_until(second_first_held, limit=5)
+    assert (type(held[0]) is tuple) == fast     # placed on arrival only by the common case
+    p.b.dereg_mr(second)
+    p.run_until(lambda: len(p.send_wcs()) == 3, limit=5)
+    assert [(c.wr_id, c.status) for c in p.send_wcs()] == \
+        [(1, S.SUCCESS), (2, S.REM_ACCESS_ERR), (3, S.WR_FLUSH_ERR)]
+    assert p.b.counters["resp_nak_remote_access_error"] == 1
+    assert read(p.eb, 0, N) == pattern(N, 1)
+
+
 def test_write_after_a_held_send_waits(monkeypatch):
     """A WRITE behind a SEND still to execute is not placed early: its bytes could
     be the receive buffer's (later bytes win as in order)."""

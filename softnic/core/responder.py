@@ -255,32 +255,64 @@ def chain_writes(dev, qp) -> None:
     ooo = qp.ooo
     while True:
         pkt = ooo.get(end)
-        if pkt is None or type(pkt) is tuple:
+        if pkt is None:
             return
+        if type(pkt) is tuple:
+            if len(pkt) == 4:
+                return              # (a MIDDLE or LAST: no FIRST here)
+            reth, view, n, addr = pkt[4]    # a FIRST placed beyond the hole: checked then
+            first, end = end, (end + n) & 0xFFFFFF
+            chain.append((first, view, reth[2], end, addr))
+            continue
         info = pkt.info
         if info.kind != Kind.WRITE or not info.first or pkt.reth is None:
             return
         reth = pkt.reth
-        n = max(1, -(-reth.dma_len // mtu))
-        plen = len(pkt.payload)
-        if info.last != (n == 1) or plen != (reth.dma_len if info.last else mtu):
+        target = _first_target(dev, qp, info, reth.va, reth.rkey, reth.dma_len, len(pkt.payload))
+        if target is None:
             return
-        try:
-            view = write_target(dev, qp, reth.va, reth.rkey, reth.dma_len)
-        except _Nak:
-            return
-        span = view_span(view) if len(view) else (0, 0)
-        if span is None:
-            return
+        view, n, addr = target
         first, end = end, (end + n) & 0xFFFFFF
-        chain.append((first, view, reth.dma_len, end, span[0]))
+        chain.append((first, view, reth.dma_len, end, addr))
+
+
+def _first_target(dev, qp, info, va: int, rkey: int, length: int, plen: int):
+    """A WRITE's FIRST (or ONLY) packet as ``chain_writes`` takes it into the run:
+    its payload the whole MTU (all of the WRITE if it is its only packet) and its
+    target what ``_write`` will check (``write_target``), with an address.
+    ``(view, packets in the WRITE, address)``, or None for a FIRST the general
+    path must refuse or hold as it is."""
+    n = max(1, -(-length // qp.mtu))
+    if info.last != (n == 1) or plen != (length if info.last else qp.mtu):
+        return None
+    try:
+        view = write_target(dev, qp, va, rkey, length)
+    except _Nak:
+        return None
+    span = view_span(view) if len(view) else (0, 0)
+    if span is None:
+        return None
+    return view, n, span[0]
 
 
 def placed_write(dev, qp, item) -> None:
     """A WRITE packet ``(psn, last, length, ackreq)`` whose bytes are already in
     memory (placed beyond a hole that has since filled): account for it as
-    ``_write`` would have."""
-    psn, last, n, ackreq = item
+    ``_write`` would have.  A FIRST carries a fifth field, ``((va, rkey,
+    length), view, packets, address)``: its WRITE starts here, its target
+    checked again now, in order, as ``_write`` checks it (refused: the NAK and
+    the error ``execute`` gives, and nothing accounted)."""
+    psn, last, n, ackreq = item[:4]
+    if len(item) > 4:
+        va, rkey, length = item[4][0]
+        try:
+            qp.write_view = write_target(dev, qp, va, rkey, length)
+        except _Nak as e:
+            _class_error(dev, qp, psn, e)
+            return
+        qp.write_off = 0
+        qp.write_len = length
+        qp.resp_kind = Kind.WRITE
     qp.write_off += n
     if last:
         qp.resp_kind = None
@@ -839,11 +871,13 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
     later bytes win, as in order) and held as a small record that ``receive``
     accounts for (``placed_write``) once the hole fills.  False for anything
     else (the general path holds the decoded packet)."""
-    if info.kind is not Kind.WRITE or info.first:
+    if info.kind is not Kind.WRITE:
         return False
     span = SR_SPAN * qp.window
     if not qp.selective_repeat or d >= span or len(qp.ooo) >= span or psn in qp.ooo:
         return False
+    if info.first:
+        return _hold_placed_first(dev, qp, data, src, info, psn, plen, w3, now, ecn, telemetry)
     mtu = qp.mtu
     last = info.last
     if plen > mtu or (not last and plen != mtu) or info.immdt:
@@ -867,6 +901,44 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
                               memoryview(data)[BTH_LEN:BTH_LEN + plen], addr)
     ackreq = bool(w3 & 0x80000000)
     hold(dev, qp, psn, ackreq, (psn, last, plen, ackreq))
+    return True
+
+
+def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, now: float,
+                       ecn: int, telemetry) -> bool:
+    """``_hold_placed_write`` for the FIRST (or ONLY) packet of the WRITE that
+    directly follows the run ``chain_writes`` knows: what ``_hold`` and
+    ``chain_writes`` do with the decoded packet (hold it, check it, extend the
+    run with its WRITE), from its bytes, and its payload placed at once as the
+    MIDDLEs after it are.  ``placed_write`` checks its target again in order.
+    False for anything else (the general path holds the decoded packet)."""
+    if info.immdt:
+        return False            # (its receive WQE is taken in order, by _write)
+    chain = qp.sr_writes
+    if not chain:
+        chain_writes(dev, qp)
+        if not chain:
+            return False
+    if chain[-1][3] != psn:
+        return False
+    reth = _RETH.unpack_from(data, BTH_LEN)
+    target = _first_target(dev, qp, info, reth[0], reth[1], reth[2], plen)
+    if target is None:
+        return False
+    if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
+        return False
+    view, n, addr = target
+    dev.counters["rcvd_pkts"] += 1
+    if ecn or telemetry is not None:
+        dev.request_signals(qp, now, ecn, telemetry)
+    dev.counters["out_of_seq_request"] += 1
+    hdr = info.hdr_len
+    if plen:
+        sr_place.place_beyond(qp, psn, view, 0, memoryview(data)[hdr:hdr + plen], addr)
+    ackreq = bool(w3 & 0x80000000)
+    hold(dev, qp, psn, ackreq, (psn, info.last, plen, ackreq, (reth, view, n, addr)))
+    chain.append((psn, view, reth[2], (psn + n) & _MASK, addr))
+    chain_writes(dev, qp)       # (FIRSTs held after it, decoded, join the run too)
     return True
 
 
