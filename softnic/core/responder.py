@@ -842,6 +842,8 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
             _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
     if not qp.ooo:
         _nothing_held(qp)
+        if info.first and qp.resp_kind is Kind.WRITE and qp.write_off + qp.mtu < qp.write_len:
+            dev.stream_qp = qp      # a WRITE's MIDDLEs to come: a driver may stream them
     return True
 
 
@@ -939,6 +941,9 @@ def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, n
     hold(dev, qp, psn, ackreq, (psn, info.last, plen, ackreq, (reth, view, n, addr)))
     chain.append((psn, view, reth[2], (psn + n) & _MASK, addr))
     chain_writes(dev, qp)       # (FIRSTs held after it, decoded, join the run too)
+    if n > 2:
+        qp.sr_stream_psn = (psn + 1) & _MASK
+        dev.stream_qp = qp      # MIDDLEs of its WRITE to come: a driver may stream them
     return True
 
 
