@@ -323,6 +323,7 @@ class QP:
     # The engine asks for these on every packet; attributes are frozen and replaced
     # whole on a modify, so each is kept for the attribute object it came from.
     _mtu_of = _dest_of = None
+    _rto_of = None                              # (``Timers.rto``'s, likewise)
 
     @property
     def mtu(self) -> int:

@@ -24,7 +24,11 @@ class Timers:
         (``completer.on_timeout``), up to ``2**completer.RTO_BACKOFF_MAX`` times.
         Any progress of the cumulative ACK since the last timeout ends the
         backoff (checked here, as the fast path's ACK restarts the timer too)."""
-        t = max(4.096e-6 * (1 << qp.attr.timeout), self.config.min_timer)
+        a = qp.attr
+        if qp._rto_of is not a:         # (asked for every paced packet: kept per attributes)
+            qp._rto = max(4.096e-6 * (1 << a.timeout), self.config.min_timer)
+            qp._rto_of = a
+        t = qp._rto
         if qp.rto_shift:
             if qp.acked_psn == qp.rto_shift_psn:
                 return t * (1 << qp.rto_shift)
@@ -93,6 +97,8 @@ class Timers:
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
                     self.mark_ready(qp)
-            completer.on_timeout(self, qp, now)
+            if qp.rnr_wait or qp.probe_at is not None or \
+                    (qp.rto_at is not None and qp.rto_at <= now):
+                completer.on_timeout(self, qp, now)     # (it has nothing to do otherwise)
             self.arm(qp)
 
