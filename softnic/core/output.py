@@ -18,6 +18,7 @@ from .enums import QPState, QPType
 from .qp import QP
 
 _SENDING = (QPState.RTS, QPState.SQD)
+_SQD, _RC = QPState.SQD, QPType.RC      # (enum members as globals: read per packet)
 _ACK = int(O.RC_ACKNOWLEDGE)
 _ACK_PKT = struct.Struct("!BBHIII")        # BTH + AETH
 
@@ -122,7 +123,7 @@ class Output:
         if qp.send_idx < len(sq) or qp.rexmit:      # something to (re)send
             n0 = len(out)
             requester.generate(self, qp, now, out)
-            if len(out) > n0 and qp.qp_type is QPType.RC and qp.rto_at is None \
+            if len(out) > n0 and qp.qp_type is _RC and qp.rto_at is None \
                     and qp.attr.timeout:
                 qp.rto_at = now + self.rto(qp)
                 if qp.selective_repeat:
@@ -130,7 +131,7 @@ class Output:
                 self.arm(qp)
         if qp.cc is not None:
             self.arm(qp)
-        if (sq and sq[0].done) or qp.state is QPState.SQD:
+        if (sq and sq[0].done) or qp.state is _SQD:
             completer.complete(self, qp)
 
     def _sealed(self, out: list, flat: bool) -> list:

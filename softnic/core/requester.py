@@ -452,7 +452,7 @@ def _cc_sent(qp, psn: int, nbytes: int, now: float, resent: bool) -> None:
     if rate:
         t = qp.next_tx if qp.next_tx > now else now
         qp.next_tx = t + size * 8 / rate
-    if qp.qp_type == QPType.RC:
+    if qp.qp_type is _RC:
         old = qp.cc_sent.get(psn)
         if old is not None:
             qp.cc_inflight -= old[1]
