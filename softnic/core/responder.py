@@ -347,7 +347,7 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
     that moves the QP to ERR); executed: accepted, acknowledged if due."""
     try:
         _check_sequence(qp, info)
-        if info.kind is Kind.SEND:
+        if info.kind is _SEND_KIND:
             _send(dev, qp, info, payload, tail, se)
         else:
             _write(dev, qp, info, payload, reth, tail, se)
@@ -751,6 +751,7 @@ _RETH = struct.Struct("!QII")
 _I = struct.Struct("!I")
 _MASK = 0xFFFFFF
 _RC = QPType.RC
+_SEND_KIND, _WRITE_KIND = Kind.SEND, Kind.WRITE
 _RECEIVING = frozenset({QPState.RTR, QPState.RTS, QPState.SQD})
 
 #: opcode -> its ``wire.roce.OPCODES`` entry, for the opcodes the common case takes
@@ -804,10 +805,20 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
         c["duplicate_request"] += 1
         _duplicate(dev, qp, info.kind, psn, None)
         return True
-    execute(dev, qp, info, psn, w3 & 0x80000000, flags & 0x80,
-            memoryview(data)[hdr:hdr + plen],
-            _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
-            _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
+    if opcode == _WRITE_MIDDLE and qp.resp_kind is _WRITE_KIND and plen == qp.mtu \
+            and qp.write_off + plen <= qp.write_len:
+        # execute's way for a MIDDLE of the WRITE under way that fits (the checks of
+        # _check_sequence, _check_size and _write passed), placed as place_in_order
+        # places it with nothing held beyond a hole (none is: ``qp.ooo`` is empty)
+        off = qp.write_off
+        qp.write_view[off:off + plen] = memoryview(data)[hdr:hdr + plen]
+        qp.write_off = off + plen
+        accept(dev, qp, psn, False, w3 & 0x80000000)
+    else:
+        execute(dev, qp, info, psn, w3 & 0x80000000, flags & 0x80,
+                memoryview(data)[hdr:hdr + plen],
+                _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
+                _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
     if not qp.ooo:
         _nothing_held(qp)
     return True
