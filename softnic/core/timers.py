@@ -9,7 +9,7 @@ timeout does (resend, count a retry, fail the WQE) is the completer's rule
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 
 from . import completer
 from .qp import QP
@@ -43,24 +43,26 @@ class Timers:
 
     def arm(self, qp: QP) -> None:
         t = qp.rto_at
-        if qp.probe_at is not None and (t is None or qp.probe_at < t):
-            t = qp.probe_at
-        if qp.rnr_at is not None and (t is None or qp.rnr_at < t):
-            t = qp.rnr_at
+        a = qp.probe_at
+        if a is not None and (t is None or a < t):
+            t = a
+        a = qp.rnr_at
+        if a is not None and (t is None or a < t):
+            t = a
         cc = qp.cc
         if cc is not None:
-            if qp.pace_at is not None and (t is None or qp.pace_at < t):
-                t = qp.pace_at
-            c = cc.next_timer()
-            if c is not None and (t is None or c < t):
-                t = c
+            a = qp.pace_at
+            if a is not None and (t is None or a < t):
+                t = a
+            a = cc.next_timer()
+            if a is not None and (t is None or a < t):
+                t = a
         if t == qp.timer_at:
             return
         qp.timer_at = t
         if t is not None:
-            self._tseq += 1
-            heapq.heappush(self._timers, (t, self._tseq, qp))
-
+            self._tseq = seq = self._tseq + 1
+            heappush(self._timers, (t, seq, qp))
 
     def get_timer(self) -> float | None:
         h = self._timers
@@ -69,7 +71,7 @@ class Timers:
             t, _, qp = h[0]
             if qp.timer_at == t and not qp.closed:
                 break
-            heapq.heappop(h)
+            heappop(h)
             t = None
         if self.gsi is not None:
             g = self.gsi.get_timer()
@@ -84,7 +86,7 @@ class Timers:
                 self.gsi.handle_timer(now)
         h = self._timers
         while h and h[0][0] <= now:
-            t, _, qp = heapq.heappop(h)
+            t, _, qp = heappop(h)
             if qp.timer_at != t or qp.closed:
                 continue
             qp.timer_at = None
