@@ -479,11 +479,12 @@ def cc_acked(qp, before: int, now: float) -> None:
     if sent:
         n = psn_diff(acked, before)
         if n <= 2 * len(sent):
-            psns = [(before + k) & 0xFFFFFF for k in range(1, n + 1)]
+            psns = range(before + 1, before + n + 1)      # (masked below)
         else:
             psns = [p for p in sent if psn_diff(p, acked) <= 0]
+        pop = sent.pop
         for p in psns:
-            e = sent.pop(p, None)
+            e = pop(p & 0xFFFFFF, None)
             if e is not None:
                 nbytes += e[1]
                 if not e[2]:
