@@ -819,8 +819,9 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
                 memoryview(data)[hdr:hdr + plen],
                 _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
                 _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
-    if not qp.ooo:
-        _nothing_held(qp)
+    if not qp.ooo and (qp.sr_naked or qp.sr_scan is not None or qp.sr_writes
+                       or qp.sr_placed is not None):
+        _nothing_held(qp)                   # (it has nothing to clear otherwise)
     return True
 
 
