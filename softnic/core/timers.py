@@ -94,11 +94,11 @@ class Timers:
             if cc is not None:
                 if qp.pace_at is not None and qp.pace_at <= now:
                     qp.pace_at = None
-                    self.mark_ready(qp)
+                    self._ready[qp] = None      # (mark_ready, inline)
                 c = cc.next_timer()
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
-                    self.mark_ready(qp)
+                    self._ready[qp] = None
             if qp.rnr_wait or qp.probe_at is not None or \
                     (qp.rto_at is not None and qp.rto_at <= now):
                 completer.on_timeout(self, qp, now)     # (it has nothing to do otherwise)
