@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, note, settings, strategies as st
 from softnic.core import dispatch, requester
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, WROpcode as W
-from softnic.core.output import ack_packet
+from softnic.core.output import ack_packet, cnp_packet
 from softnic.core.qp import RecvWR, SendWR
 from softnic.cli.rig import connect
 from softnic.wire.roce import Opcode as O, encode
@@ -213,6 +213,11 @@ def test_ack_packet_is_what_encode_builds():
     for psn, syn, msn in ((0, 0x1F, 0), (0xFFFFFF, 0x60, 0xABCDEF), (12345, 0x3F, 7)):
         assert ack_packet(0x123456, psn, syn, msn) == \
             encode(O.RC_ACKNOWLEDGE, dest_qp=0x123456, psn=psn, aeth=(syn, msn))
+
+
+def test_cnp_packet_is_what_encode_builds():
+    for dqpn in (0, 1, 0x123456, 0xFFFFFF):
+        assert cnp_packet(dqpn) == encode(O.CNP, dest_qp=dqpn, psn=0)
 
 
 def test_many_small_then_one_large_write_same_bytes_either_way():

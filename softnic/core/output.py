@@ -32,6 +32,17 @@ def ack_packet(dqpn: int, psn: int, syndrome: int, msn: int) -> bytearray:
     return buf
 
 
+_CNP = int(O.CNP)
+
+
+def cnp_packet(dqpn: int) -> bytearray:
+    """A CNP's BTH and its 16 reserved bytes (without ICRC), packed straight: the
+    bytes ``encode(O.CNP, dest_qp=dqpn, psn=0)`` gives."""
+    buf = bytearray(28)
+    _ACK_PKT.pack_into(buf, 0, _CNP, 0, 0xFFFF, dqpn & 0xFFFFFF, 0, 0)
+    return buf
+
+
 _ZERO_ICRC = b"\0\0\0\0"
 
 
@@ -78,7 +89,7 @@ class Output:
             cnps, self._cnps = self._cnps, []
             for qp in cnps:
                 if not qp.closed:
-                    out.append((encode(O.CNP, dest_qp=qp.attr.dest_qp_num, psn=0), qp.dest))
+                    out.append((cnp_packet(qp.attr.dest_qp_num), qp.dest))
             self.counters["np_cnp_sent"] += len(out)
         ready, self._ready = self._ready, {}
         for qp in ready:
