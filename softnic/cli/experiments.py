@@ -22,6 +22,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 from ..core.device import Device, DeviceConfig
@@ -266,7 +267,7 @@ class _IncastRun:
         steady = [i for i, t in enumerate(times) if t > steady_from]
         means = [sum(f.goodput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
         # sorted once here: percentile() sorts each time, in linear time when sorted
-        q_all = sorted([q for _, q in port.samples])
+        q_all = sorted(map(itemgetter(1), port.samples))
         q_steady = sorted([q for t, q in port.samples if t > steady_from])
         pc = port.stats(self.fabric.now) if cfg.pfc else port.counters
         goodput = sum(sum(f.goodput_gbps) for f in series) * cfg.bin / cfg.duration
