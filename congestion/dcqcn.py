@@ -159,12 +159,15 @@ class DCQCN(Controller):
         while True:
             # the earliest due event; on a tie the first of alpha, cut, increase
             at = which = None
-            for order, t in ((0, self._alpha_at), (1, self._dec_at), (2, self._inc_at)):
-                if t is not None and t <= lim and (at is None or t < at):
-                    at, which = t, order
+            if a is not None and a <= lim:
+                at, which = a, 0
+            if d is not None and d <= lim and (at is None or d < at):
+                at, which = d, 1
+            if i is not None and i <= lim and (at is None or i < at):
+                at, which = i, 2
             if at is None:
                 return
-            if self._inc_at is None and self._dec_at is None:
+            if i is None and d is None:
                 return                            # idle: alpha decays lazily
             if which == 0:
                 self.alpha *= 1 - self._g
@@ -175,6 +178,7 @@ class DCQCN(Controller):
                 self._inc_at = at + self.params["t_inc"]
                 self.t_events += 1
                 self._increase()
+            a, d, i = self._alpha_at, self._dec_at, self._inc_at
 
     def _decay_alpha_until(self, now: float) -> None:
         t_alpha = self.params["t_alpha"]

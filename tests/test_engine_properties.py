@@ -166,7 +166,8 @@ def run_scenario(s, *, trace: bool = False):
     net = s.get("net")
     cfgs = [DeviceConfig(selective_repeat=s["selective_repeat"], min_timer=50e-6,
                          fast_path=s.get("fast_path", True),
-                         **(dict(cc=net["cc"], ecn=True, line_rate_bps=net["rates"][i])
+                         **(dict(cc=net["cc"], ecn=True, line_rate_bps=net["rates"][i],
+                                 window=net.get("window", 128))
                             if net else {}))
             for i in range(2)]
     devs = (Device("a", "10.0.0.1", config=cfgs[0]), Device("b", "10.0.0.2", config=cfgs[1]))

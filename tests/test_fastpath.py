@@ -3,8 +3,9 @@
 The responder's and completer's ``receive_common`` take in-sequence SENDs and
 WRITEs and plain ACKs from their bytes, and dispatch's ``cnp_common`` CNPs,
 through the same rules as the general path, without decoding a ``Packet``; the
-requester packs ONLY and FIRST packets straight, builds bulk runs, and leaves
-``generate`` at once while a paced QP's pacer holds it
+requester packs ONLY and FIRST packets straight, builds bulk runs, leaves
+``generate`` at once while a paced QP's pacer holds it and sends a paced QP's
+next MIDDLE without the walk of its send queue
 (``DeviceConfig(fast_path=False)`` turns all of it off: every packet is decoded
 and dispatched, one at a time, and the send queue walked each time).  The
 property here: the same random workload (test_engine_properties' scenarios,
@@ -21,7 +22,7 @@ from hypothesis import HealthCheck, given, note, settings, strategies as st
 from softnic.core import dispatch, requester
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, WROpcode as W
-from softnic.core.output import ack_packet
+from softnic.core.output import ack_packet, cnp_packet
 from softnic.core.qp import RecvWR, SendWR
 from softnic.cli.rig import connect
 from softnic.wire.roce import Opcode as O, encode
@@ -214,6 +215,11 @@ def test_ack_packet_is_what_encode_builds():
             encode(O.RC_ACKNOWLEDGE, dest_qp=0x123456, psn=psn, aeth=(syn, msn))
 
 
+def test_cnp_packet_is_what_encode_builds():
+    for dqpn in (0, 1, 0x123456, 0xFFFFFF):
+        assert cnp_packet(dqpn) == encode(O.CNP, dest_qp=dqpn, psn=0)
+
+
 def test_many_small_then_one_large_write_same_bytes_either_way():
     """The requester's ACK-request cadence (every window/4 packets) counts the
     packed ONLYs too: after 40 one-packet WRITEs a long WRITE asks for
@@ -286,14 +292,18 @@ def test_routes_cover_every_opcode_and_send_each_to_its_side():
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenarios(max_size=20000), st.sampled_from(["dcqcn", "timely", "dcqcn:t_dec=0"]),
        st.sampled_from([1e9, 2e9]), st.booleans(),
-       st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6]), min_size=1, max_size=8))
-def test_a_paced_requester_stops_early_only_where_nothing_changes(s, cc, rate, marks, gaps):
+       st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6]), min_size=1, max_size=8),
+       st.sampled_from([2, 5, 128]))
+def test_a_paced_requester_stops_early_only_where_nothing_changes(s, cc, rate, marks, gaps,
+                                                                   window):
     """A rate-paced QP (each packet ``bytes * 8 / rate`` after the last, so nearly
     every packet waits for the pacer) is made ready by ACKs, CNPs and its
     controller's timers while its pacer holds it; ``requester.generate`` then stops
-    at once (``_held_by_pacer``) without walking the send queue.  Through a slow
-    switch that marks every queued packet (``marks``: many CNPs and rate cuts) or
-    none, the same wire and results as the general path's full walk."""
+    at once (``_held_by_pacer``) without walking the send queue, and when its
+    pacer lets a MIDDLE go, sends it and stops at the window or the pacer
+    (``_paced_middle``).  Through a slow switch that marks every queued packet
+    (``marks``: many CNPs and rate cuts) or none, with a window of a few packets
+    or the default, the same wire and results as the general path's full walk."""
     net = dict(cc=cc, rates=(rate, rate), kmin=0 if marks else 10**9,
-               kspan=1_000, pmax=1.0, buffer=None, int_telemetry=False)
+               kspan=1_000, pmax=1.0, buffer=None, int_telemetry=False, window=window)
     _same_either_way(dict(s, gaps=gaps, net=net))

@@ -467,7 +467,7 @@ def complete(dev, qp) -> None:
                 return
     # Drained once nothing started before SQD is outstanding; WRs posted since
     # wait unstarted at the head and do not hold the event back.
-    if qp.state == QPState.SQD and (not sq or sq[0].first_psn is None) and not qp.sqd_notified:
+    if qp.state is _SQD and (not sq or sq[0].first_psn is None) and not qp.sqd_notified:
         qp.sqd_notified = True
         if qp.attr.en_sqd_async_notify:
             dev.async_event("SQ_DRAINED", qp)
@@ -495,6 +495,7 @@ def fail(dev, qp) -> None:
 _ACK_PKT = struct.Struct("!BBHIII")        # BTH + AETH
 _RC = QPType.RC
 _RTS = QPState.RTS
+_SQD = QPState.SQD
 
 
 def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:

@@ -298,7 +298,25 @@ class QP:
     """Everything one queue pair holds: attributes, queues, and the state of
     its requester, completer and responder (the logic lives in their modules)."""
 
+    #: the attributes the engine reads per packet as slots (faster than a dict's);
+    #: ``__dict__`` keeps room for any other
+    __slots__ = (
+        'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
+        'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
+        'timer_at', 'cc_spec', 'cc', 'sq', 'send_idx', 'sq_psn', 'acked_psn',
+        'max_sent_psn', 'rd_atomic_inflight', 'retry_left', 'rnr_left', 'rnr_wait',
+        'rexmit', 'rexmitted', 'sacked_psn', 'pkts_since_ackreq', 'req_error',
+        'retry_pending', 'rto_at', 'rto_shift', 'rto_shift_psn', 'probe_at',
+        'probe_mark', 'rnr_at', 'sqd_notified', 'next_tx', 'pace_at', 'cc_sent',
+        'cc_inflight', 'rx_telemetry', 'int_echo', 'rq', 'epsn', 'msn', 'resp_wqe',
+        'resp_off', 'resp_kind', 'write_view', 'write_off', 'write_len', 'nak_sent',
+        'sr_naked', 'sr_scan', 'sr_stream_psn', 'ooo', 'sr_writes', 'sr_placed',
+        'ooo_high', 'resources', 'resp_out', 'uc_drop', '_mtu', '_dest', '_rto',
+        '_mtu_of', '_dest_of', '_rto_of',
+        "__dict__", "__weakref__")
+
     def __init__(self, qpn: int, pd, init: QPInitAttr, cap: QPCap):
+        self._mtu_of = self._dest_of = self._rto_of = None
         self.qpn = qpn
         self.pd = pd
         self.qp_type = QPType(init.qp_type)
@@ -322,7 +340,8 @@ class QP:
 
     # The engine asks for these on every packet; attributes are frozen and replaced
     # whole on a modify, so each is kept for the attribute object it came from.
-    _mtu_of = _dest_of = None
+    # (``_mtu_of``, ``_dest_of``: None until first asked; ``Timers.rto`` keeps
+    # ``_rto_of`` likewise)
 
     @property
     def mtu(self) -> int:

@@ -417,7 +417,8 @@ def _window_full(qp, psn: int) -> bool:
             return True
         if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
             base = (qp.sacked_psn + 1) & 0xFFFFFF
-    return psn_diff(psn, base) >= qp.window
+    # psn_diff(psn, base) >= qp.window, inline (asked for every packet)
+    return qp.window <= (psn - base) & 0xFFFFFF < 0x800000
 
 
 # ---------------------------------------------------------------- congestion control
@@ -451,7 +452,7 @@ def _cc_sent(qp, psn: int, nbytes: int, now: float, resent: bool) -> None:
     if rate:
         t = qp.next_tx if qp.next_tx > now else now
         qp.next_tx = t + size * 8 / rate
-    if qp.qp_type == QPType.RC:
+    if qp.qp_type is _RC:
         old = qp.cc_sent.get(psn)
         if old is not None:
             qp.cc_inflight -= old[1]
@@ -478,11 +479,12 @@ def cc_acked(qp, before: int, now: float) -> None:
     if sent:
         n = psn_diff(acked, before)
         if n <= 2 * len(sent):
-            psns = [(before + k) & 0xFFFFFF for k in range(1, n + 1)]
+            psns = range(before + 1, before + n + 1)      # (masked below)
         else:
             psns = [p for p in sent if psn_diff(p, acked) <= 0]
+        pop = sent.pop
         for p in psns:
-            e = sent.pop(p, None)
+            e = pop(p & 0xFFFFFF, None)
             if e is not None:
                 nbytes += e[1]
                 if not e[2]:
@@ -501,8 +503,12 @@ def generate(dev, qp, now: float, out: list) -> None:
         return
     if dev._fast and qp.pace_at is not None and _held_by_pacer(qp, now):
         return
-    if dev._fast and qp.cc is None and not qp.rexmit and _only_one(dev, qp, out):
-        return
+    if dev._fast and not qp.rexmit:
+        if qp.cc is None:
+            if _only_one(dev, qp, out):
+                return
+        elif _paced_middle(dev, qp, now, out):
+            return
     qtype = qp.qp_type
     rc = qtype is _RC
     dest = qp.dest if qtype is not _UD else None
@@ -573,6 +579,54 @@ def _only_one(dev, qp, out: list) -> bool:
     wqe.next_pkt = 1
     qp.send_idx = i + 1
     return True
+
+
+def _paced_middle(dev, qp, now: float, out: list) -> bool:
+    """``generate``'s walk for a QP whose controller paces it by rate alone (DCQCN's:
+    no window) when its next packet is due and is a MIDDLE of the WRITE or SEND
+    under way, on RC without resends: that packet, then the walk's next step.
+    The same rules in the walk's order: the window (``_window_full``), the pacer
+    (``_cc_blocked``), then ``_send_packet``'s (the AckReq cadence, the go-back-N
+    record of what was sent), ``_build_rc``'s MIDDLE, the controller's accounting
+    (``_cc_sent``); then the next packet meets the window or the pacer.  True: the
+    walk would stop there (it is done); False: the walk goes on from where this
+    left it (nothing sent, or, should the pacer let the next packet go at once,
+    this one)."""
+    cc = qp.cc
+    if cc.rate is None or cc.window is not None or now < qp.next_tx \
+            or qp.qp_type is not _RC or qp.xrc is not None or qp.req_error:
+        return False
+    i = qp.send_idx
+    sq = qp.sq
+    if i >= len(sq):
+        return False
+    wqe = sq[i]
+    nxt = wqe.next_pkt
+    op = wqe.opcode
+    if wqe.first_psn is None or wqe.done or not 0 < nxt < wqe.npkts - 1 or op not in _MIDDLE:
+        return False
+    psn = (wqe.first_psn + nxt) & 0xFFFFFF
+    if _window_full(qp, psn):
+        return True                         # the walk stops: nothing sent
+    # _send_packet: a MIDDLE asks for an ACK only by the cadence or the controller
+    ack_every = dev.config.ack_every or qp.window // 4 or 1
+    n = qp.pkts_since_ackreq + 1
+    ackreq = n >= ack_every or _cc_wants_ack(dev, qp, cc, ack_every)
+    qp.pkts_since_ackreq = 0 if ackreq else n
+    if psn_diff(psn, qp.max_sent_psn) <= 0:
+        dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
+        resent = True
+    else:
+        qp.max_sent_psn = psn
+        resent = False
+    mtu = qp.mtu
+    pkt = encode_middle(_MIDDLE[op], qp.attr.dest_qp_num, psn, ackreq,
+                        gather(wqe, nxt * mtu, mtu))
+    _cc_sent(qp, psn, len(pkt) + 4, now, resent)
+    out.append((pkt, qp.dest))
+    wqe.next_pkt = nxt + 1                  # (a MIDDLE: its WQE has more to send)
+    # the walk's next step: the same WQE's next packet
+    return _window_full(qp, (psn + 1) & 0xFFFFFF) or _cc_blocked(dev, qp, now, False)
 
 
 def _held_by_pacer(qp, now: float) -> bool:

@@ -7,7 +7,7 @@ service's responder side):
   below it is a duplicate (``_duplicate``: SEND and WRITE are acknowledged again,
   a READ is re-read, an ATOMIC is answered from its saved result and never
   executed twice); one above it is out of sequence (go-back-N: one PSN SEQUENCE
-  ERROR NAK until the ePSN arrives; selective repeat: held, ``_hold``).
+  ERROR NAK until the ePSN arrives, ``_gap``; selective repeat: held, ``_hold``).
 - Opcode sequence (``_check_sequence``): FIRST/ONLY start a message, MIDDLE/LAST
   continue one of the same kind; anything else is an INVALID REQUEST NAK.
 - Resources (``_take_recv``): a SEND or an immediate needs a receive WQE, else an
@@ -167,9 +167,8 @@ def receive(dev, qp, pkt, src, now: float) -> None:
         dev.counters["out_of_seq_request"] += 1
         if qp.selective_repeat:
             _hold(dev, qp, pkt, d)
-        elif not qp.nak_sent:
-            qp.nak_sent = True
-            _nak(dev, qp, qp.epsn, NakCode.PSN_SEQUENCE_ERROR)
+        else:
+            _gap(dev, qp)
         return
     _execute(dev, qp, pkt)
     if qp.ooo:
@@ -186,6 +185,14 @@ def receive(dev, qp, pkt, src, now: float) -> None:
             chain_writes(dev, qp)
     if not qp.ooo:
         _nothing_held(qp)
+
+
+def _gap(dev, qp) -> None:
+    """Go-back-N, a request beyond the ePSN: dropped, and NAKed (PSN SEQUENCE
+    ERROR, naming the ePSN) if it is the first since the last one in sequence."""
+    if not qp.nak_sent:
+        qp.nak_sent = True
+        _nak(dev, qp, qp.epsn, NakCode.PSN_SEQUENCE_ERROR)
 
 
 _SACK = (AethCode.NAK << 5) | NakCode.PSN_SEQUENCE_ERROR
@@ -379,7 +386,7 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
     that moves the QP to ERR); executed: accepted, acknowledged if due."""
     try:
         _check_sequence(qp, info)
-        if info.kind is Kind.SEND:
+        if info.kind is _SEND_KIND:
             _send(dev, qp, info, payload, tail, se)
         else:
             _write(dev, qp, info, payload, reth, tail, se)
@@ -771,6 +778,7 @@ def _receive_ud(dev, qp, pkt, src) -> None:
 #                  RTS or SQD; the packet from its peer's address
 #   the PSN        the ePSN with nothing held out of order: executed (``execute``)
 #                  below the ePSN: a duplicate SEND or WRITE (``_duplicate``)
+#                  above it, go-back-N: dropped, NAKed once per gap (``_gap``)
 #                  above it, selective repeat, a WRITE's MIDDLE or LAST whose
 #                  target is known: placed and held (``_hold_placed_write``)
 #
@@ -783,6 +791,7 @@ _RETH = struct.Struct("!QII")
 _I = struct.Struct("!I")
 _MASK = 0xFFFFFF
 _RC = QPType.RC
+_SEND_KIND, _WRITE_KIND = Kind.SEND, Kind.WRITE
 _RECEIVING = frozenset({QPState.RTR, QPState.RTS, QPState.SQD})
 
 #: opcode -> its ``wire.roce.OPCODES`` entry, for the opcodes the common case takes
@@ -824,8 +833,9 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
         if qp.ooo:
             return False                # the general path drains what is held
     elif d < 0x800000:
-        return _hold_placed_write(dev, qp, data, src, info, psn, d, plen, w3, now, ecn,
-                                  telemetry)
+        if qp.selective_repeat:
+            return _hold_placed_write(dev, qp, data, src, info, psn, d, plen, w3, now, ecn,
+                                      telemetry)
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False                    # counted and dropped by the general path
     c = dev.counters
@@ -833,17 +843,33 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
     if ecn or telemetry is not None:
         dev.request_signals(qp, now, ecn, telemetry)
     if d:
+        if d < 0x800000:                # beyond the ePSN, on go-back-N (as receive)
+            c["out_of_seq_request"] += 1
+            _gap(dev, qp)
+            return True
         c["duplicate_request"] += 1
         _duplicate(dev, qp, info.kind, psn, None)
         return True
-    execute(dev, qp, info, psn, w3 & 0x80000000, flags & 0x80,
-            memoryview(data)[hdr:hdr + plen],
-            _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
-            _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
-    if not qp.ooo:
-        _nothing_held(qp)
-        if info.first and qp.resp_kind is Kind.WRITE and qp.write_off + qp.mtu < qp.write_len:
+    if opcode == _WRITE_MIDDLE and qp.resp_kind is _WRITE_KIND and plen == qp.mtu \
+            and qp.write_off + plen <= qp.write_len:
+        # execute's way for a MIDDLE of the WRITE under way that fits (the checks of
+        # _check_sequence, _check_size and _write passed), placed as place_in_order
+        # places it with nothing held beyond a hole (none is: ``qp.ooo`` is empty)
+        off = qp.write_off
+        qp.write_view[off:off + plen] = memoryview(data)[hdr:hdr + plen]
+        qp.write_off = off + plen
+        accept(dev, qp, psn, False, w3 & 0x80000000)
+    else:
+        execute(dev, qp, info, psn, w3 & 0x80000000, flags & 0x80,
+                memoryview(data)[hdr:hdr + plen],
+                _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
+                _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
+        if info.first and not qp.ooo and qp.resp_kind is _WRITE_KIND \
+                and qp.write_off + qp.mtu < qp.write_len:
             dev.stream_qp = qp      # a WRITE's MIDDLEs to come: a driver may stream them
+    if not qp.ooo and (qp.sr_naked or qp.sr_scan is not None or qp.sr_writes
+                       or qp.sr_placed is not None):
+        _nothing_held(qp)                   # (it has nothing to clear otherwise)
     return True
 
 

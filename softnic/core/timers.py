@@ -9,7 +9,7 @@ timeout does (resend, count a retry, fail the WQE) is the completer's rule
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 
 from . import completer
 from .qp import QP
@@ -24,7 +24,11 @@ class Timers:
         (``completer.on_timeout``), up to ``2**completer.RTO_BACKOFF_MAX`` times.
         Any progress of the cumulative ACK since the last timeout ends the
         backoff (checked here, as the fast path's ACK restarts the timer too)."""
-        t = max(4.096e-6 * (1 << qp.attr.timeout), self.config.min_timer)
+        a = qp.attr
+        if qp._rto_of is not a:         # (asked for every paced packet: kept per attributes)
+            qp._rto = max(4.096e-6 * (1 << a.timeout), self.config.min_timer)
+            qp._rto_of = a
+        t = qp._rto
         if qp.rto_shift:
             if qp.acked_psn == qp.rto_shift_psn:
                 return t * (1 << qp.rto_shift)
@@ -39,24 +43,26 @@ class Timers:
 
     def arm(self, qp: QP) -> None:
         t = qp.rto_at
-        if qp.probe_at is not None and (t is None or qp.probe_at < t):
-            t = qp.probe_at
-        if qp.rnr_at is not None and (t is None or qp.rnr_at < t):
-            t = qp.rnr_at
+        a = qp.probe_at
+        if a is not None and (t is None or a < t):
+            t = a
+        a = qp.rnr_at
+        if a is not None and (t is None or a < t):
+            t = a
         cc = qp.cc
         if cc is not None:
-            if qp.pace_at is not None and (t is None or qp.pace_at < t):
-                t = qp.pace_at
-            c = cc.next_timer()
-            if c is not None and (t is None or c < t):
-                t = c
+            a = qp.pace_at
+            if a is not None and (t is None or a < t):
+                t = a
+            a = cc.next_timer()
+            if a is not None and (t is None or a < t):
+                t = a
         if t == qp.timer_at:
             return
         qp.timer_at = t
         if t is not None:
-            self._tseq += 1
-            heapq.heappush(self._timers, (t, self._tseq, qp))
-
+            self._tseq = seq = self._tseq + 1
+            heappush(self._timers, (t, seq, qp))
 
     def get_timer(self) -> float | None:
         h = self._timers
@@ -65,7 +71,7 @@ class Timers:
             t, _, qp = h[0]
             if qp.timer_at == t and not qp.closed:
                 break
-            heapq.heappop(h)
+            heappop(h)
             t = None
         if self.gsi is not None:
             g = self.gsi.get_timer()
@@ -80,7 +86,7 @@ class Timers:
                 self.gsi.handle_timer(now)
         h = self._timers
         while h and h[0][0] <= now:
-            t, _, qp = heapq.heappop(h)
+            t, _, qp = heappop(h)
             if qp.timer_at != t or qp.closed:
                 continue
             qp.timer_at = None
@@ -88,11 +94,13 @@ class Timers:
             if cc is not None:
                 if qp.pace_at is not None and qp.pace_at <= now:
                     qp.pace_at = None
-                    self.mark_ready(qp)
+                    self._ready[qp] = None      # (mark_ready, inline)
                 c = cc.next_timer()
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
-                    self.mark_ready(qp)
-            completer.on_timeout(self, qp, now)
+                    self._ready[qp] = None
+            if qp.rnr_wait or qp.probe_at is not None or \
+                    (qp.rto_at is not None and qp.rto_at <= now):
+                completer.on_timeout(self, qp, now)     # (it has nothing to do otherwise)
             self.arm(qp)
 

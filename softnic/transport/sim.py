@@ -200,22 +200,25 @@ class EgressQueue:
     def arrive(self, data: bytes, now: float, ect: bool = False, src=None):
         """Queue ``data``; return ``(departure time, datagram)`` or None if dropped."""
         size = len(data) + WIRE_OVERHEAD
-        b = self.busy_until - now
-        q = b * self.rate_bps / 8 if b > 0 else 0.0
+        busy = self.busy_until
+        rate = self.rate_bps
+        b = busy - now
+        q = b * rate / 8 if b > 0 else 0.0
         if self._sample:
             self.samples.append((now, int(q)))
         c = self.counters
         if q > c["max_qlen"]:
             c["max_qlen"] = int(q)
-        if self.buffer_bytes is not None and q + size > self.buffer_bytes:
+        buffer = self.buffer_bytes
+        if buffer is not None and q + size > buffer:
             c["dropped"] += 1
             return None
-        start = self.busy_until if self.busy_until > now else now
-        self.busy_until = depart = start + size * 8 / self.rate_bps
+        self.busy_until = depart = (busy if busy > now else now) + size * 8 / rate
         self.tx_bytes += size
         c["enqueued"] += 1
         if src is not None:
-            self.tx_by_src[src] = self.tx_by_src.get(src, 0) + size
+            by_src = self.tx_by_src
+            by_src[src] = by_src.get(src, 0) + size
         red = self.red
         if red is not None and ect and q > red.kmin:
             if q >= red.kmax or self.rng.random() < red.probability(q):
