@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from softnic import env
+from softnic.driver import env
 
 
 def test_blank_and_unset_mean_default(monkeypatch):

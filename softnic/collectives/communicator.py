@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import env
+from ..driver import env
 from . import algorithms as alg
 from .rendezvous import Rendezvous, from_env
 from .transport import CollectiveError, Transport

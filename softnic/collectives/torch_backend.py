@@ -45,7 +45,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .. import env
+from ..driver import env
 from .communicator import Communicator
 
 BACKEND = "softnic"

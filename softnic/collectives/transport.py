@@ -68,7 +68,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import env
+from ..driver import env
 from . import _verbs as v
 
 CREDIT_FLAG = 0x80000000            # immediate of a credit return: the flag, the count below

@@ -50,7 +50,7 @@ from ..core.requester import Gather
 from ..core import responder as _responder
 from ..core.dispatch import RESPONSES as _RESPONSES
 from .. import accel as _accel
-from .. import env
+from . import env
 from .faults import FaultInjector
 from . import mcast as _mcast
 from .hostfiles import process_alive, stats_dir  # noqa: F401 (process_alive: for callers)

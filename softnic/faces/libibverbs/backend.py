@@ -21,7 +21,7 @@ import sys
 
 import softnic
 import softnic.driver.nic as _nic
-from softnic import env
+from softnic.driver import env
 from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.enums import Access, QPState, QPType
