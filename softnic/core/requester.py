@@ -14,7 +14,8 @@ one buffer (``_bulk_run``, ``_bulk``; its MIDDLEs built by the compiled kernel's
 ``sn_tx_middles`` when there is one); tests/test_bulk_tx.py and
 tests/test_kernel.py check it against ``_build`` packet by packet.  A lone
 one-packet WRITE or SEND (a ping-pong's, an RPC's) skips the walk of the send
-queue (``_only_one``); tests/test_fastpath.py runs workloads both ways.
+queue (``_only_one``), and so does a rate-paced QP's MIDDLE when its time has
+come (``_paced_middle``); tests/test_fastpath.py runs workloads both ways.
 """
 
 from __future__ import annotations
