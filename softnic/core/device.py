@@ -92,10 +92,10 @@ class DeviceConfig:
     #: controller reacts to ECN (DCQCN)
     ecn: bool | None = None
     #: take the common-case branches of the responder and completer (their
-    #: ``receive_common``), the requester's packed ONLY / FIRST packets and bulk
-    #: runs, and the kernel (if the driver gives one); False runs every packet
-    #: through the general path, one at a time (the same wire bytes and
-    #: completions: tests/test_fastpath.py, tests/test_kernel.py)
+    #: ``receive_common``), the requester's packed ONLY / FIRST packets, bulk
+    #: runs and paced MIDDLEs, and the kernel (if the driver gives one); False
+    #: runs every packet through the general path, one at a time (the same wire
+    #: bytes and completions: tests/test_fastpath.py, tests/test_kernel.py)
     fast_path: bool = True
 
 

@@ -14,7 +14,8 @@ one buffer (``_bulk_run``, ``_bulk``; its MIDDLEs built by the compiled kernel's
 ``sn_tx_middles`` when there is one); tests/test_bulk_tx.py and
 tests/test_kernel.py check it against ``_build`` packet by packet.  A lone
 one-packet WRITE or SEND (a ping-pong's, an RPC's) skips the walk of the send
-queue (``_only_one``); tests/test_fastpath.py runs workloads both ways.
+queue (``_only_one``), and so does a rate-paced QP's MIDDLE when its time has
+come (``_paced_middle``); tests/test_fastpath.py runs workloads both ways.
 """
 
 from __future__ import annotations
@@ -602,10 +603,11 @@ def _paced_middle(dev, qp, now: float, out: list) -> bool:
         return False
     wqe = sq[i]
     nxt = wqe.next_pkt
-    op = wqe.opcode
-    if wqe.first_psn is None or wqe.done or not 0 < nxt < wqe.npkts - 1 or op not in _MIDDLE:
+    first = wqe.first_psn
+    middle = _MIDDLE.get(wqe.opcode)
+    if first is None or wqe.done or not 0 < nxt < wqe.npkts - 1 or middle is None:
         return False
-    psn = (wqe.first_psn + nxt) & 0xFFFFFF
+    psn = (first + nxt) & 0xFFFFFF
     if _window_full(qp, psn):
         return True                         # the walk stops: nothing sent
     # _send_packet: a MIDDLE asks for an ACK only by the cadence or the controller
@@ -613,15 +615,15 @@ def _paced_middle(dev, qp, now: float, out: list) -> bool:
     n = qp.pkts_since_ackreq + 1
     ackreq = n >= ack_every or _cc_wants_ack(dev, qp, cc, ack_every)
     qp.pkts_since_ackreq = 0 if ackreq else n
-    if psn_diff(psn, qp.max_sent_psn) <= 0:
+    d = (psn - qp.max_sent_psn) & 0xFFFFFF
+    if d == 0 or d & 0x800000:              # psn_diff(psn, qp.max_sent_psn) <= 0
         dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
         resent = True
     else:
         qp.max_sent_psn = psn
         resent = False
     mtu = qp.mtu
-    pkt = encode_middle(_MIDDLE[op], qp.attr.dest_qp_num, psn, ackreq,
-                        gather(wqe, nxt * mtu, mtu))
+    pkt = encode_middle(middle, qp.attr.dest_qp_num, psn, ackreq, gather(wqe, nxt * mtu, mtu))
     _cc_sent(qp, psn, len(pkt) + 4, now, resent)
     out.append((pkt, qp.dest))
     wqe.next_pkt = nxt + 1                  # (a MIDDLE: its WQE has more to send)
