@@ -208,3 +208,32 @@ def test_scheduler_and_workers_as_processes_match_serial(serial, tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, 9)
                 p.wait()
+
+
+def test_a_failing_point_is_reported_and_the_rest_kept(tmp_path, monkeypatch, capsys):
+    real = sw.EXPERIMENTS["loss"]
+
+    def run(params):
+        if params["seed"] == 2 and params["loss"] > 0:
+            raise RuntimeError("this point fails")
+        return real.run(params)
+
+    monkeypatch.setitem(sw.EXPERIMENTS, "loss", sw.Experiment(run, real.figures))
+    assert _sweep(tmp_path, LOSS, "--serial") == 1
+    cap = capsys.readouterr()
+    assert cap.err.count("this point fails") == 2
+    assert "6 point(s) run" in cap.out and "2 failed" in cap.out
+    res = json.loads((tmp_path / "sweep.json").read_text())
+    assert res["missing_points"] == 2
+    g = res["points"][2]["figures"]["goodput_gbps"]
+    assert g["n"] == 1 and g["ci95"] is None              # one seed: a mean, no interval
+    assert res["points"][2]["figures"]["ok"]["mean"] == 1.0     # a flag: the fraction held
+    monkeypatch.setitem(sw.EXPERIMENTS, "loss", real)
+    assert _sweep(tmp_path, LOSS, "--serial") == 0           # the rerun runs the two alone
+    assert "2 point(s) run, 6 already in" in capsys.readouterr().out
+
+
+def test_a_bad_controller_fails_before_any_point(tmp_path, capsys):
+    assert _sweep(tmp_path, ["-e", "incast", "-p", "cc=dcqcn+bogus", "--serial"]) == 2
+    assert "bogus" in capsys.readouterr().err
+    assert not (tmp_path / "points").exists()

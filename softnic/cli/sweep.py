@@ -132,12 +132,15 @@ def parse_param(experiment: str, name: str, value):
         raise ValueError(f"{experiment} has no parameter {name!r} (it has: "
                          f"{', '.join(sorted(kinds))})")
     kind = kinds[name]
-    if isinstance(value, str) and value.strip().lower() == "none":
-        return None
     if kind == "str":
         if not isinstance(value, str):
             raise ValueError(f"{name}: {value!r} is not text")
+        if name == "cc":
+            import congestion
+            congestion.parse_spec(value)     # a bad spec fails here, not in every point
         return value
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -441,7 +444,9 @@ def _t_interval(xs: list[float]) -> tuple[float, float, float | None, float | No
 
 
 def _numeric(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A figure to average: a finite number, or a flag (``finished``, ``ok``) as 0 or 1,
+    whose mean is the fraction of seeds it held for."""
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def aggregate(grid: Grid, out: Path) -> dict:
@@ -469,7 +474,8 @@ def aggregate(grid: Grid, out: Path) -> dict:
                     order.append(k)
         stats = {}
         for k in order:
-            xs = [figs[k] for figs in by_seed.values() if _numeric(figs.get(k))]
+            xs = [float(figs[k]) if isinstance(figs[k], bool) else figs[k]
+                  for figs in by_seed.values() if _numeric(figs.get(k))]
             if not xs:
                 stats[k] = {"n": 0, "mean": None, "sd": None, "ci95": None}
                 continue
@@ -539,7 +545,7 @@ def plot(res: dict, path: Path, figures: list[str]) -> Path:
     names = list(res["axes"])
     xname, rest = (names[0], names[1:]) if names else (None, [])
     xs = res["axes"][xname] if xname else ["all"]
-    numeric_x = all(_numeric(x) for x in xs)
+    numeric_x = all(_numeric(x) and not isinstance(x, bool) for x in xs)
     fig, axes = plt.subplots(len(figures), 1, figsize=(7, 2.8 * len(figures)), squeeze=False)
     for ax, f in zip(axes[:, 0], figures):
         lines: dict = {}
