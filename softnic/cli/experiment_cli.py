@@ -83,7 +83,7 @@ def _add_sweep(sub) -> None:
         "or cluster) for each seed, on a Dask LocalCluster of this machine's cores, on an "
         "existing Dask cluster (--scheduler) or here (--serial).  Each finished point is "
         "kept in OUT/points/ (its cost in OUT/costs/), so a stopped sweep resumes.  Prints "
-        "each figure's mean and 95 %% interval across seeds and writes OUT/sweep.json, "
+        "each figure's mean and 95 % interval across seeds and writes OUT/sweep.json, "
         "sweep.csv and sweep.png.")
     s.add_argument("grid", nargs="?", default=None,
                    help="a TOML grid file: experiment = \"incast\", seeds = [1, 2, 3], and a "
