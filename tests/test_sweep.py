@@ -70,6 +70,9 @@ def test_grid_from_file_and_options(tmp_path):
     assert [(p["cc"], p["senders"], p["seed"]) for p in pts[:4]] == [
         ("dcqcn", 2, 1), ("dcqcn", 2, 2), ("dcqcn", 2, 3), ("dcqcn", 4, 1)]
     assert pts[0]["mtu"] == 4096 and pts[0]["duration"] == 0.002
+    late = sw.build_grid(experiment="incast", file=None, seeds=None,
+                         params=["late_join=none,1ms", "int_telemetry=none"])
+    assert late.axes == {"late_join": [None, 0.001]} and late.fixed == {"int_telemetry": None}
     assert len({sw.point_key("incast", p) for p in pts}) == len(pts)
 
 
@@ -81,6 +84,7 @@ def test_grid_from_file_and_options(tmp_path):
     (dict(params=["pfc=maybe"]), "true or false"),
     (dict(params=["senders=4,4"]), "twice"),
     (dict(params=["senders"]), "NAME=VALUE"),
+    (dict(params=["senders=none"]), "not none"),
     (dict(seeds="1,1"), "twice"),
     (dict(seeds="x"), "not a seed"),
     (dict(params=["mode=lossier"]), "mode must be lossy or lossless"),

@@ -99,6 +99,12 @@ COST_KEYS = ("wall_s",)
 _TIME_FIELDS = {"duration", "late_join", "delay", "bin", "sample", "max_time"}
 
 
+def optional_params(experiment: str) -> set[str]:
+    """The parameters of ``experiment`` that may be None (``none`` on the command line)."""
+    hints = typing.get_type_hints(_config(experiment))
+    return {n for n, t in hints.items() if type(None) in typing.get_args(t)}
+
+
 def param_kinds(experiment: str) -> dict[str, str]:
     """Each parameter of ``experiment`` (but its seed) and its kind: bool, int
     (sizes with units too), time, float or str."""
@@ -140,6 +146,8 @@ def parse_param(experiment: str, name: str, value):
             congestion.parse_spec(value)     # a bad spec fails here, not in every point
         return value
     if isinstance(value, str) and value.strip().lower() == "none":
+        if name not in optional_params(experiment):
+            raise ValueError(f"{name}: takes a value, not none")
         return None
     if kind == "bool":
         if isinstance(value, bool):
