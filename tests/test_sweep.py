@@ -88,10 +88,12 @@ def test_grid_from_file_and_options(tmp_path):
     (dict(seeds="1,1"), "twice"),
     (dict(seeds="x"), "not a seed"),
     (dict(params=["mode=lossier"]), "mode must be lossy or lossless"),
+    (dict(experiment="loss", params=["total=512KiB"]), "at least one msg"),
 ])
 def test_bad_grid_is_a_clear_error(kw, msg):
     experiment = "cluster" if "mode" in str(kw) else "incast"
     args = {**dict(experiment=experiment, file=None, params=[], seeds=None), **kw}
+    assert args["experiment"] in ("incast", "loss", "cluster")
     with pytest.raises(ValueError, match=msg):
         sw.build_grid(**args)
 

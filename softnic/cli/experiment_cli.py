@@ -136,14 +136,16 @@ def _sweep(args) -> int:
         print(f"softnic experiment sweep: {e}", file=sys.stderr)
         return 1
     for params, err in rep.failed:
-        print(f"point failed: {params}: {err}", file=sys.stderr)
+        where = "".join(f"{k}={params[k]} " for k in grid.axes)
+        print(f"point failed: {where}seed={params['seed']}: {err}", file=sys.stderr)
     print(f"{rep.ran} point(s) run, {rep.from_disk} already in {out / 'points'}, "
           f"{len(rep.failed)} failed ({rep.wall_s:.1f} s wall)\n")
     res = sw.aggregate(grid, out)
-    unknown = [f for f in figures if not any(f in r["figures"] for r in res["points"])]
-    if unknown:
+    known = {k for r in res["points"] for k in r["figures"]}
+    unknown = [f for f in figures if f not in known]
+    if unknown and known:
         print(f"softnic experiment sweep: no figure {', '.join(unknown)}; the figures: "
-              f"{', '.join(sorted({k for r in res['points'] for k in r['figures']}))}",
+              f"{', '.join(sorted(known))}",
               file=sys.stderr)
         return 2
     print(sw.table(res, figures))

@@ -49,6 +49,12 @@ class LossConfig:
     mtu: int = 4096
     seed: int = 1
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.loss < 1:
+            raise ValueError(f"loss must be in [0, 1), not {self.loss}")
+        if self.msg < 1 or self.total < self.msg:
+            raise ValueError(f"total ({self.total}) must hold at least one msg ({self.msg})")
+
 
 def _run_incast(params: dict) -> dict:
     from .experiments import IncastConfig, incast
