@@ -72,6 +72,86 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--out", default="results")
     lo.add_argument("--no-progress", action="store_true")
     _add_cluster(sub)
+    _add_sweep(sub)
+
+
+def _add_sweep(sub) -> None:
+    """The ``sweep`` experiment's arguments."""
+    s = sub.add_parser(
+        "sweep", help="a grid of an experiment's parameters, times seeds, on Dask",
+        description="Runs every point of a grid of one experiment's parameters (incast, loss "
+        "or cluster) for each seed, on a Dask LocalCluster of this machine's cores, on an "
+        "existing Dask cluster (--scheduler) or here (--serial).  Each finished point is "
+        "kept in OUT/points/ (its cost in OUT/costs/), so a stopped sweep resumes.  Prints "
+        "each figure's mean and 95 % interval across seeds and writes OUT/sweep.json, "
+        "sweep.csv and sweep.png.")
+    s.add_argument("grid", nargs="?", default=None,
+                   help="a TOML grid file: experiment = \"incast\", seeds = [1, 2, 3], and a "
+                   "[params] table whose lists are the grid's axes")
+    s.add_argument("--experiment", "-e", dest="sweep_of", default=None,
+                   choices=("incast", "loss", "cluster"),
+                   help="the experiment (or the grid file's 'experiment')")
+    s.add_argument("-p", "--param", action="append", default=[], metavar="NAME=V1,V2",
+                   help="a parameter's value, or its values (an axis); a controller spec "
+                   "(cc) lists its values with '+', e.g. -p cc=dcqcn+hpcc.  Repeatable; "
+                   "over the grid file's")
+    s.add_argument("--seeds", default=None, help="e.g. 1,2,3 or 1-5 (default the file's, or 1)")
+    s.add_argument("--serial", action="store_true", help="run every point here, in turn")
+    s.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
+                   help="an existing Dask cluster's scheduler")
+    s.add_argument("--workers", type=int, default=None,
+                   help="LocalCluster worker processes (default: this machine's cores)")
+    s.add_argument("--figures", default=None,
+                   help="comma-separated figures for the printed table and the plot "
+                   "(default: the experiment's headline figures)")
+    s.add_argument("--out", default=None, help="directory (default results/sweep-EXPERIMENT)")
+    s.add_argument("--no-progress", action="store_true")
+
+
+def _sweep(args) -> int:
+    from . import sweep as sw
+    if args.serial and args.scheduler:
+        print("softnic experiment sweep: --serial and --scheduler exclude each other",
+              file=sys.stderr)
+        return 2
+    if args.workers is not None and args.workers < 1:
+        print("softnic experiment sweep: --workers must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        grid = sw.build_grid(experiment=args.sweep_of, file=args.grid, params=args.param,
+                             seeds=args.seeds)
+    except (ValueError, TypeError) as e:
+        print(f"softnic experiment sweep: {e}", file=sys.stderr)
+        return 2
+    figures = (args.figures.split(",") if args.figures
+               else list(sw.EXPERIMENTS[grid.experiment].figures))
+    out = Path(args.out or f"results/sweep-{grid.experiment}")
+    n = len(grid.seeds)
+    print(f"sweep {grid.experiment}: {len(grid.points()) // n} grid point(s) x {n} seed(s)"
+          + "".join(f"; {k} in {v}" for k, v in grid.axes.items()))
+    try:
+        rep = sw.execute(grid, out, serial=args.serial, scheduler=args.scheduler,
+                         workers=args.workers, progress=not args.no_progress)
+    except OSError as e:
+        print(f"softnic experiment sweep: {e}", file=sys.stderr)
+        return 1
+    for params, err in rep.failed:
+        where = "".join(f"{k}={params[k]} " for k in grid.axes)
+        print(f"point failed: {where}seed={params['seed']}: {err}", file=sys.stderr)
+    print(f"{rep.ran} point(s) run, {rep.from_disk} already in {out / 'points'}, "
+          f"{len(rep.failed)} failed ({rep.wall_s:.1f} s wall)\n")
+    res = sw.aggregate(grid, out)
+    known = {k for r in res["points"] for k in r["figures"]}
+    unknown = [f for f in figures if f not in known]
+    if unknown and known:
+        print(f"softnic experiment sweep: no figure {', '.join(unknown)}; the figures: "
+              f"{', '.join(sorted(known))}",
+              file=sys.stderr)
+        return 2
+    print(sw.table(res, figures))
+    paths = sw.write_results(res, out, figures)
+    print(f"\nwrote {', '.join(map(str, paths))}")
+    return 1 if rep.failed or res["missing_points"] else 0
 
 
 def _add_cluster(sub) -> None:
@@ -236,6 +316,8 @@ def _cluster_study(cl, st: dict, out: Path, study: str) -> int:
 
 
 def main(args) -> int:
+    if args.experiment == "sweep":
+        return _sweep(args)
     from . import experiments as ex
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
