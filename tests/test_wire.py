@@ -354,8 +354,8 @@ def test_scapy_checks_our_icrc_over_ipv6(opcode, data):
         Raw(datagram)
     parsed = IPv6(bytes(frame))
     bth = ScapyBTH(bytes(parsed[UDP].payload))
-    bth.underlayer = parsed[UDP]       # the layer scapy reads the pseudo header from
-    parsed[UDP].payload = bth
+    parsed[UDP].payload = bth          # (any ports: scapy binds BTH to 4791 only)
+    bth.underlayer = parsed[UDP]       # (where compute_icrc finds the IPv6 header)
     assert bth.compute_icrc(None) == datagram[-4:]
     ours = ipv6_udp_headers(src, dst, sport, dport, datagram, traffic_class=tc, flow_label=fl,
                             hop_limit=hlim)
