@@ -204,6 +204,15 @@ def test_ucmatose_over_ipv6(ns):
     assert "data transfers complete" in cout and "data transfers complete" in sout
 
 
+def test_pyverbs_rdma_cm_over_ipv6(ns):
+    """The Python face's rdma_cm (pyverbs' CMID from an AddrInfo) with IPv6 addresses."""
+    prog = str(PROJECT / "tests" / "rdmacm" / "pyverbs_cm_sync.py")
+    sout, cout = check(pair(ns, [sys.executable, prog, "server", SERVER, "7471"],
+                            [sys.executable, prog, "client", SERVER, "7471"]))
+    assert "server got b'softnic rdma_cm'" in sout
+    assert "client got b'SOFTNIC RDMA_CM'" in cout
+
+
 # ---------------------------------------------------------------- verbs with IPv6 GIDs
 
 
@@ -227,15 +236,19 @@ def test_perftest_write_with_ipv6_gids(ns):
     assert table[1] == "200"                 # iterations done
 
 
-def test_ucx_over_an_ipv6_device(ns):
+@pytest.mark.parametrize("tls, tl, test", [("rc_v,self", "rc_verbs", "ucp_put_bw"),
+                                           ("ud_v,self", "ud_verbs", "tag_lat")])
+def test_ucx_over_an_ipv6_device(ns, tls, tl, test):
+    """rc_verbs addresses its QPs by the IPv6 GIDs; ud_verbs also checks each
+    receive's GRH (the IPv6 header, ``wc.sl`` 1) against the port's GIDs."""
     need("ucx_info")
     binary = need("ucx_perftest")
-    env = {"UCX_TLS": "rc_v,self", "UCX_NET_DEVICES": "softnic0:1"}
+    env = {"UCX_TLS": tls, "UCX_NET_DEVICES": "softnic0:1"}
     cmd, cenv = _cmd(ns, SERVER, ["ucx_info", "-d"], env_extra=env)
     r = subprocess.run(cmd, env=cenv, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
-    assert "#      Transport: rc_verbs\n#         Device: softnic0:1" in r.stdout, r.stdout
-    port = "13590"
+    assert f"#      Transport: {tl}\n#         Device: softnic0:1" in r.stdout, r.stdout
+    port = "13590" if tl == "rc_verbs" else "13591"
 
     def ready() -> bool:
         out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-Htln"], capture_output=True,
@@ -243,7 +256,8 @@ def test_ucx_over_an_ipv6_device(ns):
         return f":{port} " in out
     # (its own exchange over TCP on 127.0.0.1; the RDMA traffic between the IPv6 devices)
     sout, cout = check(pair(ns, [binary, "-p", port],
-                            [binary, "127.0.0.1", "-p", port, "-t", "ucp_put_bw", "-n", "100",
-                             "-s", "4096"], env_extra=env, ready=ready))
+                            [binary, "127.0.0.1", "-p", port, "-t", test, "-n", "100",
+                             "-s", "4096" if test == "ucp_put_bw" else "8"], env_extra=env,
+                            ready=ready))
     final = [ln for ln in cout.splitlines() if ln.startswith("Final:")]
     assert final and final[0].split()[1] == "100", cout
