@@ -12,6 +12,8 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -221,3 +223,30 @@ def test_ipv6_capture_decodes_in_tshark_and_its_icrc_checks_in_scapy(tmp_path):
         icrc = bth.compute_icrc(None)
         assert icrc == roce[-4:]
         assert int(row[5], 16) == int.from_bytes(icrc, "big")
+
+
+# --------------------------------------------------------------- the simulated fabric
+
+
+def test_a_pyverbs_program_over_ipv6_devices_in_the_simulated_fabric():
+    """SOFTNIC_BACKEND=sim carries IPv6 addresses as it does IPv4 ones: the same
+    program, GIDs fd00::2 and fd00::3, a lossy fabric."""
+    root = Path(__file__).resolve().parent.parent
+    prog = (root / "examples" / "rc_write_pingpong.py").read_text() + (
+        "\nimport softnic.driver.nic as n\n"
+        "print('gids', *(str(Context(name=d).query_gid(1, 0)) for d in ('softnic0', 'softnic1')))"
+        "\nprint('dropped', n.sim_world().fabric.counters['dropped_loss'])\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTNIC_")}
+    env.update(SOFTNIC_BACKEND="sim", SOFTNIC_FAULTS="loss=0.03", SOFTNIC_SEED="5",
+               SOFTNIC_DEVICES="softnic0=[fd00::2],softnic1=[fd00::3]",
+               PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-m", "softnic.cli", "exec", "--", sys.executable, "-c",
+                        prog], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "10 x FETCH_AND_ADD(5) on 100: 150" in r.stdout
+    assert "RDMA READ: b'hello from b'" in r.stdout
+    gids = next(ln for ln in r.stdout.splitlines() if ln.startswith("gids")).split()[1:]
+    assert gids == ["fd00:0000:0000:0000:0000:0000:0000:0002",
+                    "fd00:0000:0000:0000:0000:0000:0000:0003"]
+    dropped = next(ln for ln in r.stdout.splitlines() if ln.startswith("dropped")).split()[1]
+    assert int(dropped) > 0
