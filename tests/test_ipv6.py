@@ -24,7 +24,9 @@ from softnic.core.errors import VerbsError
 from softnic.core.qp import AHAttr, RecvWR, SendWR, gid_of
 from softnic.driver.config import DeviceSpec, RuntimeConfig, parse_devices
 from softnic.driver.faults import FaultModel
+from softnic.driver import nic as _nic, rdmacm
 from softnic.driver.nic import NIC
+from softnic.wire.mad import CmaHeader
 
 
 def _need_ipv6_loopback() -> None:
@@ -250,3 +252,56 @@ def test_a_pyverbs_program_over_ipv6_devices_in_the_simulated_fabric():
                     "fd00:0000:0000:0000:0000:0000:0000:0003"]
     dropped = next(ln for ln in r.stdout.splitlines() if ln.startswith("dropped")).split()[1]
     assert int(dropped) > 0
+
+
+# --------------------------------------------------------------- rdma_cm's addresses
+
+
+@pytest.fixture
+def sim_devices():
+    """Devices of both IP versions in the simulated fabric (no sockets)."""
+    def use(devices: str):
+        _nic.configure(RuntimeConfig(devices=parse_devices(devices), backend="sim"))
+        rdmacm.reset()
+        return rdmacm
+    yield use
+    rdmacm.reset()
+    _nic.configure(None)
+
+
+def test_rdma_cm_routes_within_an_ip_version(sim_devices):
+    R = sim_devices("softnic0=127.0.0.2,softnic1=[fd00:7::2],softnic2=[fd00:8::2]")
+    assert R.route("fd00:7::99").name == "softnic1"        # the longest prefix
+    assert R.route("fd00:8:1::5").name == "softnic2"
+    assert R.route("fd00:8::2").name == "softnic2"         # its own address
+    assert R.route("10.1.2.3").name == "softnic0"          # IPv4 goes to the IPv4 device
+    assert R.gid_of("fd00:7::2") == bytes.fromhex("fd000007" + "00" * 10 + "0002")
+    assert R.gid_of("127.0.0.2") == bytes(10) + b"\xff\xff\x7f\x00\x00\x02"
+    R = sim_devices("softnic0=127.0.0.2")
+    with pytest.raises(VerbsError) as e:
+        R.route("fd00:7::99")
+    assert e.value.errno == errno.EADDRNOTAVAIL
+
+
+def test_rdma_cm_binds_and_resolves_ipv6(sim_devices):
+    R = sim_devices("softnic0=127.0.0.2,softnic1=[fd00:7::2]")
+    ch = R.EventChannel()
+    cid = R.CmId(ch, ps=R.M.RDMA_PS_TCP, qp_type=R.IBV_QPT_RC)
+    cid.resolve_addr(None, "fd00:7::5", 7000)
+    assert cid.nic.name == "softnic1" and cid.src[0] == "fd00:7::2"
+    assert cid.dgid == R.gid_of("fd00:7::5")
+    other = R.CmId(ch, ps=R.M.RDMA_PS_TCP, qp_type=R.IBV_QPT_RC)
+    other.bind("::ffff:127.0.0.2", 0)          # an IPv4-mapped address names the IPv4 device
+    assert other.nic.name == "softnic0" and other.src[0] == "127.0.0.2"
+    with pytest.raises(VerbsError) as e:
+        R.CmId(ch, ps=R.M.RDMA_PS_TCP, qp_type=R.IBV_QPT_RC).bind("fd00:7::3", 0)
+    assert e.value.errno == errno.EADDRNOTAVAIL
+    assert R.getaddrinfo("fd00:7::5", "7000")["dst"] == ("fd00:7::5", 7000)
+    assert R.getaddrinfo("::ffff:127.0.0.9", "1")["dst"] == ("127.0.0.9", 1)
+
+
+def test_the_rdma_cm_header_carries_ipv6_addresses():
+    h = CmaHeader("fd00:7::2", "fd00:8::3", 40000)
+    raw = h.encode()
+    assert raw[1] >> 4 == 6 and raw[4:20] == bytes.fromhex("fd000007" + "00" * 10 + "0002")
+    assert CmaHeader.decode(raw) == h
