@@ -166,11 +166,15 @@ def test_rping_over_ipv6(ns, faults):
     assert lines[0].startswith("ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
-def test_rping_a_ipv6_loopback(ns):
-    """``rping -s -a ::1``: the server's device is ::1, the client's another address."""
+@pytest.mark.parametrize("server_ip", ["::1", SERVER], ids=["device-on-::1", "host-::1"])
+def test_rping_a_ipv6_loopback(ns, server_ip):
+    """``rping -s -a ::1`` / ``rping -c -a ::1``: the server's device is ::1, or ::1 is
+    no device's and stands for the host's loopback, bound to the server's IPv6 device
+    and found by the client in the host's table (softnic/driver/rdmacm_host.py), as
+    127.0.0.1 is."""
     need("rping")
     sout, cout = check(pair(ns, ["rping", "-s", "-a", "::1", "-C", "5"],
-                            ["rping", "-c", "-a", "::1", "-C", "5", "-v"], server_ip="::1"))
+                            ["rping", "-c", "-a", "::1", "-C", "5", "-v"], server_ip=server_ip))
     assert cout.count("ping data: rdma-ping-") == 5
 
 
