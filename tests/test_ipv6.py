@@ -2,8 +2,11 @@
 AF_INET6 sockets on ::1, and a capture that tshark and scapy decode (the ICRC
 over the IPv6 pseudo header: tests/test_wire.py checks it against scapy too).
 
-IPv6 loopback (::1) is the only IPv6 address these tests use; two devices on it
-take distinct UDP ports.  Without IPv6 on loopback they skip, except under CI."""
+The live tests put two devices on ::1 (the only IPv6 loopback address) with distinct
+UDP ports, driven at the engine level, where an address vector carries the peer's
+port; without IPv6 on loopback they skip, except under CI.  The simulated fabric
+and rdma_cm's routing use fd00:: addresses with no sockets.  C programs over IPv6:
+tests/test_ipv6_clients.py."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from softnic.cli.ladder import from_pcap
 from softnic.cli.rig import bring_up, endpoint
 from softnic.core.device import Device
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
@@ -25,8 +29,11 @@ from softnic.core.qp import AHAttr, RecvWR, SendWR, gid_of
 from softnic.driver.config import DeviceSpec, RuntimeConfig, parse_devices
 from softnic.driver.faults import FaultModel
 from softnic.driver import nic as _nic, rdmacm
+from softnic.driver.capture import Capture
 from softnic.driver.nic import NIC
+from softnic.wire.icrc import append_icrc
 from softnic.wire.mad import CmaHeader
+from softnic.wire.roce import Opcode, encode
 
 
 def _need_ipv6_loopback() -> None:
@@ -226,6 +233,10 @@ def test_ipv6_capture_decodes_in_tshark_and_its_icrc_checks_in_scapy(tmp_path):
         assert icrc == roce[-4:]
         assert int(row[5], 16) == int.from_bytes(icrc, "big")
 
+    # softnic's own reader of captures (the ladder) checks IPv6 ICRCs too
+    events = from_pcap(pcap, port=None)
+    assert len(events) == len(rows) and all(e.icrc_ok is True for e in events)
+
 
 # --------------------------------------------------------------- the simulated fabric
 
@@ -305,3 +316,14 @@ def test_the_rdma_cm_header_carries_ipv6_addresses():
     raw = h.encode()
     assert raw[1] >> 4 == 6 and raw[4:20] == bytes.fromhex("fd000007" + "00" * 10 + "0002")
     assert CmaHeader.decode(raw) == h
+
+
+def test_the_ladder_tells_a_corrupted_ipv6_packet(tmp_path):
+    src, dst = ("fd00:7::2", 50000), ("fd00:7::3", 4791)
+    good = bytes(append_icrc(encode(Opcode.RC_SEND_ONLY, dest_qp=17, psn=5, payload=b"x" * 64),
+                             src[0], dst[0], src[1], dst[1]))
+    bad = good[:20] + bytes([good[20] ^ 0x10]) + good[21:]
+    with Capture(tmp_path / "c.pcap") as cap:
+        cap.record(good, src, dst, 1.0)
+        cap.record(bad, src, dst, 2.0)
+    assert [e.icrc_ok for e in from_pcap(tmp_path / "c.pcap")] == [True, False]
