@@ -23,7 +23,7 @@ import pytest
 from softnic.cli.ladder import from_pcap
 from softnic.cli.rig import bring_up, endpoint
 from softnic.core.device import Device
-from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
+from softnic.core.enums import QPType, SendFlags, WCFlags, WCStatus, WROpcode as W
 from softnic.core.errors import VerbsError
 from softnic.core.qp import AHAttr, RecvWR, SendWR, gid_of
 from softnic.driver.config import DeviceSpec, RuntimeConfig, parse_devices
@@ -172,6 +172,41 @@ def test_write_read_send_atomic_over_ipv6_loopback(faults):
             # corrupted packets reached the other end and failed the ICRC there
             assert a.counters["fault_corrupted"] + b.counters["fault_corrupted"] > 0
             assert a.counters["rcvd_icrc_err"] + b.counters["rcvd_icrc_err"] > 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_ud_over_ipv6_puts_the_ipv6_header_in_the_grh():
+    """A UD receive's 40-byte GRH area holds the IPv6 header (as rxe writes it): the
+    sender's address, which ibv_init_ah_from_wc and UCX's ud_verbs read."""
+    a, b = _nics(RuntimeConfig())
+    try:
+        with a.lock, b.lock:
+            ea, eb = endpoint(a.dev, qp_type=QPType.UD), endpoint(b.dev, qp_type=QPType.UD)
+            bring_up(ea, eb)
+            bring_up(eb, ea)
+        data = os.urandom(300)
+        ea.buf.view[:300] = data
+        b.call(b.dev.post_recv, eb.qp, RecvWR(5, [eb.sge(0, 2048)]))
+        a.call(a.dev.post_send, ea.qp, SendWR(
+            1, W.SEND, [ea.sge(0, 300)], SendFlags.SIGNALED, ah=AHAttr(b.gid, b.port),
+            remote_qpn=eb.qp.qpn, remote_qkey=0x11111111))
+        assert _wait(a, ea.send_cq, 1)[0].status == WCStatus.SUCCESS
+        wc = _wait(b, eb.recv_cq, 1)[0]
+        assert (wc.status, wc.byte_len, wc.src_qp) == (WCStatus.SUCCESS, 340, ea.qp.qpn)
+        assert wc.wc_flags & WCFlags.GRH
+        grh = bytes(eb.buf.view[:40])
+        assert grh[0] >> 4 == 6 and grh[6] == 17             # IPv6, next header UDP
+        assert int.from_bytes(grh[4:6], "big") == 8 + 300    # UDP header and payload
+        assert grh[8:24] == grh[24:40] == socket.inet_pton(socket.AF_INET6, "::1")
+        assert bytes(eb.buf.view[40:340]) == data
+        # an address vector of the other IP version is refused at the post
+        with pytest.raises(VerbsError) as e:
+            a.call(a.dev.post_send, ea.qp, SendWR(
+                2, W.SEND, [ea.sge(0, 8)], SendFlags.SIGNALED, ah=AHAttr("::ffff:127.0.0.2"),
+                remote_qpn=eb.qp.qpn, remote_qkey=0x11111111))
+        assert e.value.errno == errno.EINVAL
     finally:
         a.close()
         b.close()
