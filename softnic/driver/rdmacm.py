@@ -137,7 +137,7 @@ def cm_of(nic) -> _cm.CM:
     return c
 
 
-def _ip(addr) -> str:
+def ip_text(addr) -> str:
     """An address as devices are named: IPv4 for an IPv4-mapped IPv6 address."""
     a = ipaddress.ip_address(addr)
     if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
@@ -373,7 +373,7 @@ class CmId:
     def bind(self, ip: str, port: int) -> None:
         if self.bound:
             raise VerbsError(errno.EINVAL, "the id is bound already")
-        ip = _ip(ip)
+        ip = ip_text(ip)
         if ip in ("::", "0.0.0.0"):
             ip, nic = "0.0.0.0", None
         else:
@@ -395,7 +395,7 @@ class CmId:
         self.state = "bound"
 
     def resolve_addr(self, src: str | None, dst: str, dst_port: int) -> None:
-        dst = _ip(dst)
+        dst = ip_text(dst)
         if src is not None and not self.bound:
             self.bind(src, 0)
         nic = route(dst) if self.nic is None else self.nic
@@ -559,7 +559,7 @@ class CmId:
         """rdma_join_multicast: the group's GID; MULTICAST_JOIN follows with the UD
         parameters (DQPN 0xFFFFFF, rdma_cm's Q_Key).  On RoCE the join is local: the
         QP's attachment (``softnic.driver.mcast``) is what puts it in the group."""
-        group = _ip(group)
+        group = ip_text(group)
         if self.nic is None or self.state not in ("bound", "addr_resolved", "route_resolved"):
             raise VerbsError(errno.EINVAL, "bind or resolve the id to a device first")
         if not ipaddress.ip_address(group).is_multicast:
@@ -575,7 +575,7 @@ class CmId:
     def leave_multicast(self, group: str) -> bytes:
         """rdma_leave_multicast: the group's GID (the face detaches the QP);
         EADDRNOTAVAIL for a group the id has not joined (as librdmacm)."""
-        group = _ip(group)
+        group = ip_text(group)
         mgid = self.mcast.pop(group, None)
         if mgid is None:
             raise VerbsError(errno.EADDRNOTAVAIL, f"the id has not joined {group}")
@@ -725,7 +725,7 @@ def getaddrinfo(node: str | None, service: str | None, *, passive: bool = False,
                 continue
         if not infos:
             raise VerbsError(errno.ENODEV, f"cannot resolve {node!r}")
-        ip = _ip(infos[0][4][0])
+        ip = ip_text(infos[0][4][0])
     if passive:
         return {"src": (ip or "0.0.0.0", port), "dst": None, "ps": ps, "qp_type": qp_type}
     if ip is None:

@@ -53,12 +53,12 @@ def _id(h: int) -> R.CmId:
 _AF_INET, _AF_INET6 = 2, 10
 
 
-def _ip(a) -> str:
+def _addr(a) -> str:
     """The address of an ``sn_cm_addr`` (IPv4 for an IPv4-mapped IPv6 one)."""
     if a.family == _AF_INET:
         return str(ipaddress.IPv4Address(bytes(a.ip[0:4])))
     if a.family == _AF_INET6:
-        return R._ip(bytes(a.ip[0:16]))
+        return R.ip_text(bytes(a.ip[0:16]))
     raise VerbsError(errno.EAFNOSUPPORT, f"address family {a.family}")
 
 
@@ -143,7 +143,7 @@ def sn_cm_leave(h, group, mgid):
 
 
 def _group_ip(a) -> str:
-    ip = _ip(a)
+    ip = _addr(a)
     if ":" in ip:
         raise VerbsError(errno.EAFNOSUPPORT, "softnic's rdma_cm joins IPv4 groups only")
     return ip
@@ -203,16 +203,16 @@ def sn_cm_id_info(h, info):
 
 @extern()
 def sn_cm_bind(h, a):
-    _id(h).bind(_ip(a), a.port)
+    _id(h).bind(_addr(a), a.port)
 
 
 @extern()
 def sn_cm_resolve_addr(h, src, dst):
     cid = _id(h)
-    s = _ip(src) if src.family else None
+    s = _addr(src) if src.family else None
     if s in ("0.0.0.0", "::") and not src.port:
         s = None
-    cid.resolve_addr(s, _ip(dst), dst.port)
+    cid.resolve_addr(s, _addr(dst), dst.port)
 
 
 @extern()
