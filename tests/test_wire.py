@@ -19,11 +19,12 @@ from hypothesis import strategies as st
 from scapy.contrib.roce import AETH as ScapyAETH
 from scapy.contrib.roce import BTH as ScapyBTH
 from scapy.layers.inet import IP, UDP
+from scapy.layers.inet6 import IPv6
 from scapy.packet import Raw
 
 from softnic.driver.capture import Capture
 from softnic.wire import icrc as icrc_module
-from softnic.wire.icrc import append_icrc, check_icrc, ipv4_udp_headers
+from softnic.wire.icrc import append_icrc, check_icrc, ipv4_udp_headers, ipv6_udp_headers
 from softnic.wire.roce import (
     AETH, BTH, CNP_PAD_LEN, DETH, FETH, IETH, OPCODES, RETH, ROCEV2_PORT, AtomicAckETH, AtomicETH,
     ImmDt, Kind, Opcode, Packet, WireError, decode, encode, pad_count,
@@ -48,6 +49,7 @@ def examples(n: int) -> int:
 
 U8, U16, U24, U32, U64 = (st.integers(0, (1 << bits) - 1) for bits in (8, 16, 24, 32, 64))
 IPV4 = st.ip_addresses(v=4).map(str)
+IPV6 = st.ip_addresses(v=6).map(str)
 
 
 def payloads(max_size: int = 4096) -> st.SearchStrategy[bytes]:
@@ -332,6 +334,35 @@ def test_scapy_decodes_our_packets(opcode, data):
         aeth = parsed[ScapyAETH] if opcode == Opcode.RC_ACKNOWLEDGE else \
             ScapyAETH(bytes(bth.payload)[:4])
         assert (aeth.syndrome, aeth.msn) == kw["aeth"]
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(opcode=st.sampled_from(ALL_OPCODES), data=st.data())
+def test_scapy_checks_our_icrc_over_ipv6(opcode, data):
+    """RoCEv2 over IPv6 (IBA Annex A17): the pseudo header is the IPv6 header with
+    traffic class, flow label and hop limit all ones; scapy's RoCE layer, which
+    computes it independently, agrees, whatever those three fields hold on the
+    wire, and our IPv6/UDP header (its mandatory UDP checksum) is scapy's too."""
+    kw = data.draw(fields(opcode), label="fields")
+    src, dst = data.draw(IPV6, label="src"), data.draw(IPV6, label="dst")
+    sport, dport = data.draw(U16, label="sport"), data.draw(U16, label="dport")
+    tc, fl, hlim = data.draw(U8, label="tc"), data.draw(U24.map(lambda v: v & 0xFFFFF),
+                                                        label="fl"), data.draw(U8, label="hlim")
+    datagram = bytes(append_icrc(encode(opcode, **kw), src, dst, sport, dport))
+    assert check_icrc(datagram, src, dst, sport, dport)
+    frame = IPv6(src=src, dst=dst, tc=tc, fl=fl, hlim=hlim) / UDP(sport=sport, dport=dport) / \
+        Raw(datagram)
+    parsed = IPv6(bytes(frame))
+    bth = ScapyBTH(bytes(parsed[UDP].payload))
+    parsed[UDP].payload = bth          # (any ports: scapy binds BTH to 4791 only)
+    bth.underlayer = parsed[UDP]       # (where compute_icrc finds the IPv6 header)
+    assert bth.compute_icrc(None) == datagram[-4:]
+    ours = ipv6_udp_headers(src, dst, sport, dport, datagram, traffic_class=tc, flow_label=fl,
+                            hop_limit=hlim)
+    assert ours == bytes(frame)[:48]
+    # the addresses are covered: another source fails the check
+    other = data.draw(IPV6.filter(lambda a: a != src), label="other")
+    assert not check_icrc(datagram, other, dst, sport, dport)
 
 
 # --- a packet from real hardware --------------------------------------------------------

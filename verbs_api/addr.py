@@ -2,9 +2,9 @@
 
 GIDs print and parse in pyverbs' 8-group form
 ('0000:0000:0000:0000:0000:ffff:7f00:0002' for ::ffff:127.0.0.2).  On a
-softnic port every GID is RoCEv2 over IPv4, so an address vector must be
-global (carry a GRH) and name an IPv4-mapped GID; the UDP port of the peer
-is found from its GID.
+softnic port every GID is RoCEv2: the IPv4-mapped address of an IPv4 device or
+the address of an IPv6 one, so an address vector must be global (carry a GRH)
+and name such a GID; the UDP port of the peer is found from its GID.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import ipaddress
 import sys
 
 import softnic.driver.nic as _nic
+from softnic.core.errors import VerbsError
 from softnic.core.qp import AHAttr as _EngineAH
 
 from .base import PyverbsCM, PyverbsObject, rdma_error
@@ -260,14 +261,16 @@ def engine_ah(attr: AHAttr, what: str = 'AH') -> _EngineAH:
         raise rdma_error(f'{what}: port {attr.port_num} does not exist')
     if not 0 <= attr._sgid_index < GID_POPULATED:
         raise rdma_error(f'{what}: sgid_index {attr._sgid_index} is not a GID of the port')
-    ip = ipaddress.IPv6Address(attr._dgid)
-    if ip.ipv4_mapped is None:
-        raise rdma_error(f'{what}: GID {raw_to_str(attr._dgid)} is not an IPv4-mapped GID')
-    dgid = str(ip)
-    return _EngineAH(dgid=dgid, port=_nic.port_for_gid(dgid), sl=attr.sl,
-                     traffic_class=attr._traffic_class, hop_limit=attr._hop_limit,
-                     flow_label=attr._flow_label, sgid_index=attr._sgid_index,
-                     port_num=attr.port_num)
+    dgid = str(ipaddress.IPv6Address(attr._dgid))
+    ah = _EngineAH(dgid=dgid, port=_nic.port_for_gid(dgid), sl=attr.sl,
+                   traffic_class=attr._traffic_class, hop_limit=attr._hop_limit,
+                   flow_label=attr._flow_label, sgid_index=attr._sgid_index,
+                   port_num=attr.port_num)
+    try:
+        ah.addr                 # a GID that names no peer (::, link-local)
+    except VerbsError as e:
+        raise rdma_error(f'{what}: {e}') from None
+    return ah
 
 
 def ahattr_from_engine(ah: _EngineAH) -> AHAttr:
@@ -320,9 +323,13 @@ def _attr_from_wc(wc, grh, port_num) -> AHAttr:
     else:
         hdr = ctypes.string_at(int(grh), 40)
         ip4 = hdr[20:40]
-        if ip4[0] >> 4 != 4:
-            raise rdma_error('Failed to create AH: no IPv4 header in the GRH', errno.EINVAL)
-        dgid = ipaddress.IPv6Address(b'\0' * 10 + b'\xff\xff' + ip4[12:16]).packed
-        tclass, hops = ip4[1], ip4[8]
+        if hdr[0] >> 4 == 6:                    # RoCEv2 over IPv6: the IPv6 header
+            dgid = hdr[8:24]
+            tclass, hops = (int.from_bytes(hdr[0:4], 'big') >> 20) & 0xFF, hdr[7]
+        elif ip4[0] >> 4 == 4:
+            dgid = ipaddress.IPv6Address(b'\0' * 10 + b'\xff\xff' + ip4[12:16]).packed
+            tclass, hops = ip4[1], ip4[8]
+        else:
+            raise rdma_error('Failed to create AH: no IP header in the GRH', errno.EINVAL)
     gr = GlobalRoute(dgid=GID(dgid), sgid_index=0, hop_limit=hops, traffic_class=tclass)
     return AHAttr(sl=wc.sl, is_global=1, port_num=port_num, gr=gr)

@@ -4,7 +4,8 @@
 with (``SOFTNIC_DEVICES``; two by default); ``Context(name=...)`` opens one,
 which binds its UDP socket and starts its progress thread.  Queries answer
 with what the device really does: one port, Ethernet link layer, RoCEv2 GID
-``::ffff:a.b.c.d`` of the device's IPv4 address, the engine's limits.
+``::ffff:a.b.c.d`` of the device's IPv4 address (an IPv6 device's own address),
+the engine's limits.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class Event:
     dropped: bool = False
     duplicate: bool = False
     corrupt: bool = False          # bits flipped on the way (fabric) or the ICRC failed
-    icrc_ok: bool | None = None    # None: not checked (IPv6, non-canonical IP header, truncated)
+    icrc_ok: bool | None = None    # None: not checked (non-canonical IP header, truncated)
 
     @property
     def delay(self) -> float | None:
@@ -257,7 +257,7 @@ class _History:
 def _icrc(data: bytes, src: Address, dst: Address) -> bool | None:
     try:
         return check_icrc(data, src[0], dst[0], src[1], dst[1])
-    except (OSError, ValueError):      # not an IPv4 address
+    except (OSError, ValueError):      # not an address
         return None
 
 
@@ -414,7 +414,8 @@ def _ip_offset(linktype: int, frame: bytes) -> int | None:
 
 
 def _udp(frame: bytes, off: int):
-    """(src ip, dst ip, sport, dport, roce bytes, roce length on the wire, canonical IPv4)."""
+    """(src ip, dst ip, sport, dport, roce bytes, roce length on the wire, canonical: the
+    ICRC's pseudo header is rebuilt from the addresses and ports alone)."""
     if len(frame) < off + 1:
         return None
     version = frame[off] >> 4
@@ -437,7 +438,8 @@ def _udp(frame: bytes, off: int):
             return None
         src = str(ipaddress.IPv6Address(bytes(frame[off + 8:off + 24])))
         dst = str(ipaddress.IPv6Address(bytes(frame[off + 24:off + 40])))
-        canonical = False
+        # no extension headers: the fields the ICRC covers are the addresses and lengths
+        canonical = True
         udp = off + 40
     else:
         return None
@@ -472,7 +474,8 @@ def from_pcap(path: str | PathLike[str], port: int | None = ROCEV2_PORT) -> list
 
     Times are capture timestamps; ``arrive`` stays None (one timestamp per
     packet).  The ICRC is checked where the IP header is the canonical one
-    softnic writes (IPv4, id 0, DF); elsewhere ``icrc_ok`` is None.
+    softnic writes (IPv4 with id 0 and DF; IPv6 without extension headers);
+    elsewhere ``icrc_ok`` is None.
     """
     history = _History()
     events = []

@@ -22,8 +22,8 @@ from .errors import einval
 
 @dataclass(frozen=True)
 class AHAttr:
-    """Address vector.  ``dgid`` is an IPv6 GID (``::ffff:a.b.c.d`` for IPv4)
-    or a plain IPv4 address; ``port`` is the peer's UDP port."""
+    """Address vector.  ``dgid`` is a GID: an IPv6 address (``::ffff:a.b.c.d`` for
+    IPv4, as RoCEv2 has it) or a plain IPv4 address; ``port`` is the peer's UDP port."""
     dgid: str = "::"
     port: int = ROCEV2_PORT
     sl: int = 0
@@ -40,18 +40,35 @@ class AHAttr:
 
 @functools.lru_cache(maxsize=4096)
 def _gid_address(dgid: str, port: int) -> tuple[str, int]:
-    """(IPv4, UDP port) of a GID; the engine asks for it on every packet."""
-    ip = ipaddress.ip_address(dgid)
+    """(IP, UDP port) of a GID, the IP as a device's address is written (IPv4 for
+    an IPv4-mapped GID, else the IPv6 address); the engine asks on every packet."""
+    try:
+        ip = ipaddress.ip_address(dgid)
+    except ValueError:
+        raise einval(f"GID {dgid!r} is not an address") from None
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is None:
-            raise einval(f"GID {dgid} is not an IPv4-mapped address")
-        ip = ip.ipv4_mapped
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif ip.is_unspecified:
+            raise einval(f"GID {dgid} names no port")
+        elif ip.is_link_local or ip.scope_id:
+            raise einval(f"GID {dgid}: link-local IPv6 GIDs are not supported")
     return (str(ip), port)
 
 
 def gid_of(ip: str) -> str:
-    """The RoCEv2 GID of an IPv4 address: ``::ffff:a.b.c.d``."""
-    return f"::ffff:{ipaddress.IPv4Address(ip)}"
+    """The RoCEv2 GID of a device's address: ``::ffff:a.b.c.d`` for IPv4, the
+    address itself for IPv6."""
+    a = ipaddress.ip_address(ip)
+    if isinstance(a, ipaddress.IPv4Address):
+        return f"::ffff:{a}"
+    return str(a)
+
+
+def same_family(a: str, b: str) -> bool:
+    """Are the addresses ``a`` and ``b`` (as ``AHAttr.addr`` gives them) both IPv4 or
+    both IPv6?  A device reaches only peers of its own family."""
+    return (":" in a) == (":" in b)
 
 
 @dataclass(frozen=True)

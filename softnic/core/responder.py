@@ -37,7 +37,7 @@ import struct
 import sys
 from collections import deque
 
-from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers
+from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
 from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, OPCODES, psn_diff
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
@@ -738,10 +738,13 @@ def _receive_ud(dev, qp, pkt, src) -> None:
         return
     qp.resp_wqe, qp.resp_off = wqe, 0
     try:
-        # the first 40 bytes of the buffer receive the GRH; for RoCEv2 over IPv4 the
-        # IPv4 header sits in its last 20 bytes (as rxe does)
-        grh = bytes(20) + ipv4_udp_headers(src[0], dev.ip, src[1], dev.port,
-                                           len(pkt.payload))[:20]
+        # the first 40 bytes of the buffer receive the GRH: for RoCEv2 over IPv4 the
+        # IPv4 header in its last 20 bytes, over IPv6 the IPv6 header (as rxe does)
+        if ":" in dev.ip:
+            grh = ipv6_udp_headers(src[0], dev.ip, src[1], dev.port, pkt.payload)[:40]
+        else:
+            grh = bytes(20) + ipv4_udp_headers(src[0], dev.ip, src[1], dev.port,
+                                               len(pkt.payload))[:20]
         _place_recv(dev, qp, grh)
         _place_recv(dev, qp, pkt.payload)
     except _Nak as e:

@@ -20,7 +20,7 @@ from .enums import EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpc
 from .errors import VerbsError, einval, enomem
 from .memory import PD, MR, view_at
 from .qp import QP, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR, check_transition, \
-    merge_attr
+    merge_attr, same_family
 from .srq import SRQ, RecvWQE
 
 # flag bits as plain ints: an IntFlag operation costs a few enum constructions,
@@ -162,6 +162,16 @@ class Verbs:
         if not qp.resp_out:
             self._ready.pop(qp, None)
 
+    def route(self, ah) -> tuple[str, int]:
+        """The (IP, UDP port) an address vector ``ah`` names, if this device reaches
+        it: a GID of the device's own address family (an IPv4 device sends to
+        IPv4-mapped GIDs, an IPv6 one to IPv6 GIDs); else EINVAL."""
+        addr = ah.addr
+        if not same_family(addr[0], self.ip):
+            raise einval(f"GID {ah.dgid} is not reachable from {self.name}'s address "
+                         f"{self.ip} (another IP version)")
+        return addr
+
     def modify_qp(self, qp: QP, attr: QPAttr, mask: int) -> None:
         nxt = check_transition(qp.qp_type, qp.state, attr, mask, qp.xrc)
         if mask & M.MAX_QP_RD_ATOMIC and attr.max_rd_atomic > self.config.max_rd_atomic:
@@ -171,7 +181,7 @@ class Verbs:
         if mask & M.PATH_MTU and mtu_bytes(attr.path_mtu) > self.config.active_mtu:
             raise einval("path MTU above the port's active MTU")
         if mask & M.AV:
-            attr.ah_attr.addr      # validates the GID
+            self.route(attr.ah_attr)      # validates the GID
         cur = qp.state
         qp.attr = merge_attr(qp.attr, attr, mask)
         if nxt == QPState.RESET:
@@ -271,7 +281,7 @@ class Verbs:
         if qp.qp_type is QPType.UD:
             if wr.ah is None:
                 raise einval("UD send needs an address handle")
-            wr.ah.addr
+            self.route(wr.ah)
             if length > min(self.config.active_mtu, 4096):
                 raise einval("UD message longer than the MTU")
         signaled = qp.sq_sig_all or bool(flags & _SIGNALED)

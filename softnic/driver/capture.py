@@ -1,10 +1,11 @@
 """pcap capture of the RoCEv2 datagrams a NIC sends and receives.
 
-A device sees only UDP payloads, so each record gets the canonical IPv4 and
-UDP header that ``wire.icrc`` also uses for the ICRC (id 0, DF set, UDP
-checksum 0).  Captured packets therefore carry an ICRC that checks in
-Wireshark, tshark and scapy.  Records are raw IPv4 (LINKTYPE_RAW), with no
-link-layer header to invent.
+A device sees only UDP payloads, so each record gets the canonical IP and
+UDP header that ``wire.icrc`` also uses for the ICRC (IPv4: id 0, DF set, UDP
+checksum 0; IPv6: no extension headers, the UDP checksum IPv6 requires).
+Captured packets therefore carry an ICRC that checks in Wireshark, tshark and
+scapy.  Records are raw IPv4 or IPv6 (LINKTYPE_RAW, the version nibble tells
+them apart), with no link-layer header to invent.
 
 Writing is one header build and one buffered write per datagram; no scapy
 packet objects are built.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import threading
 from os import PathLike
 
-from ..wire.icrc import ipv4_udp_headers
+from ..wire.icrc import ipv4_udp_headers, ipv6_udp_headers
 
 __all__ = ["Capture", "TcpCapture", "LINKTYPE_RAW"]
 
@@ -82,7 +83,9 @@ class Capture(_PcapFile):
         """Write one UDP payload sent from ``src`` to ``dst`` at time ``now`` (seconds)."""
         key = (src, dst, len(datagram))
         header = self._headers.get(key)
-        if header is None:
+        if header is None and ":" in src[0]:     # IPv6: the UDP checksum covers the payload
+            header = ipv6_udp_headers(src[0], dst[0], src[1], dst[1], datagram)
+        elif header is None:
             if len(self._headers) >= _HEADER_CACHE_SIZE:
                 self._headers.clear()
             header = self._headers[key] = ipv4_udp_headers(src[0], dst[0], src[1], dst[1],

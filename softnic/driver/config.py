@@ -4,8 +4,9 @@ Variables (each optional; a JSON file named by ``SOFTNIC_CONFIG`` may hold the
 same keys in lower case without the prefix, and the variables win over it):
 
 ``SOFTNIC_DEVICES``
-    ``softnic0=127.0.0.2:4791,softnic1=10.0.0.5`` names each device and its
-    IPv4 address (and UDP port, default 4791); or a count, ``3``, for that many
+    ``softnic0=127.0.0.2:4791,softnic1=10.0.0.5,softnic2=[::1]:4792`` names each
+    device and its IPv4 or IPv6 address (IPv6 in brackets when a port follows) and
+    UDP port, default 4791; or a count, ``3``, for that many
     devices on free loopback addresses.  Default: ``2``.  A device item may end
     in ``/udp`` or ``/tcp`` to choose its transport
     (``softnic0=127.0.0.2:4791/tcp``); otherwise ``SOFTNIC_TRANSPORT`` decides.
@@ -87,13 +88,13 @@ def parse_devices(text: str) -> tuple[DeviceSpec, ...]:
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, sep, where = item.partition("=")
         if not sep or not name or not where:
-            raise ValueError(f"SOFTNIC_DEVICES item {item!r} is not NAME=IP[:PORT][/udp|/tcp]")
+            raise ValueError(f"SOFTNIC_DEVICES item {item!r} is not NAME=IP[:PORT][/udp|/tcp]"
+                             f" (an IPv6 address in brackets: NAME=[IPV6][:PORT])")
         where, slash, transport = where.partition("/")
         transport = transport.strip().lower() if slash else None
         if slash and transport not in TRANSPORTS:
             raise ValueError(f"SOFTNIC_DEVICES item {item!r}: transport must be 'udp' or 'tcp'")
-        ip, _, port = where.partition(":")
-        ipaddress.IPv4Address(ip)            # raises ValueError with a clear message
+        ip, port = split_host_port(where, item)
         p = int(port) if port else ROCEV2_PORT
         if not 0 < p < 65536:
             raise ValueError(f"SOFTNIC_DEVICES item {item!r}: bad port")
@@ -103,6 +104,35 @@ def parse_devices(text: str) -> tuple[DeviceSpec, ...]:
     if len({s.name for s in specs}) != len(specs):
         raise ValueError("SOFTNIC_DEVICES names a device twice")
     return tuple(specs)
+
+
+def split_host_port(where: str, item: str = "") -> tuple[str, str]:
+    """``a.b.c.d[:port]`` or ``[ipv6][:port]`` (or a bare IPv6 address) -> (the address
+    in its canonical text, the port's text or ''); a bad address raises ValueError."""
+    where = where.strip()
+    if where.startswith("["):
+        host, sep, rest = where[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"SOFTNIC_DEVICES item {item!r}: '[' without a matching ']'")
+        port = rest[1:]
+    elif where.count(":") > 1:
+        host, port = where, ""               # a bare IPv6 address: no port
+    else:
+        host, _, port = where.partition(":")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"SOFTNIC_DEVICES item {item!r}: {host!r} is not an IPv4 or IPv6 "
+                         f"address") from None
+    if isinstance(ip, ipaddress.IPv6Address) and (ip.ipv4_mapped is not None or ip.scope_id):
+        raise ValueError(f"SOFTNIC_DEVICES item {item!r}: give an IPv4-mapped address as IPv4,"
+                         f" and no IPv6 scope (link-local addresses are not supported)")
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_link_local:
+        raise ValueError(f"SOFTNIC_DEVICES item {item!r}: link-local IPv6 addresses are not "
+                         f"supported (their GID needs a scope)")
+    if port and not port.isdigit():
+        raise ValueError(f"SOFTNIC_DEVICES item {item!r}: bad port")
+    return str(ip), port
 
 
 def load(environ: dict | None = None) -> RuntimeConfig:

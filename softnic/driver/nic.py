@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import array
 import atexit
+import errno
 import heapq
 import ipaddress
 import json
@@ -257,7 +258,7 @@ def port_for_gid(gid: str) -> int:
     ip = ipaddress.ip_address(gid)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    ip = str(ip)
+    ip = str(ip)                # (IPv6: canonical text, as a device's address is kept)
     for nic in open_nics():
         if nic.ip == ip:
             return nic.port
@@ -1041,6 +1042,9 @@ class TcpNIC(NIC):
         from ..transport.tcp import TcpTransport, bind_free_tcp
         if spec.ip is None:
             self.sock = bind_free_tcp(_loopback_candidates(), spec.port)
+        elif ":" in spec.ip:
+            raise OSError(errno.EAFNOSUPPORT, f"{spec.name}: iWARP (TCP) devices are IPv4 "
+                                              f"only; {spec.ip} is IPv6")
         else:
             self.sock = TcpTransport(spec.ip, spec.port)
         self.ip, self.port = self.sock.address

@@ -9,9 +9,11 @@ one per device, attached to the device as its QP1 agent.  Events go to an
 is queued, so the channel's fd is readable exactly while an event waits (a
 program may poll it, or make it non-blocking).
 
-Addresses are IPv4 (a device is an IPv4 address; its GID ``::ffff:a.b.c.d``).
-A destination that is not one of this process's devices is reached through the
-device whose address shares the longest prefix with it (on loopback, any).
+A device is an IPv4 address (its GID ``::ffff:a.b.c.d``) or an IPv6 address (its
+GID that address).  A destination that is not one of this process's devices is
+reached through the device of its IP version whose address shares the longest
+prefix with it (on loopback, any of that version).  ``0.0.0.0`` stands for a
+bind to any address, of either version (``::`` binds the same).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import softnic.driver.nic as _nic
 from softnic.driver import rdmacm_host as _host
 from softnic.driver import mcast as _mcast
 from softnic.core import cm as _cm
+from softnic.core import qp as _qp
 from softnic.core.cm import EventKind
 from softnic.core.errors import VerbsError
 from softnic.wire import mad as M
@@ -134,8 +137,12 @@ def cm_of(nic) -> _cm.CM:
     return c
 
 
-def _ip(addr) -> str:
-    return str(ipaddress.ip_address(addr))
+def ip_text(addr) -> str:
+    """An address as devices are named: IPv4 for an IPv4-mapped IPv6 address."""
+    a = ipaddress.ip_address(addr)
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        a = a.ipv4_mapped
+    return str(a)
 
 
 def device_for_ip(ip: str):
@@ -151,23 +158,26 @@ def route(dst: str):
     d = device_for_ip(dst)
     if d is not None:
         return d
-    try:
-        target = int(ipaddress.IPv4Address(dst))
-    except ipaddress.AddressValueError:
-        raise VerbsError(errno.EAFNOSUPPORT, f"{dst}: softnic routes IPv4 only") from None
+    target = ipaddress.ip_address(dst)
     best, best_len = None, -1
     for d in devices():
-        x = int(ipaddress.IPv4Address(d.ip)) ^ target
-        n = 32 - x.bit_length()
+        a = ipaddress.ip_address(d.ip)
+        if a.version != target.version:
+            continue
+        n = a.max_prefixlen - (int(a) ^ int(target)).bit_length()
         if n > best_len:
             best, best_len = d, n
     if best is None:
+        if devices():
+            raise VerbsError(errno.EADDRNOTAVAIL, f"{dst}: no softnic device of IP version "
+                                                  f"{target.version} reaches it")
         raise VerbsError(errno.ENODEV, "no softnic device")
     return best
 
 
 def gid_of(ip: str) -> bytes:
-    return ipaddress.IPv6Address("::ffff:" + ip).packed
+    """The 16 bytes of the GID of the device (or group) at ``ip``."""
+    return ipaddress.IPv6Address(_qp.gid_of(ip)).packed
 
 
 # ---------------------------------------------------------------- events
@@ -363,15 +373,17 @@ class CmId:
     def bind(self, ip: str, port: int) -> None:
         if self.bound:
             raise VerbsError(errno.EINVAL, "the id is bound already")
-        ip = _ip(ip)
+        ip = ip_text(ip)
         if ip in ("::", "0.0.0.0"):
             ip, nic = "0.0.0.0", None
         else:
             nic = device_for_ip(ip)
             if nic is None and ipaddress.ip_address(ip).is_loopback and devices():
-                # as the kernel's rdma_cm binds a loopback address: to the first device,
-                # whose address the id then reports (what a peer can reach)
-                nic = devices()[0]
+                # as the kernel's rdma_cm binds a loopback address: to the first device
+                # (of the address's IP version, if there is one), whose address the id
+                # then reports (what a peer can reach)
+                v6 = ":" in ip
+                nic = next((d for d in devices() if (":" in d.ip) == v6), devices()[0])
                 self.host_ip, ip = ip, nic.ip
             if nic is None:
                 raise VerbsError(errno.EADDRNOTAVAIL, f"{ip} is not a softnic device's address")
@@ -383,7 +395,7 @@ class CmId:
         self.state = "bound"
 
     def resolve_addr(self, src: str | None, dst: str, dst_port: int) -> None:
-        dst = _ip(dst)
+        dst = ip_text(dst)
         if src is not None and not self.bound:
             self.bind(src, 0)
         nic = route(dst) if self.nic is None else self.nic
@@ -547,7 +559,7 @@ class CmId:
         """rdma_join_multicast: the group's GID; MULTICAST_JOIN follows with the UD
         parameters (DQPN 0xFFFFFF, rdma_cm's Q_Key).  On RoCE the join is local: the
         QP's attachment (``softnic.driver.mcast``) is what puts it in the group."""
-        group = _ip(group)
+        group = ip_text(group)
         if self.nic is None or self.state not in ("bound", "addr_resolved", "route_resolved"):
             raise VerbsError(errno.EINVAL, "bind or resolve the id to a device first")
         if not ipaddress.ip_address(group).is_multicast:
@@ -563,7 +575,7 @@ class CmId:
     def leave_multicast(self, group: str) -> bytes:
         """rdma_leave_multicast: the group's GID (the face detaches the QP);
         EADDRNOTAVAIL for a group the id has not joined (as librdmacm)."""
-        group = _ip(group)
+        group = ip_text(group)
         mgid = self.mcast.pop(group, None)
         if mgid is None:
             raise VerbsError(errno.EADDRNOTAVAIL, f"the id has not joined {group}")
@@ -689,7 +701,8 @@ def _dispatch(ev: _cm.CMEvent) -> None:
 def getaddrinfo(node: str | None, service: str | None, *, passive: bool = False,
                 ps: int = M.RDMA_PS_TCP, qp_type: int = IBV_QPT_RC,
                 src: str | None = None) -> dict:
-    """rdma_getaddrinfo for IPv4: the source and destination (ip, port) and the port space."""
+    """rdma_getaddrinfo: the source and destination (ip, port) and the port space.  A
+    name with both IPv4 and IPv6 addresses resolves to its IPv4 one."""
     port = 0
     if service:
         try:
@@ -703,11 +716,16 @@ def getaddrinfo(node: str | None, service: str | None, *, passive: bool = False,
     ip = None
     if node:
         import socket
-        try:
-            infos = socket.getaddrinfo(node, None, socket.AF_INET)
-        except socket.gaierror:
-            raise VerbsError(errno.ENODEV, f"cannot resolve {node!r}") from None
-        ip = infos[0][4][0]
+        infos = []
+        for family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                infos = socket.getaddrinfo(node, None, family)
+                break
+            except socket.gaierror:
+                continue
+        if not infos:
+            raise VerbsError(errno.ENODEV, f"cannot resolve {node!r}")
+        ip = ip_text(infos[0][4][0])
     if passive:
         return {"src": (ip or "0.0.0.0", port), "dst": None, "ps": ps, "qp_type": qp_type}
     if ip is None:

@@ -2,7 +2,7 @@
 
 Any object with this shape is a device (one NIC)::
 
-    device.address                              -> (ipv4 str, udp port)
+    device.address                              -> (ip str, udp port)  (IPv4 or IPv6)
     device.receive_datagram(data, src, now)     -> None
     device.datagrams_to_send(now)               -> [(bytes, (ip, port)), ...]
     device.get_timer()                          -> absolute deadline or None

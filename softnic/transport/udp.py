@@ -1,6 +1,8 @@
 """Real UDP sockets: the only place that sends and receives datagrams.
 
-One non-blocking socket per device, bound to the device's (IPv4, port).
+One non-blocking socket per device, bound to the device's (IP, port): an
+AF_INET socket for an IPv4 address, AF_INET6 (IPv6 only) for an IPv6 one, whose
+peers' addresses are handed up as (IPv6, port) like IPv4's.
 ``recv_batch`` drains what the kernel holds without blocking; ``wait``
 blocks until the socket is readable or a timeout passes.
 
@@ -29,6 +31,8 @@ from ..core.requester import Gather
 Address = tuple[str, int]
 MAX_DATAGRAM = 65535
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
+IPV6_RECVTCLASS = getattr(socket, "IPV6_RECVTCLASS", 66)
+IPV6_TCLASS = getattr(socket, "IPV6_TCLASS", 67)
 ECT0 = 0x02                 # ECN-capable transport, codepoint 10
 SOL_UDP = getattr(socket, "SOL_UDP", 17)
 UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)    # linux/udp.h: GSO segment size
@@ -44,8 +48,11 @@ _I32 = struct.Struct("=i")
 class UdpSocket:
     def __init__(self, ip: str, port: int, *, rcvbuf: int = 8 << 20, sndbuf: int = 8 << 20,
                  offload: bool = True):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        v6 = ":" in ip
+        s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
         try:
+            if v6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
             s.bind((ip, port))
@@ -54,7 +61,10 @@ class UdpSocket:
             raise
         s.setblocking(False)
         self.sock = s
-        self.address: Address = s.getsockname()
+        #: IPv6: a received datagram's source is (IPv6, port, flow info, scope id),
+        #: which this socket hands up as (IPv6, port)
+        self.v6 = v6
+        self.address: Address = s.getsockname()[:2]
         self.send_errors = 0
         self.recv_truncated = 0
         self.gso = offload
@@ -90,10 +100,16 @@ class UdpSocket:
         ECN-marking router sets CE instead of dropping."""
         s = self.sock
         try:
-            s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+            if self.v6:
+                s.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVTCLASS, 1)
+            else:
+                s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
             self._tos = True
             if send_ect:
-                s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
+                if self.v6:
+                    s.setsockopt(socket.IPPROTO_IPV6, IPV6_TCLASS, ECT0)
+                else:
+                    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
         except OSError as e:
             raise OSError(e.errno, f"cannot enable ECN on this socket: {e.strerror}") from None
 
@@ -252,6 +268,7 @@ class UdpSocket:
             return self._recv_batch_gro(limit)
         out = []
         recv = self.sock.recvfrom
+        v6 = self.v6
         for _ in range(limit):
             try:
                 data, addr = recv(MAX_DATAGRAM)
@@ -259,7 +276,7 @@ class UdpSocket:
                 break
             except ConnectionRefusedError:   # an ICMP error for an earlier send
                 continue
-            out.append((data, addr))
+            out.append((data, addr[:2] if v6 else addr))
         return out
 
     def _recv_batch_gro(self, limit: int) -> list[tuple[bytes, Address]]:
@@ -288,6 +305,7 @@ class UdpSocket:
         view = self._rxview
         space = self._space
         readable = self.readable
+        v6 = self.v6
         for _ in range(limit):
             if ready:
                 ready = False
@@ -302,7 +320,7 @@ class UdpSocket:
             if flags & _MSG_TRUNC or n > MAX_DATAGRAM:
                 self.recv_truncated += 1     # cannot happen below 64 KiB; counted if it does
                 continue
-            yield view[:n], anc, addr
+            yield view[:n], anc, (addr[:2] if v6 else addr)
 
     def recv_runs(self, limit: int = 256, ready: bool = False):
         """What waits, one at a time, as ``(data, addr, seg)``: with UDP_GRO, a
@@ -327,14 +345,15 @@ class UdpSocket:
     def recv_batch_ecn(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
         """Like ``recv_batch``, with each datagram's IP ECN codepoint (0-3)."""
         out = []
-        tos_type = socket.IP_TOS
-        ipproto = socket.IPPROTO_IP
+        tos = (socket.IPPROTO_IPV6, IPV6_TCLASS) if self.v6 else (socket.IPPROTO_IP,
+                                                                  socket.IP_TOS)
         for data, anc, addr in self._recvmsgs(limit):
             ecn = 0
             seg = 0
             for level, typ, cdata in anc:
-                if level == ipproto and typ == tos_type and cdata:
-                    ecn = cdata[0] & 3
+                if (level, typ) == tos and cdata:
+                    # IP_TOS: one byte; IPV6_TCLASS: an int, the class in its low byte
+                    ecn = (cdata[0] if len(cdata) == 1 else _I32.unpack_from(cdata)[0]) & 3
                 elif level == SOL_UDP and typ == UDP_GRO and len(cdata) >= 4:
                     seg = _I32.unpack_from(cdata)[0]
             if seg and len(data) > seg:          # a coalesced run: cut it apart

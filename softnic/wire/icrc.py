@@ -1,22 +1,26 @@
-"""The RoCEv2 invariant CRC (IBA Annex A17, IPv4/UDP encapsulation).
+"""The RoCEv2 invariant CRC (IBA Annex A17, over IPv4/UDP and IPv6/UDP).
 
 The ICRC is a CRC-32 (the Ethernet polynomial, as zlib computes it) over
 a pseudo packet:
 
     8 bytes of 0xFF                      (stands in for the IB LRH)
-    IPv4 header, with TOS, TTL and header checksum set to all ones
+    the IP header, its variant fields set to all ones:
+      IPv4: TOS, TTL and the header checksum
+      IPv6: traffic class, flow label and hop limit
     UDP header, with the checksum set to all ones
     BTH, with byte 4 (FECN, BECN, resv6) set to all ones
     the rest of the transport packet (extended headers, payload, pad)
 
 and is carried after the pad, least significant byte first.  These are the
-fields a router may rewrite (ECN in TOS, TTL, the checksums, FECN/BECN), so
-the ICRC stays invariant end to end.
+fields a router may rewrite (ECN in TOS or traffic class, TTL or hop limit,
+the checksums, FECN/BECN), so the ICRC stays invariant end to end.
 
-softnic's devices sit on UDP sockets and never see the IP header the kernel
-writes, so both ends reconstruct a canonical one: version 4, IHL 5,
-identification 0, DF set, protocol UDP.  The capture writer emits exactly that
-header, so captured packets verify with any decoder.
+The family follows the addresses: an address with a colon is IPv6.  softnic's
+devices sit on UDP sockets and never see the IP header the kernel writes, so
+both ends reconstruct a canonical one: for IPv4 version 4, IHL 5,
+identification 0, DF set, protocol UDP; for IPv6 no extension headers (next
+header UDP).  The capture writer emits exactly that header, so captured
+packets verify with any decoder.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
 
 from .roce import BTH_LEN, ICRC_LEN
 
-__all__ = ["ipv4_udp_headers", "icrc", "icrc_start", "append_icrc", "check_icrc", "IP_DF"]
+__all__ = ["ipv4_udp_headers", "ipv6_udp_headers", "ip_udp_headers", "icrc", "icrc_start", "append_icrc", "check_icrc", "IP_DF"]
 
 IP_DF = 0x4000
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
+_IPV6 = struct.Struct("!IHBB16s16s")      # version/class/flow, payload length, next, hops
 _UDP = struct.Struct("!HHHH")
 _LRH_ONES = b"\xff" * 8
 _BYTE4_ONES = b"\xff"
@@ -61,15 +66,45 @@ def ipv4_udp_headers(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len:
     return bytes(hdr) + _UDP.pack(sport, dport, 8 + roce_len, 0)
 
 
+def ipv6_udp_headers(src_ip: str, dst_ip: str, sport: int, dport: int,
+                     roce: bytes | bytearray | memoryview, *, traffic_class: int = 0,
+                     flow_label: int = 0, hop_limit: int = 64) -> bytes:
+    """The 48-byte IPv6 + UDP header for the RoCE packet ``roce`` (BTH through
+    ICRC), with its UDP checksum (which IPv6 makes mandatory, RFC 8200 8.1)."""
+    src, dst = socket.inet_pton(socket.AF_INET6, src_ip), socket.inet_pton(socket.AF_INET6, dst_ip)
+    n = 8 + len(roce)
+    ip6 = _IPV6.pack((6 << 28) | (traffic_class << 20) | flow_label, n, socket.IPPROTO_UDP,
+                     hop_limit, src, dst)
+    # the one's-complement sum of 16-bit words is the big number they spell modulo
+    # 0xFFFF (2**16 is 1 modulo 0xFFFF); the pseudo header is RFC 8200 8.1's
+    words = src + dst + struct.pack("!IxxxB", n, socket.IPPROTO_UDP) + _UDP.pack(
+        sport, dport, n, 0) + bytes(roce) + b"\0" * (len(roce) & 1)
+    s = int.from_bytes(words, "big") % 0xFFFF
+    csum = (~s & 0xFFFF) or 0xFFFF
+    return ip6 + _UDP.pack(sport, dport, n, csum)
+
+
+def ip_udp_headers(src_ip: str, dst_ip: str, sport: int, dport: int,
+                   roce: bytes | bytearray | memoryview) -> bytes:
+    """The IPv4 or IPv6 (by the addresses) and UDP header softnic writes for the RoCE
+    packet ``roce`` (the header the ICRC's pseudo header masks)."""
+    if ":" in src_ip:
+        return ipv6_udp_headers(src_ip, dst_ip, sport, dport, roce)
+    return ipv4_udp_headers(src_ip, dst_ip, sport, dport, len(roce))
+
+
 def _pseudo(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int) -> bytes:
     key = (src_ip, dst_ip, sport, dport, roce_len)
     p = _cache.get(key)
     if p is None:
-        total = 20 + 8 + roce_len
-        p = (_LRH_ONES
-             + _IPV4.pack(0x45, 0xFF, total, 0, IP_DF, 0xFF, socket.IPPROTO_UDP, 0xFFFF,
-                          socket.inet_aton(src_ip), socket.inet_aton(dst_ip))
-             + _UDP.pack(sport, dport, 8 + roce_len, 0xFFFF))
+        if ":" in src_ip:
+            ip = _IPV6.pack(0x6FFFFFFF, 8 + roce_len, socket.IPPROTO_UDP, 0xFF,
+                            socket.inet_pton(socket.AF_INET6, src_ip),
+                            socket.inet_pton(socket.AF_INET6, dst_ip))
+        else:
+            ip = _IPV4.pack(0x45, 0xFF, 20 + 8 + roce_len, 0, IP_DF, 0xFF, socket.IPPROTO_UDP,
+                            0xFFFF, socket.inet_aton(src_ip), socket.inet_aton(dst_ip))
+        p = _LRH_ONES + ip + _UDP.pack(sport, dport, 8 + roce_len, 0xFFFF)
         if len(_cache) > 4096:
             _cache.clear()
         _cache[key] = p

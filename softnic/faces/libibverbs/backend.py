@@ -36,6 +36,7 @@ from ..externs import Externs
 
 _WC_GRH = 1                  # IBV_WC_GRH
 _SL_IPV4 = 2                 # RoCE L3 header type IPv4 (mlx5's CQE sl for RoCE UD receives)
+_SL_IPV6 = 1                 # ... IPv6 (MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6)
 _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 #: receives an ``ibv_poll_cq``'s inline step may take while more wait.  A C program
@@ -106,13 +107,12 @@ def _engine_ah(a) -> AHAttr:
         raise VerbsError(errno.EINVAL, f"port {a.port_num} does not exist")
     if a.sgid_index >= GID_POPULATED:
         raise VerbsError(errno.EINVAL, f"sgid_index {a.sgid_index} is not a GID of the port")
-    ip = ipaddress.IPv6Address(bytes(a.dgid))
-    if ip.ipv4_mapped is None:
-        raise VerbsError(errno.EINVAL, f"GID {ip} is not an IPv4-mapped GID")
-    dgid = str(ip)
-    return AHAttr(dgid=dgid, port=_nic.port_for_gid(dgid), sl=a.sl,
-                  traffic_class=a.traffic_class, hop_limit=a.hop_limit,
-                  flow_label=a.flow_label, sgid_index=a.sgid_index, port_num=a.port_num or 1)
+    dgid = str(ipaddress.IPv6Address(bytes(a.dgid)))
+    ah = AHAttr(dgid=dgid, port=_nic.port_for_gid(dgid), sl=a.sl,
+                traffic_class=a.traffic_class, hop_limit=a.hop_limit,
+                flow_label=a.flow_label, sgid_index=a.sgid_index, port_num=a.port_num or 1)
+    ah.addr                     # EINVAL for a GID that names no peer (::, link-local)
+    return ah
 
 
 #: Longest a destroyed RC QP lingers (seconds).
@@ -507,6 +507,7 @@ def sn_poll_cq(h, n, out):
         # taking the lease again (a channel the program polls itself, non-blocking
         # (UCX's, libfabric's), needs the progress thread).
         nic.end_lease(answering)
+    l3 = _SL_IPV6 if ":" in nic.ip else _SL_IPV4
     for i, w in enumerate(got):
         r = out[i]
         r.wr_id = w.wr_id
@@ -521,9 +522,9 @@ def sn_poll_cq(h, n, out):
         r.pkey_index = w.pkey_index
         r.slid = w.slid
         # a receive with a GRH (UD) says in sl what L3 header the GRH area holds, as
-        # mlx5 does on RoCE (2: IPv4, in its last 20 bytes); UCX's ud_verbs reads
+        # mlx5 does on RoCE (2: IPv4, in its last 20 bytes; 1: IPv6); UCX's ud_verbs reads
         # the destination address from there by it
-        r.sl = _SL_IPV4 if w.wc_flags & _WC_GRH else w.sl
+        r.sl = l3 if w.wc_flags & _WC_GRH else w.sl
         r.dlid_path_bits = w.dlid_path_bits
     return len(got)
 

@@ -813,16 +813,28 @@ SN_EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
     return sn_destroyed(sn_destroy_ah(ah->handle), ah);
 }
 
-/* RoCEv2 over IPv4: the 40-byte GRH area of a UD receive holds the IPv4 header
- * in its last 20 bytes; the sender's address makes the reply's GID. */
+/* RoCEv2: the 40-byte GRH area of a UD receive holds the IPv4 header in its last
+ * 20 bytes, or the IPv6 header; the sender's address makes the reply's GID. */
 SN_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num,
                                   struct ibv_wc *wc, struct ibv_grh *grh,
                                   struct ibv_ah_attr *ah_attr)
 {
     (void)context;
+    const uint8_t *ip6 = (const uint8_t *)grh;
     const uint8_t *ip4 = (const uint8_t *)grh + 20;
     memset(ah_attr, 0, sizeof(*ah_attr));
-    if (!(wc->wc_flags & IBV_WC_GRH) || (ip4[0] >> 4) != 4)
+    if (!(wc->wc_flags & IBV_WC_GRH))
+        return -1;
+    if ((ip6[0] >> 4) == 6) {
+        ah_attr->is_global = 1;
+        ah_attr->port_num = port_num;
+        ah_attr->sl = wc->sl;
+        memcpy(ah_attr->grh.dgid.raw, ip6 + 8, 16);
+        ah_attr->grh.hop_limit = ip6[7];
+        ah_attr->grh.traffic_class = (uint8_t)(((ip6[0] & 0x0f) << 4) | (ip6[1] >> 4));
+        return 0;
+    }
+    if ((ip4[0] >> 4) != 4)
         return -1;
     ah_attr->is_global = 1;
     ah_attr->port_num = port_num;

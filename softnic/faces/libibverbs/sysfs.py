@@ -32,34 +32,34 @@ ENV = "SOFTNIC_SYSFS"
 
 
 def _interfaces() -> list[tuple[str, str, int]]:
-    """(interface, IPv4 address, prefix length) of every address of the host."""
+    """(interface, IP address, prefix length) of every IPv4 and IPv6 address of the host."""
     ip = shutil.which("ip")
     if ip is None:
         return []
     try:
-        out = subprocess.run([ip, "-j", "-4", "addr", "show"], capture_output=True, text=True,
+        out = subprocess.run([ip, "-j", "addr", "show"], capture_output=True, text=True,
                              timeout=10).stdout
         rows = json.loads(out or "[]")
     except (OSError, subprocess.SubprocessError, ValueError):
         return []
     return [(r["ifname"], a["local"], int(a.get("prefixlen", 32)))
-            for r in rows for a in r.get("addr_info", []) if a.get("family") == "inet"]
+            for r in rows for a in r.get("addr_info", []) if a.get("family") in ("inet", "inet6")]
 
 
 def netdev_for(ip: str | None, interfaces: list[tuple[str, str, int]] | None = None) -> str | None:
     """The network interface that carries a device at ``ip`` (None: a free loopback
     address): the one with that address, else the one whose subnet holds it; ``lo`` for
     loopback."""
-    if ip is None or ipaddress.IPv4Address(ip).is_loopback:
+    if ip is None or ipaddress.ip_address(ip).is_loopback:
         return "lo"
     rows = _interfaces() if interfaces is None else interfaces
+    addr = ipaddress.ip_address(ip)
     for name, local, _ in rows:
-        if local == ip:
+        if ipaddress.ip_address(local) == addr:
             return name
-    addr = ipaddress.IPv4Address(ip)
     best, best_len = None, -1
     for name, local, plen in rows:
-        if addr in ipaddress.IPv4Network(f"{local}/{plen}", strict=False) and plen > best_len:
+        if addr in ipaddress.ip_network(f"{local}/{plen}", strict=False) and plen > best_len:
             best, best_len = name, plen
     return best
 
@@ -67,7 +67,7 @@ def netdev_for(ip: str | None, interfaces: list[tuple[str, str, int]] | None = N
 def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> Path:
     """The directory standing for ``/sys/class/infiniband`` for the devices of ``cfg``."""
     cfg = _config.load() if cfg is None else cfg
-    rows = _interfaces() if any(d.ip and not ipaddress.IPv4Address(d.ip).is_loopback
+    rows = _interfaces() if any(d.ip and not ipaddress.ip_address(d.ip).is_loopback
                                 for d in cfg.devices) else []
     layout = {d.name: netdev_for(d.ip, rows) for d in cfg.devices}
     if base is None:

@@ -1,7 +1,8 @@
 /* The flat records the C side of softnic's librdmacm passes to its Python side.
  * Read by both the C compiler and cffi's cdef: plain declarations only. */
 
-struct sn_cm_addr { uint8_t ip[4]; uint16_t port; int family; };   /* port in host order */
+/* family 2 (AF_INET: ip[0..3]) or 10 (AF_INET6: ip[0..15]); port in host order */
+struct sn_cm_addr { uint8_t ip[16]; uint16_t port; int family; };
 
 struct sn_cm_param {
     uint8_t private_data[256]; int private_data_len;
@@ -27,6 +28,7 @@ struct sn_cm_event {
 
 struct sn_cm_info {
     char dev_name[64]; int has_dev; int has_src; int has_dst;
-    uint8_t src_ip[4]; uint16_t src_port; uint8_t dst_ip[4]; uint16_t dst_port;
+    int src_family; uint8_t src_ip[16]; uint16_t src_port;     /* as sn_cm_addr */
+    int dst_family; uint8_t dst_ip[16]; uint16_t dst_port;
     uint8_t sgid[16]; uint8_t dgid[16]; int routed;
 };

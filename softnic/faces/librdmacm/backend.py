@@ -50,8 +50,23 @@ def _id(h: int) -> R.CmId:
         raise VerbsError(errno.EINVAL, f"no rdma_cm id {h}") from None
 
 
-def _ip(raw) -> str:
-    return str(ipaddress.IPv4Address(bytes(raw[0:4])))
+_AF_INET, _AF_INET6 = 2, 10
+
+
+def _addr(a) -> str:
+    """The address of an ``sn_cm_addr`` (IPv4 for an IPv4-mapped IPv6 one)."""
+    if a.family == _AF_INET:
+        return str(ipaddress.IPv4Address(bytes(a.ip[0:4])))
+    if a.family == _AF_INET6:
+        return R.ip_text(bytes(a.ip[0:16]))
+    raise VerbsError(errno.EAFNOSUPPORT, f"address family {a.family}")
+
+
+def _put_ip(ip: str, raw) -> int:
+    """Write ``ip`` into an ``sn_cm_info``'s 16-byte address field; its family."""
+    a = ipaddress.ip_address(ip)
+    extern.ffi.memmove(raw, a.packed, len(a.packed))
+    return _AF_INET if a.version == 4 else _AF_INET6
 
 
 extern = Externs(missing_device="softnic librdmacm")
@@ -128,9 +143,10 @@ def sn_cm_leave(h, group, mgid):
 
 
 def _group_ip(a) -> str:
-    if a.family != 2:
+    ip = _addr(a)
+    if ":" in ip:
         raise VerbsError(errno.EAFNOSUPPORT, "softnic's rdma_cm joins IPv4 groups only")
-    return _ip(a.ip)
+    return ip
 
 
 # ------------------------------------------------------------ ids
@@ -173,11 +189,11 @@ def sn_cm_id_info(h, info):
         extern.ffi.memmove(info.sgid, R.gid_of(cid.nic.ip), 16)
     if cid.src is not None:
         info.has_src = 1
-        extern.ffi.memmove(info.src_ip, ipaddress.IPv4Address(cid.src[0]).packed, 4)
+        info.src_family = _put_ip(cid.src[0], info.src_ip)
         info.src_port = cid.src[1]
     if cid.dst is not None:
         info.has_dst = 1
-        extern.ffi.memmove(info.dst_ip, ipaddress.IPv4Address(cid.dst[0]).packed, 4)
+        info.dst_family = _put_ip(cid.dst[0], info.dst_ip)
         info.dst_port = cid.dst[1]
         extern.ffi.memmove(info.dgid, cid.dgid, 16)
     info.routed = int(cid.state not in ("idle", "bound", "addr_resolved", "listen"))
@@ -187,20 +203,16 @@ def sn_cm_id_info(h, info):
 
 @extern()
 def sn_cm_bind(h, a):
-    if a.family != 2:
-        return errno.EAFNOSUPPORT
-    _id(h).bind(_ip(a.ip), a.port)
+    _id(h).bind(_addr(a), a.port)
 
 
 @extern()
 def sn_cm_resolve_addr(h, src, dst):
-    if dst.family != 2 or src.family not in (0, 2):
-        return errno.EAFNOSUPPORT
     cid = _id(h)
-    s = _ip(src.ip) if src.family == 2 else None
-    if s == "0.0.0.0" and not src.port:
+    s = _addr(src) if src.family else None
+    if s in ("0.0.0.0", "::") and not src.port:
         s = None
-    cid.resolve_addr(s, _ip(dst.ip), dst.port)
+    cid.resolve_addr(s, _addr(dst), dst.port)
 
 
 @extern()

@@ -109,6 +109,25 @@ static inline struct sn_chan *to_chan(struct rdma_event_channel *ch)
     return (struct sn_chan *)ch;
 }
 
+/* An id's address as the program reads it: a sockaddr_in, or a sockaddr_in6 for an
+ * IPv6 device's (family as sn_cm_addr's). */
+static void sn_sockaddr_set(struct sockaddr_storage *ss, int family, const uint8_t *ip,
+                            uint16_t port)
+{
+    memset(ss, 0, sizeof *ss);
+    if (family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+        a->sin6_family = AF_INET6;
+        memcpy(&a->sin6_addr, ip, 16);
+        a->sin6_port = htons(port);
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)ss;
+        a->sin_family = AF_INET;
+        memcpy(&a->sin_addr, ip, 4);
+        a->sin_port = htons(port);
+    }
+}
+
 /* Refresh what the program reads of an id: its device, addresses and route. */
 static void sn_update(struct sn_id *s)
 {
@@ -127,18 +146,12 @@ static void sn_update(struct sn_id *s)
     }
     if (info.has_dev)
         id->port_num = 1;
-    if (info.has_src) {
-        struct sockaddr_in *a = &id->route.addr.src_sin;
-        a->sin_family = AF_INET;
-        memcpy(&a->sin_addr, info.src_ip, 4);
-        a->sin_port = htons(info.src_port);
-    }
-    if (info.has_dst) {
-        struct sockaddr_in *a = &id->route.addr.dst_sin;
-        a->sin_family = AF_INET;
-        memcpy(&a->sin_addr, info.dst_ip, 4);
-        a->sin_port = htons(info.dst_port);
-    }
+    if (info.has_src)
+        sn_sockaddr_set(&id->route.addr.src_storage, info.src_family, info.src_ip,
+                        info.src_port);
+    if (info.has_dst)
+        sn_sockaddr_set(&id->route.addr.dst_storage, info.dst_family, info.dst_ip,
+                        info.dst_port);
     memcpy(id->route.addr.addr.ibaddr.sgid.raw, info.sgid, 16);
     memcpy(id->route.addr.addr.ibaddr.dgid.raw, info.dgid, 16);
     id->route.addr.addr.ibaddr.pkey = htons(0xFFFF);
@@ -558,16 +571,10 @@ static int sn_addr(const struct sockaddr *sa, struct sn_cm_addr *a)
         a->port = ntohs(in->sin_port);
         return 0;
     }
-    if (sa->sa_family == AF_INET6) {
+    if (sa->sa_family == AF_INET6) {       /* (an IPv4-mapped one names an IPv4 device) */
         const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
-        static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-        static const uint8_t any[16] = {0};
-        if (!memcmp(in6->sin6_addr.s6_addr, mapped, 12)) {
-            memcpy(a->ip, in6->sin6_addr.s6_addr + 12, 4);
-        } else if (memcmp(in6->sin6_addr.s6_addr, any, 16)) {
-            return EAFNOSUPPORT;             /* softnic devices are IPv4 addresses */
-        }
-        a->family = 2;
+        a->family = 10;
+        memcpy(a->ip, in6->sin6_addr.s6_addr, 16);
         a->port = ntohs(in6->sin6_port);
         return 0;
     }
@@ -1245,39 +1252,51 @@ SN_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
         free(ai);
         return sn_err(EAFNOSUPPORT);
     }
-    if (!node && passive && hints->ai_src_addr && hints->ai_src_addr->sa_family == AF_INET) {
+    if (!node && passive && hints->ai_src_addr && (hints->ai_src_addr->sa_family == AF_INET
+                                                   || hints->ai_src_addr->sa_family == AF_INET6)) {
         /* a passive lookup of a service on the hints' source address */
+        int fam = hints->ai_src_addr->sa_family;
+        socklen_t len = fam == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
         struct addrinfo h, *gai = NULL;
         memset(&h, 0, sizeof h);
-        h.ai_family = AF_INET;
+        h.ai_family = fam;
         h.ai_flags = AI_PASSIVE;
         if (getaddrinfo(NULL, service, &h, &gai) || !gai) {
             free(ai);
             return sn_err(EINVAL);
         }
-        struct sockaddr_in *in = (struct sockaddr_in *)sn_sockaddr_dup(hints->ai_src_addr,
-                                                                       sizeof(struct sockaddr_in));
-        if (in)
-            in->sin_port = ((struct sockaddr_in *)gai->ai_addr)->sin_port;
+        struct sockaddr *in = sn_sockaddr_dup(hints->ai_src_addr, len);
+        if (in)      /* sin_port and sin6_port lie at the same offset */
+            ((struct sockaddr_in *)in)->sin_port = ((struct sockaddr_in *)gai->ai_addr)->sin_port;
         freeaddrinfo(gai);
         if (!in) {
             free(ai);
             return sn_err(ENOMEM);
         }
-        ai->ai_src_addr = (struct sockaddr *)in;
-        ai->ai_src_len = sizeof *in;
+        ai->ai_family = fam;
+        ai->ai_src_addr = in;
+        ai->ai_src_len = len;
         *res = ai;
         return 0;
     }
+    /* a name with IPv4 and IPv6 addresses gives its IPv4 one unless the hints ask for
+     * IPv6; an IPv6 literal (or a name with only IPv6 addresses) its IPv6 one */
     struct addrinfo h, *gai = NULL;
     memset(&h, 0, sizeof h);
-    h.ai_family = AF_INET;
+    h.ai_family = hints && hints->ai_family == AF_INET6 ? AF_INET6 : AF_INET;
     h.ai_socktype = ai->ai_qp_type == IBV_QPT_UD ? SOCK_DGRAM : SOCK_STREAM;
     if (passive)
         h.ai_flags |= AI_PASSIVE;
     if (hints && (hints->ai_flags & RAI_NUMERICHOST))
         h.ai_flags |= AI_NUMERICHOST;
     int g = getaddrinfo(node, service, &h, &gai);
+    if ((g || !gai) && node && !(hints && hints->ai_family == AF_INET)) {
+        if (gai)
+            freeaddrinfo(gai);
+        gai = NULL;
+        h.ai_family = AF_INET6;
+        g = getaddrinfo(node, service, &h, &gai);
+    }
     if (g || !gai) {
         free(ai);
         if (gai)
@@ -1286,6 +1305,7 @@ SN_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
     }
     struct sockaddr *sa = sn_sockaddr_dup(gai->ai_addr, gai->ai_addrlen);
     socklen_t len = gai->ai_addrlen;
+    ai->ai_family = gai->ai_family;
     if (gai->ai_canonname) {
         if (passive)
             ai->ai_src_canonname = strdup(gai->ai_canonname);
