@@ -168,13 +168,23 @@ import {self.backend} as _backend
 _backend.install(ffi, lib)
 """
 
+    def missing(self) -> list[tuple[str, str]]:
+        """What building the library lacks here: (what, the Debian package that has it)
+        for the library's header (the last of ``headers``, looked for in
+        ``include_dir()``), a C compiler and Python's headers; empty when it can build."""
+        out = []
+        if not Path(include_dir(), self.headers[-1]).exists():
+            out.append((f"<{self.headers[-1]}> is missing", self.package))
+        out += toolchain_missing()
+        return out
+
     def check_tools(self, dest: Path) -> None:
-        """The library's header (the last of ``headers``), a C compiler and a directory
-        to build into, or a BuildError saying what to install."""
-        if not Path("/usr/include", self.headers[-1]).exists():
-            raise BuildError(f"<{self.headers[-1]}> is missing: install {self.package}")
-        if shutil.which(os.environ.get("CC", "cc")) is None:
-            raise BuildError("no C compiler: install gcc")
+        """What ``missing`` names, and a directory to build into, or a BuildError
+        saying what to install."""
+        lacks = self.missing()
+        if lacks:
+            raise BuildError("; ".join(what for what, _ in lacks) + ": install "
+                             + " ".join(dict.fromkeys(pkg for _, pkg in lacks)))
         try:
             dest.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -207,6 +217,7 @@ _backend.install(ffi, lib)
             (self.here / "shim.c").read_text(),
         ])
         ffi.set_source(self.module, source, sources=[str(tmpdir / "stubs.c")],
+                       include_dirs=[str(include_dir())] if os.environ.get(INCLUDE_ENV) else [],
                        libraries=list(self.libraries),
                        extra_compile_args=["-O2", "-Wno-deprecated-declarations",
                                            "-fvisibility=hidden"],
@@ -243,6 +254,27 @@ def _version_order(v: str):
     if not re.fullmatch(r"\d+(\.\d+)*", numbers):
         return (1,)
     return (0, *map(int, numbers.split(".")))
+
+
+#: Where rdma-core's headers are looked for (``infiniband/verbs.h``, ``rdma/rdma_cma.h``):
+#: this variable's directory, else the system's.
+INCLUDE_ENV = "SOFTNIC_RDMA_INCLUDE"
+
+
+def include_dir() -> Path:
+    return Path(os.environ.get(INCLUDE_ENV) or "/usr/include")
+
+
+def toolchain_missing() -> list[tuple[str, str]]:
+    """A C compiler (``$CC`` or cc) and this Python's headers, as (what, Debian package)
+    for each that is missing."""
+    out = []
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        out.append(("no C compiler", "gcc"))
+    inc = sysconfig.get_paths().get("include")
+    if not inc or not Path(inc, "Python.h").exists():
+        out.append((f"no Python.h in {inc}", "python3-dev"))
+    return out
 
 
 def site_dirs() -> list[str]:
