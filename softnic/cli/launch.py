@@ -51,9 +51,8 @@ def rank_address(port: int, rank: int) -> str:
 def rank_env(base: dict, rank: int, world: int, port: int, faults=None, seed=None,
              timeout=None) -> dict:
     env = dict(base)
-    project = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [str(SHIM)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                SOFTNIC_DEVICES=f"softnic0={rank_address(port, rank)}")

@@ -18,10 +18,10 @@ def _exec(args) -> int:
         print("softnic exec: give a command, e.g. softnic exec python3 app.py", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    project = str(Path(__file__).resolve().parents[2])
     if args.pyverbs != "system":            # softnic's verbs_api answers "import pyverbs"
+        # (the shim alone: the program's other imports stay its own)
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(SHIM), project] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            [str(SHIM)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     for key, val in (("DEVICES", args.devices), ("FAULTS", args.faults), ("SEED", args.seed),
                      ("CAPTURE", args.capture), ("RECOVERY", args.recovery), ("CC", args.cc),
                      ("TRANSPORT", args.transport)):

@@ -34,7 +34,10 @@ OWN: dict[str, tuple[tuple[str, str], ...]] = {
               ("sockperf", "the C UDP reference of tools/perf_harness.py"),
               ("perftest", "ib_write_bw and the other perftest programs"),
               ("qperf", "qperf over rdma_cm"),
-              ("libfabric-bin", "libfabric's verbs provider over rdma_cm")),
+              ("libfabric-bin", "libfabric's verbs provider over rdma_cm"),
+              ("python3-cffi", "Debian's cffi: a /usr/bin/python3 program keeps its own "
+               "under softnic exec"),
+              ("python3-numpy", "Debian's numpy, likewise")),
 }
 
 #: face -> the faces it stands on

@@ -23,6 +23,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import privateimport
+
 PROJECT = Path(__file__).resolve().parents[2]
 
 
@@ -143,38 +145,66 @@ class Library:
         return "\n".join(out) + "\n"
 
     def init_code(self) -> str:
-        """What the library runs when it first starts the interpreter: this project first
-        on sys.path, this environment's site-packages after, then the backend's
-        ``install(ffi, lib)`` (``lib``: the library's own C functions its cdef declares)."""
-        paths = [str(PROJECT)] + site_dirs()
+        """What the library runs when it first starts the interpreter, then the backend's
+        ``install(ffi, lib)`` (``lib``: the library's own C functions its cdef declares).
+
+        In a C program the interpreter is softnic's: its path is this environment's
+        (embed.c), and the site directories' ``.pth`` files (an editable install's) are
+        read here.  In a program that is itself a Python interpreter the path is the
+        program's and stays so: softnic's modules come through ``privateimport``'s
+        finders, which only softnic's own imports reach."""
         return f"""
-import sys, site
-for _p in {paths!r}:
-    if _p not in sys.path:
-        site.addsitedir(_p)
-if {str(PROJECT)!r} in sys.path:
-    sys.path.remove({str(PROJECT)!r})
-sys.path.insert(0, {str(PROJECT)!r})
+import sys
 from {self.module} import ffi, lib
-if not lib.sn_python_host():
-    # A C program: importing the signal module has just installed Python's SIGINT
-    # handler in place of the default (no Python code runs here to raise its
-    # KeyboardInterrupt), so Ctrl-C would no longer stop the program, and the
-    # handler, installed without SA_RESTART, would end blocking waits with EINTR
+if lib.sn_python_host():
+    _pi = sys.modules.get({privateimport.NAME!r})
+    if _pi is None:
+        import importlib.util as _u
+        _spec = _u.spec_from_file_location({privateimport.NAME!r}, {privateimport.__file__!r})
+        _pi = sys.modules[_spec.name] = _u.module_from_spec(_spec)
+        _spec.loader.exec_module(_pi)
+    _pi.install({str(PROJECT)!r}, {site_dirs()!r})
+    _backend = _pi.import_module({self.backend!r})
+else:
+    # (the path came whole from embed.c, so the prefixes did not: sysconfig reads them;
+    # and the executable is the interpreter's that built the library, not the program)
+    sys.executable = {sys.executable!r}
+    sys.prefix, sys.exec_prefix = {sys.prefix!r}, {sys.exec_prefix!r}
+    sys.base_prefix, sys.base_exec_prefix = {sys.base_prefix!r}, {sys.base_exec_prefix!r}
+    import site
+    for _p in {site_dirs()!r}:
+        site.addsitedir(_p)
+    if {str(PROJECT)!r} in sys.path:
+        sys.path.remove({str(PROJECT)!r})
+    sys.path.insert(0, {str(PROJECT)!r})
+    # Importing the signal module has just installed Python's SIGINT handler in place
+    # of the default (no Python code runs here to raise its KeyboardInterrupt), so
+    # Ctrl-C would no longer stop the program, and the handler, installed without
+    # SA_RESTART, would end blocking waits with EINTR
     import signal as _signal
     if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
-import {self.backend} as _backend
+    import {self.backend} as _backend
 _backend.install(ffi, lib)
 """
 
+    def missing(self) -> list[tuple[str, str]]:
+        """What building the library lacks here: (what, the Debian package that has it)
+        for the library's header (the last of ``headers``, looked for in
+        ``include_dir()``), a C compiler and Python's headers; empty when it can build."""
+        out = []
+        if not Path(include_dir(), self.headers[-1]).exists():
+            out.append((f"<{self.headers[-1]}> is missing", self.package))
+        out += toolchain_missing()
+        return out
+
     def check_tools(self, dest: Path) -> None:
-        """The library's header (the last of ``headers``), a C compiler and a directory
-        to build into, or a BuildError saying what to install."""
-        if not Path("/usr/include", self.headers[-1]).exists():
-            raise BuildError(f"<{self.headers[-1]}> is missing: install {self.package}")
-        if shutil.which(os.environ.get("CC", "cc")) is None:
-            raise BuildError("no C compiler: install gcc")
+        """What ``missing`` names, and a directory to build into, or a BuildError
+        saying what to install."""
+        lacks = self.missing()
+        if lacks:
+            raise BuildError("; ".join(what for what, _ in lacks) + ": install "
+                             + " ".join(dict.fromkeys(pkg for _, pkg in lacks)))
         try:
             dest.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -202,11 +232,13 @@ _backend.install(ffi, lib)
             api,
             f"#define SN_PYTHON_HOME L{json.dumps(sys.base_prefix)}",
             f"#define SN_PYTHON_VERSION {json.dumps(sysconfig.get_python_version())}",
+            f"#define SN_PYTHON_PATH L{json.dumps(os.pathsep.join(interpreter_path()))}",
             self.embed_c.read_text(),
             self.wrappers_c(),
             (self.here / "shim.c").read_text(),
         ])
         ffi.set_source(self.module, source, sources=[str(tmpdir / "stubs.c")],
+                       include_dirs=[str(include_dir())] if os.environ.get(INCLUDE_ENV) else [],
                        libraries=list(self.libraries),
                        extra_compile_args=["-O2", "-Wno-deprecated-declarations",
                                            "-fvisibility=hidden"],
@@ -243,6 +275,42 @@ def _version_order(v: str):
     if not re.fullmatch(r"\d+(\.\d+)*", numbers):
         return (1,)
     return (0, *map(int, numbers.split(".")))
+
+
+#: Where rdma-core's headers are looked for (``infiniband/verbs.h``, ``rdma/rdma_cma.h``):
+#: this variable's directory, else the system's.
+INCLUDE_ENV = "SOFTNIC_RDMA_INCLUDE"
+
+
+def include_dir() -> Path:
+    return Path(os.environ.get(INCLUDE_ENV) or "/usr/include")
+
+
+def toolchain_missing() -> list[tuple[str, str]]:
+    """A C compiler (``$CC`` or cc) and this Python's headers, as (what, Debian package)
+    for each that is missing."""
+    out = []
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        out.append(("no C compiler", "gcc"))
+    inc = sysconfig.get_paths().get("include")
+    if not inc or not Path(inc, "Python.h").exists():
+        out.append((f"no Python.h in {inc}", "python3-dev"))
+    return out
+
+
+def interpreter_path() -> list[str]:
+    """The module path of the interpreter a C face starts in a C program: this Python's
+    in isolated mode (its standard library and this environment's site-packages, no
+    ``PYTHONPATH``, no user site, no current directory)."""
+    import subprocess
+    code = "import os, sys; print(repr([p for p in sys.path if os.path.exists(p)]))"
+    try:
+        r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True,
+                           text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BuildError(f"cannot read {sys.executable}'s module path: {e}") from None
+    import ast
+    return ast.literal_eval(r.stdout.strip())
 
 
 def site_dirs() -> list[str]:

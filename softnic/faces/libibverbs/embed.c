@@ -4,15 +4,16 @@
  *  - a C program that links libibverbs, or loads it from a plugin with dlopen
  *    (UCX's libuct_ib, opened RTLD_LOCAL): the library starts its own interpreter
  *    (the Python that built it, found through DT_NEEDED libpython) at the first
- *    verbs call.  Extension modules (cffi's backend, ...) are not linked to
+ *    verbs call, with the module path of the environment that built it
+ *    (SN_PYTHON_PATH: its standard library and site-packages).  Extension modules (cffi's backend, ...) are not linked to
  *    libpython on Debian or pyenv, so libpython's symbols must be global: the
  *    constructor reopens it RTLD_GLOBAL|RTLD_NOLOAD, whatever the loader did.
  *  - a process that is already a Python interpreter (Debian's python3 running
  *    its pyverbs or mpi4py): there is one interpreter, the host's.  The library's
  *    references to the C API bind to the host's (the executable exports them
  *    and comes first in symbol lookup), so the backend runs in the host's
- *    interpreter, with this project and the build's site-packages added to its
- *    path.  A host of another minor version than the build's would not share its
+ *    interpreter, whose path stays the program's (softnic's modules come through
+ *    finders only softnic's imports reach: softnic/faces/privateimport.py).  A host of another minor version than the build's would not share its
  *    ABI: every call then fails (no devices) with a message saying what to do.
  *    Calls after the host interpreter has finished fail (EIO) with a message.
  *  - a child forked after the parent's first verbs call: its devices, threads and
@@ -74,9 +75,13 @@ __attribute__((constructor)) static void sn_embed_init(void)
     if (dladdr((void *)&Py_IsInitialized, &info) && info.dli_fname &&
         strstr(info.dli_fname, "libpython"))
         dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
-    /* and must find its standard library, whatever program it finds itself in */
-    if (!getenv("PYTHONHOME"))
-        Py_SetPythonHome(SN_PYTHON_HOME);
+    /* and must find its standard library and softnic's environment, whatever program
+     * it finds itself in, and only those: the program's PYTHON* variables (PYTHONPATH,
+     * PYTHONHOME, ...) are for its own Python programs, not for softnic's interpreter */
+    Py_IgnoreEnvironmentFlag = 1;
+    Py_NoUserSiteDirectory = 1;
+    Py_SetPythonHome(SN_PYTHON_HOME);
+    Py_SetPath(SN_PYTHON_PATH);
 }
 
 static int sn_entry_forbidden(void)

@@ -1,9 +1,9 @@
 """``pyverbs`` for programs run under ``softnic exec``.
 
-This directory is put first on PYTHONPATH only for the program that
-``softnic exec`` starts, so ``import pyverbs`` there gives softnic's
-implementation while the machine's own pyverbs (if any) stays untouched for
-everything else.  Each ``pyverbs.X`` module (``pyverbs.providers.mlx5.mlx5dv``
+This directory (and nothing else of softnic's) is put first on PYTHONPATH only
+for the program that ``softnic exec`` starts, so ``import pyverbs`` there gives
+softnic's implementation while the machine's own pyverbs (if any) stays untouched
+for everything else.  Each ``pyverbs.X`` module (``pyverbs.providers.mlx5.mlx5dv``
 too) is softnic's ``verbs_api.X``: the same module object under both names.
 """
 
@@ -11,6 +11,18 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+from pathlib import Path
+
+# softnic's own packages, found for softnic's code (and this shim's) without putting
+# softnic's directory on the program's path (softnic/faces/privateimport.py)
+_ROOT = Path(__file__).resolve().parents[4]
+_pi = sys.modules.get("_softnic_privateimport")
+if _pi is None:
+    _spec = importlib.util.spec_from_file_location(
+        "_softnic_privateimport", _ROOT / "softnic" / "faces" / "privateimport.py")
+    _pi = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_pi)
+_pi.install(str(_ROOT), [], trusted=(__name__,))
 
 _MODULES = ("device", "pd", "mr", "cq", "qp", "wr", "addr", "srq", "base", "mem_alloc", "utils",
             "pyverbs_error", "enums", "libibverbs_enums", "cmid", "cm_enums")
