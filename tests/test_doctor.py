@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -35,10 +34,16 @@ def machine(monkeypatch):
 
     monkeypatch.setattr(doctor, "package_version",
                         lambda name: None if name in lacking else "1.0-test")
-    monkeypatch.setattr(doctor, "header_exists", lambda h: h not in lacking)
-    monkeypatch.setattr(doctor, "python_header",
-                        lambda: Path("/nonexistent/Python.h") if "Python.h" in lacking
-                        else Path(__file__))
+    def build_status(face):
+        """As softnic.faces.availability.face_status answers on such a machine."""
+        needs = [("no C compiler", "gcc", "cc"),
+                 ("<infiniband/verbs.h> is missing", "libibverbs-dev", "infiniband/verbs.h")]
+        if face == "rdmacm":
+            needs.insert(0, ("<rdma/rdma_cma.h> is missing", "librdmacm-dev", "rdma/rdma_cma.h"))
+        lacks = [(what, deb) for what, deb, name in needs if name in lacking]
+        return not lacks, "; ".join(w for w, _ in lacks), list(dict.fromkeys(d for _, d in lacks))
+
+    monkeypatch.setattr(doctor, "build_status", build_status)
     monkeypatch.setattr(doctor, "which", lambda p: None if p in lacking else f"/usr/bin/{p}")
     monkeypatch.setattr(doctor, "requirements", lambda: ["numpy>=1.26", "cffi>=1.16",
                                                          "pytest>=8; extra == 'test'"])
@@ -68,7 +73,7 @@ def test_json_shape(machine, capsys):
             assert set(check) == {"name", "ok", "detail", "debs", "pip", "fix"}
             assert check["ok"] in (True, None) and isinstance(check["detail"], str)
     names = [c["name"] for c in doc["faces"]["c"]["checks"]]
-    assert {"C compiler", "Python.h", "<infiniband/verbs.h>", "package libibverbs-dev",
+    assert {"C compiler, Python.h, <infiniband/verbs.h>", "package libibverbs-dev",
             "build libibverbs.so.1", "ibv_devinfo under softnic exec"} <= set(names)
     # without --live nothing was built or run
     live = {c["name"]: c for f in doc["faces"].values() for c in f["checks"]}
@@ -85,7 +90,8 @@ def test_missing_librdmacm_costs_rdmacm_only(machine, capsys):
     rc, doc = run_doctor(capsys, "--face", "rdmacm")
     assert rc == 1 and doc["ok"] is False
     rdmacm = doc["faces"]["rdmacm"]
-    assert rdmacm["missing"] == ["<rdma/rdma_cma.h>", "package librdmacm-dev"]
+    assert rdmacm["missing"] == ["C compiler, Python.h, <rdma/rdma_cma.h>",
+                                 "package librdmacm-dev"]
     assert rdmacm["install"] == [apt("librdmacm-dev")]
     assert doc["faces"]["c"]["ok"] is True          # libibverbs is not cost
     for face in ("c", "python", "ucx", "mpi", "system-pyverbs"):
@@ -110,7 +116,8 @@ def test_missing_libibverbs_costs_the_c_faces_not_python(machine, capsys):
     # a face on top of c: its own packages, then the build and the live check not run
     checks = {c["name"]: c for c in doc["faces"]["c"]["checks"]}
     assert checks["build libibverbs.so.1"]["ok"] is None
-    assert "needs <infiniband/verbs.h>" in checks["build libibverbs.so.1"]["detail"]
+    assert checks["build libibverbs.so.1"]["detail"] == (
+        "not run: needs C compiler, Python.h, <infiniband/verbs.h>, package libibverbs-dev")
 
 
 def test_several_missing_make_one_command_per_installer(machine, capsys):
@@ -121,6 +128,33 @@ def test_several_missing_make_one_command_per_installer(machine, capsys):
     assert doc["faces"]["python"]["install"] == [f"{sys.executable} -m pip install "
                                                  "'numpy>=1.26'"]
     assert doc["required"] == ["python", "mpi"]
+
+
+BUILD_STATUS = doctor.build_status
+
+
+def test_missing_rdma_cma_header_as_the_build_sees_it(machine, capsys, monkeypatch, tmp_path):
+    """The build's own check (face_status), with rdma-core's headers looked for in a
+    directory that has <infiniband/verbs.h> but not <rdma/rdma_cma.h>."""
+    from softnic.faces.embedding import toolchain_missing
+    if toolchain_missing():
+        why = f"needs a C compiler and Python.h: {toolchain_missing()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    monkeypatch.setattr(doctor, "build_status", BUILD_STATUS)
+    (tmp_path / "infiniband").mkdir()
+    (tmp_path / "infiniband" / "verbs.h").write_text("/* present */\n")
+    monkeypatch.setenv("SOFTNIC_RDMA_INCLUDE", str(tmp_path))
+    rc, doc = run_doctor(capsys, "--face", "rdmacm")
+    assert rc == 1 and doc["faces"]["c"]["ok"] is True
+    check = doc["faces"]["rdmacm"]["checks"][1]
+    assert check["ok"] is False and check["detail"] == "<rdma/rdma_cma.h> is missing"
+    assert doc["faces"]["rdmacm"]["install"] == [apt("librdmacm-dev")]
+    (tmp_path / "infiniband" / "verbs.h").unlink()
+    rc, doc = run_doctor(capsys, "--face", "python", "--face", "c")
+    assert rc == 1 and doc["faces"]["python"]["ok"] is True
+    assert doc["faces"]["c"]["install"] == [apt("libibverbs-dev")]
 
 
 def test_tests_need_huge_pages_and_namespaces(machine, capsys):

@@ -28,7 +28,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -137,15 +136,15 @@ def distribution_version(name: str) -> str | None:
         return None
 
 
-def header_exists(header: str) -> bool:
-    """``header`` (as in ``#include <...>``) under /usr/include, where the faces' build
-    looks (softnic.faces.embedding.Library.check_tools)."""
-    return Path("/usr/include", header).exists()
-
-
-def python_header() -> Path:
-    """Python.h of the interpreter that builds the C faces (this one)."""
-    return Path(sysconfig.get_paths()["include"], "Python.h")
+def build_status(face: str) -> tuple[bool, str, list[str]]:
+    """Whether softnic's library of a C face ("c": libibverbs.so.1, "rdmacm":
+    librdmacm.so.1) can be built here, as the build itself decides (a C compiler,
+    Python.h, rdma-core's headers: ``softnic.faces.availability.face_status``): (ok,
+    what is missing, the Debian packages that install it)."""
+    from ..faces.availability import face_status
+    st = face_status()["libibverbs" if face == "c" else "librdmacm"]
+    debs = st.install.split("apt-get install -y", 1)[1].split() if st.install else []
+    return st.ok, st.reason, debs
 
 
 def which(program: str) -> str | None:
@@ -303,10 +302,11 @@ class Doctor:
             return Check(name, None, "not run (--no-live)")
         return None
 
-    def _header(self, header: str, deb: str) -> Check:
-        ok = header_exists(header)
-        return Check(f"<{header}>", ok, f"/usr/include/{header}" if ok else "missing",
-                     debs=[deb])
+    def _buildable(self, face: str) -> Check:
+        ok, reason, debs = build_status(face)
+        what = "<infiniband/verbs.h>" if face == "c" else "<rdma/rdma_cma.h>"
+        return Check(f"C compiler, Python.h, {what}", ok, "present" if ok else reason,
+                     debs=debs)
 
     def _build(self, face: str, checks: list[Check]) -> Check:
         name = "build " + ("libibverbs.so.1" if face == "c" else "librdmacm.so.1")
@@ -370,18 +370,7 @@ class Doctor:
                      f"exit {r.returncode}: {_short(r.stdout)}")
 
     def _c(self) -> list[Check]:
-        cc = os.environ.get("CC", "cc")
-        path = which(cc)
-        checks = [Check("C compiler", path is not None, path or f"no {cc}", debs=["gcc"])]
-        h = python_header()
-        debian = sys.base_prefix == "/usr"
-        checks.append(Check("Python.h", h.exists(), str(h) if h.exists() else
-                            f"{h} missing (the headers of {sys.executable})",
-                            debs=["python3-dev"] if debian else [],
-                            fix="" if debian else f"install the headers of {sys.executable} "
-                            "(a Python built with its include directory)"))
-        checks.append(self._header("infiniband/verbs.h", "libibverbs-dev"))
-        checks += self._packages("c")
+        checks = [self._buildable("c")] + self._packages("c")
         checks.append(self._build("c", checks))
         checks.append(self._live_devinfo(checks))
         return checks
@@ -399,8 +388,7 @@ class Doctor:
                      f"exit {r.returncode}: {_short(r.stdout)}")
 
     def _rdmacm(self) -> list[Check]:
-        checks = [self._needs("c"), self._header("rdma/rdma_cma.h", "librdmacm-dev")]
-        checks += self._packages("rdmacm")
+        checks = [self._needs("c"), self._buildable("rdmacm")] + self._packages("rdmacm")
         checks.append(self._build("rdmacm", checks))
         checks.append(self._live_rping(checks))
         return checks
