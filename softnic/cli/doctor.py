@@ -228,15 +228,9 @@ def _softnic_exec(ip: str, *args: str, pyverbs: str | None = None) -> list[str]:
 
 
 def _env() -> dict:
-    """The live checks' environment: this one, with softnic importable by the children
-    (``python -m softnic.cli`` of a checkout that is not installed)."""
-    env = dict(os.environ)
-    project = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([project] + ([env["PYTHONPATH"]]
-                                                   if env.get("PYTHONPATH") else []))
-    for key in [k for k in env if k.startswith("SOFTNIC_")]:
-        del env[key]            # the user's device and fault settings are not the check's
-    return env
+    """The live checks' environment: this one without the user's SOFTNIC_* settings
+    (their devices and fault models are not the checks')."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SOFTNIC_")}
 
 
 class Doctor:
