@@ -181,6 +181,16 @@ def cell(results: list[dict]) -> str:
     return f"passed ({passed})" + (f", {skipped} skipped" if skipped else "")
 
 
+def _when(stamp: str) -> str:
+    """JUnit's timestamp of the run, in UTC when it carries its offset."""
+    if not stamp:
+        return "(no timestamp)"
+    t = _dt.datetime.fromisoformat(stamp)
+    if t.tzinfo is None:
+        return t.strftime("%Y-%m-%d %H:%M") + " (the machine's local time)"
+    return t.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def _system() -> str:
     try:
         return platform.freedesktop_os_release()["PRETTY_NAME"]
@@ -194,7 +204,7 @@ def render(tests: list[dict], stamp: str) -> str:
         for f in t["faults"]:
             by[t["program"], t["transport"], f].append(t)
     pythons = sorted({t["python"] for t in tests})
-    when = stamp.replace("T", " ")[:16] + " (local time of the run)" if stamp else "?"
+    when = _when(stamp)
     cols = [(tr, f) for tr in TRANSPORTS for f in FAULTS]
     passed = sum(t["outcome"] == "passed" for t in tests)
     failed = sum(t["outcome"] == "failed" for t in tests)
