@@ -40,11 +40,19 @@ def need(binary: str) -> str:
     return path
 
 
+def need_face(face: str) -> None:
+    """``face`` (softnic.faces.availability.FACES) can be built here, or the test skips
+    (fails under CI=true) saying what is missing and what installs it."""
+    from softnic.faces.availability import face_status
+    st = face_status()[face]
+    if not st.ok:
+        _missing(f"softnic's {face} face cannot be built here: {st.reason} ({st.install})")
+
+
 @pytest.fixture(scope="module")
 def libdir():
     from softnic.faces.libibverbs.build import BuildError, build
-    if shutil.which("gcc") is None or not Path("/usr/include/infiniband/verbs.h").exists():
-        _missing("needs gcc and libibverbs-dev to build softnic's libibverbs")
+    need_face("libibverbs")
     try:
         return build()
     except BuildError as e:

@@ -178,3 +178,25 @@ def test_a_dependency_softnic_has_not_loaded_stays_unseen_by_the_program(tmp_pat
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["None", "not found"]
+
+
+def test_the_engine_in_a_c_program_ignores_the_programs_python_variables(libdir, tmp_path):
+    """A C program's environment may steer its own Python programs (PYTHONPATH with a
+    cffi and a numpy of their own, PYTHONHOME): softnic's interpreter inside the C
+    program takes its path from the build, so modules that would break it go unseen."""
+    import shutil
+    ibv_devices = shutil.which("ibv_devices")
+    if ibv_devices is None:
+        _missing("needs ibv_devices (Debian: ibverbs-utils)")
+    bad = tmp_path / "theirs"
+    for name in ("cffi", "numpy", "softnic", "congestion"):
+        (bad / name).mkdir(parents=True)
+        (bad / name / "__init__.py").write_text(f"raise ImportError('the program\\'s {name}')\n")
+    (bad / "_cffi_backend.py").write_text("raise ImportError('the program\\'s _cffi_backend')\n")
+    # (env sets them for ibv_devices only: softnic exec itself is a Python program)
+    cmd, env = softnic_exec("env", f"PYTHONPATH={bad}", f"PYTHONHOME={bad}", ibv_devices,
+                            devices="2")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "softnic0" in r.stdout and "softnic1" in r.stdout, r.stdout + r.stderr
+    assert "ImportError" not in r.stderr, r.stderr

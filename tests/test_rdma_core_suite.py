@@ -57,6 +57,11 @@ def test_rdma_core_suite_passes(face, tmp_path):
                 [SYSTEM_PYTHON, "-c", "import pyverbs.device"], capture_output=True,
                 timeout=60).returncode:
             _missing(f"{SYSTEM_PYTHON} cannot import pyverbs (Debian: python3-pyverbs)")
+        from softnic.faces.availability import face_status
+        for name, st in face_status().items():      # (its test_rdmacm needs librdmacm)
+            if name != "pyverbs" and not st.ok:
+                _missing(f"softnic's {name} face cannot be built here: {st.reason} "
+                         f"({st.install})")
     out = tmp_path / "results.json"
     modules = ["test_pd", "test_device", "test_addr", "test_cq", "test_cq_events", "test_cqex",
                "test_qp", "test_qpex", "test_atomic", "test_mr", "test_relaxed_ordering",

@@ -41,8 +41,8 @@ def need(binary: str) -> str:
 def libs():
     from softnic.faces.libibverbs.build import BuildError, build
     from softnic.faces.librdmacm.build import build as build_rdmacm
-    if shutil.which("gcc") is None or not Path("/usr/include/rdma/rdma_cma.h").exists():
-        _missing("needs gcc, libibverbs-dev and librdmacm-dev to build softnic's libraries")
+    from test_libibverbs import need_face
+    need_face("librdmacm")
     try:
         return build(), build_rdmacm()
     except BuildError as e:

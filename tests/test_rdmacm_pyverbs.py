@@ -167,6 +167,8 @@ def test_the_same_program_on_debians_pyverbs_over_softnics_librdmacm():
         if os.environ.get("CI") == "true":
             pytest.fail("needs Debian's python3-pyverbs (.ci/run installs it)")
         pytest.skip("needs Debian's python3-pyverbs")
+    from test_libibverbs import need_face
+    need_face("librdmacm")
     a, b = f"127.{BASE}.93.2", f"127.{BASE}.93.3"
     r = subprocess.run([*SOFTNIC, "exec", "--pyverbs", "system", py,
                         str(HERE / "rdmacm" / "pyverbs_cm_async.py"), a, b, "7810"],

@@ -38,26 +38,41 @@ def _exec(args) -> int:
             print(f"softnic exec: --cc: {e}", file=sys.stderr)
             return 2
     cmd = args.command[1:] if args.command[0] == "--" else args.command
-    from ..faces.libibverbs.launch import BuildError, library_env, links_libibverbs
     if args.libibverbs is None and args.pyverbs == "system":
         args.libibverbs = True          # the machine's pyverbs runs over softnic's libibverbs
-    if args.libibverbs is not False:
-        # every program of the tree loads softnic's libibverbs, however it loads it
-        try:
-            env.update(library_env(env))
-            from ..faces.librdmacm.launch import library_env as rdmacm_env
-            env.update(rdmacm_env(env))       # ... and its librdmacm (rdma_cm programs)
-        except BuildError as e:
-            if args.libibverbs or links_libibverbs(cmd[0]):
-                print(f"softnic exec: {e}", file=sys.stderr)
-                return 1
-            print(f"softnic exec: warning: C programs in this run will not see softnic "
-                  f"({e})", file=sys.stderr)
+    if args.libibverbs is not False and not _c_faces(env, cmd[0], bool(args.libibverbs)):
+        return 1
     try:
         os.execvpe(cmd[0], cmd, env)
     except FileNotFoundError:
         print(f"softnic exec: {cmd[0]}: command not found", file=sys.stderr)
         return 127
+
+
+def _c_faces(env: dict, program: str, asked: bool) -> bool:
+    """Every program of the tree loads softnic's libibverbs, however it loads it, and its
+    librdmacm beside it (``env`` gains what makes them).  Each is offered on its own: one
+    that cannot be built costs only what needs it, with a one-line warning saying what
+    to install; but without libibverbs a program that links it, or a run that asked for
+    the C faces (``asked``), would not run on softnic at all: False, after saying why."""
+    from ..faces.libibverbs.launch import BuildError, library_env, links_library
+    from ..faces.librdmacm.launch import library_env as rdmacm_env
+    try:
+        env.update(library_env(env))
+    except BuildError as e:
+        if asked or links_library(program):
+            print(f"softnic exec: {e}", file=sys.stderr)
+            return False
+        print(f"softnic exec: warning: C programs in this run will not see softnic ({e})",
+              file=sys.stderr)
+        return True
+    try:
+        env.update(rdmacm_env(env))
+    except BuildError as e:
+        # (perftest links librdmacm and needs it only with -R: the program runs)
+        print(f"softnic exec: warning: rdma_cm calls in this run will not reach softnic "
+              f"({e})", file=sys.stderr)
+    return True
 
 
 def _counters(args) -> int:

@@ -8,11 +8,13 @@ import shutil
 
 from .build import PRELOAD, SONAME, BuildError, build
 
-__all__ = ["BuildError", "links_libibverbs", "library_env", "add_build_parser", "run_build"]
+__all__ = ["BuildError", "links_library", "links_libibverbs", "library_env",
+           "add_build_parser", "run_build"]
 
 
-def links_libibverbs(program: str) -> bool:
-    """Is ``program`` (a path or a name on PATH) an ELF binary that loads libibverbs?"""
+def links_library(program: str, soname: str = SONAME) -> bool:
+    """Is ``program`` (a path or a name on PATH) an ELF binary that loads ``soname``
+    (libibverbs.so.1 by default)?"""
     path = program if os.sep in program else shutil.which(program)
     if not path or not os.path.isfile(path):
         return False
@@ -20,9 +22,13 @@ def links_libibverbs(program: str) -> bool:
         with open(path, "rb") as f:
             if f.read(4) != b"\x7fELF":
                 return False
-            return SONAME.encode() in f.read(64 << 20)
+            return soname.encode() in f.read(64 << 20)
     except OSError:
         return False
+
+
+def links_libibverbs(program: str) -> bool:
+    return links_library(program)
 
 
 def _prepend(value: str, old: str | None, sep: str) -> str:
