@@ -89,19 +89,9 @@ def fault_modes(model: str | None) -> list[str]:
 @functools.cache
 def version(program: str) -> str:
     kind, name = PROGRAMS[program][1]
-    if kind == "deb":
-        try:
-            r = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", name],
-                               capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return "not installed"
-        status, _, v = r.stdout.partition("\t")
-        return f"{name} {v}" if status.endswith("install ok installed") else "not installed"
-    from importlib import metadata
-    try:
-        return f"{name} {metadata.version(name)}"
-    except metadata.PackageNotFoundError:
-        return "not installed"
+    from softnic.cli.doctor import distribution_version, package_version
+    v = package_version(name) if kind == "deb" else distribution_version(name)
+    return f"{name} {v}" if v else "not installed"
 
 
 def record(marker, params: dict) -> dict:
