@@ -171,3 +171,13 @@ def test_docs_workflow_uses_the_action_as_it_is():
     for r in runs:
         if "mpirun" in r or "ucx_info" in r or "MPIRUN" in r:
             assert r.strip().startswith("softnic exec "), r
+
+
+def test_readme_lists_the_packages_the_installer_installs():
+    """README's list of Debian packages for the tests is packages.py's (all faces and the
+    tests'), the list .ci/run installs through tools/install.sh."""
+    from softnic.cli import packages
+    readme = (ROOT / "README.md").read_text()
+    text = re.search(r"Debian's packages: (.*?); without them", readme, re.S).group(1)
+    assert sorted(re.findall(r"`([a-z0-9.+-]+)`", text)) == sorted(
+        packages.packages(["all", "tests"]))
