@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.compat("pyverbs-softnic")
 @pytest.mark.parametrize("faults", [None, "loss=0.05", "reorder=0.05/300us,dup=0.01"])
 def test_rc_write_pingpong_under_softnic_exec(faults):
     cmd = [sys.executable, "-m", "softnic.cli", "exec"]

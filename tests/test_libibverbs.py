@@ -124,6 +124,7 @@ def pair(binary: str, args: list[str], faults=None, timeout=TIMEOUT):
 # ---------------------------------------------------------------- ibverbs-utils
 
 
+@pytest.mark.compat("ibverbs-utils")
 def test_devices_and_devinfo(libdir):
     need("ibv_devices")
     r = run("ibv_devices", devices="2")
@@ -161,6 +162,7 @@ def test_exec_reaches_the_whole_process_tree_unless_told_not_to(libdir, tmp_path
 
 # Under loss this needs the linger of ibv_destroy_qp (docs/libibverbs.md): without it a
 # lost final ACK leaves one side retransmitting for ever to a peer that has exited.
+@pytest.mark.compat("ibverbs-utils")
 @pytest.mark.parametrize("args,faults", [
     (["-n", "20"], None),
     (["-n", "20", "-e", "-s", "1"], "loss=0.05"),
@@ -174,6 +176,7 @@ def test_rc_pingpong(libdir, args, faults):
         assert "GID ::ffff:127." in out
 
 
+@pytest.mark.compat("perftest")
 def test_ib_write_bw(libdir):
     binary = need("ib_write_bw")
     cout, sout = pair(binary, ["-x", "0", "-n", "20", "-s", "65536"], faults="loss=0.02")
@@ -215,6 +218,7 @@ def test_c_wc_errors_leave_memory_untouched(libdir, tmp_path):
     assert "all statuses as expected" in r.stdout
 
 
+@pytest.mark.compat("pyverbs-softnic")
 def test_pyverbs_program_and_c_program_are_peers(libdir, tmp_path):
     exe = compile_c("datacheck", tmp_path)
     r = run(sys.executable, str(CDIR / "pypeer.py"), *SOFTNIC, "exec", exe, "--peer")
@@ -283,6 +287,7 @@ def rdma_core_tests(tmp_path: Path) -> Path:
     return dest
 
 
+@pytest.mark.compat("pyverbs-debian")
 def test_debian_pyverbs_in_debian_python_single_thread_owning_both_ends(libdir, tmp_path):
     """Debian's /usr/bin/python3 (3.11.2) with Debian's real pyverbs over softnic's
     libibverbs: the host interpreter runs softnic's backend (one interpreter), and

@@ -52,6 +52,7 @@ def run(cmd, env, timeout=TIMEOUT, **kw):
 # ---------------------------------------------------------------- UCX
 
 
+@pytest.mark.compat("ucx")
 def test_ucx_info_lists_softnic_devices_with_rc_and_ud_verbs(libdir):
     cmd, env = softnic_exec(need("ucx_info"), "-d", devices="2")
     r = run(cmd, env)
@@ -99,18 +100,21 @@ RC_TESTS = ["tag_lat", "tag_bw", "ucp_put_bw", "ucp_get", "ucp_add", "ucp_fadd",
             "ucp_cswap"]
 
 
+@pytest.mark.compat("ucx")
 @pytest.mark.parametrize("test", RC_TESTS)
 def test_ucx_perftest_rc_verbs(libdir, test):
     final = perftest("rc_v,self", test, "-n", "100", "-s", "8")
     assert final.split()[1] == "100", final             # iterations done
 
 
+@pytest.mark.compat("ucx")
 @pytest.mark.parametrize("test", ["tag_lat", "tag_bw"])
 def test_ucx_perftest_ud_verbs(libdir, test):
     final = perftest("ud_v,self", test, "-n", "100", "-s", "8")
     assert final.split()[1] == "100", final
 
 
+@pytest.mark.compat("ucx", faults="loss")
 @pytest.mark.parametrize("tls,test,size", [
     ("rc_v,self", "tag_lat", "8"), ("rc_v,self", "ucp_put_bw", "65536"),
     ("rc_v,self", "ucp_get", "8"), ("rc_v,self", "ucp_fadd", "8"), ("ud_v,self", "tag_bw", "8"),
@@ -157,6 +161,7 @@ def assert_ranks_used_softnic(docs: list[dict], np: int) -> None:
     assert len(used) == np, [(d["pid"], d["device"], d["counters"].get("sent_pkts")) for d in docs]
 
 
+@pytest.mark.compat("openmpi")
 @pytest.mark.parametrize("np,tls,top", [(2, "rc_v,self", 1 << 20), (4, "rc_v,self", 4 << 20),
                                         (3, "ud_v,self", 4 << 20)],
                          ids=["2-ranks-rc", "4-ranks-rc", "3-ranks-ud"])
@@ -169,6 +174,7 @@ def test_mpi_program_every_element_checked(libdir, mpi_check, tmp_path, np, tls,
     assert_ranks_used_softnic(docs, np)
 
 
+@pytest.mark.compat("openmpi", faults="loss")
 @pytest.mark.parametrize("tls", ["rc_v,self", "ud_v,self"])
 def test_mpi_program_with_2_percent_loss(libdir, mpi_check, tmp_path, tls):
     out, docs = mpirun(tmp_path, 3, tls, [mpi_check, str(1 << 20), "32"], faults="loss=0.02",
@@ -179,6 +185,7 @@ def test_mpi_program_with_2_percent_loss(libdir, mpi_check, tmp_path, tls):
     assert sum(d["counters"].get("sent_pkts", 0) for d in docs) > 0
 
 
+@pytest.mark.compat("mpi4py")
 @pytest.mark.parametrize("tls", ["rc_v,self", "ud_v,self"])
 def test_mpi4py_in_debian_python_every_element_checked(libdir, tmp_path, tls):
     """Debian's /usr/bin/python3 (3.11.2) with Debian's mpi4py: softnic's backend runs in
@@ -201,6 +208,7 @@ def test_mpi4py_in_debian_python_every_element_checked(libdir, tmp_path, tls):
     assert_ranks_used_softnic(docs, 3)
 
 
+@pytest.mark.compat("ucx")
 def test_ucx_perftest_between_two_network_namespaces(libdir, two_hosts):
     """Two hosts (network namespaces joined by a veth pair, test_netns's fixture), one
     softnic device on each namespace's veth address: ucx_perftest over rc_verbs crosses

@@ -47,6 +47,7 @@ def _missing(why: str):
     pytest.skip(why)
 
 
+@pytest.mark.compat("rdma-core-tests")
 @pytest.mark.parametrize("face", ["c", "python"])
 def test_rdma_core_suite_passes(face, tmp_path):
     if not TESTS.is_dir():

@@ -175,6 +175,7 @@ def check(res):
     return sout, cout
 
 
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_rping(faults):
     need("rping")
@@ -187,6 +188,7 @@ def test_rping(faults):
     assert lines[0].startswith("ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_ucmatose(faults):
     need("ucmatose")
@@ -196,6 +198,7 @@ def test_ucmatose(faults):
         assert "data transfers complete" in out and "return status 0" in out
 
 
+@pytest.mark.compat("rdmacm-utils")
 def test_udaddy():
     need("udaddy")
     sout, cout = check(pair(["udaddy", "-b", "{S}", "-C", "20"],
@@ -211,6 +214,7 @@ def test_udaddy():
 DROP_2ND, DROP_3RD = 2, 61
 
 
+@pytest.mark.compat("rdmacm-utils", faults="loss")
 def test_udaddy_connects_under_loss():
     # udaddy's data are UD datagrams, which nothing retransmits, and it waits for every
     # one of them (poll_cqs), so a lossy wire stops it, as it would a NIC's: under loss
@@ -233,6 +237,7 @@ def test_udaddy_connects_under_loss():
 # and here; a NIC such as mlx5 fails the send after 7 retries, and the programs
 # still end 0).  The seeds lose other datagrams of the exchange.
 
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_rdma_server_client(faults):
     # synchronous ids and rdma_create_ep.  With loss: the client's RTU (the server hears
@@ -245,6 +250,7 @@ def test_rdma_server_client(faults):
     assert "rdma_server: end 0" in sout and "rdma_client: end 0" in cout
 
 
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_rdma_xserver_xclient(faults):
     # rdma_xclient sends 16 bytes inline on a QP that asked for no inline room: the room
@@ -266,6 +272,7 @@ def test_rdma_xserver_xclient(faults):
 PERFTEST_RACE = ("Event: RDMA_CM_EVENT_REJECTED; error: 8.",)
 
 
+@pytest.mark.compat("perftest")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 @pytest.mark.parametrize("tool", ["ib_write_bw", "ib_read_lat", "ib_send_lat"])
 def test_perftest_rdma_cm(tool, faults):
@@ -285,6 +292,7 @@ def test_perftest_rdma_cm(tool, faults):
 QPERF_RACE = ("unexpected event from RDMA CM: Event rejected",)
 
 
+@pytest.mark.compat("qperf")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_qperf_cm(faults):
     need("qperf")

@@ -77,6 +77,7 @@ def _cmd(ns, ip, args, faults=None):
     return ["ip", "netns", "exec", ns, *SOFTNIC, "exec", *lossy, "--", *args], env
 
 
+@pytest.mark.compat("libfabric")
 def test_fi_info_lists_softnic_devices(two_hosts):
     (a, aip), _ = two_hosts
     cmd, env = _cmd(a, aip, ["fi_info", "-p", "verbs"])
@@ -86,6 +87,7 @@ def test_fi_info_lists_softnic_devices(two_hosts):
     assert "domain: softnic0-dgram" in r.stdout
 
 
+@pytest.mark.compat("libfabric")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 @pytest.mark.parametrize("mode", [["-p", "verbs", "-e", "msg"],
                                   ["-p", "verbs;ofi_rxm", "-e", "rdm"]],

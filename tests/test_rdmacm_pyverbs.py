@@ -43,6 +43,7 @@ def test_async_program_one_process_two_devices():
     assert "connected, exchanged, disconnected" in r.stdout
 
 
+@pytest.mark.compat("pyverbs-softnic")
 def test_sync_programs_as_two_processes():
     a, b = f"127.{BASE}.91.2", f"127.{BASE}.91.3"
     script = str(HERE / "rdmacm" / "pyverbs_cm_sync.py")
@@ -140,6 +141,7 @@ def test_listen_on_any_serves_every_device(two_devices):
     lst.close()
 
 
+@pytest.mark.compat("pyverbs-softnic", transport="sim", faults="loss")
 @pytest.mark.parametrize("seed", [1, 2])
 def test_async_program_in_the_simulated_fabric_with_loss_and_duplication(seed):
     """The same program in virtual time, with 5 % loss and 5 % duplication on every
@@ -155,6 +157,7 @@ def test_async_program_in_the_simulated_fabric_with_loss_and_duplication(seed):
     assert "connected, exchanged, disconnected" in r.stdout
 
 
+@pytest.mark.compat("pyverbs-debian")
 def test_the_same_program_on_debians_pyverbs_over_softnics_librdmacm():
     """rdma-core's own pyverbs (Debian's python3-pyverbs, Cython over librdmacm.so.1)
     runs the program unchanged over softnic's C libraries, in a Python host."""

@@ -28,6 +28,7 @@ def need_torch():
         pytest.skip("torch not installed (pip install -e '.[torch]')")
 
 
+@pytest.mark.compat("torch")
 def test_softnic_backend_collectives_and_ddp_loss_equal_to_gloo(tmp_path):
     need_torch()
     out = tmp_path / "torch.json"

@@ -679,6 +679,7 @@ print(b[3].read(13, 0).decode(), socket.ntohl(wcs[0].imm_data))
 '''
 
 
+@pytest.mark.compat('pyverbs-softnic')
 @pytest.mark.parametrize('transport', ['udp', 'tcp'])
 def test_unmodified_pyverbs_program_under_softnic_exec(tmp_path, transport):
     prog = tmp_path / 'app.py'
@@ -891,6 +892,7 @@ def run_peers(cmds: dict, cwd, env, check_server_info=None) -> None:
                 p.kill()
 
 
+@pytest.mark.compat('pyverbs-softnic')
 @pytest.mark.parametrize('transport', ['udp', 'tcp'])
 def test_two_processes_exchange_addresses_and_talk(tmp_path, transport):
     prog = tmp_path / 'peer.py'

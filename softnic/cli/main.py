@@ -165,6 +165,9 @@ def _parser() -> argparse.ArgumentParser:
                                   "between two softnic processes, and allreduce"))
     from ..faces.libibverbs.launch import add_build_parser
     add_build_parser(sub)
+    from .doctor import add_arguments as doctor_arguments
+    doctor_arguments(sub.add_parser("doctor", help="which faces work on this machine, and "
+                                    "the command that installs what the others lack"))
     return ap
 
 
@@ -222,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "trace":
         from .ladder import main as trace
         return trace(args)
+    if args.cmd == "doctor":
+        from .doctor import main as doctor
+        return doctor(args)
     if args.cmd == "devinfo":
         from .devinfo import main as devinfo
         return devinfo(args.ib_dev, args.verbose)
