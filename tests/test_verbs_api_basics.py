@@ -467,3 +467,47 @@ def test_dropped_objects_release_their_resources():
 def test_side_helper_builds_rc(ctx):
     s = Side(DEV, ctx=ctx)
     assert s.qp.qp_state == e.IBV_QPS_INIT
+
+
+def test_imported_pd_and_mr_are_the_created_ones():
+    """Context(cmd_fd=...), PD(handle=...), MR(handle=...): ibv_import_pd/ibv_import_mr's
+    lookup in the command file's objects (rdma-core's test_shared_pd shares them so).  The
+    imported MR has the keys and length of the created one and no address unless given;
+    a handle the file does not hold is ENOENT, one only another kind holds EINVAL;
+    unimporting leaves the objects to their creator."""
+    import os
+    c = Context(name=DEV)
+    other = Context(name=DEV)                 # a command file of its own
+    pd = PD(c)
+    mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
+    imp = Context(cmd_fd=os.dup(c.cmd_fd))
+    try:
+        ipd = PD(imp, handle=pd.handle)
+        assert ipd.handle == pd.handle
+        imr = MR(ipd, handle=mr.handle)
+        assert (imr.lkey, imr.rkey, imr.length, imr.buf) == (mr.lkey, mr.rkey, 4096, 0)
+        assert MR(ipd, handle=mr.handle, address=mr.buf).buf == mr.buf
+        opd = PD(other)
+        with pytest.raises(PyverbsRDMAError) as ex:
+            PD(imp, handle=opd.handle)
+        assert ex.value.error_code == errno.ENOENT
+        with pytest.raises(PyverbsRDMAError) as ex:
+            MR(ipd, handle=max(mr.handle, pd.handle) + 1000)
+        assert ex.value.error_code == errno.ENOENT
+        lone = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
+        if lone.handle != pd.handle:          # a handle only an MR holds, asked as a PD's
+            with pytest.raises(PyverbsRDMAError) as ex:
+                PD(imp, handle=lone.handle)
+            assert ex.value.error_code == errno.EINVAL
+        imr.unimport()
+        ipd.unimport()
+        assert mr.read(4, 0) == b'\0' * 4     # the MR is still the creator's
+        mr.close()
+        pd.close()
+        with pytest.raises(PyverbsRDMAError) as ex:
+            PD(imp, handle=pd.handle)         # deallocated: the file holds it no more
+        assert ex.value.error_code == errno.ENOENT
+    finally:
+        imp.close()
+        other.close()
+        c.close()

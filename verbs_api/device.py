@@ -143,6 +143,7 @@ class Context(PyverbsCM):
             if name is None:
                 raise PyverbsRDMAError('Failed to import device', errno.EOPNOTSUPP)
             self._cmd_fd = cmd_fd
+            self._file = (st.st_dev, st.st_ino)
         for k in ('cmid', 'attr'):
             if kwargs.get(k) is not None:
                 raise PyverbsRDMAError(f'Context({k}=...) is not supported by softnic',
@@ -167,7 +168,8 @@ class Context(PyverbsCM):
             # when imported (Context(cmd_fd=...))
             self._cmd_fd = os.memfd_create(f'softnic-{name}', os.MFD_CLOEXEC)
             st = os.fstat(self._cmd_fd)
-            _CMD_FDS[(st.st_dev, st.st_ino)] = name
+            self._file = (st.st_dev, st.st_ino)
+            _CMD_FDS[self._file] = name
         self._closed = False
         self.logger.debug(f'Context: opened device {name}')
 
@@ -189,6 +191,26 @@ class Context(PyverbsCM):
     @property
     def cmd_fd(self):
         return self._cmd_fd
+
+    def _share(self, kind, handle, obj):
+        """Make ``obj`` (a PD or MR created through this context) importable by
+        ``handle`` from every context of this command file (``PD(handle=...)``,
+        ``MR(handle=...)``), as long as it lives."""
+        _SHARED.setdefault(self._file, weakref.WeakValueDictionary())[(kind, handle)] = obj
+
+    def _imported(self, kind, handle, what):
+        """The live ``kind`` object of this context's command file named by ``handle``:
+        ibv_import_pd / ibv_import_mr's lookup, ENOENT for a handle the file does not
+        hold and EINVAL for a handle of another kind, as the kernel answers."""
+        self._check()
+        objs = _SHARED.get(self._file, {})
+        obj = objs.get((kind, handle))
+        if obj is None or obj._closed:
+            other = any(k != kind and h == handle and not o._closed
+                        for (k, h), o in list(objs.items()))
+            raise PyverbsRDMAError(f'Failed to import {what}',
+                                   errno.EINVAL if other else errno.ENOENT)
+        return obj
 
     @property
     def num_comp_vectors(self):
@@ -532,6 +554,7 @@ class AsyncEvent(PyverbsObject):
 
 
 _CMD_FDS: dict = {}        # (st_dev, st_ino) of a context's command fd -> its device name
+_SHARED: dict = {}         # (st_dev, st_ino) -> {(kind, handle): PD or MR created there}
 
 
 class AllocDmAttr(PyverbsObject):

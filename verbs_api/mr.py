@@ -24,6 +24,7 @@ HUGE_PAGE_SIZE = 0x200000
 
 class MR(PyverbsCM):
     _kind = 'MR'
+    _is_imported = False       # made by PD(handle=...) / MR(handle=...)
 
     def __init__(self, creator, length=0, access=0, address=None, implicit=False, **kwargs):
         super().__init__()
@@ -38,14 +39,23 @@ class MR(PyverbsCM):
             raise PyverbsRDMAError(f'MR on a {type(creator).__name__} is not supported by softnic',
                                    errno.EOPNOTSUPP)
         creator._check()
-        if kwargs.get('handle') is not None:
-            raise PyverbsRDMAError('Failed to import MR: not supported by softnic',
-                                   errno.EOPNOTSUPP)
+        self._is_imported = False
         self.is_huge = bool(access & e.IBV_ACCESS_HUGETLB)
         self.is_user_addr = bool(address)
         if address:
             self._buf = int(address)
-        elif length > 0:
+        if kwargs.get('handle') is not None:
+            # ibv_import_mr: the MR of that handle in a context sharing the PD's command
+            # file; its keys and length are the MR's, its address NULL unless given
+            self._emr = creator.ctx._imported('MR', kwargs['handle'], 'MR')._emr
+            self._is_imported = True
+            self._length = self._emr.length
+            self._nic = creator._nic
+            self.pd = creator
+            self._closed = False
+            creator.add_ref(self)
+            return
+        if not address and length > 0:
             self._buf = self._allocate(length)
         self._length = length
         self._nic = creator._nic
@@ -64,6 +74,7 @@ class MR(PyverbsCM):
         self.pd = creator
         self._closed = False
         creator.add_ref(self)
+        creator.ctx._share('MR', self.handle, self)
         self.logger.debug(f'Registered ibv_mr. Length: {length}, access flags {access}')
 
     def _allocate(self, length):
@@ -98,10 +109,15 @@ class MR(PyverbsCM):
             return
         self.logger.debug('Closing MR')
         self._closed = True
-        engine_call(self._nic, 'Failed to dereg MR', self._nic.dev.dereg_mr, self._emr)
+        if not self._is_imported:        # an imported MR is its creator's to deregister
+            engine_call(self._nic, 'Failed to dereg MR', self._nic.dev.dereg_mr, self._emr)
         self._release_buffer()
         self._buf = 0
         self.pd = None
+
+    def unimport(self):
+        """ibv_unimport_mr: let this import go (the MR stays its creator's)."""
+        self.close()
 
     def _range(self, length, offset, what):
         if self._closed or not self._buf or length < 0:

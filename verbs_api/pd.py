@@ -12,11 +12,14 @@ from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 
 class PD(PyverbsCM):
     _kind = 'PD'
+    _is_imported = False       # made by PD(handle=...) / MR(handle=...)
 
-    def __init__(self, creator):
-        """A protection domain on ``creator``, an open Context."""
+    def __init__(self, creator, **kwargs):
+        """A protection domain on ``creator``, an open Context; ``handle=``: the PD of
+        that handle in a context sharing creator's command file, imported (ibv_import_pd)."""
         super().__init__()
         self._closed = True
+        self._is_imported = False
         from .device import Context
         if creator is None:
             raise PyverbsUserError('Cannot create PD from None')
@@ -27,7 +30,13 @@ class PD(PyverbsCM):
             raise PyverbsUserError(f'Cannot create PD from {type(creator)}')
         creator._check()
         self._nic = creator._nic
-        self._epd = engine_call(self._nic, 'Failed to allocate PD', self._nic.dev.alloc_pd)
+        handle = kwargs.get('handle')
+        if handle is not None:
+            self._epd = creator._imported('PD', handle, 'PD')._epd
+            self._is_imported = True
+        else:
+            self._epd = engine_call(self._nic, 'Failed to allocate PD', self._nic.dev.alloc_pd)
+            creator._share('PD', self._epd.handle, self)
         self.ctx = creator
         self.srqs = weakref.WeakSet()
         self.mrs = weakref.WeakSet()
@@ -44,9 +53,14 @@ class PD(PyverbsCM):
             return
         self.logger.debug('Closing PD')
         close_weakrefs([self.parent_domains, self.qps, self.ahs, self.mws, self.mrs, self.srqs])
-        engine_call(self._nic, 'Failed to dealloc PD', self._nic.dev.dealloc_pd, self._epd)
+        if not self._is_imported:        # an imported PD is its creator's to deallocate
+            engine_call(self._nic, 'Failed to dealloc PD', self._nic.dev.dealloc_pd, self._epd)
         self._closed = True
         self.ctx = None
+
+    def unimport(self):
+        """ibv_unimport_pd: let this import go (the PD stays its creator's)."""
+        self.close()
 
     def _check(self):
         if self._closed:
