@@ -511,3 +511,15 @@ def test_imported_pd_and_mr_are_the_created_ones():
         imp.close()
         other.close()
         c.close()
+
+
+@pytest.mark.parametrize('flag', [e.IBV_WC_EX_WITH_CVLAN, e.IBV_WC_EX_WITH_FLOW_TAG,
+                                  e.IBV_WC_EX_WITH_TM_INFO])
+def test_cqex_refuses_fields_no_completion_carries(ctx, flag):
+    """As rxe and the C face: an extended CQ asking for a VLAN, a flow tag or tag-matching
+    information, which softnic's completions never carry, is EOPNOTSUPP."""
+    from verbs_api.cq import CqInitAttrEx
+    with pytest.raises(PyverbsRDMAError) as ex:
+        CQEX(ctx, CqInitAttrEx(wc_flags=e.IBV_WC_STANDARD_FLAGS | flag))
+    assert ex.value.error_code == errno.EOPNOTSUPP
+    CQEX(ctx, CqInitAttrEx(wc_flags=e.IBV_WC_STANDARD_FLAGS)).close()
