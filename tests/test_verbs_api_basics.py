@@ -523,3 +523,44 @@ def test_cqex_refuses_fields_no_completion_carries(ctx, flag):
         CQEX(ctx, CqInitAttrEx(wc_flags=e.IBV_WC_STANDARD_FLAGS | flag))
     assert ex.value.error_code == errno.EOPNOTSUPP
     CQEX(ctx, CqInitAttrEx(wc_flags=e.IBV_WC_STANDARD_FLAGS)).close()
+
+
+def test_rdma_core_64_registration_api(ctx):
+    """rdma-core 64's MREx (ibv_reg_mr_ex), Buf/BufMR (ibv_alloc_buf, ibv_reg_buf_mr) and
+    DMAHandle, answered as libibverbs answers for a provider without ops of its own for
+    them (rxe): an address range registers as ibv_reg_mr does, a DMA handle or a dma-buf
+    is EOPNOTSUPP, a dma-buf with an address EINVAL, a buffer range beyond the buffer
+    EINVAL; a confidential guest's shared-memory parent domain is EOPNOTSUPP."""
+    from verbs_api.mr import BufMR, Buf, DMAHandle, DmaHandleInitAttr, MREx
+    from verbs_api.pd import ParentDomain, ParentDomainInitAttr
+    from verbs_api import libibverbs_enums as le
+    with PD(ctx) as pd:
+        mr = MREx(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+        mr.write(b'abc', 3, 10)
+        assert mr.read(3, 10) == b'abc' and mr.rkey and mr.length == 4096
+        for kwargs, err in (({'access': e.IBV_ACCESS_REMOTE_WRITE}, errno.EINVAL),
+                            ({'dmah': object(), 'access': 1}, errno.EOPNOTSUPP),
+                            ({'implicit': True, 'fd': 0, 'access': 1}, errno.EINVAL),
+                            ({'fd': 0, 'iova': 0, 'access': 1}, errno.EOPNOTSUPP)):
+            with pytest.raises(PyverbsRDMAError, match='using extended API') as ex:
+                MREx(pd, 4096, **kwargs)
+            assert ex.value.error_code == err, kwargs
+        buf = Buf(pd, 3 * 4096)
+        bmr = BufMR(pd, buf, 4096, e.IBV_ACCESS_LOCAL_WRITE, offset=4096)
+        assert bmr.buf == buf.addr + 4096
+        xmr = MREx(pd, length=100, access=e.IBV_ACCESS_LOCAL_WRITE, buf=buf,
+                   address=buf.addr + 8)
+        assert xmr.buf == buf.addr + 8
+        with pytest.raises(PyverbsRDMAError) as ex:
+            BufMR(pd, buf, 4096, e.IBV_ACCESS_LOCAL_WRITE, offset=3 * 4096 - 10)
+        assert ex.value.error_code == errno.EINVAL
+        buf.close()                               # its MRs go first
+        assert bmr._closed and xmr._closed
+        with pytest.raises(PyverbsRDMAError) as ex:
+            DMAHandle(ctx, DmaHandleInitAttr(cpu_id=0))
+        assert ex.value.error_code == errno.EOPNOTSUPP
+        cc = le.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC
+        with pytest.raises(PyverbsRDMAError) as ex:
+            ParentDomain(ctx, ParentDomainInitAttr(pd, comp_mask=cc))
+        assert ex.value.error_code == errno.EOPNOTSUPP
+        mr.close()

@@ -419,6 +419,18 @@ class DeviceAttr(_Attrs):
         return ''.join(f.format(k, v) for k, v in rows)
 
 
+class FdArr(PyverbsObject):
+    """ibv_fd_arr: a list of file descriptors (mlx5's DevX objects take one)."""
+
+    def __init__(self, arr=(), count=0):
+        super().__init__()
+        self.arr, self.count = [int(fd) for fd in list(arr)[:count]], count
+
+    def __str__(self):
+        return (f"{'Number of fd in arr':20}: {self.count:<20}\n"
+                f"{'FDs in arr':20}: {self.arr!s:<20}\n")
+
+
 class QueryDeviceExInput(PyverbsObject):
     def __init__(self, comp_mask):
         super().__init__()

@@ -108,10 +108,12 @@ class ParentDomainContext(PyverbsObject):
 
 
 class ParentDomainInitAttr(PyverbsObject):
-    def __init__(self, pd, pd_context=None):
+    def __init__(self, pd, pd_context=None, comp_mask=0):
         super().__init__()
         self.pd, self.pd_context = pd, pd_context
-        self.comp_mask = 0 if pd_context is None else e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
+        self.comp_mask = comp_mask | (0 if pd_context is None else
+                                      e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+                                      e.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
 
 
 class ParentDomain(PD):
@@ -134,6 +136,13 @@ class ParentDomain(PD):
                                    'with a PD')
         context._check()
         attr.pd._check()
+        if attr.comp_mask & e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC:
+            # memory shared with the host of a confidential guest: softnic's memory is
+            # this process's own, it has none of another kind to offer
+            raise PyverbsRDMAError('Failed to allocate Parent Domain', errno.EOPNOTSUPP)
+        if attr.comp_mask & ~(e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+                              e.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT):
+            raise PyverbsRDMAError('Failed to allocate Parent Domain', errno.EINVAL)
         self.protection_domain = attr.pd
         self.pd_context = attr.pd_context
         self._nic, self._epd = attr.pd._nic, attr.pd._epd
