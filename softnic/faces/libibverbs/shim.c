@@ -2579,6 +2579,10 @@ static struct ibv_pd *sn_vctx_alloc_parent_domain(struct ibv_context *ctx,
                                                   struct ibv_parent_domain_init_attr *attr)
 {
     uint32_t h = 0;
+    /* rdma-core 64's IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC (memory shared
+     * with a confidential guest's host): softnic has no memory of another kind to offer */
+    if (attr && (attr->comp_mask & (1u << 2)))
+        return sn_fail_ptr(EOPNOTSUPP);
     if (!attr || !attr->pd || (attr->comp_mask & ~(IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
                                                    IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)))
         return sn_fail_ptr(EINVAL);
