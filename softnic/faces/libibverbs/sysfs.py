@@ -104,73 +104,73 @@ def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> 
 # ``rdma link`` (iproute2) asks the kernel over RDMA netlink, which knows nothing of
 # softnic's devices; rdma-core 64's tests find a device's netdev with ``rdma link show -j``.
 # ``softnic exec`` puts this ``rdma`` first on PATH: ``rdma link [show] [DEV[/PORT]]`` lists
-# the host's links (if it has any) and softnic's devices from the tree that SOFTNIC_SYSFS
-# names (port 1, ACTIVE, LINK_UP, on the netdev of its device/net/), in iproute2's text or
-# JSON (-j, -p); every other command is the host's rdma.
-RDMA_TOOL = r"""#!/usr/bin/env python3
-import json, os, shutil, socket, subprocess, sys
-
-
-def host_rdma():
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                           if p and os.path.abspath(p) != here)
-    return shutil.which("rdma", path=path)
-
-
-def softnic_links():
-    top = os.environ.get("SOFTNIC_SYSFS", "")
-    links = []
-    for name in sorted(os.listdir(top)) if os.path.isdir(top) else []:
-        net = os.path.join(top, name, "device", "net")
-        netdevs = sorted(os.listdir(net)) if os.path.isdir(net) else []
-        link = {"ifname": name, "port": 1, "state": "ACTIVE", "physical_state": "LINK_UP"}
-        if netdevs:
-            link["netdev"] = netdevs[0]
-            try:
-                link["netdev_index"] = socket.if_nametoindex(netdevs[0])
-            except OSError:
-                pass
-        links.append(link)
-    return links
-
-
-def main(argv):
-    opts = [a for a in argv if a.startswith("-")]
-    words = [a for a in argv if not a.startswith("-")]
-    real = host_rdma()
-    if not words or not "link".startswith(words[0]) or len(words) > 3 or \
-            (len(words) > 1 and words[1] not in ("show", "list")):
-        if real is None:
-            print("rdma: the host has no rdma tool (iproute2)", file=sys.stderr)
-            return 127
-        os.execv(real, [real] + argv)
-    links = []
-    if real is not None:
-        r = subprocess.run([real, "-j", "link", "show"], capture_output=True, text=True)
-        if r.returncode == 0:
-            links = json.loads(r.stdout or "[]")
-    first = max((link.get("ifindex", 0) for link in links), default=0) + 1
-    links += [dict(ifindex=first + i, **link) for i, link in enumerate(softnic_links())]
-    if len(words) == 3:
-        dev, _, port = words[2].partition("/")
-        links = [link for link in links
-                 if link["ifname"] == dev and (not port or str(link["port"]) == port)]
-        if not links:
-            print("Wrong device name", file=sys.stderr)
-            return 1
-    if any(o in ("-j", "-json", "--json") for o in opts):
-        pretty = any(o in ("-p", "-pretty", "--pretty") for o in opts)
-        print(json.dumps(links, indent=4 if pretty else None))
-    else:
-        for link in links:
-            line = (f"link {link['ifname']}/{link['port']} state {link['state']} "
-                    f"physical_state {link['physical_state']}")
-            print(line + (f" netdev {link['netdev']}" if link.get("netdev") else ""))
-    return 0
-
-
-sys.exit(main(sys.argv[1:]))
+# the host's links (if it has any), then softnic's devices from the tree that SOFTNIC_SYSFS
+# names (port 1, ACTIVE, LINK_UP, on the netdev of its device/net/), as iproute2's text or
+# compact JSON (-j); a DEV that is none of softnic's, and every other command, go to the
+# host's rdma.  A shell script: a test's setUp runs it once per GID.
+RDMA_TOOL = r"""#!/bin/sh
+here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
+real=
+oldifs=$IFS; IFS=:
+for d in $PATH; do
+    if [ -n "$d" ] && [ "$d" != "$here" ] && [ -x "$d/rdma" ]; then real=$d/rdma; break; fi
+done
+IFS=$oldifs
+json=0; n=0; w1=; w2=; w3=
+for a in "$@"; do
+    case $a in
+        -j|-json|--json) json=1 ;;
+        -*) ;;
+        *) n=$((n + 1)); [ "$n" -le 3 ] && eval "w$n=\$a" ;;
+    esac
+done
+case $w1 in l|li|lin|link) ;; *) w1= ;; esac
+case $w2 in ''|show|list) ;; *) w1= ;; esac
+top=${SOFTNIC_SYSFS:-}
+dev=${w3%%/*}; port=
+case $w3 in */*) port=${w3#*/} ;; esac
+if [ -n "$w1" ] && [ "$n" -le 3 ] && [ -n "$dev" ] && [ ! -d "$top/$dev" ]; then w1=; fi
+if [ -z "$w1" ] || [ "$n" -gt 3 ]; then
+    [ -n "$real" ] && exec "$real" "$@"
+    echo "rdma: the host has no rdma tool (iproute2)" >&2
+    exit 127
+fi
+if [ -n "$port" ] && [ "$port" != 1 ]; then
+    echo "Wrong device name" >&2
+    exit 1
+fi
+hostj=; hostn=0
+if [ -z "$dev" ] && [ -n "$real" ]; then
+    hostj=$("$real" -j link show 2>/dev/null) || hostj=
+    hostn=$(printf '%s' "$hostj" | grep -o '"ifindex"' | wc -l)
+    [ "$json" = 0 ] && [ "$hostn" -gt 0 ] && "$real" link show 2>/dev/null
+fi
+items=; i=$hostn
+for d in "$top"/*; do
+    [ -d "$d" ] || continue
+    name=${d##*/}
+    i=$((i + 1))
+    [ -n "$dev" ] && [ "$name" != "$dev" ] && continue
+    net=
+    for x in "$d"/device/net/*; do [ -e "$x" ] && { net=${x##*/}; break; }; done
+    if [ "$json" = 1 ]; then
+        item="{\"ifindex\":$i,\"ifname\":\"$name\",\"port\":1,\"state\":\"ACTIVE\",\"physical_state\":\"LINK_UP\""
+        if [ -n "$net" ]; then
+            item="$item,\"netdev\":\"$net\""
+            idx=$(cat "/sys/class/net/$net/ifindex" 2>/dev/null) && item="$item,\"netdev_index\":$idx"
+        fi
+        items="$items${items:+,}$item}"
+    else
+        echo "link $name/1 state ACTIVE physical_state LINK_UP${net:+ netdev $net}"
+    fi
+done
+if [ "$json" = 1 ]; then
+    if [ "$hostn" -gt 0 ]; then
+        printf '%s%s]\n' "${hostj%]*}" "${items:+,$items}"
+    else
+        printf '[%s]\n' "$items"
+    fi
+fi
 """
 
 
