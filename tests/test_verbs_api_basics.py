@@ -564,3 +564,26 @@ def test_rdma_core_64_registration_api(ctx):
             ParentDomain(ctx, ParentDomainInitAttr(pd, comp_mask=cc))
         assert ex.value.error_code == errno.EOPNOTSUPP
         mr.close()
+
+
+def test_rdma_core_64_device_queries(ctx):
+    """rdma-core 64's pyverbs calls: get_pkey_index finds the default P_Key at index 0
+    (and no other), query_port_speed is EOPNOTSUPP as for rxe, the port's active_speed_ex
+    is 0 (active_speed says it), and an AddrInfo made with nothing to resolve is empty
+    until get_addrinfo fills it."""
+    from verbs_api.device import speed_to_str
+    assert ctx.get_pkey_index(1, 0xFFFF) == 0
+    with pytest.raises(PyverbsRDMAError):
+        ctx.get_pkey_index(1, 0x7FFF)
+    with pytest.raises(PyverbsRDMAError) as ex:
+        ctx.query_port_speed(1)
+    assert ex.value.error_code == errno.EOPNOTSUPP
+    port = ctx.query_port(1)
+    assert port.active_speed_ex == 0
+    assert speed_to_str(port.active_speed, port.active_speed_ex) == '2.5 Gbps (1)'
+    assert speed_to_str(1, 256) == '200.0 Gbps (256)'
+    from verbs_api.cmid import AddrInfo
+    ai = AddrInfo()
+    assert ai.src is None and ai.dst is None
+    ai.get_addrinfo(src='127.0.0.1', dst='127.0.0.1', dst_service='7471')
+    assert ai.dst is not None

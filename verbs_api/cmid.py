@@ -126,6 +126,18 @@ class AddrInfo(PyverbsObject):
         self.flags = flags
         self.port_space = port_space or ce.RDMA_PS_TCP
         self.qp_type = e.IBV_QPT_UD if self.port_space == ce.RDMA_PS_UDP else e.IBV_QPT_RC
+        # with nothing to resolve it stays empty, as pyverbs' (rdma-core 64's tests make
+        # one so and call get_addrinfo later)
+        if src or dst or src_service or dst_service:
+            self.get_addrinfo(src, dst, src_service, dst_service, port_space, flags)
+
+    def get_addrinfo(self, src=None, dst=None, src_service=None, dst_service=None,
+                     port_space=0, flags=0):
+        """rdma_getaddrinfo: resolve the source and destination addresses."""
+        self.src = self.dst = None
+        self.flags = flags
+        self.port_space = port_space or ce.RDMA_PS_TCP
+        self.qp_type = e.IBV_QPT_UD if self.port_space == ce.RDMA_PS_UDP else e.IBV_QPT_RC
         try:
             if flags & ce.RAI_PASSIVE:
                 self.src = R.getaddrinfo(src, src_service, passive=True)["src"]

@@ -273,6 +273,15 @@ class Context(PyverbsCM):
             sm_sl=0, subnet_timeout=0, init_type_reply=0, active_width=1, active_speed=1,
             active_speed_ex=0, phys_state=5, link_layer=e.IBV_LINK_LAYER_ETHERNET, flags=0, port_cap_flags2=0)
 
+    def get_pkey_index(self, port_num, pkey):
+        """ibv_get_pkey_index: the index of ``pkey`` in the port's P_Key table (one entry,
+        the default P_Key 0xFFFF, the same in either byte order)."""
+        self._check()
+        if port_num != 1 or pkey != PKEY_DEFAULT:
+            raise PyverbsRDMAError(f'Failed to get pkey index of pkey = {pkey} of port '
+                                   f'{port_num}')
+        return 0
+
     def query_port_speed(self, port_num):
         """ibv_query_port_speed (rdma-core 64): EOPNOTSUPP, libibverbs' answer for a
         provider without it (rxe); query_port's active_width and active_speed say it."""

@@ -570,6 +570,8 @@ class ibv_odp_transport_cap_bits(IntFlag):
     IBV_ODP_SUPPORT_READ = 1 << 3
     IBV_ODP_SUPPORT_ATOMIC = 1 << 4
     IBV_ODP_SUPPORT_SRQ_RECV = 1 << 5
+    IBV_ODP_SUPPORT_FLUSH = 1 << 6                  # rdma-core 64
+    IBV_ODP_SUPPORT_ATOMIC_WRITE = 1 << 7
 
 
 @_export
