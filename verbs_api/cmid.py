@@ -236,7 +236,7 @@ class CMEvent(PyverbsCM):
     def event_str(self):
         if self._ev is None:
             return ''
-        return R.EVENT_NAMES[self._ev.kind]
+        return ce.rdma_cm_event_type(self._ev.kind).name
 
     @property
     def private_data(self):
@@ -464,6 +464,35 @@ class CMID(PyverbsCM):
         except VerbsError as ex:
             raise _rdma('Failed to Bind ID', ex) from None
         self._attach_device()
+
+    def resolve_addrinfo(self, node=None, service=None, port_space=0, flags=0):
+        """rdma_resolve_addrinfo: ``node`` and ``service`` resolved as rdma_getaddrinfo
+        resolves them (the source with RAI_PASSIVE, else the destination), reported as
+        RDMA_CM_EVENT_ADDRINFO_RESOLVED on the id's channel, as librdmacm does once its
+        resolution is done (a synchronous id takes the event here); ``query_addrinfo``
+        then gives the result."""
+        self._check()
+        ai = AddrInfo()
+        try:
+            if flags & ce.RAI_PASSIVE:
+                ai.get_addrinfo(src=node, src_service=service, port_space=port_space,
+                                flags=flags)
+            else:
+                ai.get_addrinfo(dst=node, dst_service=service, port_space=port_space,
+                                flags=flags)
+        except PyverbsRDMAError as ex:
+            raise PyverbsRDMAError('Failed to Resolve AddrInfo', ex.error_code) from None
+        self._addrinfo = ai
+        if self._id.channel is not None:
+            self._id.channel.post(R.Event(ce.RDMA_CM_EVENT_ADDRINFO_RESOLVED, self._id))
+        self._complete('Failed to Resolve AddrInfo')
+
+    def query_addrinfo(self):
+        """rdma_query_addrinfo: what resolve_addrinfo resolved (EINVAL before)."""
+        ai = getattr(self, '_addrinfo', None)
+        if ai is None:
+            raise PyverbsRDMAError('Failed to Query AddrInfo', errno.EINVAL)
+        return ai
 
     def resolve_addr(self, rai, timeout_ms=2000):
         self._check()
