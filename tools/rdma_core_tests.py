@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -130,24 +131,28 @@ def run_face(face: str, pkg: Path, dev: str, timeout: float, only: list[str],
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                          cwd=str(pkg.parent), start_new_session=True, text=True,
                          errors="replace")
+    timed_out = threading.Event()
+
+    def expire():                    # a hang: the run ends here, as a hung test ends it
+        timed_out.set()
+        _kill_group(p, wait=False)
+
+    watchdog = threading.Timer(timeout, expire)
+    watchdog.start()
     chunks = []
-    deadline = t0 + timeout
-    status = None
     try:
         for line in p.stdout:
             chunks.append(line)
             out.write(line)
-            if time.monotonic() > deadline:
-                break
-        status = p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
+        status = p.wait()
     finally:
-        _kill_group(p)               # a hang, or what a test left behind (forked children)
+        watchdog.cancel()
+        _kill_group(p)               # what a test left behind (forked children)
     took = time.monotonic() - t0
     text = "".join(chunks)
     results, closing = parse(text)
-    if status is None:
+    if timed_out.is_set():
+        status = None
         closing.append(f"(timed out after {timeout:.0f} s)")
     elif status < 0:
         closing.append(f"(killed by signal {signal.Signals(-status).name})")
@@ -157,12 +162,13 @@ def run_face(face: str, pkg: Path, dev: str, timeout: float, only: list[str],
             "seconds": round(took, 1), "tail": "\n".join(text.splitlines()[-15:])}
 
 
-def _kill_group(p: subprocess.Popen) -> None:
+def _kill_group(p: subprocess.Popen, wait: bool = True) -> None:
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    p.wait()
+    if wait:
+        p.wait()
 
 
 def summary(run: dict, out=sys.stdout) -> None:
