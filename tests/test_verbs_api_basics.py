@@ -587,3 +587,31 @@ def test_rdma_core_64_device_queries(ctx):
     assert ai.src is None and ai.dst is None
     ai.get_addrinfo(src='127.0.0.1', dst='127.0.0.1', dst_service='7471')
     assert ai.dst is not None
+
+
+def test_provider_modules_answer_as_on_another_vendors_device(ctx):
+    """The mlx5 and EFA modules rdma-core's suite imports: as pyverbs on a device of
+    another vendor, Mlx5Context says 'This is not an MLX5 device', mlx5dv's objects and
+    static methods are EOPNOTSUPP, EfaContext opens and its query is EOPNOTSUPP; attribute
+    classes hold their arguments; the capability-naming functions answer as pyverbs'."""
+    from verbs_api.providers.efa import efadv
+    from verbs_api.providers.mlx5 import dr_domain, mlx5dv, mlx5dv_flow
+    from verbs_api.providers.mlx5 import mlx5_enums as dve
+    with pytest.raises(PyverbsUserError, match='This is not an MLX5 device'):
+        mlx5dv.Mlx5Context(mlx5dv.Mlx5DVContextAttr(), name=DEV)
+    for call in (lambda: mlx5dv.Mlx5Context.device_timestamp_to_ns(ctx, 1),
+                 lambda: dr_domain.DrDomain(ctx, 0),
+                 lambda: mlx5dv_flow.Mlx5FlowMatcher(ctx, None)):
+        with pytest.raises(PyverbsRDMAError) as ex:
+            call()
+        assert ex.value.error_code == errno.EOPNOTSUPP
+    attr = mlx5dv_flow.Mlx5FlowMatcherAttr(match_mask=7, priority=2)
+    assert (attr.match_mask, attr.priority, attr.ft_type) == (7, 2, 0)
+    assert mlx5dv.context_flags_to_str(dve.MLX5DV_CONTEXT_FLAGS_CQE_V1 |
+                                       dve.MLX5DV_CONTEXT_FLAGS_ENHANCED_MPW) == \
+        'CQE v1, Enhanced multi packet WQE (9)'
+    with efadv.EfaContext(name=DEV) as efa:
+        with pytest.raises(PyverbsRDMAError) as ex:
+            efa.query_efa_device()
+        assert ex.value.error_code == errno.EOPNOTSUPP
+    assert efadv.dev_cap_to_str(65) == 'RDMA Read, ??(40) (41)'
