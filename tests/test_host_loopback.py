@@ -8,6 +8,7 @@ its devices (the C face: the child starts afresh)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -153,6 +154,33 @@ def test_exec_answers_the_devices_sysfs_entries():
     assert lines[0] == "True True ['softnic0', 'softnic1']"
     assert lines[1] == "lo 127.0.0.1"
     assert lines[2] == "False True"             # no such device; real paths as they are
+
+
+def test_exec_answers_rdma_link_and_the_pkey_entry():
+    """Under softnic exec, ``rdma link`` (iproute2, which asks the kernel over RDMA netlink)
+    lists softnic's devices on their netdev, in text and JSON, filtered by DEV/PORT, as
+    rdma-core 64's tests read it; ports/1/pkeys/0 holds the default P_Key; other ``rdma``
+    commands are the host's own."""
+    if shutil.which("cat") is None:
+        _missing("needs cat (Debian: coreutils)")
+    probe = ("import json, subprocess; "
+             "out = lambda *a: subprocess.check_output(list(a)).decode(); "
+             "print(json.dumps([json.loads(out('rdma', 'link', 'show', '-j')), "
+             "out('rdma', 'link').splitlines(), "
+             "json.loads(out('rdma', '-j', 'link', 'show', 'softnic1/1')), "
+             "subprocess.run(['rdma', 'link', 'show', 'softnic7'], capture_output=True)"
+             ".returncode, out('cat', '/sys/class/infiniband/softnic0/ports/1/pkeys/0')]))")
+    r = _exec(["--devices", "2", "--", sys.executable, "-c", probe], _env())
+    assert r.returncode == 0, r.stderr
+    links, text, one, missing, pkey = json.loads(r.stdout)
+    assert [(x["ifname"], x["port"], x["state"], x["netdev"]) for x in links
+            if x["ifname"].startswith("softnic")] == [("softnic0", 1, "ACTIVE", "lo"),
+                                                    ("softnic1", 1, "ACTIVE", "lo")]
+    assert [ln for ln in text if "softnic" in ln] == [
+        "link softnic0/1 state ACTIVE physical_state LINK_UP netdev lo",
+        "link softnic1/1 state ACTIVE physical_state LINK_UP netdev lo"]
+    assert [x["ifname"] for x in one] == ["softnic1"]
+    assert (missing, pkey) == (1, "0xffff\n")
 
 
 def test_c_face_python_fork_before_devices_are_open():

@@ -346,10 +346,15 @@ def test_c_import_device_and_dm(libdir, tmp_path):
     """tests/c/imports.c: ibv_import_device from a dup of a context's command fd, the
     imported DM reading what the original wrote, EINVAL for a DM handle that is none,
     EOPNOTSUPP for an fd that is no context's, EBADF for -1, EBUSY freeing a DM while an
-    import of it lives, and the imported context closing its fd."""
+    import of it lives, and the imported context closing its fd.  ibv_import_pd and
+    ibv_import_mr: a QP of the imported context on the imported PD WRITEs from the
+    imported MR's lkey into an MR of the original PD; a handle of a context that does not
+    share the command file is ENOENT, one of another kind EINVAL."""
     r = run(compile_c("imports", tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "imports: all checks passed" in r.stdout
+    for want in ("import_pd, import_mr: a WRITE through the imported PD and MR",
+                 "foreign handle: ENOENT; another kind: EINVAL", "imports: all checks passed"):
+        assert want in r.stdout, r.stdout
 
 
 def test_c_a_thread_blocked_in_ibv_get_cq_event(libdir, tmp_path):

@@ -176,3 +176,28 @@ def test_the_same_program_on_debians_pyverbs_over_softnics_librdmacm():
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "connected, exchanged, disconnected" in r.stdout
+
+
+def test_resolve_addrinfo_reports_its_event():
+    """rdma_resolve_addrinfo (rdma-core 64's tests): the resolution arrives as
+    RDMA_CM_EVENT_ADDRINFO_RESOLVED on the id's channel, and query_addrinfo gives it (the
+    source with RAI_PASSIVE, else the destination); before it, query_addrinfo is EINVAL."""
+    ch = CMEventChannel()
+    try:
+        cmid = CMID(creator=ch)
+        with pytest.raises(PyverbsRDMAError) as ex:
+            cmid.query_addrinfo()
+        assert ex.value.error_code == errno.EINVAL
+        cmid.resolve_addrinfo(node='127.0.0.1', service='7902', flags=ce.RAI_PASSIVE)
+        ev = CMEvent(ch)
+        assert ev.event_type == ce.RDMA_CM_EVENT_ADDRINFO_RESOLVED
+        assert ev.event_str() == 'RDMA_CM_EVENT_ADDRINFO_RESOLVED'
+        ev.ack_cm_event()
+        ai = cmid.query_addrinfo()
+        assert ai.src[:2] == ('127.0.0.1', 7902) and ai.dst is None
+        cmid.resolve_addrinfo(node='127.0.0.1', service='7903')
+        CMEvent(ch).ack_cm_event()
+        assert cmid.query_addrinfo().dst[:2] == ('127.0.0.1', 7903)
+        cmid.close()
+    finally:
+        ch.close()

@@ -467,3 +467,151 @@ def test_dropped_objects_release_their_resources():
 def test_side_helper_builds_rc(ctx):
     s = Side(DEV, ctx=ctx)
     assert s.qp.qp_state == e.IBV_QPS_INIT
+
+
+def test_imported_pd_and_mr_are_the_created_ones():
+    """Context(cmd_fd=...), PD(handle=...), MR(handle=...): ibv_import_pd/ibv_import_mr's
+    lookup in the command file's objects (rdma-core's test_shared_pd shares them so).  The
+    imported MR has the keys and length of the created one and no address unless given;
+    a handle the file does not hold is ENOENT, one only another kind holds EINVAL;
+    unimporting leaves the objects to their creator."""
+    import os
+    c = Context(name=DEV)
+    other = Context(name=DEV)                 # a command file of its own
+    pd = PD(c)
+    mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
+    imp = Context(cmd_fd=os.dup(c.cmd_fd))
+    try:
+        ipd = PD(imp, handle=pd.handle)
+        assert ipd.handle == pd.handle
+        imr = MR(ipd, handle=mr.handle)
+        assert (imr.lkey, imr.rkey, imr.length, imr.buf) == (mr.lkey, mr.rkey, 4096, 0)
+        assert MR(ipd, handle=mr.handle, address=mr.buf).buf == mr.buf
+        opd = PD(other)
+        with pytest.raises(PyverbsRDMAError) as ex:
+            PD(imp, handle=opd.handle)
+        assert ex.value.error_code == errno.ENOENT
+        with pytest.raises(PyverbsRDMAError) as ex:
+            MR(ipd, handle=max(mr.handle, pd.handle) + 1000)
+        assert ex.value.error_code == errno.ENOENT
+        lone = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
+        if lone.handle != pd.handle:          # a handle only an MR holds, asked as a PD's
+            with pytest.raises(PyverbsRDMAError) as ex:
+                PD(imp, handle=lone.handle)
+            assert ex.value.error_code == errno.EINVAL
+        imr.unimport()
+        ipd.unimport()
+        assert mr.read(4, 0) == b'\0' * 4     # the MR is still the creator's
+        mr.close()
+        pd.close()
+        with pytest.raises(PyverbsRDMAError) as ex:
+            PD(imp, handle=pd.handle)         # deallocated: the file holds it no more
+        assert ex.value.error_code == errno.ENOENT
+    finally:
+        imp.close()
+        other.close()
+        c.close()
+
+
+@pytest.mark.parametrize('flag', [e.IBV_WC_EX_WITH_CVLAN, e.IBV_WC_EX_WITH_FLOW_TAG,
+                                  e.IBV_WC_EX_WITH_TM_INFO])
+def test_cqex_refuses_fields_no_completion_carries(ctx, flag):
+    """As rxe and the C face: an extended CQ asking for a VLAN, a flow tag or tag-matching
+    information, which softnic's completions never carry, is EOPNOTSUPP."""
+    from verbs_api.cq import CqInitAttrEx
+    with pytest.raises(PyverbsRDMAError) as ex:
+        CQEX(ctx, CqInitAttrEx(wc_flags=e.IBV_WC_STANDARD_FLAGS | flag))
+    assert ex.value.error_code == errno.EOPNOTSUPP
+    CQEX(ctx, CqInitAttrEx(wc_flags=e.IBV_WC_STANDARD_FLAGS)).close()
+
+
+def test_rdma_core_64_registration_api(ctx):
+    """rdma-core 64's MREx (ibv_reg_mr_ex), Buf/BufMR (ibv_alloc_buf, ibv_reg_buf_mr) and
+    DMAHandle, answered as libibverbs answers for a provider without ops of its own for
+    them (rxe): an address range registers as ibv_reg_mr does, a DMA handle or a dma-buf
+    is EOPNOTSUPP, a dma-buf with an address EINVAL, a buffer range beyond the buffer
+    EINVAL; a confidential guest's shared-memory parent domain is EOPNOTSUPP."""
+    from verbs_api.mr import BufMR, Buf, DMAHandle, DmaHandleInitAttr, MREx
+    from verbs_api.pd import ParentDomain, ParentDomainInitAttr
+    from verbs_api import libibverbs_enums as le
+    with PD(ctx) as pd:
+        mr = MREx(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+        mr.write(b'abc', 3, 10)
+        assert mr.read(3, 10) == b'abc' and mr.rkey and mr.length == 4096
+        for kwargs, err in (({'access': e.IBV_ACCESS_REMOTE_WRITE}, errno.EINVAL),
+                            ({'dmah': object(), 'access': 1}, errno.EOPNOTSUPP),
+                            ({'implicit': True, 'fd': 0, 'access': 1}, errno.EINVAL),
+                            ({'fd': 0, 'iova': 0, 'access': 1}, errno.EOPNOTSUPP)):
+            with pytest.raises(PyverbsRDMAError, match='using extended API') as ex:
+                MREx(pd, 4096, **kwargs)
+            assert ex.value.error_code == err, kwargs
+        buf = Buf(pd, 3 * 4096)
+        bmr = BufMR(pd, buf, 4096, e.IBV_ACCESS_LOCAL_WRITE, offset=4096)
+        assert bmr.buf == buf.addr + 4096
+        xmr = MREx(pd, length=100, access=e.IBV_ACCESS_LOCAL_WRITE, buf=buf,
+                   address=buf.addr + 8)
+        assert xmr.buf == buf.addr + 8
+        with pytest.raises(PyverbsRDMAError) as ex:
+            BufMR(pd, buf, 4096, e.IBV_ACCESS_LOCAL_WRITE, offset=3 * 4096 - 10)
+        assert ex.value.error_code == errno.EINVAL
+        buf.close()                               # its MRs go first
+        assert bmr._closed and xmr._closed
+        with pytest.raises(PyverbsRDMAError) as ex:
+            DMAHandle(ctx, DmaHandleInitAttr(cpu_id=0))
+        assert ex.value.error_code == errno.EOPNOTSUPP
+        cc = le.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC
+        with pytest.raises(PyverbsRDMAError) as ex:
+            ParentDomain(ctx, ParentDomainInitAttr(pd, comp_mask=cc))
+        assert ex.value.error_code == errno.EOPNOTSUPP
+        mr.close()
+
+
+def test_rdma_core_64_device_queries(ctx):
+    """rdma-core 64's pyverbs calls: get_pkey_index finds the default P_Key at index 0
+    (and no other), query_port_speed is EOPNOTSUPP as for rxe, the port's active_speed_ex
+    is 0 (active_speed says it), and an AddrInfo made with nothing to resolve is empty
+    until get_addrinfo fills it."""
+    from verbs_api.device import speed_to_str
+    assert ctx.get_pkey_index(1, 0xFFFF) == 0
+    with pytest.raises(PyverbsRDMAError):
+        ctx.get_pkey_index(1, 0x7FFF)
+    with pytest.raises(PyverbsRDMAError) as ex:
+        ctx.query_port_speed(1)
+    assert ex.value.error_code == errno.EOPNOTSUPP
+    port = ctx.query_port(1)
+    assert port.active_speed_ex == 0
+    assert speed_to_str(port.active_speed, port.active_speed_ex) == '2.5 Gbps (1)'
+    assert speed_to_str(1, 256) == '200.0 Gbps (256)'
+    from verbs_api.cmid import AddrInfo
+    ai = AddrInfo()
+    assert ai.src is None and ai.dst is None
+    ai.get_addrinfo(src='127.0.0.1', dst='127.0.0.1', dst_service='7471')
+    assert ai.dst is not None
+
+
+def test_provider_modules_answer_as_on_another_vendors_device(ctx):
+    """The mlx5 and EFA modules rdma-core's suite imports: as pyverbs on a device of
+    another vendor, Mlx5Context says 'This is not an MLX5 device', mlx5dv's objects and
+    static methods are EOPNOTSUPP, EfaContext opens and its query is EOPNOTSUPP; attribute
+    classes hold their arguments; the capability-naming functions answer as pyverbs'."""
+    from verbs_api.providers.efa import efadv
+    from verbs_api.providers.mlx5 import dr_domain, mlx5dv, mlx5dv_flow
+    from verbs_api.providers.mlx5 import mlx5_enums as dve
+    with pytest.raises(PyverbsUserError, match='This is not an MLX5 device'):
+        mlx5dv.Mlx5Context(mlx5dv.Mlx5DVContextAttr(), name=DEV)
+    for call in (lambda: mlx5dv.Mlx5Context.device_timestamp_to_ns(ctx, 1),
+                 lambda: dr_domain.DrDomain(ctx, 0),
+                 lambda: mlx5dv_flow.Mlx5FlowMatcher(ctx, None)):
+        with pytest.raises(PyverbsRDMAError) as ex:
+            call()
+        assert ex.value.error_code == errno.EOPNOTSUPP
+    attr = mlx5dv_flow.Mlx5FlowMatcherAttr(match_mask=7, priority=2)
+    assert (attr.match_mask, attr.priority, attr.ft_type) == (7, 2, 0)
+    assert mlx5dv.context_flags_to_str(dve.MLX5DV_CONTEXT_FLAGS_CQE_V1 |
+                                       dve.MLX5DV_CONTEXT_FLAGS_ENHANCED_MPW) == \
+        'CQE v1, Enhanced multi packet WQE (9)'
+    with efadv.EfaContext(name=DEV) as efa:
+        with pytest.raises(PyverbsRDMAError) as ex:
+            efa.query_efa_device()
+        assert ex.value.error_code == errno.EOPNOTSUPP
+    assert efadv.dev_cap_to_str(65) == 'RDMA Read, ??(40) (41)'

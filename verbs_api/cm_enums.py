@@ -20,6 +20,8 @@ class rdma_cm_event_type(IntEnum):
     RDMA_CM_EVENT_MULTICAST_ERROR = 13
     RDMA_CM_EVENT_ADDR_CHANGE = 14
     RDMA_CM_EVENT_TIMEWAIT_EXIT = 15
+    RDMA_CM_EVENT_ADDRINFO_RESOLVED = 16            # rdma-core 64 (rdma_resolve_addrinfo)
+    RDMA_CM_EVENT_ADDRINFO_ERROR = 17
 
 
 class rdma_port_space(IntEnum):

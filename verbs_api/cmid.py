@@ -126,6 +126,18 @@ class AddrInfo(PyverbsObject):
         self.flags = flags
         self.port_space = port_space or ce.RDMA_PS_TCP
         self.qp_type = e.IBV_QPT_UD if self.port_space == ce.RDMA_PS_UDP else e.IBV_QPT_RC
+        # with nothing to resolve it stays empty, as pyverbs' (rdma-core 64's tests make
+        # one so and call get_addrinfo later)
+        if src or dst or src_service or dst_service:
+            self.get_addrinfo(src, dst, src_service, dst_service, port_space, flags)
+
+    def get_addrinfo(self, src=None, dst=None, src_service=None, dst_service=None,
+                     port_space=0, flags=0):
+        """rdma_getaddrinfo: resolve the source and destination addresses."""
+        self.src = self.dst = None
+        self.flags = flags
+        self.port_space = port_space or ce.RDMA_PS_TCP
+        self.qp_type = e.IBV_QPT_UD if self.port_space == ce.RDMA_PS_UDP else e.IBV_QPT_RC
         try:
             if flags & ce.RAI_PASSIVE:
                 self.src = R.getaddrinfo(src, src_service, passive=True)["src"]
@@ -224,7 +236,7 @@ class CMEvent(PyverbsCM):
     def event_str(self):
         if self._ev is None:
             return ''
-        return R.EVENT_NAMES[self._ev.kind]
+        return ce.rdma_cm_event_type(self._ev.kind).name
 
     @property
     def private_data(self):
@@ -452,6 +464,35 @@ class CMID(PyverbsCM):
         except VerbsError as ex:
             raise _rdma('Failed to Bind ID', ex) from None
         self._attach_device()
+
+    def resolve_addrinfo(self, node=None, service=None, port_space=0, flags=0):
+        """rdma_resolve_addrinfo: ``node`` and ``service`` resolved as rdma_getaddrinfo
+        resolves them (the source with RAI_PASSIVE, else the destination), reported as
+        RDMA_CM_EVENT_ADDRINFO_RESOLVED on the id's channel, as librdmacm does once its
+        resolution is done (a synchronous id takes the event here); ``query_addrinfo``
+        then gives the result."""
+        self._check()
+        ai = AddrInfo()
+        try:
+            if flags & ce.RAI_PASSIVE:
+                ai.get_addrinfo(src=node, src_service=service, port_space=port_space,
+                                flags=flags)
+            else:
+                ai.get_addrinfo(dst=node, dst_service=service, port_space=port_space,
+                                flags=flags)
+        except PyverbsRDMAError as ex:
+            raise PyverbsRDMAError('Failed to Resolve AddrInfo', ex.error_code) from None
+        self._addrinfo = ai
+        if self._id.channel is not None:
+            self._id.channel.post(R.Event(ce.RDMA_CM_EVENT_ADDRINFO_RESOLVED, self._id))
+        self._complete('Failed to Resolve AddrInfo')
+
+    def query_addrinfo(self):
+        """rdma_query_addrinfo: what resolve_addrinfo resolved (EINVAL before)."""
+        ai = getattr(self, '_addrinfo', None)
+        if ai is None:
+            raise PyverbsRDMAError('Failed to Query AddrInfo', errno.EINVAL)
+        return ai
 
     def resolve_addr(self, rai, timeout_ms=2000):
         self._check()

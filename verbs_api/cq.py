@@ -233,6 +233,11 @@ class CQEX(_CQBase):
         super().__init__()
         if init_attr is None:
             init_attr = CqInitAttrEx()
+        # as rxe (and the C face): fields softnic's completions never carry are refused
+        if init_attr.wc_flags & (e.IBV_WC_EX_WITH_CVLAN | e.IBV_WC_EX_WITH_FLOW_TAG |
+                                 e.IBV_WC_EX_WITH_TM_INFO):
+            self._closed = True
+            raise rdma_error('Failed to create extended CQ', errno.EOPNOTSUPP)
         self.wc_flags = init_attr.wc_flags
         self._cur = None
         self._create(context, init_attr.cqe, init_attr.comp_channel, init_attr.comp_vector)

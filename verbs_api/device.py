@@ -144,6 +144,7 @@ class Context(PyverbsCM):
             if name is None:
                 raise PyverbsRDMAError('Failed to import device', errno.EOPNOTSUPP)
             self._cmd_fd = cmd_fd
+            self._file = (st.st_dev, st.st_ino)
         for k in ('cmid', 'attr'):
             if kwargs.get(k) is not None:
                 raise PyverbsRDMAError(f'Context({k}=...) is not supported by softnic',
@@ -168,7 +169,8 @@ class Context(PyverbsCM):
             # when imported (Context(cmd_fd=...))
             self._cmd_fd = os.memfd_create(f'softnic-{name}', os.MFD_CLOEXEC)
             st = os.fstat(self._cmd_fd)
-            _CMD_FDS[(st.st_dev, st.st_ino)] = name
+            self._file = (st.st_dev, st.st_ino)
+            _CMD_FDS[self._file] = name
         self._closed = False
         self.logger.debug(f'Context: opened device {name}')
 
@@ -190,6 +192,26 @@ class Context(PyverbsCM):
     @property
     def cmd_fd(self):
         return self._cmd_fd
+
+    def _share(self, kind, handle, obj):
+        """Make ``obj`` (a PD or MR created through this context) importable by
+        ``handle`` from every context of this command file (``PD(handle=...)``,
+        ``MR(handle=...)``), as long as it lives."""
+        _SHARED.setdefault(self._file, weakref.WeakValueDictionary())[(kind, handle)] = obj
+
+    def _imported(self, kind, handle, what):
+        """The live ``kind`` object of this context's command file named by ``handle``:
+        ibv_import_pd / ibv_import_mr's lookup, ENOENT for a handle the file does not
+        hold and EINVAL for a handle of another kind, as the kernel answers."""
+        self._check()
+        objs = _SHARED.get(self._file, {})
+        obj = objs.get((kind, handle))
+        if obj is None or obj._closed:
+            other = any(k != kind and h == handle and not o._closed
+                        for (k, h), o in list(objs.items()))
+            raise PyverbsRDMAError(f'Failed to import {what}',
+                                   errno.EINVAL if other else errno.ENOENT)
+        return obj
 
     @property
     def num_comp_vectors(self):
@@ -250,7 +272,23 @@ class Context(PyverbsCM):
             max_msg_sz=min(cfg.max_msg_size, 0xFFFFFFFF), bad_pkey_cntr=bad_pkey,
             qkey_viol_cntr=bad_qkey, pkey_tbl_len=1, lid=0, sm_lid=0, lmc=0, max_vl_num=1,
             sm_sl=0, subnet_timeout=0, init_type_reply=0, active_width=1, active_speed=1,
-            phys_state=5, link_layer=e.IBV_LINK_LAYER_ETHERNET, flags=0, port_cap_flags2=0)
+            active_speed_ex=0, phys_state=5, link_layer=e.IBV_LINK_LAYER_ETHERNET, flags=0, port_cap_flags2=0)
+
+    def get_pkey_index(self, port_num, pkey):
+        """ibv_get_pkey_index: the index of ``pkey`` in the port's P_Key table (one entry,
+        the default P_Key 0xFFFF, the same in either byte order)."""
+        self._check()
+        if port_num != 1 or pkey != PKEY_DEFAULT:
+            raise PyverbsRDMAError(f'Failed to get pkey index of pkey = {pkey} of port '
+                                   f'{port_num}')
+        return 0
+
+    def query_port_speed(self, port_num):
+        """ibv_query_port_speed (rdma-core 64): EOPNOTSUPP, libibverbs' answer for a
+        provider without it (rxe); query_port's active_width and active_speed say it."""
+        self._port(port_num, 'speed')
+        raise PyverbsRDMAError(f'Failed to query port speed for port {port_num}',
+                               errno.EOPNOTSUPP)
 
     def query_pkey(self, port_num, index):
         self._port(port_num, 'pkey')
@@ -398,6 +436,18 @@ class DeviceAttr(_Attrs):
         return ''.join(f.format(k, v) for k, v in rows)
 
 
+class FdArr(PyverbsObject):
+    """ibv_fd_arr: a list of file descriptors (mlx5's DevX objects take one)."""
+
+    def __init__(self, arr=(), count=0):
+        super().__init__()
+        self.arr, self.count = [int(fd) for fd in list(arr)[:count]], count
+
+    def __str__(self):
+        return (f"{'Number of fd in arr':20}: {self.count:<20}\n"
+                f"{'FDs in arr':20}: {self.arr!s:<20}\n")
+
+
 class QueryDeviceExInput(PyverbsObject):
     def __init__(self, comp_mask):
         super().__init__()
@@ -447,7 +497,8 @@ class PortAttr(_Attrs):
     _fields = ('state', 'max_mtu', 'active_mtu', 'gid_tbl_len', 'port_cap_flags', 'max_msg_sz',
                'bad_pkey_cntr', 'qkey_viol_cntr', 'pkey_tbl_len', 'lid', 'sm_lid', 'lmc',
                'max_vl_num', 'sm_sl', 'subnet_timeout', 'init_type_reply', 'active_width',
-               'active_speed', 'phys_state', 'link_layer', 'flags', 'port_cap_flags2')
+               'active_speed', 'active_speed_ex', 'phys_state', 'link_layer', 'flags',
+               'port_cap_flags2')
 
     def __str__(self):
         f = '{:<24}: {:<20}\n'
@@ -465,7 +516,7 @@ class PortAttr(_Attrs):
                 ('SM sl', self.sm_sl), ('Subnet timeout', self.subnet_timeout),
                 ('Init type reply', self.init_type_reply),
                 ('Active width', width_to_str(self.active_width)),
-                ('Active speed', speed_to_str(self.active_speed)),
+                ('Active speed', speed_to_str(self.active_speed, self.active_speed_ex)),
                 ('Phys state', phys_state_to_str(self.phys_state)), ('Flags', self.flags)]
         return ''.join(f.format(k, v) for k, v in rows)
 
@@ -533,6 +584,7 @@ class AsyncEvent(PyverbsObject):
 
 
 _CMD_FDS: dict = {}        # (st_dev, st_ino) of a context's command fd -> its device name
+_SHARED: dict = {}         # (st_dev, st_ino) -> {(kind, handle): PD or MR created there}
 
 
 class AllocDmAttr(PyverbsObject):
@@ -704,9 +756,13 @@ def width_to_str(width):
     return f'{names[width]} ({width})' if width in names else 'Invalid width'
 
 
-def speed_to_str(speed):
+def speed_to_str(active_speed, active_speed_ex=0):
+    """An IB speed code as pyverbs names it; ``active_speed_ex`` (rdma-core 64's, when
+    nonzero) takes over from ``active_speed``."""
+    speed = active_speed_ex or active_speed
     names = {0: '0.0 Gbps', 1: '2.5 Gbps', 2: '5.0 Gbps', 4: '5.0 Gbps', 8: '10.0 Gbps',
-             16: '14.0 Gbps', 32: '25.0 Gbps', 64: '50.0 Gbps', 128: '100.0 Gbps'}
+             16: '14.0 Gbps', 32: '25.0 Gbps', 64: '50.0 Gbps', 128: '100.0 Gbps',
+             256: '200.0 Gbps'}
     return f'{names[speed]} ({speed})' if speed in names else 'Invalid speed'
 
 

@@ -570,6 +570,8 @@ class ibv_odp_transport_cap_bits(IntFlag):
     IBV_ODP_SUPPORT_READ = 1 << 3
     IBV_ODP_SUPPORT_ATOMIC = 1 << 4
     IBV_ODP_SUPPORT_SRQ_RECV = 1 << 5
+    IBV_ODP_SUPPORT_FLUSH = 1 << 6                  # rdma-core 64
+    IBV_ODP_SUPPORT_ATOMIC_WRITE = 1 << 7
 
 
 @_export
@@ -689,6 +691,7 @@ class ibv_values_mask(IntFlag):
 class ibv_parent_domain_init_attr_mask(IntFlag):
     IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS = 1 << 0
     IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT = 1 << 1
+    IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC = 1 << 2     # rdma-core 64
 
 
 @_export
@@ -713,12 +716,50 @@ class ibv_tmh_op(IntEnum):
     IBV_TMH_EAGER = 3
 
 
+# Later rdma-core's (64's verbs.h): extended MR registration, DMA handles, data-in-order
+# queries; softnic offers none of their verbs, so nothing here is acted on.
+@_export
+class ibv_mr_init_attr_mask(IntFlag):
+    IBV_REG_MR_MASK_IOVA = 1 << 0
+    IBV_REG_MR_MASK_ADDR = 1 << 1
+    IBV_REG_MR_MASK_FD = 1 << 2
+    IBV_REG_MR_MASK_FD_OFFSET = 1 << 3
+    IBV_REG_MR_MASK_DMAH = 1 << 4
+    IBV_REG_MR_MASK_BUF = 1 << 5
+
+
+@_export
+class ibv_query_qp_data_in_order_flags(IntFlag):
+    IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS = 1 << 0
+    IBV_QUERY_QP_DATA_IN_ORDER_DEVICE_ONLY = 1 << 1
+
+
+@_export
+class ibv_query_qp_data_in_order_caps(IntFlag):
+    IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG = 1 << 0
+    IBV_QUERY_QP_DATA_IN_ORDER_ALIGNED_128_BYTES = 1 << 1
+
+
+@_export
+class ibv_tph_mem_type(IntEnum):
+    IBV_TPH_MEM_TYPE_VM = 0
+    IBV_TPH_MEM_TYPE_PM = 1
+
+
+@_export
+class ibv_dmah_init_attr_mask(IntFlag):
+    IBV_DMAH_INIT_ATTR_MASK_CPU_ID = 1 << 0
+    IBV_DMAH_INIT_ATTR_MASK_PH = 1 << 1
+    IBV_DMAH_INIT_ATTR_MASK_TPH_MEM_TYPE = 1 << 2
+
+
 # Values that are #defines (or wider than a C enum) in verbs.h; pyverbs
 # exposes them with a leading underscore.
 _consts(
     IBV_ADVISE_MR_FLAG_FLUSH=1 << 0,
     _IBV_DEVICE_RAW_SCATTER_FCS=1 << 34,
     _IBV_DEVICE_PCI_WRITE_END_PADDING=1 << 36,
+    _IBV_DEVICE_CC_DMA_BOUNCE=1 << 41,
     _IBV_ALLOCATOR_USE_DEFAULT=(1 << 64) - 1,
     _IBV_ADVISE_MR_ADVICE_PREFETCH=0,
     _IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE=1,

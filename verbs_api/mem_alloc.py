@@ -23,6 +23,8 @@ _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.mmap.restype = ctypes.c_void_p
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _libc.munmap.restype = ctypes.c_int
+_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_libc.madvise.restype = ctypes.c_int
 
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
@@ -52,6 +54,17 @@ def mmap(addr=0, length=100, prot=PROT_READ_ | PROT_WRITE_, flags=MAP_PRIVATE_ |
     if ptr is None or ptr == _MAP_FAILED:
         raise MemoryError('Failed to mmap memory')
     return ptr
+
+
+MADV_DONTNEED = 4          # (Linux value)
+
+
+def madvise(addr, length, flags=MADV_DONTNEED):
+    """madvise(2) (rdma-core 64's tests drop an ODP MR's pages with it to make the NIC
+    fault them in again; softnic reaches the memory through the mapping in any case)."""
+    if _libc.madvise(addr, length, flags):
+        from .pyverbs_error import PyverbsRDMAError
+        raise PyverbsRDMAError('Failed to madvise memory', ctypes.get_errno())
 
 
 def munmap(addr, length):

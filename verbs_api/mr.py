@@ -24,6 +24,7 @@ HUGE_PAGE_SIZE = 0x200000
 
 class MR(PyverbsCM):
     _kind = 'MR'
+    _is_imported = False       # made by PD(handle=...) / MR(handle=...)
 
     def __init__(self, creator, length=0, access=0, address=None, implicit=False, **kwargs):
         super().__init__()
@@ -38,14 +39,23 @@ class MR(PyverbsCM):
             raise PyverbsRDMAError(f'MR on a {type(creator).__name__} is not supported by softnic',
                                    errno.EOPNOTSUPP)
         creator._check()
-        if kwargs.get('handle') is not None:
-            raise PyverbsRDMAError('Failed to import MR: not supported by softnic',
-                                   errno.EOPNOTSUPP)
+        self._is_imported = False
         self.is_huge = bool(access & e.IBV_ACCESS_HUGETLB)
         self.is_user_addr = bool(address)
         if address:
             self._buf = int(address)
-        elif length > 0:
+        if kwargs.get('handle') is not None:
+            # ibv_import_mr: the MR of that handle in a context sharing the PD's command
+            # file; its keys and length are the MR's, its address NULL unless given
+            self._emr = creator.ctx._imported('MR', kwargs['handle'], 'MR')._emr
+            self._is_imported = True
+            self._length = self._emr.length
+            self._nic = creator._nic
+            self.pd = creator
+            self._closed = False
+            creator.add_ref(self)
+            return
+        if not address and length > 0:
             self._buf = self._allocate(length)
         self._length = length
         self._nic = creator._nic
@@ -64,6 +74,7 @@ class MR(PyverbsCM):
         self.pd = creator
         self._closed = False
         creator.add_ref(self)
+        creator.ctx._share('MR', self.handle, self)
         self.logger.debug(f'Registered ibv_mr. Length: {length}, access flags {access}')
 
     def _allocate(self, length):
@@ -98,10 +109,15 @@ class MR(PyverbsCM):
             return
         self.logger.debug('Closing MR')
         self._closed = True
-        engine_call(self._nic, 'Failed to dereg MR', self._nic.dev.dereg_mr, self._emr)
+        if not self._is_imported:        # an imported MR is its creator's to deregister
+            engine_call(self._nic, 'Failed to dereg MR', self._nic.dev.dereg_mr, self._emr)
         self._release_buffer()
         self._buf = 0
         self.pd = None
+
+    def unimport(self):
+        """ibv_unimport_mr: let this import go (the MR stays its creator's)."""
+        self.close()
 
     def _range(self, length, offset, what):
         if self._closed or not self._buf or length < 0:
@@ -305,3 +321,127 @@ class DmaBufMR(MR):
             dmabuf = DmaBuf(length + offset, gpu, gtt)
         raise PyverbsRDMAError(f'Failed to register a dma-buf MR. length: {length}, access '
                                f'flags: {access}', errno.EOPNOTSUPP)
+
+
+# rdma-core 64's registration API: ibv_reg_mr_ex, ibv_alloc_buf / ibv_reg_buf_mr, DMA
+# handles.  softnic's libibverbs answers them as libibverbs does for a provider without
+# ops of its own for them (rxe): ibv_reg_mr_ex goes to the plain registration, a buffer
+# is page-aligned memory of this process, a DMA handle is EOPNOTSUPP.
+
+def _mr_ex_error(why, err):
+    """pyverbs' error for a failed ibv_reg_mr_ex (``why`` is for the reader)."""
+    return PyverbsRDMAError('Failed to register MR using extended API', err)
+
+
+class DmaHandleInitAttr(PyverbsObject):
+    def __init__(self, comp_mask=0, cpu_id=0, ph=0, tph_mem_type=0):
+        super().__init__()
+        self.comp_mask, self.cpu_id, self.ph, self.tph_mem_type = \
+            comp_mask, cpu_id, ph, tph_mem_type
+
+
+class DMAHandle(PyverbsCM):
+    """ibv_alloc_dmah: a PCIe TLP processing hint for DMA, which softnic has no PCIe
+    device to give (EOPNOTSUPP, libibverbs' answer for a provider without it)."""
+
+    def __init__(self, ctx, init_attr):
+        super().__init__()
+        raise PyverbsRDMAError('Failed to create DMA Handle', errno.EOPNOTSUPP)
+
+
+class Buf(PyverbsCM):
+    """ibv_alloc_buf: ``size`` bytes of page-aligned memory for MRs of ``pd`` (what
+    libibverbs allocates for a provider with no memory of its own to offer)."""
+
+    def __init__(self, pd, size):
+        super().__init__()
+        self._addr = 0
+        from .pd import PD
+        if not isinstance(pd, PD) or pd._closed:
+            raise PyverbsUserError('Buf needs an open PD')
+        import weakref
+        self.mrs = weakref.WeakSet()
+        try:
+            self._addr = mem_alloc.posix_memalign(size, resource.getpagesize())
+        except MemoryError:
+            raise PyverbsRDMAError(f'Failed to allocate ibv_buf of size {size}',
+                                   errno.ENOMEM) from None
+        self.size, self.pd = size, pd
+
+    def add_ref(self, obj):
+        self.mrs.add(obj)
+
+    def close(self):
+        if self._addr:
+            for mr in list(self.mrs):
+                mr.close()
+            mem_alloc.free(self._addr)
+            self._addr = 0
+            self.pd = None
+
+    @property
+    def addr(self):
+        return self._addr
+
+    def __str__(self):
+        f = '{:22}: {:<20}\n'
+        return 'Buf:\n' + f.format('addr', self.addr) + f.format('size', self.size)
+
+
+class MREx(MR):
+    """ibv_reg_mr_ex: an MR of an address range (``address``, or memory allocated here,
+    or ``buf`` from ``address`` or its start), the whole address space (``implicit``),
+    or a dma-buf (``fd``); as libibverbs registers it for a provider without its own
+    ``reg_mr_ex``: a DMA handle is EOPNOTSUPP, a dma-buf goes to the dma-buf registration
+    (which softnic does not have: EOPNOTSUPP), an address range to ibv_reg_mr."""
+
+    def __init__(self, pd, length=0, access=0, address=None, iova=None, fd=None, fd_offset=0,
+                 dmah=None, implicit=False, buf=None, **kwargs):
+        PyverbsCM.__init__(self)
+        self._closed = True
+        self._owned = None
+        self.backing_buf = buf
+        if buf is not None:
+            if buf.pd is not pd or not buf.addr:
+                raise _mr_ex_error('the buffer is not of this PD', errno.EINVAL)
+            address = buf.addr if address is None else address
+            if address < buf.addr or address + length > buf.addr + buf.size or fd is not None:
+                raise _mr_ex_error('the range is not inside the buffer', errno.EINVAL)
+        has_addr = implicit or bool(address) or (fd is None and length > 0)
+        if dmah is not None:
+            raise _mr_ex_error('DMA handles are not supported', errno.EOPNOTSUPP)
+        if fd is not None:
+            if has_addr or iova is None:
+                raise _mr_ex_error('a dma-buf takes an IOVA and no address', errno.EINVAL)
+            raise _mr_ex_error('dma-buf registration is not supported', errno.EOPNOTSUPP)
+        if not has_addr:
+            raise _mr_ex_error('no address to register', errno.EINVAL)
+        if iova is not None and iova != (address or 0):
+            # remote addresses are this process's virtual addresses (as ibv_reg_mr_iova2)
+            raise _mr_ex_error('an IOVA other than the address', errno.EOPNOTSUPP)
+        try:
+            super().__init__(pd, length, access, address=address, implicit=implicit)
+        except PyverbsRDMAError as ex:
+            raise _mr_ex_error('ibv_reg_mr refused it', ex.error_code) from None
+        if buf is not None:
+            buf.add_ref(self)
+
+
+class BufMR(MR):
+    """ibv_reg_buf_mr: an MR over ``length`` bytes of ``buf`` from ``offset`` (the memory
+    stays the buffer's)."""
+
+    def __init__(self, pd, buf, length=0, access=0, offset=0):
+        if buf is None or buf.pd is not pd or not buf.addr or offset < 0 or \
+                offset + length > buf.size:
+            PyverbsCM.__init__(self)
+            self._closed, self._owned = True, None
+            raise PyverbsRDMAError(f'Failed to register a buf MR. length: {length}, access '
+                                   f'flags: {access}', errno.EINVAL)
+        try:
+            super().__init__(pd, length, access, address=buf.addr + offset)
+        except PyverbsRDMAError as ex:
+            raise PyverbsRDMAError(f'Failed to register a buf MR. length: {length}, access '
+                                   f'flags: {access}', ex.error_code) from None
+        self.backing_buf = buf
+        buf.add_ref(self)

@@ -12,11 +12,14 @@ from .pyverbs_error import PyverbsError, PyverbsRDMAError, PyverbsUserError
 
 class PD(PyverbsCM):
     _kind = 'PD'
+    _is_imported = False       # made by PD(handle=...) / MR(handle=...)
 
-    def __init__(self, creator):
-        """A protection domain on ``creator``, an open Context."""
+    def __init__(self, creator, **kwargs):
+        """A protection domain on ``creator``, an open Context; ``handle=``: the PD of
+        that handle in a context sharing creator's command file, imported (ibv_import_pd)."""
         super().__init__()
         self._closed = True
+        self._is_imported = False
         from .device import Context
         if creator is None:
             raise PyverbsUserError('Cannot create PD from None')
@@ -27,7 +30,13 @@ class PD(PyverbsCM):
             raise PyverbsUserError(f'Cannot create PD from {type(creator)}')
         creator._check()
         self._nic = creator._nic
-        self._epd = engine_call(self._nic, 'Failed to allocate PD', self._nic.dev.alloc_pd)
+        handle = kwargs.get('handle')
+        if handle is not None:
+            self._epd = creator._imported('PD', handle, 'PD')._epd
+            self._is_imported = True
+        else:
+            self._epd = engine_call(self._nic, 'Failed to allocate PD', self._nic.dev.alloc_pd)
+            creator._share('PD', self._epd.handle, self)
         self.ctx = creator
         self.srqs = weakref.WeakSet()
         self.mrs = weakref.WeakSet()
@@ -44,9 +53,14 @@ class PD(PyverbsCM):
             return
         self.logger.debug('Closing PD')
         close_weakrefs([self.parent_domains, self.qps, self.ahs, self.mws, self.mrs, self.srqs])
-        engine_call(self._nic, 'Failed to dealloc PD', self._nic.dev.dealloc_pd, self._epd)
+        if not self._is_imported:        # an imported PD is its creator's to deallocate
+            engine_call(self._nic, 'Failed to dealloc PD', self._nic.dev.dealloc_pd, self._epd)
         self._closed = True
         self.ctx = None
+
+    def unimport(self):
+        """ibv_unimport_pd: let this import go (the PD stays its creator's)."""
+        self.close()
 
     def _check(self):
         if self._closed:
@@ -94,10 +108,12 @@ class ParentDomainContext(PyverbsObject):
 
 
 class ParentDomainInitAttr(PyverbsObject):
-    def __init__(self, pd, pd_context=None):
+    def __init__(self, pd, pd_context=None, comp_mask=0):
         super().__init__()
         self.pd, self.pd_context = pd, pd_context
-        self.comp_mask = 0 if pd_context is None else e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
+        self.comp_mask = comp_mask | (0 if pd_context is None else
+                                      e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+                                      e.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
 
 
 class ParentDomain(PD):
@@ -120,6 +136,13 @@ class ParentDomain(PD):
                                    'with a PD')
         context._check()
         attr.pd._check()
+        if attr.comp_mask & e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC:
+            # memory shared with the host of a confidential guest: softnic's memory is
+            # this process's own, it has none of another kind to offer
+            raise PyverbsRDMAError('Failed to allocate Parent Domain', errno.EOPNOTSUPP)
+        if attr.comp_mask & ~(e.IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+                              e.IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT):
+            raise PyverbsRDMAError('Failed to allocate Parent Domain', errno.EINVAL)
         self.protection_domain = attr.pd
         self.pd_context = attr.pd_context
         self._nic, self._epd = attr.pd._nic, attr.pd._epd

@@ -306,6 +306,15 @@ def _context_and_pd(creator, init_attr, xrcd):
     return ctx, pd
 
 
+class QPRateLimitAttr(PyverbsObject):
+    """ibv_qp_rate_limit_attr, for ``QP.modify_rate_limit`` (a raw packet QP's pacing)."""
+
+    def __init__(self, rate_limit=0, max_burst_sz=0, typical_pkt_sz=0, comp_mask=0):
+        super().__init__()
+        self.rate_limit, self.max_burst_sz = rate_limit, max_burst_sz
+        self.typical_pkt_sz, self.comp_mask = typical_pkt_sz, comp_mask
+
+
 class QP(PyverbsCM):
     _kind = 'QP'
 
@@ -516,6 +525,11 @@ class QP(PyverbsCM):
             return
         post = nic.dev.post_send
         self._post(wr, bad_wr, lambda w: post(self._eqp, w._engine()), 'Failed to post send')
+
+    def modify_rate_limit(self, attr):
+        """ibv_modify_qp_rate_limit: packet pacing of raw packet QPs, which softnic does not
+        have (EOPNOTSUPP, libibverbs' answer for a provider without it, as rxe)."""
+        raise PyverbsRDMAError('Failed to modify QP rate limit', errno.EOPNOTSUPP)
 
     def query_data_in_order(self, op, flags=0):
         """ibv_query_qp_data_in_order: 0, no guarantee.  With selective repeat a later

@@ -48,6 +48,22 @@ class SrqInitAttrEx(SrqInitAttr):
         self.cq = None
 
 
+class OpsWr(PyverbsCM):
+    """A tag-matching operation on an SRQ (ibv_ops_wr, for ``SRQ.post_srq_ops``): add or
+    remove a tag's receive buffer, or sync the unexpected count.  softnic's devices have
+    no tag matching (``tm_caps.max_num_tags`` 0), so no SRQ takes one."""
+
+    def __init__(self, wr_id=0, opcode=e.IBV_WR_TAG_ADD, flags=e.IBV_OPS_SIGNALED,
+                 next_wr=None, unexpected_cnt=0, recv_wr_id=0, num_sge=None, tag=0, mask=0,
+                 sg_list=None):
+        super().__init__()
+        self.wr_id, self.opcode, self.flags, self.next_wr = wr_id, opcode, flags, next_wr
+        self.unexpected_cnt, self.recv_wr_id, self.tag, self.mask = \
+            unexpected_cnt, recv_wr_id, tag, mask
+        self.sg_list = list(sg_list or [])
+        self.num_sge = len(self.sg_list) if num_sge is None else num_sge
+
+
 class SRQ(PyverbsCM):
     _kind = 'SRQ'
 
@@ -145,6 +161,11 @@ class SRQ(PyverbsCM):
         with self._nic.lock:
             s = self._esrq
             return SrqAttr(s.max_wr, s.max_sge, s.srq_limit)
+
+    def post_srq_ops(self, wr, bad_wr=None):
+        """ibv_post_srq_ops: tag matching, which softnic's SRQs do not do (EOPNOTSUPP,
+        libibverbs' answer for a provider without it)."""
+        raise PyverbsRDMAError('Failed to post SRQ ops', errno.EOPNOTSUPP)
 
     def post_recv(self, wr, bad_wr=None):
         """Post ``wr`` and the WRs chained after it to the SRQ."""

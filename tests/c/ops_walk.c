@@ -157,6 +157,19 @@ int main(void)
     errno = 0;
     CHECK(!OP(v, alloc_parent_domain)(ctx, NULL) && errno == EINVAL,
           "alloc_parent_domain of no attributes: EINVAL");
+    {   /* rdma-core 64's IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC (1 << 2) */
+        struct ibv_pd *cc_pd = ibv_alloc_pd(ctx);
+        CHECK(cc_pd, "ibv_alloc_pd");
+        struct ibv_parent_domain_init_attr cc = { .pd = cc_pd, .comp_mask = 1u << 2 };
+        errno = 0;
+        CHECK(!ibv_alloc_parent_domain(ctx, &cc) && errno == EOPNOTSUPP,
+              "alloc_parent_domain for a confidential guest's shared memory: EOPNOTSUPP");
+        cc.comp_mask = 1u << 3;
+        errno = 0;
+        CHECK(!ibv_alloc_parent_domain(ctx, &cc) && errno == EINVAL,
+              "alloc_parent_domain with an unknown comp_mask bit: EINVAL");
+        CHECK(ibv_dealloc_pd(cc_pd) == 0, "ibv_dealloc_pd");
+    }
     INT_NOSUP(OP(v, dealloc_td)(NULL), "dealloc_td");
     PTR_NOSUP(OP(v, alloc_td)(ctx, NULL), "alloc_td");
     INT_NOSUP(OP(v, modify_cq)(NULL, NULL), "modify_cq");

@@ -27,7 +27,7 @@ from softnic.core.cq import CQOverflow
 from softnic.core.enums import Access, QPState, QPType
 from softnic.core.errors import VerbsError
 from softnic.driver import mcast as _mcast
-from softnic.core.memory import IMPLICIT_LENGTH, external_device_memory
+from softnic.core.memory import IMPLICIT_LENGTH, MR as _EngineMR, PD as _EnginePD, external_device_memory
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from verbs_api.addr import GID_POPULATED, GID_TABLE_LEN
 from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
@@ -308,9 +308,41 @@ def sn_reg_mr(pd, addr, length, access, out, lkey, rkey):
         mr = p.nic.call(p.nic.dev.keys.register_implicit, p.eng, access)   # implicit ODP
     else:
         mr = p.nic.call(p.nic.dev.reg_mr, p.eng, addr, length, access)
-    out[0] = _new(_Obj(p.nic, mr))
+    out[0] = _new(_Obj(p.nic, mr, ctx=p.ctx))
     lkey[0] = mr.lkey
     rkey[0] = mr.rkey
+
+
+def _imported(ctx, h, kind):
+    """The object behind handle ``h`` that ``ctx`` imports, and the handle of the context
+    that created it (the C side checks that the two share a command file): a handle of no
+    object on ctx's device is ENOENT, one of another kind (or of a parent domain, which
+    has no handle of its own) EINVAL, as the kernel's lookup answers."""
+    c = _get(ctx)
+    o = _objs.get(h)
+    if o is None or o.nic is not c.nic or o.ctx is None:
+        raise VerbsError(errno.ENOENT, f"no object with handle {h} on this device")
+    if not isinstance(o.eng, kind) or o.cookie == "parent domain":
+        raise VerbsError(errno.EINVAL, f"handle {h} is not a {kind.__name__}")
+    owner = next((k for k, v in _objs.items() if v is o.ctx), None)
+    if owner is None:
+        raise VerbsError(errno.ENOENT, f"the context of handle {h} is closed")
+    return o, owner
+
+
+@extern()
+def sn_import_pd(ctx, h, owner):
+    _, owner[0] = _imported(ctx, h, _EnginePD)
+
+
+@extern()
+def sn_import_mr(ctx, h, owner, length, lkey, rkey, access):
+    o, owner[0] = _imported(ctx, h, _EngineMR)
+    mr = o.eng
+    length[0] = mr.length
+    lkey[0] = mr.lkey
+    rkey[0] = mr.rkey
+    access[0] = int(mr.access)
 
 
 @extern()

@@ -50,3 +50,5 @@ int sn_make_xrc_srq(uint32_t srq, uint32_t xrcd, uint32_t cq);
 int sn_srq_num(uint32_t srq, uint32_t *num);
 int sn_create_xrc_qp(uint32_t pd, uint32_t xrcd, int role, uint32_t send_cq, struct sn_qp_cap *cap, int sq_sig_all, void *cookie, uint32_t *qp, uint32_t *qpn);
 int sn_alias_pd(uint32_t pd, uint32_t *out);
+int sn_import_pd(uint32_t ctx, uint32_t pd, uint32_t *owner);
+int sn_import_mr(uint32_t ctx, uint32_t mr, uint32_t *owner, uint64_t *length, uint32_t *lkey, uint32_t *rkey, unsigned int *access);

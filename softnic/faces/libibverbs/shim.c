@@ -399,17 +399,39 @@ static struct ibv_context *sn_open_context(struct ibv_device *device, int cmd_fd
     return c;
 }
 
+/* Closing a context always succeeds, as rdma-core's does (ibv_close_device returns 0):
+ * its backend handle is let go even when the backend is gone (a call from an exit handler,
+ * after the interpreter has finished). */
 SN_EXPORT int ibv_close_device(struct ibv_context *context)
 {
     struct sn_context *s = to_sctx(context);
     sn_context_track(context, 0);
-    int err = sn_close(s->handle);
+    (void)sn_close(s->handle);
     if (context->cmd_fd >= 0)
         close(context->cmd_fd);
     if (context->async_fd >= 0)
         close(context->async_fd);
     free(s);
-    return err;
+    return 0;
+}
+
+/* Whether the context whose backend handle is owner shares ctx's command file (the same
+ * memfd inode: ctx was imported from it, or it from ctx, or both from a third): the
+ * kernel's rule for a handle that ibv_import_pd / ibv_import_mr may name. */
+static int sn_shares_cmd_file(struct ibv_context *ctx, uint32_t owner)
+{
+    struct stat want, st;
+    int same = 0;
+    if (fstat(ctx->cmd_fd, &want) != 0)
+        return 0;
+    pthread_mutex_lock(&sn_contexts_lock);
+    for (int i = 0; i < SN_MAX_CONTEXTS && !same; i++) {
+        struct ibv_context *c = sn_contexts[i];
+        if (c && to_sctx(c)->handle == owner && fstat(c->cmd_fd, &st) == 0)
+            same = st.st_dev == want.st_dev && st.st_ino == want.st_ino;
+    }
+    pthread_mutex_unlock(&sn_contexts_lock);
+    return same;
 }
 
 /* A device's attributes never change: the last answer is kept, and a child forked after
@@ -682,6 +704,67 @@ SN_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 SN_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 {
     return sn_destroyed(sn_dealloc_pd(pd->handle), pd);
+}
+
+/* ibv_import_pd / ibv_import_mr: a PD or MR of a context that shares ctx's command file,
+ * named by its handle, seen through ctx (the kernel's lookup in that file: a handle the
+ * file does not hold is ENOENT, one of another kind EINVAL).  The object stays the one
+ * created: ibv_unimport_* lets the import go, ibv_dealloc_pd / ibv_dereg_mr of either
+ * destroys it, as the kernel's object shared by both contexts. */
+SN_EXPORT struct ibv_pd *ibv_import_pd(struct ibv_context *ctx, uint32_t pd_handle)
+{
+    uint32_t owner = 0;
+    if (!ctx)
+        return sn_fail_ptr(EINVAL);
+    int err = sn_import_pd(ctx_handle(ctx), pd_handle, &owner);
+    if (!err && !sn_shares_cmd_file(ctx, owner))
+        err = ENOENT;
+    if (err)
+        return sn_fail_ptr(err);
+    struct ibv_pd *pd = calloc(1, sizeof(*pd));
+    if (!pd)
+        return sn_fail_ptr(ENOMEM);
+    pd->context = ctx;
+    pd->handle = pd_handle;
+    return pd;
+}
+
+SN_EXPORT void ibv_unimport_pd(struct ibv_pd *pd)
+{
+    free(pd);
+}
+
+SN_EXPORT struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle)
+{
+    uint32_t owner = 0, lkey = 0, rkey = 0;
+    uint64_t length = 0;
+    unsigned int access = 0;
+    if (!pd)
+        return sn_fail_ptr(EINVAL);
+    int err = sn_import_mr(ctx_handle(pd->context), mr_handle, &owner, &length, &lkey, &rkey,
+                           &access);
+    if (!err && !sn_shares_cmd_file(pd->context, owner))
+        err = ENOENT;
+    if (err)
+        return sn_fail_ptr(err);
+    struct sn_mr *smr = calloc(1, sizeof(*smr));
+    if (!smr)
+        return sn_fail_ptr(ENOMEM);
+    smr->access = access;
+    struct ibv_mr *mr = &smr->mr;
+    mr->context = pd->context;
+    mr->pd = pd;
+    mr->addr = NULL;             /* as libibverbs' ibv_cmd_query_mr leaves it */
+    mr->length = length;
+    mr->handle = mr_handle;
+    mr->lkey = lkey;
+    mr->rkey = rkey;
+    return mr;
+}
+
+SN_EXPORT void ibv_unimport_mr(struct ibv_mr *mr)
+{
+    free(mr);
 }
 
 SN_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
@@ -2508,6 +2591,10 @@ static struct ibv_pd *sn_vctx_alloc_parent_domain(struct ibv_context *ctx,
                                                   struct ibv_parent_domain_init_attr *attr)
 {
     uint32_t h = 0;
+    /* rdma-core 64's IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC (memory shared
+     * with a confidential guest's host): softnic has no memory of another kind to offer */
+    if (attr && (attr->comp_mask & (1u << 2)))
+        return sn_fail_ptr(EOPNOTSUPP);
     if (!attr || !attr->pd || (attr->comp_mask & ~(IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
                                                    IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)))
         return sn_fail_ptr(EINVAL);

@@ -64,6 +64,12 @@ def netdev_for(ip: str | None, interfaces: list[tuple[str, str, int]] | None = N
     return best
 
 
+# The entries a tree holds besides each device's net/ (part of its name, so a tree written
+# by an earlier layout is not taken for this one): ports/1/pkeys/0 (rdma-core 64's tests
+# read the P_Key there).
+_LAYOUT = 2
+
+
 def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> Path:
     """The directory standing for ``/sys/class/infiniband`` for the devices of ``cfg``."""
     cfg = _config.load() if cfg is None else cfg
@@ -73,7 +79,7 @@ def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> 
     if base is None:
         from softnic.driver.hostfiles import stats_dir
         base = stats_dir()
-    key = hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([_LAYOUT, layout], sort_keys=True).encode()).hexdigest()[:12]
     dest = base / f"sysfs-{key}"
     if dest.is_dir():
         return dest
@@ -85,6 +91,102 @@ def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> 
         if netdev:
             (dev / "net" / netdev).mkdir()
         (tmp / name / "node_type").write_text("1: CA\n")
+        pkeys = tmp / name / "ports" / "1" / "pkeys"      # one P_Key: the default
+        pkeys.mkdir(parents=True)
+        (pkeys / "0").write_text("0xffff\n")
+    try:
+        os.rename(tmp, dest)
+    except OSError:                         # another process made it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# ``rdma link`` (iproute2) asks the kernel over RDMA netlink, which knows nothing of
+# softnic's devices; rdma-core 64's tests find a device's netdev with ``rdma link show -j``.
+# ``softnic exec`` puts this ``rdma`` first on PATH: ``rdma link [show] [DEV[/PORT]]`` lists
+# the host's links (if it has any), then softnic's devices from the tree that SOFTNIC_SYSFS
+# names (port 1, ACTIVE, LINK_UP, on the netdev of its device/net/), as iproute2's text or
+# compact JSON (-j); a DEV that is none of softnic's, and every other command, go to the
+# host's rdma.  A shell script: a test's setUp runs it once per GID.
+RDMA_TOOL = r"""#!/bin/sh
+here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
+real=
+oldifs=$IFS; IFS=:
+for d in $PATH; do
+    if [ -n "$d" ] && [ "$d" != "$here" ] && [ -x "$d/rdma" ]; then real=$d/rdma; break; fi
+done
+IFS=$oldifs
+json=0; n=0; w1=; w2=; w3=
+for a in "$@"; do
+    case $a in
+        -j|-json|--json) json=1 ;;
+        -*) ;;
+        *) n=$((n + 1)); [ "$n" -le 3 ] && eval "w$n=\$a" ;;
+    esac
+done
+case $w1 in l|li|lin|link) ;; *) w1= ;; esac
+case $w2 in ''|show|list) ;; *) w1= ;; esac
+top=${SOFTNIC_SYSFS:-}
+dev=${w3%%/*}; port=
+case $w3 in */*) port=${w3#*/} ;; esac
+if [ -n "$w1" ] && [ "$n" -le 3 ] && [ -n "$dev" ] && [ ! -d "$top/$dev" ]; then w1=; fi
+if [ -z "$w1" ] || [ "$n" -gt 3 ]; then
+    [ -n "$real" ] && exec "$real" "$@"
+    echo "rdma: the host has no rdma tool (iproute2)" >&2
+    exit 127
+fi
+if [ -n "$port" ] && [ "$port" != 1 ]; then
+    echo "Wrong device name" >&2
+    exit 1
+fi
+hostj=; hostn=0
+if [ -z "$dev" ] && [ -n "$real" ]; then
+    hostj=$("$real" -j link show 2>/dev/null) || hostj=
+    hostn=$(printf '%s' "$hostj" | grep -o '"ifindex"' | wc -l)
+    [ "$json" = 0 ] && [ "$hostn" -gt 0 ] && "$real" link show 2>/dev/null
+fi
+items=; i=$hostn
+for d in "$top"/*; do
+    [ -d "$d" ] || continue
+    name=${d##*/}
+    i=$((i + 1))
+    [ -n "$dev" ] && [ "$name" != "$dev" ] && continue
+    net=
+    for x in "$d"/device/net/*; do [ -e "$x" ] && { net=${x##*/}; break; }; done
+    if [ "$json" = 1 ]; then
+        item="{\"ifindex\":$i,\"ifname\":\"$name\",\"port\":1,\"state\":\"ACTIVE\",\"physical_state\":\"LINK_UP\""
+        if [ -n "$net" ]; then
+            item="$item,\"netdev\":\"$net\""
+            idx=$(cat "/sys/class/net/$net/ifindex" 2>/dev/null) && item="$item,\"netdev_index\":$idx"
+        fi
+        items="$items${items:+,}$item}"
+    else
+        echo "link $name/1 state ACTIVE physical_state LINK_UP${net:+ netdev $net}"
+    fi
+done
+if [ "$json" = 1 ]; then
+    if [ "$hostn" -gt 0 ]; then
+        printf '%s%s]\n' "${hostj%]*}" "${items:+,$items}"
+    else
+        printf '[%s]\n' "$items"
+    fi
+fi
+"""
+
+
+def tools(base: Path | None = None) -> Path:
+    """The directory holding ``rdma`` (RDMA_TOOL), for the front of PATH."""
+    if base is None:
+        from softnic.driver.hostfiles import stats_dir
+        base = stats_dir()
+    key = hashlib.sha256(RDMA_TOOL.encode()).hexdigest()[:12]
+    dest = base / f"bin-{key}"
+    if dest.is_dir():
+        return dest
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".bin-", dir=base))
+    (tmp / "rdma").write_text(RDMA_TOOL)
+    (tmp / "rdma").chmod(0o755)
     try:
         os.rename(tmp, dest)
     except OSError:                         # another process made it meanwhile

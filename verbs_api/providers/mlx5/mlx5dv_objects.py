@@ -1,10 +1,43 @@
-"""``pyverbs.providers.mlx5.mlx5dv_objects``: its classes, each refusing on softnic (not an MLX5 device)."""
+"""``pyverbs.providers.mlx5.mlx5dv_objects``, with the signatures of rdma-core's pyverbs.
 
-from .. import not_this_device
+softnic is no mlx5 device: the objects refuse as mlx5dv refuses on another vendor's
+context (EOPNOTSUPP); the attribute classes hold what they are given."""
 
-_NAMES = ['Mlx5DvCQ', 'Mlx5DvObj', 'Mlx5DvPD', 'Mlx5DvQP', 'Mlx5DvSRQ']
+from __future__ import annotations
 
-for _n in _NAMES:
-    globals()[_n] = not_this_device(_n, 'MLX5', __name__)
+from ...base import PyverbsObject
+from .. import refuse
 
-__all__ = list(_NAMES)
+
+class Mlx5DvPD(PyverbsObject):
+    def __init__(self):
+        super().__init__()
+
+
+class Mlx5DvCQ(PyverbsObject):
+    def __init__(self):
+        super().__init__()
+
+
+class Mlx5DvQP(PyverbsObject):
+    def __init__(self):
+        super().__init__()
+
+
+class Mlx5DvSRQ(PyverbsObject):
+    def __init__(self):
+        super().__init__()
+
+
+class Mlx5DvObj(PyverbsObject):
+    def __init__(self, obj_type=None, **kwargs):
+        super().__init__()
+        self.obj_type = obj_type
+        self.kwargs = kwargs
+
+
+__all__ = ['Mlx5DvPD',
+           'Mlx5DvCQ',
+           'Mlx5DvQP',
+           'Mlx5DvSRQ',
+           'Mlx5DvObj']

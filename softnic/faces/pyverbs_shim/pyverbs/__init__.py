@@ -43,10 +43,16 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
-        return importlib.import_module("verbs_api" + spec.name[len(__name__):])
+        module = importlib.import_module("verbs_api" + spec.name[len(__name__):])
+        self._specs[spec.name] = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass
+        # the import system has just set the alias's spec on the module: give it its own
+        # back, so its relative imports resolve in verbs_api (and warn of no mismatch)
+        module.__spec__ = self._specs.pop(module.__spec__.name)
+
+    _specs: dict = {}
 
 
 sys.meta_path.insert(0, _Alias())
