@@ -40,6 +40,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sched.h>
 #include <time.h>
 
 #define RS_MAX_FD 65536
@@ -182,6 +183,16 @@ static uint64_t rs_now_ms(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* A non-blocking call with nothing to do: EAGAIN, after giving the CPU away.  The
+ * program will call again at once; on a machine with more runnable threads than
+ * CPUs, its spinning would otherwise keep the peer (or this process's progress
+ * thread) from running for a whole scheduler slice per turn. */
+static int rs_again(void)
+{
+    sched_yield();
+    return sn_err(EAGAIN);
 }
 
 static void rs_fail(struct rsock *rs, int err)
@@ -912,6 +923,8 @@ static int rs_ready_for_data(struct rsock *rs, int flags)
                 return r;
         }
     }
+    if (rs->state == RS_FAILED && !rs->sent_end)
+        return sn_err(ENOTCONN);  /* a connect that failed (SO_ERROR tells why) */
     if (rs->state == RS_FAILED)
         return sn_err(rs->err ? rs->err : ECONNRESET);
     if (!rs_connected(rs))
@@ -949,7 +962,7 @@ static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt, int fla
         if (rs_can_send(rs))
             continue;
         if (rs_nonblocking(rs, flags))
-            return rs_leave_n(total ? (ssize_t)total : sn_err(EAGAIN));
+            return rs_leave_n(total ? (ssize_t)total : rs_again());
         rs_block(rs, -1);
         if (rs_get(socket) != rs)
             return rs_leave_n(sn_err(EBADF));
@@ -1014,7 +1027,8 @@ static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt, int fla
         return -1;
     if (rs_connecting(rs) && rs_ready_for_data(rs, flags))
         return rs_leave_n(-1);
-    if (rs->state == RS_LISTENING || rs->state == RS_IDLE || rs->state == RS_BOUND)
+    if (rs->state == RS_LISTENING || rs->state == RS_IDLE || rs->state == RS_BOUND
+            || (rs->state == RS_FAILED && !rs->sent_end))
         return rs_leave_n(sn_err(ENOTCONN));
     size_t want = 0, total = 0;
     for (int i = 0; i < iovcnt; i++)
@@ -1035,7 +1049,7 @@ static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt, int fla
         if (rs->state == RS_FAILED)
             return rs_leave_n(total ? (ssize_t)total : sn_err(rs->err ? rs->err : ECONNRESET));
         if (rs_nonblocking(rs, flags))
-            return rs_leave_n(total ? (ssize_t)total : sn_err(EAGAIN));
+            return rs_leave_n(total ? (ssize_t)total : rs_again());
         rs_block(rs, -1);
         if (rs_get(socket) != rs)
             return rs_leave_n(sn_err(EBADF));
@@ -1287,6 +1301,8 @@ SN_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
         }
         pthread_mutex_unlock(&rs_mut);
         if (ready || timeout == 0 || (timeout > 0 && rs_now_ms() >= end)) {
+            if (!ready && !timeout)
+                sched_yield();    /* as rs_again: a program polling in a loop */
             ret = ready;
             break;
         }
@@ -1703,7 +1719,7 @@ SN_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offse
         if (rs->sq_out < rs->sq_size - RS_SQ_RESERVE && rs->s_head - rs->s_tail < rs->sbuf_size)
             continue;
         if (rs_nonblocking(rs, flags))
-            return (size_t)rs_leave_n(done ? (ssize_t)done : sn_err(EAGAIN));
+            return (size_t)rs_leave_n(done ? (ssize_t)done : rs_again());
         rs_block(rs, -1);
     }
     return (size_t)rs_leave_n((ssize_t)done);
