@@ -1535,8 +1535,8 @@ SN_EXPORT int rgetsockopt(int socket, int level, int optname, void *optval, sock
         case TCP_NODELAY:
             v = rs->nodelay;
             break;
-        case TCP_MAXSEG:
-            v = (int)(rs->max_msg ? rs->max_msg : RS_MAX_MSG);
+        case TCP_MAXSEG:          /* the RC QP's path MTU: what one packet carries */
+            v = 4096;
             break;
         case TCP_KEEPIDLE:
             v = rs->keepidle;
