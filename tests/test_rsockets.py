@@ -131,3 +131,80 @@ def test_rsocket_api():
     cmd[cmd.index("python3")] = __import__("sys").executable
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0 and r.stdout.splitlines()[-1:] == ["ok"], r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- librspreload.so
+
+RSPRELOAD = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so"
+
+
+def _iperf3_json(out: str) -> dict:
+    """iperf3 -J's report; the program's warnings on stderr may surround it."""
+    import json
+    return json.loads(out[out.index("{\n"):out.rindex("}") + 1])
+
+
+@pytest.mark.parametrize("faults", [None, "loss=0.02"])
+def test_iperf3_rspreload(faults):
+    """Debian's librspreload.so turns an unmodified iperf3's TCP sockets (its control
+    connection and its data stream) into rsockets.  The server counts what it read
+    until the client's end of test arrived on the control connection: all the client
+    sent but what was still in flight then, at most the data stream's staging buffer
+    and receive ring (256 KiB each)."""
+    need("iperf3")
+    if not Path(RSPRELOAD).exists():
+        _missing(f"needs {RSPRELOAD} (Debian: librdmacm1)")
+
+    def under_rspreload(args: str) -> list[str]:
+        # softnic exec sets LD_PRELOAD (its own preload library): add rspreload to it
+        return ["sh", "-c", f'LD_PRELOAD="$LD_PRELOAD {RSPRELOAD}" exec iperf3 {args}']
+
+    sout, cout = check(pair(under_rspreload("-s -B {S} -p {PORT} -1 -J"),
+                            under_rspreload("-c {S} -p {PORT} -t 3 -J"), faults=faults))
+    client, server = _iperf3_json(cout), _iperf3_json(sout)
+    sent = client["end"]["sum_sent"]["bytes"]
+    assert sent > 0 and client["start"]["connected"], cout
+    received = server["end"]["sum_received"]["bytes"]
+    assert 0 <= sent - received <= 2 * 256 * 1024, (sout, cout)
+    assert client["end"]["sum_received"]["bytes"] == received  # (reported back to the client)
+
+
+# ---------------------------------------------------------------- mckey, cmtime
+
+@pytest.mark.parametrize("faults", [None])
+def test_mckey(faults):
+    """Multicast: a receiver joins a group, a sender joins and sends 10 UD messages."""
+    need("mckey")
+    sout, cout = check(pair(["mckey", "-m", "239.71.0.1", "-b", "{S}", "-C", "10"],
+                            ["sh", "-c", "sleep 1; exec mckey -m 239.71.0.1 -s -C 10"],
+                            faults=faults))
+    for out in (sout, cout):
+        assert "joined dgid: ::ffff:239.71.0.1" in out and "return status 0" in out, out
+    assert "receiving data transfers" in sout and "data transfers complete" in sout
+
+
+def test_cmtime():
+    """cmtime: 20 connections set up and torn down; its table has every step.  Its
+    server serves for ever (rdma-core 44): stopped once the client is done."""
+    need("cmtime")
+    sip, cip = _addresses()
+    port = str(_free_tcp_port())
+    scmd, senv = _cmd(sip, ["cmtime", "-b", sip, "-p", port, "-c", "20"], None)
+    srv = subprocess.Popen(scmd, env=senv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        _wait_bound(sip, deadline, srv)
+        time.sleep(1.5)
+        ccmd, cenv = _cmd(cip, ["cmtime", "-s", sip, "-p", port, "-c", "20"], None)
+        cli = subprocess.run(ccmd, env=cenv, capture_output=True, text=True,
+                             timeout=max(5.0, deadline - time.monotonic()))
+    finally:
+        srv.kill()
+        srv.communicate()
+    out = cli.stdout + cli.stderr
+    assert cli.returncode == 0, out
+    steps = [ln.split(":")[0].strip() for ln in out.splitlines() if ln.count(":") == 1
+             and len(ln.split(":")[1].split()) == 4]
+    assert steps == ["create id", "resolve addr", "resolve route", "create qp", "connect",
+                     "disconnect", "destroy"], out
