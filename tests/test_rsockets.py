@@ -99,8 +99,8 @@ def test_rcopy(tmp_path, faults):
     sip, cip = _addresses()
     port = str(_free_tcp_port())
     scmd, senv = _cmd(sip, ["rcopy", "-p", port], faults)
-    srv = subprocess.Popen(scmd, env=senv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
+    log = tmp_path / "server.out"
+    srv = subprocess.Popen(scmd, env=senv, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + TIMEOUT
         _wait_bound(sip, deadline, srv)
@@ -117,9 +117,15 @@ def test_rcopy(tmp_path, faults):
         assert cli.returncode == 0, out
         assert "done" in out and f"{src.stat().st_size} bytes" in out, out
         assert filecmp.cmp(src, dst, shallow=False)
+        # the server's report reaches its (buffered) output when it waits for the next
+        # client: after its close, which waits for the client's disconnection or, when
+        # the client's DREQ was lost, for its own SHUTDOWN to go unanswered
+        while time.monotonic() < deadline and log.read_text().count("waiting for") < 2:
+            time.sleep(0.2)
     finally:
         srv.kill()
-        sout, _ = srv.communicate()
+        srv.wait()
+    sout = log.read_text()
     assert f"transferring...{src.stat().st_size} bytes...closing...done" in sout, sout
 
 
