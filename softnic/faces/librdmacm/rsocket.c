@@ -756,9 +756,9 @@ static int rs_accept_one(struct rsock *l, struct rdma_cm_event *ev)
             r = errno ? errno : EIO;
     }
     if (r) {
-        rs_drop_request(ev);
+        rs_free_res(rs);          /* the QP first: it is the id's */
         rs->id = NULL;
-        rs_free_res(rs);
+        rs_drop_request(ev);
         rdma_destroy_event_channel(ch);
         free(rs);
         return sn_err(r == EPROTO ? ECONNABORTED : r);
