@@ -119,6 +119,10 @@ def main(a: str, b: str) -> None:
     check(lib.rgetsockname(cfd, name, ctypes.byref(nlen)), "rgetsockname")
     assert socket.inet_ntoa(name.raw[4:8]) == b
 
+    fails(errno.EFAULT, lib.rsend, cfd, None, 5, 0)
+    fails(errno.EFAULT, lib.rrecv, sfd, None, 5, 0)
+    fails(errno.EFAULT, lib.rpoll, None, 1, 0)
+
     # ---------------------------------------------------------------- rpoll with a pipe
     rp, wp = os.pipe()
     n, rev = rpoll([(sfd, POLLIN), (rp, POLLIN), (cfd, POLLOUT)], 0)

@@ -33,6 +33,7 @@
  *
  * One lock serializes the rsocket calls; a call that waits drops it. */
 
+#include <limits.h>
 #include <netinet/in.h>
 #include <rdma/rsocket.h>
 #include <netinet/tcp.h>
@@ -932,8 +933,24 @@ static int rs_ready_for_data(struct rsock *rs, int flags)
     return 0;
 }
 
+/* 0, or the errno of a bad iovec: EINVAL for a bad count, EFAULT for a buffer at NULL. */
+static int rs_iov_check(const struct iovec *iov, int iovcnt)
+{
+    if (iovcnt < 0 || iovcnt > IOV_MAX)
+        return EINVAL;
+    if (iovcnt && !iov)
+        return EFAULT;
+    for (int i = 0; i < iovcnt; i++)
+        if (iov[i].iov_len && !iov[i].iov_base)
+            return EFAULT;
+    return 0;
+}
+
 static ssize_t rs_sendv(int socket, const struct iovec *iov, int iovcnt, int flags)
 {
+    int bad = rs_iov_check(iov, iovcnt);
+    if (bad)
+        return sn_err(bad);
     struct rsock *rs = rs_enter(socket);
     if (!rs)
         return -1;
@@ -1022,6 +1039,9 @@ static size_t rs_fill(struct rsock *rs, const struct iovec *iov, int iovcnt, siz
 
 static ssize_t rs_recvv(int socket, const struct iovec *iov, int iovcnt, int flags)
 {
+    int bad = rs_iov_check(iov, iovcnt);
+    if (bad)
+        return sn_err(bad);
     struct rsock *rs = rs_enter(socket);
     if (!rs)
         return -1;
@@ -1225,6 +1245,8 @@ static short rs_revents(struct rsock *rs)
 
 SN_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 {
+    if (nfds && !fds)
+        return sn_err(EFAULT);
     uint64_t end = timeout > 0 ? rs_now_ms() + (uint64_t)timeout : 0;
     struct pollfd stack[64];
     struct pollfd *p = nfds * 3 <= 64 ? stack : malloc(nfds * 3 * sizeof *p);
@@ -1676,6 +1698,8 @@ SN_EXPORT int riounmap(int socket, void *buf, size_t len)
 
 SN_EXPORT size_t riowrite(int socket, const void *buf, size_t count, off_t offset, int flags)
 {
+    if (count && !buf)
+        return (size_t)sn_err(EFAULT);
     struct rsock *rs = rs_enter(socket);
     if (!rs)
         return (size_t)-1;
