@@ -146,6 +146,19 @@ struct rsock {
 static pthread_mutex_t rs_mut = PTHREAD_MUTEX_INITIALIZER;
 static struct rsock *rs_tab[RS_MAX_FD];
 
+/* Takes the lock; a caller holding the interpreter lock (a Python host) lets it go
+ * while it waits, so that the holder, which may be waiting for the interpreter in
+ * a verbs call, goes on.  Never the other way round: no thread waits for the lock
+ * holding the interpreter's. */
+static void rs_lock(void)
+{
+    if (!pthread_mutex_trylock(&rs_mut))
+        return;
+    void *gil = sn_gil_release();
+    pthread_mutex_lock(&rs_mut);
+    sn_gil_restore(gil);
+}
+
 static struct rsock *rs_get(int fd)
 {
     return fd >= 0 && fd < RS_MAX_FD ? rs_tab[fd] : NULL;
@@ -154,7 +167,7 @@ static struct rsock *rs_get(int fd)
 /* Looks an rsocket up and takes the lock; NULL (EBADF, unlocked) if there is none. */
 static struct rsock *rs_enter(int fd)
 {
-    pthread_mutex_lock(&rs_mut);
+    rs_lock();
     struct rsock *rs = rs_get(fd);
     if (!rs) {
         pthread_mutex_unlock(&rs_mut);
@@ -605,8 +618,8 @@ static void rs_block(struct rsock *rs, int timeout_ms)
     pthread_mutex_unlock(&rs_mut);
     void *gil = sn_gil_release();
     poll(p, 2, timeout_ms);
-    sn_gil_restore(gil);
     pthread_mutex_lock(&rs_mut);
+    sn_gil_restore(gil);
     if (rs->cq && (p[1].revents & POLLIN)) {
         struct ibv_cq *cq;
         void *ctx;
@@ -681,7 +694,7 @@ SN_EXPORT int rsocket(int domain, int type, int protocol)
         return sn_err(e);
     }
     rs->nonblock = (type & SOCK_NONBLOCK) != 0;
-    pthread_mutex_lock(&rs_mut);
+    rs_lock();
     rs_tab[rs->fd] = rs;
     pthread_mutex_unlock(&rs_mut);
     return rs->fd;
@@ -1255,7 +1268,7 @@ SN_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
     int ret;
     for (;;) {
         int ready = 0, m = 0;
-        pthread_mutex_lock(&rs_mut);
+        rs_lock();
         for (nfds_t i = 0; i < nfds; i++) {
             struct rsock *rs = rs_get(fds[i].fd);
             if (!rs)
@@ -1292,12 +1305,13 @@ SN_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
         void *gil = sn_gil_release();
         int n = poll(p, (nfds_t)m, wait);
         int e = errno;
-        sn_gil_restore(gil);
         if (n < 0) {
+            sn_gil_restore(gil);
             ret = ready ? ready : sn_err(e);
             break;
         }
         pthread_mutex_lock(&rs_mut);
+        sn_gil_restore(gil);
         m = 0;
         for (nfds_t i = 0; i < nfds; i++) {
             struct rsock *rs = rs_get(fds[i].fd);
