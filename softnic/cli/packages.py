@@ -35,6 +35,7 @@ OWN: dict[str, tuple[tuple[str, str], ...]] = {
               ("perftest", "ib_write_bw and the other perftest programs"),
               ("qperf", "qperf over rdma_cm"),
               ("libfabric-bin", "libfabric's verbs provider over rdma_cm"),
+              ("iperf3", "an unmodified socket program over rsockets (librspreload.so)"),
               ("python3-cffi", "Debian's cffi: a /usr/bin/python3 program keeps its own "
                "under softnic exec"),
               ("python3-numpy", "Debian's numpy, likewise")),

@@ -50,6 +50,11 @@ class Library:
     fork_answer: tuple = ()     # (call, answer) in a forked child, where it is not EIO
     libraries: tuple[str, ...] = ()     # to link with: ibverbs
     command: str = ""           # the command that builds it, for messages
+    c_files: tuple[str, ...] = ("shim.c",)  # the entry points' sources, compiled in order
+
+    def c_source(self) -> str:
+        """The entry points' sources (``c_files``), one after the other."""
+        return "\n".join((self.here / name).read_text() for name in self.c_files)
 
     def symbols(self) -> list[tuple[str, str, str]]:
         """symbols.txt: (name, version node, kind) of every entry point of the real library."""
@@ -61,8 +66,8 @@ class Library:
         return rows
 
     def implemented(self) -> set[str]:
-        """Entry points shim.c defines (the rest become stubs)."""
-        text = (self.here / "shim.c").read_text()
+        """Entry points the sources define (the rest become stubs)."""
+        text = self.c_source()
         return set(re.findall(r"^SN_EXPORT\b[^(;=]*?\b(\w+)\s*(?:\(|;)", text, flags=re.M))
 
     def unimplemented(self) -> list[str]:
@@ -235,7 +240,7 @@ _backend.install(ffi, lib)
             f"#define SN_PYTHON_PATH L{json.dumps(os.pathsep.join(interpreter_path()))}",
             self.embed_c.read_text(),
             self.wrappers_c(),
-            (self.here / "shim.c").read_text(),
+            self.c_source(),
         ])
         ffi.set_source(self.module, source, sources=[str(tmpdir / "stubs.c")],
                        include_dirs=[str(include_dir())] if os.environ.get(INCLUDE_ENV) else [],

@@ -27,14 +27,15 @@ from ..libibverbs import build as _ibv
 HERE = Path(__file__).resolve().parent
 SONAME = "librdmacm.so.1"
 MODULE = "_softnic_librdmacm"
-SOURCES = ("api.h", "callbacks.h", "shim.c", "symbols.txt", "build.py", "backend.py")
+SOURCES = ("api.h", "callbacks.h", "shim.c", "rsocket.c", "symbols.txt", "build.py",
+           "backend.py")
 EMBED = _ibv.HERE / "embed.c"
 
 LIBRARY = _e.Library(
     here=HERE, soname=SONAME, module=MODULE, backend="softnic.faces.librdmacm.backend",
     headers=("errno.h", "rdma/rdma_cma.h"), package="librdmacm-dev", embed_c=EMBED,
     failure="-1",               # -1 with errno EOPNOTSUPP, librdmacm's way
-    libraries=("ibverbs",), command="softnic build-librdmacm")
+    libraries=("ibverbs",), command="softnic build-librdmacm", c_files=("shim.c", "rsocket.c"))
 symbols, implemented, unimplemented = LIBRARY.symbols, LIBRARY.implemented, LIBRARY.unimplemented
 version_script, stubs_c, wrappers_c = LIBRARY.version_script, LIBRARY.stubs_c, LIBRARY.wrappers_c
 callbacks = LIBRARY.callbacks

@@ -12,7 +12,7 @@
  * then takes the event.  Ids created without a channel are synchronous: each
  * gets a channel of its own and the calls wait for their outcome, as in
  * rdma-core.  Entry points not provided are generated stubs (stubs.c) failing
- * with EOPNOTSUPP.
+ * with EOPNOTSUPP.  The rsocket API is in rsocket.c, compiled after this file.
  *
  * Preceded (by build.py) by <rdma/rdma_cma.h>, api.h and the static prototypes
  * of the sn_cm_* calls. */
@@ -1330,31 +1330,6 @@ SN_EXPORT int rdma_getaddrinfo(const char *node, const char *service,
     }
     *res = ai;
     return 0;
-}
-
-/* ------------------------------------------------------------------ rsockets' polls
- * No rsocket can be made here (rsocket fails), so every fd a program polls is an
- * ordinary one: rpoll and rselect are poll and select. */
-
-SN_EXPORT int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
-{
-    void *gil = sn_gil_release();
-    int r = poll(fds, nfds, timeout);
-    int e = errno;
-    sn_gil_restore(gil);
-    errno = e;
-    return r;
-}
-
-SN_EXPORT int rselect(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds,
-                      struct timeval *timeout)
-{
-    void *gil = sn_gil_release();
-    int r = select(nfds, readfds, writefds, exceptfds, timeout);
-    int e = errno;
-    sn_gil_restore(gil);
-    errno = e;
-    return r;
 }
 
 /* ------------------------------------------------------------------ exit
