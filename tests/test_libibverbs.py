@@ -161,7 +161,8 @@ def test_exec_reaches_the_whole_process_tree_unless_told_not_to(libdir, tmp_path
 
 
 # Under loss this needs the linger of ibv_destroy_qp (docs/libibverbs.md): without it a
-# lost final ACK leaves one side retransmitting for ever to a peer that has exited.
+# lost final ACK leaves one side retransmitting to a peer that has exited, until its
+# retry_cnt runs out and a SEND whose data arrived fails with RETRY_EXC_ERR.
 @pytest.mark.compat("ibverbs-utils")
 @pytest.mark.parametrize("args,faults", [
     (["-n", "20"], None),

@@ -231,11 +231,11 @@ def test_udaddy_connects_under_loss():
 
 
 # Both pairs below end each side's QP as soon as its last completion is in, so the
-# last ACK must leave even so (test_teardown_answers).  Under loss, that ACK itself
-# must not be the one lost: its requester then retransmits to a QP in ERR, which
-# answers nothing, for ever (retry_cnt 7, librdmacm's default, is unlimited in rxe
-# and here; a NIC such as mlx5 fails the send after 7 retries, and the programs
-# still end 0).  The seeds lose other datagrams of the exchange.
+# last ACK must leave even so (test_teardown_answers).  Under loss, if that ACK
+# itself is the one lost, its requester retransmits to a QP in ERR, which answers
+# nothing, until retry_cnt (7, librdmacm's default) runs out: the send ends with
+# RETRY_EXC_ERR, as on mlx5 (rxe retries for ever), and the programs still end 0
+# (test_teardown_loop, tools/teardown_loop.py).  The seeds lose other datagrams.
 
 @pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
