@@ -2,7 +2,7 @@
 
 The BTH, the AETH and the ICRC (over the IPv4 pseudo header, IBA Annex A17) are
 scapy's (``scapy.contrib.roce``); the extended headers scapy lacks (RETH,
-AtomicETH, AtomicAckETH, ImmDt) are packed here with ``struct`` from IBA 9.3;
+AtomicETH, AtomicAckETH, ImmDt) are packed here with ``struct`` from their IBA layouts;
 nothing of ``softnic.wire`` is used.  The peer sends what a test tells it to,
 byte for byte (any PSN, any opcode, a wrong ICRC), and reports what it receives
 as ``Seen`` records after checking each one's ICRC with scapy.
@@ -41,12 +41,12 @@ ACK = op('ACKNOWLEDGE')
 ATOMIC_ACK = op('ATOMIC_ACKNOWLEDGE')
 CMP_SWAP, FETCH_ADD = op('COMPARE_SWAP'), op('FETCH_ADD')
 
-# AETH syndromes (IBA 9.7.5.1.1, table 43): bits 6:5 the kind, 4:0 its value
+# AETH syndromes: bits 6:5 the kind (0 ACK, 1 RNR NAK, 3 NAK), bits 4:0 its value
 SYN_ACK = 0x1F                        # ACK, credit field "invalid" (no end-to-end credits)
 SYN_RNR = 0x20                        # | the RNR timer code
 NAK_PSN_SEQ, NAK_INV_REQ, NAK_REM_ACCESS, NAK_REM_OP = 0x60, 0x61, 0x62, 0x63
 
-# The extended headers scapy has no layer for (IBA 9.3.3 - 9.3.6), big-endian
+# The extended headers scapy has no layer for, big-endian
 RETH = struct.Struct('!QII')          # virtual address, R_Key, DMA length
 ATOMIC_ETH = struct.Struct('!QIQQ')   # virtual address, R_Key, swap (or add) data, compare data
 ATOMIC_ACK_ETH = struct.Struct('!Q')  # original remote data

@@ -3,7 +3,7 @@
 The peer (``roce_peer``) is scapy's BTH, AETH and ICRC with the other extended
 headers packed by hand, on a plain UDP socket; the device is a live one (real UDP,
 its progress thread) driven through the pyverbs API.  Each case plays one of the
-requester's or the responder's error rules (IBA 9.7 and 9.9; the list follows
+requester's or the responder's error rules (IBA chapter 9; the list follows
 datenlord/roce-sim's cases, which Linux rxe passes) and asserts what the peer sees
 on the wire (opcodes, PSNs, AETH syndromes and MSNs, every ICRC checked by scapy)
 and what softnic reports (the completion's status, opcode and byte_len, the QP's state).
@@ -132,9 +132,9 @@ def wcs(cq, n):
 
 @pytest.mark.parametrize('retry_cnt', [0, 3, 7])
 def test_no_answer_retry_cnt_n_gives_n_retries_then_retry_exc_err(rig, retry_cnt):
-    """IBA 9.7.6.1.3 (C9-139): after ``retry_cnt`` retries the WQE completes with
-    RETRY_EXC_ERR and the QP goes to ERR, its later WRs flushed; 7 is a count like the
-    others (only rnr_retry's 7 means for ever)."""
+    """After ``retry_cnt`` retries the WQE completes with RETRY_EXC_ERR and the QP
+    goes to ERR, its later WRs flushed; 7 is a count like the others (the IBA and
+    mlx5; ibv_modify_qp(3) gives the infinite 7 to rnr_retry only)."""
     rig.connect(timeout=SILENT, retry_cnt=retry_cnt)
     rig.post(rig.wr(1, e.IBV_WR_RDMA_WRITE, 0, 64), rig.wr(2, e.IBV_WR_RDMA_WRITE, 64, 64))
     seen = rig.peer.expect(2 * (retry_cnt + 1), timeout=10)
@@ -149,7 +149,7 @@ def test_no_answer_retry_cnt_n_gives_n_retries_then_retry_exc_err(rig, retry_cnt
 @pytest.mark.parametrize('rnr_retry', [0, 2])
 def test_rnr_naks_exhaust_rnr_retry(rig, rnr_retry):
     """Each RNR NAK is retried after its timer, ``rnr_retry`` times, then
-    RNR_RETRY_EXC_ERR (IBA 9.7.5.2.8) and the QP in ERR."""
+    RNR_RETRY_EXC_ERR and the QP in ERR."""
     rig.connect(rnr_retry=rnr_retry)
     rig.side.mr.write(b'r' * 40, 40, 0)
     rig.post(rig.wr(5, e.IBV_WR_SEND, 0, 40))
@@ -217,8 +217,8 @@ def test_partial_ack_then_timeout_resends_from_the_first_unacknowledged(rig):
 
 def test_sequence_nak_resends_from_its_psn_and_acknowledges_what_precedes_it(rig):
     """A PSN SEQUENCE ERROR NAK naming PSN 2: PSNs 2 and 3 are sent again, and,
-    the NAK having acknowledged PSNs 0 and 1 (IBA 9.7.5.1.1), the next timeout
-    resends from 2 as well."""
+    the NAK having acknowledged PSNs 0 and 1 (a NAK acknowledges every PSN
+    before its own), the next timeout resends from 2 as well."""
     rig.connect(retry_cnt=3)
     rig.post(rig.wr(1, e.IBV_WR_RDMA_WRITE, 0, 1024))
     assert [p.psn for p in rig.peer.expect(4)] == [0, 1, 2, 3]
@@ -231,8 +231,8 @@ def test_sequence_nak_resends_from_its_psn_and_acknowledges_what_precedes_it(rig
 
 
 def test_read_response_of_a_later_read_acknowledges_the_write_before_it(rig):
-    """A READ response for PSN p acknowledges every request before p (IBA
-    9.7.5.1.2): the WRITE at PSN 0, never ACKed, completes with the READ."""
+    """A READ response for PSN p acknowledges every request before p: the WRITE
+    at PSN 0, never ACKed, completes with the READ."""
     rig.connect()
     rig.post(rig.wr(1, e.IBV_WR_RDMA_WRITE, 0, 64), rig.wr(2, e.IBV_WR_RDMA_READ, 4096, 64))
     seen = rig.peer.expect(2)
@@ -269,7 +269,7 @@ def test_read_response_beyond_the_expected_psn_re_requests_the_missing_read(rig)
 
 def test_read_response_gap_re_requests_from_the_missing_response(rig):
     """A 4-response READ whose second response is lost: the requester re-issues
-    the READ from PSN 1 for the 768 bytes not yet received (IBA 9.7.5.1.3)."""
+    the READ from PSN 1 for the 768 bytes not yet received."""
     rig.connect()
     rig.post(rig.wr(1, e.IBV_WR_RDMA_READ, 0, 1024))
     assert wire(rig.peer.expect(1)) == [(READ_REQUEST, 0)]
@@ -287,9 +287,51 @@ def test_read_response_gap_re_requests_from_the_missing_response(rig):
     assert rig.side.mr.read(1024, 0) == data
 
 
+@pytest.mark.parametrize('case', ['middle-for-last', 'last-too-soon', 'atomic-ack-for-read',
+                                  'read-response-for-atomic', 'read-response-for-write'])
+def test_unexpected_response_opcode_is_a_bad_response(rig, case):
+    """A response at the expected PSN whose opcode cannot answer the request there
+    (the IBA's unexpected opcode; datenlord/roce-sim's bad response case is a READ
+    MIDDLE where its LAST is due) completes the WQE with BAD_RESP_ERR and takes the
+    QP to ERR, the WRs behind it flushed."""
+    rig.connect()
+    data = bytes(range(256))
+    if case in ('middle-for-last', 'last-too-soon', 'atomic-ack-for-read'):
+        first = rig.wr(1, e.IBV_WR_RDMA_READ, 0, 1024)
+        opcode, wc_opcode = READ_REQUEST, e.IBV_WC_RDMA_READ
+    elif case == 'read-response-for-atomic':
+        first = rig.wr(1, e.IBV_WR_ATOMIC_FETCH_AND_ADD, 0, 8, add=1)
+        opcode, wc_opcode = FETCH_ADD, e.IBV_WC_FETCH_ADD
+    else:
+        first = rig.wr(1, e.IBV_WR_RDMA_WRITE, 0, 64)
+        opcode, wc_opcode = WRITE_ONLY, e.IBV_WC_RDMA_WRITE
+    rig.post(first, rig.wr(2, e.IBV_WR_RDMA_WRITE, 2048, 64))
+    seen = rig.peer.expect(2)
+    assert [p.opcode for p in seen] == [opcode, WRITE_ONLY]
+    if case == 'middle-for-last':
+        rig.peer.send(READ_FIRST, 0, syndrome=SYN_ACK, msn=1, payload=data)
+        rig.peer.send(READ_MIDDLE, 1, payload=data)
+        rig.peer.send(READ_MIDDLE, 2, payload=data)
+        rig.peer.send(READ_MIDDLE, 3, payload=data)
+    elif case == 'last-too-soon':
+        rig.peer.send(READ_FIRST, 0, syndrome=SYN_ACK, msn=1, payload=data)
+        rig.peer.send(READ_LAST, 1, syndrome=SYN_ACK, msn=1, payload=data)
+    elif case == 'atomic-ack-for-read':
+        rig.peer.send(ATOMIC_ACK, 0, syndrome=SYN_ACK, msn=1, orig=7)
+    else:
+        rig.peer.send(READ_ONLY, 0, syndrome=SYN_ACK, msn=1, payload=data[:64])
+    got = poll(rig.side.cq, 2)
+    assert [(w.wr_id, w.status) for w in got] == [(1, e.IBV_WC_BAD_RESP_ERR),
+                                                  (2, e.IBV_WC_WR_FLUSH_ERR)]
+    assert got[0].opcode == wc_opcode
+    assert rig.qp_state == e.IBV_QPS_ERR
+    assert rig.peer.quiet(0.1) == []
+    assert rig.counter('rcvd_bad_response') == 1
+
+
 def test_unknown_response_opcode_is_dropped_and_counted(rig):
     """An opcode the IBA reserves (RC 0x1F) fails header validation: dropped
-    without an answer (IBA 9.6), the READ then completes from its real response."""
+    without an answer, the READ then completes from its real response."""
     rig.connect()
     rig.post(rig.wr(1, e.IBV_WR_RDMA_READ, 0, 64))
     assert wire(rig.peer.expect(1)) == [(READ_REQUEST, 0)]
@@ -327,7 +369,7 @@ def _refused(rig, expect_syndrome):
     (p,) = rig.peer.expect(1)
     assert (p.opcode, p.psn, p.syndrome, p.msn) == (ACK, 0, expect_syndrome, 0)
     assert rig.peer.quiet(0.05) == []
-    assert rig.qp_state == e.IBV_QPS_ERR      # a class C error (IBA 9.9.3.1.3): QP to ERR
+    assert rig.qp_state == e.IBV_QPS_ERR      # the responder's QP too (as rxe's)
 
 
 def test_bad_rkey_is_a_remote_access_nak(rig):
@@ -376,7 +418,7 @@ def test_middle_without_first_is_an_invalid_request_nak(rig):
 
 def test_one_sequence_nak_per_gap(rig):
     """Requests beyond a gap draw one PSN SEQUENCE ERROR NAK naming the missing
-    PSN, not one per packet (IBA C9-113); the resent run is executed and
+    PSN, not one per packet; the resent run is executed and
     acknowledged; a second gap draws a second NAK."""
     rig.connect()
     mr = rig.side.mr
@@ -411,8 +453,8 @@ def test_one_sequence_nak_per_gap(rig):
 
 
 def test_duplicate_read_is_read_again(rig):
-    """A duplicate READ is answered from memory as it is now (IBA 9.7.5.1.3), the
-    whole READ or, re-issued from its middle, the rest of it."""
+    """A duplicate READ is answered from memory as it is now, the whole READ or,
+    re-issued from its middle, the rest of it."""
     rig.connect()
     mr = rig.side.mr
     mr.write(b'a' * 1024, 1024, 0)

@@ -202,13 +202,11 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     An ATOMIC WRITE or a FLUSH is answered by an empty READ RESPONSE ONLY (as rxe)."""
     if wqe is not None and wqe.opcode in (W.ATOMIC_WRITE, W.FLUSH):
         if psn != wqe.first_psn or not pkt.info.first or not pkt.info.last or pkt.payload:
-            dev.counters["rcvd_bad_response"] += 1
-            return False
+            return _bad_response(dev, qp, wqe)
         _finish(qp, wqe)
         return True
     if wqe is None or wqe.opcode != W.RDMA_READ:
-        dev.counters["rcvd_bad_response"] += 1
-        return False
+        return _bad_response(dev, qp, wqe)
     if psn == wqe.first_psn:
         qp.acked_psn = (psn - 1) & 0xFFFFFF       # everything before the READ is done
     expected = (qp.acked_psn + 1) & 0xFFFFFF
@@ -217,9 +215,15 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     n = len(pkt.payload)
     is_last = idx == wqe.npkts - 1
     if n != ((wqe.length - off) if is_last else qp.mtu):
-        _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
-        qp.req_error = True
-        return True
+        return _bad_response(dev, qp, wqe)
+    # The opcode must fit the response's place: the READ's first response is a
+    # FIRST or an ONLY, its last one a LAST or an ONLY (a READ re-issued from
+    # response k starts again at k with a FIRST); under go-back-N nothing else
+    # ends it, while selective repeat asks for a hole only, whose LAST may fall
+    # inside the READ.
+    if psn == expected and ((idx == 0 and not pkt.info.first) or (
+            pkt.info.last != is_last and (is_last or not qp.selective_repeat))):
+        return _bad_response(dev, qp, wqe)
     if psn != expected:
         if not qp.selective_repeat or psn_diff(expected, wqe.first_psn) < 0:
             _retry_from(dev, qp, max_psn(expected, wqe.first_psn))
@@ -260,11 +264,27 @@ def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) 
 
 def _atomic_ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
     """An ATOMIC ACKNOWLEDGE: the original value goes to the ATOMIC's buffer."""
-    if wqe is None or not wqe.rd_atomic or wqe.opcode == W.RDMA_READ or psn != wqe.first_psn:
-        dev.counters["rcvd_bad_response"] += 1
-        return False
+    if wqe is None or wqe.opcode not in _ATOMICS:
+        return _bad_response(dev, qp, wqe)
     _scatter(wqe, 0, pkt.atomicacketh.orig.to_bytes(8, sys.byteorder))
     _finish(qp, wqe)
+    return True
+
+
+_ATOMICS = (W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD)
+
+
+def _bad_response(dev, qp, wqe) -> bool:
+    """A response that cannot answer the request at its PSN (a READ response for a
+    WRITE, an ATOMIC ACKNOWLEDGE for a READ, a READ response whose opcode or length
+    does not fit its place): the requester's unexpected-opcode error, which the
+    verbs report as IBV_WC_BAD_RESP_ERR ("an unexpected transport layer opcode was
+    returned by the responder", ibv_poll_cq(3)); the QP goes to ERR."""
+    dev.counters["rcvd_bad_response"] += 1
+    if wqe is None:
+        return False
+    _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
+    qp.req_error = True
     return True
 
 
