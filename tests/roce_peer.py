@@ -59,7 +59,7 @@ _IMM_OPS = {op('SEND_LAST_WITH_IMMEDIATE'), op('SEND_ONLY_WITH_IMMEDIATE'),
 _AETH_OPS = {READ_FIRST, READ_LAST, READ_ONLY, ACK, ATOMIC_ACK}
 
 
-def _ip(src: str, dst: str) -> IP:
+def ip_header(src: str, dst: str) -> IP:
     """The IPv4 header the ICRC covers.  A program on a UDP socket never sees the
     header the kernel writes, so both ends agree on one: identification 0 and DF
     set, as Linux sends UDP (TOS, TTL and the checksums are masked anyway)."""
@@ -133,7 +133,7 @@ class Peer:
         pad = -len(payload) % 4
         bth = BTH(opcode=opcode_, psn=psn & 0xFFFFFF, ackreq=int(ackreq), padcount=pad,
                   dqpn=self.dqpn if dqpn is None else dqpn)
-        whole = _ip(self.ip, self.dev[0]) / UDP(sport=self.port, dport=self.dev[1]) / \
+        whole = ip_header(self.ip, self.dev[0]) / UDP(sport=self.port, dport=self.dev[1]) / \
             bth / Raw(ext + payload + b'\0' * pad)
         data = raw(whole[BTH])
         if bad_icrc:
@@ -153,7 +153,7 @@ class Peer:
         bth = BTH(data)
         check = bth.copy()
         check.icrc = None
-        want = raw(_ip(src[0], self.ip) / UDP(sport=src[1], dport=self.port) /
+        want = raw(ip_header(src[0], self.ip) / UDP(sport=src[1], dport=self.port) /
                    check)[-4:]
         if want != data[-4:]:
             self.icrc_errors += 1

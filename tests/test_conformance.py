@@ -15,8 +15,10 @@ retransmission timer fires, so a loaded host does not reorder the exchange.
 
 from __future__ import annotations
 
+import os
 import random
-import struct
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -329,6 +331,25 @@ def test_unexpected_response_opcode_is_a_bad_response(rig, case):
     assert rig.counter('rcvd_bad_response') == 1
 
 
+def test_an_ack_where_a_read_response_is_due_does_not_complete_the_read(rig):
+    """A plain ACK at a READ's PSN carries none of its data: the READ is not
+    completed by it (only its response can), it is requested again and completes
+    from its response.  (A responder may send such an ACK: a duplicate WRITE is
+    acknowledged with the PSN before its ePSN, which may be a READ's.)"""
+    rig.connect()
+    rig.post(rig.wr(1, e.IBV_WR_RDMA_READ, 0, 64))
+    assert wire(rig.peer.expect(1)) == [(READ_REQUEST, 0)]
+    rig.peer.ack(0, msn=1)
+    (p,) = rig.peer.expect(1)
+    assert (p.opcode, p.psn, p.reth) == (READ_REQUEST, 0, (RVA, RKEY, 64))
+    assert rig.side.cq.poll()[0] == 0
+    rig.peer.send(READ_ONLY, 0, syndrome=SYN_ACK, msn=1, payload=b'z' * 64)
+    (wc,) = poll(rig.side.cq)
+    assert (wc.wr_id, wc.status, wc.opcode, wc.byte_len) == (1, e.IBV_WC_SUCCESS,
+                                                            e.IBV_WC_RDMA_READ, 64)
+    assert rig.side.mr.read(64, 0) == b'z' * 64
+
+
 def test_unknown_response_opcode_is_dropped_and_counted(rig):
     """An opcode the IBA reserves (RC 0x1F) fails header validation: dropped
     without an answer, the READ then completes from its real response."""
@@ -414,6 +435,21 @@ def test_middle_without_first_is_an_invalid_request_nak(rig):
     rig.connect()
     rig.peer.send(WRITE_MIDDLE, 0, payload=b'm' * MTU)
     _refused(rig, NAK_INV_REQ)
+
+
+def test_send_longer_than_its_receive_is_an_invalid_request_nak(rig):
+    """A SEND longer than the receive it lands in: NAK invalid request, the receive
+    completes with LOC_LEN_ERR, the QP goes to ERR and the other receives are flushed."""
+    rig.connect()
+    mr = rig.side.mr
+    for wr_id in (1, 2):
+        rig.side.qp.post_recv(RecvWR(wr_id=wr_id, num_sge=1,
+                                     sg=[SGE(mr.buf + 128 * wr_id, 100, mr.lkey)]))
+    rig.peer.send(SEND_ONLY, 0, payload=b'L' * 200)
+    _refused(rig, NAK_INV_REQ)
+    got = poll(rig.side.cq, 2)
+    assert [(w.wr_id, w.status) for w in got] == [(1, e.IBV_WC_LOC_LEN_ERR),
+                                                  (2, e.IBV_WC_WR_FLUSH_ERR)]
 
 
 def test_one_sequence_nak_per_gap(rig):
@@ -540,3 +576,82 @@ def test_send_with_no_receive_posted_is_an_rnr_nak(rig):
                                                             e.IBV_WC_RECV, 100)
     assert mr.read(100, 8192) == b's' * 100
     assert rig.counter('send_rnr_err') == 1
+
+
+# ====================================================================== the peer itself
+
+
+TSHARK_FIELDS = ['infiniband.bth.opcode', 'infiniband.bth.destqp', 'infiniband.bth.a',
+                 'infiniband.bth.psn', 'infiniband.bth.padcnt', 'infiniband.reth.va',
+                 'infiniband.reth.r_key', 'infiniband.reth.dmalen',
+                 'infiniband.atomiceth.swapdt', 'infiniband.atomiceth.cmpdt',
+                 'infiniband.aeth.syndrome', 'infiniband.aeth.msn',
+                 'infiniband.atomicacketh.origremdt', 'infiniband.immdt', 'data.data']
+
+
+def test_the_peer_s_packets_decode_in_tshark(tmp_path):
+    """The peer's hand-packed extended headers, read back by a decoder that is
+    neither scapy nor softnic: tshark's InfiniBand dissector."""
+    tshark = shutil.which('tshark')
+    if tshark is None:
+        if os.environ.get('CI') == 'true':
+            pytest.fail('tshark is required in CI')
+        pytest.skip('tshark not installed')
+    from scapy.layers.inet import UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+    from scapy.utils import wrpcap
+    from roce_peer import WRITE_ONLY_IMM, ip_header
+    peer = Peer.__new__(Peer)                   # no socket: only its packet builder
+    peer.ip, peer.port, peer.dev, peer.dqpn = '127.0.36.3', 4791, ('127.0.36.2', 4791), 0x4321
+    va, rkey = 0x1122334455667788, 0xA1B2C3D4
+    cases = [
+        (WRITE_FIRST, 7, dict(reth=(va, rkey, 1024), payload=b'\x11' * 256)),
+        (WRITE_MIDDLE, 8, dict(payload=b'\x22' * 256)),
+        (WRITE_ONLY_IMM, 9, dict(reth=(va, rkey, 5), payload=b'\x33' * 5, imm=0xCAFEF00D,
+                                 ackreq=True)),
+        (READ_REQUEST, 10, dict(reth=(va, rkey, 4096), ackreq=True)),
+        (FETCH_ADD, 11, dict(atomic=(va, rkey, 5, 0))),
+        (CMP_SWAP, 12, dict(atomic=(va, rkey, 99, 15))),
+        (ACK, 13, dict(syndrome=NAK_PSN_SEQ, msn=0x123456)),
+        (ATOMIC_ACK, 14, dict(syndrome=SYN_ACK, msn=2, orig=0xFEDCBA9876543210)),
+        (READ_ONLY, 0xFFFFFF, dict(syndrome=SYN_ACK, msn=3, payload=b'\x44' * 6)),
+    ]
+    frames = []
+    for opcode_, psn, kw in cases:
+        data = peer.packet(opcode_, psn, dqpn=0x4321, **kw)
+        frames.append(Ether() / ip_header(peer.ip, peer.dev[0]) / UDP(sport=4791, dport=4791) /
+                      Raw(data))
+    pcap = tmp_path / 'peer.pcap'
+    wrpcap(str(pcap), frames)
+    cmd = [tshark, '-r', str(pcap), '-T', 'fields', '-E', 'occurrence=f']
+    for f in TSHARK_FIELDS:
+        cmd += ['-e', f]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [dict(zip(TSHARK_FIELDS, line.split('\t'))) for line in out.splitlines()]
+    assert len(rows) == len(cases)
+
+    def num(text):
+        return None if text == '' else int(text, 0) if text not in ('True', 'False') \
+            else int(text == 'True')
+
+    for row, (opcode_, psn, kw) in zip(rows, cases):
+        payload = kw.get('payload', b'')
+        va_rkey = kw.get('reth') or kw.get('atomic')  # tshark names an AtomicETH's VA, R_Key so
+        want = {
+            'infiniband.bth.opcode': opcode_, 'infiniband.bth.destqp': 0x4321,
+            'infiniband.bth.a': int(kw.get('ackreq', False)), 'infiniband.bth.psn': psn,
+            'infiniband.bth.padcnt': -len(payload) % 4,
+            'infiniband.reth.va': va_rkey and va_rkey[0],
+            'infiniband.reth.r_key': va_rkey and va_rkey[1],
+            'infiniband.reth.dmalen': kw['reth'][2] if 'reth' in kw else None,
+            'infiniband.atomiceth.swapdt': kw['atomic'][2] if 'atomic' in kw else None,
+            'infiniband.atomiceth.cmpdt': kw['atomic'][3] if 'atomic' in kw else None,
+            'infiniband.aeth.syndrome': kw.get('syndrome'),
+            'infiniband.aeth.msn': kw.get('msn') if 'syndrome' in kw else None,
+            'infiniband.atomicacketh.origremdt': kw.get('orig'),
+        }
+        got = {f: num(row[f]) for f in want}
+        assert got == want, (opcode_, row)
+        assert row['infiniband.immdt'] == (f"{kw['imm']:08x}" if 'imm' in kw else '')
+        assert row['data.data'] == (payload + bytes(-len(payload) % 4)).hex()
