@@ -9,7 +9,7 @@ on the wire (opcodes, PSNs, AETH syndromes and MSNs, every ICRC checked by scapy
 and what softnic reports (the completion's status, opcode and byte_len, the QP's state).
 
 Timers: the QP's ``timeout`` is 1 (8.192 us, raised to the 1 ms timer floor) where
-the peer stays silent, and 16 (268 ms) where the peer must answer before the
+the peer stays silent, and 18 (1.07 s) where the peer must answer before the
 retransmission timer fires, so a loaded host does not reorder the exchange.
 """
 
@@ -39,7 +39,7 @@ from verbskit import ALL_ACCESS, Side, poll
 
 MTU = 256                   # IBV_MTU_256: a 1024-byte message is 4 packets
 SILENT = 1                  # timeout attribute: the timer floor (1 ms)
-PATIENT = 16                # timeout attribute: 268 ms, time for the peer to answer
+PATIENT = 18                # timeout attribute: 1.07 s, time for the peer to answer
 DEV = 'conf0'
 RVA, RKEY = 0x7F0000001000, 0x1234      # what softnic's requests name at the peer
 
