@@ -232,6 +232,23 @@ def test_sequence_nak_resends_from_its_psn_and_acknowledges_what_precedes_it(rig
     assert rig.counter('rcvd_seq_err') == 1
 
 
+@pytest.mark.parametrize('retry_cnt', [0, 2])
+def test_sequence_naks_that_acknowledge_nothing_count_against_retry_cnt(rig, retry_cnt):
+    """A responder that NAKs PSN 0 (PSN SEQUENCE ERROR) on every resend: each
+    resend is a retry, as a timeout's is, so after ``retry_cnt`` of them the WQE
+    fails with RETRY_EXC_ERR (as roce-sim's PSN-retry-limit case) instead of the
+    two ends trading NAKs and resends for ever."""
+    rig.connect(retry_cnt=retry_cnt)
+    rig.post(rig.wr(1, e.IBV_WR_RDMA_WRITE, 0, 64), rig.wr(2, e.IBV_WR_RDMA_WRITE, 64, 64))
+    for _ in range(retry_cnt + 1):
+        assert wire(rig.peer.expect(2)) == [(WRITE_ONLY, 0), (WRITE_ONLY, 1)]
+        rig.peer.ack(0, NAK_PSN_SEQ, msn=0)
+    assert wcs(rig.side.cq, 2) == [(1, e.IBV_WC_RETRY_EXC_ERR), (2, e.IBV_WC_WR_FLUSH_ERR)]
+    assert rig.qp_state == e.IBV_QPS_ERR
+    assert rig.peer.quiet(0.1) == []
+    assert rig.counter('rcvd_seq_err') == retry_cnt + 1
+
+
 def test_read_response_of_a_later_read_acknowledges_the_write_before_it(rig):
     """A READ response for PSN p acknowledges every request before p: the WRITE
     at PSN 0, never ACKed, completes with the READ."""
@@ -267,6 +284,30 @@ def test_read_response_beyond_the_expected_psn_re_requests_the_missing_read(rig)
     rig.peer.send(READ_ONLY, 1, syndrome=SYN_ACK, msn=2, payload=b)
     assert wcs(rig.side.cq, 2) == [(1, e.IBV_WC_SUCCESS), (2, e.IBV_WC_SUCCESS)]
     assert rig.side.mr.read(128, 0) == a + b
+
+
+def test_ack_beyond_an_atomic_re_requests_the_atomic(rig):
+    """An ACK for the WRITE after an ATOMIC whose acknowledgement never came: the
+    ATOMIC's response was lost (implied NAK), so it is requested again (the
+    responder answers a duplicate from its saved result) and both complete."""
+    rig.connect()
+    rig.post(rig.wr(1, e.IBV_WR_ATOMIC_FETCH_AND_ADD, 0, 8, add=3),
+             rig.wr(2, e.IBV_WR_RDMA_WRITE, 64, 64))
+    seen = rig.peer.expect(2)
+    assert wire(seen) == [(FETCH_ADD, 0), (WRITE_ONLY, 1)]
+    assert seen[0].atomic == (RVA, RKEY, 3, 0)
+    rig.peer.ack(1, msn=2)
+    again = rig.peer.expect(2)
+    assert wire(again) == [(FETCH_ADD, 0), (WRITE_ONLY, 1)]
+    assert again[0].atomic == (RVA, RKEY, 3, 0)
+    assert rig.side.cq.poll()[0] == 0
+    rig.peer.send(ATOMIC_ACK, 0, syndrome=SYN_ACK, msn=1, orig=41)
+    rig.peer.ack(1, msn=2)
+    got = poll(rig.side.cq, 2)
+    assert [(w.wr_id, w.status, w.opcode, w.byte_len) for w in got] == [
+        (1, e.IBV_WC_SUCCESS, e.IBV_WC_FETCH_ADD, 8),
+        (2, e.IBV_WC_SUCCESS, e.IBV_WC_RDMA_WRITE, 64)]
+    assert rig.side.mr.read(8, 0) == _u64(41)
 
 
 def test_read_response_gap_re_requests_from_the_missing_response(rig):

@@ -67,14 +67,42 @@ def _ack_before(qp, psn: int) -> bool:
     return True
 
 
-def _retry_from(dev, qp, psn: int) -> None:
-    """Responses were lost: resend from ``psn``, once per PSN."""
+def _retry_from(dev, qp, psn: int, before: int) -> None:
+    """Responses were lost (a PSN SEQUENCE ERROR NAK, an implied NAK): resend from
+    ``psn``, once per PSN.  The resend is a retry as a timeout's is (IBA; qib and
+    rxe count both): it counts against ``retry_cnt``, and with none left the WQE
+    fails with RETRY_EXC_ERR, so a responder that NAKs every resend cannot keep
+    the requester busy for ever.  A response that acknowledged new PSNs (the
+    acknowledged PSN moved from ``before``) starts the count afresh."""
     if qp.retry_pending == psn:
         return
     qp.retry_pending = psn
     dev.counters["completer_retry_err"] += 1
+    if qp.acked_psn != before:
+        qp.retry_left = qp.attr.retry_cnt
+    if not _take_retry(dev, qp):
+        return
     requester.rewind(qp, psn)
     dev.mark_ready(qp)
+
+
+def _take_retry(dev, qp) -> bool:
+    """Count one retry (a timeout's or a NAK's resend) against ``retry_cnt``.  None
+    left: False, and the oldest unacknowledged WQE completes with RETRY_EXC_ERR
+    (the QP goes to ERR and flushes the rest, ``complete``)."""
+    if qp.attr.retry_cnt == 7:                 # rxe: 7 retries forever, as for rnr_retry
+        return True
+    if qp.retry_left:
+        qp.retry_left -= 1
+        return True
+    dev.counters["retry_exceeded_err"] += 1
+    comp = (qp.acked_psn + 1) & 0xFFFFFF
+    i = requester._find(qp, comp)
+    w = qp.sq[i] if i is not None else next((w for w in qp.sq if not w.done), None)
+    if w is not None:
+        _finish(qp, w, WCStatus.RETRY_EXC_ERR)
+    complete(dev, qp)
+    return False
 
 
 def receive(dev, qp, pkt, now: float) -> None:
@@ -93,7 +121,7 @@ def receive(dev, qp, pkt, now: float) -> None:
         return
     # a response for PSN p acknowledges every request before the one it answers
     if not _ack_before(qp, psn):
-        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
+        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF, before)
         _progress(dev, qp, before, now)
         return
     i = requester._find(qp, psn)
@@ -114,10 +142,10 @@ def _sequence_nak(dev, qp, psn: int, msn: int, comp_psn: int, before: int, now: 
         _selective_nak(dev, qp, psn, msn, comp_psn, now)
         return
     if not _ack_before(qp, psn):
-        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
+        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF, before)
     else:
         qp.retry_pending = None
-        _retry_from(dev, qp, psn)
+        _retry_from(dev, qp, psn, before)
     _progress(dev, qp, before, now)
 
 
@@ -226,7 +254,7 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
         return _bad_response(dev, qp, wqe)
     if psn != expected:
         if not qp.selective_repeat or psn_diff(expected, wqe.first_psn) < 0:
-            _retry_from(dev, qp, max_psn(expected, wqe.first_psn))
+            _retry_from(dev, qp, max_psn(expected, wqe.first_psn), before)
         else:
             _read_beyond_hole(dev, qp, wqe, expected, idx, off, pkt.payload)
         return False
@@ -427,17 +455,8 @@ def on_timeout(dev, qp, now: float) -> None:
     qp.rto_shift_psn = qp.acked_psn
     if qp.cc is not None:
         qp.cc.on_loss(now=now, kind="timeout")
-    if qp.attr.retry_cnt != 7:                 # rxe: 7 retries forever, as for rnr_retry
-        if qp.retry_left == 0:
-            dev.counters["retry_exceeded_err"] += 1
-            comp = (qp.acked_psn + 1) & 0xFFFFFF
-            i = requester._find(qp, comp)
-            w = qp.sq[i] if i is not None else next((w for w in qp.sq if not w.done), None)
-            if w is not None:
-                _finish(qp, w, WCStatus.RETRY_EXC_ERR)
-            complete(dev, qp)
-            return
-        qp.retry_left -= 1
+    if not _take_retry(dev, qp):
+        return
     qp.retry_pending = None
     comp = (qp.acked_psn + 1) & 0xFFFFFF
     for w in qp.sq:
