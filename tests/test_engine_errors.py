@@ -46,6 +46,24 @@ def statuses(wcs):
     return [(w.wr_id, w.status) for w in wcs]
 
 
+def requests_since(p, t, dev=None):
+    """PSNs of the requests ``dev`` (A) sent from virtual time ``t`` on, in order."""
+    return [pkt.bth.psn for when, pkt in p.packets("send", dev or p.a)
+            if when >= t and pkt.info.is_request]
+
+
+ACK = (AethCode.ACK << 5) | 0x1F
+SEQ_NAK = (AethCode.NAK << 5) | NakCode.PSN_SEQUENCE_ERROR
+RNR_NAK = (AethCode.RNR_NAK << 5) | 1                     # RNR timer code 1 (the 1 ms floor)
+
+
+def respond(p, psn: int, syndrome: int, msn: int = 0) -> None:
+    """Hand A a response from B's address, as B's responder would send it."""
+    pkt = encode(O.RC_ACKNOWLEDGE, dest_qp=p.ea.qp.qpn, psn=psn, aeth=(syndrome, msn))
+    p.a.receive_datagram(bytes(append_icrc(pkt, B_IP, A_IP, p.b.port, p.a.port)), p.b.address,
+                         p.fabric.now)
+
+
 def warm_up(p):
     """One WRITE through, so the failure under test is not a set-up problem."""
     p.a.post_send(p.ea.qp, write_wr(1, p.ea, p.eb, 0, 64, 0))
@@ -57,7 +75,7 @@ def warm_up(p):
 # ------------------------------------------------------------------ transport retry
 
 
-@pytest.mark.parametrize("retry_cnt", [0, 1, 3, 6])
+@pytest.mark.parametrize("retry_cnt", [0, 1, 3, 6, 7])
 @pytest.mark.parametrize("direction", ["both", "a->b", "b->a"])
 def test_link_cut_exhausts_retry_cnt_then_flushes(retry_cnt, direction):
     p = pair(seed=retry_cnt, retry_cnt=retry_cnt)
@@ -77,7 +95,7 @@ def test_link_cut_exhausts_retry_cnt_then_flushes(retry_cnt, direction):
                   remote_addr=eb.buf.addr + 16384, rkey=eb.mr.rkey, compare_add=1)]
     for wr in wrs:
         a.post_send(ea.qp, wr)
-    p.run()                                # returns: nothing left to do once the QP failed
+    p.run(max_events=20_000)               # idle: nothing left to do once the QP failed
 
     wcs = p.send_wcs()
     assert statuses(wcs) == [(10, S.RETRY_EXC_ERR)] + [(i, S.WR_FLUSH_ERR) for i in range(11, 15)]
@@ -99,24 +117,29 @@ def test_link_cut_exhausts_retry_cnt_then_flushes(retry_cnt, direction):
     assert a.get_timer() is None
 
 
-def test_retry_cnt_7_retries_forever_and_recovers_when_the_link_returns():
+def test_retry_cnt_7_is_seven_retries_and_the_seventh_may_still_succeed():
+    """7 is a count, not infinity (IBA, mlx5; ibv_modify_qp(3) gives an infinite
+    value to rnr_retry only): the link back just before the 7th retry leaves,
+    that retry goes through."""
     p = pair(retry_cnt=7)
     a, b, ea, eb = p.a, p.b, p.ea, p.eb
     warm_up(p)
     p.fabric.set_link(a.address, b.address, CUT)
     data = pattern(3000, 5)
     fill(ea, 0, data)
-    a.post_send(ea.qp, write_wr(10, ea, eb, 0, 3000, 1000))
     t0 = p.fabric.now
-    p.fabric.run(until=t0 + backoff(40) + RTO / 2)
-    assert p.send_wcs() == []
-    assert ea.qp.state == QPState.RTS
-    assert a.counters["timeouts"] == 40
-    assert a.counters["retry_exceeded_err"] == 0
+    a.post_send(ea.qp, write_wr(10, ea, eb, 0, 3000, 1000))
+    p.fabric.run(until=t0 + backoff(7) - RTO / 2)
+    assert p.send_wcs() == [] and ea.qp.state == QPState.RTS
+    assert a.counters["timeouts"] == 6
     p.fabric.set_link(a.address, b.address, FaultModel.none())
     p.run_until(lambda: p.send_wcs())
     assert statuses(p.send_wcs()) == [(10, S.SUCCESS)]
     assert read(eb, 1000, 3000) == data
+    first = requests_since(p, t0)[0]
+    assert requests_since(p, t0).count(first) == 8          # the first sending and 7 retries
+    assert a.counters["timeouts"] == 7
+    assert a.counters["retry_exceeded_err"] == 0
 
 
 def test_lost_packets_within_retry_budget_are_recovered():
@@ -136,6 +159,130 @@ def test_lost_packets_within_retry_budget_are_recovered():
     assert statuses(p.send_wcs()) == [(1, S.SUCCESS)]
     assert p.a.counters["timeouts"] == 1
     assert read(p.eb, 0, 100) == pattern(100, 1)
+
+
+# ------------------------------------------------------------------ what a response acknowledges
+#
+# Requests from A are lost (the link A -> B cut); B's responses are handed to A
+# by ``respond``, so each case names exactly the PSN a response carries.
+
+
+def _silent_pair(**kw):
+    p = pair(psn_a=100, **kw)
+    p.fabric.set_link(p.a.address, p.b.address, CUT, both_directions=False)
+    return p
+
+
+def test_sequence_nak_acknowledges_every_psn_before_it():
+    """A NAK naming PSN n acknowledges every PSN before n: the WRs it covers
+    complete, and a later timeout resends from n, not from the oldest PSN sent."""
+    p = _silent_pair()
+    a, ea, eb = p.a, p.ea, p.eb
+    a.post_send(ea.qp, write_wr(1, ea, eb, 0, 100, 0))                  # PSN 100
+    a.post_send(ea.qp, write_wr(2, ea, eb, 0, 4000, 0))                 # PSNs 101..104
+    p.fabric.run(until=p.fabric.now + RTO / 4)
+    assert requests_since(p, 0) == [100, 101, 102, 103, 104]
+    t1 = p.fabric.now
+    respond(p, 103, SEQ_NAK)
+    p.fabric.run(until=t1 + RTO / 4)
+    assert statuses(p.send_wcs()) == [(1, S.SUCCESS)]                   # acknowledged by the NAK
+    assert requests_since(p, t1) == [103, 104]                           # go back to the NAK's PSN
+    p.fabric.run(until=t1 + RTO + RTO / 4)                               # then the timer fires
+    assert a.counters["timeouts"] == 1
+    assert requests_since(p, t1) == [103, 104, 103, 104]                 # from 103, not 101
+    respond(p, 104, ACK)
+    p.run()
+    assert statuses(p.send_wcs()) == [(1, S.SUCCESS), (2, S.SUCCESS)]
+    assert ea.qp.state == QPState.RTS
+
+
+def test_rnr_nak_acknowledges_every_psn_before_it():
+    """An RNR NAK on a WRITE with immediate's LAST packet: after the RNR timer only
+    that packet is resent, and a timeout after it resends from it too."""
+    p = _silent_pair(rnr_retry=3)
+    a, ea, eb = p.a, p.ea, p.eb
+    a.post_send(ea.qp, write_wr(1, ea, eb, 0, 2500, 0, opcode=W.RDMA_WRITE_WITH_IMM,
+                                imm_data=5))                           # PSNs 100..102
+    p.fabric.run(until=p.fabric.now + RTO / 4)
+    t1 = p.fabric.now
+    respond(p, 102, RNR_NAK)
+    p.fabric.run(until=t1 + RTO / 4)
+    assert requests_since(p, t1) == [102]                                # after the RNR timer
+    p.fabric.run(until=t1 + RTO + RTO / 2)
+    assert a.counters["timeouts"] == 1
+    assert requests_since(p, t1) == [102, 102]                           # from 102, not 100
+    respond(p, 102, ACK)
+    p.run()
+    assert statuses(p.send_wcs()) == [(1, S.SUCCESS)]
+
+
+@pytest.mark.parametrize("response", ["ack", "sequence_nak", "rnr_nak"])
+def test_forward_progress_starts_the_retry_count_again(response):
+    """retry_cnt counts retries since the last forward progress: a response that
+    acknowledges new PSNs (an ACK, or a NAK naming a later PSN) gives the
+    remaining PSNs retry_cnt retries of their own."""
+    p = _silent_pair(retry_cnt=1, rnr_retry=7)
+    a, ea, eb = p.a, p.ea, p.eb
+    a.post_send(ea.qp, write_wr(1, ea, eb, 0, 4000, 0))                 # PSNs 100..103
+    t0 = p.fabric.now
+    p.fabric.run(until=t0 + RTO + RTO / 4)                               # the one retry
+    assert a.counters["timeouts"] == 1
+    assert requests_since(p, t0) == [100, 101, 102, 103] * 2
+    t1 = p.fabric.now
+    if response == "ack":
+        respond(p, 101, ACK)
+    else:
+        respond(p, 102, SEQ_NAK if response == "sequence_nak" else RNR_NAK)
+    p.run()
+    # a retry of its own for 102 and 103, then the timeout that gives up
+    assert a.counters["timeouts"] == 3
+    assert a.counters["retry_exceeded_err"] == 1
+    resent = requests_since(p, t1)
+    assert resent == [102, 103] * (1 if response == "ack" else 2)
+    assert statuses(p.send_wcs()) == [(1, S.RETRY_EXC_ERR)]
+    assert ea.qp.state == QPState.ERR
+
+
+def test_rnr_nak_that_acknowledges_new_psns_starts_a_new_rnr_series():
+    """rnr_retry=1: one RNR retry per PSN.  An RNR NAK for the second SEND also
+    acknowledges the first, so the second SEND has its own retry."""
+    p = _silent_pair(rnr_retry=1)
+    a, ea = p.a, p.ea
+    a.post_send(ea.qp, send_wr(1, ea, 0, 10))                           # PSN 100
+    a.post_send(ea.qp, send_wr(2, ea, 0, 10))                           # PSN 101
+    p.fabric.run(until=p.fabric.now + RTO / 4)
+    respond(p, 100, RNR_NAK)
+    p.fabric.run(until=p.fabric.now + RTO / 4)
+    t1 = p.fabric.now
+    respond(p, 101, RNR_NAK)
+    p.fabric.run(until=t1 + RTO / 4)
+    assert statuses(p.send_wcs()) == [(1, S.SUCCESS)]
+    assert ea.qp.state == QPState.RTS
+    assert requests_since(p, t1) == [101]                                # its own RNR retry
+    respond(p, 101, RNR_NAK)
+    p.run()
+    assert statuses(p.send_wcs()) == [(1, S.SUCCESS), (2, S.RNR_RETRY_EXC_ERR)]
+    assert a.counters["rcvd_rnr_err"] == 3
+    assert a.counters["retry_rnr_exceeded_err"] == 1
+    assert ea.qp.state == QPState.ERR
+
+
+@pytest.mark.parametrize("retry_cnt", [0, 7])
+def test_selective_repeat_exhausts_retry_cnt_too(retry_cnt):
+    """Selective repeat's timeouts count against retry_cnt as go-back-N's do (its
+    loss probes do not); 7 ends as well."""
+    from softnic.core.device import DeviceConfig
+    p = pair(retry_cnt=retry_cnt, config=DeviceConfig(min_timer=1e-3, selective_repeat=True))
+    a, ea, eb = p.a, p.ea, p.eb
+    warm_up(p)
+    p.fabric.set_link(a.address, p.b.address, CUT)
+    a.post_send(ea.qp, write_wr(10, ea, eb, 0, 3000, 0))
+    a.post_send(ea.qp, send_wr(11, ea, 0, 10))
+    p.run(max_events=20_000)
+    assert statuses(p.send_wcs()) == [(10, S.RETRY_EXC_ERR), (11, S.WR_FLUSH_ERR)]
+    assert a.counters["timeouts"] == retry_cnt + 1
+    assert a.counters["retry_exceeded_err"] == 1
+    assert ea.qp.state == QPState.ERR
 
 
 # ------------------------------------------------------------------ RNR

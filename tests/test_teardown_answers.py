@@ -4,9 +4,12 @@ A live driver may hold the ACK of a peer's request for its caller's next call
 (``softnic.driver.nic``: the inline step), so the consumer can see the receive
 completion before the ACK leaves.  If that next call moves the QP to ERR (as
 ``rdma_disconnect`` does first) or destroys it, the ACK must still go out: the
-peer's requester is waiting on it, and with retry_cnt 7 (librdmacm's default,
-unlimited as in rxe) it would otherwise retransmit for ever to a QP that no
-longer answers.  READ responses, which read registered memory, are dropped.
+peer's requester is waiting on it, and it would otherwise retransmit to a QP
+that no longer answers until retry_cnt (librdmacm's default 7: seven retries,
+as on mlx5, not rxe's for ever) runs out, and fail a SEND that succeeded.  READ
+responses, which read registered memory, are dropped.  If the ACK itself is
+lost on the wire, that is what happens: RETRY EXCEEDED after the retries, never
+a wait for ever.
 
 Driven by hand here: B's output is taken only after B's consumer acted, which is
 the order a held ACK has on a live device.
@@ -71,3 +74,36 @@ def test_read_responses_are_not_sent_by_a_qp_in_error():
     assert [x.info.kind for x in sent] == [Kind.READ_REQUEST]
     _to_err(b, eb.qp)
     assert b.datagrams_to_send(now) == []
+
+
+@pytest.mark.parametrize("teardown", ["error", "destroy"])
+def test_a_lost_last_ack_ends_the_peers_send_after_retry_cnt_retries(teardown):
+    """The ACK itself lost (the lossy teardown case): nothing is left to answer
+    the requester's retransmissions, so its SEND ends, after retry_cnt retries
+    (7, librdmacm's default), with RETRY EXCEEDED and its QP in ERR, as on
+    mlx5; it never waits for ever.  The program that tore down saw its receive."""
+    lost = []
+
+    def drop_the_ack(pkt, raw):
+        if pkt.info.kind == Kind.ACK and not lost:
+            lost.append(pkt)
+            return True
+        return False
+
+    p = pair(retry_cnt=7, drop_b=drop_the_ack)
+    a, b, ea, eb = p.a, p.b, p.ea, p.eb
+    b.post_recv(eb.qp, RecvWR(9, [eb.sge(0, 64)]))
+    a.post_send(ea.qp, send_wr(1, ea, 0, 16))
+    p.run_until(lambda: p.recv_wcs())
+    assert [(w.wr_id, w.status) for w in p.recv_wcs()] == [(9, WCStatus.SUCCESS)]
+    if teardown == "error":
+        _to_err(b, eb.qp)
+    else:
+        b.destroy_qp(eb.qp)
+    p.run(max_events=20_000)                     # idle: no retransmission goes on
+    assert len(lost) == 1
+    assert [(w.wr_id, w.status) for w in p.send_wcs()] == [(1, WCStatus.RETRY_EXC_ERR)]
+    sends = [x for _, x in p.packets("send", a) if x.info.kind == Kind.SEND]
+    assert len(sends) == 1 + 7
+    assert a.counters["retry_exceeded_err"] == 1
+    assert ea.qp.state == QPState.ERR

@@ -1,17 +1,24 @@
 """Completer: ACKs, NAKs, READ responses and ATOMIC ACKs -> send completions.
 
-Responses arrive in PSN order; a response for PSN p implicitly acknowledges
-every request before the request it answers (``_ack_before``).  A gap in READ
-responses, or an ACK past a READ whose responses never came, means responses
-were lost: the requester re-issues from the first missing PSN.
+Responses arrive in PSN order; a response naming PSN p (an ACK, a READ or
+ATOMIC response, a NAK: PSN sequence error, RNR or an error) implicitly
+acknowledges every PSN before p (``_ack_before``): the WRs it covers complete,
+and a later timeout resends from p.  (With selective repeat a PSN SEQUENCE
+ERROR NAK names one hole among several and acknowledges nothing.)  A gap in
+READ responses, or an ACK past a READ whose responses never came, means
+responses were lost: the requester re-issues from the first missing PSN.
 
 ``receive`` checks a decoded response and hands it to its kind's handler
 (``_RESPONSES``: ``_ack``, ``_read_response``, ``_atomic_ack``; a PSN SEQUENCE
-ERROR NAK to ``_sequence_nak``); ``_progress`` then resets the retry counts,
-restarts the retransmission timer and posts completions (``complete``).
-``receive_common``, which dispatch tries first, takes a plain ACK of the oldest
-WQE from its bytes through the same ``acknowledged`` and ``_progress``.
-Timeouts: ``on_timeout``.
+ERROR NAK to ``_sequence_nak``); ``_progress`` then resets the retry counts if
+the acknowledged PSN moved (``_forward``), restarts the retransmission timer
+and posts completions (``complete``).  ``retry_cnt`` n is n retries (after
+timeouts, and go-back-N resends for a PSN SEQUENCE ERROR NAK or an implied NAK:
+``_take_retry``) since the last such progress, for every n in 0..7 (then RETRY
+EXCEEDED, the QP to ERR, its other work flushed); ``rnr_retry`` likewise, but
+7 is for ever (ibv_modify_qp(3)).  ``receive_common``, which dispatch tries
+first, takes a plain ACK of the oldest WQE from its bytes through the same
+``acknowledged`` and ``_progress``.  Timeouts: ``on_timeout``.
 """
 
 from __future__ import annotations
@@ -52,14 +59,23 @@ def _finish(qp, wqe, status=WCStatus.SUCCESS) -> None:
 
 
 def _ack_before(qp, psn: int) -> bool:
-    """Complete every started WQE that ends before ``psn``.  False if one of
-    them is a READ/ATOMIC still waiting for its responses (they were lost)."""
+    """A response naming ``psn`` (an ACK, a NAK with its PSN, a READ or ATOMIC
+    response) acknowledges every PSN before it: complete every started WQE that
+    ends before ``psn``, and if ``psn`` lies inside a SEND or WRITE, that
+    message's packets before it (a later timeout resends from ``psn``, not from
+    the message's start).  False if a WQE before it is a READ/ATOMIC still
+    waiting for its responses (they were lost)."""
     for w in qp.sq:
         if w.first_psn is None:
             break
         if w.done:
             continue
         if psn_diff(w.last_psn, psn) >= 0:
+            # ``psn`` is in ``w``: a READ's responses are counted from its first
+            # PSN by ``_read_response``, not acknowledged by a later one
+            if (not w.rd_atomic or psn == w.first_psn) and \
+                    psn_diff((psn - 1) & 0xFFFFFF, qp.acked_psn) > 0:
+                qp.acked_psn = (psn - 1) & 0xFFFFFF
             break
         if w.rd_atomic:
             return False
@@ -78,8 +94,7 @@ def _retry_from(dev, qp, psn: int, before: int) -> None:
         return
     qp.retry_pending = psn
     dev.counters["completer_retry_err"] += 1
-    if qp.acked_psn != before:
-        qp.retry_left = qp.attr.retry_cnt
+    _forward(qp, before)
     if not _take_retry(dev, qp):
         return
     requester.rewind(qp, psn)
@@ -87,11 +102,11 @@ def _retry_from(dev, qp, psn: int, before: int) -> None:
 
 
 def _take_retry(dev, qp) -> bool:
-    """Count one retry (a timeout's or a NAK's resend) against ``retry_cnt``.  None
-    left: False, and the oldest unacknowledged WQE completes with RETRY_EXC_ERR
-    (the QP goes to ERR and flushes the rest, ``complete``)."""
-    if qp.attr.retry_cnt == 7:                 # rxe: 7 retries forever, as for rnr_retry
-        return True
+    """Count one retry (a timeout's or a NAK's resend) against ``retry_cnt``: n
+    retries for every n in 0..7 (7 is not infinite: IBA, mlx5; only rnr_retry has
+    an infinite value).  None left: False, and the oldest unacknowledged WQE
+    completes with RETRY_EXC_ERR (the QP goes to ERR and flushes the rest of its
+    work, ``complete``)."""
     if qp.retry_left:
         qp.retry_left -= 1
         return True
@@ -134,7 +149,9 @@ def _sequence_nak(dev, qp, psn: int, msn: int, comp_psn: int, before: int, now: 
     """A PSN SEQUENCE ERROR NAK: the responder misses ``psn``.  Go-back-N: the
     NAK implicitly acknowledges what comes before it, and everything from it is sent again.
     Selective repeat: only ``psn`` is resent, and the MSN field names a PSN the
-    responder holds (a selective ACK)."""
+    responder holds (a selective ACK).  Such a NAK names one hole of perhaps
+    several (the responder names each PSN missing below one it holds), so it
+    acknowledges nothing before it: the cumulative ACKs do."""
     dev.counters["rcvd_seq_err"] += 1
     if qp.cc is not None:
         qp.cc.on_loss(now=now, kind="nak")
@@ -191,7 +208,7 @@ def _ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
     if code == AethCode.ACK:
         acknowledged(qp, psn, wqe)
     elif code == AethCode.RNR_NAK:
-        return _rnr_nak(dev, qp, psn, aeth.value, wqe, now)
+        return _rnr_nak(dev, qp, psn, aeth.value, wqe, now, before)
     elif code == AethCode.NAK:
         dev.counters["rcvd_nak"] += 1
         if wqe is not None:
@@ -200,19 +217,20 @@ def _ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
     return True
 
 
-def _rnr_nak(dev, qp, psn: int, timer: int, wqe, now: float) -> bool:
+def _rnr_nak(dev, qp, psn: int, timer: int, wqe, now: float, before: int) -> bool:
     """The responder had no receive WQE: wait the RNR timer and resend from
-    ``psn``, ``rnr_retry`` times (7: forever)."""
+    ``psn``, ``rnr_retry`` times (7: forever, ibv_modify_qp(3)); the resend
+    counts (``on_timeout``).  A NAK that acknowledges new PSNs starts a new
+    series (``_forward``) before it is counted."""
     dev.counters["rcvd_rnr_err"] += 1
-    if qp.attr.rnr_retry != 7:
-        if qp.rnr_left == 0:
-            dev.counters["retry_rnr_exceeded_err"] += 1
-            if wqe is not None:
-                _finish(qp, wqe, WCStatus.RNR_RETRY_EXC_ERR)
-            qp.req_error = True
-            complete(dev, qp)
-            return False
-        qp.rnr_left -= 1
+    _forward(qp, before)
+    if qp.rnr_left == 0 and qp.attr.rnr_retry != 7:
+        dev.counters["retry_rnr_exceeded_err"] += 1
+        if wqe is not None:
+            _finish(qp, wqe, WCStatus.RNR_RETRY_EXC_ERR)
+        qp.req_error = True
+        complete(dev, qp)
+        return False
     requester.rewind(qp, psn)
     qp.rnr_wait = True
     qp.rnr_at = now + max(RNR_TIMER_SECONDS[timer], dev.config.min_timer)
@@ -350,8 +368,7 @@ def _progress(dev, qp, before: int, now: float) -> None:
         if qp.rexmitted:
             qp.rexmitted = {p: m for p, m in qp.rexmitted.items()
                             if psn_diff(p, qp.acked_psn) > 0}
-        qp.retry_left = qp.attr.retry_cnt
-        qp.rnr_left = qp.attr.rnr_retry
+        _forward(qp, before)
         if qp.send_idx < len(qp.sq) or qp.rexmit or qp.cc is not None:
             dev.mark_ready(qp)            # the window may have opened
         # restart the retransmission timer for what is still in flight
@@ -360,6 +377,16 @@ def _progress(dev, qp, before: int, now: float) -> None:
             if qp.rto_at is not None and qp.selective_repeat else None
         dev.arm(qp)
     complete(dev, qp)
+
+
+def _forward(qp, before: int) -> None:
+    """Forward progress (a response acknowledged PSNs beyond ``before``) starts
+    both retry series afresh: ``retry_cnt`` and ``rnr_retry`` count retries
+    since the last progress, not over the QP's life (as rdmavt's qib and hfi1,
+    and mlx5, reset them on each ACK that moves the acknowledged PSN)."""
+    if qp.acked_psn != before:
+        qp.retry_left = qp.attr.retry_cnt
+        qp.rnr_left = qp.attr.rnr_retry
 
 
 def _inflight(qp) -> bool:
@@ -429,6 +456,8 @@ def on_timeout(dev, qp, now: float) -> None:
     if qp.rnr_wait and qp.rnr_at is not None and now >= qp.rnr_at:
         qp.rnr_wait = False
         qp.rnr_at = None
+        if qp.attr.rnr_retry != 7:             # 7: RNR retries for ever
+            qp.rnr_left -= 1
         dev.mark_ready(qp)
     if qp.probe_at is not None and now >= qp.probe_at:
         qp.probe_at = None

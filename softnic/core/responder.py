@@ -83,7 +83,8 @@ def keep_answers(qp) -> None:
     driver holds a spinning caller's ACK for its next call, and that call may be
     the move to ERR of ``rdma_disconnect``).  A NIC has them on the wire by then;
     without them the peer's requester retransmits to a QP that answers no more
-    (for ever with retry_cnt 7, as rxe).  READ responses, which read registered
+    until its retry_cnt runs out and its WR fails with RETRY EXCEEDED, though it
+    succeeded.  READ responses, which read registered
     memory the consumer may free next, are dropped."""
     if qp.resp_out:
         qp.resp_out = deque(e for e in qp.resp_out if e[0] != "read")

@@ -461,9 +461,11 @@ def qp_attrs(*, path_mtu=_MTUS, psn=None, psn_wrap_window: int = 64, timeout=ran
     PSNs toward 0.
 
     The default ``timeout`` range stops at 16 (0.27 s) so that retries fit a
-    test's time budget; ``retry_cnt`` below 7 can exhaust under heavy loss,
-    which is a fair outcome to test (the QP goes to ERR) but pass
-    ``retry_cnt=7`` if the test assumes the link always recovers.
+    test's time budget; ``retry_cnt`` n is n retries since the last progress
+    (7 too: only ``rnr_retry`` 7 is unlimited), so any value can exhaust under
+    heavy loss, which is a fair outcome to test (the QP goes to ERR); pass
+    ``retry_cnt=7`` if the test assumes the link recovers (eight losses in a
+    row of one packet then fail it).
     """
     if psn is None:
         if not 0 < psn_wrap_window <= PSN_MODULUS:
