@@ -9,8 +9,9 @@ on the wire (opcodes, PSNs, AETH syndromes and MSNs, every ICRC checked by scapy
 and what softnic reports (the completion's status, opcode and byte_len, the QP's state).
 
 Timers: the QP's ``timeout`` is 1 (8.192 us, raised to the 1 ms timer floor) where
-the peer stays silent, and 18 (1.07 s) where the peer must answer before the
-retransmission timer fires, so a loaded host does not reorder the exchange.
+the peer stays silent, 18 (1.07 s) where the peer must answer before the
+retransmission timer fires, so that a loaded host does not reorder the exchange,
+and 24 (69 s) where no timeout may take part at all.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from verbskit import ALL_ACCESS, Side, poll
 MTU = 256                   # IBV_MTU_256: a 1024-byte message is 4 packets
 SILENT = 1                  # timeout attribute: the timer floor (1 ms)
 PATIENT = 18                # timeout attribute: 1.07 s, time for the peer to answer
+NEVER = 24                  # timeout attribute: 69 s, where no timeout may take part
 DEV = 'conf0'
 RVA, RKEY = 0x7F0000001000, 0x1234      # what softnic's requests name at the peer
 
@@ -64,7 +66,7 @@ class Rig:
         self.side = Side(DEV, access=access, msg_size=1 << 16)
         self.nic = self.side.ctx._nic
 
-    def connect(self, *, timeout=PATIENT, retry_cnt=3, rnr_retry=3, min_rnr_timer=1):
+    def connect(self, *, timeout=NEVER, retry_cnt=3, rnr_retry=3, min_rnr_timer=1):
         """The QP to RTS aimed at the peer (PSNs from 0), the peer at the QP."""
         attr = QPAttr(port_num=1, path_mtu=e.IBV_MTU_256)
         attr.qp_access_flags = e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ | \
@@ -183,7 +185,7 @@ def test_ghost_acks_are_ignored(rig):
     """An ACK for a PSN never sent (beyond the next PSN, or before the oldest
     outstanding one) acknowledges nothing: the WRITE is sent again at the timeout
     and completes only when its own PSN is acknowledged."""
-    rig.connect(retry_cnt=3)
+    rig.connect(timeout=PATIENT, retry_cnt=3)
     rig.post(rig.wr(1, e.IBV_WR_RDMA_WRITE, 0, 64))
     assert wire(rig.peer.expect(1)) == [(WRITE_ONLY, 0)]
     rig.peer.ack(5, msn=1)
@@ -198,7 +200,7 @@ def test_ghost_acks_are_ignored(rig):
 
 
 def test_partial_ack_then_timeout_resends_from_the_first_unacknowledged(rig):
-    rig.connect(retry_cnt=3)
+    rig.connect(timeout=PATIENT, retry_cnt=3)
     data = bytes(range(256)) * 4
     rig.side.mr.write(data, 1024, 0)
     rig.post(rig.wr(1, e.IBV_WR_RDMA_WRITE, 0, 1024))
@@ -221,7 +223,7 @@ def test_sequence_nak_resends_from_its_psn_and_acknowledges_what_precedes_it(rig
     """A PSN SEQUENCE ERROR NAK naming PSN 2: PSNs 2 and 3 are sent again, and,
     the NAK having acknowledged PSNs 0 and 1 (a NAK acknowledges every PSN
     before its own), the next timeout resends from 2 as well."""
-    rig.connect(retry_cnt=3)
+    rig.connect(timeout=PATIENT, retry_cnt=3)
     rig.post(rig.wr(1, e.IBV_WR_RDMA_WRITE, 0, 1024))
     assert [p.psn for p in rig.peer.expect(4)] == [0, 1, 2, 3]
     rig.peer.ack(2, NAK_PSN_SEQ, msn=0)
@@ -377,7 +379,7 @@ def test_an_ack_where_a_read_response_is_due_does_not_complete_the_read(rig):
     completed by it (only its response can), it is requested again and completes
     from its response.  (A responder may send such an ACK: a duplicate WRITE is
     acknowledged with the PSN before its ePSN, which may be a READ's.)"""
-    rig.connect()
+    rig.connect(timeout=PATIENT)
     rig.post(rig.wr(1, e.IBV_WR_RDMA_READ, 0, 64))
     assert wire(rig.peer.expect(1)) == [(READ_REQUEST, 0)]
     rig.peer.ack(0, msn=1)
