@@ -102,6 +102,14 @@ class Peer:
         self.dqpn = 0
         self.icrc_errors = 0          # received packets whose ICRC scapy found wrong
 
+    @classmethod
+    def builder(cls, ip: str, dev: tuple[str, int], dqpn: int) -> "Peer":
+        """A peer with no socket, only its packet builder (``packet``)."""
+        peer = cls.__new__(cls)
+        peer.ip, peer.port, peer.qpn, peer.sock = ip, ROCEV2_PORT, 0, None
+        peer.dev, peer.dqpn, peer.icrc_errors = dev, dqpn, 0
+        return peer
+
     @property
     def gid(self) -> str:
         return '::ffff:' + self.ip

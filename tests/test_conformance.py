@@ -645,8 +645,7 @@ def test_the_peer_s_packets_decode_in_tshark(tmp_path):
     from scapy.packet import Raw
     from scapy.utils import wrpcap
     from roce_peer import WRITE_ONLY_IMM, ip_header
-    peer = Peer.__new__(Peer)                   # no socket: only its packet builder
-    peer.ip, peer.port, peer.dev, peer.dqpn = '127.0.36.3', 4791, ('127.0.36.2', 4791), 0x4321
+    peer = Peer.builder('127.0.36.3', ('127.0.36.2', 4791), 0x4321)
     va, rkey = 0x1122334455667788, 0xA1B2C3D4
     cases = [
         (WRITE_FIRST, 7, dict(reth=(va, rkey, 1024), payload=b'\x11' * 256)),
