@@ -12,8 +12,9 @@ responses were lost: the requester re-issues from the first missing PSN.
 (``_RESPONSES``: ``_ack``, ``_read_response``, ``_atomic_ack``; a PSN SEQUENCE
 ERROR NAK to ``_sequence_nak``); ``_progress`` then resets the retry counts if
 the acknowledged PSN moved (``_forward``), restarts the retransmission timer
-and posts completions (``complete``).  ``retry_cnt`` n is n retries after
-timeouts since the last such progress, for every n in 0..7 (then RETRY
+and posts completions (``complete``).  ``retry_cnt`` n is n retries (after
+timeouts, and go-back-N resends for a PSN SEQUENCE ERROR NAK or an implied NAK:
+``_take_retry``) since the last such progress, for every n in 0..7 (then RETRY
 EXCEEDED, the QP to ERR, its other work flushed); ``rnr_retry`` likewise, but
 7 is for ever (ibv_modify_qp(3)).  ``receive_common``, which dispatch tries
 first, takes a plain ACK of the oldest WQE from its bytes through the same
@@ -82,14 +83,41 @@ def _ack_before(qp, psn: int) -> bool:
     return True
 
 
-def _retry_from(dev, qp, psn: int) -> None:
-    """Responses were lost: resend from ``psn``, once per PSN."""
+def _retry_from(dev, qp, psn: int, before: int) -> None:
+    """Responses were lost (a PSN SEQUENCE ERROR NAK, an implied NAK): resend from
+    ``psn``, once per PSN.  The resend is a retry as a timeout's is (IBA; qib and
+    rxe count both): it counts against ``retry_cnt``, and with none left the WQE
+    fails with RETRY_EXC_ERR, so a responder that NAKs every resend cannot keep
+    the requester busy for ever.  A response that acknowledged new PSNs (the
+    acknowledged PSN moved from ``before``) starts the count afresh."""
     if qp.retry_pending == psn:
         return
     qp.retry_pending = psn
     dev.counters["completer_retry_err"] += 1
+    _forward(qp, before)
+    if not _take_retry(dev, qp):
+        return
     requester.rewind(qp, psn)
     dev.mark_ready(qp)
+
+
+def _take_retry(dev, qp) -> bool:
+    """Count one retry (a timeout's or a NAK's resend) against ``retry_cnt``: n
+    retries for every n in 0..7 (7 is not infinite: IBA, mlx5; only rnr_retry has
+    an infinite value).  None left: False, and the oldest unacknowledged WQE
+    completes with RETRY_EXC_ERR (the QP goes to ERR and flushes the rest of its
+    work, ``complete``)."""
+    if qp.retry_left:
+        qp.retry_left -= 1
+        return True
+    dev.counters["retry_exceeded_err"] += 1
+    comp = (qp.acked_psn + 1) & 0xFFFFFF
+    i = requester._find(qp, comp)
+    w = qp.sq[i] if i is not None else next((w for w in qp.sq if not w.done), None)
+    if w is not None:
+        _finish(qp, w, WCStatus.RETRY_EXC_ERR)
+    complete(dev, qp)
+    return False
 
 
 def receive(dev, qp, pkt, now: float) -> None:
@@ -108,7 +136,7 @@ def receive(dev, qp, pkt, now: float) -> None:
         return
     # a response for PSN p acknowledges every request before the one it answers
     if not _ack_before(qp, psn):
-        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
+        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF, before)
         _progress(dev, qp, before, now)
         return
     i = requester._find(qp, psn)
@@ -131,10 +159,10 @@ def _sequence_nak(dev, qp, psn: int, msn: int, comp_psn: int, before: int, now: 
         _selective_nak(dev, qp, psn, msn, comp_psn, now)
         return
     if not _ack_before(qp, psn):
-        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF)
+        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF, before)
     else:
         qp.retry_pending = None
-        _retry_from(dev, qp, psn)
+        _retry_from(dev, qp, psn, before)
     _progress(dev, qp, before, now)
 
 
@@ -220,13 +248,11 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     An ATOMIC WRITE or a FLUSH is answered by an empty READ RESPONSE ONLY (as rxe)."""
     if wqe is not None and wqe.opcode in (W.ATOMIC_WRITE, W.FLUSH):
         if psn != wqe.first_psn or not pkt.info.first or not pkt.info.last or pkt.payload:
-            dev.counters["rcvd_bad_response"] += 1
-            return False
+            return _bad_response(dev, qp, wqe)
         _finish(qp, wqe)
         return True
     if wqe is None or wqe.opcode != W.RDMA_READ:
-        dev.counters["rcvd_bad_response"] += 1
-        return False
+        return _bad_response(dev, qp, wqe)
     if psn == wqe.first_psn:
         qp.acked_psn = (psn - 1) & 0xFFFFFF       # everything before the READ is done
     expected = (qp.acked_psn + 1) & 0xFFFFFF
@@ -235,12 +261,18 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     n = len(pkt.payload)
     is_last = idx == wqe.npkts - 1
     if n != ((wqe.length - off) if is_last else qp.mtu):
-        _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
-        qp.req_error = True
-        return True
+        return _bad_response(dev, qp, wqe)
+    # The opcode must fit the response's place: the READ's first response is a
+    # FIRST or an ONLY, its last one a LAST or an ONLY (a READ re-issued from
+    # response k starts again at k with a FIRST); under go-back-N nothing else
+    # ends it, while selective repeat asks for a hole only, whose LAST may fall
+    # inside the READ.
+    if psn == expected and ((idx == 0 and not pkt.info.first) or (
+            pkt.info.last != is_last and (is_last or not qp.selective_repeat))):
+        return _bad_response(dev, qp, wqe)
     if psn != expected:
         if not qp.selective_repeat or psn_diff(expected, wqe.first_psn) < 0:
-            _retry_from(dev, qp, max_psn(expected, wqe.first_psn))
+            _retry_from(dev, qp, max_psn(expected, wqe.first_psn), before)
         else:
             _read_beyond_hole(dev, qp, wqe, expected, idx, off, pkt.payload)
         return False
@@ -278,11 +310,27 @@ def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) 
 
 def _atomic_ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
     """An ATOMIC ACKNOWLEDGE: the original value goes to the ATOMIC's buffer."""
-    if wqe is None or not wqe.rd_atomic or wqe.opcode == W.RDMA_READ or psn != wqe.first_psn:
-        dev.counters["rcvd_bad_response"] += 1
-        return False
+    if wqe is None or wqe.opcode not in _ATOMICS:
+        return _bad_response(dev, qp, wqe)
     _scatter(wqe, 0, pkt.atomicacketh.orig.to_bytes(8, sys.byteorder))
     _finish(qp, wqe)
+    return True
+
+
+_ATOMICS = (W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD)
+
+
+def _bad_response(dev, qp, wqe) -> bool:
+    """A response that cannot answer the request at its PSN (a READ response for a
+    WRITE, an ATOMIC ACKNOWLEDGE for a READ, a READ response whose opcode or length
+    does not fit its place): the requester's unexpected-opcode error, which the
+    verbs report as IBV_WC_BAD_RESP_ERR ("an unexpected transport layer opcode was
+    returned by the responder", ibv_poll_cq(3)); the QP goes to ERR."""
+    dev.counters["rcvd_bad_response"] += 1
+    if wqe is None:
+        return False
+    _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
+    qp.req_error = True
     return True
 
 
@@ -436,19 +484,8 @@ def on_timeout(dev, qp, now: float) -> None:
     qp.rto_shift_psn = qp.acked_psn
     if qp.cc is not None:
         qp.cc.on_loss(now=now, kind="timeout")
-    # retry_cnt n: n retries, for every n in 0..7 (7 is not infinite: IBA,
-    # mlx5; only rnr_retry has an infinite value), then RETRY EXCEEDED, the QP
-    # to ERR and the rest of its work flushed (``complete``)
-    if qp.retry_left == 0:
-        dev.counters["retry_exceeded_err"] += 1
-        comp = (qp.acked_psn + 1) & 0xFFFFFF
-        i = requester._find(qp, comp)
-        w = qp.sq[i] if i is not None else next((w for w in qp.sq if not w.done), None)
-        if w is not None:
-            _finish(qp, w, WCStatus.RETRY_EXC_ERR)
-        complete(dev, qp)
+    if not _take_retry(dev, qp):
         return
-    qp.retry_left -= 1
     qp.retry_pending = None
     comp = (qp.acked_psn + 1) & 0xFFFFFF
     for w in qp.sq:
