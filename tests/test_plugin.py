@@ -251,7 +251,9 @@ def test_bad(softnic_rc_pair):
     write(softnic_rc_pair, b"x" * 5000)
     assert False
 ''')
-    result = pytester.runpytest()
+    # every event shown, so the FIRST that opens the WRITE is among them whatever the
+    # length of the recovery that follows
+    result = pytester.runpytest("--softnic-trace-lines=200")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "replay: pytest test_app.py::test_bad --softnic-seed=4 --softnic-faults=loss=0.3",
