@@ -39,7 +39,10 @@ from typing import NamedTuple
 
 class Hop(NamedTuple):
     """One switch egress port's in-band telemetry, as HPCC's INT carries it."""
-    qlen: int          # bytes queued at the port when the packet left
+    qlen: int          # bytes waiting in the port's buffer, the datagram on the wire
+                       # not counted: as the packet leaves, those behind it
+                       # (transport/clos.py, as HPCC's ns-3 switch), or as it is
+                       # queued, those ahead of it (transport/sim.py's one switch)
     tx_bytes: int      # bytes the port has sent since it started (a counter)
     ts: float          # when the packet left (seconds)
     rate_bps: float    # the port's line rate (bits/s)

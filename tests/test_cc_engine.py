@@ -251,6 +251,28 @@ def test_egress_queue_serves_fifo_at_its_rate_and_drops_when_full():
     assert q.arrive(pkt, 1.5 * t_pkt)[0] == pytest.approx(4 * t_pkt)   # room again
 
 
+def test_int_qlen_counts_the_buffer_not_the_datagram_on_the_wire():
+    # HPCC's qlen is the buffer's occupancy: a datagram being sent has left it
+    size = 1000 + WIRE_OVERHEAD
+    t_pkt = size * 8 / 8e9
+    q = EgressQueue("q", 8e9, int_telemetry=True, sample_every=0)
+
+    def stamp(now):
+        depart, d = q.arrive(bytes(1000), now)
+        (hop,) = d.hops
+        assert hop.ts == depart and hop.tx_bytes == q.tx_bytes
+        return hop.qlen
+
+    assert stamp(0.0) == 0                  # A: an idle port
+    assert stamp(0.5 * t_pkt) == 0          # B: only A, half sent, is ahead
+    assert stamp(0.6 * t_pkt) == size       # C: B waits
+    assert stamp(1.2 * t_pkt) == size       # D: A gone, B on the wire, C waits
+    assert stamp(1.9 * t_pkt) == 2 * size   # E: B on the wire, C and D wait
+    assert stamp(10 * t_pkt) == 0           # drained
+    # the figures the buffer is judged by still count the bytes yet to leave
+    assert q.counters["max_qlen"] == int(2.1 * size)    # at E: 0.1 of B, C, D
+
+
 def test_red_marks_with_the_configured_probability():
     red = RED(kmin=10_000, kmax=110_000, pmax=0.2)
     assert red.probability(5_000) == 0 and red.probability(200_000) == 1

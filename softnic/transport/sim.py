@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import deque
 from dataclasses import dataclass, replace
 from heapq import heapify, heappop, heappush
 from typing import Any, Callable, NamedTuple, Protocol
@@ -147,6 +148,11 @@ class EgressQueue:
     The queue is kept as the time its last queued bit leaves (``busy_until``);
     the bytes queued at time t are ``(busy_until - t) * rate / 8``, exact for a
     FIFO at constant rate.  Datagrams must arrive in time order.
+
+    An INT record's ``qlen`` is the bytes waiting in the buffer ahead of the
+    datagram as it is queued; the datagram on the wire, partly sent, is no
+    longer in the buffer and is not counted (``Hop``).  The drop, RED and
+    sampling figures count it (the bytes still to leave).
     """
 
     def __init__(self, name: str, rate_bps: float, *, buffer_bytes: float | None = None,
@@ -170,6 +176,8 @@ class EgressQueue:
         #: ``sample_every`` is 0)
         self.samples: list[tuple[float, int]] = []
         self._sample = sample_every > 0
+        #: with INT: when each datagram still queued or on the wire will have left
+        self._ends: deque[float] = deque()
         #: drops, marks, stamps and samples nothing: ``depart`` may stand for ``arrive``
         self.plain = buffer_bytes is None and red is None and not int_telemetry \
             and not self._sample
@@ -224,8 +232,16 @@ class EgressQueue:
             if q >= red.kmax or self.rng.random() < red.probability(q):
                 c["marked"] += 1
                 data = data.with_(ecn=CE) if type(data) is Datagram else Datagram(data, ecn=CE)
+        if self.int_telemetry:
+            ends = self._ends
+            while ends and ends[0] <= now:
+                ends.popleft()            # gone
+            # ends[0]: the datagram on the wire; the bytes after it (whole datagrams,
+            # so rounded) wait in the buffer
+            waiting = (busy - ends[0]) * rate / 8 if ends else 0.0
+            ends.append(depart)
         if self.int_telemetry and (type(data) is not Datagram or data.echo is None):
-            hop = Hop(int(q), self.tx_bytes, depart, self.rate_bps)
+            hop = Hop(round(waiting), self.tx_bytes, depart, self.rate_bps)
             if type(data) is Datagram:
                 data = data.with_(hops=(data.hops or ()) + (hop,))
             else:
