@@ -25,17 +25,8 @@ from test_rdmacm_clients import (REFUSED, TIMEOUT, _addresses, _cmd, _free_tcp_p
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def libs():
-    from softnic.faces.libibverbs.build import BuildError, build
-    from softnic.faces.librdmacm.build import build as build_rdmacm
-    import shutil
-    if shutil.which("gcc") is None or not Path("/usr/include/rdma/rdma_cma.h").exists():
-        _missing("needs gcc, libibverbs-dev and librdmacm-dev to build softnic's libraries")
-    try:
-        return build(), build_rdmacm()
-    except BuildError as e:
-        _missing(str(e))
+# softnic's libraries, built once (the face check is softnic.faces.availability's)
+from test_rdmacm_clients import libs  # noqa: E402,F401  (an autouse fixture)
 
 
 def _perf_rows(out: str) -> list[list[str]]:
