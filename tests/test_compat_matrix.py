@@ -80,7 +80,8 @@ def test_matrix_from_a_run(tmp_path):
     rows = {line.split(" | ")[0].lstrip("| "): line.strip("|").split(" | ")
             for line in text.splitlines() if line.startswith("| ")}
     header = [h.strip() for h in rows["program"]]
-    assert header[2:] == [f"{t}, {f}" for t in ("RoCEv2/UDP", "iWARP/TCP", "simulated fabric")
+    assert header[2:] == [f"{t}, {f}" for t in ("RoCEv2/UDP", "RoCEv2/UDP over IPv6", "iWARP/TCP",
+                                                "simulated fabric")
                           for f in ("lossless", "loss", "reorder")]
 
     def cell(program, column):

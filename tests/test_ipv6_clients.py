@@ -146,6 +146,7 @@ def check(res):
 # ---------------------------------------------------------------- rdma_cm
 
 
+@pytest.mark.compat("rdmacm-utils", transport="roce6")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_rping_over_ipv6(ns, faults):
     need("rping")
@@ -158,6 +159,7 @@ def test_rping_over_ipv6(ns, faults):
     assert lines[0].startswith("ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+@pytest.mark.compat("rdmacm-utils", transport="roce6")
 @pytest.mark.parametrize("server_ip", ["::1", SERVER], ids=["device-on-::1", "host-::1"])
 def test_rping_a_ipv6_loopback(ns, server_ip):
     """``rping -s -a ::1`` / ``rping -c -a ::1``: the server's device is ::1, or ::1 is
@@ -193,6 +195,7 @@ def test_rping_ipv6_capture_shows_the_cm_exchange_in_tshark(ns, tmp_path):
         assert bad.strip() == "", bad
 
 
+@pytest.mark.compat("rdmacm-utils", transport="roce6")
 def test_ucmatose_over_ipv6(ns):
     need("ucmatose")
     sout, cout = check(pair(ns, ["ucmatose", "-b", SERVER, "-c", "2", "-C", "20"],
@@ -200,6 +203,7 @@ def test_ucmatose_over_ipv6(ns):
     assert "data transfers complete" in cout and "data transfers complete" in sout
 
 
+@pytest.mark.compat("pyverbs-softnic", transport="roce6")
 def test_pyverbs_rdma_cm_over_ipv6(ns):
     """The Python face's rdma_cm (pyverbs' CMID from an AddrInfo) with IPv6 addresses."""
     prog = str(PROJECT / "tests" / "rdmacm" / "pyverbs_cm_sync.py")
@@ -212,6 +216,7 @@ def test_pyverbs_rdma_cm_over_ipv6(ns):
 # ---------------------------------------------------------------- verbs with IPv6 GIDs
 
 
+@pytest.mark.compat("ibverbs-utils", transport="roce6")
 def test_ibv_devinfo_shows_the_ipv6_gid(ns):
     need("ibv_devinfo")
     cmd, env = _cmd(ns, SERVER, ["ibv_devinfo", "-v"])
@@ -220,6 +225,7 @@ def test_ibv_devinfo_shows_the_ipv6_gid(ns):
     assert f"\tGID[  0]:\t\t{SERVER}, RoCE v2\n" in r.stdout, r.stdout
 
 
+@pytest.mark.compat("perftest", transport="roce6")
 def test_perftest_write_with_ipv6_gids(ns):
     need("ib_write_bw")
     port = "18615"
@@ -234,6 +240,7 @@ def test_perftest_write_with_ipv6_gids(ns):
 
 @pytest.mark.parametrize("tls, tl, test", [("rc_v,self", "rc_verbs", "ucp_put_bw"),
                                            ("ud_v,self", "ud_verbs", "tag_lat")])
+@pytest.mark.compat("ucx", transport="roce6")
 def test_ucx_over_an_ipv6_device(ns, tls, tl, test):
     """rc_verbs addresses its QPs by the IPv6 GIDs; ud_verbs also checks each
     receive's GRH (the IPv6 header, ``wc.sl`` 1) against the port's GIDs."""

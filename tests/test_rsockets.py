@@ -45,6 +45,7 @@ def _stream(tool: str, args: list[str], faults=None, timeout=TIMEOUT):
 
 # rstream: -T v checks every byte received (common.c's verify_buf); b blocking calls,
 # n (the default) non-blocking ones, a rpoll before each call
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("mode", ["b", "n", "a"])
 def test_rstream(mode):
     for size, count in (("100", "2000"), ("100000", "100"), ("3000000", "10")):
@@ -55,12 +56,14 @@ def test_rstream(mode):
             assert rows[0][2] == ("2k" if count == "2000" else count), out
 
 
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", ["loss=0.02"])
 def test_rstream_loss(faults):
     sout, cout = _stream("rstream", ["-S", "100000", "-C", "200", "-T", "v"], faults=faults)
     assert len(_perf_rows(cout)) == 1 and len(_perf_rows(sout)) == 1
 
 
+@pytest.mark.compat("rdmacm-utils")
 def test_rstream_default_set():
     """rstream's own test set: latency then bandwidth, 64 B to 1 MiB (4 sizes each)."""
     sout, cout = _stream("rstream", ["-T", "v"], timeout=900)
@@ -70,6 +73,7 @@ def test_rstream_default_set():
                          "64_bw", "4k_bw", "64k_bw", "1m_bw"], out
 
 
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_riostream(faults):
     """riomap/riowrite: the client RDMA-writes into the region the server mapped and
@@ -80,6 +84,7 @@ def test_riostream(faults):
         assert len(rows) == 1 and rows[0][2] == "50", out
 
 
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_rcopy(tmp_path, faults):
     """rcopy's server serves for ever: the client's copy is compared, then it is stopped."""
@@ -141,6 +146,7 @@ def _iperf3_json(out: str) -> dict:
     return json.loads(out[out.index("{\n"):out.rindex("}") + 1])
 
 
+@pytest.mark.compat("iperf3-rspreload")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_iperf3_rspreload(faults):
     """Debian's librspreload.so turns an unmodified iperf3's TCP sockets (its control
@@ -168,6 +174,7 @@ def test_iperf3_rspreload(faults):
 
 # ---------------------------------------------------------------- mckey, cmtime
 
+@pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None])
 def test_mckey(faults):
     """Multicast: a receiver joins a group, a sender joins and sends 10 UD messages."""
@@ -180,6 +187,7 @@ def test_mckey(faults):
     assert "receiving data transfers" in sout and "data transfers complete" in sout
 
 
+@pytest.mark.compat("rdmacm-utils")
 def test_cmtime():
     """cmtime: 20 connections set up and torn down; its table has every step.  Its
     server serves for ever (rdma-core 44): stopped once the client is done."""

@@ -12,7 +12,8 @@ A test says what it exercises with a marker (registered in pyproject.toml):
 
     @pytest.mark.compat("ucx", faults="loss")                 # or given
 
-``program`` is a key of PROGRAMS; ``transport`` is roce, iwarp or sim (default: the
+``program`` is a key of PROGRAMS; ``transport`` is roce, roce6 (RoCEv2 between devices with
+IPv6 addresses), iwarp or sim (default: the
 test's ``transport`` parameter, udp -> roce and tcp -> iwarp, else roce); ``faults`` is
 lossless, loss or reorder, or a list (default: the test's ``faults`` parameter, a fault
 model string: none is lossless, loss or bursts count as loss, reorder as reorder).
@@ -50,7 +51,10 @@ PROGRAMS: dict[str, tuple[str, tuple[str, str], str]] = {
                  "ib_read_lat, ib_send_lat"),
     "qperf": ("qperf", ("deb", "qperf"), "rc_bw, rc_lat ... with -cm1"),
     "rdmacm-utils": ("rdmacm-utils", ("deb", "rdmacm-utils"), "rping, ucmatose, udaddy, "
-                     "rdma_server/rdma_client, rdma_xserver/rdma_xclient"),
+                     "rdma_server/rdma_client, rdma_xserver/rdma_xclient, mckey, cmtime; "
+                     "over rsockets: rstream, riostream, rcopy"),
+    "iperf3-rspreload": ("iperf3 over rsockets", ("deb", "iperf3"),
+                         "an unmodified iperf3 with Debian's librspreload.so"),
     "ucx": ("UCX", ("deb", "ucx-utils"), "ucx_info, ucx_perftest over rc_verbs and ud_verbs"),
     "openmpi": ("Open MPI", ("deb", "openmpi-bin"), "mpirun of a C MPI program, pml ucx"),
     "mpi4py": ("mpi4py", ("deb", "python3-mpi4py"), "an mpi4py program in /usr/bin/python3"),
@@ -65,7 +69,8 @@ PROGRAMS: dict[str, tuple[str, tuple[str, str], str]] = {
     "torch": ("torch", ("dist", "torch"), "torch.distributed with softnic's backend "
               "(collectives, DDP)"),
 }
-TRANSPORTS = {"roce": "RoCEv2/UDP", "iwarp": "iWARP/TCP", "sim": "simulated fabric"}
+TRANSPORTS = {"roce": "RoCEv2/UDP", "roce6": "RoCEv2/UDP over IPv6", "iwarp": "iWARP/TCP",
+              "sim": "simulated fabric"}
 FAULTS = {"lossless": "lossless", "loss": "loss", "reorder": "reorder"}
 PROPERTY = "compat"
 
