@@ -66,6 +66,14 @@ def test_none_is_default_and_prints_none():
     assert not FaultModel(rate_bps=1e9).is_none()
 
 
+def test_times_print_in_the_unit_they_read_back_in():
+    m = FaultModel.parse("reorder=0.005/20us,delay=2ms,jitter=1e-6")
+    assert str(m) == "reorder=0.005/20us,delay=2ms,jitter=1us"
+    assert FaultModel.parse(str(m)) == m
+    odd = FaultModel(delay=1.5e-7)          # 150 * 1e-9 is not this float: the plain number
+    assert str(odd) == "delay=1.5e-07" and FaultModel.parse(str(odd)) == odd
+
+
 def test_parse_example_and_round_trip():
     m = FaultModel.parse("loss=0.02,dup=0.01,burst=0.01/0.3/0.8,rate=1e9,queue=65536,"
                          "reorder=0.05/1e-4,corrupt=0.001/3,delay=2e-5,jitter=1e-6")

@@ -159,15 +159,15 @@ class FaultModel:
         if (self.p_enter_bad, self.p_leave_bad, self.loss_bad) != (d.p_enter_bad, d.p_leave_bad, d.loss_bad):
             parts.append(f"burst={self.p_enter_bad!r}/{self.p_leave_bad!r}/{self.loss_bad!r}")
         if self.reorder != d.reorder or self.reorder_delay != d.reorder_delay:
-            parts.append(f"reorder={self.reorder!r}/{self.reorder_delay!r}")
+            parts.append(f"reorder={self.reorder!r}/{_format_time(self.reorder_delay)}")
         if self.duplicate != d.duplicate:
             parts.append(f"dup={self.duplicate!r}")
         if self.corrupt != d.corrupt or self.corrupt_bits != d.corrupt_bits:
             parts.append(f"corrupt={self.corrupt!r}/{self.corrupt_bits}")
         if self.delay != d.delay:
-            parts.append(f"delay={self.delay!r}")
+            parts.append(f"delay={_format_time(self.delay)}")
         if self.jitter != d.jitter:
-            parts.append(f"jitter={self.jitter!r}")
+            parts.append(f"jitter={_format_time(self.jitter)}")
         if self.rate_bps is not None:
             parts.append(f"rate={self.rate_bps!r}")
         if self.queue_bytes != d.queue_bytes:
@@ -199,6 +199,19 @@ def _parse_time(raw: str) -> float:
         if raw.endswith(suffix):
             return float(raw[:-len(suffix)]) * scale
     return float(raw)
+
+
+def _format_time(seconds: float) -> str:
+    """``seconds`` as a fault spec writes it: below a second, in the largest unit
+    that holds at least 1 of it and whose short form ``_parse_time`` reads back as
+    exactly the same float (``20us``, not ``1.9999999999999998e-05``); else the
+    plain number of seconds."""
+    for suffix, scale in reversed(_TIME_UNITS[:-1]):       # ms, us, ns
+        if scale <= seconds < 1.0:
+            text = f"{seconds / scale:.12g}{suffix}"
+            if _parse_time(text) == seconds:
+                return text
+    return repr(seconds)
 
 
 def _parse_rate(raw: str) -> float | None:
