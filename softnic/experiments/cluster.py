@@ -26,22 +26,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..core.device import Device, DeviceConfig
-from ..core.enums import QPType, SendFlags, WCStatus, WROpcode as W
-from ..core.memory import Buffer
-from ..core.qp import QPCap, QPInitAttr, SendWR
-from .rig import ALL_ACCESS, Endpoint, bring_up, connect
+from ..core.enums import SendFlags, WCStatus, WROpcode as W
+from ..core.qp import SendWR
+from .rig import connect
 from ..transport.clos import PFC, LeafSpineConfig
 from ..transport.sim import RED, WIRE_OVERHEAD, Fabric
 from ..wire.roce import psn_diff
 
-CTS_BYTES = 64
 #: with ``payload="auto"``, ranks get memory of their own (and check their results)
 #: while all their buffers together stay below this; above it they share pages
 PRIVATE_PAYLOAD_MAX = 1 << 30
