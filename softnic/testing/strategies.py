@@ -427,7 +427,8 @@ class QPAttrs:
     selective_repeat: bool = False
 
     def bring_up_args(self) -> dict:
-        """Keyword arguments for ``softnic.experiments.rig.bring_up`` / ``connect`` (but the PSNs)."""
+        """Keyword arguments for ``softnic.experiments.rig.bring_up`` / ``connect``
+        (but the PSNs)."""
         return dict(mtu=self.path_mtu, timeout=self.timeout, retry_cnt=self.retry_cnt,
                     rnr_retry=self.rnr_retry, min_rnr_timer=self.min_rnr_timer,
                     max_rd_atomic=self.max_rd_atomic)
