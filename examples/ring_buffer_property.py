@@ -53,7 +53,7 @@ from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode
 from softnic.core.qp import RecvWR, SendWR
 from softnic.driver.faults import FaultModel
-from softnic.cli.rig import Endpoint, connect
+from softnic.experiments.rig import Endpoint, connect
 from softnic.testing import DropList, fault_models, loss_patterns
 from softnic.transport.sim import Fabric
 

@@ -1,7 +1,7 @@
 """Shared set-up for the engine tests: two devices in the simulated fabric.
 
 ``pair()`` builds two engine devices on a seeded ``Fabric`` and connects a
-QP on each (``softnic.cli.rig.connect``).  ``Pair.run_until`` drives virtual
+QP on each (``softnic.experiments.rig.connect``).  ``Pair.run_until`` drives virtual
 time until a condition holds; ``packets`` decodes the fabric trace so a test
 can assert what went on the wire and in which order.  ``Filter`` sits
 between a device and the fabric and drops chosen datagrams, for losses that
@@ -18,7 +18,7 @@ from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import QPType, SendFlags, WROpcode as W
 from softnic.core.qp import SendWR
 from softnic.driver.faults import FaultModel
-from softnic.cli.rig import Endpoint, connect
+from softnic.experiments.rig import Endpoint, connect
 from softnic.transport.sim import Fabric
 from softnic.wire.roce import Kind, Packet, decode
 

@@ -393,7 +393,7 @@ def test_live_capture_and_faults_see_each_datagram_of_a_run(tmp_path):
     from softnic.driver.config import DeviceSpec, RuntimeConfig
     from softnic.driver.faults import FaultModel
     from softnic.driver.nic import NIC
-    from softnic.cli.rig import bring_up, endpoint
+    from softnic.experiments.rig import bring_up, endpoint
 
     cfg = RuntimeConfig(capture=str(tmp_path / "run.pcap"), faults=FaultModel.parse("loss=0.05"),
                         seed=11, min_timer=2e-3)

@@ -19,7 +19,7 @@ from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
 from softnic.driver.faults import FaultModel
-from softnic.cli.rig import connect
+from softnic.experiments.rig import connect
 from softnic.transport.sim import RED, WIRE_OVERHEAD, EgressQueue, Fabric
 from softnic.wire.datagram import CE, Datagram
 from softnic.wire.icrc import check_icrc

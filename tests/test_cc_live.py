@@ -17,7 +17,7 @@ from softnic.driver.config import DeviceSpec, RuntimeConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
 from softnic.driver.nic import NIC
-from softnic.cli.rig import bring_up, endpoint
+from softnic.experiments.rig import bring_up, endpoint
 from softnic.transport.udp import UdpSocket
 
 

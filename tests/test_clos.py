@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from softnic.cli import cluster as cl
+from softnic.experiments import cluster as cl
 from softnic.cli import main
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
-from softnic.cli.rig import connect
+from softnic.experiments.rig import connect
 from softnic.transport.clos import PFC, LeafSpineConfig, headroom_for
 from softnic.transport.sim import Fabric
 
@@ -149,63 +149,11 @@ def test_headroom_too_small_is_counted():
     assert headroom_for(25e9, 1e-6) == int(2 * 1e-6 * 25e9 / 8 + 2 * 4168 + 84) + 1
 
 
-def test_schedules_follow_the_algorithms():
-    n = 8
-    ring = cl.schedule(cl.ClusterConfig(hosts=n, hosts_per_leaf=4, size=8 << 10))
-    assert len(ring) == 2 * (n - 1) * n
-    assert all(t.dst == (t.src + 1) % n and t.nbytes == 1 << 10 for t in ring)
-    for t in ring:                                 # each step waits for the left neighbour
-        assert len(t.deps) == (0 if t.id < n else 1)
-        for d in t.deps:
-            assert ring[d].dst == t.src
-    a2a = cl.schedule(cl.ClusterConfig(hosts=n, hosts_per_leaf=4, collective="alltoall"))
-    assert len(a2a) == n * (n - 1) and not any(t.deps for t in a2a)
-    assert len({(t.src, t.dst) for t in a2a}) == n * (n - 1)
-    tree = cl.schedule(cl.ClusterConfig(hosts=n, hosts_per_leaf=4, algorithm="tree"))
-    assert len(tree) == 2 * (n - 1)               # reduce edges and broadcast edges
-    to_root = [t for t in tree if t.dst == 0]
-    assert {t.src for t in to_root} == {1, 2, 4}
-    bcast = [t for t in tree if t.src < t.dst]
-    assert sorted(t.dst for t in bcast) == list(range(1, n))
+def test_cluster_config_errors():
     with pytest.raises(ValueError, match="mode"):
         cl.ClusterConfig(mode="pfc")
-
-
-def _overlap(intervals):
-    ev = sorted([(a, 1) for a, b in intervals] + [(b, -1) for a, b in intervals],
-                key=lambda e: (e[0], e[1]))
-    cur = best = 0
-    for _, k in ev:
-        cur += k
-        best = max(best, cur)
-    return best
-
-
-def test_schedule_driver_finishes_deterministically_and_admission_limits_incast(monkeypatch):
-    base = dict(hosts=8, hosts_per_leaf=4, size=512 << 10, driver="schedule")
-    a = cl.run(cl.ClusterConfig(**base, qps=2))
-    b = cl.run(cl.ClusterConfig(**base, qps=2))
-    assert a["summary"]["finished"] and a["summary"]["wc_errors"] == 0
-    assert a["summary"]["completion_s"] == b["summary"]["completion_s"]
-    assert a["fct_s"] == b["fct_s"]
-    assert a["summary"]["slowdown"] >= 1.0
-    # admission: no receiver ever has more than `grants` transfers admitted
-    seen = []
-    orig = cl.schedule
-
-    def spy(cfg):
-        out = orig(cfg)
-        seen.append(out)
-        return out
-    monkeypatch.setattr(cl, "schedule", spy)
-    r = cl.run(cl.ClusterConfig(**base, collective="alltoall", admission=True, grants=1))
-    assert r["summary"]["finished"]
-    for rcv in range(8):
-        xs = [(t.start, t.end) for t in seen[-1] if t.dst == rcv]
-        assert _overlap(xs) == 1
-    r = cl.run(cl.ClusterConfig(**base, collective="alltoall"))
-    assert max(_overlap([(t.start, t.end) for t in seen[-1] if t.dst == rcv])
-               for rcv in range(8)) == 7
+    with pytest.raises(ValueError, match="algorithm"):
+        cl.ClusterConfig(algorithm="butterfly")
 
 
 def test_smooth_rate_is_a_sliding_window():

@@ -18,7 +18,7 @@ from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import QPAttrMask as QM, QPState, QPType, WROpcode, SendFlags, WCStatus
 from softnic.core.qp import AHAttr, QPAttr, RecvWR, SendWR
 from softnic.driver.faults import FaultModel
-from softnic.cli.rig import ALL_ACCESS, endpoint
+from softnic.experiments.rig import ALL_ACCESS, endpoint
 from softnic.transport.sim import Fabric
 from softnic.wire import mad as M
 from softnic.wire.roce import Opcode, decode, encode

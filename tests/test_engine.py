@@ -26,7 +26,7 @@ from softnic.core.enums import (EventType, QPState, QPType, SendFlags, WCFlags, 
                                 WCStatus, WROpcode as W)
 from softnic.core.qp import AHAttr, RecvWR, SendWR
 from softnic.driver.faults import FaultModel
-from softnic.cli.rig import ALL_ACCESS, bring_up, endpoint
+from softnic.experiments.rig import ALL_ACCESS, bring_up, endpoint
 from softnic.transport.sim import Fabric
 from softnic.wire.roce import Kind, Opcode as O, WireError, decode
 

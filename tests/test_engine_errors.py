@@ -17,7 +17,7 @@ from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, W
 from softnic.core.errors import VerbsError
 from softnic.core.qp import RecvWR, SendWR
 from softnic.driver.faults import FaultModel
-from softnic.cli.rig import ALL_ACCESS
+from softnic.experiments.rig import ALL_ACCESS
 from softnic.wire.icrc import append_icrc
 from softnic.wire.roce import AethCode, Kind, NakCode, Opcode as O, encode
 

@@ -37,7 +37,7 @@ from softnic.core.enums import Access, QPType, SendFlags, WCFlags, WCOpcode, WCS
 from softnic.core.memory import Buffer
 from softnic.core.qp import QPCap, QPInitAttr, RecvWR, SendWR
 from softnic.driver.faults import FaultModel
-from softnic.cli.rig import ALL_ACCESS, Endpoint, bring_up
+from softnic.experiments.rig import ALL_ACCESS, Endpoint, bring_up
 from softnic.transport.sim import RED, Fabric
 from softnic.wire.icrc import check_icrc
 from softnic.wire.roce import WireError, decode

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from softnic.cli import experiments as ex
+from softnic.experiments import bottleneck as ex
 from softnic.cli import main
 
 

@@ -24,7 +24,7 @@ from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, WROpcode as W
 from softnic.core.output import ack_packet, cnp_packet
 from softnic.core.qp import RecvWR, SendWR
-from softnic.cli.rig import connect
+from softnic.experiments.rig import connect
 from softnic.wire.roce import Opcode as O, encode
 
 from test_engine_properties import _normalized_trace, run_scenario, scenarios, switched

@@ -16,7 +16,7 @@ from enginekit import pair, write_wr
 from softnic.core.enums import Access, SendFlags, WCOpcode, WCStatus, WROpcode as W
 from softnic.core.errors import VerbsError
 from softnic.core.qp import SendWR
-from softnic.cli.rig import ALL_ACCESS
+from softnic.experiments.rig import ALL_ACCESS
 from softnic.wire.roce import FETH, Kind, NakCode
 
 SIG = SendFlags.SIGNALED

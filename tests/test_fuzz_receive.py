@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from softnic.core.device import Device
 from softnic.core.enums import QPType
 from softnic.core.memory import Buffer
-from softnic.cli.rig import connect
+from softnic.experiments.rig import connect
 from softnic.wire.icrc import append_icrc
 from softnic.wire.roce import OPCODES, encode
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from softnic.cli.ladder import from_pcap
-from softnic.cli.rig import bring_up, endpoint
+from softnic.trace.ladder import from_pcap
+from softnic.experiments.rig import bring_up, endpoint
 from softnic.core.device import Device
 from softnic.core.enums import QPType, SendFlags, WCFlags, WCStatus, WROpcode as W
 from softnic.core.errors import VerbsError

@@ -28,7 +28,7 @@ from softnic.core import requester
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WROpcode as W
 from softnic.core.qp import SendWR
-from softnic.cli.rig import connect
+from softnic.experiments.rig import connect
 from softnic.wire.icrc import append_icrc
 
 from test_bulk_tx import bulk_cases, _wqe

@@ -1,4 +1,4 @@
-"""softnic.cli.ladder and `softnic trace`: packet ladders from fabric traces and pcaps."""
+"""softnic.trace.ladder and `softnic trace`: packet ladders from fabric traces and pcaps."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Raw
 from scapy.utils import RawPcapWriter
 
-from softnic.cli import ladder
+from softnic.trace import ladder
 from softnic.driver.capture import Capture
 from softnic.transport.sim import TraceRecord
 from softnic.wire.icrc import append_icrc

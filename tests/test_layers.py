@@ -49,6 +49,17 @@ def test_every_module_is_in_a_layer_and_imports_no_later_one():
     assert ig.layer_breaks(edges) == []
 
 
+def test_the_command_is_the_top_layer_and_nothing_imports_it():
+    # softnic/cli/ holds the command only: no module outside it (libraries, the
+    # testing plugin) reaches into it
+    assert ig.LAYERS[-1] == ("tools", ("softnic.cli",))
+    edges = ig.graph(ig.modules())
+    into_cli = sorted((src, dst) for src, dsts in edges.items() for dst in dsts
+                      if ig.layer_of(dst) == len(ig.LAYERS) - 1
+                      and ig.layer_of(src) != len(ig.LAYERS) - 1)
+    assert into_cli == []
+
+
 def _tree(tmp_path, files):
     for name, text in files.items():
         path = tmp_path / name

@@ -21,7 +21,7 @@ from softnic.core.enums import QPState, SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
 from softnic.driver.faults import FaultModel
 from softnic.driver.nic import NIC, _loopback_candidates
-from softnic.cli.rig import bring_up, endpoint
+from softnic.experiments.rig import bring_up, endpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,7 +202,7 @@ TARGET = textwrap.dedent("""
     from softnic.driver.config import DeviceSpec, RuntimeConfig
     from softnic.driver.nic import NIC
     from softnic.core.qp import QPAttr
-    from softnic.cli.rig import endpoint, bring_up
+    from softnic.experiments.rig import endpoint, bring_up
     nic = NIC(DeviceSpec("target", None, 0), RuntimeConfig())
     with nic.lock:
         ep = endpoint(nic.dev, buf_size=1 << 20)

@@ -242,9 +242,9 @@ def test_bad_mtu(softnic_rc_pair):
 
 
 def test_the_report_without_the_ladder_module(pytester, monkeypatch):
-    """softnic.cli.ladder draws the ladder when it is there; without it the plugin
+    """softnic.trace.ladder draws the ladder when it is there; without it the plugin
     writes one plain line per packet event."""
-    monkeypatch.setitem(sys.modules, "softnic.cli.ladder", None)      # import fails
+    monkeypatch.setitem(sys.modules, "softnic.trace.ladder", None)      # import fails
     _project(pytester, '''
 @pytest.mark.softnic(faults="loss=0.3", seed=4)
 def test_bad(softnic_rc_pair):

@@ -26,7 +26,7 @@ from softnic.driver.config import DeviceSpec, RuntimeConfig
 from softnic.core.enums import SendFlags, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
 from softnic.driver.nic import NIC
-from softnic.cli.rig import bring_up, endpoint
+from softnic.experiments.rig import bring_up, endpoint
 
 NS = 1_000_000_000
 
@@ -400,7 +400,7 @@ def test_the_c_face_gives_its_lease_back_only_at_its_last_completion():
     what it returned have nothing more outstanding (a latency test spins on memory
     next), and keeps it while sends are in flight or receives posted (a bandwidth
     test or UCX polls again at once: its inline steps take what arrives)."""
-    from softnic.cli.rig import connect
+    from softnic.experiments.rig import connect
     from softnic.core.device import Device
     from softnic.faces.libibverbs.backend import _more_to_complete
     a, b = Device("a", "10.0.0.1"), Device("b", "10.0.0.2")
@@ -455,7 +455,7 @@ def test_owes_acks_only_is_plain_acks_and_nothing_else():
     """Device.owes_acks_only: true while all the device would send is plain ACKs of
     requests it received (what a driver may hold for the program's next post);
     false with a request to send, a READ response to send, or nothing at all."""
-    from softnic.cli.rig import connect
+    from softnic.experiments.rig import connect
     from softnic.core.device import Device
     a, b = Device("a", "10.0.0.1"), Device("b", "10.0.0.2")
     ea, eb = connect(a, b, mtu=1024)

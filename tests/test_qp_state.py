@@ -23,7 +23,7 @@ from softnic.core.errors import VerbsError
 from softnic.core.memory import Buffer
 from softnic.core.qp import TRANSITIONS, AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from softnic.driver.faults import FaultModel
-from softnic.cli.rig import ALL_ACCESS
+from softnic.experiments.rig import ALL_ACCESS
 
 from enginekit import B_IP, pair, send_wr, write_wr
 

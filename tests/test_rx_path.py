@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from softnic.cli.rig import bring_up, endpoint
+from softnic.experiments.rig import bring_up, endpoint
 from softnic.core.device import Device
 from softnic.core.enums import SendFlags, WROpcode as W
 from softnic.core.qp import SendWR

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from softnic.cli import cluster as cl
-from softnic.cli import experiments as ex
+from softnic.experiments import cluster as cl
+from softnic.experiments import bottleneck as ex
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
-from softnic.cli.rig import connect
+from softnic.experiments.rig import connect
 from softnic.driver.faults import FaultModel
 from softnic.transport.sim import Fabric
 
@@ -46,7 +46,7 @@ def test_incast_identical_with_zero_icrc(monkeypatch):
 def test_cluster_identical_with_zero_icrc(monkeypatch):
     cfg = cl.ClusterConfig(hosts=8, hosts_per_leaf=4, spines=2, collective="allreduce",
                            algorithm="ring", size=256 << 10, qps=2, mode="lossless",
-                           cc="dcqcn", driver="schedule")
+                           cc="dcqcn")
     fast = _strip(cl.run(cfg))
     _computed_icrc(cl, monkeypatch)
     full = _strip(cl.run(cfg))

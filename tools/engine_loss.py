@@ -26,7 +26,7 @@ from softnic import accel  # noqa: E402
 from softnic.core.device import Device, DeviceConfig  # noqa: E402
 from softnic.core.enums import SendFlags, WROpcode as W  # noqa: E402
 from softnic.core.qp import SendWR  # noqa: E402
-from softnic.cli.rig import connect  # noqa: E402
+from softnic.experiments.rig import connect  # noqa: E402
 
 GRO_MAX = 64      # segments the kernel's UDP GRO hands over at most
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from softnic.core.device import Device, DeviceConfig  # noqa: E402
 from softnic.core.enums import SendFlags, WROpcode as W  # noqa: E402
 from softnic.core.qp import SendWR  # noqa: E402
-from softnic.cli.rig import connect  # noqa: E402
+from softnic.experiments.rig import connect  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from softnic.cli.experiments import goodput_under_loss as measure  # noqa: E402
+from softnic.experiments.bottleneck import goodput_under_loss as measure  # noqa: E402
 
 
 def main() -> int:

@@ -24,8 +24,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("softnic.core", "softnic.wire", "congestion")),
     ("drivers", ("softnic.transport", "softnic.driver", "softnic.accel")),
     ("faces", ("verbs_api", "softnic.faces")),
-    ("libraries", ("softnic.collectives",)),
-    ("tools", ("softnic.cli", "softnic.testing")),
+    ("libraries", ("softnic.collectives", "softnic.experiments", "softnic.trace")),
+    ("testing", ("softnic.testing",)),
+    ("tools", ("softnic.cli",)),
 )
 
 

@@ -25,7 +25,7 @@ from softnic.core.device import Device, DeviceConfig  # noqa: E402
 from softnic.core.enums import SendFlags, WROpcode as W, WCStatus  # noqa: E402
 from softnic.core.qp import SendWR  # noqa: E402
 from softnic.driver.faults import FaultInjector, FaultModel  # noqa: E402
-from softnic.cli.rig import connect  # noqa: E402
+from softnic.experiments.rig import connect  # noqa: E402
 from softnic.transport.sim import Fabric  # noqa: E402
 
 

@@ -15,7 +15,7 @@ from ..core.device import Device, DeviceConfig
 from ..core.enums import SendFlags, WCStatus, WROpcode as W
 from ..core.qp import RecvWR, SendWR
 from ..driver.faults import FaultModel
-from .rig import connect
+from ..experiments.rig import connect
 from ..transport.sim import Fabric
 
 DEFAULT_FAULTS = "loss=0.02,reorder=0.005/20us,dup=0.005,corrupt=0.005,rate=10G,queue=16777216"

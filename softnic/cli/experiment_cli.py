@@ -159,8 +159,7 @@ def _add_cluster(sub) -> None:
     c = sub.add_parser(
         "cluster", help="collectives on a simulated leaf-spine (ECMP, PFC, DCQCN, admission)",
         description="softnic.collectives ranks (ring/tree allreduce, alltoall), one per host "
-        "of a leaf-spine, in virtual time (--driver schedule: their schedule of transfers as "
-        "plain RDMA WRITEs instead).  --study runs one comparison: qps "
+        "of a leaf-spine, in virtual time.  --study runs one comparison: qps "
         "(completion against QPs per peer under ECMP), lossless (lossy against PFC), dcqcn "
         "(DCQCN off and on), admission (receiver-driven clear-to-send against none), victim "
         "(PFC head-of-line blocking of a flow that shares no bottleneck); 'single' runs one "
@@ -181,7 +180,6 @@ def _add_cluster(sub) -> None:
     c.add_argument("--admission", action="store_true", help="receiver-driven clear-to-send")
     c.add_argument("--grants", type=int, default=2,
                    help="with --admission: senders a receiver admits at once")
-    c.add_argument("--driver", default="collectives", choices=("collectives", "schedule"))
     c.add_argument("--chunk", type=_size, default=None,
                    help="the collectives' largest chunk (default theirs, 1 MiB)")
     c.add_argument("--slots", type=int, default=None,
@@ -207,14 +205,14 @@ def _add_cluster(sub) -> None:
 
 
 def _cluster(args, out: Path, progress: bool) -> int:
-    from . import cluster as cl
+    from ..experiments import cluster as cl
     if args.study == "victim":
         return _cluster_victim(cl, args, out)
     base = dict(hosts=args.hosts, hosts_per_leaf=args.hosts_per_leaf, spines=args.spines,
                 rate_gbps=args.rate_gbps, spine_rate_gbps=args.spine_rate_gbps,
                 size=args.size, qps=args.qps, grants=args.grants, routing=args.routing,
                 placement=args.placement, buffer=args.buffer, xoff=args.xoff, xon=args.xon,
-                admission=args.admission, driver=args.driver, chunk=args.chunk,
+                admission=args.admission, chunk=args.chunk,
                 slots=args.slots, payload=args.payload, max_time=args.max_time,
                 qp_timeout=args.qp_timeout)
     for k in ("collective", "algorithm", "mode", "cc"):
@@ -280,8 +278,7 @@ def _cluster_single(cl, res: dict, out: Path, window) -> int:
           f"{s['timeouts']}  PAUSE frames {s['pause_frames']}  time paused (all ports) "
           f"{s['pause_time_all_s'] * 1e6:.0f} µs  busiest uplink / mean "
           f"{s['uplink_max_over_mean']:.2f}")
-    print(f"  driver {s['driver']}" + (f", payload {s['payload']}" if s.get("payload")
-                                        else ""))
+    print(f"  payload {s['payload']}")
     print(f"  {s['events']} events in {s['wall_s']:.1f} s wall")
     j = cl.write_json(res, out / "cluster-single.json")
     p = cl.plot_run(res, out / "cluster-single.png", window=window)
@@ -318,7 +315,7 @@ def _cluster_study(cl, st: dict, out: Path, study: str) -> int:
 def main(args) -> int:
     if args.experiment == "sweep":
         return _sweep(args)
-    from . import experiments as ex
+    from ..experiments import bottleneck as ex
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress

@@ -15,7 +15,7 @@ from ..core.device import Device, DeviceConfig
 from ..core.enums import SendFlags, WCStatus, WROpcode as W
 from ..core.qp import RecvWR, SendWR
 from ..driver.faults import FaultModel
-from .rig import connect
+from ..experiments.rig import connect
 from ..transport.sim import Fabric
 
 
@@ -203,7 +203,7 @@ def ecn_reaction(seed: int = 1) -> list[LabRun]:
 
 
 def _queue_note(port) -> str:
-    from .experiments import percentile
+    from ..experiments.bottleneck import percentile
     qs = [q for _, q in port.samples]
     return (f"bottleneck queue: median {percentile(qs, 50) / 1e3:.1f} KB, at most "
             f"{port.counters['max_qlen'] / 1e3:.1f} KB; {port.counters['dropped']} dropped")

@@ -106,7 +106,7 @@ def _counters(args) -> int:
 
 def _lab(args) -> int:
     from . import labs
-    from .ladder import from_fabric_trace, render_svg, render_text
+    from ..trace.ladder import from_fabric_trace, render_svg, render_text
     try:
         runs = labs.run_lab(args.number, args.seed)
     except ValueError as e:

@@ -57,28 +57,28 @@ class LossConfig:
 
 
 def _run_incast(params: dict) -> dict:
-    from .experiments import IncastConfig, incast
+    from ..experiments.bottleneck import IncastConfig, incast
     return incast(IncastConfig(**params))["summary"]
 
 
 def _run_loss(params: dict) -> dict:
-    from .experiments import goodput_under_loss
+    from ..experiments.bottleneck import goodput_under_loss
     p = dict(params)
     rate = p.pop("rate_gbps") * 1e9
     return goodput_under_loss(p.pop("loss"), p.pop("selective_repeat"), rate=rate, **p)
 
 
 def _run_cluster(params: dict) -> dict:
-    from .cluster import ClusterConfig, run
+    from ..experiments.cluster import ClusterConfig, run
     return run(ClusterConfig(**params))["summary"]
 
 
 def _config(name: str):
     if name == "incast":
-        from .experiments import IncastConfig
+        from ..experiments.bottleneck import IncastConfig
         return IncastConfig
     if name == "cluster":
-        from .cluster import ClusterConfig
+        from ..experiments.cluster import ClusterConfig
         return ClusterConfig
     return LossConfig
 

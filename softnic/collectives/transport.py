@@ -77,13 +77,12 @@ SEQ_MASK = 0xFFFFFF                  # immediate of a chunk: its sequence number
 PIGGY_SHIFT, PIGGY_MAX = 24, 0x7F    # ... and credits returned with it (7 bits)
 DEFAULT_CHUNK = 1 << 20             # the largest chunk, the size of a receive slot
 PIPELINE = 4                        # messages are cut into this many chunks, none smaller
-# than the smallest chunk (``min_chunk``).  On softnic's live devices a chunk costs 40-80 us
-# of CPU of its own (its post, its completion and its consumption, each a pass through
-# Python), so below a slot a message goes as one chunk: with 2 ranks (2026-11-27, pyenv
-# CPython 3.11.7), broadcast of 256 KiB 365 -> 167 us, allreduce of 1 MiB 1.38 -> 0.77 ms,
-# allgather of 1 MiB 0.73 -> 0.41 ms, against a quarter of the message, at least 64 KiB.
-# In virtual time a chunk costs no time of its own and pipelining is what the fabric
-# sees (the experiments keep 64 KiB); on a real device set SOFTNIC_COLL_MIN_CHUNK alike.
+# than the smallest chunk (``min_chunk``).  On a live device each chunk costs a post, a
+# completion and a consumption, each a pass through Python, which outweighs what cutting
+# a message up to a slot overlaps: there the smallest chunk is the slot.  In virtual time a
+# chunk costs nothing of its own and pipelining is what the fabric's hops see (the
+# experiments keep 64 KiB); on a real device set SOFTNIC_COLL_MIN_CHUNK alike.  Figures:
+# docs/collectives.md, "The smallest chunk".
 MIN_CHUNK = env.number("SOFTNIC_COLL_MIN_CHUNK", DEFAULT_CHUNK)
 DEFAULT_SLOTS = 8
 DEFAULT_QPS = 4
@@ -94,19 +93,17 @@ ZC_MIN = env.number("SOFTNIC_COLL_ZCOPY", 1 << 20)
 MR_CACHE = 16                         # registrations of callers' buffers kept
 # Receives this big whose data is copied (a broadcast's, an allgather's; not a reduction's)
 # land in the caller's own memory: the receiver registers it and tells the sender where, so
-# a chunk costs no copy out of the receive ring (2 ranks, 2026-11-27, alternating: broadcast
-# of 64 MiB 20.2, 20.4 -> 19.7, 18.9 ms; allgather 25.5, 27.4 -> 23.7, 22.9 ms).  0: every
-# receive through the ring.
+# a chunk costs no copy out of the receive ring.  0: every receive through the ring.
+# Figures: docs/collectives.md, "Direct receives".
 DIRECT_MIN = env.number("SOFTNIC_COLL_DIRECT", 1 << 20)
 DESC_LEN = 16      # a descriptor: address (8 bytes), rkey (4), its number with bit 31: direct (4)
 # Each QP's window (packets sent and not yet acknowledged) on softnic's devices, above
-# the engine's 128 (rxe's): a 1 MiB chunk is 256 packets, and an ACK's round trip
-# through two Python processes is 100-200 us, so 128 packets (512 KiB) per QP held a
-# stream to about 3 GB/s; 4 QPs of 384 keep in flight at most 6 MiB per peer, less than
-# a receiving socket holds (4 MiB asked, the kernel counting twice that).  512 and more
-# overflowed it now and then (go-back-N resends).  2 ranks, allreduce of 64 MiB 70 ->
-# 39 ms, allgather 41 -> 23 ms, broadcast 24 -> 21 ms; 4 ranks, allreduce of 16 MiB
-# 58 -> 39 ms.
+# the engine's 128 (rxe's RXE_MAX_UNACKED_PSNS).  The window must cover a chunk's worth of
+# the ACK round trip between two Python processes, or the window, not the path, paces a
+# stream (a 1 MiB chunk is 256 packets); and the bytes in flight to a peer, QPS * WINDOW
+# packets (4 * 384: 6 MiB), must stay below what the receiving socket holds (4 MiB asked,
+# which the kernel doubles), or the overflow costs go-back-N resends of a window.
+# Figures: docs/collectives.md, "Each QP's window".
 WINDOW = env.number("SOFTNIC_COLL_WINDOW", 384)
 # An idle rank polls for SPIN seconds, then naps between polls, up to NAP at a time.  With
 # a core per rank, polling keeps the device moving (its progress thread stands aside
@@ -115,18 +112,15 @@ SPIN_NAP = {"free": (1e-3, 1e-4), "oversubscribed": (2e-4, 1e-3)}
 # On softnic's own devices an idle rank instead sleeps on its device until a completion
 # reaches its CQ (``CQ._wait``), its thread moving the device as the progress thread
 # does: every datagram waiting per step, not the one run a spinning poll takes, and
-# its CPU free for the peer meanwhile (2 ranks, broadcast of 64 MiB: 40 ms spinning,
-# 28 ms waiting; ring allreduce of 64 MiB 109 ms, 77 ms).  0: spin and nap as above.
+# its CPU free for the peer meanwhile.  0: spin and nap as above.  Figures:
+# docs/collectives.md, "How a rank waits".
 WAIT = os.environ.get("SOFTNIC_COLL_WAIT", "1") != "0"
 WAIT_SLICE = 0.05                     # seconds per wait, between checks of the peers
 # ... but a call whose receives add up to WAIT_SPIN_MAX bytes or less first polls for
-# WAIT_SPIN_US after its last progress (with a core per rank): a thread woken from its
-# sleep costs its peer's send of the wake-up too (a loopback sendto to a sleeping thread
-# took 15 us against 6 here), and a small collective is mostly such waits.  2 ranks,
-# 2026-11-27, pyenv CPython 3.11.7, from the last rank's start, two alternating runs:
-# broadcast of 1 KiB 147, 157 -> 82, 85 us, of 64 KiB 214, 249 -> 172, 186 us; allreduce
-# of 1 KiB 142, 132 -> 115, 117 us.  Larger calls do worse spinning (broadcast of 16 MiB
-# 5.3, 5.9 -> 6.1, 6.7 ms): the spinning rank takes the CPU its peer works on.
+# WAIT_SPIN_US after its last progress (with a core per rank): waking a sleeping thread
+# costs its peer's send a wake-up too, and a small collective is mostly such waits; a
+# larger call spins on the CPU its peer works on, hence the limit.  Figures:
+# docs/collectives.md, "A short spin before sleeping".
 WAIT_SPIN_US = 50
 WAIT_SPIN_MAX = 64 << 10
 ACCESS = v.e.IBV_ACCESS_LOCAL_WRITE | v.e.IBV_ACCESS_REMOTE_WRITE
@@ -210,10 +204,9 @@ class Transport:
 
     #: return credits owed to a peer whenever this rank has nothing else to do, not
     #: only in batches of half the ring.  Off on live devices: each such return is a
-    #: SEND and its ACK, CPU time of both ranks, and with small messages it doubled the
-    #: packets per message (2 ranks, 2026-11-27, pyenv CPython 3.11.7: broadcast of
-    #: 1 KiB back to back 83 -> 64 us per call); a sender never needs them to go on,
-    #: since with none left every slot is in flight or owed.
+    #: SEND and its ACK, CPU time of both ranks, and with small messages it doubles the
+    #: packets per message; a sender never needs them to go on, since with none left
+    #: every slot is in flight or owed (docs/collectives.md, "Credits go back in batches").
     idle_credits = False
 
     def __init__(self, rank: int, world: int, store, prefix: str = "softnic", *,
@@ -633,9 +626,8 @@ class Transport:
         # an inline step first: it takes what already waits and renews this thread's
         # lease on the device, so the device's progress thread leaves what arrives
         # during the posts below to this thread instead of waking to take it (after a
-        # pause between calls the lease has lapsed, and the two threads then pass the
-        # interpreter back and forth: allgather of 256 KiB, 2 ranks, 1 ms apart, 530
-        # against 340 us)
+        # pause between calls the lease has lapsed, and the two threads would then pass
+        # the interpreter back and forth; docs/collectives.md, "How a rank waits")
         self._poll()
         if self.direct:
             for st in ss:
@@ -712,8 +704,9 @@ class Transport:
         receives, on softnic's devices, waits for one on the device (``WAIT``); one that
         only sends (a broadcast's root), or waits only for the acknowledgements of its
         WRITEs, polls, whose inline steps send the next packets as soon as each ACK
-        comes in (broadcast of 64 MiB, 2 ranks: 27 ms with the root polling, 35 ms with
-        it waiting too); and elsewhere a rank polls for ``spin`` seconds, then naps
+        opens the window (a waiting sender would let the window sit closed until it
+        woke; docs/collectives.md, "How a rank waits"); and elsewhere a rank polls
+        for ``spin`` seconds, then naps
         between polls.  Check the peers every second; give up after
         ``timeout`` seconds without progress."""
         self._idles += 1

@@ -80,9 +80,8 @@ SWITCH_INTERVAL = env.number("SOFTNIC_SWITCH_INTERVAL_US", 500.0, float) * 1e-6
 #: raise its priority (root, CAP_SYS_NICE, RLIMIT_NICE; elsewhere it stays as it
 #: is): woken by a datagram, it must get a CPU from the program's own threads
 #: spinning on memory, which the scheduler does not preempt at once for an equal
-#: (perftest's ib_write_lat on two CPUs: p99 4 ms at 0, a scheduler tick, and
-#: about 0.1 ms at -10).  It runs briefly and sleeps, as a NIC's own engine would;
-#: 0 leaves it as it is.
+#: (an equal waits up to a scheduler tick: docs/performance.md, "Priority").  It
+#: runs briefly and sleeps, as a NIC's own engine would; 0 leaves it as it is.
 PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
 #: Send a long message's packets gathered from registered memory (the payload
 #: copied once, by the kernel into the socket buffer) rather than built whole

@@ -367,7 +367,7 @@ class SoftnicFabric:
 
     def _ladder_rendered(self, records: list, last: int) -> str:
         import importlib
-        ladder = importlib.import_module("softnic.cli.ladder")
+        ladder = importlib.import_module("softnic.trace.ladder")
         events = ladder.from_fabric_trace(records)
         shown = events[-last:] if last > 0 else []
         clock = "virtual time" if self.world is not None else "wall clock"

@@ -31,7 +31,7 @@ strategies generate the three things such a test varies, as plain data:
     selective repeat.  ``QPAttrs.connect(a, b)`` brings up a QP pair with them.
 
 Everything shrinks toward the plain case: a perfect link, no drops, a
-zero-length RDMA WRITE at offset 0, and the attributes ``softnic.cli.rig``
+zero-length RDMA WRITE at offset 0, and the attributes ``softnic.experiments.rig``
 uses by default (1024-byte MTU, PSN 0, timeout 14, seven retries, go-back-N).
 
 A test puts these together with ``softnic.transport.sim.Fabric``::
@@ -268,7 +268,7 @@ class WorkRequest:
     def to_send_wr(self, wr_id: int, *, local_addr: int, lkey: int, remote_addr: int = 0,
                    rkey: int = 0) -> SendWR:
         """The ``SendWR``, given the local buffer's address and lkey and the peer
-        buffer's address and rkey (with ``softnic.cli.rig``: ``ep.buf.addr``,
+        buffer's address and rkey (with ``softnic.experiments.rig``: ``ep.buf.addr``,
         ``ep.mr.lkey``, ``peer.buf.addr``, ``peer.mr.rkey``)."""
         flags = 0
         if self.signaled:
@@ -413,7 +413,7 @@ class QPAttrs:
     ``min_rnr_timer`` and ``max_rd_atomic`` are the verbs values (``timeout``
     0 means no retransmission timer, ``rnr_retry`` 7 retries forever);
     ``selective_repeat`` picks loss recovery for both QPs (False: the spec's
-    go-back-N).  The defaults are ``softnic.cli.rig``'s.
+    go-back-N).  The defaults are ``softnic.experiments.rig``'s.
     """
 
     path_mtu: int = 1024
@@ -427,15 +427,16 @@ class QPAttrs:
     selective_repeat: bool = False
 
     def bring_up_args(self) -> dict:
-        """Keyword arguments for ``softnic.cli.rig.bring_up`` / ``connect`` (but the PSNs)."""
+        """Keyword arguments for ``softnic.experiments.rig.bring_up`` / ``connect``
+        (but the PSNs)."""
         return dict(mtu=self.path_mtu, timeout=self.timeout, retry_cnt=self.retry_cnt,
                     rnr_retry=self.rnr_retry, min_rnr_timer=self.min_rnr_timer,
                     max_rd_atomic=self.max_rd_atomic)
 
     def connect(self, a, b, **kwargs):
-        """``softnic.cli.rig.connect(a, b, ...)`` with these attributes; returns the two
+        """``softnic.experiments.rig.connect(a, b, ...)`` with these attributes; returns the two
         endpoints.  ``kwargs`` go to ``connect`` (e.g. ``endpoint_args``)."""
-        from softnic.cli.rig import connect
+        from softnic.experiments.rig import connect
 
         ea, eb = connect(a, b, psn_a=self.psn_a, psn_b=self.psn_b, **self.bring_up_args(),
                          **kwargs)
@@ -456,7 +457,7 @@ def qp_attrs(*, path_mtu=_MTUS, psn=None, psn_wrap_window: int = 64, timeout=ran
     Every argument is a fixed value, a collection of values to choose from,
     or a Hypothesis strategy.  Start PSNs are anywhere in 24 bits or, as
     often, within ``psn_wrap_window`` of the wrap (pass ``psn`` to override
-    both).  Collections shrink toward ``softnic.cli.rig``'s defaults (MTU 1024,
+    both).  Collections shrink toward ``softnic.experiments.rig``'s defaults (MTU 1024,
     timeout 14, seven retries, RNR timer 1, 16 reads/atomics, go-back-N) and
     PSNs toward 0.
 

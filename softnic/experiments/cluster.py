@@ -1,27 +1,17 @@
 """Collectives on a simulated leaf-spine, in virtual time.
 
 One engine ``Device`` per host of a ``softnic.transport.clos.LeafSpine``; one
-rank per host.  Two drivers:
-
-``collectives`` (the default)
-    The collectives' own code: each rank builds a ``softnic.collectives``
-    ``Communicator`` over the pyverbs API on its device and calls
-    ``allreduce`` (``ring`` or ``tree``) or ``alltoall``; the ranks run as
-    cooperative tasks in virtual time (``softnic.collectives.virtual``).  Their
-    chunking, credits, QPs per peer (``qps``, chunk ``s`` on QP ``s mod qps``,
-    each QP with its own UDP source port and so its own ECMP path) and
-    receiver-driven admission (``admission``: a receiver grants credits, its
-    clear-to-send, to at most ``grants`` senders at once, as the NCCL change in
-    Meta's RoCE paper) are the real ones.  With private payload memory each rank
-    checks its result; past ``PRIVATE_PAYLOAD_MAX`` the ranks share payload
-    pages (the timing does not depend on the values).
-``schedule``
-    The first driver of this experiment: the same schedule of transfers as the
-    algorithms (ring: ``2(n-1)`` pipelined steps of one block; tree: binomial
-    reduce and broadcast of whole buffers; alltoall: every pair at once; not the
-    pipelined tree, ``ptree``, which only the collectives driver runs) as
-    plain RDMA WRITEs split over the pair's QPs, with admission as a 64-byte
-    clear-to-send WRITE; kept to compare with.
+rank per host.  Each rank builds a ``softnic.collectives`` ``Communicator``
+over the pyverbs API on its device and calls ``allreduce`` (``ring``, ``tree``
+or ``ptree``, the pipelined tree) or ``alltoall``; the ranks run as cooperative
+tasks in virtual time (``softnic.collectives.virtual``).  Their chunking,
+credits, QPs per peer (``qps``, chunk ``s`` on QP ``s mod qps``, each QP with
+its own UDP source port and so its own ECMP path) and receiver-driven admission
+(``admission``: a receiver grants credits, its clear-to-send, to at most
+``grants`` senders at once, as the NCCL change in Meta's RoCE paper) are the
+real ones.  With private payload memory each rank checks its result; past
+``PRIVATE_PAYLOAD_MAX`` the ranks share payload pages (the timing does not
+depend on the values).
 
 Every packet is the engine's: its window, ACKs, retransmission and congestion
 control all run.
@@ -36,22 +26,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..core.device import Device, DeviceConfig
-from ..core.enums import QPType, SendFlags, WCStatus, WROpcode as W
-from ..core.memory import Buffer
-from ..core.qp import QPCap, QPInitAttr, SendWR
-from .rig import ALL_ACCESS, Endpoint, bring_up, connect
+from ..core.enums import SendFlags, WCStatus, WROpcode as W
+from ..core.qp import SendWR
+from .rig import connect
 from ..transport.clos import PFC, LeafSpineConfig
 from ..transport.sim import RED, WIRE_OVERHEAD, Fabric
 from ..wire.roce import psn_diff
 
-CTS_BYTES = 64
 #: with ``payload="auto"``, ranks get memory of their own (and check their results)
 #: while all their buffers together stay below this; above it they share pages
 PRIVATE_PAYLOAD_MAX = 1 << 30
@@ -88,7 +76,6 @@ class ClusterConfig:
     sample: float = 10e-6              # sampling interval of series (s)
     seed: int = 1
     max_time: float = 1.0              # virtual seconds before giving up
-    driver: str = "collectives"        # collectives (their own code) or schedule
     chunk: int | None = None           # the collectives' chunk (slot) size; None: theirs
     slots: int | None = None           # receive slots per peer; None: theirs
     payload: str = "auto"              # private (checked), shared (one copy), auto
@@ -100,8 +87,6 @@ class ClusterConfig:
         if self.collective == "allreduce" and self.algorithm not in ("ring", "tree", "ptree"):
             raise ValueError(f"allreduce algorithm must be ring, tree or ptree, not "
                              f"{self.algorithm!r}")
-        if self.algorithm == "ptree" and self.driver == "schedule":
-            raise ValueError("the pipelined tree (ptree) runs on the collectives driver only")
         if self.mode not in ("lossy", "lossless"):
             raise ValueError(f"mode must be lossy or lossless, not {self.mode!r}")
         if self.placement not in ("spread", "packed"):
@@ -112,70 +97,8 @@ class ClusterConfig:
             raise ValueError(f"qps must be in 1..64, got {self.qps}")
         if self.grants < 1:
             raise ValueError("grants must be >= 1")
-        if self.driver not in ("collectives", "schedule"):
-            raise ValueError(f"driver must be collectives or schedule, not {self.driver!r}")
         if self.payload not in ("auto", "private", "shared"):
             raise ValueError(f"payload must be auto, private or shared, not {self.payload!r}")
-
-
-class _Transfer:
-    __slots__ = ("id", "src", "dst", "nbytes", "deps", "waiting", "granted", "posted",
-                 "left", "start", "end", "after")
-
-    def __init__(self, tid, src, dst, nbytes, deps) -> None:
-        self.id = tid
-        self.src, self.dst, self.nbytes = src, dst, nbytes
-        self.deps = deps            # transfer ids that must be received first
-        self.waiting = len(deps)
-        self.granted = False
-        self.posted = False
-        self.left = 0               # WRITEs not yet completed
-        self.start = self.end = None
-        self.after: list = []       # transfers depending on this one
-
-
-def schedule(cfg: ClusterConfig) -> list[_Transfer]:
-    """The collective's transfers with their dependencies."""
-    n, size = cfg.hosts, cfg.size
-    out: list[_Transfer] = []
-
-    def add(src, dst, nbytes, deps):
-        t = _Transfer(len(out), src, dst, max(1, nbytes), deps)
-        out.append(t)
-        return t.id
-
-    if cfg.collective == "alltoall":
-        for r in range(n):
-            for k in range(1, n):
-                add(r, (r + k) % n, size // n, [])
-    elif cfg.algorithm == "ring":
-        block = size // n
-        prev = [None] * n            # rank -> the transfer it received last (from r-1)
-        for s in range(2 * (n - 1)):
-            cur = [None] * n
-            for r in range(n):
-                deps = [prev[r]] if prev[r] is not None else []
-                cur[(r + 1) % n] = add(r, (r + 1) % n, block, deps)
-            prev = cur
-    else:                            # binomial tree: reduce to 0, broadcast back
-        got = defaultdict(list)      # rank -> transfers it received (reduce phase)
-        mask = 1
-        while mask < n:
-            for r in range(n):
-                if r & mask and not r & (mask - 1):
-                    got[r - mask].append(add(r, r - mask, size, list(got[r])))
-            mask <<= 1
-        have = {0: list(got[0])}     # rank -> what it must hold before forwarding
-        mask = 1 << (n - 1).bit_length()
-        while mask > 1:
-            mask >>= 1
-            for r in range(0, n, 2 * mask):
-                if r + mask < n and r in have:
-                    have[r + mask] = [add(r, r + mask, size, have[r])]
-    for t in out:
-        for d in t.deps:
-            out[d].after.append(t.id)
-    return out
 
 
 def _fabric(cfg: ClusterConfig):
@@ -283,10 +206,7 @@ def _result(cfg, summary, series: _Series, fct, rank_done, net) -> dict:
 
 
 def run(cfg: ClusterConfig, *, progress: bool = False) -> dict:
-    """Run one collective (``cfg.driver``: the collectives' own code, or the
-    schedule driver); return a JSON-able dict of figures and series."""
-    if cfg.driver == "schedule":
-        return run_schedule(cfg, progress=progress)
+    """Run one collective; return a JSON-able dict of figures and series."""
     return run_collectives(cfg, progress=progress)
 
 
@@ -402,189 +322,8 @@ def run_collectives(cfg: ClusterConfig, *, progress: bool = False) -> dict:
     devs = [d for d in devs_ready if d is not None]
     summary = _summary(cfg, fabric, net, devs, fct, [e for e in done if e is not None],
                        finished, errors, wall)
-    summary["driver"] = "collectives"
     summary["payload"] = "shared" if shared else "private (results checked)"
     return _result(cfg, summary, series, fct, done, net)
-
-
-# long: the first driver, kept as it was to compare with
-def run_schedule(cfg: ClusterConfig, *, progress: bool = False) -> dict:
-    """The collective's transfers (``schedule``) as RDMA WRITEs over the engine's QPs,
-    without the collectives' code (the first driver of this experiment, kept to
-    compare with)."""
-    n = cfg.hosts
-    fabric, net, dcfg, hosts = _fabric(cfg)
-    devs = []
-    for r, (ip, leaf) in enumerate(hosts):
-        d = Device(f"h{r}", ip, config=dcfg)
-        fabric.attach(d)
-        net.connect(d.address, leaf)
-        devs.append(d)
-
-    transfers = schedule(cfg)
-    # one PD, CQ and buffer per host; Q QP pairs per pair of ranks that talk
-    chunk = -(-max(t.nbytes for t in transfers) // cfg.qps)
-    res = []
-    for d in devs:
-        pd = d.alloc_pd()
-        cq = d.create_cq(1 << 16)
-        buf = Buffer(max(chunk, CTS_BYTES))
-        mr = d.reg_mr(pd, buf.addr, buf.length, ALL_ACCESS, owner=buf)
-        res.append((pd, cq, buf, mr))
-    qps: dict = {}                  # (a, b) -> [Endpoint on a, ...] with b's peers in qps[(b, a)]
-    pairs = sorted({(min(t.src, t.dst), max(t.src, t.dst)) for t in transfers})
-    for a, b in pairs:
-        for _ in range(cfg.qps):
-            eps = []
-            for x in (a, b):
-                pd, cq, buf, mr = res[x]
-                qp = devs[x].create_qp(pd, QPInitAttr(QPType.RC, cq, cq, None,
-                                                      QPCap(4096, 16, 1, 1, 0)))
-                eps.append(Endpoint(devs[x], pd, cq, cq, qp, buf, mr))
-            bring_up(eps[0], eps[1], mtu=cfg.mtu, timeout=10)
-            bring_up(eps[1], eps[0], mtu=cfg.mtu, timeout=10)
-            qps.setdefault((a, b), []).append(eps[0])
-            qps.setdefault((b, a), []).append(eps[1])
-
-    ready_cqs: list = []
-    # hosts a verbs call was made on since the fabric last ran: only their output
-    # and timers can have changed (the first flush takes every host)
-    touched: dict = {}
-    rank_of_cq = {id(r[1]): i for i, r in enumerate(res)}
-    for pd, cq, buf, mr in res:
-        cq.on_event = ready_cqs.append
-        cq.armed = True
-    wr_of: dict = {}                 # wr_id -> ("data", transfer) or ("cts", transfer)
-    next_wr = [1]
-    errors = 0
-    # admission state: per receiver, transfers waiting for a grant, grants in use
-    pending_grant: dict[int, deque] = defaultdict(deque)
-    in_use = [0] * n
-
-    def post(src, dst, nbytes, kind, t):
-        eps = qps[(src, dst)]
-        k = len(eps)
-        per, extra = divmod(nbytes, k)
-        posted = 0
-        for i, ep in enumerate(eps):
-            m = per + (1 if i < extra else 0)
-            if m == 0:
-                continue
-            peer = qps[(dst, src)][i]
-            wid = next_wr[0]
-            next_wr[0] += 1
-            wr_of[wid] = (kind, t)
-            touched[src] = None
-            devs[src].post_send(ep.qp, SendWR(wid, W.RDMA_WRITE, [ep.sge(0, m)],
-                                              SendFlags.SIGNALED, remote_addr=peer.buf.addr,
-                                              rkey=peer.mr.rkey))
-            posted += 1
-        return posted
-
-    def start(t, now):
-        t.posted = True
-        t.start = now
-        t.left = post(t.src, t.dst, t.nbytes, "data", t)
-
-    def sender_ready(t, now):
-        """All of ``t``'s inputs have arrived at its sender."""
-        if not cfg.admission:
-            start(t, now)
-            return
-        q = pending_grant[t.dst]
-        q.append(t)
-        grant(t.dst, now)
-
-    def grant(rcv, now):
-        q = pending_grant[rcv]
-        while q and in_use[rcv] < cfg.grants:
-            t = q.popleft()
-            in_use[rcv] += 1
-            post(rcv, t.src, CTS_BYTES, "cts", t)
-
-    now = 0.0
-    for t in transfers:
-        if t.waiting == 0:
-            sender_ready(t, now)
-    done = 0
-    total = len(transfers)
-    # series
-    times: list = []
-    host_rx = [[] for _ in range(n)]
-    nic_tx = [[] for _ in range(n)]
-    down_ports = [net.leaves[net.leaf_of[d.address]].down[d.address] for d in devs]
-    nic_ports = [net.nic[d.address] for d in devs]
-    uplinks = [p for leaf in net.leaves for p in leaf.up]
-    switch_ports = [p for name, p in net.ports() if not name.startswith("nic ")]
-    all_ports = [p for _, p in net.ports()]
-    up_q = []
-    paused_series = []
-    next_sample = 0.0
-    wall0 = time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total, unit="xfer", desc=f"{cfg.collective} {cfg.algorithm} "
-                   f"n={n} q={cfg.qps}", leave=False)
-    stop = ready_cqs.__len__
-    fabric.flush()
-    while done < total:
-        fabric.flush([devs[r].address for r in sorted(touched)])   # in attach order
-        touched.clear()
-        now = fabric.run(until=min(next_sample, cfg.max_time), stop=stop, flush=False)
-        if now >= next_sample:
-            times.append(now)
-            for r in range(n):
-                host_rx[r].append(down_ports[r].tx_bytes)
-                nic_tx[r].append(nic_ports[r].tx_bytes)
-            up_q.append(max(p.qbytes for p in switch_ports))
-            paused_series.append(sum(p.paused_for(now) for p in all_ports))
-            next_sample = now + cfg.sample
-        if not ready_cqs and (now >= cfg.max_time or not fabric.pending()):
-            break                    # out of time, or nothing left that could finish it
-        while ready_cqs:
-            cq = ready_cqs.pop()
-            cq.armed = True
-            touched[rank_of_cq[id(cq)]] = None
-            for wc in cq.poll(4096):
-                kind, t = wr_of.pop(wc.wr_id)
-                if wc.status != WCStatus.SUCCESS:
-                    errors += 1
-                    continue
-                if kind == "cts":
-                    start(t, now)
-                    continue
-                t.left -= 1
-                if t.left:
-                    continue
-                t.end = now
-                done += 1
-                if bar is not None:
-                    bar.update(1)
-                if cfg.admission:
-                    in_use[t.dst] -= 1
-                    grant(t.dst, now)
-                for a in t.after:
-                    u = transfers[a]
-                    u.waiting -= 1
-                    if u.waiting == 0:
-                        sender_ready(u, now)
-            if cq.entries:
-                ready_cqs.append(cq)
-    wall = time.perf_counter() - wall0
-    if bar is not None:
-        bar.close()
-    finished = done == total
-    ends = [t.end for t in transfers if t.end is not None]
-    rank_done = [max((t.end for t in transfers if t.dst == r and t.end is not None),
-                     default=None) for r in range(n)]
-    fct = [t.end - t.start for t in transfers if t.end is not None]
-    summary = _summary(cfg, fabric, net, devs, fct, ends, finished, errors, wall)
-    summary["driver"] = "schedule"
-    series = _Series.__new__(_Series)
-    series.times, series.host_rx, series.nic_tx = times, host_rx, nic_tx
-    series.up_q, series.paused = up_q, paused_series
-    return _result(cfg, summary, series, fct, rank_done, net)
 
 
 def _ideal_time(cfg: ClusterConfig) -> float:
@@ -601,7 +340,7 @@ def _ideal_time(cfg: ClusterConfig) -> float:
 
 
 def _pct(xs, p):
-    from .experiments import percentile
+    from .bottleneck import percentile
     return percentile(xs, p) if xs else None
 
 
@@ -865,8 +604,7 @@ def plot_run(res: dict, path, *, window: float = 50e-6) -> Path:
     ax.legend(loc="upper left", fontsize=7)
     ax2.legend(loc="upper right", fontsize=7)
     ax = axes[2]
-    _cdf(ax, res["fct_s"], "each transfer (start to last ACK)"
-         if s.get("driver") == "schedule" else
+    _cdf(ax, res["fct_s"],
          "each message between two ranks (first chunk posted to last chunk taken)")
     _cdf(ax, [t for t in res["rank_done_s"] if t is not None],
          "each rank's collective (0 to its last receive)")
