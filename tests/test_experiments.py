@@ -69,6 +69,15 @@ def test_bad_controller_is_a_clear_error(tmp_path, capsys):
     assert "unknown congestion controller 'nosuch'" in capsys.readouterr().err
 
 
+def test_loss_total_below_one_message_is_a_clear_error(tmp_path, capsys):
+    assert main(["experiment", "loss", "--total", "64KiB", "--msg", "1MiB",
+                 "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "--total (65536 B) must be at least --msg (1048576 B)" in capsys.readouterr().err
+    from softnic.cli.experiments import goodput_under_loss
+    with pytest.raises(ValueError, match="at least one message"):
+        goodput_under_loss(0.0, False, total=1000, msg=4096)
+
+
 def test_loss_selective_repeat_beats_go_back_n(tmp_path, capsys):
     out = tmp_path / "res"
     assert main(["experiment", "loss", "--losses", "0,0.05", "--total", "2MiB",

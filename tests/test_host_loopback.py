@@ -232,3 +232,23 @@ print('parent ok')
     assert "open 0" in r.stdout
     assert "parents 4" in r.stdout                  # EIO
     assert "parent ok" in r.stdout
+
+
+def test_tree_has_the_gid_entries_ucx_reads(tmp_path):
+    """ports/1/gid_attrs/types/N says RoCE v2 for each GID ibv_query_gid answers, ndevs/N
+    the netdev, and gids/N the GID in the kernel's text when the address is known."""
+    from verbs_api.addr import GID_POPULATED
+    cfg = _config.RuntimeConfig(devices=_config.parse_devices("softnic0=127.0.0.9,softnic1=::1"))
+    t = sysfs.tree(cfg, tmp_path)
+    for name, gid in (("softnic0", "0000:0000:0000:0000:0000:ffff:7f00:0009"),
+                      ("softnic1", "0000:0000:0000:0000:0000:0000:0000:0001")):
+        port = t / name / "ports" / "1"
+        for i in range(GID_POPULATED):
+            assert (port / "gids" / str(i)).read_text() == gid + "\n"
+            assert (port / "gid_attrs" / "types" / str(i)).read_text() == "RoCE v2\n"
+            assert (port / "gid_attrs" / "ndevs" / str(i)).read_text() == "lo\n"
+        assert not (port / "gids" / str(GID_POPULATED)).exists()
+    t2 = sysfs.tree(_config.RuntimeConfig(devices=_config.parse_devices("1")), tmp_path)
+    port = t2 / "softnic0" / "ports" / "1"
+    assert (port / "gid_attrs" / "types" / "0").read_text() == "RoCE v2\n"
+    assert not (port / "gids").exists() or not list((port / "gids").iterdir())

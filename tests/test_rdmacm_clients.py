@@ -333,3 +333,15 @@ def test_rping_capture_shows_the_cm_exchange_decoded_by_tshark(tmp_path):
     # the client may exit before the DREP reaches it (rping does not wait): the server's
     # capture has it
     assert {"CM: DisconnectRequest", "CM: DisconnectReply"} <= seen_anywhere
+
+
+def test_build_librdmacm_command_builds_the_library_it_names(tmp_path):
+    """`softnic build-librdmacm`, the command the build's errors name, builds
+    softnic's librdmacm.so.1 where --out says and prints its path."""
+    r = subprocess.run(SOFTNIC + ["build-librdmacm", "--out", str(tmp_path)], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    lib = Path(r.stdout.strip())
+    assert lib == tmp_path / "librdmacm.so.1" and lib.is_file(), r.stdout
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True)
+    assert " rdma_create_id" in nm.stdout and " rsocket" in nm.stdout, nm.stdout[:500]

@@ -322,6 +322,10 @@ def main(args) -> int:
     if args.experiment == "cluster":
         return _cluster(args, out, progress)
     if args.experiment == "loss":
+        if args.total < args.msg:
+            print(f"softnic experiment loss: --total ({args.total} B) must be at least --msg "
+                  f"({args.msg} B)", file=sys.stderr)
+            return 2
         losses = [float(x) for x in args.losses.split(",")]
         rows = ex.loss_sweep(losses, progress=progress, total=args.total, msg=args.msg,
                              rate=args.rate_gbps * 1e9, delay=args.delay, window=args.window,

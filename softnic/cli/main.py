@@ -163,8 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     from .perf import add_arguments as perf_arguments
     perf_arguments(sub.add_parser("perf", help="benchmarks: perftest's (write_bw, read_lat, ...) "
                                   "between two softnic processes, and allreduce"))
-    from ..faces.libibverbs.launch import add_build_parser
+    from ..faces.libibverbs.launch import add_build_librdmacm_parser, add_build_parser
     add_build_parser(sub)
+    add_build_librdmacm_parser(sub)
     from .doctor import add_arguments as doctor_arguments
     doctor_arguments(sub.add_parser("doctor", help="which faces work on this machine, and "
                                     "the command that installs what the others lack"))
@@ -199,7 +200,7 @@ def _exec_arguments(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.cmd == "build-libibverbs":
+    if args.cmd in ("build-libibverbs", "build-librdmacm"):
         from ..faces.libibverbs.launch import run_build
         return run_build(args)
     if args.cmd == "perf":

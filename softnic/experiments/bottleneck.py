@@ -347,7 +347,10 @@ def goodput_under_loss(loss: float, selective_repeat: bool, *, total: int = 8 <<
                        msg: int = 1 << 20, rate: float = 10e9, delay: float = 150e-6,
                        window: int = 128, mtu: int = 4096, seed: int = 1) -> dict:
     """One RC QP streams RDMA WRITEs over a rate-limited link losing ``loss`` of
-    the packets in both directions; goodput in virtual time."""
+    the packets in both directions; goodput in virtual time.  ValueError if
+    ``total`` holds no whole message of ``msg`` bytes."""
+    if msg <= 0 or total < msg:
+        raise ValueError(f"total ({total} B) must hold at least one message of msg ({msg} B)")
     cfg = DeviceConfig(selective_repeat=selective_repeat, window=window, min_timer=100e-6)
     a = Device("a", "10.0.0.1", config=cfg)
     b = Device("b", "10.0.0.2", config=cfg)

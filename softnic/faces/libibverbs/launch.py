@@ -66,6 +66,16 @@ def add_build_parser(sub) -> None:
     add_arguments(p)
 
 
+def add_build_librdmacm_parser(sub) -> None:
+    from ..librdmacm.build import add_arguments
+    p = sub.add_parser("build-librdmacm", help="build the drop-in librdmacm.so.1 that runs "
+                       "rdma_cm programs on softnic (softnic exec uses it)")
+    add_arguments(p)
+
+
 def run_build(args) -> int:
+    if args.cmd == "build-librdmacm":
+        from ..librdmacm.build import run
+        return run(args)
     from .build import run
     return run(args)

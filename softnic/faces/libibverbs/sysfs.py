@@ -26,7 +26,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from softnic.core.qp import gid_of as _gid_of
 from softnic.driver import config as _config
+from verbs_api.addr import GID_POPULATED
 
 ENV = "SOFTNIC_SYSFS"
 
@@ -66,8 +68,16 @@ def netdev_for(ip: str | None, interfaces: list[tuple[str, str, int]] | None = N
 
 # The entries a tree holds besides each device's net/ (part of its name, so a tree written
 # by an earlier layout is not taken for this one): ports/1/pkeys/0 (rdma-core 64's tests
-# read the P_Key there).
-_LAYOUT = 2
+# read the P_Key there); for the populated GID entries, gid_attrs/types/N ("RoCE v2": UCX
+# reads a GID's RoCE version there), gid_attrs/ndevs/N and, when the device's address is
+# set (not picked when the device opens), ports/1/gids/N.
+_LAYOUT = 3
+
+
+def _sysfs_gid(ip: str) -> str:
+    """The kernel's text of a GID in sysfs: eight groups of four hex digits."""
+    raw = ipaddress.IPv6Address(_gid_of(ip)).packed
+    return ":".join(raw[i:i + 2].hex() for i in range(0, 16, 2))
 
 
 def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> Path:
@@ -75,7 +85,8 @@ def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> 
     cfg = _config.load() if cfg is None else cfg
     rows = _interfaces() if any(d.ip and not ipaddress.ip_address(d.ip).is_loopback
                                 for d in cfg.devices) else []
-    layout = {d.name: netdev_for(d.ip, rows) for d in cfg.devices}
+    layout = {d.name: (netdev_for(d.ip, rows), _sysfs_gid(d.ip) if d.ip else None)
+              for d in cfg.devices}
     if base is None:
         from softnic.driver.hostfiles import stats_dir
         base = stats_dir()
@@ -85,15 +96,23 @@ def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> 
         return dest
     base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".sysfs-", dir=base))
-    for name, netdev in layout.items():
+    for name, (netdev, gid) in layout.items():
         dev = tmp / name / "device"
         (dev / "net").mkdir(parents=True)
         if netdev:
             (dev / "net" / netdev).mkdir()
         (tmp / name / "node_type").write_text("1: CA\n")
-        pkeys = tmp / name / "ports" / "1" / "pkeys"      # one P_Key: the default
-        pkeys.mkdir(parents=True)
-        (pkeys / "0").write_text("0xffff\n")
+        port = tmp / name / "ports" / "1"
+        (port / "pkeys").mkdir(parents=True)              # one P_Key: the default
+        (port / "pkeys" / "0").write_text("0xffff\n")
+        for d in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            (port / d).mkdir(parents=True)
+        for i in range(GID_POPULATED):                  # what ibv_query_gid answers
+            if gid:             # (a device whose address is picked when it opens: unknown)
+                (port / "gids" / str(i)).write_text(gid + "\n")
+            (port / "gid_attrs" / "types" / str(i)).write_text("RoCE v2\n")
+            if netdev:
+                (port / "gid_attrs" / "ndevs" / str(i)).write_text(netdev + "\n")
     try:
         os.rename(tmp, dest)
     except OSError:                         # another process made it meanwhile
