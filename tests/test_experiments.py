@@ -73,7 +73,7 @@ def test_loss_total_below_one_message_is_a_clear_error(tmp_path, capsys):
     assert main(["experiment", "loss", "--total", "64KiB", "--msg", "1MiB",
                  "--out", str(tmp_path), "--no-progress"]) == 2
     assert "--total (65536 B) must be at least --msg (1048576 B)" in capsys.readouterr().err
-    from softnic.cli.experiments import goodput_under_loss
+    goodput_under_loss = ex.goodput_under_loss
     with pytest.raises(ValueError, match="at least one message"):
         goodput_under_loss(0.0, False, total=1000, msg=4096)
 
