@@ -63,7 +63,8 @@ def run_doctor(capsys, *args) -> tuple[int, dict]:
 def test_json_shape(machine, capsys):
     rc, doc = run_doctor(capsys)
     assert rc == 0
-    assert set(doc) == {"ok", "required", "live", "python", "executable", "faces"}
+    assert set(doc) == {"ok", "required", "live", "python", "executable", "user", "faces"}
+    assert doc["user"]["root"] is (os.geteuid() == 0) and doc["user"]["uid"] == os.geteuid()
     assert doc["ok"] is True and doc["live"] is False and doc["required"] == ["python"]
     assert list(doc["faces"]) == [*packages.FACES, "tests"]
     for name, face in doc["faces"].items():
@@ -178,6 +179,20 @@ def test_face_names_and_exit_status(machine, capsys):
     assert softnic(["doctor", "--no-live", "--face", "ucx"]) == 0
     assert softnic(["doctor", "--no-live", "--face", "middleware"]) == 1
     assert softnic(["doctor", "--no-live"]) == 0    # asked for nothing: the python face
+
+
+@pytest.mark.parametrize("who", [("root", 0), ("ci", 1001)], ids=["root", "user"])
+def test_user_says_whether_root_and_what_needs_it(machine, capsys, monkeypatch, who):
+    monkeypatch.setattr(doctor, "user", lambda: who)
+    rc, doc = run_doctor(capsys)
+    assert rc == 0 and doc["user"] == {"name": who[0], "uid": who[1], "root": who[1] == 0}
+    (check,) = [c for c in doc["faces"]["python"]["checks"] if c["name"] == "user"]
+    assert check["ok"] is True        # no face needs root
+    if who[1]:
+        assert check["detail"].startswith("ci (uid 1001), not root: every face works")
+        assert "network namespaces" in check["detail"] and "huge pages" in check["detail"]
+    else:
+        assert check["detail"].startswith("root:") and "--allow-run-as-root" in check["detail"]
 
 
 def test_package_list_script_is_the_doctors():

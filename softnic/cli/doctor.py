@@ -147,6 +147,22 @@ def build_status(face: str) -> tuple[bool, str, list[str]]:
     return st.ok, st.reason, debs
 
 
+def user() -> tuple[str, int]:
+    """The user running softnic: (name, uid)."""
+    import pwd
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name, uid
+    except KeyError:
+        return str(uid), uid
+
+
+#: what softnic or its tests do that needs root (or sudo); everything else runs as any user
+NEEDS_ROOT = ("installing Debian packages", "reserving huge pages (vm.nr_hugepages)",
+              "the two-host tests in network namespaces (unless unprivileged user namespaces "
+              "are allowed)", "IPv6 ULA addresses on lo")
+
+
 def which(program: str) -> str | None:
     return shutil.which(program)
 
@@ -322,6 +338,7 @@ class Doctor:
                            f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]} or later)"),
                         fix="" if v[:2] >= MIN_PYTHON else
                         "install Python 3.11 or later (Debian 12: apt-get install python3)")]
+        checks.append(self._user())
         checks += self._dependencies()
         ip_err = bind_udp("127.0.0.2") or bind_udp(f"127.{random.randrange(20, 250)}.1.2")
         checks.append(Check("loopback", ip_err is None, "binds UDP on 127.x.y.z (a device "
@@ -330,6 +347,17 @@ class Doctor:
                             "bring up lo with 127.0.0.0/8 (ip link set lo up)"))
         checks.append(self._live_python(checks))
         return checks
+
+    def _user(self) -> Check:
+        """Who runs softnic, and what that means: every face works for any user."""
+        name, uid = user()
+        if uid == 0:
+            detail = ("root: everything is allowed (Open MPI's mpirun wants "
+                      "--allow-run-as-root); no face needs it")
+        else:
+            detail = (f"{name} (uid {uid}), not root: every face works; root (or sudo) is "
+                      "for " + ", ".join(NEEDS_ROOT))
+        return Check("user", True, detail)
 
     def _dependencies(self) -> list[Check]:
         """softnic's own Python requirements (its installed metadata), each installed."""
@@ -539,8 +567,10 @@ def main(args) -> int:
     faces = diagnose(names, live=args.live, timeout=args.timeout)
     ok = all(faces[f].ok for f in required)
     if args.json:
+        name, uid = user()
         print(json.dumps({"ok": ok, "required": required, "live": args.live,
                           "python": sys.version.split()[0], "executable": sys.executable,
+                          "user": {"name": name, "uid": uid, "root": uid == 0},
                           "faces": {n: f.as_json() for n, f in faces.items()}}, indent=1))
     else:
         print(render(faces), end="")
