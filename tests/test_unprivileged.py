@@ -215,3 +215,35 @@ def test_the_unprivileged_part_of_the_suite_passes_as_an_ordinary_user(tmp_path)
     assert sorted(cases) == sorted(junit_name(node) for node in want), (sorted(cases), want)
     assert len(cases) == len(want) > 0
 
+
+
+def test_the_report_is_read_as_pytest_writes_it(tmp_path):
+    """junit_cases and junit_name on a report pytest wrote: a pass, a skip, a failure and
+    an error each read as what they were, under the names their node ids give."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_four.py").write_text(
+        "import pytest\n"
+        "@pytest.fixture\n"
+        "def broken():\n"
+        "    raise RuntimeError('fixture')\n"
+        "@pytest.mark.parametrize('x', ['a::b', 'c'])\n"
+        "def test_passes(x):\n"
+        "    pass\n"
+        "class TestGroup:\n"
+        "    def test_skips(self):\n"
+        "        pytest.skip('no tool')\n"
+        "def test_fails():\n"
+        "    assert False\n"
+        "def test_errors(broken):\n"
+        "    pass\n")
+    report = tmp_path / "report.xml"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "--rootdir", str(tmp_path), f"--junitxml={report}", "tests"],
+                       cwd=tmp_path, env=_own_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout
+    nodes = {"tests/test_four.py::test_passes[a::b]": "passed",
+             "tests/test_four.py::test_passes[c]": "passed",
+             "tests/test_four.py::TestGroup::test_skips": "skipped",
+             "tests/test_four.py::test_fails": "failure",
+             "tests/test_four.py::test_errors": "error"}
+    assert junit_cases(report) == {junit_name(n): o for n, o in nodes.items()}
