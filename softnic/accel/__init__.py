@@ -10,8 +10,8 @@ and the same results (tests/test_kernel.py).
 ``load()`` builds the module on first use (a C compiler and Python's headers:
 Debian's gcc and python3-dev) and caches it under
 ``$XDG_CACHE_HOME/softnic/kernel/<key>`` (``hostfiles.cache_home()``), the key
-covering the source and the interpreter.  Without a compiler it returns None, and softnic runs its Python
-loops.  ``SOFTNIC_KERNEL=0`` turns the kernel off.
+covering the source and the interpreter.  Without a compiler it returns None, and
+softnic runs its Python loops.  ``SOFTNIC_KERNEL=0`` turns the kernel off.
 
 The CRC-32 the kernel computes is ISA-L's (``crc32_gzip_refl``, from the
 ``isal`` package's extension module, the function ``isal.isal_zlib.crc32``
