@@ -2,8 +2,8 @@
 ordinary user.
 
 Tests marked ``unprivileged`` (the C faces and the preload's sysfs and /dev answers,
-perftest, rdma_cm with a capture, UCX, Open MPI, counters, Debian's Python and pyverbs)
-are run by a second pytest, and this test asserts that every one of them passed: as
+perftest, rdma_cm with a capture, UCX, Open MPI, counters, Debian's Python and pyverbs,
+where softnic writes for a user, ``softnic doctor`` live) are run by a second pytest, and this test asserts that every one of them passed: as
 many as a collection of the same files finds (more than none), none skipped, none
 failed.
 
