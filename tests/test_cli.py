@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from softnic.cli.main import SHIM
 
 
@@ -62,6 +64,7 @@ def test_exec_refuses_a_bad_fault_model():
     assert r.returncode != 0 and "loss" in r.stderr
 
 
+@pytest.mark.unprivileged
 def test_counters_of_a_running_program(tmp_path):
     import os
     env = dict(os.environ, SOFTNIC_STATS_DIR=str(tmp_path))

@@ -124,6 +124,7 @@ def pair(binary: str, args: list[str], faults=None, timeout=TIMEOUT):
 # ---------------------------------------------------------------- ibverbs-utils
 
 
+@pytest.mark.unprivileged
 @pytest.mark.compat("ibverbs-utils")
 def test_devices_and_devinfo(libdir):
     need("ibv_devices")
@@ -137,6 +138,7 @@ def test_devices_and_devinfo(libdir):
         assert want in r.stdout, (want, r.stdout)
 
 
+@pytest.mark.unprivileged
 def test_exec_reaches_the_whole_process_tree_unless_told_not_to(libdir, tmp_path):
     """Every program softnic exec starts, and their children, get softnic's libibverbs
     directory on LD_LIBRARY_PATH and its preload on LD_PRELOAD (a shell script, which
@@ -163,6 +165,7 @@ def test_exec_reaches_the_whole_process_tree_unless_told_not_to(libdir, tmp_path
 # Under loss this needs the linger of ibv_destroy_qp (docs/libibverbs.md): without it a
 # lost final ACK leaves one side retransmitting to a peer that has exited, until its
 # retry_cnt runs out and a SEND whose data arrived fails with RETRY_EXC_ERR.
+@pytest.mark.unprivileged
 @pytest.mark.compat("ibverbs-utils")
 @pytest.mark.parametrize("args,faults", [
     (["-n", "20"], None),
@@ -177,6 +180,7 @@ def test_rc_pingpong(libdir, args, faults):
         assert "GID ::ffff:127." in out
 
 
+@pytest.mark.unprivileged
 @pytest.mark.compat("perftest")
 def test_ib_write_bw(libdir):
     binary = need("ib_write_bw")
@@ -219,6 +223,7 @@ def test_c_wc_errors_leave_memory_untouched(libdir, tmp_path):
     assert "all statuses as expected" in r.stdout
 
 
+@pytest.mark.unprivileged
 @pytest.mark.compat("pyverbs-softnic")
 def test_pyverbs_program_and_c_program_are_peers(libdir, tmp_path):
     exe = compile_c("datacheck", tmp_path)
@@ -288,6 +293,7 @@ def rdma_core_tests(tmp_path: Path) -> Path:
     return dest
 
 
+@pytest.mark.unprivileged
 @pytest.mark.compat("pyverbs-debian")
 def test_debian_pyverbs_in_debian_python_single_thread_owning_both_ends(libdir, tmp_path):
     """Debian's /usr/bin/python3 (3.11.2) with Debian's real pyverbs over softnic's

@@ -52,6 +52,7 @@ def run(cmd, env, timeout=TIMEOUT, **kw):
 # ---------------------------------------------------------------- UCX
 
 
+@pytest.mark.unprivileged
 @pytest.mark.compat("ucx")
 def test_ucx_info_lists_softnic_devices_with_rc_and_ud_verbs(libdir):
     cmd, env = softnic_exec(need("ucx_info"), "-d", devices="2")
@@ -98,10 +99,12 @@ def perftest(tls: str, test: str, *args: str, faults: str | None = None) -> str:
 
 RC_TESTS = ["tag_lat", "tag_bw", "ucp_put_bw", "ucp_get", "ucp_add", "ucp_fadd", "ucp_swap",
             "ucp_cswap"]
+UNPRIVILEGED = pytest.mark.unprivileged
 
 
 @pytest.mark.compat("ucx")
-@pytest.mark.parametrize("test", RC_TESTS)
+@pytest.mark.parametrize("test", [pytest.param(t, marks=UNPRIVILEGED) if t == "tag_bw" else t
+                                  for t in RC_TESTS])
 def test_ucx_perftest_rc_verbs(libdir, test):
     final = perftest("rc_v,self", test, "-n", "100", "-s", "8")
     assert final.split()[1] == "100", final             # iterations done
@@ -162,8 +165,8 @@ def assert_ranks_used_softnic(docs: list[dict], np: int) -> None:
 
 
 @pytest.mark.compat("openmpi")
-@pytest.mark.parametrize("np,tls,top", [(2, "rc_v,self", 1 << 20), (4, "rc_v,self", 4 << 20),
-                                        (3, "ud_v,self", 4 << 20)],
+@pytest.mark.parametrize("np,tls,top", [pytest.param(2, "rc_v,self", 1 << 20, marks=UNPRIVILEGED),
+                                        (4, "rc_v,self", 4 << 20), (3, "ud_v,self", 4 << 20)],
                          ids=["2-ranks-rc", "4-ranks-rc", "3-ranks-ud"])
 def test_mpi_program_every_element_checked(libdir, mpi_check, tmp_path, np, tls, top):
     out, docs = mpirun(tmp_path, np, tls, [mpi_check, str(top), "16"])

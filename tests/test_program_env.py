@@ -59,6 +59,7 @@ def assert_own_environment(seen: dict, ref: dict) -> None:
     assert seen["importable"] == ref["importable"]
 
 
+@pytest.mark.unprivileged
 def test_host_python_keeps_its_cffi_and_numpy_while_verbs_run_on_the_c_face(libdir,
                                                                            reference):
     cmd, env = softnic_exec(HOST, str(PROGRAM), "ibverbs", devices="2")

@@ -175,6 +175,7 @@ def check(res):
     return sout, cout
 
 
+@pytest.mark.unprivileged
 @pytest.mark.compat("rdmacm-utils")
 @pytest.mark.parametrize("faults", [None, "loss=0.02"])
 def test_rping(faults):
@@ -307,6 +308,7 @@ def test_qperf_cm(faults):
     assert cout.count("bw  =") == 2 and cout.count("latency  =") == 2
 
 
+@pytest.mark.unprivileged
 def test_rping_capture_shows_the_cm_exchange_decoded_by_tshark(tmp_path):
     need("rping")
     tshark = shutil.which("tshark")

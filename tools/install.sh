@@ -56,9 +56,9 @@ VENV="$(realpath -m "$VENV")"
 EXTRA="$(echo "$EXTRA" | tr ',\n' '  ')"
 
 SUDO=""
+NOROOT=0        # neither root nor sudo: what is installed already is all there is
 if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"
-    else echo "install.sh: not root and no sudo: Debian packages cannot be installed" >&2; fi
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else NOROOT=1; fi
 fi
 export DEBIAN_FRONTEND=noninteractive
 run() {     # a command, or (--dry-run) its printout
@@ -72,6 +72,11 @@ apt_install() {     # the packages not installed yet, in one apt-get
     local missing=""
     for d in "$@"; do installed "$d" || missing="$missing $d"; done
     [ -z "$missing" ] && return 0
+    if [ "$NOROOT" -eq 1 ] && [ "$DRY" -eq 0 ]; then
+        echo "install.sh: not root and no sudo, and Debian packages are missing; as root:" \
+             "apt-get install -y$missing" >&2
+        exit 1
+    fi
     if [ "$UPDATED" -eq 0 ]; then run $SUDO apt-get update -qq; UPDATED=1; fi
     case " $missing " in *" tshark "*)   # no question about who may capture
         if [ "$DRY" -eq 1 ]; then echo "+ debconf-set-selections: wireshark-common/install-setuid false"

@@ -9,9 +9,9 @@ and the same results (tests/test_kernel.py).
 
 ``load()`` builds the module on first use (a C compiler and Python's headers:
 Debian's gcc and python3-dev) and caches it under
-``$XDG_CACHE_HOME/softnic/kernel/<key>``, the key covering the source and the
-interpreter.  Without a compiler it returns None, and softnic runs its Python
-loops.  ``SOFTNIC_KERNEL=0`` turns the kernel off.
+``$XDG_CACHE_HOME/softnic/kernel/<key>`` (``hostfiles.cache_home()``), the key
+covering the source and the interpreter.  Without a compiler it returns None, and
+softnic runs its Python loops.  ``SOFTNIC_KERNEL=0`` turns the kernel off.
 
 The CRC-32 the kernel computes is ISA-L's (``crc32_gzip_refl``, from the
 ``isal`` package's extension module, the function ``isal.isal_zlib.crc32``
@@ -88,8 +88,8 @@ def _key() -> str:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "softnic" / "kernel" / _key()
+    from softnic.driver.hostfiles import cache_home
+    return cache_home() / "kernel" / _key()
 
 
 def build(dest: Path, verbose: bool = False) -> Path:

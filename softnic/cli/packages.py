@@ -38,7 +38,9 @@ OWN: dict[str, tuple[tuple[str, str], ...]] = {
               ("iperf3", "an unmodified socket program over rsockets (librspreload.so)"),
               ("python3-cffi", "Debian's cffi: a /usr/bin/python3 program keeps its own "
                "under softnic exec"),
-              ("python3-numpy", "Debian's numpy, likewise")),
+              ("python3-numpy", "Debian's numpy, likewise"),
+              ("python3-venv", "a venv of /usr/bin/python3, for the tests run as an "
+               "ordinary user (tests/test_unprivileged.py)")),
 }
 
 #: face -> the faces it stands on

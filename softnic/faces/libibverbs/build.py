@@ -6,8 +6,9 @@ The library runs this interpreter (the one building it) inside the C program
 that loads it: its path, the project's directory and this environment's
 site-packages are baked in, so a program needs only ``LD_LIBRARY_PATH``
 (``softnic exec`` sets it).  Builds are cached under
-``$XDG_CACHE_HOME/softnic/libibverbs/<key>``, the key covering the sources,
-the interpreter and the project location.
+``$XDG_CACHE_HOME/softnic/libibverbs/<key>`` (``hostfiles.cache_home()``: a user
+without a writable home gets a private directory in /tmp instead), the key covering
+the sources, the interpreter and the project location.
 
 Needs a C compiler, Python's headers and rdma-core's ``<infiniband/verbs.h>``
 (Debian: gcc, python3-dev, libibverbs-dev).
@@ -48,8 +49,8 @@ def cache_key() -> str:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "softnic" / "libibverbs"
+    from softnic.driver.hostfiles import cache_home
+    return cache_home() / "libibverbs"
 
 
 def library_dir(out: str | os.PathLike | None = None) -> Path:
