@@ -10,11 +10,11 @@ service's responder side):
   ERROR NAK until the ePSN arrives, ``_gap``; selective repeat: held, ``_hold``).
 - Opcode sequence (``_check_sequence``): FIRST/ONLY start a message, MIDDLE/LAST
   continue one of the same kind; anything else is an INVALID REQUEST NAK.
-- Resources (``_take_recv``): a SEND or an immediate needs a receive WQE, else an
+- Resources (``take_recv``): a SEND or an immediate needs a receive WQE, else an
   RNR NAK and nothing is executed.
 - Access (``write_target``, ``_read``, ``_atomic``): the QP's access flags, then
   the rkey's MR, bounds and rights; INVALID REQUEST or REMOTE ACCESS ERROR NAK.
-- Placement (``_place_recv``; a WRITE's by ``sr_place.place_in_order``) and
+- Placement (``place_recv``; a WRITE's by ``sr_place.place_in_order``) and
   receive completions (``recv_done``).
 - Acknowledgement (``accept``): the ePSN moves past an executed packet, the MSN
   counts each completed message, and an ACK is queued for a message's last packet
@@ -51,16 +51,19 @@ GRH_LEN = 40
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 
-class _Nak(Exception):
-    """Abort the current packet with a NAK (and, for a receive, a WC status)."""
+class Nak(Exception):
+    """Abort the current packet with a NAK (and, for a receive, a WC status): what
+    the responder's checks raise, and iWARP's DDP/RDMAP receive too (its
+    ``take_recv``/``place_recv`` calls), which maps it to its terminate codes."""
 
     def __init__(self, code: NakCode, recv_status: WCStatus | None = None):
         self.code = code
         self.recv_status = recv_status
 
 
-class _Rnr(Exception):
-    pass
+class Rnr(Exception):
+    """No receive WQE for a message that needs one (``take_recv``): RoCE answers
+    with an RNR NAK, iWARP with its own rule."""
 
 
 # response queue entries: ("ack", psn, syndrome) | ("read", psn, view, msn) | ("atomic", psn, orig)
@@ -122,11 +125,11 @@ def write_target(dev, qp, va: int, rkey: int, length: int):
     INVALID REQUEST) and ``rkey`` must reach ``[va, va+length)`` with remote
     write access (else REMOTE ACCESS ERROR)."""
     if not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     try:
         return dev.keys.remote(qp.pd, rkey, va, length, Access.REMOTE_WRITE, qp)
     except AccessError:
-        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
 
 
 def recv_done(dev, qp, wqe, opcode: WCOpcode, byte_len: int, imm: int, flags: WCFlags,
@@ -295,7 +298,7 @@ def _first_target(dev, qp, info, va: int, rkey: int, length: int, plen: int):
         return None
     try:
         view = write_target(dev, qp, va, rkey, length)
-    except _Nak:
+    except Nak:
         return None
     span = view_span(view) if len(view) else (0, 0)
     if span is None:
@@ -315,7 +318,7 @@ def placed_write(dev, qp, item) -> None:
         va, rkey, length = item[4][0]
         try:
             qp.write_view = write_target(dev, qp, va, rkey, length)
-        except _Nak as e:
+        except Nak as e:
             _class_error(dev, qp, psn, e)
             return
         qp.write_off = 0
@@ -361,7 +364,7 @@ def _execute(dev, qp, pkt) -> None:
     if qp.xrc is not None:           # the XRC SRQ this request is for (its PD, its CQ)
         code = xrc.target(dev, qp, pkt)
         if code is not None:
-            _class_error(dev, qp, bth.psn, _Nak(code))
+            _class_error(dev, qp, bth.psn, Nak(code))
             return
     kind = info.kind
     if kind is Kind.SEND or kind is Kind.WRITE:
@@ -374,9 +377,9 @@ def _execute(dev, qp, pkt) -> None:
         _check_sequence(qp, info)
         handler = _ANSWERED.get(kind)
         if handler is None:
-            raise _Nak(NakCode.INVALID_REQUEST)
+            raise Nak(NakCode.INVALID_REQUEST)
         handler(dev, qp, pkt)
-    except _Nak as e:
+    except Nak as e:
         _class_error(dev, qp, bth.psn, e)
 
 
@@ -391,10 +394,10 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
             _send(dev, qp, info, payload, tail, se)
         else:
             _write(dev, qp, info, payload, reth, tail, se)
-    except _Rnr:
+    except Rnr:
         _rnr_nak(dev, qp, psn)
         return
-    except _Nak as e:
+    except Nak as e:
         _class_error(dev, qp, psn, e)
         return
     accept(dev, qp, psn, info.last, ackreq)
@@ -411,7 +414,7 @@ def _rnr_nak(dev, qp, psn: int) -> None:
     dev.mark_ready(qp)
 
 
-def _class_error(dev, qp, psn: int, e: _Nak) -> None:
+def _class_error(dev, qp, psn: int, e: Nak) -> None:
     """A request the responder must refuse (a class A or C error, as rxe's
     ``do_class_ac_error``): NAK it, fail any receive in use, QP to ERR."""
     dev.counters["resp_nak_" + e.code.name.lower()] += 1
@@ -428,34 +431,40 @@ def _check_sequence(qp, info) -> None:
     """FIRST/ONLY may only start a message; MIDDLE/LAST must continue one of the same kind."""
     if qp.resp_kind is None:
         if not info.first:
-            raise _Nak(NakCode.INVALID_REQUEST)
+            raise Nak(NakCode.INVALID_REQUEST)
     elif info.first or info.kind != qp.resp_kind:
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
 
 
 def _check_size(qp, info, n: int) -> None:
     """A FIRST or MIDDLE carries a whole path MTU; no packet carries more."""
     mtu = qp.mtu
     if n > mtu or (n != mtu and not info.last):
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
 
 
-def _take_recv(dev, qp):
+def take_recv(dev, qp):
+    """The receive WQE the next SEND (or immediate) consumes, from the QP's SRQ or
+    its receive queue; ``Rnr`` if there is none.  (iWARP's untagged receive
+    takes its WQE by the same rule.)"""
     if qp.srq is not None:
         wqe = dev.srq_take(qp.srq)
     else:
         wqe = qp.rq.popleft() if qp.rq else None
     if wqe is None:
-        raise _Rnr()
+        raise Rnr()
     return wqe
 
 
-def _place_recv(dev, qp, data) -> None:
-    """Scatter ``data`` into the receive WQE at the current offset."""
+def place_recv(dev, qp, data) -> None:
+    """Scatter ``data`` into the receive WQE (``qp.resp_wqe``) at the current
+    offset (``qp.resp_off``), through its SGEs' lkeys; ``Nak`` with the receive's
+    WC status when it does not fit (LOC_LEN_ERR) or a key fails (LOC_PROT_ERR).
+    (iWARP's untagged receive places by the same rule.)"""
     wqe = qp.resp_wqe
     n = len(data)
     if qp.resp_off + n > wqe.length:
-        raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_LEN_ERR)
+        raise Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_LEN_ERR)
     if not n:
         return
     off = qp.resp_off
@@ -468,7 +477,7 @@ def _place_recv(dev, qp, data) -> None:
         try:
             view = dev.keys.local(qp.pd, lkey, addr + off, take, write=True)
         except AccessError:
-            raise _Nak(NakCode.REMOTE_OPERATIONAL_ERROR, WCStatus.LOC_PROT_ERR) from None
+            raise Nak(NakCode.REMOTE_OPERATIONAL_ERROR, WCStatus.LOC_PROT_ERR) from None
         view[:] = data[pos:pos + take]
         pos += take
         off = 0
@@ -480,9 +489,9 @@ def _place_recv(dev, qp, data) -> None:
 def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
     _check_size(qp, info, len(payload))
     if info.first:
-        qp.resp_wqe = _take_recv(dev, qp)
+        qp.resp_wqe = take_recv(dev, qp)
         qp.resp_off = 0
-    _place_recv(dev, qp, payload)
+    place_recv(dev, qp, payload)
     if info.last:
         wqe, qp.resp_wqe = qp.resp_wqe, None
         qp.resp_kind = None
@@ -495,7 +504,7 @@ def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
             inv = tail
             if not dev.keys.invalidate(qp.pd, inv):
                 qp.resp_wqe = wqe
-                raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
+                raise Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
             flags |= WCFlags.WITH_INV
         recv_done(dev, qp, wqe, WCOpcode.RECV, qp.resp_off, imm, flags, se, inv)
     else:
@@ -512,11 +521,11 @@ def _write(dev, qp, info, payload, reth, tail: int, se: bool) -> None:
         qp.write_len = length
     off = qp.write_off
     if off + n > qp.write_len or (info.last and off + n != qp.write_len):
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     if info.immdt:
         # the immediate consumes a receive WQE; take it before touching memory so an
         # RNR NAK leaves nothing half done
-        qp.resp_wqe = _take_recv(dev, qp)
+        qp.resp_wqe = take_recv(dev, qp)
     if n:
         sr_place.place_in_order(qp, qp.write_view, off, payload)
     qp.write_off = off + n
@@ -540,13 +549,13 @@ def _remember(qp, entry) -> None:
 
 def _read(dev, qp, pkt) -> None:
     if not qp.attr.qp_access_flags & Access.REMOTE_READ:
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     reth = pkt.reth
     try:
         view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_READ,
                                qp)
     except AccessError:
-        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
     npkts = max(1, -(-reth.dma_len // qp.mtu))
     last = (psn + npkts - 1) & 0xFFFFFF
@@ -558,14 +567,14 @@ def _read(dev, qp, pkt) -> None:
 
 def _atomic(dev, qp, pkt) -> None:
     if not qp.attr.qp_access_flags & Access.REMOTE_ATOMIC:
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     a = pkt.atomiceth
     if a.va & 7:
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     try:
         view = dev.keys.remote(qp.pd, a.rkey, a.va, 8, Access.REMOTE_ATOMIC, qp)
     except AccessError:
-        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     orig = int.from_bytes(view, sys.byteorder)
     if pkt.info.opcode & 0x1F == 0x13:  # (RC or XRC) COMPARE_SWAP: swap_add is the swap value
         if orig == a.compare:
@@ -583,14 +592,14 @@ def _atomic_write(dev, qp, pkt) -> None:
     """ATOMIC_WRITE: 8 bytes placed as one at an 8-byte aligned address the MR lets the
     peer write (rxe: REMOTE_WRITE), answered like a READ of nothing."""
     if not qp.attr.qp_access_flags & Access.REMOTE_WRITE:
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     reth = pkt.reth
     if len(pkt.payload) != 8 or reth.va & 7:
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     try:
         view = dev.keys.remote(qp.pd, reth.rkey, reth.va, 8, Access.REMOTE_WRITE, qp)
     except AccessError:
-        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     view[:] = pkt.payload
     psn = pkt.bth.psn
     _remember(qp, ("read", psn, psn))           # a duplicate is answered, not placed again
@@ -613,10 +622,10 @@ def _flush(dev, qp, pkt) -> None:
     to write back.  (Persistence is never granted: no MR is registered with it.)"""
     feth = pkt.feth
     if not feth.plt or feth.plt & ~3 or feth.sel > 1:
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     needs = [a for bit, a in _FLUSH_ACCESS if feth.plt & bit]
     if any(not qp.attr.qp_access_flags & a for a in needs):
-        raise _Nak(NakCode.INVALID_REQUEST)
+        raise Nak(NakCode.INVALID_REQUEST)
     reth = pkt.reth
     try:
         region = dev.keys.region(qp.pd, reth.rkey)
@@ -627,7 +636,7 @@ def _flush(dev, qp, pkt) -> None:
             else:
                 region.remote_view(addr, length, a)
     except AccessError:
-        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
     _remember(qp, ("read", psn, psn))           # a duplicate is answered, not run again
     qp.epsn = (psn + 1) & 0xFFFFFF
@@ -709,10 +718,10 @@ def _uc_execute(dev, qp, pkt) -> None:
             _write(dev, qp, info, pkt.payload,
                    (reth.va, reth.rkey, reth.dma_len) if reth is not None else None,
                    pkt.immdt.imm if info.immdt else 0, pkt.bth.se)
-    except (_Rnr, _Nak) as e:
+    except (Rnr, Nak) as e:
         # UC has no NAKs: the message is silently dropped (a receive in use fails).
         dev.counters["uc_dropped"] += 1
-        if isinstance(e, _Nak) and qp.resp_wqe is not None:
+        if isinstance(e, Nak) and qp.resp_wqe is not None:
             wqe, qp.resp_wqe = qp.resp_wqe, None
             dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
                                         WCOpcode.RECV, qp.qpn), qp)
@@ -733,8 +742,8 @@ def _receive_ud(dev, qp, pkt, src) -> None:
         dev.counters["ud_dropped"] += 1
         return
     try:
-        wqe = _take_recv(dev, qp)
-    except _Rnr:
+        wqe = take_recv(dev, qp)
+    except Rnr:
         dev.counters["ud_dropped"] += 1          # UD has no RNR: the datagram is lost
         return
     qp.resp_wqe, qp.resp_off = wqe, 0
@@ -746,9 +755,9 @@ def _receive_ud(dev, qp, pkt, src) -> None:
         else:
             grh = bytes(20) + ipv4_udp_headers(src[0], dev.ip, src[1], dev.port,
                                                len(pkt.payload))[:20]
-        _place_recv(dev, qp, grh)
-        _place_recv(dev, qp, pkt.payload)
-    except _Nak as e:
+        place_recv(dev, qp, grh)
+        place_recv(dev, qp, pkt.payload)
+    except Nak as e:
         qp.resp_wqe = None
         dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
                                     WCOpcode.RECV, qp.qpn), qp)
