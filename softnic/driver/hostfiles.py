@@ -18,6 +18,17 @@ def stats_dir() -> Path:
                 Path(tempfile.gettempdir()) / f"softnic-{os.getuid()}")
 
 
+def namespace_table(kind: str) -> Path:
+    """The directory of a host-wide table of ``kind`` ("rdmacm", "mcast") for this
+    process's network namespace: processes in other namespaces (with other
+    interfaces and addresses) keep tables of their own."""
+    try:
+        ns = os.readlink("/proc/self/ns/net").strip("net:[]")
+    except OSError:
+        ns = "0"
+    return stats_dir() / f"{kind}-{ns}"
+
+
 def process_alive(pid: int) -> bool:
     """Whether the process that published a file (counters, a host-wide listener) lives."""
     try:
