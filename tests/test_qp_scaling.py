@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from softnic.cli.rig import connect
+from enginekit import connect
 from softnic.core.device import Device
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import SendWR
