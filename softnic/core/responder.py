@@ -66,6 +66,10 @@ class Rnr(Exception):
     with an RNR NAK, iWARP with its own rule."""
 
 
+# the names the rules below raise (other modules catch Nak and Rnr)
+_Nak, _Rnr = Nak, Rnr
+
+
 # response queue entries: ("ack", psn, syndrome) | ("read", psn, view, msn) | ("atomic", psn, orig)
 
 def queue_ack(dev, qp, psn: int, syndrome: int = ACK_CREDITS) -> None:
@@ -125,11 +129,11 @@ def write_target(dev, qp, va: int, rkey: int, length: int):
     INVALID REQUEST) and ``rkey`` must reach ``[va, va+length)`` with remote
     write access (else REMOTE ACCESS ERROR)."""
     if not int(qp.attr.qp_access_flags) & _REMOTE_WRITE:
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     try:
         return dev.keys.remote(qp.pd, rkey, va, length, Access.REMOTE_WRITE, qp)
     except AccessError:
-        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
 
 
 def recv_done(dev, qp, wqe, opcode: WCOpcode, byte_len: int, imm: int, flags: WCFlags,
@@ -298,7 +302,7 @@ def _first_target(dev, qp, info, va: int, rkey: int, length: int, plen: int):
         return None
     try:
         view = write_target(dev, qp, va, rkey, length)
-    except Nak:
+    except _Nak:
         return None
     span = view_span(view) if len(view) else (0, 0)
     if span is None:
@@ -318,7 +322,7 @@ def placed_write(dev, qp, item) -> None:
         va, rkey, length = item[4][0]
         try:
             qp.write_view = write_target(dev, qp, va, rkey, length)
-        except Nak as e:
+        except _Nak as e:
             _class_error(dev, qp, psn, e)
             return
         qp.write_off = 0
@@ -364,7 +368,7 @@ def _execute(dev, qp, pkt) -> None:
     if qp.xrc is not None:           # the XRC SRQ this request is for (its PD, its CQ)
         code = xrc.target(dev, qp, pkt)
         if code is not None:
-            _class_error(dev, qp, bth.psn, Nak(code))
+            _class_error(dev, qp, bth.psn, _Nak(code))
             return
     kind = info.kind
     if kind is Kind.SEND or kind is Kind.WRITE:
@@ -377,9 +381,9 @@ def _execute(dev, qp, pkt) -> None:
         _check_sequence(qp, info)
         handler = _ANSWERED.get(kind)
         if handler is None:
-            raise Nak(NakCode.INVALID_REQUEST)
+            raise _Nak(NakCode.INVALID_REQUEST)
         handler(dev, qp, pkt)
-    except Nak as e:
+    except _Nak as e:
         _class_error(dev, qp, bth.psn, e)
 
 
@@ -394,10 +398,10 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
             _send(dev, qp, info, payload, tail, se)
         else:
             _write(dev, qp, info, payload, reth, tail, se)
-    except Rnr:
+    except _Rnr:
         _rnr_nak(dev, qp, psn)
         return
-    except Nak as e:
+    except _Nak as e:
         _class_error(dev, qp, psn, e)
         return
     accept(dev, qp, psn, info.last, ackreq)
@@ -414,7 +418,7 @@ def _rnr_nak(dev, qp, psn: int) -> None:
     dev.mark_ready(qp)
 
 
-def _class_error(dev, qp, psn: int, e: Nak) -> None:
+def _class_error(dev, qp, psn: int, e: _Nak) -> None:
     """A request the responder must refuse (a class A or C error, as rxe's
     ``do_class_ac_error``): NAK it, fail any receive in use, QP to ERR."""
     dev.counters["resp_nak_" + e.code.name.lower()] += 1
@@ -431,16 +435,16 @@ def _check_sequence(qp, info) -> None:
     """FIRST/ONLY may only start a message; MIDDLE/LAST must continue one of the same kind."""
     if qp.resp_kind is None:
         if not info.first:
-            raise Nak(NakCode.INVALID_REQUEST)
+            raise _Nak(NakCode.INVALID_REQUEST)
     elif info.first or info.kind != qp.resp_kind:
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
 
 
 def _check_size(qp, info, n: int) -> None:
     """A FIRST or MIDDLE carries a whole path MTU; no packet carries more."""
     mtu = qp.mtu
     if n > mtu or (n != mtu and not info.last):
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
 
 
 def take_recv(dev, qp):
@@ -452,7 +456,7 @@ def take_recv(dev, qp):
     else:
         wqe = qp.rq.popleft() if qp.rq else None
     if wqe is None:
-        raise Rnr()
+        raise _Rnr()
     return wqe
 
 
@@ -464,7 +468,7 @@ def place_recv(dev, qp, data) -> None:
     wqe = qp.resp_wqe
     n = len(data)
     if qp.resp_off + n > wqe.length:
-        raise Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_LEN_ERR)
+        raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_LEN_ERR)
     if not n:
         return
     off = qp.resp_off
@@ -477,7 +481,7 @@ def place_recv(dev, qp, data) -> None:
         try:
             view = dev.keys.local(qp.pd, lkey, addr + off, take, write=True)
         except AccessError:
-            raise Nak(NakCode.REMOTE_OPERATIONAL_ERROR, WCStatus.LOC_PROT_ERR) from None
+            raise _Nak(NakCode.REMOTE_OPERATIONAL_ERROR, WCStatus.LOC_PROT_ERR) from None
         view[:] = data[pos:pos + take]
         pos += take
         off = 0
@@ -504,7 +508,7 @@ def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
             inv = tail
             if not dev.keys.invalidate(qp.pd, inv):
                 qp.resp_wqe = wqe
-                raise Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
+                raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
             flags |= WCFlags.WITH_INV
         recv_done(dev, qp, wqe, WCOpcode.RECV, qp.resp_off, imm, flags, se, inv)
     else:
@@ -521,7 +525,7 @@ def _write(dev, qp, info, payload, reth, tail: int, se: bool) -> None:
         qp.write_len = length
     off = qp.write_off
     if off + n > qp.write_len or (info.last and off + n != qp.write_len):
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     if info.immdt:
         # the immediate consumes a receive WQE; take it before touching memory so an
         # RNR NAK leaves nothing half done
@@ -549,13 +553,13 @@ def _remember(qp, entry) -> None:
 
 def _read(dev, qp, pkt) -> None:
     if not qp.attr.qp_access_flags & Access.REMOTE_READ:
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     reth = pkt.reth
     try:
         view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_READ,
                                qp)
     except AccessError:
-        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
     npkts = max(1, -(-reth.dma_len // qp.mtu))
     last = (psn + npkts - 1) & 0xFFFFFF
@@ -567,14 +571,14 @@ def _read(dev, qp, pkt) -> None:
 
 def _atomic(dev, qp, pkt) -> None:
     if not qp.attr.qp_access_flags & Access.REMOTE_ATOMIC:
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     a = pkt.atomiceth
     if a.va & 7:
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     try:
         view = dev.keys.remote(qp.pd, a.rkey, a.va, 8, Access.REMOTE_ATOMIC, qp)
     except AccessError:
-        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     orig = int.from_bytes(view, sys.byteorder)
     if pkt.info.opcode & 0x1F == 0x13:  # (RC or XRC) COMPARE_SWAP: swap_add is the swap value
         if orig == a.compare:
@@ -592,14 +596,14 @@ def _atomic_write(dev, qp, pkt) -> None:
     """ATOMIC_WRITE: 8 bytes placed as one at an 8-byte aligned address the MR lets the
     peer write (rxe: REMOTE_WRITE), answered like a READ of nothing."""
     if not qp.attr.qp_access_flags & Access.REMOTE_WRITE:
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     reth = pkt.reth
     if len(pkt.payload) != 8 or reth.va & 7:
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     try:
         view = dev.keys.remote(qp.pd, reth.rkey, reth.va, 8, Access.REMOTE_WRITE, qp)
     except AccessError:
-        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     view[:] = pkt.payload
     psn = pkt.bth.psn
     _remember(qp, ("read", psn, psn))           # a duplicate is answered, not placed again
@@ -622,10 +626,10 @@ def _flush(dev, qp, pkt) -> None:
     to write back.  (Persistence is never granted: no MR is registered with it.)"""
     feth = pkt.feth
     if not feth.plt or feth.plt & ~3 or feth.sel > 1:
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     needs = [a for bit, a in _FLUSH_ACCESS if feth.plt & bit]
     if any(not qp.attr.qp_access_flags & a for a in needs):
-        raise Nak(NakCode.INVALID_REQUEST)
+        raise _Nak(NakCode.INVALID_REQUEST)
     reth = pkt.reth
     try:
         region = dev.keys.region(qp.pd, reth.rkey)
@@ -636,7 +640,7 @@ def _flush(dev, qp, pkt) -> None:
             else:
                 region.remote_view(addr, length, a)
     except AccessError:
-        raise Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+        raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
     _remember(qp, ("read", psn, psn))           # a duplicate is answered, not run again
     qp.epsn = (psn + 1) & 0xFFFFFF
@@ -718,10 +722,10 @@ def _uc_execute(dev, qp, pkt) -> None:
             _write(dev, qp, info, pkt.payload,
                    (reth.va, reth.rkey, reth.dma_len) if reth is not None else None,
                    pkt.immdt.imm if info.immdt else 0, pkt.bth.se)
-    except (Rnr, Nak) as e:
+    except (_Rnr, _Nak) as e:
         # UC has no NAKs: the message is silently dropped (a receive in use fails).
         dev.counters["uc_dropped"] += 1
-        if isinstance(e, Nak) and qp.resp_wqe is not None:
+        if isinstance(e, _Nak) and qp.resp_wqe is not None:
             wqe, qp.resp_wqe = qp.resp_wqe, None
             dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
                                         WCOpcode.RECV, qp.qpn), qp)
@@ -743,7 +747,7 @@ def _receive_ud(dev, qp, pkt, src) -> None:
         return
     try:
         wqe = take_recv(dev, qp)
-    except Rnr:
+    except _Rnr:
         dev.counters["ud_dropped"] += 1          # UD has no RNR: the datagram is lost
         return
     qp.resp_wqe, qp.resp_off = wqe, 0
@@ -757,7 +761,7 @@ def _receive_ud(dev, qp, pkt, src) -> None:
                                                len(pkt.payload))[:20]
         place_recv(dev, qp, grh)
         place_recv(dev, qp, pkt.payload)
-    except Nak as e:
+    except _Nak as e:
         qp.resp_wqe = None
         dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
                                     WCOpcode.RECV, qp.qpn), qp)
