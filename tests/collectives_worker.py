@@ -55,7 +55,7 @@ def check(got, want, what: str) -> None:
 
 def _verbs_pkg() -> str:
     from softnic.collectives import _verbs
-    return _verbs._PKG
+    return _verbs.PKG
 
 
 def main() -> int:
@@ -147,7 +147,7 @@ def main() -> int:
         pass
     from softnic.collectives import _verbs
     # one write: with several ranks on one terminal, lines must not interleave
-    sys.stdout.write(f"rank {r} ok {checks} dropped {dropped} verbs {_verbs._PKG}\n")
+    sys.stdout.write(f"rank {r} ok {checks} dropped {dropped} verbs {_verbs.PKG}\n")
     sys.stdout.flush()
     comm.close()
     return 0

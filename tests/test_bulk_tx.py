@@ -107,7 +107,7 @@ def _wqe(c: dict):
         kw["invalidate_rkey"] = 0x55667788
     dev.post_send(qp, SendWR(1, c["op"], sges, flags, **kw))
     wqe = qp.sq[-1]
-    requester._start(dev, qp, wqe)
+    requester.start(dev, qp, wqe)
     return dev, qp, wqe, data
 
 

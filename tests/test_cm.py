@@ -239,8 +239,8 @@ def _wrap(mad: bytes, src: Device, dst: Device) -> bytes:
 def test_mad_codecs_round_trip():
     req = M.Req(local_comm_id=0xA1B2C3D4, service_id=SID, local_ca_guid=0x0102030405060708,
                 local_qpn=0x123456, starting_psn=0xABCDEF,
-                primary_local_port_gid=M._gid("10.0.0.1"),
-                primary_remote_port_gid=M._gid("10.0.0.2"), responder_resources=3,
+                primary_local_port_gid=M.gid_bytes("10.0.0.1"),
+                primary_remote_port_gid=M.gid_bytes("10.0.0.2"), responder_resources=3,
                 initiator_depth=5, retry_count=6, rnr_retry_count=7, path_mtu=3,
                 private_data=b"x" * 92)
     h, back = M.decode_cm(M.encode_cm(req, 99))

@@ -127,3 +127,47 @@ def test_a_parent_files_its_children_by_kind_as_isinstance_would():
     cq = bare(CQEX)
     dom.add_ref(cq)
     assert dom.cqs == {cq}
+
+
+def test_no_layer_uses_another_layers_private_names():
+    # a layer reaches the next through its public surface (tools/import_graph.py
+    # --private lists what modules of one layer still share)
+    across = [(user, owner, sorted(names))
+              for (user, owner), names in ig.private_crossings(ig.modules()).items()
+              if {ig.layer_of(o) for o in owner.split(" or ")} != {ig.layer_of(user)}]
+    assert across == []
+
+
+def test_the_private_check_sees_reads_of_other_modules_private_names(tmp_path):
+    mods = _tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/low/__init__.py": "",
+        "pkg/low/engine.py": """
+            class Device:
+                def __init__(self):
+                    self._ready = {}
+                    self.cq = None
+                def _wait(self):
+                    return self._ready          # its own: not counted
+            def _take(dev):
+                return dev._ready               # its own class's attribute
+            """,
+        "pkg/high/__init__.py": "",
+        "pkg/high/driver.py": """
+            import sys
+            from pkg.low import engine as eng
+            from pkg.low.engine import _take
+            class Nic:
+                def __init__(self, dev):
+                    self._wait = None
+                    self.dev = dev
+                def step(self):
+                    eng._take(self.dev)             # a private function of a module
+                    if hasattr(self.dev, "_ready"):  # by name
+                        self._wait = self.dev._wait  # held by self: the engine's
+                    return sys._getframe()          # a library's: not counted
+            """,
+    })
+    found = ig.private_crossings(mods, (("low", ("pkg.low",)), ("high", ("pkg.high",))))
+    assert found == {("pkg.high.driver", "pkg.low.engine"): {
+        "_take": [4, 10], "_ready": [11], "_wait": [12]}}

@@ -217,7 +217,7 @@ def test_rdma_write_with_imm(rc):
 
 
 def test_cq_wait_moves_the_device_in_the_waiting_thread():
-    """``CQ._wait`` (softnic's, for the collectives): the caller's thread sleeps on the
+    """``CQ.wait`` (softnic's, for the collectives): the caller's thread sleeps on the
     device and takes what arrives itself, as many datagrams per step as wait, until a
     completion is queued; the device's progress thread is left asleep.  An empty CQ
     waits out its timeout and answers False; a closed one is refused."""
@@ -232,7 +232,7 @@ def test_cq_wait_moves_the_device_in_the_waiting_thread():
             wr.set_wr_rdma(b.mr.rkey, b.mr.buf)
             wr.imm_data = i
             a.qp.post_send(wr)
-            assert b.cq._wait(10.0)
+            assert b.cq.wait(10.0)
             n, wcs = b.cq.poll(4)
             assert n == 1 and wcs[0].wr_id == i and wcs[0].imm_data == i, wcs
             _ok(wcs[0], e.IBV_WC_RECV_RDMA_WITH_IMM)
@@ -244,13 +244,13 @@ def test_cq_wait_moves_the_device_in_the_waiting_thread():
         woke = b.ctx._nic.counters['progress_wake_datagram'] - before
         assert woke < 10, woke
         t = time.monotonic()
-        assert not b.cq._wait(0.05)
+        assert not b.cq.wait(0.05)
         assert time.monotonic() - t >= 0.05
     finally:
         a.close()
         b.close()
     with pytest.raises(PyverbsError):
-        b.cq._wait(0.01)
+        b.cq.wait(0.01)
 
 
 def test_set_window_caps_the_packets_in_flight():

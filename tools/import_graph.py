@@ -1,6 +1,9 @@
-"""The import graph of softnic's packages, read from the source: cycles and layers.
+"""The import graph of softnic's packages, read from the source: cycles, layers and
+private names used across modules.
 
     python tools/import_graph.py            # prints cycles and layer breaks; exit 1 if any
+    python tools/import_graph.py --private  # also names with a leading underscore that a
+                                            # module uses from another (listed, not failed)
 
 Every ``import`` and ``from ... import`` statement counts, at module level or
 inside a function (an import deferred into a function to dodge a cycle is still
@@ -163,7 +166,182 @@ def unplaced(mods: dict[str, Path], layers=LAYERS, roots=PACKAGES) -> list[str]:
     return [m for m in sorted(mods) if m not in roots and layer_of(m, layers) is None]
 
 
-def main() -> int:
+# ------------------------------------------------------------------ private names
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and name != "_" and not (name.startswith("__")
+                                                         and name.endswith("__"))
+
+
+_OWN = ("self", "cls")
+HELD = "(held by self)"
+
+
+def private_defs(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """The private names a module defines, as (globals, attributes): its
+    module-level functions, classes and assignments; and its classes' functions,
+    class-level assignments and ``__slots__`` entries, and ``self._x = ...`` (or
+    ``cls._x``) anywhere."""
+    found: tuple[set[str], set[str]] = (set(), set())
+
+    def targets(node):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            yield from (node.targets if isinstance(node, ast.Assign) else [node.target])
+
+    def names(t):
+        if isinstance(t, ast.Name):
+            yield t.id
+        elif isinstance(t, (ast.Tuple, ast.List)):
+            for e in t.elts:
+                yield from names(e)
+
+    def scope(body, into: set[str]):                   # a module's or a class's body
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                into.add(node.name)
+                if isinstance(node, ast.ClassDef):
+                    scope(node.body, found[1])
+            for t in targets(node):
+                into.update(names(t))
+                if isinstance(t, ast.Name) and t.id == "__slots__":
+                    for e in getattr(node.value, "elts", ()):
+                        if isinstance(e, ast.Constant) and isinstance(e.value, str):
+                            found[1].add(e.value)
+            if isinstance(node, (ast.If, ast.Try)):
+                scope(node.body + node.orelse + getattr(node, "finalbody", []), into)
+
+    scope(tree.body, found[0])
+    for node in ast.walk(tree):
+        for t in targets(node):
+            for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) \
+                        and e.value.id in _OWN:
+                    found[1].add(e.attr)
+    return ({n for n in found[0] if _is_private(n)}, {n for n in found[1] if _is_private(n)})
+
+
+def module_aliases(tree: ast.AST, name: str, path: Path, mods) -> dict[str, str]:
+    """The local names a module binds to modules of ``mods`` by its imports."""
+    out = {}
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in mods:
+                    out[a.asname] = a.name
+                elif not a.asname:
+                    out[a.name.split(".")[0]] = a.name.split(".")[0]
+        else:
+            base = _base(name, path, node.level, node.module)
+            for a in node.names:
+                if f"{base}.{a.name}" in mods:
+                    out[a.asname or a.name] = f"{base}.{a.name}"
+    return out
+
+
+def private_uses(tree: ast.AST, name: str, path: Path, mods=()
+                 ) -> list[tuple[str, str | None, int]]:
+    """Where a module reaches for a private name of some other object or module:
+    ``x._name`` with ``x`` not ``self``/``cls``/``super()``,
+    ``getattr``/``hasattr``/``setattr(x, "_name")``, and ``from m import _name``;
+    as (name, the module it is read from where known (``m._name`` of an imported
+    module, ``from m import``) else None, line)."""
+    aliases = module_aliases(tree, name, path, mods)
+    uses = []
+
+    def obj(v, attr, line):
+        if isinstance(v, ast.Name) and v.id in _OWN or isinstance(v, ast.Call) \
+                and isinstance(v.func, ast.Name) and v.func.id == "super":
+            return
+        dotted = ast.unparse(v)
+        source = aliases.get(dotted, dotted if dotted in mods else None)
+        if source is None and isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) \
+                and v.value.id in _OWN:
+            source = HELD          # ``self.cq._wait``: an object self holds, another's
+        uses.append((attr, source, line))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            obj(node.value, node.attr, node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2:
+            key = node.args[1]
+            if isinstance(key, ast.Constant) and isinstance(key.value, str) \
+                    and _is_private(key.value):
+                obj(node.args[0], key.value, node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            base = _base(name, path, node.level, node.module)
+            for alias in node.names:
+                if _is_private(alias.name) and f"{base}.{alias.name}" not in mods:
+                    uses.append((alias.name, base, node.lineno))
+    return uses
+
+
+def _package(module: str) -> str:
+    """A module's package below the root (``softnic.core`` for ``softnic.core.qp``,
+    ``verbs_api`` for ``verbs_api.cq``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "softnic" else parts[0]
+
+
+def private_crossings(mods: dict[str, Path], layers=LAYERS
+                      ) -> dict[tuple[str, str], dict[str, list[int]]]:
+    """(user, owner) -> {private name: lines of the user}: a module using a private
+    name of another module of ``mods``.  Read from a module (``m._name``, ``from m
+    import _name``): that module is the owner.  Read from an object: the modules
+    whose classes define the attribute are, those in the user's layer or an
+    earlier one first (a layer sees only those); the use is the user's own when it
+    defines such an attribute itself, or no module does (a library's, such as
+    ``sys._getframe``); of several, those of its own package when there are such.
+    An object ``self`` holds (``self.cq._wait``) is taken as another's when
+    another module defines the attribute.  Ambiguous owners are joined with
+    " or "."""
+    trees = {m: ast.parse(p.read_text(), str(p)) for m, p in mods.items()}
+    defs = {m: private_defs(t) for m, t in trees.items()}
+    by_attr: dict[str, list[str]] = {}
+    for m, (_, attrs) in defs.items():
+        for n in attrs:
+            by_attr.setdefault(n, []).append(m)
+    out: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for user, tree in trees.items():
+        lu = layer_of(user, layers)
+        for attr, source, line in private_uses(tree, user, mods[user], mods):
+            if source is not None and source is not HELD:
+                owners = [source] if source in mods else []
+            else:
+                owners = [o for o in by_attr.get(attr, []) if o != user]
+                if attr in defs[user][1] and (source is None or not owners):
+                    continue                      # its own class's name (or one like it)
+                seen = [o for o in owners if lu is None or layer_of(o, layers) is None
+                        or layer_of(o, layers) <= lu]
+                owners = seen or owners
+                pkg = _package(user)
+                owners = [o for o in owners if _package(o) == pkg] or owners
+            owners = [o for o in owners if o != user]
+            if owners:
+                out.setdefault((user, " or ".join(sorted(owners))), {}) \
+                    .setdefault(attr, []).append(line)
+    return dict(sorted(out.items()))
+
+
+def print_private(crossings) -> None:
+    across = 0
+    name = lambda i: "?" if i is None else LAYERS[i][0]      # noqa: E731
+    for (user, owner), names_ in crossings.items():
+        lu = layer_of(user)
+        lo = sorted({layer_of(o) for o in owner.split(" or ")}, key=lambda i: (i is None, i))
+        crosses = lo != [lu]
+        across += crosses
+        where = f"{name(lu)} -> {'/'.join(map(name, lo))}" if crosses else "same layer"
+        items = ", ".join(f"{n} ({','.join(map(str, sorted(set(ls))))})"
+                          for n, ls in sorted(names_.items()))
+        print(f"private: {user} uses {owner}'s [{where}]: {items}")
+    uses = sum(len(ls) for names_ in crossings.values() for ls in names_.values())
+    print(f"{len(crossings)} module pairs ({across} across layers), {uses} uses of "
+          f"another module's private names")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     mods = modules()
     edges = graph(mods)
     found = cycles(edges)
@@ -178,6 +356,8 @@ def main() -> int:
     for m in loose:
         print("in no layer:", m)
     print(f"{len(found)} cycles, {len(breaks)} layer breaks, {len(loose)} modules in no layer")
+    if "--private" in argv:
+        print_private(private_crossings(mods))
     return 1 if found or breaks or loose else 0
 
 

@@ -84,7 +84,7 @@ def _idle(nic):
     program that spins on one CQ is often another device of the same process, whose
     progress thread would otherwise wait for the interpreter lock.  (A device whose
     ``poll_others`` is False says its peers move otherwise: the virtual cluster's.)"""
-    if len(_nic._open) < 2 or not getattr(nic, 'poll_others', True):
+    if _nic.open_count() < 2 or not getattr(nic, 'poll_others', True):
         return                       # (read without the lock: a hint, as any poll is)
     for other in _nic.open_nics():
         if other is not nic:
@@ -150,8 +150,16 @@ class _CQBase(PyverbsCM):
             _idle(nic)
         return got
 
-    def _wait(self, timeout):
-        """softnic's own (pyverbs has no such call): block until this CQ holds a
+    @property
+    def engine_cq(self):
+        """softnic's own (pyverbs has no such attribute): the engine's CQ behind
+        this one (``softnic.core.cq.CQ``), for a driver that watches its entries
+        itself (the virtual cluster's scheduler)."""
+        return self._ecq
+
+    def wait(self, timeout):
+        """softnic's own (pyverbs has no such call; the collectives use it on softnic's
+        devices): block until this CQ holds a
         completion (or has overflowed or closed), at most ``timeout`` seconds.  The
         caller's thread moves the device meanwhile as its progress thread would
         (every datagram that waits, acknowledgements every half window) and sleeps

@@ -16,7 +16,6 @@ import socket
 import sys
 import time
 import weakref
-import zlib
 
 import softnic
 import softnic.driver.nic as _nic
@@ -35,11 +34,6 @@ PKEY_DEFAULT = 0xFFFF
 
 _MTU_ENUM = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_1024,
              2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}
-
-
-def _guid(name: str) -> int:
-    """A stable EUI-64 node GUID for a device name (host order)."""
-    return 0x02534EFFFE000000 | (zlib.crc32(name.encode()) & 0xFFFFFF)
 
 
 def _be64_raw(v: int) -> int:
@@ -102,7 +96,8 @@ def get_device_list():
     out = []
     for i, n in enumerate(_nic.device_names()):
         iwarp = cfg.transport_of(n) == 'tcp'
-        out.append(Device(n.encode(), _guid(n), e.IBV_NODE_RNIC if iwarp else e.IBV_NODE_CA,
+        out.append(Device(n.encode(), _nic.node_guid(n),
+                          e.IBV_NODE_RNIC if iwarp else e.IBV_NODE_CA,
                           e.IBV_TRANSPORT_IWARP if iwarp else e.IBV_TRANSPORT_IB, i))
     return out
 
@@ -219,14 +214,21 @@ class Context(PyverbsCM):
 
     @property
     def guid(self):
-        return _guid(self.name)
+        return _nic.node_guid(self.name)
+
+    @property
+    def nic(self):
+        """softnic's own (pyverbs has no such attribute): the device behind this
+        context (``softnic.driver.nic.NIC``, or a simulated one), whose counters,
+        transport and data path softnic's tools report."""
+        return self._nic
 
     def query_device(self):
         self._check()
         cfg = self._nic.dev.config
         return DeviceAttr(
             fw_version=softnic.__dict__.get('__version__', '0.1.0'),
-            node_guid=_be64_raw(_guid(self.name)), sys_image_guid=_be64_raw(_guid(self.name)),
+            node_guid=_be64_raw(self.guid), sys_image_guid=_be64_raw(self.guid),
             max_mr_size=cfg.max_mr_size, page_size_cap=0xFFFFF000, vendor_id=VENDOR_ID,
             vendor_part_id=VENDOR_PART_ID, hw_ver=0, max_qp=cfg.max_qp,
             max_qp_wr=cfg.max_qp_wr, device_cap_flags=int(DEVICE_CAP_FLAGS),

@@ -31,7 +31,7 @@ def render(name: str, verbose: bool = False) -> str:
     with Context(name=name) as ctx:
         a = ctx.query_device()
         out.append(f"hca_id:\t{name}")
-        iwarp = getattr(ctx._nic, "transport", "udp") == "tcp"
+        iwarp = getattr(ctx.nic, "transport", "udp") == "tcp"
         _line(out, 1, "transport", "iWARP (1)" if iwarp else "InfiniBand (0)")
         _line(out, 1, "fw_ver", a.fw_version)
         _line(out, 1, "node_guid", _guid(a.node_guid))

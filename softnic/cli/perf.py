@@ -189,7 +189,7 @@ class Endpoint:
         attr = QPAttr(port_num=1)
         attr.qp_access_flags = access & ~e.IBV_ACCESS_LOCAL_WRITE
         self.qps = [QP(self.pd, init, attr) for _ in range(p["qps"])]
-        self.nic = self.ctx._nic
+        self.nic = self.ctx.nic
         self.prepared = False
 
     def info(self) -> dict:

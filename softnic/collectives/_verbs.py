@@ -14,11 +14,12 @@ import os
 _WANT = os.environ.get("SOFTNIC_VERBS", "softnic").lower()
 if _WANT not in ("softnic", "pyverbs"):
     raise ValueError(f"SOFTNIC_VERBS must be 'softnic' or 'pyverbs', not {_WANT!r}")
-_PKG = "pyverbs" if _WANT == "pyverbs" else "verbs_api"
+#: the package the collectives run on: "verbs_api" (softnic's) or "pyverbs" (rdma-core's)
+PKG = "pyverbs" if _WANT == "pyverbs" else "verbs_api"
 
 
 def _m(name: str):
-    return importlib.import_module(f"{_PKG}.{name}")
+    return importlib.import_module(f"{PKG}.{name}")
 
 
 e = _m("enums")

@@ -110,7 +110,7 @@ WINDOW = env.number("SOFTNIC_COLL_WINDOW", 384)
 # while a caller polls); with more ranks than cores, polling takes the core a peer needs.
 SPIN_NAP = {"free": (1e-3, 1e-4), "oversubscribed": (2e-4, 1e-3)}
 # On softnic's own devices an idle rank instead sleeps on its device until a completion
-# reaches its CQ (``CQ._wait``), its thread moving the device as the progress thread
+# reaches its CQ (``CQ.wait``), its thread moving the device as the progress thread
 # does: every datagram waiting per step, not the one run a spinning poll takes, and
 # its CPU free for the peer meanwhile.  0: spin and nap as above.  Figures:
 # docs/collectives.md, "How a rank waits".
@@ -228,11 +228,11 @@ class Transport:
         self.wait_spin = env.number("SOFTNIC_COLL_WAIT_SPIN_US",
                                    0 if over else WAIT_SPIN_US, float) * 1e-6
         self._spin_call = False         # this call's receives are small enough to spin for
-        self._wait = None               # set below: CQ._wait on softnic's own devices
+        self._wait = None               # set below: CQ.wait on softnic's own devices
         self.rq_batch = max(1, self.slots // 2)
         # zero-copy sends keep registrations of callers' memory; on a real device a
         # freed and reused address may be other pages, so there it is registered per call
-        self.cache_mrs = v._PKG != "pyverbs"
+        self.cache_mrs = v.PKG != "pyverbs"
         names = [d.name.decode() if isinstance(d.name, bytes) else d.name
                  for d in v.get_device_list()]
         if not names:
@@ -250,9 +250,8 @@ class Transport:
         # unreposted, descriptors
         self.cq = v.CQ(self.ctx, max(1, len(peers) * self.nqp) * (self.sq_depth + self.rq_depth)
                        + 16)
-        if WAIT and hasattr(self.cq, "_wait") and hasattr(getattr(self.cq, "_nic", None),
-                                                           "wait_until"):
-            self._wait = self.cq._wait
+        if WAIT and hasattr(self.cq, "wait"):        # softnic's CQ.wait (not pyverbs')
+            self._wait = self.cq.wait
         region = max(1, world * self.slots * self.chunk)
         # small chunks are copied into a staging ring; larger ones leave from the
         # caller's memory

@@ -99,7 +99,7 @@ class _Task:
         self.error: BaseException | None = None
 
 
-class VNIC(_nic._Opened):
+class VNIC(_nic.SharedDevice):
     """A device of the virtual cluster with the interface ``verbs_api`` expects of
     ``softnic.driver.nic.SimNIC``.  Verbs calls run at once and mark the device for the
     scheduler's flush; polling does not move time (the scheduler does)."""
@@ -196,7 +196,7 @@ class VirtualTransport(Transport):
         self._keep_regions: list = []
         kw.setdefault("timeout", 10.0)          # virtual seconds without progress
         super().__init__(rank, world, cluster.store, device=cluster.device_name(rank), **kw)
-        self._ecq = self.cq._ecq
+        self._ecq = self.cq.engine_cq
         cluster._own_cq(self._ecq, rank)
 
     def _region(self, nbytes: int, access: int):

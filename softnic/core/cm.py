@@ -133,7 +133,7 @@ class Conn:
 
 class CM:
     def __init__(self, gid: bytes | str, guid: int, rng, *, config: CMConfig | None = None):
-        self.gid = M._gid(gid)
+        self.gid = M.gid_bytes(gid)
         self.guid = guid
         self.rng = rng
         self.config = config or CMConfig()
@@ -187,7 +187,7 @@ class CM:
         c.responder_resources, c.initiator_depth = responder_resources, initiator_depth
         c.retry_count, c.rnr_retry_count = retry_count & 7, rnr_retry_count & 7
         c.path_mtu, c.local_ack_timeout, c.srq, c.qp_type = path_mtu, local_ack_timeout, srq, qp_type
-        c.remote_gid = M._gid(remote_gid)
+        c.remote_gid = M.gid_bytes(remote_gid)
         c.max_retries = self.config.max_cm_retries
         c.req = M.Req(local_comm_id=c.local_id, service_id=service_id, local_ca_guid=self.guid,
                       local_qpn=local_qpn, starting_psn=psn,

@@ -276,7 +276,7 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
         else:
             _read_beyond_hole(dev, qp, wqe, expected, idx, off, pkt.payload)
         return False
-    _scatter(wqe, off, pkt.payload)
+    scatter(wqe, off, pkt.payload)
     qp.acked_psn = psn
     qp.retry_pending = None
     if wqe.got:
@@ -297,7 +297,7 @@ def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) 
     if wqe.got is None:
         wqe.got, wqe.asked = set(), set()
     if idx not in wqe.got:
-        _scatter(wqe, off, payload)
+        scatter(wqe, off, payload)
         wqe.got.add(idx)
     first_missing = (expected - wqe.first_psn) & 0xFFFFFF
     hole = [i for i in range(first_missing, idx) if i not in wqe.got and i not in wqe.asked]
@@ -312,7 +312,7 @@ def _atomic_ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
     """An ATOMIC ACKNOWLEDGE: the original value goes to the ATOMIC's buffer."""
     if wqe is None or wqe.opcode not in _ATOMICS:
         return _bad_response(dev, qp, wqe)
-    _scatter(wqe, 0, pkt.atomicacketh.orig.to_bytes(8, sys.byteorder))
+    scatter(wqe, 0, pkt.atomicacketh.orig.to_bytes(8, sys.byteorder))
     _finish(qp, wqe)
     return True
 
@@ -343,7 +343,10 @@ def max_psn(a: int, b: int) -> int:
     return a if psn_diff(a, b) >= 0 else b
 
 
-def _scatter(wqe, off: int, data) -> None:
+def scatter(wqe, off: int, data) -> None:
+    """Copy ``data`` into a READ's (or atomic's) local buffers, ``wqe.views``
+    (checked by ``requester.start``), from byte ``off`` of the message on: how
+    READ responses land, on RoCE and iWARP alike."""
     n = len(data)
     pos = 0
     for v in wqe.views:

@@ -147,6 +147,14 @@ class Device(Verbs, Dispatch, Output, Timers):
     def address(self) -> tuple[str, int]:
         return (self.ip, self.port)
 
+    def work_outstanding(self, qpn: int) -> bool:
+        """May the QP numbered ``qpn`` complete more work without a new post: sends
+        not yet completed, or receives posted (on its receive queue or its SRQ)?
+        False for a QPN the device does not have."""
+        qp = self.qps.get(qpn)
+        return qp is not None and bool(qp.sq or qp.rq
+                                       or (qp.srq is not None and qp.srq.queue))
+
     def _handle(self) -> int:
         self._handles += 1
         return self._handles

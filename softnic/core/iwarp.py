@@ -446,7 +446,7 @@ class IwarpDevice(Device):
             self._refuse(qp, seg, Terminate(Layer.DDP, DdpEtype.TAGGED_BUFFER,
                                             DdpTaggedEcode.BASE_BOUNDS), EventType.QP_ACCESS_ERR)
             return
-        completer._scatter(wqe, off, seg.payload)
+        completer.scatter(wqe, off, seg.payload)
         wqe.got_bytes += n
         if seg.last:
             reads.popleft()
@@ -466,8 +466,8 @@ class IwarpDevice(Device):
             return
         if seg.mo == 0 and qp.resp_wqe is None:
             try:
-                qp.resp_wqe = responder._take_recv(self, qp)
-            except responder._Rnr:
+                qp.resp_wqe = responder.take_recv(self, qp)
+            except responder.Rnr:
                 # No receive posted: iWARP has no RNR, this is fatal (RFC 5041 section 7.2).
                 self.counters["send_no_buffer"] += 1
                 self._refuse(qp, seg, Terminate(Layer.DDP, DdpEtype.UNTAGGED_BUFFER,
@@ -487,8 +487,8 @@ class IwarpDevice(Device):
                 return
         else:
             try:
-                responder._place_recv(self, qp, seg.payload)
-            except responder._Nak as e:
+                responder.place_recv(self, qp, seg.payload)
+            except responder.Nak as e:
                 if e.recv_status == WCStatus.LOC_LEN_ERR:
                     term = Terminate(Layer.DDP, DdpEtype.UNTAGGED_BUFFER,
                                      DdpUntaggedEcode.MESSAGE_TOO_LONG)
@@ -641,7 +641,7 @@ class IwarpDevice(Device):
                     break
                 if wqe.opcode == W.RDMA_READ and len(iwq.reads) >= max(1, qp.attr.max_rd_atomic):
                     break
-                requester._start(self, qp, wqe)          # local checks, LOCAL_INV
+                requester.start(self, qp, wqe)          # local checks, LOCAL_INV
                 if wqe.done:
                     if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
                         qp.req_error = True

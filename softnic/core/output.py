@@ -106,6 +106,13 @@ class Output:
                 self._responses(qp, out)
         return out
 
+    @property
+    def has_output(self) -> bool:
+        """Has a QP marked itself ready to send, or is a CNP owed?  (False: a
+        driver's flush would find nothing of a QP's to send; connection
+        management's MADs are ``gsi.pending``'s to say.)"""
+        return bool(self._ready or self._cnps)
+
     def owes_acks_only(self) -> bool:
         """Is all the device has to send now plain ACKs of requests it received:
         no request, read or atomic response, NAK, CNP or MAD, and no completion

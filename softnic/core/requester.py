@@ -6,7 +6,7 @@ regenerates packets from the WQE when the completer rewinds (go-back-N) or
 asks for a single PSN (selective repeat).
 
 Each rule once: admission (``_may_start``, ``_window_full``), PSNs and local
-keys (``_start``), the AckReq cadence and the go-back-N record of what was sent
+keys (``start``), the AckReq cadence and the go-back-N record of what was sent
 (``_send_packet``), the bytes of each packet (``_build_rc``: an ONLY or FIRST is
 packed straight, ``_pack_only``, the bytes ``encode`` gives).  The bulk of a
 long message takes a faster way through the same rules, a run of MIDDLEs into
@@ -69,8 +69,11 @@ _ONLY = {
 }
 
 
-def _start(dev, qp, wqe) -> None:
-    """Check the WQE's local memory and give it its PSNs."""
+def start(dev, qp, wqe) -> None:
+    """Start a WQE taken from the send queue: run a local operation (LOCAL_INV,
+    BIND_MW) at once, else check its local memory (the SGEs' lkeys, as views in
+    ``wqe.views``) and give it its PSNs; a failed check completes the WQE with
+    its error.  iWARP's send path starts its WQEs by the same rule."""
     op = wqe.opcode
     if op is W.LOCAL_INV:
         if dev.keys.invalidate(qp.pd, wqe.inv_rkey):
@@ -523,7 +526,7 @@ def generate(dev, qp, now: float, out: list) -> None:
         if wqe.first_psn is None and not wqe.done:
             if not _may_start(qp, wqe, rc):
                 break
-            _start(dev, qp, wqe)
+            start(dev, qp, wqe)
             if wqe.done:                                # local op or local error
                 if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
                     qp.req_error = True
@@ -552,7 +555,7 @@ def _only_one(dev, qp, out: list) -> bool:
     """``generate``'s walk for what a ping-pong or an RPC posts: one new WRITE or SEND
     of at most one packet, the only WQE to send, on an RC QP without a congestion
     controller or resends, in RTS, with room in the window.  The same rules in
-    the walk's order (``_may_start``, ``_start``, ``_send_packet``: an ONLY asks
+    the walk's order (``_may_start``, ``start``, ``_send_packet``: an ONLY asks
     for an ACK, so the count of packets since one did restarts; ``_pack_only``);
     False, nothing changed, for anything else."""
     i = qp.send_idx
@@ -565,7 +568,7 @@ def _only_one(dev, qp, out: list) -> bool:
             or wqe.length > qp.mtu or (wqe.flags & _FENCE and qp.rd_atomic_inflight) \
             or _window_full(qp, qp.sq_psn):
         return False
-    _start(dev, qp, wqe)
+    start(dev, qp, wqe)
     if wqe.done:                                # a local error: failed, as the walk does
         qp.req_error = True
         qp.send_idx = i + 1

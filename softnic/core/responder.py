@@ -10,11 +10,11 @@ service's responder side):
   ERROR NAK until the ePSN arrives, ``_gap``; selective repeat: held, ``_hold``).
 - Opcode sequence (``_check_sequence``): FIRST/ONLY start a message, MIDDLE/LAST
   continue one of the same kind; anything else is an INVALID REQUEST NAK.
-- Resources (``_take_recv``): a SEND or an immediate needs a receive WQE, else an
+- Resources (``take_recv``): a SEND or an immediate needs a receive WQE, else an
   RNR NAK and nothing is executed.
 - Access (``write_target``, ``_read``, ``_atomic``): the QP's access flags, then
   the rkey's MR, bounds and rights; INVALID REQUEST or REMOTE ACCESS ERROR NAK.
-- Placement (``_place_recv``; a WRITE's by ``sr_place.place_in_order``) and
+- Placement (``place_recv``; a WRITE's by ``sr_place.place_in_order``) and
   receive completions (``recv_done``).
 - Acknowledgement (``accept``): the ePSN moves past an executed packet, the MSN
   counts each completed message, and an ACK is queued for a message's last packet
@@ -51,16 +51,23 @@ GRH_LEN = 40
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 
-class _Nak(Exception):
-    """Abort the current packet with a NAK (and, for a receive, a WC status)."""
+class Nak(Exception):
+    """Abort the current packet with a NAK (and, for a receive, a WC status): what
+    the responder's checks raise, and iWARP's DDP/RDMAP receive too (its
+    ``take_recv``/``place_recv`` calls), which maps it to its terminate codes."""
 
     def __init__(self, code: NakCode, recv_status: WCStatus | None = None):
         self.code = code
         self.recv_status = recv_status
 
 
-class _Rnr(Exception):
-    pass
+class Rnr(Exception):
+    """No receive WQE for a message that needs one (``take_recv``): RoCE answers
+    with an RNR NAK, iWARP with its own rule."""
+
+
+# the names the rules below raise (other modules catch Nak and Rnr)
+_Nak, _Rnr = Nak, Rnr
 
 
 # response queue entries: ("ack", psn, syndrome) | ("read", psn, view, msn) | ("atomic", psn, orig)
@@ -440,7 +447,10 @@ def _check_size(qp, info, n: int) -> None:
         raise _Nak(NakCode.INVALID_REQUEST)
 
 
-def _take_recv(dev, qp):
+def take_recv(dev, qp):
+    """The receive WQE the next SEND (or immediate) consumes, from the QP's SRQ or
+    its receive queue; ``Rnr`` if there is none.  (iWARP's untagged receive
+    takes its WQE by the same rule.)"""
     if qp.srq is not None:
         wqe = dev.srq_take(qp.srq)
     else:
@@ -450,8 +460,11 @@ def _take_recv(dev, qp):
     return wqe
 
 
-def _place_recv(dev, qp, data) -> None:
-    """Scatter ``data`` into the receive WQE at the current offset."""
+def place_recv(dev, qp, data) -> None:
+    """Scatter ``data`` into the receive WQE (``qp.resp_wqe``) at the current
+    offset (``qp.resp_off``), through its SGEs' lkeys; ``Nak`` with the receive's
+    WC status when it does not fit (LOC_LEN_ERR) or a key fails (LOC_PROT_ERR).
+    (iWARP's untagged receive places by the same rule.)"""
     wqe = qp.resp_wqe
     n = len(data)
     if qp.resp_off + n > wqe.length:
@@ -480,9 +493,9 @@ def _place_recv(dev, qp, data) -> None:
 def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
     _check_size(qp, info, len(payload))
     if info.first:
-        qp.resp_wqe = _take_recv(dev, qp)
+        qp.resp_wqe = take_recv(dev, qp)
         qp.resp_off = 0
-    _place_recv(dev, qp, payload)
+    place_recv(dev, qp, payload)
     if info.last:
         wqe, qp.resp_wqe = qp.resp_wqe, None
         qp.resp_kind = None
@@ -516,7 +529,7 @@ def _write(dev, qp, info, payload, reth, tail: int, se: bool) -> None:
     if info.immdt:
         # the immediate consumes a receive WQE; take it before touching memory so an
         # RNR NAK leaves nothing half done
-        qp.resp_wqe = _take_recv(dev, qp)
+        qp.resp_wqe = take_recv(dev, qp)
     if n:
         sr_place.place_in_order(qp, qp.write_view, off, payload)
     qp.write_off = off + n
@@ -733,7 +746,7 @@ def _receive_ud(dev, qp, pkt, src) -> None:
         dev.counters["ud_dropped"] += 1
         return
     try:
-        wqe = _take_recv(dev, qp)
+        wqe = take_recv(dev, qp)
     except _Rnr:
         dev.counters["ud_dropped"] += 1          # UD has no RNR: the datagram is lost
         return
@@ -746,8 +759,8 @@ def _receive_ud(dev, qp, pkt, src) -> None:
         else:
             grh = bytes(20) + ipv4_udp_headers(src[0], dev.ip, src[1], dev.port,
                                                len(pkt.payload))[:20]
-        _place_recv(dev, qp, grh)
-        _place_recv(dev, qp, pkt.payload)
+        place_recv(dev, qp, grh)
+        place_recv(dev, qp, pkt.payload)
     except _Nak as e:
         qp.resp_wqe = None
         dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,

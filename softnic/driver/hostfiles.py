@@ -58,6 +58,17 @@ def cache_home() -> Path:
     return fallback
 
 
+def namespace_table(kind: str) -> Path:
+    """The directory of a host-wide table of ``kind`` ("rdmacm", "mcast") for this
+    process's network namespace: processes in other namespaces (with other
+    interfaces and addresses) keep tables of their own."""
+    try:
+        ns = os.readlink("/proc/self/ns/net").strip("net:[]")
+    except OSError:
+        ns = "0"
+    return stats_dir() / f"{kind}-{ns}"
+
+
 def process_alive(pid: int) -> bool:
     """Whether the process that published a file (counters, a host-wide listener) lives."""
     try:

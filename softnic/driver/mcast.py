@@ -25,7 +25,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from softnic.driver.hostfiles import process_alive
+from softnic.driver.hostfiles import namespace_table, process_alive
 from softnic.core.errors import VerbsError
 from softnic.wire.icrc import append_icrc
 
@@ -37,8 +37,7 @@ _BTH_LEN = 12
 
 
 def _table() -> Path:
-    from softnic.driver.rdmacm_host import _table as cm_table
-    return cm_table().with_name(cm_table().name.replace("rdmacm-", "mcast-"))
+    return namespace_table("mcast")
 
 
 @functools.lru_cache(maxsize=1024)

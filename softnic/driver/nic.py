@@ -195,11 +195,18 @@ def open_device(name: str) -> "NIC | SimNIC":
         building.set()
 
 
+def node_guid(name: str) -> int:
+    """A device's node GUID (host order): a stable EUI-64 made from its name, the
+    same in every process and both faces (``ibv_query_device``, pyverbs'
+    ``Device.guid``, the CM's local CA GUID)."""
+    return 0x02534EFFFE000000 | (zlib.crc32(name.encode()) & 0xFFFFFF)
+
+
 def _attach_cm(nic) -> None:
     """Every RoCE device answers connection management on QP1, as a NIC does
     (``core.cm``; ``softnic.driver.rdmacm`` takes its events when a program uses rdma_cm)."""
     from ..core.cm import CM
-    guid = 0x02534EFFFE000000 | (zlib.crc32(nic.name.encode()) & 0xFFFFFF)
+    guid = node_guid(nic.name)
     world = getattr(nic, "world", None)
     rng = world.fabric.derive_rng("cm", nic.name) if world is not None else \
         random.Random(int.from_bytes(os.urandom(8), "little"))   # (simulated: replayable)
@@ -273,10 +280,20 @@ def _loopback_candidates() -> list[str]:
     return [f"127.0.0.{i}" for i in range(2, 255)] + [f"127.0.1.{i}" for i in range(1, 255)]
 
 
-class _Opened:
-    """Reference counting shared by live and simulated devices."""
+class SharedDevice:
+    """A device every face of a process shares, counted by reference: ``open_device``
+    gives it out (one more reference), ``release`` drops one and the last closes
+    it.  The live NIC, the simulated one and the virtual cluster's
+    (``collectives.virtual.VNIC``) are such devices; a subclass sets ``name``,
+    ``refs`` and ``_closed`` and implements ``close``."""
     name: str
     refs: int
+    _closed: bool
+
+    @property
+    def closed(self) -> bool:
+        """Has the device been closed (its last reference released, or closed)?"""
+        return self._closed
 
     def release(self) -> None:
         """Drop one reference; the last one closes the device."""
@@ -293,7 +310,7 @@ class _Opened:
         raise NotImplementedError
 
 
-class NIC(_Opened):
+class NIC(SharedDevice):
     transport = "udp"
 
     def __init__(self, spec: _config.DeviceSpec, cfg: _config.RuntimeConfig):
@@ -346,12 +363,12 @@ class NIC(_Opened):
         if self._runs:
             self.dev.kernel = _accel.load()
             k = self.dev.kernel
-            if RX_STREAM and k is not None and hasattr(self.sock, "_rxbuf") \
+            if RX_STREAM and k is not None and hasattr(self.sock, "rx_buffer") \
                     and self.sock.sock.family == socket.AF_INET:
                 # the progress thread's receive of a stream of MIDDLEs (_rx_stream)
                 self._stream = (k.lib, k.ffi,
-                                k.ffi.from_buffer(self.sock._rxbuf, require_writable=True),
-                                len(self.sock._rxbuf), k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
+                                k.ffi.from_buffer(self.sock.rx_buffer, require_writable=True),
+                                len(self.sock.rx_buffer), k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
                                 k.ffi.new("uint32_t[10]"))
             # a run's payload goes from registered memory to the socket, gathered
             # (requester.Gather), where no capture or fault model needs its bytes (a
@@ -489,7 +506,7 @@ class NIC(_Opened):
         if look and self._readable(0):
             return False
         dev = self.dev
-        if dev._ready or dev._cnps:
+        if dev.has_output:
             return False
         t = dev.get_timer()
         if t is not None and t <= now:
@@ -838,7 +855,7 @@ class NIC(_Opened):
                     answers = answers and bool(data) and data[0] in _RESPONSES
                     rx(data, seg, src, now)
                     got += len(data)
-                    if got >= self._ack_bytes and dev._ready and not inline:
+                    if got >= self._ack_bytes and dev.has_output and not inline:
                         # the coalesced ACK leaves now, not after the last run waiting:
                         # a sender streaming into a busy socket would run out of window
                         got = 0
@@ -870,7 +887,7 @@ class NIC(_Opened):
         while d and d[0][0] <= now:
             _, _, data, addr = heapq.heappop(d)
             self.sock.send(data, addr)
-        if inline and did and (self.dev._ready or self.dev._cnps) \
+        if inline and did and self.dev.has_output \
                 and (not self._owed or answers and self.dev.owes_acks_only()):
             # sent by the next call (or the progress thread); a step that only
             # received responses (the ACK that completes the caller's own request:
@@ -930,7 +947,7 @@ class NIC(_Opened):
             if state == 1:              # a run the kernel did not (wholly) take
                 did = True
                 n, g, o = out[2], out[3], out[4]
-                data = self.sock._rxview[o:n]
+                data = self.sock.rx_view[o:n]
                 answers = answers and bool(data) and data[0] in _RESPONSES
                 dev.receive_run(data, g, (_ip_str(out[5]), out[6]), now)
                 got += n - o
@@ -938,7 +955,7 @@ class NIC(_Opened):
                 self.sock.recv_truncated += 1
             elif state == 4:
                 raise OSError(out[9], os.strerror(out[9]))
-            if got >= self._ack_bytes and dev._ready:
+            if got >= self._ack_bytes and dev.has_output:
                 got = 0                  # the coalesced ACKs leave now (as in _step)
                 self._flush(now)
             if state == 0:
@@ -1161,7 +1178,7 @@ def use_sim_world(world) -> None:
     _world = world
 
 
-class SimNIC(_Opened):
+class SimNIC(SharedDevice):
     """A device in the simulated fabric, with the live NIC's interface, so the
     pyverbs API runs unchanged in virtual time.  Progress happens whenever the
     program polls or waits: the fabric runs its events, deterministically."""

@@ -89,7 +89,7 @@ def devices() -> list:
     """Every configured device, opened (this module keeps them open)."""
     with _lock:
         for name in _nic.device_names():
-            if name not in _nics or getattr(_nics[name], "_closed", False):
+            if name not in _nics or _nics[name].closed:
                 _nics[name] = _nic.open_device(name)
         return [_nics[n] for n in _nic.device_names() if n in _nics]
 
@@ -105,7 +105,7 @@ def reset() -> None:
     """Forget every device, CM and bound port (after ``softnic.driver.nic.configure``)."""
     with _lock:
         for nic in _nics.values():
-            if not getattr(nic, "_closed", False):
+            if not nic.closed:
                 nic.release()
         _nics.clear()
         _cms.clear()

@@ -27,15 +27,11 @@ import os
 from pathlib import Path
 
 from softnic.core.errors import VerbsError
-from softnic.driver.hostfiles import process_alive, stats_dir
+from softnic.driver.hostfiles import namespace_table, process_alive
 
 
 def _table() -> Path:
-    try:
-        ns = os.readlink("/proc/self/ns/net").strip("net:[]")
-    except OSError:
-        ns = "0"
-    return stats_dir() / f"rdmacm-{ns}"
+    return namespace_table("rdmacm")
 
 
 def _entry(ps: int, port: int, ip: str) -> Path:

@@ -94,6 +94,19 @@ class UdpSocket:
         #: a non-blocking receive that finds nothing and raises.)
         self.readable = p.poll
 
+    @property
+    def rx_buffer(self) -> bytearray:
+        """The one receive buffer every receive of this socket fills (``_recvmsgs``);
+        a driver receiving in C (``sn_rx_stream``) hands it this buffer, whose
+        received bytes it then reads through ``rx_view``."""
+        return self._rxbuf
+
+    @property
+    def rx_view(self) -> memoryview:
+        """``rx_buffer`` as a memoryview; a slice of it holds what was received
+        until the next receive overwrites it."""
+        return self._rxview
+
     def enable_ecn(self, *, send_ect: bool) -> None:
         """Read each datagram's ECN codepoint (``recv_batch_ecn``); with
         ``send_ect``, mark what this socket sends ECN-capable (ECT(0)), so an

@@ -178,7 +178,9 @@ class _Msg:
         return cls(**kw)
 
 
-def _gid(g) -> bytes:
+def gid_bytes(g) -> bytes:
+    """A GID as the 16 bytes a CM message carries: bytes as they are, an IPv6
+    address's, or an IPv4 address as its IPv4-mapped GID (``::ffff:a.b.c.d``)."""
     if isinstance(g, bytes):
         return g
     ip = ipaddress.ip_address(g)

@@ -30,7 +30,7 @@ from softnic.driver import mcast as _mcast
 from softnic.core.memory import IMPLICIT_LENGTH, MR as _EngineMR, PD as _EnginePD, external_device_memory
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
 from verbs_api.addr import GID_POPULATED, GID_TABLE_LEN
-from verbs_api.device import DEVICE_CAP_FLAGS, _guid as node_guid
+from verbs_api.device import DEVICE_CAP_FLAGS
 
 from ..externs import Externs
 
@@ -87,10 +87,6 @@ def _get(h: int) -> _Obj:
             raise VerbsError(errno.EIO, "an object of the parent process (this process "
                              "was forked after its parent opened a device)") from None
         raise VerbsError(errno.EINVAL, f"no object with handle {h}") from None
-
-
-def _guid(name: str) -> int:
-    return node_guid(name)
 
 
 def _gid_bytes(gid: str) -> bytes:
@@ -173,7 +169,7 @@ def sn_device_count():
 def sn_device_name(idx, name, length, guid):
     n = _nic.device_names()[idx].encode()[:length - 1]
     extern.ffi.memmove(name, n + b"\0", len(n) + 1)
-    guid[0] = int.from_bytes(_guid(_nic.device_names()[idx]).to_bytes(8, "big"),
+    guid[0] = int.from_bytes(_nic.node_guid(_nic.device_names()[idx]).to_bytes(8, "big"),
                              sys.byteorder)
 
 
@@ -200,7 +196,7 @@ def sn_query_device(h, a):
     cfg = o.nic.dev.config
     fw = getattr(softnic, "__version__", "0.1.0").encode()[:63]
     extern.ffi.memmove(a.fw_ver, fw + b"\0", len(fw) + 1)
-    guid = int.from_bytes(_guid(o.eng).to_bytes(8, "big"), sys.byteorder)
+    guid = int.from_bytes(_nic.node_guid(o.eng).to_bytes(8, "big"), sys.byteorder)
     a.node_guid = a.sys_image_guid = guid
     a.max_mr_size = cfg.max_mr_size
     a.page_size_cap = 0xFFFFF000
@@ -495,10 +491,9 @@ def _address(c) -> int:
 def _more_to_complete(dev, got) -> bool:
     """May a QP of these completions complete more work without a new post: sends
     outstanding, or receives posted (on its receive queue or its SRQ)?"""
-    qps = dev.qps
+    outstanding = dev.work_outstanding
     for w in got:
-        qp = qps.get(w.qp_num)
-        if qp is not None and (qp.sq or qp.rq or (qp.srq is not None and qp.srq.queue)):
+        if outstanding(w.qp_num):
             return True
     return False
 
