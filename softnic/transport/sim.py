@@ -74,10 +74,16 @@ class _Port:
     """A device attached to the fabric, its links out and its one timer."""
 
     __slots__ = ("device", "address", "links", "armed", "entry_seq", "entry_time", "attached",
-                 "ect")
+                 "ect", "receive", "drain", "timer", "fire")
 
     def __init__(self, device: Any, address: Address) -> None:
         self.device = device
+        # the device's four entry points, bound once: the loop calls one or two of
+        # them and drain and timer after every event
+        self.receive = device.receive_datagram
+        self.drain = device.datagrams_to_send
+        self.timer = device.get_timer
+        self.fire = device.handle_timer
         self.address = address
         self.links: dict[Address, _Link] = {}  # by destination; filled on first use
         self.armed: float | None = None        # the deadline the device asked for
@@ -692,21 +698,20 @@ class Fabric:
             if at > end:
                 heappush(heap, entry)         # the same entry back: it keeps its place
                 break
-            if port.__class__ is _SwitchHop:          # a datagram reaches a switch port
+            cls = port.__class__
+            if cls is not _Port:
                 hops += 1
-                sp = ports.get(src)
-                res = port.queue.arrive(data, at, sp is not None and sp.ect, src)
-                if res is None:
-                    if trace is not None:
-                        trace.append(TraceRecord(at, "drop", src, port.dst.address, data))
-                else:
-                    heappush(heap, (res[0] + port.delay, next_seq(), port.dst, res[1], src))
+                if cls is _SwitchHop:                 # a datagram reaches a switch port
+                    sp = ports.get(src)
+                    res = port.queue.arrive(data, at, sp is not None and sp.ect, src)
+                    if res is None:
+                        if trace is not None:
+                            trace.append(TraceRecord(at, "drop", src, port.dst.address, data))
+                    else:
+                        heappush(heap, (res[0] + port.delay, next_seq(), port.dst, res[1], src))
+                else:                                 # a leaf-spine's port or switch
+                    port.event(at, data, src)
                 continue
-            if port.__class__ is not _Port:           # a leaf-spine's port or switch
-                hops += 1
-                port.event(at, data, src)
-                continue
-            device = port.device
             if data is None:
                 if seq != port.entry_seq:
                     self._stale -= 1
@@ -722,7 +727,7 @@ class Fabric:
                     continue
                 self._now = at
                 port.armed = None
-                device.handle_timer(at)
+                port.fire(at)
             elif port.attached:
                 self._now = at
                 self._received += 1
@@ -731,10 +736,10 @@ class Fabric:
                 if capture is not None:
                     capture.record(data, src, port.address, at)
                 if data.__class__ is Datagram:
-                    device.receive_datagram(data, src, at, data.ecn,
-                                            data.echo if data.echo is not None else data.hops)
+                    port.receive(data, src, at, data.ecn,
+                                 data.echo if data.echo is not None else data.hops)
                 else:
-                    device.receive_datagram(data, src, at)
+                    port.receive(data, src, at)
             else:
                 self._now = at
                 self._dropped_unknown += 1
@@ -747,7 +752,7 @@ class Fabric:
                 continue
             # The driver rule, inlined: this is the per-packet path.
             links = port.links
-            for out, dst in device.datagrams_to_send(at):
+            for out, dst in port.drain(at):
                 link = links.get(dst)
                 if link is None or trace is not None:
                     send(port, dst, out, at)
@@ -764,7 +769,7 @@ class Fabric:
                                     out, port.address))
                 else:
                     send(port, dst, out, at)
-            deadline = device.get_timer()
+            deadline = port.timer()
             if deadline != port.armed:
                 self._arm(port, deadline, at)
             processed += 1
