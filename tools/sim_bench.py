@@ -15,6 +15,13 @@ Workloads, each run in virtual time through the real engine:
   figures then include the collectives' own work per chunk and the set-up of
   the 4032 QPs.
 
+* ``fabric16``: the fabric alone, the 16:1 incast's shape (one switch, 25
+  Gbit/s, RED on, 20 ms) with stand-in devices that do next to nothing: each
+  sender sends a 4 KiB datagram from a timer every 16 packet times, the
+  receiver answers every fourth with a 60-byte one.  Its events per CPU second
+  are what the fabric's own loop (heap, links, queues, marking, timer
+  entries) would allow if the engine cost nothing.
+
 ``--quick`` runs incast16 only.
 
 The machine may be shared: the figures per CPU second (``time.process_time``)
@@ -128,7 +135,63 @@ class _Breakdown:
                               for n in self.ENTRY})
 
 
+class _Stand:
+    """A device that does next to nothing (``fabric16``): a sender sends ``size``
+    bytes to ``peer`` every ``every`` seconds from its timer; a receiver (no
+    ``peer``) answers every fourth datagram with 60 bytes."""
+
+    ect = True
+
+    def __init__(self, address, peer=None, every: float = 0.0, size: int = 4096) -> None:
+        self.address = address
+        self.peer, self.every, self.data = peer, every, bytes(size)
+        self.at = 0.0 if peer is not None else None
+        self.out: list = []
+        self.n = 0
+
+    def receive_datagram(self, data, src, now, ecn=0, telemetry=None) -> None:
+        self.n += 1
+        if self.peer is None and self.n % 4 == 0:
+            self.out.append((bytes(60), src))
+
+    def datagrams_to_send(self, now: float) -> list:
+        out, self.out = self.out, []
+        return out
+
+    def get_timer(self):
+        return self.at
+
+    def handle_timer(self, now: float) -> None:
+        self.out.append((self.data, self.peer))
+        self.at = now + self.every
+
+
+def _fabric16() -> dict:
+    from softnic.transport import sim
+    rate = 25e9
+    fabric = sim.Fabric(1)
+    sw = fabric.add_switch("sw", buffer_bytes=2 << 20, red=sim.RED())
+    recv = _Stand(("10.0.0.1", 4791))
+    every = 16 * (4096 + 28) * 8 / rate
+    hosts = [recv] + [_Stand((f"10.0.1.{i + 1}", 4791), recv.address, every * (1 + i / 1000))
+                      for i in range(16)]
+    for d in hosts:
+        fabric.attach(d)
+        fabric.connect(d.address, sw, rate_bps=rate, delay=1e-6)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for b in range(1000):                    # as the incast: 1000 bins of 20 us
+        fabric.run(until=(b + 1) * 20e-6)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    host, hops = fabric.events_processed, fabric.hops_processed
+    res = {"port": sw.port(recv.address).counters, "received": [d.n for d in hosts]}
+    return dict(workload="fabric16", wall_s=wall, cpu_s=cpu, host_events=host,
+                events=host + hops, virtual_s=0.02, delivered=fabric._received,
+                digest=_digest(res, host, hops), breakdown=None)
+
+
 def _run(name: str, breakdown: bool = False) -> dict:
+    if name == "fabric16":
+        return _fabric16()
     brk = _Breakdown() if breakdown else None
     from softnic.transport import sim
     made = []                   # the fabric the workload builds (its datagrams delivered)

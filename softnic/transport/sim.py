@@ -246,12 +246,11 @@ class EgressQueue:
             # so rounded) wait in the buffer
             waiting = (busy - ends[0]) * rate / 8 if ends else 0.0
             ends.append(depart)
-        if self.int_telemetry and (type(data) is not Datagram or data.echo is None):
-            hop = Hop(round(waiting), self.tx_bytes, depart, self.rate_bps)
-            if type(data) is Datagram:
+            if type(data) is not Datagram:
+                data = Datagram(data, hops=(Hop(round(waiting), self.tx_bytes, depart, rate),))
+            elif data.echo is None:
+                hop = Hop(round(waiting), self.tx_bytes, depart, rate)
                 data = data.with_(hops=(data.hops or ()) + (hop,))
-            else:
-                data = Datagram(data, hops=(hop,))
         return depart, data
 
 
@@ -537,10 +536,9 @@ class Fabric:
         else:
             ports = [p for p in map(self._ports.get, addresses) if p is not None]
         for port in ports:
-            device = port.device
-            for data, dst in device.datagrams_to_send(now):
+            for data, dst in port.drain(now):
                 self._send(port, dst, data, now)
-            deadline = device.get_timer()
+            deadline = port.timer()
             if deadline != port.armed:
                 self._arm(port, deadline, now)
 
