@@ -74,16 +74,10 @@ class _Port:
     """A device attached to the fabric, its links out and its one timer."""
 
     __slots__ = ("device", "address", "links", "armed", "entry_seq", "entry_time", "attached",
-                 "ect", "receive", "drain", "timer", "fire")
+                 "ect")
 
     def __init__(self, device: Any, address: Address) -> None:
         self.device = device
-        # the device's four entry points, bound once: the loop calls one or two of
-        # them and drain and timer after every event
-        self.receive = device.receive_datagram
-        self.drain = device.datagrams_to_send
-        self.timer = device.get_timer
-        self.fire = device.handle_timer
         self.address = address
         self.links: dict[Address, _Link] = {}  # by destination; filled on first use
         self.armed: float | None = None        # the deadline the device asked for
@@ -536,9 +530,10 @@ class Fabric:
         else:
             ports = [p for p in map(self._ports.get, addresses) if p is not None]
         for port in ports:
-            for data, dst in port.drain(now):
+            device = port.device
+            for data, dst in device.datagrams_to_send(now):
                 self._send(port, dst, data, now)
-            deadline = port.timer()
+            deadline = device.get_timer()
             if deadline != port.armed:
                 self._arm(port, deadline, now)
 
@@ -710,6 +705,7 @@ class Fabric:
                 else:                                 # a leaf-spine's port or switch
                     port.event(at, data, src)
                 continue
+            device = port.device
             if data is None:
                 if seq != port.entry_seq:
                     self._stale -= 1
@@ -725,7 +721,7 @@ class Fabric:
                     continue
                 self._now = at
                 port.armed = None
-                port.fire(at)
+                device.handle_timer(at)
             elif port.attached:
                 self._now = at
                 self._received += 1
@@ -734,10 +730,10 @@ class Fabric:
                 if capture is not None:
                     capture.record(data, src, port.address, at)
                 if data.__class__ is Datagram:
-                    port.receive(data, src, at, data.ecn,
-                                 data.echo if data.echo is not None else data.hops)
+                    device.receive_datagram(data, src, at, data.ecn,
+                                            data.echo if data.echo is not None else data.hops)
                 else:
-                    port.receive(data, src, at)
+                    device.receive_datagram(data, src, at)
             else:
                 self._now = at
                 self._dropped_unknown += 1
@@ -750,7 +746,7 @@ class Fabric:
                 continue
             # The driver rule, inlined: this is the per-packet path.
             links = port.links
-            for out, dst in port.drain(at):
+            for out, dst in device.datagrams_to_send(at):
                 link = links.get(dst)
                 if link is None or trace is not None:
                     send(port, dst, out, at)
@@ -767,7 +763,7 @@ class Fabric:
                                     out, port.address))
                 else:
                     send(port, dst, out, at)
-            deadline = port.timer()
+            deadline = device.get_timer()
             if deadline != port.armed:
                 self._arm(port, deadline, at)
             processed += 1
