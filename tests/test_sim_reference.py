@@ -16,7 +16,10 @@ from heapq import heappop, heappush
 
 import pytest
 
-from softnic.cli import experiments as ex
+try:
+    from softnic.experiments import bottleneck as ex
+except ImportError:                  # the layout before experiments left softnic/cli
+    from softnic.cli import experiments as ex
 from softnic.transport import sim
 from softnic.wire.datagram import Datagram
 from softnic.wire.roce import BTH_LEN, OPCODES

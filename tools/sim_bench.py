@@ -6,14 +6,15 @@ Workloads, each run in virtual time through the real engine:
 * ``incast16``: ``softnic experiment incast`` 16:1, 25 Gbit/s, DCQCN, 20 ms
   (MTU 4096), the configuration the experiment runs by default;
 * ``incast64``: 64:1 at 100 Gbit/s, DCQCN, 2 ms;
-* ``allreduce64``: a ring allreduce of 8 MiB per rank over 64 hosts of a
+* ``allreduce64c``: a ring allreduce of 8 MiB per rank over 64 hosts of a
   leaf-spine (8 leaves of 8 hosts, 8 spines, 100 Gbit/s, ECMP, PFC, one QP per
-  peer), the cluster experiment's schedule driver (its transfers as RDMA
-  WRITEs: the fabric and the engine only);
-* ``allreduce64c``: the same allreduce run by ``softnic.collectives`` itself, a
-  rank per host in virtual time (the cluster experiment's default driver): the
-  figures then include the collectives' own work per chunk and the set-up of
-  the 4032 QPs.
+  peer) run by ``softnic.collectives`` itself, a rank per host in virtual time
+  (the cluster experiment): the figures include the collectives' own work per
+  chunk and the set-up of the 4032 QPs;
+* ``allreduce64``: the same allreduce's transfers as plain RDMA WRITEs (the
+  fabric and the engine only), by the cluster experiment's schedule driver:
+  only in a tree from before that driver was removed (2026-12-01), for
+  ``--compare`` with older figures; not a default workload.
 
 * ``fabric16``: the fabric alone, the 16:1 incast's shape (one switch, 25
   Gbit/s, RED on, 20 ms) with stand-in devices that do next to nothing: each
@@ -202,24 +203,33 @@ def _run(name: str, breakdown: bool = False) -> dict:
         made.append(self)
     sim.Fabric.__init__ = spy
     try:
-        from softnic.cli import experiments as ex
-    except ImportError:          # a tree from before the layout by layer (--compare)
-        from softnic import experiments as ex
+        from softnic.experiments import bottleneck as ex
+    except ImportError:          # older trees (--compare): under cli/, or before the layers
+        try:
+            from softnic.cli import experiments as ex
+        except ImportError:
+            from softnic import experiments as ex
     if name == "incast16":
         cfg = ex.IncastConfig(cc="dcqcn", senders=16, rate_gbps=25.0, duration=0.02)
     elif name == "incast64":
         cfg = ex.IncastConfig(cc="dcqcn", senders=64, rate_gbps=100.0, duration=0.002)
     elif name in ("allreduce64", "allreduce64c"):
         try:
-            from softnic.cli import cluster
-        except ImportError:      # a tree from before the layout by layer
-            from softnic import cluster
+            from softnic.experiments import cluster
+        except ImportError:      # older trees: under cli/, or before the layers
+            try:
+                from softnic.cli import cluster
+            except ImportError:
+                from softnic import cluster
         kw = dict(hosts=64, hosts_per_leaf=8, spines=8, rate_gbps=100.0,
                   collective="allreduce", algorithm="ring", size=8 << 20, qps=1,
                   mode="lossless", cc="none")
         driver = "schedule" if name == "allreduce64" else "collectives"
         if "driver" in getattr(cluster.ClusterConfig, "__dataclass_fields__", {}):
             kw["driver"] = driver
+        elif driver == "schedule" and hasattr(cluster, "run_collectives"):
+            raise SystemExit("allreduce64 needs the schedule driver, which this tree no "
+                             "longer has; allreduce64c is the same allreduce")
         elif driver != "schedule":
             raise SystemExit("this tree's cluster experiment has no collectives driver")
         t0, c0 = time.perf_counter(), time.process_time()
@@ -273,7 +283,7 @@ def _print_breakdown(name: str, tree: str, r: dict) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", default="incast16,incast64,allreduce64,allreduce64c")
+    p.add_argument("--workloads", default="incast16,incast64,allreduce64c")
     p.add_argument("--quick", action="store_true", help="incast16 only")
     p.add_argument("--compare", metavar="DIR", help="another source tree to run alternately")
     p.add_argument("--repeat", type=int, default=1)
