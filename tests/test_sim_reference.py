@@ -17,9 +17,9 @@ from heapq import heappop, heappush
 import pytest
 
 try:
-    from softnic.experiments import bottleneck as ex
+    from softnic.experiments import bottleneck as ex, cluster
 except ImportError:                  # the layout before experiments left softnic/cli
-    from softnic.cli import experiments as ex
+    from softnic.cli import cluster, experiments as ex
 from softnic.transport import sim
 from softnic.wire.datagram import Datagram
 from softnic.wire.roce import BTH_LEN, OPCODES
@@ -101,6 +101,27 @@ class ReferenceFabric(sim.Fabric):
         return self._now
 
 
+def _without_wall(res: dict) -> dict:
+    res.pop("wall_s", None)
+    res["summary"].pop("wall_s", None)
+    return res
+
+
+def _run_on(monkeypatch, module, fabric_cls, experiment) -> tuple:
+    """``experiment()`` with ``module``'s fabrics made as ``fabric_cls`` with a
+    ``Deliveries`` capture: its result, the deliveries and the fabric's counts."""
+    made = []
+
+    def build(seed, *a, **k):
+        made.append(fabric_cls(seed, *a, capture=Deliveries(), **k))
+        return made[-1]
+    monkeypatch.setattr(module, "Fabric", build)
+    res = _without_wall(experiment())
+    fabric = made[-1]
+    return res, fabric.capture.seen, (fabric.events_processed, fabric.hops_processed,
+                                      fabric.counters)
+
+
 def _incast(monkeypatch, fabric_cls, **kw) -> tuple[dict, list, tuple]:
     made = []
 
@@ -156,4 +177,30 @@ def test_the_fast_loop_runs_a_lossy_link_as_the_reference_loop(monkeypatch):
         return res, made[-1].capture.seen, made[-1].counters
     fast, ref = run(sim.Fabric), run(ReferenceFabric)
     assert fast[0]["ok"] and fast[0]["retransmitted_pkts"] > 0
+    assert fast == ref
+
+
+@pytest.mark.parametrize("mode", ["lossless", "lossy"])
+def test_the_fast_loop_runs_a_three_leaf_fabric_as_the_reference_loop(monkeypatch, mode):
+    """The PFC victim study: three leaves under a spine, PAUSE spreading (lossless)
+    or tail drops (lossy) on the leaf-spine's ports."""
+    def run(fabric_cls):
+        return _run_on(monkeypatch, cluster, fabric_cls, lambda: cluster.victim(
+            cluster.VictimConfig(mode=mode, duration=0.5e-3)))
+    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    assert fast[2][1] > 1000
+    if mode == "lossless":
+        assert fast[0]["summary"]["pause_frames"] > 0
+    assert fast == ref
+
+
+def test_the_fast_loop_runs_collectives_as_the_reference_loop(monkeypatch):
+    """Ranks of softnic.collectives in virtual time (the fabric run until a rank's
+    completion, ``stop``) on four leaves and two spines, ECMP, lossy, DCQCN."""
+    def run(fabric_cls):
+        return _run_on(monkeypatch, cluster, fabric_cls, lambda: cluster.run(
+            cluster.ClusterConfig(hosts=8, hosts_per_leaf=2, size=64 << 10, mode="lossy",
+                                  cc="dcqcn")))
+    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    assert fast[0]["summary"]["finished"] and fast[2][0] + fast[2][1] > 1000
     assert fast == ref
