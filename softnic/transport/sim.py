@@ -240,12 +240,11 @@ class EgressQueue:
             # so rounded) wait in the buffer
             waiting = (busy - ends[0]) * rate / 8 if ends else 0.0
             ends.append(depart)
-        if self.int_telemetry and (type(data) is not Datagram or data.echo is None):
-            hop = Hop(round(waiting), self.tx_bytes, depart, self.rate_bps)
-            if type(data) is Datagram:
+            if type(data) is not Datagram:
+                data = Datagram(data, hops=(Hop(round(waiting), self.tx_bytes, depart, rate),))
+            elif data.echo is None:
+                hop = Hop(round(waiting), self.tx_bytes, depart, rate)
                 data = data.with_(hops=(data.hops or ()) + (hop,))
-            else:
-                data = Datagram(data, hops=(hop,))
         return depart, data
 
 
@@ -692,19 +691,19 @@ class Fabric:
             if at > end:
                 heappush(heap, entry)         # the same entry back: it keeps its place
                 break
-            if port.__class__ is _SwitchHop:          # a datagram reaches a switch port
+            cls = port.__class__
+            if cls is not _Port:
                 hops += 1
-                sp = ports.get(src)
-                res = port.queue.arrive(data, at, sp is not None and sp.ect, src)
-                if res is None:
-                    if trace is not None:
-                        trace.append(TraceRecord(at, "drop", src, port.dst.address, data))
-                else:
-                    heappush(heap, (res[0] + port.delay, next_seq(), port.dst, res[1], src))
-                continue
-            if port.__class__ is not _Port:           # a leaf-spine's port or switch
-                hops += 1
-                port.event(at, data, src)
+                if cls is _SwitchHop:                 # a datagram reaches a switch port
+                    sp = ports.get(src)
+                    res = port.queue.arrive(data, at, sp is not None and sp.ect, src)
+                    if res is None:
+                        if trace is not None:
+                            trace.append(TraceRecord(at, "drop", src, port.dst.address, data))
+                    else:
+                        heappush(heap, (res[0] + port.delay, next_seq(), port.dst, res[1], src))
+                else:                                 # a leaf-spine's port or switch
+                    port.event(at, data, src)
                 continue
             device = port.device
             if data is None:

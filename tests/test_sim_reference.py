@@ -1,0 +1,187 @@
+"""The fabric's event loop (``Fabric.run``) against a straightforward one.
+
+``Fabric.run`` is written for speed: the driver rule inlined, a datagram's way
+out through a clean link or a NIC's queue taken without ``Fabric._send``, a
+timer entry checked as it is popped.  ``ReferenceFabric.run`` below is
+the plain reading of the module's docstring: settle the heap's top
+(``next_event_time``), pop one event, hand it to its switch port or device,
+then apply the driver rule through the public ``flush``.  The same workload on
+both must give the same run: every delivery (time, ends, bytes, ECN mark, INT
+records), the same event counts and the experiment's whole result.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+import pytest
+
+try:
+    from softnic.experiments import bottleneck as ex, cluster
+except ImportError:                  # the layout before experiments left softnic/cli
+    from softnic.cli import cluster, experiments as ex
+from softnic.transport import sim
+from softnic.wire.datagram import Datagram
+from softnic.wire.roce import BTH_LEN, OPCODES
+
+
+class Deliveries:
+    """A capture hook: every delivery with what travels beside its bytes.  A
+    RETH's virtual address is the target buffer's real address, which differs
+    between two runs in one process: it is kept as zeros, and so is the ICRC
+    over it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def record(self, data, src, dst, now) -> None:
+        extra = (data.ecn, data.hops, data.echo) if type(data) is Datagram else None
+        raw = bytes(data)
+        info = OPCODES.get(raw[0])
+        if info is not None and info.reth and info.qp_type == "RC":
+            raw = raw[:BTH_LEN] + bytes(8) + raw[BTH_LEN + 8:-4] + bytes(4)   # and the ICRC
+        self.seen.append((now, src, dst, raw, extra))
+
+
+class ReferenceFabric(sim.Fabric):
+    """``Fabric`` with an event loop that takes no shortcut."""
+
+    def run(self, until=None, *, stop=None, max_events=None, flush=True) -> float:
+        if flush:
+            self.flush()
+        if stop is not None and stop():
+            return self._now
+        processed = 0
+        stopped = False
+        while processed != max_events:
+            at = self.next_event_time()      # stale and moved timer entries settled
+            if at is None or (until is not None and at > until):
+                break
+            at, seq, port, data, src = heappop(self._heap)
+            if isinstance(port, sim._SwitchHop):
+                self.hops_processed += 1
+                sender = self._ports.get(src)
+                res = port.queue.arrive(data, at, sender is not None and sender.ect, src)
+                if res is not None:
+                    heappush(self._heap, (res[0] + port.delay, self._next_seq(), port.dst,
+                                          res[1], src))
+                continue
+            if not isinstance(port, sim._Port):          # a leaf-spine's port or switch
+                self.hops_processed += 1
+                port.event(at, data, src)
+                continue
+            self._now = at
+            processed += 1
+            if data is None:                 # the port's live timer entry, due
+                port.entry_seq = -1
+                port.armed = None
+                port.device.handle_timer(at)
+            elif port.attached:
+                self._received += 1
+                if self.capture is not None:
+                    self.capture.record(data, src, port.address, at)
+                if type(data) is Datagram:
+                    port.device.receive_datagram(
+                        data, src, at, data.ecn, data.echo if data.echo is not None else data.hops)
+                else:
+                    port.device.receive_datagram(data, src, at)
+            else:
+                self._dropped_unknown += 1
+                if stop is not None and stop():
+                    stopped = True
+                    break
+                continue
+            self.flush([port.address])       # the driver rule
+            if stop is not None and stop():
+                stopped = True
+                break
+        self.events_processed += processed
+        if until is not None and not stopped and processed != max_events and until > self._now:
+            self._now = until
+        return self._now
+
+
+def _without_wall(res: dict) -> dict:
+    res.pop("wall_s", None)
+    res.get("summary", {}).pop("wall_s", None)
+    return res
+
+
+def _run_on(monkeypatch, module, fabric_cls, experiment) -> tuple:
+    """``experiment()`` with ``module``'s fabrics made as ``fabric_cls`` with a
+    ``Deliveries`` capture: its result, the deliveries and the fabric's counts."""
+    made = []
+
+    def build(seed, *a, **k):
+        made.append(fabric_cls(seed, *a, capture=Deliveries(), **k))
+        return made[-1]
+    monkeypatch.setattr(module, "Fabric", build)
+    res = _without_wall(experiment())
+    fabric = made[-1]
+    return res, fabric.capture.seen, (fabric.events_processed, fabric.hops_processed,
+                                      fabric.counters)
+
+
+def _incast(monkeypatch, fabric_cls, **kw) -> tuple[dict, list, tuple]:
+    return _run_on(monkeypatch, ex, fabric_cls, lambda: ex.incast(ex.IncastConfig(**kw)))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(cc="dcqcn", buffer=96_000),             # RED marks, CNPs, tail drops and go-back-N
+    dict(cc="hpcc"),                             # INT stamped and echoed
+    dict(cc="dcqcn", pfc=True),                  # the leaf-spine's ports, PAUSE and RESUME
+    dict(cc="none", selective_repeat=True, buffer=64_000),
+], ids=["dcqcn-drops", "hpcc-int", "dcqcn-pfc", "none-sr-drops"])
+def test_the_fast_loop_runs_an_incast_as_the_reference_loop(monkeypatch, kw):
+    cfg = dict(senders=4, duration=0.002, **kw)
+    fast = _incast(monkeypatch, sim.Fabric, **cfg)
+    ref = _incast(monkeypatch, ReferenceFabric, **cfg)
+    res, seen, counts = fast
+    # the workload reaches what it is meant to exercise
+    assert counts[0] > 1000 and counts[1] > 1000
+    summary = res["summary"]
+    if kw.get("buffer"):
+        assert summary["switch_drops"] > 0
+    if kw["cc"] == "dcqcn" and not kw.get("pfc"):
+        assert summary["ecn_marked"] > 0
+    if kw["cc"] == "hpcc":
+        assert any(extra is not None and extra[1] for *_, extra in seen)
+    assert seen == ref[1]
+    assert counts == ref[2]
+    assert res == ref[0]
+
+
+def test_the_fast_loop_runs_a_lossy_link_as_the_reference_loop(monkeypatch):
+    """Direct links with loss and a rate: the fault injector's path."""
+    def run(fabric_cls):
+        return _run_on(monkeypatch, ex, fabric_cls, lambda: ex.goodput_under_loss(
+            0.05, False, total=1 << 20, msg=256 << 10))
+    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    assert fast[0]["ok"] and fast[0]["retransmitted_pkts"] > 0
+    assert fast == ref
+
+
+@pytest.mark.parametrize("mode", ["lossless", "lossy"])
+def test_the_fast_loop_runs_a_three_leaf_fabric_as_the_reference_loop(monkeypatch, mode):
+    """The PFC victim study: three leaves under a spine, PAUSE spreading (lossless)
+    or tail drops (lossy) on the leaf-spine's ports."""
+    def run(fabric_cls):
+        return _run_on(monkeypatch, cluster, fabric_cls, lambda: cluster.victim(
+            cluster.VictimConfig(mode=mode, duration=0.5e-3)))
+    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    assert fast[2][1] > 1000
+    if mode == "lossless":
+        assert fast[0]["summary"]["pause_frames"] > 0
+    assert fast == ref
+
+
+def test_the_fast_loop_runs_collectives_as_the_reference_loop(monkeypatch):
+    """Ranks of softnic.collectives in virtual time (the fabric run until a rank's
+    completion, ``stop``) on four leaves and two spines, ECMP, lossy, DCQCN."""
+    def run(fabric_cls):
+        return _run_on(monkeypatch, cluster, fabric_cls, lambda: cluster.run(
+            cluster.ClusterConfig(hosts=8, hosts_per_leaf=2, size=64 << 10, mode="lossy",
+                                  cc="dcqcn")))
+    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    assert fast[0]["summary"]["finished"] and fast[2][0] + fast[2][1] > 1000
+    assert fast == ref
