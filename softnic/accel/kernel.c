@@ -9,10 +9,11 @@
                      every ack_every packets, payload, ICRC), called by
                      requester._bulk; sn_tx_heads, the same but the payload,
                      which the driver gathers from memory as it sends;
-     sn_rx_middles   responder.execute for a WRITE MIDDLE at the ePSN (sequence,
-                     size, room, placement, the ACK its AckReq asks for),
-                     under the conditions of the comment COMMON_CASE in
-                     responder.py: the QP's are checked by its
+     sn_rx_middles   responder.execute's early exit for a SEND or WRITE MIDDLE
+                     at the ePSN (sequence, size, room in
+                     responder.message_target, placement, the ACK its AckReq
+                     asks for), under the conditions of the comment
+                     COMMON_CASE in responder.py: the QP's are checked by its
                      caller, responder.receive_middles, each packet's here;
                      and, with selective repeat, responder._hold_placed_write
                      for a run of MIDDLEs beyond a hole (responder.
@@ -108,11 +109,11 @@ static inline void put_le32(uint8_t *p, uint32_t v)
     p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
 }
 
-/* Receive (responder.execute for a run of MIDDLEs; responder.receive_middles
-   calls it): the datagrams laid end to end in buf[0:n] (each seg bytes, the last
-   maybe shorter), from offset o on, are taken while each is the next MIDDLE of
-   the WRITE being received, that is while each meets COMMON_CASE's per-packet
-   conditions:
+/* Receive (responder.execute's early exit for a run of MIDDLEs;
+   responder.receive_middles calls it): the datagrams laid end to end in
+   buf[0:n] (each seg bytes, the last maybe shorter), from offset o on, are
+   taken while each is the next MIDDLE of the SEND or WRITE being received,
+   that is while each meets COMMON_CASE's per-packet conditions:
      - seg bytes whole: a full MTU of payload (seg = BTH + MTU + ICRC), no pad;
      - BTH word 0 equal to w0 (the opcode, flags and P_Key the ICRC state
        ``start`` was computed for);

@@ -203,7 +203,7 @@ class Dispatch:
         """Datagrams from ``src`` laid end to end in ``data``, ``seg`` bytes each
         (the last may be shorter; 0: ``data`` is one datagram), as a socket with
         UDP GRO hands them over: ``receive_datagram`` of each in turn.  With a
-        kernel, runs of a WRITE's MIDDLE packets are taken a run at a time
+        kernel, runs of a SEND's or WRITE's MIDDLE packets are taken a run at a time
         (``responder.receive_middles``).
 
         ``data`` may be a view of the driver's receive buffer, good for this call

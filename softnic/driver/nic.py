@@ -88,8 +88,8 @@ PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
 GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "no", "off", "false")
-#: Receive a stream of a WRITE's MIDDLEs run after run in the compiled kernel
-#: (``_rx_stream``); ``SOFTNIC_RX_STREAM=0``: each run through the engine.
+#: Receive a stream of a SEND's or WRITE's MIDDLEs run after run in the compiled
+#: kernel (``_rx_stream``); ``SOFTNIC_RX_STREAM=0``: each run through the engine.
 RX_STREAM = os.environ.get("SOFTNIC_RX_STREAM", "1").strip().lower() not in ("0", "no", "off",
                                                                              "false")
 _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may take
@@ -845,7 +845,7 @@ class NIC(_Opened):
                         got = 0
                         self._flush(now)
                     if stream and dev.stream_qp is not None:
-                        switch = True       # a WRITE's MIDDLEs in order: the kernel's
+                        switch = True       # a message's MIDDLEs in order: the kernel's
                         break
                 limit -= n
                 ready = False
@@ -896,8 +896,8 @@ class NIC(_Opened):
         return did
 
     def _rx_stream(self, now: float, limit: int) -> tuple[bool, bool, int, bool]:
-        """The progress thread's receive while a QP takes a WRITE's MIDDLEs, in order
-        or beyond a hole (``responder.stream_target``): ``sn_rx_stream`` receives
+        """The progress thread's receive while a QP takes a SEND's or WRITE's MIDDLEs,
+        in order or (a WRITE's) beyond a hole (``responder.stream_target``): ``sn_rx_stream`` receives
         and places run after run, the engine accounting for them after each call
         (``responder.took_middles``, ``took_beyond``), and takes the run that
         stopped it, if any, as ``_step`` takes every run.  Returns (did anything arrive, did only responses
