@@ -73,6 +73,7 @@ RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side == RESPONSE)
 #: opcode -> common-case branch, for the opcodes that have one
 _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
+_READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
 _SENDING = (QPState.RTS, QPState.SQD)
 
 
@@ -204,7 +205,8 @@ class Dispatch:
         (the last may be shorter; 0: ``data`` is one datagram), as a socket with
         UDP GRO hands them over: ``receive_datagram`` of each in turn.  With a
         kernel, runs of a SEND's or WRITE's MIDDLE packets are taken a run at a time
-        (``responder.receive_middles``).
+        (``responder.receive_middles``), and runs of READ RESPONSE MIDDLEs
+        (``completer.receive_middles``).
 
         ``data`` may be a view of the driver's receive buffer, good for this call
         only: what goes on to ``receive_datagram`` (which may hold a packet) is
@@ -223,7 +225,10 @@ class Dispatch:
         middles = responder.receive_middles
         while o < n:
             if o + seg <= n:
-                k = middles(self, data, o, seg, src)
+                if data[o] == _READ_MIDDLE:
+                    k = completer.receive_middles(self, data, o, seg, src, now)
+                else:
+                    k = middles(self, data, o, seg, src)
                 if k:
                     o += k * seg
                     continue

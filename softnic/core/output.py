@@ -12,7 +12,7 @@ import struct
 
 from ..wire.datagram import Datagram
 from ..wire.icrc import append_icrc
-from ..wire.roce import Opcode as O, encode
+from ..wire.roce import BTH_LEN, ICRC_LEN, Opcode as O, encode
 from . import completer, requester, responder, xrc
 from .enums import QPState, QPType
 from .qp import QP
@@ -210,6 +210,9 @@ class Output:
                 total = len(view)
                 npkts = max(1, -(-total // mtu))
                 aeth = (responder.ACK_CREDITS, msn)
+                if npkts > 2 and self._fast and qp.xrc is None:
+                    self._read_run(qp, psn, view, aeth, npkts, out)
+                    continue
                 for i in range(npkts):
                     if npkts == 1:
                         op, a = O.RC_RDMA_READ_RESPONSE_ONLY, aeth
@@ -222,3 +225,26 @@ class Output:
                     out.append((encode(op, dest_qp=dqpn, psn=(psn + i) & 0xFFFFFF,
                                        payload=view[i * mtu:(i + 1) * mtu], aeth=a), dest))
 
+
+    def _read_run(self, qp: QP, psn: int, view, aeth, npkts: int, out: list) -> None:
+        """A READ's ``npkts`` (> 2) responses from PSN ``psn``: the FIRST and LAST,
+        which carry the AETH, as ``encode`` builds them, and the MIDDLEs between
+        them as one run (``requester.middle_run``, the builder of a request's
+        MIDDLEs; a response never asks for an ACK).  Responses follow the READ's
+        PSN range, not the requester's window: all leave now, as one by one."""
+        dest = qp.dest
+        dqpn = qp.attr.dest_qp_num
+        mtu = qp.mtu
+        out.append((encode(O.RC_RDMA_READ_RESPONSE_FIRST, dest_qp=dqpn, psn=psn,
+                           payload=view[:mtu], aeth=aeth), dest))
+        nmid = npkts - 2
+        buf, _ = requester.middle_run(self, dest, _READ_MIDDLE, dqpn, (psn + 1) & 0xFFFFFF,
+                                      nmid, mtu, view, mtu, 0, 0xFFFFFFFF)
+        out.append((buf, dest, BTH_LEN + mtu + ICRC_LEN, nmid))
+        last = npkts - 1
+        out.append((encode(O.RC_RDMA_READ_RESPONSE_LAST, dest_qp=dqpn,
+                           psn=(psn + last) & 0xFFFFFF, payload=view[last * mtu:],
+                           aeth=aeth), dest))
+
+
+_READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)

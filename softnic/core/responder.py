@@ -1064,7 +1064,7 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
     if t is None:
         return 0
     view, off, room = t
-    k, out = _kernel_middles(dev, qp, data, o, seg, src, qp.epsn, view, off, room)
+    k, out = kernel_middles(dev, qp, data, o, seg, src, qp.epsn, view, off, room)
     if k:
         took_middles(dev, qp, k, out, 1, out[0])
         if off + (k + 1) * qp.mtu < room:
@@ -1072,7 +1072,7 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
     return k
 
 
-def _kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: int,
+def kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: int,
                     room: int):
     """``sn_rx_middles`` on the run at ``data[o:]``: the MIDDLEs of ``qp`` from PSN
     ``psn`` on, placed at ``view[off:]`` up to ``room``.  Returns how many it took
@@ -1166,7 +1166,7 @@ def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
     if run is None:
         return 0
     view, off, room, at = run
-    k, out = _kernel_middles(dev, qp, data, o, seg, src, psn, view, off, room)
+    k, out = kernel_middles(dev, qp, data, o, seg, src, psn, view, off, room)
     if k:
         took_beyond(dev, qp, psn, k, at, out, 1, out[0])
     return k
