@@ -1,5 +1,5 @@
 /* softnic's per-packet kernel: the inner loops of the bulk data path, for the
-   packets that make up nearly all of a large WRITE (MIDDLEs).
+   packets that make up nearly all of a large SEND, WRITE or READ (MIDDLEs).
 
    No protocol rule lives here.  Each function is a faster way through a rule
    the engine states once, for a run of packets, and stops, leaving the rest to
@@ -7,8 +7,11 @@
 
      sn_tx_middles   requester._send_packet / _build for a MIDDLE (BTH, AckReq
                      every ack_every packets, payload, ICRC), called by
-                     requester._bulk; sn_tx_heads, the same but the payload,
-                     which the driver gathers from memory as it sends;
+                     requester.middle_run, the one builder of a run of a
+                     message's MIDDLEs: a SEND's or WRITE's (requester._bulk),
+                     a READ's RESPONSE MIDDLEs (output._read_run, encode's
+                     bytes, AckReq never set); sn_tx_heads, the same but the
+                     payload, which the driver gathers from memory as it sends;
      sn_rx_middles   responder.execute's early exit for a SEND or WRITE MIDDLE
                      at the ePSN (sequence, size, room in
                      responder.message_target, placement, the ACK its AckReq
@@ -18,7 +21,10 @@
                      and, with selective repeat, responder._hold_placed_write
                      for a run of MIDDLEs beyond a hole (responder.
                      _middles_beyond: the PSNs from the run's first on, room
-                     up to the WRITE's LAST, no byte a newer PSN placed).
+                     up to the WRITE's LAST, no byte a newer PSN placed);
+                     and completer._read_response for READ RESPONSE MIDDLEs
+                     at the expected PSN (completer.receive_middles: the
+                     READ's one SGE, room up to its LAST).
 
    The caller accounts for the packets taken with the count returned, through
    the same rule functions (responder.accept, the AckReq count).  The
@@ -127,7 +133,10 @@ static inline void put_le32(uint8_t *p, uint32_t v)
    the run goes there, for Python to queue its ACK as accept does (with cap 0,
    the run stops before it).  Returns how many; *nacks is how many of them
    asked for an ACK; Python accounts for them (epsn, write offset, counters,
-   the ACKs). */
+   the ACKs).  completer.receive_middles calls it too, for a run of READ
+   RESPONSE MIDDLEs (completer._read_response at the expected PSN; the READ's
+   SGE as dst, room up to its LAST): a response's AckReq bit asks for nothing,
+   and its indexes are not used. */
 int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
                   uint32_t dqpn, uint32_t epsn, uint32_t start, uint8_t *dst,
                   uint64_t off, uint64_t len, uint32_t max, uint32_t *acks,
@@ -178,8 +187,9 @@ static inline uint32_t put_middle_bth(uint8_t *p, uint32_t w0, uint32_t dqpn, ui
     return s;
 }
 
-/* Send (requester._send_packet and _build for a run of MIDDLEs; requester._bulk
-   calls it): count MIDDLE packets built into buf from offset o on, one after
+/* Send (requester._send_packet and _build for a run of MIDDLEs;
+   requester.middle_run calls it, for a request's MIDDLEs or a READ's RESPONSE
+   MIDDLEs): count MIDDLE packets built into buf from offset o on, one after
    another (BTH, an MTU of payload from src, ICRC): BTH word 0 w0, destination
    QP dqpn, PSNs from psn on.  The AckReq bit follows the requester's count s
    of packets since the last one that asked: set when s reaches ack_every.

@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 import sys
 
-from ..wire.icrc import check_icrc
+from ..wire.icrc import check_icrc, icrc_start
 from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, Opcode, psn_diff
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCOpcode, WCStatus, WROpcode as W
@@ -346,11 +346,43 @@ def receive_middles(dev, data, o: int, seg: int, src, now: float) -> int:
     k, _ = responder.kernel_middles(dev, qp, data, o, seg, src, (before + 1) & 0xFFFFFF,
                                     view, off, room)
     if k:
-        dev.counters["rcvd_pkts"] += k
-        qp.acked_psn = (before + k) & 0xFFFFFF
-        qp.retry_pending = None
-        _progress(dev, qp, before, now)
+        took_responses(dev, qp, k, now)
+        if off + (k + 1) * qp.mtu < room:
+            dev.stream_qp = qp      # more of the READ's MIDDLEs to come: a driver may stream them
     return k
+
+
+def took_responses(dev, qp, k: int, now: float) -> None:
+    """Account for ``k`` READ RESPONSE MIDDLEs the kernel placed from the expected
+    PSN on, as ``receive`` and ``_read_response`` account for each: counted, the
+    acknowledged PSN past them, any pending retry done with, then ``_progress``
+    (once: what it does for each in turn comes to the same)."""
+    before = qp.acked_psn
+    dev.counters["rcvd_pkts"] += k
+    qp.acked_psn = (before + k) & 0xFFFFFF
+    qp.retry_pending = None
+    _progress(dev, qp, before, now)
+
+
+def stream_target(dev, qp):
+    """``read_target`` for a driver's stream (``sn_rx_stream``, as
+    ``responder.stream_target`` for requests): ``(seg, w0, start, psn, view,
+    offset, room)``, the datagram size, BTH word 0 and ICRC state of the READ's
+    MIDDLEs, the expected PSN, and where its bytes go; None if there is none."""
+    t = read_target(dev, qp)
+    if t is None:
+        return None
+    view, off, room = t
+    if off + qp.mtu > room:
+        return None
+    seg = BTH_LEN + qp.mtu + ICRC_LEN
+    w0 = (_READ_MIDDLE << 24) | 0xFFFF
+    src = qp.dest
+    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, _W0_DQPN.pack(w0, qp.qpn))
+    return seg, w0, start, (qp.acked_psn + 1) & 0xFFFFFF, view, off, room
+
+
+_W0_DQPN = struct.Struct("!II")  # BTH words 0 and 1
 
 
 def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) -> None:

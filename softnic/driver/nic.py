@@ -48,7 +48,6 @@ from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from ..core.requester import Gather
-from ..core import responder as _responder
 from ..core.dispatch import RESPONSES as _RESPONSES
 from .. import accel as _accel
 from . import env
@@ -897,10 +896,11 @@ class NIC(_Opened):
 
     def _rx_stream(self, now: float, limit: int) -> tuple[bool, bool, int, bool]:
         """The progress thread's receive while a QP takes a SEND's or WRITE's MIDDLEs,
-        in order or (a WRITE's) beyond a hole (``responder.stream_target``): ``sn_rx_stream`` receives
-        and places run after run, the engine accounting for them after each call
-        (``responder.took_middles``, ``took_beyond``), and takes the run that
-        stopped it, if any, as ``_step`` takes every run.  Returns (did anything arrive, did only responses
+        in order or (a WRITE's) beyond a hole, or its READ's RESPONSE MIDDLEs
+        (``Device.stream_target``): ``sn_rx_stream`` receives and places run
+        after run, the engine accounting for them after each call (the stream's
+        ``took``), and takes the run that stopped it, if any, as ``_step`` takes
+        every run.  Returns (did anything arrive, did only responses
         arrive, receives used of ``limit``, did it stop because nothing waits)."""
         lib, ffi, rxptr, cap, acks, out = self._stream
         dev = self.dev
@@ -908,10 +908,10 @@ class NIC(_Opened):
         did, answers, used, got = False, True, 0, 0
         state = 2
         while used < limit:
-            t = _responder.stream_target(dev)
+            t = dev.stream_target()
             if t is None:
                 break
-            qp, seg, w0, start, psn, view, off, room, at = t
+            qp, seg, w0, start, psn, view, off, room, took, kind = t
             ip, port = qp.dest
             k = lib.sn_rx_stream(fd, rxptr, cap, _ip_u32(ip), port, w0, qp.qpn, psn, start,
                                  seg, ffi.from_buffer(view, require_writable=True),
@@ -921,13 +921,12 @@ class NIC(_Opened):
             used += out[7] + (state in (1, 3))
             got += out[8]
             if k:
-                did, answers = True, False
+                did = True
+                answers = answers and kind == "responses"
                 self._stream_pkts += k
-                if at is None:
-                    _responder.took_middles(dev, qp, k, acks, 0, out[0])
-                else:                   # beyond a hole
+                if kind == "beyond a hole":
                     self._stream_beyond_pkts += k
-                    _responder.took_beyond(dev, qp, psn, k, at, acks, 0, out[0])
+                took(k, acks, out[0], now)
             if state == 1:              # a run the kernel did not (wholly) take
                 did = True
                 n, g, o = out[2], out[3], out[4]
