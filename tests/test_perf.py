@@ -137,6 +137,10 @@ def test_plan_follows_perftest_defaults():
     assert p["iters"] == 5000
     p = perf.plan(ap.parse_args(["atomic_bw", "-s", "4096"]))
     assert p["sizes"] == [8]
+    # a SEND bandwidth test keeps perftest's 512 receives posted (--rx-depth)
+    assert perf.plan(ap.parse_args(["send_bw"]))["rx_depth"] == 512
+    assert perf.plan(ap.parse_args(["send_bw", "-r", "64"]))["rx_depth"] == 64
+    assert perf.plan(ap.parse_args(["send_lat"]))["rx_depth"] == 4
 
 
 def test_harness_smoke(tmp_path):
