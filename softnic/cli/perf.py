@@ -10,7 +10,8 @@ channel (one JSON line each way), then move their RC QPs to RTS and run the
 test through the pyverbs API.  The client's options decide the test; the
 server takes them from the side channel.
 
-Bandwidth tests keep ``--tx-depth`` work requests in flight on every QP and
+Bandwidth tests keep ``--tx-depth`` work requests in flight on every QP (and
+a SEND test's server ``--rx-depth`` receives posted, 512 as perftest's) and
 report the average over the run and the peak over a window of at least a
 twentieth of the completions and of the run's time.  Latency tests run one operation at a time: write_lat and
 send_lat are ping-pongs (half the round trip is reported, as perftest does),
