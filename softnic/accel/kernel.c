@@ -77,6 +77,8 @@ int sn_set_crc(uintptr_t fn, int kind)
     return crc_isal ? 1 : crc_zlib ? 2 : 0;
 }
 
+/* wire.icrc.crc32 (zlib's crc32: the ICRC's CRC-32), for the loops here and
+   for Python, which checks it against zlib.crc32 when it loads (accel._choose_crc). */
 uint32_t sn_crc32(uint32_t crc, const uint8_t *p, size_t n)
 {
     if (crc_isal)
@@ -211,7 +213,8 @@ uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint
     return s;
 }
 
-/* Send without copying the payload (requester._bulk for a driver that gathers,
+/* Send without copying the payload (requester.middle_run, for a request's
+   MIDDLEs or a READ's RESPONSE MIDDLEs, with a driver that gathers,
    ``Device.tx_gather``): of count MIDDLE packets, what sn_tx_middles builds but
    the payload, 16 bytes a packet in heads: the BTH (12 bytes, AckReq as there)
    and the ICRC (4), computed over the payload where it lies, src (an MTU a
