@@ -190,6 +190,18 @@ def test_ib_write_bw(libdir):
     assert float(row[0][3]) > 0
 
 
+@pytest.mark.compat("perftest")
+@pytest.mark.parametrize("tool", ["ib_send_bw", "ib_read_bw"])
+def test_ib_send_and_read_bw(libdir, tool):
+    """64 KiB SENDs and READs (their MIDDLEs the kernel's, built in runs and placed
+    straight into the receive or READ buffer), under 2 % loss."""
+    binary = need(tool)
+    cout, sout = pair(binary, ["-x", "0", "-n", "20", "-s", "65536"], faults="loss=0.02")
+    row = [ln.split() for ln in cout.splitlines() if ln.strip().startswith("65536")]
+    assert row and row[0][1] == "20", cout          # bytes, iterations, peak, average, rate
+    assert float(row[0][3]) > 0
+
+
 # ---------------------------------------------------------------- our C programs
 
 

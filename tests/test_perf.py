@@ -137,6 +137,10 @@ def test_plan_follows_perftest_defaults():
     assert p["iters"] == 5000
     p = perf.plan(ap.parse_args(["atomic_bw", "-s", "4096"]))
     assert p["sizes"] == [8]
+    # a SEND bandwidth test keeps perftest's 512 receives posted (--rx-depth)
+    assert perf.plan(ap.parse_args(["send_bw"]))["rx_depth"] == 512
+    assert perf.plan(ap.parse_args(["send_bw", "-r", "64"]))["rx_depth"] == 64
+    assert perf.plan(ap.parse_args(["send_lat"]))["rx_depth"] == 4
 
 
 def test_harness_smoke(tmp_path):
@@ -144,7 +148,8 @@ def test_harness_smoke(tmp_path):
     if not __import__("shutil").which("sockperf") and os.environ.get("CI") != "true":
         if not __import__("shutil").which("gcc"):
             pytest.skip("neither sockperf nor gcc here")
-    for tool in ("ib_write_lat", "ib_write_bw", "ibv_rc_pingpong", "gcc"):
+    for tool in ("ib_write_lat", "ib_write_bw", "ib_send_bw", "ib_read_bw", "ibv_rc_pingpong",
+                 "gcc"):
         if not __import__("shutil").which(tool):
             if os.environ.get("CI") == "true":
                 pytest.fail(f"needs {tool} (.ci/run installs perftest, ibverbs-utils, gcc)")
@@ -160,6 +165,9 @@ def test_harness_smoke(tmp_path):
                     # the C face against its Python twins (perftest, ibverbs-utils)
                     "c_write_lat_vs_py", "c_pingpong_events_vs_poll",
                     "py_pingpong_events_vs_poll", "c_write_bw_vs_py", "c_write_bw_long_vs_py",
+                    # SEND and READ against WRITE on each face
+                    "c_send_vs_write_bw", "c_read_vs_write_bw", "py_send_vs_write_bw",
+                    "py_read_vs_write_bw",
                     "write_1m_vs_gso", "loss_goodput_1m"]
     for r in res["table"]:
         assert r["softnic"] > 0 and r["reference"] > 0 and r["ratio"] > 0

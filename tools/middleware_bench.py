@@ -6,6 +6,9 @@
   ucp_put_bw 64 KiB over softnic's rc_verbs (UCX_TLS=rc_v,self) and over UCX's tcp
   transport on loopback (UCX_TLS=tcp,self, UCX_NET_DEVICES=lo), the two alternating
   round by round; medians and the softnic/tcp ratio of each round's pair.
+* ucx_perftest tag_bw (UCX's tag protocol: eager SENDs, rendezvous by RDMA READ)
+  against ucp_put_bw (RDMA WRITE), both over softnic's rc_verbs, at 64 KiB and
+  1 MiB, alternating round by round (goal: tag_bw >= 0.8 of ucp_put_bw).
 * MPI_Allreduce time per size (tests/c/mpi_check.c --time-allreduce, 2 ranks) with
   Open MPI's pml ucx over softnic's rc_verbs next to Open MPI's ob1 with btl tcp.
 
@@ -29,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOFTNIC = [sys.executable, "-m", "softnic.cli", "exec", "--"]
+#: figure -> (goal, comparison): the issue's targets
+GOALS = {"tag_bw_vs_put_bw": (0.8, ">=")}
 MPI_ARGS = ["--allow-run-as-root", "--oversubscribe", "-np", "2"]
 SOFTNIC_MPI = ["--mca", "pml", "ucx", "--mca", "pml_ucx_devices", "any", "--mca", "btl", "self",
                "--mca", "osc", "ucx", "--mca", "mtl", "^ofi", "-x", "UCX_TLS=rc_v,self",
@@ -96,6 +101,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer iterations and sizes")
+    ap.add_argument("--ucx-only", action="store_true", help="the ucx_perftest tables only")
     args = ap.parse_args(argv)
     iters = 200 if args.quick else 1000
     print(f"date {datetime.date.today()}  load {os.getloadavg()[0]:.2f} (1 min)  "
@@ -120,6 +126,31 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     for test, size, unit, a, b, ratio in rows:
         print(f"| {test} | {size} | {unit} | {a:.1f} | {b:.1f} | {ratio:.3g} |")
+
+    goal, cmp = GOALS["tag_bw_vs_put_bw"]
+    print(f"\n| ucx_perftest over softnic rc_verbs | size | tag_bw MB/s | ucp_put_bw MB/s "
+          f"| tag/put | goal | met |")
+    print("|---|---|---|---|---|---|---|")
+    for size in (65536, 1 << 20):
+        tag, put, ratios = [], [], []
+        n = max(50, iters // 10) if size == 65536 else max(10, iters // 50)
+        for k in range(args.rounds):             # alternate which goes first
+            if k % 2:
+                b = perftest(True, "ucp_put_bw", size, n)[1]
+                a = perftest(True, "tag_bw", size, n)[1]
+            else:
+                a = perftest(True, "tag_bw", size, n)[1]
+                b = perftest(True, "ucp_put_bw", size, n)[1]
+            tag.append(a)
+            put.append(b)
+            ratios.append(a / b)
+        ratio = statistics.median(ratios)
+        met = "yes" if (ratio >= goal if cmp == ">=" else ratio <= goal) else "no"
+        print(f"| tag_bw / ucp_put_bw | {size} | {statistics.median(tag):.1f} "
+              f"| {statistics.median(put):.1f} | {ratio:.3g} | {cmp} {goal:g} | {met} |")
+    if args.ucx_only:
+        print(f"\nload after: {os.getloadavg()[0]:.2f} (1 min)")
+        return 0
 
     with tempfile.TemporaryDirectory() as tmp:
         exe = str(Path(tmp) / "mpi_check")

@@ -52,6 +52,10 @@ GOALS = {            # figure: (goal, comparison), the issue's targets
     "py_pingpong_events_vs_poll": (1.5, "<="),
     "c_write_bw_vs_py": (0.9, ">="),
     "c_write_bw_long_vs_py": (0.9, ">="),
+    "c_send_vs_write_bw": (0.9, ">="),     # 64 KiB, each pair in one round
+    "c_read_vs_write_bw": (0.9, ">="),
+    "py_send_vs_write_bw": (0.9, ">="),
+    "py_read_vs_write_bw": (0.9, ">="),
     "write_1m_vs_gso": (None, ">="),
     "write_8m_vs_gso": (None, ">="),
     "loss_goodput_1m": (None, ">="),
@@ -391,10 +395,15 @@ def c_write_lat(size: int, iters: int) -> dict:
 
 
 def c_write_bw(size: int, iters: int, mtu: int = 4096) -> dict:
-    out, _ = cface("ib_write_bw", ["-x", "0", "-s", str(size), "-n", str(iters),
+    return c_bw("write", size, iters, mtu)
+
+
+def c_bw(op: str, size: int, iters: int, mtu: int = 4096) -> dict:
+    """perftest ``ib_<op>_bw -x 0`` (op: write, send, read) over softnic's libibverbs."""
+    out, _ = cface(f"ib_{op}_bw", ["-x", "0", "-s", str(size), "-n", str(iters),
                                    "-m", str(mtu)])
     f = _perftest_row(out, size)       # bytes iters BW_peak BW_average MsgRate (MB/s = 2**20)
-    return {"tool": f"ib_write_bw -x 0 -s {size} -m {mtu}",
+    return {"tool": f"ib_{op}_bw -x 0 -s {size} -m {mtu}",
             "bytes_per_sec": float(f[3]) * (1 << 20)}
 
 
@@ -581,7 +590,8 @@ def step_c_face(args, res: dict, step) -> None:
     pairs: dict[str, list] = {k: [] for k in GOALS if k in (
         "c_write_lat_vs_py", "c_pingpong_events_vs_poll", "py_pingpong_events_vs_poll",
         "c_write_bw_vs_py", "c_write_bw_long_vs_py", "write_1m_vs_gso", "write_8m_vs_gso",
-        "loss_goodput_1m")}
+        "loss_goodput_1m", "c_send_vs_write_bw", "c_read_vs_write_bw", "py_send_vs_write_bw",
+        "py_read_vs_write_bw")}
     for k in range(1 if q else args.repeat):
         flip = k % 2 == 1
         step(f"C face round {k + 1}: ib_write_lat -x 0 -s 2 / softnic perf write_lat -s 2")
@@ -612,6 +622,19 @@ def step_c_face(args, res: dict, step) -> None:
                       lambda: perf("write_bw", ["-s", "65536", "-n", str(n_long), "-m", "4096"]
                                    )["results"][0]], flip)
         pairs["c_write_bw_long_vs_py"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
+        # every opcode at WRITE's speed: SEND and READ against WRITE, 64 KiB, in one
+        # round (the order turned each round), on each face
+        for face in ("c", "py"):
+            step(f"{face} face round {k + 1}: 64 KiB WRITE / SEND / READ bandwidth")
+            if face == "c":
+                one = lambda op: c_bw(op, 65536, n_bw)                       # noqa: E731
+            else:
+                one = lambda op: perf(f"{op}_bw", ["-s", "65536", "-n", str(n_bw),  # noqa: E731
+                                                   "-m", "4096"])["results"][0]
+            ops = ["write", "send", "read"]
+            got = {op: one(op)["bytes_per_sec"] for op in (ops[::-1] if flip else ops)}
+            for op in ("send", "read"):
+                pairs[f"{face}_{op}_vs_write_bw"].append((got[op], got["write"]))
         for size, key in zip(big, ("write_1m_vs_gso", "write_8m_vs_gso")):
             step(f"C face round {k + 1}: WRITE {size >> 10} KiB / raw-Python GSO/GRO blast")
             # eight times the 64 KiB rows' bytes (1.5 GB at the default count, about
@@ -651,6 +674,14 @@ def step_c_face(args, res: dict, step) -> None:
         "write_8m_vs_gso": ("WRITE 8 MiB vs raw-Python UDP blast with GSO/GRO", "MB/s", 1e-6),
         "loss_goodput_1m": ("WRITE 1 MiB goodput, 1 % loss vs lossless (selective repeat)",
                             "MB/s", 1e-6),
+        "c_send_vs_write_bw": ("ib_send_bw vs ib_write_bw -x 0 -s 65536 -m 4096", "MB/s",
+                               1e-6),
+        "c_read_vs_write_bw": ("ib_read_bw vs ib_write_bw -x 0 -s 65536 -m 4096", "MB/s",
+                               1e-6),
+        "py_send_vs_write_bw": ("softnic perf send_bw vs write_bw -s 65536 -m 4096 (Python "
+                                "face)", "MB/s", 1e-6),
+        "py_read_vs_write_bw": ("softnic perf read_bw vs write_bw -s 65536 -m 4096 (Python "
+                                "face)", "MB/s", 1e-6),
     }
     rows = []
     for key, got in pairs.items():

@@ -1,5 +1,5 @@
 /* softnic's per-packet kernel: the inner loops of the bulk data path, for the
-   packets that make up nearly all of a large WRITE (MIDDLEs).
+   packets that make up nearly all of a large SEND, WRITE or READ (MIDDLEs).
 
    No protocol rule lives here.  Each function is a faster way through a rule
    the engine states once, for a run of packets, and stops, leaving the rest to
@@ -7,17 +7,24 @@
 
      sn_tx_middles   requester._send_packet / _build for a MIDDLE (BTH, AckReq
                      every ack_every packets, payload, ICRC), called by
-                     requester._bulk; sn_tx_heads, the same but the payload,
-                     which the driver gathers from memory as it sends;
-     sn_rx_middles   responder.execute for a WRITE MIDDLE at the ePSN (sequence,
-                     size, room, placement, the ACK its AckReq asks for),
-                     under the conditions of the comment COMMON_CASE in
-                     responder.py: the QP's are checked by its
+                     requester.middle_run, the one builder of a run of a
+                     message's MIDDLEs: a SEND's or WRITE's (requester._bulk),
+                     a READ's RESPONSE MIDDLEs (output._read_run, encode's
+                     bytes, AckReq never set); sn_tx_heads, the same but the
+                     payload, which the driver gathers from memory as it sends;
+     sn_rx_middles   responder.execute's early exit for a SEND or WRITE MIDDLE
+                     at the ePSN (sequence, size, room in
+                     responder.message_target, placement, the ACK its AckReq
+                     asks for), under the conditions of the comment
+                     COMMON_CASE in responder.py: the QP's are checked by its
                      caller, responder.receive_middles, each packet's here;
                      and, with selective repeat, responder._hold_placed_write
                      for a run of MIDDLEs beyond a hole (responder.
                      _middles_beyond: the PSNs from the run's first on, room
-                     up to the WRITE's LAST, no byte a newer PSN placed).
+                     up to the WRITE's LAST, no byte a newer PSN placed);
+                     and completer._read_response for READ RESPONSE MIDDLEs
+                     at the expected PSN (completer.receive_middles: the
+                     READ's one SGE, room up to its LAST).
 
    The caller accounts for the packets taken with the count returned, through
    the same rule functions (responder.accept, the AckReq count).  The
@@ -70,6 +77,8 @@ int sn_set_crc(uintptr_t fn, int kind)
     return crc_isal ? 1 : crc_zlib ? 2 : 0;
 }
 
+/* wire.icrc.crc32 (zlib's crc32: the ICRC's CRC-32), for the loops here and
+   for Python, which checks it against zlib.crc32 when it loads (accel._choose_crc). */
 uint32_t sn_crc32(uint32_t crc, const uint8_t *p, size_t n)
 {
     if (crc_isal)
@@ -108,11 +117,11 @@ static inline void put_le32(uint8_t *p, uint32_t v)
     p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
 }
 
-/* Receive (responder.execute for a run of MIDDLEs; responder.receive_middles
-   calls it): the datagrams laid end to end in buf[0:n] (each seg bytes, the last
-   maybe shorter), from offset o on, are taken while each is the next MIDDLE of
-   the WRITE being received, that is while each meets COMMON_CASE's per-packet
-   conditions:
+/* Receive (responder.execute's early exit for a run of MIDDLEs;
+   responder.receive_middles calls it): the datagrams laid end to end in
+   buf[0:n] (each seg bytes, the last maybe shorter), from offset o on, are
+   taken while each is the next MIDDLE of the SEND or WRITE being received,
+   that is while each meets COMMON_CASE's per-packet conditions:
      - seg bytes whole: a full MTU of payload (seg = BTH + MTU + ICRC), no pad;
      - BTH word 0 equal to w0 (the opcode, flags and P_Key the ICRC state
        ``start`` was computed for);
@@ -126,7 +135,10 @@ static inline void put_le32(uint8_t *p, uint32_t v)
    the run goes there, for Python to queue its ACK as accept does (with cap 0,
    the run stops before it).  Returns how many; *nacks is how many of them
    asked for an ACK; Python accounts for them (epsn, write offset, counters,
-   the ACKs). */
+   the ACKs).  completer.receive_middles calls it too, for a run of READ
+   RESPONSE MIDDLEs (completer._read_response at the expected PSN; the READ's
+   SGE as dst, room up to its LAST): a response's AckReq bit asks for nothing,
+   and its indexes are not used. */
 int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
                   uint32_t dqpn, uint32_t epsn, uint32_t start, uint8_t *dst,
                   uint64_t off, uint64_t len, uint32_t max, uint32_t *acks,
@@ -177,8 +189,9 @@ static inline uint32_t put_middle_bth(uint8_t *p, uint32_t w0, uint32_t dqpn, ui
     return s;
 }
 
-/* Send (requester._send_packet and _build for a run of MIDDLEs; requester._bulk
-   calls it): count MIDDLE packets built into buf from offset o on, one after
+/* Send (requester._send_packet and _build for a run of MIDDLEs;
+   requester.middle_run calls it, for a request's MIDDLEs or a READ's RESPONSE
+   MIDDLEs): count MIDDLE packets built into buf from offset o on, one after
    another (BTH, an MTU of payload from src, ICRC): BTH word 0 w0, destination
    QP dqpn, PSNs from psn on.  The AckReq bit follows the requester's count s
    of packets since the last one that asked: set when s reaches ack_every.
@@ -200,7 +213,8 @@ uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint
     return s;
 }
 
-/* Send without copying the payload (requester._bulk for a driver that gathers,
+/* Send without copying the payload (requester.middle_run, for a request's
+   MIDDLEs or a READ's RESPONSE MIDDLEs, with a driver that gathers,
    ``Device.tx_gather``): of count MIDDLE packets, what sn_tx_middles builds but
    the payload, 16 bytes a packet in heads: the BTH (12 bytes, AckReq as there)
    and the ICRC (4), computed over the payload where it lies, src (an MTU a

@@ -1,8 +1,9 @@
-/* The UDP driver's receive of a stream of one WRITE's MIDDLEs, without the
+/* The UDP driver's receive of a stream of one SEND's or WRITE's MIDDLEs
+   (responder.stream_target's), without the
    interpreter between datagrams: receive (recvmsg(2) into buf, cap bytes: the
    socket's one receive buffer, UDP_GRO runs as the kernel coalesces them) and
    take each run with sn_rx_middles, run after run, while each is wholly the next
-   MIDDLEs of the WRITE a QP is receiving in order, or of a WRITE beyond a hole
+   MIDDLEs of the SEND or WRITE a QP is receiving in order, or of a WRITE beyond a hole
    whose target is known, from PSN epsn on and up to len (the conditions
    responder.stream_target checks once per call are the caller's, checked
    before the call, and hold while only such MIDDLEs arrive: the PSNs and the

@@ -10,7 +10,8 @@ channel (one JSON line each way), then move their RC QPs to RTS and run the
 test through the pyverbs API.  The client's options decide the test; the
 server takes them from the side channel.
 
-Bandwidth tests keep ``--tx-depth`` work requests in flight on every QP and
+Bandwidth tests keep ``--tx-depth`` work requests in flight on every QP (and
+a SEND test's server ``--rx-depth`` receives posted, 512 as perftest's) and
 report the average over the run and the peak over a window of at least a
 twentieth of the completions and of the run's time.  Latency tests run one operation at a time: write_lat and
 send_lat are ping-pongs (half the round trip is reported, as perftest does),
@@ -76,6 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         t.add_argument("-m", "--mtu", type=int, choices=MTUS, default=1024, help="path MTU")
         t.add_argument("-t", "--tx-depth", type=_positive, default=128,
                        help="work requests in flight per QP (bw tests)")
+        t.add_argument("-r", "--rx-depth", type=_positive, default=512,
+                       help="receives kept posted per QP (SEND bw tests; perftest's 512)")
         t.add_argument("-u", "--qp-timeout", type=int, default=14,
                        help="QP timeout: retransmission after 4.096 us * 2**timeout (14)")
         t.add_argument("--report_gbits", action="store_true", help="bandwidth in Gb/sec")
@@ -116,7 +119,8 @@ def plan(args) -> dict:
     qps = args.qp if kind == "bw" else 1
     return {"test": args.perf_test, "op": op, "kind": kind, "sizes": sizes, "iters": iters,
             "max_bytes": args.max_bytes,
-            "qps": qps, "mtu": args.mtu, "tx_depth": args.tx_depth, "timeout": args.qp_timeout}
+            "qps": qps, "mtu": args.mtu, "tx_depth": args.tx_depth, "timeout": args.qp_timeout,
+            "rx_depth": args.rx_depth if op == "send" and kind == "bw" else 4}
 
 
 def main(args) -> int:
@@ -177,13 +181,17 @@ class Endpoint:
             raise PerfError(f"cannot open device {dev}: {exc}") from None
         depth = p["tx_depth"] if p["kind"] == "bw" else 4
         self.depth = depth
+        # receives posted per QP: more than the sender keeps in flight, as
+        # perftest's --rx-depth, since a SEND completes at its sender once it has
+        # landed, before this side's program reposts the receive it took
+        self.rx_depth = rx = p.get("rx_depth", 4)
         self.pd = PD(self.ctx)
-        self.cq = CQ(self.ctx, p["qps"] * (2 * depth + 8) + 64)
+        self.cq = CQ(self.ctx, p["qps"] * (depth + rx + 8) + 64)
         self.half = max(max(p["sizes"]), 64)
         access = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
                   e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_ATOMIC)
         self.mr = MR(self.pd, 2 * self.half, access)     # [send area | receive area]
-        cap = QPCap(max_send_wr=depth + 4, max_recv_wr=depth + 4, max_send_sge=1,
+        cap = QPCap(max_send_wr=depth + 4, max_recv_wr=rx + 4, max_send_sge=1,
                     max_recv_sge=1)
         init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0)
         attr = QPAttr(port_num=1)
@@ -476,7 +484,7 @@ def prepare(ep: Endpoint, p: dict, size: int) -> None:
     if p["op"] == "send" and not ep.prepared:
         ep.prepared = True            # each completion reposts one: the count holds
         for qp in ep.qps:
-            _post_recvs(ep, qp, size, ep.depth if p["kind"] == "bw" else 4)
+            _post_recvs(ep, qp, size, ep.rx_depth)
 
 
 def lat_summary(times: list[float], size: int, iters: int, half: bool) -> dict:

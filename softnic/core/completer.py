@@ -26,11 +26,11 @@ from __future__ import annotations
 import struct
 import sys
 
-from ..wire.icrc import check_icrc
-from ..wire.roce import AethCode, Kind, NakCode, psn_diff
+from ..wire.icrc import check_icrc, icrc_start
+from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, Opcode, psn_diff
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCOpcode, WCStatus, WROpcode as W
-from . import requester
+from . import requester, responder
 
 _NAK_STATUS = {
     NakCode.INVALID_REQUEST: WCStatus.REM_INV_REQ_ERR,
@@ -289,6 +289,100 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     if is_last:
         _finish(qp, wqe)
     return True
+
+
+def read_target(dev, qp):
+    """The READ whose RESPONSE MIDDLEs may be taken now, in order, by the way
+    ``receive_middles`` takes a run of them: the oldest outstanding WQE, a READ
+    whose first response came (the acknowledged PSN inside it), nothing held
+    beyond a hole (``wqe.got``), one SGE, on an RC QP that may receive responses
+    (RTS, SQD), not XRC, no congestion controller.  ``(view, offset, room)``: its
+    SGE's view, where the expected response's bytes go, and the end of its
+    MIDDLEs' bytes (the LAST's start); None for anything else."""
+    if qp.qp_type is not _RC or qp.xrc is not None or qp.cc is not None \
+            or (qp.state is not _RTS and qp.state is not _SQD):
+        return None
+    expected = (qp.acked_psn + 1) & 0xFFFFFF
+    for w in qp.sq:
+        if w.first_psn is None:
+            return None
+        if not w.done:
+            break
+    else:
+        return None
+    if w.opcode != W.RDMA_READ or w.got or expected == w.first_psn \
+            or len(w.views) != 1 or psn_diff(expected, w.last_psn) >= 0:
+        return None
+    mtu = qp.mtu
+    view = w.views[0]
+    return view, ((expected - w.first_psn) & 0xFFFFFF) * mtu, min((w.npkts - 1) * mtu, len(view))
+
+
+_READ_MIDDLE = int(Opcode.RC_RDMA_READ_RESPONSE_MIDDLE)
+
+
+def receive_middles(dev, data, o: int, seg: int, src, now: float) -> int:
+    """``_read_response`` for a run of READ RESPONSE MIDDLEs from ``data[o:]`` on
+    (``seg`` bytes each), in the compiled kernel (``sn_rx_middles``, as the
+    responder's ``receive_middles`` takes a SEND's or WRITE's): the QP's and the
+    READ's conditions are checked here (``read_target``, its peer's address, a
+    whole MTU, the ICRC checked), each packet's in the kernel (BTH word 0, the
+    QP, FECN/BECN, the expected PSN, room before the READ's LAST, a good ICRC).
+    Each taken packet is what ``receive`` and ``_read_response`` make of a MIDDLE
+    at the expected PSN: counted, scattered, the acknowledged PSN past it, any
+    pending retry done with, then ``_progress``.  Returns how many it took."""
+    if data[o] != _READ_MIDDLE:
+        return 0
+    qp = dev.qps.get(int.from_bytes(data[o + 5:o + 8], "big"))
+    if qp is None or tuple(src) != qp.dest or data[o + 1] & 0x30 \
+            or data[o + 2:o + 4] != b"\xff\xff" or seg != BTH_LEN + qp.mtu + ICRC_LEN \
+            or not dev.config.check_icrc:
+        return 0
+    t = read_target(dev, qp)
+    if t is None:
+        return 0
+    view, off, room = t
+    before = qp.acked_psn
+    k, _ = responder.kernel_middles(dev, qp, data, o, seg, src, (before + 1) & 0xFFFFFF,
+                                    view, off, room)
+    if k:
+        took_responses(dev, qp, k, now)
+        if off + (k + 1) * qp.mtu < room:
+            dev.stream_qp = qp      # more of the READ's MIDDLEs to come: a driver may stream them
+    return k
+
+
+def took_responses(dev, qp, k: int, now: float) -> None:
+    """Account for ``k`` READ RESPONSE MIDDLEs the kernel placed from the expected
+    PSN on, as ``receive`` and ``_read_response`` account for each: counted, the
+    acknowledged PSN past them, any pending retry done with, then ``_progress``
+    (once: what it does for each in turn comes to the same)."""
+    before = qp.acked_psn
+    dev.counters["rcvd_pkts"] += k
+    qp.acked_psn = (before + k) & 0xFFFFFF
+    qp.retry_pending = None
+    _progress(dev, qp, before, now)
+
+
+def stream_target(dev, qp):
+    """``read_target`` for a driver's stream (``sn_rx_stream``, as
+    ``responder.stream_target`` for requests): ``(seg, w0, start, psn, view,
+    offset, room)``, the datagram size, BTH word 0 and ICRC state of the READ's
+    MIDDLEs, the expected PSN, and where its bytes go; None if there is none."""
+    t = read_target(dev, qp)
+    if t is None:
+        return None
+    view, off, room = t
+    if off + qp.mtu > room:
+        return None
+    seg = BTH_LEN + qp.mtu + ICRC_LEN
+    w0 = (_READ_MIDDLE << 24) | 0xFFFF
+    src = qp.dest
+    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, _W0_DQPN.pack(w0, qp.qpn))
+    return seg, w0, start, (qp.acked_psn + 1) & 0xFFFFFF, view, off, room
+
+
+_W0_DQPN = struct.Struct("!II")  # BTH words 0 and 1
 
 
 def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) -> None:

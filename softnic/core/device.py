@@ -134,7 +134,8 @@ class Device(Verbs, Dispatch, Output, Timers):
         #: driver; None runs the same loops in Python
         self.kernel = None
         self._rx_acks = None             # (ffi, uint32_t[]): the kernel's AckReqs of a run
-        #: the QP whose WRITE's MIDDLEs the kernel took last (responder.stream_target)
+        #: the QP whose MIDDLEs (a SEND's, a WRITE's, its READ's responses) the kernel
+        #: took last (``stream_target``)
         self.stream_qp = None
         #: the driver sends a ``requester.Gather`` (a run whose payload stays in
         #: registered memory) as it is; False: every run is built whole

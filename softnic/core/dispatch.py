@@ -73,11 +73,59 @@ RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side == RESPONSE)
 #: opcode -> common-case branch, for the opcodes that have one
 _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
+_READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
 _SENDING = (QPState.RTS, QPState.SQD)
+
+
+class Stream(NamedTuple):
+    """A run of MIDDLEs a driver may take without the engine between its receives
+    (``sn_rx_stream``): those of the QP's message in order or beyond a hole
+    (``responder.stream_target``), or its READ's responses
+    (``completer.stream_target``).  ``took(k, acks, nacks, now)`` accounts for
+    ``k`` taken, the AckReqs' indexes from the first ``acks[0:nacks]``."""
+    qp: object
+    seg: int                      # datagram size of each MIDDLE
+    w0: int                       # their BTH word 0
+    start: int                    # their ICRC state (``icrc_start``)
+    psn: int                      # the first PSN the stream takes
+    view: object                  # where their bytes go ...
+    off: int                      # ... from this offset on ...
+    room: int                     # ... up to this one
+    took: Callable
+    kind: str                     # "in order", "beyond a hole" (a WRITE's) or "responses"
 
 
 class Dispatch:
     """Datagrams in (a part of ``Device``)."""
+
+    def stream_target(self) -> Stream | None:
+        """The stream a driver may take now, for ``stream_qp`` (the QP whose
+        MIDDLEs the kernel took last), or None."""
+        qp = self.stream_qp
+        if qp is None:
+            return None
+        t = responder.stream_target(self)
+        if t is not None:
+            qp, seg, w0, start, psn, view, off, room, at = t
+            if at is None:
+                def took(k, acks, nacks, now):
+                    responder.took_middles(self, qp, k, acks, 0, nacks)
+            else:               # beyond a hole
+                def took(k, acks, nacks, now):
+                    responder.took_beyond(self, qp, psn, k, at, acks, 0, nacks)
+            return Stream(qp, seg, w0, start, psn, view, off, room, took,
+                          "in order" if at is None else "beyond a hole")
+        if self.qps.get(qp.qpn) is not qp or self.kernel is None or not self._fast \
+                or not self.config.check_icrc:
+            return None
+        r = completer.stream_target(self, qp)
+        if r is None:
+            return None
+        self.stream_qp = qp
+
+        def took(k, acks, nacks, now):
+            completer.took_responses(self, qp, k, now)
+        return Stream(qp, *r, took, "responses")
 
     def receive_datagram(self, data: bytes, src: tuple[str, int], now: float, ecn: int = 0,
                          telemetry: tuple | None = None) -> None:
@@ -203,8 +251,9 @@ class Dispatch:
         """Datagrams from ``src`` laid end to end in ``data``, ``seg`` bytes each
         (the last may be shorter; 0: ``data`` is one datagram), as a socket with
         UDP GRO hands them over: ``receive_datagram`` of each in turn.  With a
-        kernel, runs of a WRITE's MIDDLE packets are taken a run at a time
-        (``responder.receive_middles``).
+        kernel, runs of a SEND's or WRITE's MIDDLE packets are taken a run at a time
+        (``responder.receive_middles``), and runs of READ RESPONSE MIDDLEs
+        (``completer.receive_middles``).
 
         ``data`` may be a view of the driver's receive buffer, good for this call
         only: what goes on to ``receive_datagram`` (which may hold a packet) is
@@ -223,7 +272,10 @@ class Dispatch:
         middles = responder.receive_middles
         while o < n:
             if o + seg <= n:
-                k = middles(self, data, o, seg, src)
+                if data[o] == _READ_MIDDLE:
+                    k = completer.receive_middles(self, data, o, seg, src, now)
+                else:
+                    k = middles(self, data, o, seg, src)
                 if k:
                     o += k * seg
                     continue

@@ -245,55 +245,71 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     Returns the buffer and ``seg``."""
     mtu = qp.mtu
     seg = BTH_LEN + mtu + ICRC_LEN
-    op = wqe.opcode
-    mid = _MIDDLE[op]
-    dqpn = qp.attr.dest_qp_num & 0xFFFFFF
     last_idx = wqe.npkts - 1
     has_last = idx + k - 1 == last_idx
     nmid = k - has_last
-    size = nmid * seg
+    extra = 0
     if has_last:
         n_last = wqe.length - last_idx * mtu
-        pad = -n_last & 3
-        size += BTH_LEN + n_last + pad + ICRC_LEN
-    start = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg, _HEAD.pack(mid, 0, 0xFFFF, dqpn))
+        extra = BTH_LEN + n_last + (-n_last & 3) + ICRC_LEN
     psn = (wqe.first_psn + idx) & 0xFFFFFF
-    s = qp.pkts_since_ackreq
     views = wqe.views
     one = views[0] if len(views) == 1 else None
     off = idx * mtu
-    pack, put = _HDR.pack_into, _ICRC.pack_into
-    o = 0
-    kern = dev.kernel
-    if kern is not None and one is not None and nmid and off + nmid * mtu <= len(one):
-        if dev.tx_gather:
-            # the loop below, in C, but for the payload, which stays where it is
-            heads = bytearray(16 * nmid)
-            ffi = kern.ffi
-            s = kern.lib.sn_tx_heads(
-                ffi.from_buffer(heads, require_writable=True), nmid, (mid << 24) | 0xFFFF,
-                dqpn, psn, s, ack_every, ffi.from_buffer(one) + off, mtu, start)
-            last = None
-            if has_last:
-                s = 0               # a LAST asks for an ACK: the count starts again
-                last = _plain_last(dev, qp, wqe, (psn + nmid) & 0xFFFFFF, off + nmid * mtu,
-                                   n_last, dest)
-            qp.pkts_since_ackreq = s
-            return Gather(heads, one[off:off + nmid * mtu], mtu, nmid, last), seg
-        buf = bytearray(size)
-        # the loop below, in C
-        ffi = kern.ffi
-        s = kern.lib.sn_tx_middles(ffi.from_buffer(buf, require_writable=True), 0, nmid,
-                                   (mid << 24) | 0xFFFF, dqpn, psn, s, ack_every,
-                                   ffi.from_buffer(one) + off, mtu, start)
+    buf, s = middle_run(dev, dest, _MIDDLE[wqe.opcode], qp.attr.dest_qp_num, psn, nmid, mtu,
+                        one, off, qp.pkts_since_ackreq, ack_every, extra,
+                        lambda o: gather(wqe, o, mtu))
+    if has_last:
+        s = 0                       # a LAST asks for an ACK: the count starts again
         psn = (psn + nmid) & 0xFFFFFF
         off += nmid * mtu
-        o = nmid * seg
-        nmid = 0
-    else:
-        buf = bytearray(size)
+        if type(buf) is Gather:
+            buf.last = _plain_last(dev, qp, wqe, psn, off, n_last, dest)
+        else:
+            _plain_last(dev, qp, wqe, psn, off, n_last, dest, buf, nmid * seg)
+    qp.pkts_since_ackreq = s
+    return buf, seg
+
+
+def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, src, off: int,
+               s: int, ack_every: int, extra: int = 0, part=None):
+    """The one builder of a run of a message's MIDDLE packets: a SEND's or WRITE's
+    request MIDDLEs (``_bulk``), a READ's RESPONSE MIDDLEs (``output``).
+    ``count`` packets of opcode ``mid`` to QP ``dqpn``, PSNs from ``psn`` on, each
+    a BTH, an MTU of the message's bytes from ``src[off:]`` (``src`` None, or
+    too short: ``part(offset)`` gives each MTU) and its ICRC (sent to ``dest``),
+    one after another in a new buffer with ``extra`` bytes of room after them
+    (for what the caller puts there).  The AckReq bit follows the count ``s`` of
+    packets since the last that asked, as ``_send_packet`` sets it: set when
+    the count reaches ``ack_every`` (a READ response never asks: 0xFFFFFFFF).
+    With the kernel and a driver that gathers, the payload stays where it is: a
+    ``Gather`` of the run (its ``last`` None), no room after it.
+    Returns the buffer (or ``Gather``) and the count ``s`` after the run."""
+    seg = BTH_LEN + mtu + ICRC_LEN
+    dqpn &= 0xFFFFFF
+    start = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg, _HEAD.pack(mid, 0, 0xFFFF, dqpn))
+    one = src if src is not None and off + count * mtu <= len(src) else None
+    kern = dev.kernel
+    o = 0
+    if kern is not None and one is not None and count:
+        ffi = kern.ffi
+        if dev.tx_gather:
+            # the loop below, in C, but for the payload, which stays where it is
+            heads = bytearray(16 * count)
+            s = kern.lib.sn_tx_heads(
+                ffi.from_buffer(heads, require_writable=True), count, (mid << 24) | 0xFFFF,
+                dqpn, psn, s, ack_every, ffi.from_buffer(one) + off, mtu, start)
+            return Gather(heads, one[off:off + count * mtu], mtu, count, None), s
+        buf = bytearray(count * seg + extra)
+        # the loop below, in C
+        s = kern.lib.sn_tx_middles(ffi.from_buffer(buf, require_writable=True), 0, count,
+                                   (mid << 24) | 0xFFFF, dqpn, psn, s, ack_every,
+                                   ffi.from_buffer(one) + off, mtu, start)
+        return buf, s
+    buf = bytearray(count * seg + extra)
     mv = memoryview(buf)
-    for _ in range(nmid):
+    pack, put = _HDR.pack_into, _ICRC.pack_into
+    for _ in range(count):
         s += 1
         if s >= ack_every:
             s = 0
@@ -301,16 +317,12 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
         else:
             pack(buf, o, mid, 0, 0xFFFF, dqpn, psn)
         e = o + BTH_LEN + mtu
-        mv[o + BTH_LEN:e] = one[off:off + mtu] if one is not None else gather(wqe, off, mtu)
+        mv[o + BTH_LEN:e] = one[off:off + mtu] if one is not None else part(off)
         put(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
         psn = (psn + 1) & 0xFFFFFF
         off += mtu
         o = e + ICRC_LEN
-    if has_last:
-        s = 0                       # a LAST asks for an ACK: the count starts again
-        _plain_last(dev, qp, wqe, psn, off, n_last, dest, buf, o)
-    qp.pkts_since_ackreq = s
-    return buf, seg
+    return buf, s
 
 
 def _plain_last(dev, qp, wqe, psn: int, off: int, n: int, dest, buf=None, o: int = 0):

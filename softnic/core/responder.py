@@ -26,9 +26,13 @@ Two ways in, one set of rules.  ``receive`` takes a decoded ``Packet`` (every
 opcode, every QP type).  ``receive_common``, which dispatch tries first, takes
 the common case straight from the datagram's bytes when ``COMMON_CASE`` below holds:
 it reads the few header fields the rules need (where ``wire.roce.OPCODES`` says
-they are) and calls the same functions.  ``receive_middles`` is the same step for
-a run of a WRITE's MIDDLE packets, in the compiled kernel (``softnic.accel``,
-``sn_rx_middles``), with the per-packet conditions that kernel checks.
+they are) and calls the same functions.  The chain's one early exit is
+``execute``'s: a MIDDLE of the SEND or WRITE under way that fits where its bytes
+go (``message_target``: the WRITE's MR view, the SEND's receive WQE's one SGE) is
+placed and accepted at once.  ``receive_middles`` is that exit for a run of such
+MIDDLEs, in the compiled kernel (``softnic.accel``, ``sn_rx_middles``), with the
+per-packet conditions that kernel checks; ``stream_target`` lets a driver take
+run after run of them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import sys
 from collections import deque
 
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
-from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, OPCODES, psn_diff
+from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, OPCODES, Opcode, psn_diff
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import MW, AccessError, view_span
@@ -134,6 +138,41 @@ def write_target(dev, qp, va: int, rkey: int, length: int):
         return dev.keys.remote(qp.pd, rkey, va, length, Access.REMOTE_WRITE, qp)
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
+
+
+def message_target(dev, qp):
+    """Where the next bytes of the SEND or WRITE being received go, for a MIDDLE
+    that continues it: ``(view, offset, room)``, the bytes going to
+    ``view[offset:]`` and none past ``room``.  A WRITE's: the MR view its FIRST's
+    RETH named (``write_target``), at the write offset.  A SEND's: its receive
+    WQE's one SGE, checked as ``_place_recv`` checks it (the lkey, local write),
+    at the bytes placed so far.  None for anything else (no message under way; a
+    receive WQE with several SGEs, or an SGE that check refuses): the general
+    way (``_write``, ``_place_recv``) places it."""
+    kind = qp.resp_kind
+    if kind is _WRITE_KIND:
+        view = qp.write_view
+        return view, qp.write_off, min(qp.write_len, view.nbytes)
+    if kind is _SEND_KIND:
+        wqe = qp.resp_wqe
+        if wqe is None or len(wqe.sges) != 1:
+            return None
+        addr, length, lkey = wqe.sges[0]
+        try:
+            view = dev.keys.local(qp.pd, lkey, addr, length, write=True)
+        except AccessError:
+            return None
+        return view, qp.resp_off, min(length, wqe.length)
+    return None
+
+
+def _more_middles(dev, qp) -> None:
+    """After a packet of a SEND or WRITE taken in order: if MIDDLEs of it are to
+    come that ``message_target`` places (at least one more whole MTU before its
+    last packet), a driver may stream them (``stream_target``)."""
+    t = message_target(dev, qp)
+    if t is not None and t[1] + qp.mtu < t[2]:
+        dev.stream_qp = qp
 
 
 def recv_done(dev, qp, wqe, opcode: WCOpcode, byte_len: int, imm: int, flags: WCFlags,
@@ -391,7 +430,27 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
     """Execute the SEND or WRITE packet at the ePSN: ``info`` its opcode's entry in
     ``wire.roce.OPCODES``, ``reth`` its RETH as ``(va, rkey, length)`` or None,
     ``tail`` its ImmDt or IETH (0 if none).  Refused: NAKed (RNR, or an error
-    that moves the QP to ERR); executed: accepted, acknowledged if due."""
+    that moves the QP to ERR); executed: accepted, acknowledged if due.
+
+    The chain's early exit (with ``fast_path``): a MIDDLE of the SEND or WRITE
+    under way that fits where its bytes go (``message_target``) passes every
+    check below (sequence, size, room; a MIDDLE has no immediate and ends
+    nothing), so it is placed and accepted at once."""
+    if dev._fast and not info.first and not info.last and info.kind is qp.resp_kind \
+            and len(payload) == qp.mtu:
+        t = message_target(dev, qp)
+        if t is not None:
+            view, off, room = t
+            n = len(payload)
+            if off + n <= room:
+                if info.kind is _WRITE_KIND:
+                    sr_place.place_in_order(qp, view, off, payload)
+                    qp.write_off = off + n
+                else:
+                    view[off:off + n] = payload
+                    qp.resp_off = off + n
+                accept(dev, qp, psn, False, ackreq)
+                return
     try:
         _check_sequence(qp, info)
         if info.kind is _SEND_KIND:
@@ -793,7 +852,8 @@ def _receive_ud(dev, qp, pkt, src) -> None:
 #                  good ICRC
 #   the QP         RC (with or without a congestion controller); not XRC; RTR,
 #                  RTS or SQD; the packet from its peer's address
-#   the PSN        the ePSN with nothing held out of order: executed (``execute``)
+#   the PSN        the ePSN with nothing held out of order: executed (``execute``;
+#                  a MIDDLE that fits ``message_target`` by its early exit)
 #                  below the ePSN: a duplicate SEND or WRITE (``_duplicate``)
 #                  above it, go-back-N: dropped, NAKed once per gap (``_gap``)
 #                  above it, selective repeat, a WRITE's MIDDLE or LAST whose
@@ -867,23 +927,12 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
         c["duplicate_request"] += 1
         _duplicate(dev, qp, info.kind, psn, None)
         return True
-    if opcode == _WRITE_MIDDLE and qp.resp_kind is _WRITE_KIND and plen == qp.mtu \
-            and qp.write_off + plen <= qp.write_len:
-        # execute's way for a MIDDLE of the WRITE under way that fits (the checks of
-        # _check_sequence, _check_size and _write passed), placed as place_in_order
-        # places it with nothing held beyond a hole (none is: ``qp.ooo`` is empty)
-        off = qp.write_off
-        qp.write_view[off:off + plen] = memoryview(data)[hdr:hdr + plen]
-        qp.write_off = off + plen
-        accept(dev, qp, psn, False, w3 & 0x80000000)
-    else:
-        execute(dev, qp, info, psn, w3 & 0x80000000, flags & 0x80,
-                memoryview(data)[hdr:hdr + plen],
-                _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
-                _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
-        if info.first and not qp.ooo and qp.resp_kind is _WRITE_KIND \
-                and qp.write_off + qp.mtu < qp.write_len:
-            dev.stream_qp = qp      # a WRITE's MIDDLEs to come: a driver may stream them
+    execute(dev, qp, info, psn, w3 & 0x80000000, flags & 0x80,
+            memoryview(data)[hdr:hdr + plen],
+            _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
+            _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
+    if info.first and not info.last and not qp.ooo:
+        _more_middles(dev, qp)
     if not qp.ooo and (qp.sr_naked or qp.sr_scan is not None or qp.sr_writes
                        or qp.sr_placed is not None):
         _nothing_held(qp)                   # (it has nothing to clear otherwise)
@@ -990,22 +1039,28 @@ def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, n
     return True
 
 
-_WRITE_MIDDLE = 0x07            # RC RDMA WRITE MIDDLE
+_WRITE_MIDDLE = int(Opcode.RC_RDMA_WRITE_MIDDLE)
+#: the MIDDLE opcodes whose runs the kernel takes, and the kind each continues
+_MIDDLE_KIND = {int(Opcode.RC_SEND_MIDDLE): Kind.SEND, _WRITE_MIDDLE: Kind.WRITE}
+_MIDDLE_OPCODE = {k: op for op, k in _MIDDLE_KIND.items()}
 _W0_DQPN = struct.Struct("!II")  # BTH words 0 and 1 (byte 4, FECN/BECN, is masked by icrc_start)
 _ACKS_PER_RUN = 64              # AckReqs one kernel call takes (a GRO run is <= 64 datagrams)
 
 
 def receive_middles(dev, data, o: int, seg: int, src) -> int:
-    """``receive_common`` for the run of a WRITE's MIDDLE packets from ``data[o:]``
-    on (``seg`` bytes each), in the compiled kernel: the QP's COMMON_CASE
-    conditions are checked here, each packet's in ``sn_rx_middles`` (the WRITE
-    being received and continued in sequence, P_Key, FECN/BECN, ePSN, room in
-    the target, a whole MTU, a good ICRC); it places each and stops at the
-    first that is not so.  Each taken packet is then accounted for as
-    ``execute`` accounts for a MIDDLE: ``accept``, not last, which queues an
+    """``execute``'s early exit for the run of MIDDLE packets of the SEND or WRITE
+    under way from ``data[o:]`` on (``seg`` bytes each), in the compiled kernel:
+    the QP's COMMON_CASE conditions and the target (``message_target``) are
+    checked here, each packet's in ``sn_rx_middles`` (the message being
+    received and continued in sequence, P_Key, FECN/BECN, ePSN, room in the
+    target, a whole MTU, a good ICRC); it places each and stops at the first
+    that is not so.  Each taken packet is then accounted for as the early exit
+    accounts for it: its offset moved, ``accept``, not last, which queues an
     ACK for each that asked for one (AckReq) before the ePSN moves past the
-    run.  Returns how many it took."""
-    if data[o] != _WRITE_MIDDLE:
+    run.  A SEND whose receive WQE has several SGEs takes the general way,
+    packet by packet (``_place_recv``).  Returns how many it took."""
+    kind = _MIDDLE_KIND.get(data[o])
+    if kind is None:
         return 0
     qp = _common_qp(dev, int.from_bytes(data[o + 4:o + 8], "big"),
                     int.from_bytes(data[o + 2:o + 4], "big"), src)
@@ -1013,20 +1068,24 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
             or not dev.config.check_icrc:
         return 0                # (a MIDDLE has no pad; the kernel checks every ICRC)
     if qp.ooo:
+        if kind is not _WRITE_KIND:
+            return 0            # (only a WRITE's bytes are placed beyond a hole)
         return _middles_beyond(dev, qp, data, o, seg, src)
-    if qp.resp_kind is not Kind.WRITE:
+    if qp.resp_kind is not kind:
         return 0
-    view = qp.write_view
-    k, out = _kernel_middles(dev, qp, data, o, seg, src, qp.epsn, view, qp.write_off,
-                             min(qp.write_len, view.nbytes))
+    t = message_target(dev, qp)
+    if t is None:
+        return 0
+    view, off, room = t
+    k, out = kernel_middles(dev, qp, data, o, seg, src, qp.epsn, view, off, room)
     if k:
         took_middles(dev, qp, k, out, 1, out[0])
-        if qp.write_off + qp.mtu < qp.write_len:
+        if off + (k + 1) * qp.mtu < room:
             dev.stream_qp = qp      # more MIDDLEs to come: a driver may stream them
     return k
 
 
-def _kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: int,
+def kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: int,
                     room: int):
     """``sn_rx_middles`` on the run at ``data[o:]``: the MIDDLEs of ``qp`` from PSN
     ``psn`` on, placed at ``view[off:]`` up to ``room``.  Returns how many it took
@@ -1046,13 +1105,17 @@ def _kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: i
 
 
 def took_middles(dev, qp, k: int, acks, first: int, nacks: int) -> None:
-    """Account for ``k`` MIDDLEs of ``qp``'s WRITE the kernel placed in sequence from
-    the ePSN on, as ``execute`` accounts for each: counted, the write offset moved,
+    """Account for ``k`` MIDDLEs of ``qp``'s SEND or WRITE the kernel placed in
+    sequence from the ePSN on, as ``execute``'s early exit accounts for each:
+    counted, the message's offset moved,
     ``accept`` (not last), which queues an ACK for each that asked for one (their
     indexes from the first: ``acks[first:first + nacks]``) before the ePSN moves
     past them."""
     dev.counters["rcvd_pkts"] += k
-    qp.write_off += k * qp.mtu
+    if qp.resp_kind is _WRITE_KIND:
+        qp.write_off += k * qp.mtu
+    else:
+        qp.resp_off += k * qp.mtu
     e = qp.epsn
     for i in range(first, first + nacks):
         queue_ack(dev, qp, (e + acks[i]) & _MASK)
@@ -1061,11 +1124,12 @@ def took_middles(dev, qp, k: int, acks, first: int, nacks: int) -> None:
 
 
 def stream_target(dev):
-    """The QP whose WRITE's MIDDLEs the kernel took last (``receive_middles``,
+    """The QP whose MIDDLEs the kernel took last (``receive_middles``,
     ``took_beyond``), if it may take more of them without the engine between
     runs (``sn_rx_stream``, whose packets meet the conditions ``sn_rx_middles``
-    checks): the WRITE it receives in order under COMMON_CASE's conditions on
-    the QP, or, beyond a hole, the MIDDLEs from the PSN after the last taken
+    checks): the SEND or WRITE it receives in order under COMMON_CASE's
+    conditions on the QP, into ``message_target``, or, beyond a hole, a
+    WRITE's MIDDLEs from the PSN after the last taken
     (``beyond_run``).  ``(qp, seg, w0, start, psn, view, offset, room, at)``:
     the datagram size, BTH word 0 and ICRC state of its MIDDLEs, the PSN the
     stream starts at, the target and where that PSN's bytes go in it, the end
@@ -1086,14 +1150,16 @@ def stream_target(dev):
             dev.stream_qp = None
             return None
         view, off, room, at = run
-    elif qp.resp_kind is Kind.WRITE:
-        psn, view, off, at = qp.epsn, qp.write_view, qp.write_off, None
-        room = min(qp.write_len, view.nbytes)
+        w0 = (_WRITE_MIDDLE << 24) | 0xFFFF
     else:
-        dev.stream_qp = None
-        return None
+        t = message_target(dev, qp)
+        if t is None:
+            dev.stream_qp = None
+            return None
+        view, off, room = t
+        psn, at = qp.epsn, None
+        w0 = (_MIDDLE_OPCODE[qp.resp_kind] << 24) | 0xFFFF
     seg = BTH_LEN + qp.mtu + ICRC_LEN
-    w0 = (_WRITE_MIDDLE << 24) | 0xFFFF
     src = qp.dest
     start = icrc_start(src[0], dev.ip, src[1], dev.port, seg,
                        _W0_DQPN.pack(w0, qp.qpn))
@@ -1113,7 +1179,7 @@ def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
     if run is None:
         return 0
     view, off, room, at = run
-    k, out = _kernel_middles(dev, qp, data, o, seg, src, psn, view, off, room)
+    k, out = kernel_middles(dev, qp, data, o, seg, src, psn, view, off, room)
     if k:
         took_beyond(dev, qp, psn, k, at, out, 1, out[0])
     return k

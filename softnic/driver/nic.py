@@ -48,7 +48,6 @@ from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from ..core.requester import Gather
-from ..core import responder as _responder
 from ..core.dispatch import RESPONSES as _RESPONSES
 from .. import accel as _accel
 from . import env
@@ -87,8 +86,8 @@ PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
 GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "no", "off", "false")
-#: Receive a stream of a WRITE's MIDDLEs run after run in the compiled kernel
-#: (``_rx_stream``); ``SOFTNIC_RX_STREAM=0``: each run through the engine.
+#: Receive a stream of a SEND's or WRITE's MIDDLEs run after run in the compiled
+#: kernel (``_rx_stream``); ``SOFTNIC_RX_STREAM=0``: each run through the engine.
 RX_STREAM = os.environ.get("SOFTNIC_RX_STREAM", "1").strip().lower() not in ("0", "no", "off",
                                                                              "false")
 _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may take
@@ -861,7 +860,7 @@ class NIC(SharedDevice):
                         got = 0
                         self._flush(now)
                     if stream and dev.stream_qp is not None:
-                        switch = True       # a WRITE's MIDDLEs in order: the kernel's
+                        switch = True       # a message's MIDDLEs in order: the kernel's
                         break
                 limit -= n
                 ready = False
@@ -912,11 +911,12 @@ class NIC(SharedDevice):
         return did
 
     def _rx_stream(self, now: float, limit: int) -> tuple[bool, bool, int, bool]:
-        """The progress thread's receive while a QP takes a WRITE's MIDDLEs, in order
-        or beyond a hole (``responder.stream_target``): ``sn_rx_stream`` receives
-        and places run after run, the engine accounting for them after each call
-        (``responder.took_middles``, ``took_beyond``), and takes the run that
-        stopped it, if any, as ``_step`` takes every run.  Returns (did anything arrive, did only responses
+        """The progress thread's receive while a QP takes a SEND's or WRITE's MIDDLEs,
+        in order or (a WRITE's) beyond a hole, or its READ's RESPONSE MIDDLEs
+        (``Device.stream_target``): ``sn_rx_stream`` receives and places run
+        after run, the engine accounting for them after each call (the stream's
+        ``took``), and takes the run that stopped it, if any, as ``_step`` takes
+        every run.  Returns (did anything arrive, did only responses
         arrive, receives used of ``limit``, did it stop because nothing waits)."""
         lib, ffi, rxptr, cap, acks, out = self._stream
         dev = self.dev
@@ -924,10 +924,10 @@ class NIC(SharedDevice):
         did, answers, used, got = False, True, 0, 0
         state = 2
         while used < limit:
-            t = _responder.stream_target(dev)
+            t = dev.stream_target()
             if t is None:
                 break
-            qp, seg, w0, start, psn, view, off, room, at = t
+            qp, seg, w0, start, psn, view, off, room, took, kind = t
             ip, port = qp.dest
             k = lib.sn_rx_stream(fd, rxptr, cap, _ip_u32(ip), port, w0, qp.qpn, psn, start,
                                  seg, ffi.from_buffer(view, require_writable=True),
@@ -937,13 +937,12 @@ class NIC(SharedDevice):
             used += out[7] + (state in (1, 3))
             got += out[8]
             if k:
-                did, answers = True, False
+                did = True
+                answers = answers and kind == "responses"
                 self._stream_pkts += k
-                if at is None:
-                    _responder.took_middles(dev, qp, k, acks, 0, out[0])
-                else:                   # beyond a hole
+                if kind == "beyond a hole":
                     self._stream_beyond_pkts += k
-                    _responder.took_beyond(dev, qp, psn, k, at, acks, 0, out[0])
+                took(k, acks, out[0], now)
             if state == 1:              # a run the kernel did not (wholly) take
                 did = True
                 n, g, o = out[2], out[3], out[4]
