@@ -13,6 +13,7 @@ import ipaddress
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from ..wire.psn import PSN_MASK, psn_add
 from ..wire.roce import ROCEV2_PORT
 from .enums import Access, QPAttrMask as M, QPState as S, QPType, WROpcode, mtu_bytes
 from .errors import einval
@@ -215,9 +216,9 @@ def merge_attr(cur: QPAttr, new: QPAttr, mask: int) -> QPAttr:
     mask = int(M(mask))
     changes = {f: getattr(new, f) for bit, f in _PICK if mask & bit}
     if "sq_psn" in changes:
-        changes["sq_psn"] &= 0xFFFFFF
+        changes["sq_psn"] &= PSN_MASK
     if "rq_psn" in changes:
-        changes["rq_psn"] &= 0xFFFFFF
+        changes["rq_psn"] &= PSN_MASK
     return replace(cur, **changes)
 
 
@@ -392,8 +393,8 @@ class QP:
         self.sq: deque[SendWQE] = deque()
         self.send_idx = 0             # index in sq of the WQE the requester works on
         self.sq_psn = 0               # next never-used PSN
-        self.acked_psn = 0xFFFFFF     # everything up to here is acknowledged (sq_psn - 1 at start)
-        self.max_sent_psn = 0xFFFFFF  # highest PSN sent so far (anything not above it is a resend)
+        self.acked_psn = PSN_MASK     # everything up to here is acknowledged (sq_psn - 1 at start)
+        self.max_sent_psn = PSN_MASK  # highest PSN sent so far (anything not above it is a resend)
         self.rd_atomic_inflight = 0
         self.retry_left = 7
         self.rnr_left = 7
@@ -446,5 +447,5 @@ class QP:
         if self.send_idx < len(self.sq):
             w = self.sq[self.send_idx]
             if w.first_psn is not None:
-                return (w.first_psn + w.next_pkt) & 0xFFFFFF
+                return psn_add(w.first_psn, w.next_pkt)
         return self.sq_psn

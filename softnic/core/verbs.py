@@ -13,6 +13,8 @@ from dataclasses import replace
 
 import congestion
 
+from ..wire.psn import psn_add
+from ..wire.roce import QPN_MASK
 from . import completer, responder, xrc
 from .cq import CQ, WC
 from .enums import EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
@@ -118,8 +120,8 @@ class Verbs:
             raise enomem("too many QPs")
         qpn = self._next_qpn
         while qpn in self.qps:
-            qpn = (qpn + 1) & 0xFFFFFF or 0x11
-        self._next_qpn = (qpn + 1) & 0xFFFFFF or 0x11
+            qpn = (qpn + 1) & QPN_MASK or 0x11
+        self._next_qpn = (qpn + 1) & QPN_MASK or 0x11
         # The caps actually enforced (as ibv_create_qp reports them back).  As in rxe
         # (rxe_qp_init_req), a send WQE holds max(SGEs * 16 bytes, inline data), so the
         # inline room and the send SGE count both grow to what that WQE holds.
@@ -195,7 +197,7 @@ class Verbs:
             qp.epsn = qp.attr.rq_psn
         elif nxt == QPState.RTS and cur == QPState.RTR:
             qp.sq_psn = qp.attr.sq_psn
-            qp.acked_psn = qp.max_sent_psn = (qp.attr.sq_psn - 1) & 0xFFFFFF
+            qp.acked_psn = qp.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
             qp.retry_left = qp.attr.retry_cnt
             qp.rnr_left = qp.attr.rnr_retry
             self._make_cc(qp)
