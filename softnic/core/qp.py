@@ -17,6 +17,7 @@ from ..wire.psn import PSN_MASK, psn_add
 from ..wire.roce import ROCEV2_PORT
 from .enums import Access, QPAttrMask as M, QPState as S, QPType, WROpcode, mtu_bytes
 from .errors import einval
+from .wr_opcode import RD_ATOMIC
 
 # ---------------------------------------------------------------- attributes
 
@@ -256,9 +257,6 @@ class RecvWR:
 
 #: WR opcodes by value (an enum lookup by value costs a call into enum's machinery)
 _WR_OPCODES = {int(w): w for w in WROpcode}
-_RD_ATOMIC = frozenset({WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
-                        WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_WRITE,
-                        WROpcode.FLUSH})
 
 
 class SendWQE:
@@ -306,7 +304,7 @@ class SendWQE:
         self.got_bytes = 0                   # iWARP: Read Response bytes placed
         self.sink_stag = 0                   # iWARP: the READ's data sink STag and TO
         self.sink_to = 0
-        self.rd_atomic = self.opcode in _RD_ATOMIC
+        self.rd_atomic = self.opcode in RD_ATOMIC
         self.bind = wr.bind
         self.xrc_srqn = wr.xrc_srqn
         self.flush = (wr.flush_level, wr.flush_type) if self.opcode is WROpcode.FLUSH else None
