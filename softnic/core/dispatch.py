@@ -17,6 +17,7 @@ compare the two, byte for byte).
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Callable, NamedTuple
 
 from ..wire.datagram import CE
@@ -27,13 +28,20 @@ from ..wire.roce import BTH_LEN, BTH_STRUCT, CNP_PAD_LEN, DEFAULT_PKEY, ICRC_LEN
 from . import completer, responder
 from .enums import QPState, QPType
 
-#: the sides of a QP a packet can be for
-REQUEST, RESPONSE, CNP = "responder", "completer", "cnp"
+
+class Side(Enum):
+    """The side of a QP a packet is for (compared by identity: ``side is Side.REQUEST``)."""
+    REQUEST = "responder"         # a request: the responder takes it
+    RESPONSE = "completer"        # a response (ACK, NAK, READ response, atomic ACK)
+    CNP = "cnp"                   # a congestion notification: the controller
+
+
+REQUEST, RESPONSE, CNP = Side.REQUEST, Side.RESPONSE, Side.CNP
 
 
 class Route(NamedTuple):
     info: OpInfo                  # the wire's facts (``wire.roce.OPCODES``)
-    side: str                     # REQUEST, RESPONSE or CNP
+    side: Side
     common: Callable | None       # ``(dev, data, src, now, ecn, telemetry) -> bool``: the
                                   # side's first branch for the common case, from the bytes
 
@@ -68,7 +76,7 @@ def _route(info: OpInfo) -> Route:
 ROUTES: dict[int, Route] = {op: _route(info) for op, info in OPCODES.items()}
 #: the opcodes of responses (ACKs, NAKs, READ responses, atomic ACKs): a
 #: datagram's first byte says whether it answers this device's own requests
-RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side == RESPONSE)
+RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side is RESPONSE)
 #: opcode -> common-case branch, for the opcodes that have one
 _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
