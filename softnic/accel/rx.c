@@ -92,7 +92,7 @@ int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pe
             acks[nacks + i] += taken;
         nacks += na;
         taken += k;
-        epsn = (epsn + k) & 0xFFFFFFu;
+        epsn = (epsn + k) & PSN_MASK;
         off += (uint64_t)k * mtu;
         bytes += (uint64_t)k * seg;
         if ((size_t)k * seg < (size_t)r) {
