@@ -34,7 +34,7 @@ __all__ = [
     "FETH", "FETH_LEN",
     "ROCEV2_PORT", "PSN_MASK", "psn_add", "psn_diff",
     "BTH_FMT", "AETH_FMT", "RETH_FMT", "BTH_STRUCT", "BTH_AETH_STRUCT", "BTH_RETH_STRUCT",
-    "RETH_STRUCT", "BTH_OPCODE_SHIFT",
+    "RETH_STRUCT", "DETH_STRUCT", "BTH_OPCODE_SHIFT",
     "BTH_SE", "BTH_MIGREQ", "BTH_PAD_SHIFT", "BTH_PAD_MASK", "BTH_TVER_MASK", "BTH_FECN",
     "BTH_BECN", "BTH_ACKREQ", "QPN_MASK", "DEFAULT_PKEY", "AETH_SYNDROME_SHIFT", "AETH_CODE_SHIFT", "MSN_MASK",
     "XRC_OPCODE_PREFIX",
@@ -389,7 +389,8 @@ _AETH = struct.Struct("!" + AETH_FMT)
 _ATOMICETH = struct.Struct("!QIQQ")
 _Q = struct.Struct("!Q")
 _I = struct.Struct("!I")
-_DETH = struct.Struct("!II")
+DETH_STRUCT = struct.Struct("!II")   # Q_Key, and the source QP in bits 23:0
+_DETH = DETH_STRUCT
 
 
 def pad_count(payload_len: int) -> int:
