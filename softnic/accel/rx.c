@@ -27,8 +27,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#define SN_RX_SOL_UDP 17
-#define SN_RX_UDP_GRO 104
+/* Linux's values (linux/udp.h), each as the Python constant named beside it */
+#define SN_RX_SOL_UDP 17          /* softnic.transport.udp.SOL_UDP */
+#define SN_RX_UDP_GRO 104         /* softnic.transport.udp.UDP_GRO */
 
 int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
                   uint32_t dqpn, uint32_t epsn, uint32_t start, uint8_t *dst,
