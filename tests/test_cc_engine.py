@@ -23,7 +23,7 @@ from softnic.experiments.rig import connect
 from softnic.transport.sim import RED, WIRE_OVERHEAD, EgressQueue, Fabric
 from softnic.wire.datagram import CE, Datagram
 from softnic.wire.icrc import check_icrc
-from softnic.wire.roce import Kind, decode
+from softnic.wire.roce import Kind, Opcode as O, decode
 
 
 class Recorder(Controller):
@@ -210,7 +210,7 @@ def test_cnp_on_the_wire_is_opcode_0x81_to_the_requesters_qp():
             if pkt.info.kind == Kind.CNP:
                 assert check_icrc(bytes(r.data), b.ip, a.ip, b.port, a.port)
                 cnps.append(pkt)
-    assert cnps and all(p.bth.opcode == 0x81 and p.bth.dest_qp == ea.qp.qpn for p in cnps)
+    assert cnps and all(p.bth.opcode == O.CNP and p.bth.dest_qp == ea.qp.qpn for p in cnps)
 
 
 def test_int_telemetry_is_echoed_to_the_sender():

@@ -28,6 +28,7 @@ from softnic.core.qp import AHAttr, RecvWR, SendWR
 from softnic.driver.faults import FaultModel
 from softnic.experiments.rig import ALL_ACCESS, bring_up, endpoint
 from softnic.transport.sim import Fabric
+from softnic.wire.psn import PSN_MASK, psn_add
 from softnic.wire.roce import Kind, Opcode as O, WireError, decode
 
 from enginekit import A_IP, B_IP, fill, pair, pattern, read, read_wr, send_wr, write_wr
@@ -103,8 +104,8 @@ def test_message_is_segmented_by_the_path_mtu(mtu, op, qp_type):
         assert len(msg) == count
         assert [pkt.bth.opcode for pkt in msg] == expected_opcodes(prefix, _SEG[op], count)
         assert [len(pkt.payload) for pkt in msg] == [mtu] * (count - 1) + [n - (count - 1) * mtu]
-        assert [pkt.bth.psn for pkt in msg] == [(psn + k) & 0xFFFFFF for k in range(count)]
-        psn = (psn + count) & 0xFFFFFF
+        assert [pkt.bth.psn for pkt in msg] == [psn_add(psn, k) for k in range(count)]
+        psn = psn_add(psn, count)
         if not is_send:
             assert msg[0].reth.dma_len == n
             assert all(pkt.reth is None for pkt in msg[1:])
@@ -144,7 +145,7 @@ def test_read_responses_are_segmented_by_the_path_mtu(mtu):
         names = ("ONLY", "FIRST", "MIDDLE", "LAST")
         assert [pkt.bth.opcode for pkt in group] == expected_opcodes("RC_RDMA_READ_RESPONSE",
                                                                       names, count)
-        assert [pkt.bth.psn for pkt in group] == [(req.bth.psn + k) & 0xFFFFFF
+        assert [pkt.bth.psn for pkt in group] == [psn_add(req.bth.psn, k)
                                                   for k in range(count)]
         assert [len(pkt.payload) for pkt in group] == [mtu] * (count - 1) + [n - (count - 1) * mtu]
     for i, n in enumerate(lengths):
@@ -465,7 +466,7 @@ def test_read_atomic_credits_are_never_exceeded(max_rd_atomic):
         if rec.kind == "send" and rec.src == a.address and pkt.info.kind in (
                 Kind.READ_REQUEST, Kind.ATOMIC):
             npk = -(-pkt.reth.dma_len // 512) if pkt.reth is not None else 1
-            outstanding[(pkt.bth.psn + max(npk, 1) - 1) & 0xFFFFFF] = pkt.bth.psn
+            outstanding[psn_add(pkt.bth.psn, max(npk, 1) - 1)] = pkt.bth.psn
             peak = max(peak, len(outstanding))
             assert len(outstanding) <= max_rd_atomic
         elif rec.kind == "deliver" and rec.dst == a.address and (
@@ -508,10 +509,10 @@ def test_psn_wrap_with_multi_packet_write_under_loss(seed, selective_repeat):
     assert read(eb, 100000, 12345) == data[1000:13345]
     assert read(ea, 70000, 5000) == pattern(5000, seed + 2)
     psns = [pkt.bth.psn for pkt in requests(p)]
-    assert 0xFFFFFF in psns and 0 in psns                     # it did wrap
+    assert PSN_MASK in psns and 0 in psns                     # it did wrap
     assert p.fabric.counters["dropped_loss"] > 0
     assert a.counters["rcvd_seq_err"] + a.counters["timeouts"] > 0   # and recovered
-    assert b.query_qp(eb.qp)[0].rq_psn == (0xFFFFF0 + 157 + 36 + 49) & 0xFFFFFF
+    assert b.query_qp(eb.qp)[0].rq_psn == psn_add(0xFFFFF0, 157 + 36 + 49)
 
 
 # ------------------------------------------------------------------ duplicates

@@ -272,13 +272,13 @@ def test_routes_cover_every_opcode_and_send_each_to_its_side():
         info = OPCODES[op]
         assert route.info is info
         if info.kind == Kind.CNP:
-            assert route.side == dispatch.CNP
+            assert route.side is dispatch.Side.CNP
             assert route.common is dispatch.cnp_common
             continue
         if info.is_request:
-            assert route.side == dispatch.REQUEST
+            assert route.side is dispatch.Side.REQUEST
         else:
-            assert route.side == dispatch.RESPONSE
+            assert route.side is dispatch.Side.RESPONSE
         rc_message = info.qp_type == "RC" and info.kind in (Kind.SEND, Kind.WRITE)
         if rc_message:
             assert route.common is responder.receive_common, info.name

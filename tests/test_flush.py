@@ -133,6 +133,28 @@ def test_post_send_refuses_a_bad_flush():
                                          **args))
 
 
+def test_a_flush_posted_inline_flushes_its_whole_range():
+    """IBV_SEND_INLINE applies only to the WR opcodes that carry data (rxe's
+    WR_INLINE_MASK: the SENDs and WRITEs); a FLUSH carries none, so the flag is
+    ignored: the range is not taken for inline data (its length checked against
+    max_inline_data, or emptied to the WR's SGEs, none)."""
+    p = _flush_pair()
+    a, b = p.ea, p.eb
+    room = a.qp.cap.max_inline_data
+    lengths = (64, room + 64)                   # within max_inline_data, beyond it
+    assert room + 64 <= b.buf.length
+    for wr_id, length in enumerate(lengths, 1):
+        a.dev.post_send(a.qp, SendWR(wr_id, W.FLUSH, [], SIG | SendFlags.INLINE,
+                                     remote_addr=b.buf.addr, rkey=b.mr.rkey,
+                                     flush_type=GLOBAL, flush_level=RANGE, length=length))
+    p.run()
+    wcs = p.send_wcs("a")
+    assert [(w.wr_id, w.status, w.byte_len) for w in wcs] == [
+        (1, WCStatus.SUCCESS, lengths[0]), (2, WCStatus.SUCCESS, lengths[1])]
+    flushes = [pkt for _, pkt in p.packets(src=p.a) if pkt.info.kind == Kind.FLUSH]
+    assert [f.reth.dma_len for f in flushes] == list(lengths)
+
+
 def test_no_memory_region_grants_persistence():
     p = pair()
     b = p.eb

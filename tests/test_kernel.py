@@ -504,3 +504,22 @@ def test_append_icrc_agrees_with_the_kernels_tx_icrc():
     for o in range(0, len(buf) - seg, seg):
         pkt = bytes(buf[o:o + seg])
         assert pkt == bytes(append_icrc(bytearray(pkt[:-4]), a.ip, dest[0], a.port, dest[1]))
+
+
+def test_the_kernels_constants_are_the_python_ones():
+    """Each ``#define`` of accel/wire.h names, in its comment, the Python constant
+    that is its one definition, and so do those of the other sources that mirror
+    one; they agree (this needs no compiler)."""
+    import importlib
+    import pathlib
+    import re
+    here = pathlib.Path(accel.__file__).parent
+    row = re.compile(r"^#define (\w+) (\w+)\s+/\* (softnic\.[\w.]+) \*/$", re.M)
+    wire = (here / "wire.h").read_text()
+    assert len(row.findall(wire)) == wire.count("#define") >= 7
+    rows = [r for path in sorted(here.glob("*.[ch]")) for r in row.findall(path.read_text())]
+    assert len(rows) >= 12
+    for name, value, where in rows:
+        module, attr = where.rsplit(".", 1)
+        assert int(value.rstrip("uU"), 0) == getattr(importlib.import_module(module), attr), \
+            (name, where)

@@ -18,6 +18,7 @@ from softnic.core.completer import RTO_BACKOFF_MAX
 from softnic.core.device import DeviceConfig
 from softnic.core.enums import WCStatus as S
 from softnic.driver.faults import COUNTER_NAMES, FaultModel
+from softnic.wire.psn import psn_distance
 
 from enginekit import fill, pair, pattern, read, write_wr
 
@@ -77,7 +78,7 @@ def post_writes(p, n: int, size: int):
 def requests_at(p, t: float) -> list[int]:
     """PSNs (relative to the first) of the request packets device a sent at time ``t``."""
     first = p.ea.qp.attr.sq_psn
-    return [(pkt.bth.psn - first) & 0xFFFFFF for when, pkt in p.packets("send", p.a)
+    return [psn_distance(pkt.bth.psn, first) for when, pkt in p.packets("send", p.a)
             if when == pytest.approx(t, abs=1e-12) and pkt.info.is_request]
 
 
@@ -192,7 +193,7 @@ def test_lost_tail_is_named_after_a_probe(probe_lost):
     def drop(pkt, raw):
         if not pkt.info.is_request:
             return False
-        k = (pkt.bth.psn - first) & 0xFFFFFF
+        k = psn_distance(pkt.bth.psn, first)
         if k in lost:
             lost.discard(k)
             return True

@@ -17,7 +17,8 @@ from softnic.core.enums import WCOpcode, WCStatus as S, WROpcode as W
 from softnic.core.qp import RecvWR
 from softnic.driver.faults import COUNTER_NAMES
 from softnic.testing import loss_patterns
-from softnic.wire.roce import AethCode, Kind, NakCode
+from softnic.wire.psn import psn_add, psn_distance
+from softnic.wire.roce import AethCode, Kind, NakCode, Opcode as O, decode
 
 from enginekit import fill, pair, pattern, read, send_wr, write_wr
 
@@ -52,7 +53,7 @@ def _placed_spy(monkeypatch, p_box):
 
     def hold(dev, qp, psn, ackreq, item):
         if type(item) is tuple:
-            placed.append((psn - p_box[0].ea.qp.attr.sq_psn) & 0xFFFFFF)
+            placed.append(psn_distance(psn, p_box[0].ea.qp.attr.sq_psn))
         return real(dev, qp, psn, ackreq, item)
     monkeypatch.setattr(responder, "hold", hold)
     return placed
@@ -145,7 +146,7 @@ def _drop_requests(first: int, left: dict):
     """A ``Filter`` drop rule: lose request packet ``k`` (PSN ``first + k``)
     ``left[k]`` times."""
     def drop(pkt, raw):
-        k = (pkt.bth.psn - first) & 0xFFFFFF
+        k = psn_distance(pkt.bth.psn, first)
         if pkt.info.is_request and left.get(k, 0) > 0:
             left[k] -= 1
             return True
@@ -223,7 +224,7 @@ def test_first_beyond_hole_with_bad_rkey_naks_and_leaves_memory(monkeypatch):
     dropped = []
 
     def drop(pkt, raw):
-        if pkt.info.is_request and (pkt.bth.psn - first) & 0xFFFFFF == 10 and not dropped:
+        if pkt.info.is_request and psn_distance(pkt.bth.psn, first) == 10 and not dropped:
             dropped.append(pkt)
             return True
         return False
@@ -262,7 +263,7 @@ def test_first_placed_beyond_a_hole_is_checked_again_in_order(fast):
     p.a.post_send(p.ea.qp, write_wr(3, p.ea, p.eb, 0, N, 0))
 
     def second_first_held():
-        item = p.eb.qp.ooo.get((first + 79) & 0xFFFFFF)
+        item = p.eb.qp.ooo.get(psn_add(first, 79))
         held[:] = [item]
         return item is not None
     p.run_until(second_first_held, limit=5)
@@ -320,7 +321,7 @@ def test_go_back_n_unchanged():
     naks = [pk for _, pk in p.packets(src=p.b) if pk.info.kind == Kind.ACK
             and pk.aeth.code == AethCode.NAK]
     assert len(naks) == 1 and naks[0].aeth.value == NakCode.PSN_SEQUENCE_ERROR
-    assert (naks[0].bth.psn - first) & 0xFFFFFF == 10
+    assert psn_distance(naks[0].bth.psn, first) == 10
 
 
 @pytest.mark.parametrize("sr", [False, True])
@@ -337,15 +338,16 @@ def test_duplicate_of_an_old_packet_only_acks(sr):
     p.run_until(lambda: len(p.send_wcs()) == 2, limit=5)
     first = p.ea.qp.attr.sq_psn
     old = [rec for rec in p.fabric.trace if rec.kind == "send" and rec.src == p.a.address
-           and rec.data[0] == 0x07 and int.from_bytes(rec.data[8:12], "big") & 0xFFFFFF ==
-           (first + 5) & 0xFFFFFF]
+           and decode(memoryview(rec.data)[:-4]).bth.opcode == O.RC_RDMA_WRITE_MIDDLE
+           and decode(memoryview(rec.data)[:-4]).bth.psn == psn_add(first, 5)]
     assert old
     dup = p.b.counters["duplicate_request"]
     p.b.receive_datagram(bytes(old[0].data), p.a.address, p.fabric.now)
     assert p.b.counters["duplicate_request"] == dup + 1
     out = p.b.datagrams_to_send(p.fabric.now)
-    assert len(out) == 1 and out[0][0][0] == 0x11          # one ACK
-    assert (int.from_bytes(out[0][0][8:12], "big") - first) & 0xFFFFFF == 2 * 79 - 1
+    ack = decode(memoryview(out[0][0])[:-4]) if len(out) == 1 else None
+    assert ack is not None and ack.bth.opcode == O.RC_ACKNOWLEDGE          # one ACK
+    assert psn_distance(ack.bth.psn, first) == 2 * 79 - 1
     assert read(p.eb, 0, N) == b
     bad = bytearray(old[0].data)
     bad[40] ^= 1                                            # a corrupted copy: dropped
@@ -372,7 +374,7 @@ def test_selective_acks_for_one_hole_coalesce():
     fill(p.ea, 0, pattern(N, 1))
     p.a.post_send(p.ea.qp, write_wr(1, p.ea, p.eb, 0, N, 0))
     p.run_until(lambda: len(caught) >= 60, limit=1)
-    rel = {(pk.bth.psn - first) & 0xFFFFFF: (pk, raw) for pk, raw in caught}
+    rel = {psn_distance(pk.bth.psn, first): (pk, raw) for pk, raw in caught}
     now = p.fabric.now
     for k in sorted(rel):
         if k not in (10, 40):
@@ -380,7 +382,7 @@ def test_selective_acks_for_one_hole_coalesce():
     out = p.b.datagrams_to_send(now)
     from softnic.wire.roce import decode
     acks = [decode(d[:-4]) for d, _ in out]
-    naks = [(((a.bth.psn - first) & 0xFFFFFF), (a.aeth.msn - first) & 0xFFFFFF) for a in acks
+    naks = [(psn_distance(a.bth.psn, first), psn_distance(a.aeth.msn, first)) for a in acks
             if a.aeth.code == AethCode.NAK]
     asked = [k for k in sorted(rel) if k > 10 and k not in (40,) and rel[k][0].bth.ackreq]
     assert asked                                   # the requester asked for ACKs beyond the hole

@@ -9,6 +9,7 @@ import pytest
 from softnic.core.device import DeviceConfig
 from softnic.core.enums import WCStatus as S
 from softnic.driver.faults import FaultModel
+from softnic.wire.psn import psn_add, psn_distance
 from softnic.wire.roce import AethCode, Kind
 
 from enginekit import fill, pair, pattern, read, write_wr
@@ -39,7 +40,7 @@ def _run(drop_a=None, drop_b=None, seed=1, writes=1):
     p = pair(seed=seed, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
              drop_b=lambda pk, raw: box["b"](pk, raw))
     first = p.ea.qp.sq_psn
-    box["a"] = drop_a(lambda psn: (psn - first) & 0xFFFFFF) if drop_a else (lambda pk, raw: False)
+    box["a"] = drop_a(lambda psn: psn_distance(psn, first)) if drop_a else (lambda pk, raw: False)
     box["b"] = drop_b or (lambda pk, raw: False)
     data = pattern(N, seed)
     fill(p.ea, 0, data)
@@ -110,7 +111,7 @@ def test_random_loss_reorder_duplication_same_result(seed):
     p.run_until(lambda: len(p.send_wcs()) == 3, limit=30)
     assert [(w.wr_id, w.status) for w in p.send_wcs()] == [(i + 1, S.SUCCESS) for i in range(3)]
     assert read(p.eb, 65536, 3 * N) == data
-    assert p.b.query_qp(p.eb.qp)[0].rq_psn == (p.ea.qp.attr.sq_psn + 3 * 79) & 0xFFFFFF
+    assert p.b.query_qp(p.eb.qp)[0].rq_psn == psn_add(p.ea.qp.attr.sq_psn, 3 * 79)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -125,14 +126,14 @@ def test_later_write_placed_beyond_a_hole(monkeypatch, overlap):
 
     def hold(dev, qp, psn, ackreq, item):
         if type(item) is tuple:
-            placed.append((psn - p.ea.qp.attr.sq_psn) & 0xFFFFFF)
+            placed.append(psn_distance(psn, p.ea.qp.attr.sq_psn))
         return real(dev, qp, psn, ackreq, item)
     monkeypatch.setattr(responder, "hold", hold)
     box = {}
     p = pair(seed=1, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
              endpoint_args=dict(buf_size=1 << 17))
     first = p.ea.qp.sq_psn
-    box["a"] = _drop_psn(lambda psn: (psn - first) & 0xFFFFFF, {10: 1})
+    box["a"] = _drop_psn(lambda psn: psn_distance(psn, first), {10: 1})
     a, b = pattern(N, 1), pattern(N, 2)
     fill(p.ea, 0, a)
     fill(p.ea, N, b)

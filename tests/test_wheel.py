@@ -82,6 +82,7 @@ def test_wheel_holds_what_the_faces_build_from(installed):
                  "softnic/faces/librdmacm/api.h", "softnic/faces/librdmacm/callbacks.h",
                  "softnic/faces/librdmacm/shim.c", "softnic/faces/librdmacm/symbols.txt",
                  "softnic/faces/privateimport.py", "softnic/accel/kernel.c",
+                 "softnic/accel/wire.h",
                  "softnic/faces/pyverbs_shim/pyverbs/__init__.py"):
         assert path in names, path
 

@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MASK = 0xFFFFFF
 LEGS = ("NAKQ", "NAKSENT", "NAK", "RESEND", "FILL", "ACKPAST")
 
 
@@ -47,7 +46,7 @@ def _hooks(role: str, events: list) -> None:
     from softnic.transport import udp
     from softnic.wire import roce
     from softnic.wire.icrc import ICRC_LEN
-    from softnic.wire.roce import psn_diff
+    from softnic.wire.psn import psn_diff
     pc = time.perf_counter
     if role == "cli":
         pending: set = set()
@@ -136,6 +135,7 @@ def _pct(v: list[float], q: float) -> float:
 
 def analyse(srv: list, cli: list) -> dict[str, list[float]]:
     """Per hole, microseconds between consecutive steps (holes with every step)."""
+    from softnic.wire.psn import psn_before
     first: dict[int, dict[str, float]] = {}
     acks = []
     for k, p, t in srv + cli:
@@ -152,7 +152,7 @@ def analyse(srv: list, cli: list) -> dict[str, list[float]]:
             legs.setdefault(f"{a} -> {b}", []).append((e[b] - e[a]) * 1e6)
         legs.setdefault("NAKQ -> ACKPAST", []).append((e["ACKPAST"] - e["NAKQ"]) * 1e6)
         i = bisect.bisect_left(acks, (e["FILL"], -1))
-        while i < len(acks) and (acks[i][1] - p) & MASK >= 0x800000:
+        while i < len(acks) and psn_before(acks[i][1], p):
             i += 1                        # an ACK below the PSN
         if i < len(acks):
             legs.setdefault("FILL -> ACKSENT", []).append((acks[i][0] - e["FILL"]) * 1e6)

@@ -72,7 +72,7 @@ class Kernel:
 
 def _key() -> str:
     h = hashlib.sha256()
-    for name in ("kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c", "rx.h", "rx.c",
+    for name in ("wire.h", "kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c", "rx.h", "rx.c",
                  "__init__.py"):
         h.update((HERE / name).read_bytes())
     h.update(sys.version.encode())
@@ -108,7 +108,7 @@ def build(dest: Path, verbose: bool = False) -> Path:
     ffi.cdef((HERE / "kernel.h").read_text() + (HERE / "wait.h").read_text()
              + (HERE / "send.h").read_text() + (HERE / "rx.h").read_text())
     ffi.set_source(MODULE, "#include <stdint.h>\n#include <stddef.h>\n"
-                   + (HERE / "wait.c").read_text() + (HERE / "send.c").read_text()
+                   + (HERE / "wire.h").read_text() + (HERE / "wait.c").read_text() + (HERE / "send.c").read_text()
                    + (HERE / "rx.c").read_text() + (HERE / "kernel.c").read_text(),
                    extra_compile_args=["-O2", "-fvisibility=hidden"])
     dest.mkdir(parents=True, exist_ok=True)

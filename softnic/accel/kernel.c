@@ -37,9 +37,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define BTH_LEN 12
-#define ICRC_LEN 4
-#define MASK 0xFFFFFFu
+/* BTH_LEN, ICRC_LEN, PSN_MASK, QPN_MASK, BTH_FECN, BTH_BECN, BTH_ACKREQ: wire.h */
+#define ZLIB_CHUNK 0x40000000u     /* the most bytes one call of zlib's crc32 is given */
 
 typedef uint32_t (*crc_isal_fn)(uint32_t, const unsigned char *, uint64_t);
 typedef unsigned long (*crc_zlib_fn)(unsigned long, const unsigned char *, unsigned int);
@@ -84,10 +83,10 @@ uint32_t sn_crc32(uint32_t crc, const uint8_t *p, size_t n)
     if (crc_isal)
         return crc_isal(crc, p, n);
     if (crc_zlib) {
-        while (n > 0x40000000u) {
-            crc = (uint32_t)crc_zlib(crc, p, 0x40000000u);
-            p += 0x40000000u;
-            n -= 0x40000000u;
+        while (n > ZLIB_CHUNK) {
+            crc = (uint32_t)crc_zlib(crc, p, ZLIB_CHUNK);
+            p += ZLIB_CHUNK;
+            n -= ZLIB_CHUNK;
         }
         return (uint32_t)crc_zlib(crc, p, (unsigned int)n);
     }
@@ -153,17 +152,17 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
     while (k < max && o + seg <= n) {
         const uint8_t *p = buf + o;
         uint32_t w2 = be32(p + 4), w3 = be32(p + 8);
-        if (be32(p) != w0 || (w2 & MASK) != dqpn || w2 >> 30
-                || (w3 & MASK) != epsn || off + mtu > len
-                || (w3 >> 31 && a >= cap))
+        if (be32(p) != w0 || (w2 & QPN_MASK) != dqpn || (w2 & (BTH_FECN | BTH_BECN))
+                || (w3 & PSN_MASK) != epsn || off + mtu > len
+                || ((w3 & BTH_ACKREQ) && a >= cap))
             break;
         if (sn_crc32(start, p + 8, seg - 8 - ICRC_LEN) != le32(p + seg - ICRC_LEN))
             break;
         memcpy(dst + off, p + BTH_LEN, mtu);
-        if (w3 >> 31)
+        if (w3 & BTH_ACKREQ)
             acks[a++] = k;
         off += mtu;
-        epsn = (epsn + 1) & MASK;
+        epsn = (epsn + 1) & PSN_MASK;
         o += seg;
         k++;
     }
@@ -178,13 +177,13 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
 static inline uint32_t put_middle_bth(uint8_t *p, uint32_t w0, uint32_t dqpn, uint32_t psn,
                                       uint32_t s, uint32_t ack_every)
 {
-    uint32_t w3 = psn & MASK;
+    uint32_t w3 = psn & PSN_MASK;
     if (++s >= ack_every) {
         s = 0;
-        w3 |= 0x80000000u;
+        w3 |= BTH_ACKREQ;
     }
     put_be32(p, w0);
-    put_be32(p + 4, dqpn & MASK);
+    put_be32(p + 4, dqpn & QPN_MASK);
     put_be32(p + 8, w3);
     return s;
 }
@@ -207,7 +206,7 @@ uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint
         memcpy(p + BTH_LEN, src, mtu);
         put_le32(p + BTH_LEN + mtu, sn_crc32(start, p + 8, 4 + mtu));
         src += mtu;
-        psn = (psn + 1) & MASK;
+        psn = (psn + 1) & PSN_MASK;
         o += BTH_LEN + mtu + ICRC_LEN;
     }
     return s;
@@ -230,7 +229,7 @@ uint32_t sn_tx_heads(uint8_t *heads, uint32_t count, uint32_t w0, uint32_t dqpn,
         s = put_middle_bth(p, w0, dqpn, psn, s, ack_every);
         put_le32(p + BTH_LEN, sn_crc32(sn_crc32(start, p + 8, 4), src, mtu));
         src += mtu;
-        psn = (psn + 1) & MASK;
+        psn = (psn + 1) & PSN_MASK;
     }
     return s;
 }

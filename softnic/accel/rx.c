@@ -28,8 +28,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#define SN_RX_SOL_UDP 17
-#define SN_RX_UDP_GRO 104
+/* Linux's values (linux/udp.h), each as the Python constant named beside it */
+#define SN_RX_SOL_UDP 17          /* softnic.transport.udp.SOL_UDP */
+#define SN_RX_UDP_GRO 104         /* softnic.transport.udp.UDP_GRO */
 
 int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
                   uint32_t dqpn, uint32_t epsn, uint32_t start, uint8_t *dst,
@@ -93,7 +94,7 @@ int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pe
             acks[nacks + i] += taken;
         nacks += na;
         taken += k;
-        epsn = (epsn + k) & 0xFFFFFFu;
+        epsn = (epsn + k) & PSN_MASK;
         off += (uint64_t)k * mtu;
         bytes += (uint64_t)k * seg;
         if ((size_t)k * seg < (size_t)r) {

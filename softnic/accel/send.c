@@ -18,9 +18,10 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#define SN_SOL_UDP 17
-#define SN_UDP_SEGMENT 103
-#define SN_GATHER_MAX 64          /* UDP_MAX_SEGMENTS */
+/* Linux's values (linux/udp.h), each as the Python constant named beside it */
+#define SN_SOL_UDP 17             /* softnic.transport.udp.SOL_UDP */
+#define SN_UDP_SEGMENT 103        /* softnic.transport.udp.UDP_SEGMENT */
+#define SN_GATHER_MAX 64          /* softnic.transport.udp.GSO_MAX_SEGMENTS */
 
 int sn_send_gather(int fd, uint32_t ip, uint32_t port, const uint8_t *heads,
                    const uint8_t *src, uint32_t mtu, uint32_t count, const uint8_t *last,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ..wire import mad as M
+from ..wire.psn import psn_add
 from ..wire.roce import Opcode, encode
 
 #: ETIMEDOUT / ECONNREFUSED as rdma_cm reports them in an event's status
@@ -356,7 +357,7 @@ class CM:
                                                        getattr(msg, "request_id", 0))
 
     def _send_raw(self, data: bytes, dest) -> None:
-        self._psn = (self._psn + 1) & 0xFFFFFF
+        self._psn = psn_add(self._psn, 1)
         pkt = encode(Opcode.UD_SEND_ONLY, dest_qp=M.GSI_QPN, psn=self._psn, payload=data,
                      deth=(M.GSI_QKEY, M.GSI_QPN))
         self.counters["cm_sent"] += 1

@@ -27,10 +27,14 @@ import struct
 import sys
 
 from ..wire.icrc import check_icrc, icrc_start
-from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, Opcode, psn_diff
+from ..wire.psn import PSN_MASK, psn_add, psn_diff
+from ..wire.roce import AETH_LEN, AethCode, BTH_AETH_STRUCT, BTH_BECN, BTH_FECN, \
+    BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, Kind, \
+    NakCode, Opcode, QPN_MASK
 from .cq import WC
-from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCOpcode, WCStatus, WROpcode as W
+from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCStatus, WROpcode as W
 from . import requester, responder
+from .wr_opcode import ATOMICS, EIGHT_BYTES, EMPTY_READ_RESPONSE, SENDS, WC_OPCODE
 
 _NAK_STATUS = {
     NakCode.INVALID_REQUEST: WCStatus.REM_INV_REQ_ERR,
@@ -38,14 +42,7 @@ _NAK_STATUS = {
     NakCode.REMOTE_OPERATIONAL_ERROR: WCStatus.REM_OP_ERR,
     NakCode.INVALID_RD_REQUEST: WCStatus.REM_INV_RD_REQ_ERR,
 }
-_WC_OPCODE = {
-    W.RDMA_WRITE: WCOpcode.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM: WCOpcode.RDMA_WRITE,
-    W.SEND: WCOpcode.SEND, W.SEND_WITH_IMM: WCOpcode.SEND, W.SEND_WITH_INV: WCOpcode.SEND,
-    W.RDMA_READ: WCOpcode.RDMA_READ, W.ATOMIC_CMP_AND_SWP: WCOpcode.COMP_SWAP,
-    W.ATOMIC_FETCH_AND_ADD: WCOpcode.FETCH_ADD, W.LOCAL_INV: WCOpcode.LOCAL_INV,
-    W.BIND_MW: WCOpcode.BIND_MW, W.ATOMIC_WRITE: WCOpcode.ATOMIC_WRITE,
-    W.FLUSH: WCOpcode.FLUSH,
-}
+_WC_OPCODE = WC_OPCODE
 
 
 def _finish(qp, wqe, status=WCStatus.SUCCESS) -> None:
@@ -74,8 +71,8 @@ def _ack_before(qp, psn: int) -> bool:
             # ``psn`` is in ``w``: a READ's responses are counted from its first
             # PSN by ``_read_response``, not acknowledged by a later one
             if (not w.rd_atomic or psn == w.first_psn) and \
-                    psn_diff((psn - 1) & 0xFFFFFF, qp.acked_psn) > 0:
-                qp.acked_psn = (psn - 1) & 0xFFFFFF
+                    psn_diff(psn_add(psn, -1), qp.acked_psn) > 0:
+                qp.acked_psn = (psn - 1) & PSN_MASK
             break
         if w.rd_atomic:
             return False
@@ -111,7 +108,7 @@ def _take_retry(dev, qp) -> bool:
         qp.retry_left -= 1
         return True
     dev.counters["retry_exceeded_err"] += 1
-    comp = (qp.acked_psn + 1) & 0xFFFFFF
+    comp = (qp.acked_psn + 1) & PSN_MASK
     i = requester._find(qp, comp)
     w = qp.sq[i] if i is not None else next((w for w in qp.sq if not w.done), None)
     if w is not None:
@@ -123,7 +120,7 @@ def _take_retry(dev, qp) -> bool:
 def receive(dev, qp, pkt, now: float) -> None:
     """Handle one response packet for an RC QP's send side."""
     psn = pkt.bth.psn
-    comp_psn = (qp.acked_psn + 1) & 0xFFFFFF
+    comp_psn = (qp.acked_psn + 1) & PSN_MASK
     if psn_diff(psn, comp_psn) < 0 or psn_diff(psn, qp.sq_psn) >= 0:
         dev.counters["rcvd_stale_response"] += 1       # old duplicate, or PSN we never sent
         return
@@ -136,7 +133,7 @@ def receive(dev, qp, pkt, now: float) -> None:
         return
     # a response for PSN p acknowledges every request before the one it answers
     if not _ack_before(qp, psn):
-        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF, before)
+        _retry_from(dev, qp, (qp.acked_psn + 1) & PSN_MASK, before)
         _progress(dev, qp, before, now)
         return
     i = requester._find(qp, psn)
@@ -159,7 +156,7 @@ def _sequence_nak(dev, qp, psn: int, msn: int, comp_psn: int, before: int, now: 
         _selective_nak(dev, qp, psn, msn, comp_psn, now)
         return
     if not _ack_before(qp, psn):
-        _retry_from(dev, qp, (qp.acked_psn + 1) & 0xFFFFFF, before)
+        _retry_from(dev, qp, (qp.acked_psn + 1) & PSN_MASK, before)
     else:
         qp.retry_pending = None
         _retry_from(dev, qp, psn, before)
@@ -246,7 +243,7 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     order (a gap means responses were lost: the READ is re-issued from the
     first missing one; selective repeat places it and asks for the hole only).
     An ATOMIC WRITE or a FLUSH is answered by an empty READ RESPONSE ONLY (as rxe)."""
-    if wqe is not None and wqe.opcode in (W.ATOMIC_WRITE, W.FLUSH):
+    if wqe is not None and wqe.opcode in EMPTY_READ_RESPONSE:
         if psn != wqe.first_psn or not pkt.info.first or not pkt.info.last or pkt.payload:
             return _bad_response(dev, qp, wqe)
         _finish(qp, wqe)
@@ -254,9 +251,9 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     if wqe is None or wqe.opcode != W.RDMA_READ:
         return _bad_response(dev, qp, wqe)
     if psn == wqe.first_psn:
-        qp.acked_psn = (psn - 1) & 0xFFFFFF       # everything before the READ is done
-    expected = (qp.acked_psn + 1) & 0xFFFFFF
-    idx = (psn - wqe.first_psn) & 0xFFFFFF
+        qp.acked_psn = (psn - 1) & PSN_MASK       # everything before the READ is done
+    expected = (qp.acked_psn + 1) & PSN_MASK
+    idx = (psn - wqe.first_psn) & PSN_MASK
     off = idx * qp.mtu
     n = len(pkt.payload)
     is_last = idx == wqe.npkts - 1
@@ -283,7 +280,7 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
         nxt = idx + 1
         while nxt in wqe.got:
             wqe.got.discard(nxt)
-            qp.acked_psn = (wqe.first_psn + nxt) & 0xFFFFFF
+            qp.acked_psn = (wqe.first_psn + nxt) & PSN_MASK
             nxt += 1
         is_last = nxt - 1 == wqe.npkts - 1
     if is_last:
@@ -302,7 +299,7 @@ def read_target(dev, qp):
     if qp.qp_type is not _RC or qp.xrc is not None or qp.cc is not None \
             or (qp.state is not _RTS and qp.state is not _SQD):
         return None
-    expected = (qp.acked_psn + 1) & 0xFFFFFF
+    expected = (qp.acked_psn + 1) & PSN_MASK
     for w in qp.sq:
         if w.first_psn is None:
             return None
@@ -315,7 +312,7 @@ def read_target(dev, qp):
         return None
     mtu = qp.mtu
     view = w.views[0]
-    return view, ((expected - w.first_psn) & 0xFFFFFF) * mtu, min((w.npkts - 1) * mtu, len(view))
+    return view, ((expected - w.first_psn) & PSN_MASK) * mtu, min((w.npkts - 1) * mtu, len(view))
 
 
 _READ_MIDDLE = int(Opcode.RC_RDMA_READ_RESPONSE_MIDDLE)
@@ -343,7 +340,7 @@ def receive_middles(dev, data, o: int, seg: int, src, now: float) -> int:
         return 0
     view, off, room = t
     before = qp.acked_psn
-    k, _ = responder.kernel_middles(dev, qp, data, o, seg, src, (before + 1) & 0xFFFFFF,
+    k, _ = responder.kernel_middles(dev, qp, data, o, seg, src, (before + 1) & PSN_MASK,
                                     view, off, room)
     if k:
         took_responses(dev, qp, k, now)
@@ -359,7 +356,7 @@ def took_responses(dev, qp, k: int, now: float) -> None:
     (once: what it does for each in turn comes to the same)."""
     before = qp.acked_psn
     dev.counters["rcvd_pkts"] += k
-    qp.acked_psn = (before + k) & 0xFFFFFF
+    qp.acked_psn = (before + k) & PSN_MASK
     qp.retry_pending = None
     _progress(dev, qp, before, now)
 
@@ -376,10 +373,10 @@ def stream_target(dev, qp):
     if off + qp.mtu > room:
         return None
     seg = BTH_LEN + qp.mtu + ICRC_LEN
-    w0 = (_READ_MIDDLE << 24) | 0xFFFF
+    w0 = (_READ_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
     src = qp.dest
     start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, _W0_DQPN.pack(w0, qp.qpn))
-    return seg, w0, start, (qp.acked_psn + 1) & 0xFFFFFF, view, off, room
+    return seg, w0, start, (qp.acked_psn + 1) & PSN_MASK, view, off, room
 
 
 _W0_DQPN = struct.Struct("!II")  # BTH words 0 and 1
@@ -393,11 +390,11 @@ def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) 
     if idx not in wqe.got:
         scatter(wqe, off, payload)
         wqe.got.add(idx)
-    first_missing = (expected - wqe.first_psn) & 0xFFFFFF
+    first_missing = (expected - wqe.first_psn) & PSN_MASK
     hole = [i for i in range(first_missing, idx) if i not in wqe.got and i not in wqe.asked]
     if hole:
         wqe.asked.update(hole)
-        qp.rexmit.append(((wqe.first_psn + hole[0]) & 0xFFFFFF, hole[-1] - hole[0] + 1))
+        qp.rexmit.append(((wqe.first_psn + hole[0]) & PSN_MASK, hole[-1] - hole[0] + 1))
         dev.counters["read_holes_requested"] += 1
         dev.mark_ready(qp)
 
@@ -411,7 +408,7 @@ def _atomic_ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
     return True
 
 
-_ATOMICS = (W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD)
+_ATOMICS = ATOMICS
 
 
 def _bad_response(dev, qp, wqe) -> bool:
@@ -433,7 +430,7 @@ _RESPONSES = {Kind.ACK: _ack, Kind.READ_RESPONSE: _read_response, Kind.ATOMIC_AC
 
 
 def max_psn(a: int, b: int) -> int:
-    a &= 0xFFFFFF
+    a &= PSN_MASK
     return a if psn_diff(a, b) >= 0 else b
 
 
@@ -508,7 +505,7 @@ def _probe(dev, qp) -> None:
         return                                  # the pacer holds everything: no loss
     if qp.rto_shift and qp.acked_psn == qp.rto_shift_psn:
         return                  # a timeout resent both since the last progress: wait for it
-    comp = (qp.acked_psn + 1) & 0xFFFFFF
+    comp = (qp.acked_psn + 1) & PSN_MASK
     if psn_diff(comp, qp.max_sent_psn) > 0 or comp in qp.rexmit:
         return
     dev.counters["loss_probes"] += 1
@@ -538,7 +535,7 @@ def _paced_idle(qp) -> bool:
     """Has a congestion-controlled QP nothing on the wire unacknowledged, its
     next packet held back by the pacer?  (The next PSN to send follows the last
     acknowledged one; a READ still waiting for responses is past it.)"""
-    return qp.cc is not None and qp.next_send_psn() == (qp.acked_psn + 1) & 0xFFFFFF
+    return qp.cc is not None and qp.next_send_psn() == (qp.acked_psn + 1) & PSN_MASK
 
 
 #: the retransmission timeout doubles with each timeout in a row that saw no ACK
@@ -584,7 +581,7 @@ def on_timeout(dev, qp, now: float) -> None:
     if not _take_retry(dev, qp):
         return
     qp.retry_pending = None
-    comp = (qp.acked_psn + 1) & 0xFFFFFF
+    comp = (qp.acked_psn + 1) & PSN_MASK
     for w in qp.sq:
         if w.asked:
             w.asked = set()
@@ -620,10 +617,9 @@ def complete(dev, qp) -> None:
         if ok:
             if w.signaled:
                 dev.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.SUCCESS, _WC_OPCODE[w.opcode],
-                                            qp.qpn, byte_len=8 if w.rd_atomic and
-                                            w.opcode not in (W.RDMA_READ, W.FLUSH)
+                                            qp.qpn, byte_len=8 if w.opcode in EIGHT_BYTES
                                             else w.length), qp)
-            if w.opcode in (W.SEND, W.SEND_WITH_IMM, W.SEND_WITH_INV):
+            if w.opcode in SENDS:
                 dev.counters["rdma_sends"] += 1
         else:
             dev.post_cqe(qp.send_cq, WC(w.wr_id, w.status, _WC_OPCODE[w.opcode], qp.qpn), qp)
@@ -657,7 +653,10 @@ def fail(dev, qp) -> None:
 # ``Device._response`` does after any response.  Anything else: False, nothing
 # changed, the general path.
 
-_ACK_PKT = struct.Struct("!BBHIII")        # BTH + AETH
+_ACK_PKT = BTH_AETH_STRUCT
+_ACK_LEN = BTH_LEN + AETH_LEN + ICRC_LEN      # an ACK datagram
+_ECN = BTH_FECN | BTH_BECN
+_PAD = BTH_PAD_MASK << BTH_PAD_SHIFT
 _RC = QPType.RC
 _RTS = QPState.RTS
 _SQD = QPState.SQD
@@ -665,17 +664,17 @@ _SQD = QPState.SQD
 
 def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:
     """A plain ACK of a PSN of the oldest outstanding WQE, from its bytes."""
-    if len(data) != 20 or telemetry is not None:
+    if len(data) != _ACK_LEN or telemetry is not None:
         return False
     _, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
-    qp = dev.qps.get(w2 & 0xFFFFFF)
-    if qp is None or qp.qp_type is not _RC or pkey != 0xFFFF or w2 >> 30 \
-            or flags & 0x30 or aeth >> 29:
+    qp = dev.qps.get(w2 & QPN_MASK)
+    if qp is None or qp.qp_type is not _RC or pkey != DEFAULT_PKEY or w2 & _ECN \
+            or flags & _PAD or aeth >> 29:
         return False
     if qp.state is not _RTS or not qp.sq or tuple(src) != qp.dest:
         return False
     w = qp.sq[0]
-    psn = w3 & 0xFFFFFF
+    psn = w3 & PSN_MASK
     before = qp.acked_psn
     if w.done or w.first_psn is None or w.rd_atomic or psn_diff(psn, w.first_psn) < 0 \
             or psn_diff(psn, w.last_psn) > 0 or psn_diff(psn, before) <= 0:

@@ -17,23 +17,31 @@ compare the two, byte for byte).
 
 from __future__ import annotations
 
-import struct
+from enum import Enum
 from typing import Callable, NamedTuple
 
 from ..wire.datagram import CE
 from ..wire.icrc import check_icrc
-from ..wire.roce import BTH_LEN, CNP_PAD_LEN, ICRC_LEN, Kind, OPCODES, OpInfo, Opcode as O, \
-    WireError, decode
+from ..wire.mad import GSI_QKEY
+from ..wire.roce import BTH_LEN, BTH_STRUCT, CNP_PAD_LEN, DEFAULT_PKEY, ICRC_LEN, Kind, OPCODES, \
+    OpInfo, Opcode as O, QPN_MASK, WireError, decode
 from . import completer, responder
 from .enums import QPState, QPType
 
-#: the sides of a QP a packet can be for
-REQUEST, RESPONSE, CNP = "responder", "completer", "cnp"
+
+class Side(Enum):
+    """The side of a QP a packet is for (compared by identity: ``side is Side.REQUEST``)."""
+    REQUEST = "responder"         # a request: the responder takes it
+    RESPONSE = "completer"        # a response (ACK, NAK, READ response, atomic ACK)
+    CNP = "cnp"                   # a congestion notification: the controller
+
+
+REQUEST, RESPONSE, CNP = Side.REQUEST, Side.RESPONSE, Side.CNP
 
 
 class Route(NamedTuple):
     info: OpInfo                  # the wire's facts (``wire.roce.OPCODES``)
-    side: str                     # REQUEST, RESPONSE or CNP
+    side: Side
     common: Callable | None       # ``(dev, data, src, now, ecn, telemetry) -> bool``: the
                                   # side's first branch for the common case, from the bytes
 
@@ -47,12 +55,11 @@ def cnp_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False                    # counted and dropped by the general path
     dev.counters["rcvd_pkts"] += 1
-    dev._cnp(_W2.unpack_from(data, 4)[0] & 0xFFFFFF, src, now)
+    dev._cnp(BTH_STRUCT.unpack_from(data, 0)[3] & QPN_MASK, src, now)
     return True
 
 
 _CNP_LEN = BTH_LEN + CNP_PAD_LEN + ICRC_LEN
-_W2 = struct.Struct("!I")
 
 
 def _route(info: OpInfo) -> Route:
@@ -69,7 +76,7 @@ def _route(info: OpInfo) -> Route:
 ROUTES: dict[int, Route] = {op: _route(info) for op, info in OPCODES.items()}
 #: the opcodes of responses (ACKs, NAKs, READ responses, atomic ACKs): a
 #: datagram's first byte says whether it answers this device's own requests
-RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side == RESPONSE)
+RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side is RESPONSE)
 #: opcode -> common-case branch, for the opcodes that have one
 _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
@@ -176,7 +183,7 @@ class Dispatch:
         if pkt.info.qp_type != qp.wire:
             c["rcvd_wrong_qp_type"] += 1
             return None
-        if pkt.bth.pkey != 0xFFFF:
+        if pkt.bth.pkey != DEFAULT_PKEY:
             c["rcvd_bad_pkey"] += 1
             return None
         if qp.qp_type != QPType.UD:
@@ -240,8 +247,8 @@ class Dispatch:
         c = self.counters
         if self.gsi is None:
             c["rcvd_unknown_qp"] += 1
-        elif pkt.info.opcode != O.UD_SEND_ONLY or pkt.deth.qkey != 0x80010000 \
-                or pkt.bth.pkey != 0xFFFF:
+        elif pkt.info.opcode != O.UD_SEND_ONLY or pkt.deth.qkey != GSI_QKEY \
+                or pkt.bth.pkey != DEFAULT_PKEY:
             c["rcvd_bad_mad"] += 1
         else:
             c["rcvd_mads"] += 1

@@ -53,6 +53,7 @@ from .enums import Access, EventType, QPState, QPType, SendFlags, WCFlags, WCOpc
     WROpcode as W
 from .errors import VerbsError, einval
 from .memory import AccessError
+from .wr_opcode import SENDS, TAKES_RECV, WRITES
 
 #: Largest DDP segment payload we send.  MPA's length field allows 64 KiB; 16 KiB
 #: keeps FPDUs near a loopback TCP segment while costing few per-FPDU steps.
@@ -584,15 +585,14 @@ class IwarpDevice(Device):
             if w.first_psn is None:
                 break
             msn = getattr(w, "iw_msn", None)
-            if seg.tagged and seg.opcode == Opcode.RDMA_WRITE and w.opcode in (
-                    W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM) and w.rkey == seg.stag and \
+            if seg.tagged and seg.opcode == Opcode.RDMA_WRITE and w.opcode in WRITES \
+                    and w.rkey == seg.stag and \
                     w.remote_addr <= seg.to <= w.remote_addr + w.length:
                 return w
             if not seg.tagged and seg.qn == QN.READ_REQUEST and w.opcode == W.RDMA_READ \
                     and msn == seg.msn:
                 return w
-            if not seg.tagged and seg.qn == QN.SEND and msn == seg.msn and w.opcode in (
-                    W.SEND, W.SEND_WITH_INV, W.RDMA_WRITE_WITH_IMM):
+            if not seg.tagged and seg.qn == QN.SEND and msn == seg.msn and w.opcode in TAKES_RECV:
                 return w
         return None
 
@@ -649,7 +649,7 @@ class IwarpDevice(Device):
                     continue
                 wqe.next_pkt = 0                          # here: bytes sent so far
                 wqe.got_bytes = 0
-                if wqe.opcode in (W.SEND, W.SEND_WITH_INV):
+                if wqe.opcode in SENDS:                 # (no SEND_WITH_IMM on iWARP)
                     wqe.iw_msn = iwq.send_msn
                     iwq.send_msn += 1
                 elif wqe.opcode == W.RDMA_READ:
@@ -716,7 +716,7 @@ class IwarpDevice(Device):
         total = wqe.length
         off = wqe.next_pkt
         used = 0
-        if op in (W.SEND, W.SEND_WITH_INV):
+        if op in SENDS:
             se = bool(wqe.flags & SendFlags.SOLICITED)
             inv = op == W.SEND_WITH_INV
             opcode = {(False, False): Opcode.SEND, (True, False): Opcode.SEND_SE,
@@ -726,7 +726,7 @@ class IwarpDevice(Device):
             n = min(MULPDU, total - off)
             last = off + n == total
             data = requester.gather(wqe, off, n)
-            if op in (W.SEND, W.SEND_WITH_INV):
+            if op in SENDS:
                 seg = Segment(opcode, last, data, qn=QN.SEND, msn=wqe.iw_msn, mo=off,
                               inv_stag=wqe.inv_rkey if inv else 0)
             else:

@@ -8,11 +8,11 @@ NAKs, READ responses, ATOMIC ACKs, in PSN order); each packet gets its ICRC here
 
 from __future__ import annotations
 
-import struct
-
 from ..wire.datagram import Datagram
 from ..wire.icrc import append_icrc
-from ..wire.roce import BTH_LEN, ICRC_LEN, Opcode as O, encode
+from ..wire.psn import PSN_MASK, psn_add
+from ..wire.roce import AETH_LEN, AETH_SYNDROME_SHIFT, BTH_AETH_STRUCT, BTH_LEN, BTH_PAD_SHIFT, \
+    DEFAULT_PKEY, ICRC_LEN, MSN_MASK, QPN_MASK, Opcode as O, encode
 from . import completer, requester, responder, xrc
 from .enums import QPState, QPType
 from .qp import QP
@@ -20,15 +20,15 @@ from .qp import QP
 _SENDING = (QPState.RTS, QPState.SQD)
 _SQD, _RC = QPState.SQD, QPType.RC      # (enum members as globals: read per packet)
 _ACK = int(O.RC_ACKNOWLEDGE)
-_ACK_PKT = struct.Struct("!BBHIII")        # BTH + AETH
+_ACK_PKT = BTH_AETH_STRUCT
 
 
 def ack_packet(dqpn: int, psn: int, syndrome: int, msn: int) -> bytearray:
     """An ACK's BTH + AETH (without ICRC), packed straight: the bytes ``encode``
     gives."""
     buf = bytearray(16)
-    _ACK_PKT.pack_into(buf, 0, _ACK, 0, 0xFFFF, dqpn & 0xFFFFFF, psn & 0xFFFFFF,
-                       ((syndrome & 0xFF) << 24) | (msn & 0xFFFFFF))
+    _ACK_PKT.pack_into(buf, 0, _ACK, 0, DEFAULT_PKEY, dqpn & QPN_MASK, psn & PSN_MASK,
+                       ((syndrome & 0xFF) << AETH_SYNDROME_SHIFT) | (msn & MSN_MASK))
     return buf
 
 
@@ -39,7 +39,7 @@ def cnp_packet(dqpn: int) -> bytearray:
     """A CNP's BTH and its 16 reserved bytes (without ICRC), packed straight: the
     bytes ``encode(O.CNP, dest_qp=dqpn, psn=0)`` gives."""
     buf = bytearray(28)
-    _ACK_PKT.pack_into(buf, 0, _CNP, 0, 0xFFFF, dqpn & 0xFFFFFF, 0, 0)
+    _ACK_PKT.pack_into(buf, 0, _CNP, 0, DEFAULT_PKEY, dqpn & QPN_MASK, 0, 0)
     return buf
 
 
@@ -229,7 +229,7 @@ class Output:
                         op, a = O.RC_RDMA_READ_RESPONSE_LAST, aeth
                     else:
                         op, a = O.RC_RDMA_READ_RESPONSE_MIDDLE, None
-                    out.append((encode(op, dest_qp=dqpn, psn=(psn + i) & 0xFFFFFF,
+                    out.append((encode(op, dest_qp=dqpn, psn=psn_add(psn, i),
                                        payload=view[i * mtu:(i + 1) * mtu], aeth=a), dest))
 
 
@@ -244,11 +244,11 @@ class Output:
         mtu = qp.mtu
         out.append((_aeth_packet(_READ_FIRST, dqpn, psn, aeth, view[:mtu]), dest))
         nmid = npkts - 2
-        buf, _ = requester.middle_run(self, dest, _READ_MIDDLE, dqpn, (psn + 1) & 0xFFFFFF,
+        buf, _ = requester.middle_run(self, dest, _READ_MIDDLE, dqpn, psn_add(psn, 1),
                                       nmid, mtu, view, mtu, 0, 0xFFFFFFFF)
         out.append((buf, dest, BTH_LEN + mtu + ICRC_LEN, nmid))
         last = npkts - 1
-        out.append((_aeth_packet(_READ_LAST, dqpn, (psn + last) & 0xFFFFFF, aeth,
+        out.append((_aeth_packet(_READ_LAST, dqpn, psn_add(psn, last), aeth,
                                  view[last * mtu:]), dest))
 
 
@@ -258,10 +258,12 @@ def _aeth_packet(opcode: int, dqpn: int, psn: int, aeth, payload) -> bytearray:
     gives (its pad zeros, its pad count in the BTH)."""
     n = len(payload)
     pad = -n & 3
-    buf = bytearray(16 + n + pad)
-    _ACK_PKT.pack_into(buf, 0, opcode, pad << 4, 0xFFFF, dqpn & 0xFFFFFF, psn & 0xFFFFFF,
-                       ((aeth[0] & 0xFF) << 24) | (aeth[1] & 0xFFFFFF))
-    buf[16:16 + n] = payload
+    hdr = BTH_LEN + AETH_LEN
+    buf = bytearray(hdr + n + pad)
+    _ACK_PKT.pack_into(buf, 0, opcode, pad << BTH_PAD_SHIFT, DEFAULT_PKEY, dqpn & QPN_MASK,
+                       psn & PSN_MASK, ((aeth[0] & 0xFF) << AETH_SYNDROME_SHIFT)
+                       | (aeth[1] & MSN_MASK))
+    buf[hdr:hdr + n] = payload
     return buf
 
 

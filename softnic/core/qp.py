@@ -13,9 +13,11 @@ import ipaddress
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from ..wire.psn import PSN_MASK, psn_add
 from ..wire.roce import ROCEV2_PORT
 from .enums import Access, QPAttrMask as M, QPState as S, QPType, WROpcode, mtu_bytes
 from .errors import einval
+from .wr_opcode import RD_ATOMIC
 
 # ---------------------------------------------------------------- attributes
 
@@ -215,9 +217,9 @@ def merge_attr(cur: QPAttr, new: QPAttr, mask: int) -> QPAttr:
     mask = int(M(mask))
     changes = {f: getattr(new, f) for bit, f in _PICK if mask & bit}
     if "sq_psn" in changes:
-        changes["sq_psn"] &= 0xFFFFFF
+        changes["sq_psn"] &= PSN_MASK
     if "rq_psn" in changes:
-        changes["rq_psn"] &= 0xFFFFFF
+        changes["rq_psn"] &= PSN_MASK
     return replace(cur, **changes)
 
 
@@ -255,9 +257,6 @@ class RecvWR:
 
 #: WR opcodes by value (an enum lookup by value costs a call into enum's machinery)
 _WR_OPCODES = {int(w): w for w in WROpcode}
-_RD_ATOMIC = frozenset({WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
-                        WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.ATOMIC_WRITE,
-                        WROpcode.FLUSH})
 
 
 class SendWQE:
@@ -305,7 +304,7 @@ class SendWQE:
         self.got_bytes = 0                   # iWARP: Read Response bytes placed
         self.sink_stag = 0                   # iWARP: the READ's data sink STag and TO
         self.sink_to = 0
-        self.rd_atomic = self.opcode in _RD_ATOMIC
+        self.rd_atomic = self.opcode in RD_ATOMIC
         self.bind = wr.bind
         self.xrc_srqn = wr.xrc_srqn
         self.flush = (wr.flush_level, wr.flush_type) if self.opcode is WROpcode.FLUSH else None
@@ -392,8 +391,8 @@ class QP:
         self.sq: deque[SendWQE] = deque()
         self.send_idx = 0             # index in sq of the WQE the requester works on
         self.sq_psn = 0               # next never-used PSN
-        self.acked_psn = 0xFFFFFF     # everything up to here is acknowledged (sq_psn - 1 at start)
-        self.max_sent_psn = 0xFFFFFF  # highest PSN sent so far (anything not above it is a resend)
+        self.acked_psn = PSN_MASK     # everything up to here is acknowledged (sq_psn - 1 at start)
+        self.max_sent_psn = PSN_MASK  # highest PSN sent so far (anything not above it is a resend)
         self.rd_atomic_inflight = 0
         self.retry_left = 7
         self.rnr_left = 7
@@ -446,5 +445,5 @@ class QP:
         if self.send_idx < len(self.sq):
             w = self.sq[self.send_idx]
             if w.first_psn is not None:
-                return (w.first_psn + w.next_pkt) & 0xFFFFFF
+                return psn_add(w.first_psn, w.next_pkt)
         return self.sq_psn

@@ -23,50 +23,41 @@ from __future__ import annotations
 import struct
 
 from ..wire.icrc import crc32, icrc_start
-from ..wire.roce import BTH_LEN, ICRC_LEN, Opcode as O, encode, encode_middle, psn_diff
+from ..wire.psn import PSN_HALF, PSN_MASK, psn_diff
+from ..wire.roce import BTH_ACKREQ, BTH_FMT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_SHIFT, \
+    BTH_RETH_STRUCT, BTH_SE, BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, IMMDT_LEN, QPN_MASK, \
+    RETH_LEN, Opcode as O, encode, encode_middle
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
+from .wr_opcode import ATOMICS, REMOTE, SEGMENTED, WITH_IMM, WITH_INV, WRITES, only_opcode
 from .memory import AccessError
 from .responder import SR_SPAN
 from . import xrc
 
 # (WR opcode, first, last) -> RC opcode; UC opcodes are RC's + 0x20.
 _POS = {(True, False): 0, (False, False): 1, (False, True): 2, (True, True): 3}
-_OPC = {
-    W.SEND: (O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_SEND_LAST, O.RC_SEND_ONLY),
-    W.SEND_WITH_IMM: (O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_SEND_LAST_WITH_IMMEDIATE,
-                      O.RC_SEND_ONLY_WITH_IMMEDIATE),
-    W.SEND_WITH_INV: (O.RC_SEND_FIRST, O.RC_SEND_MIDDLE, O.RC_SEND_LAST_WITH_INVALIDATE,
-                      O.RC_SEND_ONLY_WITH_INVALIDATE),
-    W.RDMA_WRITE: (O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE, O.RC_RDMA_WRITE_LAST,
-                   O.RC_RDMA_WRITE_ONLY),
-    W.RDMA_WRITE_WITH_IMM: (O.RC_RDMA_WRITE_FIRST, O.RC_RDMA_WRITE_MIDDLE,
-                            O.RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
-                            O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE),
-}
-_ATOMIC_OPC = {W.ATOMIC_CMP_AND_SWP: O.RC_COMPARE_SWAP, W.ATOMIC_FETCH_AND_ADD: O.RC_FETCH_ADD}
+_OPC = SEGMENTED                        # WR opcode -> RC (FIRST, MIDDLE, LAST, ONLY)
+_ATOMIC_OPC = {w: only_opcode(w) for w in ATOMICS}
 _SOLICITED = int(SendFlags.SOLICITED)      # flag bits as plain ints (IntFlag ops are slow)
 _FENCE = int(SendFlags.FENCE)
 #: the MIDDLE opcode of each WR that a long message carries in MIDDLE packets
 _MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
 #: the LAST opcode of each WR whose LAST packet carries no extended header
-_PLAIN_LAST = {W.SEND: int(O.RC_SEND_LAST), W.RDMA_WRITE: int(O.RC_RDMA_WRITE_LAST)}
-_HDR = struct.Struct("!BBHII")          # the BTH
-_BTH_RETH = struct.Struct("!BBHIIQII")  # a BTH and a RETH
-_WRITES = frozenset({W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM})
+_PLAIN_LAST = {w: int(ops[2]) for w, ops in _OPC.items() if w not in WITH_IMM | WITH_INV}
+_HDR = BTH_STRUCT
+_BTH_RETH = BTH_RETH_STRUCT
+_WRITES = WRITES
 _WRITE_FIRST = int(O.RC_RDMA_WRITE_FIRST)
 _SEND_FIRST = int(O.RC_SEND_FIRST)
-_HEAD = struct.Struct("!BBHI")          # its first 8 bytes, byte 4 (FECN, BECN) masked
+_HEAD = struct.Struct("!" + BTH_FMT[:4])  # its first 8 bytes, byte 4 (FECN, BECN) masked
+_HEAD_BYTES = BTH_LEN + ICRC_LEN         # a MIDDLE without its payload: BTH and ICRC
+_BTH_RETH_LEN = BTH_LEN + RETH_LEN
 _ICRC = struct.Struct("<I")             # the ICRC, least significant byte first
 _U32 = struct.Struct("!I")
 _RC, _UD = QPType.RC, QPType.UD
 _SENDING = frozenset({QPState.RTS, QPState.SQD})
 #: WR opcode -> (its RC ONLY opcode, carries a RETH, carries an ImmDt)
-_ONLY = {
-    W.RDMA_WRITE: (int(O.RC_RDMA_WRITE_ONLY), True, False),
-    W.RDMA_WRITE_WITH_IMM: (int(O.RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE), True, True),
-    W.SEND: (int(O.RC_SEND_ONLY), False, False),
-    W.SEND_WITH_IMM: (int(O.RC_SEND_ONLY_WITH_IMMEDIATE), False, True),
-}
+_ONLY = {w: (int(ops[3]), w in REMOTE, w in WITH_IMM) for w, ops in _OPC.items()
+         if w not in WITH_INV}
 
 
 def start(dev, qp, wqe) -> None:
@@ -113,8 +104,8 @@ def start(dev, qp, wqe) -> None:
     wqe.npkts = npkts
     psn = qp.sq_psn
     wqe.first_psn = psn
-    wqe.last_psn = (psn + npkts - 1) & 0xFFFFFF
-    qp.sq_psn = (psn + npkts) & 0xFFFFFF
+    wqe.last_psn = (psn + npkts - 1) & PSN_MASK
+    qp.sq_psn = (psn + npkts) & PSN_MASK
     wqe.next_pkt = 0
     if wqe.rd_atomic:
         qp.rd_atomic_inflight += 1
@@ -150,7 +141,7 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
 
 
 def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
-    psn = (wqe.first_psn + idx) & 0xFFFFFF
+    psn = (wqe.first_psn + idx) & PSN_MASK
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
     if wqe.npkts == 1 and dev._fast and op in _ONLY and qp.qp_type is QPType.RC:
@@ -163,10 +154,11 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
         # ``encode`` gives, packed straight)
         mtu = qp.mtu
         if op in _WRITES:
-            buf = bytearray(28 + mtu)
-            _BTH_RETH.pack_into(buf, 0, _WRITE_FIRST, 0, 0xFFFF, dqpn & 0xFFFFFF,
-                                (ackreq << 31) | psn, wqe.remote_addr, wqe.rkey, wqe.length)
-            buf[28:] = gather(wqe, 0, mtu)
+            buf = bytearray(BTH_LEN + RETH_LEN + mtu)
+            _BTH_RETH.pack_into(buf, 0, _WRITE_FIRST, 0, DEFAULT_PKEY, dqpn & QPN_MASK,
+                                (BTH_ACKREQ if ackreq else 0) | psn, wqe.remote_addr,
+                                wqe.rkey, wqe.length)
+            buf[BTH_LEN + RETH_LEN:] = gather(wqe, 0, mtu)
             return buf
         return encode_middle(_SEND_FIRST, dqpn, psn, ackreq, gather(wqe, 0, mtu))
     if qp.qp_type == QPType.UD:
@@ -202,13 +194,13 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
         opcode += 0x20
     off = idx * mtu
     n = min(mtu, wqe.length - off)
-    is_write = op in (W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM)
+    is_write = op in _WRITES
     return encode(
         opcode, dest_qp=dqpn, psn=psn, payload=gather(wqe, off, n),
         ackreq=(last or ackreq) and qp.qp_type == QPType.RC,
         se=last and bool(int(wqe.flags) & _SOLICITED),
         reth=(wqe.remote_addr, wqe.rkey, wqe.length) if first and is_write else None,
-        imm=wqe.imm if last and op in (W.SEND_WITH_IMM, W.RDMA_WRITE_WITH_IMM) else None,
+        imm=wqe.imm if last and op in WITH_IMM else None,
         ieth=wqe.inv_rkey if last and op == W.SEND_WITH_INV else None)
 
 
@@ -218,16 +210,16 @@ def _pack_only(qp, wqe, psn: int, dqpn: int) -> bytearray:
     opcode, reth, imm = _ONLY[wqe.opcode]
     n = wqe.length
     pad = -n & 3
-    hdr = 28 if reth else 12
+    hdr = _BTH_RETH_LEN if reth else BTH_LEN
     if imm:
-        hdr += 4
+        hdr += IMMDT_LEN
     buf = bytearray(hdr + n + pad)
-    flags = (0x80 if int(wqe.flags) & _SOLICITED else 0) | (pad << 4)
+    flags = (BTH_SE if int(wqe.flags) & _SOLICITED else 0) | (pad << BTH_PAD_SHIFT)
     if reth:
-        _BTH_RETH.pack_into(buf, 0, opcode, flags, 0xFFFF, dqpn & 0xFFFFFF,
-                            0x80000000 | psn, wqe.remote_addr, wqe.rkey, n)
+        _BTH_RETH.pack_into(buf, 0, opcode, flags, DEFAULT_PKEY, dqpn & QPN_MASK,
+                            BTH_ACKREQ | psn, wqe.remote_addr, wqe.rkey, n)
     else:
-        _HDR.pack_into(buf, 0, opcode, flags, 0xFFFF, dqpn & 0xFFFFFF, 0x80000000 | psn)
+        _HDR.pack_into(buf, 0, opcode, flags, DEFAULT_PKEY, dqpn & QPN_MASK, BTH_ACKREQ | psn)
     if imm:
         _U32.pack_into(buf, hdr - 4, wqe.imm)
     if n:
@@ -252,7 +244,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     if has_last:
         n_last = wqe.length - last_idx * mtu
         extra = BTH_LEN + n_last + (-n_last & 3) + ICRC_LEN
-    psn = (wqe.first_psn + idx) & 0xFFFFFF
+    psn = (wqe.first_psn + idx) & PSN_MASK
     views = wqe.views
     one = views[0] if len(views) == 1 else None
     off = idx * mtu
@@ -261,7 +253,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
                         lambda o: gather(wqe, o, mtu))
     if has_last:
         s = 0                       # a LAST asks for an ACK: the count starts again
-        psn = (psn + nmid) & 0xFFFFFF
+        psn = (psn + nmid) & PSN_MASK
         off += nmid * mtu
         if type(buf) is Gather:
             buf.last = _plain_last(dev, qp, wqe, psn, off, n_last, dest)
@@ -286,8 +278,10 @@ def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, s
     ``Gather`` of the run (its ``last`` None), no room after it.
     Returns the buffer (or ``Gather``) and the count ``s`` after the run."""
     seg = BTH_LEN + mtu + ICRC_LEN
-    dqpn &= 0xFFFFFF
-    start = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg, _HEAD.pack(mid, 0, 0xFFFF, dqpn))
+    dqpn &= QPN_MASK
+    start = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg,
+                       _HEAD.pack(mid, 0, DEFAULT_PKEY, dqpn))
+    w0 = (mid << BTH_OPCODE_SHIFT) | DEFAULT_PKEY       # BTH word 0: opcode, flags, P_Key
     one = src if src is not None and off + count * mtu <= len(src) else None
     kern = dev.kernel
     o = 0
@@ -295,15 +289,15 @@ def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, s
         ffi = kern.ffi
         if dev.tx_gather:
             # the loop below, in C, but for the payload, which stays where it is
-            heads = bytearray(16 * count)
+            heads = bytearray(_HEAD_BYTES * count)
             s = kern.lib.sn_tx_heads(
-                ffi.from_buffer(heads, require_writable=True), count, (mid << 24) | 0xFFFF,
+                ffi.from_buffer(heads, require_writable=True), count, w0,
                 dqpn, psn, s, ack_every, ffi.from_buffer(one) + off, mtu, start)
             return Gather(heads, one[off:off + count * mtu], mtu, count, None), s
         buf = bytearray(count * seg + extra)
         # the loop below, in C
         s = kern.lib.sn_tx_middles(ffi.from_buffer(buf, require_writable=True), 0, count,
-                                   (mid << 24) | 0xFFFF, dqpn, psn, s, ack_every,
+                                   w0, dqpn, psn, s, ack_every,
                                    ffi.from_buffer(one) + off, mtu, start)
         return buf, s
     buf = bytearray(count * seg + extra)
@@ -313,13 +307,13 @@ def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, s
         s += 1
         if s >= ack_every:
             s = 0
-            pack(buf, o, mid, 0, 0xFFFF, dqpn, 0x80000000 | psn)
+            pack(buf, o, mid, 0, DEFAULT_PKEY, dqpn, BTH_ACKREQ | psn)
         else:
-            pack(buf, o, mid, 0, 0xFFFF, dqpn, psn)
+            pack(buf, o, mid, 0, DEFAULT_PKEY, dqpn, psn)
         e = o + BTH_LEN + mtu
         mv[o + BTH_LEN:e] = one[off:off + mtu] if one is not None else part(off)
         put(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
-        psn = (psn + 1) & 0xFFFFFF
+        psn = (psn + 1) & PSN_MASK
         off += mtu
         o = e + ICRC_LEN
     return buf, s
@@ -333,15 +327,15 @@ def _plain_last(dev, qp, wqe, psn: int, off: int, n: int, dest, buf=None, o: int
     if buf is None:
         buf = bytearray(BTH_LEN + n + pad + ICRC_LEN)
     lop = _PLAIN_LAST[wqe.opcode]
-    flags = (bool(int(wqe.flags) & _SOLICITED) << 7) | (pad << 4)
-    dqpn = qp.attr.dest_qp_num & 0xFFFFFF
-    _HDR.pack_into(buf, o, lop, flags, 0xFFFF, dqpn, 0x80000000 | psn)
+    flags = (BTH_SE if int(wqe.flags) & _SOLICITED else 0) | (pad << BTH_PAD_SHIFT)
+    dqpn = qp.attr.dest_qp_num & QPN_MASK
+    _HDR.pack_into(buf, o, lop, flags, DEFAULT_PKEY, dqpn, BTH_ACKREQ | psn)
     e = o + BTH_LEN + n
     mv = memoryview(buf)
     mv[o + BTH_LEN:e] = gather(wqe, off, n)
     e += pad                                                     # zeros
     start = icrc_start(dev.ip, dest[0], dev.port, dest[1], e + ICRC_LEN - o,
-                       _HEAD.pack(lop, flags, 0xFFFF, dqpn))
+                       _HEAD.pack(lop, flags, DEFAULT_PKEY, dqpn))
     _ICRC.pack_into(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
     return buf
 
@@ -371,7 +365,7 @@ class Gather:
         run of their own: what survives of it where a fault model drops some."""
         mtu = self.mtu
         k = min(j, self.count)
-        return Gather(self.heads[16 * i:16 * k] if i < k else bytearray(),
+        return Gather(self.heads[_HEAD_BYTES * i:_HEAD_BYTES * k] if i < k else bytearray(),
                       self.src[i * mtu:k * mtu] if i < k else self.src[0:0], mtu,
                       max(0, k - i), self.last if j > self.count else None)
 
@@ -379,7 +373,9 @@ class Gather:
         h, src, mtu = memoryview(self.heads), self.src, self.mtu
         parts = []
         for i in range(self.count):
-            parts += (h[16 * i:16 * i + 12], src[i * mtu:(i + 1) * mtu], h[16 * i + 12:16 * i + 16])
+            h0 = _HEAD_BYTES * i
+            parts += (h[h0:h0 + BTH_LEN], src[i * mtu:(i + 1) * mtu],
+                      h[h0 + BTH_LEN:h0 + _HEAD_BYTES])
         if self.last is not None:
             parts.append(self.last)
         return bytearray(b"".join(parts))
@@ -387,11 +383,11 @@ class Gather:
 
 def _window_room(qp, psn: int) -> int:
     """How many PSNs from ``psn`` on may be sent now (``_window_full`` of each)."""
-    base = (qp.acked_psn + 1) & 0xFFFFFF
+    base = (qp.acked_psn + 1) & PSN_MASK
     if qp.selective_repeat:
         room = SR_SPAN * qp.window - psn_diff(psn, base)
         if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
-            base = (qp.sacked_psn + 1) & 0xFFFFFF
+            base = (qp.sacked_psn + 1) & PSN_MASK
         return min(room, qp.window - psn_diff(psn, base))
     return qp.window - psn_diff(psn, base)
 
@@ -417,7 +413,7 @@ def rewind(qp, psn: int) -> None:
         cc_lost_from(qp, psn)
     qp.send_idx = i
     w = qp.sq[i]
-    w.next_pkt = (psn - w.first_psn) & 0xFFFFFF
+    w.next_pkt = (psn - w.first_psn) & PSN_MASK
     for j in range(i + 1, len(qp.sq)):
         qp.sq[j].next_pkt = 0
     qp.rexmit.clear()
@@ -427,14 +423,14 @@ def _window_full(qp, psn: int) -> bool:
     """May ``psn`` not be sent yet?  Go-back-N counts every unacknowledged packet.
     Selective repeat counts those beyond the highest PSN the responder reported
     holding (IRN's BDP cap), within the span the responder will hold."""
-    base = (qp.acked_psn + 1) & 0xFFFFFF
+    base = (qp.acked_psn + 1) & PSN_MASK
     if qp.selective_repeat:
         if psn_diff(psn, base) >= SR_SPAN * qp.window:
             return True
         if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
-            base = (qp.sacked_psn + 1) & 0xFFFFFF
+            base = (qp.sacked_psn + 1) & PSN_MASK
     # psn_diff(psn, base) >= qp.window, inline (asked for every packet)
-    return qp.window <= (psn - base) & 0xFFFFFF < 0x800000
+    return qp.window <= (psn - base) & PSN_MASK < PSN_HALF   # psn_diff(psn, base) >= window
 
 
 # ---------------------------------------------------------------- congestion control
@@ -500,7 +496,7 @@ def cc_acked(qp, before: int, now: float) -> None:
             psns = [p for p in sent if psn_diff(p, acked) <= 0]
         pop = sent.pop
         for p in psns:
-            e = pop(p & 0xFFFFFF, None)
+            e = pop(p & PSN_MASK, None)
             if e is not None:
                 nbytes += e[1]
                 if not e[2]:
@@ -548,7 +544,7 @@ def generate(dev, qp, now: float, out: list) -> None:
             qp.send_idx += 1
             continue
         nxt = wqe.next_pkt
-        psn = (wqe.first_psn + nxt) & 0xFFFFFF
+        psn = (wqe.first_psn + nxt) & PSN_MASK
         if nxt and rc and _window_full(qp, psn):
             break
         if cc is not None and _cc_blocked(dev, qp, now, False):
@@ -622,7 +618,7 @@ def _paced_middle(dev, qp, now: float, out: list) -> bool:
     middle = _MIDDLE.get(wqe.opcode)
     if first is None or wqe.done or not 0 < nxt < wqe.npkts - 1 or middle is None:
         return False
-    psn = (first + nxt) & 0xFFFFFF
+    psn = (first + nxt) & PSN_MASK
     if _window_full(qp, psn):
         return True                         # the walk stops: nothing sent
     # _send_packet: a MIDDLE asks for an ACK only by the cadence or the controller
@@ -630,8 +626,8 @@ def _paced_middle(dev, qp, now: float, out: list) -> bool:
     n = qp.pkts_since_ackreq + 1
     ackreq = n >= ack_every or _cc_wants_ack(dev, qp, cc, ack_every)
     qp.pkts_since_ackreq = 0 if ackreq else n
-    d = (psn - qp.max_sent_psn) & 0xFFFFFF
-    if d == 0 or d & 0x800000:              # psn_diff(psn, qp.max_sent_psn) <= 0
+    d = (psn - qp.max_sent_psn) & PSN_MASK
+    if d == 0 or d & PSN_HALF:              # psn_diff(psn, qp.max_sent_psn) <= 0
         dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
         resent = True
     else:
@@ -643,7 +639,7 @@ def _paced_middle(dev, qp, now: float, out: list) -> bool:
     out.append((pkt, qp.dest))
     wqe.next_pkt = nxt + 1                  # (a MIDDLE: its WQE has more to send)
     # the walk's next step: the same WQE's next packet
-    return _window_full(qp, (psn + 1) & 0xFFFFFF) or _cc_blocked(dev, qp, now, False)
+    return _window_full(qp, (psn + 1) & PSN_MASK) or _cc_blocked(dev, qp, now, False)
 
 
 def _held_by_pacer(qp, now: float) -> bool:
@@ -677,7 +673,7 @@ def _resend_singles(dev, qp, now: float, out: list, dest, cc) -> bool:
         if i is None:
             continue
         w = qp.sq[i]
-        idx = 0 if w.rd_atomic and w.opcode != W.RDMA_READ else (psn - w.first_psn) & 0xFFFFFF
+        idx = 0 if w.rd_atomic and w.opcode != W.RDMA_READ else (psn - w.first_psn) & PSN_MASK
         dev.counters["retransmitted_pkts"] += 1
         pkt = _build(dev, qp, w, idx, True, count)
         if cc is not None:
@@ -712,7 +708,7 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
     if ahead > 0:                         # go-back-N resends among them
         dev.counters["retransmitted_pkts"] += min(ahead, k)
     if ahead < k:
-        qp.max_sent_psn = (psn + k - 1) & 0xFFFFFF
+        qp.max_sent_psn = (psn + k - 1) & PSN_MASK
     buf, seg = _bulk(dev, qp, wqe, idx, k, dest, ack_every)
     out.append((buf, dest, seg, k))
     wqe.next_pkt = idx + k

@@ -42,7 +42,11 @@ import sys
 from collections import deque
 
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
-from ..wire.roce import AethCode, BTH_LEN, ICRC_LEN, Kind, NakCode, OPCODES, Opcode, psn_diff
+from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
+from ..wire.roce import AETH_CODE_SHIFT, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, \
+    BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, BTH_SE, BTH_STRUCT, \
+    DEFAULT_PKEY, ICRC_LEN, Kind, MSN_MASK, NakCode, OPCODES, Opcode as O, QPN_MASK, \
+    RETH_STRUCT
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import MW, AccessError, view_span
@@ -102,7 +106,8 @@ def keep_answers(qp) -> None:
 
 
 def _nak(dev, qp, psn: int, code: NakCode, msn: int | None = None) -> None:
-    qp.resp_out.append(("ack", psn, (AethCode.NAK << 5) | code, qp.msn if msn is None else msn))
+    qp.resp_out.append(("ack", psn, (AethCode.NAK << AETH_CODE_SHIFT) | code,
+                        qp.msn if msn is None else msn))
     dev.mark_ready(qp)
 
 
@@ -110,10 +115,10 @@ def accept(dev, qp, psn: int, last: bool, ackreq: bool) -> None:
     """A request packet executed in sequence: the ePSN moves past it, the MSN
     counts a completed message, and its ACK is queued if it ends a message or
     asks for one (AckReq)."""
-    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.epsn = (psn + 1) & PSN_MASK
     qp.nak_sent = False
     if last:
-        qp.msn = (qp.msn + 1) & 0xFFFFFF
+        qp.msn = (qp.msn + 1) & MSN_MASK
         queue_ack(dev, qp, psn)
     elif ackreq:
         queue_ack(dev, qp, psn)
@@ -123,9 +128,9 @@ def _answered(qp, psn: int) -> None:
     """A READ, ATOMIC or ATOMIC WRITE request executed: the ePSN moves past its
     PSNs (``psn`` is its last) and the MSN counts it at once (for a READ, on
     receipt: IBA C9-148, as rxe); its response, not an ACK, answers it."""
-    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.epsn = (psn + 1) & PSN_MASK
     qp.nak_sent = False
-    qp.msn = (qp.msn + 1) & 0xFFFFFF
+    qp.msn = (qp.msn + 1) & MSN_MASK
 
 
 def write_target(dev, qp, va: int, rkey: int, length: int):
@@ -242,7 +247,8 @@ def _gap(dev, qp) -> None:
         _nak(dev, qp, qp.epsn, NakCode.PSN_SEQUENCE_ERROR)
 
 
-_SACK = (AethCode.NAK << 5) | NakCode.PSN_SEQUENCE_ERROR
+_COMPARE_SWAP = (O.RC_COMPARE_SWAP, O.XRC_COMPARE_SWAP)
+_SACK = (AethCode.NAK << AETH_CODE_SHIFT) | NakCode.PSN_SEQUENCE_ERROR
 SACK_LOOKBACK = 8    # queued responses searched for a selective ACK to update
 
 
@@ -301,8 +307,8 @@ def chain_writes(dev, qp) -> None:
         span = view_span(qp.write_view)
         if span is None:
             return
-        first = (qp.epsn - qp.write_off // mtu) & 0xFFFFFF
-        end = (first + max(1, -(-qp.write_len // mtu))) & 0xFFFFFF
+        first = (qp.epsn - qp.write_off // mtu) & PSN_MASK
+        end = (first + max(1, -(-qp.write_len // mtu))) & PSN_MASK
         chain.append((first, qp.write_view, qp.write_len, end, span[0]))
     else:
         return
@@ -315,7 +321,7 @@ def chain_writes(dev, qp) -> None:
             if len(pkt) == 4:
                 return              # (a MIDDLE or LAST: no FIRST here)
             reth, view, n, addr = pkt[4]    # a FIRST placed beyond the hole: checked then
-            first, end = end, (end + n) & 0xFFFFFF
+            first, end = end, (end + n) & PSN_MASK
             chain.append((first, view, reth[2], end, addr))
             continue
         info = pkt.info
@@ -326,7 +332,7 @@ def chain_writes(dev, qp) -> None:
         if target is None:
             return
         view, n, addr = target
-        first, end = end, (end + n) & 0xFFFFFF
+        first, end = end, (end + n) & PSN_MASK
         chain.append((first, view, reth.dma_len, end, addr))
 
 
@@ -393,7 +399,7 @@ def hold(dev, qp, psn: int, ackreq: bool, item) -> None:
             qp.sr_naked.add(p)
             _sack_nak(dev, qp, p, psn)
             named += 1
-        p = (p + 1) & 0xFFFFFF
+        p = (p + 1) & PSN_MASK
     if scan is None or psn_diff(p, scan) > 0:
         qp.sr_scan = p
     if not named and ackreq:
@@ -473,7 +479,8 @@ def _rnr_nak(dev, qp, psn: int) -> None:
     qp.ooo.clear()
     qp.sr_naked.clear()
     qp.sr_scan = None
-    qp.resp_out.append(("ack", psn, (AethCode.RNR_NAK << 5) | qp.attr.min_rnr_timer, qp.msn))
+    qp.resp_out.append(("ack", psn, (AethCode.RNR_NAK << AETH_CODE_SHIFT)
+                        | qp.attr.min_rnr_timer, qp.msn))
     dev.mark_ready(qp)
 
 
@@ -621,7 +628,7 @@ def _read(dev, qp, pkt) -> None:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
     npkts = max(1, -(-reth.dma_len // qp.mtu))
-    last = (psn + npkts - 1) & 0xFFFFFF
+    last = (psn + npkts - 1) & PSN_MASK
     _remember(qp, ("read", psn, last))
     _answered(qp, last)
     qp.resp_out.append(("read", psn, view, qp.msn))
@@ -639,7 +646,7 @@ def _atomic(dev, qp, pkt) -> None:
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     orig = int.from_bytes(view, sys.byteorder)
-    if pkt.info.opcode & 0x1F == 0x13:  # (RC or XRC) COMPARE_SWAP: swap_add is the swap value
+    if pkt.info.opcode in _COMPARE_SWAP:  # swap_add is the swap value
         if orig == a.compare:
             view[:] = a.swap_add.to_bytes(8, sys.byteorder)
     else:                             # FETCH_ADD
@@ -702,9 +709,9 @@ def _flush(dev, qp, pkt) -> None:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
     _remember(qp, ("read", psn, psn))           # a duplicate is answered, not run again
-    qp.epsn = (psn + 1) & 0xFFFFFF
+    qp.epsn = (psn + 1) & PSN_MASK
     qp.nak_sent = False
-    qp.msn = (qp.msn + 1) & 0xFFFFFF
+    qp.msn = (qp.msn + 1) & MSN_MASK
     qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))
     dev.mark_ready(qp)
 
@@ -720,7 +727,7 @@ def _duplicate(dev, qp, kind: Kind, psn: int, pkt) -> None:
     WRITE answered without being placed again, an ATOMIC answered from the
     result saved when it executed; a FLUSH is answered again, not run again."""
     if kind is Kind.SEND or kind is Kind.WRITE:
-        queue_ack(dev, qp, (qp.epsn - 1) & 0xFFFFFF)
+        queue_ack(dev, qp, (qp.epsn - 1) & PSN_MASK)
         return
     for res in reversed(qp.resources):
         if res[0] == "read" and kind == Kind.READ_REQUEST and psn_diff(psn, res[1]) >= 0 \
@@ -756,12 +763,12 @@ def _receive_uc(dev, qp, pkt, d: int) -> None:
             qp.resp_wqe = None
         qp.resp_kind = None
         qp.write_view = None
-        qp.epsn = (pkt.bth.psn + 1) & 0xFFFFFF
+        qp.epsn = (pkt.bth.psn + 1) & PSN_MASK
         qp.uc_drop = not info.first
         if info.first:
             _uc_execute(dev, qp, pkt)
         return
-    qp.epsn = (pkt.bth.psn + 1) & 0xFFFFFF
+    qp.epsn = (pkt.bth.psn + 1) & PSN_MASK
     if qp.uc_drop:
         if info.first:
             qp.uc_drop = False
@@ -863,10 +870,10 @@ def _receive_ud(dev, qp, pkt, src) -> None:
 # The compiled kernel's run (``receive_middles``) checks the same conditions: the
 # QP's here, in Python, once per run; the packet's in ``sn_rx_middles``, per packet.
 
-_BTH = struct.Struct("!BBHII")
-_RETH = struct.Struct("!QII")
+_BTH = BTH_STRUCT
+_RETH = RETH_STRUCT
 _I = struct.Struct("!I")
-_MASK = 0xFFFFFF
+_ECN = BTH_FECN | BTH_BECN        # BTH word 1's FECN and BECN
 _RC = QPType.RC
 _SEND_KIND, _WRITE_KIND = Kind.SEND, Kind.WRITE
 _RECEIVING = frozenset({QPState.RTR, QPState.RTS, QPState.SQD})
@@ -879,9 +886,9 @@ COMMON_OPCODES = {op: i for op, i in OPCODES.items()
 def _common_qp(dev, w2: int, pkey: int, src):
     """The QP a request is for if it meets COMMON_CASE's conditions on the QP and
     the BTH's P_Key, FECN and BECN; else None."""
-    qp = dev.qps.get(w2 & _MASK)
+    qp = dev.qps.get(w2 & QPN_MASK)
     if qp is None or qp.qp_type is not _RC or qp.xrc is not None \
-            or pkey != 0xFFFF or w2 >> 30 or qp.state not in _RECEIVING \
+            or pkey != DEFAULT_PKEY or w2 & _ECN or qp.state not in _RECEIVING \
             or tuple(src) != qp.dest:
         return None
     return qp
@@ -901,15 +908,15 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
         return False
     hdr = info.hdr_len
     n = len(data) - ICRC_LEN
-    plen = n - hdr - ((flags >> 4) & 3)
+    plen = n - hdr - ((flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK)
     if plen < 0:
         return False                    # malformed: the general path counts it
-    psn = w3 & _MASK
-    d = (psn - qp.epsn) & _MASK
+    psn = w3 & PSN_MASK
+    d = (psn - qp.epsn) & PSN_MASK
     if d == 0:
         if qp.ooo:
             return False                # the general path drains what is held
-    elif d < 0x800000:
+    elif d < PSN_HALF:
         if qp.selective_repeat:
             return _hold_placed_write(dev, qp, data, src, info, psn, d, plen, w3, now, ecn,
                                       telemetry)
@@ -920,14 +927,14 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
     if ecn or telemetry is not None:
         dev.request_signals(qp, now, ecn, telemetry)
     if d:
-        if d < 0x800000:                # beyond the ePSN, on go-back-N (as receive)
+        if d < PSN_HALF:                # beyond the ePSN, on go-back-N (as receive)
             c["out_of_seq_request"] += 1
             _gap(dev, qp)
             return True
         c["duplicate_request"] += 1
         _duplicate(dev, qp, info.kind, psn, None)
         return True
-    execute(dev, qp, info, psn, w3 & 0x80000000, flags & 0x80,
+    execute(dev, qp, info, psn, w3 & BTH_ACKREQ, flags & BTH_SE,
             memoryview(data)[hdr:hdr + plen],
             _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
             _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
@@ -947,11 +954,11 @@ def _chain_target(dev, qp, psn: int):
     if not chain:
         chain_writes(dev, qp)
     for first, view, length, end, addr in reversed(chain):
-        e = (psn - first) & _MASK
-        n = (end - first) & _MASK
+        e = (psn - first) & PSN_MASK
+        n = (end - first) & PSN_MASK
         if e < n:
             return view, length, addr, e, n
-        if e < 0x800000:
+        if e < PSN_HALF:
             return None             # beyond the run
     return None
 
@@ -993,7 +1000,7 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
     if plen:
         sr_place.place_beyond(qp, psn, view, off,
                               memoryview(data)[BTH_LEN:BTH_LEN + plen], addr)
-    ackreq = bool(w3 & 0x80000000)
+    ackreq = bool(w3 & BTH_ACKREQ)
     hold(dev, qp, psn, ackreq, (psn, last, plen, ackreq))
     return True
 
@@ -1029,19 +1036,19 @@ def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, n
     hdr = info.hdr_len
     if plen:
         sr_place.place_beyond(qp, psn, view, 0, memoryview(data)[hdr:hdr + plen], addr)
-    ackreq = bool(w3 & 0x80000000)
+    ackreq = bool(w3 & BTH_ACKREQ)
     hold(dev, qp, psn, ackreq, (psn, info.last, plen, ackreq, (reth, view, n, addr)))
-    chain.append((psn, view, reth[2], (psn + n) & _MASK, addr))
+    chain.append((psn, view, reth[2], (psn + n) & PSN_MASK, addr))
     chain_writes(dev, qp)       # (FIRSTs held after it, decoded, join the run too)
     if n > 2:
-        qp.sr_stream_psn = (psn + 1) & _MASK
+        qp.sr_stream_psn = (psn + 1) & PSN_MASK
         dev.stream_qp = qp      # MIDDLEs of its WRITE to come: a driver may stream them
     return True
 
 
-_WRITE_MIDDLE = int(Opcode.RC_RDMA_WRITE_MIDDLE)
+_WRITE_MIDDLE = int(O.RC_RDMA_WRITE_MIDDLE)
 #: the MIDDLE opcodes whose runs the kernel takes, and the kind each continues
-_MIDDLE_KIND = {int(Opcode.RC_SEND_MIDDLE): Kind.SEND, _WRITE_MIDDLE: Kind.WRITE}
+_MIDDLE_KIND = {int(O.RC_SEND_MIDDLE): Kind.SEND, _WRITE_MIDDLE: Kind.WRITE}
 _MIDDLE_OPCODE = {k: op for op, k in _MIDDLE_KIND.items()}
 _W0_DQPN = struct.Struct("!II")  # BTH words 0 and 1 (byte 4, FECN/BECN, is masked by icrc_start)
 _ACKS_PER_RUN = 64              # AckReqs one kernel call takes (a GRO run is <= 64 datagrams)
@@ -1118,8 +1125,8 @@ def took_middles(dev, qp, k: int, acks, first: int, nacks: int) -> None:
         qp.resp_off += k * qp.mtu
     e = qp.epsn
     for i in range(first, first + nacks):
-        queue_ack(dev, qp, (e + acks[i]) & _MASK)
-    accept(dev, qp, (e + k - 1) & _MASK, False, False)
+        queue_ack(dev, qp, (e + acks[i]) & PSN_MASK)
+    accept(dev, qp, (e + k - 1) & PSN_MASK, False, False)
     _nothing_held(qp)
 
 
@@ -1145,12 +1152,12 @@ def stream_target(dev):
         return None
     if qp.ooo:
         psn = qp.sr_stream_psn
-        run = beyond_run(dev, qp, psn, 1 << 24)
+        run = beyond_run(dev, qp, psn, PSN_MODULUS)
         if run is None:
             dev.stream_qp = None
             return None
         view, off, room, at = run
-        w0 = (_WRITE_MIDDLE << 24) | 0xFFFF
+        w0 = (_WRITE_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
     else:
         t = message_target(dev, qp)
         if t is None:
@@ -1158,7 +1165,7 @@ def stream_target(dev):
             return None
         view, off, room = t
         psn, at = qp.epsn, None
-        w0 = (_MIDDLE_OPCODE[qp.resp_kind] << 24) | 0xFFFF
+        w0 = (_MIDDLE_OPCODE[qp.resp_kind] << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
     seg = BTH_LEN + qp.mtu + ICRC_LEN
     src = qp.dest
     start = icrc_start(src[0], dev.ip, src[1], dev.port, seg,
@@ -1174,7 +1181,7 @@ def _middles_beyond(dev, qp, data, o: int, seg: int, src) -> int:
     room up to the WRITE's last packet, which is not a MIDDLE).  Each taken
     packet is then accounted for as ``_hold_placed_write`` does
     (``took_beyond``).  Returns how many it took."""
-    psn = int.from_bytes(data[o + 9:o + 12], "big")
+    psn = _BTH.unpack_from(data, o)[4] & PSN_MASK
     run = beyond_run(dev, qp, psn, (len(data) - o) // seg)
     if run is None:
         return 0
@@ -1196,8 +1203,8 @@ def beyond_run(dev, qp, psn: int, m: int):
     ``psn``'s first byte; None if not even one may."""
     if not qp.selective_repeat:
         return None
-    d = (psn - qp.epsn) & _MASK
-    if d == 0 or d >= 0x800000:
+    d = (psn - qp.epsn) & PSN_MASK
+    if d == 0 or d >= PSN_HALF:
         return None             # in order (the general path drains what is held) or old
     target = _chain_target(dev, qp, psn)
     if target is None:
@@ -1207,7 +1214,7 @@ def beyond_run(dev, qp, psn: int, m: int):
     ooo = qp.ooo
     m = min(m, span - d, span - len(ooo), n - 1 - e)
     k = 0
-    while k < m and (psn + k) & _MASK not in ooo:
+    while k < m and (psn + k) & PSN_MASK not in ooo:
         k += 1
     mtu = qp.mtu
     off = e * mtu
@@ -1235,9 +1242,9 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
     hold(dev, qp, psn, a, (psn, False, mtu, a))
     ooo = qp.ooo
     for i in range(1, k):
-        p = (psn + i) & _MASK
+        p = (psn + i) & PSN_MASK
         a = i in asked
-        if qp.sr_scan != (p - 1) & _MASK:
+        if qp.sr_scan != (p - 1) & PSN_MASK:
             hold(dev, qp, p, a, (p, False, mtu, a))
             continue
         # ``hold`` when every PSN below ``p`` is held or named: nothing to name
@@ -1245,7 +1252,7 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
         qp.sr_scan = p
         if a:
             _sack_nak(dev, qp, qp.epsn, p)
-    nxt = qp.sr_stream_psn = (psn + k) & _MASK
+    nxt = qp.sr_stream_psn = (psn + k) & PSN_MASK
     run = _chain_target(dev, qp, nxt)
     if run is not None and run[3] < run[4] - 1:
         dev.stream_qp = qp          # more MIDDLEs of the WRITE to come: a driver may stream them

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from ..wire.roce import psn_diff
+from ..wire.psn import psn_add, psn_diff
 from .memory import view_span
 
 
@@ -68,7 +68,7 @@ def place_beyond(qp, psn: int, view, off: int, data, addr: int) -> None:
         # the common case (WRITEs of one size to one buffer): the same bytes as
         # one earlier packet; newer only if not yet accounted for in order
         q = psns[i]
-        if 0 < (q - psn) & 0xFFFFFF < 0x800000 and (q - epsn) & 0xFFFFFF < 0x800000:
+        if psn_diff(q, psn) > 0 and psn_diff(q, epsn) >= 0:
             return
         view[off:off + n] = data
         psns[i] = psn
@@ -128,7 +128,7 @@ def plain_run(qp, s: int, psn: int, k: int, mtu: int) -> int:
     while j < len(starts) and starts[j] < e:
         q = psns[j]
         i = (starts[j] - s) // mtu if starts[j] > s else 0     # the first it overlaps
-        if psn_diff(q, (psn + i) & 0xFFFFFF) > 0 and psn_diff(q, epsn) >= 0:
+        if psn_diff(q, psn_add(psn, i)) > 0 and psn_diff(q, epsn) >= 0:
             return i
         j += 1
     return k
@@ -152,7 +152,7 @@ def record_run(qp, s: int, psn: int, k: int, mtu: int) -> None:
         j += 1
     ns = list(range(s, e, mtu))
     ne = list(range(s + mtu, e + 1, mtu))
-    np = [(psn + t) & 0xFFFFFF for t in range(k)]
+    np = [psn_add(psn, t) for t in range(k)]
     if j > i:
         if starts[i] < s:
             ns.insert(0, starts[i])

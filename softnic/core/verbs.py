@@ -13,7 +13,9 @@ from dataclasses import replace
 
 import congestion
 
-from . import completer, responder, xrc
+from ..wire.psn import psn_add
+from ..wire.roce import QPN_MASK
+from . import responder, xrc
 from .cq import CQ, WC
 from .enums import EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
     WCStatus, WROpcode as W, mtu_bytes
@@ -22,14 +24,13 @@ from .memory import PD, MR, view_at
 from .qp import QP, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR, check_transition, \
     merge_attr, same_family
 from .srq import SRQ, RecvWQE
+from .wr_opcode import ALLOWED, ATOMICS, MAY_INLINE, WC_OPCODE
 
 # flag bits as plain ints: an IntFlag operation costs a few enum constructions,
 # and these are tested on every work request
 _INLINE = int(SendFlags.INLINE)
 _SIGNALED = int(SendFlags.SIGNALED)
 _WR_OPCODES = {int(w): w for w in W}
-_RD_ATOMIC = frozenset({W.RDMA_READ, W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD})
-_ATOMICS = frozenset({W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD})
 _NOT_SENDING = frozenset({QPState.RESET, QPState.INIT, QPState.RTR})
 
 
@@ -118,8 +119,8 @@ class Verbs:
             raise enomem("too many QPs")
         qpn = self._next_qpn
         while qpn in self.qps:
-            qpn = (qpn + 1) & 0xFFFFFF or 0x11
-        self._next_qpn = (qpn + 1) & 0xFFFFFF or 0x11
+            qpn = (qpn + 1) & QPN_MASK or 0x11
+        self._next_qpn = (qpn + 1) & QPN_MASK or 0x11
         # The caps actually enforced (as ibv_create_qp reports them back).  As in rxe
         # (rxe_qp_init_req), a send WQE holds max(SGEs * 16 bytes, inline data), so the
         # inline room and the send SGE count both grow to what that WQE holds.
@@ -195,7 +196,7 @@ class Verbs:
             qp.epsn = qp.attr.rq_psn
         elif nxt == QPState.RTS and cur == QPState.RTR:
             qp.sq_psn = qp.attr.sq_psn
-            qp.acked_psn = qp.max_sent_psn = (qp.attr.sq_psn - 1) & 0xFFFFFF
+            qp.acked_psn = qp.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
             qp.retry_left = qp.attr.retry_cnt
             qp.rnr_left = qp.attr.rnr_retry
             self._make_cc(qp)
@@ -232,12 +233,7 @@ class Verbs:
 
     # ------------------------------------------------------------ posting
 
-    _ALLOWED = {
-        QPType.RC: frozenset(W),          # ATOMIC_WRITE too (RC only, as rxe)
-        QPType.UC: frozenset({W.SEND, W.SEND_WITH_IMM, W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM,
-                              W.LOCAL_INV, W.BIND_MW}),
-        QPType.UD: frozenset({W.SEND, W.SEND_WITH_IMM}),
-    }
+    _ALLOWED = ALLOWED                    # QP type -> the WR opcodes it takes
 
     def post_send(self, qp: QP, wr: SendWR) -> None:
         """Post one send WR.  Raises VerbsError (EINVAL / ENOMEM) as ibv_post_send would."""
@@ -271,11 +267,11 @@ class Verbs:
             raise einval("message longer than max_msg_size")
         inline = None
         flags = int(wr.send_flags)
-        if flags & _INLINE and op not in _RD_ATOMIC:
+        if flags & _INLINE and op in MAY_INLINE:    # (rxe: WR_INLINE_MASK; else ignored)
             if length > qp.cap.max_inline_data:
                 raise einval(f"inline data {length} > max_inline_data {qp.cap.max_inline_data}")
             inline = b"".join(bytes(view_at(a, n)) for a, n, _ in sgl)
-        if op in _ATOMICS:
+        if op in ATOMICS:
             if length != 8 or wr.remote_addr & 7:    # as rxe's validate_send_wr
                 raise einval("atomic needs one 8-byte SGE and an 8-byte aligned remote address")
         if qp.qp_type is QPType.UD:
@@ -292,7 +288,7 @@ class Verbs:
             wqe.done = True
             wqe.status = WCStatus.WR_FLUSH_ERR
             self.post_cqe(qp.send_cq, WC(wqe.wr_id, WCStatus.WR_FLUSH_ERR,
-                                         completer._WC_OPCODE[op], qp.qpn), qp)
+                                         WC_OPCODE[op], qp.qpn), qp)
             return
         qp.sq.append(wqe)
         self.mark_ready(qp)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from ..wire.roce import BTH_LEN, XRCETH_LEN, NakCode
+from ..wire.roce import BTH_LEN, QPN_MASK, XRC_OPCODE_PREFIX, XRCETH_LEN, NakCode
 from .errors import einval
 
 _XRCETH = struct.Struct("!I")
@@ -84,9 +84,9 @@ def forget_qp(qp) -> None:
 def request(pkt, srqn: int) -> bytearray:
     """An RC request packet (no ICRC) as the XRC one: XRC opcode, XRCETH after the BTH."""
     out = bytearray(len(pkt) + XRCETH_LEN)
-    out[0] = pkt[0] | 0xA0
+    out[0] = pkt[0] | XRC_OPCODE_PREFIX
     out[1:BTH_LEN] = pkt[1:BTH_LEN]
-    _XRCETH.pack_into(out, BTH_LEN, srqn & 0xFFFFFF)
+    _XRCETH.pack_into(out, BTH_LEN, srqn & QPN_MASK)
     out[BTH_LEN + XRCETH_LEN:] = pkt[BTH_LEN:]
     return out
 

@@ -28,12 +28,12 @@ from pathlib import Path
 from softnic.driver.hostfiles import namespace_table, process_alive
 from softnic.core.errors import VerbsError
 from softnic.wire.icrc import append_icrc
+from softnic.wire.roce import BTH_LEN, BTH_STRUCT, DETH_LEN, DETH_STRUCT, ICRC_LEN, QPN_MASK
 
 MAX_MCAST_GRP = 8192
 MAX_MCAST_QP_ATTACH = 56
 MAX_TOTAL_MCAST_QP_ATTACH = 0x70000
-MULTICAST_QPN = 0xFFFFFF
-_BTH_LEN = 12
+MULTICAST_QPN = 0xFFFFFF                  # IBA: the DestQP of a multicast datagram
 
 
 def _table() -> Path:
@@ -145,15 +145,18 @@ def fan_out(data, group: str, src: tuple[str, int]) -> list[tuple[bytearray, tup
     """The unicast copies of one datagram ``data`` (with its ICRC) sent to ``group``:
     one per member, DestQP the member's QPN, the sending QP itself left out."""
     mv = memoryview(data)
-    if len(mv) < _BTH_LEN + 8 + 4 or int.from_bytes(mv[5:8], "big") != MULTICAST_QPN:
+    if len(mv) < BTH_LEN + DETH_LEN + ICRC_LEN:
+        return []
+    opcode, flags, pkey, w1, w2 = BTH_STRUCT.unpack_from(mv, 0)
+    if w1 & QPN_MASK != MULTICAST_QPN:
         return []                                 # only a UD datagram to DQPN 0xFFFFFF
-    src_qpn = int.from_bytes(mv[_BTH_LEN + 5:_BTH_LEN + 8], "big")
-    body = bytes(mv[:-4])
+    src_qpn = DETH_STRUCT.unpack_from(mv, BTH_LEN)[1] & QPN_MASK
+    body = bytes(mv[:-ICRC_LEN])
     out = []
     for ip, port, qpn in members(group):
         if (ip, port, qpn) == (src[0], src[1], src_qpn):
             continue
         pkt = bytearray(body)
-        pkt[5:8] = qpn.to_bytes(3, "big")
+        BTH_STRUCT.pack_into(pkt, 0, opcode, flags, pkey, (w1 & ~QPN_MASK) | qpn, w2)
         out.append((append_icrc(pkt, src[0], ip, src[1], port), (ip, port)))
     return out

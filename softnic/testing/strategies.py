@@ -59,6 +59,8 @@ from hypothesis.strategies import SearchStrategy
 
 from softnic.core.enums import SendFlags, WROpcode
 from softnic.core.qp import SendWR
+from softnic.core.wr_opcode import ATOMICS as _ATOMICS, MAY_INLINE as _INLINE_OK, \
+    REMOTE as _USES_REMOTE, TAKES_RECV as _CONSUMES_RECV, WITH_IMM as _WITH_IMM
 from softnic.driver.faults import DEFAULT_QUEUE_BYTES, FaultModel
 from softnic.testing.droplist import DropList, describe_datagram
 
@@ -225,13 +227,6 @@ RC_OPCODES: tuple[WROpcode, ...] = (
     WROpcode.ATOMIC_CMP_AND_SWP,
 )
 
-_WITH_IMM = frozenset({WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM})
-_ATOMICS = frozenset({WROpcode.ATOMIC_CMP_AND_SWP, WROpcode.ATOMIC_FETCH_AND_ADD})
-_CONSUMES_RECV = frozenset({WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE_WITH_IMM})
-_INLINE_OK = frozenset({WROpcode.SEND, WROpcode.SEND_WITH_IMM, WROpcode.RDMA_WRITE,
-                        WROpcode.RDMA_WRITE_WITH_IMM})
-_USES_REMOTE = frozenset({WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM,
-                          WROpcode.RDMA_READ}) | _ATOMICS
 
 
 @dataclass(frozen=True)

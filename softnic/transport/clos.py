@@ -56,6 +56,7 @@ from heapq import heappush
 
 from softnic.core.entropy import qp_udp_sport, udp_sport
 from softnic.wire.datagram import CE, Datagram
+from softnic.wire.roce import ROCEV2_PORT, Opcode as O
 from congestion.base import Hop
 
 __all__ = ["PFC", "LeafSpineConfig", "LeafSpine", "Port", "SwitchNode"]
@@ -65,10 +66,9 @@ __all__ = ["PFC", "LeafSpineConfig", "LeafSpine", "Port", "SwitchNode"]
 WIRE_OVERHEAD = 28
 #: a PAUSE frame on the wire (minimum Ethernet frame + preamble and gap)
 PAUSE_BYTES = 84
-ROCEV2_PORT = 4791
 
 # first BTH byte of control packets: RC ACKNOWLEDGE, ATOMIC ACKNOWLEDGE, CNP
-_CONTROL = frozenset((0x11, 0x12, 0x81))
+_CONTROL = frozenset(int(o) for o in (O.RC_ACKNOWLEDGE, O.RC_ATOMIC_ACKNOWLEDGE, O.CNP))
 
 
 @dataclass(frozen=True)

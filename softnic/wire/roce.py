@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from typing import NamedTuple
 
+from .psn import PSN_MASK, psn_add, psn_diff
+
 __all__ = [
     "WireError", "Opcode", "OpInfo", "OPCODES", "Kind",
     "BTH", "RETH", "AETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH", "DETH",
@@ -31,10 +33,14 @@ __all__ = [
     "IMMDT_LEN", "IETH_LEN", "DETH_LEN", "XRCETH_LEN", "ICRC_LEN", "CNP_PAD_LEN",
     "FETH", "FETH_LEN",
     "ROCEV2_PORT", "PSN_MASK", "psn_add", "psn_diff",
+    "BTH_FMT", "AETH_FMT", "RETH_FMT", "BTH_STRUCT", "BTH_AETH_STRUCT", "BTH_RETH_STRUCT",
+    "RETH_STRUCT", "DETH_STRUCT", "BTH_OPCODE_SHIFT",
+    "BTH_SE", "BTH_MIGREQ", "BTH_PAD_SHIFT", "BTH_PAD_MASK", "BTH_TVER_MASK", "BTH_FECN",
+    "BTH_BECN", "BTH_ACKREQ", "QPN_MASK", "DEFAULT_PKEY", "AETH_SYNDROME_SHIFT", "AETH_CODE_SHIFT", "MSN_MASK",
+    "XRC_OPCODE_PREFIX",
 ]
 
 ROCEV2_PORT = 4791
-PSN_MASK = 0xFFFFFF
 
 BTH_LEN = 12
 RETH_LEN = 16
@@ -49,19 +55,41 @@ FETH_LEN = 4
 ICRC_LEN = 4
 CNP_PAD_LEN = 16  # a CNP carries 16 reserved bytes after its BTH
 
+# The BTH (IBA 9.2): word 0 the opcode, flags (SE, MigReq, PadCnt, TVer) and P_Key;
+# word 1 FECN, BECN and the destination QP; word 2 AckReq and the PSN.  Each
+# layout is written here once; the engine's packers and parsers use these.
+BTH_FMT = "BBHII"
+RETH_FMT = "QII"          # virtual address, R_Key, DMA length
+AETH_FMT = "I"            # syndrome (bits 31:24) and MSN (23:0)
+BTH_STRUCT = struct.Struct("!" + BTH_FMT)
+BTH_AETH_STRUCT = struct.Struct("!" + BTH_FMT + AETH_FMT)     # an ACK, a CNP's first 16 bytes
+BTH_RETH_STRUCT = struct.Struct("!" + BTH_FMT + RETH_FMT)     # a WRITE or READ's first headers
+RETH_STRUCT = struct.Struct("!" + RETH_FMT)
+
+# BTH word 0 (bytes 0-3)
+BTH_OPCODE_SHIFT = 24     # the opcode, bits 31:24 (the flags byte 23:16, the P_Key 15:0)
+
+# BTH byte 1
+BTH_SE = 0x80             # solicited event
+BTH_MIGREQ = 0x40         # migration state
+BTH_PAD_SHIFT = 4         # PadCnt, bits 5:4
+BTH_PAD_MASK = 0x3
+BTH_TVER_MASK = 0x0F      # transport header version
+# BTH word 1 (bytes 4-7)
+BTH_FECN = 1 << 31
+BTH_BECN = 1 << 30
+QPN_MASK = 0xFFFFFF       # a QP number: 24 bits (the BTH's DestQP, DETH's and XRCETH's)
+# BTH word 2 (bytes 8-11)
+BTH_ACKREQ = 1 << 31      # the PSN is in bits 23:0 (``PSN_MASK``)
+DEFAULT_PKEY = 0xFFFF     # the default full-membership partition key
+AETH_SYNDROME_SHIFT = 24
+AETH_CODE_SHIFT = 5       # within the syndrome: bits 6:5 the code (``AethCode``), 4:0 its value
+MSN_MASK = 0xFFFFFF       # AETH's MSN: 24 bits
+XRC_OPCODE_PREFIX = 0xA0  # an XRC opcode: this prefix and the RC opcode's low five bits
+
 
 class WireError(ValueError):
     """A packet that cannot be decoded (truncated, unknown opcode, bad pad)."""
-
-
-def psn_add(psn: int, n: int) -> int:
-    return (psn + n) & PSN_MASK
-
-
-def psn_diff(a: int, b: int) -> int:
-    """Signed distance a - b in 24-bit serial arithmetic, in [-2**23, 2**23)."""
-    d = (a - b) & PSN_MASK
-    return d - 0x1000000 if d & 0x800000 else d
 
 
 class Opcode(IntEnum):
@@ -194,7 +222,7 @@ def _info(op: Opcode, kind: Kind, pos: Pos, *, deth=False, reth=False, atomiceth
 
 def _xrc(rc: OpInfo) -> OpInfo:
     """The XRC opcode with ``rc``'s suffix: the same headers, and an XRCETH in a request."""
-    op = Opcode(0xA0 | rc.opcode)
+    op = Opcode(XRC_OPCODE_PREFIX | rc.opcode)
     x = rc.kind in (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC)
     return rc._replace(opcode=int(op), name=op.name, qp_type="XRC", xrceth=x,
                        hdr_len=rc.hdr_len + XRCETH_LEN * x)
@@ -271,7 +299,7 @@ class BTH:
     migreq: bool = False
     pad: int = 0
     tver: int = 0
-    pkey: int = 0xFFFF
+    pkey: int = DEFAULT_PKEY
     fecn: bool = False
     becn: bool = False
     dest_qp: int = 0
@@ -293,7 +321,7 @@ class AETH:
 
     @property
     def code(self) -> AethCode:
-        return AethCode((self.syndrome >> 5) & 3)
+        return AethCode((self.syndrome >> AETH_CODE_SHIFT) & 3)
 
     @property
     def value(self) -> int:
@@ -355,13 +383,14 @@ class Packet:
     feth: FETH | None = None
 
 
-_BTH = struct.Struct("!BBHII")
-_RETH = struct.Struct("!QII")
-_AETH = struct.Struct("!I")
+_BTH = BTH_STRUCT
+_RETH = RETH_STRUCT
+_AETH = struct.Struct("!" + AETH_FMT)
 _ATOMICETH = struct.Struct("!QIQQ")
 _Q = struct.Struct("!Q")
 _I = struct.Struct("!I")
-_DETH = struct.Struct("!II")
+DETH_STRUCT = struct.Struct("!II")   # Q_Key, and the source QP in bits 23:0
+_DETH = DETH_STRUCT
 
 
 def pad_count(payload_len: int) -> int:
@@ -370,7 +399,7 @@ def pad_count(payload_len: int) -> int:
 
 
 def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview = b"",
-           se: bool = False, ackreq: bool = False, migreq: bool = False, pkey: int = 0xFFFF,
+           se: bool = False, ackreq: bool = False, migreq: bool = False, pkey: int = DEFAULT_PKEY,
            fecn: bool = False, becn: bool = False,
            reth: tuple[int, int, int] | None = None,
            aeth: tuple[int, int] | None = None,
@@ -408,16 +437,16 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
         pad = 0
     buf = bytearray(info.hdr_len + plen + pad + (CNP_PAD_LEN if info.kind == Kind.CNP else 0))
     _BTH.pack_into(buf, 0, opcode,
-                   (se << 7) | (migreq << 6) | (pad << 4),
+                   (BTH_SE if se else 0) | (BTH_MIGREQ if migreq else 0) | (pad << BTH_PAD_SHIFT),
                    pkey,
-                   (fecn << 31) | (becn << 30) | (dest_qp & 0xFFFFFF),
-                   (ackreq << 31) | (psn & PSN_MASK))
+                   (BTH_FECN if fecn else 0) | (BTH_BECN if becn else 0) | (dest_qp & QPN_MASK),
+                   (BTH_ACKREQ if ackreq else 0) | (psn & PSN_MASK))
     off = BTH_LEN
     if deth is not None:
-        _DETH.pack_into(buf, off, deth[0], deth[1] & 0xFFFFFF)
+        _DETH.pack_into(buf, off, deth[0], deth[1] & QPN_MASK)
         off += DETH_LEN
     if xrceth is not None:
-        _I.pack_into(buf, off, xrceth & 0xFFFFFF)
+        _I.pack_into(buf, off, xrceth & QPN_MASK)
         off += XRCETH_LEN
     if feth is not None:
         _I.pack_into(buf, off, ((feth[0] & 3) << 4) | (feth[1] & 0xF))
@@ -429,7 +458,7 @@ def encode(opcode: int, *, dest_qp: int, psn: int, payload: bytes | memoryview =
         _ATOMICETH.pack_into(buf, off, *atomiceth)
         off += ATOMICETH_LEN
     if aeth is not None:
-        _AETH.pack_into(buf, off, ((aeth[0] & 0xFF) << 24) | (aeth[1] & 0xFFFFFF))
+        _AETH.pack_into(buf, off, ((aeth[0] & 0xFF) << AETH_SYNDROME_SHIFT) | (aeth[1] & MSN_MASK))
         off += AETH_LEN
     if atomicack is not None:
         _Q.pack_into(buf, off, atomicack)
@@ -450,8 +479,8 @@ def encode_middle(opcode: int, dest_qp: int, psn: int, ackreq: bool,
     """``encode`` for the bulk of a long message: a MIDDLE packet (BTH and a
     payload of a whole MTU, so no pad; no SE, no extended header), the same
     bytes with less work per packet."""
-    buf = bytearray(_BTH.pack(opcode, 0, 0xFFFF, dest_qp & 0xFFFFFF,
-                              (ackreq << 31) | (psn & PSN_MASK)))
+    buf = bytearray(_BTH.pack(opcode, 0, DEFAULT_PKEY, dest_qp & QPN_MASK,
+                              (BTH_ACKREQ if ackreq else 0) | (psn & PSN_MASK)))
     buf += payload                      # (not zero-filled first)
     return buf
 
@@ -465,20 +494,20 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
     info = OPCODES.get(opcode)
     if info is None:
         raise WireError(f"unknown opcode {opcode:#x}")
-    pad = (flags >> 4) & 3
-    bth = BTH(opcode, bool(flags & 0x80), bool(flags & 0x40), pad, flags & 0x0F, pkey,
-              bool(w2 & 0x80000000), bool(w2 & 0x40000000), w2 & 0xFFFFFF,
-              bool(w3 & 0x80000000), w3 & PSN_MASK)
+    pad = (flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK
+    bth = BTH(opcode, bool(flags & BTH_SE), bool(flags & BTH_MIGREQ), pad, flags & BTH_TVER_MASK,
+              pkey, bool(w2 & BTH_FECN), bool(w2 & BTH_BECN), w2 & QPN_MASK,
+              bool(w3 & BTH_ACKREQ), w3 & PSN_MASK)
     if n < info.hdr_len:
         raise WireError(f"{info.name}: truncated headers ({n} < {info.hdr_len})")
     off = BTH_LEN
     deth = reth = atomiceth = aeth = atomicacketh = immdt = ieth = xrceth = feth = None
     if info.deth:
         deth = DETH(*_DETH.unpack_from(data, off))
-        deth = DETH(deth.qkey, deth.src_qp & 0xFFFFFF)
+        deth = DETH(deth.qkey, deth.src_qp & QPN_MASK)
         off += DETH_LEN
     if info.xrceth:
-        xrceth = _I.unpack_from(data, off)[0] & 0xFFFFFF
+        xrceth = _I.unpack_from(data, off)[0] & QPN_MASK
         off += XRCETH_LEN
     if info.feth:
         w = _I.unpack_from(data, off)[0]
@@ -492,7 +521,7 @@ def decode(data: bytes | bytearray | memoryview) -> Packet:
         off += ATOMICETH_LEN
     if info.aeth:
         (w,) = _AETH.unpack_from(data, off)
-        aeth = AETH(w >> 24, w & 0xFFFFFF)
+        aeth = AETH(w >> AETH_SYNDROME_SHIFT, w & MSN_MASK)
         off += AETH_LEN
     if info.atomicacketh:
         atomicacketh = AtomicAckETH(_Q.unpack_from(data, off)[0])

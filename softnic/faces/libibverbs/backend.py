@@ -24,7 +24,7 @@ import softnic.driver.nic as _nic
 from softnic.driver import env
 from softnic.core import xrc
 from softnic.core.cq import CQOverflow
-from softnic.core.enums import Access, QPState, QPType
+from softnic.core.enums import Access, QPState, QPType, WROpcode
 from softnic.core.errors import VerbsError
 from softnic.driver import mcast as _mcast
 from softnic.core.memory import IMPLICIT_LENGTH, MR as _EngineMR, PD as _EnginePD, external_device_memory
@@ -782,9 +782,9 @@ def sn_post_send(h, w):
                 remote_qpn=w.remote_qpn, remote_qkey=w.remote_qkey)
     if getattr(o.eng, "xrc", None) == "ini":      # an XRC initiator: the remote XRC SRQ travels in remote_qpn
         wr.xrc_srqn = w.remote_qpn
-    if w.opcode == 15:          # IBV_WR_ATOMIC_WRITE: its 8 bytes, as stored in swap
+    if w.opcode == WROpcode.ATOMIC_WRITE:      # its 8 bytes, as stored in swap
         wr.atomic_data = int(w.swap).to_bytes(8, sys.byteorder)
-    elif w.opcode == 14:        # IBV_WR_FLUSH: len in compare_add, type | level << 8 in swap
+    elif w.opcode == WROpcode.FLUSH:           # len in compare_add, type | level << 8 in swap
         wr.length, wr.flush_type, wr.flush_level = w.compare_add, w.swap & 0xFF, \
             (w.swap >> 8) & 0xFF
         wr.compare_add = wr.swap = 0

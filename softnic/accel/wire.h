@@ -1,0 +1,10 @@
+/* The wire facts the kernel reads: each the value of the Python constant named
+   beside it, which is its one definition (tests/test_kernel.py checks that every
+   line here agrees with the constant it names).  Not part of the cffi cdef. */
+#define BTH_LEN 12                 /* softnic.wire.roce.BTH_LEN */
+#define ICRC_LEN 4                 /* softnic.wire.roce.ICRC_LEN */
+#define PSN_MASK 0xFFFFFFu         /* softnic.wire.psn.PSN_MASK */
+#define QPN_MASK 0xFFFFFFu         /* softnic.wire.roce.QPN_MASK */
+#define BTH_FECN 0x80000000u       /* softnic.wire.roce.BTH_FECN */
+#define BTH_BECN 0x40000000u       /* softnic.wire.roce.BTH_BECN */
+#define BTH_ACKREQ 0x80000000u     /* softnic.wire.roce.BTH_ACKREQ */
