@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import struct
 import sys
+from typing import NamedTuple
 
 from ..wire.icrc import check_icrc
-from ..wire.roce import AethCode, Kind, NakCode, psn_diff
+from ..wire.roce import ICRC_LEN, AethCode, AtomicAckETH, Kind, NakCode, OPCODES, OpInfo, Opcode as O, \
+    psn_diff
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCOpcode, WCStatus, WROpcode as W
 from . import requester
@@ -591,3 +593,66 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     if qp.cc is not None:
         dev.arm(qp)
     return True
+
+
+#: the opcodes of the answers ``receive_answer_common`` takes
+_ANSWER_OPCODES = {int(O.RC_RDMA_READ_RESPONSE_ONLY): OPCODES[O.RC_RDMA_READ_RESPONSE_ONLY],
+                   int(O.RC_ATOMIC_ACKNOWLEDGE): OPCODES[O.RC_ATOMIC_ACKNOWLEDGE]}
+_ATOMIC_ACK_LEN = OPCODES[O.RC_ATOMIC_ACKNOWLEDGE].hdr_len + ICRC_LEN
+_Q = struct.Struct("!Q")
+
+
+class Response(NamedTuple):
+    """A one-packet answer taken from its bytes by ``receive_answer_common``: what
+    the response handlers (``_read_response``, ``_atomic_ack``) read of it, by a
+    decoded ``Packet``'s names."""
+    info: OpInfo
+    payload: memoryview | bytes
+    atomicacketh: AtomicAckETH | None
+
+
+def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:
+    """A READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE answering the oldest outstanding
+    WQE (a READ, an ATOMIC, an ATOMIC WRITE or a FLUSH of one packet, its PSN the
+    next to be acknowledged), from its bytes, under the ACK's conditions above:
+    ``receive``'s checks then all pass, ``_ack_before`` has nothing to do and
+    ``_find`` names that WQE; its kind's handler (``_RESPONSES``) then applies the
+    rules (opcode, length, placement, completion) and ``_progress`` follows, as
+    ``receive`` does.  Anything else: False, nothing changed."""
+    n = len(data)
+    if n < 20 or telemetry is not None:
+        return False
+    opcode, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
+    qp = dev.qps.get(w2 & 0xFFFFFF)
+    if qp is None or qp.qp_type is not _RC or pkey != 0xFFFF or w2 >> 30 or aeth >> 29:
+        return False
+    if qp.state is not _RTS or not qp.sq or tuple(src) != qp.dest:
+        return False
+    w = qp.sq[0]
+    psn = w3 & 0xFFFFFF
+    before = qp.acked_psn
+    if w.done or not w.rd_atomic or w.first_psn != psn or psn != (before + 1) & 0xFFFFFF:
+        return False
+    info = _ANSWER_OPCODES[opcode]
+    if info.atomicacketh:
+        if n != _ATOMIC_ACK_LEN or flags & 0x30:
+            return False
+        resp = Response(info, b"", AtomicAckETH(_Q.unpack_from(data, 16)[0]))
+    else:
+        plen = n - 20 - ((flags >> 4) & 3)
+        if plen < 0:
+            return False
+        resp = Response(info, memoryview(data)[16:16 + plen], None)
+    if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
+        return False
+    dev.counters["rcvd_pkts"] += 1
+    if _RESPONSES[info.kind](dev, qp, resp, psn, w, now, before):
+        _progress(dev, qp, before, now)
+    if qp.cc is not None:
+        dev.arm(qp)
+    return True
+
+
+#: opcode -> the completer's first branch for it (``dispatch.ROUTES`` reads it)
+COMMON = {int(O.RC_ACKNOWLEDGE): receive_common, **{op: receive_answer_common
+                                                   for op in _ANSWER_OPCODES}}

@@ -32,6 +32,34 @@ def ack_packet(dqpn: int, psn: int, syndrome: int, msn: int) -> bytearray:
     return buf
 
 
+_READ_ONLY = int(O.RC_RDMA_READ_RESPONSE_ONLY)
+
+
+def read_response_only(dqpn: int, psn: int, msn: int, payload) -> bytearray:
+    """A READ RESPONSE ONLY (BTH, AETH acknowledging with ``msn``, payload, pad;
+    without ICRC), packed straight: the bytes ``encode`` gives."""
+    n = len(payload)
+    pad = -n & 3
+    buf = bytearray(16 + n + pad)
+    _ACK_PKT.pack_into(buf, 0, _READ_ONLY, pad << 4, 0xFFFF, dqpn & 0xFFFFFF, psn & 0xFFFFFF,
+                       (responder.ACK_CREDITS << 24) | (msn & 0xFFFFFF))
+    buf[16:16 + n] = payload
+    return buf
+
+
+_ATOMIC_ACK = int(O.RC_ATOMIC_ACKNOWLEDGE)
+_ATOMIC_ACK_PKT = struct.Struct("!BBHIIIQ")     # BTH + AETH + AtomicAckETH
+
+
+def atomic_ack_packet(dqpn: int, psn: int, msn: int, orig: int) -> bytearray:
+    """An ATOMIC ACKNOWLEDGE (BTH, AETH acknowledging with ``msn``, AtomicAckETH
+    carrying ``orig``; without ICRC), packed straight: the bytes ``encode`` gives."""
+    buf = bytearray(24)
+    _ATOMIC_ACK_PKT.pack_into(buf, 0, _ATOMIC_ACK, 0, 0xFFFF, dqpn & 0xFFFFFF, psn & 0xFFFFFF,
+                              (responder.ACK_CREDITS << 24) | (msn & 0xFFFFFF), orig)
+    return buf
+
+
 _CNP = int(O.CNP)
 
 
@@ -202,12 +230,13 @@ class Output:
                 else:
                     out.append((ack, dest))
             elif kind == "atomic":
-                out.append((encode(O.RC_ATOMIC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn,
-                                   aeth=(responder.ACK_CREDITS, entry[3]), atomicack=entry[2]),
-                            dest))
+                out.append((atomic_ack_packet(dqpn, psn, entry[3], entry[2]), dest))
             else:
                 view, msn = entry[2], entry[3]
                 total = len(view)
+                if total <= mtu:                # one response: a READ RESPONSE ONLY
+                    out.append((read_response_only(dqpn, psn, msn, view), dest))
+                    continue
                 npkts = max(1, -(-total // mtu))
                 aeth = (responder.ACK_CREDITS, msn)
                 for i in range(npkts):
