@@ -144,7 +144,8 @@ def test_harness_smoke(tmp_path):
     if not __import__("shutil").which("sockperf") and os.environ.get("CI") != "true":
         if not __import__("shutil").which("gcc"):
             pytest.skip("neither sockperf nor gcc here")
-    for tool in ("ib_write_lat", "ib_write_bw", "ibv_rc_pingpong", "gcc"):
+    for tool in ("ib_write_lat", "ib_send_lat", "ib_read_lat", "ib_atomic_lat", "ib_write_bw",
+                 "ibv_rc_pingpong", "gcc"):
         if not __import__("shutil").which(tool):
             if os.environ.get("CI") == "true":
                 pytest.fail(f"needs {tool} (.ci/run installs perftest, ibverbs-utils, gcc)")
@@ -160,7 +161,10 @@ def test_harness_smoke(tmp_path):
                     # the C face against its Python twins (perftest, ibverbs-utils)
                     "c_write_lat_vs_py", "c_pingpong_events_vs_poll",
                     "py_pingpong_events_vs_poll", "c_write_bw_vs_py", "c_write_bw_long_vs_py",
-                    "write_1m_vs_gso", "loss_goodput_1m"]
+                    "write_1m_vs_gso", "loss_goodput_1m",
+                    # SEND, READ and ATOMIC latency against WRITE's (ATOMIC's: READ's)
+                    "c_send_lat_vs_write", "c_read_lat_vs_write", "c_atomic_lat_vs_read",
+                    "py_send_lat_vs_write", "py_read_lat_vs_write", "py_atomic_lat_vs_read"]
     for r in res["table"]:
         assert r["softnic"] > 0 and r["reference"] > 0 and r["ratio"] > 0
     assert res["executable"] == sys.executable
