@@ -1,11 +1,12 @@
 """The common-case branches change nothing but speed.
 
-The responder's and completer's ``receive_common`` take in-sequence SENDs and
-WRITEs and plain ACKs from their bytes, and dispatch's ``cnp_common`` CNPs,
+The responder's ``receive_common`` takes in-sequence SENDs, WRITEs, READ requests
+and ATOMICs, the completer's plain ACKs (``receive_common``) and a one-packet
+READ response or ATOMIC ACKNOWLEDGE (``receive_answer_common``) from their bytes,
+and dispatch's ``cnp_common`` CNPs,
 through the same rules as the general path, without decoding a ``Packet``; the
-requester packs ONLY and FIRST packets straight, builds bulk runs, leaves
-``generate`` at once while a paced QP's pacer holds it and sends a paced QP's
-next MIDDLE without the walk of its send queue
+requester packs ONLY and FIRST packets straight, builds bulk runs and leaves
+``generate`` at once while a paced QP's pacer holds it
 (``DeviceConfig(fast_path=False)`` turns all of it off: every packet is decoded
 and dispatched, one at a time, and the send queue walked each time).  The
 property here: the same random workload (test_engine_properties' scenarios,
@@ -47,6 +48,20 @@ def _outcome(r) -> dict:
 @given(scenarios(max_size=9000), st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6, 200e-6]),
                                           min_size=1, max_size=8))
 def test_fast_paths_give_the_same_wire_and_results(s, gaps):
+    _same_either_way(dict(s, gaps=gaps))
+
+
+@settings(deadline=None, max_examples=30,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios(max_size=256), st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6, 200e-6]),
+                                         min_size=1, max_size=8))
+def test_one_packet_requests_of_every_opcode_the_same_either_way(s, gaps):
+    """Every message of one packet (the MTU is at least 256 bytes): WRITEs, SENDs
+    with and without immediate, READs and atomics, each request and its answer
+    (ACK, READ RESPONSE ONLY, ATOMIC ACKNOWLEDGE) through the requester's packed
+    ONLY and the common branches wherever their conditions hold, over a link that
+    loses, duplicates, reorders and corrupts: the same wire and results as the
+    general path (whose replays of duplicates and resends they leave to it)."""
     _same_either_way(dict(s, gaps=gaps))
 
 
@@ -412,8 +427,8 @@ def test_a_paced_requester_stops_early_only_where_nothing_changes(s, cc, rate, m
     every packet waits for the pacer) is made ready by ACKs, CNPs and its
     controller's timers while its pacer holds it; ``requester.generate`` then stops
     at once (``_held_by_pacer``) without walking the send queue, and when its
-    pacer lets a MIDDLE go, sends it and stops at the window or the pacer
-    (``_paced_middle``).  Through a slow switch that marks every queued packet
+    pacer lets a MIDDLE go, its chain sends it and stops at the window or the
+    pacer.  Through a slow switch that marks every queued packet
     (``marks``: many CNPs and rate cuts) or none, with a window of a few packets
     or the default, the same wire and results as the general path's full walk."""
     net = dict(cc=cc, rates=(rate, rate), kmin=0 if marks else 10**9,
