@@ -50,6 +50,12 @@ _WC_OPCODE = {
 }
 
 
+_SUCCESS = WCStatus.SUCCESS
+_SENDS = frozenset({W.SEND, W.SEND_WITH_IMM, W.SEND_WITH_INV})
+#: the WRs whose completion's byte_len is 8 (an atomic's operand), not their length
+_EIGHT_BYTES = frozenset({W.ATOMIC_CMP_AND_SWP, W.ATOMIC_FETCH_AND_ADD, W.ATOMIC_WRITE})
+
+
 def _finish(qp, wqe, status=WCStatus.SUCCESS) -> None:
     wqe.done = True
     if wqe.status is None:
@@ -520,15 +526,14 @@ def complete(dev, qp) -> None:
     sq = qp.sq
     while sq and sq[0].done:
         w = sq.popleft()
-        qp.send_idx = max(0, qp.send_idx - 1)
-        ok = w.status == WCStatus.SUCCESS
-        if ok:
+        if qp.send_idx:
+            qp.send_idx -= 1
+        if w.status == _SUCCESS:
+            op = w.opcode
             if w.signaled:
-                dev.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.SUCCESS, _WC_OPCODE[w.opcode],
-                                            qp.qpn, byte_len=8 if w.rd_atomic and
-                                            w.opcode not in (W.RDMA_READ, W.FLUSH)
-                                            else w.length), qp)
-            if w.opcode in (W.SEND, W.SEND_WITH_IMM, W.SEND_WITH_INV):
+                dev.post_cqe(qp.send_cq, WC(w.wr_id, _SUCCESS, _WC_OPCODE[op], qp.qpn,
+                                            byte_len=8 if op in _EIGHT_BYTES else w.length), qp)
+            if op in _SENDS:
                 dev.counters["rdma_sends"] += 1
         else:
             dev.post_cqe(qp.send_cq, WC(w.wr_id, w.status, _WC_OPCODE[w.opcode], qp.qpn), qp)

@@ -8,9 +8,10 @@ asks for a single PSN (selective repeat).
 Each rule once, in the chain ``generate`` walks (its docstring names the
 states): admission (``_may_start``; the window ``_window_room``; the pacer
 ``_cc_blocked``), PSNs and local keys (``_start``), the AckReq cadence
-(``_ackreq``), the go-back-N record of what was sent (``_record_sent``), the
-bytes of each packet (``_build_rc``: a one-packet request of any opcode, or a
-FIRST, is packed straight, ``_pack_only``, the bytes ``encode`` gives).  The bulk
+(``_send_packet``), the go-back-N record of what was sent (``_record_sent``),
+the bytes of each packet (``_build``: a one-packet request of any opcode is
+packed straight, ``_pack_only``, and a FIRST by ``_build_rc``, the bytes
+``encode`` gives).  The bulk
 of a long message takes a faster way through the same rules, a run of MIDDLEs
 into one buffer (``_bulk_run``, ``_bulk``; its MIDDLEs built by the compiled
 kernel's ``sn_tx_middles`` when there is one); tests/test_bulk_tx.py and
@@ -155,18 +156,20 @@ def gather(wqe, off: int, n: int):
 
 def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
     """Request packet number ``idx`` of ``wqe`` (for a READ re-issued from
-    response ``idx``: ``count`` responses, or all the rest)."""
-    if qp.xrc is not None:              # an XRC initiator: RC's packet as XRC's
-        return xrc.request(_build_rc(dev, qp, wqe, idx, ackreq, count), wqe.xrc_srqn)
-    return _build_rc(dev, qp, wqe, idx, ackreq, count)
+    response ``idx``: ``count`` responses, or all the rest): an RC request of one
+    packet packed straight (``_pack_only``), any other by ``_build_rc``; an XRC
+    initiator's as XRC's."""
+    if wqe.npkts == 1 and dev._fast and wqe.opcode in _ONLY and qp.qp_type is _RC:
+        pkt = _pack_only(qp, wqe, wqe.first_psn, qp.attr.dest_qp_num)
+    else:
+        pkt = _build_rc(dev, qp, wqe, idx, ackreq, count)
+    return pkt if qp.xrc is None else xrc.request(pkt, wqe.xrc_srqn)
 
 
 def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
     psn = (wqe.first_psn + idx) & 0xFFFFFF
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
-    if wqe.npkts == 1 and dev._fast and op in _ONLY and qp.qp_type is QPType.RC:
-        return _pack_only(qp, wqe, psn, dqpn)
     if 0 < idx < wqe.npkts - 1 and qp.qp_type is QPType.RC and op in _MIDDLE:
         mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
         return encode_middle(_MIDDLE[op], dqpn, psn, ackreq, gather(wqe, idx * mtu, mtu))
@@ -524,8 +527,8 @@ def generate(dev, qp, now: float, out: list) -> None:
     WINDOW    its next packet waits for room in the window (``_window_room``)
     PACER     or for the congestion controller (``_cc_blocked``)
     SEND      a run of MIDDLEs (``_bulk_run``) or one packet (``_send_packet``:
-              the AckReq cadence ``_ackreq``, the go-back-N record
-              ``_record_sent``, the bytes ``_build``, the controller's ``_cc_sent``)
+              its AckReq cadence, the go-back-N record ``_record_sent``, the
+              bytes ``_build``, the controller's ``_cc_sent``)
     ========  ==================================================================
 
     The cheap cases are this chain ending early, not other code: a lone
@@ -651,7 +654,14 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
     go-back-N record of what was sent, its bytes, the controller's accounting."""
     nxt = wqe.next_pkt
     npkts = wqe.npkts
-    ackreq = _ackreq(dev, qp, wqe, nxt, npkts, ack_every, cc, rc)
+    # The AckReq cadence: every ``ack_every``-th new packet since the last that
+    # asked asks for an ACK, and so does any a controller wants one for.  On RC a
+    # LAST, an ONLY, a READ or an atomic always asks (as rxe's; ``_build`` sets the
+    # bit), so the count restarts there too.  (A resend's AckReq leaves the count
+    # of new packets as it is: ``_resend_singles`` does not come here.)
+    n = qp.pkts_since_ackreq + 1
+    ackreq = n >= ack_every or (cc is not None and _cc_wants_ack(dev, qp, cc, ack_every))
+    qp.pkts_since_ackreq = 0 if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)) else n
     resent = _record_sent(dev, qp, psn, 1) if rc else False
     pkt = _build(dev, qp, wqe, nxt, ackreq)
     if cc is not None:
@@ -665,19 +675,6 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
         if not rc:                        # UC / UD: done once on the wire
             wqe.done = True
             wqe.status = WCStatus.SUCCESS
-
-
-def _ackreq(dev, qp, wqe, nxt: int, npkts: int, ack_every: int, cc, rc: bool) -> bool:
-    """The AckReq cadence for a new packet (number ``nxt`` of ``wqe``): every
-    ``ack_every``-th packet since the last that asked asks for an ACK, and so does
-    any packet a controller wants an ACK for (``_cc_wants_ack``).  On RC a LAST, an
-    ONLY, a READ or an atomic always asks (as rxe's; ``_build`` sets the bit), so
-    the count restarts there too.  (A resend's AckReq leaves the count of new
-    packets as it is: ``_resend_singles`` does not come here.)"""
-    n = qp.pkts_since_ackreq + 1
-    ackreq = n >= ack_every or (cc is not None and _cc_wants_ack(dev, qp, cc, ack_every))
-    qp.pkts_since_ackreq = 0 if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)) else n
-    return ackreq
 
 
 def _record_sent(dev, qp, psn: int, k: int) -> bool:

@@ -819,13 +819,15 @@ _I = struct.Struct("!I")
 _MASK = 0xFFFFFF
 _RC = QPType.RC
 _SEND_KIND, _WRITE_KIND = Kind.SEND, Kind.WRITE
-_READ_KIND, _ATOMIC_KIND = Kind.READ_REQUEST, Kind.ATOMIC
 _ATOMICETH = struct.Struct("!QIQQ")
 _RECEIVING = frozenset({QPState.RTR, QPState.RTS, QPState.SQD})
 
 #: opcode -> its ``wire.roce.OPCODES`` entry, for the opcodes the common case takes
 COMMON_OPCODES = {op: i for op, i in OPCODES.items() if i.qp_type == "RC" and i.kind in
                   (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC)}
+#: those of them that ``answer`` executes (a READ request, an ATOMIC)
+_ANSWERED_OPCODES = frozenset(op for op, i in COMMON_OPCODES.items()
+                              if i.kind in (Kind.READ_REQUEST, Kind.ATOMIC))
 
 
 def _common_qp(dev, w2: int, pkey: int, src):
@@ -854,8 +856,7 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
     hdr = info.hdr_len
     n = len(data) - ICRC_LEN
     plen = n - hdr - ((flags >> 4) & 3)
-    kind = info.kind
-    answered = kind is _READ_KIND or kind is _ATOMIC_KIND
+    answered = opcode in _ANSWERED_OPCODES
     if plen < 0 or (answered and plen):
         return False                    # malformed: the general path counts it
     psn = w3 & _MASK
@@ -881,7 +882,7 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
             _gap(dev, qp)
             return True
         c["duplicate_request"] += 1
-        _duplicate(dev, qp, kind, psn, None)
+        _duplicate(dev, qp, info.kind, psn, None)
         return True
     if answered:
         answer(dev, qp, info, psn, (_RETH if info.reth else _ATOMICETH).unpack_from(data, BTH_LEN))
