@@ -28,8 +28,8 @@ import sys
 from typing import NamedTuple
 
 from ..wire.icrc import check_icrc
-from ..wire.roce import ICRC_LEN, AethCode, AtomicAckETH, Kind, NakCode, OPCODES, OpInfo, Opcode as O, \
-    psn_diff
+from ..wire.roce import ICRC_LEN, OPCODES, AethCode, AtomicAckETH, Kind, NakCode, OpInfo, \
+    Opcode as O, psn_diff
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCOpcode, WCStatus, WROpcode as W
 from . import requester

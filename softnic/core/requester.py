@@ -11,11 +11,11 @@ states): admission (``_may_start``; the window ``_window_room``; the pacer
 (``_send_packet``), the go-back-N record of what was sent (``_record_sent``),
 the bytes of each packet (``_build``: a one-packet request of any opcode is
 packed straight, ``_pack_only``, and a FIRST by ``_build_rc``, the bytes
-``encode`` gives).  The bulk
-of a long message takes a faster way through the same rules, a run of MIDDLEs
-into one buffer (``_bulk_run``, ``_bulk``; its MIDDLEs built by the compiled
-kernel's ``sn_tx_middles`` when there is one); tests/test_bulk_tx.py and
-tests/test_kernel.py check it against ``_build`` packet by packet.  The cheap
+``encode`` gives).  The bulk of a long message takes a faster way through the
+same rules, a run of MIDDLEs into one buffer (``_bulk_run``, ``_bulk``; its
+MIDDLEs built by the compiled kernel's ``sn_tx_middles`` when there is one);
+tests/test_bulk_tx.py and tests/test_kernel.py check it against ``_build``
+packet by packet.  The cheap
 cases (a lone one-packet request, a paced QP's next MIDDLE) are the same chain
 ending early; tests/test_fastpath.py runs workloads with the packed bytes and
 the common-case branches and without them.
