@@ -587,8 +587,12 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     w = qp.sq[0]
     psn = w3 & 0xFFFFFF
     before = qp.acked_psn
-    if w.done or w.first_psn is None or w.rd_atomic or psn_diff(psn, w.first_psn) < 0 \
-            or psn_diff(psn, w.last_psn) > 0 or psn_diff(psn, before) <= 0:
+    if w.done or w.first_psn is None or w.rd_atomic:
+        return False
+    # psn_diff(psn, first_psn) >= 0, psn_diff(psn, last_psn) <= 0 and
+    # psn_diff(psn, before) > 0, inline (asked for every ACK)
+    if (psn - w.first_psn) & 0x800000 or (psn - w.last_psn - 1) & 0xFFFFFF < 0x7FFFFF \
+            or (psn - before - 1) & 0xFFFFFF >= 0x7FFFFF:
         return False
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False
