@@ -106,6 +106,9 @@ def _start(dev, qp, wqe) -> None:
     try:
         if wqe.inline is not None:
             wqe.views = [memoryview(wqe.inline)]
+        elif len(wqe.sges) == 1:        # (the common case, without a comprehension's frame)
+            addr, length, lkey = wqe.sges[0]
+            wqe.views = [dev.keys.local(qp.pd, lkey, addr, length, write=wqe.rd_atomic)]
         else:
             write = wqe.rd_atomic
             wqe.views = [dev.keys.local(qp.pd, lkey, addr, length, write=write)
@@ -119,7 +122,7 @@ def _start(dev, qp, wqe) -> None:
         wqe.status = WCStatus.LOC_LEN_ERR
         wqe.done = True
         return
-    if atomic or op == W.FLUSH or qp.qp_type is _UD:
+    if atomic or op is W.FLUSH or qp.qp_type is _UD:
         npkts = 1                       # (a FLUSH names memory of the peer's, sends none)
     else:
         npkts = -(-wqe.length // qp.mtu) or 1
@@ -666,7 +669,7 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
     pkt = _build(dev, qp, wqe, nxt, ackreq)
     if cc is not None:
         _cc_sent(qp, psn, len(pkt) + 4, now, resent)
-    out.append((pkt, dest if qp.qp_type is not _UD else wqe.dest))
+    out.append((pkt, dest))             # (a UD WQE's own: ``generate`` passes it)
     # one READ or ATOMIC request covers the whole PSN range
     nxt = npkts if wqe.rd_atomic else nxt + 1
     wqe.next_pkt = nxt
