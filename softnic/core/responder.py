@@ -46,6 +46,7 @@ from . import sr_place, xrc
 
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
 _REMOTE_READ = int(Access.REMOTE_READ)
+_NO_WC_FLAGS, _WITH_IMM, _WITH_INV = WCFlags(0), WCFlags.WITH_IMM, WCFlags.WITH_INV
 _REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
 ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
 SR_SPAN = 4          # selective repeat: the responder holds up to this many windows of PSNs
@@ -508,17 +509,17 @@ def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
     if info.last:
         wqe, qp.resp_wqe = qp.resp_wqe, None
         qp.resp_kind = None
-        flags = WCFlags(0)
+        flags = _NO_WC_FLAGS        # (enum members made once: IntFlag operations are slow)
         imm = inv = 0
         if info.immdt:
-            flags |= WCFlags.WITH_IMM
+            flags = _WITH_IMM
             imm = tail
-        if info.ieth:
+        elif info.ieth:             # (a packet carries an ImmDt or an IETH, never both)
             inv = tail
             if not dev.keys.invalidate(qp.pd, inv):
                 qp.resp_wqe = wqe
                 raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
-            flags |= WCFlags.WITH_INV
+            flags = _WITH_INV
         recv_done(dev, qp, wqe, WCOpcode.RECV, qp.resp_off, imm, flags, se, inv)
     else:
         qp.resp_kind = Kind.SEND
