@@ -160,22 +160,30 @@ def gather(wqe, off: int, n: int):
 def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
     """Request packet number ``idx`` of ``wqe`` (for a READ re-issued from
     response ``idx``: ``count`` responses, or all the rest): an RC request of one
-    packet packed straight (``_pack_only``), any other by ``_build_rc``; an XRC
-    initiator's as XRC's."""
-    if wqe.npkts == 1 and dev._fast and wqe.opcode in _ONLY and qp.qp_type is _RC:
+    packet packed straight (``_pack_only``), an RC MIDDLE (a whole MTU), any other
+    by ``_build_rc``; an XRC initiator's as XRC's."""
+    npkts = wqe.npkts
+    if qp.qp_type is not _RC:
+        pkt = _build_rc(dev, qp, wqe, idx, ackreq, count)
+    elif npkts == 1 and dev._fast and wqe.opcode in _ONLY:
         pkt = _pack_only(qp, wqe, wqe.first_psn, qp.attr.dest_qp_num)
+    elif 0 < idx < npkts - 1 and wqe.opcode in _MIDDLE:
+        mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
+        pkt = encode_middle(_MIDDLE[wqe.opcode], qp.attr.dest_qp_num,
+                            (wqe.first_psn + idx) & 0xFFFFFF, ackreq,
+                            gather(wqe, idx * mtu, mtu))
     else:
         pkt = _build_rc(dev, qp, wqe, idx, ackreq, count)
     return pkt if qp.xrc is None else xrc.request(pkt, wqe.xrc_srqn)
 
 
 def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
+    """``_build``'s other packets: a FIRST, a LAST, a READ re-issued from a later
+    response, an ATOMIC WRITE, a FLUSH, UC's and UD's, and (without the fast
+    paths) every ONLY."""
     psn = (wqe.first_psn + idx) & 0xFFFFFF
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
-    if 0 < idx < wqe.npkts - 1 and qp.qp_type is QPType.RC and op in _MIDDLE:
-        mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
-        return encode_middle(_MIDDLE[op], dqpn, psn, ackreq, gather(wqe, idx * mtu, mtu))
     if idx == 0 and wqe.npkts > 1 and dev._fast and qp.qp_type is QPType.RC and op in _MIDDLE:
         # a FIRST: a whole MTU, no pad, no SE, and a RETH for a WRITE (what
         # ``encode`` gives, packed straight)
