@@ -1,11 +1,12 @@
 """The common-case branches change nothing but speed.
 
-The responder's and completer's ``receive_common`` take in-sequence SENDs and
-WRITEs and plain ACKs from their bytes, and dispatch's ``cnp_common`` CNPs,
+The responder's ``receive_common`` takes in-sequence SENDs, WRITEs, READ requests
+and ATOMICs, the completer's plain ACKs (``receive_common``) and a one-packet
+READ response or ATOMIC ACKNOWLEDGE (``receive_answer_common``) from their bytes,
+and dispatch's ``cnp_common`` CNPs,
 through the same rules as the general path, without decoding a ``Packet``; the
-requester packs ONLY and FIRST packets straight, builds bulk runs, leaves
-``generate`` at once while a paced QP's pacer holds it and sends a paced QP's
-next MIDDLE without the walk of its send queue
+requester packs ONLY and FIRST packets straight, builds bulk runs and leaves
+``generate`` at once while a paced QP's pacer holds it
 (``DeviceConfig(fast_path=False)`` turns all of it off: every packet is decoded
 and dispatched, one at a time, and the send queue walked each time).  The
 property here: the same random workload (test_engine_properties' scenarios,
@@ -22,10 +23,10 @@ from hypothesis import HealthCheck, given, note, settings, strategies as st
 from softnic.core import dispatch, requester
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import Access, QPState, SendFlags, WCOpcode, WCStatus, WROpcode as W
-from softnic.core.output import ack_packet, cnp_packet
+from softnic.core.output import ack_packet, atomic_ack_packet, cnp_packet, read_response_only
 from softnic.core.qp import RecvWR, SendWR
 from softnic.experiments.rig import connect
-from softnic.wire.roce import Opcode as O, encode
+from softnic.wire.roce import OPCODES, Opcode as O, encode
 
 from test_engine_properties import _normalized_trace, run_scenario, scenarios, switched
 
@@ -47,6 +48,20 @@ def _outcome(r) -> dict:
 @given(scenarios(max_size=9000), st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6, 200e-6]),
                                           min_size=1, max_size=8))
 def test_fast_paths_give_the_same_wire_and_results(s, gaps):
+    _same_either_way(dict(s, gaps=gaps))
+
+
+@settings(deadline=None, max_examples=30,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios(max_size=256), st.lists(st.sampled_from([0.0, 1e-6, 5e-6, 20e-6, 200e-6]),
+                                         min_size=1, max_size=8))
+def test_one_packet_requests_of_every_opcode_the_same_either_way(s, gaps):
+    """Every message of one packet (the MTU is at least 256 bytes): WRITEs, SENDs
+    with and without immediate, READs and atomics, each request and its answer
+    (ACK, READ RESPONSE ONLY, ATOMIC ACKNOWLEDGE) through the requester's packed
+    ONLY and the common branches wherever their conditions hold, over a link that
+    loses, duplicates, reorders and corrupts: the same wire and results as the
+    general path (whose replays of duplicates and resends they leave to it)."""
     _same_either_way(dict(s, gaps=gaps))
 
 
@@ -104,9 +119,10 @@ def test_a_ping_pong_takes_the_fast_paths(monkeypatch):
     packed = []
     real_pack = requester._pack_only
     monkeypatch.setattr(requester, "_pack_only", lambda *a: packed.append(1) or real_pack(*a))
-    only = []
-    real_only = requester._only_one
-    monkeypatch.setattr(requester, "_only_one", lambda *a: only.append(real_only(*a)) or only[-1])
+    walked = []
+    real_send = requester._send_packet
+    monkeypatch.setattr(requester, "_send_packet",
+                        lambda *a: walked.append(a[2].opcode) or real_send(*a))
     a, b, ea, eb = _pair()
     ea.buf.view[:8] = b"pingpong"
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)], SendFlags.SIGNALED,
@@ -128,11 +144,103 @@ def test_a_ping_pong_takes_the_fast_paths(monkeypatch):
     assert taken == {"RC_RDMA_WRITE_ONLY": 1, "RC_SEND_ONLY_WITH_IMMEDIATE": 1,
                      "RC_ACKNOWLEDGE": 2}
     assert len(packed) == 2
-    assert only == [True, True]         # each post left generate's walk at once
+    assert walked == [W.RDMA_WRITE, W.SEND_WITH_IMM]    # one packet each, by the walk
+
+
+def _one_packet_wrs(ea, eb) -> list:
+    """One WR of every opcode that a one-packet request carries, 8 bytes each, the
+    SEND_WITH_INV naming a key the peer does not have (its NAK ends the list)."""
+    def remote(off):
+        return dict(remote_addr=eb.buf.addr + off, rkey=eb.mr.rkey)
+    sig = SendFlags.SIGNALED
+    return [SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)], sig, **remote(64)),
+            SendWR(2, W.RDMA_WRITE_WITH_IMM, [ea.sge(8, 8)], sig | SendFlags.SOLICITED,
+                   imm_data=0xA1B2C3D4, **remote(72)),
+            SendWR(3, W.SEND, [ea.sge(16, 7)], sig),
+            SendWR(4, W.SEND_WITH_IMM, [ea.sge(24, 8)], sig | SendFlags.SOLICITED,
+                   imm_data=0x01020304),
+            SendWR(5, W.RDMA_READ, [ea.sge(512, 8)], sig, **remote(256)),
+            SendWR(6, W.ATOMIC_FETCH_AND_ADD, [ea.sge(520, 8)], sig, compare_add=0x1111,
+                   **remote(264)),
+            SendWR(7, W.ATOMIC_CMP_AND_SWP, [ea.sge(528, 8)], sig,
+                   compare_add=int.from_bytes(b"readable", "little"),
+                   swap=0x5A5A5A5A5A5A5A5A, **remote(256)),
+            SendWR(8, W.RDMA_READ, [ea.sge(536, 8)], sig, **remote(256)),
+            SendWR(9, W.SEND_WITH_INV, [ea.sge(32, 8)], sig, invalidate_rkey=0x7777),
+            SendWR(10, W.RDMA_WRITE, [ea.sge(0, 8)], sig, **remote(64))]
+
+
+def _at_offset(d, base: int) -> bytes:
+    """A datagram without its ICRC, a RETH's or AtomicETH's VA as an offset from
+    ``base`` (buffers lie at other addresses in another run)."""
+    info = OPCODES[d[0]]
+    d = bytearray(d[:-4])
+    if info.reth or info.atomiceth:
+        d[12:20] = (int.from_bytes(d[12:20], "big") - base).to_bytes(8, "big", signed=True)
+    return bytes(d)
+
+
+def _one_packet_run(fast: bool, monkeypatch=None, taken=None, packed=None) -> dict:
+    a, b, ea, eb = _pair(fast_path=fast)
+    ea.buf.view[:40] = bytes(range(1, 41))
+    eb.buf.view[256:272] = b"readable" + (0x2222).to_bytes(8, "little")
+    for i in range(4):
+        b.post_recv(eb.qp, RecvWR(100 + i, [eb.sge(1024 + 64 * i, 64)]))
+    wire = []
+    for wr in _one_packet_wrs(ea, eb):
+        a.post_send(ea.qp, wr)
+        for x, y in ((a, b), (b, a)):
+            for d, _ in x.datagrams_to_send(0.0):
+                wire.append(_at_offset(d, eb.buf.addr))
+                y.receive_datagram(d, x.address, 0.0)
+
+    def wcs(dev, cq):
+        return [(w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data, w.wc_flags)
+                for w in dev.poll_cq(cq, 32)]
+    return dict(wire=wire, send=wcs(a, ea.send_cq), recv=wcs(b, eb.recv_cq),
+                mem=(bytes(ea.buf.view[:4096]), bytes(eb.buf.view[:4096])),
+                counters=(dict(a.counters), dict(b.counters)), states=(ea.qp.state, eb.qp.state))
+
+
+def test_every_one_packet_opcode_takes_the_fast_paths_with_the_same_result(monkeypatch):
+    """A WRITE, WRITE_WITH_IMM, SEND, SEND_WITH_IMM, READ, FETCH_ADD, CMP_SWAP and
+    SEND_WITH_INV of one packet each, one after another: with the fast paths each
+    request is packed straight (``_pack_only``) and taken by the responder's
+    common branch, and each ACK, READ RESPONSE ONLY and ATOMIC ACKNOWLEDGE by the
+    completer's; the same bytes on the wire, completions, memory, counters and
+    QP states as with every packet decoded and dispatched."""
+    slow = _one_packet_run(False)
+    taken: dict = {}
+    _count_common(monkeypatch, taken)
+    packed = []
+    real_pack = requester._pack_only
+    monkeypatch.setattr(requester, "_pack_only",
+                        lambda qp, wqe, *a: packed.append(wqe.wr_id) or real_pack(qp, wqe, *a))
+    fast = _one_packet_run(True)
+    for key in ("wire", "send", "recv", "mem", "counters", "states"):
+        assert fast[key] == slow[key], f"{key} differs with the fast paths"
+    assert packed == list(range(1, 10))
+    assert taken == {"RC_RDMA_WRITE_ONLY": 1, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE": 1,
+                     "RC_SEND_ONLY": 1, "RC_SEND_ONLY_WITH_IMMEDIATE": 1,
+                     "RC_RDMA_READ_REQUEST": 2, "RC_FETCH_ADD": 1, "RC_COMPARE_SWAP": 1,
+                     "RC_SEND_ONLY_WITH_INVALIDATE": 1, "RC_ACKNOWLEDGE": 4,
+                     "RC_RDMA_READ_RESPONSE_ONLY": 2, "RC_ATOMIC_ACKNOWLEDGE": 2}
+    send = fast["send"]
+    assert [(w[0], w[1]) for w in send[:8]] == [(i, WCStatus.SUCCESS) for i in range(1, 9)]
+    assert send[8][:2] == (9, WCStatus.REM_INV_REQ_ERR)     # NAKed: no such key to invalidate
+    assert [w[:2] for w in send[9:]] == [(10, WCStatus.WR_FLUSH_ERR)]
+    mem_a, mem_b = fast["mem"]
+    assert mem_b[64:80] == bytes(range(1, 17))                       # the WRITEs
+    assert mem_a[512:520] == b"readable"                             # the first READ
+    assert int.from_bytes(mem_a[520:528], "little") == 0x2222        # FETCH_ADD's original
+    assert mem_a[528:536] == b"readable"                             # CMP_SWAP's original
+    assert mem_a[536:544] == (0x5A5A5A5A5A5A5A5A).to_bytes(8, "little")  # swapped: re-read
+    assert mem_b[264:272] == (0x3333).to_bytes(8, "little")
+    assert [w[0] for w in fast["recv"][:3]] == [100, 101, 102]
 
 
 def test_a_bad_lkey_on_the_one_packet_path_fails_as_the_walk_fails_it():
-    """A one-packet WRITE whose lkey is wrong (``_only_one`` takes it): the WR
+    """A one-packet WRITE whose lkey is wrong (``_start`` refuses it): the WR
     completes with LOC_PROT_ERR, nothing is sent, and the next WR is flushed,
     exactly as with the fast paths off."""
     got = []
@@ -215,6 +323,17 @@ def test_ack_packet_is_what_encode_builds():
             encode(O.RC_ACKNOWLEDGE, dest_qp=0x123456, psn=psn, aeth=(syn, msn))
 
 
+@settings(deadline=None, max_examples=60)
+@given(st.integers(0, 0xFFFFFF), st.integers(0, 0xFFFFFF), st.integers(0, 0xFFFFFF),
+       st.binary(max_size=70), st.integers(0, 2**64 - 1))
+def test_read_response_only_and_atomic_ack_are_what_encode_builds(dqpn, psn, msn, data, orig):
+    assert read_response_only(dqpn, psn, msn, memoryview(data)) == \
+        encode(O.RC_RDMA_READ_RESPONSE_ONLY, dest_qp=dqpn, psn=psn, aeth=(0x1F, msn),
+               payload=data)
+    assert atomic_ack_packet(dqpn, psn, msn, orig) == \
+        encode(O.RC_ATOMIC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn, aeth=(0x1F, msn), atomicack=orig)
+
+
 def test_cnp_packet_is_what_encode_builds():
     for dqpn in (0, 1, 0x123456, 0xFFFFFF):
         assert cnp_packet(dqpn) == encode(O.CNP, dest_qp=dqpn, psn=0)
@@ -255,16 +374,21 @@ def test_engine_pingpong_tool_runs_both_ways(capsys):
     spec.loader.exec_module(mod)
     assert mod.main(["-n", "70"]) == 0
     assert mod.main(["-n", "70", "--no-fast-path"]) == 0
+    for op in ("send", "read", "atomic"):
+        assert mod.main(["-n", "70", "--op", op, "--cpu"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2 and "fast paths" in out[0] and "general path" in out[1]
+    assert len(out) == 5 and "fast paths" in out[0] and "general path" in out[1]
+    assert [line.split()[3] for line in out[2:]] == ["SEND", "READ", "ATOMIC"]
+    assert all("CPU time" in line for line in out[2:])
     assert all(float(line.split(": ")[1].split()[0]) > 0 for line in out)
 
 
 def test_routes_cover_every_opcode_and_send_each_to_its_side():
     """``dispatch.ROUTES`` has every opcode ``wire.roce`` knows; requests go to the
     responder, responses to the completer, CNPs to the controller; the only
-    common-case branches are the responder's for RC SENDs and WRITEs, the
-    completer's for the RC ACK and dispatch's own for the CNP."""
+    common-case branches are the responder's for RC SENDs, WRITEs, READ requests
+    and ATOMICs, the completer's for the RC ACK, the READ RESPONSE ONLY and the
+    ATOMIC ACKNOWLEDGE, and dispatch's own for the CNP."""
     from softnic.core import completer, responder
     from softnic.wire.roce import Kind, OPCODES
     assert set(dispatch.ROUTES) == set(OPCODES)
@@ -279,11 +403,14 @@ def test_routes_cover_every_opcode_and_send_each_to_its_side():
             assert route.side is dispatch.Side.REQUEST
         else:
             assert route.side is dispatch.Side.RESPONSE
-        rc_message = info.qp_type == "RC" and info.kind in (Kind.SEND, Kind.WRITE)
-        if rc_message:
+        rc_request = info.qp_type == "RC" and info.kind in (Kind.SEND, Kind.WRITE,
+                                                            Kind.READ_REQUEST, Kind.ATOMIC)
+        if rc_request:
             assert route.common is responder.receive_common, info.name
         elif op == O.RC_ACKNOWLEDGE:
             assert route.common is completer.receive_common
+        elif op in (O.RC_RDMA_READ_RESPONSE_ONLY, O.RC_ATOMIC_ACKNOWLEDGE):
+            assert route.common is completer.receive_answer_common
         else:
             assert route.common is None, info.name
 
@@ -300,8 +427,8 @@ def test_a_paced_requester_stops_early_only_where_nothing_changes(s, cc, rate, m
     every packet waits for the pacer) is made ready by ACKs, CNPs and its
     controller's timers while its pacer holds it; ``requester.generate`` then stops
     at once (``_held_by_pacer``) without walking the send queue, and when its
-    pacer lets a MIDDLE go, sends it and stops at the window or the pacer
-    (``_paced_middle``).  Through a slow switch that marks every queued packet
+    pacer lets a MIDDLE go, its chain sends it and stops at the window or the
+    pacer.  Through a slow switch that marks every queued packet
     (``marks``: many CNPs and rate cuts) or none, with a window of a few packets
     or the default, the same wire and results as the general path's full walk."""
     net = dict(cc=cc, rates=(rate, rate), kmin=0 if marks else 10**9,

@@ -148,8 +148,8 @@ def test_harness_smoke(tmp_path):
     if not __import__("shutil").which("sockperf") and os.environ.get("CI") != "true":
         if not __import__("shutil").which("gcc"):
             pytest.skip("neither sockperf nor gcc here")
-    for tool in ("ib_write_lat", "ib_write_bw", "ib_send_bw", "ib_read_bw", "ibv_rc_pingpong",
-                 "gcc"):
+    for tool in ("ib_write_lat", "ib_send_lat", "ib_read_lat", "ib_atomic_lat", "ib_write_bw",
+                 "ib_send_bw", "ib_read_bw", "ibv_rc_pingpong", "gcc"):
         if not __import__("shutil").which(tool):
             if os.environ.get("CI") == "true":
                 pytest.fail(f"needs {tool} (.ci/run installs perftest, ibverbs-utils, gcc)")
@@ -168,7 +168,10 @@ def test_harness_smoke(tmp_path):
                     # SEND and READ against WRITE on each face
                     "c_send_vs_write_bw", "c_read_vs_write_bw", "py_send_vs_write_bw",
                     "py_read_vs_write_bw",
-                    "write_1m_vs_gso", "loss_goodput_1m"]
+                    "write_1m_vs_gso", "loss_goodput_1m",
+                    # SEND, READ and ATOMIC latency against WRITE's (ATOMIC's: READ's)
+                    "c_send_lat_vs_write", "c_read_lat_vs_write", "c_atomic_lat_vs_read",
+                    "py_send_lat_vs_write", "py_read_lat_vs_write", "py_atomic_lat_vs_read"]
     for r in res["table"]:
         assert r["softnic"] > 0 and r["reference"] > 0 and r["ratio"] > 0
     assert res["executable"] == sys.executable

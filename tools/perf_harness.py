@@ -15,7 +15,12 @@ the ratios compare like with like on a machine whose load changes:
 * WRITE goodput with 1 % of the datagrams dropped (SOFTNIC_FAULTS=loss=0.01 on
   both ends) against lossless;
 * 1024 QPs (one 64 KiB WRITE in flight on each) against 1 QP;
-* resident memory per idle RC QP (1024 QPs in RTS, RSS before and after).
+* resident memory per idle RC QP (1024 QPs in RTS, RSS before and after);
+* 8-byte SEND, READ and ATOMIC latency against WRITE's (ATOMIC's against READ's),
+  on each face: perftest's ``ib_send_lat``, ``ib_read_lat``, ``ib_atomic_lat`` and
+  ``ib_write_lat`` over the C face, ``softnic perf send_lat`` ... on the Python
+  face, each figure as the tool prints it (a SEND or WRITE ping-pong's half round
+  trip, a READ's or ATOMIC's whole one, as perftest reports them).
 
 The comparisons run ``--repeat`` rounds, each figure next to its reference; the
 best round of each counts (highest bandwidth, lowest median latency), since
@@ -66,6 +71,12 @@ GOALS = {            # figure: (goal, comparison), the issue's targets
     "loss_goodput": (0.9, ">="),
     "qps_1024_vs_1": (0.8, ">="),
     "rss_per_qp_kib": (64.0, "<="),
+    "c_send_lat_vs_write": (1.1, "<="),
+    "c_read_lat_vs_write": (1.3, "<="),
+    "c_atomic_lat_vs_read": (1.3, "<="),
+    "py_send_lat_vs_write": (1.1, "<="),
+    "py_read_lat_vs_write": (1.3, "<="),
+    "py_atomic_lat_vs_read": (1.3, "<="),
 }
 
 
@@ -388,9 +399,19 @@ def _perftest_row(out: str, size: int) -> list[str]:
 def c_write_lat(size: int, iters: int) -> dict:
     """perftest ``ib_write_lat -x 0`` over softnic's libibverbs: the target spins on
     memory, never calling softnic, so the progress thread alone lands each WRITE."""
-    out, _ = cface("ib_write_lat", ["-x", "0", "-s", str(size), "-n", str(iters)])
+    return c_lat("ib_write_lat", size, iters)
+
+
+def c_lat(binary: str, size: int, iters: int) -> dict:
+    """perftest's latency test ``binary`` (ib_write_lat, ib_send_lat, ib_read_lat,
+    ib_atomic_lat, whose operand is always 8 bytes) with ``-x 0`` over softnic's
+    libibverbs, ``t_typical`` and the 99th percentile as it prints them."""
+    args = ["-x", "0", "-n", str(iters)]
+    if binary != "ib_atomic_lat":
+        args += ["-s", str(size)]
+    out, _ = cface(binary, args)
     f = _perftest_row(out, size)       # bytes iters t_min t_max t_typical t_avg t_stdev 99% 99.9%
-    return {"tool": f"ib_write_lat -x 0 -s {size}", "t_typical_us": float(f[4]),
+    return {"tool": f"{binary} {' '.join(args)}", "t_typical_us": float(f[4]),
             "t_99_us": float(f[7])}
 
 
@@ -522,6 +543,7 @@ def run(args) -> dict:
         rounds.append(r)
     res["rounds"] = rounds
     step_c_face(args, res, step)
+    step_opcode_latency(args, res, step)
 
     def best(key, field, low=False):
         pick = (min if low else max)(rounds, key=lambda r: r[key][field])
@@ -570,7 +592,7 @@ def run(args) -> dict:
         ratio_row("resident memory per idle RC QP", "KiB", res["rss"]["bytes_per_qp"] / 1024,
                   64.0, res["rss"]["bytes_per_qp"] / 1024, "rss_per_qp_kib"),
     ]
-    res["table"] = rows + res["c_rows"]
+    res["table"] = rows + res["c_rows"] + res["lat_rows"]
     res["load_end"] = os.getloadavg()
     res["paired"] = paired(rounds)
     return res
@@ -693,6 +715,42 @@ def step_c_face(args, res: dict, step) -> None:
         ratio = statistics.median(x / y for x, y in got)
         rows.append(ratio_row(name, unit, ours, ref, ratio, key))
     res["c_rows"] = rows
+
+
+#: the opcode latency rows: key -> (the test, the test it is compared with)
+OPCODE_LATENCY = {"send_lat_vs_write": ("send_lat", "write_lat"),
+                  "read_lat_vs_write": ("read_lat", "write_lat"),
+                  "atomic_lat_vs_read": ("atomic_lat", "read_lat")}
+
+
+def step_opcode_latency(args, res: dict, step) -> None:
+    """8 B SEND, READ and ATOMIC latency against WRITE's (ATOMIC's against READ's) on
+    both faces: each round runs the four tests of a face back to back (reversed
+    every other round), and each row's ratio is the median of its rounds' own
+    ratios (figures: the median of each side)."""
+    q = args.quick
+    n = 200 if q else args.pings
+    tests = ("write_lat", "send_lat", "read_lat", "atomic_lat")
+    faces = {"c": lambda t: c_lat("ib_" + t, 8, n),
+             "py": lambda t: perf(t, ["-s", "8", "-n", str(n)])["results"][0]}
+    rounds: dict[str, list] = {"c": [], "py": []}
+    for k in range(1 if q else args.repeat):
+        for face, run in faces.items():
+            order = tests[::-1] if k % 2 else tests
+            step(f"opcode latency round {k + 1}, {'C' if face == 'c' else 'Python'} face: "
+                 + ", ".join(order))
+            rounds[face].append({t: run(t)["t_typical_us"] for t in order})
+    res["opcode_latency_rounds"] = rounds
+    rows = []
+    for face, got in rounds.items():
+        who = "C perftest ib_" if face == "c" else "Python face softnic perf "
+        for key, (test, ref) in OPCODE_LATENCY.items():
+            rows.append(ratio_row(
+                f"8 B {test.split('_')[0].upper()} latency vs {ref.split('_')[0].upper()}: "
+                f"{who}{test} / {ref.split('_')[0]}_lat", "us", statistics.median(
+                    r[test] for r in got), statistics.median(r[ref] for r in got),
+                statistics.median(r[test] / r[ref] for r in got), f"{face}_{key}"))
+    res["lat_rows"] = rows
 
 
 def _both(runs: list, flip: bool) -> tuple:

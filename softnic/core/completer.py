@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import struct
 import sys
+from typing import NamedTuple
 
 from ..wire.icrc import check_icrc, icrc_start
-from ..wire.psn import PSN_MASK, psn_add, psn_diff
-from ..wire.roce import AETH_LEN, AethCode, BTH_AETH_STRUCT, BTH_BECN, BTH_FECN, \
-    BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, Kind, \
-    NakCode, Opcode, QPN_MASK
+from ..wire.psn import PSN_HALF, PSN_MASK, psn_add, psn_diff
+from ..wire.roce import AETH_LEN, OPCODES, AethCode, AtomicAckETH, BTH_AETH_STRUCT, BTH_BECN, \
+    BTH_FECN, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, \
+    Kind, NakCode, OpInfo, Opcode as O, QPN_MASK
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCStatus, WROpcode as W
 from . import requester, responder
@@ -43,6 +44,11 @@ _NAK_STATUS = {
     NakCode.INVALID_RD_REQUEST: WCStatus.REM_INV_RD_REQ_ERR,
 }
 _WC_OPCODE = WC_OPCODE
+
+
+_SUCCESS = WCStatus.SUCCESS
+_SENDS = SENDS                  # (module globals: read per completion)
+_EIGHT_BYTES = EIGHT_BYTES
 
 
 def _finish(qp, wqe, status=WCStatus.SUCCESS) -> None:
@@ -315,7 +321,7 @@ def read_target(dev, qp):
     return view, ((expected - w.first_psn) & PSN_MASK) * mtu, min((w.npkts - 1) * mtu, len(view))
 
 
-_READ_MIDDLE = int(Opcode.RC_RDMA_READ_RESPONSE_MIDDLE)
+_READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
 
 
 def receive_middles(dev, data, o: int, seg: int, src, now: float) -> int:
@@ -612,14 +618,14 @@ def complete(dev, qp) -> None:
     sq = qp.sq
     while sq and sq[0].done:
         w = sq.popleft()
-        qp.send_idx = max(0, qp.send_idx - 1)
-        ok = w.status == WCStatus.SUCCESS
-        if ok:
+        if qp.send_idx:
+            qp.send_idx -= 1
+        if w.status == _SUCCESS:
+            op = w.opcode
             if w.signaled:
-                dev.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.SUCCESS, _WC_OPCODE[w.opcode],
-                                            qp.qpn, byte_len=8 if w.opcode in EIGHT_BYTES
-                                            else w.length), qp)
-            if w.opcode in SENDS:
+                dev.post_cqe(qp.send_cq, WC(w.wr_id, _SUCCESS, _WC_OPCODE[op], qp.qpn,
+                                            byte_len=8 if op in _EIGHT_BYTES else w.length), qp)
+            if op in _SENDS:
                 dev.counters["rdma_sends"] += 1
         else:
             dev.post_cqe(qp.send_cq, WC(w.wr_id, w.status, _WC_OPCODE[w.opcode], qp.qpn), qp)
@@ -676,8 +682,12 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     w = qp.sq[0]
     psn = w3 & PSN_MASK
     before = qp.acked_psn
-    if w.done or w.first_psn is None or w.rd_atomic or psn_diff(psn, w.first_psn) < 0 \
-            or psn_diff(psn, w.last_psn) > 0 or psn_diff(psn, before) <= 0:
+    if w.done or w.first_psn is None or w.rd_atomic:
+        return False
+    # psn_diff(psn, first_psn) >= 0, psn_diff(psn, last_psn) <= 0 and
+    # psn_diff(psn, before) > 0, inline (asked for every ACK)
+    if (psn - w.first_psn) & PSN_HALF or (psn - w.last_psn - 1) & PSN_MASK < PSN_HALF - 1 \
+            or (psn - before - 1) & PSN_MASK >= PSN_HALF - 1:
         return False
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False
@@ -687,3 +697,67 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     if qp.cc is not None:
         dev.arm(qp)
     return True
+
+
+#: the opcodes of the answers ``receive_answer_common`` takes
+_ANSWER_OPCODES = {int(O.RC_RDMA_READ_RESPONSE_ONLY): OPCODES[O.RC_RDMA_READ_RESPONSE_ONLY],
+                   int(O.RC_ATOMIC_ACKNOWLEDGE): OPCODES[O.RC_ATOMIC_ACKNOWLEDGE]}
+_ATOMIC_ACK_LEN = OPCODES[O.RC_ATOMIC_ACKNOWLEDGE].hdr_len + ICRC_LEN
+_Q = struct.Struct("!Q")
+_AETH_END = BTH_LEN + AETH_LEN          # where a response's payload or AtomicAckETH starts
+
+
+class Response(NamedTuple):
+    """A one-packet answer taken from its bytes by ``receive_answer_common``: what
+    the response handlers (``_read_response``, ``_atomic_ack``) read of it, by a
+    decoded ``Packet``'s names."""
+    info: OpInfo
+    payload: memoryview | bytes
+    atomicacketh: AtomicAckETH | None
+
+
+def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:
+    """A READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE answering the oldest outstanding
+    WQE (a READ, an ATOMIC, an ATOMIC WRITE or a FLUSH of one packet, its PSN the
+    next to be acknowledged), from its bytes, under the ACK's conditions above:
+    ``receive``'s checks then all pass, ``_ack_before`` has nothing to do and
+    ``_find`` names that WQE; its kind's handler (``_RESPONSES``) then applies the
+    rules (opcode, length, placement, completion) and ``_progress`` follows, as
+    ``receive`` does.  Anything else: False, nothing changed."""
+    n = len(data)
+    if n < _ACK_LEN or telemetry is not None:
+        return False
+    opcode, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
+    qp = dev.qps.get(w2 & QPN_MASK)
+    if qp is None or qp.qp_type is not _RC or pkey != DEFAULT_PKEY or w2 & _ECN or aeth >> 29:
+        return False
+    if qp.state is not _RTS or not qp.sq or tuple(src) != qp.dest:
+        return False
+    w = qp.sq[0]
+    psn = w3 & PSN_MASK
+    before = qp.acked_psn
+    if w.done or not w.rd_atomic or w.first_psn != psn or psn != (before + 1) & PSN_MASK:
+        return False
+    info = _ANSWER_OPCODES[opcode]
+    if info.atomicacketh:
+        if n != _ATOMIC_ACK_LEN or flags & _PAD:
+            return False
+        resp = Response(info, b"", AtomicAckETH(_Q.unpack_from(data, _AETH_END)[0]))
+    else:
+        plen = n - _ACK_LEN - ((flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK)
+        if plen < 0:
+            return False
+        resp = Response(info, memoryview(data)[_AETH_END:_AETH_END + plen], None)
+    if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
+        return False
+    dev.counters["rcvd_pkts"] += 1
+    if _RESPONSES[info.kind](dev, qp, resp, psn, w, now, before):
+        _progress(dev, qp, before, now)
+    if qp.cc is not None:
+        dev.arm(qp)
+    return True
+
+
+#: opcode -> the completer's first branch for it (``dispatch.ROUTES`` reads it)
+COMMON = {int(O.RC_ACKNOWLEDGE): receive_common, **{op: receive_answer_common
+                                                   for op in _ANSWER_OPCODES}}

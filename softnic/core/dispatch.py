@@ -5,7 +5,7 @@
 place in a message), the side of the QP that takes it (a request goes to the
 responder, a response to the completer, a CNP to the congestion controller), and
 that side's first branch for the common case (``responder.receive_common``,
-``completer.receive_common``, ``cnp_common``), which takes the packet from its
+``completer.COMMON``'s, ``cnp_common``), which takes the packet from its
 bytes when the conditions written there hold.  ``Dispatch`` is one of the classes
 ``core.device.Device`` is made of.
 
@@ -68,8 +68,7 @@ def _route(info: OpInfo) -> Route:
     if info.is_request:
         common = responder.receive_common if info.opcode in responder.COMMON_OPCODES else None
         return Route(info, REQUEST, common)
-    common = completer.receive_common if info.opcode == O.RC_ACKNOWLEDGE else None
-    return Route(info, RESPONSE, common)
+    return Route(info, RESPONSE, completer.COMMON.get(info.opcode))
 
 
 #: opcode -> Route, for every opcode ``wire.roce`` knows

@@ -19,6 +19,8 @@ from .errors import VerbsError, einval
 
 PAGE = mmap.PAGESIZE
 
+_LOCAL_WRITE = int(Access.LOCAL_WRITE)
+
 
 class AccessError(Exception):
     """A key, bounds or permission check failed (becomes a NAK / WC status)."""
@@ -102,7 +104,7 @@ class MR:
         return off
 
     def local_view(self, addr: int, length: int, *, write: bool) -> memoryview:
-        if write and not self.access & Access.LOCAL_WRITE:
+        if write and not int(self.access) & _LOCAL_WRITE:     # (IntFlag operations are slow)
             raise AccessError("MR lacks LOCAL_WRITE")
         off = self._check(addr, length)
         return self.view[off:off + length]
@@ -308,7 +310,7 @@ class ImplicitMR(MR):
         return view_at(addr, length)
 
     def local_view(self, addr: int, length: int, *, write: bool) -> memoryview:
-        if write and not self.access & Access.LOCAL_WRITE:
+        if write and not int(self.access) & _LOCAL_WRITE:     # (IntFlag operations are slow)
             raise AccessError("MR lacks LOCAL_WRITE")
         return self._reach(addr, length, write)
 

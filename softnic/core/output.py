@@ -8,11 +8,13 @@ NAKs, READ responses, ATOMIC ACKs, in PSN order); each packet gets its ICRC here
 
 from __future__ import annotations
 
+import struct
+
 from ..wire.datagram import Datagram
 from ..wire.icrc import append_icrc
 from ..wire.psn import PSN_MASK, psn_add
-from ..wire.roce import AETH_LEN, AETH_SYNDROME_SHIFT, BTH_AETH_STRUCT, BTH_LEN, BTH_PAD_SHIFT, \
-    DEFAULT_PKEY, ICRC_LEN, MSN_MASK, QPN_MASK, Opcode as O, encode
+from ..wire.roce import AETH_FMT, AETH_LEN, AETH_SYNDROME_SHIFT, BTH_AETH_STRUCT, BTH_FMT, \
+    BTH_LEN, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, MSN_MASK, QPN_MASK, Opcode as O, encode
 from . import completer, requester, responder, xrc
 from .enums import QPState, QPType
 from .qp import QP
@@ -29,6 +31,29 @@ def ack_packet(dqpn: int, psn: int, syndrome: int, msn: int) -> bytearray:
     buf = bytearray(16)
     _ACK_PKT.pack_into(buf, 0, _ACK, 0, DEFAULT_PKEY, dqpn & QPN_MASK, psn & PSN_MASK,
                        ((syndrome & 0xFF) << AETH_SYNDROME_SHIFT) | (msn & MSN_MASK))
+    return buf
+
+
+_READ_ONLY = int(O.RC_RDMA_READ_RESPONSE_ONLY)
+
+
+def read_response_only(dqpn: int, psn: int, msn: int, payload) -> bytearray:
+    """A READ RESPONSE ONLY (BTH, AETH acknowledging with ``msn``, payload, pad;
+    without ICRC), packed straight: the bytes ``encode`` gives."""
+    return _aeth_packet(_READ_ONLY, dqpn, psn, (responder.ACK_CREDITS, msn), payload)
+
+
+_ATOMIC_ACK = int(O.RC_ATOMIC_ACKNOWLEDGE)
+_ATOMIC_ACK_PKT = struct.Struct("!" + BTH_FMT + AETH_FMT + "Q")   # BTH + AETH + AtomicAckETH
+
+
+def atomic_ack_packet(dqpn: int, psn: int, msn: int, orig: int) -> bytearray:
+    """An ATOMIC ACKNOWLEDGE (BTH, AETH acknowledging with ``msn``, AtomicAckETH
+    carrying ``orig``; without ICRC), packed straight: the bytes ``encode`` gives."""
+    buf = bytearray(_ATOMIC_ACK_PKT.size)
+    _ATOMIC_ACK_PKT.pack_into(buf, 0, _ATOMIC_ACK, 0, DEFAULT_PKEY, dqpn & QPN_MASK,
+                              psn & PSN_MASK, (responder.ACK_CREDITS << AETH_SYNDROME_SHIFT)
+                              | (msn & MSN_MASK), orig)
     return buf
 
 
@@ -209,12 +234,13 @@ class Output:
                 else:
                     out.append((ack, dest))
             elif kind == "atomic":
-                out.append((encode(O.RC_ATOMIC_ACKNOWLEDGE, dest_qp=dqpn, psn=psn,
-                                   aeth=(responder.ACK_CREDITS, entry[3]), atomicack=entry[2]),
-                            dest))
+                out.append((atomic_ack_packet(dqpn, psn, entry[3], entry[2]), dest))
             else:
                 view, msn = entry[2], entry[3]
                 total = len(view)
+                if total <= mtu:                # one response: a READ RESPONSE ONLY
+                    out.append((read_response_only(dqpn, psn, msn, view), dest))
+                    continue
                 npkts = max(1, -(-total // mtu))
                 aeth = (responder.ACK_CREDITS, msn)
                 if npkts > 2 and self._fast and qp.xrc is None:

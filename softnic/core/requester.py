@@ -5,17 +5,20 @@ window, the READ/ATOMIC credit limit (max_rd_atomic) and fences, and
 regenerates packets from the WQE when the completer rewinds (go-back-N) or
 asks for a single PSN (selective repeat).
 
-Each rule once: admission (``_may_start``, ``_window_full``), PSNs and local
-keys (``start``), the AckReq cadence and the go-back-N record of what was sent
-(``_send_packet``), the bytes of each packet (``_build_rc``: an ONLY or FIRST is
-packed straight, ``_pack_only``, the bytes ``encode`` gives).  The bulk of a
-long message takes a faster way through the same rules, a run of MIDDLEs into
-one buffer (``_bulk_run``, ``_bulk``; its MIDDLEs built by the compiled kernel's
-``sn_tx_middles`` when there is one); tests/test_bulk_tx.py and
-tests/test_kernel.py check it against ``_build`` packet by packet.  A lone
-one-packet WRITE or SEND (a ping-pong's, an RPC's) skips the walk of the send
-queue (``_only_one``), and so does a rate-paced QP's MIDDLE when its time has
-come (``_paced_middle``); tests/test_fastpath.py runs workloads both ways.
+Each rule once, in the chain ``generate`` walks (its docstring names the
+states): admission (``_may_start``; the window ``_window_room``; the pacer
+``_cc_blocked``), PSNs and local keys (``start``), the AckReq cadence
+(``_send_packet``), the go-back-N record of what was sent (``_record_sent``),
+the bytes of each packet (``_build``: a one-packet request of any opcode is
+packed straight, ``_pack_only``, and a FIRST by ``_build_rc``, the bytes
+``encode`` gives).  The bulk of a long message takes a faster way through the
+same rules, a run of MIDDLEs into one buffer (``_bulk_run``, ``_bulk``; its
+MIDDLEs built by the compiled kernel's ``sn_tx_middles`` when there is one);
+tests/test_bulk_tx.py and tests/test_kernel.py check it against ``_build``
+packet by packet.  The cheap
+cases (a lone one-packet request, a paced QP's next MIDDLE) are the same chain
+ending early; tests/test_fastpath.py runs workloads with the packed bytes and
+the common-case branches and without them.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from __future__ import annotations
 import struct
 
 from ..wire.icrc import crc32, icrc_start
-from ..wire.psn import PSN_HALF, PSN_MASK, psn_diff
+from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
 from ..wire.roce import BTH_ACKREQ, BTH_FMT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_SHIFT, \
-    BTH_RETH_STRUCT, BTH_SE, BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, IMMDT_LEN, QPN_MASK, \
+    BTH_RETH_STRUCT, BTH_SE, BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, OPCODES, QPN_MASK, \
     RETH_LEN, Opcode as O, encode, encode_middle
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
-from .wr_opcode import ATOMICS, REMOTE, SEGMENTED, WITH_IMM, WITH_INV, WRITES, only_opcode
+from .wr_opcode import ATOMICS, SEGMENTED, SENDS, WITH_IMM, WITH_INV, WRITES, only_opcode
 from .memory import AccessError
 from .responder import SR_SPAN
 from . import xrc
@@ -55,9 +58,17 @@ _ICRC = struct.Struct("<I")             # the ICRC, least significant byte first
 _U32 = struct.Struct("!I")
 _RC, _UD = QPType.RC, QPType.UD
 _SENDING = frozenset({QPState.RTS, QPState.SQD})
-#: WR opcode -> (its RC ONLY opcode, carries a RETH, carries an ImmDt)
-_ONLY = {w: (int(ops[3]), w in REMOTE, w in WITH_IMM) for w, ops in _OPC.items()
-         if w not in WITH_INV}
+_RTS = QPState.RTS
+_ATOMIC_ETH = struct.Struct("!QIQQ")   # an AtomicETH
+#: WR opcode -> (its RC ONLY opcode, is it a message: a SEND or WRITE, whose payload
+#: and SE bit it carries): every request that ``_pack_only`` packs
+_ONLY_OPCODE = {w: (only_opcode(w), w in SENDS or w in WRITES)
+                for w in SENDS | WRITES | ATOMICS | {W.RDMA_READ}}
+#: WR opcode -> (RC ONLY opcode, its headers' length, a RETH, an AtomicETH, an ImmDt or
+#: IETH, a message), the headers as ``wire.roce.OPCODES`` lays them out
+_ONLY = {w: (int(op), OPCODES[op].hdr_len, OPCODES[op].reth, OPCODES[op].atomiceth,
+             OPCODES[op].immdt or OPCODES[op].ieth, message)
+         for w, (op, message) in _ONLY_OPCODE.items()}
 
 
 def start(dev, qp, wqe) -> None:
@@ -84,6 +95,9 @@ def start(dev, qp, wqe) -> None:
     try:
         if wqe.inline is not None:
             wqe.views = [memoryview(wqe.inline)]
+        elif len(wqe.sges) == 1:        # (the common case, without a comprehension's frame)
+            addr, length, lkey = wqe.sges[0]
+            wqe.views = [dev.keys.local(qp.pd, lkey, addr, length, write=wqe.rd_atomic)]
         else:
             write = wqe.rd_atomic
             wqe.views = [dev.keys.local(qp.pd, lkey, addr, length, write=write)
@@ -97,7 +111,7 @@ def start(dev, qp, wqe) -> None:
         wqe.status = WCStatus.LOC_LEN_ERR
         wqe.done = True
         return
-    if atomic or op == W.FLUSH or qp.qp_type is _UD:
+    if atomic or op is W.FLUSH or qp.qp_type is _UD:
         npkts = 1                       # (a FLUSH names memory of the peer's, sends none)
     else:
         npkts = -(-wqe.length // qp.mtu) or 1
@@ -134,21 +148,31 @@ def gather(wqe, off: int, n: int):
 
 def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
     """Request packet number ``idx`` of ``wqe`` (for a READ re-issued from
-    response ``idx``: ``count`` responses, or all the rest)."""
-    if qp.xrc is not None:              # an XRC initiator: RC's packet as XRC's
-        return xrc.request(_build_rc(dev, qp, wqe, idx, ackreq, count), wqe.xrc_srqn)
-    return _build_rc(dev, qp, wqe, idx, ackreq, count)
+    response ``idx``: ``count`` responses, or all the rest): an RC request of one
+    packet packed straight (``_pack_only``), an RC MIDDLE (a whole MTU), any other
+    by ``_build_rc``; an XRC initiator's as XRC's."""
+    npkts = wqe.npkts
+    if qp.qp_type is not _RC:
+        pkt = _build_rc(dev, qp, wqe, idx, ackreq, count)
+    elif npkts == 1 and dev._fast and wqe.opcode in _ONLY:
+        pkt = _pack_only(qp, wqe, wqe.first_psn, qp.attr.dest_qp_num)
+    elif 0 < idx < npkts - 1 and wqe.opcode in _MIDDLE:
+        mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
+        pkt = encode_middle(_MIDDLE[wqe.opcode], qp.attr.dest_qp_num,
+                            (wqe.first_psn + idx) & PSN_MASK, ackreq,
+                            gather(wqe, idx * mtu, mtu))
+    else:
+        pkt = _build_rc(dev, qp, wqe, idx, ackreq, count)
+    return pkt if qp.xrc is None else xrc.request(pkt, wqe.xrc_srqn)
 
 
 def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
+    """``_build``'s other packets: a FIRST, a LAST, a READ re-issued from a later
+    response, an ATOMIC WRITE, a FLUSH, UC's and UD's, and (without the fast
+    paths) every ONLY."""
     psn = (wqe.first_psn + idx) & PSN_MASK
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
-    if wqe.npkts == 1 and dev._fast and op in _ONLY and qp.qp_type is QPType.RC:
-        return _pack_only(qp, wqe, psn, dqpn)
-    if 0 < idx < wqe.npkts - 1 and qp.qp_type is QPType.RC and op in _MIDDLE:
-        mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message
-        return encode_middle(_MIDDLE[op], dqpn, psn, ackreq, gather(wqe, idx * mtu, mtu))
     if idx == 0 and wqe.npkts > 1 and dev._fast and qp.qp_type is QPType.RC and op in _MIDDLE:
         # a FIRST: a whole MTU, no pad, no SE, and a RETH for a WRITE (what
         # ``encode`` gives, packed straight)
@@ -205,23 +229,30 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
 
 
 def _pack_only(qp, wqe, psn: int, dqpn: int) -> bytearray:
-    """An RC WRITE or SEND ONLY (with or without immediate), packed straight:
-    the bytes ``encode`` gives (AckReq set, SE as the WR asks, pad zeros)."""
-    opcode, reth, imm = _ONLY[wqe.opcode]
-    n = wqe.length
+    """An RC request of one packet (``_ONLY``: a WRITE or SEND ONLY, with or without
+    immediate or invalidate, a READ request, a COMPARE_SWAP or FETCH_ADD), packed
+    straight: the bytes ``encode`` gives (AckReq set, SE as a SEND or WRITE asks,
+    pad zeros)."""
+    op = wqe.opcode
+    opcode, hdr, reth, atomiceth, tail, message = _ONLY[op]
+    n = wqe.length if message else 0
     pad = -n & 3
-    hdr = _BTH_RETH_LEN if reth else BTH_LEN
-    if imm:
-        hdr += IMMDT_LEN
     buf = bytearray(hdr + n + pad)
-    flags = (BTH_SE if int(wqe.flags) & _SOLICITED else 0) | (pad << BTH_PAD_SHIFT)
+    flags = (BTH_SE if message and int(wqe.flags) & _SOLICITED else 0) | (pad << BTH_PAD_SHIFT)
     if reth:
         _BTH_RETH.pack_into(buf, 0, opcode, flags, DEFAULT_PKEY, dqpn & QPN_MASK,
-                            BTH_ACKREQ | psn, wqe.remote_addr, wqe.rkey, n)
+                            BTH_ACKREQ | psn, wqe.remote_addr, wqe.rkey, wqe.length)
     else:
         _HDR.pack_into(buf, 0, opcode, flags, DEFAULT_PKEY, dqpn & QPN_MASK, BTH_ACKREQ | psn)
-    if imm:
-        _U32.pack_into(buf, hdr - 4, wqe.imm)
+        if atomiceth:
+            if op is W.ATOMIC_FETCH_AND_ADD:
+                _ATOMIC_ETH.pack_into(buf, BTH_LEN, wqe.remote_addr, wqe.rkey,
+                                      wqe.compare_add, 0)
+            else:
+                _ATOMIC_ETH.pack_into(buf, BTH_LEN, wqe.remote_addr, wqe.rkey, wqe.swap,
+                                      wqe.compare_add)
+    if tail:
+        _U32.pack_into(buf, hdr - 4, wqe.inv_rkey if op is W.SEND_WITH_INV else wqe.imm)
     if n:
         views = wqe.views
         buf[hdr:hdr + n] = views[0] if len(views) == 1 else gather(wqe, 0, n)
@@ -381,17 +412,6 @@ class Gather:
         return bytearray(b"".join(parts))
 
 
-def _window_room(qp, psn: int) -> int:
-    """How many PSNs from ``psn`` on may be sent now (``_window_full`` of each)."""
-    base = (qp.acked_psn + 1) & PSN_MASK
-    if qp.selective_repeat:
-        room = SR_SPAN * qp.window - psn_diff(psn, base)
-        if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
-            base = (qp.sacked_psn + 1) & PSN_MASK
-        return min(room, qp.window - psn_diff(psn, base))
-    return qp.window - psn_diff(psn, base)
-
-
 def _find(qp, psn: int):
     """Index in the SQ of the started WQE whose PSN range holds ``psn``."""
     for i, w in enumerate(qp.sq):
@@ -419,18 +439,19 @@ def rewind(qp, psn: int) -> None:
     qp.rexmit.clear()
 
 
-def _window_full(qp, psn: int) -> bool:
-    """May ``psn`` not be sent yet?  Go-back-N counts every unacknowledged packet.
-    Selective repeat counts those beyond the highest PSN the responder reported
-    holding (IRN's BDP cap), within the span the responder will hold."""
+def _window_room(qp, psn: int) -> int:
+    """How many PSNs from ``psn`` on the window admits now (none: ``psn`` waits).
+    Go-back-N counts every unacknowledged packet.  Selective repeat counts those
+    beyond the highest PSN the responder reported holding (IRN's BDP cap), within
+    the span the responder will hold."""
     base = (qp.acked_psn + 1) & PSN_MASK
     if qp.selective_repeat:
-        if psn_diff(psn, base) >= SR_SPAN * qp.window:
-            return True
+        room = SR_SPAN * qp.window - psn_diff(psn, base)
         if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
             base = (qp.sacked_psn + 1) & PSN_MASK
-    # psn_diff(psn, base) >= qp.window, inline (asked for every packet)
-    return qp.window <= (psn - base) & PSN_MASK < PSN_HALF   # psn_diff(psn, base) >= window
+        return min(room, qp.window - psn_diff(psn, base))
+    d = (psn - base) & PSN_MASK           # psn_diff(psn, base), inline (asked per packet)
+    return qp.window - (d - PSN_MODULUS if d & PSN_HALF else d)
 
 
 # ---------------------------------------------------------------- congestion control
@@ -508,30 +529,44 @@ def cc_acked(qp, before: int, now: float) -> None:
 
 def generate(dev, qp, now: float, out: list) -> None:
     """Append this QP's request packets (as (bytes, dest)) to ``out`` while it may
-    send: first the single PSNs selective repeat resends, then, in send queue
-    order, each WQE's packets as the window, the READ/ATOMIC credits, fences and
-    the congestion controller admit them."""
-    if qp.rnr_wait or qp.state not in _SENDING:
+    send.  One chain of checks, each rule in the function named, as rxe's
+    requester (``rxe_requester``) is:
+
+    ========  ==================================================================
+    IDLE      nothing in an RNR wait or outside RTS and SQD
+    HELD      nothing while a paced QP's pacer holds what is up next
+              (``_held_by_pacer``: the chain would stop at PACER, changing nothing)
+    RESEND    selective repeat's single PSNs first (``_resend_singles``)
+    then, WQE by WQE in send queue order:
+    START     a new WQE takes its PSNs if it may (``_may_start``: SQD, fence,
+              READ/ATOMIC credits, the window; ``start``: local keys, PSNs); a
+              local operation or a local error ends there
+    WINDOW    its next packet waits for room in the window (``_window_room``)
+    PACER     or for the congestion controller (``_cc_blocked``)
+    SEND      a run of MIDDLEs (``_bulk_run``) or one packet (``_send_packet``:
+              its AckReq cadence, the go-back-N record ``_record_sent``, the
+              bytes ``_build``, the controller's ``_cc_sent``)
+    ========  ==================================================================
+
+    The cheap cases are this chain ending early, not other code: a lone
+    one-packet request of any opcode (a ping-pong's, an RPC's) is IDLE, START,
+    SEND and the end of the queue, its bytes packed straight (``_pack_only``); a
+    paced QP's MIDDLE is WINDOW, PACER, SEND, then WINDOW or PACER stops."""
+    if qp.rnr_wait or qp.state not in _SENDING:                        # IDLE
         return
-    if dev._fast and qp.pace_at is not None and _held_by_pacer(qp, now):
+    if qp.pace_at is not None and dev._fast and _held_by_pacer(qp, now):  # HELD
         return
-    if dev._fast and not qp.rexmit:
-        if qp.cc is None:
-            if _only_one(dev, qp, out):
-                return
-        elif _paced_middle(dev, qp, now, out):
-            return
     qtype = qp.qp_type
     rc = qtype is _RC
     dest = qp.dest if qtype is not _UD else None
-    ack_every = dev.config.ack_every or qp.window // 4 or 1
     cc = qp.cc if qtype is not _UD else None
-    if qp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):
+    if qp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):  # RESEND
         return
+    ack_every = dev.config.ack_every or qp.window // 4 or 1
     sq = qp.sq
     while qp.send_idx < len(sq) and not qp.req_error:
         wqe = sq[qp.send_idx]
-        if wqe.first_psn is None and not wqe.done:
+        if wqe.first_psn is None and not wqe.done:                     # START
             if not _may_start(qp, wqe, rc):
                 break
             start(dev, qp, wqe)
@@ -545,11 +580,11 @@ def generate(dev, qp, now: float, out: list) -> None:
             continue
         nxt = wqe.next_pkt
         psn = (wqe.first_psn + nxt) & PSN_MASK
-        if nxt and rc and _window_full(qp, psn):
+        if nxt and rc and _window_room(qp, psn) <= 0:                  # WINDOW
+            break       # (a first packet's room was _may_start's to check)
+        if cc is not None and _cc_blocked(dev, qp, now, False):        # PACER
             break
-        if cc is not None and _cc_blocked(dev, qp, now, False):
-            break
-        if dest is None:
+        if dest is None:                                               # SEND
             dest = wqe.dest
         if nxt and rc and cc is None and wqe.opcode in _MIDDLE and qp.xrc is None \
                 and dev._fast and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
@@ -557,89 +592,6 @@ def generate(dev, qp, now: float, out: list) -> None:
         _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc)
         if qtype is _UD:
             dest = None
-
-
-def _only_one(dev, qp, out: list) -> bool:
-    """``generate``'s walk for what a ping-pong or an RPC posts: one new WRITE or SEND
-    of at most one packet, the only WQE to send, on an RC QP without a congestion
-    controller or resends, in RTS, with room in the window.  The same rules in
-    the walk's order (``_may_start``, ``start``, ``_send_packet``: an ONLY asks
-    for an ACK, so the count of packets since one did restarts; ``_pack_only``);
-    False, nothing changed, for anything else."""
-    i = qp.send_idx
-    sq = qp.sq
-    if i != len(sq) - 1 or qp.qp_type is not _RC or qp.xrc is not None or qp.req_error \
-            or qp.state is not QPState.RTS:
-        return False
-    wqe = sq[i]
-    if wqe.first_psn is not None or wqe.done or wqe.opcode not in _ONLY \
-            or wqe.length > qp.mtu or (wqe.flags & _FENCE and qp.rd_atomic_inflight) \
-            or _window_full(qp, qp.sq_psn):
-        return False
-    start(dev, qp, wqe)
-    if wqe.done:                                # a local error: failed, as the walk does
-        qp.req_error = True
-        qp.send_idx = i + 1
-        return True
-    psn = wqe.first_psn
-    qp.pkts_since_ackreq = 0
-    if psn_diff(psn, qp.max_sent_psn) <= 0:
-        dev.counters["retransmitted_pkts"] += 1
-    else:
-        qp.max_sent_psn = psn
-    out.append((_pack_only(qp, wqe, psn, qp.attr.dest_qp_num), qp.dest))
-    wqe.next_pkt = 1
-    qp.send_idx = i + 1
-    return True
-
-
-def _paced_middle(dev, qp, now: float, out: list) -> bool:
-    """``generate``'s walk for a QP whose controller paces it by rate alone (DCQCN's:
-    no window) when its next packet is due and is a MIDDLE of the WRITE or SEND
-    under way, on RC without resends: that packet, then the walk's next step.
-    The same rules in the walk's order: the window (``_window_full``), the pacer
-    (``_cc_blocked``), then ``_send_packet``'s (the AckReq cadence, the go-back-N
-    record of what was sent), ``_build_rc``'s MIDDLE, the controller's accounting
-    (``_cc_sent``); then the next packet meets the window or the pacer.  True: the
-    walk would stop there (it is done); False: the walk goes on from where this
-    left it (nothing sent, or, should the pacer let the next packet go at once,
-    this one)."""
-    cc = qp.cc
-    if cc.rate is None or cc.window is not None or now < qp.next_tx \
-            or qp.qp_type is not _RC or qp.xrc is not None or qp.req_error:
-        return False
-    i = qp.send_idx
-    sq = qp.sq
-    if i >= len(sq):
-        return False
-    wqe = sq[i]
-    nxt = wqe.next_pkt
-    first = wqe.first_psn
-    middle = _MIDDLE.get(wqe.opcode)
-    if first is None or wqe.done or not 0 < nxt < wqe.npkts - 1 or middle is None:
-        return False
-    psn = (first + nxt) & PSN_MASK
-    if _window_full(qp, psn):
-        return True                         # the walk stops: nothing sent
-    # _send_packet: a MIDDLE asks for an ACK only by the cadence or the controller
-    ack_every = dev.config.ack_every or qp.window // 4 or 1
-    n = qp.pkts_since_ackreq + 1
-    ackreq = n >= ack_every or _cc_wants_ack(dev, qp, cc, ack_every)
-    qp.pkts_since_ackreq = 0 if ackreq else n
-    d = (psn - qp.max_sent_psn) & PSN_MASK
-    if d == 0 or d & PSN_HALF:              # psn_diff(psn, qp.max_sent_psn) <= 0
-        dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
-        resent = True
-    else:
-        qp.max_sent_psn = psn
-        resent = False
-    mtu = qp.mtu
-    pkt = encode_middle(middle, qp.attr.dest_qp_num, psn, ackreq, gather(wqe, nxt * mtu, mtu))
-    _cc_sent(qp, psn, len(pkt) + 4, now, resent)
-    out.append((pkt, qp.dest))
-    wqe.next_pkt = nxt + 1                  # (a MIDDLE: its WQE has more to send)
-    # the walk's next step: the same WQE's next packet
-    return _window_full(qp, (psn + 1) & PSN_MASK) or _cc_blocked(dev, qp, now, False)
 
 
 def _held_by_pacer(qp, now: float) -> bool:
@@ -686,13 +638,13 @@ def _may_start(qp, wqe, rc: bool) -> bool:
     """May the next WQE take its PSNs now?  Not in SQD (it starts nothing new),
     not behind a fence while READs or ATOMICs are outstanding, not beyond the
     READ/ATOMIC credits (max_rd_atomic), not beyond the window."""
-    if qp.state != QPState.RTS:
+    if qp.state is not _RTS:
         return False
     if wqe.flags & _FENCE and qp.rd_atomic_inflight:
         return False
     if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
         return False
-    return not (rc and _window_full(qp, qp.sq_psn))
+    return not rc or _window_room(qp, qp.sq_psn) > 0
 
 
 def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
@@ -704,11 +656,7 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
     k = min(end - idx, _window_room(qp, psn))
     if k <= 0:
         return False
-    ahead = psn_diff(qp.max_sent_psn, psn) + 1
-    if ahead > 0:                         # go-back-N resends among them
-        dev.counters["retransmitted_pkts"] += min(ahead, k)
-    if ahead < k:
-        qp.max_sent_psn = (psn + k - 1) & PSN_MASK
+    _record_sent(dev, qp, psn, k)
     buf, seg = _bulk(dev, qp, wqe, idx, k, dest, ack_every)
     out.append((buf, dest, seg, k))
     wqe.next_pkt = idx + k
@@ -720,29 +668,22 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
 def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: list,
                  dest, rc: bool) -> None:
     """Send ``wqe``'s next packet (PSN ``psn``): its AckReq bit, its place in the
-    go-back-N record of what was sent, the controller's accounting."""
-    qp.pkts_since_ackreq += 1
-    ackreq = qp.pkts_since_ackreq >= ack_every
-    if cc is not None and not ackreq:
-        ackreq = _cc_wants_ack(dev, qp, cc, ack_every)
+    go-back-N record of what was sent, its bytes, the controller's accounting."""
     nxt = wqe.next_pkt
     npkts = wqe.npkts
-    if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)):
-        # this new packet asks for an ACK (a LAST, an ONLY, a READ or an atomic
-        # always does, as rxe's): the count of packets since one did restarts
-        # (a resend's AckReq leaves the count of new packets as it is)
-        qp.pkts_since_ackreq = 0
-    resent = False
-    if rc:
-        if psn_diff(psn, qp.max_sent_psn) <= 0:
-            dev.counters["retransmitted_pkts"] += 1     # go-back-N resends
-            resent = True
-        else:
-            qp.max_sent_psn = psn
+    # The AckReq cadence: every ``ack_every``-th new packet since the last that
+    # asked asks for an ACK, and so does any a controller wants one for.  On RC a
+    # LAST, an ONLY, a READ or an atomic always asks (as rxe's; ``_build`` sets the
+    # bit), so the count restarts there too.  (A resend's AckReq leaves the count
+    # of new packets as it is: ``_resend_singles`` does not come here.)
+    n = qp.pkts_since_ackreq + 1
+    ackreq = n >= ack_every or (cc is not None and _cc_wants_ack(dev, qp, cc, ack_every))
+    qp.pkts_since_ackreq = 0 if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)) else n
+    resent = _record_sent(dev, qp, psn, 1) if rc else False
     pkt = _build(dev, qp, wqe, nxt, ackreq)
     if cc is not None:
         _cc_sent(qp, psn, len(pkt) + 4, now, resent)
-    out.append((pkt, dest if qp.qp_type is not _UD else wqe.dest))
+    out.append((pkt, dest))             # (a UD WQE's own: ``generate`` passes it)
     # one READ or ATOMIC request covers the whole PSN range
     nxt = npkts if wqe.rd_atomic else nxt + 1
     wqe.next_pkt = nxt
@@ -751,6 +692,19 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
         if not rc:                        # UC / UD: done once on the wire
             wqe.done = True
             wqe.status = WCStatus.SUCCESS
+
+
+def _record_sent(dev, qp, psn: int, k: int) -> bool:
+    """The go-back-N record of what was sent, for RC PSNs ``psn`` .. ``psn + k - 1``
+    leaving now: those at or below the highest PSN sent before are resends
+    (counted); the highest moves up.  True: the first of them is a resend."""
+    d = (qp.max_sent_psn - psn) & PSN_MASK    # psn_diff(max_sent_psn, psn), inline
+    ahead = (d - PSN_MODULUS if d & PSN_HALF else d) + 1    # how many were sent before
+    if ahead > 0:
+        dev.counters["retransmitted_pkts"] += ahead if ahead < k else k
+    if ahead < k:
+        qp.max_sent_psn = (psn + k - 1) & PSN_MASK
+    return ahead > 0
 
 
 def _cc_wants_ack(dev, qp, cc, ack_every: int) -> bool:

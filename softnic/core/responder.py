@@ -53,6 +53,9 @@ from .memory import MW, AccessError, view_span
 from . import sr_place, xrc
 
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
+_REMOTE_READ = int(Access.REMOTE_READ)
+_NO_WC_FLAGS, _WITH_IMM, _WITH_INV = WCFlags(0), WCFlags.WITH_IMM, WCFlags.WITH_INV
+_REMOTE_ATOMIC = int(Access.REMOTE_ATOMIC)
 ACK_CREDITS = 0x1F   # AETH credit field "invalid": no end-to-end credit limit
 SR_SPAN = 4          # selective repeat: the responder holds up to this many windows of PSNs
 GRH_LEN = 40
@@ -422,6 +425,14 @@ def _execute(dev, qp, pkt) -> None:
                 (reth.va, reth.rkey, reth.dma_len) if reth is not None else None,
                 pkt.immdt.imm if info.immdt else pkt.ieth.rkey if info.ieth else 0)
         return
+    if kind is Kind.READ_REQUEST:
+        r = pkt.reth
+        answer(dev, qp, info, bth.psn, (r.va, r.rkey, r.dma_len))
+        return
+    if kind is Kind.ATOMIC:
+        a = pkt.atomiceth
+        answer(dev, qp, info, bth.psn, (a.va, a.rkey, a.swap_add, a.compare))
+        return
     try:
         _check_sequence(qp, info)
         handler = _ANSWERED.get(kind)
@@ -470,6 +481,18 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
         _class_error(dev, qp, psn, e)
         return
     accept(dev, qp, psn, info.last, ackreq)
+
+
+def answer(dev, qp, info, psn: int, fields: tuple) -> None:
+    """Execute the READ or ATOMIC request at the ePSN: ``info`` its opcode's entry
+    in ``wire.roce.OPCODES``, ``fields`` its RETH ``(va, rkey, length)`` or its
+    AtomicETH ``(va, rkey, swap_add, compare)``.  Refused: NAKed, the QP to ERR;
+    executed: its response queued (``_read``, ``_atomic``)."""
+    try:
+        _check_sequence(qp, info)
+        _FROM_FIELDS[info.kind](dev, qp, info, psn, *fields)
+    except _Nak as e:
+        _class_error(dev, qp, psn, e)
 
 
 def _rnr_nak(dev, qp, psn: int) -> None:
@@ -565,17 +588,17 @@ def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
     if info.last:
         wqe, qp.resp_wqe = qp.resp_wqe, None
         qp.resp_kind = None
-        flags = WCFlags(0)
+        flags = _NO_WC_FLAGS        # (enum members made once: IntFlag operations are slow)
         imm = inv = 0
         if info.immdt:
-            flags |= WCFlags.WITH_IMM
+            flags = _WITH_IMM
             imm = tail
-        if info.ieth:
+        elif info.ieth:             # (a packet carries an ImmDt or an IETH, never both)
             inv = tail
             if not dev.keys.invalidate(qp.pd, inv):
                 qp.resp_wqe = wqe
                 raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
-            flags |= WCFlags.WITH_INV
+            flags = _WITH_INV
         recv_done(dev, qp, wqe, WCOpcode.RECV, qp.resp_off, imm, flags, se, inv)
     else:
         qp.resp_kind = Kind.SEND
@@ -617,45 +640,43 @@ def _remember(qp, entry) -> None:
         res.popleft()
 
 
-def _read(dev, qp, pkt) -> None:
-    if not qp.attr.qp_access_flags & Access.REMOTE_READ:
+def _read(dev, qp, info, psn: int, va: int, rkey: int, length: int) -> None:
+    if not int(qp.attr.qp_access_flags) & _REMOTE_READ:
         raise _Nak(NakCode.INVALID_REQUEST)
-    reth = pkt.reth
     try:
-        view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len, Access.REMOTE_READ,
-                               qp)
+        view = dev.keys.remote(qp.pd, rkey, va, length, Access.REMOTE_READ, qp)
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
-    psn = pkt.bth.psn
-    npkts = max(1, -(-reth.dma_len // qp.mtu))
-    last = (psn + npkts - 1) & PSN_MASK
+    last = (psn + max(1, -(-length // qp.mtu)) - 1) & PSN_MASK
     _remember(qp, ("read", psn, last))
     _answered(qp, last)
     qp.resp_out.append(("read", psn, view, qp.msn))
     dev.mark_ready(qp)
 
 
-def _atomic(dev, qp, pkt) -> None:
-    if not qp.attr.qp_access_flags & Access.REMOTE_ATOMIC:
+def _atomic(dev, qp, info, psn: int, va: int, rkey: int, swap_add: int, compare: int) -> None:
+    if not int(qp.attr.qp_access_flags) & _REMOTE_ATOMIC:
         raise _Nak(NakCode.INVALID_REQUEST)
-    a = pkt.atomiceth
-    if a.va & 7:
+    if va & 7:
         raise _Nak(NakCode.INVALID_REQUEST)
     try:
-        view = dev.keys.remote(qp.pd, a.rkey, a.va, 8, Access.REMOTE_ATOMIC, qp)
+        view = dev.keys.remote(qp.pd, rkey, va, 8, Access.REMOTE_ATOMIC, qp)
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     orig = int.from_bytes(view, sys.byteorder)
-    if pkt.info.opcode in _COMPARE_SWAP:  # swap_add is the swap value
-        if orig == a.compare:
-            view[:] = a.swap_add.to_bytes(8, sys.byteorder)
+    if info.opcode in _COMPARE_SWAP:  # swap_add is the swap value
+        if orig == compare:
+            view[:] = swap_add.to_bytes(8, sys.byteorder)
     else:                             # FETCH_ADD
-        view[:] = ((orig + a.swap_add) & _U64).to_bytes(8, sys.byteorder)
-    psn = pkt.bth.psn
+        view[:] = ((orig + swap_add) & _U64).to_bytes(8, sys.byteorder)
     _remember(qp, ("atomic", psn, orig))
     _answered(qp, psn)
     qp.resp_out.append(("atomic", psn, orig, qp.msn))
     dev.mark_ready(qp)
+
+
+#: the requests ``answer`` executes, by kind: their handlers take the header's fields
+_FROM_FIELDS = {Kind.READ_REQUEST: _read, Kind.ATOMIC: _atomic}
 
 
 def _atomic_write(dev, qp, pkt) -> None:
@@ -716,9 +737,8 @@ def _flush(dev, qp, pkt) -> None:
     dev.mark_ready(qp)
 
 
-#: the requests answered by a response (not an ACK): their handlers take the Packet
-_ANSWERED = {Kind.READ_REQUEST: _read, Kind.ATOMIC: _atomic, Kind.ATOMIC_WRITE: _atomic_write,
-             Kind.FLUSH: _flush}
+#: the other requests answered by a response (not an ACK): their handlers take the Packet
+_ANSWERED = {Kind.ATOMIC_WRITE: _atomic_write, Kind.FLUSH: _flush}
 
 
 def _duplicate(dev, qp, kind: Kind, psn: int, pkt) -> None:
@@ -854,13 +874,17 @@ def _receive_ud(dev, qp, pkt, src) -> None:
 # the congestion control (``Device.request_signals``: a CE mark, INT telemetry),
 # which the common case then passes on the same way:
 #
-#   the packet     an RC SEND or RDMA WRITE opcode (``COMMON_OPCODES``); P_Key
-#                  0xFFFF; FECN and BECN clear; its headers and pad present; a
-#                  good ICRC
+#   the packet     an RC SEND, RDMA WRITE, RDMA READ request or ATOMIC opcode
+#                  (``COMMON_OPCODES``); P_Key 0xFFFF; FECN and BECN clear; its
+#                  headers and pad present (a READ or ATOMIC: no payload); a good
+#                  ICRC
 #   the QP         RC (with or without a congestion controller); not XRC; RTR,
 #                  RTS or SQD; the packet from its peer's address
-#   the PSN        the ePSN with nothing held out of order: executed (``execute``;
-#                  a MIDDLE that fits ``message_target`` by its early exit)
+#   the PSN        the ePSN with nothing held out of order: executed (a SEND or
+#                  WRITE by ``execute``, a MIDDLE that fits ``message_target`` by
+#                  its early exit; a READ or ATOMIC by ``answer``)
+#                  any other PSN of a READ or ATOMIC: not taken (its replay is
+#                  the general path's, from the decoded packet)
 #                  below the ePSN: a duplicate SEND or WRITE (``_duplicate``)
 #                  above it, go-back-N: dropped, NAKed once per gap (``_gap``)
 #                  above it, selective repeat, a WRITE's MIDDLE or LAST whose
@@ -876,11 +900,15 @@ _I = struct.Struct("!I")
 _ECN = BTH_FECN | BTH_BECN        # BTH word 1's FECN and BECN
 _RC = QPType.RC
 _SEND_KIND, _WRITE_KIND = Kind.SEND, Kind.WRITE
+_ATOMICETH = struct.Struct("!QIQQ")
 _RECEIVING = frozenset({QPState.RTR, QPState.RTS, QPState.SQD})
 
 #: opcode -> its ``wire.roce.OPCODES`` entry, for the opcodes the common case takes
-COMMON_OPCODES = {op: i for op, i in OPCODES.items()
-                  if i.qp_type == "RC" and i.kind in (Kind.SEND, Kind.WRITE)}
+COMMON_OPCODES = {op: i for op, i in OPCODES.items() if i.qp_type == "RC" and i.kind in
+                  (Kind.SEND, Kind.WRITE, Kind.READ_REQUEST, Kind.ATOMIC)}
+#: those of them that ``answer`` executes (a READ request, an ATOMIC)
+_ANSWERED_OPCODES = frozenset(op for op, i in COMMON_OPCODES.items()
+                              if i.kind in (Kind.READ_REQUEST, Kind.ATOMIC))
 
 
 def _common_qp(dev, w2: int, pkey: int, src):
@@ -909,13 +937,16 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
     hdr = info.hdr_len
     n = len(data) - ICRC_LEN
     plen = n - hdr - ((flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK)
-    if plen < 0:
+    answered = opcode in _ANSWERED_OPCODES
+    if plen < 0 or (answered and plen):
         return False                    # malformed: the general path counts it
     psn = w3 & PSN_MASK
     d = (psn - qp.epsn) & PSN_MASK
     if d == 0:
         if qp.ooo:
             return False                # the general path drains what is held
+    elif answered:
+        return False                    # a READ or ATOMIC's replay: the general path's
     elif d < PSN_HALF:
         if qp.selective_repeat:
             return _hold_placed_write(dev, qp, data, src, info, psn, d, plen, w3, now, ecn,
@@ -934,12 +965,15 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
         c["duplicate_request"] += 1
         _duplicate(dev, qp, info.kind, psn, None)
         return True
-    execute(dev, qp, info, psn, w3 & BTH_ACKREQ, flags & BTH_SE,
-            memoryview(data)[hdr:hdr + plen],
-            _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
-            _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
-    if info.first and not info.last and not qp.ooo:
-        _more_middles(dev, qp)
+    if answered:
+        answer(dev, qp, info, psn, (_RETH if info.reth else _ATOMICETH).unpack_from(data, BTH_LEN))
+    else:
+        execute(dev, qp, info, psn, w3 & BTH_ACKREQ, flags & BTH_SE,
+                memoryview(data)[hdr:hdr + plen],
+                _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
+                _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
+        if info.first and not info.last and not qp.ooo:
+            _more_middles(dev, qp)
     if not qp.ooo and (qp.sr_naked or qp.sr_scan is not None or qp.sr_writes
                        or qp.sr_placed is not None):
         _nothing_held(qp)                   # (it has nothing to clear otherwise)

@@ -13,7 +13,8 @@ class RecvWQE:
     def __init__(self, wr_id: int, sges: list[tuple[int, int, int]]):
         self.wr_id = wr_id
         self.sges = sges              # (addr, length, lkey); checked when used, as hardware does
-        self.length = sum(s[1] for s in sges)
+        # (a lone SGE's length without a generator's frame: a receive is posted per message)
+        self.length = sges[0][1] if len(sges) == 1 else sum(s[1] for s in sges)
 
 
 class SRQ:
