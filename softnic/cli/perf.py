@@ -435,6 +435,9 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
         # Count completions rather than pairing them per iteration: the peer's next
         # SEND may complete in the same poll as the ACK of ours.  Both sides posted
         # their receives before the size began (``prepare``).
+        # A receive taken is posted again once this side's SEND is on its way, off
+        # the round trip: ``prepare`` posted ``rx_depth`` of them, so the queue never
+        # runs dry while one is owed.
         wr = _wr(ep, p, peer, size, 0, True)
         recvd = sent = 0
         recv_op = ep.e.IBV_WC_RECV
@@ -442,17 +445,19 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
             t = time.perf_counter()
             if initiator:
                 qp.post_send(wr)
+            owed = 0
             while recvd <= i or sent < i - 2:
                 for w in _poll(ep, 4, deadline):
                     if w.opcode == recv_op:
                         recvd += 1
-                        _post_recvs(ep, qp, size, 1)
+                        owed += 1
                     else:
                         sent += 1
             if not initiator:
                 qp.post_send(wr)
             elif i >= warm:
                 times.append(time.perf_counter() - t)
+            _post_recvs(ep, qp, size, owed)
             progress.tick(max(0, i - warm))
         while sent < iters + warm:
             sent += sum(1 for w in _poll(ep, 4, deadline) if w.opcode != recv_op)
