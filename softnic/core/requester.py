@@ -558,10 +558,12 @@ def generate(dev, qp, now: float, out: list) -> None:
         return
     qtype = qp.qp_type
     rc = qtype is _RC
-    dest = qp.dest if qtype is not _UD else None
     cc = qp.cc if qtype is not _UD else None
-    if qp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):  # RESEND
-        return
+    dest = None                 # (the QP's, or a UD WQE's own: looked up at SEND)
+    if qp.rexmit:                                                      # RESEND
+        dest = qp.dest if qtype is not _UD else None
+        if not _resend_singles(dev, qp, now, out, dest, cc):
+            return
     ack_every = dev.config.ack_every or qp.window // 4 or 1
     sq = qp.sq
     while qp.send_idx < len(sq) and not qp.req_error:
@@ -578,18 +580,24 @@ def generate(dev, qp, now: float, out: list) -> None:
         elif wqe.done:
             qp.send_idx += 1
             continue
+        npkts = wqe.npkts
         nxt = wqe.next_pkt
-        psn = (wqe.first_psn + nxt) & PSN_MASK
-        if nxt and rc and _window_room(qp, psn) <= 0:                  # WINDOW
-            break       # (a first packet's room was _may_start's to check)
-        if cc is not None and _cc_blocked(dev, qp, now, False):        # PACER
-            break
-        if dest is None:                                               # SEND
-            dest = wqe.dest
-        if nxt and rc and cc is None and wqe.opcode in _MIDDLE and qp.xrc is None \
-                and dev._fast and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
-            continue
-        _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc)
+        while True:     # the WQE's packets: WINDOW, PACER, SEND until it is all sent
+            psn = (wqe.first_psn + nxt) & PSN_MASK
+            if nxt and rc and _window_room(qp, psn) <= 0:              # WINDOW
+                return  # (a first packet's room was _may_start's to check)
+            if cc is not None and _cc_blocked(dev, qp, now, False):    # PACER
+                return
+            if dest is None:                                           # SEND
+                dest = (qp.dest if qtype is not _UD else None) or wqe.dest
+            if nxt and rc and cc is None and wqe.opcode in _MIDDLE and qp.xrc is None \
+                    and dev._fast and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
+                pass
+            else:
+                _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc)
+            nxt = wqe.next_pkt
+            if nxt >= npkts:    # all sent (send_idx moved on): the next WQE, if any
+                break
         if qtype is _UD:
             dest = None
 
