@@ -458,22 +458,25 @@ def _window_room(qp, psn: int) -> int:
 #
 # Only a QP with a controller (``qp.cc``) pays for any of this.  The controller's
 # window caps the bytes sent and not yet acknowledged; its rate spaces packets
-# ``bytes * 8 / rate`` apart (a token bucket of depth one packet), and the
-# device arms a pacing timer for the next one.
+# ``bytes * 8 / rate`` apart (a token bucket of depth one packet): a packet held
+# back sets ``qp.pace_at``, the time of the next one, and the device's timer is
+# armed for it by ``generate``'s caller (``Output._requests`` arms every
+# controlled QP after ``generate``, for the controller's own timers too).
 
 #: IPv4 + UDP header bytes counted with each datagram (what a link carries)
 WIRE_OVERHEAD = 28
 
 
-def _cc_blocked(dev, qp, now: float, resend: bool) -> bool:
+def _cc_blocked(qp, now: float, resend: bool) -> bool:
+    """Does the congestion controller hold the QP's next packet (a resend: only
+    the pacer holds it)?  The controller's window while its bytes in flight fill
+    it; its rate until ``qp.next_tx``, the time then kept in ``qp.pace_at``."""
     cc = qp.cc
     if not resend and cc.window is not None and qp.cc_inflight and \
             qp.cc_inflight >= cc.window:
         return True                       # an ACK (progress) makes the QP ready again
     if cc.rate is not None and now < qp.next_tx:
-        if qp.pace_at != qp.next_tx:
-            qp.pace_at = qp.next_tx
-            dev.arm(qp)
+        qp.pace_at = qp.next_tx           # (armed by the caller: see above)
         return True
     return False
 
@@ -586,7 +589,7 @@ def generate(dev, qp, now: float, out: list) -> None:
             psn = (wqe.first_psn + nxt) & PSN_MASK
             if nxt and rc and _window_room(qp, psn) <= 0:              # WINDOW
                 return  # (a first packet's room was _may_start's to check)
-            if cc is not None and _cc_blocked(dev, qp, now, False):    # PACER
+            if cc is not None and _cc_blocked(qp, now, False):    # PACER
                 return
             if dest is None:                                           # SEND
                 dest = (qp.dest if qtype is not _UD else None) or wqe.dest
@@ -625,7 +628,7 @@ def _resend_singles(dev, qp, now: float, out: list, dest, cc) -> bool:
     """Selective repeat: the single lost PSNs (or READ response ranges) named for
     resending, oldest first.  False if the congestion controller holds them."""
     while qp.rexmit:
-        if cc is not None and _cc_blocked(dev, qp, now, True):
+        if cc is not None and _cc_blocked(qp, now, True):
             return False
         item = qp.rexmit.popleft()
         psn, count = item if isinstance(item, tuple) else (item, None)
