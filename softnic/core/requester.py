@@ -544,6 +544,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     START     a new WQE takes its PSNs if it may (``_may_start``: SQD, fence,
               READ/ATOMIC credits, the window; ``start``: local keys, PSNs); a
               local operation or a local error ends there
+    then, packet by packet of that WQE until it is all sent:
     WINDOW    its next packet waits for room in the window (``_window_room``)
     PACER     or for the congestion controller (``_cc_blocked``)
     SEND      a run of MIDDLEs (``_bulk_run``) or one packet (``_send_packet``:
@@ -554,7 +555,9 @@ def generate(dev, qp, now: float, out: list) -> None:
     The cheap cases are this chain ending early, not other code: a lone
     one-packet request of any opcode (a ping-pong's, an RPC's) is IDLE, START,
     SEND and the end of the queue, its bytes packed straight (``_pack_only``); a
-    paced QP's MIDDLE is WINDOW, PACER, SEND, then WINDOW or PACER stops."""
+    paced QP's MIDDLE is WINDOW, PACER, SEND, then back to WINDOW and PACER for
+    the same WQE's next packet (not through the send queue's walk), where one of
+    them stops."""
     if qp.rnr_wait or qp.state not in _SENDING:                        # IDLE
         return
     if qp.pace_at is not None and dev._fast and _held_by_pacer(qp, now):  # HELD
