@@ -564,12 +564,10 @@ def generate(dev, qp, now: float, out: list) -> None:
         return
     qtype = qp.qp_type
     rc = qtype is _RC
+    dest = qp.dest if qtype is not _UD else None
     cc = qp.cc if qtype is not _UD else None
-    dest = None                 # (the QP's, or a UD WQE's own: looked up at SEND)
-    if qp.rexmit:                                                      # RESEND
-        dest = qp.dest if qtype is not _UD else None
-        if not _resend_singles(dev, qp, now, out, dest, cc):
-            return
+    if qp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):  # RESEND
+        return
     ack_every = dev.config.ack_every or qp.window // 4 or 1
     sq = qp.sq
     while qp.send_idx < len(sq) and not qp.req_error:
@@ -586,24 +584,22 @@ def generate(dev, qp, now: float, out: list) -> None:
         elif wqe.done:
             qp.send_idx += 1
             continue
-        npkts = wqe.npkts
-        nxt = wqe.next_pkt
         while True:     # the WQE's packets: WINDOW, PACER, SEND until it is all sent
+            nxt = wqe.next_pkt
             psn = (wqe.first_psn + nxt) & PSN_MASK
             if nxt and rc and _window_room(qp, psn) <= 0:              # WINDOW
                 return  # (a first packet's room was _may_start's to check)
             if cc is not None and _cc_blocked(qp, now, False):    # PACER
                 return
             if dest is None:                                           # SEND
-                dest = (qp.dest if qtype is not _UD else None) or wqe.dest
+                dest = wqe.dest
             if nxt and rc and cc is None and wqe.opcode in _MIDDLE and qp.xrc is None \
                     and dev._fast and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
-                pass
-            else:
-                _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc)
-            nxt = wqe.next_pkt
-            if nxt >= npkts:    # all sent (send_idx moved on): the next WQE, if any
-                break
+                if wqe.next_pkt < wqe.npkts:
+                    continue
+            elif _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc):
+                continue
+            break       # all sent (send_idx moved on): the next WQE, if any
         if qtype is _UD:
             dest = None
 
@@ -680,9 +676,10 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
 
 
 def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: list,
-                 dest, rc: bool) -> None:
+                 dest, rc: bool) -> bool:
     """Send ``wqe``'s next packet (PSN ``psn``): its AckReq bit, its place in the
-    go-back-N record of what was sent, its bytes, the controller's accounting."""
+    go-back-N record of what was sent, its bytes, the controller's accounting.
+    True: the WQE has more packets to send."""
     nxt = wqe.next_pkt
     npkts = wqe.npkts
     # The AckReq cadence: every ``ack_every``-th new packet since the last that
@@ -706,6 +703,8 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
         if not rc:                        # UC / UD: done once on the wire
             wqe.done = True
             wqe.status = WCStatus.SUCCESS
+        return False
+    return True
 
 
 def _record_sent(dev, qp, psn: int, k: int) -> bool:
