@@ -81,6 +81,7 @@ _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
 _READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
 _SENDING = (QPState.RTS, QPState.SQD)
+_UD = QPType.UD          # (read per packet: a module global, not the enum class's attribute)
 
 
 class Stream(NamedTuple):
@@ -185,7 +186,7 @@ class Dispatch:
         if pkt.bth.pkey != DEFAULT_PKEY:
             c["rcvd_bad_pkey"] += 1
             return None
-        if qp.qp_type != QPType.UD:
+        if qp.qp_type != _UD:
             if qp.state in (QPState.RESET, QPState.INIT):   # no peer yet: its AV is unset
                 c["rcvd_bad_state"] += 1
                 return None
@@ -210,7 +211,7 @@ class Dispatch:
         ``responder.receive_common`` both come here.)"""
         if ecn == CE:
             self.counters["np_ecn_marked_roce_packets"] += 1
-            if qp.cc is not None and qp.qp_type != QPType.UD and qp.cc.on_ecn(now=now):
+            if qp.cc is not None and qp.qp_type != _UD and qp.cc.on_ecn(now=now):
                 self._cnps.append(qp)
         if telemetry is not None:
             qp.int_echo = telemetry

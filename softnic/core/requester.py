@@ -458,22 +458,25 @@ def _window_room(qp, psn: int) -> int:
 #
 # Only a QP with a controller (``qp.cc``) pays for any of this.  The controller's
 # window caps the bytes sent and not yet acknowledged; its rate spaces packets
-# ``bytes * 8 / rate`` apart (a token bucket of depth one packet), and the
-# device arms a pacing timer for the next one.
+# ``bytes * 8 / rate`` apart (a token bucket of depth one packet): a packet held
+# back sets ``qp.pace_at``, the time of the next one, and the device's timer is
+# armed for it by ``generate``'s caller (``Output._requests`` arms every
+# controlled QP after ``generate``, for the controller's own timers too).
 
 #: IPv4 + UDP header bytes counted with each datagram (what a link carries)
 WIRE_OVERHEAD = 28
 
 
-def _cc_blocked(dev, qp, now: float, resend: bool) -> bool:
+def _cc_blocked(qp, now: float, resend: bool) -> bool:
+    """Does the congestion controller hold the QP's next packet (a resend: only
+    the pacer holds it)?  The controller's window while its bytes in flight fill
+    it; its rate until ``qp.next_tx``, the time then kept in ``qp.pace_at``."""
     cc = qp.cc
     if not resend and cc.window is not None and qp.cc_inflight and \
             qp.cc_inflight >= cc.window:
         return True                       # an ACK (progress) makes the QP ready again
     if cc.rate is not None and now < qp.next_tx:
-        if qp.pace_at != qp.next_tx:
-            qp.pace_at = qp.next_tx
-            dev.arm(qp)
+        qp.pace_at = qp.next_tx           # (armed by the caller: see above)
         return True
     return False
 
@@ -541,6 +544,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     START     a new WQE takes its PSNs if it may (``_may_start``: SQD, fence,
               READ/ATOMIC credits, the window; ``start``: local keys, PSNs); a
               local operation or a local error ends there
+    then, packet by packet of that WQE until it is all sent:
     WINDOW    its next packet waits for room in the window (``_window_room``)
     PACER     or for the congestion controller (``_cc_blocked``)
     SEND      a run of MIDDLEs (``_bulk_run``) or one packet (``_send_packet``:
@@ -551,7 +555,9 @@ def generate(dev, qp, now: float, out: list) -> None:
     The cheap cases are this chain ending early, not other code: a lone
     one-packet request of any opcode (a ping-pong's, an RPC's) is IDLE, START,
     SEND and the end of the queue, its bytes packed straight (``_pack_only``); a
-    paced QP's MIDDLE is WINDOW, PACER, SEND, then WINDOW or PACER stops."""
+    paced QP's MIDDLE is WINDOW, PACER, SEND, then back to WINDOW and PACER for
+    the same WQE's next packet (not through the send queue's walk), where one of
+    them stops."""
     if qp.rnr_wait or qp.state not in _SENDING:                        # IDLE
         return
     if qp.pace_at is not None and dev._fast and _held_by_pacer(qp, now):  # HELD
@@ -578,18 +584,22 @@ def generate(dev, qp, now: float, out: list) -> None:
         elif wqe.done:
             qp.send_idx += 1
             continue
-        nxt = wqe.next_pkt
-        psn = (wqe.first_psn + nxt) & PSN_MASK
-        if nxt and rc and _window_room(qp, psn) <= 0:                  # WINDOW
-            break       # (a first packet's room was _may_start's to check)
-        if cc is not None and _cc_blocked(dev, qp, now, False):        # PACER
-            break
-        if dest is None:                                               # SEND
-            dest = wqe.dest
-        if nxt and rc and cc is None and wqe.opcode in _MIDDLE and qp.xrc is None \
-                and dev._fast and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
-            continue
-        _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc)
+        while True:     # the WQE's packets: WINDOW, PACER, SEND until it is all sent
+            nxt = wqe.next_pkt
+            psn = (wqe.first_psn + nxt) & PSN_MASK
+            if nxt and rc and _window_room(qp, psn) <= 0:              # WINDOW
+                return  # (a first packet's room was _may_start's to check)
+            if cc is not None and _cc_blocked(qp, now, False):    # PACER
+                return
+            if dest is None:                                           # SEND
+                dest = wqe.dest
+            if nxt and rc and cc is None and wqe.opcode in _MIDDLE and qp.xrc is None \
+                    and dev._fast and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
+                if wqe.next_pkt < wqe.npkts:
+                    continue
+            elif _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc):
+                continue
+            break       # all sent (send_idx moved on): the next WQE, if any
         if qtype is _UD:
             dest = None
 
@@ -617,7 +627,7 @@ def _resend_singles(dev, qp, now: float, out: list, dest, cc) -> bool:
     """Selective repeat: the single lost PSNs (or READ response ranges) named for
     resending, oldest first.  False if the congestion controller holds them."""
     while qp.rexmit:
-        if cc is not None and _cc_blocked(dev, qp, now, True):
+        if cc is not None and _cc_blocked(qp, now, True):
             return False
         item = qp.rexmit.popleft()
         psn, count = item if isinstance(item, tuple) else (item, None)
@@ -666,9 +676,10 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
 
 
 def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: list,
-                 dest, rc: bool) -> None:
+                 dest, rc: bool) -> bool:
     """Send ``wqe``'s next packet (PSN ``psn``): its AckReq bit, its place in the
-    go-back-N record of what was sent, its bytes, the controller's accounting."""
+    go-back-N record of what was sent, its bytes, the controller's accounting.
+    True: the WQE has more packets to send."""
     nxt = wqe.next_pkt
     npkts = wqe.npkts
     # The AckReq cadence: every ``ack_every``-th new packet since the last that
@@ -692,6 +703,8 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
         if not rc:                        # UC / UD: done once on the wire
             wqe.done = True
             wqe.status = WCStatus.SUCCESS
+        return False
+    return True
 
 
 def _record_sent(dev, qp, psn: int, k: int) -> bool:

@@ -32,6 +32,7 @@ _INLINE = int(SendFlags.INLINE)
 _SIGNALED = int(SendFlags.SIGNALED)
 _WR_OPCODES = {int(w): w for w in W}
 _NOT_SENDING = frozenset({QPState.RESET, QPState.INIT, QPState.RTR})
+_UD = QPType.UD      # (read on every post_send: a module global, not the enum class's attribute)
 
 
 class Verbs:
@@ -274,7 +275,7 @@ class Verbs:
         if op in ATOMICS:
             if length != 8 or wr.remote_addr & 7:    # as rxe's validate_send_wr
                 raise einval("atomic needs one 8-byte SGE and an 8-byte aligned remote address")
-        if qp.qp_type is QPType.UD:
+        if qp.qp_type is _UD:
             if wr.ah is None:
                 raise einval("UD send needs an address handle")
             self.route(wr.ah)
