@@ -668,16 +668,27 @@ _RTS = QPState.RTS
 _SQD = QPState.SQD
 
 
+def _common_qp(dev, pkey: int, w2: int, aeth: int, src):
+    """The QP a response is for if it meets the common case's conditions on the QP
+    and on the BTH and AETH (the block above): an RC QP in RTS with work queued,
+    from its peer, P_Key default, FECN and BECN clear, an AETH syndrome of ACK;
+    else None."""
+    qp = dev.qps.get(w2 & QPN_MASK)
+    if qp is None or qp.qp_type is not _RC or pkey != DEFAULT_PKEY or w2 & _ECN or aeth >> 29 \
+            or qp.state is not _RTS or not qp.sq or tuple(src) != qp.dest:
+        return None
+    return qp
+
+
 def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:
     """A plain ACK of a PSN of the oldest outstanding WQE, from its bytes."""
     if len(data) != _ACK_LEN or telemetry is not None:
         return False
     _, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
-    qp = dev.qps.get(w2 & QPN_MASK)
-    if qp is None or qp.qp_type is not _RC or pkey != DEFAULT_PKEY or w2 & _ECN \
-            or flags & _PAD or aeth >> 29:
+    if flags & _PAD:
         return False
-    if qp.state is not _RTS or not qp.sq or tuple(src) != qp.dest:
+    qp = _common_qp(dev, pkey, w2, aeth, src)
+    if qp is None:
         return False
     w = qp.sq[0]
     psn = w3 & PSN_MASK
@@ -728,10 +739,8 @@ def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=No
     if n < _ACK_LEN or telemetry is not None:
         return False
     opcode, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
-    qp = dev.qps.get(w2 & QPN_MASK)
-    if qp is None or qp.qp_type is not _RC or pkey != DEFAULT_PKEY or w2 & _ECN or aeth >> 29:
-        return False
-    if qp.state is not _RTS or not qp.sq or tuple(src) != qp.dest:
+    qp = _common_qp(dev, pkey, w2, aeth, src)
+    if qp is None:
         return False
     w = qp.sq[0]
     psn = w3 & PSN_MASK
