@@ -153,10 +153,10 @@ def message_target(dev, qp):
     that continues it: ``(view, offset, room)``, the bytes going to
     ``view[offset:]`` and none past ``room``.  A WRITE's: the MR view its FIRST's
     RETH named (``write_target``), at the write offset.  A SEND's: its receive
-    WQE's one SGE, checked as ``_place_recv`` checks it (the lkey, local write),
+    WQE's one SGE, checked as ``place_recv`` checks it (the lkey, local write),
     at the bytes placed so far.  None for anything else (no message under way; a
     receive WQE with several SGEs, or an SGE that check refuses): the general
-    way (``_write``, ``_place_recv``) places it."""
+    way (``_write``, ``place_recv``) places it."""
     kind = qp.resp_kind
     if kind is _WRITE_KIND:
         view = qp.write_view
@@ -888,7 +888,9 @@ def _receive_ud(dev, qp, pkt, src) -> None:
 #                  below the ePSN: a duplicate SEND or WRITE (``_duplicate``)
 #                  above it, go-back-N: dropped, NAKed once per gap (``_gap``)
 #                  above it, selective repeat, a WRITE's MIDDLE or LAST whose
-#                  target is known: placed and held (``_hold_placed_write``)
+#                  target is known: placed and held (``_hold_placed_write``);
+#                  the FIRST of the WRITE that follows the known run: placed,
+#                  held and the run extended (``_hold_placed_first``)
 #
 # Anything else returns False with nothing changed and takes the general path.
 # The compiled kernel's run (``receive_middles``) checks the same conditions: the
@@ -1099,7 +1101,7 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
     accounts for it: its offset moved, ``accept``, not last, which queues an
     ACK for each that asked for one (AckReq) before the ePSN moves past the
     run.  A SEND whose receive WQE has several SGEs takes the general way,
-    packet by packet (``_place_recv``).  Returns how many it took."""
+    packet by packet (``place_recv``).  Returns how many it took."""
     kind = _MIDDLE_KIND.get(data[o])
     if kind is None:
         return 0
