@@ -150,3 +150,41 @@ def test_later_write_placed_beyond_a_hole(monkeypatch, overlap):
         assert read(p.eb, second, N) == b
     assert [k for k in placed if k > 79]              # the second WRITE's MIDDLEs
     assert [k for k in placed if 10 < k < 79]         # the first WRITE's own
+
+
+def test_a_resent_packet_already_held_names_the_hole_again():
+    """A probe or timeout resends the oldest unacknowledged PSN and the newest
+    sent.  When every answer to the oldest one's resend is lost and the NAKs that
+    named the hole were lost too, the newest one, already held, is the only
+    packet that can tell the requester: the responder answers it with a NAK
+    naming the hole again (an earlier one may be lost), which also acknowledges
+    everything below the hole.  Without that answer the requester runs out of
+    retries on a QP whose every packet but one arrived."""
+    box = {}
+    p = pair(seed=1, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
+             drop_b=lambda pk, raw: box["b"](pk, raw))
+    first = p.ea.qp.sq_psn
+    off = lambda psn: psn_distance(psn, first)    # noqa: E731
+    box["a"] = _drop_psn(off, {6: 1})
+    dropped = {"nak": 0, "ack": 0}
+
+    def drop_b(pkt, raw):
+        if pkt.info.kind != Kind.ACK:
+            return False
+        if pkt.aeth.code == AethCode.ACK and off(pkt.bth.psn) < 6:
+            dropped["ack"] += 1                   # every answer below the hole
+            return True
+        if pkt.aeth.code == AethCode.NAK and not (p.a.counters["loss_probes"]
+                                                  or p.a.counters["timeouts"]):
+            dropped["nak"] += 1                   # the hole's NAKs, until the requester probes
+            return True
+        return False
+    box["b"] = drop_b
+    data = pattern(N, 1)
+    fill(p.ea, 0, data)
+    p.a.post_send(p.ea.qp, write_wr(1, p.ea, p.eb, 0, N, 0))
+    p.run_until(lambda: len(p.send_wcs()) == 1, limit=5)
+    assert dropped["nak"] and dropped["ack"]
+    assert [(w.wr_id, w.status) for w in p.send_wcs()] == [(1, S.SUCCESS)]
+    assert read(p.eb, 0, N) == data
+    assert p.a.counters["retry_exceeded_err"] == 0

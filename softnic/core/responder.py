@@ -278,12 +278,17 @@ def _sack_nak(dev, qp, missing: int, held: int) -> None:
 def _hold(dev, qp, pkt, d: int) -> None:
     """Selective repeat: keep an out-of-order packet (it is applied once the gap
     below it fills), NAK each newly missing PSN, and selectively ACK the held
-    packet whenever the requester asked for an ACK."""
+    packet whenever the requester asked for an ACK.  A packet already held that
+    comes again asking for an ACK is the requester's probe after a timeout
+    (``completer._sr_timeout``): it is answered with a NAK naming the oldest hole
+    again, since the NAKs that named it may all have been lost."""
     span = SR_SPAN * qp.window
     if d >= span or len(qp.ooo) >= span:
         return
     psn = pkt.bth.psn
     if psn in qp.ooo:
+        if pkt.bth.ackreq:
+            _sack_nak(dev, qp, qp.epsn, psn)
         return
     hold(dev, qp, psn, pkt.bth.ackreq, pkt)
     info = pkt.info
