@@ -45,7 +45,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -160,7 +159,10 @@ def sockperf_tp(seconds: float, size: int = 4096) -> dict:
 def c_blast(seconds: float, size: int) -> dict:
     """No sockperf: tools/udp_blast.c (sendto in a loop; the receiver counts)."""
     src = ROOT / "tools" / "udp_blast.c"
-    exe = Path(tempfile.gettempdir()) / f"softnic-udp-blast-{os.getuid()}"
+    # built where softnic keeps what it builds (the user's own cache, or a 0700
+    # directory of its own), not at a name in /tmp another user could take first
+    from softnic.driver.hostfiles import cache_home
+    exe = cache_home() / "udp-blast"
     subprocess.run(["gcc", "-O2", "-o", str(exe), str(src)], check=True)
     port = str(free_port())
     rx = subprocess.Popen([str(exe), "rx", port, str(seconds + 1)], stdout=subprocess.PIPE,
