@@ -126,5 +126,7 @@ def test_incast_gives_controllers_the_fabric_base_rtt(monkeypatch, rate_gbps, mt
     rate = rate_gbps * 1e9
     delay = ex.IncastConfig().delay
     data = mtu + 12 + 4 + ex.WIRE_OVERHEAD          # BTH + ICRC, with IP/UDP
-    ns3 = 2 * (2 * delay) + 2 * data * 8 / rate     # third.cc: delay * 2 + txDelay
+    # third.cc's delay * 2 + txDelay (one packet per hop; its payload there, the
+    # datagram here), and the ACK's serialisation at both hops back
+    ns3 = 2 * (2 * delay) + 2 * data * 8 / rate
     assert t == pytest.approx(ns3 + 2 * ex.ACK_BYTES * 8 / rate, rel=1e-12)
