@@ -46,7 +46,7 @@ class HPCC(Controller):
         "eta": Param(0.95, "float", "target utilisation", _PAPER, lo=0, hi=1, lo_open=True),
         "max_stage": Param(5, "int", "additive steps before a multiplicative update", _PAPER,
                            lo=0),
-        "w_ai": Param(None, "size", "additive increase (bytes); None: "
+        "w_ai": Param(None, "size", "additive increase per RTT (bytes); None: "
                       "W_init (1 - eta) / expected_flows", _PAPER + " (section 3.3)",
                       lo=0, lo_open=True, none_ok=True),
         "expected_flows": Param(100, "int", "N in the default W_AI", _OURS, lo=1),
