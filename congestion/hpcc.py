@@ -24,10 +24,12 @@ after the last and n is 1: Algorithm 1 as written.  A flow whose window is
 below a packet sends one packet every (packet bytes) / R, several RTTs apart,
 and each of its ACKs passes ``lastUpdateSeq``: with n = 1 it would gain W_AI
 per packet, an increase per unit time in proportion to its rate, and the
-additive increase would no longer pull the flows to equal shares.  The window
-starts at, and never exceeds, ``W_init`` = line rate x T; ``rate`` is W / T.
-The first ACK on a path (or after the hop count changes) only records the
-hops.  HPCC assumes a lossless fabric: losses do not change the window.
+additive increase would no longer pull the flows to equal shares.  A flow
+that was idle gains W_AI for each RTT it was idle, up to W_init, where a new
+flow starts.  The window starts at, and never exceeds, ``W_init`` = line rate
+x T; ``rate`` is W / T.  The first ACK on a path (or after the hop count
+changes) only records the hops.  HPCC assumes a lossless fabric: losses do
+not change the window.
 """
 
 from __future__ import annotations
