@@ -11,15 +11,25 @@ hop, ``B`` its line rate in bytes/s:
       take the largest u_i and its tau = ts - prev.ts (at most T), then
         U = (1 - tau/T) U + (tau/T) u
     ComputeWind: if U >= eta or incStage >= max_stage:
-        W = Wc / (U / eta) + W_AI     (and, once per RTT, Wc = W, incStage = 0)
+        W = Wc / (U / eta) + n W_AI   (and, once per RTT, Wc = W, incStage = 0)
       else:
-        W = Wc + W_AI                 (and, once per RTT, Wc = W, incStage += 1)
+        W = Wc + n W_AI               (and, once per RTT, Wc = W, incStage += 1)
 
 "Once per RTT" is when the ACK covers a byte sent after the last reference
-update (the paper's ``ack.seq > lastUpdateSeq``, counted here in bytes).  The
-window starts at, and never exceeds, ``W_init`` = line rate x T; ``rate`` is
-W / T.  The first ACK on a path (or after the hop count changes) only records
-the hops.  HPCC assumes a lossless fabric: losses do not change the window.
+update (the paper's ``ack.seq > lastUpdateSeq``, counted here in bytes).  W_AI
+is the paper's additive increase per RTT, and n is the whole RTTs since the
+reference window was last set, at least 1 (the RTT: the latest sample, never
+less than T).  While a flow keeps data in flight, each update comes one RTT
+after the last and n is 1: Algorithm 1 as written.  A flow whose window is
+below a packet sends one packet every (packet bytes) / R, several RTTs apart,
+and each of its ACKs passes ``lastUpdateSeq``: with n = 1 it would gain W_AI
+per packet, an increase per unit time in proportion to its rate, and the
+additive increase would no longer pull the flows to equal shares.  A flow
+that was idle gains W_AI for each RTT it was idle, up to W_init, where a new
+flow starts.  The window starts at, and never exceeds, ``W_init`` = line rate
+x T; ``rate`` is W / T.  The first ACK on a path (or after the hop count
+changes) only records the hops.  HPCC assumes a lossless fabric: losses do
+not change the window.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ class HPCC(Controller):
         "eta": Param(0.95, "float", "target utilisation", _PAPER, lo=0, hi=1, lo_open=True),
         "max_stage": Param(5, "int", "additive steps before a multiplicative update", _PAPER,
                            lo=0),
-        "w_ai": Param(None, "size", "additive increase (bytes); None: "
+        "w_ai": Param(None, "size", "additive increase per RTT (bytes); None: "
                       "W_init (1 - eta) / expected_flows", _PAPER + " (section 3.3)",
                       lo=0, lo_open=True, none_ok=True),
         "expected_flows": Param(100, "int", "N in the default W_AI", _OURS, lo=1),
@@ -65,6 +75,8 @@ class HPCC(Controller):
         self.snd_nxt = 0                 # bytes sent (new data, not resends)
         self.acked = 0                   # bytes cumulatively acknowledged
         self.last_update_seq = 0
+        self.last_update_at: float | None = None    # when Wc was last set
+        self.last_rtt = self.t           # the latest RTT sample, never below T
         self.hops: tuple[Hop, ...] | None = None
         self.window = self.w_init
         self.rate = self.window * 8 / self.t
@@ -76,6 +88,8 @@ class HPCC(Controller):
     def on_ack(self, *, now: float, acked_bytes: int, rtt: float | None,
                telemetry: tuple[Hop, ...] | None) -> None:
         self.acked += acked_bytes
+        if rtt is not None:
+            self.last_rtt = max(rtt, self.t)
         if not telemetry:
             return
         telemetry = tuple(telemetry)
@@ -85,9 +99,10 @@ class HPCC(Controller):
         if not self._measure_inflight(prev, telemetry):
             return
         update_wc = self.acked > self.last_update_seq
-        self._compute_wind(update_wc)
+        self._compute_wind(update_wc, self._rtts_since_update(now))
         if update_wc:
             self.last_update_seq = self.snd_nxt
+            self.last_update_at = now
 
     def state(self) -> dict:
         return {"rate": self.rate, "window": self.window, "wc": self.wc, "u": self.u,
@@ -111,16 +126,23 @@ class HPCC(Controller):
         self.u = (1 - tau / self.t) * self.u + (tau / self.t) * u
         return True
 
-    def _compute_wind(self, update_wc: bool) -> None:
+    def _rtts_since_update(self, now: float) -> int:
+        """n: the whole RTTs since Wc was last set, at least 1 (see above)."""
+        if self.last_update_at is None:
+            return 1
+        return max(1, int((now - self.last_update_at) / self.last_rtt))
+
+    def _compute_wind(self, update_wc: bool, rtts: int) -> None:
         eta = self.params["eta"]
+        w_ai = self.w_ai * rtts
         if self.u >= eta or self.inc_stage >= self.params["max_stage"]:
-            w = self.wc * eta / self.u + self.w_ai if self.u > 0 else self.w_init
+            w = self.wc * eta / self.u + w_ai if self.u > 0 else self.w_init
             w = self._clamp(w)
             if update_wc:
                 self.inc_stage = 0
                 self.wc = w
         else:
-            w = self._clamp(self.wc + self.w_ai)
+            w = self._clamp(self.wc + w_ai)
             if update_wc:
                 self.inc_stage += 1
                 self.wc = w

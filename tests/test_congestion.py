@@ -838,6 +838,36 @@ def test_hpcc_additive_stages_then_multiplicative_increase():
     assert cc.wc == pytest.approx(wc) and cc.inc_stage == 0
 
 
+def test_hpcc_additive_increase_is_per_rtt_of_time():
+    """W_AI is the paper's increase per RTT.  A flow whose ACKs pass
+    lastUpdateSeq 1.5 RTTs apart gains one W_AI per update, as Algorithm 1
+    writes it; one whose window is below a packet, paced at W / T, sends a
+    packet (and so updates Wc) only every few RTTs, and gains W_AI for each
+    whole RTT (the latest sample, at least T) since Wc was last set: as much per
+    unit time as the first, not in proportion to its rate."""
+    eta, w_ai = 0.95, 1000
+
+    def run(every, rounds, rtt=T):
+        cc = _hpcc(w_ai="1000B", max_stage=10**6)        # additive stages only
+        cc.on_ack(now=0.0, acked_bytes=1, rtt=T, telemetry=(_hop(0, 0, 0.0),))
+        ts, tx = 0.0, 0.0
+        for k, load in enumerate([2.0] + [0.5] * rounds):
+            cc.on_packet_sent(now=ts, nbytes=4096, psn=k, retransmit=False)
+            ts += every
+            tx += load * B * every
+            cc.on_ack(now=ts, acked_bytes=4096, rtt=rtt, telemetry=(_hop(0, tx, ts),))
+            if k == 0:                                   # the first update: a cut
+                wc0 = W_INIT / (2.0 / eta) + w_ai
+                assert cc.wc == pytest.approx(wc0)
+        return cc.wc - wc0
+
+    assert run(1.5 * T, 6) == pytest.approx(6 * w_ai)    # n = 1: Algorithm 1 as written
+    assert run(4.5 * T, 2) == pytest.approx(2 * 4 * w_ai)    # n = 4 whole T per update
+    assert run(9.5 * T, 1) == pytest.approx(9 * w_ai)
+    assert run(4.5 * T, 2, rtt=2 * T) == pytest.approx(2 * 2 * w_ai)   # RTTs, not T
+    assert run(4.5 * T, 2, rtt=T / 2) == pytest.approx(2 * 4 * w_ai)   # never below T
+
+
 def test_hpcc_recovers_to_line_rate_without_load():
     cc = _hpcc(t="10us")
     ts, tx = 0.0, 0.0

@@ -92,3 +92,41 @@ def test_loss_selective_repeat_beats_go_back_n(tmp_path, capsys):
     assert sr["retransmitted_pkts"] < gbn["retransmitted_pkts"]
     printed = capsys.readouterr().out
     assert "| selective repeat | 5.0% |" in printed
+
+
+@pytest.mark.parametrize("rate_gbps,mtu", [(25, 4096), (100, 1024)])
+def test_incast_gives_controllers_the_fabric_base_rtt(monkeypatch, rate_gbps, mtu):
+    """T, the base RTT every controller is given (HPCC's W_init = B T and its
+    queue term's B T), is the path's own round trip with empty queues: a lone
+    flow's smallest RTT sample.  It counts a full packet's serialisation at both
+    hops (sender NIC and switch), as HPCC's ns-3 maxRtt does (2 x propagation +
+    payload x 8 / B per hop), plus the ACK's; at MTU 4096 and 25 Gbit/s that
+    serialisation is 2.6 of the 6.7 us, so a T of propagation alone would be far
+    off."""
+    import congestion
+
+    seen, bases = [], []
+
+    class Probe(congestion.HPCC):
+        def __init__(self, flow, **params):
+            bases.append(flow.base_rtt)
+            super().__init__(flow, **params)
+
+        def on_ack(self, *, now, acked_bytes, rtt, telemetry):
+            if rtt is not None:
+                seen.append(rtt)
+            super().on_ack(now=now, acked_bytes=acked_bytes, rtt=rtt, telemetry=telemetry)
+
+    monkeypatch.setitem(congestion.CONTROLLERS, "hpcc", Probe)
+    ex.incast(ex.IncastConfig(cc="hpcc", senders=1, rate_gbps=rate_gbps, mtu=mtu,
+                              duration=200e-6))
+    assert seen and bases
+    t = bases[-1]
+    assert min(seen) == pytest.approx(t, rel=1e-9, abs=0)
+    rate = rate_gbps * 1e9
+    delay = ex.IncastConfig().delay
+    data = mtu + 12 + 4 + ex.WIRE_OVERHEAD          # BTH + ICRC, with IP/UDP
+    # third.cc's delay * 2 + txDelay (one packet per hop; its payload there, the
+    # datagram here), and the ACK's serialisation at both hops back
+    ns3 = 2 * (2 * delay) + 2 * data * 8 / rate
+    assert t == pytest.approx(ns3 + 2 * ex.ACK_BYTES * 8 / rate, rel=1e-12)
