@@ -235,6 +235,19 @@ def test_c_wc_errors_leave_memory_untouched(libdir, tmp_path):
     assert "all statuses as expected" in r.stdout
 
 
+def test_c_chain_with_a_bad_wr_posts_those_before_it(libdir, tmp_path):
+    """tests/c/post_chain.c: chains of 40 work requests, longer than one call of the
+    C face posts at a time, with a bad one beyond the first call: the error, bad_wr
+    the first WR refused, the WRs before it posted and none after it (mlx5's rule),
+    for ibv_post_recv, ibv_post_srq_recv and ibv_post_send."""
+    r = run(compile_c("post_chain", tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for want in ["ibv_post_recv: a bad WR at 35 of 40 refused with EINVAL",
+                 "ibv_post_srq_recv: a bad WR at 35 of 40 refused with EINVAL",
+                 "ibv_post_send: a bad WR at 33 of 40 refused", "all chains: ok"]:
+        assert want in r.stdout, r.stdout
+
+
 @pytest.mark.unprivileged
 @pytest.mark.compat("pyverbs-softnic")
 def test_pyverbs_program_and_c_program_are_peers(libdir, tmp_path):
