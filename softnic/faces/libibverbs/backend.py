@@ -820,7 +820,8 @@ def sn_post_send_list(h, ws, n, done):
     o = _objs.get(h)
     if o is None:
         return errno.EINVAL
-    o.nic.call(_post_chain, o.nic.dev.post_send, o.eng, lambda w: _send_wr(o, w), ws, n, done)
+    o.nic.post(o.eng.qpn, _post_chain, o.nic.dev.post_send, o.eng, lambda w: _send_wr(o, w),
+               ws, n, done)
 
 
 @extern()
