@@ -360,6 +360,7 @@ class NIC(SharedDevice):
         self._stream = None
         self._stream_pkts = 0       # packets _rx_stream took
         self._stream_beyond_pkts = 0    # ... of them beyond a hole (selective repeat)
+        self._posts_held = 0        # posts whose output waited for the caller's next call
         if self._runs:
             self.dev.kernel = _accel.load()
             k = self.dev.kernel
@@ -467,6 +468,7 @@ class NIC(SharedDevice):
                 return fn(*args)
             finally:
                 if streams and not self._closed:
+                    self._posts_held += 1
                     self._owed = True
                     lease[0] = ns
                     lease[1] = 1
@@ -669,6 +671,7 @@ class NIC(SharedDevice):
         c["udp_recv_truncated"] = self.sock.recv_truncated if self.sock else 0
         c["rx_stream_pkts"] = self._stream_pkts
         c["rx_stream_beyond_pkts"] = self._stream_beyond_pkts
+        c["posts_held"] = self._posts_held
         c["udp_gather_pkts"] = getattr(self.sock, "gather_pkts", 0) if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
