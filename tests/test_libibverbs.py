@@ -235,6 +235,38 @@ def test_c_wc_errors_leave_memory_untouched(libdir, tmp_path):
     assert "all statuses as expected" in r.stdout
 
 
+def test_c_chain_with_a_bad_wr_posts_those_before_it(libdir, tmp_path):
+    """tests/c/post_chain.c: chains of 40 work requests, longer than one call of the
+    C face posts at a time, with a bad one beyond the first call: the error, bad_wr
+    the first WR refused, the WRs before it posted and none after it (mlx5's rule),
+    for ibv_post_recv, ibv_post_srq_recv and ibv_post_send."""
+    r = run(compile_c("post_chain", tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for want in ["ibv_post_recv: a bad WR at 35 of 40 refused with EINVAL",
+                 "ibv_post_srq_recv: a bad WR at 35 of 40 refused with EINVAL",
+                 "ibv_post_send: a bad WR at 33 of 40 refused", "all chains: ok"]:
+        assert want in r.stdout, r.stdout
+
+
+def test_c_a_held_post_leaves_without_the_next_call(libdir, tmp_path):
+    """tests/c/post_held.c: a spinner (it polled its CQ) with a WRITE outstanding posts
+    another, whose output the device holds for the program's next call
+    (``NIC.post``), and then spins on memory without calling: the held WRITE still
+    lands, sent by the progress thread, without a retransmission (every datagram is
+    delayed 5 ms, the retransmission timeout is about 4 s); the device's
+    ``posts_held`` counts the held post."""
+    exe = compile_c("post_held", tmp_path)
+    stats = tmp_path / "stats"
+    r = run(exe, faults="delay=5ms", extra_env={"SOFTNIC_STATS_DIR": str(stats)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the held WRITE landed after" in r.stdout and "all checks: ok" in r.stdout, r.stdout
+    files = sorted(stats.glob("*-softnic0.json"))
+    assert files, list(stats.iterdir())
+    c = json.loads(files[-1].read_text())["counters"]
+    assert c["posts_held"] >= 1, c
+    assert c.get("timeouts", 0) == 0 and c.get("retransmitted_pkts", 0) == 0, c
+
+
 @pytest.mark.unprivileged
 @pytest.mark.compat("pyverbs-softnic")
 def test_pyverbs_program_and_c_program_are_peers(libdir, tmp_path):

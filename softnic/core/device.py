@@ -156,6 +156,12 @@ class Device(Verbs, Dispatch, Output, Timers):
         return qp is not None and bool(qp.sq or qp.rq
                                        or (qp.srq is not None and qp.srq.queue))
 
+    def sends_outstanding(self, qpn: int) -> bool:
+        """Has the QP numbered ``qpn`` sends posted and not yet completed?  False for
+        a QPN the device does not have."""
+        qp = self.qps.get(qpn)
+        return qp is not None and bool(qp.sq)
+
     def _handle(self) -> int:
         self._handles += 1
         return self._handles

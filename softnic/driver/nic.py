@@ -63,6 +63,7 @@ from ..wire.roce import ROCEV2_PORT
 #: the interpreter; a C program that polls its CQ until a completion gives the
 #: lease back at once (``end_lease``), so spinning on memory next costs nothing.
 SPIN_LEASE = env.number("SOFTNIC_SPIN_LEASE_US", 1000.0, float) * 1e-6
+SPIN_LEASE_NS = int(SPIN_LEASE * 1e9)
 #: How long output an inline step holds for its caller's next call may wait
 #: before the progress thread sends it (the peer waits for it).
 HOLD_LEASE = env.number("SOFTNIC_HOLD_US", 100.0, float) * 1e-6
@@ -359,6 +360,7 @@ class NIC(SharedDevice):
         self._stream = None
         self._stream_pkts = 0       # packets _rx_stream took
         self._stream_beyond_pkts = 0    # ... of them beyond a hole (selective repeat)
+        self._posts_held = 0        # posts whose output waited for the caller's next call
         if self._runs:
             self.dev.kernel = _accel.load()
             k = self.dev.kernel
@@ -443,6 +445,35 @@ class NIC(SharedDevice):
                 return fn(*args, **kw)
             finally:
                 self._flush(time.monotonic())
+                if self._waiters:
+                    self._notify()
+
+    def post(self, qpn: int, fn, *args):
+        """A post of work requests to the QP numbered ``qpn`` (``fn(*args)``, the engine's
+        post), run as ``call`` runs it, except that a caller who streams leaves what it
+        produced for its next call, as a NIC takes WQEs at its next doorbell: a
+        program that polls (its lease is fresh) and has sends of this QP outstanding
+        will poll for their completions, and that poll sends all that its posts since
+        made in one flush (UCX posts a 64 KiB eager message as eight SENDs in a row,
+        then polls), where each post's own flush would wake the peer once per work
+        request.  Held as an inline step's output is (``HOLD_LEASE``): the progress
+        thread sends it if the call does not come.  A first send (nothing
+        outstanding: a latency test's) leaves at once."""
+        with self.lock:
+            self._answering = False
+            lease = self._lease
+            ns = time.monotonic_ns()
+            streams = ns - lease[0] < SPIN_LEASE_NS and self.dev.sends_outstanding(qpn)
+            try:
+                return fn(*args)
+            finally:
+                if streams and not self._closed:
+                    self._posts_held += 1
+                    self._owed = True
+                    lease[0] = ns
+                    lease[1] = 1
+                else:
+                    self._flush(time.monotonic())
                 if self._waiters:
                     self._notify()
 
@@ -640,6 +671,7 @@ class NIC(SharedDevice):
         c["udp_recv_truncated"] = self.sock.recv_truncated if self.sock else 0
         c["rx_stream_pkts"] = self._stream_pkts
         c["rx_stream_beyond_pkts"] = self._stream_beyond_pkts
+        c["posts_held"] = self._posts_held
         c["udp_gather_pkts"] = getattr(self.sock, "gather_pkts", 0) if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})

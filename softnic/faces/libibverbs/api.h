@@ -52,6 +52,8 @@ struct sn_send_wr {
     uint32_t ah; uint32_t remote_qpn; uint32_t remote_qkey;
 };
 
+struct sn_recv_wr { uint64_t wr_id; struct sn_sge *sg_list; int num_sge; };
+
 struct sn_wc {
     uint64_t wr_id; int status; int opcode; uint32_t vendor_err; uint32_t byte_len;
     uint32_t imm_data;          /* host order; the invalidated rkey with IBV_WC_WITH_INV */

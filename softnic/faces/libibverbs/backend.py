@@ -664,9 +664,10 @@ def sn_destroy_srq(h):
 
 
 @extern()
-def sn_post_srq_recv(h, wr_id, sg, n):
+def sn_post_srq_recv_list(h, ws, n, done):
+    done[0] = 0
     o = _get(h)
-    o.nic.call(o.nic.dev.post_srq_recv, o.eng, RecvWR(wr_id, _sges(sg, n)))
+    o.nic.call(_post_chain, o.nic.dev.post_srq_recv, o.eng, _recv_wr, ws, n, done)
 
 # ------------------------------------------------------------ queue pairs
 
@@ -767,11 +768,23 @@ def sn_destroy_qp(h):
     del _objs[h]
 
 
-@extern()
-def sn_post_send(h, w):
-    o = _objs.get(h)
-    if o is None:
-        return errno.EINVAL
+def _post_chain(post, eng, record, ws, n, done) -> None:
+    """Post a chain's ``n`` flat records ``ws`` in order with ``post(eng, wr)``, each
+    made a work request by ``record``; ``done[0]`` counts those posted, so the first
+    one refused (its error raised) is ``ws[done[0]]``.  One call of the C face per
+    chain: the device's lock taken and its output sent once for all of them."""
+    for i in range(n):
+        done[0] = i
+        post(eng, record(ws[i]))
+    done[0] = n
+
+
+def _recv_wr(w) -> RecvWR:
+    return RecvWR(w.wr_id, _sges(w.sg_list, w.num_sge))
+
+
+def _send_wr(o: _Obj, w) -> SendWR:
+    """The engine's work request for the flat record ``w`` posted on QP ``o``."""
     ah = None
     if w.ah:
         ah = _get(w.ah).eng
@@ -788,15 +801,37 @@ def sn_post_send(h, w):
         wr.length, wr.flush_type, wr.flush_level = w.compare_add, w.swap & 0xFF, \
             (w.swap >> 8) & 0xFF
         wr.compare_add = wr.swap = 0
-    o.nic.call(o.nic.dev.post_send, o.eng, wr)
+    return wr
 
 
 @extern()
-def sn_post_recv(h, wr_id, sg, n):
+def sn_post_send(h, w):
+    """One work request of the ibv_wr_* API (``ibv_wr_complete``)."""
     o = _objs.get(h)
     if o is None:
         return errno.EINVAL
-    o.nic.call(o.nic.dev.post_recv, o.eng, RecvWR(wr_id, _sges(sg, n)))
+    o.nic.call(o.nic.dev.post_send, o.eng, _send_wr(o, w))
+
+
+@extern()
+def sn_post_send_list(h, ws, n, done):
+    """``ibv_post_send``'s chain (``_post_chain``)."""
+    done[0] = 0
+    o = _objs.get(h)
+    if o is None:
+        return errno.EINVAL
+    o.nic.post(o.eng.qpn, _post_chain, o.nic.dev.post_send, o.eng, lambda w: _send_wr(o, w),
+               ws, n, done)
+
+
+@extern()
+def sn_post_recv_list(h, ws, n, done):
+    """``ibv_post_recv``'s chain (``_post_chain``)."""
+    done[0] = 0
+    o = _objs.get(h)
+    if o is None:
+        return errno.EINVAL
+    o.nic.call(_post_chain, o.nic.dev.post_recv, o.eng, _recv_wr, ws, n, done)
 
 # ------------------------------------------------------------ XRC domains, XRC SRQs and XRC QPs
 

@@ -1,5 +1,7 @@
 /* The calls the C side makes into softnic (implemented in backend.py), one per line.
- * Each returns 0 or a positive errno, except sn_device_count and sn_poll_cq. */
+ * Each returns 0 or a positive errno, except sn_device_count and sn_poll_cq.  A *_list
+ * call posts a chain's work requests in order in one call and stops at the first
+ * one refused: *done is how many went before it (those stay posted). */
 int sn_device_count(void);
 int sn_device_name(int idx, char *name, int len, uint64_t *guid);
 int sn_open(int idx, uint32_t *ctx);
@@ -27,14 +29,15 @@ int sn_create_srq(uint32_t pd, uint32_t max_wr, uint32_t max_sge, uint32_t limit
 int sn_modify_srq(uint32_t srq, uint32_t max_wr, uint32_t limit, int mask);
 int sn_query_srq(uint32_t srq, uint32_t *max_wr, uint32_t *max_sge, uint32_t *limit);
 int sn_destroy_srq(uint32_t srq);
-int sn_post_srq_recv(uint32_t srq, uint64_t wr_id, struct sn_sge *sg, int n);
+int sn_post_srq_recv_list(uint32_t srq, struct sn_recv_wr *wrs, int n, int *done);
 int sn_create_qp(uint32_t pd, struct sn_qp_init *init, void *cookie, uint32_t *qp, uint32_t *qpn);
 int sn_modify_qp(uint32_t qp, struct sn_qp_attr *attr, int mask);
 int sn_query_qp(uint32_t qp, struct sn_qp_attr *attr, struct sn_qp_init *init);
 int sn_destroy_qp(uint32_t qp);
 int sn_mcast(uint32_t qp, const uint8_t *gid, int attach);
 int sn_post_send(uint32_t qp, struct sn_send_wr *wr);
-int sn_post_recv(uint32_t qp, uint64_t wr_id, struct sn_sge *sg, int n);
+int sn_post_send_list(uint32_t qp, struct sn_send_wr *wrs, int n, int *done);
+int sn_post_recv_list(uint32_t qp, struct sn_recv_wr *wrs, int n, int *done);
 int sn_create_ah(uint32_t pd, struct sn_ah *attr, uint32_t *ah);
 int sn_destroy_ah(uint32_t ah);
 int sn_get_async_event(uint32_t ctx, int *type, void **cookie);

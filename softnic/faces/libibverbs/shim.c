@@ -1401,18 +1401,41 @@ SN_EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
     return sn_destroyed(sn_destroy_srq(srq->handle), srq);
 }
 
-static int sn_op_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
-                               struct ibv_recv_wr **bad)
+/* Work requests of a chain that one call into Python posts (a longer chain takes
+ * more calls; its order and its first refused WR are kept across them). */
+#define SN_POST_BATCH 32
+
+typedef int (*sn_recv_list_fn)(uint32_t h, struct sn_recv_wr *wrs, int n, int *done);
+
+/* ibv_post_recv / ibv_post_srq_recv: the chain in order, SN_POST_BATCH at a time; on
+ * the first WR refused, *bad is that WR and the ones before it stay posted, as
+ * mlx5 leaves them (its doorbell rung for the WQEs built before the bad one). */
+static int sn_post_recv_chain(sn_recv_list_fn post, uint32_t h, struct ibv_recv_wr *wr,
+                              struct ibv_recv_wr **bad)
 {
-    for (; wr; wr = wr->next) {
-        int err = sn_post_srq_recv(srq->handle, wr->wr_id, (struct sn_sge *)wr->sg_list,
-                                   wr->num_sge);
+    struct sn_recv_wr buf[SN_POST_BATCH];
+    struct ibv_recv_wr *src[SN_POST_BATCH];
+    while (wr) {
+        int n = 0, done = 0;
+        for (; wr && n < SN_POST_BATCH; wr = wr->next, n++) {
+            buf[n].wr_id = wr->wr_id;
+            buf[n].sg_list = (struct sn_sge *)wr->sg_list;
+            buf[n].num_sge = wr->num_sge;
+            src[n] = wr;
+        }
+        int err = post(h, buf, n, &done);
         if (err) {
-            *bad = wr;
+            *bad = src[done >= 0 && done < n ? done : 0];
             return err;
         }
     }
     return 0;
+}
+
+static int sn_op_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                               struct ibv_recv_wr **bad)
+{
+    return sn_post_recv_chain(sn_post_srq_recv_list, srq->handle, wr, bad);
 }
 
 /* ------------------------------------------------------------------ QP */
@@ -1649,10 +1672,9 @@ static void sn_wr_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr
                                const void *atomic_wr);
 static void sn_wr_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t remote_srqn);
 
-static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
+/* The flat record of one WR of ibv_post_send (not BIND_MW: sn_post_bind_mw). */
+static void sn_send_record(struct ibv_qp *qp, struct ibv_send_wr *wr, struct sn_send_wr *out)
 {
-    if (wr->opcode == IBV_WR_BIND_MW)
-        return sn_post_bind_mw(qp, wr);
     struct sn_send_wr s;
     memset(&s, 0, sizeof(s));
     s.wr_id = wr->wr_id;
@@ -1688,15 +1710,34 @@ static int sn_post_one(struct ibv_qp *qp, struct ibv_send_wr *wr)
         s.remote_qpn = wr->wr.ud.remote_qpn;
         s.remote_qkey = wr->wr.ud.remote_qkey;
     }
-    return sn_post_send(qp->handle, &s);
+    *out = s;
 }
 
+/* ibv_post_send: the chain in order, SN_POST_BATCH WRs per call into Python (a
+ * BIND_MW on its own); on the first WR refused, *bad is that WR and the ones before
+ * it stay posted (mlx5's rule, as sn_post_recv_chain). */
 static int sn_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
-    for (; wr; wr = wr->next) {
-        int err = sn_post_one(qp, wr);
+    struct sn_send_wr buf[SN_POST_BATCH];
+    struct ibv_send_wr *src[SN_POST_BATCH];
+    while (wr) {
+        int n = 0, done = 0, err;
+        if (wr->opcode == IBV_WR_BIND_MW) {
+            err = sn_post_bind_mw(qp, wr);
+            if (err) {
+                *bad = wr;
+                return err;
+            }
+            wr = wr->next;
+            continue;
+        }
+        for (; wr && n < SN_POST_BATCH && wr->opcode != IBV_WR_BIND_MW; wr = wr->next, n++) {
+            sn_send_record(qp, wr, &buf[n]);
+            src[n] = wr;
+        }
+        err = sn_post_send_list(qp->handle, buf, n, &done);
         if (err) {
-            *bad = wr;
+            *bad = src[done >= 0 && done < n ? done : 0];
             return err;
         }
     }
@@ -1705,14 +1746,7 @@ static int sn_op_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv
 
 static int sn_op_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-    for (; wr; wr = wr->next) {
-        int err = sn_post_recv(qp->handle, wr->wr_id, (struct sn_sge *)wr->sg_list, wr->num_sge);
-        if (err) {
-            *bad = wr;
-            return err;
-        }
-    }
-    return 0;
+    return sn_post_recv_chain(sn_post_recv_list, qp->handle, wr, bad);
 }
 
 /* the ibv_wr_* API: each builder call starts a WR; setters fill the last one;
