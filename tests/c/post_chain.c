@@ -3,7 +3,13 @@
  * the WRs before it posted and the ones after it not posted, as mlx5 does (it rings
  * its doorbell for the WQEs built before the bad one).  The chains are longer than
  * one call of the provider may take at a time, and the bad WR sits beyond the first
- * such call, so the rule holds across them.  Two devices in this process, an RC pair. */
+ * such call, so the rule holds across them.  Last, a WR whose num_sge is far beyond
+ * what the queue takes, over a list of one SGE that ends where an unmapped page
+ * begins: it is refused without the list being read past what the queue could take
+ * (mlx5 checks the count first).  Two devices in this process, an RC pair. */
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "sn_common.h"
 
 #define CHAIN 40
@@ -174,6 +180,60 @@ static void send_case(struct ibv_context *c0, struct ibv_context *c1, struct ibv
            "after: ok\n", BAD_SEND, CHAIN, rc, BAD_SEND);
 }
 
+/* One SGE at the very end of a page whose next page is unmapped: reading a second
+ * entry faults. */
+static struct ibv_sge *guarded_sge(uint8_t *buf, struct ibv_mr *mr)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uint8_t *p = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED, "mmap");
+    CHECK(mprotect(p + pg, pg, PROT_NONE) == 0, "mprotect");
+    struct ibv_sge *s = (struct ibv_sge *)(p + pg) - 1;
+    *s = (struct ibv_sge){ .addr = (uintptr_t)buf, .length = MSG, .lkey = mr->lkey };
+    return s;
+}
+
+static void overlong_case(struct ibv_context *c0, struct ibv_context *c1, struct ibv_pd *p0,
+                          struct ibv_pd *p1, uint8_t *src, struct ibv_mr *smr, uint8_t *dst,
+                          struct ibv_mr *dmr)
+{
+    struct ep a, b;
+    struct ibv_srq_init_attr sa = { .attr = { .max_wr = 16, .max_sge = 2 } };
+    struct ibv_srq *srq = ibv_create_srq(p1, &sa);
+    CHECK(srq, "ibv_create_srq");
+    ep_init(&a, c0, p0, IBV_QPT_RC, 0, NULL);
+    ep_init(&b, c1, p1, IBV_QPT_RC, 0, NULL);
+    ep_connect(&a, b.qp->qp_num, &b.gid);
+    ep_connect(&b, a.qp->qp_num, &a.gid);
+    const int many = 1 << 20;
+    struct ibv_recv_wr r = { .wr_id = 7, .sg_list = guarded_sge(dst, dmr), .num_sge = many };
+    struct ibv_recv_wr *rbad = NULL;
+    int rc = ibv_post_recv(b.qp, &r, &rbad);
+    CHECK(rc == EINVAL && rbad == &r, "ibv_post_recv of 2^20 SGEs: EINVAL, bad_wr the WR");
+    rbad = NULL;
+    rc = ibv_post_srq_recv(srq, &r, &rbad);
+    CHECK(rc == EINVAL && rbad == &r, "ibv_post_srq_recv of 2^20 SGEs: EINVAL, bad_wr the WR");
+    struct ibv_send_wr w = { .wr_id = 8, .sg_list = guarded_sge(src, smr), .num_sge = many,
+                             .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+    struct ibv_send_wr *sbad = NULL;
+    rc = ibv_post_send(a.qp, &w, &sbad);
+    CHECK(rc != 0 && sbad == &w, "ibv_post_send of 2^20 SGEs: refused, bad_wr the WR");
+    /* nothing was posted: a SEND of one SGE takes the receive posted next */
+    struct ibv_sge s = { .addr = (uintptr_t)dst, .length = MSG, .lkey = dmr->lkey };
+    struct ibv_recv_wr r1 = { .wr_id = 9, .sg_list = &s, .num_sge = 1 };
+    CHECK(ibv_post_recv(b.qp, &r1, &rbad) == 0, "ibv_post_recv");
+    w.sg_list = &(struct ibv_sge){ .addr = (uintptr_t)src, .length = MSG, .lkey = smr->lkey };
+    w.num_sge = 1;
+    CHECK(ibv_post_send(a.qp, &w, &sbad) == 0, "ibv_post_send");
+    expect_wc(&a, 8, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND after the refused ones");
+    expect_wc(&b, 9, IBV_WC_SUCCESS, IBV_WC_RECV, "the receive after the refused ones");
+    ep_destroy(&a);
+    ep_destroy(&b);
+    CHECK(ibv_destroy_srq(srq) == 0, "ibv_destroy_srq");
+    printf("2^20 SGEs over a list of one: refused unread (recv EINVAL, srq EINVAL, send %d): "
+           "ok\n", rc);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -194,6 +254,8 @@ int main(void)
     recv_case(c0, c1, p0, p1, src, smr, dst, dmr, 1);
     memset(dst, 0, len);
     send_case(c0, c1, p0, p1, src, smr, dst, dmr);
+    memset(dst, 0, len);
+    overlong_case(c0, c1, p0, p1, src, smr, dst, dmr);
     ibv_dereg_mr(smr);
     ibv_dereg_mr(dmr);
     ibv_dealloc_pd(p0);

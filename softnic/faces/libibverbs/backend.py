@@ -628,7 +628,14 @@ def sn_get_cq_event(h, cookie):
 
 # ------------------------------------------------------------ work requests' scatter/gather lists
 
-def _sges(sg, n):
+def _sges(sg, n, limit):
+    """The ``n`` SGEs of a work request's list ``sg``, for a queue that takes at most
+    ``limit``.  A list longer than that is refused by the engine's count check; the
+    program's array may be no longer than what the queue takes (mlx5 checks the
+    count before it reads an entry), so it is not read: ``n`` empty entries stand
+    in for it."""
+    if n > limit:
+        return [(0, 0, 0)] * n
     return [(sg[i].addr, sg[i].length, sg[i].lkey) for i in range(n)]
 
 # ------------------------------------------------------------ shared receive queues
@@ -667,7 +674,8 @@ def sn_destroy_srq(h):
 def sn_post_srq_recv_list(h, ws, n, done):
     done[0] = 0
     o = _get(h)
-    o.nic.call(_post_chain, o.nic.dev.post_srq_recv, o.eng, _recv_wr, ws, n, done)
+    o.nic.call(_post_chain, o.nic.dev.post_srq_recv, o.eng,
+               lambda w: _recv_wr(w, o.eng.max_sge), ws, n, done)
 
 # ------------------------------------------------------------ queue pairs
 
@@ -779,8 +787,8 @@ def _post_chain(post, eng, record, ws, n, done) -> None:
     done[0] = n
 
 
-def _recv_wr(w) -> RecvWR:
-    return RecvWR(w.wr_id, _sges(w.sg_list, w.num_sge))
+def _recv_wr(w, limit: int) -> RecvWR:
+    return RecvWR(w.wr_id, _sges(w.sg_list, w.num_sge, limit))
 
 
 def _send_wr(o: _Obj, w) -> SendWR:
@@ -788,7 +796,7 @@ def _send_wr(o: _Obj, w) -> SendWR:
     ah = None
     if w.ah:
         ah = _get(w.ah).eng
-    wr = SendWR(wr_id=w.wr_id, opcode=w.opcode, sg_list=_sges(w.sg_list, w.num_sge),
+    wr = SendWR(wr_id=w.wr_id, opcode=w.opcode, sg_list=_sges(w.sg_list, w.num_sge, o.eng.cap.max_send_sge),
                 send_flags=w.send_flags, imm_data=w.imm_data,
                 invalidate_rkey=w.invalidate_rkey, remote_addr=w.remote_addr,
                 rkey=w.rkey, compare_add=w.compare_add, swap=w.swap, ah=ah,
@@ -831,7 +839,8 @@ def sn_post_recv_list(h, ws, n, done):
     o = _objs.get(h)
     if o is None:
         return errno.EINVAL
-    o.nic.call(_post_chain, o.nic.dev.post_recv, o.eng, _recv_wr, ws, n, done)
+    o.nic.call(_post_chain, o.nic.dev.post_recv, o.eng,
+               lambda w: _recv_wr(w, o.eng.cap.max_recv_sge), ws, n, done)
 
 # ------------------------------------------------------------ XRC domains, XRC SRQs and XRC QPs
 
