@@ -460,7 +460,7 @@ def scatter(wqe, off: int, data) -> None:
 
 
 def _progress(dev, qp, before: int, now: float) -> None:
-    if qp.cc is not None and (qp.acked_psn != before or qp.rx_telemetry is not None):
+    if qp.cc is not None and (qp.acked_psn != before or qp.ccs.rx_telemetry is not None):
         requester.cc_acked(qp, before, now)
     if qp.acked_psn != before:
         if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, qp.acked_psn) <= 0:

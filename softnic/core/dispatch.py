@@ -214,16 +214,16 @@ class Dispatch:
             if qp.cc is not None and qp.qp_type != _UD and qp.cc.on_ecn(now=now):
                 self._cnps.append(qp)
         if telemetry is not None:
-            qp.int_echo = telemetry
+            qp.ccs.int_echo = telemetry
 
     def _response(self, qp, pkt, now: float, telemetry) -> None:
         if qp.state not in _SENDING:
             self.counters["rcvd_bad_state"] += 1
             return
         if qp.cc is not None:
-            qp.rx_telemetry = telemetry
+            qp.ccs.rx_telemetry = telemetry
             completer.receive(self, qp, pkt, now)
-            qp.rx_telemetry = None
+            qp.ccs.rx_telemetry = None
             self.arm(qp)
         else:
             completer.receive(self, qp, pkt, now)

@@ -229,8 +229,8 @@ class Output:
             kind, psn = entry[0], entry[1]
             if kind == "ack":
                 ack = ack_packet(dqpn, psn, entry[2], entry[3])
-                if qp.int_echo is not None:
-                    out.append((ack, dest, qp.int_echo))
+                if qp.ccs.int_echo is not None:
+                    out.append((ack, dest, qp.ccs.int_echo))
                 else:
                     out.append((ack, dest))
             elif kind == "atomic":

@@ -310,6 +310,24 @@ class SendWQE:
         self.flush = (wr.flush_level, wr.flush_type) if self.opcode is WROpcode.FLUSH else None
 
 
+class CongestionState:
+    """A QP's congestion-control state, used only when the QP has a controller
+    (``qp.cc``).  ``requester.py`` writes the pacer's and the in-flight record;
+    ``dispatch.py`` writes the INT telemetry it finds on a packet, which the
+    requester hands to the controller with an ACK (``rx_telemetry``) and
+    ``output.py`` echoes in the ACKs it sends (``int_echo``)."""
+
+    __slots__ = ("next_tx", "pace_at", "sent", "inflight", "rx_telemetry", "int_echo")
+
+    def __init__(self) -> None:
+        self.next_tx = 0.0            # pacing: earliest time of the next packet
+        self.pace_at: float | None = None   # pacing timer, when the rate holds a packet back
+        self.sent: dict[int, tuple] = {}    # PSN -> (sent at, bytes, resent) until acknowledged
+        self.inflight = 0             # bytes sent and not yet acknowledged
+        self.rx_telemetry = None      # INT echo of the response being handled
+        self.int_echo = None          # INT hops of the latest request, echoed in ACKs
+
+
 class QP:
     """Everything one queue pair holds: attributes, queues, and the state of
     its requester, completer and responder (the logic lives in their modules)."""
@@ -319,12 +337,11 @@ class QP:
     __slots__ = (
         'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
-        'timer_at', 'cc_spec', 'cc', 'sq', 'send_idx', 'sq_psn', 'acked_psn',
+        'timer_at', 'cc_spec', 'cc', 'ccs', 'sq', 'send_idx', 'sq_psn', 'acked_psn',
         'max_sent_psn', 'rd_atomic_inflight', 'retry_left', 'rnr_left', 'rnr_wait',
         'rexmit', 'rexmitted', 'sacked_psn', 'pkts_since_ackreq', 'req_error',
         'retry_pending', 'rto_at', 'rto_shift', 'rto_shift_psn', 'probe_at',
-        'probe_mark', 'rnr_at', 'sqd_notified', 'next_tx', 'pace_at', 'cc_sent',
-        'cc_inflight', 'rx_telemetry', 'int_echo', 'rq', 'epsn', 'msn', 'resp_wqe',
+        'probe_mark', 'rnr_at', 'sqd_notified', 'rq', 'epsn', 'msn', 'resp_wqe',
         'resp_off', 'resp_kind', 'write_view', 'write_off', 'write_len', 'nak_sent',
         'sr_naked', 'sr_scan', 'sr_stream_psn', 'ooo', 'sr_writes', 'sr_placed',
         'ooo_high', 'resources', 'resp_out', 'uc_drop', '_mtu', '_dest', '_rto',
@@ -411,13 +428,7 @@ class QP:
         self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
         self.rnr_at: float | None = None
         self.sqd_notified = False
-        # congestion control (used only when self.cc is set)
-        self.next_tx = 0.0            # pacing: earliest time of the next packet
-        self.pace_at: float | None = None   # pacing timer, when the rate holds a packet back
-        self.cc_sent: dict[int, tuple] = {}  # PSN -> (sent at, bytes, resent) until acknowledged
-        self.cc_inflight = 0          # bytes sent and not yet acknowledged
-        self.rx_telemetry = None      # INT echo of the response being handled
-        self.int_echo = None          # INT hops of the latest request, echoed in ACKs
+        self.ccs = CongestionState()
         # responder
         self.rq: deque = deque()
         self.epsn = 0

@@ -429,7 +429,7 @@ def rewind(qp, psn: int) -> None:
     i = _find(qp, psn)
     if i is None:
         return
-    if qp.cc is not None and qp.cc_sent:
+    if qp.cc is not None and qp.ccs.sent:
         cc_lost_from(qp, psn)
     qp.send_idx = i
     w = qp.sq[i]
@@ -459,7 +459,7 @@ def _window_room(qp, psn: int) -> int:
 # Only a QP with a controller (``qp.cc``) pays for any of this.  The controller's
 # window caps the bytes sent and not yet acknowledged; its rate spaces packets
 # ``bytes * 8 / rate`` apart (a token bucket of depth one packet): a packet held
-# back sets ``qp.pace_at``, the time of the next one, and the device's timer is
+# back sets ``qp.ccs.pace_at``, the time of the next one, and the device's timer is
 # armed for it by ``generate``'s caller (``Output._requests`` arms every
 # controlled QP after ``generate``, for the controller's own timers too).
 
@@ -470,45 +470,50 @@ WIRE_OVERHEAD = 28
 def _cc_blocked(qp, now: float, resend: bool) -> bool:
     """Does the congestion controller hold the QP's next packet (a resend: only
     the pacer holds it)?  The controller's window while its bytes in flight fill
-    it; its rate until ``qp.next_tx``, the time then kept in ``qp.pace_at``."""
+    it; its rate until ``qp.ccs.next_tx``, the time then kept in ``qp.ccs.pace_at``."""
     cc = qp.cc
-    if not resend and cc.window is not None and qp.cc_inflight and \
-            qp.cc_inflight >= cc.window:
+    ccs = qp.ccs
+    if not resend and cc.window is not None and ccs.inflight and ccs.inflight >= cc.window:
         return True                       # an ACK (progress) makes the QP ready again
-    if cc.rate is not None and now < qp.next_tx:
-        qp.pace_at = qp.next_tx           # (armed by the caller: see above)
+    if cc.rate is not None and now < ccs.next_tx:
+        ccs.pace_at = ccs.next_tx         # (armed by the caller: see above)
         return True
     return False
 
 
 def _cc_sent(qp, psn: int, nbytes: int, now: float, resent: bool) -> None:
     cc = qp.cc
+    ccs = qp.ccs
     size = nbytes + WIRE_OVERHEAD
     rate = cc.rate
     if rate:
-        t = qp.next_tx if qp.next_tx > now else now
-        qp.next_tx = t + size * 8 / rate
+        t = ccs.next_tx if ccs.next_tx > now else now
+        ccs.next_tx = t + size * 8 / rate
     if qp.qp_type is _RC:
-        old = qp.cc_sent.get(psn)
+        sent = ccs.sent
+        old = sent.get(psn)
         if old is not None:
-            qp.cc_inflight -= old[1]
+            ccs.inflight -= old[1]
             resent = True
-        qp.cc_sent[psn] = (now, size, resent)
-        qp.cc_inflight += size
+        sent[psn] = (now, size, resent)
+        ccs.inflight += size
     cc.on_packet_sent(now=now, nbytes=size, psn=psn, retransmit=resent)
 
 
 def cc_lost_from(qp, psn: int) -> None:
     """Packets from ``psn`` on are presumed lost: they leave the in-flight count
     (their resends count again, marked as resent so they give no RTT sample)."""
-    lost = [p for p in qp.cc_sent if psn_diff(p, psn) >= 0]
+    ccs = qp.ccs
+    sent = ccs.sent
+    lost = [p for p in sent if psn_diff(p, psn) >= 0]
     for p in lost:
-        qp.cc_inflight -= qp.cc_sent.pop(p)[1]
+        ccs.inflight -= sent.pop(p)[1]
 
 
 def cc_acked(qp, before: int, now: float) -> None:
     """The cumulative ACK moved from ``before`` to ``qp.acked_psn``: tell the controller."""
-    sent = qp.cc_sent
+    ccs = qp.ccs
+    sent = ccs.sent
     acked = qp.acked_psn
     nbytes = 0
     rtt = None
@@ -525,8 +530,8 @@ def cc_acked(qp, before: int, now: float) -> None:
                 nbytes += e[1]
                 if not e[2]:
                     rtt = now - e[0]          # the newest original packet acknowledged
-        qp.cc_inflight -= nbytes
-    tel, qp.rx_telemetry = qp.rx_telemetry, None
+        ccs.inflight -= nbytes
+    tel, ccs.rx_telemetry = ccs.rx_telemetry, None
     qp.cc.on_ack(now=now, acked_bytes=nbytes, rtt=rtt, telemetry=tel)
 
 
@@ -560,7 +565,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     them stops."""
     if qp.rnr_wait or qp.state not in _SENDING:                        # IDLE
         return
-    if qp.pace_at is not None and dev._fast and _held_by_pacer(qp, now):  # HELD
+    if qp.ccs.pace_at is not None and dev._fast and _held_by_pacer(qp, now):  # HELD
         return
     qtype = qp.qp_type
     rc = qtype is _RC
@@ -612,8 +617,10 @@ def _held_by_pacer(qp, now: float) -> bool:
     ``_cc_blocked`` first, or the window.  (A WQE not yet started is left to the
     loop: it takes its PSNs even when the controller holds its packets.)"""
     cc = qp.cc
-    if cc is None or qp.qp_type is _UD or cc.rate is None or not now < qp.next_tx \
-            or qp.pace_at != qp.next_tx:
+    if cc is None or qp.qp_type is _UD or cc.rate is None:
+        return False
+    ccs = qp.ccs
+    if not now < ccs.next_tx or ccs.pace_at != ccs.next_tx:
         return False
     i = qp.send_idx
     sq = qp.sq

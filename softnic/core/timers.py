@@ -51,7 +51,7 @@ class Timers:
             t = a
         cc = qp.cc
         if cc is not None:
-            a = qp.pace_at
+            a = qp.ccs.pace_at
             if a is not None and (t is None or a < t):
                 t = a
             a = cc.next_timer()
@@ -92,8 +92,9 @@ class Timers:
             qp.timer_at = None
             cc = qp.cc
             if cc is not None:
-                if qp.pace_at is not None and qp.pace_at <= now:
-                    qp.pace_at = None
+                ccs = qp.ccs
+                if ccs.pace_at is not None and ccs.pace_at <= now:
+                    ccs.pace_at = None
                     self._ready[qp] = None      # (mark_ready, inline)
                 c = cc.next_timer()
                 if c is not None and c <= now:
