@@ -108,7 +108,7 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
                                ("gather", kernel(), True)):
         dev.kernel = kern
         dev.tx_gather = gather
-        qp.pkts_since_ackreq = c["since"]
+        qp.req.pkts_since_ackreq = c["since"]
         buf, seg = requester._bulk(dev, qp, wqe, idx, k, qp.dest, c["ack_every"])
         if gather:
             middles = k - (idx + k - 1 == wqe.npkts - 1)
@@ -116,7 +116,7 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
             if type(buf) is requester.Gather:
                 assert len(buf) == len(buf.flatten())
                 buf = buf.flatten()
-        got[name] = (bytes(buf), seg, qp.pkts_since_ackreq)
+        got[name] = (bytes(buf), seg, qp.req.pkts_since_ackreq)
     dev.tx_gather = False
     assert got["kernel"] == got["python"] == got["gather"]
     buf, seg, since = got["kernel"]

@@ -159,7 +159,7 @@ def _two_writes(monkeypatch, drops, second_off, *, n2=N, first_n=N):
     placed = _placed_spy(monkeypatch, box)
     p = pair(seed=1, mtu=MTU, config=SR, endpoint_args=dict(buf_size=1 << 17))
     box.append(p)
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     left = dict(drops)
 
     p.filter_a.drop = _drop_requests(first, left)
@@ -220,7 +220,7 @@ def test_first_beyond_hole_with_bad_rkey_naks_and_leaves_memory(monkeypatch):
     placed = _placed_spy(monkeypatch, box)
     p = pair(seed=1, mtu=MTU, config=SR, endpoint_args=dict(buf_size=1 << 17))
     box.append(p)
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     dropped = []
 
     def drop(pkt, raw):
@@ -252,7 +252,7 @@ def test_first_placed_beyond_a_hole_is_checked_again_in_order(fast):
     held decoded (the general path) or placed on arrival (the common case)."""
     cfg = DeviceConfig(min_timer=1e-3, selective_repeat=True, fast_path=fast)
     p = pair(seed=1, mtu=MTU, config=cfg, endpoint_args=dict(buf_size=1 << 17))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     held = []
     p.filter_a.drop = _drop_requests(first, {10: 1})
     second = p.b.reg_mr(p.eb.pd, p.eb.buf.addr + 65536, N, p.eb.mr.access)
@@ -283,7 +283,7 @@ def test_write_after_a_held_send_waits(monkeypatch):
     placed = _placed_spy(monkeypatch, box)
     p = pair(seed=1, mtu=MTU, config=SR, endpoint_args=dict(buf_size=1 << 17))
     box.append(p)
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     left = {10: 1}
 
     p.filter_a.drop = _drop_requests(first, left)
@@ -305,7 +305,7 @@ def test_go_back_n_unchanged():
     """Go-back-N holds nothing: out-of-sequence packets are dropped with one NAK
     and the sender goes back."""
     p = pair(seed=1, mtu=MTU, trace=True, endpoint_args=dict(buf_size=1 << 17))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     left = {10: 1}
 
     p.filter_a.drop = _drop_requests(first, left)
@@ -362,7 +362,7 @@ def test_selective_acks_for_one_hole_coalesce():
     the hole, carrying the newest held PSN the requester asked about (not one NAK
     per ACK request); a second hole still gets its own NAK."""
     p = pair(seed=1, mtu=MTU, config=SR, endpoint_args=dict(buf_size=1 << 17))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     caught = []
 
     def catch(pkt, raw):

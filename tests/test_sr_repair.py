@@ -39,7 +39,7 @@ def _run(drop_a=None, drop_b=None, seed=1, writes=1):
     box = {}
     p = pair(seed=seed, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
              drop_b=lambda pk, raw: box["b"](pk, raw))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     box["a"] = drop_a(lambda psn: psn_distance(psn, first)) if drop_a else (lambda pk, raw: False)
     box["b"] = drop_b or (lambda pk, raw: False)
     data = pattern(N, seed)
@@ -132,7 +132,7 @@ def test_later_write_placed_beyond_a_hole(monkeypatch, overlap):
     box = {}
     p = pair(seed=1, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
              endpoint_args=dict(buf_size=1 << 17))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     box["a"] = _drop_psn(lambda psn: psn_distance(psn, first), {10: 1})
     a, b = pattern(N, 1), pattern(N, 2)
     fill(p.ea, 0, a)

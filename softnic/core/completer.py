@@ -58,7 +58,7 @@ def _finish(qp, wqe, status=WCStatus.SUCCESS) -> None:
     if wqe.first_psn is not None:
         qp.acked_psn = wqe.last_psn
     if wqe.rd_atomic and wqe.first_psn is not None:
-        qp.rd_atomic_inflight -= 1
+        qp.req.rd_atomic -= 1
 
 
 def _ack_before(qp, psn: int) -> bool:
@@ -127,7 +127,7 @@ def receive(dev, qp, pkt, now: float) -> None:
     """Handle one response packet for an RC QP's send side."""
     psn = pkt.bth.psn
     comp_psn = (qp.acked_psn + 1) & PSN_MASK
-    if psn_diff(psn, comp_psn) < 0 or psn_diff(psn, qp.sq_psn) >= 0:
+    if psn_diff(psn, comp_psn) < 0 or psn_diff(psn, qp.req.psn) >= 0:
         dev.counters["rcvd_stale_response"] += 1       # old duplicate, or PSN we never sent
         return
     before = qp.acked_psn
@@ -170,7 +170,7 @@ def _sequence_nak(dev, qp, psn: int, msn: int, comp_psn: int, before: int, now: 
 
 
 def _selective_nak(dev, qp, psn: int, sack: int, comp_psn: int, now: float) -> None:
-    if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.sq_psn) < 0 and (
+    if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.req.psn) < 0 and (
             qp.sacked_psn is None or psn_diff(sack, qp.sacked_psn) > 0):
         qp.sacked_psn = sack
         if qp.rto_at is not None:
@@ -187,7 +187,7 @@ def _selective_nak(dev, qp, psn: int, sack: int, comp_psn: int, now: float) -> N
         # than waiting for the retransmission timer.
         if mark is not None:
             dev.counters["rexmit_lost"] += 1
-        qp.rexmitted[psn] = qp.max_sent_psn
+        qp.rexmitted[psn] = qp.req.max_sent_psn
         qp.rexmit.append(psn)
     dev.mark_ready(qp)
 
@@ -216,7 +216,7 @@ def _ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
         dev.counters["rcvd_nak"] += 1
         if wqe is not None:
             _finish(qp, wqe, _NAK_STATUS.get(aeth.value, WCStatus.REM_INV_REQ_ERR))
-            qp.req_error = True
+            qp.req.error = True
     return True
 
 
@@ -231,7 +231,7 @@ def _rnr_nak(dev, qp, psn: int, timer: int, wqe, now: float, before: int) -> boo
         dev.counters["retry_rnr_exceeded_err"] += 1
         if wqe is not None:
             _finish(qp, wqe, WCStatus.RNR_RETRY_EXC_ERR)
-        qp.req_error = True
+        qp.req.error = True
         complete(dev, qp)
         return False
     requester.rewind(qp, psn)
@@ -427,7 +427,7 @@ def _bad_response(dev, qp, wqe) -> bool:
     if wqe is None:
         return False
     _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
-    qp.req_error = True
+    qp.req.error = True
     return True
 
 
@@ -469,7 +469,7 @@ def _progress(dev, qp, before: int, now: float) -> None:
             qp.rexmitted = {p: m for p, m in qp.rexmitted.items()
                             if psn_diff(p, qp.acked_psn) > 0}
         _forward(qp, before)
-        if qp.send_idx < len(qp.sq) or qp.rexmit or qp.cc is not None:
+        if qp.req.send_idx < len(qp.sq) or qp.rexmit or qp.cc is not None:
             dev.mark_ready(qp)            # the window may have opened
         # restart the retransmission timer for what is still in flight
         qp.rto_at = now + dev.rto(qp) if _inflight(qp) else None
@@ -512,10 +512,10 @@ def _probe(dev, qp) -> None:
     if qp.rto_shift and qp.acked_psn == qp.rto_shift_psn:
         return                  # a timeout resent both since the last progress: wait for it
     comp = (qp.acked_psn + 1) & PSN_MASK
-    if psn_diff(comp, qp.max_sent_psn) > 0 or comp in qp.rexmit:
+    if psn_diff(comp, qp.req.max_sent_psn) > 0 or comp in qp.rexmit:
         return
     dev.counters["loss_probes"] += 1
-    qp.rexmitted[comp] = qp.max_sent_psn
+    qp.rexmitted[comp] = qp.req.max_sent_psn
     qp.rexmit.append(comp)
     _probe_newest(qp, comp)
     dev.mark_ready(qp)
@@ -527,7 +527,7 @@ def _probe_newest(qp, comp: int) -> None:
     the hole and the responder names the PSNs it misses (a window of them in a
     few NAKs) instead of the oldest being resent one per probe.  Not a READ or
     ATOMIC: its resend would repeat the whole operation."""
-    hi = qp.max_sent_psn
+    hi = qp.req.max_sent_psn
     if psn_diff(hi, comp) <= 0 or hi in qp.rexmit or (
             qp.sacked_psn is not None and psn_diff(hi, qp.sacked_psn) <= 0):
         return
@@ -561,9 +561,9 @@ def on_timeout(dev, qp, now: float) -> None:
         dev.mark_ready(qp)
     if qp.probe_at is not None and now >= qp.probe_at:
         qp.probe_at = None
-        if qp.probe_mark != qp.max_sent_psn:
+        if qp.probe_mark != qp.req.max_sent_psn:
             # still sending: later packets reveal any hole; look again later
-            qp.probe_mark = qp.max_sent_psn
+            qp.probe_mark = qp.req.max_sent_psn
             qp.probe_at = now + dev.probe_interval(qp)
         else:
             _probe(dev, qp)
@@ -605,7 +605,7 @@ def _sr_timeout(qp, comp: int) -> None:
     still on its way); where packets were lost, the oldest one's resend moves the
     cumulative ACK and the probe, arriving beyond any lost tail, makes the
     responder name the PSNs it misses, which are then resent one by one."""
-    qp.rexmitted = {comp: qp.max_sent_psn}    # older resends may be named again and resent
+    qp.rexmitted = {comp: qp.req.max_sent_psn}    # older resends may be named again and resent
     qp.rexmit.clear()
     qp.rexmit.append(comp)
     _probe_newest(qp, comp)
@@ -618,8 +618,8 @@ def complete(dev, qp) -> None:
     sq = qp.sq
     while sq and sq[0].done:
         w = sq.popleft()
-        if qp.send_idx:
-            qp.send_idx -= 1
+        if qp.req.send_idx:
+            qp.req.send_idx -= 1
         if w.status == _SUCCESS:
             op = w.opcode
             if w.signaled:

@@ -180,9 +180,9 @@ class Device(Verbs, Dispatch, Output, Timers):
         qp.attr = replace(qp.attr, qp_state=QPState.ERR)
         qp.rto_at = qp.rnr_at = qp.probe_at = None
         qp.timer_at = None
-        qp.rd_atomic_inflight = 0
+        qp.req.rd_atomic = 0
         sq, qp.sq = qp.sq, deque()
-        qp.send_idx = 0
+        qp.req.send_idx = 0
         for w in sq:      # all not yet reported, even those already executed, are flushed
             self.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.WR_FLUSH_ERR,
                                          completer._WC_OPCODE[w.opcode], qp.qpn), qp)

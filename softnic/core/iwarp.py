@@ -451,7 +451,7 @@ class IwarpDevice(Device):
         wqe.got_bytes += n
         if seg.last:
             reads.popleft()
-            qp.rd_atomic_inflight = max(0, qp.rd_atomic_inflight - 1)
+            qp.req.rd_atomic = max(0, qp.req.rd_atomic - 1)
             wqe.done = True
             wqe.status = WCStatus.SUCCESS if wqe.got_bytes == wqe.length else \
                 WCStatus.BAD_RESP_ERR
@@ -632,8 +632,8 @@ class IwarpDevice(Device):
         if qp.state not in (QPState.RTS, QPState.SQD):
             return False
         sq = qp.sq
-        while qp.send_idx < len(sq) and not qp.req_error:
-            wqe = sq[qp.send_idx]
+        while qp.req.send_idx < len(sq) and not qp.req.error:
+            wqe = sq[qp.req.send_idx]
             if wqe.first_psn is None and not wqe.done:
                 if qp.state != QPState.RTS:
                     break
@@ -644,8 +644,8 @@ class IwarpDevice(Device):
                 requester.start(self, qp, wqe)          # local checks, LOCAL_INV
                 if wqe.done:
                     if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
-                        qp.req_error = True
-                    qp.send_idx += 1
+                        qp.req.error = True
+                    qp.req.send_idx += 1
                     continue
                 wqe.next_pkt = 0                          # here: bytes sent so far
                 wqe.got_bytes = 0
@@ -659,12 +659,12 @@ class IwarpDevice(Device):
                     wqe.iw_msn = iwq.send_msn
                     iwq.send_msn += 1
             elif wqe.done:
-                qp.send_idx += 1
+                qp.req.send_idx += 1
                 continue
             used += self._emit(qp, wqe, tx, budget - used)
             if wqe.next_pkt < wqe.length or (wqe.length == 0 and wqe.next_pkt == 0):
                 return True                               # budget reached inside the message
-            qp.send_idx += 1
+            qp.req.send_idx += 1
             if wqe.opcode == W.RDMA_READ:
                 iwq.reads.append(wqe)
             else:
@@ -672,7 +672,7 @@ class IwarpDevice(Device):
                 wqe.status = WCStatus.SUCCESS
             if used >= budget:
                 completer.complete(self, qp)
-                return qp.send_idx < len(sq)
+                return qp.req.send_idx < len(sq)
         completer.complete(self, qp)
         return False
 

@@ -151,7 +151,7 @@ class Output:
         plain = responder.ACK_CREDITS
         for qp in self._ready:
             sq = qp.sq
-            if qp.closed or qp.cc is not None or qp.send_idx < len(sq) or qp.rexmit \
+            if qp.closed or qp.cc is not None or qp.req.send_idx < len(sq) or qp.rexmit \
                     or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp_out:
                 return False
             for e in qp.resp_out:
@@ -163,7 +163,7 @@ class Output:
         """The requester's packets of a QP that may send, the retransmission timer
         started with the first of them, and completions now due."""
         sq = qp.sq
-        if qp.send_idx < len(sq) or qp.rexmit:      # something to (re)send
+        if qp.req.send_idx < len(sq) or qp.rexmit:      # something to (re)send
             n0 = len(out)
             requester.generate(self, qp, now, out)
             if len(out) > n0 and qp.qp_type is _RC and qp.rto_at is None \

@@ -310,6 +310,23 @@ class SendWQE:
         self.flush = (wr.flush_level, wr.flush_type) if self.opcode is WROpcode.FLUSH else None
 
 
+class ReqInfo:
+    """The requester's state (rxe's ``struct rxe_req_info``): where it is in the
+    send queue and the PSNs it has given out.  ``requester.py`` writes it; the
+    completer steps ``send_idx`` back, returns READ/ATOMIC credits
+    (``rd_atomic``) and stops the requester (``error``) when a WQE fails."""
+
+    __slots__ = ("send_idx", "psn", "max_sent_psn", "rd_atomic", "pkts_since_ackreq", "error")
+
+    def __init__(self) -> None:
+        self.send_idx = 0             # index in sq of the WQE the requester works on
+        self.psn = 0                  # next never-used PSN
+        self.max_sent_psn = PSN_MASK  # highest PSN sent so far (anything not above it is a resend)
+        self.rd_atomic = 0            # READ / ATOMIC requests outstanding (max_rd_atomic caps it)
+        self.pkts_since_ackreq = 0    # packets sent since the last that asked for an ACK
+        self.error = False            # a WQE failed locally; send nothing more
+
+
 class CongestionState:
     """A QP's congestion-control state, used only when the QP has a controller
     (``qp.cc``).  ``requester.py`` writes the pacer's and the in-flight record;
@@ -337,9 +354,9 @@ class QP:
     __slots__ = (
         'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
-        'timer_at', 'cc_spec', 'cc', 'ccs', 'sq', 'send_idx', 'sq_psn', 'acked_psn',
-        'max_sent_psn', 'rd_atomic_inflight', 'retry_left', 'rnr_left', 'rnr_wait',
-        'rexmit', 'rexmitted', 'sacked_psn', 'pkts_since_ackreq', 'req_error',
+        'timer_at', 'cc_spec', 'cc', 'ccs', 'req', 'sq', 'acked_psn',
+        'retry_left', 'rnr_left', 'rnr_wait',
+        'rexmit', 'rexmitted', 'sacked_psn',
         'retry_pending', 'rto_at', 'rto_shift', 'rto_shift_psn', 'probe_at',
         'probe_mark', 'rnr_at', 'sqd_notified', 'rq', 'epsn', 'msn', 'resp_wqe',
         'resp_off', 'resp_kind', 'write_view', 'write_off', 'write_len', 'nak_sent',
@@ -406,11 +423,8 @@ class QP:
     def reset(self) -> None:
         # requester / completer
         self.sq: deque[SendWQE] = deque()
-        self.send_idx = 0             # index in sq of the WQE the requester works on
-        self.sq_psn = 0               # next never-used PSN
+        self.req = ReqInfo()
         self.acked_psn = PSN_MASK     # everything up to here is acknowledged (sq_psn - 1 at start)
-        self.max_sent_psn = PSN_MASK  # highest PSN sent so far (anything not above it is a resend)
-        self.rd_atomic_inflight = 0
         self.retry_left = 7
         self.rnr_left = 7
         self.rnr_wait = False         # paused by an RNR NAK until the timer fires
@@ -418,8 +432,6 @@ class QP:
         self.rexmitted: dict[int, int] = {}  # ... already resent since the last ACK progress,
         #                                     each with the highest PSN sent before it
         self.sacked_psn: int | None = None  # ... highest PSN the responder said it holds
-        self.pkts_since_ackreq = 0
-        self.req_error = False        # a WQE failed locally; send nothing more
         self.retry_pending: int | None = None  # rewind already requested for this PSN
         self.rto_at: float | None = None
         self.rto_shift = 0            # timeouts in a row without ACK progress (the RTO's backoff)
@@ -453,8 +465,9 @@ class QP:
 
     def next_send_psn(self) -> int:
         """PSN of the next packet the requester would send on the current WQE."""
-        if self.send_idx < len(self.sq):
-            w = self.sq[self.send_idx]
+        req = self.req
+        if req.send_idx < len(self.sq):
+            w = self.sq[req.send_idx]
             if w.first_psn is not None:
                 return psn_add(w.first_psn, w.next_pkt)
-        return self.sq_psn
+        return req.psn

@@ -116,13 +116,14 @@ def start(dev, qp, wqe) -> None:
     else:
         npkts = -(-wqe.length // qp.mtu) or 1
     wqe.npkts = npkts
-    psn = qp.sq_psn
+    req = qp.req
+    psn = req.psn
     wqe.first_psn = psn
     wqe.last_psn = (psn + npkts - 1) & PSN_MASK
-    qp.sq_psn = (psn + npkts) & PSN_MASK
+    req.psn = (psn + npkts) & PSN_MASK
     wqe.next_pkt = 0
     if wqe.rd_atomic:
-        qp.rd_atomic_inflight += 1
+        req.rd_atomic += 1
 
 
 def gather(wqe, off: int, n: int):
@@ -264,7 +265,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     among them) a LAST without extended header, ICRC and all, one after another
     in one buffer: ``k`` datagrams of ``seg`` bytes each (the LAST may be
     shorter).  The bytes are those ``_build`` and ``append_icrc`` give packet by
-    packet; the AckReq bits follow ``qp.pkts_since_ackreq`` as ``generate`` does.
+    packet; the AckReq bits follow ``qp.req.pkts_since_ackreq`` as ``generate`` does.
     Returns the buffer and ``seg``."""
     mtu = qp.mtu
     seg = BTH_LEN + mtu + ICRC_LEN
@@ -280,7 +281,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     one = views[0] if len(views) == 1 else None
     off = idx * mtu
     buf, s = middle_run(dev, dest, _MIDDLE[wqe.opcode], qp.attr.dest_qp_num, psn, nmid, mtu,
-                        one, off, qp.pkts_since_ackreq, ack_every, extra,
+                        one, off, qp.req.pkts_since_ackreq, ack_every, extra,
                         lambda o: gather(wqe, o, mtu))
     if has_last:
         s = 0                       # a LAST asks for an ACK: the count starts again
@@ -290,7 +291,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
             buf.last = _plain_last(dev, qp, wqe, psn, off, n_last, dest)
         else:
             _plain_last(dev, qp, wqe, psn, off, n_last, dest, buf, nmid * seg)
-    qp.pkts_since_ackreq = s
+    qp.req.pkts_since_ackreq = s
     return buf, seg
 
 
@@ -431,7 +432,7 @@ def rewind(qp, psn: int) -> None:
         return
     if qp.cc is not None and qp.ccs.sent:
         cc_lost_from(qp, psn)
-    qp.send_idx = i
+    qp.req.send_idx = i
     w = qp.sq[i]
     w.next_pkt = (psn - w.first_psn) & PSN_MASK
     for j in range(i + 1, len(qp.sq)):
@@ -575,19 +576,20 @@ def generate(dev, qp, now: float, out: list) -> None:
         return
     ack_every = dev.config.ack_every or qp.window // 4 or 1
     sq = qp.sq
-    while qp.send_idx < len(sq) and not qp.req_error:
-        wqe = sq[qp.send_idx]
+    req = qp.req
+    while req.send_idx < len(sq) and not req.error:
+        wqe = sq[req.send_idx]
         if wqe.first_psn is None and not wqe.done:                     # START
             if not _may_start(qp, wqe, rc):
                 break
             start(dev, qp, wqe)
             if wqe.done:                                # local op or local error
                 if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
-                    qp.req_error = True
-                qp.send_idx += 1
+                    req.error = True
+                req.send_idx += 1
                 continue
         elif wqe.done:
-            qp.send_idx += 1
+            req.send_idx += 1
             continue
         while True:     # the WQE's packets: WINDOW, PACER, SEND until it is all sent
             nxt = wqe.next_pkt
@@ -604,7 +606,7 @@ def generate(dev, qp, now: float, out: list) -> None:
                     continue
             elif _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc):
                 continue
-            break       # all sent (send_idx moved on): the next WQE, if any
+            break       # all sent (req.send_idx moved on): the next WQE, if any
         if qtype is _UD:
             dest = None
 
@@ -622,9 +624,10 @@ def _held_by_pacer(qp, now: float) -> bool:
     ccs = qp.ccs
     if not now < ccs.next_tx or ccs.pace_at != ccs.next_tx:
         return False
-    i = qp.send_idx
+    req = qp.req
+    i = req.send_idx
     sq = qp.sq
-    if i >= len(sq) or qp.req_error:
+    if i >= len(sq) or req.error:
         return True
     wqe = sq[i]
     return wqe.first_psn is not None and not wqe.done
@@ -657,11 +660,12 @@ def _may_start(qp, wqe, rc: bool) -> bool:
     READ/ATOMIC credits (max_rd_atomic), not beyond the window."""
     if qp.state is not _RTS:
         return False
-    if wqe.flags & _FENCE and qp.rd_atomic_inflight:
+    req = qp.req
+    if wqe.flags & _FENCE and req.rd_atomic:
         return False
-    if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
+    if wqe.rd_atomic and req.rd_atomic >= max(1, qp.attr.max_rd_atomic):
         return False
-    return not rc or _window_room(qp, qp.sq_psn) > 0
+    return not rc or _window_room(qp, req.psn) > 0
 
 
 def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
@@ -678,7 +682,7 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
     out.append((buf, dest, seg, k))
     wqe.next_pkt = idx + k
     if wqe.next_pkt >= wqe.npkts:
-        qp.send_idx += 1
+        qp.req.send_idx += 1
     return True
 
 
@@ -694,9 +698,10 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
     # LAST, an ONLY, a READ or an atomic always asks (as rxe's; ``_build`` sets the
     # bit), so the count restarts there too.  (A resend's AckReq leaves the count
     # of new packets as it is: ``_resend_singles`` does not come here.)
-    n = qp.pkts_since_ackreq + 1
+    req = qp.req
+    n = req.pkts_since_ackreq + 1
     ackreq = n >= ack_every or (cc is not None and _cc_wants_ack(dev, qp, cc, ack_every))
-    qp.pkts_since_ackreq = 0 if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)) else n
+    req.pkts_since_ackreq = 0 if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)) else n
     resent = _record_sent(dev, qp, psn, 1) if rc else False
     pkt = _build(dev, qp, wqe, nxt, ackreq)
     if cc is not None:
@@ -706,7 +711,7 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
     nxt = npkts if wqe.rd_atomic else nxt + 1
     wqe.next_pkt = nxt
     if nxt >= npkts:
-        qp.send_idx += 1
+        req.send_idx += 1
         if not rc:                        # UC / UD: done once on the wire
             wqe.done = True
             wqe.status = WCStatus.SUCCESS
@@ -718,12 +723,13 @@ def _record_sent(dev, qp, psn: int, k: int) -> bool:
     """The go-back-N record of what was sent, for RC PSNs ``psn`` .. ``psn + k - 1``
     leaving now: those at or below the highest PSN sent before are resends
     (counted); the highest moves up.  True: the first of them is a resend."""
-    d = (qp.max_sent_psn - psn) & PSN_MASK    # psn_diff(max_sent_psn, psn), inline
+    req = qp.req
+    d = (req.max_sent_psn - psn) & PSN_MASK    # psn_diff(max_sent_psn, psn), inline
     ahead = (d - PSN_MODULUS if d & PSN_HALF else d) + 1    # how many were sent before
     if ahead > 0:
         dev.counters["retransmitted_pkts"] += ahead if ahead < k else k
     if ahead < k:
-        qp.max_sent_psn = (psn + k - 1) & PSN_MASK
+        req.max_sent_psn = (psn + k - 1) & PSN_MASK
     return ahead > 0
 
 

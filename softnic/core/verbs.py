@@ -196,8 +196,8 @@ class Verbs:
         elif nxt == QPState.RTR and cur == QPState.INIT:
             qp.epsn = qp.attr.rq_psn
         elif nxt == QPState.RTS and cur == QPState.RTR:
-            qp.sq_psn = qp.attr.sq_psn
-            qp.acked_psn = qp.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
+            qp.req.psn = qp.attr.sq_psn
+            qp.acked_psn = qp.req.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
             qp.retry_left = qp.attr.retry_cnt
             qp.rnr_left = qp.attr.rnr_retry
             self._make_cc(qp)
@@ -225,7 +225,7 @@ class Verbs:
     def query_qp(self, qp: QP) -> tuple[QPAttr, QPInitAttr]:
         attr = merge_attr(qp.attr, QPAttr(qp_state=qp.state, cur_qp_state=qp.state), M.STATE)
         attr = replace(attr, cur_qp_state=qp.state, cap=qp.cap,
-                       sq_psn=qp.sq_psn if qp.state in (QPState.RTS, QPState.SQD)
+                       sq_psn=qp.req.psn if qp.state in (QPState.RTS, QPState.SQD)
                        else attr.sq_psn,
                        rq_psn=qp.epsn if qp.state in (QPState.RTR, QPState.RTS, QPState.SQD)
                        else attr.rq_psn)

@@ -238,7 +238,7 @@ class _IncastRun:
         started = posted[0]
         if started:
             fs.goodput_gbps.append(psn_diff(acked_psn, posted[1]) * mtu * 8 / bin_ / 1e9)
-            fs.inflight_kb.append(psn_diff(qp.max_sent_psn, acked_psn) * mtu / 1e3)
+            fs.inflight_kb.append(psn_diff(qp.req.max_sent_psn, acked_psn) * mtu / 1e3)
         else:
             fs.goodput_gbps.append(0.0)
             fs.inflight_kb.append(0.0)
