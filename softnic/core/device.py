@@ -178,7 +178,7 @@ class Device(Verbs, Dispatch, Output, Timers):
             return
         qp.state = QPState.ERR
         qp.attr = replace(qp.attr, qp_state=QPState.ERR)
-        qp.rto_at = qp.rnr_at = qp.probe_at = None
+        qp.comp.rto_at = qp.comp.rnr_at = qp.comp.probe_at = None
         qp.timer_at = None
         qp.req.rd_atomic = 0
         sq, qp.sq = qp.sq, deque()

@@ -151,7 +151,7 @@ class Output:
         plain = responder.ACK_CREDITS
         for qp in self._ready:
             sq = qp.sq
-            if qp.closed or qp.cc is not None or qp.req.send_idx < len(sq) or qp.rexmit \
+            if qp.closed or qp.cc is not None or qp.req.send_idx < len(sq) or qp.comp.rexmit \
                     or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp_out:
                 return False
             for e in qp.resp_out:
@@ -163,14 +163,15 @@ class Output:
         """The requester's packets of a QP that may send, the retransmission timer
         started with the first of them, and completions now due."""
         sq = qp.sq
-        if qp.req.send_idx < len(sq) or qp.rexmit:      # something to (re)send
+        if qp.req.send_idx < len(sq) or qp.comp.rexmit:      # something to (re)send
             n0 = len(out)
             requester.generate(self, qp, now, out)
-            if len(out) > n0 and qp.qp_type is _RC and qp.rto_at is None \
+            comp = qp.comp
+            if len(out) > n0 and qp.qp_type is _RC and comp.rto_at is None \
                     and qp.attr.timeout:
-                qp.rto_at = now + self.rto(qp)
+                comp.rto_at = now + self.rto(qp)
                 if qp.selective_repeat:
-                    qp.probe_at = now + self.probe_interval(qp)
+                    comp.probe_at = now + self.probe_interval(qp)
                 self.arm(qp)
         if qp.cc is not None:
             self.arm(qp)

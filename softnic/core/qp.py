@@ -327,6 +327,37 @@ class ReqInfo:
         self.error = False            # a WQE failed locally; send nothing more
 
 
+class CompInfo:
+    """The completer's state (rxe's ``struct rxe_comp_info``): how far the send
+    queue is acknowledged, the retry and RNR counters, the retransmission, RNR
+    and loss-probe deadlines, and selective repeat's record of single PSNs to
+    resend.  ``completer.py`` writes it (``Output`` arms ``rto_at`` and
+    ``probe_at`` when requests leave; the requester takes PSNs off ``rexmit``
+    as it resends them, and a go-back-N rewind empties it)."""
+
+    __slots__ = ("acked_psn", "retry_left", "rnr_left", "rnr_wait", "retry_pending", "rto_at",
+                 "rto_shift", "rto_shift_psn", "rnr_at", "sqd_notified", "rexmit", "rexmitted",
+                 "sacked_psn", "probe_at", "probe_mark")
+
+    def __init__(self) -> None:
+        self.acked_psn = PSN_MASK     # everything up to here is acknowledged (req.psn - 1 at start)
+        self.retry_left = 7
+        self.rnr_left = 7
+        self.rnr_wait = False         # paused by an RNR NAK until the timer fires
+        self.retry_pending: int | None = None  # rewind already requested for this PSN
+        self.rto_at: float | None = None
+        self.rto_shift = 0            # timeouts in a row without ACK progress (the RTO's backoff)
+        self.rto_shift_psn = 0        # ... acked_psn when the last of them fired
+        self.rnr_at: float | None = None
+        self.sqd_notified = False
+        self.rexmit: deque[int] = deque()   # selective repeat: single PSNs to resend
+        self.rexmitted: dict[int, int] = {}  # ... already resent since the last ACK progress,
+        #                                     each with the highest PSN sent before it
+        self.sacked_psn: int | None = None  # ... highest PSN the responder said it holds
+        self.probe_at: float | None = None  # ... resend the oldest PSN early
+        self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
+
+
 class CongestionState:
     """A QP's congestion-control state, used only when the QP has a controller
     (``qp.cc``).  ``requester.py`` writes the pacer's and the in-flight record;
@@ -354,11 +385,7 @@ class QP:
     __slots__ = (
         'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
-        'timer_at', 'cc_spec', 'cc', 'ccs', 'req', 'sq', 'acked_psn',
-        'retry_left', 'rnr_left', 'rnr_wait',
-        'rexmit', 'rexmitted', 'sacked_psn',
-        'retry_pending', 'rto_at', 'rto_shift', 'rto_shift_psn', 'probe_at',
-        'probe_mark', 'rnr_at', 'sqd_notified', 'rq', 'epsn', 'msn', 'resp_wqe',
+        'timer_at', 'cc_spec', 'cc', 'ccs', 'req', 'comp', 'sq', 'rq', 'epsn', 'msn', 'resp_wqe',
         'resp_off', 'resp_kind', 'write_view', 'write_off', 'write_len', 'nak_sent',
         'sr_naked', 'sr_scan', 'sr_stream_psn', 'ooo', 'sr_writes', 'sr_placed',
         'ooo_high', 'resources', 'resp_out', 'uc_drop', '_mtu', '_dest', '_rto',
@@ -424,22 +451,7 @@ class QP:
         # requester / completer
         self.sq: deque[SendWQE] = deque()
         self.req = ReqInfo()
-        self.acked_psn = PSN_MASK     # everything up to here is acknowledged (sq_psn - 1 at start)
-        self.retry_left = 7
-        self.rnr_left = 7
-        self.rnr_wait = False         # paused by an RNR NAK until the timer fires
-        self.rexmit: deque[int] = deque()   # selective repeat: single PSNs to resend
-        self.rexmitted: dict[int, int] = {}  # ... already resent since the last ACK progress,
-        #                                     each with the highest PSN sent before it
-        self.sacked_psn: int | None = None  # ... highest PSN the responder said it holds
-        self.retry_pending: int | None = None  # rewind already requested for this PSN
-        self.rto_at: float | None = None
-        self.rto_shift = 0            # timeouts in a row without ACK progress (the RTO's backoff)
-        self.rto_shift_psn = 0        # ... acked_psn when the last of them fired
-        self.probe_at: float | None = None  # selective repeat: resend the oldest PSN early
-        self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
-        self.rnr_at: float | None = None
-        self.sqd_notified = False
+        self.comp = CompInfo()
         self.ccs = CongestionState()
         # responder
         self.rq: deque = deque()

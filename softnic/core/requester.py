@@ -437,7 +437,7 @@ def rewind(qp, psn: int) -> None:
     w.next_pkt = (psn - w.first_psn) & PSN_MASK
     for j in range(i + 1, len(qp.sq)):
         qp.sq[j].next_pkt = 0
-    qp.rexmit.clear()
+    qp.comp.rexmit.clear()
 
 
 def _window_room(qp, psn: int) -> int:
@@ -445,11 +445,13 @@ def _window_room(qp, psn: int) -> int:
     Go-back-N counts every unacknowledged packet.  Selective repeat counts those
     beyond the highest PSN the responder reported holding (IRN's BDP cap), within
     the span the responder will hold."""
-    base = (qp.acked_psn + 1) & PSN_MASK
+    comp = qp.comp
+    base = (comp.acked_psn + 1) & PSN_MASK
     if qp.selective_repeat:
         room = SR_SPAN * qp.window - psn_diff(psn, base)
-        if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
-            base = (qp.sacked_psn + 1) & PSN_MASK
+        sacked = comp.sacked_psn
+        if sacked is not None and psn_diff(sacked, base) >= 0:
+            base = (sacked + 1) & PSN_MASK
         return min(room, qp.window - psn_diff(psn, base))
     d = (psn - base) & PSN_MASK           # psn_diff(psn, base), inline (asked per packet)
     return qp.window - (d - PSN_MODULUS if d & PSN_HALF else d)
@@ -512,10 +514,10 @@ def cc_lost_from(qp, psn: int) -> None:
 
 
 def cc_acked(qp, before: int, now: float) -> None:
-    """The cumulative ACK moved from ``before`` to ``qp.acked_psn``: tell the controller."""
+    """The cumulative ACK moved from ``before`` to ``qp.comp.acked_psn``: tell the controller."""
     ccs = qp.ccs
     sent = ccs.sent
-    acked = qp.acked_psn
+    acked = qp.comp.acked_psn
     nbytes = 0
     rtt = None
     if sent:
@@ -564,7 +566,8 @@ def generate(dev, qp, now: float, out: list) -> None:
     paced QP's MIDDLE is WINDOW, PACER, SEND, then back to WINDOW and PACER for
     the same WQE's next packet (not through the send queue's walk), where one of
     them stops."""
-    if qp.rnr_wait or qp.state not in _SENDING:                        # IDLE
+    comp = qp.comp
+    if comp.rnr_wait or qp.state not in _SENDING:                       # IDLE
         return
     if qp.ccs.pace_at is not None and dev._fast and _held_by_pacer(qp, now):  # HELD
         return
@@ -572,7 +575,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     rc = qtype is _RC
     dest = qp.dest if qtype is not _UD else None
     cc = qp.cc if qtype is not _UD else None
-    if qp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):  # RESEND
+    if comp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):  # RESEND
         return
     ack_every = dev.config.ack_every or qp.window // 4 or 1
     sq = qp.sq
@@ -636,10 +639,11 @@ def _held_by_pacer(qp, now: float) -> bool:
 def _resend_singles(dev, qp, now: float, out: list, dest, cc) -> bool:
     """Selective repeat: the single lost PSNs (or READ response ranges) named for
     resending, oldest first.  False if the congestion controller holds them."""
-    while qp.rexmit:
+    rexmit = qp.comp.rexmit
+    while rexmit:
         if cc is not None and _cc_blocked(qp, now, True):
             return False
-        item = qp.rexmit.popleft()
+        item = rexmit.popleft()
         psn, count = item if isinstance(item, tuple) else (item, None)
         i = _find(qp, psn)
         if i is None:

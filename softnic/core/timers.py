@@ -29,10 +29,11 @@ class Timers:
             qp._rto = max(4.096e-6 * (1 << a.timeout), self.config.min_timer)
             qp._rto_of = a
         t = qp._rto
-        if qp.rto_shift:
-            if qp.acked_psn == qp.rto_shift_psn:
-                return t * (1 << qp.rto_shift)
-            qp.rto_shift = 0
+        comp = qp.comp
+        if comp.rto_shift:
+            if comp.acked_psn == comp.rto_shift_psn:
+                return t * (1 << comp.rto_shift)
+            comp.rto_shift = 0
         return t
 
     def probe_interval(self, qp: QP) -> float:
@@ -42,11 +43,12 @@ class Timers:
         return max(self.rto(qp) / 8, self.config.min_timer)
 
     def arm(self, qp: QP) -> None:
-        t = qp.rto_at
-        a = qp.probe_at
+        comp = qp.comp
+        t = comp.rto_at
+        a = comp.probe_at
         if a is not None and (t is None or a < t):
             t = a
-        a = qp.rnr_at
+        a = comp.rnr_at
         if a is not None and (t is None or a < t):
             t = a
         cc = qp.cc
@@ -100,8 +102,9 @@ class Timers:
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
                     self._ready[qp] = None
-            if qp.rnr_wait or qp.probe_at is not None or \
-                    (qp.rto_at is not None and qp.rto_at <= now):
+            comp = qp.comp
+            if comp.rnr_wait or comp.probe_at is not None or \
+                    (comp.rto_at is not None and comp.rto_at <= now):
                 completer.on_timeout(self, qp, now)     # (it has nothing to do otherwise)
             self.arm(qp)
 

@@ -197,12 +197,12 @@ class Verbs:
             qp.epsn = qp.attr.rq_psn
         elif nxt == QPState.RTS and cur == QPState.RTR:
             qp.req.psn = qp.attr.sq_psn
-            qp.acked_psn = qp.req.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
-            qp.retry_left = qp.attr.retry_cnt
-            qp.rnr_left = qp.attr.rnr_retry
+            qp.comp.acked_psn = qp.req.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
+            qp.comp.retry_left = qp.attr.retry_cnt
+            qp.comp.rnr_left = qp.attr.rnr_retry
             self._make_cc(qp)
         elif nxt == QPState.SQD:
-            qp.sqd_notified = False
+            qp.comp.sqd_notified = False
         qp.state = nxt
         qp.attr = merge_attr(qp.attr, QPAttr(qp_state=nxt), M.STATE)
         if nxt in (QPState.RTS, QPState.SQD):
