@@ -263,7 +263,7 @@ def test_first_placed_beyond_a_hole_is_checked_again_in_order(fast):
     p.a.post_send(p.ea.qp, write_wr(3, p.ea, p.eb, 0, N, 0))
 
     def second_first_held():
-        item = p.eb.qp.ooo.get(psn_add(first, 79))
+        item = p.eb.qp.sr.ooo.get(psn_add(first, 79))
         held[:] = [item]
         return item is not None
     p.run_until(second_first_held, limit=5)
@@ -317,7 +317,7 @@ def test_go_back_n_unchanged():
     p.run_until(lambda: len(p.send_wcs()) == 2, limit=5)
     assert [(c.wr_id, c.status) for c in p.send_wcs()] == [(1, S.SUCCESS), (2, S.SUCCESS)]
     assert read(p.eb, 0, N) == b
-    assert not p.eb.qp.ooo
+    assert not p.eb.qp.sr.ooo
     naks = [pk for _, pk in p.packets(src=p.b) if pk.info.kind == Kind.ACK
             and pk.aeth.code == AethCode.NAK]
     assert len(naks) == 1 and naks[0].aeth.value == NakCode.PSN_SEQUENCE_ERROR

@@ -194,8 +194,8 @@ class Device(Verbs, Dispatch, Output, Timers):
         for r in rq:
             self.post_cqe(qp.recv_cq, WC(r.wr_id, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV, qp.qpn),
                           qp)
-        qp.ooo.clear()
-        qp.sr_writes.clear()
+        qp.sr.ooo.clear()
+        qp.sr.writes.clear()
         if not keep_responses:
             responder.keep_answers(qp)
         if qp.resp_out:

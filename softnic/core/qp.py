@@ -358,6 +358,24 @@ class CompInfo:
         self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
 
 
+class SRInfo:
+    """The responder's selective-repeat state (IRN): request packets held beyond a
+    PSN hole, the WRITE bytes placed beyond it, and the holes already named in
+    NAKs.  ``responder.py`` and ``sr_place.py`` write it.  (The requester's side
+    of selective repeat, the single PSNs to resend, is the completer's: ``CompInfo``.)"""
+
+    __slots__ = ("naked", "scan", "stream_psn", "ooo", "writes", "placed")
+
+    def __init__(self) -> None:
+        self.naked: set[int] = set()  # PSNs missing beyond the hole, already named in a NAK
+        self.scan: int | None = None  # PSNs below it are held or named
+        self.stream_psn = 0           # the PSN a driver's stream of MIDDLEs beyond a hole takes next
+        self.ooo: dict[int, object] = {}  # PSN -> packet held for in-order apply
+        self.writes: list = []        # the current WRITE, then those whose FIRST is held:
+        #                               (first psn, view, length, end psn, address)
+        self.placed = None            # byte ranges placed beyond a hole, by PSN (sr_place.Placed)
+
+
 class CongestionState:
     """A QP's congestion-control state, used only when the QP has a controller
     (``qp.cc``).  ``requester.py`` writes the pacer's and the in-flight record;
@@ -387,8 +405,7 @@ class QP:
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
         'timer_at', 'cc_spec', 'cc', 'ccs', 'req', 'comp', 'sq', 'rq', 'epsn', 'msn', 'resp_wqe',
         'resp_off', 'resp_kind', 'write_view', 'write_off', 'write_len', 'nak_sent',
-        'sr_naked', 'sr_scan', 'sr_stream_psn', 'ooo', 'sr_writes', 'sr_placed',
-        'ooo_high', 'resources', 'resp_out', 'uc_drop', '_mtu', '_dest', '_rto',
+        'sr', 'resources', 'resp_out', 'uc_drop', '_mtu', '_dest', '_rto',
         '_mtu_of', '_dest_of', '_rto_of',
         "__dict__", "__weakref__")
 
@@ -464,13 +481,7 @@ class QP:
         self.write_off = 0
         self.write_len = 0
         self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
-        self.sr_naked: set[int] = set()
-        self.sr_scan: int | None = None   # responder: PSNs below it are held or named
-        self.sr_stream_psn = 0      # ... the PSN a driver's stream of MIDDLEs beyond a hole takes next
-        self.ooo: dict[int, object] = {}   # selective repeat: PSN -> packet held for in-order apply
-        self.sr_writes: list = []   # ... the current WRITE, then those whose FIRST is held: (first psn, view, length, end psn, address)
-        self.sr_placed = None       # ... byte ranges placed beyond a hole, by PSN (sr_place.Placed)
-        self.ooo_high = None
+        self.sr = SRInfo()
         self.resources: deque = deque()    # READ / ATOMIC replay resources
         self.resp_out: deque = deque()     # responses to send, in PSN order
         self.uc_drop = False          # UC: drop the rest of a message after a PSN gap

@@ -195,13 +195,14 @@ def recv_done(dev, qp, wqe, opcode: WCOpcode, byte_len: int, imm: int, flags: WC
 def _nothing_held(qp) -> None:
     """With no packet held out of order, selective repeat's bookkeeping of a
     hole is gone."""
-    if qp.sr_naked:
-        qp.sr_naked.clear()
-    qp.sr_scan = None
-    if qp.sr_writes:
-        qp.sr_writes.clear()
-    if qp.sr_placed is not None:
-        qp.sr_placed.clear()
+    sr = qp.sr
+    if sr.naked:
+        sr.naked.clear()
+    sr.scan = None
+    if sr.writes:
+        sr.writes.clear()
+    if sr.placed is not None:
+        sr.placed.clear()
 
 
 def receive(dev, qp, pkt, src, now: float) -> None:
@@ -226,19 +227,20 @@ def receive(dev, qp, pkt, src, now: float) -> None:
             _gap(dev, qp)
         return
     _execute(dev, qp, pkt)
-    if qp.ooo:
-        while qp.epsn in qp.ooo and qp.state != QPState.ERR:
-            item = qp.ooo.pop(qp.epsn)
+    ooo = qp.sr.ooo
+    if ooo:
+        while qp.epsn in ooo and qp.state != QPState.ERR:
+            item = ooo.pop(qp.epsn)
             if type(item) is tuple:
                 placed_write(dev, qp, item)
             else:
                 _execute(dev, qp, item)
-        if qp.ooo and qp.state != QPState.ERR:
+        if ooo and qp.state != QPState.ERR:
             # another hole below packets already held: name it at once
-            _sack_nak(dev, qp, qp.epsn, max(qp.ooo, key=lambda p: psn_diff(p, qp.epsn)))
+            _sack_nak(dev, qp, qp.epsn, max(ooo, key=lambda p: psn_diff(p, qp.epsn)))
             sr_place.prune(qp)
             chain_writes(dev, qp)
-    if not qp.ooo:
+    if not ooo:
         _nothing_held(qp)
 
 
@@ -280,10 +282,11 @@ def _hold(dev, qp, pkt, d: int) -> None:
     below it fills), NAK each newly missing PSN, and selectively ACK the held
     packet whenever the requester asked for an ACK."""
     span = SR_SPAN * qp.window
-    if d >= span or len(qp.ooo) >= span:
+    ooo = qp.sr.ooo
+    if d >= span or len(ooo) >= span:
         return
     psn = pkt.bth.psn
-    if psn in qp.ooo:
+    if psn in ooo:
         return
     hold(dev, qp, psn, pkt.bth.ackreq, pkt)
     info = pkt.info
@@ -292,7 +295,7 @@ def _hold(dev, qp, pkt, d: int) -> None:
 
 
 def chain_writes(dev, qp) -> None:
-    """Extend ``qp.sr_writes``, the run of WRITEs from the one being received on
+    """Extend ``qp.sr.writes``, the run of WRITEs from the one being received on
     whose every PSN is known to be a packet of a WRITE with a checked target:
     the current WRITE, then each WRITE whose FIRST is held directly after the
     last one.  Their later packets may be placed before the hole below them
@@ -302,7 +305,7 @@ def chain_writes(dev, qp) -> None:
     before anything after them lands).  Each FIRST is checked as ``_write``
     will check it; one that would be refused ends the run, and the general path
     refuses it in order, NAK and all."""
-    chain = qp.sr_writes
+    chain = qp.sr.writes
     mtu = qp.mtu
     if chain:
         end = chain[-1][3]
@@ -315,7 +318,7 @@ def chain_writes(dev, qp) -> None:
         chain.append((first, qp.write_view, qp.write_len, end, span[0]))
     else:
         return
-    ooo = qp.ooo
+    ooo = qp.sr.ooo
     while True:
         pkt = ooo.get(end)
         if pkt is None:
@@ -386,10 +389,11 @@ def placed_write(dev, qp, item) -> None:
 def hold(dev, qp, psn: int, ackreq: bool, item) -> None:
     """Hold ``item`` (a decoded packet, or a placed WRITE packet's tuple) for
     ``psn``, in the span and not yet held, and name the PSNs missing below it."""
-    qp.ooo[psn] = item
+    sr = qp.sr
+    sr.ooo[psn] = item
     named = 0
     p = qp.epsn
-    scan = qp.sr_scan
+    scan = sr.scan
     if scan is not None and psn_diff(scan, p) > 0:
         # every PSN below ``scan`` is held or already named: start there, so a
         # window of packets beyond one hole costs a window of steps, not its square
@@ -398,13 +402,13 @@ def hold(dev, qp, psn: int, ackreq: bool, item) -> None:
         else:
             p = scan
     while p != psn and named < 16:
-        if p not in qp.ooo and p not in qp.sr_naked:
-            qp.sr_naked.add(p)
+        if p not in sr.ooo and p not in sr.naked:
+            sr.naked.add(p)
             _sack_nak(dev, qp, p, psn)
             named += 1
         p = (p + 1) & PSN_MASK
     if scan is None or psn_diff(p, scan) > 0:
-        qp.sr_scan = p
+        sr.scan = p
     if not named and ackreq:
         _sack_nak(dev, qp, qp.epsn, psn)
 
@@ -499,9 +503,9 @@ def _rnr_nak(dev, qp, psn: int) -> None:
     """No receive WQE for a request that needs one: RNR NAK, nothing executed,
     nothing held beyond it."""
     dev.counters["send_rnr_err"] += 1
-    qp.ooo.clear()
-    qp.sr_naked.clear()
-    qp.sr_scan = None
+    qp.sr.ooo.clear()
+    qp.sr.naked.clear()
+    qp.sr.scan = None
     qp.resp_out.append(("ack", psn, (AethCode.RNR_NAK << AETH_CODE_SHIFT)
                         | qp.attr.min_rnr_timer, qp.msn))
     dev.mark_ready(qp)
@@ -944,8 +948,9 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
         return False                    # malformed: the general path counts it
     psn = w3 & PSN_MASK
     d = (psn - qp.epsn) & PSN_MASK
+    sr = qp.sr
     if d == 0:
-        if qp.ooo:
+        if sr.ooo:
             return False                # the general path drains what is held
     elif answered:
         return False                    # a READ or ATOMIC's replay: the general path's
@@ -974,19 +979,18 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
                 memoryview(data)[hdr:hdr + plen],
                 _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
                 _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
-        if info.first and not info.last and not qp.ooo:
+        if info.first and not info.last and not sr.ooo:
             _more_middles(dev, qp)
-    if not qp.ooo and (qp.sr_naked or qp.sr_scan is not None or qp.sr_writes
-                       or qp.sr_placed is not None):
+    if not sr.ooo and (sr.naked or sr.scan is not None or sr.writes or sr.placed is not None):
         _nothing_held(qp)                   # (it has nothing to clear otherwise)
     return True
 
 
 def _chain_target(dev, qp, psn: int):
-    """The WRITE of ``qp.sr_writes`` (extended by ``chain_writes`` if empty) whose
+    """The WRITE of ``qp.sr.writes`` (extended by ``chain_writes`` if empty) whose
     PSNs hold ``psn``: ``(view, length, address, index of psn in it, its packet
     count)``; None if ``psn`` is beyond the run."""
-    chain = qp.sr_writes
+    chain = qp.sr.writes
     if not chain:
         chain_writes(dev, qp)
     for first, view, length, end, addr in reversed(chain):
@@ -1011,7 +1015,8 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
     if info.kind is not Kind.WRITE:
         return False
     span = SR_SPAN * qp.window
-    if not qp.selective_repeat or d >= span or len(qp.ooo) >= span or psn in qp.ooo:
+    ooo = qp.sr.ooo
+    if not qp.selective_repeat or d >= span or len(ooo) >= span or psn in ooo:
         return False
     if info.first:
         return _hold_placed_first(dev, qp, data, src, info, psn, plen, w3, now, ecn, telemetry)
@@ -1051,7 +1056,7 @@ def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, n
     False for anything else (the general path holds the decoded packet)."""
     if info.immdt:
         return False            # (its receive WQE is taken in order, by _write)
-    chain = qp.sr_writes
+    chain = qp.sr.writes
     if not chain:
         chain_writes(dev, qp)
         if not chain:
@@ -1077,7 +1082,7 @@ def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, n
     chain.append((psn, view, reth[2], (psn + n) & PSN_MASK, addr))
     chain_writes(dev, qp)       # (FIRSTs held after it, decoded, join the run too)
     if n > 2:
-        qp.sr_stream_psn = (psn + 1) & PSN_MASK
+        qp.sr.stream_psn = (psn + 1) & PSN_MASK
         dev.stream_qp = qp      # MIDDLEs of its WRITE to come: a driver may stream them
     return True
 
@@ -1110,7 +1115,7 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
     if qp is None or data[o + 1] & 0x30 or seg != BTH_LEN + qp.mtu + ICRC_LEN \
             or not dev.config.check_icrc:
         return 0                # (a MIDDLE has no pad; the kernel checks every ICRC)
-    if qp.ooo:
+    if qp.sr.ooo:
         if kind is not _WRITE_KIND:
             return 0            # (only a WRITE's bytes are placed beyond a hole)
         return _middles_beyond(dev, qp, data, o, seg, src)
@@ -1186,8 +1191,8 @@ def stream_target(dev):
             or dev.kernel is None or not dev._fast:
         dev.stream_qp = None
         return None
-    if qp.ooo:
-        psn = qp.sr_stream_psn
+    if qp.sr.ooo:
+        psn = qp.sr.stream_psn
         run = beyond_run(dev, qp, psn, PSN_MODULUS)
         if run is None:
             dev.stream_qp = None
@@ -1247,7 +1252,7 @@ def beyond_run(dev, qp, psn: int, m: int):
         return None
     view, length, addr, e, n = target
     span = SR_SPAN * qp.window
-    ooo = qp.ooo
+    ooo = qp.sr.ooo
     m = min(m, span - d, span - len(ooo), n - 1 - e)
     k = 0
     while k < m and (psn + k) & PSN_MASK not in ooo:
@@ -1276,19 +1281,19 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
     asked = {acks[i] for i in range(first, first + nacks)}
     a = 0 in asked
     hold(dev, qp, psn, a, (psn, False, mtu, a))
-    ooo = qp.ooo
+    ooo = qp.sr.ooo
     for i in range(1, k):
         p = (psn + i) & PSN_MASK
         a = i in asked
-        if qp.sr_scan != (p - 1) & PSN_MASK:
+        if qp.sr.scan != (p - 1) & PSN_MASK:
             hold(dev, qp, p, a, (p, False, mtu, a))
             continue
         # ``hold`` when every PSN below ``p`` is held or named: nothing to name
         ooo[p] = (p, False, mtu, a)
-        qp.sr_scan = p
+        qp.sr.scan = p
         if a:
             _sack_nak(dev, qp, qp.epsn, p)
-    nxt = qp.sr_stream_psn = (psn + k) & PSN_MASK
+    nxt = qp.sr.stream_psn = (psn + k) & PSN_MASK
     run = _chain_target(dev, qp, nxt)
     if run is not None and run[3] < run[4] - 1:
         dev.stream_qp = qp          # more MIDDLEs of the WRITE to come: a driver may stream them
