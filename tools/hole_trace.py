@@ -86,7 +86,7 @@ def _hooks(role: str, events: list) -> None:
         return sack(dev, qp, missing, held)
 
     def fill(dev, qp, pkt, src, now):
-        if qp.sr.ooo and pkt.bth.psn == qp.epsn:
+        if qp.sr.ooo and pkt.bth.psn == qp.resp.epsn:
             events.append(("FILL", pkt.bth.psn, pc()))
         return receive(dev, qp, pkt, src, now)
 

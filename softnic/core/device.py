@@ -187,9 +187,9 @@ class Device(Verbs, Dispatch, Output, Timers):
             self.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.WR_FLUSH_ERR,
                                          completer._WC_OPCODE[w.opcode], qp.qpn), qp)
         rq = list(qp.rq)
-        if qp.resp_wqe is not None:
-            rq.insert(0, qp.resp_wqe)
-            qp.resp_wqe = None
+        if qp.resp.wqe is not None:
+            rq.insert(0, qp.resp.wqe)
+            qp.resp.wqe = None
         qp.rq.clear()
         for r in rq:
             self.post_cqe(qp.recv_cq, WC(r.wr_id, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV, qp.qpn),
@@ -198,7 +198,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         qp.sr.writes.clear()
         if not keep_responses:
             responder.keep_answers(qp)
-        if qp.resp_out:
+        if qp.resp.out:
             self.mark_ready(qp)
         if qp.srq is not None:
             self.events.append((EventType.QP_LAST_WQE_REACHED, qp))

@@ -397,8 +397,8 @@ class IwarpDevice(Device):
         term = Terminate(term.layer, term.etype, term.ecode, len(hdr) + len(seg.payload), hdr,
                          bytes(seg.payload[:iw.READ_REQUEST_LEN])
                          if seg.opcode == Opcode.RDMA_READ_REQUEST else None)
-        if qp.resp_wqe is not None:
-            wqe, qp.resp_wqe = qp.resp_wqe, None
+        if qp.resp.wqe is not None:
+            wqe, qp.resp.wqe = qp.resp.wqe, None
             self.post_cqe(qp.recv_cq, WC(wqe.wr_id, recv_status or WCStatus.REM_INV_REQ_ERR,
                                          WCOpcode.RECV, qp.qpn), qp)
         self._terminate(qp, term)
@@ -413,7 +413,7 @@ class IwarpDevice(Device):
             qp.iw.term_msn += 1
             self.counters["terminate_sent"] += 1
         qp.iw.terminated = True
-        qp.resp_kind = None
+        qp.resp.kind = None
         self.to_error(qp)
         self._unbind(qp)                 # after a Terminate the stream closes, as in SoftiWARP
 
@@ -465,9 +465,9 @@ class IwarpDevice(Device):
                                             DdpUntaggedEcode.INVALID_MSN_RANGE),
                          EventType.QP_FATAL)
             return
-        if seg.mo == 0 and qp.resp_wqe is None:
+        if seg.mo == 0 and qp.resp.wqe is None:
             try:
-                qp.resp_wqe = responder.take_recv(self, qp)
+                qp.resp.wqe = responder.take_recv(self, qp)
             except responder.Rnr:
                 # No receive posted: iWARP has no RNR, this is fatal (RFC 5041 section 7.2).
                 self.counters["send_no_buffer"] += 1
@@ -475,8 +475,8 @@ class IwarpDevice(Device):
                                                 DdpUntaggedEcode.INVALID_MSN_NO_BUFFER),
                              EventType.QP_FATAL)
                 return
-            qp.resp_off = 0
-        if qp.resp_wqe is None or seg.mo != qp.resp_off:
+            qp.resp.off = 0
+        if qp.resp.wqe is None or seg.mo != qp.resp.off:
             self._refuse(qp, seg, Terminate(Layer.DDP, DdpEtype.UNTAGGED_BUFFER,
                                             DdpUntaggedEcode.INVALID_MO), EventType.QP_FATAL)
             return
@@ -504,7 +504,7 @@ class IwarpDevice(Device):
         flags = WCFlags(0)
         inv = imm_data = 0
         opcode = WCOpcode.RECV
-        byte_len = qp.resp_off
+        byte_len = qp.resp.off
         if info.invalidate:
             if not self.keys.invalidate(qp.pd, seg.inv_stag):
                 self._refuse(qp, seg, Terminate(Layer.RDMAP, RdmapEtype.REMOTE_PROTECTION,
@@ -520,7 +520,7 @@ class IwarpDevice(Device):
             byte_len = int.from_bytes(seg.payload[4:8], "big")
             flags |= WCFlags.WITH_IMM
             opcode = WCOpcode.RECV_RDMA_WITH_IMM
-        wqe, qp.resp_wqe = qp.resp_wqe, None
+        wqe, qp.resp.wqe = qp.resp.wqe, None
         iwq.recv_msn += 1
         self.counters["rdma_recvs"] += 1
         self.post_cqe(qp.recv_cq, WC(wqe.wr_id, WCStatus.SUCCESS, opcode, qp.qpn,

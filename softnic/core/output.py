@@ -119,7 +119,7 @@ class Output:
         ready, self._ready = self._ready, {}
         for qp in ready:
             if qp.closed:
-                if qp.resp_out:                 # the answers it owed when destroyed
+                if qp.resp.out:                 # the answers it owed when destroyed
                     self._responses(qp, out)
                 continue
             # Requests before responses: a program that posts as soon as a peer's
@@ -127,7 +127,7 @@ class Output:
             # the ACK it owes follows in the same flush.
             if qp.state in _SENDING:
                 self._requests(qp, now, out)
-            if qp.resp_out:
+            if qp.resp.out:
                 self._responses(qp, out)
         return out
 
@@ -152,9 +152,9 @@ class Output:
         for qp in self._ready:
             sq = qp.sq
             if qp.closed or qp.cc is not None or qp.req.send_idx < len(sq) or qp.comp.rexmit \
-                    or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp_out:
+                    or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp.out:
                 return False
-            for e in qp.resp_out:
+            for e in qp.resp.out:
                 if e[0] != "ack" or e[2] != plain:
                     return False
         return True
@@ -225,13 +225,15 @@ class Output:
         dest = qp.dest
         dqpn = qp.attr.dest_qp_num
         mtu = qp.mtu
-        while qp.resp_out:
-            entry = qp.resp_out.popleft()
+        pending = qp.resp.out
+        while pending:
+            entry = pending.popleft()
             kind, psn = entry[0], entry[1]
             if kind == "ack":
                 ack = ack_packet(dqpn, psn, entry[2], entry[3])
-                if qp.ccs.int_echo is not None:
-                    out.append((ack, dest, qp.ccs.int_echo))
+                echo = qp.ccs.int_echo
+                if echo is not None:
+                    out.append((ack, dest, echo))
                 else:
                     out.append((ack, dest))
             elif kind == "atomic":

@@ -358,6 +358,32 @@ class CompInfo:
         self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
 
 
+class RespInfo:
+    """The responder's state (rxe's ``struct rxe_resp_info``): the expected PSN and
+    MSN, the message under way (a SEND's receive WQE and how much of it is placed,
+    a WRITE's target and offset), the READ/ATOMIC replay resources, and the
+    responses waiting to go out.  ``responder.py`` writes it (iWARP's receive
+    path, ``iwarp.py``, uses the message-under-way fields by the same rules);
+    ``Output`` takes the responses off ``out``."""
+
+    __slots__ = ("epsn", "msn", "wqe", "off", "kind", "write_view", "write_off", "write_len",
+                 "nak_sent", "uc_drop", "resources", "out")
+
+    def __init__(self) -> None:
+        self.epsn = 0                 # the expected PSN
+        self.msn = 0                  # messages completed (the MSN in every AETH)
+        self.wqe = None               # receive WQE of the SEND in progress
+        self.off = 0                  # bytes placed into it so far
+        self.kind = None              # kind of the multi-packet message in progress
+        self.write_view: memoryview | None = None   # the WRITE in progress: its target,
+        self.write_off = 0            # ... the bytes placed so far,
+        self.write_len = 0            # ... its length
+        self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
+        self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
+        self.resources: deque = deque()   # READ / ATOMIC replay resources
+        self.out: deque = deque()     # responses to send, in PSN order
+
+
 class SRInfo:
     """The responder's selective-repeat state (IRN): request packets held beyond a
     PSN hole, the WRITE bytes placed beyond it, and the holes already named in
@@ -403,9 +429,8 @@ class QP:
     __slots__ = (
         'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
-        'timer_at', 'cc_spec', 'cc', 'ccs', 'req', 'comp', 'sq', 'rq', 'epsn', 'msn', 'resp_wqe',
-        'resp_off', 'resp_kind', 'write_view', 'write_off', 'write_len', 'nak_sent',
-        'sr', 'resources', 'resp_out', 'uc_drop', '_mtu', '_dest', '_rto',
+        'timer_at', 'cc_spec', 'cc', 'req', 'comp', 'resp', 'sr', 'ccs', 'sq', 'rq',
+        '_mtu', '_dest', '_rto',
         '_mtu_of', '_dest_of', '_rto_of',
         "__dict__", "__weakref__")
 
@@ -465,26 +490,14 @@ class QP:
                 cq.mirrored()
 
     def reset(self) -> None:
-        # requester / completer
+        """Empty queues and each part's state as a new QP's (a move to RESET)."""
         self.sq: deque[SendWQE] = deque()
+        self.rq: deque = deque()
         self.req = ReqInfo()
         self.comp = CompInfo()
-        self.ccs = CongestionState()
-        # responder
-        self.rq: deque = deque()
-        self.epsn = 0
-        self.msn = 0
-        self.resp_wqe = None          # receive WQE of the SEND in progress
-        self.resp_off = 0             # bytes placed into it so far
-        self.resp_kind = None         # kind of the multi-packet message in progress
-        self.write_view: memoryview | None = None
-        self.write_off = 0
-        self.write_len = 0
-        self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
+        self.resp = RespInfo()
         self.sr = SRInfo()
-        self.resources: deque = deque()    # READ / ATOMIC replay resources
-        self.resp_out: deque = deque()     # responses to send, in PSN order
-        self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
+        self.ccs = CongestionState()
 
     def next_send_psn(self) -> int:
         """PSN of the next packet the requester would send on the current WQE."""

@@ -63,7 +63,7 @@ def place_beyond(qp, psn: int, view, off: int, data, addr: int) -> None:
         ends.insert(i, e)
         psns.insert(i, psn)
         return
-    epsn = qp.epsn
+    epsn = qp.resp.epsn
     if starts[i] == s and ends[i] == e:
         # the common case (WRITEs of one size to one buffer): the same bytes as
         # one earlier packet; newer only if not yet accounted for in order
@@ -123,7 +123,7 @@ def plain_run(qp, s: int, psn: int, k: int, mtu: int) -> int:
     if pl is None or not pl.starts or not sr.ooo or k <= 0:
         return k
     starts, ends, psns = pl.starts, pl.ends, pl.psns
-    epsn = qp.epsn
+    epsn = qp.resp.epsn
     e = s + k * mtu
     j = bisect_right(ends, s)
     while j < len(starts) and starts[j] < e:
@@ -186,7 +186,7 @@ def place_in_order(qp, view, off: int, data) -> None:
     addr = span[0]
     s = addr + off
     e = s + n
-    epsn = qp.epsn
+    epsn = qp.resp.epsn
     cur = s
     j = bisect_right(ends, s)
     while j < len(starts) and starts[j] < e:
@@ -206,7 +206,7 @@ def prune(qp) -> None:
     """Forget the WRITEs of ``qp.sr.writes`` already received in full and the
     placed ranges already accounted for (PSNs below the expected one)."""
     chain = qp.sr.writes
-    epsn = qp.epsn
+    epsn = qp.resp.epsn
     k = 0
     while k < len(chain) and psn_diff(chain[k][3], epsn) <= 0:
         k += 1

@@ -161,7 +161,7 @@ class Verbs:
         qp.closed = True
         qp.timer_at = None
         responder.keep_answers(qp)
-        if not qp.resp_out:
+        if not qp.resp.out:
             self._ready.pop(qp, None)
 
     def route(self, ah) -> tuple[str, int]:
@@ -194,7 +194,7 @@ class Verbs:
             self.to_error(qp)
             return
         elif nxt == QPState.RTR and cur == QPState.INIT:
-            qp.epsn = qp.attr.rq_psn
+            qp.resp.epsn = qp.attr.rq_psn
         elif nxt == QPState.RTS and cur == QPState.RTR:
             qp.req.psn = qp.attr.sq_psn
             qp.comp.acked_psn = qp.req.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
@@ -227,7 +227,7 @@ class Verbs:
         attr = replace(attr, cur_qp_state=qp.state, cap=qp.cap,
                        sq_psn=qp.req.psn if qp.state in (QPState.RTS, QPState.SQD)
                        else attr.sq_psn,
-                       rq_psn=qp.epsn if qp.state in (QPState.RTR, QPState.RTS, QPState.SQD)
+                       rq_psn=qp.resp.epsn if qp.state in (QPState.RTR, QPState.RTS, QPState.SQD)
                        else attr.rq_psn)
         init = QPInitAttr(qp.qp_type, qp.send_cq, qp.recv_cq, qp.srq, qp.cap, qp.sq_sig_all)
         return attr, init
