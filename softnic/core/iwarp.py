@@ -107,7 +107,13 @@ class Conn:
 
 
 class IwarpQP:
-    """Per-QP iWARP state (beside the QP's shared queues)."""
+    """A QP's iWARP state (``qp.iw`` on an ``IwarpDevice``; None elsewhere): its TCP
+    connection, the DDP MSNs of its queues, the READs waiting for responses and
+    the Read Responses to send.  ``iwarp.py`` writes it; the QP's queues and the
+    requester's, completer's and responder's parts are shared with RoCE's rules."""
+
+    __slots__ = ("conn", "send_msn", "read_msn", "term_msn", "recv_msn", "rreq_msn", "reads",
+                 "resp_out", "write_len", "terminated", "last_terminate")
 
     def __init__(self):
         self.conn: Conn | None = None
@@ -120,6 +126,7 @@ class IwarpQP:
         self.resp_out: deque = deque()   # [sink stag, sink to, view, offset]: Read Responses to send
         self.write_len = 0           # bytes of the current inbound RDMA Write message
         self.terminated = False      # a Terminate was sent or received
+        self.last_terminate = None   # the Terminate last received (an iw.Terminate)
 
 
 def _ip_key(addr: tuple[str, int], qpn: int) -> tuple[int, int, int]:
@@ -169,7 +176,7 @@ class IwarpDevice(Device):
         super().destroy_qp(qp)
 
     def to_error(self, qp, keep_responses: bool = False) -> None:
-        iwq = getattr(qp, "iw", None)
+        iwq = qp.iw
         if iwq is not None:
             iwq.reads.clear()
             iwq.resp_out.clear()
@@ -199,7 +206,7 @@ class IwarpDevice(Device):
                 return
 
     def _unbind(self, qp) -> None:
-        iwq = getattr(qp, "iw", None)
+        iwq = qp.iw
         c = iwq.conn if iwq is not None else None
         if c is not None:
             iwq.conn = None

@@ -395,7 +395,7 @@ class SRInfo:
     def __init__(self) -> None:
         self.naked: set[int] = set()  # PSNs missing beyond the hole, already named in a NAK
         self.scan: int | None = None  # PSNs below it are held or named
-        self.stream_psn = 0           # the PSN a driver's stream of MIDDLEs beyond a hole takes next
+        self.stream_psn = 0           # the PSN a stream of MIDDLEs beyond a hole takes next
         self.ooo: dict[int, object] = {}  # PSN -> packet held for in-order apply
         self.writes: list = []        # the current WRITE, then those whose FIRST is held:
         #                               (first psn, view, length, end psn, address)
@@ -421,15 +421,29 @@ class CongestionState:
 
 
 class QP:
-    """Everything one queue pair holds: attributes, queues, and the state of
-    its requester, completer and responder (the logic lives in their modules)."""
+    """One queue pair: what is its own (QPN, PD, type, CQs, SRQ, attributes,
+    state, the send and receive queues, its congestion controller) and, as rxe's
+    ``struct rxe_qp``, a part for each owner of the rest (the logic lives in
+    their modules):
+
+    ======  ====================  ===============================================
+    req     ``ReqInfo``           requester.py: send queue position, PSNs given out
+    comp    ``CompInfo``          completer.py: acknowledged PSN, retries, timers
+    resp    ``RespInfo``          responder.py: ePSN, MSN, message under way, replies
+    sr      ``SRInfo``            responder.py, sr_place.py: held beyond a hole
+    ccs     ``CongestionState``   requester.py, dispatch.py: pacing, bytes in flight
+    iw      ``iwarp.IwarpQP``     iwarp.py (None but on an iWARP device)
+    ======  ====================  ===============================================
+
+    ``reset()`` gives each part (but ``iw``, which iWARP's device renews) its state
+    as new.  A hot path takes a part into a local once (``req = qp.req``)."""
 
     #: the attributes the engine reads per packet as slots (faster than a dict's);
     #: ``__dict__`` keeps room for any other
     __slots__ = (
         'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
-        'timer_at', 'cc_spec', 'cc', 'req', 'comp', 'resp', 'sr', 'ccs', 'sq', 'rq',
+        'timer_at', 'cc_spec', 'cc', 'req', 'comp', 'resp', 'sr', 'ccs', 'iw', 'sq', 'rq',
         '_mtu', '_dest', '_rto',
         '_mtu_of', '_dest_of', '_rto_of',
         "__dict__", "__weakref__")
@@ -455,6 +469,7 @@ class QP:
         self.timer_at: float | None = None
         self.cc_spec: str | None = None       # per-QP congestion control (None: the device's)
         self.cc = None                        # its controller, made at RTS (None: no control)
+        self.iw = None                        # iWARP's part (iwarp.IwarpQP), on an iWARP device
         self.reset()
 
     # The engine asks for these on every packet; attributes are frozen and replaced
