@@ -52,7 +52,7 @@ def _placed_spy(monkeypatch, p_box):
     real = responder.hold
 
     def hold(dev, qp, psn, ackreq, item):
-        if type(item) is tuple:
+        if type(item) is responder.PlacedWrite:
             placed.append(psn_distance(psn, p_box[0].ea.qp.attr.sq_psn))
         return real(dev, qp, psn, ackreq, item)
     monkeypatch.setattr(responder, "hold", hold)
@@ -267,7 +267,8 @@ def test_first_placed_beyond_a_hole_is_checked_again_in_order(fast):
         held[:] = [item]
         return item is not None
     p.run_until(second_first_held, limit=5)
-    assert (type(held[0]) is tuple) == fast     # placed on arrival only by the common case
+    # placed on arrival only by the common case
+    assert (type(held[0]) is responder.PlacedWrite) == fast
     p.b.dereg_mr(second)
     p.run_until(lambda: len(p.send_wcs()) == 3, limit=5)
     assert [(c.wr_id, c.status) for c in p.send_wcs()] == \

@@ -125,7 +125,7 @@ def test_later_write_placed_beyond_a_hole(monkeypatch, overlap):
     real = responder.hold
 
     def hold(dev, qp, psn, ackreq, item):
-        if type(item) is tuple:
+        if type(item) is responder.PlacedWrite:
             placed.append(psn_distance(psn, p.ea.qp.attr.sq_psn))
         return real(dev, qp, psn, ackreq, item)
     monkeypatch.setattr(responder, "hold", hold)

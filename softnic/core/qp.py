@@ -380,8 +380,8 @@ class RespInfo:
         self.write_len = 0            # ... its length
         self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
         self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
-        self.resources: deque = deque()   # READ / ATOMIC replay resources
-        self.out: deque = deque()     # responses to send, in PSN order
+        self.resources: deque = deque()   # READ / ATOMIC replay: responder.ReadResource, ...
+        self.out: deque = deque()     # responses to send, in PSN order: responder.Ack, ...
 
 
 class SRInfo:
@@ -396,7 +396,7 @@ class SRInfo:
         self.naked: set[int] = set()  # PSNs missing beyond the hole, already named in a NAK
         self.scan: int | None = None  # PSNs below it are held or named
         self.stream_psn = 0           # the PSN a stream of MIDDLEs beyond a hole takes next
-        self.ooo: dict[int, object] = {}  # PSN -> packet held for in-order apply
+        self.ooo: dict[int, object] = {}  # PSN -> held: a Packet or a responder.PlacedWrite
         self.writes: list = []        # the current WRITE, then those whose FIRST is held:
         #                               (first psn, view, length, end psn, address)
         self.placed = None            # byte ranges placed beyond a hole, by PSN (sr_place.Placed)

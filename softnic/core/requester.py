@@ -24,6 +24,7 @@ the common-case branches and without them.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 from ..wire.icrc import crc32, icrc_start
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
@@ -372,6 +373,18 @@ def _plain_last(dev, qp, wqe, psn: int, off: int, n: int, dest, buf=None, o: int
     return buf
 
 
+class Run(NamedTuple):
+    """``count`` packets of ``seg`` bytes each (the last may be shorter), ICRCs
+    included, one after another in ``buf`` (a ``bytearray`` or a ``Gather``), all to
+    ``dest``: a request's MIDDLEs (``_bulk_run``) or a READ's RESPONSE MIDDLEs
+    (``Output._read_run``), as ``generate`` and ``Output`` put them in their list
+    of what leaves, beside single packets, ``(bytes, dest)`` tuples."""
+    buf: object
+    dest: tuple
+    seg: int
+    count: int
+
+
 class Gather:
     """A run ``_bulk`` left in registered memory for a driver that gathers
     (``Device.tx_gather``): ``count`` MIDDLEs, each its BTH and ICRC (16 bytes
@@ -683,7 +696,7 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
         return False
     _record_sent(dev, qp, psn, k)
     buf, seg = _bulk(dev, qp, wqe, idx, k, dest, ack_every)
-    out.append((buf, dest, seg, k))
+    out.append(Run(buf, dest, seg, k))
     wqe.next_pkt = idx + k
     if wqe.next_pkt >= wqe.npkts:
         qp.req.send_idx += 1

@@ -40,6 +40,7 @@ from __future__ import annotations
 import struct
 import sys
 from collections import deque
+from typing import NamedTuple
 
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
@@ -81,17 +82,82 @@ class Rnr(Exception):
 _Nak, _Rnr = Nak, Rnr
 
 
-# response queue entries: ("ack", psn, syndrome) | ("read", psn, view, msn) | ("atomic", psn, orig)
+# ---------------------------------------------------------------- records
+#
+# The responses the responder queues in ``qp.resp.out`` for ``Output`` to send, in
+# PSN order, one type each (``Output`` and the coalescing below tell them apart by
+# type); and the READ / ATOMIC replay resources it keeps in ``qp.resp.resources``
+# (``max_dest_rd_atomic`` of them) to answer a duplicate request.
+
+
+class Ack(NamedTuple):
+    """An ACK or NAK: the PSN it names, its AETH syndrome and MSN field."""
+    psn: int
+    syndrome: int
+    msn: int
+
+
+class ReadReply(NamedTuple):
+    """A READ's responses (one packet per path MTU of ``view``, PSNs from ``psn``
+    on; none but an ACK-like ONLY for an ATOMIC WRITE or FLUSH: ``view`` empty)."""
+    psn: int
+    view: memoryview
+    msn: int
+
+
+class AtomicReply(NamedTuple):
+    """An ATOMIC ACKNOWLEDGE: the PSN it answers, the original value, the MSN."""
+    psn: int
+    orig: int
+    msn: int
+
+
+class WriteFirst(NamedTuple):
+    """What a WRITE's FIRST held beyond a hole named, its target checked on arrival:
+    the RETH's (va, rkey, length), the target's view, how many packets the WRITE
+    takes and the address of its first byte."""
+    reth: tuple
+    view: memoryview
+    packets: int
+    addr: int
+
+
+class PlacedWrite(NamedTuple):
+    """A WRITE packet held beyond a hole (in ``qp.sr.ooo``, beside decoded packets)
+    whose bytes are already in memory: ``placed_write`` accounts for it, as
+    ``_write`` would have, once the hole fills.  ``first``: a FIRST's target
+    (``WriteFirst``), checked again then, in order; None for a MIDDLE or LAST."""
+    psn: int
+    last: bool
+    length: int
+    ackreq: bool
+    first: WriteFirst | None = None
+
+
+class ReadResource(NamedTuple):
+    """A READ (or ATOMIC WRITE, FLUSH) executed: its PSNs ``first`` .. ``last``,
+    which a duplicate is answered for again (a READ re-read, the others not run
+    again)."""
+    first: int
+    last: int
+
+
+class AtomicResource(NamedTuple):
+    """An ATOMIC executed at ``psn``, and the original value its duplicate gets
+    (the operation never runs twice)."""
+    psn: int
+    orig: int
+
 
 def queue_ack(dev, qp, psn: int, syndrome: int = ACK_CREDITS) -> None:
     resp = qp.resp
     out = resp.out
-    plain = syndrome == ACK_CREDITS
-    if plain and out and out[-1][0] == "ack" and out[-1][2] == ACK_CREDITS:
-        out[-1] = ("ack", psn, syndrome, resp.msn)
+    last = out[-1] if out else None
+    if syndrome == ACK_CREDITS and type(last) is Ack and last.syndrome == ACK_CREDITS:
+        out[-1] = Ack(psn, syndrome, resp.msn)      # a later plain ACK covers an earlier one
         dev.counters["ack_deferred"] += 1
     else:
-        out.append(("ack", psn, syndrome, resp.msn))
+        out.append(Ack(psn, syndrome, resp.msn))
     dev.mark_ready(qp)
 
 
@@ -107,12 +173,12 @@ def keep_answers(qp) -> None:
     memory the consumer may free next, are dropped."""
     resp = qp.resp
     if resp.out:
-        resp.out = deque(e for e in resp.out if e[0] != "read")
+        resp.out = deque(e for e in resp.out if type(e) is not ReadReply)
 
 
 def _nak(dev, qp, psn: int, code: NakCode, msn: int | None = None) -> None:
     resp = qp.resp
-    resp.out.append(("ack", psn, (AethCode.NAK << AETH_CODE_SHIFT) | code,
+    resp.out.append(Ack(psn, (AethCode.NAK << AETH_CODE_SHIFT) | code,
                         resp.msn if msn is None else msn))
     dev.mark_ready(qp)
 
@@ -238,7 +304,7 @@ def receive(dev, qp, pkt, src, now: float) -> None:
     if ooo:
         while resp.epsn in ooo and qp.state != QPState.ERR:
             item = ooo.pop(resp.epsn)
-            if type(item) is tuple:
+            if type(item) is PlacedWrite:
                 placed_write(dev, qp, item)
             else:
                 _execute(dev, qp, item)
@@ -276,9 +342,9 @@ def _sack_nak(dev, qp, missing: int, held: int) -> None:
     stop = k - SACK_LOOKBACK
     while k > stop and k >= 0:
         e = out[k]
-        if e[1] == missing and e[2] == _SACK and e[0] == "ack":
-            if psn_diff(held, e[3]) > 0:
-                out[k] = ("ack", missing, _SACK, held)
+        if type(e) is Ack and e.psn == missing and e.syndrome == _SACK:
+            if psn_diff(held, e.msn) > 0:
+                out[k] = Ack(missing, _SACK, held)
             dev.counters["sack_coalesced"] += 1
             return
         k -= 1
@@ -332,10 +398,10 @@ def chain_writes(dev, qp) -> None:
         pkt = ooo.get(end)
         if pkt is None:
             return
-        if type(pkt) is tuple:
-            if len(pkt) == 4:
+        if type(pkt) is PlacedWrite:
+            if pkt.first is None:
                 return              # (a MIDDLE or LAST: no FIRST here)
-            reth, view, n, addr = pkt[4]    # a FIRST placed beyond the hole: checked then
+            reth, view, n, addr = pkt.first     # a FIRST placed beyond the hole: checked then
             first, end = end, (end + n) & PSN_MASK
             chain.append((first, view, reth[2], end, addr))
             continue
@@ -371,16 +437,15 @@ def _first_target(dev, qp, info, va: int, rkey: int, length: int, plen: int):
 
 
 def placed_write(dev, qp, item) -> None:
-    """A WRITE packet ``(psn, last, length, ackreq)`` whose bytes are already in
-    memory (placed beyond a hole that has since filled): account for it as
-    ``_write`` would have.  A FIRST carries a fifth field, ``((va, rkey,
-    length), view, packets, address)``: its WRITE starts here, its target
-    checked again now, in order, as ``_write`` checks it (refused: the NAK and
-    the error ``execute`` gives, and nothing accounted)."""
+    """A ``PlacedWrite`` whose bytes are already in memory (placed beyond a hole
+    that has since filled): account for it as ``_write`` would have.  A FIRST's
+    WRITE starts here, its target checked again now, in order, as ``_write``
+    checks it (refused: the NAK and the error ``execute`` gives, and nothing
+    accounted)."""
     resp = qp.resp
-    psn, last, n, ackreq = item[:4]
-    if len(item) > 4:
-        va, rkey, length = item[4][0]
+    psn, last, n, ackreq, first = item
+    if first is not None:
+        va, rkey, length = first.reth
         try:
             resp.write_view = write_target(dev, qp, va, rkey, length)
         except _Nak as e:
@@ -519,7 +584,7 @@ def _rnr_nak(dev, qp, psn: int) -> None:
     qp.sr.ooo.clear()
     qp.sr.naked.clear()
     qp.sr.scan = None
-    resp.out.append(("ack", psn, (AethCode.RNR_NAK << AETH_CODE_SHIFT)
+    resp.out.append(Ack(psn, (AethCode.RNR_NAK << AETH_CODE_SHIFT)
                         | qp.attr.min_rnr_timer, resp.msn))
     dev.mark_ready(qp)
 
@@ -671,9 +736,9 @@ def _read(dev, qp, info, psn: int, va: int, rkey: int, length: int) -> None:
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     last = (psn + max(1, -(-length // qp.mtu)) - 1) & PSN_MASK
-    _remember(qp, ("read", psn, last))
+    _remember(qp, ReadResource(psn, last))
     _answered(qp, last)
-    resp.out.append(("read", psn, view, resp.msn))
+    resp.out.append(ReadReply(psn, view, resp.msn))
     dev.mark_ready(qp)
 
 
@@ -693,9 +758,9 @@ def _atomic(dev, qp, info, psn: int, va: int, rkey: int, swap_add: int, compare:
             view[:] = swap_add.to_bytes(8, sys.byteorder)
     else:                             # FETCH_ADD
         view[:] = ((orig + swap_add) & _U64).to_bytes(8, sys.byteorder)
-    _remember(qp, ("atomic", psn, orig))
+    _remember(qp, AtomicResource(psn, orig))
     _answered(qp, psn)
-    resp.out.append(("atomic", psn, orig, resp.msn))
+    resp.out.append(AtomicReply(psn, orig, resp.msn))
     dev.mark_ready(qp)
 
 
@@ -718,9 +783,9 @@ def _atomic_write(dev, qp, pkt) -> None:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     view[:] = pkt.payload
     psn = pkt.bth.psn
-    _remember(qp, ("read", psn, psn))           # a duplicate is answered, not placed again
+    _remember(qp, ReadResource(psn, psn))           # a duplicate is answered, not placed again
     _answered(qp, psn)
-    resp.out.append(("read", psn, memoryview(b""), resp.msn))
+    resp.out.append(ReadReply(psn, memoryview(b""), resp.msn))
     dev.mark_ready(qp)
 
 
@@ -755,11 +820,11 @@ def _flush(dev, qp, pkt) -> None:
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
-    _remember(qp, ("read", psn, psn))           # a duplicate is answered, not run again
+    _remember(qp, ReadResource(psn, psn))           # a duplicate is answered, not run again
     resp.epsn = (psn + 1) & PSN_MASK
     resp.nak_sent = False
     resp.msn = (resp.msn + 1) & MSN_MASK
-    resp.out.append(("read", psn, memoryview(b""), resp.msn))
+    resp.out.append(ReadReply(psn, memoryview(b""), resp.msn))
     dev.mark_ready(qp)
 
 
@@ -777,24 +842,25 @@ def _duplicate(dev, qp, kind: Kind, psn: int, pkt) -> None:
         queue_ack(dev, qp, (resp.epsn - 1) & PSN_MASK)
         return
     for res in reversed(resp.resources):
-        if res[0] == "read" and kind == Kind.READ_REQUEST and psn_diff(psn, res[1]) >= 0 \
-                and psn_diff(psn, res[2]) <= 0:
+        read = type(res) is ReadResource
+        if read and kind == Kind.READ_REQUEST and psn_diff(psn, res.first) >= 0 \
+                and psn_diff(psn, res.last) <= 0:
             reth = pkt.reth
             try:     # re-read memory with the (possibly shortened) re-issued request
                 view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len,
                                        Access.REMOTE_READ, qp)
             except AccessError:
                 return
-            resp.out.append(("read", psn, view, resp.msn))
+            resp.out.append(ReadReply(psn, view, resp.msn))
             dev.mark_ready(qp)
             return
-        if res[0] == "read" and kind in (Kind.ATOMIC_WRITE, Kind.FLUSH) and res[1] == psn:
-            resp.out.append(("read", psn, memoryview(b""), resp.msn))   # not placed again
+        if read and kind in (Kind.ATOMIC_WRITE, Kind.FLUSH) and res.first == psn:
+            resp.out.append(ReadReply(psn, memoryview(b""), resp.msn))   # not placed again
             dev.mark_ready(qp)
             return
-        if res[0] == "atomic" and kind == Kind.ATOMIC and res[1] == psn:
+        if not read and kind == Kind.ATOMIC and res.psn == psn:
             dev.counters["atomic_replayed"] += 1
-            resp.out.append(("atomic", psn, res[2], resp.msn))
+            resp.out.append(AtomicReply(psn, res.orig, resp.msn))
             dev.mark_ready(qp)
             return
     dev.counters["duplicate_dropped"] += 1
@@ -1068,7 +1134,7 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
         sr_place.place_beyond(qp, psn, view, off,
                               memoryview(data)[BTH_LEN:BTH_LEN + plen], addr)
     ackreq = bool(w3 & BTH_ACKREQ)
-    hold(dev, qp, psn, ackreq, (psn, last, plen, ackreq))
+    hold(dev, qp, psn, ackreq, PlacedWrite(psn, last, plen, ackreq))
     return True
 
 
@@ -1104,7 +1170,8 @@ def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, n
     if plen:
         sr_place.place_beyond(qp, psn, view, 0, memoryview(data)[hdr:hdr + plen], addr)
     ackreq = bool(w3 & BTH_ACKREQ)
-    hold(dev, qp, psn, ackreq, (psn, info.last, plen, ackreq, (reth, view, n, addr)))
+    hold(dev, qp, psn, ackreq, PlacedWrite(psn, info.last, plen, ackreq,
+                                          WriteFirst(reth, view, n, addr)))
     chain.append((psn, view, reth[2], (psn + n) & PSN_MASK, addr))
     chain_writes(dev, qp)       # (FIRSTs held after it, decoded, join the run too)
     if n > 2:
@@ -1307,16 +1374,16 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
     sr_place.record_run(qp, at, psn, k, mtu)
     asked = {acks[i] for i in range(first, first + nacks)}
     a = 0 in asked
-    hold(dev, qp, psn, a, (psn, False, mtu, a))
+    hold(dev, qp, psn, a, PlacedWrite(psn, False, mtu, a))
     ooo = qp.sr.ooo
     for i in range(1, k):
         p = (psn + i) & PSN_MASK
         a = i in asked
         if qp.sr.scan != (p - 1) & PSN_MASK:
-            hold(dev, qp, p, a, (p, False, mtu, a))
+            hold(dev, qp, p, a, PlacedWrite(p, False, mtu, a))
             continue
         # ``hold`` when every PSN below ``p`` is held or named: nothing to name
-        ooo[p] = (p, False, mtu, a)
+        ooo[p] = PlacedWrite(p, False, mtu, a)
         qp.sr.scan = p
         if a:
             _sack_nak(dev, qp, qp.resp.epsn, p)
