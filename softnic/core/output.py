@@ -21,7 +21,7 @@ from .enums import QPState, QPType
 from .qp import QP
 
 _SENDING = (QPState.RTS, QPState.SQD)
-_Ack, _AtomicReply = responder.Ack, responder.AtomicReply   # (module globals: read per response)
+_AtomicReply = responder.AtomicReply   # (a module global: read per response)
 _Run = requester.Run
 
 
@@ -167,7 +167,7 @@ class Output:
                     or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp.out:
                 return False
             for e in qp.resp.out:
-                if type(e) is not _Ack or e.syndrome != plain:
+                if type(e) is not tuple or e[1] != plain:       # (psn, syndrome, msn)
                     return False
         return True
 
@@ -238,13 +238,13 @@ class Output:
         dqpn = qp.attr.dest_qp_num
         mtu = qp.mtu
         pending = qp.resp.out
+        echo = qp.ccs.int_echo
         while pending:
             entry = pending.popleft()
             kind = type(entry)
-            if kind is _Ack:
+            if kind is tuple:                   # an ACK or NAK
                 psn, syndrome, msn = entry
                 ack = ack_packet(dqpn, psn, syndrome, msn)
-                echo = qp.ccs.int_echo
                 if echo is not None:
                     out.append(EchoAck(ack, dest, echo))
                 else:

@@ -381,7 +381,7 @@ class RespInfo:
         self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
         self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
         self.resources: deque = deque()   # READ / ATOMIC replay: responder.ReadResource, ...
-        self.out: deque = deque()     # responses to send, in PSN order: responder.Ack, ...
+        self.out: deque = deque()     # responses to send, in PSN order (responder.py's records)
 
 
 class SRInfo:

@@ -582,7 +582,8 @@ def generate(dev, qp, now: float, out: list) -> None:
     comp = qp.comp
     if comp.rnr_wait or qp.state not in _SENDING:                       # IDLE
         return
-    if qp.ccs.pace_at is not None and dev._fast and _held_by_pacer(qp, now):  # HELD
+    if qp.cc is not None and qp.ccs.pace_at is not None and dev._fast \
+            and _held_by_pacer(qp, now):                               # HELD
         return
     qtype = qp.qp_type
     rc = qtype is _RC

@@ -85,16 +85,13 @@ _Nak, _Rnr = Nak, Rnr
 # ---------------------------------------------------------------- records
 #
 # The responses the responder queues in ``qp.resp.out`` for ``Output`` to send, in
-# PSN order, one type each (``Output`` and the coalescing below tell them apart by
-# type); and the READ / ATOMIC replay resources it keeps in ``qp.resp.resources``
-# (``max_dest_rd_atomic`` of them) to answer a duplicate request.
-
-
-class Ack(NamedTuple):
-    """An ACK or NAK: the PSN it names, its AETH syndrome and MSN field."""
-    psn: int
-    syndrome: int
-    msn: int
+# PSN order, told apart by type (by ``Output`` and the coalescing below): an ACK or
+# NAK, the common case, is a plain ``(psn, syndrome, msn)`` tuple (the PSN it
+# names, its AETH syndrome and MSN field: a tuple costs a tenth of a record to
+# build, and one is built per message), a READ's responses a ``ReadReply``, an
+# ATOMIC's an ``AtomicReply``.  And the READ / ATOMIC replay resources it keeps
+# in ``qp.resp.resources`` (``max_dest_rd_atomic`` of them) to answer a
+# duplicate request.
 
 
 class ReadReply(NamedTuple):
@@ -153,11 +150,11 @@ def queue_ack(dev, qp, psn: int, syndrome: int = ACK_CREDITS) -> None:
     resp = qp.resp
     out = resp.out
     last = out[-1] if out else None
-    if syndrome == ACK_CREDITS and type(last) is Ack and last.syndrome == ACK_CREDITS:
-        out[-1] = Ack(psn, syndrome, resp.msn)      # a later plain ACK covers an earlier one
+    if syndrome == ACK_CREDITS and type(last) is tuple and last[1] == ACK_CREDITS:
+        out[-1] = (psn, syndrome, resp.msn)      # a later plain ACK covers an earlier one
         dev.counters["ack_deferred"] += 1
     else:
-        out.append(Ack(psn, syndrome, resp.msn))
+        out.append((psn, syndrome, resp.msn))
     dev.mark_ready(qp)
 
 
@@ -178,7 +175,7 @@ def keep_answers(qp) -> None:
 
 def _nak(dev, qp, psn: int, code: NakCode, msn: int | None = None) -> None:
     resp = qp.resp
-    resp.out.append(Ack(psn, (AethCode.NAK << AETH_CODE_SHIFT) | code,
+    resp.out.append((psn, (AethCode.NAK << AETH_CODE_SHIFT) | code,
                         resp.msn if msn is None else msn))
     dev.mark_ready(qp)
 
@@ -342,9 +339,9 @@ def _sack_nak(dev, qp, missing: int, held: int) -> None:
     stop = k - SACK_LOOKBACK
     while k > stop and k >= 0:
         e = out[k]
-        if type(e) is Ack and e.psn == missing and e.syndrome == _SACK:
-            if psn_diff(held, e.msn) > 0:
-                out[k] = Ack(missing, _SACK, held)
+        if type(e) is tuple and e[0] == missing and e[1] == _SACK:     # (psn, syndrome, msn)
+            if psn_diff(held, e[2]) > 0:
+                out[k] = (missing, _SACK, held)
             dev.counters["sack_coalesced"] += 1
             return
         k -= 1
@@ -584,7 +581,7 @@ def _rnr_nak(dev, qp, psn: int) -> None:
     qp.sr.ooo.clear()
     qp.sr.naked.clear()
     qp.sr.scan = None
-    resp.out.append(Ack(psn, (AethCode.RNR_NAK << AETH_CODE_SHIFT)
+    resp.out.append((psn, (AethCode.RNR_NAK << AETH_CODE_SHIFT)
                         | qp.attr.min_rnr_timer, resp.msn))
     dev.mark_ready(qp)
 
