@@ -121,7 +121,7 @@ def test_bulk_run_is_byte_for_byte_what_build_gives(c, data):
         return                    # a two-packet message whose LAST carries a header
     k = data.draw(st.integers(1, end - idx), label="k")
     dest = qp.dest
-    qp.pkts_since_ackreq = c["since"]
+    qp.req.pkts_since_ackreq = c["since"]
     buf, seg = requester._bulk(dev, qp, wqe, idx, k, dest, c["ack_every"])
     got = [bytes(buf[o:o + seg]) for o in range(0, len(buf), seg)]
     assert len(got) == k
@@ -137,7 +137,7 @@ def test_bulk_run_is_byte_for_byte_what_build_gives(c, data):
         pkt = decode(datagram[:-4])
         off = (idx + i) * c["mtu"]
         assert bytes(pkt.payload) == payload[off:off + c["mtu"]]
-    assert qp.pkts_since_ackreq == s
+    assert qp.req.pkts_since_ackreq == s
 
 
 def _transfer(selective_repeat: bool, drop_every: int | None, op=W.RDMA_WRITE):

@@ -136,14 +136,14 @@ def test_window_caps_bytes_in_flight_and_acks_release_it():
     peak = [0]
 
     def check():
-        peak[0] = max(peak[0], ea.qp.cc_inflight)
-        assert ea.qp.cc_inflight <= window + 1024 + 60
+        peak[0] = max(peak[0], ea.qp.ccs.inflight)
+        assert ea.qp.ccs.inflight <= window + 1024 + 60
 
     _write(a, ea, eb, 4, 64 << 10)
     _run_until_done(fabric, a, ea, check=check)
     cc = ea.qp.cc
     assert peak[0] > window - 1100              # the window was used...
-    assert ea.qp.cc_inflight == 0               # ...and every byte came back acknowledged
+    assert ea.qp.ccs.inflight == 0               # ...and every byte came back acknowledged
     assert sum(x[1] for x in cc.acks) == sum(s[1] for s in cc.sent)
 
 

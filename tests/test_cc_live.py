@@ -112,7 +112,7 @@ def test_per_qp_controller_through_the_verbs_api():
         a.qp.post_send(wr)
         (wc,) = poll(a.cq)
         assert wc.status == e.IBV_WC_SUCCESS
-        assert a.qp._eqp.cc_inflight == 0 and not a.qp._eqp.cc_sent   # all acknowledged
+        assert a.qp._eqp.ccs.inflight == 0 and not a.qp._eqp.ccs.sent   # all acknowledged
     finally:
         a.close()
         b.close()

@@ -287,13 +287,13 @@ def test_errors_are_refused_by_the_same_rules_either_way():
     bad = bytearray(d)
     bad[-1] ^= 1
     b.receive_datagram(bytes(bad), a.address, 0.0)
-    assert b.counters["rcvd_icrc_err"] == 1 and b.qps[eb.qp.qpn].epsn == 0
+    assert b.counters["rcvd_icrc_err"] == 1 and b.qps[eb.qp.qpn].resp.epsn == 0
     # SEND with no receive posted: RNR NAK, nothing consumed
     a, b, ea, eb = _pair()
     a.post_send(ea.qp, SendWR(1, W.SEND, [ea.sge(0, 8)], SendFlags.SIGNALED))
     _deliver(a, b)
     assert b.counters["send_rnr_err"] == 1
-    assert eb.qp.state == QPState.RTS and eb.qp.epsn == 0
+    assert eb.qp.state == QPState.RTS and eb.qp.resp.epsn == 0
 
 
 def test_a_long_writes_first_takes_the_common_branch_a_bad_one_is_naked_there(monkeypatch):

@@ -108,7 +108,7 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
                                ("gather", kernel(), True)):
         dev.kernel = kern
         dev.tx_gather = gather
-        qp.pkts_since_ackreq = c["since"]
+        qp.req.pkts_since_ackreq = c["since"]
         buf, seg = requester._bulk(dev, qp, wqe, idx, k, qp.dest, c["ack_every"])
         if gather:
             middles = k - (idx + k - 1 == wqe.npkts - 1)
@@ -116,7 +116,7 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
             if type(buf) is requester.Gather:
                 assert len(buf) == len(buf.flatten())
                 buf = buf.flatten()
-        got[name] = (bytes(buf), seg, qp.pkts_since_ackreq)
+        got[name] = (bytes(buf), seg, qp.req.pkts_since_ackreq)
     dev.tx_gather = False
     assert got["kernel"] == got["python"] == got["gather"]
     buf, seg, since = got["kernel"]
@@ -331,7 +331,7 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
             memory[start:start + n] = bytes(n)
     return {"wire": wire, "wcs": wcs, "rwcs": rwcs, "memory": bytes(memory),
             "counters_b": dict(b.counters), "counters_a": dict(a.counters),
-            "qp": (qb.epsn, qb.msn, qb.write_off, qb.resp_off, qb.resp_kind)}
+            "qp": (qb.resp.epsn, qb.resp.msn, qb.resp.write_off, qb.resp.off, qb.resp.kind)}
 
 
 @settings(max_examples=60, deadline=None)
@@ -415,7 +415,7 @@ def test_a_corrupt_middle_is_counted_and_dropped_not_placed():
     bad[2 * seg + 100] ^= 0xFF                   # the third MIDDLE's payload
     b.receive_run(bytes(bad), seg, a.address, 0.0)
     assert b.counters["rcvd_icrc_err"] == 1
-    assert eb.qp.epsn == 3                       # FIRST and two MIDDLEs placed
+    assert eb.qp.resp.epsn == 3                       # FIRST and two MIDDLEs placed
     assert bytes(eb.buf.view[0:3 * 1024]) == bytes(ea.buf.view[0:3 * 1024])
     assert bytes(eb.buf.view[3 * 1024:8192]) == bytes(8192 - 3 * 1024)  # untouched
     # the rest, out of sequence now, is NAKed once as go-back-N does
@@ -435,7 +435,7 @@ def test_a_middle_with_a_wrong_p_key_and_a_good_icrc_is_not_the_kernels():
         pkts[i] = append_icrc(p[:-4], a.ip, b.ip, a.port, b.port)
     b.receive_run(b"".join(bytes(p) for p in pkts), seg, a.address, 0.0)
     assert counting.taken == 0
-    assert b.counters["rcvd_bad_pkey"] == len(pkts) and eb.qp.epsn == 1
+    assert b.counters["rcvd_bad_pkey"] == len(pkts) and eb.qp.resp.epsn == 1
 
 
 def test_middles_beyond_the_writes_length_are_refused_memory_untouched():
@@ -485,7 +485,7 @@ def test_middles_that_ask_for_an_ack_are_taken_and_each_ack_queued():
         for item in a.datagram_runs(0.0):
             b.receive_run(bytes(item[0]), item[2] if len(item) > 2 else 0, a.address, 0.0)
         out[name] = ([bytes(d) for d, _ in b.datagrams_to_send(0.0)], dict(b.counters),
-                     bytes(eb.buf.view[0:8192]), eb.qp.epsn)
+                     bytes(eb.buf.view[0:8192]), eb.qp.resp.epsn)
         if kern is not None:
             assert kern.taken == 6                # the 6 MIDDLEs, each with AckReq
     assert out["kernel"] == out["python"]

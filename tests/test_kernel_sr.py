@@ -120,9 +120,9 @@ def _lose_one(mtu: int, sizes: list[int], lost: int, same_target: bool, off: boo
                 b.receive_run(b"".join(pkts), len(pkts[0]) if len(pkts) > 1 else 0,
                               a.address, now)
         if held is None:        # beyond the hole: what is held and the ranges placed
-            pl = eb.qp.sr_placed
+            pl = eb.qp.sr.placed
             base = eb.buf.addr
-            held = (sorted(eb.qp.ooo), None if pl is None else
+            held = (sorted(eb.qp.sr.ooo), None if pl is None else
                     ([x - base for x in pl.starts], [x - base for x in pl.ends],
                      list(pl.psns)))
         for data, _ in b.datagrams_to_send(now):

@@ -201,7 +201,7 @@ def _bulk_run(shortcut: bool, monkeypatch, seed: int, faults=None, sr: bool = Fa
             real_hold = responder.hold
 
             def hold(dev, qp, psn, ackreq, item):
-                if type(item) is tuple:
+                if type(item) is responder.PlacedWrite:
                     placed.append(psn)
                 return real_hold(dev, qp, psn, ackreq, item)
             monkeypatch.setattr(responder, "hold", hold)

@@ -202,7 +202,7 @@ def test_lost_tail_is_named_after_a_probe(probe_lost):
             return probe_lost
         return False
     p = pair(mtu=MTU, config=config(True), drop_a=lambda pk, raw: drop(pk, raw))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     data = post_writes(p, n, size)
     p.run_until(lambda: len(p.send_wcs()) == n)
     assert [w.status for w in p.send_wcs()] == [S.SUCCESS] * n

@@ -52,7 +52,7 @@ def _placed_spy(monkeypatch, p_box):
     real = responder.hold
 
     def hold(dev, qp, psn, ackreq, item):
-        if type(item) is tuple:
+        if type(item) is responder.PlacedWrite:
             placed.append(psn_distance(psn, p_box[0].ea.qp.attr.sq_psn))
         return real(dev, qp, psn, ackreq, item)
     monkeypatch.setattr(responder, "hold", hold)
@@ -159,7 +159,7 @@ def _two_writes(monkeypatch, drops, second_off, *, n2=N, first_n=N):
     placed = _placed_spy(monkeypatch, box)
     p = pair(seed=1, mtu=MTU, config=SR, endpoint_args=dict(buf_size=1 << 17))
     box.append(p)
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     left = dict(drops)
 
     p.filter_a.drop = _drop_requests(first, left)
@@ -220,7 +220,7 @@ def test_first_beyond_hole_with_bad_rkey_naks_and_leaves_memory(monkeypatch):
     placed = _placed_spy(monkeypatch, box)
     p = pair(seed=1, mtu=MTU, config=SR, endpoint_args=dict(buf_size=1 << 17))
     box.append(p)
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     dropped = []
 
     def drop(pkt, raw):
@@ -252,7 +252,7 @@ def test_first_placed_beyond_a_hole_is_checked_again_in_order(fast):
     held decoded (the general path) or placed on arrival (the common case)."""
     cfg = DeviceConfig(min_timer=1e-3, selective_repeat=True, fast_path=fast)
     p = pair(seed=1, mtu=MTU, config=cfg, endpoint_args=dict(buf_size=1 << 17))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     held = []
     p.filter_a.drop = _drop_requests(first, {10: 1})
     second = p.b.reg_mr(p.eb.pd, p.eb.buf.addr + 65536, N, p.eb.mr.access)
@@ -263,11 +263,12 @@ def test_first_placed_beyond_a_hole_is_checked_again_in_order(fast):
     p.a.post_send(p.ea.qp, write_wr(3, p.ea, p.eb, 0, N, 0))
 
     def second_first_held():
-        item = p.eb.qp.ooo.get(psn_add(first, 79))
+        item = p.eb.qp.sr.ooo.get(psn_add(first, 79))
         held[:] = [item]
         return item is not None
     p.run_until(second_first_held, limit=5)
-    assert (type(held[0]) is tuple) == fast     # placed on arrival only by the common case
+    # placed on arrival only by the common case
+    assert (type(held[0]) is responder.PlacedWrite) == fast
     p.b.dereg_mr(second)
     p.run_until(lambda: len(p.send_wcs()) == 3, limit=5)
     assert [(c.wr_id, c.status) for c in p.send_wcs()] == \
@@ -283,7 +284,7 @@ def test_write_after_a_held_send_waits(monkeypatch):
     placed = _placed_spy(monkeypatch, box)
     p = pair(seed=1, mtu=MTU, config=SR, endpoint_args=dict(buf_size=1 << 17))
     box.append(p)
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     left = {10: 1}
 
     p.filter_a.drop = _drop_requests(first, left)
@@ -305,7 +306,7 @@ def test_go_back_n_unchanged():
     """Go-back-N holds nothing: out-of-sequence packets are dropped with one NAK
     and the sender goes back."""
     p = pair(seed=1, mtu=MTU, trace=True, endpoint_args=dict(buf_size=1 << 17))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     left = {10: 1}
 
     p.filter_a.drop = _drop_requests(first, left)
@@ -317,7 +318,7 @@ def test_go_back_n_unchanged():
     p.run_until(lambda: len(p.send_wcs()) == 2, limit=5)
     assert [(c.wr_id, c.status) for c in p.send_wcs()] == [(1, S.SUCCESS), (2, S.SUCCESS)]
     assert read(p.eb, 0, N) == b
-    assert not p.eb.qp.ooo
+    assert not p.eb.qp.sr.ooo
     naks = [pk for _, pk in p.packets(src=p.b) if pk.info.kind == Kind.ACK
             and pk.aeth.code == AethCode.NAK]
     assert len(naks) == 1 and naks[0].aeth.value == NakCode.PSN_SEQUENCE_ERROR
@@ -362,7 +363,7 @@ def test_selective_acks_for_one_hole_coalesce():
     the hole, carrying the newest held PSN the requester asked about (not one NAK
     per ACK request); a second hole still gets its own NAK."""
     p = pair(seed=1, mtu=MTU, config=SR, endpoint_args=dict(buf_size=1 << 17))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     caught = []
 
     def catch(pkt, raw):

@@ -39,7 +39,7 @@ def _run(drop_a=None, drop_b=None, seed=1, writes=1):
     box = {}
     p = pair(seed=seed, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
              drop_b=lambda pk, raw: box["b"](pk, raw))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     box["a"] = drop_a(lambda psn: psn_distance(psn, first)) if drop_a else (lambda pk, raw: False)
     box["b"] = drop_b or (lambda pk, raw: False)
     data = pattern(N, seed)
@@ -125,14 +125,14 @@ def test_later_write_placed_beyond_a_hole(monkeypatch, overlap):
     real = responder.hold
 
     def hold(dev, qp, psn, ackreq, item):
-        if type(item) is tuple:
+        if type(item) is responder.PlacedWrite:
             placed.append(psn_distance(psn, p.ea.qp.attr.sq_psn))
         return real(dev, qp, psn, ackreq, item)
     monkeypatch.setattr(responder, "hold", hold)
     box = {}
     p = pair(seed=1, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
              endpoint_args=dict(buf_size=1 << 17))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     box["a"] = _drop_psn(lambda psn: psn_distance(psn, first), {10: 1})
     a, b = pattern(N, 1), pattern(N, 2)
     fill(p.ea, 0, a)
@@ -163,7 +163,7 @@ def test_a_resent_packet_already_held_names_the_hole_again():
     box = {}
     p = pair(seed=1, mtu=MTU, config=SR, drop_a=lambda pk, raw: box["a"](pk, raw),
              drop_b=lambda pk, raw: box["b"](pk, raw))
-    first = p.ea.qp.sq_psn
+    first = p.ea.qp.req.psn
     off = lambda psn: psn_distance(psn, first)    # noqa: E731
     box["a"] = _drop_psn(off, {6: 1})
     dropped = {"nak": 0, "ack": 0}

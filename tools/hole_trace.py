@@ -61,14 +61,14 @@ def _hooks(role: str, events: list) -> None:
         def progress(dev, qp, *a):
             r = prog(dev, qp, *a)
             if pending:
-                acked, t = qp.acked_psn, pc()
+                acked, t = qp.comp.acked_psn, pc()
                 for p in [p for p in pending if psn_diff(acked, p) >= 0]:
                     pending.discard(p)
                     events.append(("ACKPAST", p, t))
             return r
 
         def resend_singles(dev, qp, *a):
-            items = list(qp.rexmit)
+            items = list(qp.comp.rexmit)
             r = resend(dev, qp, *a)
             t = pc()
             events.extend(("RESEND", it if isinstance(it, int) else it[0], t) for it in items)
@@ -86,7 +86,7 @@ def _hooks(role: str, events: list) -> None:
         return sack(dev, qp, missing, held)
 
     def fill(dev, qp, pkt, src, now):
-        if qp.ooo and pkt.bth.psn == qp.epsn:
+        if qp.sr.ooo and pkt.bth.psn == qp.resp.epsn:
             events.append(("FILL", pkt.bth.psn, pc()))
         return receive(dev, qp, pkt, src, now)
 

@@ -56,9 +56,9 @@ def _finish(qp, wqe, status=WCStatus.SUCCESS) -> None:
     if wqe.status is None:
         wqe.status = status
     if wqe.first_psn is not None:
-        qp.acked_psn = wqe.last_psn
+        qp.comp.acked_psn = wqe.last_psn
     if wqe.rd_atomic and wqe.first_psn is not None:
-        qp.rd_atomic_inflight -= 1
+        qp.req.rd_atomic -= 1
 
 
 def _ack_before(qp, psn: int) -> bool:
@@ -76,9 +76,10 @@ def _ack_before(qp, psn: int) -> bool:
         if psn_diff(w.last_psn, psn) >= 0:
             # ``psn`` is in ``w``: a READ's responses are counted from its first
             # PSN by ``_read_response``, not acknowledged by a later one
+            comp = qp.comp
             if (not w.rd_atomic or psn == w.first_psn) and \
-                    psn_diff(psn_add(psn, -1), qp.acked_psn) > 0:
-                qp.acked_psn = (psn - 1) & PSN_MASK
+                    psn_diff(psn_add(psn, -1), comp.acked_psn) > 0:
+                comp.acked_psn = (psn - 1) & PSN_MASK
             break
         if w.rd_atomic:
             return False
@@ -93,9 +94,9 @@ def _retry_from(dev, qp, psn: int, before: int) -> None:
     fails with RETRY_EXC_ERR, so a responder that NAKs every resend cannot keep
     the requester busy for ever.  A response that acknowledged new PSNs (the
     acknowledged PSN moved from ``before``) starts the count afresh."""
-    if qp.retry_pending == psn:
+    if qp.comp.retry_pending == psn:
         return
-    qp.retry_pending = psn
+    qp.comp.retry_pending = psn
     dev.counters["completer_retry_err"] += 1
     _forward(qp, before)
     if not _take_retry(dev, qp):
@@ -110,11 +111,11 @@ def _take_retry(dev, qp) -> bool:
     an infinite value).  None left: False, and the oldest unacknowledged WQE
     completes with RETRY_EXC_ERR (the QP goes to ERR and flushes the rest of its
     work, ``complete``)."""
-    if qp.retry_left:
-        qp.retry_left -= 1
+    if qp.comp.retry_left:
+        qp.comp.retry_left -= 1
         return True
     dev.counters["retry_exceeded_err"] += 1
-    comp = (qp.acked_psn + 1) & PSN_MASK
+    comp = (qp.comp.acked_psn + 1) & PSN_MASK
     i = requester._find(qp, comp)
     w = qp.sq[i] if i is not None else next((w for w in qp.sq if not w.done), None)
     if w is not None:
@@ -126,11 +127,11 @@ def _take_retry(dev, qp) -> bool:
 def receive(dev, qp, pkt, now: float) -> None:
     """Handle one response packet for an RC QP's send side."""
     psn = pkt.bth.psn
-    comp_psn = (qp.acked_psn + 1) & PSN_MASK
-    if psn_diff(psn, comp_psn) < 0 or psn_diff(psn, qp.sq_psn) >= 0:
+    before = qp.comp.acked_psn
+    comp_psn = (before + 1) & PSN_MASK
+    if psn_diff(psn, comp_psn) < 0 or psn_diff(psn, qp.req.psn) >= 0:
         dev.counters["rcvd_stale_response"] += 1       # old duplicate, or PSN we never sent
         return
-    before = qp.acked_psn
     kind = pkt.info.kind
     aeth = pkt.aeth
     code = aeth.code if aeth is not None else AethCode.ACK
@@ -139,7 +140,7 @@ def receive(dev, qp, pkt, now: float) -> None:
         return
     # a response for PSN p acknowledges every request before the one it answers
     if not _ack_before(qp, psn):
-        _retry_from(dev, qp, (qp.acked_psn + 1) & PSN_MASK, before)
+        _retry_from(dev, qp, (qp.comp.acked_psn + 1) & PSN_MASK, before)
         _progress(dev, qp, before, now)
         return
     i = requester._find(qp, psn)
@@ -162,24 +163,25 @@ def _sequence_nak(dev, qp, psn: int, msn: int, comp_psn: int, before: int, now: 
         _selective_nak(dev, qp, psn, msn, comp_psn, now)
         return
     if not _ack_before(qp, psn):
-        _retry_from(dev, qp, (qp.acked_psn + 1) & PSN_MASK, before)
+        _retry_from(dev, qp, (qp.comp.acked_psn + 1) & PSN_MASK, before)
     else:
-        qp.retry_pending = None
+        qp.comp.retry_pending = None
         _retry_from(dev, qp, psn, before)
     _progress(dev, qp, before, now)
 
 
 def _selective_nak(dev, qp, psn: int, sack: int, comp_psn: int, now: float) -> None:
-    if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.sq_psn) < 0 and (
-            qp.sacked_psn is None or psn_diff(sack, qp.sacked_psn) > 0):
-        qp.sacked_psn = sack
-        if qp.rto_at is not None:
+    comp = qp.comp
+    if psn_diff(sack, comp_psn) >= 0 and psn_diff(sack, qp.req.psn) < 0 and (
+            comp.sacked_psn is None or psn_diff(sack, comp.sacked_psn) > 0):
+        comp.sacked_psn = sack
+        if comp.rto_at is not None:
             # the responder holds newer packets: the path works, and the
             # hole's resend may wait behind a queue; restart both timers
-            qp.rto_at = now + dev.rto(qp)
-            qp.probe_at = now + dev.probe_interval(qp)
+            comp.rto_at = now + dev.rto(qp)
+            comp.probe_at = now + dev.probe_interval(qp)
             dev.arm(qp)
-    mark = qp.rexmitted.get(psn)
+    mark = comp.rexmitted.get(psn)
     if mark is None or psn_diff(sack, mark) > 0:
         # Not resent yet, or resent and lost: the responder holds a packet
         # first sent after that resend (resends leave before new packets),
@@ -187,8 +189,8 @@ def _selective_nak(dev, qp, psn: int, sack: int, comp_psn: int, now: float) -> N
         # than waiting for the retransmission timer.
         if mark is not None:
             dev.counters["rexmit_lost"] += 1
-        qp.rexmitted[psn] = qp.max_sent_psn
-        qp.rexmit.append(psn)
+        comp.rexmitted[psn] = qp.req.max_sent_psn
+        comp.rexmit.append(psn)
     dev.mark_ready(qp)
 
 
@@ -200,7 +202,7 @@ def acknowledged(qp, psn: int, wqe) -> None:
         if psn == wqe.last_psn:
             _finish(qp, wqe)
         else:
-            qp.acked_psn = psn           # part of a multi-packet message
+            qp.comp.acked_psn = psn           # part of a multi-packet message
 
 
 def _ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
@@ -216,7 +218,7 @@ def _ack(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool:
         dev.counters["rcvd_nak"] += 1
         if wqe is not None:
             _finish(qp, wqe, _NAK_STATUS.get(aeth.value, WCStatus.REM_INV_REQ_ERR))
-            qp.req_error = True
+            qp.req.error = True
     return True
 
 
@@ -227,19 +229,19 @@ def _rnr_nak(dev, qp, psn: int, timer: int, wqe, now: float, before: int) -> boo
     series (``_forward``) before it is counted."""
     dev.counters["rcvd_rnr_err"] += 1
     _forward(qp, before)
-    if qp.rnr_left == 0 and qp.attr.rnr_retry != 7:
+    if qp.comp.rnr_left == 0 and qp.attr.rnr_retry != 7:
         dev.counters["retry_rnr_exceeded_err"] += 1
         if wqe is not None:
             _finish(qp, wqe, WCStatus.RNR_RETRY_EXC_ERR)
-        qp.req_error = True
+        qp.req.error = True
         complete(dev, qp)
         return False
     requester.rewind(qp, psn)
-    qp.rnr_wait = True
-    qp.rnr_at = now + max(RNR_TIMER_SECONDS[timer], dev.config.min_timer)
+    qp.comp.rnr_wait = True
+    qp.comp.rnr_at = now + max(RNR_TIMER_SECONDS[timer], dev.config.min_timer)
     # An RNR NAK is a response: stop the transport timer while waiting (the
     # resend restarts it), so RNR waits never count against retry_cnt.
-    qp.rto_at = None
+    qp.comp.rto_at = None
     dev.arm(qp)
     return True
 
@@ -257,8 +259,8 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
     if wqe is None or wqe.opcode != W.RDMA_READ:
         return _bad_response(dev, qp, wqe)
     if psn == wqe.first_psn:
-        qp.acked_psn = (psn - 1) & PSN_MASK       # everything before the READ is done
-    expected = (qp.acked_psn + 1) & PSN_MASK
+        qp.comp.acked_psn = (psn - 1) & PSN_MASK       # everything before the READ is done
+    expected = (qp.comp.acked_psn + 1) & PSN_MASK
     idx = (psn - wqe.first_psn) & PSN_MASK
     off = idx * qp.mtu
     n = len(pkt.payload)
@@ -280,13 +282,13 @@ def _read_response(dev, qp, pkt, psn: int, wqe, now: float, before: int) -> bool
             _read_beyond_hole(dev, qp, wqe, expected, idx, off, pkt.payload)
         return False
     scatter(wqe, off, pkt.payload)
-    qp.acked_psn = psn
-    qp.retry_pending = None
+    qp.comp.acked_psn = psn
+    qp.comp.retry_pending = None
     if wqe.got:
         nxt = idx + 1
         while nxt in wqe.got:
             wqe.got.discard(nxt)
-            qp.acked_psn = (wqe.first_psn + nxt) & PSN_MASK
+            qp.comp.acked_psn = (wqe.first_psn + nxt) & PSN_MASK
             nxt += 1
         is_last = nxt - 1 == wqe.npkts - 1
     if is_last:
@@ -305,7 +307,7 @@ def read_target(dev, qp):
     if qp.qp_type is not _RC or qp.xrc is not None or qp.cc is not None \
             or (qp.state is not _RTS and qp.state is not _SQD):
         return None
-    expected = (qp.acked_psn + 1) & PSN_MASK
+    expected = (qp.comp.acked_psn + 1) & PSN_MASK
     for w in qp.sq:
         if w.first_psn is None:
             return None
@@ -345,7 +347,7 @@ def receive_middles(dev, data, o: int, seg: int, src, now: float) -> int:
     if t is None:
         return 0
     view, off, room = t
-    before = qp.acked_psn
+    before = qp.comp.acked_psn
     k, _ = responder.kernel_middles(dev, qp, data, o, seg, src, (before + 1) & PSN_MASK,
                                     view, off, room)
     if k:
@@ -360,10 +362,10 @@ def took_responses(dev, qp, k: int, now: float) -> None:
     PSN on, as ``receive`` and ``_read_response`` account for each: counted, the
     acknowledged PSN past them, any pending retry done with, then ``_progress``
     (once: what it does for each in turn comes to the same)."""
-    before = qp.acked_psn
+    before = qp.comp.acked_psn
     dev.counters["rcvd_pkts"] += k
-    qp.acked_psn = (before + k) & PSN_MASK
-    qp.retry_pending = None
+    qp.comp.acked_psn = (before + k) & PSN_MASK
+    qp.comp.retry_pending = None
     _progress(dev, qp, before, now)
 
 
@@ -382,7 +384,7 @@ def stream_target(dev, qp):
     w0 = (_READ_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
     src = qp.dest
     start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, _W0_DQPN.pack(w0, qp.qpn))
-    return seg, w0, start, (qp.acked_psn + 1) & PSN_MASK, view, off, room
+    return seg, w0, start, (qp.comp.acked_psn + 1) & PSN_MASK, view, off, room
 
 
 _W0_DQPN = struct.Struct("!II")  # BTH words 0 and 1
@@ -400,7 +402,7 @@ def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) 
     hole = [i for i in range(first_missing, idx) if i not in wqe.got and i not in wqe.asked]
     if hole:
         wqe.asked.update(hole)
-        qp.rexmit.append(((wqe.first_psn + hole[0]) & PSN_MASK, hole[-1] - hole[0] + 1))
+        qp.comp.rexmit.append(((wqe.first_psn + hole[0]) & PSN_MASK, hole[-1] - hole[0] + 1))
         dev.counters["read_holes_requested"] += 1
         dev.mark_ready(qp)
 
@@ -427,7 +429,7 @@ def _bad_response(dev, qp, wqe) -> bool:
     if wqe is None:
         return False
     _finish(qp, wqe, WCStatus.BAD_RESP_ERR)
-    qp.req_error = True
+    qp.req.error = True
     return True
 
 
@@ -460,21 +462,22 @@ def scatter(wqe, off: int, data) -> None:
 
 
 def _progress(dev, qp, before: int, now: float) -> None:
-    if qp.cc is not None and (qp.acked_psn != before or qp.rx_telemetry is not None):
+    comp = qp.comp
+    acked = comp.acked_psn
+    if qp.cc is not None and (acked != before or qp.ccs.rx_telemetry is not None):
         requester.cc_acked(qp, before, now)
-    if qp.acked_psn != before:
-        if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, qp.acked_psn) <= 0:
-            qp.sacked_psn = None
-        if qp.rexmitted:
-            qp.rexmitted = {p: m for p, m in qp.rexmitted.items()
-                            if psn_diff(p, qp.acked_psn) > 0}
+    if acked != before:
+        if comp.sacked_psn is not None and psn_diff(comp.sacked_psn, acked) <= 0:
+            comp.sacked_psn = None
+        if comp.rexmitted:
+            comp.rexmitted = {p: m for p, m in comp.rexmitted.items() if psn_diff(p, acked) > 0}
         _forward(qp, before)
-        if qp.send_idx < len(qp.sq) or qp.rexmit or qp.cc is not None:
+        if qp.req.send_idx < len(qp.sq) or comp.rexmit or qp.cc is not None:
             dev.mark_ready(qp)            # the window may have opened
         # restart the retransmission timer for what is still in flight
-        qp.rto_at = now + dev.rto(qp) if _inflight(qp) else None
-        qp.probe_at = now + dev.probe_interval(qp) \
-            if qp.rto_at is not None and qp.selective_repeat else None
+        comp.rto_at = rto_at = now + dev.rto(qp) if _inflight(qp) else None
+        comp.probe_at = now + dev.probe_interval(qp) \
+            if rto_at is not None and qp.selective_repeat else None
         dev.arm(qp)
     complete(dev, qp)
 
@@ -484,9 +487,11 @@ def _forward(qp, before: int) -> None:
     both retry series afresh: ``retry_cnt`` and ``rnr_retry`` count retries
     since the last progress, not over the QP's life (as rdmavt's qib and hfi1,
     and mlx5, reset them on each ACK that moves the acknowledged PSN)."""
-    if qp.acked_psn != before:
-        qp.retry_left = qp.attr.retry_cnt
-        qp.rnr_left = qp.attr.rnr_retry
+    comp = qp.comp
+    if comp.acked_psn != before:
+        attr = qp.attr
+        comp.retry_left = attr.retry_cnt
+        comp.rnr_left = attr.rnr_retry
 
 
 def _inflight(qp) -> bool:
@@ -505,18 +510,18 @@ def _probe(dev, qp) -> None:
     heard no progress for a probe interval (once per quiet spell; it neither
     rewinds nor counts against retry_cnt).  The responder either takes it as the
     hole it was missing, naming any next hole, or acknowledges it as a duplicate."""
-    if qp.state not in (QPState.RTS, QPState.SQD) or qp.rnr_wait or not _inflight(qp):
+    if qp.state not in (QPState.RTS, QPState.SQD) or qp.comp.rnr_wait or not _inflight(qp):
         return
     if _paced_idle(qp):
         return                                  # the pacer holds everything: no loss
-    if qp.rto_shift and qp.acked_psn == qp.rto_shift_psn:
+    if qp.comp.rto_shift and qp.comp.acked_psn == qp.comp.rto_shift_psn:
         return                  # a timeout resent both since the last progress: wait for it
-    comp = (qp.acked_psn + 1) & PSN_MASK
-    if psn_diff(comp, qp.max_sent_psn) > 0 or comp in qp.rexmit:
+    comp = (qp.comp.acked_psn + 1) & PSN_MASK
+    if psn_diff(comp, qp.req.max_sent_psn) > 0 or comp in qp.comp.rexmit:
         return
     dev.counters["loss_probes"] += 1
-    qp.rexmitted[comp] = qp.max_sent_psn
-    qp.rexmit.append(comp)
+    qp.comp.rexmitted[comp] = qp.req.max_sent_psn
+    qp.comp.rexmit.append(comp)
     _probe_newest(qp, comp)
     dev.mark_ready(qp)
 
@@ -527,21 +532,21 @@ def _probe_newest(qp, comp: int) -> None:
     the hole and the responder names the PSNs it misses (a window of them in a
     few NAKs) instead of the oldest being resent one per probe.  Not a READ or
     ATOMIC: its resend would repeat the whole operation."""
-    hi = qp.max_sent_psn
-    if psn_diff(hi, comp) <= 0 or hi in qp.rexmit or (
-            qp.sacked_psn is not None and psn_diff(hi, qp.sacked_psn) <= 0):
+    hi = qp.req.max_sent_psn
+    if psn_diff(hi, comp) <= 0 or hi in qp.comp.rexmit or (
+            qp.comp.sacked_psn is not None and psn_diff(hi, qp.comp.sacked_psn) <= 0):
         return
     i = requester._find(qp, hi)
     if i is not None and not qp.sq[i].rd_atomic:
-        qp.rexmitted[hi] = hi
-        qp.rexmit.append(hi)
+        qp.comp.rexmitted[hi] = hi
+        qp.comp.rexmit.append(hi)
 
 
 def _paced_idle(qp) -> bool:
     """Has a congestion-controlled QP nothing on the wire unacknowledged, its
     next packet held back by the pacer?  (The next PSN to send follows the last
     acknowledged one; a READ still waiting for responses is past it.)"""
-    return qp.cc is not None and qp.next_send_psn() == (qp.acked_psn + 1) & PSN_MASK
+    return qp.cc is not None and qp.next_send_psn() == (qp.comp.acked_psn + 1) & PSN_MASK
 
 
 #: the retransmission timeout doubles with each timeout in a row that saw no ACK
@@ -553,41 +558,41 @@ RTO_BACKOFF_MAX = 3
 
 def on_timeout(dev, qp, now: float) -> None:
     """Retransmission timer expired with no progress."""
-    if qp.rnr_wait and qp.rnr_at is not None and now >= qp.rnr_at:
-        qp.rnr_wait = False
-        qp.rnr_at = None
+    if qp.comp.rnr_wait and qp.comp.rnr_at is not None and now >= qp.comp.rnr_at:
+        qp.comp.rnr_wait = False
+        qp.comp.rnr_at = None
         if qp.attr.rnr_retry != 7:             # 7: RNR retries for ever
-            qp.rnr_left -= 1
+            qp.comp.rnr_left -= 1
         dev.mark_ready(qp)
-    if qp.probe_at is not None and now >= qp.probe_at:
-        qp.probe_at = None
-        if qp.probe_mark != qp.max_sent_psn:
+    if qp.comp.probe_at is not None and now >= qp.comp.probe_at:
+        qp.comp.probe_at = None
+        if qp.comp.probe_mark != qp.req.max_sent_psn:
             # still sending: later packets reveal any hole; look again later
-            qp.probe_mark = qp.max_sent_psn
-            qp.probe_at = now + dev.probe_interval(qp)
+            qp.comp.probe_mark = qp.req.max_sent_psn
+            qp.comp.probe_at = now + dev.probe_interval(qp)
         else:
             _probe(dev, qp)
-    if qp.rto_at is None or now < qp.rto_at:
+    if qp.comp.rto_at is None or now < qp.comp.rto_at:
         return
-    qp.rto_at = None
+    qp.comp.rto_at = None
     if qp.state not in (QPState.RTS, QPState.SQD) or not _inflight(qp):
         return
     if _paced_idle(qp):
         # Started work, but nothing sent is unacknowledged: the pacer holds the
         # next packet.  Not a loss; wait another timeout.
-        qp.rto_at = now + dev.rto(qp)
+        qp.comp.rto_at = now + dev.rto(qp)
         return
     dev.counters["timeouts"] += 1
     # back off: the next timeout waits twice as long unless an ACK makes progress
     dev.rto(qp)                                # (ends a backoff that progress outdated)
-    qp.rto_shift = min(qp.rto_shift + 1, RTO_BACKOFF_MAX)
-    qp.rto_shift_psn = qp.acked_psn
+    qp.comp.rto_shift = min(qp.comp.rto_shift + 1, RTO_BACKOFF_MAX)
+    qp.comp.rto_shift_psn = qp.comp.acked_psn
     if qp.cc is not None:
         qp.cc.on_loss(now=now, kind="timeout")
     if not _take_retry(dev, qp):
         return
-    qp.retry_pending = None
-    comp = (qp.acked_psn + 1) & PSN_MASK
+    qp.comp.retry_pending = None
+    comp = (qp.comp.acked_psn + 1) & PSN_MASK
     for w in qp.sq:
         if w.asked:
             w.asked = set()
@@ -605,9 +610,9 @@ def _sr_timeout(qp, comp: int) -> None:
     still on its way); where packets were lost, the oldest one's resend moves the
     cumulative ACK and the probe, arriving beyond any lost tail, makes the
     responder name the PSNs it misses, which are then resent one by one."""
-    qp.rexmitted = {comp: qp.max_sent_psn}    # older resends may be named again and resent
-    qp.rexmit.clear()
-    qp.rexmit.append(comp)
+    qp.comp.rexmitted = {comp: qp.req.max_sent_psn}    # older resends may be named again and resent
+    qp.comp.rexmit.clear()
+    qp.comp.rexmit.append(comp)
     _probe_newest(qp, comp)
 
 
@@ -616,10 +621,11 @@ def complete(dev, qp) -> None:
     signaled one's on success, every one's on an error (IBA 10.7.3.1, "a Work
     Completion will always be generated" for a completion error)."""
     sq = qp.sq
+    req = qp.req
     while sq and sq[0].done:
         w = sq.popleft()
-        if qp.send_idx:
-            qp.send_idx -= 1
+        if req.send_idx:
+            req.send_idx -= 1
         if w.status == _SUCCESS:
             op = w.opcode
             if w.signaled:
@@ -634,8 +640,8 @@ def complete(dev, qp) -> None:
                 return
     # Drained once nothing started before SQD is outstanding; WRs posted since
     # wait unstarted at the head and do not hold the event back.
-    if qp.state is _SQD and (not sq or sq[0].first_psn is None) and not qp.sqd_notified:
-        qp.sqd_notified = True
+    if qp.state is _SQD and (not sq or sq[0].first_psn is None) and not qp.comp.sqd_notified:
+        qp.comp.sqd_notified = True
         if qp.attr.en_sqd_async_notify:
             dev.async_event("SQ_DRAINED", qp)
 
@@ -692,7 +698,7 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
         return False
     w = qp.sq[0]
     psn = w3 & PSN_MASK
-    before = qp.acked_psn
+    before = qp.comp.acked_psn
     if w.done or w.first_psn is None or w.rd_atomic:
         return False
     # psn_diff(psn, first_psn) >= 0, psn_diff(psn, last_psn) <= 0 and
@@ -744,7 +750,7 @@ def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=No
         return False
     w = qp.sq[0]
     psn = w3 & PSN_MASK
-    before = qp.acked_psn
+    before = qp.comp.acked_psn
     if w.done or not w.rd_atomic or w.first_psn != psn or psn != (before + 1) & PSN_MASK:
         return False
     info = _ANSWER_OPCODES[opcode]

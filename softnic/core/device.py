@@ -184,27 +184,27 @@ class Device(Verbs, Dispatch, Output, Timers):
             return
         qp.state = QPState.ERR
         qp.attr = replace(qp.attr, qp_state=QPState.ERR)
-        qp.rto_at = qp.rnr_at = qp.probe_at = None
+        qp.comp.rto_at = qp.comp.rnr_at = qp.comp.probe_at = None
         qp.timer_at = None
-        qp.rd_atomic_inflight = 0
+        qp.req.rd_atomic = 0
         sq, qp.sq = qp.sq, deque()
-        qp.send_idx = 0
+        qp.req.send_idx = 0
         for w in sq:      # all not yet reported, even those already executed, are flushed
             self.post_cqe(qp.send_cq, WC(w.wr_id, WCStatus.WR_FLUSH_ERR,
                                          completer._WC_OPCODE[w.opcode], qp.qpn), qp)
         rq = list(qp.rq)
-        if qp.resp_wqe is not None:
-            rq.insert(0, qp.resp_wqe)
-            qp.resp_wqe = None
+        if qp.resp.wqe is not None:
+            rq.insert(0, qp.resp.wqe)
+            qp.resp.wqe = None
         qp.rq.clear()
         for r in rq:
             self.post_cqe(qp.recv_cq, WC(r.wr_id, WCStatus.WR_FLUSH_ERR, WCOpcode.RECV, qp.qpn),
                           qp)
-        qp.ooo.clear()
-        qp.sr_writes.clear()
+        qp.sr.ooo.clear()
+        qp.sr.writes.clear()
         if not keep_responses:
             responder.keep_answers(qp)
-        if qp.resp_out:
+        if qp.resp.out:
             self.mark_ready(qp)
         if qp.srq is not None:
             self.events.append((EventType.QP_LAST_WQE_REACHED, qp))

@@ -84,6 +84,13 @@ _SENDING = (QPState.RTS, QPState.SQD)
 _UD = QPType.UD          # (read per packet: a module global, not the enum class's attribute)
 
 
+class StreamKind(Enum):
+    """What a ``Stream``'s MIDDLEs are (compared by identity)."""
+    IN_ORDER = "in order"             # a SEND's or WRITE's, at the ePSN
+    BEYOND_HOLE = "beyond a hole"     # a WRITE's, placed beyond a PSN hole (selective repeat)
+    RESPONSES = "responses"           # a READ's responses, for the requester
+
+
 class Stream(NamedTuple):
     """A run of MIDDLEs a driver may take without the engine between its receives
     (``sn_rx_stream``): those of the QP's message in order or beyond a hole
@@ -99,7 +106,7 @@ class Stream(NamedTuple):
     off: int                      # ... from this offset on ...
     room: int                     # ... up to this one
     took: Callable
-    kind: str                     # "in order", "beyond a hole" (a WRITE's) or "responses"
+    kind: StreamKind
 
 
 class Dispatch:
@@ -121,7 +128,7 @@ class Dispatch:
                 def took(k, acks, nacks, now):
                     responder.took_beyond(self, qp, psn, k, at, acks, 0, nacks)
             return Stream(qp, seg, w0, start, psn, view, off, room, took,
-                          "in order" if at is None else "beyond a hole")
+                          StreamKind.IN_ORDER if at is None else StreamKind.BEYOND_HOLE)
         if self.qps.get(qp.qpn) is not qp or self.kernel is None or not self._fast \
                 or not self.config.check_icrc:
             return None
@@ -132,7 +139,7 @@ class Dispatch:
 
         def took(k, acks, nacks, now):
             completer.took_responses(self, qp, k, now)
-        return Stream(qp, *r, took, "responses")
+        return Stream(qp, *r, took, StreamKind.RESPONSES)
 
     def receive_datagram(self, data: bytes, src: tuple[str, int], now: float, ecn: int = 0,
                          telemetry: tuple | None = None) -> None:
@@ -214,16 +221,16 @@ class Dispatch:
             if qp.cc is not None and qp.qp_type != _UD and qp.cc.on_ecn(now=now):
                 self._cnps.append(qp)
         if telemetry is not None:
-            qp.int_echo = telemetry
+            qp.ccs.int_echo = telemetry
 
     def _response(self, qp, pkt, now: float, telemetry) -> None:
         if qp.state not in _SENDING:
             self.counters["rcvd_bad_state"] += 1
             return
         if qp.cc is not None:
-            qp.rx_telemetry = telemetry
+            qp.ccs.rx_telemetry = telemetry
             completer.receive(self, qp, pkt, now)
-            qp.rx_telemetry = None
+            qp.ccs.rx_telemetry = None
             self.arm(qp)
         else:
             completer.receive(self, qp, pkt, now)

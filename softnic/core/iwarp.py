@@ -107,7 +107,13 @@ class Conn:
 
 
 class IwarpQP:
-    """Per-QP iWARP state (beside the QP's shared queues)."""
+    """A QP's iWARP state (``qp.iw`` on an ``IwarpDevice``; None elsewhere): its TCP
+    connection, the DDP MSNs of its queues, the READs waiting for responses and
+    the Read Responses to send.  ``iwarp.py`` writes it; the QP's queues and the
+    requester's, completer's and responder's parts are shared with RoCE's rules."""
+
+    __slots__ = ("conn", "send_msn", "read_msn", "term_msn", "recv_msn", "rreq_msn", "reads",
+                 "resp_out", "write_len", "terminated", "last_terminate")
 
     def __init__(self):
         self.conn: Conn | None = None
@@ -120,6 +126,7 @@ class IwarpQP:
         self.resp_out: deque = deque()   # [sink stag, sink to, view, offset]: Read Responses to send
         self.write_len = 0           # bytes of the current inbound RDMA Write message
         self.terminated = False      # a Terminate was sent or received
+        self.last_terminate = None   # the Terminate last received (an iw.Terminate)
 
 
 def _ip_key(addr: tuple[str, int], qpn: int) -> tuple[int, int, int]:
@@ -169,7 +176,7 @@ class IwarpDevice(Device):
         super().destroy_qp(qp)
 
     def to_error(self, qp, keep_responses: bool = False) -> None:
-        iwq = getattr(qp, "iw", None)
+        iwq = qp.iw
         if iwq is not None:
             iwq.reads.clear()
             iwq.resp_out.clear()
@@ -199,7 +206,7 @@ class IwarpDevice(Device):
                 return
 
     def _unbind(self, qp) -> None:
-        iwq = getattr(qp, "iw", None)
+        iwq = qp.iw
         c = iwq.conn if iwq is not None else None
         if c is not None:
             iwq.conn = None
@@ -397,8 +404,8 @@ class IwarpDevice(Device):
         term = Terminate(term.layer, term.etype, term.ecode, len(hdr) + len(seg.payload), hdr,
                          bytes(seg.payload[:iw.READ_REQUEST_LEN])
                          if seg.opcode == Opcode.RDMA_READ_REQUEST else None)
-        if qp.resp_wqe is not None:
-            wqe, qp.resp_wqe = qp.resp_wqe, None
+        if qp.resp.wqe is not None:
+            wqe, qp.resp.wqe = qp.resp.wqe, None
             self.post_cqe(qp.recv_cq, WC(wqe.wr_id, recv_status or WCStatus.REM_INV_REQ_ERR,
                                          WCOpcode.RECV, qp.qpn), qp)
         self._terminate(qp, term)
@@ -413,7 +420,7 @@ class IwarpDevice(Device):
             qp.iw.term_msn += 1
             self.counters["terminate_sent"] += 1
         qp.iw.terminated = True
-        qp.resp_kind = None
+        qp.resp.kind = None
         self.to_error(qp)
         self._unbind(qp)                 # after a Terminate the stream closes, as in SoftiWARP
 
@@ -451,7 +458,7 @@ class IwarpDevice(Device):
         wqe.got_bytes += n
         if seg.last:
             reads.popleft()
-            qp.rd_atomic_inflight = max(0, qp.rd_atomic_inflight - 1)
+            qp.req.rd_atomic = max(0, qp.req.rd_atomic - 1)
             wqe.done = True
             wqe.status = WCStatus.SUCCESS if wqe.got_bytes == wqe.length else \
                 WCStatus.BAD_RESP_ERR
@@ -465,9 +472,9 @@ class IwarpDevice(Device):
                                             DdpUntaggedEcode.INVALID_MSN_RANGE),
                          EventType.QP_FATAL)
             return
-        if seg.mo == 0 and qp.resp_wqe is None:
+        if seg.mo == 0 and qp.resp.wqe is None:
             try:
-                qp.resp_wqe = responder.take_recv(self, qp)
+                qp.resp.wqe = responder.take_recv(self, qp)
             except responder.Rnr:
                 # No receive posted: iWARP has no RNR, this is fatal (RFC 5041 section 7.2).
                 self.counters["send_no_buffer"] += 1
@@ -475,8 +482,8 @@ class IwarpDevice(Device):
                                                 DdpUntaggedEcode.INVALID_MSN_NO_BUFFER),
                              EventType.QP_FATAL)
                 return
-            qp.resp_off = 0
-        if qp.resp_wqe is None or seg.mo != qp.resp_off:
+            qp.resp.off = 0
+        if qp.resp.wqe is None or seg.mo != qp.resp.off:
             self._refuse(qp, seg, Terminate(Layer.DDP, DdpEtype.UNTAGGED_BUFFER,
                                             DdpUntaggedEcode.INVALID_MO), EventType.QP_FATAL)
             return
@@ -504,7 +511,7 @@ class IwarpDevice(Device):
         flags = WCFlags(0)
         inv = imm_data = 0
         opcode = WCOpcode.RECV
-        byte_len = qp.resp_off
+        byte_len = qp.resp.off
         if info.invalidate:
             if not self.keys.invalidate(qp.pd, seg.inv_stag):
                 self._refuse(qp, seg, Terminate(Layer.RDMAP, RdmapEtype.REMOTE_PROTECTION,
@@ -520,7 +527,7 @@ class IwarpDevice(Device):
             byte_len = int.from_bytes(seg.payload[4:8], "big")
             flags |= WCFlags.WITH_IMM
             opcode = WCOpcode.RECV_RDMA_WITH_IMM
-        wqe, qp.resp_wqe = qp.resp_wqe, None
+        wqe, qp.resp.wqe = qp.resp.wqe, None
         iwq.recv_msn += 1
         self.counters["rdma_recvs"] += 1
         self.post_cqe(qp.recv_cq, WC(wqe.wr_id, WCStatus.SUCCESS, opcode, qp.qpn,
@@ -632,8 +639,8 @@ class IwarpDevice(Device):
         if qp.state not in (QPState.RTS, QPState.SQD):
             return False
         sq = qp.sq
-        while qp.send_idx < len(sq) and not qp.req_error:
-            wqe = sq[qp.send_idx]
+        while qp.req.send_idx < len(sq) and not qp.req.error:
+            wqe = sq[qp.req.send_idx]
             if wqe.first_psn is None and not wqe.done:
                 if qp.state != QPState.RTS:
                     break
@@ -644,8 +651,8 @@ class IwarpDevice(Device):
                 requester.start(self, qp, wqe)          # local checks, LOCAL_INV
                 if wqe.done:
                     if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
-                        qp.req_error = True
-                    qp.send_idx += 1
+                        qp.req.error = True
+                    qp.req.send_idx += 1
                     continue
                 wqe.next_pkt = 0                          # here: bytes sent so far
                 wqe.got_bytes = 0
@@ -659,12 +666,12 @@ class IwarpDevice(Device):
                     wqe.iw_msn = iwq.send_msn
                     iwq.send_msn += 1
             elif wqe.done:
-                qp.send_idx += 1
+                qp.req.send_idx += 1
                 continue
             used += self._emit(qp, wqe, tx, budget - used)
             if wqe.next_pkt < wqe.length or (wqe.length == 0 and wqe.next_pkt == 0):
                 return True                               # budget reached inside the message
-            qp.send_idx += 1
+            qp.req.send_idx += 1
             if wqe.opcode == W.RDMA_READ:
                 iwq.reads.append(wqe)
             else:
@@ -672,7 +679,7 @@ class IwarpDevice(Device):
                 wqe.status = WCStatus.SUCCESS
             if used >= budget:
                 completer.complete(self, qp)
-                return qp.send_idx < len(sq)
+                return qp.req.send_idx < len(sq)
         completer.complete(self, qp)
         return False
 

@@ -9,6 +9,7 @@ NAKs, READ responses, ATOMIC ACKs, in PSN order); each packet gets its ICRC here
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 from ..wire.datagram import Datagram
 from ..wire.icrc import append_icrc
@@ -20,6 +21,17 @@ from .enums import QPState, QPType
 from .qp import QP
 
 _SENDING = (QPState.RTS, QPState.SQD)
+_AtomicReply = responder.AtomicReply   # (a module global: read per response)
+_Run = requester.Run
+
+
+class EchoAck(NamedTuple):
+    """An ACK that echoes the INT telemetry of the request it answers (HPCC), in
+    ``Output``'s list of what leaves beside single packets, ``(bytes, dest)``
+    tuples, and runs (``requester.Run``)."""
+    pkt: bytearray
+    dest: tuple
+    echo: object
 _SQD, _RC = QPState.SQD, QPType.RC      # (enum members as globals: read per packet)
 _ACK = int(O.RC_ACKNOWLEDGE)
 _ACK_PKT = BTH_AETH_STRUCT
@@ -87,7 +99,7 @@ class Output:
         out = self._outgoing(now)
         if not out:
             return out
-        if len(out) == 1 and not self.config.icrc and len(out[0]) == 2:
+        if len(out) == 1 and not self.config.icrc and type(out[0]) is tuple:
             # _sealed's first case for the one packet a paced sender sends at a time
             pkt, dest = out[0]
             self.counters["sent_pkts"] += 1
@@ -119,7 +131,7 @@ class Output:
         ready, self._ready = self._ready, {}
         for qp in ready:
             if qp.closed:
-                if qp.resp_out:                 # the answers it owed when destroyed
+                if qp.resp.out:                 # the answers it owed when destroyed
                     self._responses(qp, out)
                 continue
             # Requests before responses: a program that posts as soon as a peer's
@@ -127,7 +139,7 @@ class Output:
             # the ACK it owes follows in the same flush.
             if qp.state in _SENDING:
                 self._requests(qp, now, out)
-            if qp.resp_out:
+            if qp.resp.out:
                 self._responses(qp, out)
         return out
 
@@ -151,11 +163,11 @@ class Output:
         plain = responder.ACK_CREDITS
         for qp in self._ready:
             sq = qp.sq
-            if qp.closed or qp.cc is not None or qp.send_idx < len(sq) or qp.rexmit \
-                    or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp_out:
+            if qp.closed or qp.cc is not None or qp.req.send_idx < len(sq) or qp.comp.rexmit \
+                    or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp.out:
                 return False
-            for e in qp.resp_out:
-                if e[0] != "ack" or e[2] != plain:
+            for e in qp.resp.out:
+                if type(e) is not tuple or e[1] != plain:       # (psn, syndrome, msn)
                     return False
         return True
 
@@ -163,14 +175,15 @@ class Output:
         """The requester's packets of a QP that may send, the retransmission timer
         started with the first of them, and completions now due."""
         sq = qp.sq
-        if qp.send_idx < len(sq) or qp.rexmit:      # something to (re)send
+        if qp.req.send_idx < len(sq) or qp.comp.rexmit:      # something to (re)send
             n0 = len(out)
             requester.generate(self, qp, now, out)
-            if len(out) > n0 and qp.qp_type is _RC and qp.rto_at is None \
+            comp = qp.comp
+            if len(out) > n0 and qp.qp_type is _RC and comp.rto_at is None \
                     and qp.attr.timeout:
-                qp.rto_at = now + self.rto(qp)
+                comp.rto_at = now + self.rto(qp)
                 if qp.selective_repeat:
-                    qp.probe_at = now + self.probe_interval(qp)
+                    comp.probe_at = now + self.probe_interval(qp)
                 self.arm(qp)
         if qp.cc is not None:
             self.arm(qp)
@@ -188,17 +201,17 @@ class Output:
         seal = append_icrc if icrc else _zero_icrc
         zero = flat and not icrc
         for item in out:
-            pkt, dest = item[0], item[1]
-            n = len(item)
-            if n == 2:
+            kind = type(item)
+            if kind is tuple:           # one packet: (bytes, dest)
+                pkt, dest = item
                 if zero:                # the same bytes as _zero_icrc, then bytes(): one copy
                     res.append((b"".join((pkt, _ZERO_ICRC)), dest))
                     continue
                 pkt = seal(pkt, ip, dest[0], port, dest[1])
                 res.append((bytes(pkt) if flat and type(pkt) is bytearray else pkt, dest))
-            elif n == 4:                # a requester's run, ICRCs included
-                npkts += item[3] - 1
-                seg = item[2]
+            elif kind is _Run:          # ICRCs included
+                pkt, dest, seg, count = item
+                npkts += count - 1
                 if flat:
                     if type(pkt) is requester.Gather:
                         pkt = pkt.flatten()
@@ -206,9 +219,9 @@ class Output:
                     res.extend((bytes(mv[o:o + seg]), dest) for o in range(0, len(pkt), seg))
                 else:
                     res.append((pkt, dest, seg))
-            else:                       # an ACK echoing INT telemetry
-                res.append((Datagram(seal(pkt, ip, dest[0], port, dest[1]),
-                                     echo=item[2]), dest))
+            else:                       # an EchoAck
+                pkt, dest, echo = item
+                res.append((Datagram(seal(pkt, ip, dest[0], port, dest[1]), echo=echo), dest))
         self.counters["sent_pkts"] += npkts
         return res
 
@@ -224,19 +237,23 @@ class Output:
         dest = qp.dest
         dqpn = qp.attr.dest_qp_num
         mtu = qp.mtu
-        while qp.resp_out:
-            entry = qp.resp_out.popleft()
-            kind, psn = entry[0], entry[1]
-            if kind == "ack":
-                ack = ack_packet(dqpn, psn, entry[2], entry[3])
-                if qp.int_echo is not None:
-                    out.append((ack, dest, qp.int_echo))
+        pending = qp.resp.out
+        echo = qp.ccs.int_echo
+        while pending:
+            entry = pending.popleft()
+            kind = type(entry)
+            if kind is tuple:                   # an ACK or NAK
+                psn, syndrome, msn = entry
+                ack = ack_packet(dqpn, psn, syndrome, msn)
+                if echo is not None:
+                    out.append(EchoAck(ack, dest, echo))
                 else:
                     out.append((ack, dest))
-            elif kind == "atomic":
-                out.append((atomic_ack_packet(dqpn, psn, entry[3], entry[2]), dest))
-            else:
-                view, msn = entry[2], entry[3]
+            elif kind is _AtomicReply:
+                psn, orig, msn = entry
+                out.append((atomic_ack_packet(dqpn, psn, msn, orig), dest))
+            else:                               # a ReadReply
+                psn, view, msn = entry
                 total = len(view)
                 if total <= mtu:                # one response: a READ RESPONSE ONLY
                     out.append((read_response_only(dqpn, psn, msn, view), dest))
@@ -272,7 +289,7 @@ class Output:
         nmid = npkts - 2
         buf, _ = requester.middle_run(self, dest, _READ_MIDDLE, dqpn, psn_add(psn, 1),
                                       nmid, mtu, view, mtu, 0, 0xFFFFFFFF)
-        out.append((buf, dest, BTH_LEN + mtu + ICRC_LEN, nmid))
+        out.append(_Run(buf, dest, BTH_LEN + mtu + ICRC_LEN, nmid))
         last = npkts - 1
         out.append((_aeth_packet(_READ_LAST, dqpn, psn_add(psn, last), aeth,
                                  view[last * mtu:]), dest))

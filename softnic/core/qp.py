@@ -310,24 +310,141 @@ class SendWQE:
         self.flush = (wr.flush_level, wr.flush_type) if self.opcode is WROpcode.FLUSH else None
 
 
+class ReqInfo:
+    """The requester's state (rxe's ``struct rxe_req_info``): where it is in the
+    send queue and the PSNs it has given out.  ``requester.py`` writes it; the
+    completer steps ``send_idx`` back, returns READ/ATOMIC credits
+    (``rd_atomic``) and stops the requester (``error``) when a WQE fails."""
+
+    __slots__ = ("send_idx", "psn", "max_sent_psn", "rd_atomic", "pkts_since_ackreq", "error")
+
+    def __init__(self) -> None:
+        self.send_idx = 0             # index in sq of the WQE the requester works on
+        self.psn = 0                  # next never-used PSN
+        self.max_sent_psn = PSN_MASK  # highest PSN sent so far (anything not above it is a resend)
+        self.rd_atomic = 0            # READ / ATOMIC requests outstanding (max_rd_atomic caps it)
+        self.pkts_since_ackreq = 0    # packets sent since the last that asked for an ACK
+        self.error = False            # a WQE failed locally; send nothing more
+
+
+class CompInfo:
+    """The completer's state (rxe's ``struct rxe_comp_info``): how far the send
+    queue is acknowledged, the retry and RNR counters, the retransmission, RNR
+    and loss-probe deadlines, and selective repeat's record of single PSNs to
+    resend.  ``completer.py`` writes it (``Output`` arms ``rto_at`` and
+    ``probe_at`` when requests leave; the requester takes PSNs off ``rexmit``
+    as it resends them, and a go-back-N rewind empties it)."""
+
+    __slots__ = ("acked_psn", "retry_left", "rnr_left", "rnr_wait", "retry_pending", "rto_at",
+                 "rto_shift", "rto_shift_psn", "rnr_at", "sqd_notified", "rexmit", "rexmitted",
+                 "sacked_psn", "probe_at", "probe_mark")
+
+    def __init__(self) -> None:
+        self.acked_psn = PSN_MASK     # everything up to here is acknowledged (req.psn - 1 at start)
+        self.retry_left = 7
+        self.rnr_left = 7
+        self.rnr_wait = False         # paused by an RNR NAK until the timer fires
+        self.retry_pending: int | None = None  # rewind already requested for this PSN
+        self.rto_at: float | None = None
+        self.rto_shift = 0            # timeouts in a row without ACK progress (the RTO's backoff)
+        self.rto_shift_psn = 0        # ... acked_psn when the last of them fired
+        self.rnr_at: float | None = None
+        self.sqd_notified = False
+        self.rexmit: deque[int] = deque()   # selective repeat: single PSNs to resend
+        self.rexmitted: dict[int, int] = {}  # ... already resent since the last ACK progress,
+        #                                     each with the highest PSN sent before it
+        self.sacked_psn: int | None = None  # ... highest PSN the responder said it holds
+        self.probe_at: float | None = None  # ... resend the oldest PSN early
+        self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
+
+
+class RespInfo:
+    """The responder's state (rxe's ``struct rxe_resp_info``): the expected PSN and
+    MSN, the message under way (a SEND's receive WQE and how much of it is placed,
+    a WRITE's target and offset), the READ/ATOMIC replay resources, and the
+    responses waiting to go out.  ``responder.py`` writes it (iWARP's receive
+    path, ``iwarp.py``, uses the message-under-way fields by the same rules);
+    ``Output`` takes the responses off ``out``."""
+
+    __slots__ = ("epsn", "msn", "wqe", "off", "kind", "write_view", "write_off", "write_len",
+                 "nak_sent", "uc_drop", "resources", "out")
+
+    def __init__(self) -> None:
+        self.epsn = 0                 # the expected PSN
+        self.msn = 0                  # messages completed (the MSN in every AETH)
+        self.wqe = None               # receive WQE of the SEND in progress
+        self.off = 0                  # bytes placed into it so far
+        self.kind = None              # kind of the multi-packet message in progress
+        self.write_view: memoryview | None = None   # the WRITE in progress: its target,
+        self.write_off = 0            # ... the bytes placed so far,
+        self.write_len = 0            # ... its length
+        self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
+        self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
+        self.resources: deque = deque()   # READ / ATOMIC replay: responder.ReadResource, ...
+        self.out: deque = deque()     # responses to send, in PSN order (responder.py's records)
+
+
+class SRInfo:
+    """The responder's selective-repeat state (IRN): request packets held beyond a
+    PSN hole, the WRITE bytes placed beyond it, and the holes already named in
+    NAKs.  ``responder.py`` and ``sr_place.py`` write it.  (The requester's side
+    of selective repeat, the single PSNs to resend, is the completer's: ``CompInfo``.)"""
+
+    __slots__ = ("naked", "scan", "stream_psn", "ooo", "writes", "placed")
+
+    def __init__(self) -> None:
+        self.naked: set[int] = set()  # PSNs missing beyond the hole, already named in a NAK
+        self.scan: int | None = None  # PSNs below it are held or named
+        self.stream_psn = 0           # the PSN a stream of MIDDLEs beyond a hole takes next
+        self.ooo: dict[int, object] = {}  # PSN -> held: a Packet or a responder.PlacedWrite
+        self.writes: list = []        # the current WRITE, then those whose FIRST is held:
+        #                               (first psn, view, length, end psn, address)
+        self.placed = None            # byte ranges placed beyond a hole, by PSN (sr_place.Placed)
+
+
+class CongestionState:
+    """A QP's congestion-control state, used only when the QP has a controller
+    (``qp.cc``).  ``requester.py`` writes the pacer's and the in-flight record;
+    ``dispatch.py`` writes the INT telemetry it finds on a packet, which the
+    requester hands to the controller with an ACK (``rx_telemetry``) and
+    ``output.py`` echoes in the ACKs it sends (``int_echo``)."""
+
+    __slots__ = ("next_tx", "pace_at", "sent", "inflight", "rx_telemetry", "int_echo")
+
+    def __init__(self) -> None:
+        self.next_tx = 0.0            # pacing: earliest time of the next packet
+        self.pace_at: float | None = None   # pacing timer, when the rate holds a packet back
+        self.sent: dict[int, tuple] = {}    # PSN -> (sent at, bytes, resent) until acknowledged
+        self.inflight = 0             # bytes sent and not yet acknowledged
+        self.rx_telemetry = None      # INT echo of the response being handled
+        self.int_echo = None          # INT hops of the latest request, echoed in ACKs
+
+
 class QP:
-    """Everything one queue pair holds: attributes, queues, and the state of
-    its requester, completer and responder (the logic lives in their modules)."""
+    """One queue pair: what is its own (QPN, PD, type, CQs, SRQ, attributes,
+    state, the send and receive queues, its congestion controller) and, as rxe's
+    ``struct rxe_qp``, a part for each owner of the rest (the logic lives in
+    their modules):
+
+    ======  ====================  ===============================================
+    req     ``ReqInfo``           requester.py: send queue position, PSNs given out
+    comp    ``CompInfo``          completer.py: acknowledged PSN, retries, timers
+    resp    ``RespInfo``          responder.py: ePSN, MSN, message under way, replies
+    sr      ``SRInfo``            responder.py, sr_place.py: held beyond a hole
+    ccs     ``CongestionState``   requester.py, dispatch.py: pacing, bytes in flight
+    iw      ``iwarp.IwarpQP``     iwarp.py (None but on an iWARP device)
+    ======  ====================  ===============================================
+
+    ``reset()`` gives each part (but ``iw``, which iWARP's device renews) its state
+    as new.  A hot path takes a part into a local once (``req = qp.req``)."""
 
     #: the attributes the engine reads per packet as slots (faster than a dict's);
     #: ``__dict__`` keeps room for any other
     __slots__ = (
         'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
-        'timer_at', 'cc_spec', 'cc', 'sq', 'send_idx', 'sq_psn', 'acked_psn',
-        'max_sent_psn', 'rd_atomic_inflight', 'retry_left', 'rnr_left', 'rnr_wait',
-        'rexmit', 'rexmitted', 'sacked_psn', 'pkts_since_ackreq', 'req_error',
-        'retry_pending', 'rto_at', 'rto_shift', 'rto_shift_psn', 'probe_at',
-        'probe_mark', 'rnr_at', 'sqd_notified', 'next_tx', 'pace_at', 'cc_sent',
-        'cc_inflight', 'rx_telemetry', 'int_echo', 'rq', 'epsn', 'msn', 'resp_wqe',
-        'resp_off', 'resp_kind', 'write_view', 'write_off', 'write_len', 'nak_sent',
-        'sr_naked', 'sr_scan', 'sr_stream_psn', 'ooo', 'sr_writes', 'sr_placed',
-        'ooo_high', 'resources', 'resp_out', 'uc_drop', '_mtu', '_dest', '_rto',
+        'timer_at', 'cc_spec', 'cc', 'req', 'comp', 'resp', 'sr', 'ccs', 'iw', 'sq', 'rq',
+        '_mtu', '_dest', '_rto',
         '_mtu_of', '_dest_of', '_rto_of',
         "__dict__", "__weakref__")
 
@@ -352,6 +469,7 @@ class QP:
         self.timer_at: float | None = None
         self.cc_spec: str | None = None       # per-QP congestion control (None: the device's)
         self.cc = None                        # its controller, made at RTS (None: no control)
+        self.iw = None                        # iWARP's part (iwarp.IwarpQP), on an iWARP device
         self.reset()
 
     # The engine asks for these on every packet; attributes are frozen and replaced
@@ -387,63 +505,20 @@ class QP:
                 cq.mirrored()
 
     def reset(self) -> None:
-        # requester / completer
+        """Empty queues and each part's state as a new QP's (a move to RESET)."""
         self.sq: deque[SendWQE] = deque()
-        self.send_idx = 0             # index in sq of the WQE the requester works on
-        self.sq_psn = 0               # next never-used PSN
-        self.acked_psn = PSN_MASK     # everything up to here is acknowledged (sq_psn - 1 at start)
-        self.max_sent_psn = PSN_MASK  # highest PSN sent so far (anything not above it is a resend)
-        self.rd_atomic_inflight = 0
-        self.retry_left = 7
-        self.rnr_left = 7
-        self.rnr_wait = False         # paused by an RNR NAK until the timer fires
-        self.rexmit: deque[int] = deque()   # selective repeat: single PSNs to resend
-        self.rexmitted: dict[int, int] = {}  # ... already resent since the last ACK progress,
-        #                                     each with the highest PSN sent before it
-        self.sacked_psn: int | None = None  # ... highest PSN the responder said it holds
-        self.pkts_since_ackreq = 0
-        self.req_error = False        # a WQE failed locally; send nothing more
-        self.retry_pending: int | None = None  # rewind already requested for this PSN
-        self.rto_at: float | None = None
-        self.rto_shift = 0            # timeouts in a row without ACK progress (the RTO's backoff)
-        self.rto_shift_psn = 0        # ... acked_psn when the last of them fired
-        self.probe_at: float | None = None  # selective repeat: resend the oldest PSN early
-        self.probe_mark: int | None = None  # ... unless packets were sent since this PSN
-        self.rnr_at: float | None = None
-        self.sqd_notified = False
-        # congestion control (used only when self.cc is set)
-        self.next_tx = 0.0            # pacing: earliest time of the next packet
-        self.pace_at: float | None = None   # pacing timer, when the rate holds a packet back
-        self.cc_sent: dict[int, tuple] = {}  # PSN -> (sent at, bytes, resent) until acknowledged
-        self.cc_inflight = 0          # bytes sent and not yet acknowledged
-        self.rx_telemetry = None      # INT echo of the response being handled
-        self.int_echo = None          # INT hops of the latest request, echoed in ACKs
-        # responder
         self.rq: deque = deque()
-        self.epsn = 0
-        self.msn = 0
-        self.resp_wqe = None          # receive WQE of the SEND in progress
-        self.resp_off = 0             # bytes placed into it so far
-        self.resp_kind = None         # kind of the multi-packet message in progress
-        self.write_view: memoryview | None = None
-        self.write_off = 0
-        self.write_len = 0
-        self.nak_sent = False         # one PSN sequence NAK per gap (go-back-N)
-        self.sr_naked: set[int] = set()
-        self.sr_scan: int | None = None   # responder: PSNs below it are held or named
-        self.sr_stream_psn = 0      # ... the PSN a driver's stream of MIDDLEs beyond a hole takes next
-        self.ooo: dict[int, object] = {}   # selective repeat: PSN -> packet held for in-order apply
-        self.sr_writes: list = []   # ... the current WRITE, then those whose FIRST is held: (first psn, view, length, end psn, address)
-        self.sr_placed = None       # ... byte ranges placed beyond a hole, by PSN (sr_place.Placed)
-        self.ooo_high = None
-        self.resources: deque = deque()    # READ / ATOMIC replay resources
-        self.resp_out: deque = deque()     # responses to send, in PSN order
-        self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
+        self.req = ReqInfo()
+        self.comp = CompInfo()
+        self.resp = RespInfo()
+        self.sr = SRInfo()
+        self.ccs = CongestionState()
 
     def next_send_psn(self) -> int:
         """PSN of the next packet the requester would send on the current WQE."""
-        if self.send_idx < len(self.sq):
-            w = self.sq[self.send_idx]
+        req = self.req
+        if req.send_idx < len(self.sq):
+            w = self.sq[req.send_idx]
             if w.first_psn is not None:
                 return psn_add(w.first_psn, w.next_pkt)
-        return self.sq_psn
+        return req.psn

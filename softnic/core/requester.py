@@ -24,6 +24,7 @@ the common-case branches and without them.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 from ..wire.icrc import crc32, icrc_start
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
@@ -116,13 +117,14 @@ def start(dev, qp, wqe) -> None:
     else:
         npkts = -(-wqe.length // qp.mtu) or 1
     wqe.npkts = npkts
-    psn = qp.sq_psn
+    req = qp.req
+    psn = req.psn
     wqe.first_psn = psn
     wqe.last_psn = (psn + npkts - 1) & PSN_MASK
-    qp.sq_psn = (psn + npkts) & PSN_MASK
+    req.psn = (psn + npkts) & PSN_MASK
     wqe.next_pkt = 0
     if wqe.rd_atomic:
-        qp.rd_atomic_inflight += 1
+        req.rd_atomic += 1
 
 
 def gather(wqe, off: int, n: int):
@@ -264,7 +266,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     among them) a LAST without extended header, ICRC and all, one after another
     in one buffer: ``k`` datagrams of ``seg`` bytes each (the LAST may be
     shorter).  The bytes are those ``_build`` and ``append_icrc`` give packet by
-    packet; the AckReq bits follow ``qp.pkts_since_ackreq`` as ``generate`` does.
+    packet; the AckReq bits follow ``qp.req.pkts_since_ackreq`` as ``generate`` does.
     Returns the buffer and ``seg``."""
     mtu = qp.mtu
     seg = BTH_LEN + mtu + ICRC_LEN
@@ -280,7 +282,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     one = views[0] if len(views) == 1 else None
     off = idx * mtu
     buf, s = middle_run(dev, dest, _MIDDLE[wqe.opcode], qp.attr.dest_qp_num, psn, nmid, mtu,
-                        one, off, qp.pkts_since_ackreq, ack_every, extra,
+                        one, off, qp.req.pkts_since_ackreq, ack_every, extra,
                         lambda o: gather(wqe, o, mtu))
     if has_last:
         s = 0                       # a LAST asks for an ACK: the count starts again
@@ -290,7 +292,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
             buf.last = _plain_last(dev, qp, wqe, psn, off, n_last, dest)
         else:
             _plain_last(dev, qp, wqe, psn, off, n_last, dest, buf, nmid * seg)
-    qp.pkts_since_ackreq = s
+    qp.req.pkts_since_ackreq = s
     return buf, seg
 
 
@@ -371,6 +373,18 @@ def _plain_last(dev, qp, wqe, psn: int, off: int, n: int, dest, buf=None, o: int
     return buf
 
 
+class Run(NamedTuple):
+    """``count`` packets of ``seg`` bytes each (the last may be shorter), ICRCs
+    included, one after another in ``buf`` (a ``bytearray`` or a ``Gather``), all to
+    ``dest``: a request's MIDDLEs (``_bulk_run``) or a READ's RESPONSE MIDDLEs
+    (``Output._read_run``), as ``generate`` and ``Output`` put them in their list
+    of what leaves, beside single packets, ``(bytes, dest)`` tuples."""
+    buf: object
+    dest: tuple
+    seg: int
+    count: int
+
+
 class Gather:
     """A run ``_bulk`` left in registered memory for a driver that gathers
     (``Device.tx_gather``): ``count`` MIDDLEs, each its BTH and ICRC (16 bytes
@@ -429,14 +443,14 @@ def rewind(qp, psn: int) -> None:
     i = _find(qp, psn)
     if i is None:
         return
-    if qp.cc is not None and qp.cc_sent:
+    if qp.cc is not None and qp.ccs.sent:
         cc_lost_from(qp, psn)
-    qp.send_idx = i
+    qp.req.send_idx = i
     w = qp.sq[i]
     w.next_pkt = (psn - w.first_psn) & PSN_MASK
     for j in range(i + 1, len(qp.sq)):
         qp.sq[j].next_pkt = 0
-    qp.rexmit.clear()
+    qp.comp.rexmit.clear()
 
 
 def _window_room(qp, psn: int) -> int:
@@ -444,11 +458,13 @@ def _window_room(qp, psn: int) -> int:
     Go-back-N counts every unacknowledged packet.  Selective repeat counts those
     beyond the highest PSN the responder reported holding (IRN's BDP cap), within
     the span the responder will hold."""
-    base = (qp.acked_psn + 1) & PSN_MASK
+    comp = qp.comp
+    base = (comp.acked_psn + 1) & PSN_MASK
     if qp.selective_repeat:
         room = SR_SPAN * qp.window - psn_diff(psn, base)
-        if qp.sacked_psn is not None and psn_diff(qp.sacked_psn, base) >= 0:
-            base = (qp.sacked_psn + 1) & PSN_MASK
+        sacked = comp.sacked_psn
+        if sacked is not None and psn_diff(sacked, base) >= 0:
+            base = (sacked + 1) & PSN_MASK
         return min(room, qp.window - psn_diff(psn, base))
     d = (psn - base) & PSN_MASK           # psn_diff(psn, base), inline (asked per packet)
     return qp.window - (d - PSN_MODULUS if d & PSN_HALF else d)
@@ -459,7 +475,7 @@ def _window_room(qp, psn: int) -> int:
 # Only a QP with a controller (``qp.cc``) pays for any of this.  The controller's
 # window caps the bytes sent and not yet acknowledged; its rate spaces packets
 # ``bytes * 8 / rate`` apart (a token bucket of depth one packet): a packet held
-# back sets ``qp.pace_at``, the time of the next one, and the device's timer is
+# back sets ``qp.ccs.pace_at``, the time of the next one, and the device's timer is
 # armed for it by ``generate``'s caller (``Output._requests`` arms every
 # controlled QP after ``generate``, for the controller's own timers too).
 
@@ -470,46 +486,51 @@ WIRE_OVERHEAD = 28
 def _cc_blocked(qp, now: float, resend: bool) -> bool:
     """Does the congestion controller hold the QP's next packet (a resend: only
     the pacer holds it)?  The controller's window while its bytes in flight fill
-    it; its rate until ``qp.next_tx``, the time then kept in ``qp.pace_at``."""
+    it; its rate until ``qp.ccs.next_tx``, the time then kept in ``qp.ccs.pace_at``."""
     cc = qp.cc
-    if not resend and cc.window is not None and qp.cc_inflight and \
-            qp.cc_inflight >= cc.window:
+    ccs = qp.ccs
+    if not resend and cc.window is not None and ccs.inflight and ccs.inflight >= cc.window:
         return True                       # an ACK (progress) makes the QP ready again
-    if cc.rate is not None and now < qp.next_tx:
-        qp.pace_at = qp.next_tx           # (armed by the caller: see above)
+    if cc.rate is not None and now < ccs.next_tx:
+        ccs.pace_at = ccs.next_tx         # (armed by the caller: see above)
         return True
     return False
 
 
 def _cc_sent(qp, psn: int, nbytes: int, now: float, resent: bool) -> None:
     cc = qp.cc
+    ccs = qp.ccs
     size = nbytes + WIRE_OVERHEAD
     rate = cc.rate
     if rate:
-        t = qp.next_tx if qp.next_tx > now else now
-        qp.next_tx = t + size * 8 / rate
+        t = ccs.next_tx if ccs.next_tx > now else now
+        ccs.next_tx = t + size * 8 / rate
     if qp.qp_type is _RC:
-        old = qp.cc_sent.get(psn)
+        sent = ccs.sent
+        old = sent.get(psn)
         if old is not None:
-            qp.cc_inflight -= old[1]
+            ccs.inflight -= old[1]
             resent = True
-        qp.cc_sent[psn] = (now, size, resent)
-        qp.cc_inflight += size
+        sent[psn] = (now, size, resent)
+        ccs.inflight += size
     cc.on_packet_sent(now=now, nbytes=size, psn=psn, retransmit=resent)
 
 
 def cc_lost_from(qp, psn: int) -> None:
     """Packets from ``psn`` on are presumed lost: they leave the in-flight count
     (their resends count again, marked as resent so they give no RTT sample)."""
-    lost = [p for p in qp.cc_sent if psn_diff(p, psn) >= 0]
+    ccs = qp.ccs
+    sent = ccs.sent
+    lost = [p for p in sent if psn_diff(p, psn) >= 0]
     for p in lost:
-        qp.cc_inflight -= qp.cc_sent.pop(p)[1]
+        ccs.inflight -= sent.pop(p)[1]
 
 
 def cc_acked(qp, before: int, now: float) -> None:
-    """The cumulative ACK moved from ``before`` to ``qp.acked_psn``: tell the controller."""
-    sent = qp.cc_sent
-    acked = qp.acked_psn
+    """The cumulative ACK moved from ``before`` to ``qp.comp.acked_psn``: tell the controller."""
+    ccs = qp.ccs
+    sent = ccs.sent
+    acked = qp.comp.acked_psn
     nbytes = 0
     rtt = None
     if sent:
@@ -525,8 +546,8 @@ def cc_acked(qp, before: int, now: float) -> None:
                 nbytes += e[1]
                 if not e[2]:
                     rtt = now - e[0]          # the newest original packet acknowledged
-        qp.cc_inflight -= nbytes
-    tel, qp.rx_telemetry = qp.rx_telemetry, None
+        ccs.inflight -= nbytes
+    tel, ccs.rx_telemetry = ccs.rx_telemetry, None
     qp.cc.on_ack(now=now, acked_bytes=nbytes, rtt=rtt, telemetry=tel)
 
 
@@ -558,31 +579,34 @@ def generate(dev, qp, now: float, out: list) -> None:
     paced QP's MIDDLE is WINDOW, PACER, SEND, then back to WINDOW and PACER for
     the same WQE's next packet (not through the send queue's walk), where one of
     them stops."""
-    if qp.rnr_wait or qp.state not in _SENDING:                        # IDLE
+    comp = qp.comp
+    if comp.rnr_wait or qp.state not in _SENDING:                       # IDLE
         return
-    if qp.pace_at is not None and dev._fast and _held_by_pacer(qp, now):  # HELD
+    if qp.cc is not None and qp.ccs.pace_at is not None and dev._fast \
+            and _held_by_pacer(qp, now):                               # HELD
         return
     qtype = qp.qp_type
     rc = qtype is _RC
     dest = qp.dest if qtype is not _UD else None
     cc = qp.cc if qtype is not _UD else None
-    if qp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):  # RESEND
+    if comp.rexmit and not _resend_singles(dev, qp, now, out, dest, cc):  # RESEND
         return
     ack_every = dev.config.ack_every or qp.window // 4 or 1
     sq = qp.sq
-    while qp.send_idx < len(sq) and not qp.req_error:
-        wqe = sq[qp.send_idx]
+    req = qp.req
+    while req.send_idx < len(sq) and not req.error:
+        wqe = sq[req.send_idx]
         if wqe.first_psn is None and not wqe.done:                     # START
             if not _may_start(qp, wqe, rc):
                 break
             start(dev, qp, wqe)
             if wqe.done:                                # local op or local error
                 if wqe.status is not None and wqe.status != WCStatus.SUCCESS:
-                    qp.req_error = True
-                qp.send_idx += 1
+                    req.error = True
+                req.send_idx += 1
                 continue
         elif wqe.done:
-            qp.send_idx += 1
+            req.send_idx += 1
             continue
         while True:     # the WQE's packets: WINDOW, PACER, SEND until it is all sent
             nxt = wqe.next_pkt
@@ -599,7 +623,7 @@ def generate(dev, qp, now: float, out: list) -> None:
                     continue
             elif _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc):
                 continue
-            break       # all sent (send_idx moved on): the next WQE, if any
+            break       # all sent (req.send_idx moved on): the next WQE, if any
         if qtype is _UD:
             dest = None
 
@@ -612,12 +636,15 @@ def _held_by_pacer(qp, now: float) -> bool:
     ``_cc_blocked`` first, or the window.  (A WQE not yet started is left to the
     loop: it takes its PSNs even when the controller holds its packets.)"""
     cc = qp.cc
-    if cc is None or qp.qp_type is _UD or cc.rate is None or not now < qp.next_tx \
-            or qp.pace_at != qp.next_tx:
+    if cc is None or qp.qp_type is _UD or cc.rate is None:
         return False
-    i = qp.send_idx
+    ccs = qp.ccs
+    if not now < ccs.next_tx or ccs.pace_at != ccs.next_tx:
+        return False
+    req = qp.req
+    i = req.send_idx
     sq = qp.sq
-    if i >= len(sq) or qp.req_error:
+    if i >= len(sq) or req.error:
         return True
     wqe = sq[i]
     return wqe.first_psn is not None and not wqe.done
@@ -626,10 +653,11 @@ def _held_by_pacer(qp, now: float) -> bool:
 def _resend_singles(dev, qp, now: float, out: list, dest, cc) -> bool:
     """Selective repeat: the single lost PSNs (or READ response ranges) named for
     resending, oldest first.  False if the congestion controller holds them."""
-    while qp.rexmit:
+    rexmit = qp.comp.rexmit
+    while rexmit:
         if cc is not None and _cc_blocked(qp, now, True):
             return False
-        item = qp.rexmit.popleft()
+        item = rexmit.popleft()
         psn, count = item if isinstance(item, tuple) else (item, None)
         i = _find(qp, psn)
         if i is None:
@@ -650,11 +678,12 @@ def _may_start(qp, wqe, rc: bool) -> bool:
     READ/ATOMIC credits (max_rd_atomic), not beyond the window."""
     if qp.state is not _RTS:
         return False
-    if wqe.flags & _FENCE and qp.rd_atomic_inflight:
+    req = qp.req
+    if wqe.flags & _FENCE and req.rd_atomic:
         return False
-    if wqe.rd_atomic and qp.rd_atomic_inflight >= max(1, qp.attr.max_rd_atomic):
+    if wqe.rd_atomic and req.rd_atomic >= max(1, qp.attr.max_rd_atomic):
         return False
-    return not rc or _window_room(qp, qp.sq_psn) > 0
+    return not rc or _window_room(qp, req.psn) > 0
 
 
 def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
@@ -668,10 +697,10 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
         return False
     _record_sent(dev, qp, psn, k)
     buf, seg = _bulk(dev, qp, wqe, idx, k, dest, ack_every)
-    out.append((buf, dest, seg, k))
+    out.append(Run(buf, dest, seg, k))
     wqe.next_pkt = idx + k
     if wqe.next_pkt >= wqe.npkts:
-        qp.send_idx += 1
+        qp.req.send_idx += 1
     return True
 
 
@@ -687,9 +716,10 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
     # LAST, an ONLY, a READ or an atomic always asks (as rxe's; ``_build`` sets the
     # bit), so the count restarts there too.  (A resend's AckReq leaves the count
     # of new packets as it is: ``_resend_singles`` does not come here.)
-    n = qp.pkts_since_ackreq + 1
+    req = qp.req
+    n = req.pkts_since_ackreq + 1
     ackreq = n >= ack_every or (cc is not None and _cc_wants_ack(dev, qp, cc, ack_every))
-    qp.pkts_since_ackreq = 0 if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)) else n
+    req.pkts_since_ackreq = 0 if ackreq or (rc and (wqe.rd_atomic or nxt == npkts - 1)) else n
     resent = _record_sent(dev, qp, psn, 1) if rc else False
     pkt = _build(dev, qp, wqe, nxt, ackreq)
     if cc is not None:
@@ -699,7 +729,7 @@ def _send_packet(dev, qp, wqe, psn: int, ack_every: int, cc, now: float, out: li
     nxt = npkts if wqe.rd_atomic else nxt + 1
     wqe.next_pkt = nxt
     if nxt >= npkts:
-        qp.send_idx += 1
+        req.send_idx += 1
         if not rc:                        # UC / UD: done once on the wire
             wqe.done = True
             wqe.status = WCStatus.SUCCESS
@@ -711,12 +741,13 @@ def _record_sent(dev, qp, psn: int, k: int) -> bool:
     """The go-back-N record of what was sent, for RC PSNs ``psn`` .. ``psn + k - 1``
     leaving now: those at or below the highest PSN sent before are resends
     (counted); the highest moves up.  True: the first of them is a resend."""
-    d = (qp.max_sent_psn - psn) & PSN_MASK    # psn_diff(max_sent_psn, psn), inline
+    req = qp.req
+    d = (req.max_sent_psn - psn) & PSN_MASK    # psn_diff(max_sent_psn, psn), inline
     ahead = (d - PSN_MODULUS if d & PSN_HALF else d) + 1    # how many were sent before
     if ahead > 0:
         dev.counters["retransmitted_pkts"] += ahead if ahead < k else k
     if ahead < k:
-        qp.max_sent_psn = (psn + k - 1) & PSN_MASK
+        req.max_sent_psn = (psn + k - 1) & PSN_MASK
     return ahead > 0
 
 

@@ -19,7 +19,7 @@ service's responder side):
 - Acknowledgement (``accept``): the ePSN moves past an executed packet, the MSN
   counts each completed message, and an ACK is queued for a message's last packet
   or a packet with AckReq set.  Responses leave in PSN order through
-  ``qp.resp_out``; a plain ACK queued behind another plain ACK replaces it (ACK
+  ``qp.resp.out``; a plain ACK queued behind another plain ACK replaces it (ACK
   coalescing).
 
 Two ways in, one set of rules.  ``receive`` takes a decoded ``Packet`` (every
@@ -40,6 +40,7 @@ from __future__ import annotations
 import struct
 import sys
 from collections import deque
+from typing import NamedTuple
 
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
@@ -81,16 +82,79 @@ class Rnr(Exception):
 _Nak, _Rnr = Nak, Rnr
 
 
-# response queue entries: ("ack", psn, syndrome) | ("read", psn, view, msn) | ("atomic", psn, orig)
+# ---------------------------------------------------------------- records
+#
+# The responses the responder queues in ``qp.resp.out`` for ``Output`` to send, in
+# PSN order, told apart by type (by ``Output`` and the coalescing below): an ACK or
+# NAK, the common case, is a plain ``(psn, syndrome, msn)`` tuple (the PSN it
+# names, its AETH syndrome and MSN field: a tuple costs a tenth of a record to
+# build, and one is built per message), a READ's responses a ``ReadReply``, an
+# ATOMIC's an ``AtomicReply``.  And the READ / ATOMIC replay resources it keeps
+# in ``qp.resp.resources`` (``max_dest_rd_atomic`` of them) to answer a
+# duplicate request.
+
+
+class ReadReply(NamedTuple):
+    """A READ's responses (one packet per path MTU of ``view``, PSNs from ``psn``
+    on; none but an ACK-like ONLY for an ATOMIC WRITE or FLUSH: ``view`` empty)."""
+    psn: int
+    view: memoryview
+    msn: int
+
+
+class AtomicReply(NamedTuple):
+    """An ATOMIC ACKNOWLEDGE: the PSN it answers, the original value, the MSN."""
+    psn: int
+    orig: int
+    msn: int
+
+
+class WriteFirst(NamedTuple):
+    """What a WRITE's FIRST held beyond a hole named, its target checked on arrival:
+    the RETH's (va, rkey, length), the target's view, how many packets the WRITE
+    takes and the address of its first byte."""
+    reth: tuple
+    view: memoryview
+    packets: int
+    addr: int
+
+
+class PlacedWrite(NamedTuple):
+    """A WRITE packet held beyond a hole (in ``qp.sr.ooo``, beside decoded packets)
+    whose bytes are already in memory: ``placed_write`` accounts for it, as
+    ``_write`` would have, once the hole fills.  ``first``: a FIRST's target
+    (``WriteFirst``), checked again then, in order; None for a MIDDLE or LAST."""
+    psn: int
+    last: bool
+    length: int
+    ackreq: bool
+    first: WriteFirst | None = None
+
+
+class ReadResource(NamedTuple):
+    """A READ (or ATOMIC WRITE, FLUSH) executed: its PSNs ``first`` .. ``last``,
+    which a duplicate is answered for again (a READ re-read, the others not run
+    again)."""
+    first: int
+    last: int
+
+
+class AtomicResource(NamedTuple):
+    """An ATOMIC executed at ``psn``, and the original value its duplicate gets
+    (the operation never runs twice)."""
+    psn: int
+    orig: int
+
 
 def queue_ack(dev, qp, psn: int, syndrome: int = ACK_CREDITS) -> None:
-    out = qp.resp_out
-    plain = syndrome == ACK_CREDITS
-    if plain and out and out[-1][0] == "ack" and out[-1][2] == ACK_CREDITS:
-        out[-1] = ("ack", psn, syndrome, qp.msn)
+    resp = qp.resp
+    out = resp.out
+    last = out[-1] if out else None
+    if syndrome == ACK_CREDITS and type(last) is tuple and last[1] == ACK_CREDITS:
+        out[-1] = (psn, syndrome, resp.msn)      # a later plain ACK covers an earlier one
         dev.counters["ack_deferred"] += 1
     else:
-        out.append(("ack", psn, syndrome, qp.msn))
+        out.append((psn, syndrome, resp.msn))
     dev.mark_ready(qp)
 
 
@@ -104,13 +168,15 @@ def keep_answers(qp) -> None:
     until its retry_cnt runs out and its WR fails with RETRY EXCEEDED, though it
     succeeded.  READ responses, which read registered
     memory the consumer may free next, are dropped."""
-    if qp.resp_out:
-        qp.resp_out = deque(e for e in qp.resp_out if e[0] != "read")
+    resp = qp.resp
+    if resp.out:
+        resp.out = deque(e for e in resp.out if type(e) is not ReadReply)
 
 
 def _nak(dev, qp, psn: int, code: NakCode, msn: int | None = None) -> None:
-    qp.resp_out.append(("ack", psn, (AethCode.NAK << AETH_CODE_SHIFT) | code,
-                        qp.msn if msn is None else msn))
+    resp = qp.resp
+    resp.out.append((psn, (AethCode.NAK << AETH_CODE_SHIFT) | code,
+                        resp.msn if msn is None else msn))
     dev.mark_ready(qp)
 
 
@@ -118,10 +184,11 @@ def accept(dev, qp, psn: int, last: bool, ackreq: bool) -> None:
     """A request packet executed in sequence: the ePSN moves past it, the MSN
     counts a completed message, and its ACK is queued if it ends a message or
     asks for one (AckReq)."""
-    qp.epsn = (psn + 1) & PSN_MASK
-    qp.nak_sent = False
+    resp = qp.resp
+    resp.epsn = (psn + 1) & PSN_MASK
+    resp.nak_sent = False
     if last:
-        qp.msn = (qp.msn + 1) & MSN_MASK
+        resp.msn = (resp.msn + 1) & MSN_MASK
         queue_ack(dev, qp, psn)
     elif ackreq:
         queue_ack(dev, qp, psn)
@@ -131,9 +198,10 @@ def _answered(qp, psn: int) -> None:
     """A READ, ATOMIC or ATOMIC WRITE request executed: the ePSN moves past its
     PSNs (``psn`` is its last) and the MSN counts it at once (for a READ, on
     receipt: IBA C9-148, as rxe); its response, not an ACK, answers it."""
-    qp.epsn = (psn + 1) & PSN_MASK
-    qp.nak_sent = False
-    qp.msn = (qp.msn + 1) & MSN_MASK
+    resp = qp.resp
+    resp.epsn = (psn + 1) & PSN_MASK
+    resp.nak_sent = False
+    resp.msn = (resp.msn + 1) & MSN_MASK
 
 
 def write_target(dev, qp, va: int, rkey: int, length: int):
@@ -157,12 +225,13 @@ def message_target(dev, qp):
     at the bytes placed so far.  None for anything else (no message under way; a
     receive WQE with several SGEs, or an SGE that check refuses): the general
     way (``_write``, ``place_recv``) places it."""
-    kind = qp.resp_kind
+    resp = qp.resp
+    kind = resp.kind
     if kind is _WRITE_KIND:
-        view = qp.write_view
-        return view, qp.write_off, min(qp.write_len, view.nbytes)
+        view = resp.write_view
+        return view, resp.write_off, min(resp.write_len, view.nbytes)
     if kind is _SEND_KIND:
-        wqe = qp.resp_wqe
+        wqe = resp.wqe
         if wqe is None or len(wqe.sges) != 1:
             return None
         addr, length, lkey = wqe.sges[0]
@@ -170,7 +239,7 @@ def message_target(dev, qp):
             view = dev.keys.local(qp.pd, lkey, addr, length, write=True)
         except AccessError:
             return None
-        return view, qp.resp_off, min(length, wqe.length)
+        return view, resp.off, min(length, wqe.length)
     return None
 
 
@@ -195,22 +264,24 @@ def recv_done(dev, qp, wqe, opcode: WCOpcode, byte_len: int, imm: int, flags: WC
 def _nothing_held(qp) -> None:
     """With no packet held out of order, selective repeat's bookkeeping of a
     hole is gone."""
-    if qp.sr_naked:
-        qp.sr_naked.clear()
-    qp.sr_scan = None
-    if qp.sr_writes:
-        qp.sr_writes.clear()
-    if qp.sr_placed is not None:
-        qp.sr_placed.clear()
+    sr = qp.sr
+    if sr.naked:
+        sr.naked.clear()
+    sr.scan = None
+    if sr.writes:
+        sr.writes.clear()
+    if sr.placed is not None:
+        sr.placed.clear()
 
 
 def receive(dev, qp, pkt, src, now: float) -> None:
     """One request packet for this QP's receive side."""
+    resp = qp.resp
     if qp.qp_type == QPType.UD:
         _receive_ud(dev, qp, pkt, src)
         return
     psn = pkt.bth.psn
-    d = psn_diff(psn, qp.epsn)
+    d = psn_diff(psn, resp.epsn)
     if qp.qp_type == QPType.UC:
         _receive_uc(dev, qp, pkt, d)
         return
@@ -226,28 +297,30 @@ def receive(dev, qp, pkt, src, now: float) -> None:
             _gap(dev, qp)
         return
     _execute(dev, qp, pkt)
-    if qp.ooo:
-        while qp.epsn in qp.ooo and qp.state != QPState.ERR:
-            item = qp.ooo.pop(qp.epsn)
-            if type(item) is tuple:
+    ooo = qp.sr.ooo
+    if ooo:
+        while resp.epsn in ooo and qp.state != QPState.ERR:
+            item = ooo.pop(resp.epsn)
+            if type(item) is PlacedWrite:
                 placed_write(dev, qp, item)
             else:
                 _execute(dev, qp, item)
-        if qp.ooo and qp.state != QPState.ERR:
+        if ooo and qp.state != QPState.ERR:
             # another hole below packets already held: name it at once
-            _sack_nak(dev, qp, qp.epsn, max(qp.ooo, key=lambda p: psn_diff(p, qp.epsn)))
+            _sack_nak(dev, qp, resp.epsn, max(ooo, key=lambda p: psn_diff(p, resp.epsn)))
             sr_place.prune(qp)
             chain_writes(dev, qp)
-    if not qp.ooo:
+    if not ooo:
         _nothing_held(qp)
 
 
 def _gap(dev, qp) -> None:
     """Go-back-N, a request beyond the ePSN: dropped, and NAKed (PSN SEQUENCE
     ERROR, naming the ePSN) if it is the first since the last one in sequence."""
-    if not qp.nak_sent:
-        qp.nak_sent = True
-        _nak(dev, qp, qp.epsn, NakCode.PSN_SEQUENCE_ERROR)
+    resp = qp.resp
+    if not resp.nak_sent:
+        resp.nak_sent = True
+        _nak(dev, qp, resp.epsn, NakCode.PSN_SEQUENCE_ERROR)
 
 
 _COMPARE_SWAP = (O.RC_COMPARE_SWAP, O.XRC_COMPARE_SWAP)
@@ -261,14 +334,14 @@ def _sack_nak(dev, qp, missing: int, held: int) -> None:
     One still queued that names the same PSN takes the newer held PSN instead of
     a second NAK leaving (the requester acts once per missing PSN and keeps the
     newest selective ACK), as plain ACKs coalesce."""
-    out = qp.resp_out
+    out = qp.resp.out
     k = len(out) - 1
     stop = k - SACK_LOOKBACK
     while k > stop and k >= 0:
         e = out[k]
-        if e[1] == missing and e[2] == _SACK and e[0] == "ack":
-            if psn_diff(held, e[3]) > 0:
-                out[k] = ("ack", missing, _SACK, held)
+        if type(e) is tuple and e[0] == missing and e[1] == _SACK:     # (psn, syndrome, msn)
+            if psn_diff(held, e[2]) > 0:
+                out[k] = (missing, _SACK, held)
             dev.counters["sack_coalesced"] += 1
             return
         k -= 1
@@ -283,12 +356,13 @@ def _hold(dev, qp, pkt, d: int) -> None:
     (``completer._sr_timeout``): it is answered with a NAK naming the oldest hole
     again, since the NAKs that named it may all have been lost."""
     span = SR_SPAN * qp.window
-    if d >= span or len(qp.ooo) >= span:
+    ooo = qp.sr.ooo
+    if d >= span or len(ooo) >= span:
         return
     psn = pkt.bth.psn
-    if psn in qp.ooo:
+    if psn in ooo:
         if pkt.bth.ackreq:
-            _sack_nak(dev, qp, qp.epsn, psn)
+            _sack_nak(dev, qp, qp.resp.epsn, psn)
         return
     hold(dev, qp, psn, pkt.bth.ackreq, pkt)
     info = pkt.info
@@ -297,7 +371,7 @@ def _hold(dev, qp, pkt, d: int) -> None:
 
 
 def chain_writes(dev, qp) -> None:
-    """Extend ``qp.sr_writes``, the run of WRITEs from the one being received on
+    """Extend ``qp.sr.writes``, the run of WRITEs from the one being received on
     whose every PSN is known to be a packet of a WRITE with a checked target:
     the current WRITE, then each WRITE whose FIRST is held directly after the
     last one.  Their later packets may be placed before the hole below them
@@ -307,28 +381,29 @@ def chain_writes(dev, qp) -> None:
     before anything after them lands).  Each FIRST is checked as ``_write``
     will check it; one that would be refused ends the run, and the general path
     refuses it in order, NAK and all."""
-    chain = qp.sr_writes
+    resp = qp.resp
+    chain = qp.sr.writes
     mtu = qp.mtu
     if chain:
         end = chain[-1][3]
-    elif qp.resp_kind is Kind.WRITE and qp.write_view is not None and len(qp.write_view):
-        span = view_span(qp.write_view)
+    elif resp.kind is Kind.WRITE and resp.write_view is not None and len(resp.write_view):
+        span = view_span(resp.write_view)
         if span is None:
             return
-        first = (qp.epsn - qp.write_off // mtu) & PSN_MASK
-        end = (first + max(1, -(-qp.write_len // mtu))) & PSN_MASK
-        chain.append((first, qp.write_view, qp.write_len, end, span[0]))
+        first = (resp.epsn - resp.write_off // mtu) & PSN_MASK
+        end = (first + max(1, -(-resp.write_len // mtu))) & PSN_MASK
+        chain.append((first, resp.write_view, resp.write_len, end, span[0]))
     else:
         return
-    ooo = qp.ooo
+    ooo = qp.sr.ooo
     while True:
         pkt = ooo.get(end)
         if pkt is None:
             return
-        if type(pkt) is tuple:
-            if len(pkt) == 4:
+        if type(pkt) is PlacedWrite:
+            if pkt.first is None:
                 return              # (a MIDDLE or LAST: no FIRST here)
-            reth, view, n, addr = pkt[4]    # a FIRST placed beyond the hole: checked then
+            reth, view, n, addr = pkt.first     # a FIRST placed beyond the hole: checked then
             first, end = end, (end + n) & PSN_MASK
             chain.append((first, view, reth[2], end, addr))
             continue
@@ -364,37 +439,39 @@ def _first_target(dev, qp, info, va: int, rkey: int, length: int, plen: int):
 
 
 def placed_write(dev, qp, item) -> None:
-    """A WRITE packet ``(psn, last, length, ackreq)`` whose bytes are already in
-    memory (placed beyond a hole that has since filled): account for it as
-    ``_write`` would have.  A FIRST carries a fifth field, ``((va, rkey,
-    length), view, packets, address)``: its WRITE starts here, its target
-    checked again now, in order, as ``_write`` checks it (refused: the NAK and
-    the error ``execute`` gives, and nothing accounted)."""
-    psn, last, n, ackreq = item[:4]
-    if len(item) > 4:
-        va, rkey, length = item[4][0]
+    """A ``PlacedWrite`` whose bytes are already in memory (placed beyond a hole
+    that has since filled): account for it as ``_write`` would have.  A FIRST's
+    WRITE starts here, its target checked again now, in order, as ``_write``
+    checks it (refused: the NAK and the error ``execute`` gives, and nothing
+    accounted)."""
+    resp = qp.resp
+    psn, last, n, ackreq, first = item
+    if first is not None:
+        va, rkey, length = first.reth
         try:
-            qp.write_view = write_target(dev, qp, va, rkey, length)
+            resp.write_view = write_target(dev, qp, va, rkey, length)
         except _Nak as e:
             _class_error(dev, qp, psn, e)
             return
-        qp.write_off = 0
-        qp.write_len = length
-        qp.resp_kind = Kind.WRITE
-    qp.write_off += n
+        resp.write_off = 0
+        resp.write_len = length
+        resp.kind = Kind.WRITE
+    resp.write_off += n
     if last:
-        qp.resp_kind = None
-        qp.write_view = None
+        resp.kind = None
+        resp.write_view = None
     accept(dev, qp, psn, last, ackreq)
 
 
 def hold(dev, qp, psn: int, ackreq: bool, item) -> None:
     """Hold ``item`` (a decoded packet, or a placed WRITE packet's tuple) for
     ``psn``, in the span and not yet held, and name the PSNs missing below it."""
-    qp.ooo[psn] = item
+    resp = qp.resp
+    sr = qp.sr
+    sr.ooo[psn] = item
     named = 0
-    p = qp.epsn
-    scan = qp.sr_scan
+    p = resp.epsn
+    scan = sr.scan
     if scan is not None and psn_diff(scan, p) > 0:
         # every PSN below ``scan`` is held or already named: start there, so a
         # window of packets beyond one hole costs a window of steps, not its square
@@ -403,15 +480,15 @@ def hold(dev, qp, psn: int, ackreq: bool, item) -> None:
         else:
             p = scan
     while p != psn and named < 16:
-        if p not in qp.ooo and p not in qp.sr_naked:
-            qp.sr_naked.add(p)
+        if p not in sr.ooo and p not in sr.naked:
+            sr.naked.add(p)
             _sack_nak(dev, qp, p, psn)
             named += 1
         p = (p + 1) & PSN_MASK
     if scan is None or psn_diff(p, scan) > 0:
-        qp.sr_scan = p
+        sr.scan = p
     if not named and ackreq:
-        _sack_nak(dev, qp, qp.epsn, psn)
+        _sack_nak(dev, qp, resp.epsn, psn)
 
 
 def _execute(dev, qp, pkt) -> None:
@@ -458,7 +535,8 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
     under way that fits where its bytes go (``message_target``) passes every
     check below (sequence, size, room; a MIDDLE has no immediate and ends
     nothing), so it is placed and accepted at once."""
-    if dev._fast and not info.first and not info.last and info.kind is qp.resp_kind \
+    resp = qp.resp
+    if dev._fast and not info.first and not info.last and info.kind is resp.kind \
             and len(payload) == qp.mtu:
         t = message_target(dev, qp)
         if t is not None:
@@ -467,10 +545,10 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
             if off + n <= room:
                 if info.kind is _WRITE_KIND:
                     sr_place.place_in_order(qp, view, off, payload)
-                    qp.write_off = off + n
+                    resp.write_off = off + n
                 else:
                     view[off:off + n] = payload
-                    qp.resp_off = off + n
+                    resp.off = off + n
                 accept(dev, qp, psn, False, ackreq)
                 return
     try:
@@ -503,34 +581,37 @@ def answer(dev, qp, info, psn: int, fields: tuple) -> None:
 def _rnr_nak(dev, qp, psn: int) -> None:
     """No receive WQE for a request that needs one: RNR NAK, nothing executed,
     nothing held beyond it."""
+    resp = qp.resp
     dev.counters["send_rnr_err"] += 1
-    qp.ooo.clear()
-    qp.sr_naked.clear()
-    qp.sr_scan = None
-    qp.resp_out.append(("ack", psn, (AethCode.RNR_NAK << AETH_CODE_SHIFT)
-                        | qp.attr.min_rnr_timer, qp.msn))
+    qp.sr.ooo.clear()
+    qp.sr.naked.clear()
+    qp.sr.scan = None
+    resp.out.append((psn, (AethCode.RNR_NAK << AETH_CODE_SHIFT)
+                        | qp.attr.min_rnr_timer, resp.msn))
     dev.mark_ready(qp)
 
 
 def _class_error(dev, qp, psn: int, e: _Nak) -> None:
     """A request the responder must refuse (a class A or C error, as rxe's
     ``do_class_ac_error``): NAK it, fail any receive in use, QP to ERR."""
+    resp = qp.resp
     dev.counters["resp_nak_" + e.code.name.lower()] += 1
     _nak(dev, qp, psn, e.code)
-    if qp.resp_wqe is not None:
-        wqe, qp.resp_wqe = qp.resp_wqe, None
+    if resp.wqe is not None:
+        wqe, resp.wqe = resp.wqe, None
         dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.REM_INV_REQ_ERR,
                                     WCOpcode.RECV, qp.qpn), qp)
-    qp.resp_kind = None
+    resp.kind = None
     dev.to_error(qp, keep_responses=True)
 
 
 def _check_sequence(qp, info) -> None:
     """FIRST/ONLY may only start a message; MIDDLE/LAST must continue one of the same kind."""
-    if qp.resp_kind is None:
+    resp = qp.resp
+    if resp.kind is None:
         if not info.first:
             raise _Nak(NakCode.INVALID_REQUEST)
-    elif info.first or info.kind != qp.resp_kind:
+    elif info.first or info.kind != resp.kind:
         raise _Nak(NakCode.INVALID_REQUEST)
 
 
@@ -555,17 +636,18 @@ def take_recv(dev, qp):
 
 
 def place_recv(dev, qp, data) -> None:
-    """Scatter ``data`` into the receive WQE (``qp.resp_wqe``) at the current
-    offset (``qp.resp_off``), through its SGEs' lkeys; ``Nak`` with the receive's
+    """Scatter ``data`` into the receive WQE (``resp.wqe``) at the current
+    offset (``resp.off``), through its SGEs' lkeys; ``Nak`` with the receive's
     WC status when it does not fit (LOC_LEN_ERR) or a key fails (LOC_PROT_ERR).
     (iWARP's untagged receive places by the same rule.)"""
-    wqe = qp.resp_wqe
+    resp = qp.resp
+    wqe = resp.wqe
     n = len(data)
-    if qp.resp_off + n > wqe.length:
+    if resp.off + n > wqe.length:
         raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_LEN_ERR)
     if not n:
         return
-    off = qp.resp_off
+    off = resp.off
     pos = 0
     for addr, length, lkey in wqe.sges:
         if off >= length:
@@ -581,18 +663,19 @@ def place_recv(dev, qp, data) -> None:
         off = 0
         if pos == n:
             break
-    qp.resp_off += n
+    resp.off += n
 
 
 def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
+    resp = qp.resp
     _check_size(qp, info, len(payload))
     if info.first:
-        qp.resp_wqe = take_recv(dev, qp)
-        qp.resp_off = 0
+        resp.wqe = take_recv(dev, qp)
+        resp.off = 0
     place_recv(dev, qp, payload)
     if info.last:
-        wqe, qp.resp_wqe = qp.resp_wqe, None
-        qp.resp_kind = None
+        wqe, resp.wqe = resp.wqe, None
+        resp.kind = None
         flags = _NO_WC_FLAGS        # (enum members made once: IntFlag operations are slow)
         imm = inv = 0
         if info.immdt:
@@ -601,51 +684,53 @@ def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
         elif info.ieth:             # (a packet carries an ImmDt or an IETH, never both)
             inv = tail
             if not dev.keys.invalidate(qp.pd, inv):
-                qp.resp_wqe = wqe
+                resp.wqe = wqe
                 raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
             flags = _WITH_INV
-        recv_done(dev, qp, wqe, WCOpcode.RECV, qp.resp_off, imm, flags, se, inv)
+        recv_done(dev, qp, wqe, WCOpcode.RECV, resp.off, imm, flags, se, inv)
     else:
-        qp.resp_kind = Kind.SEND
+        resp.kind = Kind.SEND
 
 
 def _write(dev, qp, info, payload, reth, tail: int, se: bool) -> None:
+    resp = qp.resp
     n = len(payload)
     _check_size(qp, info, n)
     if info.first:
         va, rkey, length = reth
-        qp.write_view = write_target(dev, qp, va, rkey, length)
-        qp.write_off = 0
-        qp.write_len = length
-    off = qp.write_off
-    if off + n > qp.write_len or (info.last and off + n != qp.write_len):
+        resp.write_view = write_target(dev, qp, va, rkey, length)
+        resp.write_off = 0
+        resp.write_len = length
+    off = resp.write_off
+    if off + n > resp.write_len or (info.last and off + n != resp.write_len):
         raise _Nak(NakCode.INVALID_REQUEST)
     if info.immdt:
         # the immediate consumes a receive WQE; take it before touching memory so an
         # RNR NAK leaves nothing half done
-        qp.resp_wqe = take_recv(dev, qp)
+        resp.wqe = take_recv(dev, qp)
     if n:
-        sr_place.place_in_order(qp, qp.write_view, off, payload)
-    qp.write_off = off + n
+        sr_place.place_in_order(qp, resp.write_view, off, payload)
+    resp.write_off = off + n
     if info.last:
-        qp.resp_kind = None
-        qp.write_view = None
+        resp.kind = None
+        resp.write_view = None
         if info.immdt:
-            wqe, qp.resp_wqe = qp.resp_wqe, None
-            recv_done(dev, qp, wqe, WCOpcode.RECV_RDMA_WITH_IMM, qp.write_len, tail,
+            wqe, resp.wqe = resp.wqe, None
+            recv_done(dev, qp, wqe, WCOpcode.RECV_RDMA_WITH_IMM, resp.write_len, tail,
                       WCFlags.WITH_IMM, se)
     else:
-        qp.resp_kind = Kind.WRITE
+        resp.kind = Kind.WRITE
 
 
 def _remember(qp, entry) -> None:
-    res = qp.resources
+    res = qp.resp.resources
     res.append(entry)
     while len(res) > max(1, qp.attr.max_dest_rd_atomic):
         res.popleft()
 
 
 def _read(dev, qp, info, psn: int, va: int, rkey: int, length: int) -> None:
+    resp = qp.resp
     if not int(qp.attr.qp_access_flags) & _REMOTE_READ:
         raise _Nak(NakCode.INVALID_REQUEST)
     try:
@@ -653,13 +738,14 @@ def _read(dev, qp, info, psn: int, va: int, rkey: int, length: int) -> None:
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     last = (psn + max(1, -(-length // qp.mtu)) - 1) & PSN_MASK
-    _remember(qp, ("read", psn, last))
+    _remember(qp, ReadResource(psn, last))
     _answered(qp, last)
-    qp.resp_out.append(("read", psn, view, qp.msn))
+    resp.out.append(ReadReply(psn, view, resp.msn))
     dev.mark_ready(qp)
 
 
 def _atomic(dev, qp, info, psn: int, va: int, rkey: int, swap_add: int, compare: int) -> None:
+    resp = qp.resp
     if not int(qp.attr.qp_access_flags) & _REMOTE_ATOMIC:
         raise _Nak(NakCode.INVALID_REQUEST)
     if va & 7:
@@ -674,9 +760,9 @@ def _atomic(dev, qp, info, psn: int, va: int, rkey: int, swap_add: int, compare:
             view[:] = swap_add.to_bytes(8, sys.byteorder)
     else:                             # FETCH_ADD
         view[:] = ((orig + swap_add) & _U64).to_bytes(8, sys.byteorder)
-    _remember(qp, ("atomic", psn, orig))
+    _remember(qp, AtomicResource(psn, orig))
     _answered(qp, psn)
-    qp.resp_out.append(("atomic", psn, orig, qp.msn))
+    resp.out.append(AtomicReply(psn, orig, resp.msn))
     dev.mark_ready(qp)
 
 
@@ -687,6 +773,7 @@ _FROM_FIELDS = {Kind.READ_REQUEST: _read, Kind.ATOMIC: _atomic}
 def _atomic_write(dev, qp, pkt) -> None:
     """ATOMIC_WRITE: 8 bytes placed as one at an 8-byte aligned address the MR lets the
     peer write (rxe: REMOTE_WRITE), answered like a READ of nothing."""
+    resp = qp.resp
     if not qp.attr.qp_access_flags & Access.REMOTE_WRITE:
         raise _Nak(NakCode.INVALID_REQUEST)
     reth = pkt.reth
@@ -698,9 +785,9 @@ def _atomic_write(dev, qp, pkt) -> None:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     view[:] = pkt.payload
     psn = pkt.bth.psn
-    _remember(qp, ("read", psn, psn))           # a duplicate is answered, not placed again
+    _remember(qp, ReadResource(psn, psn))           # a duplicate is answered, not placed again
     _answered(qp, psn)
-    qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))
+    resp.out.append(ReadReply(psn, memoryview(b""), resp.msn))
     dev.mark_ready(qp)
 
 
@@ -716,6 +803,7 @@ def _flush(dev, qp, pkt) -> None:
     rxe's check_rkey), and a range must lie inside it.  What softnic places is in the
     host's memory once the engine has stored it, visible to every CPU: nothing is left
     to write back.  (Persistence is never granted: no MR is registered with it.)"""
+    resp = qp.resp
     feth = pkt.feth
     if not feth.plt or feth.plt & ~3 or feth.sel > 1:
         raise _Nak(NakCode.INVALID_REQUEST)
@@ -734,11 +822,11 @@ def _flush(dev, qp, pkt) -> None:
     except AccessError:
         raise _Nak(NakCode.REMOTE_ACCESS_ERROR) from None
     psn = pkt.bth.psn
-    _remember(qp, ("read", psn, psn))           # a duplicate is answered, not run again
-    qp.epsn = (psn + 1) & PSN_MASK
-    qp.nak_sent = False
-    qp.msn = (qp.msn + 1) & MSN_MASK
-    qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))
+    _remember(qp, ReadResource(psn, psn))           # a duplicate is answered, not run again
+    resp.epsn = (psn + 1) & PSN_MASK
+    resp.nak_sent = False
+    resp.msn = (resp.msn + 1) & MSN_MASK
+    resp.out.append(ReadReply(psn, memoryview(b""), resp.msn))
     dev.mark_ready(qp)
 
 
@@ -751,28 +839,30 @@ def _duplicate(dev, qp, kind: Kind, psn: int, pkt) -> None:
     the PSN before the ePSN; IBA C9-105, as rxe), a READ re-read, an ATOMIC
     WRITE answered without being placed again, an ATOMIC answered from the
     result saved when it executed; a FLUSH is answered again, not run again."""
+    resp = qp.resp
     if kind is Kind.SEND or kind is Kind.WRITE:
-        queue_ack(dev, qp, (qp.epsn - 1) & PSN_MASK)
+        queue_ack(dev, qp, (resp.epsn - 1) & PSN_MASK)
         return
-    for res in reversed(qp.resources):
-        if res[0] == "read" and kind == Kind.READ_REQUEST and psn_diff(psn, res[1]) >= 0 \
-                and psn_diff(psn, res[2]) <= 0:
+    for res in reversed(resp.resources):
+        read = type(res) is ReadResource
+        if read and kind == Kind.READ_REQUEST and psn_diff(psn, res.first) >= 0 \
+                and psn_diff(psn, res.last) <= 0:
             reth = pkt.reth
             try:     # re-read memory with the (possibly shortened) re-issued request
                 view = dev.keys.remote(qp.pd, reth.rkey, reth.va, reth.dma_len,
                                        Access.REMOTE_READ, qp)
             except AccessError:
                 return
-            qp.resp_out.append(("read", psn, view, qp.msn))
+            resp.out.append(ReadReply(psn, view, resp.msn))
             dev.mark_ready(qp)
             return
-        if res[0] == "read" and kind in (Kind.ATOMIC_WRITE, Kind.FLUSH) and res[1] == psn:
-            qp.resp_out.append(("read", psn, memoryview(b""), qp.msn))   # not placed again
+        if read and kind in (Kind.ATOMIC_WRITE, Kind.FLUSH) and res.first == psn:
+            resp.out.append(ReadReply(psn, memoryview(b""), resp.msn))   # not placed again
             dev.mark_ready(qp)
             return
-        if res[0] == "atomic" and kind == Kind.ATOMIC and res[1] == psn:
+        if not read and kind == Kind.ATOMIC and res.psn == psn:
             dev.counters["atomic_replayed"] += 1
-            qp.resp_out.append(("atomic", psn, res[2], qp.msn))
+            resp.out.append(AtomicReply(psn, res.orig, resp.msn))
             dev.mark_ready(qp)
             return
     dev.counters["duplicate_dropped"] += 1
@@ -780,29 +870,31 @@ def _duplicate(dev, qp, kind: Kind, psn: int, pkt) -> None:
 
 def _receive_uc(dev, qp, pkt, d: int) -> None:
     """UC: no ACKs, no retries.  A PSN gap drops the rest of the message in progress."""
+    resp = qp.resp
     info = pkt.info
     if d != 0:
         dev.counters["out_of_seq_request"] += 1
-        if qp.resp_wqe is not None:              # the partial message is lost; reuse its WQE
-            (qp.rq if qp.srq is None else qp.srq.queue).appendleft(qp.resp_wqe)
-            qp.resp_wqe = None
-        qp.resp_kind = None
-        qp.write_view = None
-        qp.epsn = (pkt.bth.psn + 1) & PSN_MASK
-        qp.uc_drop = not info.first
+        if resp.wqe is not None:              # the partial message is lost; reuse its WQE
+            (qp.rq if qp.srq is None else qp.srq.queue).appendleft(resp.wqe)
+            resp.wqe = None
+        resp.kind = None
+        resp.write_view = None
+        resp.epsn = (pkt.bth.psn + 1) & PSN_MASK
+        resp.uc_drop = not info.first
         if info.first:
             _uc_execute(dev, qp, pkt)
         return
-    qp.epsn = (pkt.bth.psn + 1) & PSN_MASK
-    if qp.uc_drop:
+    resp.epsn = (pkt.bth.psn + 1) & PSN_MASK
+    if resp.uc_drop:
         if info.first:
-            qp.uc_drop = False
+            resp.uc_drop = False
         else:
             return
     _uc_execute(dev, qp, pkt)
 
 
 def _uc_execute(dev, qp, pkt) -> None:
+    resp = qp.resp
     info = pkt.info
     reth = pkt.reth
     try:
@@ -816,16 +908,17 @@ def _uc_execute(dev, qp, pkt) -> None:
     except (_Rnr, _Nak) as e:
         # UC has no NAKs: the message is silently dropped (a receive in use fails).
         dev.counters["uc_dropped"] += 1
-        if isinstance(e, _Nak) and qp.resp_wqe is not None:
-            wqe, qp.resp_wqe = qp.resp_wqe, None
+        if isinstance(e, _Nak) and resp.wqe is not None:
+            wqe, resp.wqe = resp.wqe, None
             dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
                                         WCOpcode.RECV, qp.qpn), qp)
-        qp.resp_kind = None
-        qp.write_view = None
-        qp.uc_drop = not pkt.info.last
+        resp.kind = None
+        resp.write_view = None
+        resp.uc_drop = not pkt.info.last
 
 
 def _receive_ud(dev, qp, pkt, src) -> None:
+    resp = qp.resp
     deth = pkt.deth
     if deth is None or pkt.info.qp_type != "UD":
         dev.counters["ud_dropped"] += 1
@@ -841,7 +934,7 @@ def _receive_ud(dev, qp, pkt, src) -> None:
     except _Rnr:
         dev.counters["ud_dropped"] += 1          # UD has no RNR: the datagram is lost
         return
-    qp.resp_wqe, qp.resp_off = wqe, 0
+    resp.wqe, resp.off = wqe, 0
     try:
         # the first 40 bytes of the buffer receive the GRH: for RoCEv2 over IPv4 the
         # IPv4 header in its last 20 bytes, over IPv6 the IPv6 header (as rxe does)
@@ -853,11 +946,11 @@ def _receive_ud(dev, qp, pkt, src) -> None:
         place_recv(dev, qp, grh)
         place_recv(dev, qp, pkt.payload)
     except _Nak as e:
-        qp.resp_wqe = None
+        resp.wqe = None
         dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
                                     WCOpcode.RECV, qp.qpn), qp)
         return
-    qp.resp_wqe = None
+    resp.wqe = None
     flags = WCFlags.GRH
     imm = 0
     if pkt.immdt is not None:
@@ -948,9 +1041,10 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
     if plen < 0 or (answered and plen):
         return False                    # malformed: the general path counts it
     psn = w3 & PSN_MASK
-    d = (psn - qp.epsn) & PSN_MASK
+    d = (psn - qp.resp.epsn) & PSN_MASK
+    sr = qp.sr
     if d == 0:
-        if qp.ooo:
+        if sr.ooo:
             return False                # the general path drains what is held
     elif answered:
         return False                    # a READ or ATOMIC's replay: the general path's
@@ -979,19 +1073,18 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
                 memoryview(data)[hdr:hdr + plen],
                 _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
                 _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
-        if info.first and not info.last and not qp.ooo:
+        if info.first and not info.last and not sr.ooo:
             _more_middles(dev, qp)
-    if not qp.ooo and (qp.sr_naked or qp.sr_scan is not None or qp.sr_writes
-                       or qp.sr_placed is not None):
+    if not sr.ooo and (sr.naked or sr.scan is not None or sr.writes or sr.placed is not None):
         _nothing_held(qp)                   # (it has nothing to clear otherwise)
     return True
 
 
 def _chain_target(dev, qp, psn: int):
-    """The WRITE of ``qp.sr_writes`` (extended by ``chain_writes`` if empty) whose
+    """The WRITE of ``qp.sr.writes`` (extended by ``chain_writes`` if empty) whose
     PSNs hold ``psn``: ``(view, length, address, index of psn in it, its packet
     count)``; None if ``psn`` is beyond the run."""
-    chain = qp.sr_writes
+    chain = qp.sr.writes
     if not chain:
         chain_writes(dev, qp)
     for first, view, length, end, addr in reversed(chain):
@@ -1016,7 +1109,8 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
     if info.kind is not Kind.WRITE:
         return False
     span = SR_SPAN * qp.window
-    if not qp.selective_repeat or d >= span or len(qp.ooo) >= span or psn in qp.ooo:
+    ooo = qp.sr.ooo
+    if not qp.selective_repeat or d >= span or len(ooo) >= span or psn in ooo:
         return False
     if info.first:
         return _hold_placed_first(dev, qp, data, src, info, psn, plen, w3, now, ecn, telemetry)
@@ -1042,7 +1136,7 @@ def _hold_placed_write(dev, qp, data, src, info, psn: int, d: int, plen: int, w3
         sr_place.place_beyond(qp, psn, view, off,
                               memoryview(data)[BTH_LEN:BTH_LEN + plen], addr)
     ackreq = bool(w3 & BTH_ACKREQ)
-    hold(dev, qp, psn, ackreq, (psn, last, plen, ackreq))
+    hold(dev, qp, psn, ackreq, PlacedWrite(psn, last, plen, ackreq))
     return True
 
 
@@ -1056,7 +1150,7 @@ def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, n
     False for anything else (the general path holds the decoded packet)."""
     if info.immdt:
         return False            # (its receive WQE is taken in order, by _write)
-    chain = qp.sr_writes
+    chain = qp.sr.writes
     if not chain:
         chain_writes(dev, qp)
         if not chain:
@@ -1078,11 +1172,12 @@ def _hold_placed_first(dev, qp, data, src, info, psn: int, plen: int, w3: int, n
     if plen:
         sr_place.place_beyond(qp, psn, view, 0, memoryview(data)[hdr:hdr + plen], addr)
     ackreq = bool(w3 & BTH_ACKREQ)
-    hold(dev, qp, psn, ackreq, (psn, info.last, plen, ackreq, (reth, view, n, addr)))
+    hold(dev, qp, psn, ackreq, PlacedWrite(psn, info.last, plen, ackreq,
+                                          WriteFirst(reth, view, n, addr)))
     chain.append((psn, view, reth[2], (psn + n) & PSN_MASK, addr))
     chain_writes(dev, qp)       # (FIRSTs held after it, decoded, join the run too)
     if n > 2:
-        qp.sr_stream_psn = (psn + 1) & PSN_MASK
+        qp.sr.stream_psn = (psn + 1) & PSN_MASK
         dev.stream_qp = qp      # MIDDLEs of its WRITE to come: a driver may stream them
     return True
 
@@ -1115,17 +1210,17 @@ def receive_middles(dev, data, o: int, seg: int, src) -> int:
     if qp is None or data[o + 1] & 0x30 or seg != BTH_LEN + qp.mtu + ICRC_LEN \
             or not dev.config.check_icrc:
         return 0                # (a MIDDLE has no pad; the kernel checks every ICRC)
-    if qp.ooo:
+    if qp.sr.ooo:
         if kind is not _WRITE_KIND:
             return 0            # (only a WRITE's bytes are placed beyond a hole)
         return _middles_beyond(dev, qp, data, o, seg, src)
-    if qp.resp_kind is not kind:
+    if qp.resp.kind is not kind:
         return 0
     t = message_target(dev, qp)
     if t is None:
         return 0
     view, off, room = t
-    k, out = kernel_middles(dev, qp, data, o, seg, src, qp.epsn, view, off, room)
+    k, out = kernel_middles(dev, qp, data, o, seg, src, qp.resp.epsn, view, off, room)
     if k:
         took_middles(dev, qp, k, out, 1, out[0])
         if off + (k + 1) * qp.mtu < room:
@@ -1159,12 +1254,13 @@ def took_middles(dev, qp, k: int, acks, first: int, nacks: int) -> None:
     ``accept`` (not last), which queues an ACK for each that asked for one (their
     indexes from the first: ``acks[first:first + nacks]``) before the ePSN moves
     past them."""
+    resp = qp.resp
     dev.counters["rcvd_pkts"] += k
-    if qp.resp_kind is _WRITE_KIND:
-        qp.write_off += k * qp.mtu
+    if resp.kind is _WRITE_KIND:
+        resp.write_off += k * qp.mtu
     else:
-        qp.resp_off += k * qp.mtu
-    e = qp.epsn
+        resp.off += k * qp.mtu
+    e = resp.epsn
     for i in range(first, first + nacks):
         queue_ack(dev, qp, (e + acks[i]) & PSN_MASK)
     accept(dev, qp, (e + k - 1) & PSN_MASK, False, False)
@@ -1191,8 +1287,8 @@ def stream_target(dev):
             or dev.kernel is None or not dev._fast:
         dev.stream_qp = None
         return None
-    if qp.ooo:
-        psn = qp.sr_stream_psn
+    if qp.sr.ooo:
+        psn = qp.sr.stream_psn
         run = beyond_run(dev, qp, psn, PSN_MODULUS)
         if run is None:
             dev.stream_qp = None
@@ -1205,8 +1301,8 @@ def stream_target(dev):
             dev.stream_qp = None
             return None
         view, off, room = t
-        psn, at = qp.epsn, None
-        w0 = (_MIDDLE_OPCODE[qp.resp_kind] << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+        psn, at = qp.resp.epsn, None
+        w0 = (_MIDDLE_OPCODE[qp.resp.kind] << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
     seg = BTH_LEN + qp.mtu + ICRC_LEN
     src = qp.dest
     start = icrc_start(src[0], dev.ip, src[1], dev.port, seg,
@@ -1244,7 +1340,7 @@ def beyond_run(dev, qp, psn: int, m: int):
     ``psn``'s first byte; None if not even one may."""
     if not qp.selective_repeat:
         return None
-    d = (psn - qp.epsn) & PSN_MASK
+    d = (psn - qp.resp.epsn) & PSN_MASK
     if d == 0 or d >= PSN_HALF:
         return None             # in order (the general path drains what is held) or old
     target = _chain_target(dev, qp, psn)
@@ -1252,7 +1348,7 @@ def beyond_run(dev, qp, psn: int, m: int):
         return None
     view, length, addr, e, n = target
     span = SR_SPAN * qp.window
-    ooo = qp.ooo
+    ooo = qp.sr.ooo
     m = min(m, span - d, span - len(ooo), n - 1 - e)
     k = 0
     while k < m and (psn + k) & PSN_MASK not in ooo:
@@ -1280,20 +1376,20 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
     sr_place.record_run(qp, at, psn, k, mtu)
     asked = {acks[i] for i in range(first, first + nacks)}
     a = 0 in asked
-    hold(dev, qp, psn, a, (psn, False, mtu, a))
-    ooo = qp.ooo
+    hold(dev, qp, psn, a, PlacedWrite(psn, False, mtu, a))
+    ooo = qp.sr.ooo
     for i in range(1, k):
         p = (psn + i) & PSN_MASK
         a = i in asked
-        if qp.sr_scan != (p - 1) & PSN_MASK:
-            hold(dev, qp, p, a, (p, False, mtu, a))
+        if qp.sr.scan != (p - 1) & PSN_MASK:
+            hold(dev, qp, p, a, PlacedWrite(p, False, mtu, a))
             continue
         # ``hold`` when every PSN below ``p`` is held or named: nothing to name
-        ooo[p] = (p, False, mtu, a)
-        qp.sr_scan = p
+        ooo[p] = PlacedWrite(p, False, mtu, a)
+        qp.sr.scan = p
         if a:
-            _sack_nak(dev, qp, qp.epsn, p)
-    nxt = qp.sr_stream_psn = (psn + k) & PSN_MASK
+            _sack_nak(dev, qp, qp.resp.epsn, p)
+    nxt = qp.sr.stream_psn = (psn + k) & PSN_MASK
     run = _chain_target(dev, qp, nxt)
     if run is not None and run[3] < run[4] - 1:
         dev.stream_qp = qp          # more MIDDLEs of the WRITE to come: a driver may stream them

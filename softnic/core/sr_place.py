@@ -48,10 +48,10 @@ def place_beyond(qp, psn: int, view, off: int, data, addr: int) -> None:
     n = len(data)
     if not n:
         return
-    pl = qp.sr_placed
+    pl = qp.sr.placed
     if pl is None:
-        pl = qp.sr_placed = Placed()
-    elif not qp.ooo:
+        pl = qp.sr.placed = Placed()
+    elif not qp.sr.ooo:
         pl.clear()          # a new hole: nothing placed before it is beyond one
     starts, ends, psns = pl.starts, pl.ends, pl.psns
     s = addr + off
@@ -63,7 +63,7 @@ def place_beyond(qp, psn: int, view, off: int, data, addr: int) -> None:
         ends.insert(i, e)
         psns.insert(i, psn)
         return
-    epsn = qp.epsn
+    epsn = qp.resp.epsn
     if starts[i] == s and ends[i] == e:
         # the common case (WRITEs of one size to one buffer): the same bytes as
         # one earlier packet; newer only if not yet accounted for in order
@@ -118,11 +118,12 @@ def plain_run(qp, s: int, psn: int, k: int, mtu: int) -> int:
     each from address ``s`` on, how many (from the first) ``place_beyond`` would
     write whole: none of their bytes was placed by a newer PSN not yet accounted
     for (a stale or older range is overwritten, as ``place_beyond`` does)."""
-    pl = qp.sr_placed
-    if pl is None or not pl.starts or not qp.ooo or k <= 0:
+    sr = qp.sr
+    pl = sr.placed
+    if pl is None or not pl.starts or not sr.ooo or k <= 0:
         return k
     starts, ends, psns = pl.starts, pl.ends, pl.psns
-    epsn = qp.epsn
+    epsn = qp.resp.epsn
     e = s + k * mtu
     j = bisect_right(ends, s)
     while j < len(starts) and starts[j] < e:
@@ -139,10 +140,10 @@ def record_run(qp, s: int, psn: int, k: int, mtu: int) -> None:
     written whole), PSNs from ``psn`` on, ``mtu`` bytes each from address ``s``
     on: the ranges ``place_beyond`` leaves after each in turn (what they
     overlapped is theirs now; what sticks out either side keeps its PSN)."""
-    pl = qp.sr_placed
+    pl = qp.sr.placed
     if pl is None:
-        pl = qp.sr_placed = Placed()
-    elif not qp.ooo:
+        pl = qp.sr.placed = Placed()
+    elif not qp.sr.ooo:
         pl.clear()
     starts, ends, psns = pl.starts, pl.ends, pl.psns
     e = s + k * mtu
@@ -171,8 +172,9 @@ def place_in_order(qp, view, off: int, data) -> None:
     """Write the expected PSN's WRITE data at ``view[off:]``, skipping the bytes
     that packets beyond a hole (newer PSNs) already placed."""
     n = len(data)
-    pl = qp.sr_placed
-    if pl is None or not pl.starts or not qp.ooo or not n:
+    sr = qp.sr
+    pl = sr.placed
+    if pl is None or not pl.starts or not sr.ooo or not n:
         # (with nothing held, every placed range is accounted for: none is newer)
         view[off:off + n] = data
         return
@@ -184,7 +186,7 @@ def place_in_order(qp, view, off: int, data) -> None:
     addr = span[0]
     s = addr + off
     e = s + n
-    epsn = qp.epsn
+    epsn = qp.resp.epsn
     cur = s
     j = bisect_right(ends, s)
     while j < len(starts) and starts[j] < e:
@@ -201,15 +203,15 @@ def place_in_order(qp, view, off: int, data) -> None:
 
 
 def prune(qp) -> None:
-    """Forget the WRITEs of ``qp.sr_writes`` already received in full and the
+    """Forget the WRITEs of ``qp.sr.writes`` already received in full and the
     placed ranges already accounted for (PSNs below the expected one)."""
-    chain = qp.sr_writes
-    epsn = qp.epsn
+    chain = qp.sr.writes
+    epsn = qp.resp.epsn
     k = 0
     while k < len(chain) and psn_diff(chain[k][3], epsn) <= 0:
         k += 1
     if k:
         del chain[:k]
-    pl = qp.sr_placed
+    pl = qp.sr.placed
     if pl is not None and pl.starts:
         pl.prune(epsn)

@@ -29,10 +29,11 @@ class Timers:
             qp._rto = max(4.096e-6 * (1 << a.timeout), self.config.min_timer)
             qp._rto_of = a
         t = qp._rto
-        if qp.rto_shift:
-            if qp.acked_psn == qp.rto_shift_psn:
-                return t * (1 << qp.rto_shift)
-            qp.rto_shift = 0
+        comp = qp.comp
+        if comp.rto_shift:
+            if comp.acked_psn == comp.rto_shift_psn:
+                return t * (1 << comp.rto_shift)
+            comp.rto_shift = 0
         return t
 
     def probe_interval(self, qp: QP) -> float:
@@ -42,16 +43,17 @@ class Timers:
         return max(self.rto(qp) / 8, self.config.min_timer)
 
     def arm(self, qp: QP) -> None:
-        t = qp.rto_at
-        a = qp.probe_at
+        comp = qp.comp
+        t = comp.rto_at
+        a = comp.probe_at
         if a is not None and (t is None or a < t):
             t = a
-        a = qp.rnr_at
+        a = comp.rnr_at
         if a is not None and (t is None or a < t):
             t = a
         cc = qp.cc
         if cc is not None:
-            a = qp.pace_at
+            a = qp.ccs.pace_at
             if a is not None and (t is None or a < t):
                 t = a
             a = cc.next_timer()
@@ -92,15 +94,17 @@ class Timers:
             qp.timer_at = None
             cc = qp.cc
             if cc is not None:
-                if qp.pace_at is not None and qp.pace_at <= now:
-                    qp.pace_at = None
+                ccs = qp.ccs
+                if ccs.pace_at is not None and ccs.pace_at <= now:
+                    ccs.pace_at = None
                     self._ready[qp] = None      # (mark_ready, inline)
                 c = cc.next_timer()
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
                     self._ready[qp] = None
-            if qp.rnr_wait or qp.probe_at is not None or \
-                    (qp.rto_at is not None and qp.rto_at <= now):
+            comp = qp.comp
+            if comp.rnr_wait or comp.probe_at is not None or \
+                    (comp.rto_at is not None and comp.rto_at <= now):
                 completer.on_timeout(self, qp, now)     # (it has nothing to do otherwise)
             self.arm(qp)
 

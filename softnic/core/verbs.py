@@ -161,7 +161,7 @@ class Verbs:
         qp.closed = True
         qp.timer_at = None
         responder.keep_answers(qp)
-        if not qp.resp_out:
+        if not qp.resp.out:
             self._ready.pop(qp, None)
 
     def route(self, ah) -> tuple[str, int]:
@@ -194,15 +194,15 @@ class Verbs:
             self.to_error(qp)
             return
         elif nxt == QPState.RTR and cur == QPState.INIT:
-            qp.epsn = qp.attr.rq_psn
+            qp.resp.epsn = qp.attr.rq_psn
         elif nxt == QPState.RTS and cur == QPState.RTR:
-            qp.sq_psn = qp.attr.sq_psn
-            qp.acked_psn = qp.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
-            qp.retry_left = qp.attr.retry_cnt
-            qp.rnr_left = qp.attr.rnr_retry
+            qp.req.psn = qp.attr.sq_psn
+            qp.comp.acked_psn = qp.req.max_sent_psn = psn_add(qp.attr.sq_psn, -1)
+            qp.comp.retry_left = qp.attr.retry_cnt
+            qp.comp.rnr_left = qp.attr.rnr_retry
             self._make_cc(qp)
         elif nxt == QPState.SQD:
-            qp.sqd_notified = False
+            qp.comp.sqd_notified = False
         qp.state = nxt
         qp.attr = merge_attr(qp.attr, QPAttr(qp_state=nxt), M.STATE)
         if nxt in (QPState.RTS, QPState.SQD):
@@ -225,9 +225,9 @@ class Verbs:
     def query_qp(self, qp: QP) -> tuple[QPAttr, QPInitAttr]:
         attr = merge_attr(qp.attr, QPAttr(qp_state=qp.state, cur_qp_state=qp.state), M.STATE)
         attr = replace(attr, cur_qp_state=qp.state, cap=qp.cap,
-                       sq_psn=qp.sq_psn if qp.state in (QPState.RTS, QPState.SQD)
+                       sq_psn=qp.req.psn if qp.state in (QPState.RTS, QPState.SQD)
                        else attr.sq_psn,
-                       rq_psn=qp.epsn if qp.state in (QPState.RTR, QPState.RTS, QPState.SQD)
+                       rq_psn=qp.resp.epsn if qp.state in (QPState.RTR, QPState.RTS, QPState.SQD)
                        else attr.rq_psn)
         init = QPInitAttr(qp.qp_type, qp.send_cq, qp.recv_cq, qp.srq, qp.cap, qp.sq_sig_all)
         return attr, init

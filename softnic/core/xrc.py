@@ -97,7 +97,7 @@ def tag_responses(out: list, start: int) -> None:
         entry = out[i]
         pkt = bytearray(entry[0])
         pkt[0] |= 0xA0
-        out[i] = (pkt,) + tuple(entry[1:])
+        out[i] = (pkt, entry[1]) if type(entry) is tuple else entry._replace(pkt=pkt)
 
 
 def target(dev, qp, pkt) -> NakCode | None:

@@ -48,7 +48,7 @@ from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from ..core.requester import Gather
-from ..core.dispatch import RESPONSES as _RESPONSES
+from ..core.dispatch import RESPONSES as _RESPONSES, StreamKind
 from .. import accel as _accel
 from . import env
 from .faults import FaultInjector
@@ -970,9 +970,9 @@ class NIC(SharedDevice):
             got += out[8]
             if k:
                 did = True
-                answers = answers and kind == "responses"
+                answers = answers and kind is StreamKind.RESPONSES
                 self._stream_pkts += k
-                if kind == "beyond a hole":
+                if kind is StreamKind.BEYOND_HOLE:
                     self._stream_beyond_pkts += k
                 took(k, acks, out[0], now)
             if state == 1:              # a run the kernel did not (wholly) take

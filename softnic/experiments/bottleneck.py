@@ -157,7 +157,7 @@ class _IncastRun:
             start = cfg.late_join if (cfg.late_join is not None and i == n - 1) else 0.0
             # (WRs posted, acknowledged PSN at the last sample, the device's address)
             self.flows.append((dev, ea, eb, FlowSeries(f"s{i}", start),
-                               [0, ea.qp.acked_psn, dev.address]))
+                               [0, ea.qp.comp.acked_psn, dev.address]))
         if cfg.pfc:
             self.port = self.net.leaves[0].down[recv.address]
             self.nics = [self.net.nic[fl[0].address] for fl in self.flows]
@@ -233,12 +233,12 @@ class _IncastRun:
             if ok and t + cfg.bin < cfg.duration:
                 self._post(dev, ea, eb, ok)
         qp = ea.qp
-        acked_psn = qp.acked_psn
+        acked_psn = qp.comp.acked_psn
         mtu, bin_ = cfg.mtu, cfg.bin
         started = posted[0]
         if started:
             fs.goodput_gbps.append(psn_diff(acked_psn, posted[1]) * mtu * 8 / bin_ / 1e9)
-            fs.inflight_kb.append(psn_diff(qp.max_sent_psn, acked_psn) * mtu / 1e3)
+            fs.inflight_kb.append(psn_diff(qp.req.max_sent_psn, acked_psn) * mtu / 1e3)
         else:
             fs.goodput_gbps.append(0.0)
             fs.inflight_kb.append(0.0)

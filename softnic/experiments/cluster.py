@@ -493,7 +493,7 @@ def victim(cfg: VictimConfig) -> dict:
     for _, dev, ea, eb in eps:
         post(dev, ea, eb, cfg.outstanding)
     times, acked = [], {name: [] for name, *_ in eps}
-    first = {name: ea.qp.acked_psn for name, _, ea, _ in eps}
+    first = {name: ea.qp.comp.acked_psn for name, _, ea, _ in eps}
     total = {name: 0 for name in acked}
     last = dict(first)
     uplink = net.leaves[0].up[0]
@@ -509,7 +509,7 @@ def victim(cfg: VictimConfig) -> dict:
             for wc in dev.poll_cq(ea.send_cq, 64):
                 if wc.status == WCStatus.SUCCESS and t < cfg.duration:
                     post(dev, ea, eb, 1)
-            p = ea.qp.acked_psn
+            p = ea.qp.comp.acked_psn
             total[name] += psn_diff(p, last[name])
             last[name] = p
             acked[name].append(total[name] * cfg.mtu)
