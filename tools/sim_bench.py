@@ -48,6 +48,16 @@ second.  Each run's result (the experiment's JSON less its wall times, and
 the event counts) is hashed; the two trees' digests are printed, and must be
 equal when a change is to leave the simulation as it was.
 
+``--instructions`` counts what a run costs in instructions instead, which do
+not depend on the machine's load: each workload (and ``--compare``'s tree) in
+a child under ``valgrind --tool=cachegrind --cache-sim=no``, once running it
+once and once running it twice; the difference is one run in a warm process
+(the interpreter's start, the imports and first calls cancel out).  The run is
+what the CPU figures time (the experiment, its set-up and its result), without
+the hash of its result, with ``PYTHONHASHSEED=0``.  Printed: instructions per
+run, per event and per host event, and the ratio this/compare.  Needs valgrind (Debian's ``valgrind``); a run costs about
+50 times its CPU time under it.
+
 ``--breakdown`` runs each workload once more with the devices' four entry
 points timed (``receive_datagram``, ``handle_timer``, ``datagrams_to_send``,
 ``get_timer``) and splits the time into the engine's (inside those calls),
@@ -68,6 +78,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -179,7 +190,7 @@ class _Stand:
         self.at = now + self.every
 
 
-def _fabric16() -> dict:
+def _fabric16(digest: bool = True) -> dict:
     from softnic.transport import sim
     rate = 25e9
     fabric = sim.Fabric(1)
@@ -199,12 +210,13 @@ def _fabric16() -> dict:
     res = {"port": sw.port(recv.address).counters, "received": [d.n for d in hosts]}
     return dict(workload="fabric16", wall_s=wall, cpu_s=cpu, host_events=host,
                 events=host + hops, virtual_s=0.02, delivered=fabric._received,
-                digest=_digest(res, host, hops), breakdown=None)
+                digest=_digest(res, host, hops) if digest else None, breakdown=None)
 
 
-def _run(name: str, breakdown: bool = False) -> dict:
+def _run(name: str, breakdown: bool = False, digest: bool = True) -> dict:
+    """One run of workload ``name``: its figures and (``digest``) its result's hash."""
     if name == "fabric16":
-        return _fabric16()
+        return _fabric16(digest)
     brk = _Breakdown() if breakdown else None
     from softnic.transport import sim
     made = []                   # the fabric the workload builds (its datagrams delivered)
@@ -251,7 +263,7 @@ def _run(name: str, breakdown: bool = False) -> dict:
         return dict(workload=name, wall_s=wall, cpu_s=cpu, host_events=s["host_events"],
                     events=s["events"], virtual_s=s["completion_s"],
                     delivered=getattr(made[-1], "_received", None) if made else None,
-                    digest=_digest(res, s["events"], s["host_events"]),
+                    digest=_digest(res, s["events"], s["host_events"]) if digest else None,
                     breakdown=brk.split(wall, cpu) if brk else None)
     else:
         raise SystemExit(f"unknown workload {name}")
@@ -268,7 +280,8 @@ def _run(name: str, breakdown: bool = False) -> dict:
                    for s in sw.values() for q in s.ports.values())
     return dict(workload=name, wall_s=wall, cpu_s=cpu, host_events=host, events=host + hops,
                 virtual_s=cfg.duration, delivered=getattr(fabric, "_received", None),
-                digest=_digest(res, host, hops), breakdown=brk.split(wall, cpu) if brk else None)
+                digest=_digest(res, host, hops) if digest else None,
+                breakdown=brk.split(wall, cpu) if brk else None)
 
 
 def _child(tree: str, name: str, breakdown: bool = False) -> dict:
@@ -279,6 +292,31 @@ def _child(tree: str, name: str, breakdown: bool = False) -> dict:
     if out.returncode:
         raise SystemExit(f"{tree}: {name} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _instructions(tree: str, name: str) -> dict:
+    """One run of ``name`` on ``tree`` in instructions (cachegrind): a child running
+    it twice less one running it once.  Returns the run's figures with ``ir``."""
+    env = dict(os.environ, PYTHONPATH=tree, PYTHONHASHSEED="0")   # (str hashes: the same work)
+    ir, res = {}, None
+    for runs in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "cachegrind.out"
+            cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                   f"--cachegrind-out-file={out}", sys.executable, __file__, "--child", name,
+                   "--runs", str(runs)]
+            try:
+                got = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True,
+                                     timeout=7200)
+            except FileNotFoundError:
+                raise SystemExit("--instructions needs valgrind (Debian: apt install valgrind)")
+            if got.returncode:
+                raise SystemExit(f"{tree}: {name} under valgrind failed:\n{got.stderr[-2000:]}")
+            summary = [ln for ln in out.read_text().splitlines() if ln.startswith("summary:")]
+            ir[runs] = int(summary[0].split()[1])
+        res = json.loads(got.stdout.strip().splitlines()[-1])
+    res["ir"] = ir[2] - ir[1]
+    return res
 
 
 def _print_breakdown(name: str, tree: str, r: dict) -> None:
@@ -303,10 +341,18 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--breakdown", action="store_true",
                    help="also split each workload's CPU time: fabric, engine, driver")
+    p.add_argument("--instructions", action="store_true",
+                   help="count each run's instructions (cachegrind) instead of timing it")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--runs", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         sys.path.insert(0, os.environ.get("PYTHONPATH", str(ROOT)))
+        if args.runs:          # (under cachegrind: the runs without their results' hashes)
+            for _ in range(args.runs):
+                res = _run(args.child, digest=False)
+            print(json.dumps(res))
+            return 0
         print(json.dumps(_run(args.child, args.breakdown)))
         return 0
     names = ["incast16"] if args.quick else args.workloads.split(",")
@@ -314,6 +360,26 @@ def main() -> int:
     print(f"python {sys.version.split()[0]} ({sys.executable}); load: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if args.instructions:
+        for name in names:
+            got = {}
+            for t in trees:
+                try:
+                    got[t] = r = _instructions(t, name)
+                except SystemExit as e:
+                    print(f"  {name} on {t}: {e}")
+                    continue
+                print(f"{name:12s} {t}: {r['ir'] / 1e6:,.1f} M instructions per run, "
+                      f"{r['ir'] / r['events'] / 1e3:.2f} k per event ({r['events']} events), "
+                      f"{r['ir'] / r['host_events'] / 1e3:.2f} k per host event "
+                      f"({r['host_events']})")
+            if len(got) == 2:
+                a, b = (got[t] for t in trees)
+                same = (a["events"], a["host_events"]) == (b["events"], b["host_events"])
+                print(f"{name:12s} instructions this/compare x{a['ir'] / b['ir']:.4f} "
+                      f"(per event x{a['ir'] / a['events'] / (b['ir'] / b['events']):.4f}); "
+                      f"event counts {'the same' if same else 'DIFFER'}")
+        return 0
     for name in names:
         runs: dict[str, list] = {t: [] for t in trees}
         pairs: list[tuple[float, float]] = []

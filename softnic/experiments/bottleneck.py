@@ -213,48 +213,50 @@ class _IncastRun:
         self.touched.clear()
         self.fabric.run(until=t + cfg.bin, flush=False)
         self.times.append(round(t + cfg.bin, 9))
-        for flow in self.flows:
-            self._sample(t, *flow)
+        self._sample(t)
         if self.nics:
             self.pause_t.append(sum(p.paused_for(t + cfg.bin) for p in self.nics))
 
-    def _sample(self, t, dev, ea, eb, fs, posted) -> None:
-        """One flow's bin: repost what completed, and record its series."""
+    def _sample(self, t) -> None:
+        """Every flow's bin: repost what completed, and record its series."""
         cfg = self.cfg
-        wcs = dev.poll_cq(ea.send_cq, 64)
-        if wcs:
-            ok = 0
-            for wc in wcs:
-                if wc.status != WCStatus.SUCCESS:
-                    self.errors += 1
-                else:
-                    ok += 1
-            fs.completed_bytes += ok * cfg.msg
-            if ok and t + cfg.bin < cfg.duration:
-                self._post(dev, ea, eb, ok)
-        qp = ea.qp
-        acked_psn = qp.comp.acked_psn
         mtu, bin_ = cfg.mtu, cfg.bin
-        started = posted[0]
-        if started:
-            fs.goodput_gbps.append(psn_diff(acked_psn, posted[1]) * mtu * 8 / bin_ / 1e9)
-            fs.inflight_kb.append(psn_diff(qp.req.max_sent_psn, acked_psn) * mtu / 1e3)
-        else:
-            fs.goodput_gbps.append(0.0)
-            fs.inflight_kb.append(0.0)
-        posted[1] = acked_psn
-        address = posted[2]
-        tx = self.port.tx_by_src.get(address, 0)
+        repost = t + bin_ < cfg.duration
+        tx_by_src = self.port.tx_by_src
         prev_tx = self.prev_tx
-        fs.tput_gbps.append((tx - prev_tx.get(address, 0)) * 8 / bin_ / 1e9)
-        prev_tx[address] = tx
-        cc = qp.cc
-        if cc is not None and started:
-            fs.rate_gbps.append(None if cc.rate is None else cc.rate / 1e9)
-            fs.window_kb.append(None if cc.window is None else cc.window / 1e3)
-        else:
-            fs.rate_gbps.append(None)
-            fs.window_kb.append(None)
+        for dev, ea, eb, fs, posted in self.flows:
+            wcs = ea.send_cq.poll(64)
+            if wcs:
+                ok = 0
+                for wc in wcs:
+                    if wc.status != WCStatus.SUCCESS:
+                        self.errors += 1
+                    else:
+                        ok += 1
+                fs.completed_bytes += ok * cfg.msg
+                if ok and repost:
+                    self._post(dev, ea, eb, ok)
+            qp = ea.qp
+            acked_psn = qp.comp.acked_psn
+            started = posted[0]
+            if started:
+                fs.goodput_gbps.append(psn_diff(acked_psn, posted[1]) * mtu * 8 / bin_ / 1e9)
+                fs.inflight_kb.append(psn_diff(qp.req.max_sent_psn, acked_psn) * mtu / 1e3)
+            else:
+                fs.goodput_gbps.append(0.0)
+                fs.inflight_kb.append(0.0)
+            posted[1] = acked_psn
+            address = posted[2]
+            tx = tx_by_src.get(address, 0)
+            fs.tput_gbps.append((tx - prev_tx.get(address, 0)) * 8 / bin_ / 1e9)
+            prev_tx[address] = tx
+            cc = qp.cc
+            if cc is not None and started:
+                fs.rate_gbps.append(None if cc.rate is None else cc.rate / 1e9)
+                fs.window_kb.append(None if cc.window is None else cc.window / 1e3)
+            else:
+                fs.rate_gbps.append(None)
+                fs.window_kb.append(None)
 
     def result(self, wall: float) -> dict:
         """The series and the figures (steady state: the second half of the run, or of
