@@ -275,6 +275,10 @@ def test_grid_file_says_its_figures_out_and_title(tmp_path, monkeypatch, capsys)
     table = capsys.readouterr().out
     assert "| loss | goodput_gbps (mean [95 % CI]) | retransmitted_pkts (mean [95 % CI]) |" \
         in table and "timeouts" not in table
+    cost = table.split("what each point cost")[1].splitlines()
+    assert cost[1] == "| loss | points | events | CPU s | wall s | peak RSS MiB |"
+    row = cost[3].strip("| ").split(" | ")
+    assert row[:2] == ["0.0", "1"] and int(float(row[2])) > 0 and float(row[3]) > 0
     assert seen == [(d / "res" / "sweep.png", ["goodput_gbps", "retransmitted_pkts"],
                      "goodput against loss")]
     import matplotlib.image

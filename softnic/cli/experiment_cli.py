@@ -152,6 +152,7 @@ def _sweep(args) -> int:
               file=sys.stderr)
         return 2
     print(sw.table(res, figures))
+    print("\nwhat each point cost, on this machine (mean per point):\n" + sw.cost_table(grid, out))
     paths = sw.write_results(res, out, figures, title=grid.title)
     print(f"\nwrote {', '.join(map(str, paths))}")
     return 1 if rep.failed or res["missing_points"] else 0

@@ -590,6 +590,37 @@ def table(res: dict, figures: list[str]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(grid: Grid, out: Path) -> str:
+    """What the points cost, per grid point (from ``OUT/costs/``, which the results
+    leave out since it is the machine's): the points measured, and the mean events,
+    CPU seconds and wall seconds of one point, and the largest peak RSS of a worker
+    that ran one (a worker's peak is over every point it ran)."""
+    names = list(grid.axes)
+    head = names + ["points", "events", "CPU s", "wall s", "peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    points = grid.points()
+    per = len(grid.seeds)
+    for i in range(0, len(points), per):
+        costs = []
+        for p in points[i:i + per]:
+            try:
+                costs.append(json.loads((out / "costs" / f"{point_key(grid.experiment, p)}"
+                                         ".json").read_text()))
+            except (OSError, ValueError):
+                pass
+        cells = [str(points[i][n]) for n in names] + [str(len(costs))]
+        if costs:
+            events = [c["events"] for c in costs if c.get("events") is not None]
+            cells += [f"{math.fsum(events) / len(events):.4g}" if events else "n/a",
+                      f"{math.fsum(c['cpu_s'] for c in costs) / len(costs):.4g}",
+                      f"{math.fsum(c['wall_s'] for c in costs) / len(costs):.4g}",
+                      f"{max(c['worker_peak_rss_mib'] for c in costs):.0f}"]
+        else:
+            cells += ["n/a"] * 4
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(res: dict, path: Path, figures: list[str], *, title: str | None = None) -> Path:
     """One panel per figure: its mean against the grid's first axis, a line per
     value of the other axes, the 95 % interval as error bars; ``title`` above."""
