@@ -305,3 +305,45 @@ def test_bad_shown_keys_are_clear_errors(tmp_path, line, msg):
     f.write_text(f'experiment = "loss"\n{line}\n[params]\nloss = [0, 0.02]\n')
     with pytest.raises(ValueError, match=msg):
         sw.build_grid(experiment=None, file=str(f), params=[], seeds=None)
+
+
+# ---------------------------------------------------------------- published results
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def _doc_commands(doc: str) -> dict[str, list[str]]:
+    """The ``softnic experiment sweep`` commands a doc shows, by grid file name."""
+    import shlex
+    found = {}
+    for line in doc.splitlines():
+        words = shlex.split(line.strip()) if line.startswith("    softnic experiment sweep") \
+            else []
+        if words:
+            found.setdefault(Path(words[3]).stem, []).append(words[4:])
+    return found
+
+
+@pytest.mark.parametrize("name", ["qps", "lossless"])
+def test_meta_results_are_the_docs_commands_own(name):
+    """docs/results/meta.md's comparisons: each grid file is a 128-host sweep of five
+    seeds; the command whose results the doc reports (the file's grid, or the part
+    of it named by -p and --seeds) has every point committed, its sweep.json is what
+    those points aggregate to, and the doc's table is the one it prints from them."""
+    from softnic.cli.main import _parser
+    full = sw.build_grid(experiment=None, file=str(RESULTS / "meta" / f"{name}.toml"),
+                         params=[], seeds=None)
+    assert full.experiment == "cluster" and full.fixed["hosts"] == 128
+    assert full.seeds == [1, 2, 3, 4, 5] and full.out == RESULTS / "meta" / name
+    doc = (RESULTS / "meta.md").read_text()
+    reported = _doc_commands(doc)[name][-1]             # the last one shown: the reported
+    args = _parser().parse_args(["experiment", "sweep", str(RESULTS / "meta" / f"{name}.toml"),
+                                 *reported])
+    grid = sw.build_grid(experiment=None, file=args.grid, params=args.param, seeds=args.seeds)
+    assert set(map(json.dumps, grid.points())) <= set(map(json.dumps, full.points()))
+    res = sw.aggregate(grid, grid.out)
+    assert res["missing_points"] == 0
+    assert (grid.out / "sweep.json").read_text() == sw._dump(res)
+    assert all(f in res["points"][0]["figures"] for f in grid.figures)
+    assert sw.table(res, grid.figures) in doc
