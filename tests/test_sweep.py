@@ -328,22 +328,26 @@ def _doc_commands(doc: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize("name", ["qps", "lossless"])
 def test_meta_results_are_the_docs_commands_own(name):
     """docs/results/meta.md's comparisons: each grid file is a 128-host sweep of five
-    seeds; the command whose results the doc reports (the file's grid, or the part
-    of it named by -p and --seeds) has every point committed, its sweep.json is what
-    those points aggregate to, and the doc's table is the one it prints from them."""
+    seeds; each command whose results the doc reports (a part of the file's grid,
+    named by -p and --seeds; the bare command runs the whole) has every point
+    committed and the doc shows the table it prints from them; sweep.json is what
+    the last one's points aggregate to."""
     from softnic.cli.main import _parser
     full = sw.build_grid(experiment=None, file=str(RESULTS / "meta" / f"{name}.toml"),
                          params=[], seeds=None)
     assert full.experiment == "cluster" and full.fixed["hosts"] == 128
     assert full.seeds == [1, 2, 3, 4, 5] and full.out == RESULTS / "meta" / name
     doc = (RESULTS / "meta.md").read_text()
-    reported = _doc_commands(doc)[name][-1]             # the last one shown: the reported
-    args = _parser().parse_args(["experiment", "sweep", str(RESULTS / "meta" / f"{name}.toml"),
-                                 *reported])
-    grid = sw.build_grid(experiment=None, file=args.grid, params=args.param, seeds=args.seeds)
-    assert set(map(json.dumps, grid.points())) <= set(map(json.dumps, full.points()))
-    res = sw.aggregate(grid, grid.out)
-    assert res["missing_points"] == 0
+    reported = [c for c in _doc_commands(doc)[name] if c]
+    assert reported
+    for words in reported:
+        args = _parser().parse_args(["experiment", "sweep",
+                                     str(RESULTS / "meta" / f"{name}.toml"), *words])
+        grid = sw.build_grid(experiment=None, file=args.grid, params=args.param,
+                             seeds=args.seeds)
+        assert set(map(json.dumps, grid.points())) <= set(map(json.dumps, full.points()))
+        res = sw.aggregate(grid, grid.out)
+        assert res["missing_points"] == 0, words
+        assert all(f in res["points"][0]["figures"] for f in grid.figures)
+        assert sw.table(res, grid.figures) in doc, words
     assert (grid.out / "sweep.json").read_text() == sw._dump(res)
-    assert all(f in res["points"][0]["figures"] for f in grid.figures)
-    assert sw.table(res, grid.figures) in doc
