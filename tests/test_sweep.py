@@ -243,3 +243,114 @@ def test_a_bad_controller_fails_before_any_point(tmp_path, capsys):
     assert _sweep(tmp_path, ["-e", "incast", "-p", "cc=dcqcn+bogus", "--serial"]) == 2
     assert "bogus" in capsys.readouterr().err
     assert not (tmp_path / "points").exists()
+
+
+# ---------------------------------------------------------------- a grid file that is the command
+
+
+def test_grid_file_says_its_figures_out_and_title(tmp_path, monkeypatch, capsys):
+    """``softnic experiment sweep FILE`` alone: the file names the figures (the
+    table's and the plot's), the output directory (relative to the file) and the
+    plot's title; the command line's --figures and --out still win."""
+    d = tmp_path / "grids"
+    d.mkdir()
+    f = d / "g.toml"
+    f.write_text('experiment = "loss"\nseeds = [1]\nout = "res"\n'
+                 'figures = ["goodput_gbps", "retransmitted_pkts"]\n'
+                 'title = "goodput against loss"\n[params]\nloss = [0, 0.02]\n'
+                 'total = "512KiB"\nmsg = "128KiB"\n')
+    g = sw.build_grid(experiment=None, file=str(f), params=[], seeds=None)
+    assert g.out == d / "res" and g.title == "goodput against loss"
+    assert g.figures == ["goodput_gbps", "retransmitted_pkts"]
+    seen = []
+    real_plot = sw.plot
+
+    def plot(res, path, figures, *, title=None):
+        seen.append((path, figures, title))
+        return real_plot(res, path, figures, title=title)
+
+    monkeypatch.setattr(sw, "plot", plot)
+    monkeypatch.chdir(tmp_path)                 # out is the file's, not the working directory's
+    assert main(["experiment", "sweep", str(f), "--serial", "--no-progress"]) == 0
+    table = capsys.readouterr().out
+    assert "| loss | goodput_gbps (mean [95 % CI]) | retransmitted_pkts (mean [95 % CI]) |" \
+        in table and "timeouts" not in table
+    cost = table.split("what each point cost")[1].splitlines()
+    assert cost[1] == "| loss | points | events | CPU s | wall s | peak RSS MiB |"
+    row = cost[3].strip("| ").split(" | ")
+    assert row[:2] == ["0.0", "1"] and int(float(row[2])) > 0 and float(row[3]) > 0
+    assert seen == [(d / "res" / "sweep.png", ["goodput_gbps", "retransmitted_pkts"],
+                     "goodput against loss")]
+    import matplotlib.image
+    assert matplotlib.image.imread(d / "res" / "sweep.png").shape[0] == 2 * 280  # 2 panels
+    assert len(list((d / "res" / "points").iterdir())) == 2
+    other = tmp_path / "other"
+    assert main(["experiment", "sweep", str(f), "--serial", "--no-progress", "--out", str(other),
+                 "--figures", "timeouts"]) == 0
+    assert "| loss | timeouts (mean [95 % CI]) | seeds |" in capsys.readouterr().out
+    assert seen[-1][1:] == (["timeouts"], "goodput against loss")
+    assert seen[-1][0] == other / "sweep.png"
+
+
+@pytest.mark.parametrize("line, msg", [
+    ('figures = "goodput_gbps"', "figures must be a list"),
+    ('figures = []', "figures must be a list"),
+    ('figures = ["timeouts", "timeouts"]', "given twice"),
+    ('out = 3', "out must be text"),
+    ('title = ""', "title must be text"),
+    ('plot = "x"', "unknown key"),
+])
+def test_bad_shown_keys_are_clear_errors(tmp_path, line, msg):
+    f = tmp_path / "g.toml"
+    f.write_text(f'experiment = "loss"\n{line}\n[params]\nloss = [0, 0.02]\n')
+    with pytest.raises(ValueError, match=msg):
+        sw.build_grid(experiment=None, file=str(f), params=[], seeds=None)
+
+
+# ---------------------------------------------------------------- published results
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def _doc_commands(doc: str) -> dict[str, list[str]]:
+    """The ``softnic experiment sweep`` commands a doc shows, by grid file name."""
+    import shlex
+    found = {}
+    for line in doc.splitlines():
+        words = shlex.split(line.strip()) if line.startswith("    softnic experiment sweep") \
+            else []
+        if words:
+            found.setdefault(Path(words[3]).stem, []).append(words[4:])
+    return found
+
+
+@pytest.mark.parametrize("name", ["qps", "lossless"])
+def test_meta_results_are_the_docs_commands_own(name):
+    """docs/results/meta.md's comparisons: each grid file is a 128-host sweep of five
+    seeds; each command whose results the doc reports (a part of the file's grid,
+    named by -p and --seeds; the bare command runs the whole) has every point
+    committed and the doc shows the table it prints from them; sweep.json is what
+    one of them aggregates to."""
+    from softnic.cli.main import _parser
+    full = sw.build_grid(experiment=None, file=str(RESULTS / "meta" / f"{name}.toml"),
+                         params=[], seeds=None)
+    assert full.experiment == "cluster" and full.fixed["hosts"] == 128
+    assert full.seeds == [1, 2, 3, 4, 5] and full.out == RESULTS / "meta" / name
+    doc = (RESULTS / "meta.md").read_text()
+    reported = [c for c in _doc_commands(doc)[name] if c]
+    assert reported
+    written = (RESULTS / "meta" / name / "sweep.json").read_text()
+    shown = []
+    for words in reported:
+        args = _parser().parse_args(["experiment", "sweep",
+                                     str(RESULTS / "meta" / f"{name}.toml"), *words])
+        grid = sw.build_grid(experiment=None, file=args.grid, params=args.param,
+                             seeds=args.seeds)
+        assert set(map(json.dumps, grid.points())) <= set(map(json.dumps, full.points()))
+        res = sw.aggregate(grid, grid.out)
+        assert res["missing_points"] == 0, words
+        assert all(f in res["points"][0]["figures"] for f in grid.figures)
+        assert sw.table(res, grid.figures) in doc, words
+        shown.append(sw._dump(res))
+    assert written in shown

@@ -87,7 +87,9 @@ def _add_sweep(sub) -> None:
         "sweep.csv and sweep.png.")
     s.add_argument("grid", nargs="?", default=None,
                    help="a TOML grid file: experiment = \"incast\", seeds = [1, 2, 3], and a "
-                   "[params] table whose lists are the grid's axes")
+                   "[params] table whose lists are the grid's axes (the first is the plot's "
+                   "x); optionally figures = [...], out = \"DIR\" (relative to the file) "
+                   "and title = \"...\"")
     s.add_argument("--experiment", "-e", dest="sweep_of", default=None,
                    choices=("incast", "loss", "cluster"),
                    help="the experiment (or the grid file's 'experiment')")
@@ -103,8 +105,9 @@ def _add_sweep(sub) -> None:
                    help="LocalCluster worker processes (default: this machine's cores)")
     s.add_argument("--figures", default=None,
                    help="comma-separated figures for the printed table and the plot "
-                   "(default: the experiment's headline figures)")
-    s.add_argument("--out", default=None, help="directory (default results/sweep-EXPERIMENT)")
+                   "(default: the grid file's, else the experiment's headline figures)")
+    s.add_argument("--out", default=None, help="directory (default: the grid file's out, else "
+                   "results/sweep-EXPERIMENT)")
     s.add_argument("--no-progress", action="store_true")
 
 
@@ -123,9 +126,9 @@ def _sweep(args) -> int:
     except (ValueError, TypeError) as e:
         print(f"softnic experiment sweep: {e}", file=sys.stderr)
         return 2
-    figures = (args.figures.split(",") if args.figures
-               else list(sw.EXPERIMENTS[grid.experiment].figures))
-    out = Path(args.out or f"results/sweep-{grid.experiment}")
+    figures = (args.figures.split(",") if args.figures else grid.figures
+               or list(sw.EXPERIMENTS[grid.experiment].figures))
+    out = Path(args.out or grid.out or f"results/sweep-{grid.experiment}")
     n = len(grid.seeds)
     print(f"sweep {grid.experiment}: {len(grid.points()) // n} grid point(s) x {n} seed(s)"
           + "".join(f"; {k} in {v}" for k, v in grid.axes.items()))
@@ -149,7 +152,8 @@ def _sweep(args) -> int:
               file=sys.stderr)
         return 2
     print(sw.table(res, figures))
-    paths = sw.write_results(res, out, figures)
+    print("\nwhat each point cost, on this machine (mean per point):\n" + sw.cost_table(grid, out))
+    paths = sw.write_results(res, out, figures, title=grid.title)
     print(f"\nwrote {', '.join(map(str, paths))}")
     return 1 if rep.failed or res["missing_points"] else 0
 

@@ -190,6 +190,12 @@ class Grid:
     fixed: dict
     axes: dict
     seeds: list
+    #: how the results are shown, if the grid file says (else the command line's or
+    #: the defaults): the figures of the table and the plot, the output directory
+    #: (relative to the grid file's own), and the plot's title
+    figures: list | None = None
+    out: Path | None = None
+    title: str | None = None
 
     def points(self) -> list[dict]:
         """Every point's parameters (all of them, defaults included), axes in
@@ -237,6 +243,33 @@ def _values(experiment: str, name: str, raw) -> list:
     return out
 
 
+#: a grid file's keys for how its results are shown
+SHOWN_KEYS = ("figures", "out", "title")
+
+
+def _shown(file: str, doc: dict) -> dict:
+    """A grid file's ``figures``, ``out`` and ``title``, checked; ``out`` made relative
+    to the file's directory."""
+    shown: dict = {}
+    figures = doc.get("figures")
+    if figures is not None:
+        if (not isinstance(figures, list) or not figures
+                or not all(isinstance(f, str) and f for f in figures)):
+            raise ValueError(f"{file}: figures must be a list of figure names")
+        if len(set(figures)) != len(figures):
+            raise ValueError(f"{file}: figures: a figure is given twice")
+        shown["figures"] = figures
+    for key in ("out", "title"):
+        val = doc.get(key)
+        if val is not None and (not isinstance(val, str) or not val.strip()):
+            raise ValueError(f"{file}: {key} must be text")
+    if doc.get("out") is not None:
+        shown["out"] = Path(file).parent / doc["out"]
+    if doc.get("title") is not None:
+        shown["title"] = doc["title"]
+    return shown
+
+
 def split_cli_values(name: str, text: str) -> list[str]:
     """``-p NAME=V1,V2``'s values; a controller spec (``cc``) may itself hold
     commas, so ``cc``'s are split on ``+``, as ``experiment incast --cc``'s."""
@@ -254,9 +287,15 @@ def build_grid(*, experiment: str | None, file: str | None, params: list[str],
         duration = "2ms"            # one value: fixed
         cc = ["dcqcn", "hpcc"]      # a list: an axis of the grid
         senders = [4, 8]
+
+    A grid file may also say how its results are shown, so that the file alone is
+    the command: ``figures = ["completion_s", "slowdown"]`` (the table's and the
+    plot's), ``out = "qps"`` (the output directory, relative to the file's) and
+    ``title = "..."`` (the plot's).  The plot's x axis is the first axis.
     """
     raw: dict = {}
     file_seeds = None
+    shown: dict = {}
     if file is not None:
         import tomllib
         try:
@@ -266,10 +305,11 @@ def build_grid(*, experiment: str | None, file: str | None, params: list[str],
             raise ValueError(f"{file}: {e.strerror}") from None
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"{file}: {e}") from None
-        unknown = set(doc) - {"experiment", "seeds", "params"}
+        unknown = set(doc) - {"experiment", "seeds", "params", *SHOWN_KEYS}
         if unknown:
             raise ValueError(f"{file}: unknown key(s) {', '.join(sorted(unknown))} (keys: "
-                             "experiment, seeds, [params])")
+                             f"experiment, seeds, {', '.join(SHOWN_KEYS)}, [params])")
+        shown = _shown(file, doc)
         if experiment is not None and doc.get("experiment", experiment) != experiment:
             raise ValueError(f"{file} is a grid of {doc['experiment']}, not {experiment}")
         experiment = doc.get("experiment", experiment)
@@ -295,7 +335,7 @@ def build_grid(*, experiment: str | None, file: str | None, params: list[str],
             axes[name] = vals
     seed_list = parse_seeds(seeds if seeds is not None else
                             (file_seeds if file_seeds is not None else "1"))
-    grid = Grid(experiment, fixed, axes, seed_list)
+    grid = Grid(experiment, fixed, axes, seed_list, **shown)
     grid.points()         # every point's configuration checks (ValueError) before any runs
     return grid
 
@@ -501,7 +541,8 @@ def aggregate(grid: Grid, out: Path) -> dict:
             "seeds": grid.seeds, "missing_points": missing, "points": rows}
 
 
-def write_results(res: dict, out: Path, figures: list[str]) -> list[Path]:
+def write_results(res: dict, out: Path, figures: list[str], *,
+                  title: str | None = None) -> list[Path]:
     """sweep.json, sweep.csv (one row per grid point and figure) and sweep.png."""
     j = out / "sweep.json"
     _write(j, _dump(res))
@@ -516,7 +557,7 @@ def write_results(res: dict, out: Path, figures: list[str]) -> list[Path]:
                        + [k, s["n"], _cell(s["mean"]), _cell(s["sd"]), _cell(lo), _cell(hi)])
     c = out / "sweep.csv"
     _write(c, buf.getvalue())
-    p = plot(res, out / "sweep.png", figures)
+    p = plot(res, out / "sweep.png", figures, title=title)
     return [j, c, p]
 
 
@@ -549,9 +590,40 @@ def table(res: dict, figures: list[str]) -> str:
     return "\n".join(lines)
 
 
-def plot(res: dict, path: Path, figures: list[str]) -> Path:
+def cost_table(grid: Grid, out: Path) -> str:
+    """What the points cost, per grid point (from ``OUT/costs/``, which the results
+    leave out since it is the machine's): the points measured, and the mean events,
+    CPU seconds and wall seconds of one point, and the largest peak RSS of a worker
+    that ran one (a worker's peak is over every point it ran)."""
+    names = list(grid.axes)
+    head = names + ["points", "events", "CPU s", "wall s", "peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    points = grid.points()
+    per = len(grid.seeds)
+    for i in range(0, len(points), per):
+        costs = []
+        for p in points[i:i + per]:
+            try:
+                costs.append(json.loads((out / "costs" / f"{point_key(grid.experiment, p)}"
+                                         ".json").read_text()))
+            except (OSError, ValueError):
+                pass
+        cells = [str(points[i][n]) for n in names] + [str(len(costs))]
+        if costs:
+            events = [c["events"] for c in costs if c.get("events") is not None]
+            cells += [f"{math.fsum(events) / len(events):.4g}" if events else "n/a",
+                      f"{math.fsum(c['cpu_s'] for c in costs) / len(costs):.4g}",
+                      f"{math.fsum(c['wall_s'] for c in costs) / len(costs):.4g}",
+                      f"{max(c['worker_peak_rss_mib'] for c in costs):.0f}"]
+        else:
+            cells += ["n/a"] * 4
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: Path, figures: list[str], *, title: str | None = None) -> Path:
     """One panel per figure: its mean against the grid's first axis, a line per
-    value of the other axes, the 95 % interval as error bars."""
+    value of the other axes, the 95 % interval as error bars; ``title`` above."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -586,7 +658,8 @@ def plot(res: dict, path: Path, figures: list[str]) -> Path:
         if rest:
             ax.legend(fontsize=7)
     axes[-1, 0].set_xlabel(xname or "")
-    fig.suptitle(f"{res['experiment']} sweep: mean and 95 % interval over seeds "
+    fig.suptitle((f"{title}\n" if title else "") +
+                 f"{res['experiment']} sweep: mean and 95 % interval over seeds "
                  f"{','.join(map(str, res['seeds']))}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})
