@@ -239,14 +239,16 @@ def test_c_chain_with_a_bad_wr_posts_those_before_it(libdir, tmp_path):
     """tests/c/post_chain.c: chains of 40 work requests, longer than one call of the
     C face posts at a time, with a bad one beyond the first call: the error, bad_wr
     the first WR refused, the WRs before it posted and none after it (mlx5's rule),
-    for ibv_post_recv, ibv_post_srq_recv and ibv_post_send; and a WR of 2^20 SGEs over
+    for ibv_post_recv, ibv_post_srq_recv and ibv_post_send (too many SGEs: EINVAL for a
+    receive, ENOMEM for a send, as mlx5's ``mlx5_post_recv`` and ``_mlx5_post_send``); and a WR of 2^20 SGEs over
     a list of one that ends at an unmapped page, refused without a read past it."""
     r = run(compile_c("post_chain", tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     for want in ["ibv_post_recv: a bad WR at 35 of 40 refused with EINVAL",
                  "ibv_post_srq_recv: a bad WR at 35 of 40 refused with EINVAL",
-                 "ibv_post_send: a bad WR at 33 of 40 refused",
-                 "2^20 SGEs over a list of one: refused unread", "all chains: ok"]:
+                 "ibv_post_send: a bad WR at 33 of 40 refused with ENOMEM",
+                 "2^20 SGEs over a list of one: refused unread (recv EINVAL, srq EINVAL, "
+                 "send ENOMEM)", "all chains: ok"]:
         assert want in r.stdout, r.stdout
 
 

@@ -257,8 +257,8 @@ class Verbs:
                 raise einval(f"FLUSH: placement type {wr.flush_type}, selectivity level "
                              f"{wr.flush_level}")
         sgl = wr.sg_list
-        if len(sgl) > qp.cap.max_send_sge:
-            raise einval(f"{len(sgl)} SGEs > max_send_sge {qp.cap.max_send_sge}")
+        if len(sgl) > qp.cap.max_send_sge:       # ENOMEM as mlx5 ("max gs exceeded"); rxe: EINVAL
+            raise enomem(f"{len(sgl)} SGEs > max_send_sge {qp.cap.max_send_sge}")
         if len(qp.sq) >= qp.cap.max_send_wr:
             raise enomem("send queue is full")
         length = sgl[0][1] if len(sgl) == 1 else sum(s[1] for s in sgl)
