@@ -324,7 +324,8 @@ class _RefusingKernel:
         import types
         import errno
 
-        def send(fd, ip, port, heads, src, mtu, count, last, last_len, per_call, lost, err):
+        def send(fd, ip, port, first, first_len, heads, src, mtu, count, last, last_len,
+                 per_call, lost, err):
             lost[0] = 0
             err[0] = errno.EINVAL
             return ok
@@ -350,6 +351,103 @@ def test_a_gathered_run_falls_back_to_one_datagram_each_where_gso_is_refused():
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("ok", [0, 1, 3])
+def test_a_gathered_run_after_its_first_falls_back_without_sending_twice(ok):
+    """GSO refused after ``ok`` datagrams of a FIRST and its gathered run: the rest
+    go one by one, none of those sent again, the FIRST once."""
+    from softnic import accel
+    kern = accel.load()
+    if kern is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    g, seg, keep = _gather_run(1024, 9 * 1024, kern)
+    flat = bytes(g.flatten())
+    first = bytes(random.Random(ok).randbytes(seg))
+    want = [first] + [flat[o:o + seg] for o in range(0, len(flat), seg)]
+    a, b = _pair_of_sockets()
+    try:
+        assert a.use_gather(_RefusingKernel(kern, ok))
+        a.send_runs([(first, b.address), (g, b.address, seg)])
+        assert not a.gso
+        assert _drain(b, len(want) - ok) == want[ok:]
+    finally:
+        a.close()
+        b.close()
+
+
+class _Counting:
+    """A socket that counts the calls that send."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.calls = 0
+
+    def sendmsg(self, *args):
+        self.calls += 1
+        return self.sock.sendmsg(*args)
+
+    def sendto(self, data, addr):
+        self.calls += 1
+        return self.sock.sendto(data, addr)
+
+    def fileno(self):
+        return self.sock.fileno()
+
+
+@pytest.mark.parametrize("gather", [False, True])
+def test_a_send_first_leaves_in_its_runs_sendmsg(gather):
+    """A SEND's FIRST carries no extended header, so it is the size of its MIDDLEs:
+    the device gives it as one datagram and the rest as a run, and ``send_runs``
+    puts it in the run's first ``sendmsg`` (GSO), the same datagrams on the wire:
+    a SEND (its LAST plain, in the run) in one call, a SEND_WITH_IMM in two (its
+    LAST, with the immediate, after the run).  A WRITE's FIRST (its RETH makes it
+    longer) still goes alone: two calls."""
+    from softnic import accel
+    kern = accel.load() if gather else None
+    if gather and kern is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    for op, shape, calls in ((W.SEND, [2, 3], 1), (W.SEND_WITH_IMM, [2, 3, 2], 2),
+                             (W.RDMA_WRITE, [2, 3], 2)):
+        p = pair(mtu=1024, trace=False, endpoint_args={"buf_size": 1 << 16})
+        if gather:
+            p.a.kernel, p.a.tx_gather = kern, True
+        p.ea.buf.view[0:8255] = pattern(8255)
+        p.a.post_send(p.ea.qp, SendWR(1, op, [p.ea.sge(0, 8255)], SendFlags.SIGNALED,
+                                      remote_addr=p.eb.buf.addr, rkey=p.eb.mr.rkey,
+                                      imm_data=7))
+        items = p.a.datagram_runs(0.0)
+        assert [len(i) for i in items] == shape, op
+        want = []
+        for item in items:
+            if len(item) == 2:
+                want.append(bytes(item[0]))
+            else:
+                run, _, seg = item
+                flat = bytes(run.flatten() if type(run) is requester.Gather else run)
+                want += [flat[o:o + seg] for o in range(0, len(flat), seg)]
+        a, b = _pair_of_sockets()
+        real = a.sock
+        try:
+            counting = _Counting(real)
+            if gather:          # (sn_send_gather's run of 9 datagrams is one sendmsg)
+                import types
+
+                def counted(*args):
+                    counting.calls += 1
+                    return kern.lib.sn_send_gather(*args)
+                assert a.use_gather(types.SimpleNamespace(
+                    ffi=kern.ffi, lib=types.SimpleNamespace(sn_send_gather=counted)))
+            a.sock = counting
+            a.send_runs([(i[0], b.address, *i[2:]) for i in items])
+            assert a.sock.calls == calls, op
+            a.sock = real
+            assert _drain(b, len(want)) == want, op
+            assert a.send_errors == 0
+        finally:
+            a.sock = real
+            a.close()
+            b.close()
 
 
 class _NoGso:

@@ -1,4 +1,7 @@
-/* The UDP driver's send of a run built by sn_tx_heads (requester.Gather): count
+/* The UDP driver's send of a run built by sn_tx_heads (requester.Gather): if
+   ``first``, one datagram of first_len = seg bytes ahead of the run (a datagram
+   of the run's size to its address that was to leave just before it: a SEND's
+   FIRST, which carries no extended header), then count
    packets of seg = 12 + mtu + 4 bytes, each gathered from its BTH (heads + 16 i,
    12 bytes), its MTU of payload (src + mtu i, registered memory: the one copy
    is the kernel's, into the socket buffer) and its ICRC (heads + 16 i + 12),
@@ -11,7 +14,7 @@
    its datagrams, counted in *lost, as a wire would; any other error stops the
    run with *err set (EINVAL and the like: no GSO here; the caller sends the
    rest another way).  Returns how many datagrams were dealt with (sent or
-   lost): count + (last != 0) unless *err. */
+   lost): (first != 0) + count + (last != 0) unless *err. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <string.h>
@@ -23,17 +26,19 @@
 #define SN_UDP_SEGMENT 103        /* softnic.transport.udp.UDP_SEGMENT */
 #define SN_GATHER_MAX 64          /* softnic.transport.udp.GSO_MAX_SEGMENTS */
 
-int sn_send_gather(int fd, uint32_t ip, uint32_t port, const uint8_t *heads,
-                   const uint8_t *src, uint32_t mtu, uint32_t count, const uint8_t *last,
-                   uint32_t last_len, uint32_t per_call, uint32_t *lost, int *err)
+int sn_send_gather(int fd, uint32_t ip, uint32_t port, const uint8_t *first,
+                   uint32_t first_len, const uint8_t *heads, const uint8_t *src, uint32_t mtu,
+                   uint32_t count, const uint8_t *last, uint32_t last_len, uint32_t per_call,
+                   uint32_t *lost, int *err)
 {
     struct sockaddr_in sa;
     struct iovec iov[3 * SN_GATHER_MAX + 1];
+    uint32_t lead = first != 0;
     union {
         char buf[CMSG_SPACE(sizeof(uint16_t))];
         struct cmsghdr align;
     } ctl;
-    uint32_t total = count + (last != 0), done = 0;
+    uint32_t total = lead + count + (last != 0), done = 0;
     uint16_t seg = (uint16_t)(12 + mtu + 4);
     *lost = 0;
     *err = 0;
@@ -51,8 +56,12 @@ int sn_send_gather(int fd, uint32_t ip, uint32_t port, const uint8_t *heads,
         ssize_t r;
         if (n > per_call)
             n = per_call;
-        for (uint32_t i = done; i < done + n; i++) {
-            if (i < count) {
+        for (uint32_t k = done; k < done + n; k++) {
+            uint32_t i = k - lead;      /* the run's packet (k = 0 is first, if any) */
+            if (k < lead) {
+                iov[v].iov_base = (void *)first;
+                iov[v++].iov_len = first_len;
+            } else if (i < count) {
                 iov[v].iov_base = (void *)(heads + 16 * (size_t)i);
                 iov[v++].iov_len = 12;
                 iov[v].iov_base = (void *)(src + (size_t)mtu * i);

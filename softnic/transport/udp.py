@@ -181,30 +181,41 @@ class UdpSocket:
         """Send what ``Device.datagram_runs`` gives, in order: ``(data, addr)``
         datagrams (batched as ``send_batch`` does) and ``(buffer, addr, seg)``
         runs of datagrams laid end to end, which go down as slices of the
-        buffer, as many segments per ``sendmsg`` as GSO takes."""
+        buffer, as many segments per ``sendmsg`` as GSO takes.  A datagram just
+        before a run, to its address and of its segment size (a SEND's FIRST,
+        whose MIDDLEs follow as a run), goes down in the run's first
+        ``sendmsg``: the same datagrams in the same order, one call fewer."""
         pending = []
         for item in items:
             if len(item) == 2:
                 pending.append(item)
                 continue
-            if pending:
-                self.send_batch(pending)
-                pending = []
             buf, addr, seg = item
+            first = None
+            if pending:
+                if self.gso and len(pending[-1][0]) == seg and pending[-1][1] == addr:
+                    first = pending.pop()[0]
+                if pending:
+                    self.send_batch(pending)
+                    pending = []
             if type(buf) is Gather:
                 if self.gso and self._gather is not None:
-                    self._send_gather(buf, addr, seg)
+                    self._send_gather(buf, addr, seg, first)
                     continue
                 buf = buf.flatten()
             total = len(buf)
-            if not self.gso or total <= seg:
-                mv = memoryview(buf)
-                for o in range(0, total, seg):
+            mv = memoryview(buf)
+            o = 0
+            if first is not None:       # (self.gso) the first sendmsg: it and the run's head
+                e = min(total, (min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg) - 1) * seg)
+                self._send_gso([first, mv[:e]], seg, addr, 1 + -(-e // seg))
+                o = e
+            if not self.gso or total - o <= seg:
+                for o in range(o, total, seg):
                     self.send(mv[o:o + seg], addr)
                 continue
             step = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg) * seg
-            mv = memoryview(buf)
-            for o in range(0, total, step):
+            for o in range(o, total, step):
                 e = min(o + step, total)
                 if e - o <= seg:
                     self.send(mv[o:e], addr)
@@ -223,10 +234,10 @@ class UdpSocket:
         self._gather_out = kernel.ffi.new("uint32_t *"), kernel.ffi.new("int *")
         return True
 
-    def _send_gather(self, g: Gather, addr: Address, seg: int) -> None:
-        """One ``Gather`` run to ``addr``: ``sn_send_gather`` (GSO, as many segments
-        per ``sendmsg`` as ``_send_gso`` sends); without GSO after all, the rest
-        one by one."""
+    def _send_gather(self, g: Gather, addr: Address, seg: int, first=None) -> None:
+        """One ``Gather`` run to ``addr``, after ``first`` (a datagram of ``seg``
+        bytes) if given: ``sn_send_gather`` (GSO, as many segments per ``sendmsg``
+        as ``_send_gso`` sends); without GSO after all, the rest one by one."""
         k = self._gather
         ffi = k.ffi
         ip = self._ip_u32.get(addr[0])
@@ -235,7 +246,10 @@ class UdpSocket:
         lost, err = self._gather_out
         last = g.last
         done = k.lib.sn_send_gather(
-            self.sock.fileno(), ip, addr[1], ffi.from_buffer(g.heads), ffi.from_buffer(g.src),
+            self.sock.fileno(), ip, addr[1],
+            ffi.from_buffer(first) if first is not None else ffi.NULL,
+            len(first) if first is not None else 0,
+            ffi.from_buffer(g.heads), ffi.from_buffer(g.src),
             g.mtu, g.count, ffi.from_buffer(last) if last is not None else ffi.NULL,
             len(last) if last is not None else 0,
             min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg), lost, err)
@@ -246,6 +260,11 @@ class UdpSocket:
             return
         if e in (errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EIO):
             self.gso = False                     # no segmentation offload here: one by one
+            if first is not None:
+                if not done:
+                    self.send(first, addr)
+                    done = 1
+                done -= 1                        # of the run's own datagrams
             mv = memoryview(g.flatten())
             for o in range(done * seg, len(mv), seg):
                 self.send(mv[o:o + seg], addr)
