@@ -630,12 +630,12 @@ def test_a_polling_receiver_of_a_stream_does_not_hold_its_acks(monkeypatch):
         b.close()
 
 
-def test_the_thread_is_raised_only_while_the_program_waits_elsewhere(monkeypatch):
-    """The progress thread takes PROGRESS_NICE when the program gives its lease back
-    (end_lease: it spins on memory or sleeps on a channel, and the thread must take
-    a CPU from it), and its own nice value again once PROGRESS_NICE_HOLD passes
-    without another.  The passive side of one-sided traffic, which never gives a
-    lease back, lands WRITEs at the nice value it started with (raised, it would
+def test_the_thread_is_raised_only_while_the_program_drives_the_device(monkeypatch):
+    """The progress thread takes PROGRESS_NICE while the program drives the device
+    (it polls, or gives its lease back with end_lease to spin on memory), looked at
+    when the thread wakes, and its own nice value again once PROGRESS_NICE_HOLD
+    passes without either.  The passive side of one-sided traffic, which does
+    neither, lands WRITEs at the nice value it started with (raised, it would
     preempt the sender at each message: docs/performance.md, "Many QPs")."""
     _waiter()
     monkeypatch.setattr(nicmod, "PROGRESS_NICE", -10)
@@ -651,17 +651,21 @@ def test_the_thread_is_raised_only_while_the_program_waits_elsewhere(monkeypatch
             _until(lambda: _wrote(eb, i))                     # b's thread landed it
         assert b.counters["progress_wake_datagram"] >= 1
         assert nice() == base and b.counters["progress_nice_changes"] == 0
-        b.end_lease(answering=True)
+        b.poll()                                               # b polls ...
+        _write(a, ea, eb, 6)                                   # ... and its thread wakes
+        _until(lambda: _wrote(eb, 6) and b._raised is not False)   # (None: not permitted)
         if b._raised is None:
             pytest.skip("this process may not raise a thread's priority (not root, "
                         "no CAP_SYS_NICE or RLIMIT_NICE)")
         assert nice() == -10 and b.counters["progress_nice_changes"] == 1
-        b.end_lease()                                          # already raised: no call
-        assert b.counters["progress_nice_changes"] == 1
-        time.sleep(0.3)
-        _write(a, ea, eb, 6)                                   # a wake-up after the hold
+        time.sleep(0.3)                                        # no call for the hold
+        _write(a, ea, eb, 7)
         _until(lambda: nice() == base)
         assert b.counters["progress_nice_changes"] == 2
+        b.end_lease(answering=True)                            # b spins on memory
+        _write(a, ea, eb, 8)
+        _until(lambda: nice() == -10)
+        assert b.counters["progress_nice_changes"] == 3
     finally:
         a.close()
         b.close()

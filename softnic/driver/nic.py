@@ -76,20 +76,21 @@ STATS_EVERY = 1.0           # seconds between counter publications
 #: Python without calling softnic to hand over the interpreter (CPython's default
 #: is 5 ms, a scheduler tick's worth of latency).
 SWITCH_INTERVAL = env.number("SOFTNIC_SWITCH_INTERVAL_US", 500.0, float) * 1e-6
-#: The progress thread's nice value (Linux: per thread) while the program waits
-#: elsewhere than in a poll (``end_lease``), where the process may raise its
-#: priority (root, CAP_SYS_NICE, RLIMIT_NICE; elsewhere it stays as it is): woken
-#: by a datagram, it must get a CPU from the program's own threads spinning on
-#: memory, which the scheduler does not preempt at once for an equal (an equal
-#: waits up to a scheduler tick: docs/performance.md, "Priority").  It runs
+#: The progress thread's nice value (Linux: per thread) while the program drives
+#: the device, where the process may raise its priority (root, CAP_SYS_NICE,
+#: RLIMIT_NICE; elsewhere it stays as it is): woken by a datagram, it must get a
+#: CPU from the program's own threads spinning on memory or on a CQ that lost
+#: their lease, which the scheduler does not preempt at once for an equal (an
+#: equal waits up to a scheduler tick: docs/performance.md, "Priority").  It runs
 #: briefly and sleeps, as a NIC's own engine would; 0 leaves it as it is.
 PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
-#: Seconds after the program's last ``end_lease`` that the progress thread keeps
-#: ``PROGRESS_NICE``.  A program that never gives its lease back (it polls, or
-#: it is the passive side of one-sided traffic and sleeps elsewhere) has no
-#: thread of its own for the progress thread to preempt: raised, it would preempt
-#: the sender instead (on a loaded machine, at each message's first datagram),
-#: taking one message per wake-up and sending each ACK alone
+#: The program drives the device while it polls, streams posts, sleeps on the
+#: socket in ``wait_until`` or gives its lease back (``end_lease``) within this
+#: many seconds; the thread looks when it wakes.  A program that does none of
+#: these (the passive side of one-sided traffic, asleep elsewhere) has no thread
+#: of its own for the progress thread to preempt: raised, the thread would
+#: preempt the sender instead (on a loaded machine, at each message's first
+#: datagram), taking one message per wake-up and sending each ACK alone
 #: (docs/performance.md, "Many QPs").
 PROGRESS_NICE_HOLD = 1.0
 #: Send a long message's packets gathered from registered memory (the payload
@@ -392,8 +393,8 @@ class NIC(SharedDevice):
         self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleep_until = -_NEVER
         self._wakes = [0, 0, 0, 0]
-        # PROGRESS_NICE while the program waits elsewhere (end_lease); None: the
-        # process may not raise the thread's priority
+        # PROGRESS_NICE while the program drives the device (PROGRESS_NICE_HOLD);
+        # None: the process may not raise the thread's priority
         self._raised: bool | None = False
         self._base_nice: int | None = None
         self._returned_ns = 0           # monotonic ns of the latest end_lease
@@ -512,8 +513,6 @@ class NIC(SharedDevice):
         and sends it within ``HOLD_LEASE`` if the post does not come."""
         self._answering = answering
         self._returned_ns = time.monotonic_ns()
-        if self._raised is False and PROGRESS_NICE:
-            self._prioritize(True)
         lease = self._lease
         lease[0] = 0
         if answering and self._owed:
@@ -1107,8 +1106,13 @@ class NIC(SharedDevice):
                         pass
                 now = time.monotonic()
                 self._step(now)
-                if self._raised and now - self._returned_ns * 1e-9 > PROGRESS_NICE_HOLD:
-                    self._prioritize(False)
+                if PROGRESS_NICE and self._raised is not None:
+                    # lease[0]: the latest poll or streamed post (ahead: a thread
+                    # asleep on the socket); 0 after end_lease
+                    driven = now - max(self._lease[0], self._returned_ns) * 1e-9 \
+                        < PROGRESS_NICE_HOLD
+                    if driven != self._raised:
+                        self._prioritize(driven)
             if now - self._stats_at >= STATS_EVERY:
                 self._stats_at = now
                 self.publish_counters()
