@@ -632,11 +632,11 @@ def test_a_polling_receiver_of_a_stream_does_not_hold_its_acks(monkeypatch):
 
 def test_the_thread_is_raised_only_while_the_program_drives_the_device(monkeypatch):
     """The progress thread takes PROGRESS_NICE while the program drives the device
-    (it polls, or gives its lease back with end_lease to spin on memory), looked at
-    when the thread wakes, and its own nice value again once PROGRESS_NICE_HOLD
-    passes without either.  The passive side of one-sided traffic, which does
-    neither, lands WRITEs at the nice value it started with (raised, it would
-    preempt the sender at each message: docs/performance.md, "Many QPs")."""
+    (a poll, or end_lease before it spins on memory, raises it) and its own nice
+    value again, when it wakes, once PROGRESS_NICE_HOLD has passed without either.
+    The passive side of one-sided traffic, which does neither, lands WRITEs at the
+    nice value it started with (raised, it would preempt the sender at each
+    message: docs/performance.md, "Many QPs")."""
     _waiter()
     monkeypatch.setattr(nicmod, "PROGRESS_NICE", -10)
     monkeypatch.setattr(nicmod, "PROGRESS_NICE_HOLD", 0.2)
@@ -651,9 +651,7 @@ def test_the_thread_is_raised_only_while_the_program_drives_the_device(monkeypat
             _until(lambda: _wrote(eb, i))                     # b's thread landed it
         assert b.counters["progress_wake_datagram"] >= 1
         assert nice() == base and b.counters["progress_nice_changes"] == 0
-        b.poll()                                               # b polls ...
-        _write(a, ea, eb, 6)                                   # ... and its thread wakes
-        _until(lambda: _wrote(eb, 6) and b._raised is not False)   # (None: not permitted)
+        b.poll()                                               # b polls
         if b._raised is None:
             pytest.skip("this process may not raise a thread's priority (not root, "
                         "no CAP_SYS_NICE or RLIMIT_NICE)")
@@ -663,9 +661,7 @@ def test_the_thread_is_raised_only_while_the_program_drives_the_device(monkeypat
         _until(lambda: nice() == base)
         assert b.counters["progress_nice_changes"] == 2
         b.end_lease(answering=True)                            # b spins on memory
-        _write(a, ea, eb, 8)
-        _until(lambda: nice() == -10)
-        assert b.counters["progress_nice_changes"] == 3
+        assert nice() == -10 and b.counters["progress_nice_changes"] == 3
     finally:
         a.close()
         b.close()

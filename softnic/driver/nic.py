@@ -86,7 +86,8 @@ SWITCH_INTERVAL = env.number("SOFTNIC_SWITCH_INTERVAL_US", 500.0, float) * 1e-6
 PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
 #: The program drives the device while it polls, streams posts, sleeps on the
 #: socket in ``wait_until`` or gives its lease back (``end_lease``) within this
-#: many seconds; the thread looks when it wakes.  A program that does none of
+#: many seconds: a poll or ``end_lease`` raises the thread, which looks each
+#: time it wakes and lowers itself after this long without either.  A program that does none of
 #: these (the passive side of one-sided traffic, asleep elsewhere) has no thread
 #: of its own for the progress thread to preempt: raised, the thread would
 #: preempt the sender instead (on a loaded machine, at each message's first
@@ -513,6 +514,8 @@ class NIC(SharedDevice):
         and sends it within ``HOLD_LEASE`` if the post does not come."""
         self._answering = answering
         self._returned_ns = time.monotonic_ns()
+        if self._raised is False and PROGRESS_NICE:
+            self._prioritize(True)
         lease = self._lease
         lease[0] = 0
         if answering and self._owed:
@@ -536,6 +539,8 @@ class NIC(SharedDevice):
                 lease = self._lease
                 ns = time.monotonic_ns()
                 lease[0] = ns
+                if self._raised is False and PROGRESS_NICE:
+                    self._prioritize(True)       # the program drives the device from now
                 now = ns * 1e-9
                 ready = self._readable(0)
                 if not ready and self._idle(now, False):
