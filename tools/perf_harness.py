@@ -668,8 +668,8 @@ def run_qps(args) -> dict:
         res["rounds"].append(r)
     res["load_end"] = os.getloadavg()
     lines = [f"WRITE 64 KiB on {nq} QPs against 1 QP, {res['started']}, Python "
-             f"{res['python']}, {len(res['rounds'])} round(s); load average {_load(res['load_start'])}"
-             f" at the start, {_load(res['load_end'])} at the end", "",
+             f"{res['python']}, {len(res['rounds'])} round(s); load average "
+             f"{_load(res['load_start'])} at the start, {_load(res['load_end'])} at the end", "",
              "| round | tree | 1 QP MB/s | many MB/s | ratio | ACKs/WRITE 1 QP | many | "
              "wake-ups/WRITE requester, responder: 1 QP | many | retransmitted/WRITE many |",
              "|---:|---|---:|---:|---:|---:|---:|---|---|---:|"]
