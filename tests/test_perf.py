@@ -8,6 +8,7 @@ the same bytes on the wire and in memory as the general path.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -179,6 +180,33 @@ def test_harness_smoke(tmp_path):
     assert md.count("\n| ") >= 8 and "WRITE 64 KiB" in md
     assert (tmp_path / "perf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert res["write_bw_loss_counters"]["fault_dropped_loss"] > 0
+
+
+def test_harness_one_row(tmp_path):
+    """``--only qps``: the many-QP row and its 1-QP reference alone, every round with
+    its counts per WRITE.  With one WRITE in flight on each QP, each WRITE is
+    acknowledged on its own (a responder coalesces ACKs within a QP, not across
+    QPs); one QP with 16 in flight needs at most one ACK per WRITE."""
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "perf_harness.py"), "--only",
+                          "qps", "--quick", "--repeat", "2", "--out", str(tmp_path)],
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads((tmp_path / "qps.json").read_text())
+    assert len(res["rounds"]) == 2 and res["trees"] == [str(ROOT)]
+    spec = importlib.util.spec_from_file_location("perf_harness",
+                                                  ROOT / "tools" / "perf_harness.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    for r in res["rounds"]:
+        pair = r[str(ROOT)]
+        assert pair["write_bw_many"]["qps"] == 32 and pair["write_bw"]["qps"] == 1
+        many = harness.per_write(pair, "write_bw_many")
+        one = harness.per_write(pair, "write_bw")
+        assert many["acks_received"] >= 1.0 and 0 < one["acks_received"] <= 1.0
+    assert f"median of 2): {ROOT} " in out.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "perf_harness.py"), "--against",
+                          str(ROOT)], env=_env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--against needs --only" in bad.stderr
 
 
 # ------------------------------------------------------------------ the receive shortcut

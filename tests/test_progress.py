@@ -628,3 +628,40 @@ def test_a_polling_receiver_of_a_stream_does_not_hold_its_acks(monkeypatch):
     finally:
         a.close()
         b.close()
+
+
+def test_the_thread_is_raised_only_while_the_program_drives_the_device(monkeypatch):
+    """The progress thread takes PROGRESS_NICE while the program drives the device
+    (a poll, or end_lease before it spins on memory, raises it) and its own nice
+    value again, when it wakes, once PROGRESS_NICE_HOLD has passed without either.
+    The passive side of one-sided traffic, which does neither, lands WRITEs at the
+    nice value it started with (raised, it would preempt the sender at each
+    message: docs/performance.md, "Many QPs")."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "PROGRESS_NICE", -10)
+    monkeypatch.setattr(nicmod, "PROGRESS_NICE_HOLD", 0.2)
+    a, b = _nics()
+    try:
+        tid = b._thread.native_id
+        nice = lambda: os.getpriority(os.PRIO_PROCESS, tid)    # noqa: E731
+        base = nice()
+        ea, eb = _pair(a, b)
+        for i in range(1, 6):
+            _write(a, ea, eb, i)
+            _until(lambda: _wrote(eb, i))                     # b's thread landed it
+        assert b.counters["progress_wake_datagram"] >= 1
+        assert nice() == base and b.counters["progress_nice_changes"] == 0
+        b.poll()                                               # b polls
+        if b._raised is None:
+            pytest.skip("this process may not raise a thread's priority (not root, "
+                        "no CAP_SYS_NICE or RLIMIT_NICE)")
+        assert nice() == -10 and b.counters["progress_nice_changes"] == 1
+        time.sleep(0.3)                                        # no call for the hold
+        _write(a, ea, eb, 7)
+        _until(lambda: nice() == base)
+        assert b.counters["progress_nice_changes"] == 2
+        b.end_lease(answering=True)                            # b spins on memory
+        assert nice() == -10 and b.counters["progress_nice_changes"] == 3
+    finally:
+        a.close()
+        b.close()

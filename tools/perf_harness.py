@@ -31,6 +31,8 @@ table (also written to ``--out``/perf.md), the JSON of every figure
 
     python tools/perf_harness.py                  # the full run, about two minutes
     python tools/perf_harness.py --quick          # tiny sizes and counts: a smoke run
+    python tools/perf_harness.py --only qps --repeat 6 --against ../other-checkout
+                                        # the 1024-QP row alone, two trees alternating
 """
 
 from __future__ import annotations
@@ -79,9 +81,9 @@ GOALS = {            # figure: (goal, comparison), the issue's targets
 }
 
 
-def _env(extra: dict | None = None) -> dict:
+def _env(extra: dict | None = None, root: Path = ROOT) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]]
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + ([env["PYTHONPATH"]]
                                                         if env.get("PYTHONPATH") else []))
     for k in ("SOFTNIC_FAULTS", "SOFTNIC_CAPTURE", "SOFTNIC_BACKEND", "SOFTNIC_CC",
               "SOFTNIC_TRANSPORT"):
@@ -98,22 +100,35 @@ def free_port() -> int:
 
 # ------------------------------------------------------------------ softnic perf
 
-def perf(test: str, args: list[str], env: dict | None = None, timeout: float = 300) -> dict:
-    """One ``softnic perf`` run, server and client as two processes; the client's JSON."""
+def tree_python(root: Path) -> str:
+    """The interpreter that runs the softnic of the checkout ``root``: its own
+    ``.venv``'s, else this one."""
+    venv = root / ".venv" / "bin" / "python"
+    return str(venv) if root != ROOT and venv.exists() else PY
+
+
+def perf(test: str, args: list[str], env: dict | None = None, timeout: float = 300,
+         root: Path = ROOT, server_counters: dict | None = None) -> dict:
+    """One ``softnic perf`` run, server and client as two processes; the client's JSON.
+    ``root``: the checkout whose softnic runs (this one by default); the server's
+    counters go into ``server_counters`` if given."""
     port = str(free_port())
-    cmd = [PY, "-m", "softnic.cli", "perf", test, "-p", port, "--json", "--no-progress"]
-    e = _env(env)
+    cmd = [tree_python(root), "-m", "softnic.cli", "perf", test, "-p", port, "--json",
+           "--no-progress"]
+    e = _env(env, root)
     server = subprocess.Popen(cmd + args, env=e, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, cwd=root)
     try:
         client = subprocess.run(cmd + args + ["127.0.0.1"], env=e, capture_output=True,
-                                text=True, timeout=timeout)   # it waits for the server
+                                text=True, timeout=timeout, cwd=root)  # it waits for the server
         if client.returncode != 0:
             raise RuntimeError(f"softnic perf {test} {' '.join(args)} failed: {client.stderr}")
         return json.loads(client.stdout)
     finally:
         try:
-            server.communicate(timeout=30)
+            out, _ = server.communicate(timeout=30)
+            if server_counters is not None and out.strip():
+                server_counters.update(json.loads(out).get("counters", {}))
         except subprocess.TimeoutExpired:
             server.kill()
             server.communicate()
@@ -600,6 +615,84 @@ def run(args) -> dict:
     return res
 
 
+WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
+         "progress_wake_held")
+
+
+def qps_pair(root: Path, nq: int, n_one: int, per: int) -> dict:
+    """The many-QP figure and its 1-QP reference on the checkout ``root``, back to
+    back, each with both sides' counters."""
+    big = "65536"
+    out: dict = {}
+    for key, flags in (("write_bw", ["-s", big, "-n", str(n_one), "-m", "4096", "-t", "16"]),
+                       ("write_bw_many", ["-s", big, "-n", str(per), "-m", "4096", "-t", "1",
+                                          "-q", str(nq)])):
+        srv: dict = {}
+        r = perf("write_bw", flags, root=root, server_counters=srv)
+        out[key], out[key + "_counters"], out[key + "_server_counters"] = (
+            r["results"][0], r["counters"], srv)
+    return out
+
+
+def per_write(pair: dict, key: str) -> dict:
+    """What one WRITE of the figure ``key`` cost in counts: ACKs (and other
+    datagrams) the requester received, progress-thread wake-ups of each side,
+    retransmitted packets."""
+    r = pair[key]
+    n = r["iterations"] * r["qps"]
+    c, s = pair[key + "_counters"], pair[key + "_server_counters"]
+    return {"acks_received": c.get("rcvd_pkts", 0) / n,
+            "requester_wakeups": sum(c.get(k, 0) for k in WAKES) / n,
+            "responder_wakeups": sum(s.get(k, 0) for k in WAKES) / n,
+            "retransmitted": c.get("retransmitted_pkts", 0) / n}
+
+
+def run_qps(args) -> dict:
+    """``--only qps``: the 1024-QP row alone, ``--repeat`` rounds, each round's own
+    ratio; with ``--against``, the same figures on that checkout in each round too,
+    the two trees in alternating order."""
+    q = args.quick
+    nq = 32 if q else 1024
+    n_one = 200 if q else args.iters
+    per = -(-n_one // nq)
+    trees = [str(ROOT)] + ([str(Path(args.against).resolve())] if args.against else [])
+    step = _stepper(args)
+    res: dict = {"python": sys.version.split()[0], "started": time.strftime(
+        "%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_start": os.getloadavg(),
+        "qps": nq, "trees": trees, "rounds": []}
+    for k in range(args.repeat):
+        r = {}
+        for t in (trees if k % 2 == 0 else trees[::-1]):
+            step(f"round {k + 1}: write_bw 64 KiB, 1 QP and {nq} QPs, {t}")
+            r[t] = qps_pair(Path(t), nq, n_one, per)
+        res["rounds"].append(r)
+    res["load_end"] = os.getloadavg()
+    lines = [f"WRITE 64 KiB on {nq} QPs against 1 QP, {res['started']}, Python "
+             f"{res['python']}, {len(res['rounds'])} round(s); load average "
+             f"{_load(res['load_start'])} at the start, {_load(res['load_end'])} at the end", "",
+             "| round | tree | 1 QP MB/s | many MB/s | ratio | ACKs/WRITE 1 QP | many | "
+             "wake-ups/WRITE requester, responder: 1 QP | many | retransmitted/WRITE many |",
+             "|---:|---|---:|---:|---:|---:|---:|---|---|---:|"]
+    ratios: dict = {t: [] for t in trees}
+    for i, r in enumerate(res["rounds"]):
+        for t in trees:
+            pr = r[t]
+            one, many = (pr[k]["bytes_per_sec"] for k in ("write_bw", "write_bw_many"))
+            a, b = per_write(pr, "write_bw"), per_write(pr, "write_bw_many")
+            ratios[t].append(many / one)
+            lines.append(f"| {i + 1} | {t} | {one / 1e6:.1f} | {many / 1e6:.1f} | "
+                         f"{many / one:.2f} | {a['acks_received']:.2f} | "
+                         f"{b['acks_received']:.2f} | {a['requester_wakeups']:.2f}, "
+                         f"{a['responder_wakeups']:.2f} | {b['requester_wakeups']:.2f}, "
+                         f"{b['responder_wakeups']:.2f} | {b['retransmitted']:.2f} |")
+    res["paired"] = {t: statistics.median(v) for t, v in ratios.items()}
+    lines.append("")
+    lines += [f"paired (each round's own ratio, median of {len(v)}): {t} "
+              f"{res['paired'][t]:.2f}" for t, v in ratios.items()]
+    res["markdown"] = "\n".join(lines) + "\n"
+    return res
+
+
 def step_c_face(args, res: dict, step) -> None:
     """The progress figures: each C program and its Python twin side by side,
     in alternating order, for ``--repeat`` rounds, and the long WRITEs against
@@ -910,12 +1003,26 @@ def main(argv=None) -> int:
                    help="QP timeout attribute of the lossy run (4.096 us * 2**t)")
     p.add_argument("--loss-recovery", choices=("gbn", "sr"), default="sr",
                    help="loss recovery of the lossy run")
+    p.add_argument("--only", choices=("qps",), default=None,
+                   help="run one figure alone: qps, WRITE 64 KiB on 1024 QPs against 1 QP "
+                        "(--iters, --repeat), with each side's counts per WRITE")
+    p.add_argument("--against", default=None, metavar="TREE",
+                   help="with --only: the same figures on the checkout TREE (run by its "
+                        ".venv's Python) in every round, alternating with this one")
     p.add_argument("--doc", default=None, metavar="MD",
                    help="also put the table in this markdown file, between its "
                         f"'{DOC_BEGIN}' and '{DOC_END}' lines (e.g. docs/performance.md)")
     args = p.parse_args(argv)
+    if args.against and not args.only:
+        p.error("--against needs --only")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.only:
+        res = run_qps(args)
+        (out / f"{args.only}.json").write_text(json.dumps(res, indent=1))
+        print(res["markdown"])
+        print(f"wrote {out / (args.only + '.json')}")
+        return 0
     res = run(args)
     md = markdown(res)
     (out / "perf.md").write_text(md)

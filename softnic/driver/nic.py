@@ -76,13 +76,24 @@ STATS_EVERY = 1.0           # seconds between counter publications
 #: Python without calling softnic to hand over the interpreter (CPython's default
 #: is 5 ms, a scheduler tick's worth of latency).
 SWITCH_INTERVAL = env.number("SOFTNIC_SWITCH_INTERVAL_US", 500.0, float) * 1e-6
-#: The progress thread's nice value (Linux: per thread), where the process may
-#: raise its priority (root, CAP_SYS_NICE, RLIMIT_NICE; elsewhere it stays as it
-#: is): woken by a datagram, it must get a CPU from the program's own threads
-#: spinning on memory, which the scheduler does not preempt at once for an equal
-#: (an equal waits up to a scheduler tick: docs/performance.md, "Priority").  It
-#: runs briefly and sleeps, as a NIC's own engine would; 0 leaves it as it is.
+#: The progress thread's nice value (Linux: per thread) while the program drives
+#: the device, where the process may raise its priority (root, CAP_SYS_NICE,
+#: RLIMIT_NICE; elsewhere it stays as it is): woken by a datagram, it must get a
+#: CPU from the program's own threads spinning on memory or on a CQ that lost
+#: their lease, which the scheduler does not preempt at once for an equal (an
+#: equal waits up to a scheduler tick: docs/performance.md, "Priority").  It runs
+#: briefly and sleeps, as a NIC's own engine would; 0 leaves it as it is.
 PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
+#: The program drives the device while it polls, streams posts, sleeps on the
+#: socket in ``wait_until`` or gives its lease back (``end_lease``) within this
+#: many seconds: a poll or ``end_lease`` raises the thread, which looks each
+#: time it wakes and lowers itself after this long without either.  A program that does none of
+#: these (the passive side of one-sided traffic, asleep elsewhere) has no thread
+#: of its own for the progress thread to preempt: raised, the thread would
+#: preempt the sender instead (on a loaded machine, at each message's first
+#: datagram), taking one message per wake-up and sending each ACK alone
+#: (docs/performance.md, "Many QPs").
+PROGRESS_NICE_HOLD = 1.0
 #: Send a long message's packets gathered from registered memory (the payload
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
@@ -383,6 +394,12 @@ class NIC(SharedDevice):
         self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleep_until = -_NEVER
         self._wakes = [0, 0, 0, 0]
+        # PROGRESS_NICE while the program drives the device (PROGRESS_NICE_HOLD);
+        # None: the process may not raise the thread's priority
+        self._raised: bool | None = False
+        self._base_nice: int | None = None
+        self._returned_ns = 0           # monotonic ns of the latest end_lease
+        self._nice_changes = 0
         self._waiter = _accel.waiter() if self.transport == "udp" else None
         # A thread blocked in ``wait_until`` sleeps on the socket itself (one wake-up
         # from datagram to its completion, not the progress thread's and then its
@@ -496,6 +513,9 @@ class NIC(SharedDevice):
         steps hold then stays for that post too: the thread is not rung for it,
         and sends it within ``HOLD_LEASE`` if the post does not come."""
         self._answering = answering
+        self._returned_ns = time.monotonic_ns()
+        if self._raised is False and PROGRESS_NICE:
+            self._prioritize(True)
         lease = self._lease
         lease[0] = 0
         if answering and self._owed:
@@ -519,6 +539,8 @@ class NIC(SharedDevice):
                 lease = self._lease
                 ns = time.monotonic_ns()
                 lease[0] = ns
+                if self._raised is False and PROGRESS_NICE:
+                    self._prioritize(True)       # the program drives the device from now
                 now = ns * 1e-9
                 ready = self._readable(0)
                 if not ready and self._idle(now, False):
@@ -672,6 +694,7 @@ class NIC(SharedDevice):
         c["rx_stream_pkts"] = self._stream_pkts
         c["rx_stream_beyond_pkts"] = self._stream_beyond_pkts
         c["posts_held"] = self._posts_held
+        c["progress_nice_changes"] = self._nice_changes
         c["udp_gather_pkts"] = getattr(self.sock, "gather_pkts", 0) if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
@@ -1038,12 +1061,26 @@ class NIC(SharedDevice):
         got = p.poll(max(0, -int(-min(timeout, d) * 1000)))
         return 2 if any(fd == self._bell for fd, _ in got) else (1 if got else 0)
 
-    def _run(self) -> None:
-        if PROGRESS_NICE:
+    def _prioritize(self, raised: bool) -> None:
+        """Give the progress thread ``PROGRESS_NICE`` (``raised``) or the nice value
+        it started with.  Where the process may not raise it, it stays as it is."""
+        with self.lock:
+            tid = self._thread.native_id
+            if self._raised is None or raised == self._raised or tid is None \
+                    or self._closed:
+                return
             try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PROGRESS_NICE)
+                if self._base_nice is None:
+                    self._base_nice = os.getpriority(os.PRIO_PROCESS, tid)
+                os.setpriority(os.PRIO_PROCESS, tid,
+                               PROGRESS_NICE if raised else self._base_nice)
             except (OSError, AttributeError):
-                pass                         # not permitted here: the default priority
+                self._raised = None          # not permitted here: never again
+                return
+            self._raised = raised
+            self._nice_changes += 1
+
+    def _run(self) -> None:
         while True:
             with self.lock:
                 if self._closed:
@@ -1074,6 +1111,13 @@ class NIC(SharedDevice):
                         pass
                 now = time.monotonic()
                 self._step(now)
+                if PROGRESS_NICE and self._raised is not None:
+                    # lease[0]: the latest poll or streamed post (ahead: a thread
+                    # asleep on the socket); 0 after end_lease
+                    driven = now - max(self._lease[0], self._returned_ns) * 1e-9 \
+                        < PROGRESS_NICE_HOLD
+                    if driven != self._raised:
+                        self._prioritize(driven)
             if now - self._stats_at >= STATS_EVERY:
                 self._stats_at = now
                 self.publish_counters()
