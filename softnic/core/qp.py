@@ -443,7 +443,7 @@ class QP:
     __slots__ = (
         'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
-        'timer_at', 'cc_spec', 'cc', 'req', 'comp', 'resp', 'sr', 'ccs', 'iw', 'sq', 'rq',
+        'timer_at', 'timer_times', 'cc_spec', 'cc', 'req', 'comp', 'resp', 'sr', 'ccs', 'iw', 'sq', 'rq',
         'mtu', 'dest', '_rto', '_rto_of',
         "__dict__", "__weakref__")
 
@@ -466,6 +466,7 @@ class QP:
         self.window = 128                     # packets in flight at most
         self.closed = False
         self.timer_at: float | None = None
+        self.timer_times: set[float] = set()  # the times of its entries in the device's heap
         self.cc_spec: str | None = None       # per-QP congestion control (None: the device's)
         self.cc = None                        # its controller, made at RTS (None: no control)
         self.iw = None                        # iWARP's part (iwarp.IwarpQP), on an iWARP device
