@@ -11,8 +11,11 @@ at ``qp.timer_at``, and entries left at other times are dropped as they reach
 the top.  A deadline that moves away and back (the retransmission timeout,
 while a paced QP's pacing deadlines come and go before it) is not pushed again
 while an entry at that time is still in the heap (``qp.timer_times``): it would
-sort after that one, which stands for it, so the order QPs fire in is the same
-and the heap holds about one entry per distinct deadline, not one per arming.
+sort after that one, which stands for it, so QPs fire in the order a push per
+arming gives (but for a QP armed, as it fires, at the very time it fired: due
+again at once either way, it may take another place among QPs due at that
+instant), and the heap holds about one entry per distinct deadline, not one per
+arming.
 """
 
 from __future__ import annotations
