@@ -78,6 +78,7 @@ class DCQCN(Controller):
         self._inc_at: float | None = None     # next increase-timer event
         self._alpha_at: float | None = None   # next alpha decay
         self._dec_at: float | None = None     # a merged cut is due (CNPs came too soon)
+        self._next: float | None = None       # next_timer's answer (_timers_moved)
         self._last_cut: float | None = None
         self._np_next = -math.inf             # NP: earliest time the next CNP may go
         self.cnps = 0                   # CNPs received
@@ -103,6 +104,7 @@ class DCQCN(Controller):
             self._cut(now)
         elif self._dec_at is None:
             self._dec_at = self._last_cut + self.params["t_dec"]
+        self._timers_moved()
 
     def on_packet_sent(self, *, now: float, nbytes: int, psn: int, retransmit: bool) -> None:
         self._advance(now)
@@ -119,15 +121,21 @@ class DCQCN(Controller):
         self._advance(now)
 
     def next_timer(self) -> float | None:
+        return self._next           # (the engine asks on every packet: kept, not worked out)
+
+    def _timers_moved(self) -> None:
+        """Work out ``next_timer``'s answer again: called wherever the increase
+        timer, the alpha timer or a merged cut's time changes."""
         t = self._inc_at
         if t is None:                             # idle: only a pending cut matters
-            return self._dec_at
-        a, d = self._alpha_at, self._dec_at       # (the engine asks on every packet)
+            self._next = self._dec_at
+            return
+        a, d = self._alpha_at, self._dec_at
         if a is not None and a < t:
             t = a
         if d is not None and d < t:
             t = d
-        return t
+        self._next = t
 
     def state(self) -> dict:
         return {"rate": self.rate, "window": None, "target_rate": self.target_rate,
@@ -165,10 +173,9 @@ class DCQCN(Controller):
                 at, which = d, 1
             if i is not None and i <= lim and (at is None or i < at):
                 at, which = i, 2
-            if at is None:
+            if at is None or (i is None and d is None):   # (idle: alpha decays lazily)
+                self._timers_moved()
                 return
-            if i is None and d is None:
-                return                            # idle: alpha decays lazily
             if which == 0:
                 self.alpha *= 1 - self._g
                 self._alpha_at = at + self.params["t_alpha"]
@@ -204,6 +211,7 @@ class DCQCN(Controller):
         self._dec_at = None
         self._last_cut = at
         self.cuts += 1
+        self._timers_moved()
 
     def _increase(self) -> None:
         p = self.params
@@ -218,4 +226,5 @@ class DCQCN(Controller):
         if self.target_rate >= self._line and self._line - self.rate < 1.0:
             self.rate = self._line                # back at line rate: stop the limiter
             self._inc_at = None
+            self._timers_moved()
             self._bytes = 0

@@ -58,6 +58,13 @@ the hash of its result, with ``PYTHONHASHSEED=0``.  Printed: instructions per
 run, per event and per host event, and the ratio this/compare.  Needs valgrind (Debian's ``valgrind``); a run costs about
 50 times its CPU time under it.
 
+``--opcodes`` counts, for this tree, the bytecodes each function executes per
+host event (``sys.settrace`` with opcode events; far slower, but exact and the
+same on any machine): the interpreter's loop is most of an event's
+instructions, so these say where they go without cProfile's cost per call,
+which overstates small functions.  Printed: the share of each file and of the
+largest functions, their bytecodes and calls per host event.
+
 ``--breakdown`` runs each workload once more with the devices' four entry
 points timed (``receive_datagram``, ``handle_timer``, ``datagrams_to_send``,
 ``get_timer``) and splits the time into the engine's (inside those calls),
@@ -319,6 +326,39 @@ def _instructions(tree: str, name: str) -> dict:
     return res
 
 
+def _print_opcodes(name: str, top: int = 30) -> None:
+    """``--opcodes``: one run of ``name`` with every bytecode counted by function."""
+    import collections
+    ops: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        key = (Path(code.co_filename).name, code.co_name)
+        if event == "call":
+            calls[key] += 1
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            ops[key] += 1
+        return tracer
+    sys.settrace(tracer)
+    try:
+        r = _run(name, digest=False)
+    finally:
+        sys.settrace(None)
+    ev = r["host_events"]
+    total = sum(ops.values())
+    print(f"{name}: {total / ev:.0f} bytecodes per host event ({ev} host events)")
+    files: collections.Counter = collections.Counter()
+    for (f, _), n in ops.items():
+        files[f] += n
+    for f, n in files.most_common(12):
+        print(f"  {f:28s} {n / total * 100:5.1f} %  {n / ev:7.1f} per host event")
+    for (f, fn), n in ops.most_common(top):
+        print(f"  {f:16s} {fn:26s} {n / total * 100:5.2f} %  {n / ev:6.1f} per host event, "
+              f"{calls[f, fn] / ev:5.2f} calls, {n / max(1, calls[f, fn]):6.1f} per call")
+
+
 def _print_breakdown(name: str, tree: str, r: dict) -> None:
     b = r["breakdown"]
     ev = r["events"]
@@ -343,6 +383,8 @@ def main() -> int:
                    help="also split each workload's CPU time: fabric, engine, driver")
     p.add_argument("--instructions", action="store_true",
                    help="count each run's instructions (cachegrind) instead of timing it")
+    p.add_argument("--opcodes", action="store_true",
+                   help="bytecodes executed per host event, by file and function (slow)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--runs", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -360,6 +402,10 @@ def main() -> int:
     print(f"python {sys.version.split()[0]} ({sys.executable}); load: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if args.opcodes:
+        for name in names:
+            _print_opcodes(name)
+        return 0
     if args.instructions:
         for name in names:
             got = {}

@@ -661,9 +661,10 @@ def fail(dev, qp) -> None:
 # last one acknowledged; a good ICRC; no INT telemetry (a response's ECN mark
 # changes nothing).  Then ``receive``'s checks all pass, ``_ack_before`` has
 # nothing to do, ``_find`` names that WQE, and the ACK is ``acknowledged`` then
-# ``_progress``, as here; a controlled QP's timers are then re-armed, as
-# ``Device._response`` does after any response.  Anything else: False, nothing
-# changed, the general path.
+# ``_progress``, as here; a controlled QP's timers are then armed as they are, as
+# ``Device._response`` does after any response (``_progress`` armed them, and
+# only a completion that failed the QP changes them since).  Anything else:
+# False, nothing changed, the general path.
 
 _ACK_PKT = BTH_AETH_STRUCT
 _ACK_LEN = BTH_LEN + AETH_LEN + ICRC_LEN      # an ACK datagram
@@ -710,9 +711,9 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
         return False
     dev.counters["rcvd_pkts"] += 1
     acknowledged(qp, psn, w)
-    _progress(dev, qp, before, now)
-    if qp.cc is not None:
-        dev.arm(qp)
+    _progress(dev, qp, before, now)     # (the ACK moved the acknowledged PSN: it arms)
+    if qp.cc is not None and qp.state is not _RTS:
+        dev.arm(qp)                     # (completing failed the QP: armed again as it is)
     return True
 
 

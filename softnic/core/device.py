@@ -183,7 +183,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         if qp.state == QPState.ERR:
             return
         qp.state = QPState.ERR
-        qp.attr = replace(qp.attr, qp_state=QPState.ERR)
+        qp.set_attr(replace(qp.attr, qp_state=QPState.ERR))
         qp.comp.rto_at = qp.comp.rnr_at = qp.comp.probe_at = None
         qp.timer_at = None
         qp.req.rd_atomic = 0

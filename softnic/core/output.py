@@ -184,7 +184,8 @@ class Output:
                 comp.rto_at = now + self.rto(qp)
                 if qp.selective_repeat:
                     comp.probe_at = now + self.probe_interval(qp)
-                self.arm(qp)
+                if qp.cc is None:
+                    self.arm(qp)        # (a controlled QP's is the arming below)
         if qp.cc is not None:
             self.arm(qp)
         if (sq and sq[0].done) or qp.state is _SQD:

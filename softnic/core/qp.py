@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from ..wire.psn import PSN_MASK, psn_add
 from ..wire.roce import ROCEV2_PORT
 from .enums import Access, QPAttrMask as M, QPState as S, QPType, WROpcode, mtu_bytes
-from .errors import einval
+from .errors import VerbsError, einval
 from .wr_opcode import RD_ATOMIC
 
 # ---------------------------------------------------------------- attributes
@@ -443,13 +443,12 @@ class QP:
     __slots__ = (
         'qpn', 'pd', 'qp_type', 'send_cq', 'recv_cq', 'srq', 'xrc', 'xrcd', 'wire',
         'sq_sig_all', 'cap', 'attr', 'state', 'selective_repeat', 'window', 'closed',
-        'timer_at', 'cc_spec', 'cc', 'req', 'comp', 'resp', 'sr', 'ccs', 'iw', 'sq', 'rq',
-        '_mtu', '_dest', '_rto',
-        '_mtu_of', '_dest_of', '_rto_of',
+        'timer_at', 'timer_times', 'cc_spec', 'cc', 'req', 'comp', 'resp', 'sr', 'ccs', 'iw', 'sq', 'rq',
+        'mtu', 'dest', '_rto', '_rto_of',
         "__dict__", "__weakref__")
 
     def __init__(self, qpn: int, pd, init: QPInitAttr, cap: QPCap):
-        self._mtu_of = self._dest_of = self._rto_of = None
+        self._rto_of = None
         self.qpn = qpn
         self.pd = pd
         self.qp_type = QPType(init.qp_type)
@@ -461,37 +460,31 @@ class QP:
         self.wire = self.qp_type.name         # the transport its packets' opcodes name
         self.sq_sig_all = bool(init.sq_sig_all)
         self.cap = cap
-        self.attr = QPAttr(cap=cap)
+        self.set_attr(QPAttr(cap=cap))
         self.state = S.RESET
         self.selective_repeat = False
         self.window = 128                     # packets in flight at most
         self.closed = False
         self.timer_at: float | None = None
+        self.timer_times: set[float] = set()  # the times of its entries in the device's heap
         self.cc_spec: str | None = None       # per-QP congestion control (None: the device's)
         self.cc = None                        # its controller, made at RTS (None: no control)
         self.iw = None                        # iWARP's part (iwarp.IwarpQP), on an iWARP device
         self.reset()
 
-    # The engine asks for these on every packet; attributes are frozen and replaced
-    # whole on a modify, so each is kept for the attribute object it came from.
-    # (``_mtu_of``, ``_dest_of``: None until first asked; ``Timers.rto`` keeps
-    # ``_rto_of`` likewise)
-
-    @property
-    def mtu(self) -> int:
-        a = self.attr
-        if self._mtu_of is not a:
-            self._mtu = mtu_bytes(a.path_mtu)
-            self._mtu_of = a
-        return self._mtu
-
-    @property
-    def dest(self) -> tuple[str, int]:
-        a = self.attr
-        if self._dest_of is not a:
-            self._dest = a.ah_attr.addr
-            self._dest_of = a
-        return self._dest
+    def set_attr(self, attr: QPAttr) -> None:
+        """Take ``attr`` as the QP's attributes (frozen: a modify replaces them
+        whole) and what the engine reads of them on every packet as plain slots:
+        ``mtu``, the path MTU in bytes, and ``dest``, the peer's (IP, UDP port)
+        (None while the address vector names none: an RC or UC QP has one from
+        RTR on, which ``modify_qp`` checked; a UD QP sends to each WQE's)."""
+        self.attr = attr
+        self.mtu = mtu_bytes(attr.path_mtu)
+        ah = attr.ah_attr
+        try:
+            self.dest = ah.addr
+        except VerbsError:
+            self.dest = None
 
     def clean_cqs(self) -> None:
         """Drop this QP's completions from its CQs, as a move to RESET does on mlx4/mlx5

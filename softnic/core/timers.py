@@ -5,6 +5,17 @@ per-QP deadlines behind the one timer a driver arms (``get_timer``).
 ``Timers`` is one of the classes ``core.device.Device`` is made of.  What a
 timeout does (resend, count a retry, fail the WQE) is the completer's rule
 (``completer.on_timeout``); here is only when.
+
+The heap holds ``(deadline, seq, qp)`` entries; a QP's live one is the earliest
+at ``qp.timer_at``, and entries left at other times are dropped as they reach
+the top.  A deadline that moves away and back (the retransmission timeout,
+while a paced QP's pacing deadlines come and go before it) is not pushed again
+while an entry at that time is still in the heap (``qp.timer_times``): it would
+sort after that one, which stands for it, so QPs fire in the order a push per
+arming gives (but for a QP armed, as it fires, at the very time it fired: due
+again at once either way, it may take another place among QPs due at that
+instant), and the heap holds about one entry per distinct deadline, not one per
+arming.
 """
 
 from __future__ import annotations
@@ -63,8 +74,11 @@ class Timers:
             return
         qp.timer_at = t
         if t is not None:
-            self._tseq = seq = self._tseq + 1
-            heappush(self._timers, (t, seq, qp))
+            times = qp.timer_times
+            if t not in times:
+                times.add(t)
+                self._tseq = seq = self._tseq + 1
+                heappush(self._timers, (t, seq, qp))
 
     def get_timer(self) -> float | None:
         h = self._timers
@@ -74,6 +88,7 @@ class Timers:
             if qp.timer_at == t and not qp.closed:
                 break
             heappop(h)
+            qp.timer_times.discard(t)
             t = None
         if self.gsi is not None:
             g = self.gsi.get_timer()
@@ -89,6 +104,7 @@ class Timers:
         h = self._timers
         while h and h[0][0] <= now:
             t, _, qp = heappop(h)
+            qp.timer_times.discard(t)
             if qp.timer_at != t or qp.closed:
                 continue
             qp.timer_at = None

@@ -185,7 +185,7 @@ class Verbs:
         if mask & M.AV:
             self.route(attr.ah_attr)      # validates the GID
         cur = qp.state
-        qp.attr = merge_attr(qp.attr, attr, mask)
+        qp.set_attr(merge_attr(qp.attr, attr, mask))
         if nxt == QPState.RESET:
             qp.clean_cqs()
             qp.reset()
@@ -204,7 +204,7 @@ class Verbs:
         elif nxt == QPState.SQD:
             qp.comp.sqd_notified = False
         qp.state = nxt
-        qp.attr = merge_attr(qp.attr, QPAttr(qp_state=nxt), M.STATE)
+        qp.set_attr(merge_attr(qp.attr, QPAttr(qp_state=nxt), M.STATE))
         if nxt in (QPState.RTS, QPState.SQD):
             self.mark_ready(qp)
 
