@@ -31,9 +31,10 @@ the scheduler:
    ranks are deadlocked: an error names what each waits for).
 
 Payload memory: ``buffer(rank, nbytes)`` gives a rank its own zeroed memory, or
-with ``shared_payload=True`` a mapping of pages all ranks share (one ``memfd``
-mapped once per buffer: distinct addresses, so every registration and
-bounds check is as usual, but the memory of one).  Shared pages make a 64-rank
+with ``shared_payload=True`` the start of one mapping that every buffer of every
+rank shares (registrations then overlap, each checked as usual; the pages are
+mapped, and counted in the process's resident memory, once: a mapping of the
+same pages per buffer counted them once per buffer).  Shared pages make a 64-rank
 collective of hundreds of MB fit in memory; their values are then meaningless,
 and nothing else changes (the collectives never branch on data:
 ``tests/test_virtual_collectives.py`` checks that the timing is the same).
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import heapq
 import mmap
-import os
 import random
 import threading
 from collections import defaultdict, deque
@@ -324,7 +324,7 @@ class VirtualCluster:
         self._ticking: list = []           # ranks waiting on a condition (wait_until)
         self._cq_owner: dict = {}
         self._aborting = False
-        self._memfd = None
+        self._shared = None             # the mapping shared payload lives in
         self._maps: list = []
 
     # -- devices ------------------------------------------------------------
@@ -358,13 +358,10 @@ class VirtualCluster:
             m = mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             self._maps.append(m)
             return np.frombuffer(m, dtype, nbytes // np.dtype(dtype).itemsize)
-        if self._memfd is None or os.fstat(self._memfd).st_size < size:
-            if self._memfd is not None:
-                os.close(self._memfd)
-            self._memfd = os.memfd_create("softnic-virtual-payload", os.MFD_CLOEXEC)
-            os.ftruncate(self._memfd, size)
-        m = mmap.mmap(self._memfd, size, mmap.MAP_SHARED)
-        self._maps.append(m)
+        m = self._shared
+        if m is None or len(m) < size:      # a larger one (views of the last keep it)
+            m = self._shared = mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._maps.append(m)
         return np.frombuffer(m, dtype, nbytes // np.dtype(dtype).itemsize)
 
     # -- waiting (on a rank's thread) ----------------------------------------
@@ -427,9 +424,7 @@ class VirtualCluster:
                     m.close()
                 except BufferError:      # a numpy view still holds it: the GC will
                     pass
-            if self._memfd is not None:
-                os.close(self._memfd)
-                self._memfd = None
+            self._shared = None
 
     def _start(self, program) -> None:
         """A task per rank, each runnable, none started."""
