@@ -6,13 +6,13 @@ through the pyverbs API (``verbs_api``, as under ``softnic exec`` with
 ``SOFTNIC_BACKEND=sim``), attached to a ``softnic.transport.sim.Fabric`` (a
 leaf-spine, say).  The collectives are the real ones: ``Communicator``, the
 algorithms, the ``Transport`` and its chunking, credits and QPs per peer; what
-differs is how a rank *waits*, and when it connects.  ``VirtualTransport`` replaces the
-three waiting methods of ``Transport``: where a rank in real time would poll
-and nap, a rank here blocks until a completion reaches its CQ, and the
-scheduler moves virtual time forward only while every rank is blocked.  It also
-connects a pair only when a call first uses it (``connect_on_use``), both ends at
-once, not every pair at start: a ring's rank holds QPs to its two neighbours.  A rank's
-own work (posting, polling, reducing) takes no virtual time: it models a host
+differs is how a rank *waits*, and when it connects.  ``VirtualTransport``
+replaces the three waiting methods of ``Transport``: where a rank in real time
+would poll and nap, a rank here blocks until a completion reaches its CQ, and
+the scheduler moves virtual time forward only while every rank is blocked.  It
+also connects a pair only when a call first uses it (``connect_on_use``), both
+ends at once, not every pair at start: a ring's rank holds QPs to its two
+neighbours.  A rank's own work (posting, polling, reducing) takes no virtual time: it models a host
 with a core to spare for its NIC, which reacts to each completion at once.
 
 The store (``VirtualStore``) blocks the same way until a key is set.
