@@ -192,7 +192,7 @@ class VirtualTransport(Transport):
     #: and the experiments' results were made with it
     idle_credits = True
     #: QPs to the peers a collective uses, made when it first does: the 256 ranks of a
-    #: ring hold 512 connections, not 65 280 (a full mesh's set-up and memory grow with
+    #: ring make 512 QPs, not 65 280 (a full mesh's set-up and memory grow with
     #: the square of the ranks); a pair is connected, both ends, in no virtual time
     connect_on_use = True
 
