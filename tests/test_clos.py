@@ -55,6 +55,25 @@ def _writes(f, devs, pairs, nbytes=1 << 20, qps=1):
     return f.now
 
 
+@pytest.mark.parametrize("interval", [10e-6, None])
+def test_queue_samples_are_kept_only_when_asked(interval):
+    """Each switch port samples its queue at most every ``sample_interval``; None keeps
+    none (the cluster experiment, which samples what it plots itself), and the
+    transfers take the same time either way."""
+    f, net, devs = _fabric(sample_interval=interval)
+    end = _writes(f, devs, [(0, 4), (1, 4), (2, 4)])
+    samples = [p.samples for _, p in net.ports()]
+    if interval is None:
+        assert not any(samples)
+    else:
+        port = net.leaves[1].down[devs[4].address]
+        assert len(port.samples) > 10
+        assert all(b[0] - a[0] >= interval * (1 - 1e-9)
+                   for a, b in zip(port.samples, port.samples[1:]))
+    f2, _, devs2 = _fabric(sample_interval=10e-6 if interval is None else None)
+    assert _writes(f2, devs2, [(0, 4), (1, 4), (2, 4)]) == end
+
+
 def test_config_errors():
     with pytest.raises(ValueError, match="routing"):
         LeafSpineConfig(routing="random")

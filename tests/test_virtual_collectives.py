@@ -29,8 +29,8 @@ def _cluster(n, *, seed=1, shared=False, leaves=2):
     return vc, net
 
 
-def _every_collective(rank, vc, n, **kw):
-    t = VirtualTransport(vc, rank, n, qps=2, **kw)
+def _every_collective(rank, vc, n, transport=VirtualTransport, **kw):
+    t = transport(vc, rank, n, qps=2, **kw)
     c = Communicator(rank, n, vc.store, transport=t)
     out = {}
     try:
@@ -68,6 +68,68 @@ def test_every_collective_matches_numpy_in_virtual_time(admit):
         bad = [k for k, v in out.items() if v is False]
         assert not bad, f"rank {r}: wrong {bad}"
         assert 0 < out["ring_t"] < out["tree_t"] < out["end"] < 0.05   # virtual seconds
+
+
+@pytest.mark.parametrize("what", ["ring", "tree", "ptree", "rd", "hd", "alltoall"])
+def test_connecting_on_use_leaves_a_collective_as_a_full_mesh_runs_it(what):
+    """VirtualTransport connects a pair when a call first uses it; a full mesh
+    connected at start (as on live devices) gives the same run, event for event, for
+    a job's collective (the cluster experiment's case), whichever peers its calls use."""
+    n = 6
+
+    class Mesh(VirtualTransport):
+        connect_on_use = False
+
+    def prog(rank, vc, transport):
+        c = Communicator(rank, n, vc.store, transport=transport(vc, rank, n, qps=2))
+        try:
+            if what == "alltoall":
+                a = np.arange(n * 20_000, dtype=np.int32) + rank
+                b = c.alltoall(a)
+                ok = all(np.all(b[p * 20_000:(p + 1) * 20_000] ==
+                                np.arange(rank * 20_000, (rank + 1) * 20_000) + p)
+                         for p in range(n))
+            else:
+                x = np.arange(200_001, dtype=np.int64) * (rank + 1)
+                c.allreduce(x, algorithm=what)
+                ok = bool(np.all(x == np.arange(200_001) * n * (n + 1) // 2))
+            return ok, vc.now, sorted(vc.flows.items())
+        finally:
+            c.close()
+
+    runs = []
+    for transport in (VirtualTransport, Mesh):
+        vc, _ = _cluster(n)
+        res = vc.run(lambda r, vc: prog(r, vc, transport))
+        assert all(ok for ok, *_ in res)
+        runs.append((res, vc.now, vc.fabric.events_processed, vc.fabric.hops_processed))
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("on_use", [True, False])
+def test_a_ring_connects_its_neighbours_only(on_use):
+    n = 8
+
+    class T(VirtualTransport):
+        connect_on_use = on_use
+
+    def prog(rank, vc):
+        t = T(vc, rank, n, qps=2)
+        c = Communicator(rank, n, vc.store, transport=t)
+        try:
+            x = np.full(4096, rank, np.int32)
+            c.allreduce(x, algorithm="ring")
+            assert np.all(x == n * (n - 1) // 2)
+            return sorted(t.qps), len(t.qp_list)
+        finally:
+            c.close()
+
+    vc, _ = _cluster(n)
+    for rank, (peers, nqp) in enumerate(vc.run(prog)):
+        want = sorted({(rank - 1) % n, (rank + 1) % n}) if on_use else \
+            [p for p in range(n) if p != rank]
+        assert peers == want
+        assert nqp == 2 * len(want)
 
 
 def test_a_run_depends_only_on_its_seed():

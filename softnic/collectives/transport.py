@@ -202,6 +202,12 @@ class Transport:
     #: the smallest receive that lands in the caller's memory (``DIRECT_MIN``; 0: none)
     direct_default: int = DIRECT_MIN
 
+    #: make the QPs to a peer, and connect them, when a collective first sends to it or
+    #: receives from it (as NCCL's runtime connection does), not to every peer at once:
+    #: a ring then holds QPs to its two neighbours only.  The connection records are
+    #: still exchanged with every peer at start (settings checked, one barrier).
+    connect_on_use = False
+
     #: return credits owed to a peer whenever this rank has nothing else to do, not
     #: only in batches of half the ring.  Off on live devices: each such return is a
     #: SEND and its ACK, CPU time of both ranks, and with small messages it doubles the
@@ -218,6 +224,7 @@ class Transport:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside 0..{world - 1}")
         self.rank, self.world, self.store, self.prefix = rank, world, store, prefix
+        self.closed = False
         self.timeout = timeout
         self._settings(chunk, slots, qps, admit, qp_timeout, min_chunk, direct)
         over = env.number("LOCAL_WORLD_SIZE", world) > (os.cpu_count() or 1)
@@ -270,51 +277,68 @@ class Transport:
         self._keep: list = []                   # staged copies of this call's large sends
         self._mrs: OrderedDict[tuple[int, int], object] = OrderedDict()
         self._call_mrs: list = []               # registrations for this call only
-        self._make_qps(peers)
-        # per-peer flow state
-        self.send_seq = dict.fromkeys(peers, 0)      # data chunks posted to the peer
-        # a sender holds a credit per free slot of the peer's ring; with admission it
-        # has none until the receiver grants them
-        self.credits = dict.fromkeys(peers, 0 if self.admit else self.slots)
-        self.granted = dict.fromkeys(peers, 0)       # admission: chunks granted to the peer
-        self.consumed = dict.fromkeys(peers, 0)      # chunks taken by a receive
-        self.landed = {p: bytearray(self.slots) for p in peers}  # by seq mod slots
-        self.owed = dict.fromkeys(peers, 0)          # credits to return to the peer
-        self.desc_sent = dict.fromkeys(peers, 0)     # descriptors sent to the peer
-        self.desc_landed = dict.fromkeys(peers, 0)   # descriptors the peer sent, landed
-        self.desc_used = dict.fromkeys(peers, 0)     # ... and taken by a send
         self.direct_recvs = 0                        # receives that landed in callers' memory
         self.zc_out = 0                              # zero-copy WRITEs not yet completed
+        self._make_qps([] if self.connect_on_use else peers)
         self._connect(peers)
 
     # ------------------------------------------------------------------ setup
 
     def _make_qps(self, peers: list[int]) -> None:
         """``nqp`` RC QPs per peer on the one CQ: ``self.qps[p]`` the list for peer
-        ``p``; per QP, by global index, its peer and its send WRs not yet completed."""
+        ``p``; per QP, by global index, its peer and its send WRs not yet completed;
+        and each peer's flow state (``_add_peer``)."""
         self.qps: dict[int, list] = {}
         self.qp_index: dict[int, int] = {}      # qp_num -> global index
         self.qp_list: list = []
         self.qp_peer: list[int] = []
         self.sq_out: list[int] = []
         self.rq_owed: list[int] = []            # receives taken, not yet posted again
+        self.first_qp: dict[int, int] = {}
+        # per-peer flow state
+        self.send_seq: dict[int, int] = {}      # data chunks posted to the peer
+        # a sender holds a credit per free slot of the peer's ring; with admission it
+        # has none until the receiver grants them
+        self.credits: dict[int, int] = {}
+        self.granted: dict[int, int] = {}       # admission: chunks granted to the peer
+        self.consumed: dict[int, int] = {}      # chunks taken by a receive
+        self.landed: dict[int, bytearray] = {}  # by seq mod slots
+        self.owed: dict[int, int] = {}          # credits to return to the peer
+        self.desc_sent: dict[int, int] = {}     # descriptors sent to the peer
+        self.desc_landed: dict[int, int] = {}   # descriptors the peer sent, landed
+        self.desc_used: dict[int, int] = {}     # ... and taken by a send
+        self._peers_added = False               # since the last call (``_run``)
         for p in peers:
-            self.qps[p] = []
-            for _ in range(self.nqp):
-                cap = v.QPCap(max_send_wr=self.sq_depth + self.ndesc,
-                              max_recv_wr=self.rq_depth, max_send_sge=1, max_recv_sge=1,
-                              max_inline_data=DESC_LEN if self.ndesc else 0)
-                qp = v.QP(self.pd, v.QPInitAttr(qp_type=v.e.IBV_QPT_RC, scq=self.cq,
-                                                rcq=self.cq, cap=cap, sq_sig_all=1))
-                if self.window and hasattr(qp, "set_window"):
-                    qp.set_window(self.window)
-                self.qp_index[qp.qp_num] = len(self.qp_list)
-                self.qp_list.append(qp)
-                self.qp_peer.append(p)
-                self.sq_out.append(0)
-                self.rq_owed.append(0)
-                self.qps[p].append(qp)
-        self.first_qp = {p: self.qp_index[self.qps[p][0].qp_num] for p in peers}
+            self._add_peer(p)
+
+    def _add_peer(self, p: int) -> None:
+        """The QPs to ``p`` (not yet connected) and the flow state of the pair."""
+        self.qps[p] = []
+        for _ in range(self.nqp):
+            cap = v.QPCap(max_send_wr=self.sq_depth + self.ndesc,
+                          max_recv_wr=self.rq_depth, max_send_sge=1, max_recv_sge=1,
+                          max_inline_data=DESC_LEN if self.ndesc else 0)
+            qp = v.QP(self.pd, v.QPInitAttr(qp_type=v.e.IBV_QPT_RC, scq=self.cq,
+                                            rcq=self.cq, cap=cap, sq_sig_all=1))
+            if self.window and hasattr(qp, "set_window"):
+                qp.set_window(self.window)
+            self.qp_index[qp.qp_num] = len(self.qp_list)
+            self.qp_list.append(qp)
+            self.qp_peer.append(p)
+            self.sq_out.append(0)
+            self.rq_owed.append(0)
+            self.qps[p].append(qp)
+        self.first_qp[p] = self.qp_index[self.qps[p][0].qp_num]
+        self.send_seq[p] = 0
+        self.credits[p] = 0 if self.admit else self.slots
+        self.granted[p] = 0
+        self.consumed[p] = 0
+        self.landed[p] = bytearray(self.slots)
+        self.owed[p] = 0
+        self.desc_sent[p] = 0
+        self.desc_landed[p] = 0
+        self.desc_used[p] = 0
+        self._peers_added = True
 
     def _settings(self, chunk, slots, qps, admit, qp_timeout, min_chunk=None,
                   direct=None) -> None:
@@ -356,15 +380,19 @@ class Transport:
         return [0xC000 | flow_label(self.rank, peer, q) for q in range(len(self.qps[peer]))]
 
     def _connect(self, peers: list[int]) -> None:
+        """Exchange connection records with ``peers`` through the store, check that they
+        use the same settings, connect the QPs made for them (all, unless
+        ``connect_on_use``), and wait until every peer has done the same."""
         gid = self.ctx.query_gid(1, 0)
-        psns = {p: [self._initial_psn() for _ in self.qps[p]] for p in peers}
+        made = [p for p in peers if p in self.qps]
+        psns = {p: [self._initial_psn() for _ in self.qps[p]] for p in made}
         me = {"gid": str(gid), "rkey": self.recv_mr.rkey, "addr": self.recv_mr.buf,
               "nqp": self.nqp, "admit": self.admit, "window": self.window,
               "chunk": self.chunk, "slots": self.slots, "min_chunk": self.min_chunk,
               "direct": self.direct, "desc_rkey": self.desc_mr.rkey,
               "desc_addr": self.desc_mr.buf,
-              "qpn": {str(p): [qp.qp_num for qp in self.qps[p]] for p in peers},
-              "psn": {str(p): psns[p] for p in peers}}
+              "qpn": {str(p): [qp.qp_num for qp in self.qps[p]] for p in made},
+              "psn": {str(p): psns[p] for p in made}}
         self.store.set(f"{self.prefix}/conn/{self.rank}", json.dumps(me).encode())
         self.remote: dict[int, dict] = {}
         for p in peers:
@@ -395,33 +423,53 @@ class Transport:
                                           f"{self.remote[p].get(key)}, this rank "
                                           f"{getattr(self, key)} (set {env} alike on every "
                                           f"rank)")
-        for p in peers:
+        for p in made:
             r = self.remote[p]
-            for q, qp in enumerate(self.qps[p]):
-                attr = v.QPAttr(qp_state=v.e.IBV_QPS_INIT, cur_qp_state=v.e.IBV_QPS_RESET)
-                attr.qp_access_flags = ACCESS
-                attr.port_num = 1
-                qp.to_init(attr)
-                self._post_recvs(qp, self.rq_depth, p)
-                attr.path_mtu = v.e.IBV_MTU_4096
-                attr.dest_qp_num = r["qpn"][str(self.rank)][q]
-                attr.rq_psn = r["psn"][str(self.rank)][q]
-                attr.max_dest_rd_atomic = 1
-                attr.min_rnr_timer = 1
-                attr.ah_attr = v.AHAttr(is_global=1, port_num=1,
-                                        gr=v.GlobalRoute(dgid=v.GID(r["gid"]), sgid_index=0,
-                                                         flow_label=flow_label(self.rank, p, q)))
-                qp.to_rtr(attr)
-                attr.sq_psn = psns[p][q]
-                attr.timeout = self.qp_timeout
-                attr.retry_cnt = 7
-                attr.rnr_retry = 7
-                attr.max_rd_atomic = 1
-                qp.to_rts(attr)
+            self._to_rtr(p, r["qpn"][str(self.rank)], r["psn"][str(self.rank)])
+            self._to_rts(p, psns[p])
         # nobody writes before every peer's QPs are ready to receive
         self.store.set(f"{self.prefix}/ready/{self.rank}", b"1")
         for p in peers:
             self._get(f"{self.prefix}/ready/{p}", p)
+
+    def _to_rtr(self, p: int, dest_qpns: list[int], rq_psns: list[int]) -> None:
+        """Take this rank's QPs to ``p`` to RTR, receives posted: QP ``q`` to the peer's
+        QP ``dest_qpns[q]``, expecting the peer's first PSN ``rq_psns[q]``."""
+        r = self.remote[p]
+        for q, qp in enumerate(self.qps[p]):
+            attr = v.QPAttr(qp_state=v.e.IBV_QPS_INIT, cur_qp_state=v.e.IBV_QPS_RESET)
+            attr.qp_access_flags = ACCESS
+            attr.port_num = 1
+            qp.to_init(attr)
+            self._post_recvs(qp, self.rq_depth, p)
+            attr.path_mtu = v.e.IBV_MTU_4096
+            attr.dest_qp_num = dest_qpns[q]
+            attr.rq_psn = rq_psns[q]
+            attr.max_dest_rd_atomic = 1
+            attr.min_rnr_timer = 1
+            attr.ah_attr = v.AHAttr(is_global=1, port_num=1,
+                                    gr=v.GlobalRoute(dgid=v.GID(r["gid"]), sgid_index=0,
+                                                     flow_label=flow_label(self.rank, p, q)))
+            qp.to_rtr(attr)
+
+    def _to_rts(self, p: int, sq_psns: list[int]) -> None:
+        """Take this rank's QPs to ``p`` (in RTR) to RTS, QP ``q`` sending from
+        ``sq_psns[q]``."""
+        for q, qp in enumerate(self.qps[p]):
+            attr = v.QPAttr(qp_state=v.e.IBV_QPS_RTS, cur_qp_state=v.e.IBV_QPS_RTR)
+            attr.sq_psn = sq_psns[q]
+            attr.timeout = self.qp_timeout
+            attr.retry_cnt = 7
+            attr.rnr_retry = 7
+            attr.max_rd_atomic = 1
+            qp.to_rts(attr)
+
+    def _connect_now(self, peers: list[int]) -> None:
+        """``connect_on_use``: before a call's first stream to or from ``peers``, connect
+        those not yet connected, both ends.  Only a driver that can reach every rank's
+        transport at once (``softnic.collectives.virtual``) can."""
+        raise NotImplementedError(f"{type(self).__name__} cannot connect to ranks {peers} "
+                                  "on first use")
 
     def _region(self, nbytes: int, access: int):
         """A registered region of ``nbytes``: the ring of receive slots, or the staging
@@ -461,11 +509,11 @@ class Transport:
     def close(self) -> None:
         """Drain, then wait (through the store) until every rank has drained before
         destroying the QPs: a peer must still be there to acknowledge what we sent last."""
-        if self.qps:
+        if self.peers and not self.closed:
             try:
                 self.drain()
                 self.store.set(f"{self.prefix}/drained/{self.rank}", b"1")
-                for p in self.qps:
+                for p in self.peers:
                     self.store.get(f"{self.prefix}/drained/{p}")
             except Exception:           # a peer already gone: nothing left to protect
                 pass
@@ -476,6 +524,7 @@ class Transport:
             except v.PyverbsError:
                 pass
         self.qps, self.qp_list, self._mrs, self._call_mrs = {}, [], OrderedDict(), []
+        self.closed = True
 
     # ------------------------------------------------------------------ registrations
 
@@ -606,12 +655,24 @@ class Transport:
                 self._end_call()
             self._keep = []
 
-    def _run(self, ss: list[_Stream], rs: list[_Stream]) -> None:
+    def _connected(self, ss: list[_Stream], rs: list[_Stream]) -> None:
+        """Check a call's streams (one per peer and direction, each with another rank)
+        and connect their peers (``connect_on_use``: now, if not yet)."""
         for st in ss + rs:
-            if st.peer == self.rank or st.peer not in self.qps:
+            if st.peer == self.rank or not 0 <= st.peer < self.world:
                 raise ValueError(f"rank {self.rank}: no connection to rank {st.peer}")
         if len({st.peer for st in ss}) != len(ss) or len({st.peer for st in rs}) != len(rs):
             raise ValueError("one stream per peer and direction")
+        if self.connect_on_use:
+            self._connect_now(sorted({st.peer for st in ss + rs}))
+        if self._peers_added:
+            # credits go back to the peers in their order (peers connected on use,
+            # here or by the peer, join in the order they did)
+            self._peers_added = False
+            self.owed = dict(sorted(self.owed.items()))
+
+    def _run(self, ss: list[_Stream], rs: list[_Stream]) -> None:
+        self._connected(ss, rs)
         ss = [st for st in ss if not st.done()]
         rs = [st for st in rs if not st.done()]
         waiting = None

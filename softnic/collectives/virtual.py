@@ -5,12 +5,14 @@ time, in an order fixed by the simulation, so a run depends only on its seed.  E
 through the pyverbs API (``verbs_api``, as under ``softnic exec`` with
 ``SOFTNIC_BACKEND=sim``), attached to a ``softnic.transport.sim.Fabric`` (a
 leaf-spine, say).  The collectives are the real ones: ``Communicator``, the
-algorithms, the ``Transport`` and its chunking, credits and QPs per peer; the
-only difference is how a rank *waits*.  ``VirtualTransport`` replaces the
-three waiting methods of ``Transport``: where a rank in real time would poll
-and nap, a rank here blocks until a completion reaches its CQ, and the
-scheduler moves virtual time forward only while every rank is blocked.  A rank's
-own work (posting, polling, reducing) takes no virtual time: it models a host
+algorithms, the ``Transport`` and its chunking, credits and QPs per peer; what
+differs is how a rank *waits*, and when it connects.  ``VirtualTransport``
+replaces the three waiting methods of ``Transport``: where a rank in real time
+would poll and nap, a rank here blocks until a completion reaches its CQ, and
+the scheduler moves virtual time forward only while every rank is blocked.  It
+also connects a pair only when a call first uses it (``connect_on_use``), both
+ends at once, not every pair at start: a ring's rank holds QPs to its two
+neighbours.  A rank's own work (posting, polling, reducing) takes no virtual time: it models a host
 with a core to spare for its NIC, which reacts to each completion at once.
 
 The store (``VirtualStore``) blocks the same way until a key is set.
@@ -29,9 +31,10 @@ the scheduler:
    ranks are deadlocked: an error names what each waits for).
 
 Payload memory: ``buffer(rank, nbytes)`` gives a rank its own zeroed memory, or
-with ``shared_payload=True`` a mapping of pages all ranks share (one ``memfd``
-mapped once per buffer: distinct addresses, so every registration and
-bounds check is as usual, but the memory of one).  Shared pages make a 64-rank
+with ``shared_payload=True`` the start of one mapping that every buffer of every
+rank shares (registrations then overlap, each checked as usual; the pages are
+mapped, and counted in the process's resident memory, once: a mapping of the
+same pages per buffer counted them once per buffer).  Shared pages make a 64-rank
 collective of hundreds of MB fit in memory; their values are then meaningless,
 and nothing else changes (the collectives never branch on data:
 ``tests/test_virtual_collectives.py`` checks that the timing is the same).
@@ -41,7 +44,6 @@ from __future__ import annotations
 
 import heapq
 import mmap
-import os
 import random
 import threading
 from collections import defaultdict, deque
@@ -60,7 +62,7 @@ from softnic.driver import config as _config
 from softnic.core.device import Device, DeviceConfig
 
 from . import _verbs as _v
-from .transport import Transport
+from .transport import CollectiveError, Transport
 
 __all__ = ["VirtualCluster", "VirtualTransport", "VirtualStore", "Deadlock"]
 
@@ -189,6 +191,10 @@ class VirtualTransport(Transport):
     #: credits back whenever a rank idles: in virtual time a return costs no CPU time,
     #: and the experiments' results were made with it
     idle_credits = True
+    #: QPs to the peers a collective uses, made when it first does: the 256 ranks of a
+    #: ring make 512 QPs, not 65 280 (a full mesh's set-up and memory grow with
+    #: the square of the ranks); a pair is connected, both ends, in no virtual time
+    connect_on_use = True
 
     def __init__(self, cluster: "VirtualCluster", rank: int, world: int, **kw):
         self.vc = cluster
@@ -198,6 +204,43 @@ class VirtualTransport(Transport):
         super().__init__(rank, world, cluster.store, device=cluster.device_name(rank), **kw)
         self._ecq = self.cq.engine_cq
         cluster._own_cq(self._ecq, rank)
+
+    def _connect(self, peers: list[int]) -> None:
+        # from here on (its state made) a peer may connect to this rank (``_connect_now``)
+        self._sq_psns: dict[int, list[int]] = {}    # peers connected to RTR, not yet RTS
+        self.vc.transports[(self.prefix, self.rank)] = self
+        super()._connect(peers)
+
+    def _connect_now(self, peers: list[int]) -> None:
+        # A pair is taken to RTR at both ends by whichever rank uses it first; each end
+        # goes on to RTS when its own rank first does, before its posts, and in peer
+        # order: a device serves its QPs in the order they became ready to send, which
+        # is then the order of an eager mesh's connections (peer order), not of the
+        # other ranks' calls.
+        me = self.rank
+        for p in peers:
+            if p in self.qps:
+                continue
+            other = self.vc.transports.get((self.prefix, p))
+            if other is None:
+                raise CollectiveError(f"rank {me}: rank {p} has no transport "
+                                      f"{self.prefix!r} to connect to")
+            self._add_peer(p)
+            other._add_peer(me)
+            mine = [self._initial_psn() for _ in self.qps[p]]
+            theirs = [other._initial_psn() for _ in other.qps[me]]
+            self._to_rtr(p, [qp.qp_num for qp in other.qps[me]], theirs)
+            other._to_rtr(me, [qp.qp_num for qp in self.qps[p]], mine)
+            self._sq_psns[p] = mine
+            other._sq_psns[me] = theirs
+        for p in peers:
+            psns = self._sq_psns.pop(p, None)
+            if psns is not None:
+                self._to_rts(p, psns)
+
+    def close(self) -> None:
+        self.vc.transports.pop((self.prefix, self.rank), None)
+        super().close()
 
     def _region(self, nbytes: int, access: int):
         # the virtual cluster's memory: pages are touched only where chunks land
@@ -215,6 +258,11 @@ class VirtualTransport(Transport):
 
     def _progressed(self) -> None:
         self._last = self.vc.now
+
+    def _poll(self) -> bool:
+        # an empty CQ is what the pyverbs API's poll would find (no other thread adds
+        # to it here): said without the call, about half of a rank's polls
+        return bool(self._ecq.entries) and super()._poll()
 
     def _idle(self, streams) -> None:
         if not self.vc.wait_cq(self._ecq, self._last + self.timeout):
@@ -264,6 +312,7 @@ class VirtualCluster:
         self.seed = seed
         self.shared_payload = shared_payload
         self.store = VirtualStore(self)
+        self.transports: dict = {}      # (prefix, rank) -> its VirtualTransport, once made
         self.devices: list[Device | None] = [None] * self.n
         self.dirty: dict = {}           # devices touched since the last flush (in order)
         self.flows: dict = defaultdict(lambda: ([], []))
@@ -280,7 +329,7 @@ class VirtualCluster:
         self._ticking: list = []           # ranks waiting on a condition (wait_until)
         self._cq_owner: dict = {}
         self._aborting = False
-        self._memfd = None
+        self._shared = None             # the mapping shared payload lives in
         self._maps: list = []
 
     # -- devices ------------------------------------------------------------
@@ -314,13 +363,10 @@ class VirtualCluster:
             m = mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             self._maps.append(m)
             return np.frombuffer(m, dtype, nbytes // np.dtype(dtype).itemsize)
-        if self._memfd is None or os.fstat(self._memfd).st_size < size:
-            if self._memfd is not None:
-                os.close(self._memfd)
-            self._memfd = os.memfd_create("softnic-virtual-payload", os.MFD_CLOEXEC)
-            os.ftruncate(self._memfd, size)
-        m = mmap.mmap(self._memfd, size, mmap.MAP_SHARED)
-        self._maps.append(m)
+        m = self._shared
+        if m is None or len(m) < size:      # a larger one (views of the last keep it)
+            m = self._shared = mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._maps.append(m)
         return np.frombuffer(m, dtype, nbytes // np.dtype(dtype).itemsize)
 
     # -- waiting (on a rank's thread) ----------------------------------------
@@ -383,9 +429,7 @@ class VirtualCluster:
                     m.close()
                 except BufferError:      # a numpy view still holds it: the GC will
                     pass
-            if self._memfd is not None:
-                os.close(self._memfd)
-                self._memfd = None
+            self._shared = None
 
     def _start(self, program) -> None:
         """A task per rank, each runnable, none started."""

@@ -122,7 +122,7 @@ def _fabric(cfg: ClusterConfig):
         red=RED(cfg.kmin, cfg.kmax, cfg.pmax) if cc_name == "dcqcn" else None,
         int_telemetry=cc_name in ("hpcc", "swift"), routing=cfg.routing,
         pfc=PFC(cfg.xoff, cfg.xon, cfg.headroom) if cfg.mode == "lossless" else None,
-        sample_interval=cfg.sample))
+        sample_interval=None))      # no per-port queue samples: ``_Series`` takes its own
     hosts = []
     for r in range(n):
         leaf = r % leaves if cfg.placement == "spread" else r // cfg.hosts_per_leaf

@@ -109,7 +109,8 @@ class LeafSpineConfig:
     routing: str = "ecmp"                   # ecmp, flowlet or spray
     flowlet_gap: float = 50e-6
     pfc: PFC | None = None
-    sample_interval: float = 10e-6          # queue samples at most this often per port
+    sample_interval: float | None = 10e-6   # queue samples at most this often per port;
+    # None: none (``Port.samples`` stays empty)
 
     def __post_init__(self) -> None:
         for name in ("leaves", "hosts_per_leaf", "spines"):
@@ -201,9 +202,9 @@ class Port:
         #: bytes sent per source device (host-facing ports only)
         self.tx_by_src: dict | None = {} if track_src else None
         self.samples: list[tuple[float, int]] = []
-        self._sample = sample
+        self._sample = sample and net.cfg.sample_interval is not None
         self._next_sample = 0.0
-        self._interval = net.cfg.sample_interval
+        self._interval = net.cfg.sample_interval or 0.0
         self.lossless = net.lossless
         pfc = net.cfg.pfc
         self.held = 0
