@@ -268,8 +268,9 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     """Packets ``idx`` .. ``idx + k - 1`` of an RC ``wqe``, MIDDLEs (from a SEND's
     FIRST on, ``idx`` 0: ``_RUN_FIRST``) and (if it is among them) a LAST without
     extended header, ICRC and all, one after another in one buffer: ``k``
-    datagrams of ``seg`` bytes each (the LAST may be shorter).  The bytes are those ``_build`` and ``append_icrc`` give packet by
-    packet; the AckReq bits follow ``qp.req.pkts_since_ackreq`` as ``generate`` does.
+    datagrams of ``seg`` bytes each (the LAST may be shorter).  The bytes are those
+    ``_build`` and ``append_icrc`` give packet by packet; the AckReq bits follow
+    ``qp.req.pkts_since_ackreq`` as ``generate`` does.
     Returns the buffer and ``seg``."""
     mtu = qp.mtu
     seg = BTH_LEN + mtu + ICRC_LEN
