@@ -116,9 +116,10 @@ def _wqe(c: dict):
 def test_bulk_run_is_byte_for_byte_what_build_gives(c, data):
     dev, qp, wqe, payload = _wqe(c)
     end = wqe.npkts if c["op"] in requester._PLAIN_LAST else wqe.npkts - 1
-    idx = data.draw(st.integers(1, end - 1) if end > 1 else st.just(1), label="idx")
+    lo = 0 if c["op"] in requester._RUN_FIRST else 1      # a SEND's run may start at its FIRST
+    idx = data.draw(st.integers(lo, end - 1) if end > lo else st.just(lo), label="idx")
     if idx >= end:
-        return                    # a two-packet message whose LAST carries a header
+        return                    # a two-packet WRITE whose LAST carries a header
     k = data.draw(st.integers(1, end - idx), label="k")
     dest = qp.dest
     qp.req.pkts_since_ackreq = c["since"]
@@ -398,17 +399,20 @@ class _Counting:
 @pytest.mark.parametrize("gather", [False, True])
 def test_a_send_first_leaves_in_its_runs_sendmsg(gather):
     """A SEND's FIRST carries no extended header, so it is the size of its MIDDLEs:
-    the device gives it as one datagram and the rest as a run, and ``send_runs``
-    puts it in the run's first ``sendmsg`` (GSO), the same datagrams on the wire:
-    a SEND (its LAST plain, in the run) in one call, a SEND_WITH_IMM in two (its
-    LAST, with the immediate, after the run).  A WRITE's FIRST (its RETH makes it
-    longer) still goes alone: two calls."""
+    the device gives it at the head of the run of its MIDDLEs
+    (``requester._RUN_FIRST``), the same datagrams on the wire in one ``sendmsg``
+    (GSO): a SEND (its LAST plain, in the run) in one call, a SEND_WITH_IMM in
+    two (its LAST, with the immediate, after the run).  A WRITE's FIRST (its RETH
+    makes it longer) goes alone: two calls.  A SEND's FIRST given alone just
+    before the rest of its run (``split``: as a window with room for the FIRST
+    only leaves it) still goes in the run's first ``sendmsg`` (``send_runs``)."""
     from softnic import accel
     kern = accel.load() if gather else None
     if gather and kern is None:
         pytest.fail(f"no kernel: {accel.error}")
-    for op, shape, calls in ((W.SEND, [2, 3], 1), (W.SEND_WITH_IMM, [2, 3, 2], 2),
-                             (W.RDMA_WRITE, [2, 3], 2)):
+    for op, shape, calls, split in ((W.SEND, [3], 1, False), (W.SEND, [2, 3], 1, True),
+                                    (W.SEND_WITH_IMM, [3, 2], 2, False),
+                                    (W.RDMA_WRITE, [2, 3], 2, False)):
         p = pair(mtu=1024, trace=False, endpoint_args={"buf_size": 1 << 16})
         if gather:
             p.a.kernel, p.a.tx_gather = kern, True
@@ -417,6 +421,12 @@ def test_a_send_first_leaves_in_its_runs_sendmsg(gather):
                                       remote_addr=p.eb.buf.addr, rkey=p.eb.mr.rkey,
                                       imm_data=7))
         items = p.a.datagram_runs(0.0)
+        if split:                       # the run's FIRST as a datagram of its own before it
+            run, dest, seg = items[0]
+            flat = run.flatten() if type(run) is requester.Gather else run
+            rest = run.part(1, run.count + 1) if type(run) is requester.Gather \
+                else memoryview(run)[seg:]
+            items = [(bytes(flat[:seg]), dest), (rest, dest, seg)]
         assert [len(i) for i in items] == shape, op
         want = []
         for item in items:

@@ -47,6 +47,9 @@ _FENCE = int(SendFlags.FENCE)
 _MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
 #: the LAST opcode of each WR whose LAST packet carries no extended header
 _PLAIN_LAST = {w: int(ops[2]) for w, ops in _OPC.items() if w not in WITH_IMM | WITH_INV}
+#: the FIRST opcode of each WR whose FIRST has a MIDDLE's layout (no extended header:
+#: a SEND's), so that a run of MIDDLEs may start at it
+_RUN_FIRST = {w: int(ops[0]) for w, ops in _OPC.items() if w in SENDS}
 _HDR = BTH_STRUCT
 _BTH_RETH = BTH_RETH_STRUCT
 _WRITES = WRITES
@@ -262,11 +265,12 @@ def _pack_only(qp, wqe, psn: int, dqpn: int) -> bytearray:
 
 
 def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearray, int]:
-    """Packets ``idx`` .. ``idx + k - 1`` of an RC ``wqe``, MIDDLEs and (if it is
-    among them) a LAST without extended header, ICRC and all, one after another
-    in one buffer: ``k`` datagrams of ``seg`` bytes each (the LAST may be
-    shorter).  The bytes are those ``_build`` and ``append_icrc`` give packet by
-    packet; the AckReq bits follow ``qp.req.pkts_since_ackreq`` as ``generate`` does.
+    """Packets ``idx`` .. ``idx + k - 1`` of an RC ``wqe``, MIDDLEs (from a SEND's
+    FIRST on, ``idx`` 0: ``_RUN_FIRST``) and (if it is among them) a LAST without
+    extended header, ICRC and all, one after another in one buffer: ``k``
+    datagrams of ``seg`` bytes each (the LAST may be shorter).  The bytes are those
+    ``_build`` and ``append_icrc`` give packet by packet; the AckReq bits follow
+    ``qp.req.pkts_since_ackreq`` as ``generate`` does.
     Returns the buffer and ``seg``."""
     mtu = qp.mtu
     seg = BTH_LEN + mtu + ICRC_LEN
@@ -283,7 +287,8 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     off = idx * mtu
     buf, s = middle_run(dev, dest, _MIDDLE[wqe.opcode], qp.attr.dest_qp_num, psn, nmid, mtu,
                         one, off, qp.req.pkts_since_ackreq, ack_every, extra,
-                        lambda o: gather(wqe, o, mtu))
+                        lambda o: gather(wqe, o, mtu),
+                        _RUN_FIRST[wqe.opcode] if idx == 0 else None)
     if has_last:
         s = 0                       # a LAST asks for an ACK: the count starts again
         psn = (psn + nmid) & PSN_MASK
@@ -297,7 +302,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
 
 
 def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, src, off: int,
-               s: int, ack_every: int, extra: int = 0, part=None):
+               s: int, ack_every: int, extra: int = 0, part=None, first: int | None = None):
     """The one builder of a run of a message's MIDDLE packets: a SEND's or WRITE's
     request MIDDLEs (``_bulk``), a READ's RESPONSE MIDDLEs (``output``).
     ``count`` packets of opcode ``mid`` to QP ``dqpn``, PSNs from ``psn`` on, each
@@ -309,46 +314,64 @@ def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, s
     the count reaches ``ack_every`` (a READ response never asks: 0xFFFFFFFF).
     With the kernel and a driver that gathers, the payload stays where it is: a
     ``Gather`` of the run (its ``last`` None), no room after it.
+    ``first``: the run starts at a SEND's FIRST, which has a MIDDLE's layout;
+    its first packet is built as the others are, under that opcode (and so
+    from that opcode's ICRC state).
     Returns the buffer (or ``Gather``) and the count ``s`` after the run."""
     seg = BTH_LEN + mtu + ICRC_LEN
     dqpn &= QPN_MASK
     start = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg,
                        _HEAD.pack(mid, 0, DEFAULT_PKEY, dqpn))
     w0 = (mid << BTH_OPCODE_SHIFT) | DEFAULT_PKEY       # BTH word 0: opcode, flags, P_Key
+    lead = 0                                            # packets under ``first``: 0 or 1
+    if first is not None and count:
+        lead = 1
+        start0 = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg,
+                            _HEAD.pack(first, 0, DEFAULT_PKEY, dqpn))
+        w00 = (first << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
     one = src if src is not None and off + count * mtu <= len(src) else None
     kern = dev.kernel
     o = 0
     if kern is not None and one is not None and count:
         ffi = kern.ffi
+        lib = kern.lib
+        p = ffi.from_buffer(one) + off
         if dev.tx_gather:
             # the loop below, in C, but for the payload, which stays where it is
             heads = bytearray(_HEAD_BYTES * count)
-            s = kern.lib.sn_tx_heads(
-                ffi.from_buffer(heads, require_writable=True), count, w0,
-                dqpn, psn, s, ack_every, ffi.from_buffer(one) + off, mtu, start)
+            h = ffi.from_buffer(heads, require_writable=True)
+            if lead:
+                s = lib.sn_tx_heads(h, 1, w00, dqpn, psn, s, ack_every, p, mtu, start0)
+            s = lib.sn_tx_heads(h + _HEAD_BYTES * lead, count - lead, w0, dqpn,
+                                (psn + lead) & PSN_MASK, s, ack_every, p + mtu * lead, mtu,
+                                start)
             return Gather(heads, one[off:off + count * mtu], mtu, count, None), s
         buf = bytearray(count * seg + extra)
+        b = ffi.from_buffer(buf, require_writable=True)
         # the loop below, in C
-        s = kern.lib.sn_tx_middles(ffi.from_buffer(buf, require_writable=True), 0, count,
-                                   w0, dqpn, psn, s, ack_every,
-                                   ffi.from_buffer(one) + off, mtu, start)
+        if lead:
+            s = lib.sn_tx_middles(b, 0, 1, w00, dqpn, psn, s, ack_every, p, mtu, start0)
+        s = lib.sn_tx_middles(b, seg * lead, count - lead, w0, dqpn, (psn + lead) & PSN_MASK,
+                              s, ack_every, p + mtu * lead, mtu, start)
         return buf, s
     buf = bytearray(count * seg + extra)
     mv = memoryview(buf)
     pack, put = _HDR.pack_into, _ICRC.pack_into
+    op, st = (first, start0) if lead else (mid, start)
     for _ in range(count):
         s += 1
         if s >= ack_every:
             s = 0
-            pack(buf, o, mid, 0, DEFAULT_PKEY, dqpn, BTH_ACKREQ | psn)
+            pack(buf, o, op, 0, DEFAULT_PKEY, dqpn, BTH_ACKREQ | psn)
         else:
-            pack(buf, o, mid, 0, DEFAULT_PKEY, dqpn, psn)
+            pack(buf, o, op, 0, DEFAULT_PKEY, dqpn, psn)
         e = o + BTH_LEN + mtu
         mv[o + BTH_LEN:e] = one[off:off + mtu] if one is not None else part(off)
-        put(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
+        put(buf, e, crc32(mv[o + 8:e], st) & 0xFFFFFFFF)
         psn = (psn + 1) & PSN_MASK
         off += mtu
         o = e + ICRC_LEN
+        op, st = mid, start
     return buf, s
 
 
@@ -568,9 +591,10 @@ def generate(dev, qp, now: float, out: list) -> None:
     then, packet by packet of that WQE until it is all sent:
     WINDOW    its next packet waits for room in the window (``_window_room``)
     PACER     or for the congestion controller (``_cc_blocked``)
-    SEND      a run of MIDDLEs (``_bulk_run``) or one packet (``_send_packet``:
-              its AckReq cadence, the go-back-N record ``_record_sent``, the
-              bytes ``_build``, the controller's ``_cc_sent``)
+    SEND      a run of MIDDLEs, a SEND's from its FIRST on (``_bulk_run``), or
+              one packet (``_send_packet``: its AckReq cadence, the go-back-N
+              record ``_record_sent``, the bytes ``_build``, the controller's
+              ``_cc_sent``)
     ========  ==================================================================
 
     The cheap cases are this chain ending early, not other code: a lone
@@ -617,8 +641,9 @@ def generate(dev, qp, now: float, out: list) -> None:
                 return
             if dest is None:                                           # SEND
                 dest = wqe.dest
-            if nxt and rc and cc is None and wqe.opcode in _MIDDLE and qp.xrc is None \
-                    and dev._fast and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
+            if rc and cc is None and (nxt or wqe.npkts > 1 and wqe.opcode in _RUN_FIRST) \
+                    and wqe.opcode in _MIDDLE and qp.xrc is None and dev._fast \
+                    and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
                 if wqe.next_pkt < wqe.npkts:
                     continue
             elif _send_packet(dev, qp, wqe, psn, ack_every, cc, now, out, dest, rc):
@@ -687,8 +712,9 @@ def _may_start(qp, wqe, rc: bool) -> bool:
 
 
 def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
-    """The bulk of a long message: its MIDDLEs (and a plain LAST) that the window
-    admits, built in one pass into one buffer, ICRCs included (``_bulk``).  The
+    """The bulk of a long message: its MIDDLEs (a SEND's from its FIRST on) and a
+    plain LAST that the window admits, built in one pass into one buffer, ICRCs
+    included (``_bulk``), so that they leave in one send of the driver's.  The
     same packets, bytes and bookkeeping as ``_send_packet`` one at a time."""
     idx = wqe.next_pkt
     end = wqe.npkts if wqe.opcode in _PLAIN_LAST else wqe.npkts - 1
