@@ -35,6 +35,7 @@ class _Host(Timers):
         self._tseq = 0
         self.gsi = None
         self._ready = {}
+        self._arm_at_drain = {}
 
 
 class _Reference:

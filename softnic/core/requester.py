@@ -758,5 +758,11 @@ def _cc_wants_ack(dev, qp, cc, ack_every: int) -> bool:
         # a window that shrinks below what is in flight reopens only by ACKs.
         return True
     # paced so slowly that waiting for ack_every packets would run the
-    # retransmission timer out: ask for an ACK now
-    return bool(cc.rate and (qp.mtu + 60) * 8 / cc.rate * ack_every > dev.rto(qp) / 4)
+    # retransmission timer out: ask for an ACK now.  (The timeout is never below
+    # the timer floor, so a wait under a quarter of the floor needs no look at it:
+    # asked per packet.)
+    rate = cc.rate
+    if not rate:
+        return False
+    wait = (qp.mtu + 60) * 8 / rate * ack_every
+    return wait > dev.config.min_timer / 4 and wait > dev.rto(qp) / 4

@@ -23,7 +23,10 @@ from __future__ import annotations
 from heapq import heappop, heappush
 
 from . import completer
+from .enums import QPState
 from .qp import QP
+
+_SENDING = (QPState.RTS, QPState.SQD)
 
 
 class Timers:
@@ -80,7 +83,17 @@ class Timers:
                 self._tseq = seq = self._tseq + 1
                 heappush(self._timers, (t, seq, qp))
 
+    def _arm_owed(self) -> None:
+        """Arm the QPs whose arming ``handle_timer`` left to the drain, when the
+        timers are read before it (``get_timer``, ``handle_timer``)."""
+        owed, self._arm_at_drain = self._arm_at_drain, {}
+        for qp in owed:
+            if not qp.closed:
+                self.arm(qp)
+
     def get_timer(self) -> float | None:
+        if self._arm_at_drain:
+            self._arm_owed()
         h = self._timers
         t = None
         while h:
@@ -97,6 +110,8 @@ class Timers:
         return t
 
     def handle_timer(self, now: float) -> None:
+        if self._arm_at_drain:
+            self._arm_owed()
         if self.gsi is not None:
             g = self.gsi.get_timer()
             if g is not None and g <= now:
@@ -109,18 +124,27 @@ class Timers:
                 continue
             qp.timer_at = None
             cc = qp.cc
+            ready = False
             if cc is not None:
                 ccs = qp.ccs
                 if ccs.pace_at is not None and ccs.pace_at <= now:
                     ccs.pace_at = None
-                    self._ready[qp] = None      # (mark_ready, inline)
+                    ready = True
                 c = cc.next_timer()
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
-                    self._ready[qp] = None
+                    ready = True
+                if ready:
+                    self._ready[qp] = None      # (mark_ready, inline)
             comp = qp.comp
             if comp.rnr_wait or comp.probe_at is not None or \
                     (comp.rto_at is not None and comp.rto_at <= now):
                 completer.on_timeout(self, qp, now)     # (it has nothing to do otherwise)
-            self.arm(qp)
+            if ready and qp.state in _SENDING:
+                # the drain arms it after its packets (``Output._requests`` arms
+                # every controlled QP that may send), or the next read of the
+                # timers does (``_arm_owed``): once, not here and there
+                self._arm_at_drain[qp] = None
+            else:
+                self.arm(qp)
 
