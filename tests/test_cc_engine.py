@@ -119,6 +119,31 @@ def test_rate_paces_packets_at_the_controllers_rate():
     assert [s[1] for s in cc.sent] == [len(s.data) + WIRE_OVERHEAD for s in sends]
 
 
+def test_a_paced_qp_whose_timer_fired_keeps_its_deadline_whichever_a_driver_reads_first():
+    """``handle_timer`` leaves the arming of a paced QP it made ready to the drain
+    after its next packet; a driver that reads the timer before draining still
+    finds the QP's deadline (the retransmission timeout), and both orders give
+    the same packet and the same next deadline."""
+    seen = []
+    for drain_first in (True, False):
+        fabric, a, b, ea, eb = _pair("recorder", mtu=1024)
+        qp = ea.qp
+        qp.cc.rate = 1e9
+        _write(a, ea, eb, 1, 8 << 10)
+        now = fabric.now
+        assert len(a.datagrams_to_send(now)) == 1       # the pacer holds the second
+        pace = a.get_timer()
+        assert pace == qp.ccs.pace_at and pace > now
+        a.handle_timer(pace)
+        if not drain_first:
+            assert a.get_timer() == qp.comp.rto_at > pace
+        out = a.datagrams_to_send(pace)
+        t = a.get_timer()
+        assert len(out) == 1 and t == qp.ccs.pace_at > pace
+        seen.append((out[0][0], t - now, qp.comp.rto_at - now))
+    assert seen[0] == seen[1]
+
+
 def test_no_controller_sends_back_to_back():
     fabric, a, b, ea, eb = _pair("none")
     assert ea.qp.cc is None
