@@ -559,7 +559,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     ========  ==================================================================
     IDLE      nothing in an RNR wait or outside RTS and SQD
     HELD      nothing while a paced QP's pacer holds what is up next
-              (``_held_by_pacer``: the chain would stop at PACER, changing nothing)
+              (``held_by_pacer``: the chain would stop at PACER, changing nothing)
     RESEND    selective repeat's single PSNs first (``_resend_singles``)
     then, WQE by WQE in send queue order:
     START     a new WQE takes its PSNs if it may (``_may_start``: SQD, fence,
@@ -583,7 +583,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     if comp.rnr_wait or qp.state not in _SENDING:                       # IDLE
         return
     if qp.cc is not None and qp.ccs.pace_at is not None and dev._fast \
-            and _held_by_pacer(qp, now):                               # HELD
+            and held_by_pacer(qp, now):                               # HELD
         return
     qtype = qp.qp_type
     rc = qtype is _RC
@@ -628,7 +628,7 @@ def generate(dev, qp, now: float, out: list) -> None:
             dest = None
 
 
-def _held_by_pacer(qp, now: float) -> bool:
+def held_by_pacer(qp, now: float) -> bool:
     """Would ``generate`` stop at once, changing nothing?  So it does for a paced QP
     whose next packet's time has not come and whose pacing timer is armed for that
     time (``_cc_blocked`` is then true and changes nothing), when the WQE up next

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from . import completer
+from . import completer, requester
 from .enums import QPState
 from .qp import QP
 
 _SENDING = (QPState.RTS, QPState.SQD)
+_SQD = QPState.SQD
 
 
 class Timers:
@@ -133,7 +134,15 @@ class Timers:
                 c = cc.next_timer()
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
-                    ready = True
+                    # its rate or window may let the QP send: ready, but for a
+                    # QP its pacer holds (``requester.generate`` would stop at
+                    # HELD: ``held_by_pacer``) with nothing else for the drain
+                    # (a completion due, a response owed)
+                    if not ready:
+                        sq = qp.sq
+                        ready = not self._fast or not requester.held_by_pacer(qp, now) \
+                            or bool(sq and sq[0].done) or qp.state is _SQD \
+                            or bool(qp.resp.out)
                 if ready:
                     self._ready[qp] = None      # (mark_ready, inline)
             comp = qp.comp
