@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
-from . import completer, requester
+from . import completer
 from .enums import QPState
 from .qp import QP
 
 _SENDING = (QPState.RTS, QPState.SQD)
-_SQD = QPState.SQD
 
 
 class Timers:
@@ -134,15 +133,9 @@ class Timers:
                 c = cc.next_timer()
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
-                    # its rate or window may let the QP send: ready, but for a
-                    # QP its pacer holds (``requester.generate`` would stop at
-                    # HELD: ``held_by_pacer``) with nothing else for the drain
-                    # (a completion due, a response owed)
+                    # its rate or window may let the QP send (as ``cc_changed``)
                     if not ready:
-                        sq = qp.sq
-                        ready = not self._fast or not requester.held_by_pacer(qp, now) \
-                            or bool(sq and sq[0].done) or qp.state is _SQD \
-                            or bool(qp.resp.out)
+                        ready = not self.drain_idle(qp, now)
                 if ready:
                     self._ready[qp] = None      # (mark_ready, inline)
             comp = qp.comp
