@@ -35,7 +35,6 @@ class _Host(Timers):
         self._tseq = 0
         self.gsi = None
         self._ready = {}
-        self._arm_at_drain = {}
 
 
 class _Reference:

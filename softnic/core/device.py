@@ -121,9 +121,6 @@ class Device(Verbs, Dispatch, Output, Timers):
         self._ready: dict[QP, None] = {}     # QPs that may have packets to send (ordered set)
         self._timers: list[tuple[float, int, QP]] = []
         self._tseq = 0
-        #: controlled QPs whose timer fired and made them ready: armed by the
-        #: drain after their packets (``Timers.handle_timer``)
-        self._arm_at_drain: dict[QP, None] = {}
         self._cnps: list[QP] = []            # QPs owing their requester a CNP
         # parse the device's controller spec now: a bad one is an error here
         self._cc_name, self._cc_params = congestion.parse_spec(self.config.cc)

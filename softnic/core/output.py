@@ -129,9 +129,6 @@ class Output:
                     out.append((cnp_packet(qp.attr.dest_qp_num), qp.dest))
             self.counters["np_cnp_sent"] += len(out)
         ready, self._ready = self._ready, {}
-        owed = self._arm_at_drain           # (each of them is in ready: handle_timer)
-        if owed:
-            self._arm_at_drain = {}
         for qp in ready:
             if qp.closed:
                 if qp.resp.out:                 # the answers it owed when destroyed
@@ -142,8 +139,8 @@ class Output:
             # the ACK it owes follows in the same flush.
             if qp.state in _SENDING:
                 self._requests(qp, now, out)    # (arms a controlled QP)
-            elif owed and qp in owed:
-                self.arm(qp)
+            elif qp.cc is not None:
+                self.arm(qp)        # (every controlled QP taken is armed: handle_timer)
             if qp.resp.out:
                 self._responses(qp, out)
         return out

@@ -23,10 +23,7 @@ from __future__ import annotations
 from heapq import heappop, heappush
 
 from . import completer
-from .enums import QPState
 from .qp import QP
-
-_SENDING = (QPState.RTS, QPState.SQD)
 
 
 class Timers:
@@ -83,17 +80,16 @@ class Timers:
                 self._tseq = seq = self._tseq + 1
                 heappush(self._timers, (t, seq, qp))
 
-    def _arm_owed(self) -> None:
-        """Arm the QPs whose arming ``handle_timer`` left to the drain, when the
-        timers are read before it (``get_timer``, ``handle_timer``)."""
-        owed, self._arm_at_drain = self._arm_at_drain, {}
-        for qp in owed:
-            if not qp.closed:
+    def _arm_ready(self) -> None:
+        """Arm the controlled QPs made ready and not yet drained (``handle_timer``
+        leaves their arming to the drain), when the timers are read first."""
+        for qp in self._ready:
+            if qp.cc is not None and not qp.closed:
                 self.arm(qp)
 
     def get_timer(self) -> float | None:
-        if self._arm_at_drain:
-            self._arm_owed()
+        if self._ready:
+            self._arm_ready()
         h = self._timers
         t = None
         while h:
@@ -110,8 +106,8 @@ class Timers:
         return t
 
     def handle_timer(self, now: float) -> None:
-        if self._arm_at_drain:
-            self._arm_owed()
+        if self._ready:
+            self._arm_ready()
         if self.gsi is not None:
             g = self.gsi.get_timer()
             if g is not None and g <= now:
@@ -142,11 +138,9 @@ class Timers:
             if comp.rnr_wait or comp.probe_at is not None or \
                     (comp.rto_at is not None and comp.rto_at <= now):
                 completer.on_timeout(self, qp, now)     # (it has nothing to do otherwise)
-            if ready and qp.state in _SENDING:
-                # the drain arms it after its packets (``Output._requests`` arms
-                # every controlled QP that may send), or the next read of the
-                # timers does (``_arm_owed``): once, not here and there
-                self._arm_at_drain[qp] = None
-            else:
+            if not ready:
                 self.arm(qp)
+            # else the drain arms it after its packets (``Output._outgoing`` arms
+            # every controlled QP it takes), or a read of the timers before the
+            # drain does (``_arm_ready``): once, not here and there
 
