@@ -16,6 +16,11 @@ arming gives (but for a QP armed, as it fires, at the very time it fired: due
 again at once either way, it may take another place among QPs due at that
 instant), and the heap holds about one entry per distinct deadline, not one per
 arming.
+
+A controlled QP that ``handle_timer`` makes ready (its pacing deadline or its
+controller's timer came) is armed once, by the drain that takes it
+(``Output._outgoing`` arms every controlled QP it takes, after its packets),
+or, if the timers are read before that drain, by the read (``_arm_ready``).
 """
 
 from __future__ import annotations
