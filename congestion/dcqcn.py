@@ -161,9 +161,13 @@ class DCQCN(Controller):
     def _advance(self, now: float) -> None:
         """Run every timer event due by ``now``, each at its own time, in order."""
         lim = now + TIME_EPS                      # (on every packet: most often none is due)
-        a, d, i = self._alpha_at, self._dec_at, self._inc_at
-        if (a is None or a > lim) and (d is None or d > lim) and (i is None or i > lim):
+        n = self._next
+        if n is None or n > lim:
+            # none due: ``_next`` is the earliest of the three (``_timers_moved``),
+            # or, idle, the merged cut's time (the alpha timer then decays lazily,
+            # and the loop below would only work ``_next`` out again)
             return
+        a, d, i = self._alpha_at, self._dec_at, self._inc_at
         while True:
             # the earliest due event; on a tie the first of alpha, cut, increase
             at = which = None

@@ -119,6 +119,84 @@ def test_rate_paces_packets_at_the_controllers_rate():
     assert [s[1] for s in cc.sent] == [len(s.data) + WIRE_OVERHEAD for s in sends]
 
 
+def test_a_paced_qp_whose_timer_fired_keeps_its_deadline_whichever_a_driver_reads_first():
+    """``handle_timer`` leaves the arming of a paced QP it made ready to the drain
+    after its next packet; a driver that reads the timer before draining still
+    finds the QP's deadline (the retransmission timeout), and both orders give
+    the same packet and the same next deadline."""
+    seen = []
+    for drain_first in (True, False):
+        fabric, a, b, ea, eb = _pair("recorder", mtu=1024)
+        qp = ea.qp
+        qp.cc.rate = 1e9
+        _write(a, ea, eb, 1, 8 << 10)
+        now = fabric.now
+        assert len(a.datagrams_to_send(now)) == 1       # the pacer holds the second
+        pace = a.get_timer()
+        assert pace == qp.ccs.pace_at and pace > now
+        a.handle_timer(pace)
+        if not drain_first:
+            assert a.get_timer() == qp.comp.rto_at > pace
+        out = a.datagrams_to_send(pace)
+        t = a.get_timer()
+        assert len(out) == 1 and t == qp.ccs.pace_at > pace
+        seen.append((out[0][0], t - now, qp.comp.rto_at - now))
+    assert seen[0] == seen[1]
+
+
+class TimedRecorder(Recorder):
+    """A ``Recorder`` with a timer of its own, due every ``period`` from ``first`` on."""
+    name = "timedrec"
+
+    def __init__(self, flow, **kw):
+        super().__init__(flow, **kw)
+        self.timer = None
+        self.period = None
+        self.fired = []
+
+    def next_timer(self):
+        return self.timer
+
+    def on_timer(self, *, now):
+        self.fired.append(now)
+        self.timer = now + self.period
+
+
+def test_a_controller_timer_while_the_pacer_holds_the_qp_leaves_the_drain_nothing(monkeypatch):
+    """A controller's own timer that fires while the QP's pacer holds its next
+    packet does not make the QP ready (``generate`` would stop at HELD): the
+    device has no output until the pacing time; with the fast paths off it walks
+    the chain to the pacer instead.  The same packets leave at the same times."""
+    monkeypatch.setitem(congestion.CONTROLLERS, "timedrec", TimedRecorder)
+    seen = []
+    for fast in (True, False):
+        fabric, a, b, ea, eb = _pair("timedrec", mtu=1024, fast_path=fast)
+        cc = ea.qp.cc
+        cc.rate = 1e9
+        _write(a, ea, eb, 1, 4 << 10)
+        now = fabric.now
+        sent = [a.datagrams_to_send(now)]
+        pace = ea.qp.ccs.pace_at
+        cc.timer, cc.period = now + (pace - now) / 4, (pace - now) / 3
+        a.arm(ea.qp)
+        times = []
+        while len(sent) < 4:                    # the WRITE's four packets
+            t = a.get_timer()
+            a.handle_timer(t)
+            if t < pace and cc.fired and cc.fired[-1] == t:
+                assert a.has_output is not fast
+            out = a.datagrams_to_send(t)
+            if out:
+                sent.append(out)
+                pace = ea.qp.ccs.pace_at or t
+                times.append(t)
+        assert len(cc.fired) >= 4
+        pkts = [decode(d[:-4]) for o in sent for d, _ in o]
+        seen.append(([(p.bth.opcode, p.bth.psn, p.bth.ackreq, bytes(p.payload)) for p in pkts],
+                     times, cc.fired))
+    assert seen[0] == seen[1] and len(seen[0][0]) == 4
+
+
 def test_no_controller_sends_back_to_back():
     fabric, a, b, ea, eb = _pair("none")
     assert ea.qp.cc is None

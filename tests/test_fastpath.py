@@ -426,7 +426,7 @@ def test_a_paced_requester_stops_early_only_where_nothing_changes(s, cc, rate, m
     """A rate-paced QP (each packet ``bytes * 8 / rate`` after the last, so nearly
     every packet waits for the pacer) is made ready by ACKs, CNPs and its
     controller's timers while its pacer holds it; ``requester.generate`` then stops
-    at once (``_held_by_pacer``) without walking the send queue, and when its
+    at once (``held_by_pacer``) without walking the send queue, and when its
     pacer lets a MIDDLE go, its chain sends it and stops at the window or the
     pacer.  Through a slow switch that marks every queued packet
     (``marks``: many CNPs and rate cuts) or none, with a window of a few packets

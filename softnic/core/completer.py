@@ -464,7 +464,8 @@ def scatter(wqe, off: int, data) -> None:
 def _progress(dev, qp, before: int, now: float) -> None:
     comp = qp.comp
     acked = comp.acked_psn
-    if qp.cc is not None and (acked != before or qp.ccs.rx_telemetry is not None):
+    cc = qp.cc
+    if cc is not None and (acked != before or qp.ccs.rx_telemetry is not None):
         requester.cc_acked(qp, before, now)
     if acked != before:
         if comp.sacked_psn is not None and psn_diff(comp.sacked_psn, acked) <= 0:
@@ -472,13 +473,20 @@ def _progress(dev, qp, before: int, now: float) -> None:
         if comp.rexmitted:
             comp.rexmitted = {p: m for p, m in comp.rexmitted.items() if psn_diff(p, acked) > 0}
         _forward(qp, before)
-        if qp.req.send_idx < len(qp.sq) or comp.rexmit or qp.cc is not None:
+        if cc is None and (qp.req.send_idx < len(qp.sq) or comp.rexmit):
             dev.mark_ready(qp)            # the window may have opened
         # restart the retransmission timer for what is still in flight
         comp.rto_at = rto_at = now + dev.rto(qp) if _inflight(qp) else None
         comp.probe_at = now + dev.probe_interval(qp) \
             if rto_at is not None and qp.selective_repeat else None
         dev.arm(qp)
+        complete(dev, qp)
+        if cc is not None and not dev.drain_idle(qp, now):
+            # its window may have opened (the controller's too): ready unless
+            # the drain would do nothing for it (asked once its completions
+            # are posted: one due is something to do)
+            dev.mark_ready(qp)
+        return
     complete(dev, qp)
 
 

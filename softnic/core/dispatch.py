@@ -244,7 +244,7 @@ class Dispatch:
             c["rp_cnp_handled"] += 1
             qp.cc.on_cnp(now=now)
             self.arm(qp)
-            self.mark_ready(qp)
+            self.cc_changed(qp, now)
         else:
             c["rp_cnp_ignored"] += 1
 

@@ -138,7 +138,9 @@ class Output:
             # request lands (a ping-pong, an RPC) gets its request out first, and
             # the ACK it owes follows in the same flush.
             if qp.state in _SENDING:
-                self._requests(qp, now, out)
+                self._requests(qp, now, out)    # (arms a controlled QP)
+            elif qp.cc is not None:
+                self.arm(qp)        # (every controlled QP taken is armed: handle_timer)
             if qp.resp.out:
                 self._responses(qp, out)
         return out
@@ -149,6 +151,24 @@ class Output:
         driver's flush would find nothing of a QP's to send; connection
         management's MADs are ``gsi.pending``'s to say.)"""
         return bool(self._ready or self._cnps)
+
+    def drain_idle(self, qp: QP, now: float) -> bool:
+        """Would the drain do nothing for ``qp`` now, were it made ready?  So it
+        is, with the fast paths, for a QP whose pacer holds its next packet
+        (``requester.generate`` stops at HELD: ``held_by_pacer``), with no
+        completion due and no response owed.  A controller whose state changed
+        (its timer, a CNP) makes its QP ready unless this holds
+        (``cc_changed``)."""
+        if not self._fast or not requester.held_by_pacer(qp, now):
+            return False
+        sq = qp.sq
+        return not (sq and sq[0].done) and qp.state is not _SQD and not qp.resp.out
+
+    def cc_changed(self, qp: QP, now: float) -> None:
+        """The QP's controller changed its rate or window (a CNP): the QP is
+        ready, unless the drain would do nothing for it (``drain_idle``)."""
+        if not self.drain_idle(qp, now):
+            self._ready[qp] = None
 
     def owes_acks_only(self) -> bool:
         """Is all the device has to send now plain ACKs of requests it received:

@@ -582,7 +582,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     ========  ==================================================================
     IDLE      nothing in an RNR wait or outside RTS and SQD
     HELD      nothing while a paced QP's pacer holds what is up next
-              (``_held_by_pacer``: the chain would stop at PACER, changing nothing)
+              (``held_by_pacer``: the chain would stop at PACER, changing nothing)
     RESEND    selective repeat's single PSNs first (``_resend_singles``)
     then, WQE by WQE in send queue order:
     START     a new WQE takes its PSNs if it may (``_may_start``: SQD, fence,
@@ -607,7 +607,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     if comp.rnr_wait or qp.state not in _SENDING:                       # IDLE
         return
     if qp.cc is not None and qp.ccs.pace_at is not None and dev._fast \
-            and _held_by_pacer(qp, now):                               # HELD
+            and held_by_pacer(qp, now):                               # HELD
         return
     qtype = qp.qp_type
     rc = qtype is _RC
@@ -653,7 +653,7 @@ def generate(dev, qp, now: float, out: list) -> None:
             dest = None
 
 
-def _held_by_pacer(qp, now: float) -> bool:
+def held_by_pacer(qp, now: float) -> bool:
     """Would ``generate`` stop at once, changing nothing?  So it does for a paced QP
     whose next packet's time has not come and whose pacing timer is armed for that
     time (``_cc_blocked`` is then true and changes nothing), when the WQE up next
@@ -784,5 +784,11 @@ def _cc_wants_ack(dev, qp, cc, ack_every: int) -> bool:
         # a window that shrinks below what is in flight reopens only by ACKs.
         return True
     # paced so slowly that waiting for ack_every packets would run the
-    # retransmission timer out: ask for an ACK now
-    return bool(cc.rate and (qp.mtu + 60) * 8 / cc.rate * ack_every > dev.rto(qp) / 4)
+    # retransmission timer out: ask for an ACK now.  (The timeout is never below
+    # the timer floor, so a wait under a quarter of the floor needs no look at it:
+    # asked per packet.)
+    rate = cc.rate
+    if not rate:
+        return False
+    wait = (qp.mtu + 60) * 8 / rate * ack_every
+    return wait > dev.config.min_timer / 4 and wait > dev.rto(qp) / 4

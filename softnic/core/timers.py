@@ -16,6 +16,11 @@ arming gives (but for a QP armed, as it fires, at the very time it fired: due
 again at once either way, it may take another place among QPs due at that
 instant), and the heap holds about one entry per distinct deadline, not one per
 arming.
+
+A controlled QP that ``handle_timer`` makes ready (its pacing deadline or its
+controller's timer came) is armed once, by the drain that takes it
+(``Output._outgoing`` arms every controlled QP it takes, after its packets),
+or, if the timers are read before that drain, by the read (``_arm_ready``).
 """
 
 from __future__ import annotations
@@ -80,7 +85,16 @@ class Timers:
                 self._tseq = seq = self._tseq + 1
                 heappush(self._timers, (t, seq, qp))
 
+    def _arm_ready(self) -> None:
+        """Arm the controlled QPs made ready and not yet drained (``handle_timer``
+        leaves their arming to the drain), when the timers are read first."""
+        for qp in self._ready:
+            if qp.cc is not None and not qp.closed:
+                self.arm(qp)
+
     def get_timer(self) -> float | None:
+        if self._ready:
+            self._arm_ready()
         h = self._timers
         t = None
         while h:
@@ -97,6 +111,8 @@ class Timers:
         return t
 
     def handle_timer(self, now: float) -> None:
+        if self._ready:
+            self._arm_ready()
         if self.gsi is not None:
             g = self.gsi.get_timer()
             if g is not None and g <= now:
@@ -109,18 +125,27 @@ class Timers:
                 continue
             qp.timer_at = None
             cc = qp.cc
+            ready = False
             if cc is not None:
                 ccs = qp.ccs
                 if ccs.pace_at is not None and ccs.pace_at <= now:
                     ccs.pace_at = None
-                    self._ready[qp] = None      # (mark_ready, inline)
+                    ready = True
                 c = cc.next_timer()
                 if c is not None and c <= now:
                     cc.on_timer(now=now)
-                    self._ready[qp] = None
+                    # its rate or window may let the QP send (as ``cc_changed``)
+                    if not ready:
+                        ready = not self.drain_idle(qp, now)
+                if ready:
+                    self._ready[qp] = None      # (mark_ready, inline)
             comp = qp.comp
             if comp.rnr_wait or comp.probe_at is not None or \
                     (comp.rto_at is not None and comp.rto_at <= now):
                 completer.on_timeout(self, qp, now)     # (it has nothing to do otherwise)
-            self.arm(qp)
+            if not ready:
+                self.arm(qp)
+            # else the drain arms it after its packets (``Output._outgoing`` arms
+            # every controlled QP it takes), or a read of the timers before the
+            # drain does (``_arm_ready``): once, not here and there
 
