@@ -137,10 +137,13 @@ def _u8_view(addr: int, length: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(addr))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1 << 16)
 def _record(raw: bytes) -> dict:
     """A peer's connection record, decoded (read, never changed: every rank of a
-    process reading the same record - a virtual cluster's - shares one decode)."""
+    process reading the same record - a virtual cluster's - shares one decode).
+    Each rank reads the records in rank order, so a cache smaller than the ranks
+    of a job would miss on every read (least recently used goes first): this one
+    holds 65 536."""
     return json.loads(raw)
 
 
@@ -972,44 +975,50 @@ class Transport:
             self._grant(st)
 
     def _poll(self) -> bool:
+        """Take every completion the CQ holds; True if there was any."""
         moved = False
         while True:
             n, wcs = self.cq.poll(32)
             if not n:
                 return moved
             moved = True
-            for wc in wcs:
-                qi = self.qp_index.get(wc.qp_num)
-                if wc.status != v.e.IBV_WC_SUCCESS:
-                    p = self.qp_peer[qi] if qi is not None else wc.wr_id & 0xFFFFFFFF
-                    raise CollectiveError(
-                        f"rank {self.rank}: work completion with status {wc.status} on the "
-                        f"connection to rank {p} (opcode {wc.opcode}); the peer is probably "
-                        f"gone")
-                p = self.qp_peer[qi]
-                if wc.opcode & v.e.IBV_WC_RECV:
-                    imm = wc.imm_data
-                    self.rq_owed[qi] += 1
-                    if self.rq_owed[qi] >= self.rq_batch:
-                        self._post_recvs(self.qp_list[qi], self.rq_owed[qi], p)
-                        self.rq_owed[qi] = 0
-                    if imm & CREDIT_FLAG:
-                        if imm & DESC_FLAG:
-                            self.desc_landed[p] += 1
-                        else:
-                            self.credits[p] += imm & ~CREDIT_FLAG
+            self._completed(wcs)
+
+    def _completed(self, wcs) -> None:
+        """Act on polled work completions: receives post their replacements in
+        batches and land chunks, credits and descriptors; sends free their slots."""
+        for wc in wcs:
+            qi = self.qp_index.get(wc.qp_num)
+            if wc.status != v.e.IBV_WC_SUCCESS:
+                p = self.qp_peer[qi] if qi is not None else wc.wr_id & 0xFFFFFFFF
+                raise CollectiveError(
+                    f"rank {self.rank}: work completion with status {wc.status} on the "
+                    f"connection to rank {p} (opcode {wc.opcode}); the peer is probably "
+                    f"gone")
+            p = self.qp_peer[qi]
+            if wc.opcode & v.e.IBV_WC_RECV:
+                imm = wc.imm_data
+                self.rq_owed[qi] += 1
+                if self.rq_owed[qi] >= self.rq_batch:
+                    self._post_recvs(self.qp_list[qi], self.rq_owed[qi], p)
+                    self.rq_owed[qi] = 0
+                if imm & CREDIT_FLAG:
+                    if imm & DESC_FLAG:
+                        self.desc_landed[p] += 1
                     else:
-                        self.credits[p] += imm >> PIGGY_SHIFT
-                        c = self.consumed[p]
-                        seq = c + (((imm & SEQ_MASK) - c) & SEQ_MASK)
-                        slot = seq % self.slots
-                        if seq - c >= self.slots or self.landed[p][slot]:
-                            raise CollectiveError(
-                                f"rank {self.rank}: chunk {imm & SEQ_MASK} from rank {p} "
-                                f"outside the "
-                                f"window (next expected {c & SEQ_MASK}, {self.slots} slots)")
-                        self.landed[p][slot] = 1
+                        self.credits[p] += imm & ~CREDIT_FLAG
                 else:
-                    self.sq_out[qi] -= 1
-                    if wc.wr_id & _ZC:
-                        self.zc_out -= 1
+                    self.credits[p] += imm >> PIGGY_SHIFT
+                    c = self.consumed[p]
+                    seq = c + (((imm & SEQ_MASK) - c) & SEQ_MASK)
+                    slot = seq % self.slots
+                    if seq - c >= self.slots or self.landed[p][slot]:
+                        raise CollectiveError(
+                            f"rank {self.rank}: chunk {imm & SEQ_MASK} from rank {p} "
+                            f"outside the "
+                            f"window (next expected {c & SEQ_MASK}, {self.slots} slots)")
+                    self.landed[p][slot] = 1
+            else:
+                self.sq_out[qi] -= 1
+                if wc.wr_id & _ZC:
+                    self.zc_out -= 1
