@@ -168,13 +168,15 @@ class Port:
                  "int_telemetry", "rng", "ctrl", "data", "qbytes", "busy_until", "pending",
                  "paused", "paused_since", "pause_time", "tx_bytes", "sent", "max_qlen",
                  "counters", "tx_by_src", "samples", "_sample", "_next_sample", "_interval",
-                 "_bit", "lossless", "held", "xoff_sent", "xoff", "xon", "room")
+                 "_bit", "lossless", "held", "xoff_sent", "xoff", "xon", "room", "heap", "seq")
 
     def __init__(self, net: "LeafSpine", name: str, rate_bps: float, delay: float, peer,
                  *, buffer_bytes: int | None, red=None, int_telemetry: bool = False,
                  sample: bool = True, rng: random.Random | None = None,
                  track_src: bool = False) -> None:
         self.net = net
+        self.heap = net.heap          # the fabric's event heap and sequence numbers: read
+        self.seq = net.next_seq       # per packet, so one attribute away, not two
         self.name = name
         self.rate_bps = float(rate_bps)
         self._bit = 8 / self.rate_bps
@@ -252,7 +254,7 @@ class Port:
             self._start(now)
         else:
             self.pending = True
-            heappush(self.net.heap, (self.busy_until, self.net.next_seq(), self, _TXDONE, None))
+            heappush(self.heap, (self.busy_until, self.seq(), self, _TXDONE, None))
 
     def enqueue(self, pkt: _Pkt, now: float) -> bool:
         """Queue ``pkt``; False if it was dropped."""
@@ -285,8 +287,7 @@ class Port:
                 self._start(now)
             else:
                 self.pending = True
-                net = self.net
-                heappush(net.heap, (busy, net.next_seq(), self, _TXDONE, None))
+                heappush(self.heap, (busy, self.seq(), self, _TXDONE, None))
         return True
 
     def _start(self, now: float) -> None:
@@ -309,20 +310,19 @@ class Port:
             src = pkt.src
             by_src[src] = by_src.get(src, 0) + size
         up = pkt.ingress
-        net = self.net
         if up is not None:                # leaves the switch's buffer: PFC accounting
             pkt.ingress = None
             held = up.held = up.held - size
             if up.xoff_sent and held <= up.xon:
                 up.xoff_sent = False
-                net.signal(up, _RESUME, now)
+                self.net.signal(up, _RESUME, now)
         if self.int_telemetry and not pkt.ctrl:
             d = pkt.data
             if type(d) is not Datagram or d.echo is None:
                 hop = Hop(int(self.qbytes), self.tx_bytes, end, self.rate_bps)
                 pkt.data = (d.with_(hops=(d.hops or ()) + (hop,)) if type(d) is Datagram
                             else Datagram(d, hops=(hop,)))
-        heap, seq = net.heap, net.next_seq
+        heap, seq = self.heap, self.seq
         if ctrl or (self.data and not self.paused):
             self.pending = True
             heappush(heap, (end, seq(), self, _TXDONE, None))
