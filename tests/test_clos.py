@@ -121,6 +121,29 @@ def test_the_entropy_is_the_qps_udp_source_port():
     assert 0xC000 <= qp_udp_sport(ea.qp) <= 0xFFFF
 
 
+def test_the_entropy_index_answers_as_the_walk_over_the_qps():
+    # the fabric keeps an index of each device's QPs for the UDP source port of a new
+    # flow; it must answer as a walk over the QPs does, through QPs connected after it
+    # was filled, a QP destroyed, and a datagram of no known QP
+    from softnic.core.entropy import qp_udp_sport, udp_sport
+    from softnic.transport.clos import _udp_sport
+    f, net, devs = _fabric()
+    index: dict = {}
+    ea, eb = connect(devs[0], devs[4], mtu=4096)
+    assert _udp_sport(devs[0], devs[4].address, eb.qp.qpn, index) == qp_udp_sport(ea.qp)
+    assert len(index) == 1
+    later = [connect(devs[0], devs[d], mtu=4096) for d in (5, 6, 5)]
+    for a, b in later:          # each a miss first: the index is filled again
+        want = qp_udp_sport(a.qp)
+        assert _udp_sport(devs[0], b.dev.address, b.qp.qpn, index) == want
+        assert _udp_sport(devs[0], b.dev.address, b.qp.qpn) == want
+    assert len(index) == 4
+    a, b = later[0]
+    devs[0].destroy_qp(a.qp)
+    assert _udp_sport(devs[0], b.dev.address, b.qp.qpn, index) == udp_sport(0, 0, b.qp.qpn)
+    assert _udp_sport(devs[0], devs[4].address, 0xABCDE, index) == udp_sport(0, 0, 0xABCDE)
+
+
 def test_spray_uses_every_spine_for_one_flow():
     f, net, devs = _fabric(spines=4, routing="spray")
     _writes(f, devs, [(0, 4)], nbytes=256 << 10)

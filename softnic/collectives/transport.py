@@ -137,10 +137,13 @@ def _u8_view(addr: int, length: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(addr))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1 << 16)
 def _record(raw: bytes) -> dict:
     """A peer's connection record, decoded (read, never changed: every rank of a
-    process reading the same record - a virtual cluster's - shares one decode)."""
+    process reading the same record - a virtual cluster's - shares one decode).
+    Each rank reads the records in rank order, so a cache smaller than the ranks
+    of a job would miss on every read (least recently used goes first): this one
+    holds 65 536."""
     return json.loads(raw)
 
 
@@ -162,11 +165,12 @@ class _Stream:
     awaited, then ``(addr, rkey)`` where it lands in the receiver's own memory or
     False for its ring; for a receive, whether it lands in ``segs`` itself (None:
     no segment does)."""
-    __slots__ = ("peer", "segs", "ops", "dtypes", "nch", "csz", "i", "k", "off", "gate",
-                 "lkeys", "end", "direct")
+    __slots__ = ("peer", "segs", "nseg", "ops", "dtypes", "nch", "csz", "i", "k", "off",
+                 "gate", "lkeys", "end", "direct")
 
     def __init__(self, peer, segs, csize, ops=None, dtypes=None, gate=None, lkeys=None):
         self.peer, self.segs = peer, segs
+        self.nseg = len(segs)       # done when ``i`` reaches it
         self.ops, self.dtypes = ops, dtypes
         self.csz = [csize(len(x)) for x in segs]
         self.nch = [max(1, -(-len(x) // c)) for x, c in zip(segs, self.csz)]
@@ -177,7 +181,7 @@ class _Stream:
         self.direct = None
 
     def done(self) -> bool:
-        return self.i >= len(self.segs)
+        return self.i >= self.nseg
 
     def advance(self, n: int) -> None:
         self.k += 1
@@ -696,41 +700,49 @@ class Transport:
                 self._describe(st)
         nqp = self.nqp
         idle_return = self.idle_credits or self.admit is not None
+        # once per completion a rank reacts to: the flow state in locals (each of these
+        # is the rank's one dict or list for it, changed in place)
+        credits, first_qp, send_seq, sq_out = self.credits, self.first_qp, self.send_seq, \
+            self.sq_out
+        landed, consumed, owed, slots = self.landed, self.consumed, self.owed, self.slots
+        send_max, credit_max, batch = self.sq_depth - 1, self.sq_depth, self.credit_batch
+        post_chunk, consume, poll = self._post_chunk, self._consume, self._poll
         while ss or rs or self.zc_out:
             moved = False
             for st in ss:
                 p = st.peer
-                first = self.first_qp[p]
-                while not st.done() and self.credits[p] and \
-                        (st.gate is None or st.gate(st.i, st.k)):
-                    qi = first + self.send_seq[p] % nqp
-                    if self.sq_out[qi] >= self.sq_depth - 1:
+                first = first_qp[p]
+                gate = st.gate
+                while st.i < st.nseg and credits[p] and (gate is None or gate(st.i, st.k)):
+                    qi = first + send_seq[p] % nqp
+                    if sq_out[qi] >= send_max:
                         break
                     if st.k == 0 and st.direct is not None and st.direct[st.i] is None \
                             and not self._take_desc(st):
                         break               # a large message waits for where it goes
-                    self._post_chunk(st, qi)
+                    post_chunk(st, qi)
                     moved = True
-            moved |= self._poll()
+            if poll():
+                moved = True
             for st in rs:
                 p = st.peer
-                landed = self.landed[p]
-                while not st.done() and landed[self.consumed[p] % self.slots]:
-                    self._consume(st)
+                ring = landed[p]
+                while st.i < st.nseg and ring[consumed[p] % slots]:
+                    consume(st)
                     moved = True
             if moved:
-                ss = [st for st in ss if not st.done()]
+                ss = [st for st in ss if st.i < st.nseg]
                 live = len(rs)
-                rs = [st for st in rs if not st.done()]
+                rs = [st for st in rs if st.i < st.nseg]
                 if waiting and len(rs) < live:
                     waiting = self._admit_more(waiting, sum(st.end is not None for st in rs))
             # credits go back in batches: a sender with none left has every slot in
             # flight or owed, and consuming what is in flight makes up a batch here.
             # Under admission the grants of a message may stay below a batch, and
             # with ``idle_credits`` they go as soon as this rank has nothing else to do.
-            for p, n in self.owed.items():
-                if n and (n >= self.credit_batch or (idle_return and not moved)) and \
-                        self.sq_out[self.first_qp[p]] < self.sq_depth:
+            for p, n in owed.items():
+                if n and (n >= batch or (idle_return and not moved)) and \
+                        sq_out[first_qp[p]] < credit_max:
                     self._post_credit(p, n)
             if moved:
                 self._progressed()
@@ -972,44 +984,50 @@ class Transport:
             self._grant(st)
 
     def _poll(self) -> bool:
+        """Take every completion the CQ holds; True if there was any."""
         moved = False
         while True:
             n, wcs = self.cq.poll(32)
             if not n:
                 return moved
             moved = True
-            for wc in wcs:
-                qi = self.qp_index.get(wc.qp_num)
-                if wc.status != v.e.IBV_WC_SUCCESS:
-                    p = self.qp_peer[qi] if qi is not None else wc.wr_id & 0xFFFFFFFF
-                    raise CollectiveError(
-                        f"rank {self.rank}: work completion with status {wc.status} on the "
-                        f"connection to rank {p} (opcode {wc.opcode}); the peer is probably "
-                        f"gone")
-                p = self.qp_peer[qi]
-                if wc.opcode & v.e.IBV_WC_RECV:
-                    imm = wc.imm_data
-                    self.rq_owed[qi] += 1
-                    if self.rq_owed[qi] >= self.rq_batch:
-                        self._post_recvs(self.qp_list[qi], self.rq_owed[qi], p)
-                        self.rq_owed[qi] = 0
-                    if imm & CREDIT_FLAG:
-                        if imm & DESC_FLAG:
-                            self.desc_landed[p] += 1
-                        else:
-                            self.credits[p] += imm & ~CREDIT_FLAG
+            self._completed(wcs)
+
+    def _completed(self, wcs) -> None:
+        """Act on polled work completions: receives post their replacements in
+        batches and land chunks, credits and descriptors; sends free their slots."""
+        for wc in wcs:
+            qi = self.qp_index.get(wc.qp_num)
+            if wc.status != v.e.IBV_WC_SUCCESS:
+                p = self.qp_peer[qi] if qi is not None else wc.wr_id & 0xFFFFFFFF
+                raise CollectiveError(
+                    f"rank {self.rank}: work completion with status {wc.status} on the "
+                    f"connection to rank {p} (opcode {wc.opcode}); the peer is probably "
+                    f"gone")
+            p = self.qp_peer[qi]
+            if wc.opcode & v.e.IBV_WC_RECV:
+                imm = wc.imm_data
+                self.rq_owed[qi] += 1
+                if self.rq_owed[qi] >= self.rq_batch:
+                    self._post_recvs(self.qp_list[qi], self.rq_owed[qi], p)
+                    self.rq_owed[qi] = 0
+                if imm & CREDIT_FLAG:
+                    if imm & DESC_FLAG:
+                        self.desc_landed[p] += 1
                     else:
-                        self.credits[p] += imm >> PIGGY_SHIFT
-                        c = self.consumed[p]
-                        seq = c + (((imm & SEQ_MASK) - c) & SEQ_MASK)
-                        slot = seq % self.slots
-                        if seq - c >= self.slots or self.landed[p][slot]:
-                            raise CollectiveError(
-                                f"rank {self.rank}: chunk {imm & SEQ_MASK} from rank {p} "
-                                f"outside the "
-                                f"window (next expected {c & SEQ_MASK}, {self.slots} slots)")
-                        self.landed[p][slot] = 1
+                        self.credits[p] += imm & ~CREDIT_FLAG
                 else:
-                    self.sq_out[qi] -= 1
-                    if wc.wr_id & _ZC:
-                        self.zc_out -= 1
+                    self.credits[p] += imm >> PIGGY_SHIFT
+                    c = self.consumed[p]
+                    seq = c + (((imm & SEQ_MASK) - c) & SEQ_MASK)
+                    slot = seq % self.slots
+                    if seq - c >= self.slots or self.landed[p][slot]:
+                        raise CollectiveError(
+                            f"rank {self.rank}: chunk {imm & SEQ_MASK} from rank {p} "
+                            f"outside the "
+                            f"window (next expected {c & SEQ_MASK}, {self.slots} slots)")
+                    self.landed[p][slot] = 1
+            else:
+                self.sq_out[qi] -= 1
+                if wc.wr_id & _ZC:
+                    self.zc_out -= 1

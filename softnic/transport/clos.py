@@ -168,13 +168,15 @@ class Port:
                  "int_telemetry", "rng", "ctrl", "data", "qbytes", "busy_until", "pending",
                  "paused", "paused_since", "pause_time", "tx_bytes", "sent", "max_qlen",
                  "counters", "tx_by_src", "samples", "_sample", "_next_sample", "_interval",
-                 "_bit", "lossless", "held", "xoff_sent", "xoff", "xon", "room")
+                 "_bit", "lossless", "held", "xoff_sent", "xoff", "xon", "room", "heap", "seq")
 
     def __init__(self, net: "LeafSpine", name: str, rate_bps: float, delay: float, peer,
                  *, buffer_bytes: int | None, red=None, int_telemetry: bool = False,
                  sample: bool = True, rng: random.Random | None = None,
                  track_src: bool = False) -> None:
         self.net = net
+        self.heap = net.heap          # the fabric's event heap and sequence numbers: read
+        self.seq = net.next_seq       # per packet, so one attribute away, not two
         self.name = name
         self.rate_bps = float(rate_bps)
         self._bit = 8 / self.rate_bps
@@ -252,7 +254,7 @@ class Port:
             self._start(now)
         else:
             self.pending = True
-            heappush(self.net.heap, (self.busy_until, self.net.next_seq(), self, _TXDONE, None))
+            heappush(self.heap, (self.busy_until, self.seq(), self, _TXDONE, None))
 
     def enqueue(self, pkt: _Pkt, now: float) -> bool:
         """Queue ``pkt``; False if it was dropped."""
@@ -285,8 +287,7 @@ class Port:
                 self._start(now)
             else:
                 self.pending = True
-                net = self.net
-                heappush(net.heap, (busy, net.next_seq(), self, _TXDONE, None))
+                heappush(self.heap, (busy, self.seq(), self, _TXDONE, None))
         return True
 
     def _start(self, now: float) -> None:
@@ -309,20 +310,19 @@ class Port:
             src = pkt.src
             by_src[src] = by_src.get(src, 0) + size
         up = pkt.ingress
-        net = self.net
         if up is not None:                # leaves the switch's buffer: PFC accounting
             pkt.ingress = None
             held = up.held = up.held - size
             if up.xoff_sent and held <= up.xon:
                 up.xoff_sent = False
-                net.signal(up, _RESUME, now)
+                self.net.signal(up, _RESUME, now)
         if self.int_telemetry and not pkt.ctrl:
             d = pkt.data
             if type(d) is not Datagram or d.echo is None:
                 hop = Hop(int(self.qbytes), self.tx_bytes, end, self.rate_bps)
                 pkt.data = (d.with_(hops=(d.hops or ()) + (hop,)) if type(d) is Datagram
                             else Datagram(d, hops=(hop,)))
-        heap, seq = net.heap, net.next_seq
+        heap, seq = self.heap, self.seq
         if ctrl or (self.data and not self.paused):
             self.pending = True
             heappush(heap, (end, seq(), self, _TXDONE, None))
@@ -408,16 +408,36 @@ class SwitchNode:
         return (((key ^ self.salt) * 0x9E3779B1) & 0xFFFFFFFF) * n >> 32
 
 
-def _udp_sport(device, dst, dqpn: int) -> int:
+def _udp_sport(device, dst, dqpn: int, index: dict | None = None) -> int:
     """The RoCEv2 UDP source port a NIC would send this datagram from: that of
     the sending QP (``softnic.core.entropy``, the kernel's rule from its flow
     label or its two QP numbers), found on ``device`` by its destination QPN
-    and address; for a datagram of no known QP, the rule with only ``dqpn``."""
-    for qp in getattr(device, "qps", {}).values():
-        attr = getattr(qp, "attr", None)
-        if attr is not None and attr.dest_qp_num == dqpn and tuple(qp.dest or ()) == dst:
-            return qp_udp_sport(qp)
-    return udp_sport(0, 0, dqpn)
+    and address; for a datagram of no known QP, the rule with only ``dqpn``.
+
+    ``index``, a dict the caller keeps for ``device``, maps (destination,
+    destination QPN) to the first QP of the device with them; a lookup it cannot
+    answer (a QP connected since) walks the device's QPs once and fills it, so a
+    device with many QPs is walked once per batch of new connections, not once
+    per new flow (an alltoall's first packets: the square of the hosts)."""
+    qp = None if index is None else index.get((dst, dqpn))
+    if qp is not None and device.qps.get(qp.qpn) is qp and qp.attr.dest_qp_num == dqpn \
+            and tuple(qp.dest or ()) == dst:
+        return qp_udp_sport(qp)
+    qp = None
+    if index is not None:
+        index.clear()
+    for q in getattr(device, "qps", {}).values():
+        attr = getattr(q, "attr", None)
+        if attr is None:
+            continue
+        k = (tuple(q.dest or ()), attr.dest_qp_num)
+        if qp is None and k == (dst, dqpn):
+            qp = q
+            if index is None:
+                break
+        if index is not None:
+            index.setdefault(k, q)
+    return qp_udp_sport(qp) if qp is not None else udp_sport(0, 0, dqpn)
 
 
 class LeafSpine:
@@ -430,6 +450,7 @@ class LeafSpine:
         self.heap = fabric._heap
         self.next_seq = fabric._next_seq
         self.hash_cache: dict = {}
+        self.qp_index: dict = {}      # device -> its ``_udp_sport`` index
         self.lossless = cfg.pfc is not None
         self.leaf_of: dict = {}
         self.nic: dict = {}           # host address -> its NIC's egress Port
@@ -480,7 +501,11 @@ class LeafSpine:
         fk = (src, dst, data[5:8])
         key = self.hash_cache.get(fk)
         if key is None:
-            sport = _udp_sport(src_port.device, dst, int.from_bytes(fk[2], "big"))
+            device = src_port.device
+            index = self.qp_index.get(device)
+            if index is None:
+                index = self.qp_index[device] = {}
+            sport = _udp_sport(device, dst, int.from_bytes(fk[2], "big"), index)
             key = self.hash_cache[fk] = zlib.crc32(
                 f"{src[0]}|{dst[0]}|{sport}|{ROCEV2_PORT}|17".encode())
         pkt = _Pkt(data, src, dst, key, len(data) > 0 and data[0] in _CONTROL,
