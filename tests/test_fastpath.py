@@ -409,7 +409,8 @@ def test_routes_cover_every_opcode_and_send_each_to_its_side():
             assert route.common is responder.receive_common, info.name
         elif op == O.RC_ACKNOWLEDGE:
             assert route.common is completer.receive_common
-        elif op in (O.RC_RDMA_READ_RESPONSE_ONLY, O.RC_ATOMIC_ACKNOWLEDGE):
+        elif op in (O.RC_RDMA_READ_RESPONSE_ONLY, O.RC_RDMA_READ_RESPONSE_FIRST,
+                    O.RC_RDMA_READ_RESPONSE_LAST, O.RC_ATOMIC_ACKNOWLEDGE):
             assert route.common is completer.receive_answer_common
         else:
             assert route.common is None, info.name
@@ -434,3 +435,57 @@ def test_a_paced_requester_stops_early_only_where_nothing_changes(s, cc, rate, m
     net = dict(cc=cc, rates=(rate, rate), kmin=0 if marks else 10**9,
                kspan=1_000, pmax=1.0, buffer=None, int_telemetry=False, window=window)
     _same_either_way(dict(s, gaps=gaps, net=net))
+
+
+def test_a_long_reads_request_and_its_first_and_last_take_the_fast_paths(monkeypatch):
+    """A READ of three responses: its request packed straight (one packet for all
+    its PSNs), its RESPONSE FIRST and LAST taken by ``receive_answer_common``, the
+    data in place and the completion right."""
+    taken: dict = {}
+    _count_common(monkeypatch, taken)
+    packed = []
+    real_pack = requester._pack_only
+    monkeypatch.setattr(requester, "_pack_only", lambda *a: packed.append(1) or real_pack(*a))
+    a, b, ea, eb = _pair()
+    eb.buf.view[100:3100] = bytes(range(250)) * 12
+    a.post_send(ea.qp, SendWR(7, W.RDMA_READ, [ea.sge(0, 3000)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr + 100, rkey=eb.mr.rkey))
+    assert _deliver(a, b) == 1 and packed == [1]
+    assert _deliver(b, a) == 3
+    assert taken == {"RC_RDMA_READ_REQUEST": 1, "RC_RDMA_READ_RESPONSE_FIRST": 1,
+                     "RC_RDMA_READ_RESPONSE_LAST": 1}
+    assert bytes(ea.buf.view[0:3000]) == bytes(eb.buf.view[100:3100])
+    [wc] = a.poll_cq(ea.send_cq, 4)
+    assert (wc.wr_id, wc.status, wc.opcode, wc.byte_len) == (7, WCStatus.SUCCESS,
+                                                             WCOpcode.RDMA_READ, 3000)
+
+
+def test_a_reads_responses_out_of_order_go_the_general_way_with_the_same_result(monkeypatch):
+    """The READ's LAST before its FIRST: the first branch declines it (not the next
+    PSN to be acknowledged), and the general path finds the gap and issues the
+    READ again from its first response; the FIRST that follows is in order and
+    taken by the first branch.  Either way, the same packets, counters,
+    completions and memory."""
+    got = []
+    for fast in (True, False):
+        taken: dict = {}
+        with monkeypatch.context() as m:
+            _count_common(m, taken)
+            a, b, ea, eb = _pair(fast_path=fast)
+            eb.buf.view[0:3000] = bytes(range(200)) * 15
+            a.post_send(ea.qp, SendWR(7, W.RDMA_READ, [ea.sge(0, 3000)], SendFlags.SIGNALED,
+                                      remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+            assert _deliver(a, b) == 1
+            first, middle, last = (d for d, _ in b.datagrams_to_send(0.0))
+            for d in (last, first, middle):
+                a.receive_datagram(d, b.address, 0.0)
+            # the READ issued again: its BTH and RETH length (its address and key are
+            # this pair's own)
+            again = [(bytes(d[:12]), bytes(d[24:28]), len(d)) for d, _ in a.datagrams_to_send(0.0)]
+            got.append((again, dict(a.counters), a.poll_cq(ea.send_cq, 4),
+                        bytes(ea.buf.view[0:3000])))
+        if fast:
+            assert taken.get("RC_RDMA_READ_RESPONSE_LAST") == 0
+            assert taken.get("RC_RDMA_READ_RESPONSE_FIRST") == 1
+    assert got[0][1]["completer_retry_err"] == 1 and len(got[0][0]) == 1
+    assert got[0] == got[1]

@@ -725,17 +725,19 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     return True
 
 
-#: the opcodes of the answers ``receive_answer_common`` takes
-_ANSWER_OPCODES = {int(O.RC_RDMA_READ_RESPONSE_ONLY): OPCODES[O.RC_RDMA_READ_RESPONSE_ONLY],
-                   int(O.RC_ATOMIC_ACKNOWLEDGE): OPCODES[O.RC_ATOMIC_ACKNOWLEDGE]}
+#: the opcodes of the answers ``receive_answer_common`` takes: every response with an
+#: AETH that a READ or an ATOMIC gets (a READ's MIDDLEs carry none: ``receive_middles``)
+_ANSWER_OPCODES = {int(op): OPCODES[op] for op in (
+    O.RC_RDMA_READ_RESPONSE_ONLY, O.RC_RDMA_READ_RESPONSE_FIRST, O.RC_RDMA_READ_RESPONSE_LAST,
+    O.RC_ATOMIC_ACKNOWLEDGE)}
 _ATOMIC_ACK_LEN = OPCODES[O.RC_ATOMIC_ACKNOWLEDGE].hdr_len + ICRC_LEN
 _Q = struct.Struct("!Q")
 _AETH_END = BTH_LEN + AETH_LEN          # where a response's payload or AtomicAckETH starts
 
 
 class Response(NamedTuple):
-    """A one-packet answer taken from its bytes by ``receive_answer_common``: what
-    the response handlers (``_read_response``, ``_atomic_ack``) read of it, by a
+    """An answer taken from its bytes by ``receive_answer_common``: what the
+    response handlers (``_read_response``, ``_atomic_ack``) read of it, by a
     decoded ``Packet``'s names."""
     info: OpInfo
     payload: memoryview | bytes
@@ -743,13 +745,15 @@ class Response(NamedTuple):
 
 
 def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:
-    """A READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE answering the oldest outstanding
-    WQE (a READ, an ATOMIC, an ATOMIC WRITE or a FLUSH of one packet, its PSN the
-    next to be acknowledged), from its bytes, under the ACK's conditions above:
-    ``receive``'s checks then all pass, ``_ack_before`` has nothing to do and
-    ``_find`` names that WQE; its kind's handler (``_RESPONSES``) then applies the
-    rules (opcode, length, placement, completion) and ``_progress`` follows, as
-    ``receive`` does.  Anything else: False, nothing changed."""
+    """A READ RESPONSE (ONLY, FIRST or LAST) or an ATOMIC ACKNOWLEDGE answering the
+    oldest outstanding WQE (a READ, an ATOMIC, an ATOMIC WRITE or a FLUSH) at the
+    next PSN to be acknowledged, from its bytes, under the ACK's conditions above:
+    the PSN inside that WQE's range and below the next PSN to send, so
+    ``receive``'s stale check passes, ``_ack_before`` has nothing to do (every PSN
+    before it is acknowledged) and ``_find`` names that WQE; its kind's handler
+    (``_RESPONSES``) then applies the rules (the opcode's place, length,
+    placement, completion) and ``_progress`` follows, as ``receive`` does.
+    Anything else: False, nothing changed."""
     n = len(data)
     if n < _ACK_LEN or telemetry is not None:
         return False
@@ -760,7 +764,13 @@ def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=No
     w = qp.sq[0]
     psn = w3 & PSN_MASK
     before = qp.comp.acked_psn
-    if w.done or not w.rd_atomic or w.first_psn != psn or psn != (before + 1) & PSN_MASK:
+    first = w.first_psn
+    if w.done or not w.rd_atomic or first is None or psn != (before + 1) & PSN_MASK:
+        return False
+    # psn_diff(psn, first_psn) >= 0, psn_diff(psn, last_psn) <= 0 and
+    # psn_diff(psn, req.psn) < 0 (sent, not rewound past), inline
+    if (psn - first) & PSN_HALF or (psn - w.last_psn - 1) & PSN_MASK < PSN_HALF - 1 \
+            or not (psn - qp.req.psn) & PSN_HALF:
         return False
     info = _ANSWER_OPCODES[opcode]
     if info.atomicacketh:

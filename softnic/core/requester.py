@@ -154,12 +154,14 @@ def gather(wqe, off: int, n: int):
 def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> bytearray:
     """Request packet number ``idx`` of ``wqe`` (for a READ re-issued from
     response ``idx``: ``count`` responses, or all the rest): an RC request of one
-    packet packed straight (``_pack_only``), an RC MIDDLE (a whole MTU), any other
-    by ``_build_rc``; an XRC initiator's as XRC's."""
+    packet packed straight (``_pack_only``; a READ of all its responses is one
+    packet however many PSNs it spans), an RC MIDDLE (a whole MTU), any other by
+    ``_build_rc``; an XRC initiator's as XRC's."""
     npkts = wqe.npkts
     if qp.qp_type is not _RC:
         pkt = _build_rc(dev, qp, wqe, idx, ackreq, count)
-    elif npkts == 1 and dev._fast and wqe.opcode in _ONLY:
+    elif dev._fast and (npkts == 1 and wqe.opcode in _ONLY
+                        or idx == 0 and count is None and wqe.opcode is W.RDMA_READ):
         pkt = _pack_only(qp, wqe, wqe.first_psn, qp.attr.dest_qp_num)
     elif 0 < idx < npkts - 1 and wqe.opcode in _MIDDLE:
         mtu = qp.mtu            # a whole MTU in a MIDDLE packet: the bulk of a long message

@@ -1110,7 +1110,7 @@ class NIC(SharedDevice):
                     except BlockingIOError:
                         pass
                 now = time.monotonic()
-                self._step(now)
+                self._step(now, ready=r == 1)        # (1: sn_wait saw a datagram waiting)
                 if PROGRESS_NICE and self._raised is not None:
                     # lease[0]: the latest poll or streamed post (ahead: a thread
                     # asleep on the socket); 0 after end_lease
