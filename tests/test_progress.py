@@ -94,6 +94,37 @@ def test_sn_wait_leaves_a_datagram_to_a_caller_holding_the_lease(wait_env):
     assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS, NS // 100) == 3
 
 
+def test_sn_wait_spin_looks_without_sleeping_then_sleeps(wait_env):
+    """``sn_wait_spin``: the same answers as ``sn_wait``; for ``spin_ns`` from the
+    call it looks at the socket and the bell without sleeping (the thread's own
+    CPU time shows it), never past the timeout, and not while a caller holds the
+    lease (the datagram is the caller's, as for ``sn_wait``)."""
+    k, a, b, bell, lease = wait_env
+    spin = lambda timeout, s: k.lib.sn_wait_spin(b.fileno(), bell, int(timeout * NS),  # noqa
+                                                 lease, 100_000, 100_000, int(s * NS))
+    t, c = time.monotonic(), time.thread_time()
+    assert spin(0.2, 0.1) == 0                        # spun 0.1 s, then slept to the timeout
+    spun = time.thread_time() - c
+    assert time.monotonic() - t >= 0.2 and spun >= 0.02
+    c = time.thread_time()
+    assert spin(0.1, 0) == 0                          # no spin: asleep throughout
+    assert time.thread_time() - c < spun / 2
+    t = time.monotonic()
+    assert spin(0.05, 10) == 0 and time.monotonic() - t < 5    # the timeout ends a spin
+    threading.Timer(0.02, lambda: a.sendto(b"x", b.getsockname())).start()
+    assert spin(5, 1) == 1                            # a datagram lands while it spins
+    b.recv(16)
+    threading.Timer(0.02, lambda: os.eventfd_write(bell, 1)).start()
+    assert spin(5, 1) == 2                            # the bell rings while it spins
+    os.eventfd_read(bell)
+    a.sendto(b"x", b.getsockname())
+    lease[0] = time.monotonic_ns()
+    c = time.thread_time()
+    assert k.lib.sn_wait_spin(b.fileno(), bell, NS // 20, lease, 10 * NS, 10 * NS, NS) == 0
+    assert time.thread_time() - c < 0.02              # a caller's lease: it sleeps, no spin
+    b.recv(16)
+
+
 def _nics(n=2):
     cfg = RuntimeConfig(min_timer=2e-3)
     return [NIC(DeviceSpec(f"p{i}", None, 0), cfg) for i in range(n)]
@@ -665,6 +696,49 @@ def test_the_thread_is_raised_only_while_the_program_drives_the_device(monkeypat
         assert b.counters["progress_nice_changes"] == 2
         b.end_lease(answering=True)                            # b spins on memory
         assert nice() == -10 and b.counters["progress_nice_changes"] == 3
+    finally:
+        a.close()
+        b.close()
+
+
+def _reads(a, ea, eb, n):
+    """``n`` 8-byte READs from a, one at a time.  a's program drives its device (it
+    polls once after each post) but then sleeps between looks at its CQ, so a's
+    thread takes the responses."""
+    for i in range(n):
+        a.call(a.dev.post_send, ea.qp, SendWR(i, W.RDMA_READ, [ea.sge(0, 8)], SendFlags.SIGNALED,
+                                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+        a.poll()
+        got = []
+        end = time.monotonic() + 10
+        while not got:
+            assert time.monotonic() < end, "no completion"
+            time.sleep(0.0005)
+            got = a.call(a.dev.poll_cq, ea.send_cq, 4)
+        assert got[0].status == 0
+
+
+@pytest.mark.parametrize("spin", [0.05, 0.0], ids=["spin", "no-spin"])
+def test_the_passive_side_of_reads_spins_the_side_that_polls_does_not(spin, monkeypatch):
+    """b's program never calls softnic: its thread answers each READ, and after a
+    step that took a packet or two it spins (``PROGRESS_SPIN``) rather than sleep,
+    so the next READ finds it spinning.  a's thread takes each response, but a's
+    program drives its device (it polled within ``PROGRESS_NICE_HOLD``), so a's
+    thread sleeps, never spinning beside it.  With the spin off, b's thread finds
+    nothing while spinning."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "PROGRESS_SPIN", spin)
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        _reads(a, ea, eb, 40)
+        found = b.counters["progress_spin_datagram"]
+        if spin:
+            assert found >= 20, b.counters
+        else:
+            assert found == 0
+        assert a.counters["progress_wake_datagram"] >= 20, a.counters   # a's thread took them
+        assert a.counters["progress_spin_datagram"] == 0
     finally:
         a.close()
         b.close()

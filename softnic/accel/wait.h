@@ -1,3 +1,7 @@
 /* The progress thread's sleep (wait.c): the one part of the module that does I/O. */
 int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
             int64_t hold_ns);
+/* sn_wait, but watching the socket and the bell without sleeping for spin_ns
+   first where it would sleep on both (no caller's lease) */
+int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
+                 int64_t hold_ns, int64_t spin_ns);

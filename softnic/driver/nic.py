@@ -10,7 +10,10 @@ and a progress thread.  Progress happens in two ways, as the design asks:
   closes); then it feeds the engine and sends what it produced, so one-sided
   operations land while the target program does nothing.  It sleeps without
   the interpreter lock (``softnic.accel``'s ``sn_wait``) and takes it only when
-  there is work no other thread will do: never a timed nap;
+  there is work no other thread will do: never a timed nap.  On the passive side
+  (no program polls), after a datagram of a packet or two it first looks without
+  sleeping for ``PROGRESS_SPIN`` (``sn_wait_spin``), so a peer's next request
+  finds it awake;
 * every API call that may be spun on (``poll``, ``wait_until``) drives the same
   step inline, so a program that busy-polls its CQ never waits for the GIL to
   hand the thread a turn.  Such a caller holds a *lease* (a timestamp the
@@ -94,6 +97,17 @@ PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
 #: datagram), taking one message per wake-up and sending each ACK alone
 #: (docs/performance.md, "Many QPs").
 PROGRESS_NICE_HOLD = 1.0
+#: How long the progress thread looks at its socket and bell without sleeping
+#: after a datagram woke it while the program does not drive the device (as
+#: ``PROGRESS_NICE_HOLD`` says; ``sn_wait_spin``), as a driver busy-polls its NIC
+#: after traffic: the passive side of a READ, an ATOMIC or one-sided traffic
+#: takes the next request without a sleeping thread's wake-up, which the
+#: requester pays inside its sendmsg (docs/performance.md, "Busy poll"). It never
+#: spins beside a program that polls its own CQ, nor after a step that took more
+#: than ``PROGRESS_SPIN_PKTS`` packets (a stream: sleeping lets the next burst
+#: gather, to be taken and acknowledged in one step).  0: never.
+PROGRESS_SPIN = env.number("SOFTNIC_PROGRESS_SPIN_US", 200.0, float) * 1e-6
+PROGRESS_SPIN_PKTS = 2
 #: Send a long message's packets gathered from registered memory (the payload
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
@@ -394,6 +408,7 @@ class NIC(SharedDevice):
         self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleep_until = -_NEVER
         self._wakes = [0, 0, 0, 0]
+        self._spin_found = 0            # datagrams the thread found while it spun
         # PROGRESS_NICE while the program drives the device (PROGRESS_NICE_HOLD);
         # None: the process may not raise the thread's priority
         self._raised: bool | None = False
@@ -695,6 +710,7 @@ class NIC(SharedDevice):
         c["rx_stream_beyond_pkts"] = self._stream_beyond_pkts
         c["posts_held"] = self._posts_held
         c["progress_nice_changes"] = self._nice_changes
+        c["progress_spin_datagram"] = self._spin_found
         c["udp_gather_pkts"] = getattr(self.sock, "gather_pkts", 0) if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
@@ -1044,13 +1060,17 @@ class NIC(SharedDevice):
         if tn < old and t < self._sleep_until:
             self.ring()
 
-    def _sleep(self, timeout: float) -> int:
-        """Sleep until there is work for the thread, or ``timeout`` seconds pass.
+    def _sleep(self, timeout: float, spin: float = 0.0) -> int:
+        """Sleep until there is work for the thread, or ``timeout`` seconds pass;
+        ``spin``: look without sleeping for that long first, where no caller holds
+        the lease (``sn_wait_spin``; not without the kernel, where a spin would hold
+        the interpreter lock).
         1: a datagram waits; 2: the bell rang; 3: held output waits; 0: time is up."""
         w = self._waiter
         if w is not None:
-            r = w.lib.sn_wait(self.sock.fileno(), self._bell, int(timeout * 1e9),
-                              self._lease, int(SPIN_LEASE * 1e9), int(HOLD_LEASE * 1e9))
+            r = w.lib.sn_wait_spin(self.sock.fileno(), self._bell, int(timeout * 1e9),
+                                   self._lease, int(SPIN_LEASE * 1e9), int(HOLD_LEASE * 1e9),
+                                   int(spin * 1e9))
             if r < 0:
                 raise OSError(-r, os.strerror(-r))
             return r
@@ -1081,6 +1101,7 @@ class NIC(SharedDevice):
             self._nice_changes += 1
 
     def _run(self) -> None:
+        spin = 0.0
         while True:
             with self.lock:
                 if self._closed:
@@ -1096,7 +1117,8 @@ class NIC(SharedDevice):
                 until = self._stats_at + STATS_EVERY
                 self._sleep_until = until
             try:
-                r = self._sleep(max(0.0, until - now))
+                slept = now
+                r = self._sleep(max(0.0, until - now), spin)
             except (OSError, ValueError):
                 return                       # closed under us
             with self.lock:
@@ -1110,14 +1132,20 @@ class NIC(SharedDevice):
                     except BlockingIOError:
                         pass
                 now = time.monotonic()
+                if spin and r == 1 and now - slept < spin:
+                    self._spin_found += 1            # a datagram came while it spun
+                counters = self.dev.counters
+                took = counters["rcvd_pkts"]
                 self._step(now, ready=r == 1)        # (1: sn_wait saw a datagram waiting)
-                if PROGRESS_NICE and self._raised is not None:
-                    # lease[0]: the latest poll or streamed post (ahead: a thread
-                    # asleep on the socket); 0 after end_lease
-                    driven = now - max(self._lease[0], self._returned_ns) * 1e-9 \
-                        < PROGRESS_NICE_HOLD
-                    if driven != self._raised:
-                        self._prioritize(driven)
+                took = counters["rcvd_pkts"] - took
+                # lease[0]: the latest poll or streamed post (ahead: a thread asleep
+                # on the socket); 0 after end_lease
+                driven = now - max(self._lease[0], self._returned_ns) * 1e-9 \
+                    < PROGRESS_NICE_HOLD
+                spin = PROGRESS_SPIN if r == 1 and 0 < took <= PROGRESS_SPIN_PKTS \
+                    and not driven else 0.0
+                if PROGRESS_NICE and self._raised is not None and driven != self._raised:
+                    self._prioritize(driven)
             if now - self._stats_at >= STATS_EVERY:
                 self._stats_at = now
                 self.publish_counters()
@@ -1197,7 +1225,7 @@ class TcpNIC(NIC):
     def _next_deadline(self) -> float | None:
         return None
 
-    def _sleep(self, timeout: float) -> int:
+    def _sleep(self, timeout: float, spin: float = 0.0) -> int:
         # its sockets come and go with connections: a select over them and the bell,
         # which a verbs call or inline step that changes them rings (``_flush``); the
         # engine has no timers of its own here
