@@ -737,7 +737,8 @@ def test_the_passive_side_of_reads_spins_the_side_that_polls_does_not(spin, monk
             assert found >= 20, b.counters
         else:
             assert found == 0
-        assert a.counters["progress_wake_datagram"] >= 20, a.counters   # a's thread took them
+        # a's thread took responses (a's poll right after a post takes a quick one)
+        assert a.counters["progress_wake_datagram"] >= 5, a.counters
         assert a.counters["progress_spin_datagram"] == 0
     finally:
         a.close()

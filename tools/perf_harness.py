@@ -111,27 +111,50 @@ def perf(test: str, args: list[str], env: dict | None = None, timeout: float = 3
          root: Path = ROOT, server_counters: dict | None = None) -> dict:
     """One ``softnic perf`` run, server and client as two processes; the client's JSON.
     ``root``: the checkout whose softnic runs (this one by default); the server's
-    counters go into ``server_counters`` if given."""
-    port = str(free_port())
-    cmd = [tree_python(root), "-m", "softnic.cli", "perf", test, "-p", port, "--json",
-           "--no-progress"]
+    counters go into ``server_counters`` if given.  The client starts once the
+    server listens; a server that could not listen on the port chosen (taken
+    between ``free_port`` and its bind) is started again on another."""
     e = _env(env, root)
-    server = subprocess.Popen(cmd + args, env=e, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=root)
-    try:
-        client = subprocess.run(cmd + args + ["127.0.0.1"], env=e, capture_output=True,
-                                text=True, timeout=timeout, cwd=root)  # it waits for the server
-        if client.returncode != 0:
-            raise RuntimeError(f"softnic perf {test} {' '.join(args)} failed: {client.stderr}")
-        return json.loads(client.stdout)
-    finally:
+    for attempt in range(3):
+        port = str(free_port())
+        cmd = [tree_python(root), "-m", "softnic.cli", "perf", test, "-p", port, "--json",
+               "--no-progress"]
+        server = subprocess.Popen(cmd + args, env=e, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=root)
         try:
-            out, _ = server.communicate(timeout=30)
-            if server_counters is not None and out.strip():
-                server_counters.update(json.loads(out).get("counters", {}))
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.communicate()
+            end = time.monotonic() + 60
+            while not _listening(int(port)) and server.poll() is None:
+                if time.monotonic() > end:
+                    raise RuntimeError(f"softnic perf {test} {' '.join(args)}: the server did "
+                                       f"not listen on TCP port {port} within 60 s")
+                time.sleep(0.01)
+            if server.poll() is not None:
+                out, serr = server.communicate()
+                if "cannot listen" in serr and attempt < 2:
+                    continue
+                raise RuntimeError(f"softnic perf {test} {' '.join(args)}: the server exited "
+                                   f"({server.returncode}) before listening:\n{serr}")
+            client = subprocess.run(cmd + args + ["127.0.0.1"], env=e, capture_output=True,
+                                    text=True, timeout=timeout, cwd=root)
+            if client.returncode != 0:
+                try:
+                    _, serr = server.communicate(timeout=5)
+                except subprocess.TimeoutExpired:
+                    serr = "(still running)"
+                raise RuntimeError(f"softnic perf {test} {' '.join(args)} failed: "
+                                   f"{client.stderr}\n--- server (exit {server.returncode}):"
+                                   f"\n{serr}")
+            return json.loads(client.stdout)
+        finally:
+            if server.returncode is None:
+                try:
+                    out, _ = server.communicate(timeout=30)
+                    if server_counters is not None and out.strip():
+                        server_counters.update(json.loads(out).get("counters", {}))
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.communicate()
+    raise AssertionError("unreachable")
 
 
 # ------------------------------------------------------------------ references

@@ -510,7 +510,8 @@ class QP(PyverbsCM):
         copied into ``bad_wr`` (those before it stay posted)."""
         self._check()
         post = self._nic.dev.post_recv
-        self._post(wr, bad_wr, lambda w: post(self._eqp, w._engine()), 'Failed to post recv')
+        self._post(wr, bad_wr, lambda w: post(self._eqp, w._engine()), 'Failed to post recv',
+                   self._nic.post_recv)
 
     def post_send(self, wr, bad_wr=None):
         """Post ``wr`` and the WRs chained after it; on a refusal the failing one is
@@ -562,7 +563,7 @@ class QP(PyverbsCM):
             raise PyverbsRDMAError('Failed to Bind MW', err) from None
         mw._rkey = new_rkey
 
-    def _post(self, wr, bad_wr, one, msg):
+    def _post(self, wr, bad_wr, one, msg, call=None):
         if wr is None:
             raise TypeError('post needs a work request')
 
@@ -576,7 +577,7 @@ class QP(PyverbsCM):
                 cur = cur._next
             return None, None
 
-        bad, ex = self._nic.call(chain)
+        bad, ex = (call or self._nic.call)(chain)
         if bad is not None:
             self._refused(bad, bad_wr, ex, msg)
 

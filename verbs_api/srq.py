@@ -184,7 +184,7 @@ class SRQ(PyverbsCM):
                 cur = cur._next
             return None, None
 
-        bad, ex = self._nic.call(chain)
+        bad, ex = self._nic.post_recv(chain)
         if bad is not None:
             if bad_wr is not None:
                 bad_wr._copy_from(bad)

@@ -297,9 +297,15 @@ def _wr(ep: Endpoint, p: dict, peer: dict, size: int, wr_id: int, signaled: bool
 
 
 def _post_recvs(ep: Endpoint, qp, size: int, n: int) -> None:
-    from verbs_api.wr import SGE, RecvWR
+    """``n`` receives into the second half of the buffer, one post each, the one
+    work request reposted (as perftest reposts its ``rwr``)."""
+    wr = getattr(ep, "_rwr", None)
+    if wr is None:
+        from verbs_api.wr import SGE, RecvWR
+        wr = ep._rwr = RecvWR(0, 1, [SGE(ep.mr.buf + ep.half, ep.half, ep.mr.lkey)])
+    post = qp.post_recv
     for _ in range(n):
-        qp.post_recv(RecvWR(0, 1, [SGE(ep.mr.buf + ep.half, ep.half, ep.mr.lkey)]))
+        post(wr)
 
 
 def iterations(p: dict, size: int) -> int:

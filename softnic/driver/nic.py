@@ -334,6 +334,12 @@ class SharedDevice:
     def close(self) -> None:
         raise NotImplementedError
 
+    def post_recv(self, fn, *args):
+        """A post of receives (``fn(*args)``, the engine's ``post_recv`` or
+        ``post_srq_recv``, or a chain of them), which sends nothing: a receive
+        queue's doorbell.  Run as any call by a device that has nothing to save."""
+        return self.call(fn, *args)
+
 
 class NIC(SharedDevice):
     transport = "udp"
@@ -477,6 +483,20 @@ class NIC(SharedDevice):
                 return fn(*args, **kw)
             finally:
                 self._flush(time.monotonic())
+                if self._waiters:
+                    self._notify()
+
+    def post_recv(self, fn, *args):
+        """``call`` without its flush: a receive posted makes no datagram (the
+        engine's ``post_recv`` queues it, or completes it flushed on a QP in ERR,
+        which wakes the waiters as any completion does), so the flush, which
+        would find nothing, is left out; UCX and a SEND receiver repost one
+        receive per message."""
+        with self.lock:
+            self._answering = False
+            try:
+                return fn(*args)
+            finally:
                 if self._waiters:
                     self._notify()
 

@@ -678,8 +678,8 @@ def sn_destroy_srq(h):
 def sn_post_srq_recv_list(h, ws, n, done):
     done[0] = 0
     o = _get(h)
-    o.nic.call(_post_chain, o.nic.dev.post_srq_recv, o.eng,
-               lambda w: _recv_wr(w, o.eng.max_sge), ws, n, done)
+    o.nic.post_recv(_post_chain, o.nic.dev.post_srq_recv, o.eng,
+                    lambda w: _recv_wr(w, o.eng.max_sge), ws, n, done)
 
 # ------------------------------------------------------------ queue pairs
 
@@ -842,8 +842,8 @@ def sn_post_recv_list(h, ws, n, done):
     o = _objs.get(h)
     if o is None:
         return errno.EINVAL
-    o.nic.call(_post_chain, o.nic.dev.post_recv, o.eng,
-               lambda w: _recv_wr(w, o.eng.cap.max_recv_sge), ws, n, done)
+    o.nic.post_recv(_post_chain, o.nic.dev.post_recv, o.eng,
+                    lambda w: _recv_wr(w, o.eng.cap.max_recv_sge), ws, n, done)
 
 # ------------------------------------------------------------ XRC domains, XRC SRQs and XRC QPs
 
