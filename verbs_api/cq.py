@@ -79,6 +79,14 @@ class CompChannel(PyverbsCM):
             self.cqs.add(obj)
 
 
+#: receives a poll's inline step may take while they are a READ's responses before
+#: its LAST and complete nothing (``NIC.poll``'s ``reads``): the READ's FIRST, the run
+#: of its MIDDLEs and its LAST in one call.  Anything else ends the step after one
+#: receive, as before: a peer's request a program may spin on memory for (``softnic
+#: perf write_lat`` answers it before the ACK behind it is taken), an ACK, a completion.
+POLL_RUNS = 4
+
+
 def _idle(nic):
     """After an empty poll, move this process's other NICs along too: the peer of a
     program that spins on one CQ is often another device of the same process, whose
@@ -140,7 +148,7 @@ class _CQBase(PyverbsCM):
 
     def _poll(self, n):
         nic = self._nic
-        nic.poll()
+        nic.poll(POLL_RUNS, reads=True)
         try:
             with nic.lock:
                 got = nic.dev.poll_cq(self._ecq, n)

@@ -122,7 +122,7 @@ class VNIC(_nic.SharedDevice):
         self.world.dirty[self.dev.address] = None
         return fn(*args, **kw)
 
-    def poll(self) -> None:
+    def poll(self, runs: int = 1, reads: bool = False) -> None:
         pass
 
     def wait_until(self, pred, timeout: float | None = None) -> bool:

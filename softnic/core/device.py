@@ -111,6 +111,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         self.config = config or DeviceConfig()
         self.keys = KeyTable()
         self.counters: Counter = Counter({n: 0 for n in RXE_COUNTERS + CC_COUNTERS})
+        self.cqes_posted = 0            # completions posted to any CQ (a driver compares)
         self.qps: dict[int, QP] = {}
         self.cqs: dict[int, CQ] = {}
         self.srqs: dict[int, SRQ] = {}
@@ -172,6 +173,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         self._ready[qp] = None
 
     def post_cqe(self, cq: CQ, wc: WC, qp: QP, solicited: bool = False) -> None:
+        self.cqes_posted += 1
         if not cq.push(wc, solicited=solicited) and qp.state != QPState.ERR:
             self.to_error(qp)          # completions were lost: the QP cannot go on
 

@@ -58,7 +58,7 @@ from .faults import FaultInjector
 from . import mcast as _mcast
 from .hostfiles import process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
 from ..transport.udp import UdpSocket, bind_free
-from ..wire.roce import ROCEV2_PORT
+from ..wire.roce import ROCEV2_PORT, Opcode as _Op
 
 #: How long after an inline step (a caller spinning on ``poll``) the caller is
 #: trusted to take what arrives; after that the progress thread takes it.  Long
@@ -117,6 +117,10 @@ GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "
 RX_STREAM = os.environ.get("SOFTNIC_RX_STREAM", "1").strip().lower() not in ("0", "no", "off",
                                                                              "false")
 _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may take
+#: a READ's responses before its LAST: more of the same burst follow (``NIC.poll``'s
+#: ``reads``)
+_READ_MORE = frozenset({int(_Op.RC_RDMA_READ_RESPONSE_FIRST),
+                        int(_Op.RC_RDMA_READ_RESPONSE_MIDDLE)})
 _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
@@ -559,10 +563,14 @@ class NIC(SharedDevice):
             lease[2] = 2                 # (sn_wait takes this ring itself)
             self.ring()
 
-    def poll(self, runs: int = 1) -> None:
+    def poll(self, runs: int = 1, reads: bool = False) -> None:
         """One inline progress step: receive, fire timers, send.  Never blocks.
         ``runs``: receives it may take (one datagram or coalesced run each), while
-        more wait.
+        more wait.  ``reads``: after the first, only while what it took were a
+        READ's responses before its LAST and made no completion: the rest of that
+        READ's burst follows them (its FIRST, the run of its MIDDLEs and its LAST
+        in one call), where anything else (a peer's request the caller may spin on
+        memory for, an ACK, a completion) ends the step as one receive did.
 
         A program spins on this, so the step with nothing to do is kept cheap: one
         ``poll(2)`` on the socket (a failed non-blocking receive costs four times
@@ -582,7 +590,8 @@ class NIC(SharedDevice):
                     return
                 lease[1] = 1
                 try:
-                    self._step(now, inline=True, ready=bool(ready), runs=runs)
+                    self._step(now, inline=True, ready=bool(ready), runs=runs,
+                               reads=reads)
                 finally:
                     lease[0] = time.monotonic_ns()
                     lease[1] = 1 if self._owed else 0
@@ -893,8 +902,11 @@ class NIC(SharedDevice):
         return res
 
     def _step(self, now: float, inline: bool = False, ready: bool = False,
-              runs: int = 1) -> bool:
+              runs: int = 1, reads: bool = False) -> bool:
         """Receive what waits, fire due timers, send.  Caller holds the lock.
+        ``reads`` (an inline step's): a run after the first only while each so far
+        was a READ's responses before its LAST and none made a completion
+        (``NIC.poll``'s).
 
         ``inline`` (a spinning caller's step): receive ``runs`` datagrams (or
         coalesced runs) at most, and leave what they produced, typically the ACK
@@ -907,6 +919,8 @@ class NIC(SharedDevice):
         did = False
         answers = True                   # what was received answers this device's requests
         limit = runs if inline else 256
+        if reads and (self._ecn or not self._runs or self.capture is not None):
+            limit = 1                    # (a batch is read whole: no stopping inside it)
         if self._ecn:
             batch = self.sock.recv_batch_ecn(limit)
             if batch:
@@ -927,6 +941,7 @@ class NIC(SharedDevice):
             rx = dev.receive_run
             got = 0
             stream = self._stream is not None and not inline
+            cqes = dev.cqes_posted
             while limit > 0:
                 if stream and dev.stream_qp is not None:
                     s_did, s_answers, used, empty = self._rx_stream(now, limit)
@@ -953,6 +968,9 @@ class NIC(SharedDevice):
                     if stream and dev.stream_qp is not None:
                         switch = True       # a message's MIDDLEs in order: the kernel's
                         break
+                    if reads and (not data or data[0] not in _READ_MORE
+                                  or dev.cqes_posted != cqes):
+                        break               # not a READ's burst, or a completion made
                 limit -= n
                 ready = False
                 if not switch:
@@ -1232,7 +1250,7 @@ class TcpNIC(NIC):
             self.ring()
 
     def _step(self, now: float, inline: bool = False, ready: bool = False,
-              runs: int = 1) -> bool:
+              runs: int = 1, reads: bool = False) -> bool:
         # (one step takes what the connections hold, whatever ``runs`` says)
         cap = self.capture is not None
         self._flush(now)
@@ -1333,7 +1351,7 @@ class SimNIC(SharedDevice):
             finally:
                 self.world.fabric.flush()
 
-    def poll(self, runs: int = 1) -> None:
+    def poll(self, runs: int = 1, reads: bool = False) -> None:
         if not self._closed:
             self.world.run()
 
