@@ -767,10 +767,12 @@ def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=No
     first = w.first_psn
     if w.done or not w.rd_atomic or first is None or psn != (before + 1) & PSN_MASK:
         return False
-    # psn_diff(psn, first_psn) >= 0, psn_diff(psn, last_psn) <= 0 and
-    # psn_diff(psn, req.psn) < 0 (sent, not rewound past), inline
-    if (psn - first) & PSN_HALF or (psn - w.last_psn - 1) & PSN_MASK < PSN_HALF - 1 \
-            or not (psn - qp.req.psn) & PSN_HALF:
+    # psn_diff(psn, first_psn) >= 0 and psn_diff(psn, last_psn) <= 0 (so at its first
+    # PSN: an ONLY, a FIRST), and psn_diff(psn, req.psn) < 0 (sent), inline
+    if psn != first and ((psn - first) & PSN_HALF
+                         or (psn - w.last_psn - 1) & PSN_MASK < PSN_HALF - 1):
+        return False
+    if not (psn - qp.req.psn) & PSN_HALF:
         return False
     info = _ANSWER_OPCODES[opcode]
     if info.atomicacketh:
