@@ -745,52 +745,79 @@ def test_the_passive_side_of_reads_spins_the_side_that_polls_does_not(spin, monk
         b.close()
 
 
-def test_a_poll_takes_a_reads_burst_in_one_call_and_stops_at_a_request(monkeypatch):
+def test_a_poll_takes_a_reads_burst_in_one_call_and_stops_at_a_request():
     """``NIC.poll(runs, reads=True)`` (pyverbs' CQ poll): a READ's FIRST, MIDDLE and
     LAST waiting on the socket are taken in one call, which then holds the READ's
     completion; one receive takes the FIRST alone.  Two WRITEs of the peer's
     waiting: the call takes the first and leaves the second (a program may spin on
-    memory for a request)."""
+    memory for a request).  The test holds a's lock throughout, so a's progress
+    thread (woken by the bell a new timer rings) cannot take them first."""
     _waiter()
-    monkeypatch.setattr(nicmod, "SPIN_LEASE", 30.0)      # a's thread leaves all to a's
-    monkeypatch.setattr(nicmod, "HOLD_LEASE", 30.0)      # polls
     a, b = _nics()
     try:
-        ea, eb = _pair(a, b)
+        ea, eb = _pair(a, b, timeout=20)
         eb.buf.view[0:3000] = bytes(range(250)) * 12
         for reads in (False, True):
-            a.poll()                                      # a drives: its lease
-            a.call(a.dev.post_send, ea.qp, SendWR(1, W.RDMA_READ, [ea.sge(0, 3000)],
-                                                  SendFlags.SIGNALED, remote_addr=eb.buf.addr,
-                                                  rkey=eb.mr.rkey))
-            _until(lambda: b.counters["sent_pkts"] >= (6 if reads else 3))
-            time.sleep(0.05)                              # the three on a's socket
-            before = a.counters["rcvd_pkts"]
-            if reads:
-                a.poll(4, reads=True)
-            else:
-                a.poll()                                  # one receive
-            took = a.counters["rcvd_pkts"] - before
-            got = a.call(a.dev.poll_cq, ea.send_cq, 4)
+            with a.lock:
+                sent = b.counters["sent_pkts"]
+                a.call(a.dev.post_send, ea.qp, SendWR(1, W.RDMA_READ, [ea.sge(0, 3000)],
+                                                      SendFlags.SIGNALED,
+                                                      remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+                _until(lambda: b.counters["sent_pkts"] >= sent + 3)
+                time.sleep(0.05)                          # the three on a's socket
+                before = a.counters["rcvd_pkts"]
+                if reads:
+                    a.poll(4, reads=True)
+                else:
+                    a.poll()                              # one receive
+                took = a.counters["rcvd_pkts"] - before
+                got = a.call(a.dev.poll_cq, ea.send_cq, 4)
             if reads:
                 assert took == 3 and len(got) == 1 and got[0].status == 0
                 assert bytes(ea.buf.view[0:3000]) == bytes(eb.buf.view[0:3000])
             else:
                 assert took == 1 and got == []
                 _until(lambda: a.poll() or a.call(a.dev.poll_cq, ea.send_cq, 4))
-        time.sleep(0.05)                  # the READs' timers pass: a's thread stays asleep
-        a.poll()
-        sent = b.counters["sent_pkts"]
-        for n in (8, 16):             # two WRITEs of b's into a (of two sizes: two receives)
-            b.call(b.dev.post_send, eb.qp, SendWR(n, W.RDMA_WRITE, [eb.sge(0, n)],
-                                                  SendFlags.SIGNALED, remote_addr=ea.buf.addr,
-                                                  rkey=ea.mr.rkey))
-        _until(lambda: b.counters["sent_pkts"] >= sent + 2)
-        time.sleep(0.05)
-        before = a.counters["rcvd_pkts"]
-        a.poll(4, reads=True)
-        assert a.counters["rcvd_pkts"] - before == 1
+        with a.lock:
+            sent = b.counters["sent_pkts"]
+            for n in (8, 16):         # two WRITEs of b's into a (of two sizes: two receives)
+                b.call(b.dev.post_send, eb.qp, SendWR(n, W.RDMA_WRITE, [eb.sge(0, n)],
+                                                      SendFlags.SIGNALED, remote_addr=ea.buf.addr,
+                                                      rkey=ea.mr.rkey))
+            _until(lambda: b.counters["sent_pkts"] >= sent + 2)
+            time.sleep(0.05)
+            before = a.counters["rcvd_pkts"]
+            a.poll(4, reads=True)
+            assert a.counters["rcvd_pkts"] - before == 1
         _until(lambda: a.poll() or a.counters["rcvd_pkts"] - before == 2)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_receive_posted_sends_output_held_for_the_call_and_nothing_else():
+    """``NIC.post_recv`` leaves out the flush (a receive makes no datagram) but not
+    the output an inline step held for the caller's next call: the ACK of a WRITE
+    that b's poll took leaves with b's next post of a receive."""
+    _waiter()
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        b.lock.acquire()              # b's progress thread cannot step meanwhile
+        b.poll()
+        sent = b.counters["sent_pkts"]
+        b.post_recv(b.dev.post_recv, eb.qp, RecvWR(1, [eb.sge(0, 64)]))
+        assert b.counters["sent_pkts"] == sent and not b._owed     # nothing to send
+        a.call(a.dev.post_send, ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)],
+                                              SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                                              rkey=eb.mr.rkey))
+        time.sleep(0.05)
+        b.poll()                                          # takes the WRITE, holds its ACK
+        assert b.counters["rcvd_pkts"] == 1 and b._owed
+        assert b.counters["sent_pkts"] == sent
+        b.post_recv(b.dev.post_recv, eb.qp, RecvWR(2, [eb.sge(64, 64)]))
+        assert b.counters["sent_pkts"] == sent + 1 and not b._owed
+        b.lock.release()
     finally:
         a.close()
         b.close()

@@ -494,13 +494,16 @@ class NIC(SharedDevice):
         """``call`` without its flush: a receive posted makes no datagram (the
         engine's ``post_recv`` queues it, or completes it flushed on a QP in ERR,
         which wakes the waiters as any completion does), so the flush, which
-        would find nothing, is left out; UCX and a SEND receiver repost one
-        receive per message."""
+        would find nothing new, is left out unless output is held for this call
+        (an inline step's, ``_owed``: any call sends it); UCX and a SEND receiver
+        repost one receive per message."""
         with self.lock:
             self._answering = False
             try:
                 return fn(*args)
             finally:
+                if self._owed:
+                    self._flush(time.monotonic())
                 if self._waiters:
                     self._notify()
 
