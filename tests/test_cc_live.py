@@ -94,6 +94,44 @@ def test_per_device_specs_from_the_environment():
             config.load({"SOFTNIC_CC": bad})
 
 
+def test_the_line_rate_sets_the_controllers_rate_and_the_ports_speed():
+    """SOFTNIC_LINK_GBPS is one fact: the live device's line rate for its
+    controllers and, mapped as Linux maps an Ethernet port's speed (every boundary
+    of ``ib_get_eth_speed``'s table without lanes), the port's active speed and
+    width on the Python face; a bad value is refused with the variable named."""
+    from softnic.core.device import port_speed
+    from softnic.driver import config
+    table = [(0.1e9, (1, 1)), (1e9, (1, 1)), (1.5e9, (8, 1)), (10e9, (8, 1)),
+             (20e9, (2, 2)), (25e9, (32, 1)), (40e9, (8, 2)), (50e9, (32, 16)),
+             (100e9, (32, 2)), (200e9, (64, 2)), (400e9, (128, 2))]
+    for bps, want in table:
+        assert port_speed(bps) == want, bps
+    assert config.load({}).link_gbps == 100.0
+    cfg = config.load({"SOFTNIC_LINK_GBPS": "25", "SOFTNIC_CC": "dcqcn"})
+    assert cfg.link_gbps == 25.0
+    for bad in ("0", "-3", "fast", "1e9", "nan"):
+        with pytest.raises(ValueError, match="SOFTNIC_LINK_GBPS"):
+            config.load({"SOFTNIC_LINK_GBPS": bad})
+    a, b = NIC(DeviceSpec("t0", None, 0), cfg), NIC(DeviceSpec("t1", None, 0), cfg)
+    try:
+        with a.lock, b.lock:
+            ea, eb = endpoint(a.dev, buf_size=1 << 16), endpoint(b.dev, buf_size=1 << 16)
+            bring_up(ea, eb, mtu=1024, timeout=14)
+            assert ea.qp.cc.flow.line_rate_bps == 25e9 == ea.qp.cc.rate   # DCQCN starts there
+    finally:
+        a.close()
+        b.close()
+    import softnic.driver.nic as _nic
+    from verbs_api.device import Context
+    _nic.configure(config.load({"SOFTNIC_LINK_GBPS": "25", "SOFTNIC_DEVICES": "1"}))
+    try:
+        with Context(name="softnic0") as ctx:
+            port = ctx.query_port(1)
+            assert (port.active_speed, port.active_width) == (32, 1)
+    finally:
+        _nic.configure(None)
+
+
 def test_per_qp_controller_through_the_verbs_api():
     import verbs_api.enums as e
     from verbs_api.pyverbs_error import PyverbsError

@@ -134,8 +134,24 @@ def test_devices_and_devinfo(libdir):
     r = run(need("ibv_devinfo"), "-v", devices="1")
     assert r.returncode == 0, r.stderr
     for want in ("hca_id:\tsoftnic0", "PORT_ACTIVE (4)", "link_layer:\t\tEthernet",
-                 "atomic_cap:\t\t\tATOMIC_HCA (1)", "GID[  0]:\t\t::ffff:127.", "RoCE v2"):
+                 "atomic_cap:\t\t\tATOMIC_HCA (1)", "GID[  0]:\t\t::ffff:127.", "RoCE v2",
+                 # the default line rate, 100 Gbit/s, as a 100 GbE port reports it
+                 "active_width:\t\t4X (2)", "active_speed:\t\t25.0 Gbps (32)"):
         assert want in r.stdout, (want, r.stdout)
+
+
+@pytest.mark.unprivileged
+@pytest.mark.compat("ibverbs-utils")
+@pytest.mark.parametrize("gbps,width,speed", [("25", "1X (1)", "25.0 Gbps (32)"),
+                                              ("200", "4X (2)", "50.0 Gbps (64)"),
+                                              ("0.5", "1X (1)", "2.5 Gbps (1)")])
+def test_devinfo_port_speed_follows_the_line_rate(libdir, gbps, width, speed):
+    """SOFTNIC_LINK_GBPS sets the port's active width and speed as Linux maps an
+    Ethernet port's line rate (25 Gbit/s: 1X EDR; 200: 4X HDR; below 1: 1X SDR)."""
+    r = run(need("ibv_devinfo"), "-v", devices="1", extra_env={"SOFTNIC_LINK_GBPS": gbps})
+    assert r.returncode == 0, r.stderr
+    assert f"active_width:\t\t{width}" in r.stdout, r.stdout
+    assert f"active_speed:\t\t{speed}" in r.stdout, r.stdout
 
 
 @pytest.mark.unprivileged

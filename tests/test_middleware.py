@@ -67,6 +67,36 @@ def test_ucx_info_lists_softnic_devices_with_rc_and_ud_verbs(libdir):
         assert "atomic_fadd: 64 bit" in block and "atomic_cswap: 64 bit" in block
 
 
+def _tag_protocols(extra_env: dict) -> str:
+    """ucx_info's protocol line for tag sends over rc_verbs on softnic0."""
+    cmd, env = softnic_exec(need("ucx_info"), "-e", "-u", "t", "-D", "net", devices="1",
+                            extra_env=dict(extra_env, UCX_TLS="rc_v,self",
+                                           UCX_NET_DEVICES="softnic0:1"))
+    r = run(cmd, env)
+    assert r.returncode == 0, r.stderr
+    line = next((ln for ln in r.stdout.splitlines() if "tag_send:" in ln), None)
+    assert line is not None, r.stdout
+    return line
+
+
+def _rndv_from(line: str) -> int:
+    """The size from which a ``tag_send`` line of ucx_info goes by rendezvous."""
+    return int(line.split("..<rndv>")[0].rsplit("..", 1)[1])
+
+
+@pytest.mark.unprivileged
+@pytest.mark.compat("ucx")
+def test_ucx_sizes_its_protocols_by_the_port_speed(libdir):
+    """UCX chooses eager or rendezvous by the port's reported speed: at the default
+    100 Gbit/s (4X EDR) a 64 KiB message goes by rendezvous and mid-sized ones by eager
+    zero-copy, as on a 100 GbE ConnectX port; at SOFTNIC_LINK_GBPS=1 (1X SDR) the
+    rendezvous threshold is several hundred KiB."""
+    fast = _tag_protocols({})
+    slow = _tag_protocols({"SOFTNIC_LINK_GBPS": "1"})
+    assert "<egr/zcopy>" in fast and _rndv_from(fast) < 65536, fast
+    assert "<egr/zcopy>" not in slow and _rndv_from(slow) > 262144, slow
+
+
 def perftest(tls: str, test: str, *args: str, faults: str | None = None) -> str:
     """ucx_perftest server and client, two processes on 127.0.0.1, over ``tls`` only."""
     binary = need("ucx_perftest")

@@ -571,7 +571,7 @@ def test_rdma_core_64_device_queries(ctx):
     (and no other), query_port_speed is EOPNOTSUPP as for rxe, the port's active_speed_ex
     is 0 (active_speed says it), and an AddrInfo made with nothing to resolve is empty
     until get_addrinfo fills it."""
-    from verbs_api.device import speed_to_str
+    from verbs_api.device import speed_to_str, width_to_str
     assert ctx.get_pkey_index(1, 0xFFFF) == 0
     with pytest.raises(PyverbsRDMAError):
         ctx.get_pkey_index(1, 0x7FFF)
@@ -580,7 +580,9 @@ def test_rdma_core_64_device_queries(ctx):
     assert ex.value.error_code == errno.EOPNOTSUPP
     port = ctx.query_port(1)
     assert port.active_speed_ex == 0
-    assert speed_to_str(port.active_speed, port.active_speed_ex) == '2.5 Gbps (1)'
+    # the default line rate, 100 Gbit/s: 4X EDR, as a 100 GbE port reports it
+    assert speed_to_str(port.active_speed, port.active_speed_ex) == '25.0 Gbps (32)'
+    assert width_to_str(port.active_width) == '4X (2)'
     assert speed_to_str(1, 256) == '200.0 Gbps (256)'
     from verbs_api.cmid import AddrInfo
     ai = AddrInfo()

@@ -20,6 +20,7 @@ import weakref
 import softnic
 import softnic.driver.nic as _nic
 from softnic.driver import mcast as _mcast
+from softnic.core.device import port_speed
 from softnic.core.errors import VerbsError
 
 from . import enums as e
@@ -267,13 +268,14 @@ class Context(PyverbsCM):
         with self._nic.lock:
             c = self._nic.dev.counters
             bad_pkey, bad_qkey = c.get('rcvd_bad_pkey', 0), c.get('rcvd_bad_qkey', 0)
+        speed, width = port_speed(cfg.line_rate_bps)
         return PortAttr(
             state=e.IBV_PORT_ACTIVE, max_mtu=e.IBV_MTU_4096,
             active_mtu=_MTU_ENUM.get(cfg.active_mtu, e.IBV_MTU_4096), gid_tbl_len=GID_TABLE_LEN,
             port_cap_flags=int(e.IBV_PORT_CM_SUP | e.IBV_PORT_IP_BASED_GIDS),
             max_msg_sz=min(cfg.max_msg_size, 0xFFFFFFFF), bad_pkey_cntr=bad_pkey,
             qkey_viol_cntr=bad_qkey, pkey_tbl_len=1, lid=0, sm_lid=0, lmc=0, max_vl_num=1,
-            sm_sl=0, subnet_timeout=0, init_type_reply=0, active_width=1, active_speed=1,
+            sm_sl=0, subnet_timeout=0, init_type_reply=0, active_width=width, active_speed=speed,
             active_speed_ex=0, phys_state=5, link_layer=e.IBV_LINK_LAYER_ETHERNET, flags=0, port_cap_flags2=0)
 
     def get_pkey_index(self, port_num, pkey):

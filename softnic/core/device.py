@@ -54,6 +54,25 @@ RXE_COUNTERS = (
 CC_COUNTERS = ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored")
 
 
+#: The port's (active_speed, active_width) for a line rate, as Linux reports an
+#: Ethernet port's (``ib_get_eth_speed``, drivers/infiniband/core/verbs.c, for a
+#: link that gives no lane count; rxe's ports are such): the least rate each pair
+#: covers, in bits/s.  Speeds: 1 SDR, 2 DDR, 8 FDR10, 32 EDR, 64 HDR, 128 NDR
+#: (2.5, 5, 10, 25, 50, 100 Gbit/s a lane); widths: 1 1X, 16 2X, 2 4X.
+PORT_SPEEDS = ((1e9, 1, 1), (10e9, 8, 1), (20e9, 2, 2), (25e9, 32, 1), (40e9, 8, 2),
+               (50e9, 32, 16), (100e9, 32, 2), (200e9, 64, 2))
+_NDR_4X = (128, 2)
+
+
+def port_speed(line_rate_bps: float) -> tuple[int, int]:
+    """``(active_speed, active_width)`` of a port whose line rate is ``line_rate_bps``
+    (``PORT_SPEEDS``): 100 Gbit/s is 4X EDR, as a 100 GbE ConnectX port reports."""
+    for top, speed, width in PORT_SPEEDS:
+        if line_rate_bps <= top:
+            return speed, width
+    return _NDR_4X
+
+
 @dataclass(frozen=True)
 class DeviceConfig:
     """Device-wide settings.  ``min_timer`` is the floor for the retransmission
@@ -85,7 +104,8 @@ class DeviceConfig:
     #: such as ``"dcqcn"`` or ``"hpcc:eta=0.9"``; ``"none"`` for no control
     cc: str = "none"
     #: the NIC's line rate (bits/s) and the propagation round trip controllers
-    #: start from (seconds)
+    #: start from (seconds); the port reports the line rate as its active speed
+    #: and width (``port_speed``), which middleware reads to choose its protocols
     line_rate_bps: float = 100e9
     base_rtt: float = 10e-6
     #: mark sent packets ECN-capable (ECT(0)); None: when the device's

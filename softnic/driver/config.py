@@ -32,6 +32,13 @@ same keys in lower case without the prefix, and the variables win over it):
     controller on, devices read the ECN bits of what arrives (``IP_RECVTOS``)
     and DCQCN's packets are sent ECN-capable (ECT(0)).  Per device:
     ``softnic0=dcqcn;softnic1=hpcc:eta=0.9`` (devices not named get none).
+``SOFTNIC_LINK_GBPS``
+    each device's line rate in Gbit/s (default 100): the rate its congestion
+    controllers start from, and what its port reports as active speed and width
+    (``softnic.core.device.port_speed``, as Linux maps an Ethernet port's speed:
+    100 is 4X EDR, 25 is 1X EDR, 1 or less 1X SDR).  Middleware sizes its
+    protocols by it (UCX's rendezvous threshold, for one); it does not limit
+    what the device carries.
 ``SOFTNIC_BACKEND``
     ``udp`` (real sockets, the default) or ``sim``: every device of the process
     joins one deterministic simulated fabric that runs in virtual time, with
@@ -71,6 +78,7 @@ class RuntimeConfig:
     backend: str = "udp"
     cc: str = "none"
     transport: str = "udp"
+    link_gbps: float = 100.0
 
     def transport_of(self, name: str) -> str:
         spec = next((d for d in self.devices if d.name == name), None)
@@ -143,7 +151,7 @@ def load(environ: dict | None = None) -> RuntimeConfig:
         with open(path) as f:
             raw = {str(k).lower(): v for k, v in json.load(f).items()}
     keys = ("devices", "faults", "seed", "capture", "recovery", "min_timer", "backend", "cc",
-            "transport")
+            "transport", "link_gbps")
     for key in keys:
         v = env.get(ENV_PREFIX + key.upper())
         if v is not None:
@@ -185,6 +193,15 @@ def load(environ: dict | None = None) -> RuntimeConfig:
                 congestion.parse_spec(spec)
             except ValueError as e:
                 raise ValueError(f"SOFTNIC_CC: {e}") from None
+    if "link_gbps" in raw:
+        try:
+            g = float(raw["link_gbps"])
+        except (TypeError, ValueError):
+            g = float("nan")
+        if not 0 < g <= 1e4:
+            raise ValueError(f"SOFTNIC_LINK_GBPS must be a line rate in Gbit/s in (0, 10000], "
+                             f"not {raw['link_gbps']!r}")
+        kw["link_gbps"] = g
     if "transport" in raw:
         t = str(raw["transport"]).lower()
         if t not in TRANSPORTS:

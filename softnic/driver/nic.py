@@ -356,7 +356,8 @@ class NIC(SharedDevice):
             self.dev = self._device_class()(
                 spec.name, self.ip, self.port,
                 config=DeviceConfig(min_timer=cfg.min_timer, selective_repeat=cfg.selective_repeat,
-                                    cc=_config.cc_for(cfg, spec.name)))
+                                    cc=_config.cc_for(cfg, spec.name),
+                                    line_rate_bps=cfg.link_gbps * 1e9))
         except BaseException:
             self._close_wire()
             raise
@@ -1340,7 +1341,8 @@ class SimNIC(SharedDevice):
         self.dev = Device(spec.name, self.ip, self.port,
                           config=DeviceConfig(min_timer=world.cfg.min_timer,
                                               selective_repeat=world.cfg.selective_repeat,
-                                              cc=_config.cc_for(world.cfg, spec.name)))
+                                              cc=_config.cc_for(world.cfg, spec.name),
+                                              line_rate_bps=world.cfg.link_gbps * 1e9))
         self.gid = self.dev.gid
         self.lock = world.lock
         self._closed = False

@@ -17,7 +17,7 @@ struct sn_dev_attr {
 
 struct sn_port_attr {
     int active_mtu; uint32_t max_msg_sz; uint32_t bad_pkey_cntr; uint32_t qkey_viol_cntr;
-    int gid_tbl_len;
+    int gid_tbl_len; uint8_t active_speed; uint8_t active_width;
 };
 
 struct sn_ah {

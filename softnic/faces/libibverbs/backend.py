@@ -25,6 +25,7 @@ import softnic.driver.nic as _nic
 from softnic.driver import env
 from softnic.core import xrc
 from softnic.core.cq import CQOverflow
+from softnic.core.device import port_speed
 from softnic.core.enums import Access, QPState, QPType, WROpcode
 from softnic.core.errors import VerbsError
 from softnic.driver import mcast as _mcast
@@ -241,6 +242,7 @@ def sn_query_port(h, port, a):
     a.active_mtu = _MTU_ENUM.get(cfg.active_mtu, 5)
     a.max_msg_sz = min(cfg.max_msg_size, 0xFFFFFFFF)
     a.gid_tbl_len = GID_TABLE_LEN
+    a.active_speed, a.active_width = port_speed(cfg.line_rate_bps)
 
 
 @extern()

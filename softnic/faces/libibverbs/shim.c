@@ -543,8 +543,8 @@ static void sn_fill_port(struct ibv_port_attr *p, const struct sn_port_attr *s)
     p->qkey_viol_cntr = s->qkey_viol_cntr;
     p->pkey_tbl_len = 1;
     p->max_vl_num = 1;
-    p->active_width = 1;
-    p->active_speed = 1;
+    p->active_width = s->active_width;
+    p->active_speed = s->active_speed;
     p->phys_state = 5;
     p->link_layer = IBV_LINK_LAYER_ETHERNET;
 }
