@@ -109,6 +109,9 @@ def main(argv=None) -> int:
     iters = 200 if args.quick else 1000
     print(f"date {datetime.date.today()}  load {os.getloadavg()[0]:.2f} (1 min)  "
           f"Python {platform.python_version()} ({sys.executable})  host {platform.node()}")
+    # (UCX sizes its protocols by the port's reported speed, this line rate)
+    print(f"softnic line rate {os.environ.get('SOFTNIC_LINK_GBPS', '100')} Gbit/s "
+          f"(SOFTNIC_LINK_GBPS)")
 
     cases = [("tag_lat", 8, "latency us"), ("tag_bw", 65536, "MB/s"),
              ("ucp_put_bw", 65536, "MB/s")]
