@@ -26,7 +26,7 @@ from hypothesis import given, note, settings, strategies as st
 from softnic import accel
 from softnic.core import requester
 from softnic.core.device import Device, DeviceConfig
-from softnic.core.enums import SendFlags, WROpcode as W
+from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
 from softnic.experiments.rig import connect
 from softnic.wire.icrc import append_icrc
@@ -96,8 +96,17 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
     ``append_icrc`` give with the AckReq cadence ``_send_packet`` follows, and the
     same bytes and AckReq count as its Python loop; so does the run it leaves in
     memory for a driver that gathers (``requester.Gather``, laid end to end).  A
-    SEND's run may start at its FIRST (``requester._RUN_FIRST``)."""
-    dev, qp, wqe, _ = _wqe(c)
+    SEND's run may start at its FIRST (``requester._RUN_FIRST``).  A gather list of
+    several SGEs is read into one buffer as the WQE starts (``GATHER_ONCE_MAX``;
+    0 here: gathered packet by packet, in Python) and then built as one SGE is."""
+    once = data.draw(st.booleans(), label="gathered once")
+    bound = requester.GATHER_ONCE_MAX
+    requester.GATHER_ONCE_MAX = bound if once else 0
+    try:
+        dev, qp, wqe, _ = _wqe(c)
+    finally:
+        requester.GATHER_ONCE_MAX = bound
+    single = not c["cuts"] or once          # one view: one SGE, or a list read once
     end = wqe.npkts if c["op"] in requester._PLAIN_LAST else wqe.npkts - 1
     lo = 0 if c["op"] in requester._RUN_FIRST else 1      # a SEND's run may start at its FIRST
     if end <= lo:
@@ -114,7 +123,7 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
         buf, seg = requester._bulk(dev, qp, wqe, idx, k, qp.dest, c["ack_every"])
         if gather:
             middles = k - (idx + k - 1 == wqe.npkts - 1)
-            assert (type(buf) is requester.Gather) == (not c["cuts"] and middles > 0)
+            assert (type(buf) is requester.Gather) == (single and middles > 0)
             if type(buf) is requester.Gather:
                 assert len(buf) == len(buf.flatten())
                 buf = buf.flatten()
@@ -133,7 +142,7 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
         assert buf[i * seg:(i + 1) * seg] == bytes(want), f"packet {idx + i}"
     assert since == s
     middles = k - (idx + k - 1 == wqe.npkts - 1)
-    if not c["cuts"]:                   # one SGE: the MIDDLEs are the kernel's
+    if single:                          # one view: the MIDDLEs are the kernel's
         assert counting.built == middles
     else:
         assert counting.built == 0
@@ -525,3 +534,49 @@ def test_the_kernels_constants_are_the_python_ones():
         module, attr = where.rsplit(".", 1)
         assert int(value.rstrip("uU"), 0) == getattr(importlib.import_module(module), attr), \
             (name, where)
+
+
+@pytest.mark.parametrize("op", [W.SEND, W.RDMA_WRITE])
+def test_a_gather_list_is_read_once_and_its_middles_built_by_the_kernel(op, monkeypatch):
+    """A SEND or WRITE of several SGEs (UCX's eager zero-copy: a header, then the
+    data) is read into one buffer as it starts (``requester.GATHER_ONCE_MAX``), so
+    the kernel builds its MIDDLEs as for one SGE: the same datagrams as the general
+    path, packet by packet, and as a list longer than the bound, gathered MTU by
+    MTU; the receiver gets the SGEs' bytes in order."""
+    sizes = [13, 5000, 2048, 3000]             # 10 061 bytes: FIRST, 8 MIDDLEs, LAST
+    offs = [0, 100, 6000, 9000]
+    wire = {}
+    for name, kern, bound in (("kernel", Counting(kernel()), requester.GATHER_ONCE_MAX),
+                              ("general", None, requester.GATHER_ONCE_MAX),
+                              ("per packet", Counting(kernel()), 4096)):
+        monkeypatch.setattr(requester, "GATHER_ONCE_MAX", bound)
+        a, b, ea, eb = _side(kern, 1024, 128, False, engine=kern is None, both=kern is None)
+        ea.buf.view[0:16384] = bytes(range(251)) * 65 + bytes(16384 - 251 * 65)
+        if op is W.SEND:
+            b.post_recv(eb.qp, RecvWR(5, [eb.sge(0, 16384)]))
+            wr = SendWR(1, op, [ea.sge(o, n) for o, n in zip(offs, sizes)], SendFlags.SIGNALED)
+        else:
+            wr = SendWR(1, op, [ea.sge(o, n) for o, n in zip(offs, sizes)], SendFlags.SIGNALED,
+                        remote_addr=eb.buf.addr, rkey=eb.mr.rkey)
+        a.post_send(ea.qp, wr)
+        out = [bytes(d) for d, _ in a.datagrams_to_send(0.0)]
+        for d in out:
+            b.receive_datagram(d, a.address, 0.0)
+        if op is W.RDMA_WRITE:      # (the FIRST's RETH names this run's buffer: its offset)
+            va = int.from_bytes(out[0][12:20], "big") - eb.buf.addr
+            out[0] = (out[0][:12], va, out[0][20:-4])
+        for d, _ in b.datagrams_to_send(0.0):
+            a.receive_datagram(d, b.address, 0.0)
+        [wc] = a.poll_cq(ea.send_cq, 4)
+        assert wc.status == WCStatus.SUCCESS, name
+        want = b"".join(bytes(ea.buf.view[o:o + n]) for o, n in zip(offs, sizes))
+        assert bytes(eb.buf.view[0:len(want)]) == want, name
+        wire[name] = out
+        if name == "kernel":                       # the MIDDLEs, and a SEND's FIRST
+            assert kern.built == (9 if op is W.SEND else 8), kern.built
+        elif name == "per packet":
+            assert kern.built == 0
+    for other in ("general", "per packet"):
+        diff = [i for i, (x, y) in enumerate(zip(wire["kernel"], wire[other])) if x != y]
+        assert wire["kernel"] == wire[other], (other, diff, len(wire[other]))
+    assert len(wire["kernel"]) == 10

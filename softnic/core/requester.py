@@ -68,6 +68,9 @@ _ATOMIC_ETH = struct.Struct("!QIQQ")   # an AtomicETH
 #: and SE bit it carries): every request that ``_pack_only`` packs
 _ONLY_OPCODE = {w: (only_opcode(w), w in SENDS or w in WRITES)
                 for w in SENDS | WRITES | ATOMICS | {W.RDMA_READ}}
+#: the longest gather list of several SGEs read into one buffer as its WQE starts
+#: (``start``); a longer one is gathered packet by packet
+GATHER_ONCE_MAX = 1 << 20
 #: WR opcode -> (RC ONLY opcode, its headers' length, a RETH, an AtomicETH, an ImmDt or
 #: IETH, a message), the headers as ``wire.roce.OPCODES`` lays them out
 _ONLY = {w: (int(op), OPCODES[op].hdr_len, OPCODES[op].reth, OPCODES[op].atomiceth,
@@ -106,6 +109,13 @@ def start(dev, qp, wqe) -> None:
             write = wqe.rd_atomic
             wqe.views = [dev.keys.local(qp.pd, lkey, addr, length, write=write)
                          for addr, length, lkey in wqe.sges]
+            if not write and wqe.length <= GATHER_ONCE_MAX:
+                # the memory a SEND or WRITE sends, read as its first packet is
+                # built (memory the program may not touch until the completion): one
+                # buffer, from which every packet is cut as from one SGE, and a run
+                # of MIDDLEs built by the kernel, where gather() would assemble each
+                # MTU from the pieces (UCX's eager zero-copy: a header, then the data)
+                wqe.views = [memoryview(b"".join(wqe.views))]
     except AccessError:
         wqe.status = WCStatus.LOC_PROT_ERR
         wqe.done = True
