@@ -69,8 +69,10 @@ _ATOMIC_ETH = struct.Struct("!QIQQ")   # an AtomicETH
 _ONLY_OPCODE = {w: (only_opcode(w), w in SENDS or w in WRITES)
                 for w in SENDS | WRITES | ATOMICS | {W.RDMA_READ}}
 #: the longest gather list of several SGEs read into one buffer as its WQE starts
-#: (``start``); a longer one is gathered packet by packet
-GATHER_ONCE_MAX = 1 << 20
+#: (``start``), kept until it completes; a longer one is gathered packet by packet
+#: (an RC QP's window bounds its WQEs started and not yet acknowledged: with the
+#: default window of 128 packets, 8 MiB of such copies a QP at most)
+GATHER_ONCE_MAX = 1 << 16
 #: WR opcode -> (RC ONLY opcode, its headers' length, a RETH, an AtomicETH, an ImmDt or
 #: IETH, a message), the headers as ``wire.roce.OPCODES`` lays them out
 _ONLY = {w: (int(op), OPCODES[op].hdr_len, OPCODES[op].reth, OPCODES[op].atomiceth,
