@@ -28,7 +28,7 @@ import sys
 from typing import NamedTuple
 
 from ..wire.icrc import check_icrc, icrc_start
-from ..wire.psn import PSN_HALF, PSN_MASK, psn_add, psn_diff
+from ..wire.psn import PSN_HALF, PSN_MASK, psn_add, psn_before, psn_diff
 from ..wire.roce import AETH_LEN, OPCODES, AethCode, AtomicAckETH, BTH_AETH_STRUCT, BTH_BECN, \
     BTH_FECN, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, \
     Kind, NakCode, OpInfo, Opcode as O, QPN_MASK
@@ -767,12 +767,10 @@ def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=No
     first = w.first_psn
     if w.done or not w.rd_atomic or first is None or psn != (before + 1) & PSN_MASK:
         return False
-    # psn_diff(psn, first_psn) >= 0 and psn_diff(psn, last_psn) <= 0 (so at its first
-    # PSN: an ONLY, a FIRST), and psn_diff(psn, req.psn) < 0 (sent), inline
-    if psn != first and ((psn - first) & PSN_HALF
-                         or (psn - w.last_psn - 1) & PSN_MASK < PSN_HALF - 1):
+    # inside the WQE's PSNs (at its first: an ONLY, a FIRST), and sent
+    if psn != first and (psn_before(psn, first) or psn_diff(psn, w.last_psn) > 0):
         return False
-    if not (psn - qp.req.psn) & PSN_HALF:
+    if not psn_before(psn, qp.req.psn):
         return False
     info = _ANSWER_OPCODES[opcode]
     if info.atomicacketh:
