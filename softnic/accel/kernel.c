@@ -24,10 +24,16 @@
                      up to the WRITE's LAST, no byte a newer PSN placed);
                      and completer._read_response for READ RESPONSE MIDDLEs
                      at the expected PSN (completer.receive_middles: the
-                     READ's one SGE, room up to its LAST).
+                     READ's one SGE, room up to its LAST);
+     sn_read_only    responder.answer and _read for an RDMA READ request at the
+                     ePSN whose response is one packet, and
+                     output._rc_responses' read_response_only (and
+                     append_icrc) for that READ RESPONSE ONLY, under the
+                     conditions of COMMON_CASE and responder.read_target.
 
    The caller accounts for the packets taken with the count returned, through
-   the same rule functions (responder.accept, the AckReq count).  The
+   the same rule functions (responder.accept, the AckReq count; for READs
+   answered, responder.took_reads).  The
    differential tests (tests/test_kernel.py) compare both against the engine's
    general path, byte for byte.
 
@@ -234,3 +240,54 @@ uint32_t sn_tx_heads(uint8_t *heads, uint32_t count, uint32_t w0, uint32_t dqpn,
     return s;
 }
 
+/* Answer (responder.answer and _read, for an RDMA READ request at the ePSN,
+   then output._rc_responses' read_response_only and append_icrc for its one
+   response): the request in req[0:n] is taken if it meets COMMON_CASE's
+   per-packet conditions and read_target's for the READ (the QP's are checked
+   by the caller, responder.read_target, once per call):
+     - n == BTH + RETH + ICRC: no payload, no pad;
+     - BTH word 0 equal to w0 (the opcode, flags and P_Key the ICRC state
+       req_start was computed for: icrc_start of the request);
+     - the destination QP qpn, FECN and BECN clear, the PSN epsn;
+     - a good ICRC;
+     - the RETH's R_Key rkey and DMA length length (read_target's: an MR of the
+       QP's PD with remote read, its bytes lo .. hi at mem, and a length of one
+       packet at most, not 0), its VA such that [VA, VA + length) lies within
+       [lo, hi) (else the engine NAKs it: REMOTE ACCESS ERROR).
+   The READ RESPONSE ONLY goes to resp: BTH word 0 resp_w0 (its opcode, pad
+   count and P_Key), destination QP dqpn, the request's PSN, AckReq clear;
+   AETH aeth (the syndrome and the MSN after this READ); the length bytes read
+   at VA; zero pad; the ICRC from resp_start (icrc_start of the response: its
+   pseudo header depends on its length, which length fixes).  Returns the
+   response's length, or 0 (resp untouched) if the request is not taken. */
+size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                    uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
+                    uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
+                    uint32_t aeth, uint32_t resp_start, uint8_t *resp)
+{
+    uint32_t w2, w3, pad = -length & 3u;
+    uint64_t va;
+    size_t len;
+    if (n != BTH_LEN + RETH_LEN + ICRC_LEN || length == 0 || hi < lo)
+        return 0;
+    w2 = be32(req + 4);
+    w3 = be32(req + 8);
+    if (be32(req) != w0 || (w2 & QPN_MASK) != qpn || (w2 & (BTH_FECN | BTH_BECN))
+            || (w3 & PSN_MASK) != epsn)
+        return 0;
+    if (sn_crc32(req_start, req + 8, n - 8 - ICRC_LEN) != le32(req + n - ICRC_LEN))
+        return 0;
+    va = (uint64_t)be32(req + BTH_LEN) << 32 | be32(req + BTH_LEN + 4);
+    if (be32(req + BTH_LEN + 8) != rkey || be32(req + BTH_LEN + 12) != length
+            || va < lo || va > hi || hi - va < length)
+        return 0;
+    put_be32(resp, resp_w0);
+    put_be32(resp + 4, dqpn & QPN_MASK);
+    put_be32(resp + 8, epsn);
+    put_be32(resp + BTH_LEN, aeth);
+    memcpy(resp + BTH_LEN + AETH_LEN, mem + (va - lo), length);
+    memset(resp + BTH_LEN + AETH_LEN + length, 0, pad);
+    len = BTH_LEN + AETH_LEN + (size_t)length + pad;
+    put_le32(resp + len, sn_crc32(resp_start, resp + 8, len - 8));
+    return len + ICRC_LEN;
+}

@@ -12,3 +12,7 @@ uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint
 uint32_t sn_tx_heads(uint8_t *heads, uint32_t count, uint32_t w0, uint32_t dqpn,
                      uint32_t psn, uint32_t s, uint32_t ack_every, const uint8_t *src,
                      size_t mtu, uint32_t start);
+size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                    uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
+                    uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
+                    uint32_t aeth, uint32_t resp_start, uint8_t *resp);

@@ -37,6 +37,11 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
                   uint64_t off, uint64_t len, uint32_t max, uint32_t *acks,
                   uint32_t cap, uint32_t *nacks);
 
+size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                    uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
+                    uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
+                    uint32_t aeth, uint32_t resp_start, uint8_t *resp);
+
 int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
                  uint32_t w0, uint32_t dqpn, uint32_t epsn, uint32_t start, uint32_t seg,
                  uint8_t *dst, uint64_t off, uint64_t len, uint32_t max_runs,
@@ -112,5 +117,111 @@ int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pe
     out[0] = nacks;
     out[7] = runs;
     out[8] = (uint32_t)bytes;
+    return (int)taken;
+}
+
+
+/* The UDP driver's answer to a peer's READs of one packet each
+   (responder.read_target's), without the interpreter between request and
+   response: receive (as sn_rx_stream: recvmsg(2) into buf, cap bytes, UDP_GRO
+   runs as the kernel coalesces them) and, while each datagram from the QP's
+   peer (peer_ip, peer_port) is such a READ at the ePSN (sn_read_only's
+   conditions, from epsn on, each answered with the MSN after it: msn + 1 for
+   the first), send its READ RESPONSE ONLY to the peer at once (sendto(2) from
+   resp, a buffer of BTH + AETH + length + pad + ICRC bytes at least).  A send
+   the socket refuses (no room, no route) loses the response, as a wire would:
+   counted in out[8]; the requester's retransmission asks again.
+
+   Stops, with out[1] saying why (out[2..7] and out[9] as sn_rx_stream's):
+     0  nothing waits;  1  a datagram not so taken waits in buf (from offset
+     out[4] on, of a run of out[2] bytes, segments of out[3]; from out[5] port
+     out[6]), for the engine;  2  max READs answered;  3  a truncated datagram
+     (dropped);  4  recvmsg failed (out[9]: errno).
+   Returns how many READs it answered; responder.took_reads accounts for them
+   (the ePSN and MSN moved past each, each remembered for its replay). */
+int sn_rx_reads(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
+                uint32_t w0, uint32_t qpn, uint32_t epsn, uint32_t req_start, uint32_t rkey,
+                uint32_t length, uint64_t lo, uint64_t hi, const uint8_t *mem,
+                uint32_t resp_w0, uint32_t dqpn, uint32_t syndrome, uint32_t msn,
+                uint32_t resp_start, uint8_t *resp, uint32_t max, uint32_t *out)
+{
+    uint32_t taken = 0, runs = 0, lost = 0;
+    struct sockaddr_in to;
+    memset(out, 0, 10 * sizeof *out);
+    memset(&to, 0, sizeof to);
+    to.sin_family = AF_INET;
+    to.sin_port = htons((uint16_t)peer_port);
+    to.sin_addr.s_addr = htonl(peer_ip);
+    while (taken < max) {
+        struct sockaddr_in sa;
+        struct iovec iov = { buf, cap };
+        union {
+            char b[CMSG_SPACE(sizeof(int)) * 2];
+            struct cmsghdr align;
+        } ctl;
+        struct msghdr m;
+        struct cmsghdr *c;
+        ssize_t r;
+        size_t o = 0, seg;
+        uint32_t gro = 0, ip;
+        memset(&m, 0, sizeof m);
+        m.msg_name = &sa;
+        m.msg_namelen = sizeof sa;
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl.b;
+        m.msg_controllen = sizeof ctl.b;
+        r = recvmsg(fd, &m, MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR || errno == ECONNREFUSED)   /* (an ICMP error for a send) */
+                continue;
+            out[1] = (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 4;
+            out[9] = (uint32_t)errno;
+            break;
+        }
+        runs++;
+        if ((m.msg_flags & MSG_TRUNC) || (size_t)r >= cap) {
+            out[1] = 3;
+            break;
+        }
+        for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+            if (c->cmsg_level == SN_RX_SOL_UDP && c->cmsg_type == SN_RX_UDP_GRO
+                    && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int g;
+                memcpy(&g, CMSG_DATA(c), sizeof g);
+                gro = g > 0 && (size_t)g < (size_t)r ? (uint32_t)g : 0;
+            }
+        ip = ntohl(sa.sin_addr.s_addr);
+        seg = gro ? gro : (size_t)r;
+        if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port)
+            while (o < (size_t)r && taken < max) {
+                size_t n = (size_t)r - o < seg ? (size_t)r - o : seg, k;
+                msn = (msn + 1) & MSN_MASK;
+                k = sn_read_only(buf + o, n, w0, qpn, epsn, req_start, rkey, length, lo, hi,
+                                 mem, resp_w0, dqpn, syndrome | msn, resp_start, resp);
+                if (!k) {
+                    msn = (msn - 1) & MSN_MASK;
+                    break;
+                }
+                if (sendto(fd, resp, k, 0, (struct sockaddr *)&to, sizeof to) < 0)
+                    lost++;
+                taken++;
+                epsn = (epsn + 1) & PSN_MASK;
+                o += n;
+            }
+        if (o < (size_t)r) {
+            out[1] = 1;
+            out[2] = (uint32_t)r;
+            out[3] = gro;
+            out[4] = (uint32_t)o;
+            out[5] = ip;
+            out[6] = ntohs(sa.sin_port);
+            runs--;
+            break;
+        }
+        out[1] = 2;
+    }
+    out[7] = runs;
+    out[8] = lost;
     return (int)taken;
 }

@@ -8,3 +8,6 @@
 #define BTH_FECN 0x80000000u       /* softnic.wire.roce.BTH_FECN */
 #define BTH_BECN 0x40000000u       /* softnic.wire.roce.BTH_BECN */
 #define BTH_ACKREQ 0x80000000u     /* softnic.wire.roce.BTH_ACKREQ */
+#define RETH_LEN 16                /* softnic.wire.roce.RETH_LEN */
+#define AETH_LEN 4                 /* softnic.wire.roce.AETH_LEN */
+#define MSN_MASK 0xFFFFFFu         /* softnic.wire.roce.MSN_MASK */

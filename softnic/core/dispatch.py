@@ -141,6 +141,15 @@ class Dispatch:
             completer.took_responses(self, qp, k, now)
         return Stream(qp, *r, took, StreamKind.RESPONSES)
 
+    def read_target(self) -> "responder.ReadTarget | None":
+        """The READs of one packet a driver's kernel may answer now, for
+        ``read_qp`` (the QP that answered one last): ``responder.read_target``."""
+        return responder.read_target(self) if self.read_qp is not None else None
+
+    def took_reads(self, qp, k: int) -> None:
+        """Account for ``k`` READs the kernel answered (``responder.took_reads``)."""
+        responder.took_reads(self, qp, k)
+
     def receive_datagram(self, data: bytes, src: tuple[str, int], now: float, ecn: int = 0,
                          telemetry: tuple | None = None) -> None:
         """One UDP payload from ``src``.  ``ecn`` is the IP header's ECN codepoint

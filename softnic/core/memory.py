@@ -521,6 +521,17 @@ class KeyTable:
             return mr.remote_view(qp, addr, length, need)
         return mr.remote_view(addr, length, need)
 
+    def remote_region(self, pd: PD, rkey: int, need: Access) -> MR | None:
+        """The MR ``rkey`` names in ``pd`` if it is a valid one (not a window, not
+        on-demand) that grants ``need``: every ``[addr, addr + length)`` within
+        its bounds is then a range ``remote`` gives for it (a driver's kernel
+        checks the range; ``responder.read_target``).  Else None."""
+        mr = self._by_key.get(rkey)
+        if type(mr) is not MR or mr.pd is not pd or not mr.valid \
+                or not int(mr.access) & int(need):
+            return None
+        return mr
+
     def region(self, pd: PD, rkey: int):
         """The MR or window ``rkey`` names in ``pd`` (a FLUSH of a whole region)."""
         mr = self._by_key.get(rkey)

@@ -44,10 +44,10 @@ from typing import NamedTuple
 
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
-from ..wire.roce import AETH_CODE_SHIFT, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, \
+from ..wire.roce import AETH_CODE_SHIFT, AETH_LEN, AETH_SYNDROME_SHIFT, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, \
     BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, BTH_SE, BTH_STRUCT, \
     DEFAULT_PKEY, ICRC_LEN, Kind, MSN_MASK, NakCode, OPCODES, Opcode as O, QPN_MASK, \
-    RETH_STRUCT
+    RETH_LEN, RETH_STRUCT
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import MW, AccessError, view_span
@@ -742,6 +742,9 @@ def _read(dev, qp, info, psn: int, va: int, rkey: int, length: int) -> None:
     _answered(qp, last)
     resp.out.append(ReadReply(psn, view, resp.msn))
     dev.mark_ready(qp)
+    if last == psn and length:
+        resp.read_hint = (rkey, length)     # READs like it: a driver may answer them
+        dev.read_qp = qp                    # (read_target)
 
 
 def _atomic(dev, qp, info, psn: int, va: int, rkey: int, swap_add: int, compare: int) -> None:
@@ -1393,3 +1396,98 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
     run = _chain_target(dev, qp, nxt)
     if run is not None and run[3] < run[4] - 1:
         dev.stream_qp = qp          # more MIDDLEs of the WRITE to come: a driver may stream them
+
+
+# ------------------------------------------------------------------ READs answered by the kernel
+
+_READ_REQUEST = int(O.RC_RDMA_READ_REQUEST)
+_READ_RESPONSE_ONLY = int(O.RC_RDMA_READ_RESPONSE_ONLY)
+_READ_REQUEST_LEN = BTH_LEN + RETH_LEN + ICRC_LEN
+
+
+class ReadTarget(NamedTuple):
+    """What a driver's kernel needs to answer a QP's next READs of one packet
+    (``sn_rx_reads``; ``read_target`` says when it may): the request's BTH word
+    0, its ICRC state (``icrc_start``) and the ePSN; the R_Key and length of the
+    READs it may answer (those of the last one answered), the MR's bounds
+    ``[lo, hi)`` and its bytes ``mem``; the response's BTH word 0, destination
+    QP, AETH syndrome bits, the MSN before the first, and ICRC state."""
+    qp: object
+    w0: int
+    req_start: int
+    epsn: int
+    rkey: int
+    length: int
+    lo: int
+    hi: int
+    mem: memoryview
+    resp_w0: int
+    dqpn: int
+    syndrome: int
+    msn: int
+    resp_start: int
+
+
+def read_target(dev) -> ReadTarget | None:
+    """May the driver's kernel answer ``dev.read_qp``'s next requests
+    (``sn_read_only``, through ``sn_rx_reads``)?  So it may while a READ at the
+    ePSN would take ``receive_common``'s way through ``answer`` and ``_read``
+    with nothing else to do: COMMON_CASE's conditions on the QP (RC, not XRC,
+    RTR, RTS or SQD, nothing held beyond a hole), no message under way
+    (``_check_sequence``), no response waiting to go out before it (its order
+    on the wire), no congestion controller to tell, remote reads allowed
+    (``_read``), ICRCs checked and sent (``DeviceConfig.icrc``, ``check_icrc``),
+    and the READ's R_Key that of an MR of the QP's PD which allows remote
+    reads (``MemoryTable.remote``; not a memory window, not an on-demand
+    one).  Only READs of the R_Key and length of the last READ of one packet
+    the engine answered (``resp.read_hint``) are taken: the response's ICRC
+    state depends on its length.  The kernel checks each packet's conditions
+    and the VA's range; ``took_reads`` accounts for what it answered."""
+    qp = dev.read_qp
+    if qp is None:
+        return None
+    resp = qp.resp
+    hint = resp.read_hint
+    cfg = dev.config
+    sr = qp.sr
+    if hint is None or dev.qps.get(qp.qpn) is not qp or qp.qp_type is not _RC \
+            or qp.xrc is not None or qp.state not in _RECEIVING or qp.cc is not None \
+            or not int(qp.attr.qp_access_flags) & _REMOTE_READ \
+            or not (cfg.icrc and cfg.check_icrc) or dev.kernel is None or not dev._fast:
+        dev.read_qp = None
+        return None
+    if resp.kind is not None or resp.out or sr.ooo or sr.naked or sr.scan is not None \
+            or sr.writes or sr.placed is not None:
+        return None                 # the engine's turn first (it may be again after)
+    rkey, length = hint
+    mr = dev.keys.remote_region(qp.pd, rkey, Access.REMOTE_READ)
+    if mr is None or length > qp.mtu:
+        dev.read_qp = None
+        return None
+    src = qp.dest
+    dqpn = qp.attr.dest_qp_num & QPN_MASK
+    w0 = (_READ_REQUEST << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+    pad = -length & 3
+    resp_w0 = (_READ_RESPONSE_ONLY << BTH_OPCODE_SHIFT) \
+        | (pad << (BTH_PAD_SHIFT + 16)) | DEFAULT_PKEY
+    return ReadTarget(
+        qp, w0, icrc_start(src[0], dev.ip, src[1], dev.port, _READ_REQUEST_LEN,
+                           _W0_DQPN.pack(w0, qp.qpn)),
+        resp.epsn, rkey, length, mr.addr, mr.addr + mr.length, mr.view, resp_w0, dqpn,
+        ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn,
+        icrc_start(dev.ip, src[0], dev.port, src[1],
+                   BTH_LEN + AETH_LEN + length + pad + ICRC_LEN, _W0_DQPN.pack(resp_w0, dqpn)))
+
+
+def took_reads(dev, qp, k: int) -> None:
+    """Account for ``k`` READs the kernel answered from the ePSN on (each of
+    one packet, its response sent), as ``receive_common`` and ``_read`` account
+    for each: counted (``rcvd_pkts``; its response in ``sent_pkts``, as
+    ``Output`` counts what it seals), remembered for a duplicate's replay, the
+    ePSN and MSN moved past it."""
+    dev.counters["rcvd_pkts"] += k
+    dev.counters["sent_pkts"] += k
+    for _ in range(k):
+        psn = qp.resp.epsn
+        _remember(qp, ReadResource(psn, psn))
+        _answered(qp, psn)
