@@ -29,11 +29,13 @@
                      ePSN whose response is one packet, and
                      output._rc_responses' read_response_only (and
                      append_icrc) for that READ RESPONSE ONLY, under the
-                     conditions of COMMON_CASE and responder.read_target.
+                     conditions of COMMON_CASE and responder.answer_target;
+     sn_atomic_ack   the same for an ATOMIC (responder._atomic, then
+                     atomic_ack_packet for its ATOMIC ACKNOWLEDGE).
 
    The caller accounts for the packets taken with the count returned, through
    the same rule functions (responder.accept, the AckReq count; for READs
-   answered, responder.took_reads).  The
+   and ATOMICs answered, responder.took_answers).  The
    differential tests (tests/test_kernel.py) compare both against the engine's
    general path, byte for byte.
 
@@ -243,14 +245,14 @@ uint32_t sn_tx_heads(uint8_t *heads, uint32_t count, uint32_t w0, uint32_t dqpn,
 /* Answer (responder.answer and _read, for an RDMA READ request at the ePSN,
    then output._rc_responses' read_response_only and append_icrc for its one
    response): the request in req[0:n] is taken if it meets COMMON_CASE's
-   per-packet conditions and read_target's for the READ (the QP's are checked
-   by the caller, responder.read_target, once per call):
+   per-packet conditions and answer_target's for the READ (the QP's are checked
+   by the caller, responder.answer_target, once per call):
      - n == BTH + RETH + ICRC: no payload, no pad;
      - BTH word 0 equal to w0 (the opcode, flags and P_Key the ICRC state
        req_start was computed for: icrc_start of the request);
      - the destination QP qpn, FECN and BECN clear, the PSN epsn;
      - a good ICRC;
-     - the RETH's R_Key rkey and DMA length length (read_target's: an MR of the
+     - the RETH's R_Key rkey and DMA length length (answer_target's: an MR of the
        QP's PD with remote read, its bytes lo .. hi at mem, and a length of one
        packet at most, not 0), its VA such that [VA, VA + length) lies within
        [lo, hi) (else the engine NAKs it: REMOTE ACCESS ERROR).
@@ -288,6 +290,67 @@ size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uin
     memcpy(resp + BTH_LEN + AETH_LEN, mem + (va - lo), length);
     memset(resp + BTH_LEN + AETH_LEN + length, 0, pad);
     len = BTH_LEN + AETH_LEN + (size_t)length + pad;
+    put_le32(resp + len, sn_crc32(resp_start, resp + 8, len - 8));
+    return len + ICRC_LEN;
+}
+
+static inline uint64_t be64(const uint8_t *p)
+{
+    return (uint64_t)be32(p) << 32 | be32(p + 4);
+}
+
+/* Answer (responder.answer and _atomic, for an ATOMIC at the ePSN, then
+   output.atomic_ack_packet and append_icrc for its ATOMIC ACKNOWLEDGE): the
+   request in req[0:n] is taken under the conditions sn_read_only states, for
+   an ATOMIC: n == BTH + AtomicETH + ICRC; BTH word 0 w0 (FETCH_ADD, or
+   COMPARE_SWAP: compare_swap); the AtomicETH's R_Key rkey, its VA 8-byte
+   aligned (else the engine NAKs it: INVALID REQUEST) and its 8 bytes within
+   [lo, hi) (answer_target's: an MR of the QP's PD with remote atomics, its
+   bytes lo .. hi at mem).  The 8 bytes at VA, in the host's byte order as
+   _atomic reads them, are *orig; COMPARE_SWAP writes the swap value there if
+   they equal the compare value, FETCH_ADD their sum with the add value (mod
+   2**64).  The ATOMIC ACKNOWLEDGE goes to resp: BTH word 0 resp_w0,
+   destination QP dqpn, the request's PSN; AETH aeth; the original value (big
+   endian); the ICRC from resp_start.  Returns its length, or 0 (nothing
+   written, memory untouched) if the request is not taken. */
+size_t sn_atomic_ack(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                     uint32_t req_start, uint32_t rkey, int compare_swap, uint64_t lo,
+                     uint64_t hi, uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
+                     uint32_t aeth, uint32_t resp_start, uint8_t *resp, uint64_t *orig)
+{
+    const uint8_t *e = req + BTH_LEN;
+    uint32_t w2, w3;
+    uint64_t va, o, v;
+    size_t len = BTH_LEN + AETH_LEN + ATOMICACKETH_LEN;
+    if (n != BTH_LEN + ATOMICETH_LEN + ICRC_LEN || hi < lo)
+        return 0;
+    w2 = be32(req + 4);
+    w3 = be32(req + 8);
+    if (be32(req) != w0 || (w2 & QPN_MASK) != qpn || (w2 & (BTH_FECN | BTH_BECN))
+            || (w3 & PSN_MASK) != epsn)
+        return 0;
+    if (sn_crc32(req_start, req + 8, n - 8 - ICRC_LEN) != le32(req + n - ICRC_LEN))
+        return 0;
+    va = be64(e);
+    if (be32(e + 8) != rkey || (va & 7) || va < lo || va > hi || hi - va < 8)
+        return 0;
+    memcpy(&o, mem + (va - lo), 8);
+    if (compare_swap) {
+        if (o == be64(e + 20)) {
+            v = be64(e + 12);
+            memcpy(mem + (va - lo), &v, 8);
+        }
+    } else {
+        v = o + be64(e + 12);
+        memcpy(mem + (va - lo), &v, 8);
+    }
+    *orig = o;
+    put_be32(resp, resp_w0);
+    put_be32(resp + 4, dqpn & QPN_MASK);
+    put_be32(resp + 8, epsn);
+    put_be32(resp + BTH_LEN, aeth);
+    put_be32(resp + BTH_LEN + AETH_LEN, (uint32_t)(o >> 32));
+    put_be32(resp + BTH_LEN + AETH_LEN + 4, (uint32_t)o);
     put_le32(resp + len, sn_crc32(resp_start, resp + 8, len - 8));
     return len + ICRC_LEN;
 }

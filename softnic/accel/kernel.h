@@ -16,3 +16,7 @@ size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uin
                     uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
                     uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
                     uint32_t aeth, uint32_t resp_start, uint8_t *resp);
+size_t sn_atomic_ack(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                     uint32_t req_start, uint32_t rkey, int compare_swap, uint64_t lo,
+                     uint64_t hi, uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
+                     uint32_t aeth, uint32_t resp_start, uint8_t *resp, uint64_t *orig);

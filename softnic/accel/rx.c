@@ -42,6 +42,11 @@ size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uin
                     uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
                     uint32_t aeth, uint32_t resp_start, uint8_t *resp);
 
+size_t sn_atomic_ack(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                     uint32_t req_start, uint32_t rkey, int compare_swap, uint64_t lo,
+                     uint64_t hi, uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
+                     uint32_t aeth, uint32_t resp_start, uint8_t *resp, uint64_t *orig);
+
 int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
                  uint32_t w0, uint32_t dqpn, uint32_t epsn, uint32_t start, uint32_t seg,
                  uint8_t *dst, uint64_t off, uint64_t len, uint32_t max_runs,
@@ -121,29 +126,32 @@ int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pe
 }
 
 
-/* The UDP driver's answer to a peer's READs of one packet each
-   (responder.read_target's), without the interpreter between request and
+/* The UDP driver's answer to a peer's READs of one packet or ATOMICs
+   (responder.answer_target's), without the interpreter between request and
    response: receive (as sn_rx_stream: recvmsg(2) into buf, cap bytes, UDP_GRO
    runs as the kernel coalesces them) and, while each datagram from the QP's
-   peer (peer_ip, peer_port) is such a READ at the ePSN (sn_read_only's
-   conditions, from epsn on, each answered with the MSN after it: msn + 1 for
-   the first), send its READ RESPONSE ONLY to the peer at once (sendto(2) from
-   resp, a buffer of BTH + AETH + length + pad + ICRC bytes at least).  A send
-   the socket refuses (no room, no route) loses the response, as a wire would:
-   counted in out[8]; the requester's retransmission asks again.
+   peer (peer_ip, peer_port) is such a request at the ePSN (kind 0: a READ,
+   sn_read_only's conditions; 1: a FETCH_ADD, 2: a COMPARE_SWAP,
+   sn_atomic_ack's; from epsn on, each answered with the MSN after it: msn + 1
+   for the first), send its response to the peer at once (sendto(2) from resp,
+   room for the longest: BTH + AETH + length + pad + ICRC bytes).  An ATOMIC's
+   original value goes to origs (max entries).  A send the socket refuses (no
+   room, no route) loses the response, as a wire would: counted in out[8]; the
+   requester's retransmission asks again (a duplicate, the engine's to answer).
 
    Stops, with out[1] saying why (out[2..7] and out[9] as sn_rx_stream's):
      0  nothing waits;  1  a datagram not so taken waits in buf (from offset
      out[4] on, of a run of out[2] bytes, segments of out[3]; from out[5] port
-     out[6]), for the engine;  2  max READs answered;  3  a truncated datagram
-     (dropped);  4  recvmsg failed (out[9]: errno).
-   Returns how many READs it answered; responder.took_reads accounts for them
-   (the ePSN and MSN moved past each, each remembered for its replay). */
-int sn_rx_reads(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
-                uint32_t w0, uint32_t qpn, uint32_t epsn, uint32_t req_start, uint32_t rkey,
-                uint32_t length, uint64_t lo, uint64_t hi, const uint8_t *mem,
-                uint32_t resp_w0, uint32_t dqpn, uint32_t syndrome, uint32_t msn,
-                uint32_t resp_start, uint8_t *resp, uint32_t max, uint32_t *out)
+     out[6]), for the engine;  2  max requests answered;  3  a truncated
+     datagram (dropped);  4  recvmsg failed (out[9]: errno).
+   Returns how many it answered; responder.took_answers accounts for them (the
+   ePSN and MSN moved past each, each remembered for its replay). */
+int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
+                  uint32_t kind, uint32_t w0, uint32_t qpn, uint32_t epsn, uint32_t req_start,
+                  uint32_t rkey, uint32_t length, uint64_t lo, uint64_t hi, uint8_t *mem,
+                  uint32_t resp_w0, uint32_t dqpn, uint32_t syndrome, uint32_t msn,
+                  uint32_t resp_start, uint8_t *resp, uint32_t max, uint64_t *origs,
+                  uint32_t *out)
 {
     uint32_t taken = 0, runs = 0, lost = 0;
     struct sockaddr_in to;
@@ -196,16 +204,20 @@ int sn_rx_reads(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pee
         if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port)
             while (o < (size_t)r && taken < max) {
                 size_t n = (size_t)r - o < seg ? (size_t)r - o : seg, k;
-                msn = (msn + 1) & MSN_MASK;
-                k = sn_read_only(buf + o, n, w0, qpn, epsn, req_start, rkey, length, lo, hi,
-                                 mem, resp_w0, dqpn, syndrome | msn, resp_start, resp);
-                if (!k) {
-                    msn = (msn - 1) & MSN_MASK;
+                uint32_t aeth = syndrome | ((msn + 1) & MSN_MASK);
+                if (kind == 0)
+                    k = sn_read_only(buf + o, n, w0, qpn, epsn, req_start, rkey, length, lo,
+                                     hi, mem, resp_w0, dqpn, aeth, resp_start, resp);
+                else
+                    k = sn_atomic_ack(buf + o, n, w0, qpn, epsn, req_start, rkey, kind == 2,
+                                      lo, hi, mem, resp_w0, dqpn, aeth, resp_start, resp,
+                                      origs + taken);
+                if (!k)
                     break;
-                }
                 if (sendto(fd, resp, k, 0, (struct sockaddr *)&to, sizeof to) < 0)
                     lost++;
                 taken++;
+                msn = (msn + 1) & MSN_MASK;
                 epsn = (epsn + 1) & PSN_MASK;
                 o += n;
             }

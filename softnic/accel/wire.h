@@ -9,5 +9,7 @@
 #define BTH_BECN 0x40000000u       /* softnic.wire.roce.BTH_BECN */
 #define BTH_ACKREQ 0x80000000u     /* softnic.wire.roce.BTH_ACKREQ */
 #define RETH_LEN 16                /* softnic.wire.roce.RETH_LEN */
+#define ATOMICETH_LEN 28           /* softnic.wire.roce.ATOMICETH_LEN */
+#define ATOMICACKETH_LEN 8         /* softnic.wire.roce.ATOMICACKETH_LEN */
 #define AETH_LEN 4                 /* softnic.wire.roce.AETH_LEN */
 #define MSN_MASK 0xFFFFFFu         /* softnic.wire.roce.MSN_MASK */

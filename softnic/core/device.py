@@ -159,8 +159,8 @@ class Device(Verbs, Dispatch, Output, Timers):
         #: took last (``stream_target``)
         self.stream_qp = None
         #: the QP that answered a READ of one packet last: a driver's kernel may
-        #: answer the next ones (``read_target``)
-        self.read_qp = None
+        #: answer the next ones (``answer_target``)
+        self.answer_qp = None
         #: the driver sends a ``requester.Gather`` (a run whose payload stays in
         #: registered memory) as it is; False: every run is built whole
         self.tx_gather = False

@@ -141,14 +141,14 @@ class Dispatch:
             completer.took_responses(self, qp, k, now)
         return Stream(qp, *r, took, StreamKind.RESPONSES)
 
-    def read_target(self) -> "responder.ReadTarget | None":
-        """The READs of one packet a driver's kernel may answer now, for
-        ``read_qp`` (the QP that answered one last): ``responder.read_target``."""
-        return responder.read_target(self) if self.read_qp is not None else None
+    def answer_target(self) -> "responder.AnswerTarget | None":
+        """The READs of one packet or ATOMICs a driver's kernel may answer now, for
+        ``answer_qp`` (the QP that answered one last): ``responder.answer_target``."""
+        return responder.answer_target(self) if self.answer_qp is not None else None
 
-    def took_reads(self, qp, k: int) -> None:
-        """Account for ``k`` READs the kernel answered (``responder.took_reads``)."""
-        responder.took_reads(self, qp, k)
+    def took_answers(self, qp, kind: int, k: int, origs=None) -> None:
+        """Account for ``k`` requests the kernel answered (``responder.took_answers``)."""
+        responder.took_answers(self, qp, kind, k, origs)
 
     def receive_datagram(self, data: bytes, src: tuple[str, int], now: float, ecn: int = 0,
                          telemetry: tuple | None = None) -> None:

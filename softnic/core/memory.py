@@ -525,7 +525,7 @@ class KeyTable:
         """The MR ``rkey`` names in ``pd`` if it is a valid one (not a window, not
         on-demand) that grants ``need``: every ``[addr, addr + length)`` within
         its bounds is then a range ``remote`` gives for it (a driver's kernel
-        checks the range; ``responder.read_target``).  Else None."""
+        checks the range; ``responder.answer_target``).  Else None."""
         mr = self._by_key.get(rkey)
         if type(mr) is not MR or mr.pd is not pd or not mr.valid \
                 or not int(mr.access) & int(need):

@@ -367,7 +367,7 @@ class RespInfo:
     ``Output`` takes the responses off ``out``."""
 
     __slots__ = ("epsn", "msn", "wqe", "off", "kind", "write_view", "write_off", "write_len",
-                 "nak_sent", "uc_drop", "resources", "out", "read_hint")
+                 "nak_sent", "uc_drop", "resources", "out", "answer_hint")
 
     def __init__(self) -> None:
         self.epsn = 0                 # the expected PSN
@@ -382,7 +382,7 @@ class RespInfo:
         self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
         self.resources: deque = deque()   # READ / ATOMIC replay: responder.ReadResource, ...
         self.out: deque = deque()     # responses to send, in PSN order (responder.py's records)
-        self.read_hint = None         # (rkey, length) of the last READ of one packet answered
+        self.answer_hint = None         # (rkey, length) of the last READ of one packet answered
 
 
 class SRInfo:

@@ -44,7 +44,8 @@ from typing import NamedTuple
 
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
-from ..wire.roce import AETH_CODE_SHIFT, AETH_LEN, AETH_SYNDROME_SHIFT, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, \
+from ..wire.roce import AETH_CODE_SHIFT, AETH_LEN, AETH_SYNDROME_SHIFT, ATOMICACKETH_LEN, \
+    ATOMICETH_LEN, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, \
     BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, BTH_SE, BTH_STRUCT, \
     DEFAULT_PKEY, ICRC_LEN, Kind, MSN_MASK, NakCode, OPCODES, Opcode as O, QPN_MASK, \
     RETH_LEN, RETH_STRUCT
@@ -743,8 +744,8 @@ def _read(dev, qp, info, psn: int, va: int, rkey: int, length: int) -> None:
     resp.out.append(ReadReply(psn, view, resp.msn))
     dev.mark_ready(qp)
     if last == psn and length:
-        resp.read_hint = (rkey, length)     # READs like it: a driver may answer them
-        dev.read_qp = qp                    # (read_target)
+        resp.answer_hint = (ANSWER_READ, rkey, length)     # READs like it: a driver
+        dev.answer_qp = qp                                 # may answer them (answer_target)
 
 
 def _atomic(dev, qp, info, psn: int, va: int, rkey: int, swap_add: int, compare: int) -> None:
@@ -767,6 +768,9 @@ def _atomic(dev, qp, info, psn: int, va: int, rkey: int, swap_add: int, compare:
     _answered(qp, psn)
     resp.out.append(AtomicReply(psn, orig, resp.msn))
     dev.mark_ready(qp)
+    resp.answer_hint = (ANSWER_COMPARE_SWAP if info.opcode in _COMPARE_SWAP else ANSWER_FETCH_ADD,
+                        rkey, 8)            # ATOMICs like it: a driver may answer them
+    dev.answer_qp = qp
 
 
 #: the requests ``answer`` executes, by kind: their handlers take the header's fields
@@ -1398,21 +1402,33 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
         dev.stream_qp = qp          # more MIDDLEs of the WRITE to come: a driver may stream them
 
 
-# ------------------------------------------------------------------ READs answered by the kernel
+# ------------------------------------------------------------------ answered by the kernel
+#
+# A READ of one packet or an ATOMIC at the ePSN, answered by a driver's kernel
+# (``sn_rx_answers``: ``sn_read_only``, ``sn_atomic_ack``) as it arrives, under
+# ``answer_target``'s conditions; ``took_answers`` accounts for each as
+# ``answer`` does.
 
-_READ_REQUEST = int(O.RC_RDMA_READ_REQUEST)
-_READ_RESPONSE_ONLY = int(O.RC_RDMA_READ_RESPONSE_ONLY)
-_READ_REQUEST_LEN = BTH_LEN + RETH_LEN + ICRC_LEN
+#: what the kernel answers (``AnswerTarget.kind``; ``sn_rx_answers``' ``kind``)
+ANSWER_READ, ANSWER_FETCH_ADD, ANSWER_COMPARE_SWAP = 0, 1, 2
+_ANSWER_REQUEST = {ANSWER_READ: (int(O.RC_RDMA_READ_REQUEST), RETH_LEN, _REMOTE_READ,
+                                 int(O.RC_RDMA_READ_RESPONSE_ONLY)),
+                   ANSWER_FETCH_ADD: (int(O.RC_FETCH_ADD), ATOMICETH_LEN, _REMOTE_ATOMIC,
+                                      int(O.RC_ATOMIC_ACKNOWLEDGE)),
+                   ANSWER_COMPARE_SWAP: (int(O.RC_COMPARE_SWAP), ATOMICETH_LEN, _REMOTE_ATOMIC,
+                                         int(O.RC_ATOMIC_ACKNOWLEDGE))}
 
 
-class ReadTarget(NamedTuple):
-    """What a driver's kernel needs to answer a QP's next READs of one packet
-    (``sn_rx_reads``; ``read_target`` says when it may): the request's BTH word
-    0, its ICRC state (``icrc_start``) and the ePSN; the R_Key and length of the
-    READs it may answer (those of the last one answered), the MR's bounds
-    ``[lo, hi)`` and its bytes ``mem``; the response's BTH word 0, destination
-    QP, AETH syndrome bits, the MSN before the first, and ICRC state."""
+class AnswerTarget(NamedTuple):
+    """What a driver's kernel needs to answer a QP's next READs of one packet or
+    ATOMICs (``sn_rx_answers``; ``answer_target`` says when it may): which
+    (``kind``), the request's BTH word 0, its ICRC state (``icrc_start``) and
+    the ePSN; the R_Key and length of the requests it may answer (those of the
+    last one answered), the MR's bounds ``[lo, hi)`` and its bytes ``mem``; the
+    response's BTH word 0, destination QP, AETH syndrome bits, the MSN before
+    the first, and ICRC state."""
     qp: object
+    kind: int
     w0: int
     req_start: int
     epsn: int
@@ -1428,66 +1444,75 @@ class ReadTarget(NamedTuple):
     resp_start: int
 
 
-def read_target(dev) -> ReadTarget | None:
-    """May the driver's kernel answer ``dev.read_qp``'s next requests
-    (``sn_read_only``, through ``sn_rx_reads``)?  So it may while a READ at the
-    ePSN would take ``receive_common``'s way through ``answer`` and ``_read``
-    with nothing else to do: COMMON_CASE's conditions on the QP (RC, not XRC,
-    RTR, RTS or SQD, nothing held beyond a hole), no message under way
-    (``_check_sequence``), no response waiting to go out before it (its order
-    on the wire), no congestion controller to tell, remote reads allowed
-    (``_read``), ICRCs checked and sent (``DeviceConfig.icrc``, ``check_icrc``),
-    and the READ's R_Key that of an MR of the QP's PD which allows remote
-    reads (``MemoryTable.remote``; not a memory window, not an on-demand
-    one).  Only READs of the R_Key and length of the last READ of one packet
-    the engine answered (``resp.read_hint``) are taken: the response's ICRC
-    state depends on its length.  The kernel checks each packet's conditions
-    and the VA's range; ``took_reads`` accounts for what it answered."""
-    qp = dev.read_qp
+def answer_target(dev) -> AnswerTarget | None:
+    """May the driver's kernel answer ``dev.answer_qp``'s next requests
+    (``sn_read_only``, ``sn_atomic_ack``, through ``sn_rx_answers``)?  So it may
+    while a READ or ATOMIC at the ePSN would take ``receive_common``'s way
+    through ``answer`` with nothing else to do: COMMON_CASE's conditions on the
+    QP (RC, not XRC, RTR, RTS or SQD, nothing held beyond a hole), no message
+    under way (``_check_sequence``), no response waiting to go out before it
+    (its order on the wire), no congestion controller to tell, the access the
+    QP must allow (``_read``, ``_atomic``), ICRCs checked and sent
+    (``DeviceConfig.icrc``, ``check_icrc``), and the request's R_Key that of an
+    MR of the QP's PD granting that access (``MemoryTable.remote``; not a
+    memory window, not an on-demand one).  Only requests like the last the
+    engine answered (``resp.answer_hint``: a READ of one packet and its length,
+    or the same ATOMIC; the same R_Key) are taken: a response's ICRC state
+    depends on its length.  The kernel checks each packet's conditions and the
+    VA (its range; an ATOMIC's alignment); ``took_answers`` accounts for what
+    it answered."""
+    qp = dev.answer_qp
     if qp is None:
         return None
     resp = qp.resp
-    hint = resp.read_hint
+    hint = resp.answer_hint
     cfg = dev.config
     sr = qp.sr
     if hint is None or dev.qps.get(qp.qpn) is not qp or qp.qp_type is not _RC \
             or qp.xrc is not None or qp.state not in _RECEIVING or qp.cc is not None \
-            or not int(qp.attr.qp_access_flags) & _REMOTE_READ \
             or not (cfg.icrc and cfg.check_icrc) or dev.kernel is None or not dev._fast:
-        dev.read_qp = None
+        dev.answer_qp = None
         return None
     if resp.kind is not None or resp.out or sr.ooo or sr.naked or sr.scan is not None \
             or sr.writes or sr.placed is not None:
         return None                 # the engine's turn first (it may be again after)
-    rkey, length = hint
-    mr = dev.keys.remote_region(qp.pd, rkey, Access.REMOTE_READ)
-    if mr is None or length > qp.mtu:
-        dev.read_qp = None
+    kind, rkey, length = hint
+    opcode, eth_len, access, resp_opcode = _ANSWER_REQUEST[kind]
+    mr = dev.keys.remote_region(qp.pd, rkey, Access(access))
+    if mr is None or length > qp.mtu or not int(qp.attr.qp_access_flags) & access:
+        dev.answer_qp = None
         return None
     src = qp.dest
     dqpn = qp.attr.dest_qp_num & QPN_MASK
-    w0 = (_READ_REQUEST << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
-    pad = -length & 3
-    resp_w0 = (_READ_RESPONSE_ONLY << BTH_OPCODE_SHIFT) \
-        | (pad << (BTH_PAD_SHIFT + 16)) | DEFAULT_PKEY
-    return ReadTarget(
-        qp, w0, icrc_start(src[0], dev.ip, src[1], dev.port, _READ_REQUEST_LEN,
-                           _W0_DQPN.pack(w0, qp.qpn)),
+    w0 = (opcode << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+    if kind == ANSWER_READ:
+        pad = -length & 3
+        resp_len = BTH_LEN + AETH_LEN + length + pad + ICRC_LEN
+        resp_w0 = (resp_opcode << BTH_OPCODE_SHIFT) | (pad << (BTH_PAD_SHIFT + 16)) \
+            | DEFAULT_PKEY
+    else:
+        resp_len = BTH_LEN + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN
+        resp_w0 = (resp_opcode << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+    return AnswerTarget(
+        qp, kind, w0, icrc_start(src[0], dev.ip, src[1], dev.port, BTH_LEN + eth_len + ICRC_LEN,
+                                 _W0_DQPN.pack(w0, qp.qpn)),
         resp.epsn, rkey, length, mr.addr, mr.addr + mr.length, mr.view, resp_w0, dqpn,
         ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn,
-        icrc_start(dev.ip, src[0], dev.port, src[1],
-                   BTH_LEN + AETH_LEN + length + pad + ICRC_LEN, _W0_DQPN.pack(resp_w0, dqpn)))
+        icrc_start(dev.ip, src[0], dev.port, src[1], resp_len, _W0_DQPN.pack(resp_w0, dqpn)))
 
 
-def took_reads(dev, qp, k: int) -> None:
-    """Account for ``k`` READs the kernel answered from the ePSN on (each of
-    one packet, its response sent), as ``receive_common`` and ``_read`` account
-    for each: counted (``rcvd_pkts``; its response in ``sent_pkts``, as
-    ``Output`` counts what it seals), remembered for a duplicate's replay, the
-    ePSN and MSN moved past it."""
+def took_answers(dev, qp, kind: int, k: int, origs=None) -> None:
+    """Account for ``k`` requests the kernel answered from the ePSN on (READs of
+    one packet, or ATOMICs, ``kind``; their responses sent), as
+    ``receive_common`` and ``answer`` account for each: counted (``rcvd_pkts``;
+    its response in ``sent_pkts``, as ``Output`` counts what it seals),
+    remembered for a duplicate's replay (an ATOMIC with the original value the
+    kernel read, ``origs[i]``), the ePSN and MSN moved past it."""
     dev.counters["rcvd_pkts"] += k
     dev.counters["sent_pkts"] += k
-    for _ in range(k):
-        psn = qp.resp.epsn
-        _remember(qp, ReadResource(psn, psn))
+    resp = qp.resp
+    for i in range(k):
+        psn = resp.epsn
+        _remember(qp, ReadResource(psn, psn) if kind == ANSWER_READ
+                  else AtomicResource(psn, origs[i]))
         _answered(qp, psn)

@@ -51,6 +51,7 @@ from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from ..core.requester import Gather
+from ..core.responder import ANSWER_READ
 from ..core.dispatch import RESPONSES as _RESPONSES, StreamKind
 from .. import accel as _accel
 from . import env
@@ -117,12 +118,14 @@ GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "
 RX_STREAM = os.environ.get("SOFTNIC_RX_STREAM", "1").strip().lower() not in ("0", "no", "off",
                                                                              "false")
 _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may take
-#: Answer a peer's READs of one packet in the compiled kernel as they arrive
-#: (``_rx_reads``); ``SOFTNIC_RX_READS=0``: each through the engine.
-RX_READS = os.environ.get("SOFTNIC_RX_READS", "1").strip().lower() not in ("0", "no", "off",
-                                                                           "false")
-#: the longest READ RESPONSE ONLY: BTH, AETH, 4096 bytes (the largest path MTU), ICRC
-_READ_RESPONSE_MAX = 12 + 4 + 4096 + 4
+#: Answer a peer's READs of one packet and ATOMICs in the compiled kernel as they
+#: arrive (``_rx_answers``); ``SOFTNIC_RX_ANSWERS=0``: each through the engine.
+RX_ANSWERS = os.environ.get("SOFTNIC_RX_ANSWERS", "1").strip().lower() not in (
+    "0", "no", "off", "false")
+#: the longest answer, a READ RESPONSE ONLY: BTH, AETH, 4096 bytes (the largest
+#: path MTU), ICRC; and the most one call answers
+_ANSWER_MAX = 12 + 4 + 4096 + 4
+_ANSWERS_MAX = 256
 #: a READ's responses before its LAST: more of the same burst follow (``NIC.poll``'s
 #: ``reads``)
 _READ_MORE = frozenset({int(_Op.RC_RDMA_READ_RESPONSE_FIRST),
@@ -400,27 +403,29 @@ class NIC(SharedDevice):
         cfg_d = self.dev.config
         self._ack_bytes = cfg_d.window * cfg_d.active_mtu // 2
         self._stream = None
-        self._reads = None
-        self._reads_answered = 0    # READs _rx_reads answered
+        self._answers = None
+        self._answers_sent = 0      # requests _rx_answers answered
         self._stream_pkts = 0       # packets _rx_stream took
         self._stream_beyond_pkts = 0    # ... of them beyond a hole (selective repeat)
         self._posts_held = 0        # posts whose output waited for the caller's next call
         if self._runs:
             self.dev.kernel = _accel.load()
             k = self.dev.kernel
-            if RX_STREAM and k is not None and hasattr(self.sock, "rx_buffer") \
+            if k is not None and hasattr(self.sock, "rx_buffer") \
                     and self.sock.sock.family == socket.AF_INET:
-                # the progress thread's receive of a stream of MIDDLEs (_rx_stream)
-                self._stream = (k.lib, k.ffi,
-                                k.ffi.from_buffer(self.sock.rx_buffer, require_writable=True),
-                                len(self.sock.rx_buffer), k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
-                                k.ffi.new("uint32_t[10]"))
-            if RX_READS and self._stream is not None and self.injector is None:
-                # the answer to a peer's READs of one packet (_rx_reads), where no
-                # fault model needs to see the responses
-                self._reads = (k.lib, k.ffi, self._stream[2], self._stream[3],
-                               k.ffi.new(f"uint8_t[{_READ_RESPONSE_MAX}]"),
-                               k.ffi.new("uint32_t[10]"))
+                rx = (k.ffi.from_buffer(self.sock.rx_buffer, require_writable=True),
+                      len(self.sock.rx_buffer))
+                if RX_STREAM:
+                    # the progress thread's receive of a stream of MIDDLEs (_rx_stream)
+                    self._stream = (k.lib, k.ffi, *rx,
+                                    k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
+                                    k.ffi.new("uint32_t[10]"))
+                if RX_ANSWERS and self.injector is None:
+                    # the answer to a peer's READs of one packet and ATOMICs
+                    # (_rx_answers), where no fault model needs to see the responses
+                    self._answers = (k.lib, k.ffi, *rx, k.ffi.new(f"uint8_t[{_ANSWER_MAX}]"),
+                                     k.ffi.new(f"uint64_t[{_ANSWERS_MAX}]"),
+                                     k.ffi.new("uint32_t[10]"))
             # a run's payload goes from registered memory to the socket, gathered
             # (requester.Gather), where no capture or fault model needs its bytes (a
             # model that only drops sends the survivors of a run gathered too)
@@ -755,7 +760,7 @@ class NIC(SharedDevice):
         c["udp_recv_truncated"] = self.sock.recv_truncated if self.sock else 0
         c["rx_stream_pkts"] = self._stream_pkts
         c["rx_stream_beyond_pkts"] = self._stream_beyond_pkts
-        c["rx_reads_answered"] = self._reads_answered
+        c["rx_answers"] = self._answers_sent
         c["posts_held"] = self._posts_held
         c["progress_nice_changes"] = self._nice_changes
         c["progress_spin_datagram"] = self._spin_found
@@ -960,7 +965,7 @@ class NIC(SharedDevice):
             rx = dev.receive_run
             got = 0
             stream = self._stream is not None and not inline
-            answer = self._reads is not None
+            answer = self._answers is not None
             cqes = dev.cqes_posted
             while limit > 0:
                 if stream and dev.stream_qp is not None:
@@ -972,8 +977,8 @@ class NIC(SharedDevice):
                     ready = False
                     if empty:
                         break               # nothing waits
-                if answer and dev.read_qp is not None and limit > 0:
-                    r_did, used, empty = self._rx_reads(now, limit)
+                if answer and dev.answer_qp is not None and limit > 0:
+                    r_did, used, empty = self._rx_answers(now, limit)
                     if r_did:
                         did = True
                         answers = False     # a peer's requests
@@ -1099,30 +1104,36 @@ class NIC(SharedDevice):
                 break
         return did, answers, used, state == 0
 
-    def _rx_reads(self, now: float, limit: int) -> tuple[bool, int, bool]:
-        """Answer the READs of one packet that arrive for ``Device.read_target``'s
-        QP in the compiled kernel (``sn_rx_reads``), each response sent as its
-        request is taken, up to ``limit`` of them; the engine accounts for them
-        after the call (``took_reads``), then takes the datagram that stopped
-        it, if any, as ``_step`` takes every run.  Returns (did anything arrive,
-        receives used of ``limit``, did it stop because nothing waits)."""
-        lib, ffi, rxptr, cap, resp, out = self._reads
+    def _rx_answers(self, now: float, limit: int) -> tuple[bool, int, bool]:
+        """Answer the READs of one packet or ATOMICs that arrive for
+        ``Device.answer_target``'s QP in the compiled kernel (``sn_rx_answers``),
+        each response sent as its request is taken, up to ``limit`` of them; the
+        engine accounts for them after the call (``took_answers``), then takes
+        the datagram that stopped it, if any, as ``_step`` takes every run.
+        Returns (did anything arrive, receives used of ``limit``, did it stop
+        because nothing waits)."""
+        lib, ffi, rxptr, cap, resp, origs, out = self._answers
         dev = self.dev
-        t = dev.read_target()
+        t = dev.answer_target()
         if t is None:
             return False, 0, False
+        try:
+            mem = ffi.from_buffer(t.mem, require_writable=t.kind != ANSWER_READ)
+        except (TypeError, BufferError):
+            return False, 0, False       # (memory an ATOMIC may not write: the engine's)
         qp = t.qp
         ip, port = qp.dest
-        k = lib.sn_rx_reads(self.sock.fileno(), rxptr, cap, _ip_u32(ip), port, t.w0, qp.qpn,
-                            t.epsn, t.req_start, t.rkey, t.length, t.lo, t.hi,
-                            ffi.from_buffer(t.mem), t.resp_w0, t.dqpn, t.syndrome, t.msn,
-                            t.resp_start, resp, limit, out)
+        limit = min(limit, _ANSWERS_MAX)
+        k = lib.sn_rx_answers(self.sock.fileno(), rxptr, cap, _ip_u32(ip), port, t.kind, t.w0,
+                              qp.qpn, t.epsn, t.req_start, t.rkey, t.length, t.lo, t.hi, mem,
+                              t.resp_w0, t.dqpn, t.syndrome, t.msn, t.resp_start, resp, limit,
+                              origs, out)
         state = out[1]
         used = out[7] + (state in (1, 3))
         if k:
-            self._reads_answered += k
+            self._answers_sent += k
             self.sock.send_errors += out[8]
-            dev.took_reads(qp, k)
+            dev.took_answers(qp, t.kind, k, origs)
         if state == 1:                  # a datagram the kernel did not take
             n, g, o = out[2], out[3], out[4]
             dev.receive_run(self.sock.rx_view[o:n], g, (_ip_str(out[5]), out[6]), now)
