@@ -26,7 +26,10 @@ back to ``select.poll`` without it); and the UDP driver's gathered send
 (``sn_tx_heads``) goes down as each packet's header, payload and ICRC, one
 sendmsg(2) with GSO per 64 KiB, the payload copied once, by the kernel; and its
 receive of a stream of a WRITE's MIDDLEs (``rx.c``, ``sn_rx_stream``): run after
-run received and placed without the interpreter between them.
+run received and placed without the interpreter between them; and its answer to a
+peer's READs of one packet and ATOMICs (``rx.c``, ``sn_rx_answers``, with
+``kernel.c``'s ``sn_read_only`` and ``sn_atomic_ack``): each response sent as its
+request is taken.
 
     python -m softnic.accel [-v]     # build, check and say which CRC it uses
 """
@@ -108,7 +111,8 @@ def build(dest: Path, verbose: bool = False) -> Path:
     ffi.cdef((HERE / "kernel.h").read_text() + (HERE / "wait.h").read_text()
              + (HERE / "send.h").read_text() + (HERE / "rx.h").read_text())
     ffi.set_source(MODULE, "#include <stdint.h>\n#include <stddef.h>\n"
-                   + (HERE / "wire.h").read_text() + (HERE / "wait.c").read_text() + (HERE / "send.c").read_text()
+                   + (HERE / "wire.h").read_text() + (HERE / "kernel.h").read_text()
+                   + (HERE / "wait.c").read_text() + (HERE / "send.c").read_text()
                    + (HERE / "rx.c").read_text() + (HERE / "kernel.c").read_text(),
                    extra_compile_args=["-O2", "-fvisibility=hidden"])
     dest.mkdir(parents=True, exist_ok=True)

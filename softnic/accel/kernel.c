@@ -242,6 +242,48 @@ uint32_t sn_tx_heads(uint8_t *heads, uint32_t count, uint32_t w0, uint32_t dqpn,
     return s;
 }
 
+/* A request the kernel answers, as its BTH and ICRC must be (sn_read_only,
+   sn_atomic_ack): want bytes (BTH, its extended header, ICRC: no payload, no
+   pad), BTH word 0 w0 (the opcode, flags and P_Key the ICRC state req_start was
+   computed for), the destination QP qpn with FECN and BECN clear, the PSN
+   epsn, a good ICRC. */
+static int sn_request_at(const uint8_t *req, size_t n, size_t want, uint32_t w0,
+                         uint32_t qpn, uint32_t epsn, uint32_t req_start)
+{
+    uint32_t w2, w3;
+    if (n != want)
+        return 0;
+    w2 = be32(req + 4);
+    w3 = be32(req + 8);
+    if (be32(req) != w0 || (w2 & QPN_MASK) != qpn || (w2 & (BTH_FECN | BTH_BECN))
+            || (w3 & PSN_MASK) != epsn)
+        return 0;
+    return sn_crc32(req_start, req + 8, n - 8 - ICRC_LEN) == le32(req + n - ICRC_LEN);
+}
+
+/* A response's BTH (word 0 resp_w0, destination QP dqpn, PSN psn, AckReq clear)
+   and AETH (aeth) at resp; the ICRC, from resp_start over resp[8:len], after
+   its len bytes (sn_read_only, sn_atomic_ack). */
+static inline void sn_response_head(uint8_t *resp, uint32_t resp_w0, uint32_t dqpn,
+                                    uint32_t psn, uint32_t aeth)
+{
+    put_be32(resp, resp_w0);
+    put_be32(resp + 4, dqpn & QPN_MASK);
+    put_be32(resp + 8, psn & PSN_MASK);
+    put_be32(resp + BTH_LEN, aeth);
+}
+
+static inline size_t sn_response_seal(uint8_t *resp, size_t len, uint32_t resp_start)
+{
+    put_le32(resp + len, sn_crc32(resp_start, resp + 8, len - 8));
+    return len + ICRC_LEN;
+}
+
+static inline uint64_t be64(const uint8_t *p)
+{
+    return (uint64_t)be32(p) << 32 | be32(p + 4);
+}
+
 /* Answer (responder.answer and _read, for an RDMA READ request at the ePSN,
    then output._rc_responses' read_response_only and append_icrc for its one
    response): the request in req[0:n] is taken if it meets COMMON_CASE's
@@ -267,36 +309,19 @@ size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uin
                     uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
                     uint32_t aeth, uint32_t resp_start, uint8_t *resp)
 {
-    uint32_t w2, w3, pad = -length & 3u;
+    uint32_t pad = -length & 3u;
     uint64_t va;
-    size_t len;
-    if (n != BTH_LEN + RETH_LEN + ICRC_LEN || length == 0 || hi < lo)
+    if (length == 0 || hi < lo
+            || !sn_request_at(req, n, BTH_LEN + RETH_LEN + ICRC_LEN, w0, qpn, epsn, req_start))
         return 0;
-    w2 = be32(req + 4);
-    w3 = be32(req + 8);
-    if (be32(req) != w0 || (w2 & QPN_MASK) != qpn || (w2 & (BTH_FECN | BTH_BECN))
-            || (w3 & PSN_MASK) != epsn)
-        return 0;
-    if (sn_crc32(req_start, req + 8, n - 8 - ICRC_LEN) != le32(req + n - ICRC_LEN))
-        return 0;
-    va = (uint64_t)be32(req + BTH_LEN) << 32 | be32(req + BTH_LEN + 4);
+    va = be64(req + BTH_LEN);
     if (be32(req + BTH_LEN + 8) != rkey || be32(req + BTH_LEN + 12) != length
             || va < lo || va > hi || hi - va < length)
         return 0;
-    put_be32(resp, resp_w0);
-    put_be32(resp + 4, dqpn & QPN_MASK);
-    put_be32(resp + 8, epsn);
-    put_be32(resp + BTH_LEN, aeth);
+    sn_response_head(resp, resp_w0, dqpn, epsn, aeth);
     memcpy(resp + BTH_LEN + AETH_LEN, mem + (va - lo), length);
     memset(resp + BTH_LEN + AETH_LEN + length, 0, pad);
-    len = BTH_LEN + AETH_LEN + (size_t)length + pad;
-    put_le32(resp + len, sn_crc32(resp_start, resp + 8, len - 8));
-    return len + ICRC_LEN;
-}
-
-static inline uint64_t be64(const uint8_t *p)
-{
-    return (uint64_t)be32(p) << 32 | be32(p + 4);
+    return sn_response_seal(resp, BTH_LEN + AETH_LEN + (size_t)length + pad, resp_start);
 }
 
 /* Answer (responder.answer and _atomic, for an ATOMIC at the ePSN, then
@@ -319,17 +344,10 @@ size_t sn_atomic_ack(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, ui
                      uint32_t aeth, uint32_t resp_start, uint8_t *resp, uint64_t *orig)
 {
     const uint8_t *e = req + BTH_LEN;
-    uint32_t w2, w3;
     uint64_t va, o, v;
-    size_t len = BTH_LEN + AETH_LEN + ATOMICACKETH_LEN;
-    if (n != BTH_LEN + ATOMICETH_LEN + ICRC_LEN || hi < lo)
-        return 0;
-    w2 = be32(req + 4);
-    w3 = be32(req + 8);
-    if (be32(req) != w0 || (w2 & QPN_MASK) != qpn || (w2 & (BTH_FECN | BTH_BECN))
-            || (w3 & PSN_MASK) != epsn)
-        return 0;
-    if (sn_crc32(req_start, req + 8, n - 8 - ICRC_LEN) != le32(req + n - ICRC_LEN))
+    if (hi < lo
+            || !sn_request_at(req, n, BTH_LEN + ATOMICETH_LEN + ICRC_LEN, w0, qpn, epsn,
+                              req_start))
         return 0;
     va = be64(e);
     if (be32(e + 8) != rkey || (va & 7) || va < lo || va > hi || hi - va < 8)
@@ -345,12 +363,8 @@ size_t sn_atomic_ack(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, ui
         memcpy(mem + (va - lo), &v, 8);
     }
     *orig = o;
-    put_be32(resp, resp_w0);
-    put_be32(resp + 4, dqpn & QPN_MASK);
-    put_be32(resp + 8, epsn);
-    put_be32(resp + BTH_LEN, aeth);
+    sn_response_head(resp, resp_w0, dqpn, epsn, aeth);
     put_be32(resp + BTH_LEN + AETH_LEN, (uint32_t)(o >> 32));
     put_be32(resp + BTH_LEN + AETH_LEN + 4, (uint32_t)o);
-    put_le32(resp + len, sn_crc32(resp_start, resp + 8, len - 8));
-    return len + ICRC_LEN;
+    return sn_response_seal(resp, BTH_LEN + AETH_LEN + ATOMICACKETH_LEN, resp_start);
 }

@@ -32,20 +32,67 @@
 #define SN_RX_SOL_UDP 17          /* softnic.transport.udp.SOL_UDP */
 #define SN_RX_UDP_GRO 104         /* softnic.transport.udp.UDP_GRO */
 
-int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
-                  uint32_t dqpn, uint32_t epsn, uint32_t start, uint8_t *dst,
-                  uint64_t off, uint64_t len, uint32_t max, uint32_t *acks,
-                  uint32_t cap, uint32_t *nacks);
+/* One recvmsg(2) into buf (cap bytes) without waiting, as both loops below
+   take a datagram or a UDP_GRO run: its length, with *gro its segment size (0:
+   one datagram) and its source in *sa; or, the loop to stop, -1 with out[1] 0
+   (nothing waits) or 4 (out[9]: errno), or -2 with out[1] 3 (a datagram that
+   did not fit, dropped).  Signals and ICMP errors for earlier sends
+   (ECONNREFUSED) are skipped. */
+static ssize_t sn_rx_recv(int fd, uint8_t *buf, size_t cap, struct sockaddr_in *sa,
+                          uint32_t *gro, uint32_t *out)
+{
+    for (;;) {
+        struct iovec iov = { buf, cap };
+        union {
+            char b[CMSG_SPACE(sizeof(int)) * 2];
+            struct cmsghdr align;
+        } ctl;
+        struct msghdr m;
+        struct cmsghdr *c;
+        ssize_t r;
+        memset(&m, 0, sizeof m);
+        m.msg_name = sa;
+        m.msg_namelen = sizeof *sa;
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl.b;
+        m.msg_controllen = sizeof ctl.b;
+        r = recvmsg(fd, &m, MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR || errno == ECONNREFUSED)
+                continue;
+            out[1] = (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 4;
+            out[9] = (uint32_t)errno;
+            return -1;
+        }
+        if ((m.msg_flags & MSG_TRUNC) || (size_t)r >= cap) {
+            out[1] = 3;
+            return -2;
+        }
+        *gro = 0;
+        for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+            if (c->cmsg_level == SN_RX_SOL_UDP && c->cmsg_type == SN_RX_UDP_GRO
+                    && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int g;
+                memcpy(&g, CMSG_DATA(c), sizeof g);
+                *gro = g > 0 && (size_t)g < (size_t)r ? (uint32_t)g : 0;
+            }
+        return r;
+    }
+}
 
-size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
-                    uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
-                    uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
-                    uint32_t aeth, uint32_t resp_start, uint8_t *resp);
-
-size_t sn_atomic_ack(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
-                     uint32_t req_start, uint32_t rkey, int compare_swap, uint64_t lo,
-                     uint64_t hi, uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
-                     uint32_t aeth, uint32_t resp_start, uint8_t *resp, uint64_t *orig);
+/* A receive a loop did not (wholly) take, for the engine (out[1] = 1): r bytes,
+   segments of gro, from offset o on, from sa. */
+static void sn_rx_left(uint32_t *out, ssize_t r, uint32_t gro, size_t o,
+                       const struct sockaddr_in *sa)
+{
+    out[1] = 1;
+    out[2] = (uint32_t)r;
+    out[3] = gro;
+    out[4] = (uint32_t)o;
+    out[5] = ntohl(sa->sin_addr.s_addr);
+    out[6] = ntohs(sa->sin_port);
+}
 
 int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
                  uint32_t w0, uint32_t dqpn, uint32_t epsn, uint32_t start, uint32_t seg,
@@ -57,42 +104,14 @@ int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pe
     memset(out, 0, 10 * sizeof *out);
     while (runs < max_runs && bytes < max_bytes) {
         struct sockaddr_in sa;
-        struct iovec iov = { buf, cap };
-        union {
-            char b[CMSG_SPACE(sizeof(int)) * 2];
-            struct cmsghdr align;
-        } ctl;
-        struct msghdr m;
-        struct cmsghdr *c;
         ssize_t r;
-        uint32_t gro = 0, k, na = 0, ip;
-        memset(&m, 0, sizeof m);
-        m.msg_name = &sa;
-        m.msg_namelen = sizeof sa;
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = ctl.b;
-        m.msg_controllen = sizeof ctl.b;
-        r = recvmsg(fd, &m, MSG_DONTWAIT);
+        uint32_t gro, k, na = 0, ip;
+        r = sn_rx_recv(fd, buf, cap, &sa, &gro, out);
         if (r < 0) {
-            if (errno == EINTR || errno == ECONNREFUSED)   /* (an ICMP error for a send) */
-                continue;
-            out[1] = (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 4;
-            out[9] = (uint32_t)errno;
+            runs += r == -2;          /* (a truncated datagram is a receive) */
             break;
         }
         runs++;
-        if ((m.msg_flags & MSG_TRUNC) || (size_t)r >= cap) {
-            out[1] = 3;
-            break;
-        }
-        for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-            if (c->cmsg_level == SN_RX_SOL_UDP && c->cmsg_type == SN_RX_UDP_GRO
-                    && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-                int g;
-                memcpy(&g, CMSG_DATA(c), sizeof g);
-                gro = g > 0 && (size_t)g < (size_t)r ? (uint32_t)g : 0;
-            }
         ip = ntohl(sa.sin_addr.s_addr);
         k = 0;
         if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port
@@ -108,12 +127,7 @@ int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pe
         off += (uint64_t)k * mtu;
         bytes += (uint64_t)k * seg;
         if ((size_t)k * seg < (size_t)r) {
-            out[1] = 1;
-            out[2] = (uint32_t)r;
-            out[3] = gro;
-            out[4] = k * seg;
-            out[5] = ip;
-            out[6] = ntohs(sa.sin_port);
+            sn_rx_left(out, r, gro, (size_t)k * seg, &sa);
             runs--;
             break;
         }
@@ -162,43 +176,15 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
     to.sin_addr.s_addr = htonl(peer_ip);
     while (taken < max) {
         struct sockaddr_in sa;
-        struct iovec iov = { buf, cap };
-        union {
-            char b[CMSG_SPACE(sizeof(int)) * 2];
-            struct cmsghdr align;
-        } ctl;
-        struct msghdr m;
-        struct cmsghdr *c;
         ssize_t r;
         size_t o = 0, seg;
-        uint32_t gro = 0, ip;
-        memset(&m, 0, sizeof m);
-        m.msg_name = &sa;
-        m.msg_namelen = sizeof sa;
-        m.msg_iov = &iov;
-        m.msg_iovlen = 1;
-        m.msg_control = ctl.b;
-        m.msg_controllen = sizeof ctl.b;
-        r = recvmsg(fd, &m, MSG_DONTWAIT);
+        uint32_t gro, ip;
+        r = sn_rx_recv(fd, buf, cap, &sa, &gro, out);
         if (r < 0) {
-            if (errno == EINTR || errno == ECONNREFUSED)   /* (an ICMP error for a send) */
-                continue;
-            out[1] = (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 4;
-            out[9] = (uint32_t)errno;
+            runs += r == -2;          /* (a truncated datagram is a receive) */
             break;
         }
         runs++;
-        if ((m.msg_flags & MSG_TRUNC) || (size_t)r >= cap) {
-            out[1] = 3;
-            break;
-        }
-        for (c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
-            if (c->cmsg_level == SN_RX_SOL_UDP && c->cmsg_type == SN_RX_UDP_GRO
-                    && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-                int g;
-                memcpy(&g, CMSG_DATA(c), sizeof g);
-                gro = g > 0 && (size_t)g < (size_t)r ? (uint32_t)g : 0;
-            }
         ip = ntohl(sa.sin_addr.s_addr);
         seg = gro ? gro : (size_t)r;
         if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port)
@@ -222,12 +208,7 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
                 o += n;
             }
         if (o < (size_t)r) {
-            out[1] = 1;
-            out[2] = (uint32_t)r;
-            out[3] = gro;
-            out[4] = (uint32_t)o;
-            out[5] = ip;
-            out[6] = ntohs(sa.sin_port);
+            sn_rx_left(out, r, gro, o, &sa);
             runs--;
             break;
         }
