@@ -612,6 +612,50 @@ def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed
         b.close()
 
 
+def test_end_lease_rings_the_thread_only_where_it_took_something_last_time(monkeypatch):
+    """A program that gives its lease back with nothing more to complete
+    (``end_lease(answering=True)``) wakes a thread waiting out that lease only
+    if, after its previous such call, the thread took a datagram before the
+    program's next call (perftest's WRITE latency test: the peer's WRITE lands
+    while the program spins on memory).  A program that posts next (the READ
+    latency test, whose response its own poll takes) costs no wake-up; the
+    thread then looks when the lease would have lapsed, and a WRITE that lands
+    meanwhile is taken and rings it the next time."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
+    monkeypatch.setattr(nicmod, "SPIN_LEASE", 0.05)
+    monkeypatch.setattr(nicmod, "SPIN_LEASE_NS", 50_000_000)
+    a, b = _nics()
+    rings = []
+    try:
+        ea, eb = _pair(a, b, timeout=22)
+        ring = b.ring
+        monkeypatch.setattr(b, "ring", lambda: (rings.append(1), ring()))
+
+        def parked():
+            b.poll()                                     # a fresh lease ...
+            os.eventfd_write(b._bell, 1)                 # ... the thread looks at it
+            _until(lambda: b._lease[2] == 1)             # and waits it out
+
+        parked()
+        b.end_lease(answering=True)
+        assert len(rings) == 1                           # the first time: rung
+        parked()
+        b.end_lease(answering=True)
+        assert len(rings) == 1                           # nothing came between
+        _write(a, ea, eb, 1)                             # b spins on memory: a WRITE
+        _until(lambda: _wrote(eb, 1))                    # taken once the lease lapsed
+        parked()
+        b.end_lease(answering=True)
+        assert len(rings) == 2                           # so rung again
+        parked()
+        b.end_lease(answering=False)                     # (a CQ armed: always rung)
+        assert len(rings) == 3
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_held_ack_leaves_without_an_answer(monkeypatch):
     _waiter()
     monkeypatch.setattr(nicmod, "HOLD_LEASE", 0.02)

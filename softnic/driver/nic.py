@@ -395,6 +395,9 @@ class NIC(SharedDevice):
         self._stats_at = time.monotonic()
         self._owed = False          # an inline step left its output for the next call
         self._answering = False     # the program spins for a request it will answer (end_lease)
+        # the thread took a datagram between the last such end_lease and the program's
+        # next call (end_lease rings the thread for the next one only then)
+        self._answer_rx = True
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
         self._runs = hasattr(self.sock, "recv_runs")
@@ -573,16 +576,29 @@ class NIC(SharedDevice):
         post of its own (until its next call, the progress thread holds the ACK
         of a request that lands, for that post to carry).  Output its inline
         steps hold then stays for that post too: the thread is not rung for it,
-        and sends it within ``HOLD_LEASE`` if the post does not come."""
+        and sends it within ``HOLD_LEASE`` if the post does not come.
+
+        A thread waiting out the lease is rung to watch the socket at once, unless
+        the program answers and the thread took nothing between the last such
+        call and the program's next call: a program that posts next (perftest's
+        READ latency test: its request's response is its own poll's to take) has
+        no use for the thread meanwhile, and waking it costs the program a
+        context switch (16.6 us a round trip, docs/performance.md).  The thread
+        then looks again when the lease would have lapsed (``SOFTNIC_SPIN_LEASE_US``),
+        and a datagram it takes before the program's next call rings it the next
+        time."""
         self._answering = answering
         self._returned_ns = time.monotonic_ns()
+        ring = not answering or self._answer_rx
+        if answering:
+            self._answer_rx = False      # (the thread sets it if it takes one)
         if self._raised is False and PROGRESS_NICE:
             self._prioritize(True)
         lease = self._lease
         lease[0] = 0
         if answering and self._owed:
             return
-        if lease[2]:
+        if lease[2] and ring:
             lease[2] = 2                 # (sn_wait takes this ring itself)
             self.ring()
 
@@ -1021,6 +1037,8 @@ class NIC(SharedDevice):
                     cap.record(data, src, (self.ip, self.port), time.time())
                 answers = answers and bool(data) and data[0] in _RESPONSES
                 rx(data, src, now)
+        if did and self._answering and not inline:
+            self._answer_rx = True       # a datagram: end_lease rings the thread next time
         t = self.dev.get_timer()
         if t is not None and t <= now:
             self.dev.handle_timer(now)
@@ -1330,6 +1348,8 @@ class TcpNIC(NIC):
         did = self.sock.step(self.dev, now, on_rx=self._rx if cap else None)
         self._flush(now)
         if did:
+            if self._answering and not inline:
+                self._answer_rx = True   # (as NIC._step: end_lease rings next time)
             self._cond.notify_all()
         return did
 
