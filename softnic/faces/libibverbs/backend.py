@@ -540,21 +540,22 @@ def sn_poll_cq(h, n, out):
     l3 = _SL_IPV6 if ":" in nic.ip else _SL_IPV4
     for i, w in enumerate(got):
         r = out[i]
+        flags = int(w.wc_flags)         # (an int: IntFlag's & costs a microsecond)
         r.wr_id = w.wr_id
         r.status = w.status
         r.opcode = w.opcode
         r.vendor_err = w.vendor_err
         r.byte_len = w.byte_len
-        r.imm_data = (w.invalidated_rkey if w.wc_flags & 8 else w.imm_data) & 0xFFFFFFFF
+        r.imm_data = (w.invalidated_rkey if flags & 8 else w.imm_data) & 0xFFFFFFFF
         r.qp_num = w.qp_num
         r.src_qp = w.src_qp
-        r.wc_flags = w.wc_flags
+        r.wc_flags = flags
         r.pkey_index = w.pkey_index
         r.slid = w.slid
         # a receive with a GRH (UD) says in sl what L3 header the GRH area holds, as
         # mlx5 does on RoCE (2: IPv4, in its last 20 bytes; 1: IPv6); UCX's ud_verbs reads
         # the destination address from there by it
-        r.sl = l3 if w.wc_flags & _WC_GRH else w.sl
+        r.sl = l3 if flags & _WC_GRH else w.sl
         r.dlid_path_bits = w.dlid_path_bits
     return len(got)
 
