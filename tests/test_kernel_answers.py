@@ -364,12 +364,21 @@ def test_the_live_driver_answers_reads_in_the_kernel():
             again = [bytes(d) for d, _ in tx.recv_batch(8)]
             tx.wait(0.05)
         assert again == [got[-1]] and b.counters["rx_answers"] == 16
+        assert b.dev.answer_qp is None      # not one like the last: none offered until
+        read(17, 2000)                      # the engine answers one again ...
+        _round(tx, a, b, 1)
+        read(18, 2008)                      # ... and then the next is the kernel's
+        _round(tx, a, b, 1)
+        assert b.counters["rx_answers"] == 17
+        assert [(w.wr_id, w.status) for w in a.poll_cq(ea.send_cq, 8)] == \
+            [(17, WCStatus.SUCCESS), (18, WCStatus.SUCCESS)]
+        assert bytes(ea.buf.view[8 * 17:8 * 19]) == bytes(eb.buf.view[2000:2016])
         # past the MR's end: not the kernel's; the engine NAKs it
         read(30, (1 << 16) - 4)
         _round(tx, a, b, 1)
         wc, = a.poll_cq(ea.send_cq, 4)
         assert (wc.wr_id, wc.status) == (30, WCStatus.REM_ACCESS_ERR)
-        assert b.counters["rx_answers"] == 16
+        assert b.counters["rx_answers"] == 17
     finally:
         b.close()
         tx.close()

@@ -1454,7 +1454,7 @@ def answer_target(dev) -> AnswerTarget | None:
     (its order on the wire), no congestion controller to tell, the access the
     QP must allow (``_read``, ``_atomic``), ICRCs checked and sent
     (``DeviceConfig.icrc``, ``check_icrc``), and the request's R_Key that of an
-    MR of the QP's PD granting that access (``MemoryTable.remote``; not a
+    MR of the QP's PD granting that access (``KeyTable.remote_region``; not a
     memory window, not an on-demand one).  Only requests like the last the
     engine answered (``resp.answer_hint``: a READ of one packet and its length,
     or the same ATOMIC; the same R_Key) are taken: a response's ICRC state

@@ -1153,6 +1153,11 @@ class NIC(SharedDevice):
             self.sock.send_errors += out[8]
             dev.took_answers(qp, t.kind, k, origs)
         if state == 1:                  # a datagram the kernel did not take
+            if not k:
+                # not a request like the last: the kernel is offered none until the
+                # engine answers one again (a program that did a READ once and now
+                # streams WRITEs pays for no attempt per step)
+                dev.answer_qp = None
             n, g, o = out[2], out[3], out[4]
             dev.receive_run(self.sock.rx_view[o:n], g, (_ip_str(out[5]), out[6]), now)
         elif state == 3:
