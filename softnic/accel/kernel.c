@@ -1,9 +1,12 @@
 /* softnic's per-packet kernel: the inner loops of the bulk data path, for the
-   packets that make up nearly all of a large SEND, WRITE or READ (MIDDLEs).
+   packets that make up nearly all of a large SEND, WRITE or READ (MIDDLEs), and
+   the answer to a READ of one packet or an ATOMIC (a latency test's whole
+   exchange).
 
    No protocol rule lives here.  Each function is a faster way through a rule
-   the engine states once, for a run of packets, and stops, leaving the rest to
-   the engine, at the first packet the rule's common case does not cover:
+   the engine states once, for a run of packets (or one request), and stops,
+   leaving the rest to the engine, at the first packet the rule's common case
+   does not cover:
 
      sn_tx_middles   requester._send_packet / _build for a MIDDLE (BTH, AckReq
                      every ack_every packets, payload, ICRC), called by

@@ -1,5 +1,6 @@
-/* softnic's per-packet kernel: the loops of the bulk data path.  Pure: memory
-   in, memory out; no I/O, no allocation, no global state but the CRC hook. */
+/* softnic's per-packet kernel: the loops of the bulk data path, and the answer to
+   a READ of one packet or an ATOMIC.  Pure: memory in, memory out; no I/O, no
+   allocation, no global state but the CRC hook. */
 int sn_set_crc(uintptr_t fn, int kind);
 uint32_t sn_crc32(uint32_t crc, const uint8_t *p, size_t n);
 int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w0,
