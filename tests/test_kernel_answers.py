@@ -28,7 +28,7 @@ from softnic.driver.nic import NIC
 from softnic.experiments.rig import bring_up, connect, endpoint
 from softnic.transport.udp import UdpSocket
 from softnic.wire.icrc import append_icrc
-from softnic.wire.roce import BTH_FECN, BTH_SE, Opcode
+from softnic.wire.roce import BTH_FECN, BTH_SE, MSN_MASK, Opcode
 
 from test_kernel import kernel
 
@@ -68,7 +68,7 @@ def _kernel_answer(k, b, data: bytes):
         return None
     resp = k.ffi.new("uint8_t[5000]")
     orig = k.ffi.new("uint64_t[1]")
-    aeth = t.syndrome | ((t.msn + 1) & 0xFFFFFF)
+    aeth = t.syndrome | ((t.msn + 1) & MSN_MASK)
     if t.kind == ANSWER_READ:
         n = k.lib.sn_read_only(data, len(data), t.w0, t.qp.qpn, t.epsn, t.req_start, t.rkey,
                                t.length, t.lo, t.hi, k.ffi.from_buffer(t.mem), t.resp_w0,
@@ -316,8 +316,7 @@ def test_the_live_driver_answers_reads_in_the_kernel():
     completing with the bytes read; a duplicate is answered again by the engine
     from what the kernel's answers left remembered; a READ past the MR's end is
     the engine's to NAK (REMOTE ACCESS ERROR)."""
-    if kernel() is None:
-        return
+    kernel()
     tx, a, b, ea, eb = _live_pair("rdk0", "127.0.0.248")
     try:
         assert b._answers is not None
@@ -388,8 +387,7 @@ def test_the_live_driver_answers_atomics_in_the_kernel():
     """FETCH_ADDs of 1 to one counter of a live NIC, a few in flight at a time:
     the first through the engine, the rest answered by ``sn_rx_answers``; each
     gets the value before it, and the counter ends at their number."""
-    if kernel() is None:
-        return
+    kernel()
     tx, a, b, ea, eb = _live_pair("rdk3", "127.0.0.247")
     try:
         eb.buf.view[64:72] = (1000).to_bytes(8, "little")

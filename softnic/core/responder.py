@@ -1484,21 +1484,22 @@ def answer_target(dev) -> AnswerTarget | None:
         return None
     src = qp.dest
     dqpn = qp.attr.dest_qp_num & QPN_MASK
-    w0 = (opcode << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+    # BTH words 0 and 1 of the request and of its response (flags: a READ
+    # RESPONSE ONLY's pad count), as the engine's packets carry them
+    head = _BTH.pack(opcode, 0, DEFAULT_PKEY, qp.qpn, 0)[:8]
     if kind == ANSWER_READ:
         pad = -length & 3
         resp_len = BTH_LEN + AETH_LEN + length + pad + ICRC_LEN
-        resp_w0 = (resp_opcode << BTH_OPCODE_SHIFT) | (pad << (BTH_PAD_SHIFT + 16)) \
-            | DEFAULT_PKEY
     else:
+        pad = 0
         resp_len = BTH_LEN + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN
-        resp_w0 = (resp_opcode << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+    resp_head = _BTH.pack(resp_opcode, pad << BTH_PAD_SHIFT, DEFAULT_PKEY, dqpn, 0)[:8]
     return AnswerTarget(
-        qp, kind, w0, icrc_start(src[0], dev.ip, src[1], dev.port, BTH_LEN + eth_len + ICRC_LEN,
-                                 _W0_DQPN.pack(w0, qp.qpn)),
-        resp.epsn, rkey, length, mr.addr, mr.addr + mr.length, mr.view, resp_w0, dqpn,
-        ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn,
-        icrc_start(dev.ip, src[0], dev.port, src[1], resp_len, _W0_DQPN.pack(resp_w0, dqpn)))
+        qp, kind, _W0_DQPN.unpack(head)[0],
+        icrc_start(src[0], dev.ip, src[1], dev.port, BTH_LEN + eth_len + ICRC_LEN, head),
+        resp.epsn, rkey, length, mr.addr, mr.addr + mr.length, mr.view,
+        _W0_DQPN.unpack(resp_head)[0], dqpn, ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn,
+        icrc_start(dev.ip, src[0], dev.port, src[1], resp_len, resp_head))
 
 
 def took_answers(dev, qp, kind: int, k: int, origs=None) -> None:

@@ -50,6 +50,7 @@ from pathlib import Path
 from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
+from ..core.enums import MTU, mtu_bytes
 from ..core.requester import Gather
 from ..core.responder import ANSWER_READ
 from ..core.dispatch import RESPONSES as _RESPONSES, StreamKind
@@ -59,7 +60,7 @@ from .faults import FaultInjector
 from . import mcast as _mcast
 from .hostfiles import process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
 from ..transport.udp import UdpSocket, bind_free
-from ..wire.roce import ROCEV2_PORT, Opcode as _Op
+from ..wire.roce import AETH_LEN, BTH_LEN, ICRC_LEN, ROCEV2_PORT, Opcode as _Op
 
 #: How long after an inline step (a caller spinning on ``poll``) the caller is
 #: trusted to take what arrives; after that the progress thread takes it.  Long
@@ -124,7 +125,7 @@ RX_ANSWERS = os.environ.get("SOFTNIC_RX_ANSWERS", "1").strip().lower() not in (
     "0", "no", "off", "false")
 #: the longest answer, a READ RESPONSE ONLY: BTH, AETH, 4096 bytes (the largest
 #: path MTU), ICRC; and the most one call answers
-_ANSWER_MAX = 12 + 4 + 4096 + 4
+_ANSWER_MAX = BTH_LEN + AETH_LEN + mtu_bytes(MTU.MTU_4096) + ICRC_LEN
 _ANSWERS_MAX = 256
 #: a READ's responses before its LAST: more of the same burst follow (``NIC.poll``'s
 #: ``reads``)
