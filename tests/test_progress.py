@@ -674,32 +674,59 @@ def test_a_held_ack_leaves_without_an_answer(monkeypatch):
         b.close()
 
 
-def test_a_polling_receiver_of_a_stream_does_not_hold_its_acks(monkeypatch):
+def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(monkeypatch):
     """An inline step keeps holding ACKs across a step that receives only a
-    response (the ACK of the caller's own request: it answers next), never across
-    one that receives another request: a sender streaming to a program that polls
-    (UCX's progress loop) would run out of window waiting for them."""
+    response (the ACK of the caller's own request: it answers next), and across
+    steps that receive further requests while they number fewer than half a
+    window (``_ack_pkts``) since output last left: one ACK then acknowledges
+    them all, as the progress thread's coalesced ACKs do.  At the mark they go:
+    a sender streaming to a program that polls (UCX's progress loop) would
+    otherwise run out of window.  A step that finds nothing waiting sends what
+    it holds."""
     _waiter()
     monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)
     monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
     a, b = _nics()
     try:
         ea, eb = _pair(a, b, timeout=22)
-        with a.lock:
-            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
-        _write(b, eb, ea, 1)
+        assert a._ack_pkts == a.dev.config.window // 2
+        a._ack_pkts = 3
+
+        def polls():                                     # a polls (its thread stays off;
+            with a.lock:                                 # each poll renews the lease for
+                a._lease[0] = time.monotonic_ns() + 60 * NS  # SPIN_LEASE only)
+
+        for i in (1, 2):
+            polls()
+            _write(b, eb, ea, i)
+            _until(lambda: _waiting(a))
+            a.poll()                                     # held: fewer than 3 since
+            assert _wrote(ea, i)
+            with a.lock:
+                assert a._owed and a.counters["sent_pkts"] == 0
+        rcvd = b.counters["rcvd_pkts"]
+        polls()
+        _write(b, eb, ea, 3)
         _until(lambda: _waiting(a))
-        a.poll()                                         # the first WRITE: its ACK held
-        assert _wrote(ea, 1) and a._owed
-        _write(b, eb, ea, 2)
-        _until(lambda: _waiting(a))
-        a.poll()                                         # a second request: ACKs go
-        assert _wrote(ea, 2)
+        a.poll()                                         # the third: one ACK for all
+        assert _wrote(ea, 3)
         with a.lock:
-            assert not a._owed                           # sent with this step
+            assert not a._owed and a.counters["sent_pkts"] == 1
         done = []
-        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 4)) or len(done) >= 2)
-        assert [w.wr_id for w in done] == [1, 2]
+        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 4)) or len(done) >= 3)
+        assert [w.wr_id for w in done] == [1, 2, 3]
+        assert b.counters["rcvd_pkts"] == rcvd + 1
+        polls()
+        _write(b, eb, ea, 4)
+        _until(lambda: _waiting(a))
+        a.poll()
+        with a.lock:
+            assert a._owed and a.counters["sent_pkts"] == 1
+        a.poll()                                         # nothing waits: it goes
+        with a.lock:
+            assert not a._owed and a.counters["sent_pkts"] == 2
+        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 4)) or len(done) >= 4)
+        assert [w.wr_id for w in done] == [1, 2, 3, 4]
     finally:
         a.close()
         b.close()
@@ -839,15 +866,29 @@ def test_a_poll_takes_a_reads_burst_in_one_call_and_stops_at_a_request():
         b.close()
 
 
-def test_a_receive_posted_sends_output_held_for_the_call_and_nothing_else():
+@pytest.mark.parametrize("mark, own", [(1, False), (64, False), (64, True)],
+                         ids=["at_the_mark", "below_it", "below_it_with_a_request_out"])
+def test_a_receive_posted_sends_output_held_for_the_call_and_nothing_else(mark, own):
     """``NIC.post_recv`` leaves out the flush (a receive makes no datagram) but not
-    the output an inline step held for the caller's next call: the ACK of a WRITE
-    that b's poll took leaves with b's next post of a receive."""
+    the output an inline step held for the caller's next call once it may wait
+    no longer: the ACK of a WRITE that b's poll took leaves with b's next post of
+    a receive when that WRITE reached half a window (``_ack_pkts``), or when b
+    has a request of its own outstanding on the QP (``own``: one side of a
+    ping-pong, whose peer waits for that ACK before its next post); else the
+    ACK stays held (the receiver of a stream of SENDs reposts one receive per
+    message: their ACKs coalesce), and b's next poll, which finds nothing
+    waiting, sends it."""
     _waiter()
     a, b = _nics()
     try:
         ea, eb = _pair(a, b)
+        b._ack_pkts = mark
         b.lock.acquire()              # b's progress thread cannot step meanwhile
+        if own:
+            a.lock.acquire()          # ... nor a's, which would ACK b's WRITE
+            b.call(b.dev.post_send, eb.qp, SendWR(9, W.RDMA_WRITE, [eb.sge(0, 8)],
+                                                  SendFlags.SIGNALED,
+                                                  remote_addr=ea.buf.addr, rkey=ea.mr.rkey))
         b.poll()
         sent = b.counters["sent_pkts"]
         b.post_recv(b.dev.post_recv, eb.qp, RecvWR(1, [eb.sge(0, 64)]))
@@ -860,8 +901,13 @@ def test_a_receive_posted_sends_output_held_for_the_call_and_nothing_else():
         assert b.counters["rcvd_pkts"] == 1 and b._owed
         assert b.counters["sent_pkts"] == sent
         b.post_recv(b.dev.post_recv, eb.qp, RecvWR(2, [eb.sge(64, 64)]))
+        if mark > 1 and not own:
+            assert b.counters["sent_pkts"] == sent and b._owed
+            b.poll()
         assert b.counters["sent_pkts"] == sent + 1 and not b._owed
         b.lock.release()
+        if own:
+            a.lock.release()
     finally:
         a.close()
         b.close()

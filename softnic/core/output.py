@@ -170,13 +170,15 @@ class Output:
         if not self.drain_idle(qp, now):
             self._ready[qp] = None
 
-    def owes_acks_only(self) -> bool:
+    def owes_acks_only(self, responder_only: bool = False) -> bool:
         """Is all the device has to send now plain ACKs of requests it received:
         no request, read or atomic response, NAK, CNP or MAD, and no completion
         that sending would make (``_requests``)?  A driver may hold such output a
         moment, for the program's next post to carry it out behind its own
         request (a responder may coalesce ACKs: a later one acknowledges all
-        before it, and the requester's timers allow for the delay)."""
+        before it, and the requester's timers allow for the delay).
+        ``responder_only``: and no QP that owes them has a work request of its
+        own outstanding (a receiver of a stream, not one side of a ping-pong)."""
         gsi = self.gsi
         if not self._ready or self._cnps or (gsi is not None and gsi.pending):
             return False
@@ -184,7 +186,8 @@ class Output:
         for qp in self._ready:
             sq = qp.sq
             if qp.closed or qp.cc is not None or qp.req.send_idx < len(sq) or qp.comp.rexmit \
-                    or (sq and sq[0].done) or qp.state is QPState.SQD or not qp.resp.out:
+                    or (sq and (responder_only or sq[0].done)) or qp.state is QPState.SQD \
+                    or not qp.resp.out:
                 return False
             for e in qp.resp.out:
                 if type(e) is not tuple or e[1] != plain:       # (psn, syndrome, msn)

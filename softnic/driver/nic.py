@@ -406,6 +406,10 @@ class NIC(SharedDevice):
         # window of data (a QP's window at the active MTU), not only at its end
         cfg_d = self.dev.config
         self._ack_bytes = cfg_d.window * cfg_d.active_mtu // 2
+        # ... and a program's inline steps hold their ACKs for fewer packets than
+        # half a window (``_holds_acks``)
+        self._ack_pkts = max(1, cfg_d.window // 2)
+        self._rx_held = 0           # packets inline steps took since output last left
         self._stream = None
         self._answers = None
         self._answers_sent = 0      # requests _rx_answers answered
@@ -519,17 +523,32 @@ class NIC(SharedDevice):
         engine's ``post_recv`` queues it, or completes it flushed on a QP in ERR,
         which wakes the waiters as any completion does), so the flush, which
         would find nothing new, is left out unless output is held for this call
-        (an inline step's, ``_owed``: any call sends it); UCX and a SEND receiver
-        repost one receive per message."""
+        (an inline step's, ``_owed``), and then only when it may not wait longer
+        (``_holds_acks``): UCX and a SEND receiver repost one receive per message,
+        and the ACKs of a stream of SENDs coalesce as a WRITE stream's do."""
         with self.lock:
             self._answering = False
             try:
                 return fn(*args)
             finally:
-                if self._owed:
+                if self._owed and not self._holds_acks():
                     self._flush(time.monotonic())
                 if self._waiters:
                     self._notify()
+
+    def _holds_acks(self) -> bool:
+        """May held output (``_owed``) wait longer: is it plain ACKs only, of fewer
+        than half a window of packets taken by inline steps since output last
+        left, on QPs with no work request of their own outstanding (the
+        receiver of a stream)?  A responder may coalesce ACKs (a later one
+        acknowledges all before it); the progress thread's steps send theirs at
+        that mark too (``_ack_bytes``).  One side of a ping-pong over SENDs sends
+        them now: its peer, which reposts its receive before it answers, would
+        otherwise get the ACK of its SEND behind the answer, and its post of the
+        next SEND, finding the last still outstanding, would wait for its next
+        poll.  A caller that stops calling leaves them to the progress thread
+        once its lease runs out (``HOLD_LEASE``)."""
+        return self._rx_held < self._ack_pkts and self.dev.owes_acks_only(True)
 
     def post(self, qpn: int, fn, *args):
         """A post of work requests to the QP numbered ``qpn`` (``fn(*args)``, the engine's
@@ -851,6 +870,7 @@ class NIC(SharedDevice):
                 heapq.heappush(self._delayed, (at, self._seq, copy, addr))
 
     def _flush(self, now: float) -> None:
+        self._rx_held = 0
         if self._owed:
             self._owed = False
             self._lease[1] = 0
@@ -955,11 +975,15 @@ class NIC(SharedDevice):
         memory or CQ between the request landing and the ACK leaving: a program that
         answers at once (a ping-pong, an RPC) sends its answer first, and the
         peer, who is waiting for the answer, finds the ACK behind it.  Output is
-        held for one step at most, and the progress thread sends it if the
-        caller goes away.  ``ready``: the caller saw the socket readable just now."""
+        held for one step, or for as long as the steps that follow take only
+        responses or fewer than half a window of requests and it is plain ACKs
+        (``_holds_acks``), and the progress thread sends it if the caller goes
+        away.  ``ready``: the caller saw the socket readable just now."""
         did = False
         answers = True                   # what was received answers this device's requests
         limit = runs if inline else 256
+        counters = self.dev.counters
+        pkts = counters["rcvd_pkts"]
         if reads and (self._ecn or not self._runs or self.capture is not None):
             limit = 1                    # (a batch is read whole: no stopping inside it)
         if self._ecn:
@@ -1048,12 +1072,17 @@ class NIC(SharedDevice):
         while d and d[0][0] <= now:
             _, _, data, addr = heapq.heappop(d)
             self.sock.send(data, addr)
+        if inline:
+            self._rx_held += counters["rcvd_pkts"] - pkts
         if inline and did and self.dev.has_output \
-                and (not self._owed or answers and self.dev.owes_acks_only()):
+                and (not self._owed or answers and self.dev.owes_acks_only()
+                     or self._holds_acks()):
             # sent by the next call (or the progress thread); a step that only
             # received responses (the ACK that completes the caller's own request:
-            # it answers next) keeps holding them; a step that receives requests
-            # (a stream: the sender waits for the ACK) or nothing sends them
+            # it answers next) keeps holding them, as does one that received
+            # requests while they number fewer than half a window since output last
+            # left (``_holds_acks``: their ACKs coalesce, as the progress thread's
+            # do); a step past that mark, or that receives nothing, sends them
             self._owed = True
         elif did and self._answering and not self._owed and self.dev.owes_acks_only():
             # The program spins on memory for a peer's request after its last
