@@ -674,15 +674,31 @@ def test_a_held_ack_leaves_without_an_answer(monkeypatch):
         b.close()
 
 
+def _write_n(nic, ep, peer, i):
+    """WRITE ``i``: 8 * ``i`` bytes of ``i`` to offset 64 * ``i`` of the peer's buffer.
+    Each a little longer than the last, so that GRO leaves them apart (a run of
+    coalesced datagrams is of one size, its last one at most shorter)."""
+    n = 8 * i
+    ep.buf.view[0:n] = bytes([i]) * n
+    nic.call(nic.dev.post_send, ep.qp, SendWR(i, W.RDMA_WRITE, [ep.sge(0, n)],
+                                              SendFlags.SIGNALED,
+                                              remote_addr=peer.buf.addr + 64 * i,
+                                              rkey=peer.mr.rkey))
+
+
+def _landed(ep, i):
+    return bytes(ep.buf.view[64 * i:64 * i + 8 * i]) == bytes([i]) * (8 * i)
+
+
 def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(monkeypatch):
     """An inline step keeps holding ACKs across a step that receives only a
     response (the ACK of the caller's own request: it answers next), and across
     steps that receive further requests while they number fewer than half a
-    window (``_ack_pkts``) since output last left: one ACK then acknowledges
-    them all, as the progress thread's coalesced ACKs do.  At the mark they go:
-    a sender streaming to a program that polls (UCX's progress loop) would
-    otherwise run out of window.  A step that finds nothing waiting sends what
-    it holds."""
+    window (``_ack_pkts``) since output last left and more wait: one ACK then
+    acknowledges them all, as the progress thread's coalesced ACKs do.  At the
+    mark they go (a sender streaming to a program that polls, UCX's progress
+    loop, would otherwise run out of window), and so they do at a step after
+    which nothing waits."""
     _waiter()
     monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)
     monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
@@ -691,42 +707,25 @@ def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(m
         ea, eb = _pair(a, b, timeout=22)
         assert a._ack_pkts == a.dev.config.window // 2
         a._ack_pkts = 3
-
-        def polls():                                     # a polls (its thread stays off;
-            with a.lock:                                 # each poll renews the lease for
-                a._lease[0] = time.monotonic_ns() + 60 * NS  # SPIN_LEASE only)
-
-        for i in (1, 2):
-            polls()
-            _write(b, eb, ea, i)
-            _until(lambda: _waiting(a))
-            a.poll()                                     # held: fewer than 3 since
-            assert _wrote(ea, i)
-            with a.lock:
-                assert a._owed and a.counters["sent_pkts"] == 0
-        rcvd = b.counters["rcvd_pkts"]
-        polls()
-        _write(b, eb, ea, 3)
-        _until(lambda: _waiting(a))
-        a.poll()                                         # the third: one ACK for all
-        assert _wrote(ea, 3)
         with a.lock:
-            assert not a._owed and a.counters["sent_pkts"] == 1
+            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
+            for i in (1, 2, 3, 4):
+                _write_n(b, eb, ea, i)
+            time.sleep(0.05)                             # all four wait on a's socket
+            rcvd = b.counters["rcvd_pkts"]
+            seen = []
+            for i in (1, 2, 3, 4, 5):
+                a.poll()                                 # one datagram a step
+                seen.append((a.counters["rcvd_pkts"], a._owed, a.counters["sent_pkts"]))
+        # held after the first, the second (two, and more wait); sent with the
+        # third (the mark); the fourth held; sent by the step after which none waits
+        assert seen == [(1, True, 0), (2, True, 0), (3, False, 1), (4, True, 1),
+                        (4, False, 2)]
+        assert all(_landed(ea, i) for i in (1, 2, 3, 4))
         done = []
-        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 4)) or len(done) >= 3)
-        assert [w.wr_id for w in done] == [1, 2, 3]
-        assert b.counters["rcvd_pkts"] == rcvd + 1
-        polls()
-        _write(b, eb, ea, 4)
-        _until(lambda: _waiting(a))
-        a.poll()
-        with a.lock:
-            assert a._owed and a.counters["sent_pkts"] == 1
-        a.poll()                                         # nothing waits: it goes
-        with a.lock:
-            assert not a._owed and a.counters["sent_pkts"] == 2
-        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 4)) or len(done) >= 4)
+        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 8)) or len(done) >= 4)
         assert [w.wr_id for w in done] == [1, 2, 3, 4]
+        assert b.counters["rcvd_pkts"] == rcvd + 2       # two ACKs for four WRITEs
     finally:
         a.close()
         b.close()
@@ -874,10 +873,10 @@ def test_a_receive_posted_sends_output_held_for_the_call_and_nothing_else(mark, 
     no longer: the ACK of a WRITE that b's poll took leaves with b's next post of
     a receive when that WRITE reached half a window (``_ack_pkts``), or when b
     has a request of its own outstanding on the QP (``own``: one side of a
-    ping-pong, whose peer waits for that ACK before its next post); else the
-    ACK stays held (the receiver of a stream of SENDs reposts one receive per
-    message: their ACKs coalesce), and b's next poll, which finds nothing
-    waiting, sends it."""
+    ping-pong, whose peer waits for that ACK); else, while another WRITE waits,
+    the ACK stays held (the receiver of a stream of SENDs reposts one receive
+    per message: their ACKs coalesce), and b's step that takes the last sends
+    it."""
     _waiter()
     a, b = _nics()
     try:
@@ -893,17 +892,17 @@ def test_a_receive_posted_sends_output_held_for_the_call_and_nothing_else(mark, 
         sent = b.counters["sent_pkts"]
         b.post_recv(b.dev.post_recv, eb.qp, RecvWR(1, [eb.sge(0, 64)]))
         assert b.counters["sent_pkts"] == sent and not b._owed     # nothing to send
-        a.call(a.dev.post_send, ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8)],
-                                              SendFlags.SIGNALED, remote_addr=eb.buf.addr,
-                                              rkey=eb.mr.rkey))
+        _write_n(a, ea, eb, 1)
+        _write_n(a, ea, eb, 2)
         time.sleep(0.05)
-        b.poll()                                          # takes the WRITE, holds its ACK
+        b.poll()                                          # takes a WRITE, holds its ACK
         assert b.counters["rcvd_pkts"] == 1 and b._owed
         assert b.counters["sent_pkts"] == sent
         b.post_recv(b.dev.post_recv, eb.qp, RecvWR(2, [eb.sge(64, 64)]))
         if mark > 1 and not own:
-            assert b.counters["sent_pkts"] == sent and b._owed
-            b.poll()
+            assert b.counters["sent_pkts"] == sent and b._owed   # the other waits
+            b.poll()                                      # takes it: none waits
+            assert b.counters["rcvd_pkts"] == 2
         assert b.counters["sent_pkts"] == sent + 1 and not b._owed
         b.lock.release()
         if own:
