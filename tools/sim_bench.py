@@ -256,11 +256,15 @@ def _run(name: str, breakdown: bool = False, digest: bool = True) -> dict:
                   collective="allreduce", algorithm="ring", size=8 << 20, qps=1,
                   mode="lossless", cc="none")
         driver = "schedule" if name == "allreduce64" else "collectives"
+        # three generations of trees: a ``driver`` field choosing between the two;
+        # before it, the schedule driver alone; after it, the collectives alone
+        # (``run_collectives``, which ``run`` calls)
         if "driver" in getattr(cluster.ClusterConfig, "__dataclass_fields__", {}):
             kw["driver"] = driver
-        elif driver == "schedule" and hasattr(cluster, "run_collectives"):
-            raise SystemExit("allreduce64 needs the schedule driver, which this tree no "
-                             "longer has; allreduce64c is the same allreduce")
+        elif hasattr(cluster, "run_collectives"):
+            if driver == "schedule":
+                raise SystemExit("allreduce64 needs the schedule driver, which this tree no "
+                                 "longer has; allreduce64c is the same allreduce")
         elif driver != "schedule":
             raise SystemExit("this tree's cluster experiment has no collectives driver")
         t0, c0 = time.perf_counter(), time.process_time()
