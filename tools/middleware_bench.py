@@ -5,7 +5,8 @@
 * ucx_perftest (two processes on 127.0.0.1): tag_lat 8 B, tag_bw 64 KiB and
   ucp_put_bw 64 KiB over softnic's rc_verbs (UCX_TLS=rc_v,self) and over UCX's tcp
   transport on loopback (UCX_TLS=tcp,self, UCX_NET_DEVICES=lo), the two alternating
-  round by round; medians and the softnic/tcp ratio of each round's pair.
+  round by round; medians and the softnic/tcp ratio of each round's pair.  Each
+  bandwidth run moves 512 MiB (64 MiB with --quick).
 * ucx_perftest tag_bw (UCX's tag protocol: eager SENDs, rendezvous by RDMA READ)
   against ucp_put_bw (RDMA WRITE), both over softnic's rc_verbs, at 64 KiB and
   1 MiB, alternating round by round (goal: tag_bw >= 0.8 of ucp_put_bw).
@@ -107,6 +108,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ucx-only", action="store_true", help="the ucx_perftest tables only")
     args = ap.parse_args(argv)
     iters = 200 if args.quick else 1000
+    # Each bandwidth run moves this much: a run of 100 messages of 64 KiB (what
+    # iters // 10 gave) or 20 of 1 MiB timed UCX's start more than its rate
+    # (ucp_put_bw 64 KiB 400 to 870 MB/s from run to run; 820 to 1150 at 20 000)
+    volume = (64 if args.quick else 512) << 20
+
+    def bw_iters(size: int) -> int:
+        return max(50, volume // size)
     print(f"date {datetime.date.today()}  load {os.getloadavg()[0]:.2f} (1 min)  "
           f"Python {platform.python_version()} ({sys.executable})  host {platform.node()}")
     # (UCX sizes its protocols by the port's reported speed, this line rate)
@@ -118,7 +126,7 @@ def main(argv=None) -> int:
     rows = []
     for test, size, unit in cases:
         sn, tcp, ratios = [], [], []
-        n = iters if test == "tag_lat" else max(50, iters // 10)
+        n = iters if test == "tag_lat" else bw_iters(size)
         for _ in range(args.rounds):             # alternate: both sides see the same load
             a = perftest(True, test, size, n)
             b = perftest(False, test, size, n)
@@ -139,7 +147,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     for size in (65536, 1 << 20):
         tag, put, ratios = [], [], []
-        n = max(50, iters // 10) if size == 65536 else max(10, iters // 50)
+        n = bw_iters(size)
         for k in range(args.rounds):             # alternate which goes first
             if k % 2:
                 b = perftest(True, "ucp_put_bw", size, n)[1]
