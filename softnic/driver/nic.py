@@ -547,10 +547,10 @@ class NIC(SharedDevice):
         with a SEND of its own outstanding (its ACK waits behind the answer just
         taken), or with nothing waiting (the peer spins for this ACK, as
         perftest's ``ib_send_lat`` does for each signaled SEND).  Held, the
-        peer would find the ACK behind the next request, and pay a poll for it
-        (2.6 us on the Python face, 7.5 on the C face).  A caller that stops
-        calling leaves them to the progress thread once its lease runs out
-        (``HOLD_LEASE``)."""
+        peer would find the ACK behind the next request and pay a poll for it
+        (docs/performance.md, "A polling receiver of a stream coalesces its
+        ACKs").  A caller that stops calling leaves them to the progress thread
+        once its lease runs out (``HOLD_LEASE``)."""
         return self._rx_held < self._ack_pkts and bool(self._readable(0)) \
             and self.dev.owes_acks_only(True)
 
@@ -980,9 +980,9 @@ class NIC(SharedDevice):
         answers at once (a ping-pong, an RPC) sends its answer first, and the
         peer, who is waiting for the answer, finds the ACK behind it.  Output is
         held for one step, or for as long as the steps that follow take only
-        responses or fewer than half a window of requests and it is plain ACKs
-        (``_holds_acks``), and the progress thread sends it if the caller goes
-        away.  ``ready``: the caller saw the socket readable just now."""
+        responses, or it is plain ACKs of a stream still arriving, fewer than
+        half a window of its packets (``_holds_acks``); the progress thread
+        sends it if the caller goes away.  ``ready``: the caller saw the socket readable just now."""
         did = False
         answers = True                   # what was received answers this device's requests
         limit = runs if inline else 256
@@ -1083,10 +1083,10 @@ class NIC(SharedDevice):
                      or self._holds_acks()):
             # sent by the next call (or the progress thread); a step that only
             # received responses (the ACK that completes the caller's own request:
-            # it answers next) keeps holding them, as does one that received
-            # requests while they number fewer than half a window since output last
-            # left (``_holds_acks``: their ACKs coalesce, as the progress thread's
-            # do); a step past that mark, or that receives nothing, sends them
+            # it answers next) keeps holding them, as does one of a receiver of a
+            # stream still arriving, below half a window since output last left
+            # (``_holds_acks``: their ACKs coalesce, as the progress thread's do);
+            # any other step that receives, or one that receives nothing, sends them
             self._owed = True
         elif did and self._answering and not self._owed and self.dev.owes_acks_only():
             # The program spins on memory for a peer's request after its last
