@@ -155,6 +155,26 @@ def flow_label(rank: int, peer: int, q: int) -> int:
     return ((h + q * 0x9E5 + (rank > peer) * 0x1A3) % 0x3FFF) + 1
 
 
+def _flat(x: np.ndarray) -> np.ndarray:
+    """``x``'s bytes, a flat uint8 view (of a contiguous copy, if ``x`` is not
+    contiguous: a receive's destination must be)."""
+    return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+
+
+class _Flat(dict):
+    """``_flat`` for one call, one view per array however often the call names
+    it: a ring's 2 (n - 1) steps name its n blocks four times each (sent, and
+    received, in each half), and a view per naming made n^2 objects across a
+    virtual cluster's ranks (docs/results/cluster.md).  Keyed by the array's
+    id, so it lives no longer than the call, whose arguments hold the arrays."""
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        v = self.get(id(x))
+        if v is None:
+            v = self[id(x)] = _flat(x)
+        return v
+
+
 class _Stream:
     """Messages to (or from) one peer, one after another: ``segs`` are uint8 views,
     each cut into chunks.  ``i``/``k``/``off``: the current segment, its next chunk and
@@ -595,8 +615,8 @@ class Transport:
     def nchunks(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.csize(nbytes)))
 
-    def _send_stream(self, peer, arrays, gate=None) -> _Stream:
-        segs = [np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in arrays]
+    def _send_stream(self, peer, arrays, gate=None, flat=None) -> _Stream:
+        segs = [(flat or _flat)(x) for x in arrays]
         lkeys = []
         for seg in segs:
             lkey = self._lkey(seg)
@@ -637,14 +657,15 @@ class Transport:
         ``right``, where ``sends[s]`` is what ``recvs[s - lag]`` received: each chunk is
         passed on as soon as it has come in (a ring's steps, ``lag`` 1; a pipelined
         broadcast, ``lag`` 0, where what comes in goes on)."""
-        rs = _Stream(left, [d.reshape(-1).view(np.uint8) for d, _ in recvs], self.csize,
+        flat = _Flat()
+        rs = _Stream(left, [flat(d) for d, _ in recvs], self.csize,
                      [op for _, op in recvs], [d.dtype for d, _ in recvs])
 
         def ready(i, k):
             j = i - lag
             return j < 0 or rs.i > j or (rs.i == j and rs.k > k)
 
-        ss = self._send_stream(right, sends, gate=ready)
+        ss = self._send_stream(right, sends, gate=ready, flat=flat)
         if ss.nch[lag:] != rs.nch[:len(ss.nch) - lag]:
             raise ValueError("chain: step s must send what step s - lag received")
         self.run([ss], [rs] if recvs else [])
