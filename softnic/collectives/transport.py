@@ -616,7 +616,8 @@ class Transport:
         return max(1, -(-nbytes // self.csize(nbytes)))
 
     def _send_stream(self, peer, arrays, gate=None, flat=None) -> _Stream:
-        segs = [(flat or _flat)(x) for x in arrays]
+        flat = _flat if flat is None else flat       # (an empty _Flat is falsy)
+        segs = [flat(x) for x in arrays]
         lkeys = []
         for seg in segs:
             lkey = self._lkey(seg)
