@@ -639,7 +639,7 @@ class Transport:
         of ``recvs`` (``dst`` a contiguous 1-D array; ``op`` a numpy ufunc reducing the
         incoming data into ``dst``, or None to copy), all at once."""
         ss = [self._send_stream(peer, [data]) for peer, data in sends]
-        rs = [_Stream(peer, [dst.reshape(-1).view(np.uint8)], self.csize, [op], [dst.dtype])
+        rs = [_Stream(peer, [_flat(dst)], self.csize, [op], [dst.dtype])
               for peer, dst, op in recvs]
         self.run(ss, rs)
 
