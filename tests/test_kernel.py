@@ -30,6 +30,7 @@ from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
 from softnic.experiments.rig import connect
 from softnic.wire.icrc import append_icrc
+from softnic.wire.roce import BTH_LEN
 
 from test_bulk_tx import bulk_cases, _wqe
 
@@ -167,6 +168,7 @@ class Counting:
         self.ffi = k.ffi
         self.taken = 0
         self.built = 0
+        self.edges = 0              # a READ's FIRSTs and LASTs taken (sn_rx_aeth)
 
         def rx(*args):
             n = k.lib.sn_rx_middles(*args)
@@ -176,7 +178,12 @@ class Counting:
         def tx(*args):
             self.built += args[2]
             return k.lib.sn_tx_middles(*args)
-        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=tx)
+
+        def edge(*args):
+            n = k.lib.sn_rx_aeth(*args)
+            self.edges += n
+            return n
+        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=tx, sn_rx_aeth=edge)
 
 
 def _side(kernel, mtu: int, window: int, sr: bool, engine: bool = False,
@@ -216,7 +223,8 @@ def _mangle(rng: random.Random, buf: bytes, seg: int, faults: bool = True,
             pkts[i][8] ^= 0x80                 # (the ICRC then fails)
         elif what == "header" and seal is not None:
             p = pkts[i]
-            p[rng.randrange(12)] ^= 1 << rng.randrange(8)
+            # (the BTH, and the AETH of a READ's FIRST or LAST: its syndrome too)
+            p[rng.randrange(16)] ^= 1 << rng.randrange(8)
             pkts[i] = bytearray(seal(p[:-4]))
         elif what == "truncate" and len(pkts[i]) > 20:
             pkts[i] = pkts[i][:-rng.randrange(1, 9)]
@@ -405,13 +413,71 @@ def test_a_clean_long_reads_responses_are_built_in_a_run_and_placed_by_the_kerne
     r = _exchange(7, [60000], 4096, 128, False, counting, faults=False, kind="read")
     assert r["wcs"] == [(0, 0)]
     # 15 responses: the 13 MIDDLEs built in one run; the kernel takes those the
-    # GRO runs hold wholly (the first MIDDLE ends the FIRST's run: it is shorter)
-    assert counting.built == 13 and counting.taken == 12
+    # GRO runs hold wholly (the first MIDDLE ends the FIRST's run: it is shorter),
+    # and the FIRST and the LAST (sn_rx_aeth)
+    assert counting.built == 13 and counting.taken == 12 and counting.edges == 2
     slow = _exchange(7, [60000], 4096, 128, False, None, faults=False, kind="read")
     assert r["memory"] == slow["memory"] and r["wire"] == slow["wire"]
     rng = random.Random(7)                      # (as _exchange draws its source bytes)
     src = bytes(rng.getrandbits(8) for _ in range(1 << 16))
     assert r["memory"][:60000] == src[:60000]
+
+
+def _read_responses(kern, n: int = 3 * 1024 + 100, sges: int = 1):
+    """A READ of ``n`` bytes from ``eb.buf`` into ``ea.buf`` (``sges`` SGEs), MTU
+    1024: its responses, the FIRST, the MIDDLEs laid end to end (a GRO run) and
+    the LAST."""
+    a, b, ea, eb = _side(kern, 1024, 128, False, engine=kern is None, both=kern is None)
+    eb.buf.view[0:8192] = bytes(range(256)) * 32
+    h = n // 2
+    sgl = [ea.sge(0, n)] if sges == 1 else [ea.sge(0, h), ea.sge(h, n - h)]
+    a.post_send(ea.qp, SendWR(1, W.RDMA_READ, sgl, SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    for d, _ in a.datagrams_to_send(0.0):
+        b.receive_datagram(d, a.address, 0.0)
+    resp = [d for d, _ in b.datagrams_to_send(0.0)]
+    return a, b, ea, eb, (resp[0], b"".join(resp[1:-1]), resp[-1])
+
+
+@pytest.mark.parametrize("change", ["icrc", "nak", "psn", "length", "two_sges"])
+def test_a_reads_first_or_last_the_kernel_may_not_take_goes_the_engines_way(change):
+    """The FIRST and the LAST of a READ (AETH, payload), each changed as a faulty
+    responder might, the ICRC made good again but for ``icrc``: the kernel takes
+    none of them (``sn_rx_aeth``), the engine's general path decides, and memory,
+    counters, state and completions are those of a requester without the kernel."""
+    seen = {}
+    for name, kern in (("engine", None), ("kernel", Counting(kernel()))):
+        a, b, ea, eb, (first, mids, last) = _read_responses(kern, sges=2 if change ==
+                                                            "two_sges" else 1)
+        seg = BTH_LEN + 1024 + 4
+        out = []
+        for p in (first, last):
+            q = bytearray(p)
+            if change == "icrc":
+                q[-1] ^= 1
+            elif change == "nak":
+                q[BTH_LEN] = 0x60                   # AETH syndrome: a NAK
+            elif change == "psn":
+                q[11] ^= 1
+            elif change == "length":
+                q = q[:-8]                          # 4 bytes of payload short
+            if change not in ("icrc", "two_sges"):
+                q = append_icrc(q[:-4], b.ip, a.ip, b.port, a.port)
+            out.append(bytes(q))
+        a.receive_run(out[0], 0, b.address, 0.0)
+        a.receive_run(mids, seg, b.address, 0.0)
+        a.receive_run(out[1], 0, b.address, 0.0)
+        if kern is not None:
+            assert kern.edges == 0
+        seen[name] = (bytes(ea.buf.view[0:8192]), dict(a.counters), ea.qp.comp.acked_psn,
+                      [(w.wr_id, int(w.status)) for w in a.poll_cq(ea.send_cq, 8)])
+    assert seen["kernel"] == seen["engine"]
+    if change == "two_sges":                        # the engine places it all
+        assert seen["kernel"][0][:3 * 1024 + 100] == (bytes(range(256)) * 32)[:3 * 1024 + 100]
+        assert seen["kernel"][3] == [(1, 0)]
+    elif change != "nak":       # (a NAK's syndrome: the engine's own way, whatever it is)
+        assert seen["kernel"][0][:1024] == bytes(1024)      # the FIRST was not placed
+        assert seen["kernel"][3] != [(1, 0)]
 
 
 def test_a_corrupt_middle_is_counted_and_dropped_not_placed():

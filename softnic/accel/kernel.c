@@ -28,6 +28,10 @@
                      and completer._read_response for READ RESPONSE MIDDLEs
                      at the expected PSN (completer.receive_middles: the
                      READ's one SGE, room up to its LAST);
+     sn_rx_aeth      completer.receive_answer_common and _read_response for
+                     the READ RESPONSE FIRST or LAST around those MIDDLEs
+                     (completer.receive_edge: the READ's one SGE, the
+                     payload its place expects, the AETH an ACK);
      sn_read_only    responder.answer and _read for an RDMA READ request at the
                      ePSN whose response is one packet, and
                      output._rc_responses' read_response_only (and
@@ -180,6 +184,44 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
     if (nacks)
         *nacks = a;
     return (int)k;
+}
+
+/* Receive (completer._read_response for a READ RESPONSE FIRST or LAST at the
+   expected PSN; completer.receive_edge calls it): the datagram p[0:n] is taken
+   if it meets receive_answer_common's per-packet conditions, those of the QP
+   and the READ being its caller's:
+     - BTH word 0 equal to w0 (the opcode, FIRST or LAST; no flag but the pad
+       count that ``len`` implies; the P_Key: what the ICRC state ``start`` was
+       computed for);
+     - the destination QP dqpn, FECN and BECN clear;
+     - the expected PSN;
+     - an AETH whose syndrome is an ACK (its top three bits clear: the credit
+       count and MSN are not the requester's to check);
+     - n = BTH + AETH + len + pad + ICRC: the payload _read_response expects
+       at this place (a whole MTU for a FIRST, the rest of the READ for its
+       LAST), and room for it: off + len <= cap;
+     - a good ICRC.
+   Its payload is copied to dst + off.  Returns 1 if taken, else 0 (nothing
+   touched); the caller accounts for it as receive_answer_common and
+   _read_response do (completer.took_edge). */
+int sn_rx_aeth(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t epsn,
+               uint32_t start, uint8_t *dst, uint64_t off, uint64_t len, uint64_t cap)
+{
+    uint64_t pad = (0 - len) & 3;
+    uint32_t w2, w3;
+    if (n < BTH_LEN + AETH_LEN + ICRC_LEN
+            || (uint64_t)n != BTH_LEN + AETH_LEN + len + pad + ICRC_LEN
+            || off > cap || len > cap - off)
+        return 0;
+    w2 = be32(p + 4);
+    w3 = be32(p + 8);
+    if (be32(p) != w0 || (w2 & QPN_MASK) != dqpn || (w2 & (BTH_FECN | BTH_BECN))
+            || (w3 & PSN_MASK) != epsn || (be32(p + BTH_LEN) >> 29) != 0)
+        return 0;
+    if (sn_crc32(start, p + 8, n - 8 - ICRC_LEN) != le32(p + n - ICRC_LEN))
+        return 0;
+    memcpy(dst + off, p + BTH_LEN + AETH_LEN, (size_t)len);
+    return 1;
 }
 
 /* A MIDDLE's BTH at p: word 0 w0, destination QP dqpn, PSN psn, and the AckReq

@@ -369,6 +369,73 @@ def took_responses(dev, qp, k: int, now: float) -> None:
     _progress(dev, qp, before, now)
 
 
+_READ_FIRST = int(O.RC_RDMA_READ_RESPONSE_FIRST)
+_READ_LAST = int(O.RC_RDMA_READ_RESPONSE_LAST)
+#: the responses ``receive_edge`` may take: a READ's FIRST and LAST, which carry an AETH
+READ_EDGES = frozenset({_READ_FIRST, _READ_LAST})
+
+
+def receive_edge(dev, data, src, now: float) -> bool:
+    """``receive_answer_common`` and ``_read_response`` for the READ RESPONSE FIRST
+    or LAST at the expected PSN of the oldest outstanding WQE, a READ of one SGE,
+    its packet checked and placed in the compiled kernel (``sn_rx_aeth``), as
+    ``receive_middles`` takes the MIDDLEs between them.  The QP's conditions and
+    the READ's are checked here (``receive_answer_common``'s: an RC QP in RTS
+    with no congestion controller, its peer, the READ the oldest WQE, not done,
+    its next PSN expected; ``_read_response``'s: a FIRST at the READ's first
+    PSN and not its last, a LAST at its last PSN and not its first, nothing held
+    beyond a hole, the payload the place expects), each packet's in the kernel
+    (BTH word 0, the QP, FECN/BECN, the PSN, an AETH of ACK, the length, the
+    ICRC).  Taken, it is accounted for as those two functions account for it
+    (``took_edge``).  ``data`` is the datagram, maybe a view of the driver's
+    receive buffer (copied into memory at once).  False: nothing changed."""
+    op = data[0]
+    qp = dev.qps.get(int.from_bytes(data[5:8], "big"))
+    if qp is None or qp.qp_type is not _RC or qp.state is not _RTS or qp.cc is not None \
+            or qp.xrc is not None or not qp.sq or tuple(src) != qp.dest \
+            or not dev.config.check_icrc:
+        return False
+    w = qp.sq[0]
+    first = w.first_psn
+    if w.done or first is None or w.opcode != _RDMA_READ or w.got \
+            or len(w.views) != 1 or w.npkts < 2:
+        return False
+    expected = (qp.comp.acked_psn + 1) & PSN_MASK
+    last = op == _READ_LAST
+    if expected != (w.last_psn if last else first):
+        return False
+    mtu = qp.mtu
+    off = (w.npkts - 1) * mtu if last else 0
+    n = w.length - off if last else mtu
+    view = w.views[0]
+    kern = dev.kernel
+    ffi = kern.ffi
+    w0 = (op << BTH_OPCODE_SHIFT) | ((-n & 3) << (BTH_PAD_SHIFT + 16)) | DEFAULT_PKEY
+    size = len(data)
+    start = icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qp.qpn))
+    if not kern.lib.sn_rx_aeth(ffi.from_buffer(data), size, w0, qp.qpn, expected, start,
+                               ffi.from_buffer(view, require_writable=True), off, n,
+                               len(view)):
+        return False
+    took_edge(dev, qp, w, last, now)
+    return True
+
+
+def took_edge(dev, qp, w, last: bool, now: float) -> None:
+    """Account for a READ's FIRST or LAST response (``last``) the kernel placed at
+    the expected PSN, as ``receive_answer_common`` and ``_read_response`` account
+    for it: counted, the acknowledged PSN past it, any pending retry done with,
+    the READ finished by its LAST, then ``_progress``."""
+    comp = qp.comp
+    before = comp.acked_psn
+    dev.counters["rcvd_pkts"] += 1
+    comp.acked_psn = (before + 1) & PSN_MASK
+    comp.retry_pending = None
+    if last:
+        _finish(qp, w)
+    _progress(dev, qp, before, now)
+
+
 def stream_target(dev, qp):
     """``read_target`` for a driver's stream (``sn_rx_stream``, as
     ``responder.stream_target`` for requests): ``(seg, w0, start, psn, view,
@@ -680,6 +747,7 @@ _ECN = BTH_FECN | BTH_BECN
 _PAD = BTH_PAD_MASK << BTH_PAD_SHIFT
 _RC = QPType.RC
 _RTS = QPState.RTS
+_RDMA_READ = W.RDMA_READ
 _SQD = QPState.SQD
 
 

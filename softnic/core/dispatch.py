@@ -80,6 +80,7 @@ RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side is RESPONSE)
 _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
 _READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
+_READ_EDGES = completer.READ_EDGES
 _SENDING = (QPState.RTS, QPState.SQD)
 _UD = QPType.UD          # (read per packet: a module global, not the enum class's attribute)
 
@@ -275,32 +276,40 @@ class Dispatch:
         (the last may be shorter; 0: ``data`` is one datagram), as a socket with
         UDP GRO hands them over: ``receive_datagram`` of each in turn.  With a
         kernel, runs of a SEND's or WRITE's MIDDLE packets are taken a run at a time
-        (``responder.receive_middles``), and runs of READ RESPONSE MIDDLEs
-        (``completer.receive_middles``).
+        (``responder.receive_middles``), runs of READ RESPONSE MIDDLEs
+        (``completer.receive_middles``), and a READ's FIRST and LAST around them
+        (``completer.receive_edge``).
 
         ``data`` may be a view of the driver's receive buffer, good for this call
         only: what goes on to ``receive_datagram`` (which may hold a packet) is
         copied, what the kernel places is copied into memory at once."""
         n = len(data)
+        fast = self.kernel is not None and self._fast
         if not seg or seg >= n:
-            self.receive_datagram(bytes(data), src, now)
+            if not (fast and data and data[0] in _READ_EDGES
+                    and completer.receive_edge(self, data, src, now)):
+                self.receive_datagram(bytes(data), src, now)
             return
         rx = self.receive_datagram
         o = 0
-        if self.kernel is None or not self._fast:
+        if not fast:
             while o < n:
                 rx(bytes(data[o:o + seg]), src, now)
                 o += seg
             return
         middles = responder.receive_middles
+        edge = completer.receive_edge
         while o < n:
+            op = data[o]
             if o + seg <= n:
-                if data[o] == _READ_MIDDLE:
+                if op == _READ_MIDDLE:
                     k = completer.receive_middles(self, data, o, seg, src, now)
                 else:
                     k = middles(self, data, o, seg, src)
                 if k:
                     o += k * seg
                     continue
-            rx(bytes(data[o:o + seg]), src, now)
+            one = data[o:o + seg]
+            if not (op in _READ_EDGES and edge(self, one, src, now)):
+                rx(bytes(one), src, now)
             o += seg
