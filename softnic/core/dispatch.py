@@ -301,7 +301,8 @@ class Dispatch:
         edge = completer.receive_edge
         while o < n:
             op = data[o]
-            if o + seg <= n:
+            edges = op in _READ_EDGES
+            if o + seg <= n and not edges:
                 if op == _READ_MIDDLE:
                     k = completer.receive_middles(self, data, o, seg, src, now)
                 else:
@@ -310,6 +311,6 @@ class Dispatch:
                     o += k * seg
                     continue
             one = data[o:o + seg]
-            if not (op in _READ_EDGES and edge(self, one, src, now)):
+            if not (edges and edge(self, one, src, now)):
                 rx(bytes(one), src, now)
             o += seg
