@@ -402,13 +402,13 @@ class NIC(SharedDevice):
         self._stats_path = stats_dir() / f"{os.getpid()}-{spec.name}.json"
         self._readable = self._readiness()
         self._runs = hasattr(self.sock, "recv_runs")
-        # A step that keeps receiving sends its coalesced ACKs after every half
-        # window of data (a QP's window at the active MTU), not only at its end
+        # Half a QP's window: a program's inline steps hold their ACKs for fewer
+        # packets than that (``_holds_acks``), and a step that keeps receiving
+        # sends its coalesced ACKs after every that many packets' worth of data at
+        # the active MTU, not only at its end
         cfg_d = self.dev.config
-        self._ack_bytes = cfg_d.window * cfg_d.active_mtu // 2
-        # ... and a program's inline steps hold their ACKs for fewer packets than
-        # half a window (``_holds_acks``)
         self._ack_pkts = max(1, cfg_d.window // 2)
+        self._ack_bytes = self._ack_pkts * cfg_d.active_mtu
         self._rx_held = 0           # packets inline steps took since output last left
         self._stream = None
         self._answers = None
