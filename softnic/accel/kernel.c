@@ -203,7 +203,7 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
      - a good ICRC.
    Its payload is copied to dst + off.  Returns 1 if taken, else 0 (nothing
    touched); the caller accounts for it as receive_answer_common and
-   _read_response do (completer.took_edge). */
+   _read_response do (completer.took_responses). */
 int sn_rx_aeth(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t epsn,
                uint32_t start, uint8_t *dst, uint64_t off, uint64_t len, uint64_t cap)
 {

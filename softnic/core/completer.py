@@ -30,7 +30,7 @@ from typing import NamedTuple
 from ..wire.icrc import check_icrc, icrc_start
 from ..wire.psn import PSN_HALF, PSN_MASK, psn_add, psn_before, psn_diff
 from ..wire.roce import AETH_LEN, OPCODES, AethCode, AtomicAckETH, BTH_AETH_STRUCT, BTH_BECN, \
-    BTH_FECN, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, \
+    BTH_FECN, BTH_FLAGS_SHIFT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, \
     Kind, NakCode, OpInfo, Opcode as O, QPN_MASK
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCStatus, WROpcode as W
@@ -357,15 +357,18 @@ def receive_middles(dev, data, o: int, seg: int, src, now: float) -> int:
     return k
 
 
-def took_responses(dev, qp, k: int, now: float) -> None:
-    """Account for ``k`` READ RESPONSE MIDDLEs the kernel placed from the expected
-    PSN on, as ``receive`` and ``_read_response`` account for each: counted, the
-    acknowledged PSN past them, any pending retry done with, then ``_progress``
-    (once: what it does for each in turn comes to the same)."""
+def took_responses(dev, qp, k: int, now: float, finished=None) -> None:
+    """Account for ``k`` READ responses the kernel placed from the expected PSN on
+    (a run of MIDDLEs, or its FIRST or LAST: ``receive_edge``), as ``receive`` and
+    ``_read_response`` account for each: counted, the acknowledged PSN past
+    them, any pending retry done with, the READ ``finished`` by its LAST, then
+    ``_progress`` (once: what it does for each in turn comes to the same)."""
     before = qp.comp.acked_psn
     dev.counters["rcvd_pkts"] += k
     qp.comp.acked_psn = (before + k) & PSN_MASK
     qp.comp.retry_pending = None
+    if finished is not None:
+        _finish(qp, finished)
     _progress(dev, qp, before, now)
 
 
@@ -387,13 +390,13 @@ def receive_edge(dev, data, src, now: float) -> bool:
     beyond a hole, the payload the place expects), each packet's in the kernel
     (BTH word 0, the QP, FECN/BECN, the PSN, an AETH of ACK, the length, the
     ICRC).  Taken, it is accounted for as those two functions account for it
-    (``took_edge``).  ``data`` is the datagram, maybe a view of the driver's
+    (``took_responses``).  ``data`` is the datagram, maybe a view of the driver's
     receive buffer (copied into memory at once).  False: nothing changed."""
-    op = data[0]
-    qp = dev.qps.get(int.from_bytes(data[5:8], "big"))
-    if qp is None or qp.qp_type is not _RC or qp.state is not _RTS or qp.cc is not None \
-            or qp.xrc is not None or not qp.sq or tuple(src) != qp.dest \
-            or not dev.config.check_icrc:
+    if len(data) < _ACK_LEN:
+        return False
+    op, _, pkey, w2, _, aeth = _ACK_PKT.unpack_from(data, 0)
+    qp = _common_qp(dev, pkey, w2, aeth, src)
+    if qp is None or qp.cc is not None or qp.xrc is not None or not dev.config.check_icrc:
         return False
     w = qp.sq[0]
     first = w.first_psn
@@ -410,30 +413,15 @@ def receive_edge(dev, data, src, now: float) -> bool:
     view = w.views[0]
     kern = dev.kernel
     ffi = kern.ffi
-    w0 = (op << BTH_OPCODE_SHIFT) | ((-n & 3) << (BTH_PAD_SHIFT + 16)) | DEFAULT_PKEY
+    w0 = (op << BTH_OPCODE_SHIFT) | ((-n & 3) << BTH_PAD_SHIFT << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
     size = len(data)
     start = icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qp.qpn))
     if not kern.lib.sn_rx_aeth(ffi.from_buffer(data), size, w0, qp.qpn, expected, start,
                                ffi.from_buffer(view, require_writable=True), off, n,
                                len(view)):
         return False
-    took_edge(dev, qp, w, last, now)
+    took_responses(dev, qp, 1, now, w if last else None)
     return True
-
-
-def took_edge(dev, qp, w, last: bool, now: float) -> None:
-    """Account for a READ's FIRST or LAST response (``last``) the kernel placed at
-    the expected PSN, as ``receive_answer_common`` and ``_read_response`` account
-    for it: counted, the acknowledged PSN past it, any pending retry done with,
-    the READ finished by its LAST, then ``_progress``."""
-    comp = qp.comp
-    before = comp.acked_psn
-    dev.counters["rcvd_pkts"] += 1
-    comp.acked_psn = (before + 1) & PSN_MASK
-    comp.retry_pending = None
-    if last:
-        _finish(qp, w)
-    _progress(dev, qp, before, now)
 
 
 def stream_target(dev, qp):

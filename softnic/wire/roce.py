@@ -34,7 +34,7 @@ __all__ = [
     "FETH", "FETH_LEN",
     "ROCEV2_PORT", "PSN_MASK", "psn_add", "psn_diff",
     "BTH_FMT", "AETH_FMT", "RETH_FMT", "BTH_STRUCT", "BTH_AETH_STRUCT", "BTH_RETH_STRUCT",
-    "RETH_STRUCT", "DETH_STRUCT", "BTH_OPCODE_SHIFT",
+    "RETH_STRUCT", "DETH_STRUCT", "BTH_OPCODE_SHIFT", "BTH_FLAGS_SHIFT",
     "BTH_SE", "BTH_MIGREQ", "BTH_PAD_SHIFT", "BTH_PAD_MASK", "BTH_TVER_MASK", "BTH_FECN",
     "BTH_BECN", "BTH_ACKREQ", "QPN_MASK", "DEFAULT_PKEY", "AETH_SYNDROME_SHIFT", "AETH_CODE_SHIFT", "MSN_MASK",
     "XRC_OPCODE_PREFIX",
@@ -68,6 +68,7 @@ RETH_STRUCT = struct.Struct("!" + RETH_FMT)
 
 # BTH word 0 (bytes 0-3)
 BTH_OPCODE_SHIFT = 24     # the opcode, bits 31:24 (the flags byte 23:16, the P_Key 15:0)
+BTH_FLAGS_SHIFT = 16      # the flags byte (byte 1, below), bits 23:16
 
 # BTH byte 1
 BTH_SE = 0x80             # solicited event
