@@ -168,7 +168,7 @@ class Counting:
         self.ffi = k.ffi
         self.taken = 0
         self.built = 0
-        self.edges = 0              # a READ's FIRSTs and LASTs taken (sn_rx_aeth)
+        self.edges = 0              # FIRSTs and LASTs of READs and SENDs taken (sn_rx_edge)
 
         def rx(*args):
             n = k.lib.sn_rx_middles(*args)
@@ -180,10 +180,10 @@ class Counting:
             return k.lib.sn_tx_middles(*args)
 
         def edge(*args):
-            n = k.lib.sn_rx_aeth(*args)
+            n = k.lib.sn_rx_edge(*args)
             self.edges += n
             return n
-        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=tx, sn_rx_aeth=edge)
+        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=tx, sn_rx_edge=edge)
 
 
 def _side(kernel, mtu: int, window: int, sr: bool, engine: bool = False,
@@ -394,7 +394,7 @@ def test_a_clean_long_send_is_placed_by_the_kernel_into_its_one_sge_receive():
     r = _exchange(7, [60000], 4096, 128, False, counting, faults=False, kind="send")
     assert r["wcs"] == [(0, 0)]
     assert r["rwcs"] == [(100, 0, 128, 60000)]      # IBV_WC_RECV, all its bytes
-    assert counting.taken >= 11
+    assert counting.taken >= 11 and counting.edges == 2     # the FIRST and the LAST
     slow = _exchange(7, [60000], 4096, 128, False, None, faults=False, kind="send")
     assert r["memory"] == slow["memory"] and r["wire"] == slow["wire"]
 
@@ -403,7 +403,21 @@ def test_a_send_into_a_receive_of_two_sges_takes_the_general_way():
     counting = Counting(kernel())
     r = _exchange(7, [60000], 4096, 128, False, counting, faults=False, kind="send2")
     assert r["wcs"] == [(0, 0)] and r["rwcs"] == [(100, 0, 128, 60000)]
-    assert counting.taken == 0
+    assert counting.taken == 0 and counting.edges == 0
+
+
+@pytest.mark.parametrize("sizes", [[8192], [8192, 8190, 4097, 100]])
+def test_sends_of_two_packets_are_each_a_first_and_a_last_the_kernel_places(sizes):
+    """A SEND of two packets (an eager fragment of UCX or Open MPI: no MIDDLE)
+    is its FIRST and its LAST, each taken by ``responder.receive_edge``: what
+    the engine alone makes of them, byte for byte."""
+    counting = Counting(kernel())
+    r = _exchange(7, sizes, 4096, 128, False, counting, faults=False, kind="send")
+    slow = _exchange(7, sizes, 4096, 128, False, None, faults=False, kind="send")
+    assert r == slow
+    assert r["rwcs"] == [(100 + i, 0, 128, n) for i, n in enumerate(sizes)]
+    edges = sum(2 if n > 4096 else 0 for n in sizes)    # (a SEND ONLY is not an edge)
+    assert counting.edges == edges and counting.taken == 0
     slow = _exchange(7, [60000], 4096, 128, False, None, faults=False, kind="send2")
     assert r["memory"] == slow["memory"]
 
@@ -414,7 +428,7 @@ def test_a_clean_long_reads_responses_are_built_in_a_run_and_placed_by_the_kerne
     assert r["wcs"] == [(0, 0)]
     # 15 responses: the 13 MIDDLEs built in one run; the kernel takes those the
     # GRO runs hold wholly (the first MIDDLE ends the FIRST's run: it is shorter),
-    # and the FIRST and the LAST (sn_rx_aeth)
+    # and the FIRST and the LAST (sn_rx_edge)
     assert counting.built == 13 and counting.taken == 12 and counting.edges == 2
     slow = _exchange(7, [60000], 4096, 128, False, None, faults=False, kind="read")
     assert r["memory"] == slow["memory"] and r["wire"] == slow["wire"]
@@ -443,7 +457,7 @@ def _read_responses(kern, n: int = 3 * 1024 + 100, sges: int = 1):
 def test_a_reads_first_or_last_the_kernel_may_not_take_goes_the_engines_way(change):
     """The FIRST and the LAST of a READ (AETH, payload), each changed as a faulty
     responder might, the ICRC made good again but for ``icrc``: the kernel takes
-    none of them (``sn_rx_aeth``), the engine's general path decides, and memory,
+    none of them (``sn_rx_edge``), the engine's general path decides, and memory,
     counters, state and completions are those of a requester without the kernel."""
     seen = {}
     for name, kern in (("engine", None), ("kernel", Counting(kernel()))):
@@ -478,6 +492,86 @@ def test_a_reads_first_or_last_the_kernel_may_not_take_goes_the_engines_way(chan
     elif change != "nak":       # (a NAK's syndrome: the engine's own way, whatever it is)
         assert seen["kernel"][0][:1024] == bytes(1024)      # the FIRST was not placed
         assert seen["kernel"][3] != [(1, 0)]
+
+
+def _send_packets(kern, n: int, sges: int = 1, recv: bool = True,
+                  flags: SendFlags = SendFlags.SIGNALED):
+    """A SEND of ``n`` bytes from ``ea.buf`` into a receive of ``n`` bytes in
+    ``eb.buf`` (``sges`` SGEs; none posted without ``recv``), MTU 1024: its
+    FIRST, its MIDDLEs laid end to end (a GRO run) and its LAST."""
+    a, b, ea, eb = _side(kern, 1024, 128, False, engine=kern is None)
+    ea.buf.view[0:8192] = bytes(range(256)) * 32
+    h = n // 2
+    if recv:
+        sgl = [eb.sge(0, n)] if sges == 1 else [eb.sge(0, h), eb.sge(h, n - h)]
+        b.post_recv(eb.qp, RecvWR(2, sgl))
+    a.post_send(ea.qp, SendWR(1, W.SEND, [ea.sge(0, n)], flags))
+    reqs = [bytes(item[0]) for item in a.datagram_runs(0.0)]
+    seg = BTH_LEN + 1024 + 4
+    pkts = [d[o:o + seg] for d in reqs for o in range(0, len(d), seg)]
+    return a, b, ea, eb, (pkts[0], b"".join(pkts[1:-1]), pkts[-1])
+
+
+#: (what is changed, in which packet): each a SEND FIRST or LAST the kernel must
+#: leave to the engine
+SEND_EDGE_CHANGES = [("icrc", "first"), ("icrc", "last"), ("psn", "first"), ("psn", "last"),
+                     ("length", "first"), ("length", "last"), ("solicited", "last"),
+                     ("two_sges", "both"), ("no_receive", "first")]
+
+
+@pytest.mark.parametrize("change,which", SEND_EDGE_CHANGES)
+def test_a_sends_first_or_last_the_kernel_may_not_take_goes_the_engines_way(change, which):
+    """The FIRST or the LAST of a SEND changed as a faulty requester or network
+    might (the ICRC made good again but for ``icrc``: a PSN not expected, a
+    FIRST short of an MTU or a LAST longer than the receive, a LAST asking for
+    a solicited event), into a receive of two SGEs, or with no receive posted:
+    the kernel takes none of those (``sn_rx_edge``), the engine's general path
+    decides (a NAK, an RNR NAK, LOC_LEN_ERR, a solicited completion), and
+    memory, the responder's answers, counters, state and completions are those
+    of a responder without the kernel."""
+    seen = {}
+    n = 3 * 1024 + 102                  # (its LAST: 102 bytes and 2 of pad)
+    for name, kern in (("engine", None), ("kernel", Counting(kernel()))):
+        flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if change == "solicited" else 0)
+        a, b, ea, eb, (first, mids, last) = _send_packets(
+            kern, n, sges=2 if change == "two_sges" else 1, recv=change != "no_receive",
+            flags=flags)
+        eb.recv_cq.req_notify(solicited_only=True)     # an event for a solicited one
+        out = []
+        for p, this in ((first, "first"), (last, "last")):
+            q = bytearray(p)
+            if which == this:
+                if change == "icrc":
+                    q[-1] ^= 1
+                elif change == "psn":
+                    q[11] ^= 1
+                elif change == "length" and this == "first":
+                    q = q[:-8]                          # 4 bytes short of an MTU
+                elif change == "length":
+                    q = q[:-4] + bytes(4) + q[-4:]      # 4 bytes past the receive
+                if change in ("psn", "length"):
+                    q = append_icrc(q[:-4], a.ip, b.ip, a.port, b.port)
+            out.append(bytes(q))
+        b.receive_run(out[0], 0, a.address, 0.0)
+        b.receive_run(mids, BTH_LEN + 1024 + 4, a.address, 0.0)
+        b.receive_run(out[1], 0, a.address, 0.0)
+        if kern is not None:
+            assert kern.edges == (1 if which == "last" else 0)
+        answers = [bytes(d) for d, _ in b.datagrams_to_send(0.0)]
+        qb = eb.qp
+        seen[name] = (bytes(eb.buf.view[0:8192]), dict(b.counters), answers,
+                      (qb.resp.epsn, qb.resp.msn, qb.resp.off, qb.resp.kind, qb.state),
+                      eb.recv_cq.events,
+                      [(w.wr_id, int(w.status), int(w.opcode), w.byte_len, int(w.wc_flags))
+                       for w in b.poll_cq(eb.recv_cq, 8)])
+    assert seen["kernel"] == seen["engine"]
+    src = (bytes(range(256)) * 32)[:n]
+    if change in ("two_sges", "solicited"):     # the engine places it all
+        assert seen["kernel"][0][:n] == src
+        assert [w[:4] for w in seen["kernel"][5]] == [(2, 0, 128, n)]
+        assert seen["kernel"][4] == (change == "solicited")   # the solicited event
+    else:
+        assert seen["kernel"][5] != [(2, 0, 128, n, 0)]
 
 
 def test_a_corrupt_middle_is_counted_and_dropped_not_placed():

@@ -28,10 +28,13 @@
                      and completer._read_response for READ RESPONSE MIDDLEs
                      at the expected PSN (completer.receive_middles: the
                      READ's one SGE, room up to its LAST);
-     sn_rx_aeth      completer.receive_answer_common and _read_response for
+     sn_rx_edge      completer.receive_answer_common and _read_response for
                      the READ RESPONSE FIRST or LAST around those MIDDLEs
                      (completer.receive_edge: the READ's one SGE, the
-                     payload its place expects, the AETH an ACK);
+                     payload its place expects, the AETH an ACK); and
+                     responder.execute (_send) for a SEND's FIRST or LAST
+                     at the ePSN (responder.receive_edge: into its receive
+                     WQE's one SGE, room for what the packet carries);
      sn_read_only    responder.answer and _read for an RDMA READ request at the
                      ePSN whose response is one packet, and
                      output._rc_responses' read_response_only (and
@@ -186,41 +189,45 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
     return (int)k;
 }
 
-/* Receive (completer._read_response for a READ RESPONSE FIRST or LAST at the
-   expected PSN; completer.receive_edge calls it): the datagram p[0:n] is taken
-   if it meets receive_answer_common's per-packet conditions, those of the QP
-   and the READ being its caller's:
-     - BTH word 0 equal to w0 (the opcode, FIRST or LAST; no flag but the pad
-       count that ``len`` implies; the P_Key: what the ICRC state ``start`` was
-       computed for);
+/* Receive one packet of a message at its place, the edges around a run of
+   MIDDLEs (sn_rx_middles): a READ RESPONSE FIRST or LAST for
+   completer._read_response at the expected PSN (completer.receive_edge calls
+   it, ``aeth`` 1), or a SEND FIRST or LAST for responder.execute (_send) at the
+   ePSN (responder.receive_edge, ``aeth`` 0).  The datagram p[0:n] is taken if
+   it meets the per-packet conditions of the caller's rule (those of the QP and
+   the message are the caller's):
+     - BTH word 0 equal to w0 (the opcode; no flag but the pad count that
+       ``len`` implies; the P_Key: what the ICRC state ``start`` was computed
+       for);
      - the destination QP dqpn, FECN and BECN clear;
      - the expected PSN;
-     - an AETH whose syndrome is an ACK (its top three bits clear: the credit
-       count and MSN are not the requester's to check);
-     - n = BTH + AETH + len + pad + ICRC: the payload _read_response expects
-       at this place (a whole MTU for a FIRST, the rest of the READ for its
-       LAST), and room for it: off + len <= cap;
+     - with ``aeth``, an AETH whose syndrome is an ACK (its top three bits
+       clear: the credit count and MSN are not the requester's to check);
+     - n = BTH (+ AETH) + len + pad + ICRC: the payload its place expects (a
+       whole MTU for a FIRST, the rest of a READ for its LAST, what a SEND's
+       LAST carries), and room for it: off + len <= cap;
      - a good ICRC.
    Its payload is copied to dst + off.  Returns 1 if taken, else 0 (nothing
-   touched); the caller accounts for it as receive_answer_common and
-   _read_response do (completer.took_responses). */
-int sn_rx_aeth(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t epsn,
-               uint32_t start, uint8_t *dst, uint64_t off, uint64_t len, uint64_t cap)
+   touched); the caller accounts for it as the rule does (completer.
+   took_responses; responder.took_send_edge). */
+int sn_rx_edge(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t epsn,
+               uint32_t start, int aeth, uint8_t *dst, uint64_t off, uint64_t len,
+               uint64_t cap)
 {
     uint64_t pad = (0 - len) & 3;
+    size_t hdr = BTH_LEN + (aeth ? AETH_LEN : 0);
     uint32_t w2, w3;
-    if (n < BTH_LEN + AETH_LEN + ICRC_LEN
-            || (uint64_t)n != BTH_LEN + AETH_LEN + len + pad + ICRC_LEN
+    if (n < hdr + ICRC_LEN || (uint64_t)n != hdr + len + pad + ICRC_LEN
             || off > cap || len > cap - off)
         return 0;
     w2 = be32(p + 4);
     w3 = be32(p + 8);
     if (be32(p) != w0 || (w2 & QPN_MASK) != dqpn || (w2 & (BTH_FECN | BTH_BECN))
-            || (w3 & PSN_MASK) != epsn || (be32(p + BTH_LEN) >> 29) != 0)
+            || (w3 & PSN_MASK) != epsn || (aeth && (be32(p + BTH_LEN) >> 29) != 0))
         return 0;
     if (sn_crc32(start, p + 8, n - 8 - ICRC_LEN) != le32(p + n - ICRC_LEN))
         return 0;
-    memcpy(dst + off, p + BTH_LEN + AETH_LEN, (size_t)len);
+    memcpy(dst + off, p + hdr, (size_t)len);
     return 1;
 }
 

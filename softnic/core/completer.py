@@ -381,7 +381,7 @@ READ_EDGES = frozenset({_READ_FIRST, _READ_LAST})
 def receive_edge(dev, data, src, now: float) -> bool:
     """``receive_answer_common`` and ``_read_response`` for the READ RESPONSE FIRST
     or LAST at the expected PSN of the oldest outstanding WQE, a READ of one SGE,
-    its packet checked and placed in the compiled kernel (``sn_rx_aeth``), as
+    its packet checked and placed in the compiled kernel (``sn_rx_edge``), as
     ``receive_middles`` takes the MIDDLEs between them.  The QP's conditions and
     the READ's are checked here (``receive_answer_common``'s: an RC QP in RTS
     with no congestion controller, its peer, the READ the oldest WQE, not done,
@@ -416,7 +416,7 @@ def receive_edge(dev, data, src, now: float) -> bool:
     w0 = (op << BTH_OPCODE_SHIFT) | ((-n & 3) << BTH_PAD_SHIFT << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
     size = len(data)
     start = icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qp.qpn))
-    if not kern.lib.sn_rx_aeth(ffi.from_buffer(data), size, w0, qp.qpn, expected, start,
+    if not kern.lib.sn_rx_edge(ffi.from_buffer(data), size, w0, qp.qpn, expected, start, 1,
                                ffi.from_buffer(view, require_writable=True), off, n,
                                len(view)):
         return False

@@ -80,7 +80,10 @@ RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side is RESPONSE)
 _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
 _READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
-_READ_EDGES = completer.READ_EDGES
+#: opcode -> the early exit that takes a message's FIRST or LAST packet around
+#: its MIDDLEs in the kernel: a READ's responses, a SEND's requests
+_EDGES = {**{op: completer.receive_edge for op in completer.READ_EDGES},
+          **{op: responder.receive_edge for op in responder.SEND_EDGES}}
 _SENDING = (QPState.RTS, QPState.SQD)
 _UD = QPType.UD          # (read per packet: a module global, not the enum class's attribute)
 
@@ -277,8 +280,8 @@ class Dispatch:
         UDP GRO hands them over: ``receive_datagram`` of each in turn.  With a
         kernel, runs of a SEND's or WRITE's MIDDLE packets are taken a run at a time
         (``responder.receive_middles``), runs of READ RESPONSE MIDDLEs
-        (``completer.receive_middles``), and a READ's FIRST and LAST around them
-        (``completer.receive_edge``).
+        (``completer.receive_middles``), and the FIRST and LAST around them of a
+        READ (``completer.receive_edge``) or a SEND (``responder.receive_edge``).
 
         ``data`` may be a view of the driver's receive buffer, good for this call
         only: what goes on to ``receive_datagram`` (which may hold a packet) is
@@ -286,8 +289,8 @@ class Dispatch:
         n = len(data)
         fast = self.kernel is not None and self._fast
         if not seg or seg >= n:
-            if not (fast and data and data[0] in _READ_EDGES
-                    and completer.receive_edge(self, data, src, now)):
+            edge = _EDGES.get(data[0]) if fast and data else None
+            if edge is None or not edge(self, data, src, now):
                 self.receive_datagram(bytes(data), src, now)
             return
         rx = self.receive_datagram
@@ -298,11 +301,11 @@ class Dispatch:
                 o += seg
             return
         middles = responder.receive_middles
-        edge = completer.receive_edge
+        edges = _EDGES
         while o < n:
             op = data[o]
-            edges = op in _READ_EDGES
-            if o + seg <= n and not edges:
+            edge = edges.get(op)
+            if o + seg <= n and edge is None:
                 if op == _READ_MIDDLE:
                     k = completer.receive_middles(self, data, o, seg, src, now)
                 else:
@@ -311,6 +314,6 @@ class Dispatch:
                     o += k * seg
                     continue
             one = data[o:o + seg]
-            if not (edges and edge(self, one, src, now)):
+            if edge is None or not edge(self, one, src, now):
                 rx(bytes(one), src, now)
             o += seg

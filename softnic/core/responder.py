@@ -46,9 +46,9 @@ from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_heade
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
 from ..wire.roce import AETH_CODE_SHIFT, AETH_LEN, AETH_SYNDROME_SHIFT, ATOMICACKETH_LEN, \
     ATOMICETH_LEN, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, \
-    BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, BTH_SE, BTH_STRUCT, \
-    DEFAULT_PKEY, ICRC_LEN, Kind, MSN_MASK, NakCode, OPCODES, Opcode as O, QPN_MASK, \
-    RETH_LEN, RETH_STRUCT
+    BTH_FLAGS_SHIFT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, BTH_SE, \
+    BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, Kind, MSN_MASK, NakCode, OPCODES, Opcode as O, \
+    QPN_MASK, RETH_LEN, RETH_STRUCT
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import MW, AccessError, view_span
@@ -233,15 +233,24 @@ def message_target(dev, qp):
         return view, resp.write_off, min(resp.write_len, view.nbytes)
     if kind is _SEND_KIND:
         wqe = resp.wqe
-        if wqe is None or len(wqe.sges) != 1:
-            return None
-        addr, length, lkey = wqe.sges[0]
-        try:
-            view = dev.keys.local(qp.pd, lkey, addr, length, write=True)
-        except AccessError:
-            return None
-        return view, resp.off, min(length, wqe.length)
+        t = None if wqe is None else recv_target(dev, qp, wqe)
+        return None if t is None else (t[0], resp.off, t[1])
     return None
+
+
+def recv_target(dev, qp, wqe):
+    """Where a SEND's bytes go in the receive WQE ``wqe`` when it has one SGE:
+    ``(view, room)``, the SGE's memory checked as ``place_recv`` checks it (the
+    lkey, local write) and the bytes it may take.  None for several SGEs or an
+    SGE that check refuses (``place_recv``, the general way, decides)."""
+    if len(wqe.sges) != 1:
+        return None
+    addr, length, lkey = wqe.sges[0]
+    try:
+        view = dev.keys.local(qp.pd, lkey, addr, length, write=True)
+    except AccessError:
+        return None
+    return view, min(length, wqe.length)
 
 
 def _more_middles(dev, qp) -> None:
@@ -675,22 +684,30 @@ def _send(dev, qp, info, payload, tail: int, se: bool) -> None:
         resp.off = 0
     place_recv(dev, qp, payload)
     if info.last:
-        wqe, resp.wqe = resp.wqe, None
-        resp.kind = None
-        flags = _NO_WC_FLAGS        # (enum members made once: IntFlag operations are slow)
-        imm = inv = 0
-        if info.immdt:
-            flags = _WITH_IMM
-            imm = tail
-        elif info.ieth:             # (a packet carries an ImmDt or an IETH, never both)
-            inv = tail
-            if not dev.keys.invalidate(qp.pd, inv):
-                resp.wqe = wqe
-                raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
-            flags = _WITH_INV
-        recv_done(dev, qp, wqe, WCOpcode.RECV, resp.off, imm, flags, se, inv)
+        _send_done(dev, qp, info, tail, se)
     else:
         resp.kind = Kind.SEND
+
+
+def _send_done(dev, qp, info, tail: int, se: bool) -> None:
+    """A SEND's LAST (or ONLY) placed: the message ends, its receive WQE
+    completes with its immediate, or with the rkey its IETH invalidates (the
+    local MR or MW it names must be invalidated, else LOC_PROT_ERR)."""
+    resp = qp.resp
+    wqe, resp.wqe = resp.wqe, None
+    resp.kind = None
+    flags = _NO_WC_FLAGS    # (enum members made once: IntFlag operations are slow)
+    imm = inv = 0
+    if info.immdt:
+        flags = _WITH_IMM
+        imm = tail
+    elif info.ieth:         # (a packet carries an ImmDt or an IETH, never both)
+        inv = tail
+        if not dev.keys.invalidate(qp.pd, inv):
+            resp.wqe = wqe
+            raise _Nak(NakCode.INVALID_REQUEST, WCStatus.LOC_PROT_ERR)
+        flags = _WITH_INV
+    recv_done(dev, qp, wqe, WCOpcode.RECV, resp.off, imm, flags, se, inv)
 
 
 def _write(dev, qp, info, payload, reth, tail: int, se: bool) -> None:
@@ -1080,11 +1097,104 @@ def receive_common(dev, data, src, now: float = 0.0, ecn: int = 0, telemetry=Non
                 memoryview(data)[hdr:hdr + plen],
                 _RETH.unpack_from(data, BTH_LEN) if info.reth else None,
                 _I.unpack_from(data, hdr - 4)[0] if info.immdt or info.ieth else 0)
-        if info.first and not info.last and not sr.ooo:
-            _more_middles(dev, qp)
-    if not sr.ooo and (sr.naked or sr.scan is not None or sr.writes or sr.placed is not None):
-        _nothing_held(qp)                   # (it has nothing to clear otherwise)
+    _executed(dev, qp, info)
     return True
+
+
+def _executed(dev, qp, info) -> None:
+    """After a request executed at the ePSN by an early exit (``receive_common``,
+    ``receive_edge``), with nothing held out of order: a message it began may
+    have MIDDLEs a driver streams (``_more_middles``), and selective repeat's
+    bookkeeping of a hole is gone (``_nothing_held``)."""
+    sr = qp.sr
+    if sr.ooo:
+        return
+    if info.first and not info.last:
+        _more_middles(dev, qp)
+    if sr.naked or sr.scan is not None or sr.writes or sr.placed is not None:
+        _nothing_held(qp)                   # (it has nothing to clear otherwise)
+
+
+_SEND_FIRST, _SEND_LAST = int(O.RC_SEND_FIRST), int(O.RC_SEND_LAST)
+#: the packets of a SEND around its MIDDLEs that ``receive_edge`` takes: its
+#: FIRST, and its LAST without an immediate or an IETH
+SEND_EDGES = frozenset({_SEND_FIRST, _SEND_LAST})
+
+
+def receive_edge(dev, data, src, now: float = 0.0) -> bool:
+    """``receive_common``, ``execute`` and ``_send`` for a SEND FIRST or LAST at
+    the ePSN into a receive WQE of one SGE, its packet checked and placed in the
+    compiled kernel (``sn_rx_edge``), as ``receive_middles`` takes the MIDDLEs
+    between them.  The QP's conditions are COMMON_CASE's (``_common_qp``, ICRC
+    checking on, nothing held beyond a hole), the message's ``_send``'s: a FIRST
+    begins one (none under way, a whole MTU, a receive WQE posted: else the
+    general path's NAK or RNR NAK), a LAST continues a SEND; the WQE's one SGE
+    (``recv_target``) has room for the payload (else LOC_LEN_ERR, the general
+    path's).  Each packet's in the kernel: BTH word 0 (no SE, no MigReq, the pad
+    count its length implies), the QP, FECN/BECN, the ePSN, its length, the
+    ICRC.  Taken, it is accounted for as those functions account for it
+    (``took_send_edge``).  ``data`` is the datagram, maybe a view of the
+    driver's receive buffer (copied into memory at once).  False: nothing
+    changed."""
+    size = len(data)
+    if size < BTH_LEN + ICRC_LEN or not dev.config.check_icrc:
+        return False
+    op, flags, pkey, w2, w3 = _BTH.unpack_from(data, 0)
+    qp = _common_qp(dev, w2, pkey, src)
+    if qp is None or qp.sr.ooo:
+        return False
+    resp = qp.resp
+    pad = (flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK
+    n = size - BTH_LEN - ICRC_LEN - pad
+    first = op == _SEND_FIRST
+    if first:
+        posted = qp.rq if qp.srq is None else qp.srq.queue
+        if resp.kind is not None or n != qp.mtu or not posted:
+            return False
+        wqe, off = posted[0], 0         # (taken once placed: took_send_edge)
+    else:
+        wqe, off = resp.wqe, resp.off
+        if resp.kind is not _SEND_KIND or wqe is None or n < 0 or n > qp.mtu:
+            return False
+    t = recv_target(dev, qp, wqe)
+    if t is None:
+        return False
+    view, room = t
+    epsn = resp.epsn
+    w0 = (op << BTH_OPCODE_SHIFT) | (pad << BTH_PAD_SHIFT << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
+    kern = dev.kernel
+    ffi = kern.ffi
+    start = icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qp.qpn))
+    if not kern.lib.sn_rx_edge(ffi.from_buffer(data), size, w0, qp.qpn, epsn, start, 0,
+                               ffi.from_buffer(view, require_writable=True), off, n, room):
+        return False
+    took_send_edge(dev, qp, first, n, bool(w3 & BTH_ACKREQ))
+    return True
+
+
+_SEND_FIRST_INFO, _SEND_LAST_INFO = OPCODES[O.RC_SEND_FIRST], OPCODES[O.RC_SEND_LAST]
+
+
+def took_send_edge(dev, qp, first: bool, n: int, ackreq: bool) -> None:
+    """Account for a SEND's FIRST or LAST of ``n`` bytes that the kernel placed at
+    the ePSN (``receive_edge``), as ``receive_common``, ``execute`` and ``_send``
+    account for it: counted; a FIRST takes the receive WQE it was placed in
+    (``take_recv``) and begins the SEND; a LAST ends it, its receive completed
+    (``_send_done``); accepted (``accept``: its ACK queued)."""
+    resp = qp.resp
+    dev.counters["rcvd_pkts"] += 1
+    psn = resp.epsn
+    if first:
+        info = _SEND_FIRST_INFO
+        resp.wqe = take_recv(dev, qp)
+        resp.off = n
+        resp.kind = _SEND_KIND
+    else:
+        info = _SEND_LAST_INFO
+        resp.off += n
+        _send_done(dev, qp, info, 0, False)
+    accept(dev, qp, psn, info.last, ackreq)
+    _executed(dev, qp, info)
 
 
 def _chain_target(dev, qp, psn: int):
