@@ -515,63 +515,83 @@ def _send_packets(kern, n: int, sges: int = 1, recv: bool = True,
 #: (what is changed, in which packet): each a SEND FIRST or LAST the kernel must
 #: leave to the engine
 SEND_EDGE_CHANGES = [("icrc", "first"), ("icrc", "last"), ("psn", "first"), ("psn", "last"),
-                     ("length", "first"), ("length", "last"), ("solicited", "last"),
-                     ("two_sges", "both"), ("no_receive", "first")]
+                     ("length", "first"), ("length", "last"), ("two_sges", "both"),
+                     ("no_receive", "first")]
+
+
+def _send_edges(kern, change: str, which: str, n: int = 3 * 1024 + 102):
+    """A SEND of ``n`` bytes (its LAST 102 bytes and 2 of pad), its FIRST or LAST
+    changed (``which``) by ``change``, received as a GRO socket hands it over by
+    a responder armed for solicited events; everything observable of it."""
+    flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if change == "solicited" else 0)
+    a, b, ea, eb, (first, mids, last) = _send_packets(
+        kern, n, sges=2 if change == "two_sges" else 1, recv=change != "no_receive",
+        flags=flags)
+    eb.recv_cq.req_notify(solicited_only=True)
+    out = []
+    for p, this in ((first, "first"), (last, "last")):
+        q = bytearray(p)
+        if which == this:
+            if change == "icrc":
+                q[-1] ^= 1
+            elif change == "psn":
+                q[11] ^= 1
+            elif change == "length" and this == "first":
+                q = q[:-8]                          # 4 bytes short of an MTU
+            elif change == "length":
+                q = q[:-4] + bytes(4) + q[-4:]      # 4 bytes past the receive
+            if change in ("psn", "length"):
+                q = append_icrc(q[:-4], a.ip, b.ip, a.port, b.port)
+        out.append(bytes(q))
+    b.receive_run(out[0], 0, a.address, 0.0)
+    b.receive_run(mids, BTH_LEN + 1024 + 4, a.address, 0.0)
+    b.receive_run(out[1], 0, a.address, 0.0)
+    answers = [bytes(d) for d, _ in b.datagrams_to_send(0.0)]
+    qb = eb.qp
+    return (bytes(eb.buf.view[0:8192]), dict(b.counters), answers,
+            (qb.resp.epsn, qb.resp.msn, qb.resp.off, qb.resp.kind, qb.state),
+            eb.recv_cq.events,
+            [(w.wr_id, int(w.status), int(w.opcode), w.byte_len, int(w.wc_flags))
+             for w in b.poll_cq(eb.recv_cq, 8)])
 
 
 @pytest.mark.parametrize("change,which", SEND_EDGE_CHANGES)
 def test_a_sends_first_or_last_the_kernel_may_not_take_goes_the_engines_way(change, which):
     """The FIRST or the LAST of a SEND changed as a faulty requester or network
     might (the ICRC made good again but for ``icrc``: a PSN not expected, a
-    FIRST short of an MTU or a LAST longer than the receive, a LAST asking for
-    a solicited event), into a receive of two SGEs, or with no receive posted:
-    the kernel takes none of those (``sn_rx_edge``), the engine's general path
-    decides (a NAK, an RNR NAK, LOC_LEN_ERR, a solicited completion), and
-    memory, the responder's answers, counters, state and completions are those
-    of a responder without the kernel."""
-    seen = {}
-    n = 3 * 1024 + 102                  # (its LAST: 102 bytes and 2 of pad)
-    for name, kern in (("engine", None), ("kernel", Counting(kernel()))):
-        flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if change == "solicited" else 0)
-        a, b, ea, eb, (first, mids, last) = _send_packets(
-            kern, n, sges=2 if change == "two_sges" else 1, recv=change != "no_receive",
-            flags=flags)
-        eb.recv_cq.req_notify(solicited_only=True)     # an event for a solicited one
-        out = []
-        for p, this in ((first, "first"), (last, "last")):
-            q = bytearray(p)
-            if which == this:
-                if change == "icrc":
-                    q[-1] ^= 1
-                elif change == "psn":
-                    q[11] ^= 1
-                elif change == "length" and this == "first":
-                    q = q[:-8]                          # 4 bytes short of an MTU
-                elif change == "length":
-                    q = q[:-4] + bytes(4) + q[-4:]      # 4 bytes past the receive
-                if change in ("psn", "length"):
-                    q = append_icrc(q[:-4], a.ip, b.ip, a.port, b.port)
-            out.append(bytes(q))
-        b.receive_run(out[0], 0, a.address, 0.0)
-        b.receive_run(mids, BTH_LEN + 1024 + 4, a.address, 0.0)
-        b.receive_run(out[1], 0, a.address, 0.0)
-        if kern is not None:
-            assert kern.edges == (1 if which == "last" else 0)
-        answers = [bytes(d) for d, _ in b.datagrams_to_send(0.0)]
-        qb = eb.qp
-        seen[name] = (bytes(eb.buf.view[0:8192]), dict(b.counters), answers,
-                      (qb.resp.epsn, qb.resp.msn, qb.resp.off, qb.resp.kind, qb.state),
-                      eb.recv_cq.events,
-                      [(w.wr_id, int(w.status), int(w.opcode), w.byte_len, int(w.wc_flags))
-                       for w in b.poll_cq(eb.recv_cq, 8)])
-    assert seen["kernel"] == seen["engine"]
-    src = (bytes(range(256)) * 32)[:n]
-    if change in ("two_sges", "solicited"):     # the engine places it all
-        assert seen["kernel"][0][:n] == src
-        assert [w[:4] for w in seen["kernel"][5]] == [(2, 0, 128, n)]
-        assert seen["kernel"][4] == (change == "solicited")   # the solicited event
+    FIRST short of an MTU or a LAST longer than the receive), into a receive of
+    two SGEs, or with no receive posted: the kernel takes none of those
+    (``sn_rx_edge``), the engine's general path decides (a NAK, an RNR NAK,
+    LOC_LEN_ERR), and memory, the responder's answers, counters, state and
+    completions are those of a responder without the kernel."""
+    n = 3 * 1024 + 102
+    engine = _send_edges(None, change, which, n)
+    counting = Counting(kernel())
+    fast = _send_edges(counting, change, which, n)
+    assert counting.edges == (1 if which == "last" else 0)
+    assert fast == engine
+    if change == "two_sges":                    # the engine places it all
+        assert fast[0][:n] == (bytes(range(256)) * 32)[:n]
+        assert [w[:4] for w in fast[5]] == [(2, 0, 128, n)]
     else:
-        assert seen["kernel"][5] != [(2, 0, 128, n, 0)]
+        assert fast[5] != [(2, 0, 128, n, 0)]
+
+
+def test_a_sends_solicited_last_is_the_kernels_and_raises_the_event_the_engine_does():
+    """UCX asks for a solicited event on each of its messages (the SE bit on the
+    LAST): the kernel takes that LAST (``sn_rx_edge``, its BTH word 0 with SE),
+    and the receive completes with the event a CQ armed for solicited ones
+    raises, as the engine alone raises it."""
+    n = 3 * 1024 + 102
+    engine = _send_edges(None, "solicited", "last", n)
+    counting = Counting(kernel())
+    fast = _send_edges(counting, "solicited", "last", n)
+    assert counting.edges == 2
+    assert fast == engine
+    assert fast[0][:n] == (bytes(range(256)) * 32)[:n]
+    assert fast[4] == 1 and [w[:4] for w in fast[5]] == [(2, 0, 128, n)]
+    plain = _send_edges(Counting(kernel()), "none", "last", n)
+    assert plain[4] == 0                        # (no event for a message not solicited)
 
 
 def test_a_corrupt_middle_is_counted_and_dropped_not_placed():

@@ -197,8 +197,8 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
    it meets the per-packet conditions of the caller's rule (those of the QP and
    the message are the caller's):
      - BTH word 0 equal to w0 (the opcode; no flag but the pad count that
-       ``len`` implies; the P_Key: what the ICRC state ``start`` was computed
-       for);
+       ``len`` implies, and for a SEND the SE bit the packet has; the P_Key:
+       what the ICRC state ``start`` was computed for);
      - the destination QP dqpn, FECN and BECN clear;
      - the expected PSN;
      - with ``aeth``, an AETH whose syndrome is an ACK (its top three bits

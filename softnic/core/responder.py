@@ -1115,10 +1115,12 @@ def _executed(dev, qp, info) -> None:
         _nothing_held(qp)                   # (it has nothing to clear otherwise)
 
 
-_SEND_FIRST, _SEND_LAST = int(O.RC_SEND_FIRST), int(O.RC_SEND_LAST)
-#: the packets of a SEND around its MIDDLEs that ``receive_edge`` takes: its
-#: FIRST, and its LAST without an immediate or an IETH
-SEND_EDGES = frozenset({_SEND_FIRST, _SEND_LAST})
+#: the packets of a SEND around its MIDDLEs that ``receive_edge`` takes, and
+#: their ``OPCODES`` entries: its FIRST, and its LAST without an immediate or
+#: an IETH.  (A SEND ONLY, one packet, stays ``receive_common``'s: the kernel
+#: would save it little, docs/performance.md.)
+_SEND_EDGE_INFO = {int(op): OPCODES[op] for op in (O.RC_SEND_FIRST, O.RC_SEND_LAST)}
+SEND_EDGES = frozenset(_SEND_EDGE_INFO)
 
 
 def receive_edge(dev, data, src, now: float = 0.0) -> bool:
@@ -1126,13 +1128,14 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
     the ePSN into a receive WQE of one SGE, its packet checked and placed in the
     compiled kernel (``sn_rx_edge``), as ``receive_middles`` takes the MIDDLEs
     between them.  The QP's conditions are COMMON_CASE's (``_common_qp``, ICRC
-    checking on, nothing held beyond a hole), the message's ``_send``'s: a FIRST
-    begins one (none under way, a whole MTU, a receive WQE posted: else the
-    general path's NAK or RNR NAK), a LAST continues a SEND; the WQE's one SGE
-    (``recv_target``) has room for the payload (else LOC_LEN_ERR, the general
-    path's).  Each packet's in the kernel: BTH word 0 (no SE, no MigReq, the pad
-    count its length implies), the QP, FECN/BECN, the ePSN, its length, the
-    ICRC.  Taken, it is accounted for as those functions account for it
+    checking on, nothing held beyond a hole), the message's ``_send``'s: a
+    FIRST begins one (none under way, a receive WQE posted: else the general
+    path's NAK or RNR NAK), a LAST continues a SEND; a FIRST carries a whole
+    MTU, a LAST at most one;
+    the WQE's one SGE (``recv_target``) has room for the payload (else
+    LOC_LEN_ERR, the general path's).  Each packet's in the kernel: BTH word 0 (no flag but SE and the
+    pad count its length implies), the QP, FECN/BECN, the ePSN, its length,
+    the ICRC.  Taken, it is accounted for as those functions account for it
     (``took_send_edge``).  ``data`` is the datagram, maybe a view of the
     driver's receive buffer (copied into memory at once).  False: nothing
     changed."""
@@ -1146,53 +1149,57 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
     resp = qp.resp
     pad = (flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK
     n = size - BTH_LEN - ICRC_LEN - pad
-    first = op == _SEND_FIRST
-    if first:
+    info = _SEND_EDGE_INFO[op]
+    mtu = qp.mtu
+    if n < 0 or n > mtu or (n != mtu and not info.last):
+        return False
+    if info.first:
         posted = qp.rq if qp.srq is None else qp.srq.queue
-        if resp.kind is not None or n != qp.mtu or not posted:
+        if resp.kind is not None or not posted:
             return False
         wqe, off = posted[0], 0         # (taken once placed: took_send_edge)
     else:
         wqe, off = resp.wqe, resp.off
-        if resp.kind is not _SEND_KIND or wqe is None or n < 0 or n > qp.mtu:
+        if resp.kind is not _SEND_KIND or wqe is None:
             return False
     t = recv_target(dev, qp, wqe)
     if t is None:
         return False
     view, room = t
     epsn = resp.epsn
-    w0 = (op << BTH_OPCODE_SHIFT) | (pad << BTH_PAD_SHIFT << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
+    se = flags & BTH_SE
+    w0 = (op << BTH_OPCODE_SHIFT) | ((se | pad << BTH_PAD_SHIFT) << BTH_FLAGS_SHIFT) \
+        | DEFAULT_PKEY
     kern = dev.kernel
     ffi = kern.ffi
     start = icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qp.qpn))
     if not kern.lib.sn_rx_edge(ffi.from_buffer(data), size, w0, qp.qpn, epsn, start, 0,
                                ffi.from_buffer(view, require_writable=True), off, n, room):
         return False
-    took_send_edge(dev, qp, first, n, bool(w3 & BTH_ACKREQ))
+    took_send_edge(dev, qp, info, n, bool(w3 & BTH_ACKREQ), bool(se))
     return True
 
 
-_SEND_FIRST_INFO, _SEND_LAST_INFO = OPCODES[O.RC_SEND_FIRST], OPCODES[O.RC_SEND_LAST]
-
-
-def took_send_edge(dev, qp, first: bool, n: int, ackreq: bool) -> None:
-    """Account for a SEND's FIRST or LAST of ``n`` bytes that the kernel placed at
-    the ePSN (``receive_edge``), as ``receive_common``, ``execute`` and ``_send``
-    account for it: counted; a FIRST takes the receive WQE it was placed in
-    (``take_recv``) and begins the SEND; a LAST ends it, its receive completed
-    (``_send_done``); accepted (``accept``: its ACK queued)."""
+def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool) -> None:
+    """Account for a SEND's FIRST or LAST (``info``, its ``OPCODES`` entry) of ``n``
+    bytes that the kernel placed at the ePSN (``receive_edge``), as
+    ``receive_common``, ``execute`` and ``_send`` account for it: counted; a
+    FIRST takes the receive WQE it was placed in (``take_recv``) and begins the
+    SEND, a LAST ends it, its receive completed
+    (``_send_done``; ``se``: a solicited event, as UCX asks on every message);
+    accepted (``accept``: its ACK queued)."""
     resp = qp.resp
     dev.counters["rcvd_pkts"] += 1
     psn = resp.epsn
-    if first:
-        info = _SEND_FIRST_INFO
+    if info.first:
         resp.wqe = take_recv(dev, qp)
         resp.off = n
-        resp.kind = _SEND_KIND
     else:
-        info = _SEND_LAST_INFO
         resp.off += n
-        _send_done(dev, qp, info, 0, False)
+    if info.last:
+        _send_done(dev, qp, info, 0, se)
+    else:
+        resp.kind = _SEND_KIND
     accept(dev, qp, psn, info.last, ackreq)
     _executed(dev, qp, info)
 
