@@ -1015,8 +1015,10 @@ def _receive_ud(dev, qp, pkt, src) -> None:
 #                  held and the run extended (``_hold_placed_first``)
 #
 # Anything else returns False with nothing changed and takes the general path.
-# The compiled kernel's run (``receive_middles``) checks the same conditions: the
-# QP's here, in Python, once per run; the packet's in ``sn_rx_middles``, per packet.
+# The compiled kernel's run (``receive_middles``) and a SEND's FIRST and LAST
+# around it (``receive_edge``) check the same conditions: the QP's here, in
+# Python, once per run or packet; the packet's in ``sn_rx_middles`` (per packet)
+# and ``sn_rx_edge``.
 
 _BTH = BTH_STRUCT
 _RETH = RETH_STRUCT
