@@ -1133,14 +1133,13 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
     checking on, nothing held beyond a hole), the message's ``_send``'s: a
     FIRST begins one (none under way, a receive WQE posted: else the general
     path's NAK or RNR NAK), a LAST continues a SEND; a FIRST carries a whole
-    MTU, a LAST at most one;
-    the WQE's one SGE (``recv_target``) has room for the payload (else
-    LOC_LEN_ERR, the general path's).  Each packet's in the kernel: BTH word 0 (no flag but SE and the
-    pad count its length implies), the QP, FECN/BECN, the ePSN, its length,
-    the ICRC.  Taken, it is accounted for as those functions account for it
-    (``took_send_edge``).  ``data`` is the datagram, maybe a view of the
-    driver's receive buffer (copied into memory at once).  False: nothing
-    changed."""
+    MTU, a LAST at most one; the WQE's one SGE (``recv_target``) has room for
+    the payload (else LOC_LEN_ERR, the general path's).  Each packet's in the
+    kernel: BTH word 0 (no flag but SE and the pad count its length implies),
+    the QP, FECN/BECN, the ePSN, its length, the ICRC.  Taken, it is accounted
+    for as those functions account for it (``took_send_edge``).  ``data`` is
+    the datagram, maybe a view of the driver's receive buffer (copied into
+    memory at once).  False: nothing changed."""
     size = len(data)
     if size < BTH_LEN + ICRC_LEN or not dev.config.check_icrc:
         return False
@@ -1187,9 +1186,9 @@ def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool) -> None:
     bytes that the kernel placed at the ePSN (``receive_edge``), as
     ``receive_common``, ``execute`` and ``_send`` account for it: counted; a
     FIRST takes the receive WQE it was placed in (``take_recv``) and begins the
-    SEND, a LAST ends it, its receive completed
-    (``_send_done``; ``se``: a solicited event, as UCX asks on every message);
-    accepted (``accept``: its ACK queued)."""
+    SEND, a LAST ends it, its receive completed (``_send_done``; ``se``: a
+    solicited event, as UCX asks on every message); accepted (``accept``: its
+    ACK queued)."""
     resp = qp.resp
     dev.counters["rcvd_pkts"] += 1
     psn = resp.epsn
