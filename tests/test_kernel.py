@@ -404,6 +404,8 @@ def test_a_send_into_a_receive_of_two_sges_takes_the_general_way():
     r = _exchange(7, [60000], 4096, 128, False, counting, faults=False, kind="send2")
     assert r["wcs"] == [(0, 0)] and r["rwcs"] == [(100, 0, 128, 60000)]
     assert counting.taken == 0 and counting.edges == 0
+    slow = _exchange(7, [60000], 4096, 128, False, None, faults=False, kind="send2")
+    assert r["memory"] == slow["memory"]
 
 
 @pytest.mark.parametrize("sizes", [[8192], [8192, 8190, 4097, 100]])
@@ -418,8 +420,6 @@ def test_sends_of_two_packets_are_each_a_first_and_a_last_the_kernel_places(size
     assert r["rwcs"] == [(100 + i, 0, 128, n) for i, n in enumerate(sizes)]
     edges = sum(2 if n > 4096 else 0 for n in sizes)    # (a SEND ONLY is not an edge)
     assert counting.edges == edges and counting.taken == 0
-    slow = _exchange(7, [60000], 4096, 128, False, None, faults=False, kind="send2")
-    assert r["memory"] == slow["memory"]
 
 
 def test_a_clean_long_reads_responses_are_built_in_a_run_and_placed_by_the_kernel():
@@ -544,7 +544,8 @@ def _send_edges(kern, change: str, which: str, n: int = 3 * 1024 + 102):
                 q = append_icrc(q[:-4], a.ip, b.ip, a.port, b.port)
         out.append(bytes(q))
     b.receive_run(out[0], 0, a.address, 0.0)
-    b.receive_run(mids, BTH_LEN + 1024 + 4, a.address, 0.0)
+    if mids:
+        b.receive_run(mids, BTH_LEN + 1024 + 4, a.address, 0.0)
     b.receive_run(out[1], 0, a.address, 0.0)
     answers = [bytes(d) for d, _ in b.datagrams_to_send(0.0)]
     qb = eb.qp
@@ -592,6 +593,21 @@ def test_a_sends_solicited_last_is_the_kernels_and_raises_the_event_the_engine_d
     assert fast[4] == 1 and [w[:4] for w in fast[5]] == [(2, 0, 128, n)]
     plain = _send_edges(Counting(kernel()), "none", "last", n)
     assert plain[4] == 0                        # (no event for a message not solicited)
+
+
+@pytest.mark.parametrize("n", [1024 + 102, 2048])
+def test_a_sends_bytes_land_in_its_receive_by_the_kernels_first_and_last(n):
+    """A SEND of two packets, a FIRST and a LAST and no MIDDLE (a LAST with pad,
+    a LAST of a whole MTU), into a receive whose memory held zeros: both taken
+    by the kernel, the bytes sent are the bytes received, and everything else
+    is what the engine alone makes of it."""
+    engine = _send_edges(None, "none", "last", n)
+    counting = Counting(kernel())
+    fast = _send_edges(counting, "none", "last", n)
+    assert counting.edges == 2 and counting.taken == 0
+    assert fast == engine
+    assert fast[0][:n] == (bytes(range(256)) * 32)[:n] and not any(fast[0][n:])
+    assert fast[5] == [(2, 0, 128, n, 0)]
 
 
 def test_a_corrupt_middle_is_counted_and_dropped_not_placed():
