@@ -94,6 +94,46 @@ def test_sn_wait_leaves_a_datagram_to_a_caller_holding_the_lease(wait_env):
     assert k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, 10 * NS, NS // 100) == 3
 
 
+def _voluntary_switches(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("voluntary_ctxt"))
+
+
+def test_sn_wait_parks_longer_while_a_caller_holding_output_keeps_polling(wait_env):
+    """Output held by a caller that keeps renewing its lease (a receiver coalescing
+    a stream's ACKs polls all the while): the thread's parks double, up to half a
+    spinner's lease, where it used to wake every hold_ns and preempt that caller.
+    Once the caller stops, what it held is handed over (3) within about that."""
+    k, a, b, bell, lease = wait_env
+    hold, grace = 2_000_000, 200_000_000             # 2 ms, 200 ms
+    lease[0] = time.monotonic_ns()
+    lease[1] = 1                                     # output held
+    got, tid = [], []
+
+    def wait():
+        tid.append(threading.get_native_id())
+        v = _voluntary_switches(tid[0])
+        got.append(k.lib.sn_wait(b.fileno(), bell, 5 * NS, lease, grace, hold))
+        got.append(_voluntary_switches(tid[0]) - v)
+        got.append(time.monotonic())
+    t = threading.Thread(target=wait)
+    t.start()
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:                    # the caller polls for 300 ms
+        lease[0] = time.monotonic_ns()
+        time.sleep(0.0005)
+    stopped = time.monotonic()
+    t.join(5)
+    r, wakes, returned = got
+    assert r == 3                                    # the held output is the thread's now
+    # parks of 2, 4, 8, ... ms up to 100 ms: about ten wakes in 300 ms (every
+    # hold_ns, as before: 150)
+    assert wakes < 40, wakes
+    # handed over at the first look after the caller stopped: within a park
+    # (half of grace) and the hold, with room for a loaded machine's scheduling
+    assert returned - stopped < 0.1 + 0.4
+
+
 def test_sn_wait_spin_looks_without_sleeping_then_sleeps(wait_env):
     """``sn_wait_spin``: the same answers as ``sn_wait``; for ``spin_ns`` from the
     call it looks at the socket and the bell without sleeping (the thread's own

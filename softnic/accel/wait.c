@@ -15,7 +15,9 @@
    with few cores would lose its CPU to a wake-up per datagram).  A lease may lie
    ahead (a thread asleep on the socket holds one for as long as it may sleep)
    and be shortened without a ring, so the thread looks again at least every
-   grace_ns (sn_park).  Otherwise the thread returns at once, so a datagram that
+   grace_ns (sn_park); while a caller holding output keeps renewing its lease,
+   the thread's parks grow toward half of grace_ns (below).  Otherwise the
+   thread returns at once, so a datagram that
    lands while the program does not call softnic (it spins on memory, it sleeps)
    is handled within a wake-up, not a scheduler tick.
 
@@ -103,6 +105,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
     int64_t called = sn_now_ns();
     int64_t stop = timeout_ns < 0 ? -1 : called + timeout_ns;
     int64_t spin_until = spin_ns > 0 ? called + spin_ns : 0;
+    int64_t seen = 0, held_park = 0;    /* the caller's lease at the last look; see below */
     struct pollfd p[2];
     for (;;) {
         int64_t now = sn_now_ns(), left = -1, fresh, end = stop, d = l[3];
@@ -128,8 +131,28 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
         if (pending) {
             /* an inline caller is at work and will take this: wait out its lease
                (lease[2] says so: a caller giving its lease back rings the bell) */
+            int64_t t = fresh;
+            if (l[1] && seen && l[0] != seen) {
+                /* Output held by a caller that renewed its lease since the thread
+                   last looked (a receiver coalescing the ACKs of a stream polls
+                   all the while): each such look doubles the park, up to half a
+                   spinner's lease, rather than waking the thread (which preempts
+                   that caller on a machine whose cores the spinners fill) every
+                   hold_ns.  The first look, and one that finds the lease as it
+                   was, parks for what is left of the hold, so output a caller
+                   leaves held waits hold_ns if it never calls again after holding
+                   it, and at most about grace_ns if it goes away later. */
+                held_park = held_park ? 2 * held_park : hold_ns;
+                if (held_park > grace_ns / 2)
+                    held_park = grace_ns / 2;
+                if (held_park > t)
+                    t = held_park;
+            } else {
+                held_park = 0;
+            }
+            seen = l[0];
             l[2] = 1;
-            n = sn_ppoll(p + 1, 1, sn_park(left, fresh, grace_ns));
+            n = sn_ppoll(p + 1, 1, sn_park(left, t, grace_ns));
             if (n < 0 && errno != EINTR) {
                 l[2] = 0;
                 return -errno;
