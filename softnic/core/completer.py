@@ -27,10 +27,10 @@ import struct
 import sys
 from typing import NamedTuple
 
-from ..wire.icrc import check_icrc, icrc_start
+from ..wire.icrc import check_icrc
 from ..wire.psn import PSN_HALF, PSN_MASK, psn_add, psn_before, psn_diff
 from ..wire.roce import AETH_LEN, OPCODES, AethCode, AtomicAckETH, BTH_AETH_STRUCT, BTH_BECN, \
-    BTH_FECN, BTH_FLAGS_SHIFT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, \
+    BTH_FECN, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, \
     Kind, NakCode, OpInfo, Opcode as O, QPN_MASK
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCStatus, WROpcode as W
@@ -411,14 +411,8 @@ def receive_edge(dev, data, src, now: float) -> bool:
     off = (w.npkts - 1) * mtu if last else 0
     n = w.length - off if last else mtu
     view = w.views[0]
-    kern = dev.kernel
-    ffi = kern.ffi
-    w0 = (op << BTH_OPCODE_SHIFT) | ((-n & 3) << BTH_PAD_SHIFT << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
-    size = len(data)
-    start = icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qp.qpn))
-    if not kern.lib.sn_rx_edge(ffi.from_buffer(data), size, w0, qp.qpn, expected, start, 1,
-                               ffi.from_buffer(view, require_writable=True), off, n,
-                               len(view)):
+    if not responder.kernel_edge(dev, data, src, op, (-n & 3) << BTH_PAD_SHIFT, qp.qpn,
+                                 expected, True, view, off, n, len(view)):
         return False
     took_responses(dev, qp, 1, now, w if last else None)
     return True
@@ -437,12 +431,8 @@ def stream_target(dev, qp):
         return None
     seg = BTH_LEN + qp.mtu + ICRC_LEN
     w0 = (_READ_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
-    src = qp.dest
-    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, _W0_DQPN.pack(w0, qp.qpn))
+    start = responder.rx_icrc_start(dev, qp.dest, seg, w0, qp.qpn)
     return seg, w0, start, (qp.comp.acked_psn + 1) & PSN_MASK, view, off, room
-
-
-_W0_DQPN = struct.Struct("!II")  # BTH words 0 and 1
 
 
 def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) -> None:

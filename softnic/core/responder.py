@@ -1167,18 +1167,36 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
     if t is None:
         return False
     view, room = t
-    epsn = resp.epsn
     se = flags & BTH_SE
-    w0 = (op << BTH_OPCODE_SHIFT) | ((se | pad << BTH_PAD_SHIFT) << BTH_FLAGS_SHIFT) \
-        | DEFAULT_PKEY
-    kern = dev.kernel
-    ffi = kern.ffi
-    start = icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qp.qpn))
-    if not kern.lib.sn_rx_edge(ffi.from_buffer(data), size, w0, qp.qpn, epsn, start, 0,
-                               ffi.from_buffer(view, require_writable=True), off, n, room):
+    if not kernel_edge(dev, data, src, op, se | pad << BTH_PAD_SHIFT, qp.qpn, resp.epsn, False,
+                       view, off, n, room):
         return False
     took_send_edge(dev, qp, info, n, bool(w3 & BTH_ACKREQ), bool(se))
     return True
+
+
+def kernel_edge(dev, data, src, op: int, flags: int, qpn: int, psn: int, aeth: bool, view,
+                off: int, n: int, cap: int) -> bool:
+    """``sn_rx_edge`` on the datagram ``data`` from ``src``, a message's FIRST or
+    LAST: its BTH word 0 must be opcode ``op``, flags byte ``flags`` and the
+    default P_Key; it must be for QP ``qpn`` at PSN ``psn`` (``aeth``: a READ
+    response, its AETH an ACK); its ``n`` bytes of payload go to ``view[off:]``,
+    none past ``cap``.  True if the kernel took it (responder.receive_edge,
+    completer.receive_edge)."""
+    kern = dev.kernel
+    ffi = kern.ffi
+    size = len(data)
+    w0 = (op << BTH_OPCODE_SHIFT) | (flags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
+    return bool(kern.lib.sn_rx_edge(ffi.from_buffer(data), size, w0, qpn, psn,
+                                    rx_icrc_start(dev, src, size, w0, qpn), aeth,
+                                    ffi.from_buffer(view, require_writable=True), off, n, cap))
+
+
+def rx_icrc_start(dev, src, size: int, w0: int, qpn: int) -> int:
+    """``icrc_start`` for a datagram of ``size`` bytes from ``src`` to this device
+    whose BTH words 0 and 1 are ``w0`` and the QP ``qpn``: what the kernel's
+    receive loops check each packet's ICRC from."""
+    return icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qpn))
 
 
 def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool) -> None:
@@ -1429,9 +1447,7 @@ def stream_target(dev):
         psn, at = qp.resp.epsn, None
         w0 = (_MIDDLE_OPCODE[qp.resp.kind] << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
     seg = BTH_LEN + qp.mtu + ICRC_LEN
-    src = qp.dest
-    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg,
-                       _W0_DQPN.pack(w0, qp.qpn))
+    start = rx_icrc_start(dev, qp.dest, seg, w0, qp.qpn)
     return qp, seg, w0, start, psn, view, off, room, at
 
 
