@@ -615,20 +615,26 @@ def _class_error(dev, qp, psn: int, e: _Nak) -> None:
     dev.to_error(qp, keep_responses=True)
 
 
+def _in_sequence(kind, info) -> bool:
+    """FIRST/ONLY may only start a message (none under way: ``kind`` None);
+    MIDDLE/LAST must continue one of the same kind."""
+    if kind is None:
+        return info.first
+    return not info.first and info.kind == kind
+
+
 def _check_sequence(qp, info) -> None:
-    """FIRST/ONLY may only start a message; MIDDLE/LAST must continue one of the same kind."""
-    resp = qp.resp
-    if resp.kind is None:
-        if not info.first:
-            raise _Nak(NakCode.INVALID_REQUEST)
-    elif info.first or info.kind != resp.kind:
+    if not _in_sequence(qp.resp.kind, info):
         raise _Nak(NakCode.INVALID_REQUEST)
 
 
-def _check_size(qp, info, n: int) -> None:
+def _size_ok(mtu: int, info, n: int) -> bool:
     """A FIRST or MIDDLE carries a whole path MTU; no packet carries more."""
-    mtu = qp.mtu
-    if n > mtu or (n != mtu and not info.last):
+    return n <= mtu and (n == mtu or info.last)
+
+
+def _check_size(qp, info, n: int) -> None:
+    if not _size_ok(qp.mtu, info, n):
         raise _Nak(NakCode.INVALID_REQUEST)
 
 
@@ -1151,17 +1157,16 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
     pad = (flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK
     n = size - BTH_LEN - ICRC_LEN - pad
     info = _SEND_EDGE_INFO[op]
-    mtu = qp.mtu
-    if n < 0 or n > mtu or (n != mtu and not info.last):
+    if n < 0 or not _size_ok(qp.mtu, info, n) or not _in_sequence(resp.kind, info):
         return False
     if info.first:
         posted = qp.rq if qp.srq is None else qp.srq.queue
-        if resp.kind is not None or not posted:
+        if not posted:
             return False
         wqe, off = posted[0], 0         # (taken once placed: took_send_edge)
     else:
         wqe, off = resp.wqe, resp.off
-        if resp.kind is not _SEND_KIND or wqe is None:
+        if wqe is None:
             return False
     t = recv_target(dev, qp, wqe)
     if t is None:
