@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, note, settings, strategies as st
 
 from softnic import accel
-from softnic.core import requester
+from softnic.core import requester, responder
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
@@ -495,7 +495,7 @@ def test_a_reads_first_or_last_the_kernel_may_not_take_goes_the_engines_way(chan
 
 
 def _send_packets(kern, n: int, sges: int = 1, recv: bool = True,
-                  flags: SendFlags = SendFlags.SIGNALED):
+                  flags: SendFlags = SendFlags.SIGNALED, op: W = W.SEND):
     """A SEND of ``n`` bytes from ``ea.buf`` into a receive of ``n`` bytes in
     ``eb.buf`` (``sges`` SGEs; none posted without ``recv``), MTU 1024: its
     FIRST, its MIDDLEs laid end to end (a GRO run) and its LAST."""
@@ -505,7 +505,7 @@ def _send_packets(kern, n: int, sges: int = 1, recv: bool = True,
     if recv:
         sgl = [eb.sge(0, n)] if sges == 1 else [eb.sge(0, h), eb.sge(h, n - h)]
         b.post_recv(eb.qp, RecvWR(2, sgl))
-    a.post_send(ea.qp, SendWR(1, W.SEND, [ea.sge(0, n)], flags))
+    a.post_send(ea.qp, SendWR(1, op, [ea.sge(0, n)], flags, imm_data=0x12345678))
     reqs = [bytes(item[0]) for item in a.datagram_runs(0.0)]
     seg = BTH_LEN + 1024 + 4
     pkts = [d[o:o + seg] for d in reqs for o in range(0, len(d), seg)]
@@ -528,25 +528,39 @@ def _send_edges(kern, change: str, which: str, n: int = 3 * 1024 + 102):
         kern, n, sges=2 if change == "two_sges" else 1, recv=change != "no_receive",
         flags=flags)
     eb.recv_cq.req_notify(solicited_only=True)
-    out = []
-    for p, this in ((first, "first"), (last, "last")):
-        q = bytearray(p)
-        if which == this:
-            if change == "icrc":
-                q[-1] ^= 1
-            elif change == "psn":
-                q[11] ^= 1
-            elif change == "length" and this == "first":
-                q = q[:-8]                          # 4 bytes short of an MTU
-            elif change == "length":
-                q = q[:-4] + bytes(4) + q[-4:]      # 4 bytes past the receive
-            if change in ("psn", "length"):
-                q = append_icrc(q[:-4], a.ip, b.ip, a.port, b.port)
-        out.append(bytes(q))
+    out = [_changed(p, change, this if which == this else "", a, b)
+           for p, this in ((first, "first"), (last, "last"))]
     b.receive_run(out[0], 0, a.address, 0.0)
     if mids:
         b.receive_run(mids, BTH_LEN + 1024 + 4, a.address, 0.0)
     b.receive_run(out[1], 0, a.address, 0.0)
+    return _observed(b, eb)
+
+
+def _changed(p: bytes, change: str, this: str, a, b) -> bytes:
+    """The request packet ``p``, a SEND's FIRST, MIDDLE or LAST (``this``; "": left
+    as it is), changed by ``change``: a bad ICRC; another PSN; 4 bytes short of
+    an MTU (a FIRST) or 4 bytes more (a LAST, past its receive); the ICRC made
+    good again after the last two."""
+    if not this:
+        return p
+    q = bytearray(p)
+    if change == "icrc":
+        q[-1] ^= 1
+    elif change == "psn":
+        q[11] ^= 1
+    elif change == "length" and this == "first":
+        q = q[:-8]                          # 4 bytes short of an MTU
+    elif change == "length":
+        q = q[:-4] + bytes(4) + q[-4:]      # 4 bytes past the receive
+    if change in ("psn", "length"):
+        q = append_icrc(q[:-4], a.ip, b.ip, a.port, b.port)
+    return bytes(q)
+
+
+def _observed(b, eb):
+    """Everything observable of the responder ``b`` after a SEND into ``eb``: its
+    memory, counters, answers, QP state, solicited events and completions."""
     answers = [bytes(d) for d, _ in b.datagrams_to_send(0.0)]
     qb = eb.qp
     return (bytes(eb.buf.view[0:8192]), dict(b.counters), answers,
@@ -605,6 +619,85 @@ def test_a_sends_bytes_land_in_its_receive_by_the_kernels_first_and_last(n):
     counting = Counting(kernel())
     fast = _send_edges(counting, "none", "last", n)
     assert counting.edges == 2 and counting.taken == 0
+    assert fast == engine
+    assert fast[0][:n] == (bytes(range(256)) * 32)[:n] and not any(fast[0][n:])
+    assert fast[5] == [(2, 0, 128, n, 0)]
+
+
+def _send_run(kern, change: str, which: str, n: int = 3 * 1024 + 102, op: W = W.SEND,
+              monkeypatch=None):
+    """A SEND of ``n`` bytes (MTU 1024) whose FIRST, MIDDLEs and LAST arrive as one
+    run, as a GRO socket hands them over, the packet ``which`` ("first",
+    "middle": the first MIDDLE, "last") changed by ``change`` (``_changed``; for
+    the LAST of a SEND with immediate, ``op``, none); everything observable of
+    it, and what ``responder.receive_send_run`` returned each time it ran."""
+    flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if change == "solicited" else 0)
+    a, b, ea, eb, (first, mids, last) = _send_packets(
+        kern, n, sges=2 if change == "two_sges" else 1, recv=change != "no_receive",
+        flags=flags, op=op)
+    eb.recv_cq.req_notify(solicited_only=True)
+    seg = BTH_LEN + 1024 + 4
+    mid = [mids[o:o + seg] for o in range(0, len(mids), seg)]
+    pkts = [_changed(first, change, "first" if which == "first" else "", a, b)]
+    if mid:
+        pkts += [_changed(mid[0], change, "middle" if which == "middle" else "", a, b)] + mid[1:]
+    pkts.append(_changed(last, change, "last" if which == "last" else "", a, b))
+    took = []
+    run = responder.receive_send_run
+
+    def counted(*args):
+        took.append(run(*args))
+        return took[-1]
+    monkeypatch.setattr(responder, "receive_send_run", counted)
+    b.receive_run(b"".join(pkts), seg, a.address, 0.0)
+    monkeypatch.undo()
+    return _observed(b, eb), took
+
+
+#: (what is changed, in which packet) of a SEND that arrives as one run, and how
+#: many of its four datagrams (FIRST, two MIDDLEs, LAST) ``receive_send_run``
+#: takes: it stops at the first the kernel may not take, before it if it is
+#: the FIRST, and leaves the rest to their own ways
+SEND_RUN_CHANGES = [("none", "", 4), ("solicited", "last", 4), ("icrc", "first", 0),
+                    ("icrc", "middle", 1), ("icrc", "last", 3), ("psn", "first", 0),
+                    ("psn", "middle", 1), ("psn", "last", 3), ("length", "last", 3),
+                    ("two_sges", "", 0), ("no_receive", "", 0), ("imm", "", 3)]
+
+
+@pytest.mark.parametrize("change,which,taken", SEND_RUN_CHANGES)
+def test_a_send_in_one_run_is_taken_in_one_pass_up_to_what_the_kernel_may_not_take(
+        change, which, taken, monkeypatch):
+    """A SEND's FIRST, MIDDLEs and LAST in one run (an eager message of UCX or
+    Open MPI: 8 KiB and a header) are taken in one pass (``receive_send_run``)
+    as far as the kernel takes each packet alone: a bad ICRC, a PSN not
+    expected, a LAST longer than the receive, a SEND WITH IMMEDIATE's LAST, a
+    receive of two SGEs or none stop it there, and the engine's general path
+    decides the rest.  Memory, the responder's answers, counters, state, events
+    and completions are those of a responder without the kernel given the
+    packets one by one."""
+    n = 3 * 1024 + 102
+    op = W.SEND_WITH_IMM if change == "imm" else W.SEND
+    engine, _ = _send_run(None, change, which, n, op, monkeypatch)
+    fast, took = _send_run(Counting(kernel()), change, which, n, op, monkeypatch)
+    assert took == [taken]
+    assert fast == engine
+    if change in ("none", "solicited", "imm", "two_sges"):      # all of it received
+        assert fast[0][:n] == (bytes(range(256)) * 32)[:n] and not any(fast[0][n:])
+        assert [w[:4] for w in fast[5]] == [(2, 0, 128, n)]             # IBV_WC_RECV
+        assert fast[5][0][4] == (2 if change == "imm" else 0)           # IBV_WC_WITH_IMM
+        assert fast[4] == (change == "solicited")
+    else:
+        assert [w[:2] for w in fast[5]] != [(2, 0)]
+
+
+@pytest.mark.parametrize("n", [1024 + 1, 2048, 2048 + 64, 8 * 1024])
+def test_a_sends_run_lands_whole_in_its_receive(n, monkeypatch):
+    """A SEND of two or more packets in one run, its LAST short, padded or of a
+    whole MTU: every datagram taken in the one pass, the bytes sent are the
+    bytes received, and the rest is what the engine alone makes of it."""
+    engine, _ = _send_run(None, "none", "", n, W.SEND, monkeypatch)
+    fast, took = _send_run(Counting(kernel()), "none", "", n, W.SEND, monkeypatch)
+    assert took == [-(-n // 1024)]
     assert fast == engine
     assert fast[0][:n] == (bytes(range(256)) * 32)[:n] and not any(fast[0][n:])
     assert fast[5] == [(2, 0, 128, n, 0)]

@@ -34,7 +34,9 @@
                      payload its place expects, the AETH an ACK); and
                      responder.execute (_send) for a SEND's FIRST or LAST
                      at the ePSN (responder.receive_edge: into its receive
-                     WQE's one SGE, room for what the packet carries);
+                     WQE's one SGE, room for what the packet carries; and
+                     responder.receive_send_run, a SEND's FIRST and LAST
+                     around its MIDDLEs in one run, with sn_rx_middles);
      sn_read_only    responder.answer and _read for an RDMA READ request at the
                      ePSN whose response is one packet, and
                      output._rc_responses' read_response_only (and

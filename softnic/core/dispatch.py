@@ -80,6 +80,7 @@ RESPONSES = frozenset(op for op, r in ROUTES.items() if r.side is RESPONSE)
 _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
 _READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
+_SEND_FIRST = int(O.RC_SEND_FIRST)
 #: opcode -> the early exit that takes a message's FIRST or LAST packet around
 #: its MIDDLEs in the kernel: a READ's responses, a SEND's requests
 _EDGES = {**{op: completer.receive_edge for op in completer.READ_EDGES},
@@ -281,7 +282,9 @@ class Dispatch:
         kernel, runs of a SEND's or WRITE's MIDDLE packets are taken a run at a time
         (``responder.receive_middles``), runs of READ RESPONSE MIDDLEs
         (``completer.receive_middles``), and the FIRST and LAST around them of a
-        READ (``completer.receive_edge``) or a SEND (``responder.receive_edge``).
+        READ (``completer.receive_edge``) or a SEND (``responder.receive_edge``);
+        a SEND's FIRST, its MIDDLEs and its LAST in one run, in one pass
+        (``responder.receive_send_run``).
 
         ``data`` may be a view of the driver's receive buffer, good for this call
         only: what goes on to ``receive_datagram`` (which may hold a packet) is
@@ -304,6 +307,11 @@ class Dispatch:
         edges = _EDGES
         while o < n:
             op = data[o]
+            if op == _SEND_FIRST and o + seg < n:
+                k = responder.receive_send_run(self, data, o, seg, src)
+                if k:
+                    o += k * seg
+                    continue
             edge = edges.get(op)
             if o + seg <= n and edge is None:
                 if op == _READ_MIDDLE:

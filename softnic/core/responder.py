@@ -1228,6 +1228,119 @@ def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool) -> None:
     _executed(dev, qp, info)
 
 
+_SEND_FIRST, _SEND_MIDDLE, _SEND_LAST = (int(O.RC_SEND_FIRST), int(O.RC_SEND_MIDDLE),
+                                         int(O.RC_SEND_LAST))
+_FIRST_INFO, _LAST_INFO = OPCODES[O.RC_SEND_FIRST], OPCODES[O.RC_SEND_LAST]
+#: BTH word 0 of a SEND MIDDLE as ``sn_rx_middles`` takes it: no flag, the default P_Key
+_W0_SEND_MIDDLE = (_SEND_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+
+
+def receive_send_run(dev, data, o: int, seg: int, src) -> int:
+    """``receive_edge``, ``receive_middles`` and ``receive_edge`` again, in one
+    pass, for a run of datagrams (``seg`` bytes each from ``data[o:]`` on, the
+    last maybe shorter, as ``Dispatch.receive_run`` has them) that begins with a
+    SEND's FIRST: the FIRST, the MIDDLEs after it and, when the run ends with
+    it, its LAST (no immediate or IETH), each by the kernel function that takes
+    it alone (``sn_rx_edge``, ``sn_rx_middles``, ``sn_rx_edge``), under those
+    functions' conditions.  The QP's (``_common_qp``, nothing held beyond a
+    hole, no message under way) and the receive's (posted, one SGE:
+    ``recv_target``) are checked once for them all; the packets' in the kernel
+    (the LAST's size first here, as ``receive_edge`` checks it).  An eager
+    message of UCX or Open MPI, 8 KiB and a header (a FIRST, a MIDDLE, a short
+    LAST), arrives as one such run.  The kernel stops at the first packet it
+    does not take; what it took is accounted for as those functions account
+    for it (``took_send_run``).  Returns how many datagrams were taken (0:
+    nothing changed); the rest of the run goes its own way."""
+    n = len(data)
+    if o + seg >= n or not dev.config.check_icrc:
+        return 0
+    _, flags, pkey, w2, w3 = _BTH.unpack_from(data, o)
+    qp = _common_qp(dev, w2, pkey, src)
+    if qp is None or qp.sr.ooo:
+        return 0
+    mtu = qp.mtu
+    pad = (flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK
+    if not _size_ok(mtu, _FIRST_INFO, seg - BTH_LEN - ICRC_LEN - pad) \
+            or not _in_sequence(qp.resp.kind, _FIRST_INFO):
+        return 0
+    posted = qp.rq if qp.srq is None else qp.srq.queue
+    if not posted:
+        return 0
+    t = recv_target(dev, qp, posted[0])     # (taken once placed: took_send_run)
+    if t is None:
+        return 0
+    view, room = t
+    last_at = o + (n - o - 1) // seg * seg  # the run's last datagram: its LAST?
+    n_last = lflags = 0
+    if data[last_at] == _SEND_LAST:
+        lflags = data[last_at + 1]
+        n_last = n - last_at - BTH_LEN - ICRC_LEN - ((lflags >> BTH_PAD_SHIFT) & BTH_PAD_MASK)
+        if n_last < 0 or not _size_ok(mtu, _LAST_INFO, n_last):
+            last_at = 0
+    else:
+        last_at = 0
+    kern = dev.kernel
+    ffi, lib = kern.ffi, kern.lib
+    qpn, psn = qp.qpn, qp.resp.epsn
+    buf = ffi.from_buffer(data)
+    dst = ffi.from_buffer(view, require_writable=True)
+    se = flags & BTH_SE
+    w0 = (_SEND_FIRST << BTH_OPCODE_SHIFT) | ((se | pad) << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
+    if not lib.sn_rx_edge(buf + o, seg, w0, qpn, psn, rx_icrc_start(dev, src, seg, w0, qpn),
+                          False, dst, 0, mtu, room):
+        return 0
+    acks = dev._rx_acks
+    if acks is None or acks[0] is not ffi:
+        acks = dev._rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
+    out = acks[1]
+    m = lib.sn_rx_middles(buf, last_at or n, o + seg, seg, _W0_SEND_MIDDLE, qpn,
+                          (psn + 1) & PSN_MASK,
+                          rx_icrc_start(dev, src, seg, _W0_SEND_MIDDLE, qpn), dst, mtu, room,
+                          0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
+    last = False
+    if last_at and last_at == o + (1 + m) * seg:
+        size = n - last_at
+        w0 = (_SEND_LAST << BTH_OPCODE_SHIFT) | (lflags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
+        last = bool(lib.sn_rx_edge(buf + last_at, size, w0, qpn, (psn + 1 + m) & PSN_MASK,
+                                   rx_icrc_start(dev, src, size, w0, qpn), False, dst,
+                                   (1 + m) * mtu, n_last, room))
+    took_send_run(dev, qp, bool(w3 & BTH_ACKREQ), m, out, last, n_last,
+                  bool(lflags & BTH_SE))
+    return 1 + m + last
+
+
+def took_send_run(dev, qp, ackreq: bool, m: int, acks, last: bool, n_last: int,
+                  se: bool) -> None:
+    """Account for a SEND's FIRST (``ackreq``: its AckReq), the ``m`` MIDDLEs
+    after it (the AckReqs among them: ``acks[0]`` of them, their indexes from
+    the first MIDDLE in ``acks[1:]``) and, if ``last``, its LAST of ``n_last``
+    bytes (``se``: its SE bit), that the kernel placed in sequence from the
+    ePSN (``receive_send_run``), as ``took_send_edge`` and ``took_middles``
+    account for each."""
+    resp = qp.resp
+    dev.counters["rcvd_pkts"] += 1 + m + last
+    psn = resp.epsn
+    resp.wqe = take_recv(dev, qp)
+    mtu = qp.mtu
+    resp.off = mtu
+    resp.kind = _SEND_KIND
+    accept(dev, qp, psn, False, ackreq)
+    if m:
+        resp.off += m * mtu
+        e = resp.epsn
+        for i in range(1, acks[0] + 1):
+            queue_ack(dev, qp, (e + acks[i]) & PSN_MASK)
+        accept(dev, qp, (e + m - 1) & PSN_MASK, False, False)
+    if last:
+        resp.off += n_last
+        psn = resp.epsn
+        _send_done(dev, qp, _LAST_INFO, 0, se)
+        accept(dev, qp, psn, True, True)
+        _executed(dev, qp, _LAST_INFO)
+    else:
+        _executed(dev, qp, _FIRST_INFO)     # (MIDDLEs to come: a driver may stream them)
+
+
 def _chain_target(dev, qp, psn: int):
     """The WRITE of ``qp.sr.writes`` (extended by ``chain_writes`` if empty) whose
     PSNs hold ``psn``: ``(view, length, address, index of psn in it, its packet
