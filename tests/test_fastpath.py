@@ -489,3 +489,70 @@ def test_a_reads_responses_out_of_order_go_the_general_way_with_the_same_result(
             assert taken.get("RC_RDMA_READ_RESPONSE_FIRST") == 1
     assert got[0][1]["completer_retry_err"] == 1 and len(got[0][0]) == 1
     assert got[0] == got[1]
+
+
+
+def _coalesced(fast: bool, read: str, monkeypatch=None, taken=None) -> dict:
+    """Four WRITEs and SENDs (one, two, three and one packets; ``read`` "answered"
+    or "lost": a READ after the second, its response delivered or lost) posted
+    at once and delivered, the responder's ACKs coalesced (a later plain ACK
+    covers an earlier one), then its answers delivered: what the requester
+    makes of them."""
+    if taken is not None:
+        _count_common(monkeypatch, taken)
+    a, b, ea, eb = _pair(fast_path=fast)
+    ea.buf.view[0:4000] = bytes(range(200)) * 20
+    eb.buf.view[8000:8008] = b"readthis"
+    b.post_recv(eb.qp, RecvWR(9, [eb.sge(4096, 2000)]))
+    wrs = [SendWR(1, W.RDMA_WRITE, [ea.sge(0, 100)], SendFlags.SIGNALED,
+                  remote_addr=eb.buf.addr, rkey=eb.mr.rkey),
+           SendWR(2, W.SEND, [ea.sge(100, 2000)], SendFlags.SIGNALED)]
+    if read:
+        wrs.append(SendWR(4, W.RDMA_READ, [ea.sge(6000, 8)], SendFlags.SIGNALED,
+                          remote_addr=eb.buf.addr + 8000, rkey=eb.mr.rkey))
+    wrs += [SendWR(3, W.RDMA_WRITE, [ea.sge(0, 3000)], SendFlags.SIGNALED,
+                   remote_addr=eb.buf.addr + 100, rkey=eb.mr.rkey),
+            SendWR(5, W.RDMA_WRITE, [ea.sge(0, 10)], SendFlags.SIGNALED,
+                   remote_addr=eb.buf.addr + 3200, rkey=eb.mr.rkey)]
+    for wr in wrs:
+        a.post_send(ea.qp, wr)
+    _deliver(a, b)
+    answers = [bytes(d) for d, _ in b.datagrams_to_send(0.0)]
+    for d in answers:
+        if read != "lost" or d[0] != O.RC_RDMA_READ_RESPONSE_ONLY:
+            a.receive_datagram(d, b.address, 0.0)
+    return dict(answers=answers,
+                wcs=[(w.wr_id, w.status, w.opcode, w.byte_len) for w in a.poll_cq(ea.send_cq, 8)],
+                counters=dict(a.counters), memory=bytes(ea.buf.view[:8192]),
+                acked=ea.qp.comp.acked_psn, sq=len(ea.qp.sq),
+                out=[(d[0], bytes(d[8:12])) for d, _ in a.datagrams_to_send(0.0)])
+
+
+def test_a_coalesced_ack_of_several_sends_and_writes_takes_the_common_branch(monkeypatch):
+    """One ACK for several messages (a responder coalesces the ACKs it owes): the
+    completer's first branch takes it (``_ack_before`` completes those before
+    the one its PSN is in), with the completions, state, counters and resends
+    of the general path.  While a READ is outstanding the branch declines
+    such an ACK (a READ before its PSN waits for its response, and one whose
+    response was lost is sent again: ``receive`` decides)."""
+    wc = {1: (WCOpcode.RDMA_WRITE, 100), 2: (WCOpcode.SEND, 2000),
+          3: (WCOpcode.RDMA_WRITE, 3000), 4: (WCOpcode.RDMA_READ, 8),
+          5: (WCOpcode.RDMA_WRITE, 10)}
+    for read in ("", "answered", "lost"):
+        taken: dict = {}
+        fast = _coalesced(True, read, monkeypatch, taken)
+        monkeypatch.undo()
+        taken = {k: n for k, n in taken.items() if "ACK" in k or "RESPONSE" in k}
+        assert fast == _coalesced(False, read)
+        if not read:                    # one ACK for all four
+            assert len(fast["answers"]) == 1 and taken == {"RC_ACKNOWLEDGE": 1}
+            assert fast["wcs"] == [(i, WCStatus.SUCCESS, *wc[i]) for i in (1, 2, 3, 5)]
+        elif read == "answered":        # ACK of 1-2 (past the oldest, a READ outstanding:
+            assert len(fast["answers"]) == 3            # declined), the READ's, ACK of 3-5
+            assert taken == {"RC_ACKNOWLEDGE": 1, "RC_RDMA_READ_RESPONSE_ONLY": 1}
+            assert fast["memory"][6000:6008] == b"readthis"
+            assert fast["wcs"] == [(i, WCStatus.SUCCESS, *wc[i]) for i in (1, 2, 4, 3, 5)]
+        else:                           # the READ's response lost: it is asked again
+            assert taken == {"RC_ACKNOWLEDGE": 0}
+            assert fast["wcs"] == [(i, WCStatus.SUCCESS, *wc[i]) for i in (1, 2)]
+            assert [op for op, _ in fast["out"]][:1] == [O.RC_RDMA_READ_REQUEST]

@@ -742,7 +742,11 @@ def _common_qp(dev, pkey: int, w2: int, aeth: int, src):
 
 
 def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> bool:
-    """A plain ACK of a PSN of the oldest outstanding WQE, from its bytes."""
+    """A plain ACK of a PSN of the oldest outstanding WQE, from its bytes; or of a
+    later one, with no READ or ATOMIC outstanding (``qp.req.rd_atomic``: none
+    of them waits for its responses, so ``_ack_before`` completes every WQE
+    before the one the PSN is in, as ``receive`` has it, and ``_find`` names
+    that one): a coalesced ACK of several SENDs or WRITEs."""
     if len(data) != _ACK_LEN or telemetry is not None:
         return False
     _, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
@@ -756,14 +760,20 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     before = qp.comp.acked_psn
     if w.done or w.first_psn is None or w.rd_atomic:
         return False
-    # psn_diff(psn, first_psn) >= 0, psn_diff(psn, last_psn) <= 0 and
-    # psn_diff(psn, before) > 0, inline (asked for every ACK)
-    if (psn - w.first_psn) & PSN_HALF or (psn - w.last_psn - 1) & PSN_MASK < PSN_HALF - 1 \
-            or (psn - before - 1) & PSN_MASK >= PSN_HALF - 1:
+    # psn_diff(psn, first_psn) >= 0 and psn_diff(psn, before) > 0, inline (asked
+    # for every ACK); then psn_diff(psn, last_psn) <= 0, or beyond the oldest WQE,
+    # psn_diff(psn, qp.req.psn) < 0 (a PSN sent: else ``receive`` drops it as stale)
+    if (psn - w.first_psn) & PSN_HALF or (psn - before - 1) & PSN_MASK >= PSN_HALF - 1:
+        return False
+    beyond = (psn - w.last_psn - 1) & PSN_MASK < PSN_HALF - 1
+    if beyond and (qp.req.rd_atomic or not (psn - qp.req.psn) & PSN_HALF):
         return False
     if dev.config.check_icrc and not check_icrc(data, src[0], dev.ip, src[1], dev.port):
         return False
     dev.counters["rcvd_pkts"] += 1
+    if beyond:
+        _ack_before(qp, psn)
+        w = qp.sq[requester._find(qp, psn)]
     acknowledged(qp, psn, w)
     _progress(dev, qp, before, now)     # (the ACK moved the acknowledged PSN: it arms)
     if qp.cc is not None and qp.state is not _RTS:
