@@ -250,7 +250,8 @@ READ_AT = 1 << 16           # a READ's target in ``ea.buf``: from here on
 def _post(a, b, ea, eb, kind: str, i: int, n: int, off: int) -> None:
     """Message ``i`` of ``n`` bytes from ``ea.buf[off % 4096:]`` to ``eb.buf[off %
     8192:]``: a WRITE there, or a SEND into a receive WQE of one SGE there (or
-    of two, ``send2``, split in the middle)."""
+    of two, ``send2``, split in the middle), every other one with an
+    immediate."""
     dst = off % 8192
     if kind == "read":
         a.post_send(ea.qp, SendWR(i, W.RDMA_READ, [ea.sge(READ_AT + dst, n)], SendFlags.SIGNALED,
@@ -266,7 +267,8 @@ def _post(a, b, ea, eb, kind: str, i: int, n: int, off: int) -> None:
         h = n // 2
         sges = [eb.sge(dst, h), eb.sge(dst + h, n - h)]
     b.post_recv(eb.qp, RecvWR(100 + i, sges))
-    a.post_send(ea.qp, SendWR(i, W.SEND, [ea.sge(off % 4096, n)], SendFlags.SIGNALED))
+    a.post_send(ea.qp, SendWR(i, W.SEND_WITH_IMM if i % 2 else W.SEND, [ea.sge(off % 4096, n)],
+                              SendFlags.SIGNALED, imm_data=0xABC00 + i))
 
 
 def _runs(datagrams: list[bytes]) -> list[list[bytes]]:
@@ -299,6 +301,7 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
     now = 0.0
     wcs = []
     rwcs = []
+    imms = []
 
     def seal(pkt):
         return append_icrc(bytearray(pkt), a.ip, b.ip, a.port, b.port)
@@ -331,8 +334,9 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
             if not faults or rng.random() > 0.05:
                 a.receive_datagram(data, b.address, now)
         wcs += [(w.wr_id, int(w.status)) for w in a.poll_cq(ea.send_cq, 64)]
-        rwcs += [(w.wr_id, int(w.status), int(w.opcode), w.byte_len)
-                 for w in b.poll_cq(eb.recv_cq, 64)]
+        got = b.poll_cq(eb.recv_cq, 64)
+        rwcs += [(w.wr_id, int(w.status), int(w.opcode), w.byte_len) for w in got]
+        imms += [(w.wr_id, w.imm_data, int(w.wc_flags)) for w in got]
         if len(wcs) == len(sizes):
             break
         now += 0.002
@@ -348,7 +352,7 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
         if i not in ok:             # a message that did not complete successfully
             start = (i * 1000) % 8192   # leaves its target undefined: not compared
             memory[start:start + n] = bytes(n)
-    return {"wire": wire, "wcs": wcs, "rwcs": rwcs, "memory": bytes(memory),
+    return {"wire": wire, "wcs": wcs, "rwcs": rwcs, "imms": imms, "memory": bytes(memory),
             "counters_b": dict(b.counters), "counters_a": dict(a.counters),
             "qp": (qb.resp.epsn, qb.resp.msn, qb.resp.write_off, qb.resp.off, qb.resp.kind)}
 
@@ -364,7 +368,7 @@ def test_receiving_runs_with_the_kernel_is_the_engine_receiving_them_one_by_one(
     counting = Counting(kernel())
     fast = _exchange(seed, sizes, mtu, window, sr, counting, kind=kind)
     slow = _exchange(seed, sizes, mtu, window, sr, None, kind=kind)
-    for key in ("wire", "wcs", "rwcs", "memory", "counters_a", "counters_b", "qp"):
+    for key in ("wire", "wcs", "rwcs", "imms", "memory", "counters_a", "counters_b", "qp"):
         assert fast[key] == slow[key], f"{key} differs with the kernel (replay {replay})"
     assert fast["wcs"] or fast["counters_a"].get("retry_exceeded_err") or \
         fast["counters_b"].get("rcvd_pkts"), "nothing happened"
@@ -495,7 +499,7 @@ def test_a_reads_first_or_last_the_kernel_may_not_take_goes_the_engines_way(chan
 
 
 def _send_packets(kern, n: int, sges: int = 1, recv: bool = True,
-                  flags: SendFlags = SendFlags.SIGNALED, op: W = W.SEND):
+                  flags: SendFlags = SendFlags.SIGNALED, op: W = W.SEND, inv: int | None = None):
     """A SEND of ``n`` bytes from ``ea.buf`` into a receive of ``n`` bytes in
     ``eb.buf`` (``sges`` SGEs; none posted without ``recv``), MTU 1024: its
     FIRST, its MIDDLEs laid end to end (a GRO run) and its LAST."""
@@ -505,7 +509,8 @@ def _send_packets(kern, n: int, sges: int = 1, recv: bool = True,
     if recv:
         sgl = [eb.sge(0, n)] if sges == 1 else [eb.sge(0, h), eb.sge(h, n - h)]
         b.post_recv(eb.qp, RecvWR(2, sgl))
-    a.post_send(ea.qp, SendWR(1, op, [ea.sge(0, n)], flags, imm_data=0x12345678))
+    a.post_send(ea.qp, SendWR(1, op, [ea.sge(0, n)], flags, imm_data=0x12345678,
+                              invalidate_rkey=eb.mr.rkey if inv is None else inv))
     reqs = [bytes(item[0]) for item in a.datagram_runs(0.0)]
     seg = BTH_LEN + 1024 + 4
     pkts = [d[o:o + seg] for d in reqs for o in range(0, len(d), seg)]
@@ -519,14 +524,15 @@ SEND_EDGE_CHANGES = [("icrc", "first"), ("icrc", "last"), ("psn", "first"), ("ps
                      ("no_receive", "first")]
 
 
-def _send_edges(kern, change: str, which: str, n: int = 3 * 1024 + 102):
+def _send_edges(kern, change: str, which: str, n: int = 3 * 1024 + 102, op: W = W.SEND,
+                inv: int | None = None):
     """A SEND of ``n`` bytes (its LAST 102 bytes and 2 of pad), its FIRST or LAST
     changed (``which``) by ``change``, received as a GRO socket hands it over by
     a responder armed for solicited events; everything observable of it."""
     flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if change == "solicited" else 0)
     a, b, ea, eb, (first, mids, last) = _send_packets(
         kern, n, sges=2 if change == "two_sges" else 1, recv=change != "no_receive",
-        flags=flags)
+        flags=flags, op=op, inv=inv)
     eb.recv_cq.req_notify(solicited_only=True)
     out = [_changed(p, change, this if which == this else "", a, b)
            for p, this in ((first, "first"), (last, "last"))]
@@ -566,8 +572,8 @@ def _observed(b, eb):
     return (bytes(eb.buf.view[0:8192]), dict(b.counters), answers,
             (qb.resp.epsn, qb.resp.msn, qb.resp.off, qb.resp.kind, qb.state),
             eb.recv_cq.events,
-            [(w.wr_id, int(w.status), int(w.opcode), w.byte_len, int(w.wc_flags))
-             for w in b.poll_cq(eb.recv_cq, 8)])
+            [(w.wr_id, int(w.status), int(w.opcode), w.byte_len, int(w.wc_flags), w.imm_data,
+              w.invalidated_rkey) for w in b.poll_cq(eb.recv_cq, 8)])
 
 
 @pytest.mark.parametrize("change,which", SEND_EDGE_CHANGES)
@@ -589,7 +595,7 @@ def test_a_sends_first_or_last_the_kernel_may_not_take_goes_the_engines_way(chan
         assert fast[0][:n] == (bytes(range(256)) * 32)[:n]
         assert [w[:4] for w in fast[5]] == [(2, 0, 128, n)]
     else:
-        assert fast[5] != [(2, 0, 128, n, 0)]
+        assert [w[:5] for w in fast[5]] != [(2, 0, 128, n, 0)]
 
 
 def test_a_sends_solicited_last_is_the_kernels_and_raises_the_event_the_engine_does():
@@ -621,7 +627,31 @@ def test_a_sends_bytes_land_in_its_receive_by_the_kernels_first_and_last(n):
     assert counting.edges == 2 and counting.taken == 0
     assert fast == engine
     assert fast[0][:n] == (bytes(range(256)) * 32)[:n] and not any(fast[0][n:])
-    assert fast[5] == [(2, 0, 128, n, 0)]
+    assert [w[:5] for w in fast[5]] == [(2, 0, 128, n, 0)]
+
+
+@pytest.mark.parametrize("op,inv,flags", [(W.SEND_WITH_IMM, None, 2), (W.SEND_WITH_INV, None, 8),
+                                          (W.SEND_WITH_INV, 0x5A5A00, None)])
+def test_a_sends_last_with_an_immediate_or_an_ieth_is_the_kernels(op, inv, flags):
+    """A SEND WITH IMMEDIATE's or WITH INVALIDATE's LAST, arriving alone: the
+    kernel takes it (``sn_rx_edge`` with the 4 bytes after its BTH), and the
+    receive completes with the immediate or the invalidated key as the engine
+    alone completes it (IBV_WC_WITH_IMM, IBV_WC_WITH_INV); an IETH naming no key
+    fails the receive (LOC_PROT_ERR), NAKs and moves the QP to ERR, as there."""
+    n = 3 * 1024 + 102
+    engine = _send_edges(None, "none", "", n, op, inv)
+    counting = Counting(kernel())
+    fast = _send_edges(counting, "none", "", n, op, inv)
+    assert counting.edges == 2
+    assert fast == engine
+    if flags is not None:
+        assert [w[:5] for w in fast[5]] == [(2, 0, 128, n, flags)]
+        imm, rkey = fast[5][0][5:]           # the immediate, or the key invalidated
+        assert (imm, bool(rkey)) == ((0x12345678, False) if flags == 2 else (0, True))
+        assert fast[0][:n] == (bytes(range(256)) * 32)[:n]
+    else:
+        assert [w[:2] for w in fast[5]] == [(2, int(WCStatus.LOC_PROT_ERR))]
+        assert fast[3][4] == 6 and len(fast[2]) == 1        # the QP in ERR, one NAK
 
 
 def _send_run(kern, change: str, which: str, n: int = 3 * 1024 + 102, op: W = W.SEND,
@@ -629,12 +659,13 @@ def _send_run(kern, change: str, which: str, n: int = 3 * 1024 + 102, op: W = W.
     """A SEND of ``n`` bytes (MTU 1024) whose FIRST, MIDDLEs and LAST arrive as one
     run, as a GRO socket hands them over, the packet ``which`` ("first",
     "middle": the first MIDDLE, "last") changed by ``change`` (``_changed``; for
-    the LAST of a SEND with immediate, ``op``, none); everything observable of
-    it, and what ``responder.receive_send_run`` returned each time it ran."""
+    a SEND with immediate or invalidate, ``op``, none but "inv_unknown": an
+    IETH naming no key); everything observable of it, and what
+    ``responder.receive_send_run`` returned each time it ran."""
     flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if change == "solicited" else 0)
     a, b, ea, eb, (first, mids, last) = _send_packets(
         kern, n, sges=2 if change == "two_sges" else 1, recv=change != "no_receive",
-        flags=flags, op=op)
+        flags=flags, op=op, inv=0x5A5A00 if change == "inv_unknown" else None)
     eb.recv_cq.req_notify(solicited_only=True)
     seg = BTH_LEN + 1024 + 4
     mid = [mids[o:o + seg] for o in range(0, len(mids), seg)]
@@ -661,7 +692,8 @@ def _send_run(kern, change: str, which: str, n: int = 3 * 1024 + 102, op: W = W.
 SEND_RUN_CHANGES = [("none", "", 4), ("solicited", "last", 4), ("icrc", "first", 0),
                     ("icrc", "middle", 1), ("icrc", "last", 3), ("psn", "first", 0),
                     ("psn", "middle", 1), ("psn", "last", 3), ("length", "last", 3),
-                    ("two_sges", "", 0), ("no_receive", "", 0), ("imm", "", 3)]
+                    ("two_sges", "", 0), ("no_receive", "", 0), ("imm", "", 4),
+                    ("inv", "", 4), ("inv_unknown", "", 4)]
 
 
 @pytest.mark.parametrize("change,which,taken", SEND_RUN_CHANGES)
@@ -670,22 +702,28 @@ def test_a_send_in_one_run_is_taken_in_one_pass_up_to_what_the_kernel_may_not_ta
     """A SEND's FIRST, MIDDLEs and LAST in one run (an eager message of UCX or
     Open MPI: 8 KiB and a header) are taken in one pass (``receive_send_run``)
     as far as the kernel takes each packet alone: a bad ICRC, a PSN not
-    expected, a LAST longer than the receive, a SEND WITH IMMEDIATE's LAST, a
-    receive of two SGEs or none stop it there, and the engine's general path
-    decides the rest.  Memory, the responder's answers, counters, state, events
-    and completions are those of a responder without the kernel given the
-    packets one by one."""
+    expected, a LAST longer than the receive, a receive of two SGEs or none
+    stop it there, and the engine's general path decides the rest.  A LAST
+    with an immediate or an IETH is taken too; an IETH naming no key fails
+    the receive (LOC_PROT_ERR) and the QP as the engine fails them.  Memory,
+    the responder's answers, counters, state, events and completions are
+    those of a responder without the kernel given the packets one by one."""
     n = 3 * 1024 + 102
-    op = W.SEND_WITH_IMM if change == "imm" else W.SEND
+    op = {"imm": W.SEND_WITH_IMM, "inv": W.SEND_WITH_INV,
+          "inv_unknown": W.SEND_WITH_INV}.get(change, W.SEND)
     engine, _ = _send_run(None, change, which, n, op, monkeypatch)
     fast, took = _send_run(Counting(kernel()), change, which, n, op, monkeypatch)
     assert took == [taken]
     assert fast == engine
-    if change in ("none", "solicited", "imm", "two_sges"):      # all of it received
+    if change in ("none", "solicited", "imm", "inv", "two_sges"):     # all received
         assert fast[0][:n] == (bytes(range(256)) * 32)[:n] and not any(fast[0][n:])
         assert [w[:4] for w in fast[5]] == [(2, 0, 128, n)]             # IBV_WC_RECV
-        assert fast[5][0][4] == (2 if change == "imm" else 0)           # IBV_WC_WITH_IMM
+        # IBV_WC_WITH_IMM, IBV_WC_WITH_INV
+        assert fast[5][0][4] == {"imm": 2, "inv": 8}.get(change, 0)
         assert fast[4] == (change == "solicited")
+    elif change == "inv_unknown":       # LOC_PROT_ERR, the QP in ERR (6)
+        assert [w[:2] for w in fast[5]] == [(2, int(WCStatus.LOC_PROT_ERR))]
+        assert fast[3][4] == 6
     else:
         assert [w[:2] for w in fast[5]] != [(2, 0)]
 
@@ -700,7 +738,7 @@ def test_a_sends_run_lands_whole_in_its_receive(n, monkeypatch):
     assert took == [-(-n // 1024)]
     assert fast == engine
     assert fast[0][:n] == (bytes(range(256)) * 32)[:n] and not any(fast[0][n:])
-    assert fast[5] == [(2, 0, 128, n, 0)]
+    assert [w[:5] for w in fast[5]] == [(2, 0, 128, n, 0)]
 
 
 def test_a_corrupt_middle_is_counted_and_dropped_not_placed():

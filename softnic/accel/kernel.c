@@ -58,6 +58,10 @@
 #include <string.h>
 
 /* BTH_LEN, ICRC_LEN, PSN_MASK, QPN_MASK, BTH_FECN, BTH_BECN, BTH_ACKREQ: wire.h */
+/* sn_rx_edge's extended header after the BTH: an AETH (a READ response's), or an
+   ImmDt or IETH (a SEND LAST's) */
+#define EXT_AETH 1                 /* softnic.core.responder.EXT_AETH */
+#define EXT_TAIL 2                 /* softnic.core.responder.EXT_TAIL */
 #define ZLIB_CHUNK 0x40000000u     /* the most bytes one call of zlib's crc32 is given */
 
 typedef uint32_t (*crc_isal_fn)(uint32_t, const unsigned char *, uint64_t);
@@ -194,38 +198,42 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
 /* Receive one packet of a message at its place, the edges around a run of
    MIDDLEs (sn_rx_middles): a READ RESPONSE FIRST or LAST for
    completer._read_response at the expected PSN (completer.receive_edge calls
-   it, ``aeth`` 1), or a SEND FIRST or LAST for responder.execute (_send) at the
-   ePSN (responder.receive_edge, ``aeth`` 0).  The datagram p[0:n] is taken if
-   it meets the per-packet conditions of the caller's rule (those of the QP and
-   the message are the caller's):
+   it, ``ext`` EXT_AETH), or a SEND FIRST or LAST for responder.execute (_send)
+   at the ePSN (responder.receive_edge and receive_send_run, ``ext`` 0, or
+   EXT_TAIL for a LAST with an immediate or an IETH).  The datagram p[0:n] is
+   taken if it meets the per-packet conditions of the caller's rule (those of
+   the QP and the message are the caller's):
      - BTH word 0 equal to w0 (the opcode; no flag but the pad count that
        ``len`` implies, and for a SEND the SE bit the packet has; the P_Key:
        what the ICRC state ``start`` was computed for);
      - the destination QP dqpn, FECN and BECN clear;
      - the expected PSN;
-     - with ``aeth``, an AETH whose syndrome is an ACK (its top three bits
+     - with EXT_AETH, an AETH whose syndrome is an ACK (its top three bits
        clear: the credit count and MSN are not the requester's to check);
-     - n = BTH (+ AETH) + len + pad + ICRC: the payload its place expects (a
-       whole MTU for a FIRST, the rest of a READ for its LAST, what a SEND's
-       LAST carries), and room for it: off + len <= cap;
+       with EXT_TAIL, 4 bytes of ImmDt or IETH (what they hold is the
+       caller's to read, once the packet is taken);
+     - n = BTH (+ AETH, ImmDt or IETH) + len + pad + ICRC: the payload its
+       place expects (a whole MTU for a FIRST, the rest of a READ for its
+       LAST, what a SEND's LAST carries), and room for it: off + len <= cap;
      - a good ICRC.
    Its payload is copied to dst + off.  Returns 1 if taken, else 0 (nothing
    touched); the caller accounts for it as the rule does (completer.
-   took_responses; responder.took_send_edge). */
+   took_responses; responder.took_send_edge, took_send_run). */
 int sn_rx_edge(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t epsn,
-               uint32_t start, int aeth, uint8_t *dst, uint64_t off, uint64_t len,
+               uint32_t start, int ext, uint8_t *dst, uint64_t off, uint64_t len,
                uint64_t cap)
 {
     uint64_t pad = (0 - len) & 3;
-    size_t hdr = BTH_LEN + (aeth ? AETH_LEN : 0);
+    size_t hdr = BTH_LEN + (ext == EXT_AETH ? AETH_LEN : ext == EXT_TAIL ? IMMDT_LEN : 0);
     uint32_t w2, w3;
-    if (n < hdr + ICRC_LEN || (uint64_t)n != hdr + len + pad + ICRC_LEN
-            || off > cap || len > cap - off)
+    if ((ext != 0 && ext != EXT_AETH && ext != EXT_TAIL) || n < hdr + ICRC_LEN
+            || (uint64_t)n != hdr + len + pad + ICRC_LEN || off > cap || len > cap - off)
         return 0;
     w2 = be32(p + 4);
     w3 = be32(p + 8);
     if (be32(p) != w0 || (w2 & QPN_MASK) != dqpn || (w2 & (BTH_FECN | BTH_BECN))
-            || (w3 & PSN_MASK) != epsn || (aeth && (be32(p + BTH_LEN) >> 29) != 0))
+            || (w3 & PSN_MASK) != epsn
+            || (ext == EXT_AETH && (be32(p + BTH_LEN) >> 29) != 0))
         return 0;
     if (sn_crc32(start, p + 8, n - 8 - ICRC_LEN) != le32(p + n - ICRC_LEN))
         return 0;

@@ -8,7 +8,7 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
                   uint64_t off, uint64_t len, uint32_t max, uint32_t *acks,
                   uint32_t cap, uint32_t *nacks);
 int sn_rx_edge(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t epsn,
-               uint32_t start, int aeth, uint8_t *dst, uint64_t off, uint64_t len,
+               uint32_t start, int ext, uint8_t *dst, uint64_t off, uint64_t len,
                uint64_t cap);
 uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint32_t dqpn,
                        uint32_t psn, uint32_t s, uint32_t ack_every, const uint8_t *src,

@@ -12,4 +12,6 @@
 #define ATOMICETH_LEN 28           /* softnic.wire.roce.ATOMICETH_LEN */
 #define ATOMICACKETH_LEN 8         /* softnic.wire.roce.ATOMICACKETH_LEN */
 #define AETH_LEN 4                 /* softnic.wire.roce.AETH_LEN */
+#define IMMDT_LEN 4                /* softnic.wire.roce.IMMDT_LEN */
+#define IETH_LEN 4                 /* softnic.wire.roce.IETH_LEN */
 #define MSN_MASK 0xFFFFFFu         /* softnic.wire.roce.MSN_MASK */

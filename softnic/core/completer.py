@@ -412,7 +412,7 @@ def receive_edge(dev, data, src, now: float) -> bool:
     n = w.length - off if last else mtu
     view = w.views[0]
     if not responder.kernel_edge(dev, data, src, op, (-n & 3) << BTH_PAD_SHIFT, qp.qpn,
-                                 expected, True, view, off, n, len(view)):
+                                 expected, responder.EXT_AETH, view, off, n, len(view)):
         return False
     took_responses(dev, qp, 1, now, w if last else None)
     return True

@@ -1124,11 +1124,17 @@ def _executed(dev, qp, info) -> None:
 
 
 #: the packets of a SEND around its MIDDLEs that ``receive_edge`` takes, and
-#: their ``OPCODES`` entries: its FIRST, and its LAST without an immediate or
-#: an IETH.  (A SEND ONLY, one packet, stays ``receive_common``'s: the kernel
-#: would save it little, docs/performance.md.)
-_SEND_EDGE_INFO = {int(op): OPCODES[op] for op in (O.RC_SEND_FIRST, O.RC_SEND_LAST)}
+#: their ``OPCODES`` entries: its FIRST, and its LAST, plain, with an immediate
+#: or with an IETH.  (A SEND ONLY, one packet, stays ``receive_common``'s: the
+#: kernel would save it little, docs/performance.md.)
+_SEND_EDGE_INFO = {int(op): OPCODES[op] for op in (
+    O.RC_SEND_FIRST, O.RC_SEND_LAST, O.RC_SEND_LAST_WITH_IMMEDIATE,
+    O.RC_SEND_LAST_WITH_INVALIDATE)}
 SEND_EDGES = frozenset(_SEND_EDGE_INFO)
+#: what ``sn_rx_edge`` finds after the BTH (``kernel_edge``'s ``ext``): nothing
+#: (0), an AETH that must be an ACK (a READ response's), or the 4 bytes of an
+#: ImmDt or IETH (a SEND LAST's), which the caller reads once the packet is taken
+EXT_AETH, EXT_TAIL = 1, 2
 
 
 def receive_edge(dev, data, src, now: float = 0.0) -> bool:
@@ -1138,12 +1144,14 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
     between them.  The QP's conditions are COMMON_CASE's (``_common_qp``, ICRC
     checking on, nothing held beyond a hole), the message's ``_send``'s: a
     FIRST begins one (none under way, a receive WQE posted: else the general
-    path's NAK or RNR NAK), a LAST continues a SEND; a FIRST carries a whole
-    MTU, a LAST at most one; the WQE's one SGE (``recv_target``) has room for
-    the payload (else LOC_LEN_ERR, the general path's).  Each packet's in the
-    kernel: BTH word 0 (no flag but SE and the pad count its length implies),
-    the QP, FECN/BECN, the ePSN, its length, the ICRC.  Taken, it is accounted
-    for as those functions account for it (``took_send_edge``).  ``data`` is
+    path's NAK or RNR NAK), a LAST (plain, with an immediate or with an IETH)
+    continues a SEND; a FIRST carries a whole MTU, a LAST at most one; the
+    WQE's one SGE (``recv_target``) has room for the payload (else LOC_LEN_ERR,
+    the general path's).  Each packet's in the kernel: BTH word 0 (no flag but
+    SE and the pad count its length implies), the QP, FECN/BECN, the ePSN, its
+    length, the ICRC.  Taken, it is accounted for as those functions account
+    for it (``took_send_edge``; an IETH's invalidation, refused, fails it
+    there as ``execute`` fails it).  ``data`` is
     the datagram, maybe a view of the driver's receive buffer (copied into
     memory at once).  False: nothing changed."""
     size = len(data)
@@ -1155,8 +1163,9 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
         return False
     resp = qp.resp
     pad = (flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK
-    n = size - BTH_LEN - ICRC_LEN - pad
     info = _SEND_EDGE_INFO[op]
+    hdr = info.hdr_len
+    n = size - hdr - ICRC_LEN - pad
     if n < 0 or not _size_ok(qp.mtu, info, n) or not _in_sequence(resp.kind, info):
         return False
     if info.first:
@@ -1173,27 +1182,30 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
         return False
     view, room = t
     se = flags & BTH_SE
-    if not kernel_edge(dev, data, src, op, se | pad << BTH_PAD_SHIFT, qp.qpn, resp.epsn, False,
-                       view, off, n, room):
+    tail = hdr != BTH_LEN
+    if not kernel_edge(dev, data, src, op, se | pad << BTH_PAD_SHIFT, qp.qpn, resp.epsn,
+                       EXT_TAIL if tail else 0, view, off, n, room):
         return False
-    took_send_edge(dev, qp, info, n, bool(w3 & BTH_ACKREQ), bool(se))
+    took_send_edge(dev, qp, info, n, bool(w3 & BTH_ACKREQ), bool(se),
+                   _I.unpack_from(data, BTH_LEN)[0] if tail else 0)
     return True
 
 
-def kernel_edge(dev, data, src, op: int, flags: int, qpn: int, psn: int, aeth: bool, view,
+def kernel_edge(dev, data, src, op: int, flags: int, qpn: int, psn: int, ext: int, view,
                 off: int, n: int, cap: int) -> bool:
     """``sn_rx_edge`` on the datagram ``data`` from ``src``, a message's FIRST or
     LAST: its BTH word 0 must be opcode ``op``, flags byte ``flags`` and the
-    default P_Key; it must be for QP ``qpn`` at PSN ``psn`` (``aeth``: a READ
-    response, its AETH an ACK); its ``n`` bytes of payload go to ``view[off:]``,
-    none past ``cap``.  True if the kernel took it (responder.receive_edge,
-    completer.receive_edge)."""
+    default P_Key; it must be for QP ``qpn`` at PSN ``psn``; after its BTH,
+    ``ext``: nothing (0), an AETH that is an ACK (``EXT_AETH``, a READ
+    response's) or an ImmDt or IETH (``EXT_TAIL``); its ``n`` bytes of payload
+    go to ``view[off:]``, none past ``cap``.  True if the kernel took it
+    (responder.receive_edge, completer.receive_edge)."""
     kern = dev.kernel
     ffi = kern.ffi
     size = len(data)
     w0 = (op << BTH_OPCODE_SHIFT) | (flags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
     return bool(kern.lib.sn_rx_edge(ffi.from_buffer(data), size, w0, qpn, psn,
-                                    rx_icrc_start(dev, src, size, w0, qpn), aeth,
+                                    rx_icrc_start(dev, src, size, w0, qpn), ext,
                                     ffi.from_buffer(view, require_writable=True), off, n, cap))
 
 
@@ -1204,33 +1216,45 @@ def rx_icrc_start(dev, src, size: int, w0: int, qpn: int) -> int:
     return icrc_start(src[0], dev.ip, src[1], dev.port, size, _W0_DQPN.pack(w0, qpn))
 
 
-def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool) -> None:
+def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool, tail: int = 0) -> None:
     """Account for a SEND's FIRST or LAST (``info``, its ``OPCODES`` entry) of ``n``
     bytes that the kernel placed at the ePSN (``receive_edge``), as
     ``receive_common``, ``execute`` and ``_send`` account for it: counted; a
     FIRST takes the receive WQE it was placed in (``take_recv``) and begins the
-    SEND, a LAST ends it, its receive completed (``_send_done``; ``se``: a
-    solicited event, as UCX asks on every message); accepted (``accept``: its
-    ACK queued)."""
+    SEND, a LAST ends it (``_last``, ``tail`` its ImmDt or IETH); accepted
+    (``accept``: its ACK queued)."""
     resp = qp.resp
     dev.counters["rcvd_pkts"] += 1
     psn = resp.epsn
     if info.first:
         resp.wqe = take_recv(dev, qp)
         resp.off = n
+        resp.kind = _SEND_KIND
     else:
         resp.off += n
-    if info.last:
-        _send_done(dev, qp, info, 0, se)
-    else:
-        resp.kind = _SEND_KIND
+        if info.last and not _last(dev, qp, info, psn, tail, se):
+            _executed(dev, qp, info)
+            return
     accept(dev, qp, psn, info.last, ackreq)
     _executed(dev, qp, info)
 
 
-_SEND_FIRST, _SEND_MIDDLE, _SEND_LAST = (int(O.RC_SEND_FIRST), int(O.RC_SEND_MIDDLE),
-                                         int(O.RC_SEND_LAST))
-_FIRST_INFO, _LAST_INFO = OPCODES[O.RC_SEND_FIRST], OPCODES[O.RC_SEND_LAST]
+def _last(dev, qp, info, psn: int, tail: int, se: bool) -> bool:
+    """A SEND's LAST at ``psn``, its bytes placed: the receive completes
+    (``_send_done``, with the immediate or the IETH ``tail``; ``se``: a solicited
+    event, as UCX asks on every message).  False if the IETH's invalidation is
+    refused: the request is then refused as ``execute`` refuses it
+    (``_class_error``: NAK, the receive failed, the QP to ERR)."""
+    try:
+        _send_done(dev, qp, info, tail, se)
+    except _Nak as e:
+        _class_error(dev, qp, psn, e)
+        return False
+    return True
+
+
+_SEND_FIRST, _SEND_MIDDLE = int(O.RC_SEND_FIRST), int(O.RC_SEND_MIDDLE)
+_FIRST_INFO = OPCODES[O.RC_SEND_FIRST]
 #: BTH word 0 of a SEND MIDDLE as ``sn_rx_middles`` takes it: no flag, the default P_Key
 _W0_SEND_MIDDLE = (_SEND_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
 
@@ -1240,7 +1264,8 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
     pass, for a run of datagrams (``seg`` bytes each from ``data[o:]`` on, the
     last maybe shorter, as ``Dispatch.receive_run`` has them) that begins with a
     SEND's FIRST: the FIRST, the MIDDLEs after it and, when the run ends with
-    it, its LAST (no immediate or IETH), each by the kernel function that takes
+    it, its LAST (plain, with an immediate or with an IETH), each by the kernel
+    function that takes
     it alone (``sn_rx_edge``, ``sn_rx_middles``, ``sn_rx_edge``), under those
     functions' conditions.  The QP's (``_common_qp``, nothing held beyond a
     hole, no message under way) and the receive's (posted, one SGE:
@@ -1272,10 +1297,12 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
     view, room = t
     last_at = o + (n - o - 1) // seg * seg  # the run's last datagram: its LAST?
     n_last = lflags = 0
-    if data[last_at] == _SEND_LAST:
+    linfo = _SEND_EDGE_INFO.get(data[last_at])
+    if linfo is not None and linfo.last:
         lflags = data[last_at + 1]
-        n_last = n - last_at - BTH_LEN - ICRC_LEN - ((lflags >> BTH_PAD_SHIFT) & BTH_PAD_MASK)
-        if n_last < 0 or not _size_ok(mtu, _LAST_INFO, n_last):
+        n_last = n - last_at - linfo.hdr_len - ICRC_LEN \
+            - ((lflags >> BTH_PAD_SHIFT) & BTH_PAD_MASK)
+        if n_last < 0 or not _size_ok(mtu, linfo, n_last):
             last_at = 0
     else:
         last_at = 0
@@ -1297,28 +1324,32 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
                           (psn + 1) & PSN_MASK,
                           rx_icrc_start(dev, src, seg, _W0_SEND_MIDDLE, qpn), dst, mtu, room,
                           0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
-    last = False
+    last = tail = 0
     if last_at and last_at == o + (1 + m) * seg:
         size = n - last_at
-        w0 = (_SEND_LAST << BTH_OPCODE_SHIFT) | (lflags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
-        last = bool(lib.sn_rx_edge(buf + last_at, size, w0, qpn, (psn + 1 + m) & PSN_MASK,
-                                   rx_icrc_start(dev, src, size, w0, qpn), False, dst,
-                                   (1 + m) * mtu, n_last, room))
-    took_send_run(dev, qp, bool(w3 & BTH_ACKREQ), m, out, last, n_last,
-                  bool(lflags & BTH_SE))
+        ext = EXT_TAIL if linfo.hdr_len != BTH_LEN else 0
+        w0 = (data[last_at] << BTH_OPCODE_SHIFT) | (lflags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
+        last = lib.sn_rx_edge(buf + last_at, size, w0, qpn, (psn + 1 + m) & PSN_MASK,
+                              rx_icrc_start(dev, src, size, w0, qpn), ext, dst,
+                              (1 + m) * mtu, n_last, room)
+        if last and ext:
+            tail = _I.unpack_from(data, last_at + BTH_LEN)[0]
+    took_send_run(dev, qp, bool(w3 & BTH_ACKREQ), m, out, linfo if last else None, n_last,
+                  bool(lflags & BTH_SE), tail)
     return 1 + m + last
 
 
-def took_send_run(dev, qp, ackreq: bool, m: int, acks, last: bool, n_last: int,
-                  se: bool) -> None:
+def took_send_run(dev, qp, ackreq: bool, m: int, acks, last, n_last: int, se: bool,
+                  tail: int) -> None:
     """Account for a SEND's FIRST (``ackreq``: its AckReq), the ``m`` MIDDLEs
     after it (the AckReqs among them: ``acks[0]`` of them, their indexes from
-    the first MIDDLE in ``acks[1:]``) and, if ``last``, its LAST of ``n_last``
-    bytes (``se``: its SE bit), that the kernel placed in sequence from the
-    ePSN (``receive_send_run``), as ``took_send_edge`` and ``took_middles``
-    account for each."""
+    the first MIDDLE in ``acks[1:]``) and its LAST if ``last`` (its ``OPCODES``
+    entry; None: not taken) of ``n_last`` bytes (``se``: its SE bit; ``tail``
+    its ImmDt or IETH), that the kernel placed in sequence from the ePSN
+    (``receive_send_run``), as ``took_send_edge`` and ``took_middles`` account
+    for each."""
     resp = qp.resp
-    dev.counters["rcvd_pkts"] += 1 + m + last
+    dev.counters["rcvd_pkts"] += 1 + m + (last is not None)
     psn = resp.epsn
     resp.wqe = take_recv(dev, qp)
     mtu = qp.mtu
@@ -1331,12 +1362,12 @@ def took_send_run(dev, qp, ackreq: bool, m: int, acks, last: bool, n_last: int,
         for i in range(1, acks[0] + 1):
             queue_ack(dev, qp, (e + acks[i]) & PSN_MASK)
         accept(dev, qp, (e + m - 1) & PSN_MASK, False, False)
-    if last:
+    if last is not None:
         resp.off += n_last
         psn = resp.epsn
-        _send_done(dev, qp, _LAST_INFO, 0, se)
-        accept(dev, qp, psn, True, True)
-        _executed(dev, qp, _LAST_INFO)
+        if _last(dev, qp, last, psn, tail, se):
+            accept(dev, qp, psn, True, True)
+        _executed(dev, qp, last)
     else:
         _executed(dev, qp, _FIRST_INFO)     # (MIDDLEs to come: a driver may stream them)
 
