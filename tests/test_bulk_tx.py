@@ -115,7 +115,7 @@ def _wqe(c: dict):
 @given(bulk_cases(), st.data())
 def test_bulk_run_is_byte_for_byte_what_build_gives(c, data):
     dev, qp, wqe, payload = _wqe(c)
-    end = wqe.npkts if c["op"] in requester._PLAIN_LAST else wqe.npkts - 1
+    end = requester._run_end(qp, wqe)
     lo = 0 if c["op"] in requester._RUN_FIRST else 1      # a SEND's run may start at its FIRST
     idx = data.draw(st.integers(lo, end - 1) if end > lo else st.just(lo), label="idx")
     if idx >= end:
@@ -401,23 +401,27 @@ def test_a_send_first_leaves_in_its_runs_sendmsg(gather):
     """A SEND's FIRST carries no extended header, so it is the size of its MIDDLEs:
     the device gives it at the head of the run of its MIDDLEs
     (``requester._RUN_FIRST``), the same datagrams on the wire in one ``sendmsg``
-    (GSO): a SEND (its LAST plain, in the run) in one call, a SEND_WITH_IMM in
-    two (its LAST, with the immediate, after the run).  A WRITE's FIRST (its RETH
-    makes it longer) goes alone: two calls.  A SEND's FIRST given alone just
+    (GSO): a SEND (its LAST plain, in the run) in one call, a SEND_WITH_IMM too
+    when its LAST with the immediate is no longer than a MIDDLE, in two when it
+    would be (a LAST of a whole MTU and the immediate: after the run,
+    ``requester._run_end``).  A WRITE's FIRST (its RETH makes it longer) goes
+    alone: two calls.  A SEND's FIRST given alone just
     before the rest of its run (``split``: as a window with room for the FIRST
     only leaves it) still goes in the run's first ``sendmsg`` (``send_runs``)."""
     from softnic import accel
     kern = accel.load() if gather else None
     if gather and kern is None:
         pytest.fail(f"no kernel: {accel.error}")
-    for op, shape, calls, split in ((W.SEND, [3], 1, False), (W.SEND, [2, 3], 1, True),
-                                    (W.SEND_WITH_IMM, [3, 2], 2, False),
-                                    (W.RDMA_WRITE, [2, 3], 2, False)):
+    for op, n, shape, calls, split in ((W.SEND, 8255, [3], 1, False),
+                                       (W.SEND, 8255, [2, 3], 1, True),
+                                       (W.SEND_WITH_IMM, 8255, [3], 1, False),
+                                       (W.SEND_WITH_IMM, 8192, [3, 2], 2, False),
+                                       (W.RDMA_WRITE, 8255, [2, 3], 2, False)):
         p = pair(mtu=1024, trace=False, endpoint_args={"buf_size": 1 << 16})
         if gather:
             p.a.kernel, p.a.tx_gather = kern, True
-        p.ea.buf.view[0:8255] = pattern(8255)
-        p.a.post_send(p.ea.qp, SendWR(1, op, [p.ea.sge(0, 8255)], SendFlags.SIGNALED,
+        p.ea.buf.view[0:n] = pattern(n)
+        p.a.post_send(p.ea.qp, SendWR(1, op, [p.ea.sge(0, n)], SendFlags.SIGNALED,
                                       remote_addr=p.eb.buf.addr, rkey=p.eb.mr.rkey,
                                       imm_data=7))
         items = p.a.datagram_runs(0.0)

@@ -108,7 +108,7 @@ def test_the_kernels_bulk_run_is_the_engines_packets(c, data):
     finally:
         requester.GATHER_ONCE_MAX = bound
     single = not c["cuts"] or once          # one view: one SGE, or a list read once
-    end = wqe.npkts if c["op"] in requester._PLAIN_LAST else wqe.npkts - 1
+    end = requester._run_end(qp, wqe)
     lo = 0 if c["op"] in requester._RUN_FIRST else 1      # a SEND's run may start at its FIRST
     if end <= lo:
         return

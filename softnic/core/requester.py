@@ -45,8 +45,9 @@ _SOLICITED = int(SendFlags.SOLICITED)      # flag bits as plain ints (IntFlag op
 _FENCE = int(SendFlags.FENCE)
 #: the MIDDLE opcode of each WR that a long message carries in MIDDLE packets
 _MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
-#: the LAST opcode of each WR whose LAST packet carries no extended header
-_PLAIN_LAST = {w: int(ops[2]) for w, ops in _OPC.items() if w not in WITH_IMM | WITH_INV}
+#: the LAST opcode of each WR a long message carries, and how many bytes of extended
+#: header follow its BTH (an ImmDt or an IETH: 4; none: 0)
+_LAST = {w: (int(ops[2]), 4 if w in WITH_IMM | WITH_INV else 0) for w, ops in _OPC.items()}
 #: the FIRST opcode of each WR whose FIRST has a MIDDLE's layout (no extended header:
 #: a SEND's), so that a run of MIDDLEs may start at it
 _RUN_FIRST = {w: int(ops[0]) for w, ops in _OPC.items() if w in SENDS}
@@ -280,9 +281,9 @@ def _pack_only(qp, wqe, psn: int, dqpn: int) -> bytearray:
 
 def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearray, int]:
     """Packets ``idx`` .. ``idx + k - 1`` of an RC ``wqe``, MIDDLEs (from a SEND's
-    FIRST on, ``idx`` 0: ``_RUN_FIRST``) and (if it is among them) a LAST without
-    extended header, ICRC and all, one after another in one buffer: ``k``
-    datagrams of ``seg`` bytes each (the LAST may be shorter).  The bytes are those
+    FIRST on, ``idx`` 0: ``_RUN_FIRST``) and (if it is among them: ``_run_end``)
+    its LAST, ICRC and all, one after another in one buffer: ``k`` datagrams of
+    ``seg`` bytes each (the LAST may be shorter).  The bytes are those
     ``_build`` and ``append_icrc`` give packet by packet; the AckReq bits follow
     ``qp.req.pkts_since_ackreq`` as ``generate`` does.
     Returns the buffer and ``seg``."""
@@ -294,7 +295,7 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
     extra = 0
     if has_last:
         n_last = wqe.length - last_idx * mtu
-        extra = BTH_LEN + n_last + (-n_last & 3) + ICRC_LEN
+        extra = BTH_LEN + _LAST[wqe.opcode][1] + n_last + (-n_last & 3) + ICRC_LEN
     psn = (wqe.first_psn + idx) & PSN_MASK
     views = wqe.views
     one = views[0] if len(views) == 1 else None
@@ -308,9 +309,9 @@ def _bulk(dev, qp, wqe, idx: int, k: int, dest, ack_every: int) -> tuple[bytearr
         psn = (psn + nmid) & PSN_MASK
         off += nmid * mtu
         if type(buf) is Gather:
-            buf.last = _plain_last(dev, qp, wqe, psn, off, n_last, dest)
+            buf.last = _run_last(dev, qp, wqe, psn, off, n_last, dest)
         else:
-            _plain_last(dev, qp, wqe, psn, off, n_last, dest, buf, nmid * seg)
+            _run_last(dev, qp, wqe, psn, off, n_last, dest, buf, nmid * seg)
     qp.req.pkts_since_ackreq = s
     return buf, seg
 
@@ -389,20 +390,38 @@ def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, s
     return buf, s
 
 
-def _plain_last(dev, qp, wqe, psn: int, off: int, n: int, dest, buf=None, o: int = 0):
-    """A plain LAST (``n`` bytes of ``wqe``'s payload from ``off``, PSN ``psn``), ICRC
-    and all, into ``buf`` at ``o`` (None: a new buffer, returned).  It asks for an
-    ACK, as every LAST does."""
+def _run_end(qp, wqe) -> int:
+    """Where ``_bulk_run``'s run of ``wqe``'s packets ends: after its LAST if a run
+    may carry it, as a datagram no longer than a MIDDLE's (a segmented send's
+    rule: a plain LAST always, one with an ImmDt or IETH when its payload and
+    pad leave room for those 4 bytes in an MTU), else before it."""
+    tail = _LAST[wqe.opcode][1]
+    if tail:
+        n = wqe.length - (wqe.npkts - 1) * qp.mtu
+        if n + (-n & 3) + tail > qp.mtu:
+            return wqe.npkts - 1
+    return wqe.npkts
+
+
+def _run_last(dev, qp, wqe, psn: int, off: int, n: int, dest, buf=None, o: int = 0):
+    """The LAST of a run (``n`` bytes of ``wqe``'s payload from ``off``, PSN ``psn``,
+    after its ImmDt or IETH if it has one), ICRC and all, into ``buf`` at ``o``
+    (None: a new buffer, returned): the bytes ``_build_rc`` gives for it.  It
+    asks for an ACK, as every LAST does."""
     pad = -n & 3
+    lop, tail = _LAST[wqe.opcode]
     if buf is None:
-        buf = bytearray(BTH_LEN + n + pad + ICRC_LEN)
-    lop = _PLAIN_LAST[wqe.opcode]
+        buf = bytearray(BTH_LEN + tail + n + pad + ICRC_LEN)
     flags = (BTH_SE if int(wqe.flags) & _SOLICITED else 0) | (pad << BTH_PAD_SHIFT)
     dqpn = qp.attr.dest_qp_num & QPN_MASK
     _HDR.pack_into(buf, o, lop, flags, DEFAULT_PKEY, dqpn, BTH_ACKREQ | psn)
-    e = o + BTH_LEN + n
+    h = o + BTH_LEN
+    if tail:
+        _U32.pack_into(buf, h, wqe.inv_rkey if wqe.opcode is W.SEND_WITH_INV else wqe.imm)
+        h += tail
+    e = h + n
     mv = memoryview(buf)
-    mv[o + BTH_LEN:e] = gather(wqe, off, n)
+    mv[h:e] = gather(wqe, off, n)
     e += pad                                                     # zeros
     start = icrc_start(dev.ip, dest[0], dev.port, dest[1], e + ICRC_LEN - o,
                        _HEAD.pack(lop, flags, DEFAULT_PKEY, dqpn))
@@ -731,7 +750,7 @@ def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
     included (``_bulk``), so that they leave in one send of the driver's.  The
     same packets, bytes and bookkeeping as ``_send_packet`` one at a time."""
     idx = wqe.next_pkt
-    end = wqe.npkts if wqe.opcode in _PLAIN_LAST else wqe.npkts - 1
+    end = _run_end(qp, wqe)
     k = min(end - idx, _window_room(qp, psn))
     if k <= 0:
         return False
