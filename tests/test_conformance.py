@@ -333,18 +333,22 @@ def test_read_response_gap_re_requests_from_the_missing_response(rig):
 
 
 @pytest.mark.parametrize('case', ['middle-for-last', 'last-too-soon', 'atomic-ack-for-read',
-                                  'read-response-for-atomic', 'read-response-for-write'])
+                                  'read-response-for-atomic', 'read-response-for-write',
+                                  'read-response-with-a-nak', 'atomic-ack-with-a-nak'])
 def test_unexpected_response_opcode_is_a_bad_response(rig, case):
     """A response at the expected PSN whose opcode cannot answer the request there
     (the IBA's unexpected opcode; datenlord/roce-sim's bad response case is a READ
-    MIDDLE where its LAST is due) completes the WQE with BAD_RESP_ERR and takes the
-    QP to ERR, the WRs behind it flushed."""
+    MIDDLE where its LAST is due), or a READ response or ATOMIC ACKNOWLEDGE whose
+    AETH holds a NAK (a responder NAKs in an ACKNOWLEDGE: this one answers
+    nothing, and its data is not placed), completes the WQE with BAD_RESP_ERR
+    and takes the QP to ERR, the WRs behind it flushed."""
     rig.connect()
     data = bytes(range(256))
-    if case in ('middle-for-last', 'last-too-soon', 'atomic-ack-for-read'):
+    if case in ('middle-for-last', 'last-too-soon', 'atomic-ack-for-read',
+                'read-response-with-a-nak'):
         first = rig.wr(1, e.IBV_WR_RDMA_READ, 0, 1024)
         opcode, wc_opcode = READ_REQUEST, e.IBV_WC_RDMA_READ
-    elif case == 'read-response-for-atomic':
+    elif case in ('read-response-for-atomic', 'atomic-ack-with-a-nak'):
         first = rig.wr(1, e.IBV_WR_ATOMIC_FETCH_AND_ADD, 0, 8, add=1)
         opcode, wc_opcode = FETCH_ADD, e.IBV_WC_FETCH_ADD
     else:
@@ -363,6 +367,10 @@ def test_unexpected_response_opcode_is_a_bad_response(rig, case):
         rig.peer.send(READ_LAST, 1, syndrome=SYN_ACK, msn=1, payload=data)
     elif case == 'atomic-ack-for-read':
         rig.peer.send(ATOMIC_ACK, 0, syndrome=SYN_ACK, msn=1, orig=7)
+    elif case == 'read-response-with-a-nak':
+        rig.peer.send(READ_FIRST, 0, syndrome=NAK_REM_ACCESS, msn=1, payload=data)
+    elif case == 'atomic-ack-with-a-nak':
+        rig.peer.send(ATOMIC_ACK, 0, syndrome=NAK_REM_ACCESS, msn=1, orig=7)
     else:
         rig.peer.send(READ_ONLY, 0, syndrome=SYN_ACK, msn=1, payload=data[:64])
     got = poll(rig.side.cq, 2)
@@ -372,6 +380,8 @@ def test_unexpected_response_opcode_is_a_bad_response(rig, case):
     assert rig.qp_state == e.IBV_QPS_ERR
     assert rig.peer.quiet(0.1) == []
     assert rig.counter('rcvd_bad_response') == 1
+    if case == 'read-response-with-a-nak':      # a FIRST of its place's length: not placed
+        assert rig.side.mr.read(256, 0) != data
 
 
 def test_an_ack_where_a_read_response_is_due_does_not_complete_the_read(rig):

@@ -145,7 +145,14 @@ def receive(dev, qp, pkt, now: float) -> None:
         return
     i = requester._find(qp, psn)
     wqe = qp.sq[i] if i is not None else None
-    if _RESPONSES[kind](dev, qp, pkt, psn, wqe, now, before):
+    if kind is not Kind.ACK and code != AethCode.ACK:
+        # a READ response or ATOMIC ACKNOWLEDGE whose AETH is an RNR NAK or a NAK: a
+        # responder says those in an ACKNOWLEDGE, so this one answers nothing (rxe's
+        # check_ack takes it for an error too)
+        ok = _bad_response(dev, qp, wqe)
+    else:
+        ok = _RESPONSES[kind](dev, qp, pkt, psn, wqe, now, before)
+    if ok:
         _progress(dev, qp, before, now)
 
 
