@@ -1,6 +1,6 @@
 """The requester's bulk path and the cached ICRC states.
 
-``requester._bulk`` builds a run of MIDDLE packets (and a plain LAST) into one
+``requester._bulk`` builds a run of MIDDLE packets (and a LAST) into one
 buffer with their ICRCs; a resend takes ``requester._build`` and
 ``append_icrc`` packet by packet, so the two must give the same bytes.
 ``icrc_start`` caches the CRC over the pseudo header and the BTH's first 8

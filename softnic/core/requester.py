@@ -445,7 +445,7 @@ class Gather:
     """A run ``_bulk`` left in registered memory for a driver that gathers
     (``Device.tx_gather``): ``count`` MIDDLEs, each its BTH and ICRC (16 bytes
     of ``heads``: the kernel's ``sn_tx_heads``) around its MTU of ``src``, then
-    ``last`` (a plain LAST, built whole) if not None.  ``flatten()`` is the run
+    ``last`` (its LAST, built whole by ``_run_last``) if not None.  ``flatten()`` is the run
     laid end to end, the bytes ``_bulk`` builds without it."""
 
     __slots__ = ("heads", "src", "mtu", "count", "last")
@@ -745,8 +745,8 @@ def _may_start(qp, wqe, rc: bool) -> bool:
 
 
 def _bulk_run(dev, qp, wqe, psn: int, dest, ack_every: int, out: list) -> bool:
-    """The bulk of a long message: its MIDDLEs (a SEND's from its FIRST on) and a
-    plain LAST that the window admits, built in one pass into one buffer, ICRCs
+    """The bulk of a long message: its MIDDLEs (a SEND's from its FIRST on) and
+    its LAST (``_run_end``) that the window admits, built in one pass into one buffer, ICRCs
     included (``_bulk``), so that they leave in one send of the driver's.  The
     same packets, bytes and bookkeeping as ``_send_packet`` one at a time."""
     idx = wqe.next_pkt
