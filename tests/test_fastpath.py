@@ -491,10 +491,10 @@ def test_a_reads_responses_out_of_order_go_the_general_way_with_the_same_result(
     assert got[0] == got[1]
 
 
-
 def _coalesced(fast: bool, read: str, monkeypatch=None, taken=None) -> dict:
     """Four WRITEs and SENDs (one, two, three and one packets; ``read`` "answered"
-    or "lost": a READ after the second, its response delivered or lost) posted
+    or "lost": a READ after the second, its response delivered or lost; "": no
+    READ) posted
     at once and delivered, the responder's ACKs coalesced (a later plain ACK
     covers an earlier one), then its answers delivered: what the requester
     makes of them."""
