@@ -1200,13 +1200,21 @@ def kernel_edge(dev, data, src, op: int, flags: int, qpn: int, psn: int, ext: in
     response's) or an ImmDt or IETH (``EXT_TAIL``); its ``n`` bytes of payload
     go to ``view[off:]``, none past ``cap``.  True if the kernel took it
     (responder.receive_edge, completer.receive_edge)."""
-    kern = dev.kernel
-    ffi = kern.ffi
-    size = len(data)
+    ffi = dev.kernel.ffi
+    return edge_at(dev, ffi.from_buffer(data), len(data), src, op, flags, qpn, psn, ext,
+                   ffi.from_buffer(view, require_writable=True), off, n, cap)
+
+
+def edge_at(dev, p, size: int, src, op: int, flags: int, qpn: int, psn: int, ext: int, dst,
+            off: int, n: int, cap: int) -> bool:
+    """``kernel_edge`` on the ``size`` bytes of a datagram at the kernel's pointer
+    ``p`` into the memory at its pointer ``dst`` (``receive_send_run`` makes
+    each pointer once for a run): BTH word 0 from ``op`` and ``flags``, the ICRC
+    state for them (``rx_icrc_start``), ``sn_rx_edge``."""
     w0 = (op << BTH_OPCODE_SHIFT) | (flags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
-    return bool(kern.lib.sn_rx_edge(ffi.from_buffer(data), size, w0, qpn, psn,
-                                    rx_icrc_start(dev, src, size, w0, qpn), ext,
-                                    ffi.from_buffer(view, require_writable=True), off, n, cap))
+    return bool(dev.kernel.lib.sn_rx_edge(p, size, w0, qpn, psn,
+                                          rx_icrc_start(dev, src, size, w0, qpn), ext, dst,
+                                          off, n, cap))
 
 
 def rx_icrc_start(dev, src, size: int, w0: int, qpn: int) -> int:
@@ -1265,9 +1273,9 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
     last maybe shorter, as ``Dispatch.receive_run`` has them) that begins with a
     SEND's FIRST: the FIRST, the MIDDLEs after it and, when the run ends with
     it, its LAST (plain, with an immediate or with an IETH), each by the kernel
-    function that takes
-    it alone (``sn_rx_edge``, ``sn_rx_middles``, ``sn_rx_edge``), under those
-    functions' conditions.  The QP's (``_common_qp``, nothing held beyond a
+    function that takes it alone (``sn_rx_edge`` by ``edge_at``,
+    ``sn_rx_middles``, ``sn_rx_edge`` again), under those functions'
+    conditions.  The QP's (``_common_qp``, nothing held beyond a
     hole, no message under way) and the receive's (posted, one SGE:
     ``recv_target``) are checked once for them all; the packets' in the kernel
     (the LAST's size first here, as ``receive_edge`` checks it).  An eager
@@ -1311,10 +1319,8 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
     qpn, psn = qp.qpn, qp.resp.epsn
     buf = ffi.from_buffer(data)
     dst = ffi.from_buffer(view, require_writable=True)
-    se = flags & BTH_SE
-    w0 = (_SEND_FIRST << BTH_OPCODE_SHIFT) | ((se | pad) << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
-    if not lib.sn_rx_edge(buf + o, seg, w0, qpn, psn, rx_icrc_start(dev, src, seg, w0, qpn),
-                          False, dst, 0, mtu, room):
+    if not edge_at(dev, buf + o, seg, src, _SEND_FIRST, (flags & BTH_SE) | pad << BTH_PAD_SHIFT,
+                   qpn, psn, 0, dst, 0, mtu, room):
         return 0
     acks = dev._rx_acks
     if acks is None or acks[0] is not ffi:
@@ -1326,12 +1332,9 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
                           0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
     last = tail = 0
     if last_at and last_at == o + (1 + m) * seg:
-        size = n - last_at
         ext = EXT_TAIL if linfo.hdr_len != BTH_LEN else 0
-        w0 = (data[last_at] << BTH_OPCODE_SHIFT) | (lflags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
-        last = lib.sn_rx_edge(buf + last_at, size, w0, qpn, (psn + 1 + m) & PSN_MASK,
-                              rx_icrc_start(dev, src, size, w0, qpn), ext, dst,
-                              (1 + m) * mtu, n_last, room)
+        last = edge_at(dev, buf + last_at, n - last_at, src, data[last_at], lflags, qpn,
+                       (psn + 1 + m) & PSN_MASK, ext, dst, (1 + m) * mtu, n_last, room)
         if last and ext:
             tail = _I.unpack_from(data, last_at + BTH_LEN)[0]
     took_send_run(dev, qp, bool(w3 & BTH_ACKREQ), m, out, linfo if last else None, n_last,
@@ -1369,7 +1372,7 @@ def took_send_run(dev, qp, ackreq: bool, m: int, acks, last, n_last: int, se: bo
             accept(dev, qp, psn, True, True)
         _executed(dev, qp, last)
     else:
-        _executed(dev, qp, _FIRST_INFO)     # (MIDDLEs to come: a driver may stream them)
+        _executed(dev, qp, _FIRST_INFO)     # (the SEND under way: a driver may stream it)
 
 
 def _chain_target(dev, qp, psn: int):
