@@ -224,6 +224,7 @@ int sn_rx_edge(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t 
                uint64_t cap)
 {
     uint64_t pad = (0 - len) & 3;
+    /* (an IETH is as long as an ImmDt) */
     size_t hdr = BTH_LEN + (ext == EXT_AETH ? AETH_LEN : ext == EXT_TAIL ? IMMDT_LEN : 0);
     uint32_t w2, w3;
     if ((ext != 0 && ext != EXT_AETH && ext != EXT_TAIL) || n < hdr + ICRC_LEN

@@ -13,5 +13,4 @@
 #define ATOMICACKETH_LEN 8         /* softnic.wire.roce.ATOMICACKETH_LEN */
 #define AETH_LEN 4                 /* softnic.wire.roce.AETH_LEN */
 #define IMMDT_LEN 4                /* softnic.wire.roce.IMMDT_LEN */
-#define IETH_LEN 4                 /* softnic.wire.roce.IETH_LEN */
 #define MSN_MASK 0xFFFFFFu         /* softnic.wire.roce.MSN_MASK */

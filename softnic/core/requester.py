@@ -30,7 +30,7 @@ from ..wire.icrc import crc32, icrc_start
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
 from ..wire.roce import BTH_ACKREQ, BTH_FMT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_SHIFT, \
     BTH_RETH_STRUCT, BTH_SE, BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, OPCODES, QPN_MASK, \
-    RETH_LEN, Opcode as O, encode, encode_middle
+    IETH_LEN, IMMDT_LEN, RETH_LEN, Opcode as O, encode, encode_middle
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
 from .wr_opcode import ATOMICS, SEGMENTED, SENDS, WITH_IMM, WITH_INV, WRITES, only_opcode
 from .memory import AccessError
@@ -47,7 +47,8 @@ _FENCE = int(SendFlags.FENCE)
 _MIDDLE = {w: int(ops[1]) for w, ops in _OPC.items()}
 #: the LAST opcode of each WR a long message carries, and how many bytes of extended
 #: header follow its BTH (an ImmDt or an IETH: 4; none: 0)
-_LAST = {w: (int(ops[2]), 4 if w in WITH_IMM | WITH_INV else 0) for w, ops in _OPC.items()}
+_LAST = {w: (int(ops[2]), IMMDT_LEN if w in WITH_IMM else IETH_LEN if w in WITH_INV else 0)
+         for w, ops in _OPC.items()}
 #: the FIRST opcode of each WR whose FIRST has a MIDDLE's layout (no extended header:
 #: a SEND's), so that a run of MIDDLEs may start at it
 _RUN_FIRST = {w: int(ops[0]) for w, ops in _OPC.items() if w in SENDS}

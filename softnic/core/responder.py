@@ -1231,20 +1231,33 @@ def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool, tail: int = 0)
     FIRST takes the receive WQE it was placed in (``take_recv``) and begins the
     SEND, a LAST ends it (``_last``, ``tail`` its ImmDt or IETH); accepted
     (``accept``: its ACK queued)."""
+    if info.first:
+        _first_taken(dev, qp, n, ackreq)
+    else:
+        _last_taken(dev, qp, info, n, ackreq, se, tail)
+    _executed(dev, qp, info)
+
+
+def _first_taken(dev, qp, n: int, ackreq: bool) -> None:
+    """A SEND's FIRST of ``n`` bytes placed at the ePSN in the first receive WQE
+    posted: counted, that WQE taken (``take_recv``), the SEND begun, accepted."""
     resp = qp.resp
     dev.counters["rcvd_pkts"] += 1
+    resp.wqe = take_recv(dev, qp)
+    resp.off = n
+    resp.kind = _SEND_KIND
+    accept(dev, qp, resp.epsn, False, ackreq)
+
+
+def _last_taken(dev, qp, info, n: int, ackreq: bool, se: bool, tail: int) -> None:
+    """A SEND's LAST (``info``) of ``n`` bytes placed at the ePSN: counted, the SEND
+    ended (``_last``) and, unless that refused it, accepted."""
+    resp = qp.resp
+    dev.counters["rcvd_pkts"] += 1
+    resp.off += n
     psn = resp.epsn
-    if info.first:
-        resp.wqe = take_recv(dev, qp)
-        resp.off = n
-        resp.kind = _SEND_KIND
-    else:
-        resp.off += n
-        if info.last and not _last(dev, qp, info, psn, tail, se):
-            _executed(dev, qp, info)
-            return
-    accept(dev, qp, psn, info.last, ackreq)
-    _executed(dev, qp, info)
+    if _last(dev, qp, info, psn, tail, se):
+        accept(dev, qp, psn, True, ackreq)
 
 
 def _last(dev, qp, info, psn: int, tail: int, se: bool) -> bool:
@@ -1314,22 +1327,16 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
             last_at = 0
     else:
         last_at = 0
-    kern = dev.kernel
-    ffi, lib = kern.ffi, kern.lib
+    ffi = dev.kernel.ffi
     qpn, psn = qp.qpn, qp.resp.epsn
     buf = ffi.from_buffer(data)
     dst = ffi.from_buffer(view, require_writable=True)
     if not edge_at(dev, buf + o, seg, src, _SEND_FIRST, (flags & BTH_SE) | pad << BTH_PAD_SHIFT,
                    qpn, psn, 0, dst, 0, mtu, room):
         return 0
-    acks = dev._rx_acks
-    if acks is None or acks[0] is not ffi:
-        acks = dev._rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
-    out = acks[1]
-    m = lib.sn_rx_middles(buf, last_at or n, o + seg, seg, _W0_SEND_MIDDLE, qpn,
-                          (psn + 1) & PSN_MASK,
-                          rx_icrc_start(dev, src, seg, _W0_SEND_MIDDLE, qpn), dst, mtu, room,
-                          0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
+    m, out = middles_at(dev, buf, last_at or n, o + seg, seg, _W0_SEND_MIDDLE, qpn,
+                        (psn + 1) & PSN_MASK, rx_icrc_start(dev, src, seg, _W0_SEND_MIDDLE, qpn),
+                        dst, mtu, room)
     last = tail = 0
     if last_at and last_at == o + (1 + m) * seg:
         ext = EXT_TAIL if linfo.hdr_len != BTH_LEN else 0
@@ -1349,27 +1356,14 @@ def took_send_run(dev, qp, ackreq: bool, m: int, acks, last, n_last: int, se: bo
     the first MIDDLE in ``acks[1:]``) and its LAST if ``last`` (its ``OPCODES``
     entry; None: not taken) of ``n_last`` bytes (``se``: its SE bit; ``tail``
     its ImmDt or IETH), that the kernel placed in sequence from the ePSN
-    (``receive_send_run``), as ``took_send_edge`` and ``took_middles`` account
-    for each."""
-    resp = qp.resp
-    dev.counters["rcvd_pkts"] += 1 + m + (last is not None)
-    psn = resp.epsn
-    resp.wqe = take_recv(dev, qp)
-    mtu = qp.mtu
-    resp.off = mtu
-    resp.kind = _SEND_KIND
-    accept(dev, qp, psn, False, ackreq)
+    (``receive_send_run``), by the functions ``took_send_edge`` and
+    ``took_middles`` account for each with; ``_executed`` once, after the
+    last."""
+    _first_taken(dev, qp, qp.mtu, ackreq)
     if m:
-        resp.off += m * mtu
-        e = resp.epsn
-        for i in range(1, acks[0] + 1):
-            queue_ack(dev, qp, (e + acks[i]) & PSN_MASK)
-        accept(dev, qp, (e + m - 1) & PSN_MASK, False, False)
+        took_middles(dev, qp, m, acks, 1, acks[0])
     if last is not None:
-        resp.off += n_last
-        psn = resp.epsn
-        if _last(dev, qp, last, psn, tail, se):
-            accept(dev, qp, psn, True, True)
+        _last_taken(dev, qp, last, n_last, True, se, tail)     # (a LAST is ACKed anyway)
         _executed(dev, qp, last)
     else:
         _executed(dev, qp, _FIRST_INFO)     # (the SEND under way: a driver may stream it)
@@ -1528,17 +1522,26 @@ def kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: in
     """``sn_rx_middles`` on the run at ``data[o:]``: the MIDDLEs of ``qp`` from PSN
     ``psn`` on, placed at ``view[off:]`` up to ``room``.  Returns how many it took
     and the AckReqs' array (their count, then their indexes from the first)."""
-    kern = dev.kernel
-    ffi = kern.ffi
+    ffi = dev.kernel.ffi
+    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
+    return middles_at(dev, ffi.from_buffer(data), len(data), o, seg,
+                      int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn, start,
+                      ffi.from_buffer(view, require_writable=True), off, room)
+
+
+def middles_at(dev, p, n: int, o: int, seg: int, w0: int, qpn: int, psn: int, start: int,
+               dst, off: int, room: int):
+    """``kernel_middles`` on the ``n`` bytes of a run at the kernel's pointer ``p``
+    into the memory at its pointer ``dst``, the MIDDLEs' BTH word 0 ``w0`` and
+    ICRC state ``start`` given (``receive_send_run`` makes its pointers once for
+    a run): ``sn_rx_middles`` and the device's array of the AckReqs it reports."""
+    ffi = dev.kernel.ffi
     acks = dev._rx_acks
     if acks is None or acks[0] is not ffi:
         acks = dev._rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
     out = acks[1]
-    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
-    k = kern.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg,
-                               int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn,
-                               start, ffi.from_buffer(view, require_writable=True),
-                               off, room, 0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
+    k = dev.kernel.lib.sn_rx_middles(p, n, o, seg, w0, qpn, psn, start, dst, off, room,
+                                     0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
     return k, out
 
 
