@@ -114,11 +114,16 @@ PROGRESS_SPIN_PKTS = 2
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
 GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "no", "off", "false")
-#: Receive a stream of a SEND's or WRITE's MIDDLEs run after run in the compiled
-#: kernel (``_rx_stream``); ``SOFTNIC_RX_STREAM=0``: each run through the engine.
+#: Receive a stream of a SEND's or WRITE's MIDDLEs, or of a READ's RESPONSE
+#: MIDDLEs, run after run in the compiled kernel (``_rx_stream``);
+#: ``SOFTNIC_RX_STREAM=0``: each run through the engine.
 RX_STREAM = os.environ.get("SOFTNIC_RX_STREAM", "1").strip().lower() not in ("0", "no", "off",
                                                                              "false")
 _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may take
+#: receives a caller's inline step may take of its own READ's RESPONSE MIDDLEs that
+#: wait, once it took the first of them: GRO runs of about 60 KiB, so 4 MiB at most
+#: (``_step``)
+_READ_STREAM_RUNS = 64
 #: Answer a peer's READs of one packet and ATOMICs in the compiled kernel as they
 #: arrive (``_rx_answers``); ``SOFTNIC_RX_ANSWERS=0``: each through the engine.
 RX_ANSWERS = os.environ.get("SOFTNIC_RX_ANSWERS", "1").strip().lower() not in (
@@ -131,6 +136,7 @@ _ANSWERS_MAX = 256
 #: ``reads``)
 _READ_MORE = frozenset({int(_Op.RC_RDMA_READ_RESPONSE_FIRST),
                         int(_Op.RC_RDMA_READ_RESPONSE_MIDDLE)})
+_READ_MIDDLE = int(_Op.RC_RDMA_READ_RESPONSE_MIDDLE)
 _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
@@ -424,7 +430,8 @@ class NIC(SharedDevice):
                 rx = (k.ffi.from_buffer(self.sock.rx_buffer, require_writable=True),
                       len(self.sock.rx_buffer))
                 if RX_STREAM:
-                    # the progress thread's receive of a stream of MIDDLEs (_rx_stream)
+                    # the receive of a stream of MIDDLEs (_rx_stream): the progress
+                    # thread's, and a caller's inline step's of its own READ's responses
                     self._stream = (k.lib, k.ffi, *rx,
                                     k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
                                     k.ffi.new("uint32_t[10]"))
@@ -973,6 +980,13 @@ class NIC(SharedDevice):
         was a READ's responses before its LAST and none made a completion
         (``NIC.poll``'s).
 
+        A run of RESPONSE MIDDLEs that leaves more of its READ to come
+        (``dev.stream_qp``) is followed, in an inline step too, by the rest of
+        them that wait, in the kernel (``_rx_stream``, up to ``_READ_STREAM_RUNS``
+        receives), and by what stops them (the READ's LAST, the engine's): the
+        caller waits for that READ, which makes no output until it completes,
+        and each run costs it an entry of the engine and of its poll otherwise.
+
         ``inline`` (a spinning caller's step): receive ``runs`` datagrams (or
         coalesced runs) at most, and leave what they produced, typically the ACK
         of a peer's request, for the caller's next call.  The caller looks at its
@@ -1036,7 +1050,8 @@ class NIC(SharedDevice):
                 for data, src, seg in self.sock.recv_runs(limit, ready):
                     n += 1
                     did = True
-                    answers = answers and bool(data) and data[0] in _RESPONSES
+                    op = data[0] if data else -1
+                    answers = answers and op in _RESPONSES
                     rx(data, seg, src, now)
                     got += len(data)
                     if got >= self._ack_bytes and dev.has_output and not inline:
@@ -1046,6 +1061,13 @@ class NIC(SharedDevice):
                         self._flush(now)
                     if stream and dev.stream_qp is not None:
                         switch = True       # a message's MIDDLEs in order: the kernel's
+                        break
+                    if inline and op == _READ_MIDDLE and dev.stream_qp is not None \
+                            and self._stream is not None:
+                        # the caller's own READ: the rest of its MIDDLEs, the kernel's
+                        s_did, s_answers, _, _ = self._rx_stream(now, _READ_STREAM_RUNS,
+                                                                 responses=True)
+                        answers = answers and s_answers
                         break
                     if reads and (not data or data[0] not in _READ_MORE
                                   or dev.cqes_posted != cqes):
@@ -1105,13 +1127,15 @@ class NIC(SharedDevice):
             self._notify()
         return did
 
-    def _rx_stream(self, now: float, limit: int) -> tuple[bool, bool, int, bool]:
+    def _rx_stream(self, now: float, limit: int,
+                   responses: bool = False) -> tuple[bool, bool, int, bool]:
         """The progress thread's receive while a QP takes a SEND's or WRITE's MIDDLEs,
         in order or (a WRITE's) beyond a hole, or its READ's RESPONSE MIDDLEs
         (``Device.stream_target``): ``sn_rx_stream`` receives and places run
         after run, the engine accounting for them after each call (the stream's
         ``took``), and takes the run that stopped it, if any, as ``_step`` takes
-        every run.  Returns (did anything arrive, did only responses
+        every run.  ``responses``: a READ's only (an inline step's, for its
+        caller's READ).  Returns (did anything arrive, did only responses
         arrive, receives used of ``limit``, did it stop because nothing waits)."""
         lib, ffi, rxptr, cap, acks, out = self._stream
         dev = self.dev
@@ -1123,6 +1147,8 @@ class NIC(SharedDevice):
             if t is None:
                 break
             qp, seg, w0, start, psn, view, off, room, took, kind = t
+            if responses and kind is not StreamKind.RESPONSES:
+                break
             ip, port = qp.dest
             k = lib.sn_rx_stream(fd, rxptr, cap, _ip_u32(ip), port, w0, qp.qpn, psn, start,
                                  seg, ffi.from_buffer(view, require_writable=True),
