@@ -25,11 +25,13 @@ from hypothesis import given, note, settings, strategies as st
 
 from softnic import accel
 from softnic.core import requester, responder
+from softnic.core.dispatch import StreamKind
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
 from softnic.experiments.rig import connect
 from softnic.wire.icrc import append_icrc
+from softnic.wire.psn import PSN_MASK
 from softnic.wire.roce import BTH_LEN
 
 from test_bulk_tx import bulk_cases, _wqe
@@ -455,6 +457,27 @@ def _read_responses(kern, n: int = 3 * 1024 + 100, sges: int = 1):
         b.receive_datagram(d, a.address, 0.0)
     resp = [d for d, _ in b.datagrams_to_send(0.0)]
     return a, b, ea, eb, (resp[0], b"".join(resp[1:-1]), resp[-1])
+
+
+@pytest.mark.parametrize("n", [1024 + 100, 2 * 1024, 2 * 1024 + 1, 3 * 1024 + 100])
+def test_a_reads_first_names_its_qp_for_a_stream_when_middles_follow(n):
+    """The kernel's READ FIRST (``completer.receive_edge``) names its QP the one a
+    driver may stream (``dev.stream_qp``, ``Dispatch.stream_target``, as a
+    SEND's or WRITE's FIRST does) when MIDDLEs follow it; a READ of two packets
+    (a FIRST and a LAST) names none.  The stream then starts at the PSN after the
+    FIRST, its bytes at the MTU's offset."""
+    a, b, ea, eb, (first, mids, last) = _read_responses(Counting(kernel()), n)
+    assert a.stream_qp is None
+    a.receive_run(first, 0, b.address, 0.0)
+    assert a.counters["rcvd_pkts"] == 1
+    if n <= 2 * 1024:
+        assert a.stream_qp is None and a.stream_target() is None
+        return
+    assert a.stream_qp is ea.qp
+    t = a.stream_target()
+    assert t is not None and t.kind is StreamKind.RESPONSES
+    assert (t.psn, t.off, t.room) == ((ea.qp.comp.acked_psn + 1) & PSN_MASK, 1024,
+                                      (-(-n // 1024) - 1) * 1024)
 
 
 @pytest.mark.parametrize("change", ["icrc", "nak", "psn", "length", "two_sges"])

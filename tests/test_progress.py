@@ -858,16 +858,21 @@ def test_the_passive_side_of_reads_spins_the_side_that_polls_does_not(spin, monk
 def test_a_poll_takes_a_reads_burst_in_one_call_and_stops_at_a_request():
     """``NIC.poll(runs, reads=True)`` (pyverbs' CQ poll): a READ's FIRST, MIDDLE and
     LAST waiting on the socket are taken in one call, which then holds the READ's
-    completion; one receive takes the FIRST alone.  Two WRITEs of the peer's
-    waiting: the call takes the first and leaves the second (a program may spin on
-    memory for a request).  The test holds a's lock throughout, so a's progress
-    thread (woken by the bell a new timer rings) cannot take them first."""
+    completion.  Without ``reads`` one receive takes the FIRST alone, unless the
+    kernel streams the MIDDLEs after it (``_rx_stream``: then the MIDDLE and the
+    LAST that stops the stream too).  Two WRITEs of the peer's waiting: the call
+    takes the first and leaves the second (a program may spin on memory for a
+    request).  The test holds a's lock throughout, so a's progress thread (woken
+    by the bell a new timer rings) cannot take them first."""
     _waiter()
     a, b = _nics()
+    stream = a._stream
+    assert stream is not None
     try:
         ea, eb = _pair(a, b, timeout=20)
         eb.buf.view[0:3000] = bytes(range(250)) * 12
-        for reads in (False, True):
+        for reads, streams in ((False, False), (False, True), (True, False)):
+            a._stream = stream if streams else None
             with a.lock:
                 sent = b.counters["sent_pkts"]
                 a.call(a.dev.post_send, ea.qp, SendWR(1, W.RDMA_READ, [ea.sge(0, 3000)],
@@ -882,12 +887,13 @@ def test_a_poll_takes_a_reads_burst_in_one_call_and_stops_at_a_request():
                     a.poll()                              # one receive
                 took = a.counters["rcvd_pkts"] - before
                 got = a.call(a.dev.poll_cq, ea.send_cq, 4)
-            if reads:
+            if reads or streams:
                 assert took == 3 and len(got) == 1 and got[0].status == 0
                 assert bytes(ea.buf.view[0:3000]) == bytes(eb.buf.view[0:3000])
             else:
                 assert took == 1 and got == []
                 _until(lambda: a.poll() or a.call(a.dev.poll_cq, ea.send_cq, 4))
+        a._stream = stream
         with a.lock:
             sent = b.counters["sent_pkts"]
             for n in (8, 16):         # two WRITEs of b's into a (of two sizes: two receives)

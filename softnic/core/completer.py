@@ -397,7 +397,8 @@ def receive_edge(dev, data, src, now: float) -> bool:
     beyond a hole, the payload the place expects), each packet's in the kernel
     (BTH word 0, the QP, FECN/BECN, the PSN, an AETH of ACK, the length, the
     ICRC).  Taken, it is accounted for as those two functions account for it
-    (``took_responses``).  ``data`` is the datagram, maybe a view of the driver's
+    (``took_responses``); a FIRST with MIDDLEs to come names its QP the one a
+    driver may stream (``dev.stream_qp``), as ``receive_middles`` does.  ``data`` is the datagram, maybe a view of the driver's
     receive buffer (copied into memory at once).  False: nothing changed."""
     if len(data) < _ACK_LEN:
         return False
@@ -422,6 +423,8 @@ def receive_edge(dev, data, src, now: float) -> bool:
                                  expected, responder.EXT_AETH, view, off, n, len(view)):
         return False
     took_responses(dev, qp, 1, now, w if last else None)
+    if not last and w.npkts > 2:
+        dev.stream_qp = qp      # its MIDDLEs to come: a driver may stream them
     return True
 
 

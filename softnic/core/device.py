@@ -156,7 +156,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         self.kernel = None
         self._rx_acks = None             # (ffi, uint32_t[]): the kernel's AckReqs of a run
         #: the QP whose MIDDLEs (a SEND's, a WRITE's, its READ's responses) the kernel
-        #: took last (``stream_target``)
+        #: took last, or the FIRST before them (``stream_target``)
         self.stream_qp = None
         #: the QP that answered a READ of one packet or an ATOMIC last: a driver's
         #: kernel may answer the next ones like it (``answer_target``)

@@ -121,8 +121,8 @@ RX_STREAM = os.environ.get("SOFTNIC_RX_STREAM", "1").strip().lower() not in ("0"
                                                                              "false")
 _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may take
 #: receives a caller's inline step may take of its own READ's RESPONSE MIDDLEs that
-#: wait, once it took the first of them: GRO runs of about 60 KiB, so 4 MiB at most
-#: (``_step``)
+#: wait, once it took the READ's FIRST or a run of them: GRO runs of about 60 KiB,
+#: so 4 MiB at most (``_step``)
 _READ_STREAM_RUNS = 64
 #: Answer a peer's READs of one packet and ATOMICs in the compiled kernel as they
 #: arrive (``_rx_answers``); ``SOFTNIC_RX_ANSWERS=0``: each through the engine.
@@ -133,10 +133,9 @@ RX_ANSWERS = os.environ.get("SOFTNIC_RX_ANSWERS", "1").strip().lower() not in (
 _ANSWER_MAX = BTH_LEN + AETH_LEN + mtu_bytes(MTU.MTU_4096) + ICRC_LEN
 _ANSWERS_MAX = 256
 #: a READ's responses before its LAST: more of the same burst follow (``NIC.poll``'s
-#: ``reads``)
+#: ``reads``; an inline step's stream of them, ``_step``)
 _READ_MORE = frozenset({int(_Op.RC_RDMA_READ_RESPONSE_FIRST),
                         int(_Op.RC_RDMA_READ_RESPONSE_MIDDLE)})
-_READ_MIDDLE = int(_Op.RC_RDMA_READ_RESPONSE_MIDDLE)
 _NEVER = float("inf")
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
@@ -980,12 +979,13 @@ class NIC(SharedDevice):
         was a READ's responses before its LAST and none made a completion
         (``NIC.poll``'s).
 
-        A run of RESPONSE MIDDLEs that leaves more of its READ to come
-        (``dev.stream_qp``) is followed, in an inline step too, by the rest of
-        them that wait, in the kernel (``_rx_stream``, up to ``_READ_STREAM_RUNS``
-        receives), and by what stops them (the READ's LAST, the engine's): the
-        caller waits for that READ, which makes no output until it completes,
-        and each run costs it an entry of the engine and of its poll otherwise.
+        A READ's RESPONSE FIRST, or a run of its MIDDLEs, that leaves more
+        MIDDLEs to come (``dev.stream_qp``) is followed, in an inline step too,
+        by the rest of them that wait, in the kernel (``_rx_stream``, up to
+        ``_READ_STREAM_RUNS`` receives), and by what stops them (the READ's
+        LAST, the engine's): the caller waits for that READ, which makes no
+        output until it completes, and each run costs it an entry of the engine
+        and of its poll otherwise.
 
         ``inline`` (a spinning caller's step): receive ``runs`` datagrams (or
         coalesced runs) at most, and leave what they produced, typically the ACK
@@ -1062,7 +1062,7 @@ class NIC(SharedDevice):
                     if stream and dev.stream_qp is not None:
                         switch = True       # a message's MIDDLEs in order: the kernel's
                         break
-                    if inline and op == _READ_MIDDLE and dev.stream_qp is not None \
+                    if inline and op in _READ_MORE and dev.stream_qp is not None \
                             and self._stream is not None:
                         # the caller's own READ: the rest of its MIDDLEs, the kernel's
                         s_did, s_answers, _, _ = self._rx_stream(now, _READ_STREAM_RUNS,
