@@ -157,11 +157,17 @@ def test_a_stream_taken_by_the_kernel_sends_its_ack_before_the_last_run():
 
 
 
-def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel():
+@pytest.mark.parametrize("step", ["thread", "poll1", "poll2"])
+def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel(step):
     """A long READ's RESPONSE MIDDLEs, sent as a NIC sends them (the responder's
-    run, GSO), are taken by the requester's progress thread run after run in the
-    kernel (``sn_rx_stream``, ``completer.stream_target``): every byte lands in
-    the READ's SGE and the READ completes."""
+    run, GSO), are taken by the requester run after run in the kernel
+    (``sn_rx_stream``, ``completer.stream_target``): every byte lands in the
+    READ's SGE and the READ completes in one step.  ``thread``: the progress
+    thread's step; ``poll1``/``poll2``: the inline step of a program polling
+    its CQ for the READ (``NIC.poll``), which takes the FIRST as it takes any
+    run and then streams the MIDDLEs that wait and the LAST that ends them,
+    whatever number of runs it may take (the C face's ``ibv_poll_cq`` asks for
+    two)."""
     from softnic import accel
     if accel.load() is None:
         pytest.fail(f"no kernel: {accel.error}")
@@ -172,7 +178,7 @@ def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel():
     try:
         assert b._stream is not None
         n = 128 * 4096
-        with b.lock:
+        with b.lock:            # (b's progress thread waits: this step takes them)
             ea, eb = endpoint(a, buf_size=1 << 20), endpoint(b.dev, buf_size=1 << 20)
             bring_up(ea, eb, mtu=4096)
             bring_up(eb, ea, mtu=4096)
@@ -185,46 +191,10 @@ def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel():
             assert any(len(i) > 2 for i in items), "the responses were not built as a run"
             tx.send_runs([(item[0], b.sock.address) + tuple(item[2:]) for item in items])
             time.sleep(0.05)
-            b._step(0.0)
-            wcs = b.dev.poll_cq(eb.send_cq, 4)
-        assert [(w.wr_id, int(w.status)) for w in wcs] == [(1, 0)]
-        assert b.counters["rx_stream_pkts"] > 64
-        assert bytes(eb.buf.view[:n]) == bytes(ea.buf.view[:n])
-    finally:
-        b.close()
-        tx.close()
-
-
-@pytest.mark.parametrize("runs", [1, 2])
-def test_a_callers_poll_takes_its_reads_responses_whole(runs):
-    """A program that polls its CQ for its READ (an inline step, ``NIC.poll``) takes
-    the READ's FIRST as it takes any run, then the MIDDLEs that wait run after
-    run in the kernel (``sn_rx_stream``) and the LAST that ends them: one poll,
-    whatever number of runs it may take (the C face's ``ibv_poll_cq`` asks for
-    two), and the READ is complete with every byte."""
-    from softnic import accel
-    if accel.load() is None:
-        pytest.fail(f"no kernel: {accel.error}")
-    tx = UdpSocket("127.0.0.248", 0)
-    b = NIC(DeviceSpec("rxp3", None, 0), RuntimeConfig(min_timer=2e-3))
-    a = Device("a", "127.0.0.248", tx.address[1])
-    a.kernel = accel.load()
-    try:
-        assert b._stream is not None
-        n = 128 * 4096
-        with b.lock:            # (b's progress thread waits: the caller's poll takes them)
-            ea, eb = endpoint(a, buf_size=1 << 20), endpoint(b.dev, buf_size=1 << 20)
-            bring_up(ea, eb, mtu=4096)
-            bring_up(eb, ea, mtu=4096)
-            ea.buf.view[:n] = bytes(range(253)) * (n // 253) + bytes(n % 253)
-            b.dev.post_send(eb.qp, SendWR(1, W.RDMA_READ, [eb.sge(0, n)], SendFlags.SIGNALED,
-                                          remote_addr=ea.buf.addr, rkey=ea.mr.rkey))
-            for data, _ in b.dev.datagrams_to_send(0.0):    # the READ request
-                a.receive_datagram(bytes(data), b.dev.address, 0.0)
-            items = a.datagram_runs(0.0)
-            tx.send_runs([(item[0], b.sock.address) + tuple(item[2:]) for item in items])
-            time.sleep(0.05)
-            b.poll(runs)
+            if step == "thread":
+                b._step(0.0)
+            else:
+                b.poll(int(step[-1]))
             wcs = b.dev.poll_cq(eb.send_cq, 4)
         assert [(w.wr_id, int(w.status)) for w in wcs] == [(1, 0)]
         assert b.counters["rx_stream_pkts"] > 64
