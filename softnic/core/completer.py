@@ -398,8 +398,9 @@ def receive_edge(dev, data, src, now: float) -> bool:
     (BTH word 0, the QP, FECN/BECN, the PSN, an AETH of ACK, the length, the
     ICRC).  Taken, it is accounted for as those two functions account for it
     (``took_responses``); a FIRST with MIDDLEs to come names its QP the one a
-    driver may stream (``dev.stream_qp``), as ``receive_middles`` does.  ``data`` is the datagram, maybe a view of the driver's
-    receive buffer (copied into memory at once).  False: nothing changed."""
+    driver may stream (``dev.stream_qp``), as ``receive_middles`` does.
+    ``data`` is the datagram, maybe a view of the driver's receive buffer
+    (copied into memory at once).  False: nothing changed."""
     if len(data) < _ACK_LEN:
         return False
     op, _, pkey, w2, _, aeth = _ACK_PKT.unpack_from(data, 0)

@@ -1129,8 +1129,9 @@ class NIC(SharedDevice):
 
     def _rx_stream(self, now: float, limit: int,
                    responses: bool = False) -> tuple[bool, bool, int, bool]:
-        """The progress thread's receive while a QP takes a SEND's or WRITE's MIDDLEs,
-        in order or (a WRITE's) beyond a hole, or its READ's RESPONSE MIDDLEs
+        """The progress thread's receive (or an inline step's: ``responses``) while a
+        QP takes a SEND's or WRITE's MIDDLEs, in order or (a WRITE's) beyond a
+        hole, or its READ's RESPONSE MIDDLEs
         (``Device.stream_target``): ``sn_rx_stream`` receives and places run
         after run, the engine accounting for them after each call (the stream's
         ``took``), and takes the run that stopped it, if any, as ``_step`` takes
