@@ -1523,9 +1523,9 @@ def kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: in
     ``psn`` on, placed at ``view[off:]`` up to ``room``.  Returns how many it took
     and the AckReqs' array (their count, then their indexes from the first)."""
     ffi = dev.kernel.ffi
-    start = icrc_start(src[0], dev.ip, src[1], dev.port, seg, bytes(data[o:o + 8]))
-    return middles_at(dev, ffi.from_buffer(data), len(data), o, seg,
-                      int.from_bytes(data[o:o + 4], "big"), qp.qpn, psn, start,
+    w0 = int.from_bytes(data[o:o + 4], "big")
+    return middles_at(dev, ffi.from_buffer(data), len(data), o, seg, w0, qp.qpn, psn,
+                      rx_icrc_start(dev, src, seg, w0, qp.qpn),
                       ffi.from_buffer(view, require_writable=True), off, room)
 
 

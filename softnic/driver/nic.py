@@ -1065,11 +1065,11 @@ class NIC(SharedDevice):
                     if inline and op in _READ_MORE and dev.stream_qp is not None \
                             and self._stream is not None:
                         # the caller's own READ: the rest of its MIDDLEs, the kernel's
-                        s_did, s_answers, _, _ = self._rx_stream(now, _READ_STREAM_RUNS,
-                                                                 responses=True)
+                        _, s_answers, _, _ = self._rx_stream(now, _READ_STREAM_RUNS,
+                                                             responses=True)
                         answers = answers and s_answers
                         break
-                    if reads and (not data or data[0] not in _READ_MORE
+                    if reads and (op not in _READ_MORE
                                   or dev.cqes_posted != cqes):
                         break               # not a READ's burst, or a completion made
                 limit -= n
