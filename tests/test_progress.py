@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import threading
 import time
@@ -672,10 +673,16 @@ def test_end_lease_rings_the_thread_only_where_it_took_something_last_time(monke
         ring = b.ring
         monkeypatch.setattr(b, "ring", lambda: (rings.append(1), ring()))
 
+        def rung():
+            return bool(select.select([b._bell], [], [], 0)[0])
+
         def parked():
             b.poll()                                     # a fresh lease ...
             os.eventfd_write(b._bell, 1)                 # ... the thread looks at it
-            _until(lambda: b._lease[2] == 1)             # and waits it out
+            # and waits it out: parked with the bell read, so not a park the thread
+            # entered before this ring, which the ring is about to end (the ring
+            # of the last end_lease may still be in flight when the lease is renewed)
+            _until(lambda: not rung() and b._lease[2] == 1)
 
         parked()
         b.end_lease(answering=True)
