@@ -33,6 +33,12 @@ def view_at(addr: int, length: int) -> memoryview:
     return memoryview((ctypes.c_char * length).from_address(addr)).cast("B")
 
 
+def bytes_at(addr: int, length: int) -> bytes:
+    """A copy of the ``length`` bytes of this process at ``addr`` (``bytes(view_at(addr,
+    length))`` in one call)."""
+    return ctypes.string_at(addr, length)
+
+
 def view_span(v: memoryview) -> tuple[int, int] | None:
     """The address range ``[start, end)`` a writable byte view covers (None if
     it cannot tell: an empty or read-only view)."""

@@ -20,7 +20,7 @@ from .cq import CQ, WC
 from .enums import EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpcode, \
     WCStatus, WROpcode as W, mtu_bytes
 from .errors import VerbsError, einval, enomem
-from .memory import PD, MR, view_at
+from .memory import PD, MR, bytes_at
 from .qp import QP, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR, check_transition, \
     merge_attr, same_family
 from .srq import SRQ, RecvWQE
@@ -271,7 +271,10 @@ class Verbs:
         if flags & _INLINE and op in MAY_INLINE:    # (rxe: WR_INLINE_MASK; else ignored)
             if length > qp.cap.max_inline_data:
                 raise einval(f"inline data {length} > max_inline_data {qp.cap.max_inline_data}")
-            inline = b"".join(bytes(view_at(a, n)) for a, n, _ in sgl)
+            if len(sgl) == 1:
+                inline = bytes_at(sgl[0][0], length)
+            else:
+                inline = b"".join(bytes_at(a, n) for a, n, _ in sgl)
         if op in ATOMICS:
             if length != 8 or wr.remote_addr & 7:    # as rxe's validate_send_wr
                 raise einval("atomic needs one 8-byte SGE and an 8-byte aligned remote address")
