@@ -235,6 +235,20 @@ def test_inline_send_needs_no_valid_lkey():
     assert read(eb, 0, 7) == b"inline!"
 
 
+@pytest.mark.parametrize("flags", [SendFlags.SIGNALED, SendFlags.SIGNALED | SendFlags.INLINE])
+@pytest.mark.parametrize("lengths", [(-1,), (-5,), (8, -1), (-8, 16)])
+def test_an_sge_of_negative_length_is_einval(flags, lengths):
+    """An SGE's length is a u32 in C; one below zero, which only the Python face
+    can give, is refused at post (EINVAL), inline or not, and nothing is queued."""
+    p = pair(endpoint_args=dict(max_inline=64, max_sge=2))
+    a, ea = p.a, p.ea
+    with pytest.raises(VerbsError) as e:
+        a.post_send(ea.qp, SendWR(1, W.SEND, [(ea.buf.addr + 64 * i, n, ea.mr.lkey)
+                                              for i, n in enumerate(lengths)], flags))
+    assert e.value.errno == errno.EINVAL
+    assert not ea.qp.sq
+
+
 # ------------------------------------------------------------------ zero length
 
 

@@ -262,6 +262,8 @@ class Verbs:
         if len(qp.sq) >= qp.cap.max_send_wr:
             raise enomem("send queue is full")
         length = sgl[0][1] if len(sgl) == 1 else sum(s[1] for s in sgl)
+        if length < 0 or len(sgl) > 1 and any(s[1] < 0 for s in sgl):
+            raise einval("an SGE of negative length")       # (a u32 in C: only Python's)
         if op is W.FLUSH:
             length = wr.length or 0             # the peer's range, not a message
         elif length > self.config.max_msg_size:
