@@ -249,6 +249,23 @@ def test_an_sge_of_negative_length_is_einval(flags, lengths):
     assert not ea.qp.sq
 
 
+@pytest.mark.parametrize("lengths", [(-1,), (8, -1)])
+@pytest.mark.parametrize("srq", [False, True])
+def test_a_receive_sge_of_negative_length_is_einval(lengths, srq):
+    """So too a receive's, on a QP's receive queue or an SRQ: EINVAL, nothing queued."""
+    p = pair(endpoint_args=dict(max_sge=2))
+    b, eb = p.b, p.eb
+    wr = RecvWR(7, [(eb.buf.addr + 64 * i, n, eb.mr.lkey) for i, n in enumerate(lengths)])
+    q = b.create_srq(eb.pd, 16, 2) if srq else None
+    with pytest.raises(VerbsError) as e:
+        if srq:
+            b.post_srq_recv(q, wr)
+        else:
+            b.post_recv(eb.qp, wr)
+    assert e.value.errno == errno.EINVAL
+    assert not (q.queue if srq else eb.qp.rq)
+
+
 # ------------------------------------------------------------------ zero length
 
 

@@ -35,6 +35,14 @@ _NOT_SENDING = frozenset({QPState.RESET, QPState.INIT, QPState.RTR})
 _UD = QPType.UD      # (read on every post_send: a module global, not the enum class's attribute)
 
 
+def _check_recv_sges(sgl) -> None:
+    """A receive's SGEs: none of negative length (a u32 in C: only the Python face
+    can give one), as ``post_send`` refuses a send's."""
+    for sge in sgl:
+        if sge[1] < 0:
+            raise einval("an SGE of negative length")
+
+
 class Verbs:
     """The verbs calls (a part of ``Device``)."""
 
@@ -99,6 +107,7 @@ class Verbs:
         self.srqs.pop(srq.handle, None)
 
     def post_srq_recv(self, srq: SRQ, wr: RecvWR) -> None:
+        _check_recv_sges(wr.sg_list)
         srq.post(RecvWQE(wr.wr_id, list(wr.sg_list)))
 
     def srq_take(self, srq: SRQ):
@@ -306,6 +315,7 @@ class Verbs:
             raise einval("QP uses an SRQ")
         if len(wr.sg_list) > qp.cap.max_recv_sge:
             raise einval(f"{len(wr.sg_list)} SGEs > max_recv_sge {qp.cap.max_recv_sge}")
+        _check_recv_sges(wr.sg_list)
         if len(qp.rq) >= qp.cap.max_recv_wr:
             raise enomem("receive queue is full")
         if qp.state == QPState.ERR:
