@@ -35,9 +35,9 @@ _NOT_SENDING = frozenset({QPState.RESET, QPState.INIT, QPState.RTR})
 _UD = QPType.UD      # (read on every post_send: a module global, not the enum class's attribute)
 
 
-def _check_recv_sges(sgl) -> None:
-    """A receive's SGEs: none of negative length (a u32 in C: only the Python face
-    can give one), as ``post_send`` refuses a send's."""
+def _check_sge_lengths(sgl) -> None:
+    """A work request's SGEs, a send's or a receive's: none of negative length (a
+    u32 in C: only the Python face can give one)."""
     for sge in sgl:
         if sge[1] < 0:
             raise einval("an SGE of negative length")
@@ -107,7 +107,7 @@ class Verbs:
         self.srqs.pop(srq.handle, None)
 
     def post_srq_recv(self, srq: SRQ, wr: RecvWR) -> None:
-        _check_recv_sges(wr.sg_list)
+        _check_sge_lengths(wr.sg_list)
         srq.post(RecvWQE(wr.wr_id, list(wr.sg_list)))
 
     def srq_take(self, srq: SRQ):
@@ -270,9 +270,8 @@ class Verbs:
             raise enomem(f"{len(sgl)} SGEs > max_send_sge {qp.cap.max_send_sge}")
         if len(qp.sq) >= qp.cap.max_send_wr:
             raise enomem("send queue is full")
+        _check_sge_lengths(sgl)
         length = sgl[0][1] if len(sgl) == 1 else sum(s[1] for s in sgl)
-        if length < 0 or len(sgl) > 1 and any(s[1] < 0 for s in sgl):
-            raise einval("an SGE of negative length")       # (a u32 in C: only Python's)
         if op is W.FLUSH:
             length = wr.length or 0             # the peer's range, not a message
         elif length > self.config.max_msg_size:
@@ -315,7 +314,7 @@ class Verbs:
             raise einval("QP uses an SRQ")
         if len(wr.sg_list) > qp.cap.max_recv_sge:
             raise einval(f"{len(wr.sg_list)} SGEs > max_recv_sge {qp.cap.max_recv_sge}")
-        _check_recv_sges(wr.sg_list)
+        _check_sge_lengths(wr.sg_list)
         if len(qp.rq) >= qp.cap.max_recv_wr:
             raise enomem("receive queue is full")
         if qp.state == QPState.ERR:
