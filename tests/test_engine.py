@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import errno
 import ipaddress
+import subprocess
 import sys
 from pathlib import Path
 
@@ -849,6 +850,49 @@ def test_ud_send_grh_src_qp_and_flags():
     assert [pkt.bth.opcode for pkt in pkts] == [O.UD_SEND_ONLY, O.UD_SEND_ONLY_WITH_IMMEDIATE]
     assert all(pkt.deth.src_qp == ea.qp.qpn and pkt.deth.qkey == 0x11111111 for pkt in pkts)
     assert p.packets("send", b) == []
+
+
+_UNMAPPED_UD = """
+import ctypes, sys
+sys.path.insert(0, sys.argv[1])
+from enginekit import pair
+from softnic.core.enums import QPType, SendFlags, WROpcode as W
+from softnic.core.memory import PAGE
+from softnic.core.qp import AHAttr, RecvWR, SendWR
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+p = pair(qp_type=QPType.UD)
+a, b, ea, eb = p.a, p.b, p.ea, p.eb
+n = 4 * PAGE
+addr = libc.mmap(None, n, 3, 0x22, -1, 0)              # read/write, private anonymous
+mr = b.reg_mr(eb.pd, addr, n, 0xF)
+b.post_recv(eb.qp, RecvWR(7, [(addr, 2048, mr.lkey)]))
+b.post_recv(eb.qp, RecvWR(8, [eb.sge(0, 2048)]))
+assert libc.munmap(addr, n) == 0                       # given back, still registered
+for i in (1, 2):
+    a.post_send(ea.qp, SendWR(i, W.SEND, [ea.sge(0, 100)], SendFlags.SIGNALED,
+                              ah=AHAttr(b.gid, b.port), remote_qpn=eb.qp.qpn,
+                              remote_qkey=0x11111111))
+p.run()
+print([(w.wr_id, w.status.name, w.byte_len) for w in p.recv_wcs()], b.counters["rx_unmapped"])
+"""
+
+
+def test_a_ud_datagram_for_memory_the_program_unmapped_fails_its_receive_not_the_process():
+    """A program may give back memory it still has registered with receives posted
+    there (UCX 1.13's UD interface frees its receive buffers before it destroys its
+    QP); a NIC writes into the pages the registration pinned, harmlessly.  A UD
+    datagram for such a receive completes it with LOC_PROT_ERR and is counted
+    (``rx_unmapped``), where a write through the mapping would kill the process
+    (SIGSEGV); the next receive takes the next datagram.  In a child process, so
+    that the failure this guards against fails the test, not the run."""
+    r = subprocess.run([sys.executable, "-c", _UNMAPPED_UD, str(Path(__file__).parent)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split("\n")[0] == "[(7, 'LOC_PROT_ERR', 0), (8, 'SUCCESS', 140)] 1"
 
 
 def test_ud_qkey_mismatch_is_dropped_and_counted():

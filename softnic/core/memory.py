@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
 from dataclasses import dataclass, field
 
 from .enums import Access
@@ -37,6 +38,44 @@ def bytes_at(addr: int, length: int) -> bytes:
     """A copy of the ``length`` bytes of this process at ``addr`` (``bytes(view_at(addr,
     length))`` in one call)."""
     return ctypes.string_at(addr, length)
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_process_vm_writev = getattr(ctypes.CDLL(None, use_errno=True), "process_vm_writev", None)
+if _process_vm_writev is not None:
+    _process_vm_writev.restype = ctypes.c_ssize_t
+    _process_vm_writev.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
+                                   ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
+
+
+def write_checked(view: memoryview, data) -> bool:
+    """``view[:] = data`` (as long as ``view``) unless the pages of this process that
+    ``view`` covers are gone: False then, and what could not be written is not.  A
+    program may unmap memory it still has registered (UCX 1.13's UD interface frees
+    its receive buffers before it destroys its QP); a NIC's write lands in the
+    pages the registration pinned, harmlessly, where a write through the mapping
+    would kill the process.  The copy is ``process_vm_writev`` to this process,
+    which reports the fault (EFAULT); where it cannot run (a sandbox refusing the
+    call), the plain copy.  A system call a write: for traffic where that is
+    little (UD datagrams), not for the data path."""
+    span = view_span(view)
+    if span is None or _process_vm_writev is None:
+        view[:] = data
+        return True
+    src = bytes(data)
+    n = len(src)
+    local = _IOVec(ctypes.cast(ctypes.c_char_p(src), ctypes.c_void_p), n)
+    remote = _IOVec(span[0], n)
+    done = _process_vm_writev(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if done == n:
+        return True
+    if done >= 0 or ctypes.get_errno() == errno.EFAULT:
+        return False                    # (a short write: it faulted part way)
+    view[:] = data
+    return True
 
 
 def view_span(v: memoryview) -> tuple[int, int] | None:

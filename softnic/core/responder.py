@@ -51,7 +51,7 @@ from ..wire.roce import AETH_CODE_SHIFT, AETH_LEN, AETH_SYNDROME_SHIFT, ATOMICAC
     QPN_MASK, RETH_LEN, RETH_STRUCT
 from .cq import WC
 from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
-from .memory import MW, AccessError, view_span
+from .memory import MW, AccessError, view_span, write_checked
 from . import sr_place, xrc
 
 _REMOTE_WRITE = int(Access.REMOTE_WRITE)   # as a plain int: IntFlag operations are slow
@@ -651,10 +651,12 @@ def take_recv(dev, qp):
     return wqe
 
 
-def place_recv(dev, qp, data) -> None:
+def place_recv(dev, qp, data, checked: bool = False) -> None:
     """Scatter ``data`` into the receive WQE (``resp.wqe``) at the current
     offset (``resp.off``), through its SGEs' lkeys; ``Nak`` with the receive's
     WC status when it does not fit (LOC_LEN_ERR) or a key fails (LOC_PROT_ERR).
+    ``checked``: each write by ``memory.write_checked``, LOC_PROT_ERR where the
+    program has unmapped the memory (a UD datagram's).
     (iWARP's untagged receive places by the same rule.)"""
     resp = qp.resp
     wqe = resp.wqe
@@ -674,7 +676,11 @@ def place_recv(dev, qp, data) -> None:
             view = dev.keys.local(qp.pd, lkey, addr + off, take, write=True)
         except AccessError:
             raise _Nak(NakCode.REMOTE_OPERATIONAL_ERROR, WCStatus.LOC_PROT_ERR) from None
-        view[:] = data[pos:pos + take]
+        if not checked:
+            view[:] = data[pos:pos + take]
+        elif not write_checked(view, data[pos:pos + take]):
+            dev.counters["rx_unmapped"] += 1
+            raise _Nak(NakCode.REMOTE_OPERATIONAL_ERROR, WCStatus.LOC_PROT_ERR)
         pos += take
         off = 0
         if pos == n:
@@ -973,8 +979,8 @@ def _receive_ud(dev, qp, pkt, src) -> None:
         else:
             grh = bytes(20) + ipv4_udp_headers(src[0], dev.ip, src[1], dev.port,
                                                len(pkt.payload))[:20]
-        place_recv(dev, qp, grh)
-        place_recv(dev, qp, pkt.payload)
+        place_recv(dev, qp, grh, True)
+        place_recv(dev, qp, pkt.payload, True)
     except _Nak as e:
         resp.wqe = None
         dev.post_cqe(qp.recv_cq, WC(wqe.wr_id, e.recv_status or WCStatus.LOC_LEN_ERR,
