@@ -59,8 +59,8 @@ def write_checked(view: memoryview, data) -> bool:
     pages the registration pinned, harmlessly, where a write through the mapping
     would kill the process.  The copy is ``process_vm_writev`` to this process,
     which reports the fault (EFAULT); where it cannot run (a sandbox refusing the
-    call), the plain copy.  A system call a write: for traffic where that is
-    little (UD datagrams), not for the data path."""
+    call), the plain copy.  It costs a system call for each write: for traffic
+    where that is little (UD datagrams), not for the data path."""
     span = view_span(view)
     if span is None or _process_vm_writev is None:
         view[:] = data
