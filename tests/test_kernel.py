@@ -465,7 +465,8 @@ def test_a_reads_first_names_its_qp_for_a_stream_when_middles_follow(n):
     driver may stream (``dev.stream_qp``, ``Dispatch.stream_target``, as a
     SEND's or WRITE's FIRST does) when MIDDLEs follow it; a READ of two packets
     (a FIRST and a LAST) names none.  The stream then starts at the PSN after the
-    FIRST, its bytes at the MTU's offset."""
+    FIRST, its bytes at the MTU's offset (``completer.reads_target``: the READ's
+    second packet on)."""
     a, b, ea, eb, (first, mids, last) = _read_responses(Counting(kernel()), n)
     assert a.stream_qp is None
     a.receive_run(first, 0, b.address, 0.0)
@@ -476,8 +477,9 @@ def test_a_reads_first_names_its_qp_for_a_stream_when_middles_follow(n):
     assert a.stream_qp is ea.qp
     t = a.stream_target()
     assert t is not None and t.kind is StreamKind.RESPONSES
-    assert (t.psn, t.off, t.room) == ((ea.qp.comp.acked_psn + 1) & PSN_MASK, 1024,
-                                      (-(-n // 1024) - 1) * 1024)
+    r = t.target
+    assert (r.psn, r.p0, r.mtu, r.lens, r.wqes) == \
+        ((ea.qp.comp.acked_psn + 1) & PSN_MASK, 1, 1024, [n], [ea.qp.sq[0]])
 
 
 @pytest.mark.parametrize("change", ["icrc", "nak", "psn", "length", "two_sges"])

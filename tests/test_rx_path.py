@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, note, settings, strategies as st
 
 from softnic.experiments.rig import bring_up, endpoint
 from softnic.core.device import Device
@@ -202,3 +203,89 @@ def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel(step):
     finally:
         b.close()
         tx.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([1024, 4096]),
+       st.lists(st.tuples(st.integers(1, 3 * 4096) | st.integers(2, 12).map(lambda k: k * 1024),
+                          st.sampled_from([1, 1, 1, 2])), min_size=1, max_size=8),
+       st.sampled_from(["none", "duplicate", "stranger", "ack"]), st.data())
+def test_reads_responses_one_read_after_another_are_the_kernels(mtu, reads, extra, data):
+    """READs one after another (of one packet or many, one SGE or two), their
+    responses sent as a NIC sends them: the requester's kernel takes them READ
+    after READ (``sn_rx_reads``, ``completer.reads_target``) where it may, and
+    leaves the rest to the engine (a READ of one packet or two SGEs, and a
+    datagram between them: a response again, one for a QP it does not have, an
+    ACK); every READ completes in order with the bytes it read, and the QP is
+    left as the engine leaves it (every PSN acknowledged, no READ outstanding)."""
+    from softnic import accel
+    if accel.load() is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    tx = UdpSocket("127.0.0.250", 0)
+    b = NIC(DeviceSpec("rxp3", None, 0), RuntimeConfig(min_timer=2e-3))
+    a = Device("a", "127.0.0.250", tx.address[1])
+    a.kernel = accel.load()
+    try:
+        size = 1 << 16
+        with b.lock:            # (b's progress thread waits: these steps take them)
+            ea, eb = endpoint(a, buf_size=1 << 17), endpoint(b.dev, buf_size=1 << 17)
+            bring_up(ea, eb, mtu=mtu)
+            bring_up(eb, ea, mtu=mtu)
+            ea.buf.view[:1 << 17] = bytes(range(251)) * ((1 << 17) // 251) \
+                + bytes((1 << 17) % 251)
+            at = []
+            for i, (n, sges) in enumerate(reads):
+                src = data.draw(st.integers(0, size - n), label=f"READ {i} from")
+                h = n // 2 if sges == 2 and n > 1 else n
+                sgl = [eb.sge(i * 16384, h)] + ([eb.sge(i * 16384 + h + 7, n - h)] if h < n
+                                                 else [])
+                at.append((src, sgl))
+                b.dev.post_send(eb.qp, SendWR(i, W.RDMA_READ, sgl, SendFlags.SIGNALED,
+                                              remote_addr=ea.buf.addr + src, rkey=ea.mr.rkey))
+            for d, _ in b.dev.datagrams_to_send(0.0):       # the READ requests
+                a.receive_datagram(bytes(d), b.dev.address, 0.0)
+            sent = []
+            for item in a.datagram_runs(0.0):
+                buf = bytes(item[0])
+                seg = item[2] if len(item) > 2 else len(buf)
+                sent += [buf[o:o + seg] for o in range(0, len(buf), seg)]
+            if extra != "none":
+                k = data.draw(st.integers(0, len(sent)), label="extra at")
+                if extra == "duplicate":
+                    d = sent[data.draw(st.integers(0, max(0, k - 1)), label="again")]
+                elif extra == "stranger":
+                    d = bytearray(sent[0])
+                    d[5:8] = (eb.qp.qpn + 77).to_bytes(3, "big")
+                    d = bytes(d)
+                else:
+                    d = _ack(a, ea)
+                sent.insert(k, d)
+            tx.send_batch([(d, b.sock.address) for d in sent])
+            time.sleep(0.05)
+            wcs = []
+            for _ in range(20):
+                b._step(0.0)
+                wcs += b.dev.poll_cq(eb.send_cq, 16)
+                if len(wcs) == len(reads):
+                    break
+        note(f"{len(sent)} datagrams, {b.counters['rx_stream_pkts']} streamed")
+        assert [(w.wr_id, int(w.status)) for w in wcs] == [(i, 0) for i in range(len(reads))]
+        for (src, sgl), (n, _) in zip(at, reads):
+            got = b"".join(bytes(eb.buf.view[s[0] - eb.buf.addr:s[0] - eb.buf.addr + s[1]])
+                           for s in sgl)
+            assert got == bytes(ea.buf.view[src:src + n])
+        qp = eb.qp
+        assert qp.comp.acked_psn == (qp.req.psn - 1) & 0xFFFFFF
+        assert qp.req.rd_atomic == 0 and not qp.sq
+    finally:
+        b.close()
+        tx.close()
+
+
+def _ack(a, ea) -> bytes:
+    """An ACK from ``a``'s QP (of nothing new: the requester ignores it)."""
+    from softnic.core.output import ack_packet
+    from softnic.wire.icrc import append_icrc
+    qp = ea.qp
+    return bytes(append_icrc(ack_packet(qp.attr.dest_qp_num, (qp.resp.epsn - 1) & 0xFFFFFF,
+                                        0, qp.resp.msn), a.ip, qp.dest[0], a.port, qp.dest[1]))

@@ -26,7 +26,9 @@ back to ``select.poll`` without it); and the UDP driver's gathered send
 (``sn_tx_heads``) goes down as each packet's header, payload and ICRC, one
 sendmsg(2) with GSO per 64 KiB, the payload copied once, by the kernel; and its
 receive of a stream of a WRITE's MIDDLEs (``rx.c``, ``sn_rx_stream``): run after
-run received and placed without the interpreter between them; and its answer to a
+run received and placed without the interpreter between them; its receive of a
+QP's READ responses, READ after READ (``rx.c``, ``sn_rx_reads``, with ``kernel.c``'s
+``sn_rx_edge`` and ``sn_rx_middles``); and its answer to a
 peer's READs and ATOMICs (``rx.c``, ``sn_rx_answers``, with ``kernel.c``'s
 ``sn_read_only``, ``sn_read_run`` and ``sn_atomic_ack``): each request's responses
 sent as it is taken, a READ's MIDDLEs gathered from registered memory as

@@ -60,11 +60,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* BTH_LEN, ICRC_LEN, PSN_MASK, QPN_MASK, BTH_FECN, BTH_BECN, BTH_ACKREQ: wire.h */
-/* sn_rx_edge's extended header after the BTH: an AETH (a READ response's), or an
-   ImmDt or IETH (a SEND LAST's) */
-#define EXT_AETH 1                 /* softnic.core.responder.EXT_AETH */
-#define EXT_TAIL 2                 /* softnic.core.responder.EXT_TAIL */
+/* BTH_LEN, ICRC_LEN, PSN_MASK, QPN_MASK, BTH_FECN, BTH_BECN, BTH_ACKREQ, and
+   sn_rx_edge's EXT_AETH and EXT_TAIL: wire.h */
 #define ZLIB_CHUNK 0x40000000u     /* the most bytes one call of zlib's crc32 is given */
 
 typedef uint32_t (*crc_isal_fn)(uint32_t, const unsigned char *, uint64_t);

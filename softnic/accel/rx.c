@@ -286,3 +286,95 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
     out[10] = nogso;
     return (int)taken;
 }
+
+/* The UDP driver's receive of a QP's READ responses for its outstanding READs
+   (completer.reads_target's), without the interpreter between them: receive
+   (as sn_rx_stream: recvmsg(2) into buf, cap bytes, UDP_GRO runs as the kernel
+   coalesces them) and, while each datagram from the QP's peer (peer_ip,
+   peer_port) is the next response expected, take it, from PSN epsn on: READ i
+   of nreads (its bytes to dst[i], len[i] of them, npkts = ceil(len[i] / mtu),
+   at least 2, its PSNs following the one before's) has its FIRST taken by
+   sn_rx_edge (EXT_AETH: an ACK; word 0 first_w0, the ICRC from first_start;
+   mtu bytes to dst[i]), each MIDDLE by sn_rx_middles (word 0 mid_w0, ICRC
+   mid_start, BTH + mtu + ICRC bytes; room up to its LAST), its LAST by
+   sn_rx_edge (word 0 last_w0[i], its pad count in it; ICRC last_start[i]; the
+   rest of its bytes) (completer.receive_edge and receive_middles, what
+   _read_response does for each at the expected PSN); the first READ from its
+   packet p0 on (those before were taken).
+
+   Stops, with out[1] saying why (out[2..7] and out[9] as sn_rx_stream's):
+     0  nothing waits;  1  a datagram not so taken waits in buf (from offset
+     out[4] on, of a run of out[2] bytes, segments of out[3]; from out[5] port
+     out[6]), for the engine;  2  max_runs receives, or every READ's responses
+     taken;  3  a truncated datagram (dropped);  4  recvmsg failed (out[9]: errno).
+   Returns how many packets it took; out[0] is how many READs it finished (their
+   LAST taken), out[8] the bytes received; completer.took_reads accounts for them
+   as took_responses does. */
+int sn_rx_reads(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
+                uint32_t qpn, uint32_t epsn, uint32_t mtu, uint32_t first_w0,
+                uint32_t first_start, uint32_t mid_w0, uint32_t mid_start, uint32_t nreads,
+                uint8_t **dst, const uint32_t *len, const uint32_t *last_w0,
+                const uint32_t *last_start, uint32_t p0, uint32_t max_runs, uint32_t *out)
+{
+    uint32_t taken = 0, runs = 0, i = 0, p = p0, done = 0;
+    uint64_t bytes = 0;
+    size_t mid = BTH_LEN + (size_t)mtu + ICRC_LEN;
+    memset(out, 0, 10 * sizeof *out);
+    if (mtu == 0)
+        return 0;
+    while (runs < max_runs && i < nreads) {
+        struct sockaddr_in sa;
+        ssize_t r;
+        size_t o = 0, seg;
+        uint32_t gro, ip;
+        r = sn_rx_recv(fd, buf, cap, &sa, &gro, out);
+        if (r < 0) {
+            runs += r == -2;          /* (a truncated datagram is a receive) */
+            break;
+        }
+        runs++;
+        bytes += (uint64_t)r;
+        ip = ntohl(sa.sin_addr.s_addr);
+        seg = gro ? gro : (size_t)r;
+        if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port)
+            while (o < (size_t)r && i < nreads) {
+                size_t n = (size_t)r - o < seg ? (size_t)r - o : seg;
+                uint32_t npkts = (uint32_t)(((uint64_t)len[i] + mtu - 1) / mtu), ack, na;
+                int ok;
+                if (npkts < 2)
+                    break;
+                if (p == 0)
+                    ok = sn_rx_edge(buf + o, n, first_w0, qpn, epsn, first_start, EXT_AETH,
+                                    dst[i], 0, mtu, len[i]);
+                else if (p == npkts - 1)
+                    ok = sn_rx_edge(buf + o, n, last_w0[i], qpn, epsn, last_start[i], EXT_AETH,
+                                    dst[i], (uint64_t)p * mtu, len[i] - (uint64_t)p * mtu,
+                                    len[i]);
+                else
+                    ok = n == mid
+                        && sn_rx_middles(buf, o + n, o, n, mid_w0, qpn, epsn, mid_start, dst[i],
+                                         (uint64_t)p * mtu, (uint64_t)(npkts - 1) * mtu, 1,
+                                         &ack, 1, &na) == 1;
+                if (!ok)
+                    break;
+                taken++;
+                epsn = (epsn + 1) & PSN_MASK;
+                if (++p == npkts) {
+                    p = 0;
+                    i++;
+                    done++;
+                }
+                o += n;
+            }
+        if (o < (size_t)r) {
+            sn_rx_left(out, r, gro, o, &sa);
+            runs--;
+            break;
+        }
+        out[1] = 2;
+    }
+    out[0] = done;
+    out[7] = runs;
+    out[8] = (uint32_t)bytes;
+    return (int)taken;
+}

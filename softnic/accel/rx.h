@@ -11,3 +11,9 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
                   uint32_t resp_start, uint32_t mtu, uint32_t mid_w0, uint32_t mid_start,
                   uint32_t last_w0, uint32_t last_start, uint8_t *resp, size_t room,
                   uint32_t per_call, uint32_t max, uint64_t *origs, uint32_t *out);
+/* The driver's receive of a QP's READ responses for its outstanding READs (rx.c). */
+int sn_rx_reads(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
+                uint32_t qpn, uint32_t epsn, uint32_t mtu, uint32_t first_w0,
+                uint32_t first_start, uint32_t mid_w0, uint32_t mid_start, uint32_t nreads,
+                uint8_t **dst, const uint32_t *len, const uint32_t *last_w0,
+                const uint32_t *last_start, uint32_t p0, uint32_t max_runs, uint32_t *out);

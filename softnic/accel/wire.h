@@ -14,3 +14,7 @@
 #define AETH_LEN 4                 /* softnic.wire.roce.AETH_LEN */
 #define IMMDT_LEN 4                /* softnic.wire.roce.IMMDT_LEN */
 #define MSN_MASK 0xFFFFFFu         /* softnic.wire.roce.MSN_MASK */
+/* sn_rx_edge's extended header after the BTH: an AETH (a READ response's), or an
+   ImmDt or IETH (a SEND LAST's) */
+#define EXT_AETH 1                 /* softnic.core.responder.EXT_AETH */
+#define EXT_TAIL 2                 /* softnic.core.responder.EXT_TAIL */

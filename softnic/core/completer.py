@@ -30,8 +30,8 @@ from typing import NamedTuple
 from ..wire.icrc import check_icrc
 from ..wire.psn import PSN_HALF, PSN_MASK, psn_add, psn_before, psn_diff
 from ..wire.roce import AETH_LEN, OPCODES, AethCode, AtomicAckETH, BTH_AETH_STRUCT, BTH_BECN, \
-    BTH_FECN, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, DEFAULT_PKEY, ICRC_LEN, \
-    Kind, NakCode, OpInfo, Opcode as O, QPN_MASK
+    BTH_FECN, BTH_FLAGS_SHIFT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, \
+    DEFAULT_PKEY, ICRC_LEN, Kind, NakCode, OpInfo, Opcode as O, QPN_MASK
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCStatus, WROpcode as W
 from . import requester, responder
@@ -364,18 +364,19 @@ def receive_middles(dev, data, o: int, seg: int, src, now: float) -> int:
     return k
 
 
-def took_responses(dev, qp, k: int, now: float, finished=None) -> None:
+def took_responses(dev, qp, k: int, now: float, finished=()) -> None:
     """Account for ``k`` READ responses the kernel placed from the expected PSN on
-    (a run of MIDDLEs, or its FIRST or LAST: ``receive_edge``), as ``receive`` and
-    ``_read_response`` account for each: counted, the acknowledged PSN past
-    them, any pending retry done with, the READ ``finished`` by its LAST, then
+    (a run of MIDDLEs, or its FIRST or LAST: ``receive_edge``; or a stream of
+    READs' responses: ``reads_target``), as ``receive`` and ``_read_response``
+    account for each: counted, the READs ``finished`` by their LAST, the
+    acknowledged PSN past them all, any pending retry done with, then
     ``_progress`` (once: what it does for each in turn comes to the same)."""
     before = qp.comp.acked_psn
     dev.counters["rcvd_pkts"] += k
+    for w in finished:
+        _finish(qp, w)
     qp.comp.acked_psn = (before + k) & PSN_MASK
     qp.comp.retry_pending = None
-    if finished is not None:
-        _finish(qp, finished)
     _progress(dev, qp, before, now)
 
 
@@ -423,27 +424,93 @@ def receive_edge(dev, data, src, now: float) -> bool:
     if not responder.kernel_edge(dev, data, src, op, (-n & 3) << BTH_PAD_SHIFT, qp.qpn,
                                  expected, responder.EXT_AETH, view, off, n, len(view)):
         return False
-    took_responses(dev, qp, 1, now, w if last else None)
+    took_responses(dev, qp, 1, now, (w,) if last else ())
     if not last and w.npkts > 2:
         dev.stream_qp = qp      # its MIDDLEs to come: a driver may stream them
     return True
 
 
-def stream_target(dev, qp):
-    """``read_target`` for a driver's stream (``sn_rx_stream``, as
-    ``responder.stream_target`` for requests): ``(seg, w0, start, psn, view,
-    offset, room)``, the datagram size, BTH word 0 and ICRC state of the READ's
-    MIDDLEs, the expected PSN, and where its bytes go; None if there is none."""
-    t = read_target(dev, qp)
-    if t is None:
+#: the most READs a driver's receive of their responses takes at once (``reads_target``)
+READS_MAX = 16
+
+
+class ReadsTarget(NamedTuple):
+    """What a driver's kernel needs to take a QP's READ responses as they come
+    (``sn_rx_reads``; ``reads_target`` says when it may): the expected PSN, the
+    first READ's packets already taken (``p0``), the path MTU, the BTH word 0 and
+    ICRC state of a FIRST and of a MIDDLE; for each READ (``wqes``, in PSN
+    order) its SGE's view and length, and its LAST's BTH word 0 (its pad count)
+    and ICRC state."""
+    psn: int
+    p0: int
+    mtu: int
+    first_w0: int
+    first_start: int
+    mid_w0: int
+    mid_start: int
+    wqes: list
+    views: list
+    lens: list
+    last_w0s: list
+    last_starts: list
+
+
+def reads_target(dev, qp) -> ReadsTarget | None:
+    """May a driver's kernel take the READ responses that come for ``qp`` now, the
+    way ``receive_edge`` takes a READ's FIRST and LAST and ``receive_middles`` its
+    MIDDLEs, one READ after another?  So it may under their conditions: an RC QP
+    that may receive responses (RTS, SQD), not XRC, no congestion controller,
+    ICRCs checked (``dev.config.check_icrc``); the oldest WQE not done a READ
+    whose expected response is one of its own, nothing held beyond a hole, one
+    SGE, two responses at least; and, after it, the READs whose PSNs follow on
+    (sent), each the same, up to ``READS_MAX`` (the kernel checks each packet:
+    BTH word 0, the QP, FECN and BECN, the PSN, an AETH of ACK, the length, room,
+    the ICRC).  ``took_responses`` accounts for what it took."""
+    if qp.qp_type is not _RC or qp.xrc is not None or qp.cc is not None \
+            or (qp.state is not _RTS and qp.state is not _SQD) or not dev.config.check_icrc:
         return None
-    view, off, room = t
-    if off + qp.mtu > room:
+    expected = (qp.comp.acked_psn + 1) & PSN_MASK
+    mtu = qp.mtu
+    wqes, views, lens, last_w0s, last_starts = [], [], [], [], []
+    nxt = None
+    src = qp.dest
+    start = responder.rx_icrc_start
+    for w in qp.sq:
+        if w.first_psn is None:
+            break
+        if w.done:
+            if wqes:
+                break
+            continue
+        if w.opcode != W.RDMA_READ or w.got or len(w.views) != 1 or w.npkts < 2 \
+                or len(w.views[0]) != w.length:
+            break
+        if nxt is None:
+            if psn_diff(expected, w.first_psn) < 0 or psn_diff(expected, w.last_psn) > 0:
+                return None
+        elif w.first_psn != nxt:
+            break
+        rest = w.length - (w.npkts - 1) * mtu
+        pad = -rest & 3
+        lw0 = (_READ_LAST << BTH_OPCODE_SHIFT) | ((pad << BTH_PAD_SHIFT) << BTH_FLAGS_SHIFT) \
+            | DEFAULT_PKEY
+        wqes.append(w)
+        views.append(w.views[0])
+        lens.append(w.length)
+        last_w0s.append(lw0)
+        last_starts.append(start(dev, src, BTH_LEN + AETH_LEN + rest + pad + ICRC_LEN, lw0,
+                                 qp.qpn))
+        nxt = (w.last_psn + 1) & PSN_MASK
+        if len(wqes) == READS_MAX:
+            break
+    if not wqes:
         return None
-    seg = BTH_LEN + qp.mtu + ICRC_LEN
-    w0 = (_READ_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
-    start = responder.rx_icrc_start(dev, qp.dest, seg, w0, qp.qpn)
-    return seg, w0, start, (qp.comp.acked_psn + 1) & PSN_MASK, view, off, room
+    fw0 = (_READ_FIRST << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+    mw0 = (_READ_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+    return ReadsTarget(expected, (expected - wqes[0].first_psn) & PSN_MASK, mtu, fw0,
+                       start(dev, src, BTH_LEN + AETH_LEN + mtu + ICRC_LEN, fw0, qp.qpn),
+                       mw0, start(dev, src, BTH_LEN + mtu + ICRC_LEN, mw0, qp.qpn),
+                       wqes, views, lens, last_w0s, last_starts)
 
 
 def _read_beyond_hole(dev, qp, wqe, expected: int, idx: int, off: int, payload) -> None:

@@ -93,7 +93,7 @@ class StreamKind(Enum):
     """What a ``Stream``'s MIDDLEs are (compared by identity)."""
     IN_ORDER = "in order"             # a SEND's or WRITE's, at the ePSN
     BEYOND_HOLE = "beyond a hole"     # a WRITE's, placed beyond a PSN hole (selective repeat)
-    RESPONSES = "responses"           # a READ's responses, for the requester
+    RESPONSES = "responses"           # READs' responses, for the requester (``Reads``)
 
 
 class Stream(NamedTuple):
@@ -114,12 +114,24 @@ class Stream(NamedTuple):
     kind: StreamKind
 
 
+class Reads(NamedTuple):
+    """A QP's READ responses a driver may take without the engine between its
+    receives (``sn_rx_reads``), as ``completer.reads_target`` says.
+    ``took(k, finished, now)`` accounts for ``k`` taken, the READs ``finished``
+    by them (the first ``out[0]`` of ``target.wqes``)."""
+    qp: object
+    target: object                # completer.ReadsTarget
+    took: Callable
+    kind: StreamKind = StreamKind.RESPONSES
+
+
 class Dispatch:
     """Datagrams in (a part of ``Device``)."""
 
-    def stream_target(self) -> Stream | None:
+    def stream_target(self) -> Stream | Reads | None:
         """The stream a driver may take now, for ``stream_qp`` (the QP whose
-        MIDDLEs the kernel took last), or None."""
+        MIDDLEs the kernel took last): a message's MIDDLEs (``Stream``), or its
+        READs' responses (``Reads``); or None."""
         qp = self.stream_qp
         if qp is None:
             return None
@@ -137,14 +149,14 @@ class Dispatch:
         if self.qps.get(qp.qpn) is not qp or self.kernel is None or not self._fast \
                 or not self.config.check_icrc:
             return None
-        r = completer.stream_target(self, qp)
+        r = completer.reads_target(self, qp)
         if r is None:
             return None
         self.stream_qp = qp
 
-        def took(k, acks, nacks, now):
-            completer.took_responses(self, qp, k, now)
-        return Stream(qp, *r, took, StreamKind.RESPONSES)
+        def took(k, finished, now):
+            completer.took_responses(self, qp, k, now, finished)
+        return Reads(qp, r, took)
 
     def answer_target(self) -> "responder.AnswerTarget | None":
         """The READs or ATOMICs a driver's kernel may answer now, for

@@ -1152,14 +1152,26 @@ class NIC(SharedDevice):
             t = dev.stream_target()
             if t is None:
                 break
-            qp, seg, w0, start, psn, view, off, room, took, kind = t
+            qp, kind = t.qp, t.kind
             if responses and kind is not StreamKind.RESPONSES:
                 break
             ip, port = qp.dest
-            k = lib.sn_rx_stream(fd, rxptr, cap, _ip_u32(ip), port, w0, qp.qpn, psn, start,
-                                 seg, ffi.from_buffer(view, require_writable=True),
-                                 off, room, limit - used, self._ack_bytes, acks, _STREAM_ACKS,
-                                 out)
+            if kind is StreamKind.RESPONSES:
+                r = t.target
+                views = [ffi.from_buffer(v, require_writable=True) for v in r.views]
+                k = lib.sn_rx_reads(fd, rxptr, cap, _ip_u32(ip), port, qp.qpn, r.psn, r.mtu,
+                                    r.first_w0, r.first_start, r.mid_w0, r.mid_start,
+                                    len(views), ffi.new("uint8_t *[]", views),
+                                    ffi.new("uint32_t[]", r.lens),
+                                    ffi.new("uint32_t[]", r.last_w0s),
+                                    ffi.new("uint32_t[]", r.last_starts), r.p0, limit - used,
+                                    out)
+            else:
+                _, seg, w0, start, psn, view, off, room, _, _ = t
+                k = lib.sn_rx_stream(fd, rxptr, cap, _ip_u32(ip), port, w0, qp.qpn, psn,
+                                     start, seg, ffi.from_buffer(view, require_writable=True),
+                                     off, room, limit - used, self._ack_bytes, acks,
+                                     _STREAM_ACKS, out)
             state = out[1]
             used += out[7] + (state in (1, 3))
             got += out[8]
@@ -1169,7 +1181,10 @@ class NIC(SharedDevice):
                 self._stream_pkts += k
                 if kind is StreamKind.BEYOND_HOLE:
                     self._stream_beyond_pkts += k
-                took(k, acks, out[0], now)
+                if kind is StreamKind.RESPONSES:
+                    t.took(k, r.wqes[:out[0]], now)
+                else:
+                    t.took(k, acks, out[0], now)
             if state == 1:              # a run the kernel did not (wholly) take
                 did = True
                 n, g, o = out[2], out[3], out[4]
