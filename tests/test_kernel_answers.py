@@ -22,7 +22,7 @@ from hypothesis import given, note, settings, strategies as st
 from softnic.core.device import Device
 from softnic.core.enums import QPAttrMask, QPState, SendFlags, WCStatus, WROpcode as W
 from softnic.core.qp import QPAttr, SendWR
-from softnic.core.responder import ANSWER_COMPARE_SWAP, ANSWER_READ, ANSWER_READ_MAX_PKTS
+from softnic.core.responder import ANSWER_COMPARE_SWAP, ANSWER_READ
 from softnic.driver.config import DeviceSpec, RuntimeConfig
 from softnic.driver.nic import NIC
 from softnic.experiments.rig import bring_up, connect, endpoint
@@ -34,21 +34,19 @@ from test_kernel import kernel
 
 
 
-def _pair(k, mtu: int, size: int = 1 << 14):
-    """A requester ``a`` and a responder ``b`` (the kernel attached), connected,
-    with buffers of ``size`` bytes."""
+def _pair(k, mtu: int):
+    """A requester ``a`` and a responder ``b`` (the kernel attached), connected."""
     a = Device("a", "10.0.0.1")
     b = Device("b", "10.0.0.2")
     a.kernel = b.kernel = k
-    ea, eb = connect(a, b, mtu=mtu, timeout=10, endpoint_args={"buf_size": size})
-    eb.buf.view[:size] = bytes(range(256)) * (size // 256)
+    ea, eb = connect(a, b, mtu=mtu, timeout=10, endpoint_args={"buf_size": 1 << 14})
+    eb.buf.view[:1 << 14] = bytes(range(256)) * 64
     return a, b, ea, eb
 
 
 def _request(a, ea, eb, length: int, off: int, rkey: int | None = None) -> bytes:
     """The READ request ``a`` sends for ``length`` bytes at ``eb.buf + off``."""
-    a.post_send(ea.qp, SendWR(1, W.RDMA_READ, [ea.sge(0, min(max(length, 1), len(ea.buf.view)))],
-                              SendFlags.SIGNALED,
+    a.post_send(ea.qp, SendWR(1, W.RDMA_READ, [ea.sge(0, max(length, 1))], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr + off,
                               rkey=eb.mr.rkey if rkey is None else rkey))
     (data, _), = a.datagrams_to_send(0.0)
@@ -84,38 +82,6 @@ def _kernel_answer(k, b, data: bytes):
         return None
     b.took_answers(t.qp, t.kind, 1, orig)
     return bytes(k.ffi.buffer(resp, n))
-
-
-def _kernel_read_run(k, b, data: bytes):
-    """``data`` offered to the kernel's answer to a READ of more than one packet
-    (``sn_read_run``, as ``b.answer_target()`` says): its responses, each MIDDLE
-    as the driver gathers it (its BTH, its MTU of memory, its ICRC), accounted
-    for by ``took_answers``; or None."""
-    t = b.answer_target()
-    if t is None:
-        return None
-    assert t.kind == ANSWER_READ and t.npkts > 1
-    first = k.ffi.new("uint8_t[4200]")
-    last = k.ffi.new("uint8_t[4200]")
-    heads = k.ffi.new(f"uint8_t[{16 * t.npkts}]")
-    src = k.ffi.new("uint8_t **")
-    mem = k.ffi.from_buffer(t.mem)
-    aeth = t.syndrome | ((t.msn + 1) & MSN_MASK)
-    n = k.lib.sn_read_run(data, len(data), t.w0, t.qp.qpn, t.epsn, t.req_start, t.rkey,
-                          t.length, t.lo, t.hi, mem, t.mtu, t.resp_w0, t.mid_w0, t.last_w0,
-                          t.dqpn, aeth, t.resp_start, t.mid_start, t.last_start, first, heads,
-                          last, src)
-    if not n:
-        return None
-    mtu = t.mtu
-    out = [bytes(k.ffi.buffer(first, 16 + mtu + 4))]
-    base = int(k.ffi.cast("uintptr_t", src[0])) - int(k.ffi.cast("uintptr_t", mem))
-    for i in range(t.npkts - 2):
-        h = bytes(k.ffi.buffer(heads + 16 * i, 16))
-        out.append(h[:12] + bytes(t.mem[base + i * mtu:base + (i + 1) * mtu]) + h[12:])
-    out.append(bytes(k.ffi.buffer(last, n)))
-    b.took_answers(t.qp, t.kind, 1, None, t.npkts)
-    return out
 
 
 def _mutate(req: bytearray, mutation: str, flip, a, b) -> bytes:
@@ -215,90 +181,6 @@ def test_a_read_the_kernel_answers_is_the_engines_answer(mtu, first_len, data):
     assert _state(b2, eb2) == _state(b1, eb1)
     # a duplicate of it is the engine's to answer, from what took_answers remembered
     assert _again(pairs, requests) == [answer]
-
-
-SIZE = 1 << 18
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.sampled_from([256, 1024, 4096]), st.data())
-def test_a_read_of_many_packets_the_kernel_answers_is_the_engines_answer(mtu, data):
-    """As for READs of one packet, a READ of 2 to ``ANSWER_READ_MAX_PKTS``
-    responses: one responder takes it through the engine (``_read``, then
-    ``output._read_run``), the other through ``sn_read_run`` and
-    ``took_answers``.  Whatever the kernel takes, its FIRST, MIDDLEs and LAST
-    are the engine's datagrams byte for byte, and the responder's state is the
-    engine's; what it does not take it leaves untouched."""
-    k = kernel()
-    top = min(ANSWER_READ_MAX_PKTS * mtu, SIZE)
-    first_len = data.draw(st.integers(mtu + 1, top), label="first length")
-    pairs = [_pair(k, mtu, SIZE), _pair(k, mtu, SIZE)]
-    first_off = data.draw(st.integers(0, SIZE - first_len), label="first offset")
-    for a, b, ea, eb in pairs:      # the engine answers the first: the hint
-        b.receive_datagram(_request(a, ea, eb, first_len, first_off), a.address, 0.0)
-        for d, _ in b.datagrams_to_send(0.0):
-            a.receive_datagram(d, b.address, 0.0)   # (done: the window free for the next)
-        assert [w.status for w in a.poll_cq(ea.send_cq, 4)] == [WCStatus.SUCCESS]
-        assert eb.qp.resp.answer_hint == (ANSWER_READ, eb.mr.rkey, first_len)
-    mutation = data.draw(st.sampled_from(MUTATIONS), label="mutation")
-    length = first_len
-    if mutation == "length":
-        length = data.draw(st.integers(1, top).filter(lambda n: n != first_len), label="length")
-    off = data.draw(st.integers(0, SIZE - length), label="offset")
-    if mutation == "before":
-        off = -data.draw(st.integers(1, 64), label="before by")
-    elif mutation == "past":
-        off = SIZE - length + data.draw(st.integers(1, 64), label="past by")
-    flip = (data.draw(st.integers(0, 43), label="flipped byte"),
-            data.draw(st.integers(0, 7), label="bit")) if mutation == "flip" else None
-    requests = []
-    for a, b, ea, eb in pairs:
-        rkey = eb.mr.rkey ^ 0x100 if mutation == "rkey" else None
-        requests.append(_mutate(bytearray(_request(a, ea, eb, length, off, rkey)), mutation,
-                                flip, a, b))
-    note(f"mtu {mtu}, first {first_len} at {first_off}, {mutation}: {length} at {off}")
-    (a1, b1, ea1, eb1), (a2, b2, ea2, eb2) = pairs
-    before = _state(b2, eb2)
-    answer = _kernel_read_run(k, b2, requests[1])
-    b1.receive_datagram(requests[0], a1.address, 0.0)
-    engine = [bytes(d) for d, _ in b1.datagrams_to_send(0.0)]
-    if mutation == "none":
-        assert answer is not None
-    if answer is None:
-        assert _state(b2, eb2) == before            # untouched, for the engine
-        return
-    npkts = -(-length // mtu)
-    assert engine == answer, mutation
-    assert len(answer) == npkts and answer[0][0] == Opcode.RC_RDMA_READ_RESPONSE_FIRST
-    assert answer[-1][0] == Opcode.RC_RDMA_READ_RESPONSE_LAST
-    assert b"".join(p[16:-4] if i in (0, npkts - 1) else p[12:-4]
-                    for i, p in enumerate(answer))[:length] == \
-        bytes(eb1.buf.view[off:off + length])
-    assert _state(b2, eb2) == _state(b1, eb1)
-    # a duplicate of it is the engine's to answer, from what took_answers remembered
-    again = []
-    for (a, b, ea, eb), req in zip(pairs, requests):
-        b.receive_datagram(req, a.address, 0.0)
-        again.append([bytes(d) for d, _ in b.datagrams_to_send(0.0)])
-    assert again[0] == again[1] == answer
-
-
-def test_a_read_longer_than_the_kernel_answers_is_the_engines():
-    """A READ of more than ``ANSWER_READ_MAX_PKTS`` responses leaves no hint: the
-    engine answers it and the next like it."""
-    k = kernel()
-    a, b, ea, eb = _pair(k, 256, SIZE)
-    length = 256 * (ANSWER_READ_MAX_PKTS + 1)
-    b.receive_datagram(_request(a, ea, eb, length, 0), a.address, 0.0)
-    sent = b.datagrams_to_send(0.0)
-    assert len(sent) == ANSWER_READ_MAX_PKTS + 1
-    assert eb.qp.resp.answer_hint is None and b.answer_target() is None
-    for d, _ in sent:
-        a.receive_datagram(d, b.address, 0.0)
-    b.receive_datagram(_request(a, ea, eb, length - 256, 0), a.address, 0.0)
-    b.datagrams_to_send(0.0)
-    t = b.answer_target()
-    assert t is not None and (t.npkts, t.mtu) == (ANSWER_READ_MAX_PKTS, 256)
 
 
 def _atomic(a, ea, eb, op, off: int, add_swap: int, compare: int,
@@ -496,45 +378,6 @@ def test_the_live_driver_answers_reads_in_the_kernel():
         wc, = a.poll_cq(ea.send_cq, 4)
         assert (wc.wr_id, wc.status) == (30, WCStatus.REM_ACCESS_ERR)
         assert b.counters["rx_answers"] == 17
-    finally:
-        b.close()
-        tx.close()
-
-
-def test_the_live_driver_answers_reads_of_many_packets_in_the_kernel():
-    """READs of 2, 3 and 8 packets to a live NIC, several in flight: the first of
-    each length through the engine, the rest answered by ``sn_rx_answers``
-    (``sn_read_run``), their MIDDLEs sent gathered with UDP GSO and, on a socket
-    without it, one by one; each completes with the bytes read."""
-    kernel()
-    tx, a, b, ea, eb = _live_pair("rdk4", "127.0.0.246")
-    try:
-        n = 0
-        for length, gso in ((2048, True), (2500, True), (8192, True), (8192, False)):
-            # (the last: the same length as before, on a socket without GSO)
-            if not gso:
-                b.sock.gso = False
-            answered = b.counters["rx_answers"]
-            for burst in (1, 3, 4):
-                for i in range(burst):
-                    a.post_send(ea.qp, SendWR(n + i, W.RDMA_READ, [ea.sge(0, length)],
-                                              SendFlags.SIGNALED,
-                                              remote_addr=eb.buf.addr + 997 * (n + i),
-                                              rkey=eb.mr.rkey))
-                npkts = -(-length // 1024)
-                got = _round(tx, a, b, burst * npkts)
-                assert len(got) == burst * npkts
-                wcs = a.poll_cq(ea.send_cq, 8)
-                assert [(w.wr_id, w.status) for w in wcs] == \
-                    [(n + i, WCStatus.SUCCESS) for i in range(burst)]
-                off = 997 * (n + burst - 1)     # (each READ lands at the start of ea.buf)
-                assert bytes(ea.buf.view[:length]) == bytes(eb.buf.view[off:off + length])
-                n += burst
-            # of its 8 READs, the first of a new length the engine's (its hint), the
-            # rest the kernel's
-            assert b.counters["rx_answers"] - answered == (8 if gso is False else 7)
-        assert b.counters["rx_answers"] == 29
-        assert b.sock.gso is False and b.sock.send_errors == 0
     finally:
         b.close()
         tx.close()

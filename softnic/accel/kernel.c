@@ -1,6 +1,7 @@
 /* softnic's per-packet kernel: the inner loops of the bulk data path, for the
    packets that make up nearly all of a large SEND, WRITE or READ (MIDDLEs), and
-   the answer to a READ or an ATOMIC (a latency test's whole exchange).
+   the answer to a READ of one packet or an ATOMIC (a latency test's whole
+   exchange).
 
    No protocol rule lives here.  Each function is a faster way through a rule
    the engine states once, for a run of packets (or one request), and stops,
@@ -41,10 +42,6 @@
                      output._rc_responses' read_response_only (and
                      append_icrc) for that READ RESPONSE ONLY, under the
                      conditions of COMMON_CASE and responder.answer_target;
-     sn_read_run     the same for a READ of more packets, then
-                     output._read_run (and append_icrc) for its responses:
-                     the FIRST and LAST whole, the MIDDLEs' heads as
-                     sn_tx_heads gives them, their payload left in memory;
      sn_atomic_ack   the same for an ATOMIC (responder._atomic, then
                      atomic_ack_packet for its ATOMIC ACKNOWLEDGE).
 
@@ -367,20 +364,6 @@ static inline uint64_t be64(const uint8_t *p)
    at VA; zero pad; the ICRC from resp_start (icrc_start of the response: its
    pseudo header depends on its length, which length fixes).  Returns the
    response's length, or 0 (resp untouched) if the request is not taken. */
-/* sn_read_only's conditions on the READ request req[0:n] (which it states):
-   1, with its VA in *va, if it is taken. */
-static int sn_read_request(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn,
-                           uint32_t epsn, uint32_t req_start, uint32_t rkey, uint32_t length,
-                           uint64_t lo, uint64_t hi, uint64_t *va)
-{
-    if (length == 0 || hi < lo
-            || !sn_request_at(req, n, BTH_LEN + RETH_LEN + ICRC_LEN, w0, qpn, epsn, req_start))
-        return 0;
-    *va = be64(req + BTH_LEN);
-    return be32(req + BTH_LEN + 8) == rkey && be32(req + BTH_LEN + 12) == length
-        && *va >= lo && *va <= hi && hi - *va >= length;
-}
-
 size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
                     uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
                     uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
@@ -388,59 +371,17 @@ size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uin
 {
     uint32_t pad = -length & 3u;
     uint64_t va;
-    if (!sn_read_request(req, n, w0, qpn, epsn, req_start, rkey, length, lo, hi, &va))
+    if (length == 0 || hi < lo
+            || !sn_request_at(req, n, BTH_LEN + RETH_LEN + ICRC_LEN, w0, qpn, epsn, req_start))
+        return 0;
+    va = be64(req + BTH_LEN);
+    if (be32(req + BTH_LEN + 8) != rkey || be32(req + BTH_LEN + 12) != length
+            || va < lo || va > hi || hi - va < length)
         return 0;
     sn_response_head(resp, resp_w0, dqpn, epsn, aeth);
     memcpy(resp + BTH_LEN + AETH_LEN, mem + (va - lo), length);
     memset(resp + BTH_LEN + AETH_LEN + length, 0, pad);
     return sn_response_seal(resp, BTH_LEN + AETH_LEN + (size_t)length + pad, resp_start);
-}
-
-/* Answer (responder.answer and _read, for an RDMA READ request at the ePSN
-   whose responses are npkts = ceil(length / mtu) > 1 packets, then
-   output._rc_responses' _read_run and append_icrc for them): the request in
-   req[0:n] is taken under sn_read_only's conditions (answer_target's, for a
-   READ of such a length).  Its responses, as _read_run builds them, each with
-   the destination QP dqpn and AckReq clear, from the bytes at VA:
-     - the READ RESPONSE FIRST to first: BTH word 0 first_w0 (its opcode and
-       P_Key), the request's PSN, AETH aeth, the first mtu bytes, the ICRC
-       from first_start (BTH + AETH + mtu + ICRC bytes);
-     - its npkts - 2 MIDDLEs as sn_tx_heads leaves them in heads, 16 bytes a
-       packet (word 0 mid_w0, PSNs from the request's + 1 on, the ICRC from
-       mid_start over the payload where it lies), their payload at *src, an
-       mtu a packet, for the driver to gather (sn_send_gather);
-     - the LAST to last: word 0 last_w0 (its opcode, pad count and P_Key), the
-       request's PSN + npkts - 1, AETH aeth, the rest of the bytes, zero pad,
-       the ICRC from last_start.
-   Returns the LAST's length (the FIRST's is BTH + AETH + mtu + ICRC), or 0
-   (nothing written) if the request is not taken. */
-size_t sn_read_run(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
-                   uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
-                   uint64_t hi, const uint8_t *mem, uint32_t mtu, uint32_t first_w0,
-                   uint32_t mid_w0, uint32_t last_w0, uint32_t dqpn, uint32_t aeth,
-                   uint32_t first_start, uint32_t mid_start, uint32_t last_start,
-                   uint8_t *first, uint8_t *heads, uint8_t *last, const uint8_t **src)
-{
-    const uint8_t *p;
-    uint32_t npkts, rest, pad;
-    uint64_t va;
-    if (mtu == 0 || length <= mtu
-            || !sn_read_request(req, n, w0, qpn, epsn, req_start, rkey, length, lo, hi, &va))
-        return 0;
-    npkts = (uint32_t)(((uint64_t)length + mtu - 1) / mtu);
-    rest = length - (npkts - 1) * mtu;
-    pad = -rest & 3u;
-    p = mem + (va - lo);
-    sn_response_head(first, first_w0, dqpn, epsn, aeth);
-    memcpy(first + BTH_LEN + AETH_LEN, p, mtu);
-    sn_response_seal(first, BTH_LEN + AETH_LEN + (size_t)mtu, first_start);
-    *src = p + mtu;
-    sn_tx_heads(heads, npkts - 2, mid_w0, dqpn, (epsn + 1) & PSN_MASK, 0, 0xFFFFFFFFu, p + mtu,
-                mtu, mid_start);
-    sn_response_head(last, last_w0, dqpn, (epsn + npkts - 1) & PSN_MASK, aeth);
-    memcpy(last + BTH_LEN + AETH_LEN, p + (size_t)(npkts - 1) * mtu, rest);
-    memset(last + BTH_LEN + AETH_LEN + rest, 0, pad);
-    return sn_response_seal(last, BTH_LEN + AETH_LEN + (size_t)rest + pad, last_start);
 }
 
 /* Answer (responder.answer and _atomic, for an ATOMIC at the ePSN, then

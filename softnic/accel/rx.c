@@ -140,67 +140,18 @@ int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pe
 }
 
 
-/* Send a READ's responses as sn_read_run leaves them, as UdpSocket.send_runs
-   sends output._read_run's: the FIRST (first_len bytes) alone, then the count
-   MIDDLEs gathered, each its BTH (heads + 16 i), its mtu of src and its ICRC
-   (heads + 16 i + 12), per_call to a sendmsg(2) (sn_send_gather; per_call 0: no
-   UDP GSO, each assembled in one and sent alone), with the LAST after them if it
-   is no longer than a MIDDLE, else alone.  A socket that refuses GSO itself
-   (EINVAL, ENOPROTOOPT, EOPNOTSUPP, EIO: UdpSocket._send_gather's) sets *nogso,
-   and what is left goes one by one.  Returns the datagrams lost: a send the
-   socket refuses (no room, no route) loses them, as a wire would. */
-static uint32_t sn_send_read_run(int fd, const struct sockaddr_in *to, uint32_t ip,
-                                 uint32_t port, const uint8_t *first, size_t first_len,
-                                 const uint8_t *heads, const uint8_t *src, uint32_t mtu,
-                                 uint32_t count, const uint8_t *last, size_t last_len,
-                                 uint32_t per_call, uint8_t *one, uint32_t *nogso)
-{
-    size_t seg = BTH_LEN + (size_t)mtu + ICRC_LEN;
-    uint32_t lost = 0, done = 0, with_last = last_len <= seg;
-    if (sendto(fd, first, first_len, 0, (const struct sockaddr *)to, sizeof *to) < 0)
-        lost++;
-    if (per_call > 1 && count) {
-        uint32_t l = 0;
-        int err = 0;
-        done = (uint32_t)sn_send_gather(fd, ip, port, 0, 0, heads, src, mtu, count,
-                                        with_last ? last : 0, with_last ? (uint32_t)last_len : 0,
-                                        per_call, &l, &err);
-        lost += l;
-        if (err == EINVAL || err == ENOPROTOOPT || err == EOPNOTSUPP || err == EIO)
-            *nogso = 1;
-    }
-    for (uint32_t i = done; i < count; i++) {
-        memcpy(one, heads + 16 * (size_t)i, BTH_LEN);
-        memcpy(one + BTH_LEN, src + (size_t)mtu * i, mtu);
-        memcpy(one + BTH_LEN + mtu, heads + 16 * (size_t)i + BTH_LEN, ICRC_LEN);
-        if (sendto(fd, one, seg, 0, (const struct sockaddr *)to, sizeof *to) < 0)
-            lost++;
-    }
-    if (!(with_last && done > count)
-            && sendto(fd, last, last_len, 0, (const struct sockaddr *)to, sizeof *to) < 0)
-        lost++;
-    return lost;
-}
-
-/* The UDP driver's answer to a peer's READs or ATOMICs
+/* The UDP driver's answer to a peer's READs of one packet or ATOMICs
    (responder.answer_target's), without the interpreter between request and
    response: receive (as sn_rx_stream: recvmsg(2) into buf, cap bytes, UDP_GRO
    runs as the kernel coalesces them) and, while each datagram from the QP's
    peer (peer_ip, peer_port) is such a request at the ePSN (kind 0: a READ,
-   sn_read_only's conditions, or sn_read_run's for one of more than mtu bytes;
-   1: a FETCH_ADD, 2: a COMPARE_SWAP, sn_atomic_ack's; from epsn on, each
-   answered with the MSN after it: msn + 1 for the first), send its responses
-   to the peer at once.  resp holds them, room bytes a part (room: BTH, AETH,
-   the largest MTU and ICRC at least): a response ONLY or a READ's FIRST at 0
-   (its word 0 resp_w0, ICRC from resp_start), a READ's LAST at room (last_w0,
-   last_start), a MIDDLE assembled for a send without GSO at 2 room, and from
-   3 room on the MIDDLEs' heads (mid_w0, mid_start), 16 bytes a packet;
-   sendto(2) sends a lone response, sn_send_read_run a READ's (per_call
-   datagrams to a sendmsg with UDP GSO; 0: none).  An ATOMIC's original value
-   goes to origs (max entries).  A send the socket refuses (no room, no route)
-   loses the response, as a wire would: counted in out[8]; the requester's
-   retransmission asks again (a duplicate, the engine's to answer).  out[10] is
-   set if the socket refused GSO (the rest then went one by one).
+   sn_read_only's conditions; 1: a FETCH_ADD, 2: a COMPARE_SWAP,
+   sn_atomic_ack's; from epsn on, each answered with the MSN after it: msn + 1
+   for the first), send its response to the peer at once (sendto(2) from resp,
+   room for the longest: BTH + AETH + length + pad + ICRC bytes).  An ATOMIC's
+   original value goes to origs (max entries).  A send the socket refuses (no
+   room, no route) loses the response, as a wire would: counted in out[8]; the
+   requester's retransmission asks again (a duplicate, the engine's to answer).
 
    Stops, with out[1] saying why (out[2..7] and out[9] as sn_rx_stream's):
      0  nothing waits;  1  a datagram not so taken waits in buf (from offset
@@ -213,15 +164,12 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
                   uint32_t kind, uint32_t w0, uint32_t qpn, uint32_t epsn, uint32_t req_start,
                   uint32_t rkey, uint32_t length, uint64_t lo, uint64_t hi, uint8_t *mem,
                   uint32_t resp_w0, uint32_t dqpn, uint32_t syndrome, uint32_t msn,
-                  uint32_t resp_start, uint32_t mtu, uint32_t mid_w0, uint32_t mid_start,
-                  uint32_t last_w0, uint32_t last_start, uint8_t *resp, size_t room,
-                  uint32_t per_call, uint32_t max, uint64_t *origs, uint32_t *out)
+                  uint32_t resp_start, uint8_t *resp, uint32_t max, uint64_t *origs,
+                  uint32_t *out)
 {
-    uint32_t taken = 0, runs = 0, lost = 0, nogso = 0;
-    uint32_t run = kind == 0 && mtu && length > mtu;  /* a READ of more than one packet */
-    uint32_t npkts = run ? (uint32_t)(((uint64_t)length + mtu - 1) / mtu) : 1;
+    uint32_t taken = 0, runs = 0, lost = 0;
     struct sockaddr_in to;
-    memset(out, 0, 11 * sizeof *out);
+    memset(out, 0, 10 * sizeof *out);
     memset(&to, 0, sizeof to);
     to.sin_family = AF_INET;
     to.sin_port = htons((uint16_t)peer_port);
@@ -243,35 +191,20 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
             while (o < (size_t)r && taken < max) {
                 size_t n = (size_t)r - o < seg ? (size_t)r - o : seg, k;
                 uint32_t aeth = syndrome | ((msn + 1) & MSN_MASK);
-                if (run) {
-                    const uint8_t *src;
-                    k = sn_read_run(buf + o, n, w0, qpn, epsn, req_start, rkey, length, lo, hi,
-                                    mem, mtu, resp_w0, mid_w0, last_w0, dqpn, aeth, resp_start,
-                                    mid_start, last_start, resp, resp + 3 * room, resp + room,
-                                    &src);
-                    if (!k)
-                        break;
-                    lost += sn_send_read_run(fd, &to, peer_ip, peer_port, resp,
-                                             BTH_LEN + AETH_LEN + (size_t)mtu + ICRC_LEN,
-                                             resp + 3 * room, src, mtu, npkts - 2,
-                                             resp + room, k, per_call, resp + 2 * room,
-                                             &nogso);
-                } else {
-                    if (kind == 0)
-                        k = sn_read_only(buf + o, n, w0, qpn, epsn, req_start, rkey, length,
-                                         lo, hi, mem, resp_w0, dqpn, aeth, resp_start, resp);
-                    else
-                        k = sn_atomic_ack(buf + o, n, w0, qpn, epsn, req_start, rkey,
-                                          kind == 2, lo, hi, mem, resp_w0, dqpn, aeth,
-                                          resp_start, resp, origs + taken);
-                    if (!k)
-                        break;
-                    if (sendto(fd, resp, k, 0, (struct sockaddr *)&to, sizeof to) < 0)
-                        lost++;
-                }
+                if (kind == 0)
+                    k = sn_read_only(buf + o, n, w0, qpn, epsn, req_start, rkey, length, lo,
+                                     hi, mem, resp_w0, dqpn, aeth, resp_start, resp);
+                else
+                    k = sn_atomic_ack(buf + o, n, w0, qpn, epsn, req_start, rkey, kind == 2,
+                                      lo, hi, mem, resp_w0, dqpn, aeth, resp_start, resp,
+                                      origs + taken);
+                if (!k)
+                    break;
+                if (sendto(fd, resp, k, 0, (struct sockaddr *)&to, sizeof to) < 0)
+                    lost++;
                 taken++;
                 msn = (msn + 1) & MSN_MASK;
-                epsn = (epsn + npkts) & PSN_MASK;
+                epsn = (epsn + 1) & PSN_MASK;
                 o += n;
             }
         if (o < (size_t)r) {
@@ -283,7 +216,6 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
     }
     out[7] = runs;
     out[8] = lost;
-    out[10] = nogso;
     return (int)taken;
 }
 

@@ -159,13 +159,13 @@ class Dispatch:
         return Reads(qp, r, took)
 
     def answer_target(self) -> "responder.AnswerTarget | None":
-        """The READs or ATOMICs a driver's kernel may answer now, for
+        """The READs of one packet or ATOMICs a driver's kernel may answer now, for
         ``answer_qp`` (the QP that answered one last): ``responder.answer_target``."""
         return responder.answer_target(self) if self.answer_qp is not None else None
 
-    def took_answers(self, qp, kind: int, k: int, origs=None, npkts: int = 1) -> None:
+    def took_answers(self, qp, kind: int, k: int, origs=None) -> None:
         """Account for ``k`` requests the kernel answered (``responder.took_answers``)."""
-        responder.took_answers(self, qp, kind, k, origs, npkts)
+        responder.took_answers(self, qp, kind, k, origs)
 
     def receive_datagram(self, data: bytes, src: tuple[str, int], now: float, ecn: int = 0,
                          telemetry: tuple | None = None) -> None:

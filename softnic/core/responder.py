@@ -50,7 +50,7 @@ from ..wire.roce import AETH_CODE_SHIFT, AETH_LEN, AETH_SYNDROME_SHIFT, ATOMICAC
     BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, Kind, MSN_MASK, NakCode, OPCODES, Opcode as O, \
     QPN_MASK, RETH_LEN, RETH_STRUCT
 from .cq import WC
-from .enums import MTU, Access, QPState, QPType, WCFlags, WCOpcode, WCStatus, mtu_bytes
+from .enums import Access, QPState, QPType, WCFlags, WCOpcode, WCStatus
 from .memory import MW, AccessError, view_span, write_checked
 from . import sr_place, xrc
 
@@ -772,7 +772,7 @@ def _read(dev, qp, info, psn: int, va: int, rkey: int, length: int) -> None:
     _answered(qp, last)
     resp.out.append(ReadReply(psn, view, resp.msn))
     dev.mark_ready(qp)
-    if length and (last - psn) & PSN_MASK < ANSWER_READ_MAX_PKTS:
+    if last == psn and length:
         resp.answer_hint = (ANSWER_READ, rkey, length)     # READs like it: a driver
         dev.answer_qp = qp                                 # may answer them (answer_target)
 
@@ -1699,21 +1699,13 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
 
 # ------------------------------------------------------------------ answered by the kernel
 #
-# A READ or an ATOMIC at the ePSN, answered by a driver's kernel
-# (``sn_rx_answers``: ``sn_read_only``, ``sn_read_run``, ``sn_atomic_ack``) as it
-# arrives, under ``answer_target``'s conditions; ``took_answers`` accounts for
-# each as ``answer`` does.
+# A READ of one packet or an ATOMIC at the ePSN, answered by a driver's kernel
+# (``sn_rx_answers``: ``sn_read_only``, ``sn_atomic_ack``) as it arrives, under
+# ``answer_target``'s conditions; ``took_answers`` accounts for each as
+# ``answer`` does.
 
 #: what the kernel answers (``AnswerTarget.kind``; ``sn_rx_answers``' ``kind``)
 ANSWER_READ, ANSWER_FETCH_ADD, ANSWER_COMPARE_SWAP = 0, 1, 2
-#: the longest READ the kernel answers, in response packets (the room for its
-#: MIDDLEs' heads a driver gives ``sn_rx_answers``)
-ANSWER_READ_MAX_PKTS = 256
-_READ_FIRST, _READ_MIDDLE, _READ_LAST = (int(O.RC_RDMA_READ_RESPONSE_FIRST),
-                                         int(O.RC_RDMA_READ_RESPONSE_MIDDLE),
-                                         int(O.RC_RDMA_READ_RESPONSE_LAST))
-#: the largest path MTU (the room a driver gives a response in ``sn_rx_answers``)
-_MTU_MAX = mtu_bytes(MTU.MTU_4096)
 _ANSWER_REQUEST = {ANSWER_READ: (int(O.RC_RDMA_READ_REQUEST), RETH_LEN, _REMOTE_READ,
                                  int(O.RC_RDMA_READ_RESPONSE_ONLY)),
                    ANSWER_FETCH_ADD: (int(O.RC_FETCH_ADD), ATOMICETH_LEN, _REMOTE_ATOMIC,
@@ -1723,16 +1715,13 @@ _ANSWER_REQUEST = {ANSWER_READ: (int(O.RC_RDMA_READ_REQUEST), RETH_LEN, _REMOTE_
 
 
 class AnswerTarget(NamedTuple):
-    """What a driver's kernel needs to answer a QP's next READs or ATOMICs
-    (``sn_rx_answers``; ``answer_target`` says when it may): which (``kind``),
-    the request's BTH word 0, its ICRC state (``icrc_start``) and the ePSN; the
-    R_Key and length of the requests it may answer (those of the last one
-    answered), the MR's bounds ``[lo, hi)`` and its bytes ``mem``; the
-    response's (a READ's FIRST, if it has more than one) BTH word 0,
-    destination QP, AETH syndrome bits, the MSN before the first, and ICRC
-    state; for a READ of more than one packet, the path MTU, its responses'
-    count, and the BTH word 0 and ICRC state of its MIDDLEs and of its LAST
-    (else 0)."""
+    """What a driver's kernel needs to answer a QP's next READs of one packet or
+    ATOMICs (``sn_rx_answers``; ``answer_target`` says when it may): which
+    (``kind``), the request's BTH word 0, its ICRC state (``icrc_start``) and
+    the ePSN; the R_Key and length of the requests it may answer (those of the
+    last one answered), the MR's bounds ``[lo, hi)`` and its bytes ``mem``; the
+    response's BTH word 0, destination QP, AETH syndrome bits, the MSN before
+    the first, and ICRC state."""
     qp: object
     kind: int
     w0: int
@@ -1748,18 +1737,11 @@ class AnswerTarget(NamedTuple):
     syndrome: int
     msn: int
     resp_start: int
-    mtu: int = 0
-    npkts: int = 1
-    mid_w0: int = 0
-    mid_start: int = 0
-    last_w0: int = 0
-    last_start: int = 0
 
 
 def answer_target(dev) -> AnswerTarget | None:
     """May the driver's kernel answer ``dev.answer_qp``'s next requests
-    (``sn_read_only``, ``sn_read_run``, ``sn_atomic_ack``, through
-    ``sn_rx_answers``)?  So it may
+    (``sn_read_only``, ``sn_atomic_ack``, through ``sn_rx_answers``)?  So it may
     while a READ or ATOMIC at the ePSN would take ``receive_common``'s way
     through ``answer`` with nothing else to do: COMMON_CASE's conditions on the
     QP (RC, not XRC, RTR, RTS or SQD, nothing held beyond a hole), no message
@@ -1769,9 +1751,9 @@ def answer_target(dev) -> AnswerTarget | None:
     (``DeviceConfig.icrc``, ``check_icrc``), and the request's R_Key that of an
     MR of the QP's PD granting that access (``KeyTable.remote_region``; not a
     memory window, not an on-demand one).  Only requests like the last the
-    engine answered (``resp.answer_hint``: a READ of at most
-    ``ANSWER_READ_MAX_PKTS`` responses and its length, or the same ATOMIC; the
-    same R_Key) are taken: a response's ICRC state depends on its length.  The kernel checks each packet's conditions and the
+    engine answered (``resp.answer_hint``: a READ of one packet and its length,
+    or the same ATOMIC; the same R_Key) are taken: a response's ICRC state
+    depends on its length.  The kernel checks each packet's conditions and the
     VA (its range; an ATOMIC's alignment); ``took_answers`` accounts for what
     it answered."""
     qp = dev.answer_qp
@@ -1791,57 +1773,42 @@ def answer_target(dev) -> AnswerTarget | None:
         return None                 # the engine's turn first (it may be again after)
     kind, rkey, length = hint
     opcode, eth_len, access, resp_opcode = _ANSWER_REQUEST[kind]
-    mtu = qp.mtu
-    npkts = -(-length // mtu)
     mr = dev.keys.remote_region(qp.pd, rkey, Access(access))
-    if mr is None or npkts > ANSWER_READ_MAX_PKTS or mtu > _MTU_MAX \
-            or not int(qp.attr.qp_access_flags) & access:
+    if mr is None or length > qp.mtu or not int(qp.attr.qp_access_flags) & access:
         dev.answer_qp = None
         return None
     src = qp.dest
     dqpn = qp.attr.dest_qp_num & QPN_MASK
-    # BTH words 0 and 1 of the request and of each response (flags: the pad count
-    # of a READ RESPONSE ONLY or LAST), as the engine's packets carry them; the
-    # ICRC state of each, which its length fixes
+    # BTH words 0 and 1 of the request and of its response (flags: a READ
+    # RESPONSE ONLY's pad count), as the engine's packets carry them
     head = _BTH.pack(opcode, 0, DEFAULT_PKEY, qp.qpn, 0)[:8]
-
-    def response(op: int, ext: int, n: int) -> tuple[int, int]:
-        pad = -n & 3
-        h = _BTH.pack(op, pad << BTH_PAD_SHIFT, DEFAULT_PKEY, dqpn, 0)[:8]
-        return _W0_DQPN.unpack(h)[0], icrc_start(dev.ip, src[0], dev.port, src[1],
-                                                 BTH_LEN + ext + n + pad + ICRC_LEN, h)
-    more = ()
-    if kind != ANSWER_READ:
-        w0, start = response(resp_opcode, AETH_LEN + ATOMICACKETH_LEN, 0)
-    elif npkts == 1:
-        w0, start = response(resp_opcode, AETH_LEN, length)
-    else:                           # output._read_run's FIRST, MIDDLEs and LAST
-        w0, start = response(_READ_FIRST, AETH_LEN, mtu)
-        more = (mtu, npkts, *response(_READ_MIDDLE, 0, mtu),
-                *response(_READ_LAST, AETH_LEN, length - (npkts - 1) * mtu))
+    if kind == ANSWER_READ:
+        pad = -length & 3
+        resp_len = BTH_LEN + AETH_LEN + length + pad + ICRC_LEN
+    else:
+        pad = 0
+        resp_len = BTH_LEN + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN
+    resp_head = _BTH.pack(resp_opcode, pad << BTH_PAD_SHIFT, DEFAULT_PKEY, dqpn, 0)[:8]
     return AnswerTarget(
         qp, kind, _W0_DQPN.unpack(head)[0],
         icrc_start(src[0], dev.ip, src[1], dev.port, BTH_LEN + eth_len + ICRC_LEN, head),
         resp.epsn, rkey, length, mr.addr, mr.addr + mr.length, mr.view,
-        w0, dqpn, ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn, start, *more)
+        _W0_DQPN.unpack(resp_head)[0], dqpn, ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn,
+        icrc_start(dev.ip, src[0], dev.port, src[1], resp_len, resp_head))
 
 
-def took_answers(dev, qp, kind: int, k: int, origs=None, npkts: int = 1) -> None:
+def took_answers(dev, qp, kind: int, k: int, origs=None) -> None:
     """Account for ``k`` requests the kernel answered from the ePSN on (READs of
-    ``npkts`` responses each, or ATOMICs, ``kind``; their responses sent), as
+    one packet, or ATOMICs, ``kind``; their responses sent), as
     ``receive_common`` and ``answer`` account for each: counted (``rcvd_pkts``;
-    its responses in ``sent_pkts``, as ``Output`` counts what it seals),
+    its response in ``sent_pkts``, as ``Output`` counts what it seals),
     remembered for a duplicate's replay (an ATOMIC with the original value the
     kernel read, ``origs[i]``), the ePSN and MSN moved past it."""
     dev.counters["rcvd_pkts"] += k
-    dev.counters["sent_pkts"] += k * npkts
+    dev.counters["sent_pkts"] += k
     resp = qp.resp
     for i in range(k):
         psn = resp.epsn
-        if kind == ANSWER_READ:
-            last = (psn + npkts - 1) & PSN_MASK
-            _remember(qp, ReadResource(psn, last))
-            _answered(qp, last)
-        else:
-            _remember(qp, AtomicResource(psn, origs[i]))
-            _answered(qp, psn)
+        _remember(qp, ReadResource(psn, psn) if kind == ANSWER_READ
+                  else AtomicResource(psn, origs[i]))
+        _answered(qp, psn)

@@ -52,14 +52,14 @@ from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from ..core.enums import MTU, mtu_bytes
 from ..core.requester import Gather
-from ..core.responder import ANSWER_READ, ANSWER_READ_MAX_PKTS
+from ..core.responder import ANSWER_READ
 from ..core.dispatch import RESPONSES as _RESPONSES, StreamKind
 from .. import accel as _accel
 from . import env
 from .faults import FaultInjector
 from . import mcast as _mcast
 from .hostfiles import process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
-from ..transport.udp import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UdpSocket, bind_free
+from ..transport.udp import UdpSocket, bind_free
 from ..wire.roce import AETH_LEN, BTH_LEN, ICRC_LEN, ROCEV2_PORT, Opcode as _Op
 
 #: How long after an inline step (a caller spinning on ``poll``) the caller is
@@ -124,19 +124,14 @@ _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may tak
 #: wait, once it took the READ's FIRST or a run of them: GRO runs of about 60 KiB,
 #: so 4 MiB at most (``_step``)
 _READ_STREAM_RUNS = 64
-#: Answer a peer's READs and ATOMICs in the compiled kernel as they
+#: Answer a peer's READs of one packet and ATOMICs in the compiled kernel as they
 #: arrive (``_rx_answers``); ``SOFTNIC_RX_ANSWERS=0``: each through the engine.
 RX_ANSWERS = os.environ.get("SOFTNIC_RX_ANSWERS", "1").strip().lower() not in (
     "0", "no", "off", "false")
-#: the room for one response in ``sn_rx_answers``' buffer (the longest, a READ
-#: RESPONSE ONLY, FIRST or LAST: BTH, AETH, 4096 bytes, the largest path MTU, ICRC),
-#: and the buffer: a READ's FIRST, its LAST, a MIDDLE assembled where there is no
-#: GSO, and its MIDDLEs' heads, 16 bytes each; the most requests one call answers,
-#: and about the most bytes it sends
-_ANSWER_ROOM = BTH_LEN + AETH_LEN + mtu_bytes(MTU.MTU_4096) + ICRC_LEN
-_ANSWER_BUF = 3 * _ANSWER_ROOM + 16 * ANSWER_READ_MAX_PKTS
+#: the longest answer, a READ RESPONSE ONLY: BTH, AETH, 4096 bytes (the largest
+#: path MTU), ICRC; and the most one call answers
+_ANSWER_MAX = BTH_LEN + AETH_LEN + mtu_bytes(MTU.MTU_4096) + ICRC_LEN
 _ANSWERS_MAX = 256
-_ANSWER_BYTES = 1 << 20
 #: a READ's responses before its LAST: more of the same burst follow (``NIC.poll``'s
 #: ``reads``; an inline step's stream of them, ``_step``)
 _READ_MORE = frozenset({int(_Op.RC_RDMA_READ_RESPONSE_FIRST),
@@ -440,11 +435,11 @@ class NIC(SharedDevice):
                                     k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
                                     k.ffi.new("uint32_t[10]"))
                 if RX_ANSWERS and self.injector is None:
-                    # the answer to a peer's READs and ATOMICs
+                    # the answer to a peer's READs of one packet and ATOMICs
                     # (_rx_answers), where no fault model needs to see the responses
-                    self._answers = (k.lib, k.ffi, *rx, k.ffi.new(f"uint8_t[{_ANSWER_BUF}]"),
+                    self._answers = (k.lib, k.ffi, *rx, k.ffi.new(f"uint8_t[{_ANSWER_MAX}]"),
                                      k.ffi.new(f"uint64_t[{_ANSWERS_MAX}]"),
-                                     k.ffi.new("uint32_t[11]"))
+                                     k.ffi.new("uint32_t[10]"))
             # a run's payload goes from registered memory to the socket, gathered
             # (requester.Gather), where no capture or fault model needs its bytes (a
             # model that only drops sends the survivors of a run gathered too)
@@ -1204,7 +1199,7 @@ class NIC(SharedDevice):
         return did, answers, used, state == 0
 
     def _rx_answers(self, now: float, limit: int) -> tuple[bool, int, bool]:
-        """Answer the READs or ATOMICs that arrive for
+        """Answer the READs of one packet or ATOMICs that arrive for
         ``Device.answer_target``'s QP in the compiled kernel (``sn_rx_answers``),
         each response sent as its request is taken, up to ``limit`` of them; the
         engine accounts for them after the call (``took_answers``), then takes
@@ -1222,23 +1217,17 @@ class NIC(SharedDevice):
             return False, 0, False       # (memory an ATOMIC may not write: the engine's)
         qp = t.qp
         ip, port = qp.dest
-        limit = min(limit, _ANSWERS_MAX, max(1, _ANSWER_BYTES // t.length))
-        per_call = 0                    # a READ's MIDDLEs to a sendmsg (UDP GSO), as send_runs
-        if t.npkts > 2 and self.sock.gso:
-            per_call = min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // (BTH_LEN + t.mtu + ICRC_LEN))
+        limit = min(limit, _ANSWERS_MAX)
         k = lib.sn_rx_answers(self.sock.fileno(), rxptr, cap, _ip_u32(ip), port, t.kind, t.w0,
                               qp.qpn, t.epsn, t.req_start, t.rkey, t.length, t.lo, t.hi, mem,
-                              t.resp_w0, t.dqpn, t.syndrome, t.msn, t.resp_start, t.mtu,
-                              t.mid_w0, t.mid_start, t.last_w0, t.last_start, resp,
-                              _ANSWER_ROOM, per_call, limit, origs, out)
+                              t.resp_w0, t.dqpn, t.syndrome, t.msn, t.resp_start, resp, limit,
+                              origs, out)
         state = out[1]
         used = out[7] + (state in (1, 3))
-        if out[10]:
-            self.sock.gso = False       # no segmentation offload here (as _send_gso finds)
         if k:
             self._answers_sent += k
             self.sock.send_errors += out[8]
-            dev.took_answers(qp, t.kind, k, origs, t.npkts)
+            dev.took_answers(qp, t.kind, k, origs)
         if state == 1:                  # a datagram the kernel did not take
             if not k:
                 # not a request like the last: the kernel is offered none until the
