@@ -162,7 +162,7 @@ def test_a_stream_taken_by_the_kernel_sends_its_ack_before_the_last_run():
 def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel(step):
     """A long READ's RESPONSE MIDDLEs, sent as a NIC sends them (the responder's
     run, GSO), are taken by the requester run after run in the kernel
-    (``sn_rx_stream``, ``completer.stream_target``): every byte lands in the
+    (``sn_rx_reads``, ``completer.reads_target``): every byte lands in the
     READ's SGE and the READ completes in one step.  ``thread``: the progress
     thread's step; ``poll1``/``poll2``: the inline step of a program polling
     its CQ for the READ (``NIC.poll``), which takes the FIRST as it takes any

@@ -240,8 +240,8 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
      out[6]), for the engine;  2  max_runs receives, or every READ's responses
      taken;  3  a truncated datagram (dropped);  4  recvmsg failed (out[9]: errno).
    Returns how many packets it took; out[0] is how many READs it finished (their
-   LAST taken), out[8] the bytes received; completer.took_reads accounts for them
-   as took_responses does. */
+   LAST taken), out[8] the bytes received; completer.took_responses accounts for
+   them. */
 int sn_rx_reads(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
                 uint32_t qpn, uint32_t epsn, uint32_t mtu, uint32_t first_w0,
                 uint32_t first_start, uint32_t mid_w0, uint32_t mid_start, uint32_t nreads,

@@ -99,8 +99,8 @@ class StreamKind(Enum):
 class Stream(NamedTuple):
     """A run of MIDDLEs a driver may take without the engine between its receives
     (``sn_rx_stream``): those of the QP's message in order or beyond a hole
-    (``responder.stream_target``), or its READ's responses
-    (``completer.stream_target``).  ``took(k, acks, nacks, now)`` accounts for
+    (``responder.stream_target``); a QP's READ responses are ``Reads``.
+    ``took(k, acks, nacks, now)`` accounts for
     ``k`` taken, the AckReqs' indexes from the first ``acks[0:nacks]``."""
     qp: object
     seg: int                      # datagram size of each MIDDLE
