@@ -139,6 +139,84 @@ int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pe
     return (int)taken;
 }
 
+/* The loop sn_rx_answers and sn_rx_reads share: receive (sn_rx_recv) and offer
+   each datagram from the peer (peer_ip, peer_port), a GRO run's one segment at
+   a time, to take(ctx, p, n), which says whether it took it; while *more (take
+   clears it once it wants no more) and for at most max_runs receives.  Stops,
+   with out[1] saying why, as those two functions state; out[7] is the receives
+   used.  Returns the bytes received. */
+static uint64_t sn_rx_segments(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip,
+                               uint32_t peer_port, uint32_t max_runs,
+                               int (*take)(void *, const uint8_t *, size_t), void *ctx,
+                               const int *more, uint32_t *out)
+{
+    uint32_t runs = 0;
+    uint64_t bytes = 0;
+    while (runs < max_runs && *more) {
+        struct sockaddr_in sa;
+        ssize_t r;
+        size_t o = 0, seg;
+        uint32_t gro, ip;
+        r = sn_rx_recv(fd, buf, cap, &sa, &gro, out);
+        if (r < 0) {
+            runs += r == -2;          /* (a truncated datagram is a receive) */
+            break;
+        }
+        runs++;
+        bytes += (uint64_t)r;
+        ip = ntohl(sa.sin_addr.s_addr);
+        seg = gro ? gro : (size_t)r;
+        if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port)
+            while (o < (size_t)r && *more) {
+                size_t n = (size_t)r - o < seg ? (size_t)r - o : seg;
+                if (!take(ctx, buf + o, n))
+                    break;
+                o += n;
+            }
+        if (o < (size_t)r) {
+            sn_rx_left(out, r, gro, o, &sa);
+            runs--;
+            break;
+        }
+        out[1] = 2;
+    }
+    out[7] = runs;
+    return bytes;
+}
+
+/* sn_rx_answers' state, and its take for sn_rx_segments: one request answered
+   and its response sent, or 0. */
+struct sn_answers {
+    int more, fd;
+    uint32_t taken, max, lost, kind, w0, qpn, epsn, req_start, rkey, length, resp_w0, dqpn,
+        syndrome, msn, resp_start;
+    uint64_t lo, hi;
+    uint8_t *mem, *resp;
+    uint64_t *origs;
+    struct sockaddr_in to;
+};
+
+static int sn_answer(void *ctx, const uint8_t *p, size_t n)
+{
+    struct sn_answers *a = ctx;
+    uint32_t aeth = a->syndrome | ((a->msn + 1) & MSN_MASK);
+    size_t k;
+    if (a->kind == 0)
+        k = sn_read_only(p, n, a->w0, a->qpn, a->epsn, a->req_start, a->rkey, a->length, a->lo,
+                         a->hi, a->mem, a->resp_w0, a->dqpn, aeth, a->resp_start, a->resp);
+    else
+        k = sn_atomic_ack(p, n, a->w0, a->qpn, a->epsn, a->req_start, a->rkey, a->kind == 2,
+                          a->lo, a->hi, a->mem, a->resp_w0, a->dqpn, aeth, a->resp_start,
+                          a->resp, a->origs + a->taken);
+    if (!k)
+        return 0;
+    if (sendto(a->fd, a->resp, k, 0, (struct sockaddr *)&a->to, sizeof a->to) < 0)
+        a->lost++;
+    a->msn = (a->msn + 1) & MSN_MASK;
+    a->epsn = (a->epsn + 1) & PSN_MASK;
+    a->more = ++a->taken < a->max;
+    return 1;
+}
 
 /* The UDP driver's answer to a peer's READs of one packet or ATOMICs
    (responder.answer_target's), without the interpreter between request and
@@ -167,56 +245,76 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
                   uint32_t resp_start, uint8_t *resp, uint32_t max, uint64_t *origs,
                   uint32_t *out)
 {
-    uint32_t taken = 0, runs = 0, lost = 0;
-    struct sockaddr_in to;
+    struct sn_answers a;
     memset(out, 0, 10 * sizeof *out);
-    memset(&to, 0, sizeof to);
-    to.sin_family = AF_INET;
-    to.sin_port = htons((uint16_t)peer_port);
-    to.sin_addr.s_addr = htonl(peer_ip);
-    while (taken < max) {
-        struct sockaddr_in sa;
-        ssize_t r;
-        size_t o = 0, seg;
-        uint32_t gro, ip;
-        r = sn_rx_recv(fd, buf, cap, &sa, &gro, out);
-        if (r < 0) {
-            runs += r == -2;          /* (a truncated datagram is a receive) */
-            break;
-        }
-        runs++;
-        ip = ntohl(sa.sin_addr.s_addr);
-        seg = gro ? gro : (size_t)r;
-        if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port)
-            while (o < (size_t)r && taken < max) {
-                size_t n = (size_t)r - o < seg ? (size_t)r - o : seg, k;
-                uint32_t aeth = syndrome | ((msn + 1) & MSN_MASK);
-                if (kind == 0)
-                    k = sn_read_only(buf + o, n, w0, qpn, epsn, req_start, rkey, length, lo,
-                                     hi, mem, resp_w0, dqpn, aeth, resp_start, resp);
-                else
-                    k = sn_atomic_ack(buf + o, n, w0, qpn, epsn, req_start, rkey, kind == 2,
-                                      lo, hi, mem, resp_w0, dqpn, aeth, resp_start, resp,
-                                      origs + taken);
-                if (!k)
-                    break;
-                if (sendto(fd, resp, k, 0, (struct sockaddr *)&to, sizeof to) < 0)
-                    lost++;
-                taken++;
-                msn = (msn + 1) & MSN_MASK;
-                epsn = (epsn + 1) & PSN_MASK;
-                o += n;
-            }
-        if (o < (size_t)r) {
-            sn_rx_left(out, r, gro, o, &sa);
-            runs--;
-            break;
-        }
-        out[1] = 2;
+    memset(&a, 0, sizeof a);
+    a.more = max > 0;
+    a.fd = fd;
+    a.max = max;
+    a.kind = kind;
+    a.w0 = w0;
+    a.qpn = qpn;
+    a.epsn = epsn;
+    a.req_start = req_start;
+    a.rkey = rkey;
+    a.length = length;
+    a.resp_w0 = resp_w0;
+    a.dqpn = dqpn;
+    a.syndrome = syndrome;
+    a.msn = msn;
+    a.resp_start = resp_start;
+    a.lo = lo;
+    a.hi = hi;
+    a.mem = mem;
+    a.resp = resp;
+    a.origs = origs;
+    a.to.sin_family = AF_INET;
+    a.to.sin_port = htons((uint16_t)peer_port);
+    a.to.sin_addr.s_addr = htonl(peer_ip);
+    sn_rx_segments(fd, buf, cap, peer_ip, peer_port, 0xFFFFFFFFu, sn_answer, &a, &a.more, out);
+    out[8] = a.lost;
+    return (int)a.taken;
+}
+
+/* sn_rx_reads' state, and its take for sn_rx_segments: the next response
+   expected taken, or 0. */
+struct sn_reads {
+    int more;
+    uint32_t qpn, epsn, mtu, first_w0, first_start, mid_w0, mid_start, nreads, i, p, taken,
+        done;
+    uint8_t **dst;
+    const uint32_t *len, *last_w0, *last_start;
+};
+
+static int sn_read_response(void *ctx, const uint8_t *b, size_t n)
+{
+    struct sn_reads *r = ctx;
+    uint32_t i = r->i, p = r->p, ack, na;
+    uint32_t npkts = (uint32_t)(((uint64_t)r->len[i] + r->mtu - 1) / r->mtu);
+    uint64_t off = (uint64_t)p * r->mtu;
+    int ok;
+    if (npkts < 2)
+        return 0;
+    if (p == 0)
+        ok = sn_rx_edge(b, n, r->first_w0, r->qpn, r->epsn, r->first_start, EXT_AETH, r->dst[i],
+                        0, r->mtu, r->len[i]);
+    else if (p == npkts - 1)
+        ok = sn_rx_edge(b, n, r->last_w0[i], r->qpn, r->epsn, r->last_start[i], EXT_AETH,
+                        r->dst[i], off, r->len[i] - off, r->len[i]);
+    else
+        ok = n == BTH_LEN + (size_t)r->mtu + ICRC_LEN
+            && sn_rx_middles(b, n, 0, n, r->mid_w0, r->qpn, r->epsn, r->mid_start, r->dst[i],
+                             off, (uint64_t)(npkts - 1) * r->mtu, 1, &ack, 1, &na) == 1;
+    if (!ok)
+        return 0;
+    r->taken++;
+    r->epsn = (r->epsn + 1) & PSN_MASK;
+    if (++r->p == npkts) {
+        r->p = 0;
+        r->done++;
+        r->more = ++r->i < r->nreads;
     }
-    out[7] = runs;
-    out[8] = lost;
-    return (int)taken;
+    return 1;
 }
 
 /* The UDP driver's receive of a QP's READ responses for its outstanding READs
@@ -248,65 +346,25 @@ int sn_rx_reads(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t pee
                 uint8_t **dst, const uint32_t *len, const uint32_t *last_w0,
                 const uint32_t *last_start, uint32_t p0, uint32_t max_runs, uint32_t *out)
 {
-    uint32_t taken = 0, runs = 0, i = 0, p = p0, done = 0;
-    uint64_t bytes = 0;
-    size_t mid = BTH_LEN + (size_t)mtu + ICRC_LEN;
+    struct sn_reads r;
     memset(out, 0, 10 * sizeof *out);
-    if (mtu == 0)
-        return 0;
-    while (runs < max_runs && i < nreads) {
-        struct sockaddr_in sa;
-        ssize_t r;
-        size_t o = 0, seg;
-        uint32_t gro, ip;
-        r = sn_rx_recv(fd, buf, cap, &sa, &gro, out);
-        if (r < 0) {
-            runs += r == -2;          /* (a truncated datagram is a receive) */
-            break;
-        }
-        runs++;
-        bytes += (uint64_t)r;
-        ip = ntohl(sa.sin_addr.s_addr);
-        seg = gro ? gro : (size_t)r;
-        if (sa.sin_family == AF_INET && ip == peer_ip && ntohs(sa.sin_port) == peer_port)
-            while (o < (size_t)r && i < nreads) {
-                size_t n = (size_t)r - o < seg ? (size_t)r - o : seg;
-                uint32_t npkts = (uint32_t)(((uint64_t)len[i] + mtu - 1) / mtu), ack, na;
-                int ok;
-                if (npkts < 2)
-                    break;
-                if (p == 0)
-                    ok = sn_rx_edge(buf + o, n, first_w0, qpn, epsn, first_start, EXT_AETH,
-                                    dst[i], 0, mtu, len[i]);
-                else if (p == npkts - 1)
-                    ok = sn_rx_edge(buf + o, n, last_w0[i], qpn, epsn, last_start[i], EXT_AETH,
-                                    dst[i], (uint64_t)p * mtu, len[i] - (uint64_t)p * mtu,
-                                    len[i]);
-                else
-                    ok = n == mid
-                        && sn_rx_middles(buf, o + n, o, n, mid_w0, qpn, epsn, mid_start, dst[i],
-                                         (uint64_t)p * mtu, (uint64_t)(npkts - 1) * mtu, 1,
-                                         &ack, 1, &na) == 1;
-                if (!ok)
-                    break;
-                taken++;
-                epsn = (epsn + 1) & PSN_MASK;
-                if (++p == npkts) {
-                    p = 0;
-                    i++;
-                    done++;
-                }
-                o += n;
-            }
-        if (o < (size_t)r) {
-            sn_rx_left(out, r, gro, o, &sa);
-            runs--;
-            break;
-        }
-        out[1] = 2;
-    }
-    out[0] = done;
-    out[7] = runs;
-    out[8] = (uint32_t)bytes;
-    return (int)taken;
+    memset(&r, 0, sizeof r);
+    r.more = mtu > 0 && nreads > 0;
+    r.qpn = qpn;
+    r.epsn = epsn;
+    r.mtu = mtu;
+    r.first_w0 = first_w0;
+    r.first_start = first_start;
+    r.mid_w0 = mid_w0;
+    r.mid_start = mid_start;
+    r.nreads = nreads;
+    r.p = p0;
+    r.dst = dst;
+    r.len = len;
+    r.last_w0 = last_w0;
+    r.last_start = last_start;
+    out[8] = (uint32_t)sn_rx_segments(fd, buf, cap, peer_ip, peer_port, max_runs,
+                                      sn_read_response, &r, &r.more, out);
+    out[0] = r.done;
+    return (int)r.taken;
 }
