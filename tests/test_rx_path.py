@@ -158,6 +158,19 @@ def test_a_stream_taken_by_the_kernel_sends_its_ack_before_the_last_run():
 
 
 
+def _requester_and_peer(name: str, host: str):
+    """A live NIC ``b`` (its kernel loaded) and, on a UDP socket ``tx`` of its own
+    at ``host``, an engine device ``a`` with the kernel, to answer ``b``'s READs."""
+    from softnic import accel
+    if accel.load() is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    tx = UdpSocket(host, 0)
+    b = NIC(DeviceSpec(name, None, 0), RuntimeConfig(min_timer=2e-3))
+    a = Device("a", host, tx.address[1])
+    a.kernel = accel.load()
+    return tx, b, a
+
+
 @pytest.mark.parametrize("step", ["thread", "poll1", "poll2"])
 def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel(step):
     """A long READ's RESPONSE MIDDLEs, sent as a NIC sends them (the responder's
@@ -169,13 +182,7 @@ def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel(step):
     run and then streams the MIDDLEs that wait and the LAST that ends them,
     whatever number of runs it may take (the C face's ``ibv_poll_cq`` asks for
     two)."""
-    from softnic import accel
-    if accel.load() is None:
-        pytest.fail(f"no kernel: {accel.error}")
-    tx = UdpSocket("127.0.0.249", 0)
-    b = NIC(DeviceSpec("rxp2", None, 0), RuntimeConfig(min_timer=2e-3))
-    a = Device("a", "127.0.0.249", tx.address[1])
-    a.kernel = accel.load()
+    tx, b, a = _requester_and_peer("rxp2", "127.0.0.249")
     try:
         assert b._stream is not None
         n = 128 * 4096
@@ -218,13 +225,7 @@ def test_reads_responses_one_read_after_another_are_the_kernels(mtu, reads, extr
     datagram between them: a response again, one for a QP it does not have, an
     ACK); every READ completes in order with the bytes it read, and the QP is
     left as the engine leaves it (every PSN acknowledged, no READ outstanding)."""
-    from softnic import accel
-    if accel.load() is None:
-        pytest.fail(f"no kernel: {accel.error}")
-    tx = UdpSocket("127.0.0.250", 0)
-    b = NIC(DeviceSpec("rxp3", None, 0), RuntimeConfig(min_timer=2e-3))
-    a = Device("a", "127.0.0.250", tx.address[1])
-    a.kernel = accel.load()
+    tx, b, a = _requester_and_peer("rxp3", "127.0.0.250")
     try:
         size = 1 << 16
         with b.lock:            # (b's progress thread waits: these steps take them)
