@@ -59,3 +59,12 @@ def test_the_bth_layouts_and_bits_are_the_codecs():
     assert (buf[1], buf[4], buf[8], bytes(buf[9:12])) == (0xC0, 0x40, 0x80, b"\x12\x34\x56")
     sent = roce.encode(O.RC_SEND_ONLY, dest_qp=1, psn=2, payload=b"x")
     assert (sent[1] >> roce.BTH_PAD_SHIFT) & roce.BTH_PAD_MASK == 3 == roce.pad_count(1)
+
+
+@given(st.sampled_from(list(O)), st.integers(0, 0xFF))
+def test_bth_word0_is_the_first_word_an_encoded_bth_carries(op, flags):
+    """``roce.bth_word0`` (the word the kernel compares and builds) is the first
+    four bytes of a BTH packed with that opcode and flags byte and the default
+    P_Key."""
+    packed = roce.BTH_STRUCT.pack(int(op), flags, roce.DEFAULT_PKEY, 0, 0)
+    assert roce.bth_word0(int(op), flags) == int.from_bytes(packed[:4], "big")

@@ -30,7 +30,7 @@ from typing import NamedTuple
 from ..wire.icrc import check_icrc
 from ..wire.psn import PSN_HALF, PSN_MASK, psn_add, psn_before, psn_diff
 from ..wire.roce import AETH_LEN, OPCODES, AethCode, AtomicAckETH, BTH_AETH_STRUCT, BTH_BECN, \
-    BTH_FECN, BTH_FLAGS_SHIFT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, \
+    BTH_FECN, BTH_LEN, BTH_PAD_MASK, BTH_PAD_SHIFT, bth_word0, \
     DEFAULT_PKEY, ICRC_LEN, Kind, NakCode, OpInfo, Opcode as O, QPN_MASK
 from .cq import WC
 from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCStatus, WROpcode as W
@@ -492,8 +492,7 @@ def reads_target(dev, qp) -> ReadsTarget | None:
             break
         rest = w.length - (w.npkts - 1) * mtu
         pad = -rest & 3
-        lw0 = (_READ_LAST << BTH_OPCODE_SHIFT) | ((pad << BTH_PAD_SHIFT) << BTH_FLAGS_SHIFT) \
-            | DEFAULT_PKEY
+        lw0 = bth_word0(_READ_LAST, pad << BTH_PAD_SHIFT)
         wqes.append(w)
         views.append(w.views[0])
         lens.append(w.length)
@@ -505,8 +504,8 @@ def reads_target(dev, qp) -> ReadsTarget | None:
             break
     if not wqes:
         return None
-    fw0 = (_READ_FIRST << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
-    mw0 = (_READ_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+    fw0 = bth_word0(_READ_FIRST)
+    mw0 = bth_word0(_READ_MIDDLE)
     return ReadsTarget(expected, (expected - wqes[0].first_psn) & PSN_MASK, mtu, fw0,
                        start(dev, src, BTH_LEN + AETH_LEN + mtu + ICRC_LEN, fw0, qp.qpn),
                        mw0, start(dev, src, BTH_LEN + mtu + ICRC_LEN, mw0, qp.qpn),

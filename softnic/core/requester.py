@@ -28,9 +28,9 @@ from typing import NamedTuple
 
 from ..wire.icrc import crc32, icrc_start
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
-from ..wire.roce import BTH_ACKREQ, BTH_FMT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_SHIFT, \
-    BTH_RETH_STRUCT, BTH_SE, BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, OPCODES, QPN_MASK, \
-    IETH_LEN, IMMDT_LEN, RETH_LEN, Opcode as O, encode, encode_middle
+from ..wire.roce import BTH_ACKREQ, BTH_FMT, BTH_LEN, BTH_PAD_SHIFT, BTH_RETH_STRUCT, \
+    BTH_SE, BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, OPCODES, QPN_MASK, IETH_LEN, IMMDT_LEN, \
+    RETH_LEN, Opcode as O, bth_word0, encode, encode_middle
 from .enums import QPState, QPType, SendFlags, WCStatus, WROpcode as W
 from .wr_opcode import ATOMICS, SEGMENTED, SENDS, WITH_IMM, WITH_INV, WRITES, only_opcode
 from .memory import AccessError
@@ -338,13 +338,13 @@ def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, s
     dqpn &= QPN_MASK
     start = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg,
                        _HEAD.pack(mid, 0, DEFAULT_PKEY, dqpn))
-    w0 = (mid << BTH_OPCODE_SHIFT) | DEFAULT_PKEY       # BTH word 0: opcode, flags, P_Key
+    w0 = bth_word0(mid)
     lead = 0                                            # packets under ``first``: 0 or 1
     if first is not None and count:
         lead = 1
         start0 = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg,
                             _HEAD.pack(first, 0, DEFAULT_PKEY, dqpn))
-        w00 = (first << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+        w00 = bth_word0(first)
     one = src if src is not None and off + count * mtu <= len(src) else None
     kern = dev.kernel
     o = 0

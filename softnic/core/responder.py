@@ -45,8 +45,8 @@ from typing import NamedTuple
 from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
 from ..wire.roce import AETH_CODE_SHIFT, AETH_LEN, AETH_SYNDROME_SHIFT, ATOMICACKETH_LEN, \
-    ATOMICETH_LEN, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, \
-    BTH_FLAGS_SHIFT, BTH_LEN, BTH_OPCODE_SHIFT, BTH_PAD_MASK, BTH_PAD_SHIFT, BTH_SE, \
+    ATOMICETH_LEN, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, bth_word0, \
+    BTH_LEN, BTH_PAD_MASK, BTH_PAD_SHIFT, BTH_SE, \
     BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, Kind, MSN_MASK, NakCode, OPCODES, Opcode as O, \
     QPN_MASK, RETH_LEN, RETH_STRUCT
 from .cq import WC
@@ -1217,7 +1217,7 @@ def edge_at(dev, p, size: int, src, op: int, flags: int, qpn: int, psn: int, ext
     ``p`` into the memory at its pointer ``dst`` (``receive_send_run`` makes
     each pointer once for a run): BTH word 0 from ``op`` and ``flags``, the ICRC
     state for them (``rx_icrc_start``), ``sn_rx_edge``."""
-    w0 = (op << BTH_OPCODE_SHIFT) | (flags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
+    w0 = bth_word0(op, flags)
     return bool(dev.kernel.lib.sn_rx_edge(p, size, w0, qpn, psn,
                                           rx_icrc_start(dev, src, size, w0, qpn), ext, dst,
                                           off, n, cap))
@@ -1283,7 +1283,7 @@ def _last(dev, qp, info, psn: int, tail: int, se: bool) -> bool:
 _SEND_FIRST, _SEND_MIDDLE = int(O.RC_SEND_FIRST), int(O.RC_SEND_MIDDLE)
 _FIRST_INFO = OPCODES[O.RC_SEND_FIRST]
 #: BTH word 0 of a SEND MIDDLE as ``sn_rx_middles`` takes it: no flag, the default P_Key
-_W0_SEND_MIDDLE = (_SEND_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+_W0_SEND_MIDDLE = bth_word0(_SEND_MIDDLE)
 
 
 def receive_send_run(dev, data, o: int, seg: int, src) -> int:
@@ -1598,7 +1598,7 @@ def stream_target(dev):
             dev.stream_qp = None
             return None
         view, off, room, at = run
-        w0 = (_WRITE_MIDDLE << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+        w0 = bth_word0(_WRITE_MIDDLE)
     else:
         t = message_target(dev, qp)
         if t is None:
@@ -1606,7 +1606,7 @@ def stream_target(dev):
             return None
         view, off, room = t
         psn, at = qp.resp.epsn, None
-        w0 = (_MIDDLE_OPCODE[qp.resp.kind] << BTH_OPCODE_SHIFT) | DEFAULT_PKEY
+        w0 = bth_word0(_MIDDLE_OPCODE[qp.resp.kind])
     seg = BTH_LEN + qp.mtu + ICRC_LEN
     start = rx_icrc_start(dev, qp.dest, seg, w0, qp.qpn)
     return qp, seg, w0, start, psn, view, off, room, at

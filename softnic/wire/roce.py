@@ -28,7 +28,7 @@ from .psn import PSN_MASK, psn_add, psn_diff
 __all__ = [
     "WireError", "Opcode", "OpInfo", "OPCODES", "Kind",
     "BTH", "RETH", "AETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH", "DETH",
-    "Packet", "encode", "encode_middle", "decode", "pad_count", "AethCode", "NakCode",
+    "Packet", "encode", "encode_middle", "decode", "pad_count", "bth_word0", "AethCode", "NakCode",
     "BTH_LEN", "RETH_LEN", "AETH_LEN", "ATOMICETH_LEN", "ATOMICACKETH_LEN",
     "IMMDT_LEN", "IETH_LEN", "DETH_LEN", "XRCETH_LEN", "ICRC_LEN", "CNP_PAD_LEN",
     "FETH", "FETH_LEN",
@@ -392,6 +392,13 @@ _Q = struct.Struct("!Q")
 _I = struct.Struct("!I")
 DETH_STRUCT = struct.Struct("!II")   # Q_Key, and the source QP in bits 23:0
 _DETH = DETH_STRUCT
+
+
+def bth_word0(opcode: int, flags: int = 0) -> int:
+    """A BTH's first 32-bit word: ``opcode``, the flags byte ``flags`` (SE,
+    MigReq, PadCnt, TVer), the default P_Key; as the kernel compares a packet's
+    and builds its own."""
+    return (opcode << BTH_OPCODE_SHIFT) | (flags << BTH_FLAGS_SHIFT) | DEFAULT_PKEY
 
 
 def pad_count(payload_len: int) -> int:
