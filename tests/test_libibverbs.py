@@ -93,13 +93,13 @@ def listening(port: int) -> bool:
     return False
 
 
-def pair(binary: str, args: list[str], faults=None, timeout=TIMEOUT):
+def pair(binary: str, args: list[str], faults=None, timeout=TIMEOUT, extra_env=None):
     """Server and client of ``binary`` (both with ``args``) over 127.0.0.1; returns both
     CompletedProcess-like results.  The exchange port is a free one, so runs in
     parallel do not meet."""
     port = free_tcp_port()
     port_opt = ["-p", str(port)]
-    scmd, env = softnic_exec(binary, *args, *port_opt, faults=faults)
+    scmd, env = softnic_exec(binary, *args, *port_opt, faults=faults, extra_env=extra_env)
     server = subprocess.Popen(scmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
     try:
@@ -109,7 +109,8 @@ def pair(binary: str, args: list[str], faults=None, timeout=TIMEOUT):
                 out = server.communicate(timeout=5)[0]
                 pytest.fail(f"{binary} server did not listen (exit {server.returncode}):\n{out}")
             time.sleep(0.05)
-        client = run(binary, *args, *port_opt, "127.0.0.1", faults=faults, timeout=timeout)
+        client = run(binary, *args, *port_opt, "127.0.0.1", faults=faults, timeout=timeout,
+                     extra_env=extra_env)
         sout = server.communicate(timeout=timeout)[0]
     finally:
         if server.poll() is None:
@@ -194,6 +195,32 @@ def test_rc_pingpong(libdir, args, faults):
     for out in (cout, sout):
         assert f"{iters} iters in" in out, out
         assert "GID ::ffff:127." in out
+
+
+@pytest.mark.compat("ibverbs-utils")
+@pytest.mark.parametrize("spin_us", [20000, 0], ids=["spin", "no-spin"])
+def test_rc_pingpong_events_busy_poll_before_they_sleep(libdir, tmp_path, spin_us):
+    """``ibv_rc_pingpong -e``: each side sleeps in ``ibv_get_cq_event`` for the peer's
+    answer, and first looks at the socket without sleeping for
+    ``SOFTNIC_PROGRESS_SPIN_US`` (shim.c's ``sn_cq_wait``), so an answer that lands
+    meanwhile wakes no sleeping thread.  With a spin longer than any answer takes
+    here (20 ms) the waiters find datagrams while spinning
+    (``waiter_spin_datagram``); with none they never do."""
+    binary = need("ibv_rc_pingpong")
+    stats = tmp_path / "stats"
+    pair(binary, ["-g", "0", "-n", "50", "-e"],
+         extra_env={"SOFTNIC_PROGRESS_SPIN_US": str(spin_us), "SOFTNIC_STATS_DIR": str(stats)})
+    found = []
+    for f in sorted(stats.glob("*.json")):
+        c = json.loads(f.read_text())
+        c = c.get("counters", c)
+        if c.get("rcvd_pkts"):
+            found.append(c["waiter_spin_datagram"])
+    assert len(found) == 2, found                  # the two programs' devices
+    if spin_us:
+        assert min(found) >= 25, found               # 50 answers each, or their ACKs
+    else:
+        assert found == [0, 0]
 
 
 @pytest.mark.unprivileged

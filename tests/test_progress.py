@@ -139,7 +139,8 @@ def test_sn_wait_spin_looks_without_sleeping_then_sleeps(wait_env):
     """``sn_wait_spin``: the same answers as ``sn_wait``; for ``spin_ns`` from the
     call it looks at the socket and the bell without sleeping (the thread's own
     CPU time shows it), never past the timeout, and not while a caller holds the
-    lease (the datagram is the caller's, as for ``sn_wait``)."""
+    lease (the datagram is the caller's, as for ``sn_wait``).  A datagram found
+    while it spins is told apart (4, not 1)."""
     k, a, b, bell, lease = wait_env
     spin = lambda timeout, s: k.lib.sn_wait_spin(b.fileno(), bell, int(timeout * NS),  # noqa
                                                  lease, 100_000, 100_000, int(s * NS))
@@ -153,7 +154,10 @@ def test_sn_wait_spin_looks_without_sleeping_then_sleeps(wait_env):
     t = time.monotonic()
     assert spin(0.05, 10) == 0 and time.monotonic() - t < 5    # the timeout ends a spin
     threading.Timer(0.02, lambda: a.sendto(b"x", b.getsockname())).start()
-    assert spin(5, 1) == 1                            # a datagram lands while it spins
+    assert spin(5, 1) == 4                            # a datagram lands while it spins
+    b.recv(16)
+    threading.Timer(0.05, lambda: a.sendto(b"x", b.getsockname())).start()
+    assert spin(5, 0.005) == 1                        # ... or once it sleeps
     b.recv(16)
     threading.Timer(0.02, lambda: os.eventfd_write(bell, 1)).start()
     assert spin(5, 1) == 2                            # the bell rings while it spins
@@ -387,6 +391,34 @@ def test_a_thread_blocked_in_wait_until_takes_its_datagram_itself():
         assert not t.is_alive() and got and got[0].wr_id == 7
         assert seen and seen[0] == me[0]
         assert b._poller == -1
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("spin", [0.5, 0.0], ids=["spin", "no-spin"])
+def test_a_waiter_on_the_socket_looks_without_sleeping_first(spin, monkeypatch):
+    """The waiter in ``wait_until`` (pyverbs' ``get_cq_event``) first looks at the
+    socket without sleeping for ``PROGRESS_SPIN`` (``sn_wait_spin``), as C's
+    ``ibv_get_cq_event`` does: a SEND that lands meanwhile is found while it spins
+    (``waiter_spin_datagram``).  With the spin off it sleeps at once, and finds
+    none so."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "PROGRESS_SPIN_NS", int(spin * 1e9))
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b)
+        b.call(b.dev.post_recv, eb.qp, RecvWR(7, [eb.sge(0, 64)]))
+        got = []
+        t = threading.Thread(target=lambda: b.wait_until(
+            lambda: got.extend(b.dev.poll_cq(eb.recv_cq, 4)) or bool(got)), daemon=True)
+        t.start()
+        _until(lambda: b._poller >= 0)
+        time.sleep(0.01)
+        a.call(a.dev.post_send, ea.qp, SendWR(1, W.SEND, [ea.sge(0, 16)], SendFlags.SIGNALED))
+        t.join(10)
+        assert not t.is_alive() and got and got[0].wr_id == 7
+        assert b.counters["waiter_spin_datagram"] == (1 if spin else 0), b.counters
     finally:
         a.close()
         b.close()

@@ -34,9 +34,9 @@
    the device (the passive side of a READ or of one-sided traffic), so it never
    spins beside a program spinning on its own CQ.
 
-   Returns 1: a datagram waits; 2: the bell rang (read it); 3: a caller went
-   away holding output; 0: ``timeout_ns`` or lease[3] passed (-1: no timeout);
-   -errno. */
+   Returns 1: a datagram waits; 4: the same, found while spinning; 2: the bell
+   rang (read it); 3: a caller went away holding output; 0: ``timeout_ns`` or
+   lease[3] passed (-1: no timeout); -errno. */
 #include <errno.h>
 #include <poll.h>
 #include <time.h>
@@ -105,6 +105,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
     int64_t called = sn_now_ns();
     int64_t stop = timeout_ns < 0 ? -1 : called + timeout_ns;
     int64_t spin_until = spin_ns > 0 ? called + spin_ns : 0;
+    int spun = 0;                       /* the datagram was found while spinning */
     int64_t seen = 0, held_park = 0;    /* the caller's lease at the last look; see below */
     struct pollfd p[2];
     for (;;) {
@@ -127,7 +128,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             p[0].revents = 0;
         }
         if (pending && fresh <= 0)
-            return l[1] ? 3 : 1;
+            return l[1] ? 3 : spun ? 4 : 1;
         if (pending) {
             /* an inline caller is at work and will take this: wait out its lease
                (lease[2] says so: a caller giving its lease back rings the bell) */
@@ -151,6 +152,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
                 held_park = 0;
             }
             seen = l[0];
+            spun = 0;
             l[2] = 1;
             n = sn_ppoll(p + 1, 1, sn_park(left, t, grace_ns));
             if (n < 0 && errno != EINTR) {
@@ -174,6 +176,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             /* a caller is spinning and takes what arrives: sleep on the bell alone
                until its lease would lapse, rather than waking (a context switch on
                a machine whose cores the spinners fill) for each datagram it takes */
+            spun = 0;
             l[2] = 1;
             n = sn_ppoll(p + 1, 1, sn_park(left, fresh, grace_ns));
             if (n < 0 && errno != EINTR) {
@@ -193,7 +196,8 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             l[2] = 0;
             continue;
         }
-        if (now < spin_until) {
+        spun = now < spin_until;
+        if (spun) {
             n = poll(p, 2, 0);              /* spinning: look, do not sleep */
             if (n == 0)
                 continue;

@@ -2,6 +2,7 @@
 int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
             int64_t hold_ns);
 /* sn_wait, but watching the socket and the bell without sleeping for spin_ns
-   first where it would sleep on both (no caller's lease) */
+   first where it would sleep on both (no caller's lease); 4 where it found a
+   datagram while doing so (sn_wait's 1) */
 int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
                  int64_t hold_ns, int64_t spin_ns);

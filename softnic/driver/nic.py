@@ -107,8 +107,12 @@ PROGRESS_NICE_HOLD = 1.0
 #: requester pays inside its sendmsg (docs/performance.md, "Busy poll"). It never
 #: spins beside a program that polls its own CQ, nor after a step that took more
 #: than ``PROGRESS_SPIN_PKTS`` packets (a stream: sleeping lets the next burst
-#: gather, to be taken and acknowledged in one step).  0: never.
+#: gather, to be taken and acknowledged in one step).  A thread that waits for a
+#: completion event asleep on the socket (the C face's ``ibv_get_cq_event``,
+#: ``wait_until``) looks this long without sleeping at the start of each wait,
+#: for the same reason: the peer's answer to what the program just sent.  0: never.
 PROGRESS_SPIN = env.number("SOFTNIC_PROGRESS_SPIN_US", 200.0, float) * 1e-6
+PROGRESS_SPIN_NS = int(PROGRESS_SPIN * 1e9)
 PROGRESS_SPIN_PKTS = 2
 #: Send a long message's packets gathered from registered memory (the payload
 #: copied once, by the kernel into the socket buffer) rather than built whole
@@ -453,6 +457,7 @@ class NIC(SharedDevice):
         self._sleep_until = -_NEVER
         self._wakes = [0, 0, 0, 0]
         self._spin_found = 0            # datagrams the thread found while it spun
+        self._waiter_spin_found = 0     # ... and a thread waiting for an event (spun_for_waiter)
         # PROGRESS_NICE while the program drives the device (PROGRESS_NICE_HOLD);
         # None: the process may not raise the thread's priority
         self._raised: bool | None = False
@@ -737,6 +742,11 @@ class NIC(SharedDevice):
             self._lease[0] = time.monotonic_ns() + int(WAITER_LEASE * 1e9)
             return self.sock.fileno()
 
+    def spun_for_waiter(self) -> None:
+        """A thread waiting for a completion event found a datagram while it looked
+        without sleeping (``PROGRESS_SPIN``): counted as ``waiter_spin_datagram``."""
+        self._waiter_spin_found += 1
+
     def waiter_step(self, pred) -> bool:
         """The thread of ``hold_for_waiter`` woke on the socket: inline steps while
         datagrams wait (a message's next packet may be there already) until
@@ -763,7 +773,10 @@ class NIC(SharedDevice):
     def _wait_on_socket(self, wait: float | None) -> None:
         """``wait_until``'s sleep for the one thread that sleeps on the socket (and
         its own eventfd) in ``sn_wait``, without the lock or the interpreter: what
-        arrives wakes it, and it steps itself.  It holds the spinning caller's lease
+        arrives wakes it, and it steps itself.  It first looks at both without
+        sleeping for ``PROGRESS_SPIN`` (``sn_wait_spin``), as C's
+        ``ibv_get_cq_event`` does: a peer's answer that lands meanwhile costs no
+        wake-up of a sleeping thread.  It holds the spinning caller's lease
         meanwhile, so the progress thread leaves what arrives to it (and keeps the
         timers); the lease lapses as a spinner's does, or at once when other
         threads wait too.  Caller holds the lock (once or more: released whole, as
@@ -780,8 +793,10 @@ class NIC(SharedDevice):
         sock = self.sock.fileno()
         saved = self.lock._release_save()
         try:
-            r = self._waiter.lib.sn_wait(sock, fd, -1 if wait is None else int(wait * 1e9),
-                                         pl, 0, 0)
+            r = self._waiter.lib.sn_wait_spin(sock, fd, -1 if wait is None else int(wait * 1e9),
+                                              pl, 0, 0, PROGRESS_SPIN_NS)
+            if r == 4:                   # a datagram, found while it spun
+                self._waiter_spin_found += 1
         finally:
             self.lock._acquire_restore(saved)
             self._poller = -1
@@ -810,6 +825,7 @@ class NIC(SharedDevice):
         c["posts_held"] = self._posts_held
         c["progress_nice_changes"] = self._nice_changes
         c["progress_spin_datagram"] = self._spin_found
+        c["waiter_spin_datagram"] = self._waiter_spin_found
         c["udp_gather_pkts"] = getattr(self.sock, "gather_pkts", 0) if self.sock else 0
         if self.injector is not None:
             c.update({f"fault_{k}": v for k, v in self.injector.counters.items()})
@@ -1275,7 +1291,8 @@ class NIC(SharedDevice):
         ``spin``: look without sleeping for that long first, where no caller holds
         the lease (``sn_wait_spin``; not without the kernel, where a spin would hold
         the interpreter lock).
-        1: a datagram waits; 2: the bell rang; 3: held output waits; 0: time is up."""
+        1: a datagram waits (4: found while spinning); 2: the bell rang; 3: held
+        output waits; 0: time is up."""
         w = self._waiter
         if w is not None:
             r = w.lib.sn_wait_spin(self.sock.fileno(), self._bell, int(timeout * 1e9),
@@ -1327,7 +1344,6 @@ class NIC(SharedDevice):
                 until = self._stats_at + STATS_EVERY
                 self._sleep_until = until
             try:
-                slept = now
                 r = self._sleep(max(0.0, until - now), spin)
             except (OSError, ValueError):
                 return                       # closed under us
@@ -1335,6 +1351,9 @@ class NIC(SharedDevice):
                 self._sleep_until = -_NEVER
                 if self._closed:
                     return
+                if r == 4:
+                    self._spin_found += 1            # a datagram came while it spun
+                    r = 1
                 self._wakes[r] += 1
                 if r == 2:
                     try:
@@ -1342,8 +1361,6 @@ class NIC(SharedDevice):
                     except BlockingIOError:
                         pass
                 now = time.monotonic()
-                if spin and r == 1 and now - slept < spin:
-                    self._spin_found += 1            # a datagram came while it spun
                 counters = self.dev.counters
                 took = counters["rcvd_pkts"]
                 self._step(now, ready=r == 1)        # (1: sn_wait saw a datagram waiting)

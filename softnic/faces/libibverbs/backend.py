@@ -576,25 +576,32 @@ def _event_waiting(cqs):
 
 
 @extern()
-def sn_cq_wait_begin(h, sock):
+def sn_cq_wait_begin(h, sock, spin_ns):
     """ibv_get_cq_event is about to sleep on the channel and the device's socket
-    (shim.c's sn_cq_wait): the socket's fd, or -1 to sleep on the channel alone."""
+    (shim.c's sn_cq_wait): the socket's fd, or -1 to sleep on the channel alone;
+    and how long it first looks at both without sleeping (the progress thread's
+    busy poll, ``PROGRESS_SPIN``)."""
     ch = _get(h)
     sock[0] = -1 if ch.closed else ch.nic.hold_for_waiter()
+    spin_ns[0] = 0
     if sock[0] >= 0:
         ch.sleeper = True
+        spin_ns[0] = _nic.PROGRESS_SPIN_NS
 
 
 @extern()
-def sn_cq_wait_step(h):
+def sn_cq_wait_step(h, spun):
     """sn_cq_wait woke on the socket (or its second passed): step the device here
     (inline: what the step produces waits for the program's next call if it made an
-    event), then, without an event, sleep again holding the lease."""
+    event), then, without an event, sleep again holding the lease.  ``spun``: it
+    found the datagram while it spun."""
     ch = _get(h)
     if ch.closed:
         return errno.EIO
     nic = ch.nic
     cqs = ch.cqs
+    if spun:
+        nic.spun_for_waiter()
     if nic.waiter_step(lambda: _event_waiting(cqs) is not None):
         return                           # an event: what the step holds waits for the program
     if nic.hold_for_waiter() < 0:

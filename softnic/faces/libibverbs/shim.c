@@ -1209,27 +1209,47 @@ static void sn_cq_wait_cancelled(void *channel)
     sn_cq_wait_end(((struct sn_channel *)channel)->handle);
 }
 
+static int64_t sn_mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 /* Wait for the channel's next event asleep on the device's socket as well as the
  * channel: a datagram wakes this thread, which steps the device itself, so the
  * completion it makes reaches the program in one wake-up (not the progress
  * thread's and then this thread's).  It holds the device's lease meanwhile
  * (sn_cq_wait_begin): the progress thread leaves what arrives to it and keeps the
- * timers.  The wait is in C, and the only cancellation point of the call: programs
- * cancel a thread blocked here (rping stops its CQ thread with pthread_cancel),
- * which unwinds C frames only, and the cleanup handler gives the lease back.
+ * timers.  For spin_ns from the call (the progress thread's busy poll after
+ * traffic, SOFTNIC_PROGRESS_SPIN_US) it looks at both without sleeping, as a
+ * driver busy-polls its NIC (Linux's busy_poll): a peer's answer that lands
+ * meanwhile costs neither side the wake-up of a sleeping thread (on a virtual
+ * machine an idle vCPU's, which the sender pays inside its sendmsg).  The wait is
+ * in C, and the only cancellation point of the call: programs cancel a thread
+ * blocked here (rping stops its CQ thread with pthread_cancel), which unwinds C
+ * frames only, and the cleanup handler gives the lease back.
  * 0: an event waits on the channel (read it); else an errno. */
 static int sn_cq_wait(struct sn_channel *c)
 {
     int sock = -1, err, ret = 0;
-    err = sn_cq_wait_begin(c->handle, &sock);
+    int64_t spin_ns = 0;
+    err = sn_cq_wait_begin(c->handle, &sock, &spin_ns);
     if (err)
         return err;
     if (sock < 0)
         return 0;                         /* (a device without it: read() waits) */
+    int64_t spin_until = spin_ns > 0 ? sn_mono_ns() + spin_ns : 0;
     pthread_cleanup_push(sn_cq_wait_cancelled, c);
     for (;;) {
         struct pollfd p[2] = {{c->ch.fd, POLLIN, 0}, {sock, POLLIN, 0}};
-        int n = poll(p, 2, 1000);         /* (each second: the lease renewed) */
+        int n = 0, spun = 0;
+        while (spin_until && n == 0 && sn_mono_ns() < spin_until) {
+            n = poll(p, 2, 0);           /* spinning: look, do not sleep */
+            spun = n > 0;
+        }
+        if (n == 0)
+            n = poll(p, 2, 1000);         /* (each second: the lease renewed) */
         if (n < 0) {
             int e = errno;               /* (sn_signal_interrupts may change errno) */
             if (e == EINTR && !sn_signal_interrupts())
@@ -1244,7 +1264,7 @@ static int sn_cq_wait(struct sn_channel *c)
             break;
         }
         /* a datagram (or a second without): step the device here */
-        err = sn_cq_wait_step(c->handle);
+        err = sn_cq_wait_step(c->handle, spun);
         if (err) {
             ret = err;
             break;
