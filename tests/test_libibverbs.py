@@ -9,6 +9,7 @@ failed under CI=true (.ci/run installs them).  Every subprocess has a timeout.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -243,6 +244,23 @@ def test_ib_send_and_read_bw(libdir, tool):
     row = [ln.split() for ln in cout.splitlines() if ln.strip().startswith("65536")]
     assert row and row[0][1] == "20", cout          # bytes, iterations, peak, average, rate
     assert float(row[0][3]) > 0
+
+
+@pytest.mark.parametrize("op", ["send", "write"])
+def test_cface_loop_tool_runs(libdir, op, capsys):
+    """tools/cface_loop.py (docs/performance.md quotes it): messages between two
+    devices of one process through the C face, each completed on both sides, the
+    last one's bytes where they were sent (the program checks both), and a CPU
+    time per message printed."""
+    need("gcc")
+    path = CDIR.parent.parent / "tools" / "cface_loop.py"
+    spec = importlib.util.spec_from_file_location("cface_loop", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--op", op, "-n", "50", "-s", "5000"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(rf": {op} 5000 B: cpu ([\d.]+) us, wall ([\d.]+) us per message", out)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, out
 
 
 # ---------------------------------------------------------------- our C programs
