@@ -7,7 +7,7 @@ completed on both sides), and prints the CPU time of all the process's threads
 and the wall time per message.  Both ends, the C face's entries, the engine and
 the sockets are in the figure; no second program's scheduling is.  It still
 moves with the host's speed (161-165 us per 8256-byte SEND in three runs one
-minute, 183-266 in four runs half an hour later, pyenv CPython 3.11.7,
+minute, 183-266 in five runs an hour later, pyenv CPython 3.11.7,
 2026-12-03), so compare trees alternately in one sitting (``--against``):
 
     .venv/bin/python tools/cface_loop.py [--op send|write] [-n N] [-s SIZE]
