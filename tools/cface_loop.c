@@ -19,10 +19,7 @@ int main(int argc, char **argv)
     struct ibv_pd *p0 = ibv_alloc_pd(c0), *p1 = ibv_alloc_pd(c1);
     CHECK(p0 && p1, "ibv_alloc_pd");
     struct ep a, b;
-    ep_init(&a, c0, p0, IBV_QPT_RC, 0, NULL);
-    ep_init(&b, c1, p1, IBV_QPT_RC, 0, NULL);
-    ep_connect(&a, b.qp->qp_num, &b.gid);
-    ep_connect(&b, a.qp->qp_num, &a.gid);
+    ep_rc_pair(&a, c0, p0, &b, c1, p1);
     uint8_t *sb = malloc(size), *rb = calloc(1, size);
     CHECK(sb && rb, "malloc");
     fill(sb, size, 1);

@@ -64,10 +64,7 @@ int main(void)
     CHECK(imr->lkey == smr->lkey && imr->rkey == smr->rkey && imr->length == LEN &&
           imr->addr == NULL && imr->pd == ipd && imr->context == imp, "the imported MR");
     struct ep a, b;
-    ep_init(&a, imp, ipd, IBV_QPT_RC, 0, NULL);
-    ep_init(&b, ctx, pd, IBV_QPT_RC, 0, NULL);
-    ep_connect(&a, b.qp->qp_num, &b.gid);
-    ep_connect(&b, a.qp->qp_num, &a.gid);
+    ep_rc_pair(&a, imp, ipd, &b, ctx, pd);
     post_rdma(&a, IBV_WR_RDMA_WRITE, 7, src, LEN, imr->lkey, (uintptr_t)dst, dmr->rkey);
     expect_wc(&a, 7, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, "WRITE from the imported PD's QP");
     same(dst, src, LEN, "what the imported MR's WRITE placed");

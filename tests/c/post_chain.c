@@ -123,10 +123,7 @@ static void send_case(struct ibv_context *c0, struct ibv_context *c1, struct ibv
                       struct ibv_mr *dmr)
 {
     struct ep a, b;
-    ep_init(&a, c0, p0, IBV_QPT_RC, 0, NULL);
-    ep_init(&b, c1, p1, IBV_QPT_RC, 0, NULL);
-    ep_connect(&a, b.qp->qp_num, &b.gid);
-    ep_connect(&b, a.qp->qp_num, &a.gid);
+    ep_rc_pair(&a, c0, p0, &b, c1, p1);
     struct ibv_qp_attr qa;
     struct ibv_qp_init_attr qi;
     CHECK(ibv_query_qp(a.qp, &qa, IBV_QP_CAP, &qi) == 0, "ibv_query_qp");
@@ -201,10 +198,7 @@ static void overlong_case(struct ibv_context *c0, struct ibv_context *c1, struct
     struct ibv_srq_init_attr sa = { .attr = { .max_wr = 16, .max_sge = 2 } };
     struct ibv_srq *srq = ibv_create_srq(p1, &sa);
     CHECK(srq, "ibv_create_srq");
-    ep_init(&a, c0, p0, IBV_QPT_RC, 0, NULL);
-    ep_init(&b, c1, p1, IBV_QPT_RC, 0, NULL);
-    ep_connect(&a, b.qp->qp_num, &b.gid);
-    ep_connect(&b, a.qp->qp_num, &a.gid);
+    ep_rc_pair(&a, c0, p0, &b, c1, p1);
     const int many = 1 << 20;
     struct ibv_recv_wr r = { .wr_id = 7, .sg_list = guarded_sge(dst, dmr), .num_sge = many };
     struct ibv_recv_wr *rbad = NULL;

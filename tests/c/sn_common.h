@@ -139,6 +139,17 @@ static void ep_connect(struct ep *e, uint32_t dqpn, const union ibv_gid *dgid)
     CHECK(ibv_modify_qp(e->qp, &a, mask) == 0, "modify QP to RTS");
 }
 
+/* Two RC QPs, a on ctx0/pd0 and b on ctx1/pd1, each connected to the other
+ * (classic verbs, no SRQ). */
+static inline void ep_rc_pair(struct ep *a, struct ibv_context *ctx0, struct ibv_pd *pd0,
+                              struct ep *b, struct ibv_context *ctx1, struct ibv_pd *pd1)
+{
+    ep_init(a, ctx0, pd0, IBV_QPT_RC, 0, NULL);
+    ep_init(b, ctx1, pd1, IBV_QPT_RC, 0, NULL);
+    ep_connect(a, b->qp->qp_num, &b->gid);
+    ep_connect(b, a->qp->qp_num, &a->gid);
+}
+
 static void ep_destroy(struct ep *e)
 {
     CHECK(ibv_destroy_qp(e->qp) == 0, "ibv_destroy_qp");
