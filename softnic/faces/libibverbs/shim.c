@@ -1129,6 +1129,14 @@ static void sn_wc_to_ibv(struct ibv_wc *w, const struct sn_wc *s)
 
 #define SN_POLL_BATCH 32
 
+/* CLOCK_MONOTONIC in ns, the clock of the lease (softnic/accel/wait.c) */
+static int64_t sn_mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 /* A poll that would find nothing and do nothing: NIC.poll's idle case, read from
  * memory the Python side keeps (sn_cq_fastpoll), without entering the interpreter.
  * It is so when the CQ holds no completion and is not armed (ibv_poll_cq gives an
@@ -1139,15 +1147,13 @@ static void sn_wc_to_ibv(struct ibv_wc *w, const struct sn_wc *s)
  * progress thread leaves what arrives to it.  Anything else enters Python. */
 static int sn_cq_idle(struct sn_cq *s)
 {
-    struct timespec t;
     if (!s->fp_cq || sn_forked || (sn_host_python && !Py_IsInitialized()) ||
         s->fp_cq[0] != 0 || s->fp_cq[1] || *s->fp_open != 1 || s->fp_lease[1])
         return 0;
     int fd = *s->fp_sock;
     if (fd < 0)
         return 0;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    int64_t now = (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+    int64_t now = sn_mono_ns();
     if (s->fp_lease[3] <= now)
         return 0;
     struct pollfd p = {fd, POLLIN, 0};
@@ -1207,13 +1213,6 @@ static int sn_signal_interrupts(void)
 static void sn_cq_wait_cancelled(void *channel)
 {
     sn_cq_wait_end(((struct sn_channel *)channel)->handle);
-}
-
-static int64_t sn_mono_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 /* Wait for the channel's next event asleep on the device's socket as well as the
