@@ -296,15 +296,28 @@ def open_count() -> int:
     return len(_open)
 
 
-#: ``[open_count()]`` in memory a C face reads without the interpreter (``fast_view``),
-#: made with the first device that has the compiled sleep
+#: The devices open in this process, in memory a C face reads without the interpreter
+#: (``fast_view``): ``[open_count(), lease, socket, lease, socket, ...]``, the addresses
+#: of each open device's ``_lease`` and socket fd (``_sock_view``), 0 for a device
+#: without them; only the first ``FAST_DEVICES`` are listed (with more, every poll
+#: enters Python).  Made with the first device that has the compiled sleep.
 _open_view = None
+FAST_DEVICES = 8
+#: every lease and socket view ever listed, kept for the process's life: a C reader
+#: that raced a change reads memory that still exists (a closed device's fd is -1)
+_fast_kept: list = []
 
 
 def _count_open() -> None:
-    """``_open`` changed (caller holds ``_lock``)."""
-    if _open_view is not None:
-        _open_view[0] = len(_open)
+    """``_open`` changed (caller holds ``_lock``).  The pairs are written before the
+    count, so a reader that sees the new count sees the devices it counts."""
+    v = _open_view
+    if v is None:
+        return
+    for i, nic in enumerate(list(_open.values())[:FAST_DEVICES]):
+        lease, sock = getattr(nic, "_fast_addr", (0, 0))
+        v[1 + 2 * i], v[2 + 2 * i] = lease, sock
+    v[0] = len(_open)
 
 
 def port_for_gid(gid: str) -> int:
@@ -425,6 +438,7 @@ class NIC(SharedDevice):
         self._stream_pkts = 0       # packets _rx_stream took
         self._stream_beyond_pkts = 0    # ... of them beyond a hole (selective repeat)
         self._posts_held = 0        # posts whose output waited for the caller's next call
+        self._inline_polls = 0      # calls of poll (a C face's empty poll answered in C is none)
         if self._runs:
             self.dev.kernel = _accel.load()
             k = self.dev.kernel
@@ -481,7 +495,8 @@ class NIC(SharedDevice):
             self._sock_view = self._waiter.ffi.new("int32_t[1]", [self.sock.fileno()])
             global _open_view
             if _open_view is None:          # (not under _lock: a device is being built)
-                view = self._waiter.ffi.new("int32_t[1]", [len(_open)])
+                view = self._waiter.ffi.new(f"int64_t[{1 + 2 * FAST_DEVICES}]")
+                view[0] = len(_open)
                 _open_view = view
         if self._waiter is not None:
             # lease[0]: monotonic ns of the latest inline step; lease[1]: a step is
@@ -492,6 +507,12 @@ class NIC(SharedDevice):
         else:
             self._lease = array.array("q", [0, 0, 0, 0])
         self._lease[3] = _NO_DEADLINE
+        if self._sock_view is not None:
+            # (listed in _open_view once open: _count_open)
+            ffi = self._waiter.ffi
+            _fast_kept.append((self._lease, self._sock_view))
+            self._fast_addr = (int(ffi.cast("uintptr_t", self._lease)),
+                               int(ffi.cast("uintptr_t", self._sock_view)))
         if sys.getswitchinterval() > SWITCH_INTERVAL > 0:
             sys.setswitchinterval(SWITCH_INTERVAL)
         self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
@@ -652,6 +673,7 @@ class NIC(SharedDevice):
         renews the caller's lease: the progress thread leaves what arrives to it."""
         with self.lock:
             if not self._closed:
+                self._inline_polls += 1
                 self._answering = False
                 lease = self._lease
                 ns = time.monotonic_ns()
@@ -719,9 +741,10 @@ class NIC(SharedDevice):
     def fast_view(self):
         """What a C face's ``ibv_poll_cq`` reads without the interpreter to see that a
         poll would find nothing and do nothing (shim.c's ``sn_cq_idle``): this
-        device's lease, its socket's fd (-1 once closed) and the number of devices
-        open in the process, as cffi arrays; None where there is none (no compiled
-        sleep: every poll enters Python)."""
+        device's lease, its socket's fd (-1 once closed) and the devices open in the
+        process (``_open_view``: each one's lease and socket, for the other devices
+        an empty poll moves along), as cffi arrays; None where there is none (no
+        compiled sleep: every poll enters Python)."""
         if self._sock_view is None or _open_view is None:
             return None
         return self._lease, self._sock_view, _open_view
@@ -823,6 +846,7 @@ class NIC(SharedDevice):
         c["rx_stream_beyond_pkts"] = self._stream_beyond_pkts
         c["rx_answers"] = self._answers_sent
         c["posts_held"] = self._posts_held
+        c["inline_polls"] = self._inline_polls
         c["progress_nice_changes"] = self._nice_changes
         c["progress_spin_datagram"] = self._spin_found
         c["waiter_spin_datagram"] = self._waiter_spin_found

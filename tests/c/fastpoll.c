@@ -1,12 +1,15 @@
 /* ibv_poll_cq's cases on one device, two RC QPs connected to each other on it (a
  * process with one device: a provider may answer an empty poll without its
- * slow path).  Completions made while the program spins (a WRITE WITH IMM the
- * device receives, an error completion its retransmission timer makes) are
- * found; an armed CQ's empty poll leaves what arrives to the device's own
- * progress (the program then waits on the channel's fd, as UCX does); an
- * overflowed CQ reports it.  Plain libibverbs: runs against any provider. */
+ * slow path), or with "two" the second QP (and the channel) on a second device
+ * of the same process.  Empty polls of a CQ with nothing on the way; completions
+ * made while the program spins (a WRITE WITH IMM the other QP receives, an
+ * error completion the retransmission timer makes) are found; an armed CQ's
+ * empty poll leaves what arrives to the device's own progress (the program
+ * then waits on the channel's fd, as UCX does); an overflowed CQ reports it.
+ * Plain libibverbs: runs against any provider. */
 #include <fcntl.h>
 #include <poll.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "sn_common.h"
@@ -29,26 +32,33 @@ static struct ibv_wc spin(struct ep *e, const char *what)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    struct ibv_context *c = open_dev(0);
-    struct ibv_pd *pd = ibv_alloc_pd(c);
-    CHECK(pd, "ibv_alloc_pd");
-    struct ibv_comp_channel *ch = ibv_create_comp_channel(c);
+    int two = argc > 1 && strcmp(argv[1], "two") == 0;
+    struct ibv_context *c = open_dev(0), *c2 = two ? open_dev(1) : c;
+    struct ibv_pd *pd = ibv_alloc_pd(c), *pd2 = two ? ibv_alloc_pd(c2) : pd;
+    CHECK(pd && pd2, "ibv_alloc_pd");
+    struct ibv_comp_channel *ch = ibv_create_comp_channel(c2);
     CHECK(ch, "ibv_create_comp_channel");
     CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0, "O_NONBLOCK");
     struct ep a, b;
     ep_init(&a, c, pd, IBV_QPT_RC, 0, NULL);
     next_cq_channel = ch;
-    ep_init(&b, c, pd, IBV_QPT_RC, 0, NULL);
+    ep_init(&b, c2, pd2, IBV_QPT_RC, 0, NULL);
     ep_connect(&a, b.qp->qp_num, &b.gid);
     ep_connect(&b, a.qp->qp_num, &a.gid);
     uint8_t *src = calloc(1, SIZE), *dst = calloc(1, SIZE);
     CHECK(src && dst, "calloc");
     struct ibv_mr *ms = ibv_reg_mr(pd, src, SIZE, ACCESS_ALL);
-    struct ibv_mr *md = ibv_reg_mr(pd, dst, SIZE, ACCESS_ALL);
+    struct ibv_mr *md = ibv_reg_mr(pd2, dst, SIZE, ACCESS_ALL);
     CHECK(ms && md, "ibv_reg_mr");
     struct ibv_wc wc;
+
+    /* empty polls, nothing on the way */
+    for (int i = 0; i < 20000; i++)
+        CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0 && ibv_poll_cq(b.cq, 1, &wc) == 0,
+              "an empty CQ");
+    printf("empty polls: ok\n");
 
     /* completions found by a program spinning on its CQ */
     for (int i = 0; i < 50; i++) {
@@ -152,7 +162,7 @@ int main(void)
     CHECK(ibv_modify_qp(e.qp, &ia, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
                         IBV_QP_ACCESS_FLAGS) == 0, "INIT");
     for (int i = 0; i < 3; i++) {      /* flushed when the QP fails: 3 completions, 2 slots */
-        struct ibv_sge rs = { .addr = (uintptr_t)dst, .length = 8, .lkey = md->lkey };
+        struct ibv_sge rs = { .addr = (uintptr_t)src, .length = 8, .lkey = ms->lkey };
         struct ibv_recv_wr rwr = { .wr_id = 500 + i, .sg_list = &rs, .num_sge = 1 }, *rbad;
         CHECK(ibv_post_recv(e.qp, &rwr, &rbad) == 0, "ibv_post_recv");
     }
@@ -169,6 +179,10 @@ int main(void)
     ep_destroy(&a);
     ep_destroy(&b);
     CHECK(ibv_destroy_comp_channel(ch) == 0, "ibv_destroy_comp_channel");
+    CHECK(ibv_dereg_mr(ms) == 0 && ibv_dereg_mr(md) == 0, "ibv_dereg_mr");
+    CHECK(ibv_dealloc_pd(pd) == 0 && (!two || ibv_dealloc_pd(pd2) == 0), "ibv_dealloc_pd");
+    /* (closed, each device publishes its final counters) */
+    CHECK(ibv_close_device(c) == 0 && (!two || ibv_close_device(c2) == 0), "ibv_close_device");
     printf("all checks: ok\n");
     return 0;
 }

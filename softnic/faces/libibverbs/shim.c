@@ -64,7 +64,8 @@ struct sn_cq {
     volatile int32_t *fp_cq;       /* [completions queued (-1: overflowed, closed), armed] */
     volatile int64_t *fp_lease;    /* the device's lease (softnic/accel/wait.c) */
     volatile int32_t *fp_sock;     /* the device's socket (-1: closed) */
-    volatile int32_t *fp_open;     /* devices open in this process */
+    volatile int64_t *fp_open;     /* devices open in this process: [count, then each
+                                      one's lease and socket addresses] (nic._open_view) */
 };
 
 struct sn_pending {                /* a WR built with the ibv_wr_* calls, posted on complete */
@@ -1051,7 +1052,7 @@ static struct sn_cq *sn_new_cq(struct ibv_context *context, int cqe, void *cq_co
         s->fp_cq = (volatile int32_t *)(uintptr_t)view[0];
         s->fp_lease = (volatile int64_t *)(uintptr_t)view[1];
         s->fp_sock = (volatile int32_t *)(uintptr_t)view[2];
-        s->fp_open = (volatile int32_t *)(uintptr_t)view[3];
+        s->fp_open = (volatile int64_t *)(uintptr_t)view[3];
     }
     return s;
 }
@@ -1137,29 +1138,48 @@ static int64_t sn_mono_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* the devices nic._open_view lists at most (nic.FAST_DEVICES) */
+#define SN_FAST_DEVICES 8
+
 /* A poll that would find nothing and do nothing: NIC.poll's idle case, read from
  * memory the Python side keeps (sn_cq_fastpoll), without entering the interpreter.
  * It is so when the CQ holds no completion and is not armed (ibv_poll_cq gives an
- * armed CQ's lease back: sn_poll_cq), nothing waits on the device's socket, no
- * deadline of the engine has come (lease[3]), no output is held for this call
- * (lease[1]) and the process has no other device (an empty poll moves those
- * along).  Then, as NIC.poll does, it renews the caller's lease (lease[0]): the
- * progress thread leaves what arrives to it.  Anything else enters Python. */
+ * armed CQ's lease back: sn_poll_cq), and on every device open in the process
+ * (an empty poll moves the others along too: sn_poll_cq) nothing waits on the
+ * socket, no deadline of the engine has come (lease[3]) and no output is held for
+ * a call (lease[1]).  Then, as NIC.poll does on each, it renews their leases
+ * (lease[0]): the progress threads leave what arrives to this caller.  Anything
+ * else enters Python, as does a process with a device the list cannot show (one
+ * without the compiled sleep, or more than SN_FAST_DEVICES). */
 static int sn_cq_idle(struct sn_cq *s)
 {
     if (!s->fp_cq || sn_forked || (sn_host_python && !Py_IsInitialized()) ||
-        s->fp_cq[0] != 0 || s->fp_cq[1] || *s->fp_open != 1 || s->fp_lease[1])
+        s->fp_cq[0] != 0 || s->fp_cq[1] || s->fp_lease[1])
         return 0;
-    int fd = *s->fp_sock;
-    if (fd < 0)
+    int64_t n = s->fp_open[0];
+    if (n < 1 || n > SN_FAST_DEVICES)
         return 0;
+    volatile int64_t *lease[SN_FAST_DEVICES];
+    struct pollfd p[SN_FAST_DEVICES];
     int64_t now = sn_mono_ns();
-    if (s->fp_lease[3] <= now)
-        return 0;
-    struct pollfd p = {fd, POLLIN, 0};
-    if (poll(&p, 1, 0) != 0)
+    int own = 0;
+    for (int i = 0; i < n; i++) {
+        volatile int64_t *l = (volatile int64_t *)(uintptr_t)s->fp_open[1 + 2 * i];
+        volatile int32_t *sock = (volatile int32_t *)(uintptr_t)s->fp_open[2 + 2 * i];
+        if (!l || !sock || l[1] || l[3] <= now || *sock < 0)
+            return 0;
+        own |= l == s->fp_lease;
+        lease[i] = l;
+        p[i].fd = *sock;
+        p[i].events = POLLIN;
+        p[i].revents = 0;
+    }
+    if (!own)
+        return 0;                         /* (the list changed under us: Python decides) */
+    if (poll(p, (nfds_t)n, 0) != 0)
         return 0;                         /* a datagram (or an error to report) */
-    s->fp_lease[0] = now;
+    for (int i = 0; i < n; i++)
+        lease[i][0] = now;
     return 1;
 }
 
