@@ -170,7 +170,9 @@ class UdpSocket:
                 self.send(data, addr)
             elif j - i == 2 and len(datagrams[i + 1][0]) < seg:
                 # two different datagrams (a request and an ACK, say): GSO would
-                # hand them to the receiver as one, to be handled together
+                # hand them to the receiver as one, to be handled together, which
+                # made a ping-pong slower, not faster (docs/performance.md, "A
+                # request and the ACK behind it in one sendmsg")
                 self.send(data, addr)
                 self.send(datagrams[i + 1][0], addr)
             else:
