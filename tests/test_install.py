@@ -96,7 +96,9 @@ def test_dry_run_prints_the_packages_of_the_faces(tmp_path):
                     "rdmacm-utils", "valgrind"]
     plan = [line for line in r.stdout.splitlines() if line.startswith("+ ")]
     venv = tmp_path / "v"
-    assert plan[-3:] == [f"+ python3 -m venv {venv}", f"+ {venv}/bin/pip install -q -e {ROOT}",
+    assert plan[-4:] == [f"+ python3 -m venv {venv}", f"+ {venv}/bin/pip install -q -e {ROOT}",
+                         f"+ env -u PYTHONDONTWRITEBYTECODE {venv}/bin/python -m compileall -q "
+                         f"-j 0 {ROOT}/softnic {ROOT}/verbs_api {ROOT}/congestion",
                          f"+ {venv}/bin/softnic doctor --face rdmacm"]
     assert f'export PATH="{venv}/bin:$PATH"' in r.stdout
     assert not venv.exists()                            # a dry run changes nothing
