@@ -461,8 +461,13 @@ def test_tshark_decodes_a_live_iwarp_capture(tshark, tmp_path):
         cmd += ["-e", f]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
     rows = [dict(zip(fields, line.split("|"))) for line in out.splitlines()]
-    req = next(r for r in rows if r["iwarp_mpa.key.req"])
-    rep = next(r for r in rows if r["iwarp_mpa.key.rep"])
+    req = next((r for r in rows if r["iwarp_mpa.key.req"]), None)
+    rep = next((r for r in rows if r["iwarp_mpa.key.rep"]), None)
+    if req is None or rep is None:               # say what the capture holds
+        listing = subprocess.run([tshark, "-n", "-r", pcap], capture_output=True, text=True,
+                                 timeout=60).stdout
+        raise AssertionError(f"no MPA {'Request' if req is None else 'Reply'} decoded in "
+                             f"{pcap}:\n{listing}\nfields:\n{out}")
     for r in (req, rep):
         assert r["iwarp_mpa.crc_flag"] in ("1", "True") and r["iwarp_mpa.rev"] == "1"
         assert r["iwarp_mpa.marker_flag"] in ("0", "False")
