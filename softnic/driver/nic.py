@@ -299,8 +299,9 @@ def open_count() -> int:
 #: The devices open in this process, in memory a C face reads without the interpreter
 #: (``fast_view``): ``[open_count(), lease, socket, lease, socket, ...]``, the addresses
 #: of each open device's ``_lease`` and socket fd (``_sock_view``), 0 for a device
-#: without them; only the first ``FAST_DEVICES`` are listed (with more, every poll
-#: enters Python).  Made with the first device that has the compiled sleep.
+#: without them.  It has room for ``FAST_DEVICES``; with more open the count reads
+#: -1 (every poll enters Python), so a reader never looks past the pairs written,
+#: whatever its own limit.  Made with the first device that has the compiled sleep.
 _open_view = None
 FAST_DEVICES = 8
 #: every lease and socket view ever listed, kept for the process's life: a C reader
@@ -314,10 +315,14 @@ def _count_open() -> None:
     v = _open_view
     if v is None:
         return
-    for i, nic in enumerate(list(_open.values())[:FAST_DEVICES]):
+    n = len(_open)
+    if n > FAST_DEVICES:
+        v[0] = -1
+        return
+    for i, nic in enumerate(_open.values()):
         lease, sock = getattr(nic, "_fast_addr", (0, 0))
         v[1 + 2 * i], v[2 + 2 * i] = lease, sock
-    v[0] = len(_open)
+    v[0] = n
 
 
 def port_for_gid(gid: str) -> int:

@@ -1138,7 +1138,9 @@ static int64_t sn_mono_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* the devices nic._open_view lists at most (nic.FAST_DEVICES) */
+/* the devices sn_cq_idle looks at, at most (its arrays' size; nic._open_view's count
+   never exceeds nic.FAST_DEVICES, the pairs it has room for, so a smaller limit here
+   only sends more polls into Python) */
 #define SN_FAST_DEVICES 8
 
 /* A poll that would find nothing and do nothing: NIC.poll's idle case, read from
