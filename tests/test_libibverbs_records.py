@@ -1,16 +1,18 @@
 """The C face's flat work-request records become the engine's work requests field by
 field (``backend._send_wr``, ``_sges``): each field of ``SendWR`` from the record's
-field of that name, whatever order the two are written in."""
+field of that name, whatever order the two are written in; and the engine's
+completions become the program's records the same way (``_write_wcs``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import types
+from pathlib import Path
 
 import pytest
 
 from softnic.core.qp import SendWR
-from softnic.faces.libibverbs import backend
+from softnic.faces.libibverbs import backend, build
 
 #: ``struct sn_send_wr``'s fields that ``_send_wr`` carries over as they are
 SAME = ("wr_id", "opcode", "send_flags", "imm_data", "invalidate_rkey", "remote_addr",
@@ -52,3 +54,65 @@ def test_a_list_longer_than_the_queue_takes_is_not_read():
     rec.sg_list = None                   # reading an entry would fail
     wr = backend._send_wr(_qp(2), rec)
     assert wr.sg_list == [(0, 0, 0)] * 3
+
+
+# ------------------------------------------------------------ completions (struct sn_wc)
+
+def _api_ffi(wc_decl: str | None = None):
+    """api.h's records (with ``wc_decl`` in place of its struct sn_wc)."""
+    src = (Path(build.__file__).parent / "api.h").read_text()
+    if wc_decl is not None:
+        start = src.index("struct sn_wc {")
+        src = src[:start] + wc_decl + src[src.index("};", start) + 2:]
+    return build.records_ffi(src)
+
+
+#: the engine's WC fields that struct sn_wc carries as they are (the rest: below)
+WC_SAME = ("wr_id", "status", "opcode", "vendor_err", "byte_len", "qp_num", "src_qp",
+           "pkey_index", "slid", "dlid_path_bits")
+
+
+def _wc(flags: int, base: int):
+    values = {name: base + i for i, name in enumerate(WC_SAME)}
+    return types.SimpleNamespace(wc_flags=flags, imm_data=base + 40, invalidated_rkey=base + 41,
+                                 sl=base + 42, **values), values
+
+
+def test_each_completion_field_lands_in_its_namesake():
+    """``_write_wcs`` writes each WC into the program's array: every field at its
+    own place (distinct values, so a swap shows), the invalidated rkey in imm_data
+    with IBV_WC_WITH_INV, the L3 header type in sl with IBV_WC_GRH, and nothing
+    past the completions given."""
+    ffi = _api_ffi()
+    backend._check_wc_layout(ffi)
+    out = ffi.new("struct sn_wc[4]")
+    ffi.memmove(out, b"\xee" * ffi.sizeof(out), ffi.sizeof(out))
+    got = [_wc(0, 10), _wc(backend._WC_WITH_INV, 60), _wc(backend._WC_GRH, 110)]
+    backend._write_wcs(ffi, out, [w for w, _ in got], 2)
+    for i, (w, values) in enumerate(got):
+        for name, v in values.items():
+            assert getattr(out[i], name) == v, (i, name)
+        assert out[i].wc_flags == w.wc_flags
+    assert (out[0].imm_data, out[1].imm_data, out[2].imm_data) == (50, 101, 150)
+    assert (out[0].sl, out[1].sl, out[2].sl) == (52, 102, 2)
+    assert bytes(ffi.buffer(out + 3, ffi.sizeof("struct sn_wc"))) == \
+        b"\xee" * ffi.sizeof("struct sn_wc")
+
+
+@pytest.mark.parametrize("decl", [
+    # two fields swapped
+    "struct sn_wc { uint64_t wr_id; int opcode; int status; uint32_t vendor_err; "
+    "uint32_t byte_len; uint32_t imm_data; uint32_t qp_num; uint32_t src_qp; "
+    "unsigned int wc_flags; uint16_t pkey_index; uint16_t slid; uint8_t sl; "
+    "uint8_t dlid_path_bits; };",
+    # a field widened
+    "struct sn_wc { uint64_t wr_id; int status; int opcode; uint32_t vendor_err; "
+    "uint32_t byte_len; uint32_t imm_data; uint32_t qp_num; uint32_t src_qp; "
+    "unsigned int wc_flags; uint16_t pkey_index; uint16_t slid; uint16_t sl; "
+    "uint8_t dlid_path_bits; };",
+])
+def test_a_completion_record_unlike_the_packer_is_refused(decl):
+    """The C face refuses to start (``install``) with a struct sn_wc that
+    ``_WC`` would not write field for field."""
+    with pytest.raises(RuntimeError, match="struct sn_wc"):
+        backend._check_wc_layout(_api_ffi(decl))

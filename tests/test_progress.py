@@ -647,9 +647,10 @@ def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed
     WRITE is placed and the completion comes back in that call.  A program whose
     CQ is armed sleeps on its channel next: its poll takes one receive.  (The
     socket is looked at under the NIC's lock: ``_waiting``.)"""
-    from types import SimpleNamespace
-    from softnic.faces.libibverbs import backend
+    from softnic.faces.libibverbs import backend, build
     _waiter()
+    ffi = build.records_ffi()
+    monkeypatch.setattr(backend.extern, "ffi", ffi)     # (as install() sets it)
     monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)      # the ACK leaves with the answer
     monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
     a, b = _nics()
@@ -669,7 +670,7 @@ def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed
             if armed:
                 with a.lock:
                     ea.send_cq.req_notify(False)
-            out = [SimpleNamespace() for _ in range(4)]
+            out = ffi.new("struct sn_wc[4]")
             got = backend.sn_poll_cq(h, 4, out)
             assert _wrote(ea, 2)                         # b's WRITE landed first
             if armed:
