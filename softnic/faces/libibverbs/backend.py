@@ -176,8 +176,9 @@ def _check_wc_layout(ffi) -> None:
     one per completion)."""
     at, ours = 0, []
     for code in _WC.format[1:]:
-        ours.append((at, struct.calcsize(code)))
-        at += struct.calcsize(code)
+        size = struct.calcsize("=" + code)
+        ours.append((at, size))
+        at += size
     fields = ffi.typeof("struct sn_wc").fields
     theirs = [(f.offset, ffi.sizeof(f.type)) for _, f in fields]
     if tuple(name for name, _ in fields) != _WC_FIELDS or ours != theirs \
