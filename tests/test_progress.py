@@ -649,8 +649,9 @@ def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed
     socket is looked at under the NIC's lock: ``_waiting``.)"""
     from softnic.faces.libibverbs import backend, build
     _waiter()
-    ffi = build.records_ffi()
-    monkeypatch.setattr(backend.extern, "ffi", ffi)     # (as install() sets it)
+    ffi = build.LIBRARY.records_ffi()
+    monkeypatch.setattr(backend.extern, "ffi", ffi)     # (as install() sets them)
+    monkeypatch.setattr(backend, "_wc", backend._wc_struct(ffi))
     monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)      # the ACK leaves with the answer
     monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
     a, b = _nics()

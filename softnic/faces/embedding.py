@@ -52,6 +52,16 @@ class Library:
     command: str = ""           # the command that builds it, for messages
     c_files: tuple[str, ...] = ("shim.c",)  # the entry points' sources, compiled in order
 
+    def records_ffi(self, source: str | None = None, extra: str = ""):
+        """A cffi instance that knows the flat records of api.h (or of ``source``, an
+        edited copy of it) and ``extra`` declarations: what the library is built with,
+        and what tests hand the Python side the records the C side would with."""
+        import cffi
+        ffi = cffi.FFI()
+        ffi.cdef(((self.here / "api.h").read_text() if source is None else source) + "\n"
+                 + extra)
+        return ffi
+
     def c_source(self) -> str:
         """The entry points' sources (``c_files``), one after the other."""
         return "\n".join((self.here / name).read_text() for name in self.c_files)
@@ -219,10 +229,8 @@ _backend.install(ffi, lib)
         """Compile the library in ``tmpdir`` and copy it into ``dest`` under a name of
         this process (concurrent builds never share one); returns that name, for the
         caller to move into place once everything else it builds is there."""
-        import cffi
         api = (self.here / "api.h").read_text()
-        ffi = cffi.FFI()
-        ffi.cdef(api + "\n" + EMBED_API + "\n".join(
+        ffi = self.records_ffi(extra=EMBED_API + "\n".join(
             f'extern "Python" {ret} sn_py_{name[3:]}({", ".join(params) or "void"});'
             for ret, name, params in self.callbacks()))
         ffi.embedding_api("")

@@ -41,13 +41,12 @@ _WC_GRH = 1                  # IBV_WC_GRH
 _WC_WITH_INV = 8             # IBV_WC_WITH_INV
 _SL_IPV4 = 2                 # RoCE L3 header type IPv4 (mlx5's CQE sl for RoCE UD receives)
 _SL_IPV6 = 1                 # ... IPv6 (MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6)
-#: api.h's struct sn_wc, field by field, written with one ``pack_into`` per completion
-#: (a cffi field set per field cost about 0.9 us a completion, this 0.3);
-#: ``install`` checks it against the struct the C side was built with
+#: the order ``_write_wcs`` gives api.h's struct sn_wc its fields in (its layout, sizes
+#: and padding are read from the struct the C side was built with: ``_wc_struct``)
 _WC_FIELDS = ("wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num",
               "src_qp", "wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits")
-_WC = struct.Struct("=QiiIIIIIIHHBB")
-_WC_SIZE = 48
+_INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
+_wc: struct.Struct | None = None       # install(): _wc_struct of the embedded module's ffi
 _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 #: receives an ``ibv_poll_cq``'s inline step may take while more wait.  A C program
@@ -155,7 +154,8 @@ extern = Externs()
 
 def install(ffi, lib=None) -> None:
     """Register this module's sn_* functions with the embedded module's ffi."""
-    _check_wc_layout(ffi)
+    global _wc
+    _wc = _wc_struct(ffi)
     extern.install(ffi)
     if lib is not None:
         def after_fork_in_child() -> None:
@@ -170,21 +170,25 @@ def install(ffi, lib=None) -> None:
         os.register_at_fork(after_in_child=after_fork_in_child)
 
 
-def _check_wc_layout(ffi) -> None:
-    """``_WC`` packs api.h's struct sn_wc as the C side was built: its fields in order,
-    each at its offset with its size, ``_WC_SIZE`` apart (``sn_poll_cq`` writes
-    one per completion)."""
-    at, ours = 0, []
-    for code in _WC.format[1:]:
-        size = struct.calcsize("=" + code)
-        ours.append((at, size))
-        at += size
-    fields = ffi.typeof("struct sn_wc").fields
-    theirs = [(f.offset, ffi.sizeof(f.type)) for _, f in fields]
-    if tuple(name for name, _ in fields) != _WC_FIELDS or ours != theirs \
-            or ffi.sizeof("struct sn_wc") != _WC_SIZE:
-        raise RuntimeError(f"api.h's struct sn_wc ({theirs}, {ffi.sizeof('struct sn_wc')} "
-                           f"bytes) is not what backend._WC packs ({ours}, {_WC_SIZE})")
+def _wc_struct(ffi) -> struct.Struct:
+    """api.h's struct sn_wc as the C side was built, for one ``pack_into`` per
+    completion (a cffi field set per field cost about 0.9 us a completion): each
+    field's integer code by its size and sign, at its offset, the struct's size
+    apart.  Its fields must come in ``_WC_FIELDS``' order (else RuntimeError: the
+    face does not start)."""
+    t = ffi.typeof("struct sn_wc")
+    names = tuple(name for name, _ in t.fields)
+    if names != _WC_FIELDS:
+        raise RuntimeError(f"api.h's struct sn_wc has the fields {names}; "
+                           f"backend._write_wcs writes {_WC_FIELDS}")
+    fmt, at = "=", 0
+    for _, f in t.fields:
+        size = ffi.sizeof(f.type)
+        code = _INT_CODES[size]
+        fmt += "x" * (f.offset - at) + (code if int(ffi.cast(f.type, -1)) < 0 else code.upper())
+        at = f.offset + size
+    fmt += "x" * (ffi.sizeof(t) - at)
+    return struct.Struct(fmt)
 
 
 # ------------------------------------------------------------ devices and contexts
@@ -528,11 +532,12 @@ def _more_to_complete(dev, got) -> bool:
     return False
 
 
-def _write_wcs(ffi, out, got, l3: int) -> None:
-    """The completions ``got`` into the program's array ``out`` (api.h's struct sn_wc),
-    one ``pack_into`` each (``_WC``)."""
-    buf = ffi.buffer(out, len(got) * _WC_SIZE)
-    pack = _WC.pack_into
+def _write_wcs(ffi, wc: struct.Struct, out, got, l3: int) -> None:
+    """The completions ``got`` into the program's array ``out`` of api.h's struct
+    sn_wc, one ``wc.pack_into`` each (``_wc_struct``)."""
+    size = wc.size
+    buf = ffi.buffer(out, len(got) * size)
+    pack = wc.pack_into
     at = 0
     for w in got:
         flags = int(w.wc_flags)         # (an int: IntFlag's & costs a microsecond)
@@ -544,7 +549,7 @@ def _write_wcs(ffi, out, got, l3: int) -> None:
              (w.invalidated_rkey if flags & _WC_WITH_INV else w.imm_data) & 0xFFFFFFFF,
              w.qp_num, w.src_qp, flags, w.pkey_index, w.slid,
              l3 if flags & _WC_GRH else w.sl, w.dlid_path_bits)
-        at += _WC_SIZE
+        at += size
 
 
 @extern(error=-1)
@@ -584,7 +589,7 @@ def sn_poll_cq(h, n, out):
         # (UCX's, libfabric's), needs the progress thread).
         nic.end_lease(answering)
     if got:
-        _write_wcs(extern.ffi, out, got, _SL_IPV6 if ":" in nic.ip else _SL_IPV4)
+        _write_wcs(extern.ffi, _wc, out, got, _SL_IPV6 if ":" in nic.ip else _SL_IPV4)
     return len(got)
 
 

@@ -44,16 +44,6 @@ version_script, stubs_c, wrappers_c = LIBRARY.version_script, LIBRARY.stubs_c, L
 callbacks = LIBRARY.callbacks
 
 
-def records_ffi(source: str | None = None):
-    """A cffi instance that knows the flat records of api.h (or of ``source``, an
-    edited copy of it), as the C face's module is built with them: for tools and
-    tests that hand the Python side the records the C side would."""
-    import cffi
-    ffi = cffi.FFI()
-    ffi.cdef((HERE / "api.h").read_text() if source is None else source)
-    return ffi
-
-
 def cache_key() -> str:
     return _e.cache_key([HERE / name for name in SOURCES] + [Path(_e.__file__)])
 
