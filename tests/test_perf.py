@@ -142,6 +142,66 @@ def test_plan_follows_perftest_defaults():
     assert perf.plan(ap.parse_args(["send_bw"]))["rx_depth"] == 512
     assert perf.plan(ap.parse_args(["send_bw", "-r", "64"]))["rx_depth"] == 64
     assert perf.plan(ap.parse_args(["send_lat"]))["rx_depth"] == 4
+    assert not perf.plan(ap.parse_args(["write_lat"]))["poll_each"]
+    assert perf.plan(ap.parse_args(["write_lat", "--poll-each"]))["poll_each"]
+
+
+class _ScriptedWriteLat:
+    """An endpoint for ``perf.lat_run``'s WRITE loop that logs each call: the peer's
+    next WRITE lands at the first poll after a post (the responder's first before
+    anything), the post's own completion at the third (its ACK comes behind the
+    peer's next WRITE, as softnic's responder holds it)."""
+
+    def __init__(self, initiator: bool):
+        import ctypes
+        import types
+        self.mem = ctypes.create_string_buffer(256)
+        self.mr = types.SimpleNamespace(buf=ctypes.addressof(self.mem))
+        self.half = 64
+        self.e = types.SimpleNamespace(IBV_WC_SUCCESS=0)
+        self.qps = [types.SimpleNamespace(post_send=self._post)]
+        self.cq = types.SimpleNamespace(poll=self._poll)
+        self.log: list = []
+        self.posts = self.taken = self.polls_since_post = 0
+        self.ahead = 0 if initiator else 1    # the peer's WRITEs before our first
+        self.mem[self.half + 1] = self.ahead
+
+    def _post(self, wr):
+        self.posts += 1
+        self.polls_since_post = 0
+        self.log.append(("post", self.taken))   # (completions taken before it)
+
+    def _poll(self, n):
+        import types
+        self.polls_since_post += 1
+        if self.polls_since_post == 1:        # the peer's WRITE lands: its sequence byte
+            self.mem[self.half + 1] = (self.posts + self.ahead - 1) % 255 + 1
+        if self.polls_since_post >= 3 and self.taken < self.posts:
+            self.taken += 1
+            return 1, [types.SimpleNamespace(status=0, wr_id=0)]
+        return 0, []
+
+
+@pytest.mark.parametrize("initiator", [True, False])
+def test_write_lat_poll_each_takes_each_completion_before_the_next_write(monkeypatch,
+                                                                         initiator):
+    """``--poll-each`` is perftest's ib_write_lat loop: each side takes its WRITE's
+    completion before it writes again; without it a side moves on at the peer's
+    WRITE and its completions trail."""
+    import types
+    monkeypatch.setattr(perf, "_wr", lambda *a: object())
+    monkeypatch.setattr(perf, "STALL", 2.0)
+    tick = types.SimpleNamespace(tick=lambda i: None)
+    for poll_each in (True, False):
+        ep = _ScriptedWriteLat(initiator)
+        p = {"op": "write", "iters": 20, "max_bytes": None, "poll_each": poll_each}
+        perf.lat_run(ep, p, {}, 2, initiator, tick)
+        behind = [k - taken for k, (what, taken) in enumerate(ep.log)]
+        assert ep.posts == 20 + min(50, 20)
+        if poll_each:
+            assert behind == [0] * ep.posts and ep.taken == ep.posts
+        else:
+            assert max(behind) > 0
 
 
 def test_harness_smoke(tmp_path):
@@ -164,7 +224,8 @@ def test_harness_smoke(tmp_path):
     assert keys == ["write_vs_sockperf", "write_vs_python_blast", "lat_p50_vs_python",
                     "lat_p99_vs_python", "loss_goodput", "qps_1024_vs_1", "rss_per_qp_kib",
                     # the C face against its Python twins (perftest, ibverbs-utils)
-                    "c_write_lat_vs_py", "c_pingpong_events_vs_poll",
+                    "c_write_lat_vs_py", "c_write_lat_vs_py_same_loop",
+                    "c_pingpong_events_vs_poll",
                     "py_pingpong_events_vs_poll", "c_write_bw_vs_py", "c_write_bw_long_vs_py",
                     # SEND and READ against WRITE on each face
                     "c_send_vs_write_bw", "c_read_vs_write_bw", "py_send_vs_write_bw",

@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 GOALS = {            # figure: (goal, comparison), the issue's targets
     "c_write_lat_vs_py": (1.5, "<="),
+    "c_write_lat_vs_py_same_loop": (None, "<="),   # beside it: the Python face in perftest's loop
     "c_pingpong_events_vs_poll": (1.5, "<="),
     "py_pingpong_events_vs_poll": (1.5, "<="),
     "c_write_bw_vs_py": (0.9, ">="),
@@ -728,27 +729,34 @@ def step_c_face(args, res: dict, step) -> None:
     n_bw = 200 if q else args.iters
     big = [1 << 20] if q else [1 << 20, 8 << 20]
     pairs: dict[str, list] = {k: [] for k in GOALS if k in (
-        "c_write_lat_vs_py", "c_pingpong_events_vs_poll", "py_pingpong_events_vs_poll",
+        "c_write_lat_vs_py", "c_write_lat_vs_py_same_loop", "c_pingpong_events_vs_poll", "py_pingpong_events_vs_poll",
         "c_write_bw_vs_py", "c_write_bw_long_vs_py", "write_1m_vs_gso", "write_8m_vs_gso",
         "loss_goodput_1m", "c_send_vs_write_bw", "c_read_vs_write_bw", "py_send_vs_write_bw",
         "py_read_vs_write_bw")}
     for k in range(1 if q else args.repeat):
         flip = k % 2 == 1
-        step(f"C face round {k + 1}: ib_write_lat -x 0 -s 2 / softnic perf write_lat -s 2")
+        step(f"C face round {k + 1}: ib_write_lat -x 0 -s 2 / softnic perf write_lat -s 2 "
+             "(and --poll-each)")
+        # perftest's loop takes each WRITE's completion before it waits for the peer's
+        # WRITE; the Python face's write_lat waits for the peer's only, unless
+        # --poll-each: that row compares the faces over the same loop
         runs = [lambda: c_write_lat(2, n_lat),
-                lambda: perf("write_lat", ["-s", "2", "-n", str(n_lat)])["results"][0]]
-        a, b = _both(runs, flip)
+                lambda: perf("write_lat", ["-s", "2", "-n", str(n_lat)])["results"][0],
+                lambda: perf("write_lat", ["-s", "2", "-n", str(n_lat), "--poll-each"]
+                             )["results"][0]]
+        a, b, c = _alternating(runs, flip)
         pairs["c_write_lat_vs_py"].append((a["t_typical_us"], b["t_typical_us"]))
+        pairs["c_write_lat_vs_py_same_loop"].append((a["t_typical_us"], c["t_typical_us"]))
         step(f"C face round {k + 1}: ibv_rc_pingpong -g 0 -e / polling")
-        a, b = _both([lambda: c_rc_pingpong(n_pp, 4096, True),
+        a, b = _alternating([lambda: c_rc_pingpong(n_pp, 4096, True),
                       lambda: c_rc_pingpong(n_pp, 4096, False)], flip)
         pairs["c_pingpong_events_vs_poll"].append((a["usec_per_iter"], b["usec_per_iter"]))
         step(f"C face round {k + 1}: pyverbs_pingpong -e / polling (Python face)")
-        a, b = _both([lambda: py_pingpong(n_pp, 4096, True),
+        a, b = _alternating([lambda: py_pingpong(n_pp, 4096, True),
                       lambda: py_pingpong(n_pp, 4096, False)], flip)
         pairs["py_pingpong_events_vs_poll"].append((a["usec_per_iter"], b["usec_per_iter"]))
         step(f"C face round {k + 1}: ib_write_bw -x 0 -s 65536 -m 4096 / softnic perf write_bw")
-        a, b = _both([lambda: c_write_bw(65536, n_bw),
+        a, b = _alternating([lambda: c_write_bw(65536, n_bw),
                       lambda: perf("write_bw", ["-s", "65536", "-n", str(n_bw), "-m", "4096"]
                                    )["results"][0]], flip)
         pairs["c_write_bw_vs_py"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
@@ -758,7 +766,7 @@ def step_c_face(args, res: dict, step) -> None:
         # decides much of a 0.2 s run, more often for the C face than for the Python one
         n_long = n_bw if q else max(n_bw, 20000)
         step(f"C face round {k + 1}: the same, {n_long} WRITEs")
-        a, b = _both([lambda: c_write_bw(65536, n_long),
+        a, b = _alternating([lambda: c_write_bw(65536, n_long),
                       lambda: perf("write_bw", ["-s", "65536", "-n", str(n_long), "-m", "4096"]
                                    )["results"][0]], flip)
         pairs["c_write_bw_long_vs_py"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
@@ -782,7 +790,7 @@ def step_c_face(args, res: dict, step) -> None:
             # milliseconds of a run (the window filling, the threads waking) decided,
             # and varied 1.6 to 3.2 GB/s from run to run
             n = max(8, (n_bw * 65536 * 8) // size)
-            a, b = _both([lambda: perf("write_bw", ["-s", str(size), "-n", str(n), "-m", "4096",
+            a, b = _alternating([lambda: perf("write_bw", ["-s", str(size), "-n", str(n), "-m", "4096",
                                                     "-t", "4"])["results"][0],
                           lambda: python_gso_blast(0.5 if q else args.seconds)], flip)
             pairs[key].append((a["bytes_per_sec"], b["bytes_per_sec"]))
@@ -792,7 +800,7 @@ def step_c_face(args, res: dict, step) -> None:
         n = max(8, (n_bw * 65536 * 4) // (1 << 20))
         flags = ["-s", str(1 << 20), "-n", str(n), "-m", "4096", "-t", "16",
                  "-u", str(args.loss_timeout)]
-        a, b = _both([lambda: perf("write_bw", flags, env={
+        a, b = _alternating([lambda: perf("write_bw", flags, env={
                           "SOFTNIC_FAULTS": "loss=0.01", "SOFTNIC_SEED": str(7 + k),
                           "SOFTNIC_RECOVERY": args.loss_recovery})["results"][0],
                       lambda: perf("write_bw", flags, env={
@@ -802,6 +810,9 @@ def step_c_face(args, res: dict, step) -> None:
     names = {
         "c_write_lat_vs_py": ("2 B WRITE latency: C ib_write_lat -x 0 (spins on memory) vs "
                               "Python face softnic perf write_lat", "us (one way)", 1),
+        "c_write_lat_vs_py_same_loop": ("the same, the Python face in perftest's loop "
+                                        "(write_lat --poll-each: each WRITE's completion "
+                                        "taken before the peer's WRITE)", "us (one way)", 1),
         "c_pingpong_events_vs_poll": ("ibv_rc_pingpong -g 0 -e (completion channel) vs "
                                       "polling, 4 KiB", "us/iter", 1),
         "py_pingpong_events_vs_poll": ("pyverbs ping-pong in get_cq_event vs polling, 4 KiB "
@@ -871,13 +882,12 @@ def step_opcode_latency(args, res: dict, step) -> None:
     res["lat_rows"] = rows
 
 
-def _both(runs: list, flip: bool) -> tuple:
-    """Run two measurements, in the given order or flipped; results in the given order."""
-    if flip:
-        b = runs[1]()
-        return runs[0](), b
-    a = runs[0]()
-    return a, runs[1]()
+def _alternating(runs: list, flip: bool) -> tuple:
+    """Run the measurements in the given order or, with ``flip``, the reverse one;
+    results in the given order."""
+    order = range(len(runs) - 1, -1, -1) if flip else range(len(runs))
+    got = {i: runs[i]() for i in order}
+    return tuple(got[i] for i in range(len(runs)))
 
 
 def paired(rounds: list[dict]) -> dict:

@@ -81,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="receives kept posted per QP (SEND bw tests; perftest's 512)")
         t.add_argument("-u", "--qp-timeout", type=int, default=14,
                        help="QP timeout: retransmission after 4.096 us * 2**timeout (14)")
+        if name == "write_lat":
+            t.add_argument("--poll-each", action="store_true",
+                           help="after each WRITE, poll the send CQ until it completes, "
+                           "then wait for the peer's (perftest's ib_write_lat loop; without "
+                           "it a side waits for the peer's WRITE only)")
         t.add_argument("--report_gbits", action="store_true", help="bandwidth in Gb/sec")
         t.add_argument("--json", action="store_true", help="results as one JSON document")
         t.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
@@ -120,7 +125,8 @@ def plan(args) -> dict:
     return {"test": args.perf_test, "op": op, "kind": kind, "sizes": sizes, "iters": iters,
             "max_bytes": args.max_bytes,
             "qps": qps, "mtu": args.mtu, "tx_depth": args.tx_depth, "timeout": args.qp_timeout,
-            "rx_depth": args.rx_depth if op == "send" and kind == "bw" else 4}
+            "rx_depth": args.rx_depth if op == "send" and kind == "bw" else 4,
+            "poll_each": bool(getattr(args, "poll_each", False))}
 
 
 def main(args) -> int:
@@ -469,15 +475,21 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
             sent += sum(1 for w in _poll(ep, 4, deadline) if w.opcode != recv_op)
         return times
     # write: both sides write the peer's receive area; the last byte carries a
-    # sequence number the receiver spins on (as perftest's write_lat does).
+    # sequence number the receiver spins on (as perftest's write_lat does).  With
+    # ``poll_each``, as perftest's loop, each side takes its WRITE's completion
+    # before it waits for the peer's WRITE: the ACK it waits for is the one the
+    # peer holds behind its own next WRITE.
     wr = _wr(ep, p, peer, size, 0, True)
     last = size - 1
+    poll_each = p.get("poll_each", False)
     for i in range(iters + warm):
         seq = (i % 255) + 1
         t = time.perf_counter()
         if initiator:
             ctypes.memset(ep.mr.buf + last, seq, 1)
             qp.post_send(wr)
+            if poll_each:
+                _poll(ep, 1, deadline)
             _spin_byte(ep, ep.half + last, seq, deadline)
             if i >= warm:
                 times.append(time.perf_counter() - t)
@@ -485,6 +497,8 @@ def lat_run(ep: Endpoint, p: dict, peer: dict, size: int, initiator: bool,
             _spin_byte(ep, ep.half + last, seq, deadline)
             ctypes.memset(ep.mr.buf + last, seq, 1)
             qp.post_send(wr)
+            if poll_each:
+                _poll(ep, 1, deadline)
         progress.tick(max(0, i - warm))
     # drain our own WRITE completions
     return times
