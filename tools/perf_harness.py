@@ -729,7 +729,8 @@ def step_c_face(args, res: dict, step) -> None:
     n_bw = 200 if q else args.iters
     big = [1 << 20] if q else [1 << 20, 8 << 20]
     pairs: dict[str, list] = {k: [] for k in GOALS if k in (
-        "c_write_lat_vs_py", "c_write_lat_vs_py_same_loop", "c_pingpong_events_vs_poll", "py_pingpong_events_vs_poll",
+        "c_write_lat_vs_py", "c_write_lat_vs_py_same_loop", "c_pingpong_events_vs_poll",
+        "py_pingpong_events_vs_poll",
         "c_write_bw_vs_py", "c_write_bw_long_vs_py", "write_1m_vs_gso", "write_8m_vs_gso",
         "loss_goodput_1m", "c_send_vs_write_bw", "c_read_vs_write_bw", "py_send_vs_write_bw",
         "py_read_vs_write_bw")}
@@ -749,16 +750,16 @@ def step_c_face(args, res: dict, step) -> None:
         pairs["c_write_lat_vs_py_same_loop"].append((a["t_typical_us"], c["t_typical_us"]))
         step(f"C face round {k + 1}: ibv_rc_pingpong -g 0 -e / polling")
         a, b = _alternating([lambda: c_rc_pingpong(n_pp, 4096, True),
-                      lambda: c_rc_pingpong(n_pp, 4096, False)], flip)
+                             lambda: c_rc_pingpong(n_pp, 4096, False)], flip)
         pairs["c_pingpong_events_vs_poll"].append((a["usec_per_iter"], b["usec_per_iter"]))
         step(f"C face round {k + 1}: pyverbs_pingpong -e / polling (Python face)")
         a, b = _alternating([lambda: py_pingpong(n_pp, 4096, True),
-                      lambda: py_pingpong(n_pp, 4096, False)], flip)
+                             lambda: py_pingpong(n_pp, 4096, False)], flip)
         pairs["py_pingpong_events_vs_poll"].append((a["usec_per_iter"], b["usec_per_iter"]))
         step(f"C face round {k + 1}: ib_write_bw -x 0 -s 65536 -m 4096 / softnic perf write_bw")
         a, b = _alternating([lambda: c_write_bw(65536, n_bw),
-                      lambda: perf("write_bw", ["-s", "65536", "-n", str(n_bw), "-m", "4096"]
-                                   )["results"][0]], flip)
+                             lambda: perf("write_bw", ["-s", "65536", "-n", str(n_bw), "-m", "4096"]
+                                          )["results"][0]], flip)
         pairs["c_write_bw_vs_py"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
         # the same pair for a second or more each: on 2 CPUs the kernel often runs the two
         # processes of a pair on one CPU for the first 50 ms or so of a run (pinned apart
@@ -767,8 +768,8 @@ def step_c_face(args, res: dict, step) -> None:
         n_long = n_bw if q else max(n_bw, 20000)
         step(f"C face round {k + 1}: the same, {n_long} WRITEs")
         a, b = _alternating([lambda: c_write_bw(65536, n_long),
-                      lambda: perf("write_bw", ["-s", "65536", "-n", str(n_long), "-m", "4096"]
-                                   )["results"][0]], flip)
+                             lambda: perf("write_bw", ["-s", "65536", "-n", str(n_long), "-m",
+                                                       "4096"])["results"][0]], flip)
         pairs["c_write_bw_long_vs_py"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
         # every opcode at WRITE's speed: SEND and READ against WRITE, 64 KiB, in one
         # round (the order turned each round), on each face
@@ -790,9 +791,9 @@ def step_c_face(args, res: dict, step) -> None:
             # milliseconds of a run (the window filling, the threads waking) decided,
             # and varied 1.6 to 3.2 GB/s from run to run
             n = max(8, (n_bw * 65536 * 8) // size)
-            a, b = _alternating([lambda: perf("write_bw", ["-s", str(size), "-n", str(n), "-m", "4096",
-                                                    "-t", "4"])["results"][0],
-                          lambda: python_gso_blast(0.5 if q else args.seconds)], flip)
+            a, b = _alternating([lambda: perf("write_bw", ["-s", str(size), "-n", str(n), "-m",
+                                                           "4096", "-t", "4"])["results"][0],
+                                 lambda: python_gso_blast(0.5 if q else args.seconds)], flip)
             pairs[key].append((a["bytes_per_sec"], b["bytes_per_sec"]))
         step(f"round {k + 1}: WRITE 1 MiB with 1 % loss / lossless (selective repeat)")
         # the 64 KiB loss row's flags; a long WRITE's MIDDLEs beyond a hole take the
@@ -801,10 +802,10 @@ def step_c_face(args, res: dict, step) -> None:
         flags = ["-s", str(1 << 20), "-n", str(n), "-m", "4096", "-t", "16",
                  "-u", str(args.loss_timeout)]
         a, b = _alternating([lambda: perf("write_bw", flags, env={
-                          "SOFTNIC_FAULTS": "loss=0.01", "SOFTNIC_SEED": str(7 + k),
-                          "SOFTNIC_RECOVERY": args.loss_recovery})["results"][0],
-                      lambda: perf("write_bw", flags, env={
-                          "SOFTNIC_RECOVERY": args.loss_recovery})["results"][0]], flip)
+                                 "SOFTNIC_FAULTS": "loss=0.01", "SOFTNIC_SEED": str(7 + k),
+                                 "SOFTNIC_RECOVERY": args.loss_recovery})["results"][0],
+                             lambda: perf("write_bw", flags, env={
+                                 "SOFTNIC_RECOVERY": args.loss_recovery})["results"][0]], flip)
         pairs["loss_goodput_1m"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
     res["c_face_rounds"] = pairs
     names = {
