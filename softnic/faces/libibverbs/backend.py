@@ -27,7 +27,7 @@ from softnic.driver import env
 from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.device import port_speed
-from softnic.core.enums import Access, QPState, QPType, WROpcode
+from softnic.core.enums import Access, QPState, QPType, WCFlags, WROpcode
 from softnic.core.errors import VerbsError
 from softnic.driver import mcast as _mcast
 from softnic.core.memory import IMPLICIT_LENGTH, MR as _EngineMR, PD as _EnginePD, external_device_memory
@@ -37,8 +37,8 @@ from verbs_api.device import DEVICE_CAP_FLAGS
 
 from ..externs import Externs
 
-_WC_GRH = 1                  # IBV_WC_GRH
-_WC_WITH_INV = 8             # IBV_WC_WITH_INV
+_WC_GRH = int(WCFlags.GRH)              # (plain ints: IntFlag's & costs a microsecond)
+_WC_WITH_INV = int(WCFlags.WITH_INV)
 _SL_IPV4 = 2                 # RoCE L3 header type IPv4 (mlx5's CQE sl for RoCE UD receives)
 _SL_IPV6 = 1                 # ... IPv6 (MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6)
 #: the order ``_write_wcs`` gives api.h's struct sn_wc its fields in (its layout, sizes
