@@ -8,7 +8,10 @@ the plain reading of the module's docstring: settle the heap's top
 (``next_event_time``), pop one event, hand it to its switch port or device,
 then apply the driver rule through the public ``flush``.  The same workload on
 both must give the same run: every delivery (time, ends, bytes, ECN mark, INT
-records), the same event counts and the experiment's whole result.
+records), the same event counts and the experiment's whole result.  ``Fabric.run``
+has two loops, the compiled one (``softnic.accel``'s ``fabric.c``) and the Python
+one it is checked against (``Fabric._run_python``): each test runs both
+(``fast_fabric``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ try:
     from softnic.experiments import bottleneck as ex, cluster
 except ImportError:                  # the layout before experiments left softnic/cli
     from softnic.cli import cluster, experiments as ex
+from softnic import accel
 from softnic.transport import sim
 from softnic.wire.datagram import Datagram
 from softnic.wire.roce import BTH_LEN, OPCODES
@@ -102,6 +106,29 @@ class ReferenceFabric(sim.Fabric):
         return self._now
 
 
+class PythonLoopFabric(sim.Fabric):
+    """``Fabric`` running its Python loop, not the compiled one."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.compiled = False
+
+
+@pytest.fixture(params=["compiled", "python"])
+def fast_fabric(request, monkeypatch):
+    """``Fabric`` with the loop named: the compiled one (the Python loop made to
+    fail, so a run that fell back to it cannot pass), or the Python one."""
+    if request.param == "python":
+        return PythonLoopFabric
+    if sim.compiled_loop() is None:
+        pytest.fail(f"no compiled fabric loop: {accel.fabric_error}")
+
+    def no_python_loop(self, *a):
+        raise AssertionError("the Python loop ran")
+    monkeypatch.setattr(sim.Fabric, "_run_python", no_python_loop)
+    return sim.Fabric
+
+
 def _without_wall(res: dict) -> dict:
     res.pop("wall_s", None)
     res.get("summary", {}).pop("wall_s", None)
@@ -129,13 +156,14 @@ def _incast(monkeypatch, fabric_cls, **kw) -> tuple[dict, list, tuple]:
 
 @pytest.mark.parametrize("kw", [
     dict(cc="dcqcn", buffer=96_000),             # RED marks, CNPs, tail drops and go-back-N
+    dict(cc="dcqcn", kmin=2_000, kmax=30_000, pmax=0.2, duration=0.004),   # marks by chance
     dict(cc="hpcc"),                             # INT stamped and echoed
     dict(cc="dcqcn", pfc=True),                  # the leaf-spine's ports, PAUSE and RESUME
     dict(cc="none", selective_repeat=True, buffer=64_000),
-], ids=["dcqcn-drops", "hpcc-int", "dcqcn-pfc", "none-sr-drops"])
-def test_the_fast_loop_runs_an_incast_as_the_reference_loop(monkeypatch, kw):
-    cfg = dict(senders=4, duration=0.002, **kw)
-    fast = _incast(monkeypatch, sim.Fabric, **cfg)
+], ids=["dcqcn-drops", "dcqcn-red", "hpcc-int", "dcqcn-pfc", "none-sr-drops"])
+def test_the_fast_loop_runs_an_incast_as_the_reference_loop(monkeypatch, fast_fabric, kw):
+    cfg = {"senders": 4, "duration": 0.002, **kw}
+    fast = _incast(monkeypatch, fast_fabric, **cfg)
     ref = _incast(monkeypatch, ReferenceFabric, **cfg)
     res, seen, counts = fast
     # the workload reaches what it is meant to exercise
@@ -152,38 +180,38 @@ def test_the_fast_loop_runs_an_incast_as_the_reference_loop(monkeypatch, kw):
     assert res == ref[0]
 
 
-def test_the_fast_loop_runs_a_lossy_link_as_the_reference_loop(monkeypatch):
+def test_the_fast_loop_runs_a_lossy_link_as_the_reference_loop(monkeypatch, fast_fabric):
     """Direct links with loss and a rate: the fault injector's path."""
     def run(fabric_cls):
         return _run_on(monkeypatch, ex, fabric_cls, lambda: ex.goodput_under_loss(
             0.05, False, total=1 << 20, msg=256 << 10))
-    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    fast, ref = run(fast_fabric), run(ReferenceFabric)
     assert fast[0]["ok"] and fast[0]["retransmitted_pkts"] > 0
     assert fast == ref
 
 
 @pytest.mark.parametrize("mode", ["lossless", "lossy"])
-def test_the_fast_loop_runs_a_three_leaf_fabric_as_the_reference_loop(monkeypatch, mode):
+def test_the_fast_loop_runs_a_three_leaf_fabric_as_the_reference_loop(monkeypatch, fast_fabric, mode):
     """The PFC victim study: three leaves under a spine, PAUSE spreading (lossless)
     or tail drops (lossy) on the leaf-spine's ports."""
     def run(fabric_cls):
         return _run_on(monkeypatch, cluster, fabric_cls, lambda: cluster.victim(
             cluster.VictimConfig(mode=mode, duration=0.5e-3)))
-    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    fast, ref = run(fast_fabric), run(ReferenceFabric)
     assert fast[2][1] > 1000
     if mode == "lossless":
         assert fast[0]["summary"]["pause_frames"] > 0
     assert fast == ref
 
 
-def test_the_fast_loop_runs_collectives_as_the_reference_loop(monkeypatch):
+def test_the_fast_loop_runs_collectives_as_the_reference_loop(monkeypatch, fast_fabric):
     """Ranks of softnic.collectives in virtual time (the fabric run until a rank's
     completion, ``stop``) on four leaves and two spines, ECMP, lossy, DCQCN."""
     def run(fabric_cls):
         return _run_on(monkeypatch, cluster, fabric_cls, lambda: cluster.run(
             cluster.ClusterConfig(hosts=8, hosts_per_leaf=2, size=64 << 10, mode="lossy",
                                   cc="dcqcn")))
-    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    fast, ref = run(fast_fabric), run(ReferenceFabric)
     assert fast[0]["summary"]["finished"] and fast[2][0] + fast[2][1] > 1000
     assert fast == ref
 
@@ -269,7 +297,7 @@ class _Burst:
         self.out = [(bytes([i % 256]) * self.size, self.peer) for i in range(self.n)]
 
 
-def test_a_receiver_detached_with_datagrams_queued_toward_it():
+def test_a_receiver_detached_with_datagrams_queued_toward_it(fast_fabric):
     """Two senders burst into one switch port; the receiver leaves while the port
     still holds their datagrams, and another device takes its address: all that
     was on the way is dropped (the new device gets none of it), as the reference
@@ -289,7 +317,114 @@ def test_a_receiver_detached_with_datagrams_queued_toward_it():
         fabric.attach(late := _Burst(recv))
         fabric.run()
         return devs[0].got, late.got, fabric.capture.seen, fabric.counters
-    fast, ref = run(sim.Fabric), run(ReferenceFabric)
+    fast, ref = run(fast_fabric), run(ReferenceFabric)
     got, late_got, seen, counters = fast
     assert got and not late_got and counters["dropped_unknown"] == 80 - len(got)
     assert fast == ref
+
+
+class _Pinger:
+    """A device that answers every datagram with one of its own, and whose timer
+    each delivery moves earlier than its last (a timer entry left stale in the
+    heap each time), back to a late one as it fires."""
+
+    ect = False
+
+    def __init__(self, address, peer, start=False):
+        self.address, self.peer = address, peer
+        self.at = 0.0 if start else None
+        self.out, self.got, self.fired = [], 0, 0
+
+    def receive_datagram(self, data, src, now, ecn=0, telemetry=None):
+        self.got += 1
+        self.at = now + 1e-7 * (1 + self.got % 3)
+        self.out.append((data, self.peer))
+
+    def datagrams_to_send(self, now):
+        out, self.out = self.out, []
+        return out
+
+    def get_timer(self):
+        return self.at
+
+    def handle_timer(self, now):
+        self.fired += 1
+        self.at = now + 1.0
+        if self.fired == 1 and not self.got:
+            self.out.append((b"ping" * 10, self.peer))
+
+
+def test_stale_timer_entries_are_dropped_and_the_heap_compacted(fast_fabric):
+    """Two devices ping-pong over a direct link, each delivery moving the
+    receiver's timer earlier: more than ``_COMPACT_MIN_STALE`` stale entries, the
+    heap compacted, and runs cut by ``max_events``, ``until`` and ``stop``: the
+    same deliveries, timer firings and counts as the reference loop."""
+    def run(cls):
+        fabric = cls(5, capture=Deliveries())
+        a, b = ("10.8.0.1", 4791), ("10.8.0.2", 4791)
+        devs = [_Pinger(a, b, start=True), _Pinger(b, a)]
+        for d in devs:
+            fabric.attach(d)
+        compacted = []
+        real = fabric._compact
+        fabric._compact = lambda: (compacted.append(fabric._stale), real())
+        fabric.run(max_events=1001)
+        steps = [fabric.now]
+        fabric.run(until=fabric.now + 2e-3)
+        steps.append(fabric.now)
+        fabric.run(stop=lambda: devs[1].got >= 6000)
+        steps.append(fabric.now)
+        return ([(d.got, d.fired) for d in devs], steps, compacted, fabric._stale,
+                fabric.events_processed, fabric.counters, fabric.capture.seen[-50:])
+    fast, ref = run(fast_fabric), run(ReferenceFabric)
+    assert devs_ok(fast)
+    assert fast[:2] == ref[:2] and fast[4:] == ref[4:]
+
+
+def devs_ok(res) -> bool:
+    (_, _), (got_b, _) = res[0]
+    return got_b >= 6000 and bool(res[2]) and all(n > sim._COMPACT_MIN_STALE for n in res[2])
+
+
+def test_datagrams_due_at_one_time_come_in_the_order_they_were_sent(fast_fabric):
+    """Three senders burst to one receiver over direct links of one delay: each
+    burst's datagrams, and the bursts, are due at the same times, and come in
+    the order they were made (the heap's ties go by ``seq``)."""
+    def run(cls):
+        fabric = cls(9, default_delay=2e-6)
+        recv = ("10.7.0.1", 4791)
+        senders = [_Burst((f"10.7.0.{i}", 4791), recv, 30, size=40 + i) for i in (2, 3, 4)]
+        fabric.attach(sink := _Burst(recv))
+        for d in senders:
+            fabric.attach(d)
+        fabric.run()
+        return sink.got
+    got = run(fast_fabric)
+    assert len(got) == 90 and len({t for t, *_ in got}) == 1
+    assert got == run(ReferenceFabric)
+
+
+class _TupleSender(_Burst):
+    """A ``_Burst`` whose output is a tuple of lists, not a list of tuples."""
+
+    def datagrams_to_send(self, now):
+        return tuple([data, dst] for data, dst in super().datagrams_to_send(now))
+
+
+def test_a_device_may_give_its_output_as_any_iterable_of_pairs(fast_fabric):
+    """The device interface's ``datagrams_to_send`` is iterated as pairs: a tuple
+    of two-item lists is taken as a list of tuples is, and three items are an
+    error, in either loop."""
+    fabric = fast_fabric(2)
+    recv = ("10.6.0.1", 4791)
+    fabric.attach(sink := _Burst(recv))
+    fabric.attach(_TupleSender(("10.6.0.2", 4791), recv, 5))
+    fabric.run()
+    assert [d for _, _, d in sink.got] == [bytes([i]) * 1000 for i in range(5)]
+
+    class Triples(_Burst):
+        def datagrams_to_send(self, now):
+            return [(d, dst, 0) for d, dst in super().datagrams_to_send(now)]
+    fabric.attach(Triples(("10.6.0.3", 4791), recv, 1))
+    with pytest.raises(ValueError):
+        fabric.run()

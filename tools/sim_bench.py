@@ -275,7 +275,7 @@ def _run(name: str, breakdown: bool = False, digest: bool = True) -> dict:
                     events=s["events"], virtual_s=s["completion_s"],
                     delivered=getattr(made[-1], "_received", None) if made else None,
                     digest=_digest(res, s["events"], s["host_events"]) if digest else None,
-                    breakdown=brk.split(wall, cpu) if brk else None)
+                    breakdown=brk.split(wall, cpu) if brk else None, loop=_loop(sim, made))
     else:
         raise SystemExit(f"unknown workload {name}")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -292,7 +292,16 @@ def _run(name: str, breakdown: bool = False, digest: bool = True) -> dict:
     return dict(workload=name, wall_s=wall, cpu_s=cpu, host_events=host, events=host + hops,
                 virtual_s=cfg.duration, delivered=getattr(fabric, "_received", None),
                 digest=_digest(res, host, hops) if digest else None,
-                breakdown=brk.split(wall, cpu) if brk else None)
+                breakdown=brk.split(wall, cpu) if brk else None, loop=_loop(sim, made))
+
+
+def _loop(sim, made) -> str:
+    """Which of ``Fabric.run``'s loops ran: the compiled one (``softnic.accel``'s
+    fabric.c) or Python's (a tree from before the compiled one has only that)."""
+    compiled = getattr(sim, "compiled_loop", None)
+    if compiled is None or compiled() is None or not made or not made[-1].compiled:
+        return "python"
+    return "compiled"
 
 
 def _child(tree: str, name: str, breakdown: bool = False) -> dict:
@@ -460,7 +469,7 @@ def main() -> int:
                   f"({hev / 1e3:.1f} k host events); {r['events']} events "
                   f"({r['host_events']} host) for {r['virtual_s'] * 1e3:.2f} ms virtual in "
                   f"{cpu:.2f} s CPU, {wall:.2f} s wall ({ev / 1e3:.1f} k events per wall s); "
-                  f"result {','.join(digests)}")
+                  f"result {','.join(digests)}; loop {r.get('loop', 'python')}")
             if r.get("delivered") is not None:
                 # a datagram's events only (delivered to a host, or reaching a queue in
                 # the fabric), without the hosts' timers (pacing, retransmission,

@@ -33,6 +33,11 @@ peer's READs of one packet and ATOMICs (``rx.c``, ``sn_rx_answers``, with
 ``kernel.c``'s ``sn_read_only`` and ``sn_atomic_ack``): each response sent as its
 request is taken.
 
+Beside it, a second module for the simulator (``fabric.c``, ``fabric_loop()``): the
+event loop of ``softnic.transport.sim.Fabric.run`` over the fabric's own Python
+objects, a CPython extension (it works on Python objects, which cffi does not
+pass), built and cached the same way and turned off by the same variable.
+
     python -m softnic.accel [-v]     # build, check and say which CRC it uses
 """
 
@@ -45,6 +50,7 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -54,6 +60,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MODULE = "_softnic_kernel"
+FABRIC_MODULE = "_softnic_fabric"
 CRC_KINDS = {0: "table", 1: "isa-l", 2: "zlib"}
 
 _loaded: object = None
@@ -78,7 +85,7 @@ class Kernel:
 def _key() -> str:
     h = hashlib.sha256()
     for name in ("wire.h", "kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c", "rx.h", "rx.c",
-                 "__init__.py"):
+                 "fabric.c", "__init__.py"):
         h.update((HERE / name).read_bytes())
     h.update(sys.version.encode())
     h.update(sys.executable.encode())
@@ -131,9 +138,64 @@ def build(dest: Path, verbose: bool = False) -> Path:
     return target
 
 
-def _import(path: Path):
-    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
-    spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
+def build_fabric(dest: Path, verbose: bool = False) -> Path:
+    """Compile ``fabric.c`` into ``dest``; returns the extension's path."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    target = dest / (FABRIC_MODULE + suffix)
+    if target.exists():
+        return target
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc.split()[0]) is None:
+        raise RuntimeError("no C compiler (Debian: gcc)")
+    inc = sysconfig.get_paths().get("include")
+    if not inc or not (Path(inc) / "Python.h").exists():
+        raise RuntimeError(f"no Python.h in {inc} (Debian: python3-dev)")
+    dest.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(dir=dest, prefix=target.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        cmd = cc.split() + ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I", inc,
+                            str(HERE / "fabric.c"), "-o", part]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if verbose or r.returncode:
+            sys.stderr.write(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+        if r.returncode:
+            raise RuntimeError(f"{cc} failed on fabric.c: {r.stderr.strip()[-400:]}")
+        os.replace(part, target)        # atomic: two processes may build at once
+    except BaseException:
+        if os.path.exists(part):
+            os.unlink(part)
+        raise
+    return target
+
+
+_fabric: object = None
+_fabric_tried = False
+#: why ``fabric_loop()`` returned None (empty when it did not)
+fabric_error = ""
+
+
+def fabric_loop(verbose: bool = False):
+    """The simulator's compiled event loop (``fabric.c``, built and cached on first
+    use), or None if it cannot be had here or ``SOFTNIC_KERNEL=0``;
+    ``fabric_error`` then says why."""
+    global _fabric, _fabric_tried, fabric_error
+    if os.environ.get("SOFTNIC_KERNEL", "1").strip().lower() in ("0", "no", "off", "false"):
+        fabric_error = "turned off by SOFTNIC_KERNEL"
+        return None
+    with _lock:
+        if not _fabric_tried:
+            _fabric_tried = True
+            try:
+                _fabric = _import(build_fabric(cache_dir(), verbose=verbose), FABRIC_MODULE)
+            except Exception as e:       # no compiler, no headers, a failed build: Python's loop
+                fabric_error = f"{type(e).__name__}: {e}"
+        return _fabric
+
+
+def _import(path: Path, name: str = MODULE):
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
@@ -221,4 +283,8 @@ def main() -> int:
         print(f"no kernel: {error}", file=sys.stderr)
         return 1
     print(f"{describe()}: {cache_dir()}")
+    if fabric_loop(verbose="-v" in sys.argv[1:]) is None:
+        print(f"no compiled fabric loop: {fabric_error}", file=sys.stderr)
+        return 1
+    print("the simulator's event loop: compiled")
     return 0

@@ -323,6 +323,9 @@ class Fabric:
         self.trace: list[TraceRecord] = []
         self.tracing = trace
         self.capture = capture
+        #: run the compiled loop where there is one (``compiled_loop``); False: the
+        #: Python loop it is checked against (a trace always takes it)
+        self.compiled = True
         self.events_processed = 0
         #: datagrams that reached a queue inside the fabric (a switch port):
         #: events of the heap that no device sees
@@ -697,16 +700,33 @@ class Fabric:
             self.flush()
         if stop is not None and stop():
             return self._now
+        limit = -1 if max_events is None else max_events
+        end = _INF if until is None else until
+        loop = compiled_loop() if self.compiled else None
+        if loop is not None and not self.tracing:
+            processed, hops, stopped = loop.run_loop(self, self._heap, end, limit, stop,
+                                                     self._ports, self._next_seq, self.capture)
+        else:
+            processed, hops, stopped = self._run_python(end, limit, stop)
+        self.events_processed += processed
+        self.hops_processed += hops
+        if until is not None and not stopped and processed != limit and until > self._now:
+            self._now = until
+        return self._now
+
+    def _run_python(self, end: float, limit: int, stop: Callable[[], bool] | None
+                    ) -> tuple[int, int, bool]:
+        """``run``'s loop: events until ``end``, ``limit`` of them (-1: no limit) or
+        ``stop()``; returns (events, hops, stopped).  softnic.accel's ``fabric.c``
+        runs the same loop compiled (tests/test_sim_loop.py compares the two)."""
         heap = self._heap
         trace = self.trace if self.tracing else None
         capture = self.capture
         next_seq = self._next_seq
         send = self._send
         processed = hops = 0
-        limit = -1 if max_events is None else max_events
         stopped = False
         ports = self._ports
-        end = _INF if until is None else until
         # long: one loop on purpose: its body runs once per event, and each step moved
         # into a method would add a call per event (tools/sim_bench.py counts them)
         while processed != limit and heap:
@@ -808,11 +828,25 @@ class Fabric:
             if stop is not None and stop():
                 stopped = True
                 break
-        self.events_processed += processed
-        self.hops_processed += hops
-        if until is not None and not stopped and processed != limit and until > self._now:
-            self._now = until
-        return self._now
+        return processed, hops, stopped
+
+
+#: the compiled loop, once looked for (None: there is none here)
+_compiled: Any = False
+
+
+def compiled_loop() -> Any:
+    """``Fabric.run``'s loop compiled (``softnic.accel.fabric_loop()``, set up with this
+    module's classes), or None where it cannot be built or ``SOFTNIC_KERNEL=0``."""
+    global _compiled
+    if _compiled is False:
+        from softnic import accel
+        m = accel.fabric_loop()
+        if m is not None:
+            m.setup(_Port, _Drain, _SwitchHop, Datagram, CE, float(WIRE_OVERHEAD),
+                    _COMPACT_MIN_STALE)
+        _compiled = m
+    return _compiled
 
 
 def _fmt(address: Address) -> str:

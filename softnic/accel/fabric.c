@@ -1,0 +1,958 @@
+/* The simulated fabric's event loop (softnic.transport.sim.Fabric.run), compiled.
+
+   The same loop as ``Fabric._run_python``, event for event: the heap is the
+   fabric's own list of ``(time, seq, target, data, src)`` entries, ordered as
+   heapq orders them (by time, then seq: seqs are unique), so Python's heapq and
+   this file may push to it in turn; the devices, links, queues and drains are
+   the fabric's Python objects, read and written through their attributes.  What
+   it runs faster is the loop itself: the pop, the choice of target, the driver
+   rule's drain of a device's output into the heap, the timer entries' checks, a
+   switch port's queue (``EgressQueue.arrive``, here ``queue_arrive``) and a NIC's
+   own (``EgressQueue.depart``, here ``queue_depart``).  Whatever is rarer goes
+   back to the fabric's Python methods (``_send``, ``_arm``, a leaf-spine's
+   ``event``).  A run with a trace is Python's alone.
+
+   tests/test_sim_loop.py runs workloads both ways and compares every result. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *PortType, *DrainType, *SwitchHopType, *DatagramType, *CE;
+static PyObject *s_device, *s_links, *s_armed, *s_entry_seq, *s_entry_time, *s_attached,
+    *s_ect, *s_pending, *s_live, *s_dst, *s_queue, *s_drain, *s_delay, *s_fast, *s_counters,
+    *s_nic, *s_hop, *s_address, *s_event, *s_now, *s_received, *s_dropped_unknown, *s_stale,
+    *s_receive_datagram, *s_datagrams_to_send, *s_get_timer, *s_handle_timer, *s_send,
+    *s_arm, *s_ecn, *s_echo, *s_hops, *s_popleft, *s_append, *s_arrive, *s_sent, *s_delivered,
+    *s_busy_until, *s_rate_bps, *s_tx_bytes, *s_enqueued, *s_max_qlen, *s_dropped,
+    *s_marked, *s_plain, *s_sample, *s_samples, *s_buffer_bytes, *s_red, *s_int_telemetry,
+    *s_tx_by_src, *s_with_, *s_kmin, *s_kmax, *s_rng, *s_random, *s_probability, *s_compact, *s_record;
+static double wire_overhead = 28.0;
+static long long compact_min_stale = 4096;
+
+/* ------------------------------------------------------------------ the heap */
+
+static inline double entry_time(PyObject *e)
+{
+    PyObject *t = PyTuple_GET_ITEM(e, 0);
+    return PyFloat_CheckExact(t) ? PyFloat_AS_DOUBLE(t) : PyFloat_AsDouble(t);
+}
+
+/* heapq's order on (time, seq, ...) with unique seqs: time, then seq.  -1: error. */
+static inline int entry_lt(PyObject *a, PyObject *b)
+{
+    double ta = entry_time(a), tb = entry_time(b);
+    if (ta != tb)
+        return ta < tb;
+    return PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(b, 1), Py_LT);
+}
+
+/* heapq.heappush: steals nothing; the list takes its own reference. */
+static int heap_push(PyObject *heap, PyObject *e)
+{
+    if (PyList_Append(heap, e) < 0)
+        return -1;
+    PyObject **a = ((PyListObject *)heap)->ob_item;
+    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
+    PyObject *item = a[pos];
+    while (pos > 0) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        int lt = entry_lt(item, a[parent]);
+        if (lt < 0)
+            return -1;
+        if (!lt)
+            break;
+        a[pos] = a[parent];
+        pos = parent;
+    }
+    a[pos] = item;
+    return 0;
+}
+
+/* heapq.heappop (the heap is not empty): a new reference. */
+static PyObject *heap_pop(PyObject *heap)
+{
+    Py_ssize_t n = PyList_GET_SIZE(heap) - 1;
+    PyObject **a = ((PyListObject *)heap)->ob_item;
+    PyObject *last = a[n];
+    Py_INCREF(last);
+    if (PyList_SetSlice(heap, n, n + 1, NULL) < 0) {
+        Py_DECREF(last);
+        return NULL;
+    }
+    if (n == 0)
+        return last;
+    a = ((PyListObject *)heap)->ob_item;
+    PyObject *top = a[0];               /* the list's reference becomes the caller's */
+    /* heapq's _siftup: the smaller child up to a leaf, then last down from there */
+    Py_ssize_t pos = 0, child;
+    while ((child = 2 * pos + 1) < n) {
+        Py_ssize_t right = child + 1;
+        if (right < n) {
+            int lt = entry_lt(a[child], a[right]);
+            if (lt < 0)
+                goto fail;
+            if (!lt)
+                child = right;
+        }
+        a[pos] = a[child];
+        pos = child;
+    }
+    while (pos > 0) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        int lt = entry_lt(last, a[parent]);
+        if (lt < 0)
+            goto fail;
+        if (!lt)
+            break;
+        a[pos] = a[parent];
+        pos = parent;
+    }
+    a[pos] = last;                      /* the reference taken above */
+    return top;
+fail:
+    a[pos] = last;
+    return top;                         /* (the error is set; the caller checks) */
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static inline int get_double(PyObject *o, PyObject *name, double *out)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    *out = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static inline int set_double(PyObject *o, PyObject *name, double v)
+{
+    PyObject *f = PyFloat_FromDouble(v);
+    if (f == NULL)
+        return -1;
+    int r = PyObject_SetAttr(o, name, f);
+    Py_DECREF(f);
+    return r;
+}
+
+/* d[key] += by (an int) */
+static int dict_add(PyObject *d, PyObject *key, long long by)
+{
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        v = PyLong_FromLongLong(by);
+    } else {
+        PyObject *b = PyLong_FromLongLong(by);
+        if (b == NULL)
+            return -1;
+        v = PyNumber_Add(v, b);
+        Py_DECREF(b);
+    }
+    if (v == NULL)
+        return -1;
+    int r = PyDict_SetItem(d, key, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static int attr_add(PyObject *o, PyObject *name, long long by)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    PyObject *b = PyLong_FromLongLong(by);
+    if (b == NULL) {
+        Py_DECREF(v);
+        return -1;
+    }
+    PyObject *s = PyNumber_Add(v, b);
+    Py_DECREF(v);
+    Py_DECREF(b);
+    if (s == NULL)
+        return -1;
+    int r = PyObject_SetAttr(o, name, s);
+    Py_DECREF(s);
+    return r;
+}
+
+/* push (at, next_seq(), target, data, src) */
+static int push5(PyObject *heap, PyObject *next_seq, double at, PyObject *target, PyObject *data,
+                 PyObject *src)
+{
+    PyObject *seq = PyObject_CallNoArgs(next_seq);
+    if (seq == NULL)
+        return -1;
+    PyObject *t = PyFloat_FromDouble(at);
+    if (t == NULL) {
+        Py_DECREF(seq);
+        return -1;
+    }
+    PyObject *e = PyTuple_New(5);
+    if (e == NULL) {
+        Py_DECREF(seq);
+        Py_DECREF(t);
+        return -1;
+    }
+    PyTuple_SET_ITEM(e, 0, t);
+    PyTuple_SET_ITEM(e, 1, seq);
+    Py_INCREF(target);
+    PyTuple_SET_ITEM(e, 2, target);
+    Py_INCREF(data);
+    PyTuple_SET_ITEM(e, 3, data);
+    Py_INCREF(src);
+    PyTuple_SET_ITEM(e, 4, src);
+    int r = heap_push(heap, e);
+    Py_DECREF(e);
+    return r;
+}
+
+static PyObject *make5(PyObject *next_seq, double at, PyObject *target, PyObject *data,
+                       PyObject *src)
+{
+    PyObject *seq = PyObject_CallNoArgs(next_seq);
+    if (seq == NULL)
+        return NULL;
+    PyObject *t = PyFloat_FromDouble(at);
+    PyObject *e = t ? PyTuple_New(5) : NULL;
+    if (e == NULL) {
+        Py_DECREF(seq);
+        Py_XDECREF(t);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(e, 0, t);
+    PyTuple_SET_ITEM(e, 1, seq);
+    Py_INCREF(target);
+    PyTuple_SET_ITEM(e, 2, target);
+    Py_INCREF(data);
+    PyTuple_SET_ITEM(e, 3, data);
+    Py_INCREF(src);
+    PyTuple_SET_ITEM(e, 4, src);
+    return e;
+}
+
+/* ------------------------------------------------------------------ the queues */
+
+static inline Py_ssize_t data_len(PyObject *data)
+{
+    if (PyBytes_CheckExact(data))
+        return PyBytes_GET_SIZE(data);
+    return PyObject_Length(data);
+}
+
+/* EgressQueue.depart: a plain queue's bookkeeping; the departure time. */
+static int queue_depart(PyObject *q, PyObject *data, double now, double *depart)
+{
+    Py_ssize_t n = data_len(data);
+    if (n < 0)
+        return -1;
+    double size = (double)n + wire_overhead, busy, rate;
+    if (get_double(q, s_busy_until, &busy) < 0 || get_double(q, s_rate_bps, &rate) < 0)
+        return -1;
+    PyObject *c = PyObject_GetAttr(q, s_counters);
+    if (c == NULL)
+        return -1;
+    double start = now;
+    int r = -1;
+    if (busy > now) {
+        double ql = (busy - now) * rate / 8;
+        PyObject *m = PyDict_GetItemWithError(c, s_max_qlen);
+        if (m == NULL)
+            goto out;
+        double mx = PyFloat_AsDouble(m);
+        if (mx == -1.0 && PyErr_Occurred())
+            goto out;
+        if (ql > mx) {
+            PyObject *v = PyLong_FromDouble(ql);
+            if (v == NULL || PyDict_SetItem(c, s_max_qlen, v) < 0) {
+                Py_XDECREF(v);
+                goto out;
+            }
+            Py_DECREF(v);
+        }
+        start = busy;
+    }
+    *depart = start + size * 8 / rate;
+    if (set_double(q, s_busy_until, *depart) < 0 || attr_add(q, s_tx_bytes, n + (long long)wire_overhead) < 0
+        || dict_add(c, s_enqueued, 1) < 0)
+        goto out;
+    r = 0;
+out:
+    Py_DECREF(c);
+    return r;
+}
+
+/* EgressQueue.arrive, but for a queue with INT (HPCC's telemetry: Python's).
+   *res: (departure time, datagram), or None when dropped; a new reference. */
+static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double now, int ect,
+                        PyObject *src, PyObject **res)
+{
+    PyObject *intt = PyObject_GetAttr(q, s_int_telemetry);
+    if (intt == NULL)
+        return -1;
+    int t = PyObject_IsTrue(intt);
+    Py_DECREF(intt);
+    if (t < 0)
+        return -1;
+    if (t) {
+        *res = PyObject_CallMethodObjArgs(q, s_arrive, data, now_obj, ect ? Py_True : Py_False,
+                                          src, NULL);
+        return *res ? 0 : -1;
+    }
+    Py_ssize_t n = data_len(data);
+    if (n < 0)
+        return -1;
+    long long size = n + (long long)wire_overhead;
+    double busy, rate;
+    if (get_double(q, s_busy_until, &busy) < 0 || get_double(q, s_rate_bps, &rate) < 0)
+        return -1;
+    double b = busy - now;
+    double ql = b > 0 ? b * rate / 8 : 0.0;
+    PyObject *c = NULL, *v = NULL, *red = NULL, *out = NULL;
+    int r = -1;
+    v = PyObject_GetAttr(q, s_sample);
+    if (v == NULL)
+        return -1;
+    t = PyObject_IsTrue(v);
+    Py_CLEAR(v);
+    if (t < 0)
+        return -1;
+    if (t) {
+        PyObject *samples = PyObject_GetAttr(q, s_samples);
+        PyObject *iq = samples ? PyLong_FromDouble(ql) : NULL;
+        PyObject *pair = iq ? PyTuple_Pack(2, now_obj, iq) : NULL;
+        int a = pair ? PyList_Append(samples, pair) : -1;
+        Py_XDECREF(pair);
+        Py_XDECREF(iq);
+        Py_XDECREF(samples);
+        if (a < 0)
+            return -1;
+    }
+    c = PyObject_GetAttr(q, s_counters);
+    if (c == NULL)
+        return -1;
+    v = PyDict_GetItemWithError(c, s_max_qlen);           /* borrowed */
+    if (v == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetObject(PyExc_KeyError, s_max_qlen);
+        goto out;
+    }
+    double mx = PyFloat_AsDouble(v);
+    v = NULL;
+    if (mx == -1.0 && PyErr_Occurred())
+        goto out;
+    if (ql > mx) {
+        PyObject *iq = PyLong_FromDouble(ql);
+        int a = iq ? PyDict_SetItem(c, s_max_qlen, iq) : -1;
+        Py_XDECREF(iq);
+        if (a < 0)
+            goto out;
+    }
+    v = PyObject_GetAttr(q, s_buffer_bytes);
+    if (v == NULL)
+        goto out;
+    if (v != Py_None) {
+        double buffer = PyFloat_AsDouble(v);
+        if (buffer == -1.0 && PyErr_Occurred())
+            goto out;
+        if (ql + (double)size > buffer) {
+            if (dict_add(c, s_dropped, 1) < 0)
+                goto out;
+            Py_INCREF(Py_None);
+            *res = Py_None;
+            r = 0;
+            goto out;
+        }
+    }
+    Py_CLEAR(v);
+    double depart = (busy > now ? busy : now) + (double)size * 8 / rate;
+    if (set_double(q, s_busy_until, depart) < 0 || attr_add(q, s_tx_bytes, size) < 0
+        || dict_add(c, s_enqueued, 1) < 0)
+        goto out;
+    if (src != Py_None) {
+        PyObject *by_src = PyObject_GetAttr(q, s_tx_by_src);
+        int a = by_src ? dict_add(by_src, src, size) : -1;
+        Py_XDECREF(by_src);
+        if (a < 0)
+            goto out;
+    }
+    Py_INCREF(data);
+    out = data;
+    red = PyObject_GetAttr(q, s_red);
+    if (red == NULL)
+        goto out;
+    if (red != Py_None && ect) {
+        double kmin, kmax;
+        if (get_double(red, s_kmin, &kmin) < 0)
+            goto out;
+        if (ql > kmin) {
+            int mark;
+            if (get_double(red, s_kmax, &kmax) < 0)
+                goto out;
+            if (ql >= kmax) {
+                mark = 1;
+            } else {
+                PyObject *rng = PyObject_GetAttr(q, s_rng);
+                PyObject *x = rng ? PyObject_CallMethodNoArgs(rng, s_random) : NULL;
+                Py_XDECREF(rng);
+                if (x == NULL)
+                    goto out;
+                PyObject *qf = PyFloat_FromDouble(ql);
+                PyObject *p = qf ? PyObject_CallMethodOneArg(red, s_probability, qf) : NULL;
+                Py_XDECREF(qf);
+                mark = p ? PyObject_RichCompareBool(x, p, Py_LT) : -1;
+                Py_DECREF(x);
+                Py_XDECREF(p);
+                if (mark < 0)
+                    goto out;
+            }
+            if (mark) {
+                if (dict_add(c, s_marked, 1) < 0)
+                    goto out;
+                PyObject *kw = Py_BuildValue("{sO}", "ecn", CE);
+                PyObject *empty = kw ? PyTuple_New(0) : NULL;
+                PyObject *m = NULL;
+                if (empty != NULL) {
+                    if ((PyObject *)Py_TYPE(data) == DatagramType) {
+                        PyObject *w = PyObject_GetAttr(data, s_with_);
+                        m = w ? PyObject_Call(w, empty, kw) : NULL;
+                        Py_XDECREF(w);
+                    } else {
+                        PyObject *a1 = PyTuple_Pack(1, data);
+                        m = a1 ? PyObject_Call(DatagramType, a1, kw) : NULL;
+                        Py_XDECREF(a1);
+                    }
+                }
+                Py_XDECREF(kw);
+                Py_XDECREF(empty);
+                if (m == NULL)
+                    goto out;
+                Py_SETREF(out, m);
+            }
+        }
+    }
+    {
+        PyObject *d = PyFloat_FromDouble(depart);
+        *res = d ? PyTuple_Pack(2, d, out) : NULL;
+        Py_XDECREF(d);
+        r = *res ? 0 : -1;
+    }
+out:
+    Py_XDECREF(v);
+    Py_XDECREF(red);
+    Py_XDECREF(out);
+    Py_XDECREF(c);
+    return r;
+}
+
+/* Fabric._arm */
+static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *port,
+               PyObject *deadline, PyObject *now_obj)
+{
+    if (PyObject_SetAttr(port, s_armed, deadline) < 0)
+        return -1;
+    if (deadline == Py_None)
+        return 0;                       /* a live entry left in the heap is discarded when it comes up */
+    int later = PyObject_RichCompareBool(deadline, now_obj, Py_GT);
+    if (later < 0)
+        return -1;
+    PyObject *when = later ? deadline : now_obj;   /* virtual time never goes back */
+    PyObject *es = PyObject_GetAttr(port, s_entry_seq);
+    if (es == NULL)
+        return -1;
+    long long entry_seq = PyLong_AsLongLong(es);
+    Py_DECREF(es);
+    if (entry_seq == -1 && PyErr_Occurred())
+        return -1;
+    if (entry_seq != -1) {
+        PyObject *et = PyObject_GetAttr(port, s_entry_time);
+        if (et == NULL)
+            return -1;
+        int ge = PyObject_RichCompareBool(when, et, Py_GE);
+        Py_DECREF(et);
+        if (ge < 0)
+            return -1;
+        if (ge)
+            return 0;                   /* the earlier entry re-checks when it comes up */
+        if (attr_add(fabric, s_stale, 1) < 0)
+            return -1;
+    }
+    PyObject *seq = PyObject_CallNoArgs(next_seq);
+    if (seq == NULL)
+        return -1;
+    PyObject *e = NULL;
+    int r = PyObject_SetAttr(port, s_entry_seq, seq);
+    if (!r)
+        r = PyObject_SetAttr(port, s_entry_time, when);
+    if (!r) {
+        e = PyTuple_Pack(5, when, seq, port, Py_None, Py_None);
+        r = e ? heap_push(heap, e) : -1;
+    }
+    Py_DECREF(seq);
+    Py_XDECREF(e);
+    if (r < 0)
+        return -1;
+    PyObject *st = PyObject_GetAttr(fabric, s_stale);
+    if (st == NULL)
+        return -1;
+    long long stale = PyLong_AsLongLong(st);
+    Py_DECREF(st);
+    if (stale == -1 && PyErr_Occurred())
+        return -1;
+    if (stale > compact_min_stale && stale * 2 > PyList_GET_SIZE(heap)) {
+        PyObject *x = PyObject_CallMethodNoArgs(fabric, s_compact);
+        if (x == NULL)
+            return -1;
+        Py_DECREF(x);
+    }
+    return 0;
+}
+
+/* ``datagrams_to_send``'s answer as a list of 2-tuples: itself when it is one (as
+   the engine's is), else a copy, as Python's ``for out, dst in ...`` takes any
+   iterable of pairs.  Replaces *outs (its reference); -1: error. */
+static int pairs(PyObject **outs)
+{
+    PyObject *l = *outs;
+    if (PyList_CheckExact(l)) {
+        Py_ssize_t i, n = PyList_GET_SIZE(l);
+        for (i = 0; i < n; i++) {
+            PyObject *t = PyList_GET_ITEM(l, i);
+            if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2)
+                break;
+        }
+        if (i == n)
+            return 0;
+    }
+    PyObject *copy = PySequence_List(l);
+    Py_SETREF(*outs, copy);
+    if (copy == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(copy); i++) {
+        PyObject *t = PySequence_Tuple(PyList_GET_ITEM(copy, i));
+        if (t == NULL)
+            return -1;
+        if (PyTuple_GET_SIZE(t) != 2) {
+            PyErr_Format(PyExc_ValueError, "datagrams_to_send gave %zd items, not "
+                         "(data, destination)", PyTuple_GET_SIZE(t));
+            Py_DECREF(t);
+            return -1;
+        }
+        PyObject *old = PyList_GET_ITEM(copy, i);
+        PyList_SET_ITEM(copy, i, t);    /* (the copy is ours alone) */
+        Py_DECREF(old);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the loop */
+
+#define CALL_OR_FAIL(x) do { PyObject *_r = (x); if (_r == NULL) goto fail; Py_DECREF(_r); } while (0)
+
+static PyObject *run_loop(PyObject *self, PyObject *args)
+{
+    PyObject *fabric, *heap, *stop, *ports, *next_seq, *capture;
+    double end;
+    long long limit;
+    if (!PyArg_ParseTuple(args, "OO!dLOO!OO", &fabric, &PyList_Type, &heap, &end, &limit, &stop,
+                          &PyDict_Type, &ports, &next_seq, &capture))
+        return NULL;
+    if (stop == Py_None)
+        stop = NULL;
+    if (capture == Py_None)
+        capture = NULL;
+    long long processed = 0, hops = 0;
+    int stopped = 0;
+    PyObject *entry = NULL, *port = NULL, *device = NULL, *outs = NULL;
+
+    while (processed != limit && PyList_GET_SIZE(heap)) {
+        entry = heap_pop(heap);
+        if (entry == NULL || PyErr_Occurred())
+            goto fail;
+        double at = entry_time(entry);
+        PyObject *at_obj = PyTuple_GET_ITEM(entry, 0), *seq = PyTuple_GET_ITEM(entry, 1);
+        PyObject *target = PyTuple_GET_ITEM(entry, 2), *data = PyTuple_GET_ITEM(entry, 3),
+                 *src = PyTuple_GET_ITEM(entry, 4);
+        if (at > end) {
+            if (heap_push(heap, entry) < 0)   /* the same entry back: it keeps its place */
+                goto fail;
+            Py_CLEAR(entry);
+            break;
+        }
+        PyTypeObject *cls = Py_TYPE(target);
+        Py_INCREF(target);
+        port = target;
+        if ((PyObject *)cls != PortType) {
+            if ((PyObject *)cls == DrainType) {          /* a delivery from a switch port */
+                PyObject *pending = PyObject_GetAttr(target, s_pending);
+                if (pending == NULL)
+                    goto fail;
+                Py_ssize_t np = PyObject_Length(pending);
+                if (np < 0) {
+                    Py_DECREF(pending);
+                    goto fail;
+                }
+                if (np) {
+                    PyObject *e = PyObject_CallMethodNoArgs(pending, s_popleft);
+                    Py_DECREF(pending);
+                    if (e == NULL)
+                        goto fail;
+                    int r = heap_push(heap, e);
+                    Py_DECREF(e);
+                    if (r < 0)
+                        goto fail;
+                } else {
+                    Py_DECREF(pending);
+                    if (PyObject_SetAttr(target, s_live, Py_False) < 0)
+                        goto fail;
+                }
+                port = PyObject_GetAttr(target, s_dst);
+                Py_DECREF(target);
+                if (port == NULL)
+                    goto fail;
+            } else {
+                hops++;
+                if ((PyObject *)cls == SwitchHopType) {  /* a datagram reaches a switch port */
+                    PyObject *sp = PyDict_GetItemWithError(ports, src);   /* borrowed */
+                    if (sp == NULL && PyErr_Occurred())
+                        goto fail;
+                    int ect = 0;
+                    if (sp != NULL) {
+                        PyObject *v = PyObject_GetAttr(sp, s_ect);
+                        if (v == NULL)
+                            goto fail;
+                        ect = PyObject_IsTrue(v);
+                        Py_DECREF(v);
+                        if (ect < 0)
+                            goto fail;
+                    }
+                    PyObject *queue = PyObject_GetAttr(target, s_queue), *res = NULL;
+                    if (queue == NULL)
+                        goto fail;
+                    int a = queue_arrive(queue, data, at_obj, at, ect, src, &res);
+                    Py_DECREF(queue);
+                    if (a < 0)
+                        goto fail;
+                    if (res != Py_None) {
+                        double delay, dep = PyFloat_AsDouble(PyTuple_GET_ITEM(res, 0));
+                        PyObject *drain = PyObject_GetAttr(target, s_drain);
+                        if (drain == NULL || get_double(target, s_delay, &delay) < 0) {
+                            Py_XDECREF(drain);
+                            Py_DECREF(res);
+                            goto fail;
+                        }
+                        PyObject *e = make5(next_seq, dep + delay, drain, PyTuple_GET_ITEM(res, 1), src);
+                        Py_DECREF(res);
+                        PyObject *live = e ? PyObject_GetAttr(drain, s_live) : NULL;
+                        int r = -1;
+                        if (live != NULL) {
+                            if (live == Py_True) {
+                                PyObject *pending = PyObject_GetAttr(drain, s_pending);
+                                if (pending != NULL) {
+                                    PyObject *x = PyObject_CallMethodOneArg(pending, s_append, e);
+                                    r = x ? 0 : -1;
+                                    Py_XDECREF(x);
+                                    Py_DECREF(pending);
+                                }
+                            } else if (PyObject_SetAttr(drain, s_live, Py_True) == 0) {
+                                r = heap_push(heap, e);
+                            }
+                            Py_DECREF(live);
+                        }
+                        Py_XDECREF(e);
+                        Py_DECREF(drain);
+                        if (r < 0)
+                            goto fail;
+                    } else {
+                        Py_DECREF(res);
+                    }
+                } else {                                 /* a leaf-spine's port or switch */
+                    CALL_OR_FAIL(PyObject_CallMethodObjArgs(target, s_event, at_obj, data, src, NULL));
+                }
+                Py_CLEAR(port);
+                Py_CLEAR(entry);
+                continue;
+            }
+        }
+        device = PyObject_GetAttr(port, s_device);
+        if (device == NULL)
+            goto fail;
+        if (data == Py_None) {
+            PyObject *es = PyObject_GetAttr(port, s_entry_seq);
+            if (es == NULL)
+                goto fail;
+            int same = PyObject_RichCompareBool(seq, es, Py_EQ);
+            Py_DECREF(es);
+            if (same < 0)
+                goto fail;
+            if (!same) {
+                if (attr_add(fabric, s_stale, -1) < 0)
+                    goto fail;
+                goto next;
+            }
+            PyObject *m1 = PyLong_FromLong(-1);
+            int r = m1 ? PyObject_SetAttr(port, s_entry_seq, m1) : -1;
+            Py_XDECREF(m1);
+            if (r < 0)
+                goto fail;
+            PyObject *armed = PyObject_GetAttr(port, s_armed);
+            if (armed == NULL)
+                goto fail;
+            if (armed == Py_None) {
+                Py_DECREF(armed);
+                goto next;
+            }
+            double a = PyFloat_AsDouble(armed);
+            if (a == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(armed);
+                goto fail;
+            }
+            if (a > at) {
+                PyObject *ns = PyObject_CallNoArgs(next_seq);
+                PyObject *e = ns ? PyTuple_Pack(5, armed, ns, port, Py_None, Py_None) : NULL;
+                r = e ? 0 : -1;
+                if (!r)
+                    r = PyObject_SetAttr(port, s_entry_seq, ns);
+                if (!r)
+                    r = PyObject_SetAttr(port, s_entry_time, armed);
+                if (!r)
+                    r = heap_push(heap, e);
+                Py_XDECREF(ns);
+                Py_XDECREF(e);
+                Py_DECREF(armed);
+                if (r < 0)
+                    goto fail;
+                goto next;
+            }
+            Py_DECREF(armed);
+            if (PyObject_SetAttr(fabric, s_now, at_obj) < 0 || PyObject_SetAttr(port, s_armed, Py_None) < 0)
+                goto fail;
+            CALL_OR_FAIL(PyObject_CallMethodOneArg(device, s_handle_timer, at_obj));
+        } else {
+            PyObject *att = PyObject_GetAttr(port, s_attached);
+            if (att == NULL)
+                goto fail;
+            int attached = PyObject_IsTrue(att);
+            Py_DECREF(att);
+            if (attached < 0)
+                goto fail;
+            if (PyObject_SetAttr(fabric, s_now, at_obj) < 0)
+                goto fail;
+            if (!attached) {
+                if (attr_add(fabric, s_dropped_unknown, 1) < 0)
+                    goto fail;
+                processed++;
+                goto check_stop;
+            }
+            if (attr_add(fabric, s_received, 1) < 0)
+                goto fail;
+            if (capture != NULL) {
+                PyObject *addr = PyObject_GetAttr(port, s_address);
+                if (addr == NULL)
+                    goto fail;
+                PyObject *x = PyObject_CallMethodObjArgs(capture, s_record, data, src, addr, at_obj,
+                                                         NULL);
+                Py_DECREF(addr);
+                if (x == NULL)
+                    goto fail;
+                Py_DECREF(x);
+            }
+            if ((PyObject *)Py_TYPE(data) == DatagramType) {
+                PyObject *ecn = PyObject_GetAttr(data, s_ecn);
+                PyObject *echo = ecn ? PyObject_GetAttr(data, s_echo) : NULL;
+                if (echo == NULL) {
+                    Py_XDECREF(ecn);
+                    goto fail;
+                }
+                if (echo == Py_None) {
+                    Py_DECREF(echo);
+                    echo = PyObject_GetAttr(data, s_hops);
+                    if (echo == NULL) {
+                        Py_DECREF(ecn);
+                        goto fail;
+                    }
+                }
+                PyObject *r = PyObject_CallMethodObjArgs(device, s_receive_datagram, data, src,
+                                                         at_obj, ecn, echo, NULL);
+                Py_DECREF(ecn);
+                Py_DECREF(echo);
+                if (r == NULL)
+                    goto fail;
+                Py_DECREF(r);
+            } else {
+                CALL_OR_FAIL(PyObject_CallMethodObjArgs(device, s_receive_datagram, data, src,
+                                                        at_obj, NULL));
+            }
+        }
+        /* The driver rule, inlined: this is the per-packet path. */
+        outs = PyObject_CallMethodOneArg(device, s_datagrams_to_send, at_obj);
+        if (outs == NULL)
+            goto fail;
+        if (pairs(&outs) < 0)
+            goto fail;
+        if (PyList_GET_SIZE(outs)) {
+            PyObject *links = PyObject_GetAttr(port, s_links);
+            if (links == NULL)
+                goto fail;
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); i++) {
+                PyObject *item = PyList_GET_ITEM(outs, i);
+                PyObject *out = PyTuple_GET_ITEM(item, 0), *dst = PyTuple_GET_ITEM(item, 1);
+                PyObject *link = PyDict_GetItemWithError(links, dst);   /* borrowed */
+                int r = -1;
+                if (link == NULL) {
+                    if (PyErr_Occurred())
+                        goto links_fail;
+                    goto slow;
+                }
+                PyObject *fast = PyObject_GetAttr(link, s_fast);
+                if (fast == NULL)
+                    goto links_fail;
+                Py_DECREF(fast);                /* (a bool: Py_True stays alive) */
+                PyObject *nic = NULL;
+                if (fast != Py_True) {
+                    nic = PyObject_GetAttr(link, s_nic);
+                    if (nic == NULL)
+                        goto links_fail;
+                    if (nic == Py_None) {       /* faults, a trace or a leaf-spine: Python's */
+                        Py_DECREF(nic);
+                        goto slow;
+                    }
+                }
+                {
+                    double delay, t;
+                    PyObject *counters = PyObject_GetAttr(link, s_counters);
+                    PyObject *to = counters ? PyObject_GetAttr(link, nic ? s_hop : s_dst) : NULL;
+                    PyObject *addr = to ? PyObject_GetAttr(port, s_address) : NULL;
+                    if (addr != NULL && get_double(link, s_delay, &delay) == 0
+                        && dict_add(counters, s_sent, 1) == 0 && dict_add(counters, s_delivered, 1) == 0) {
+                        if (nic == NULL) {
+                            t = at + delay;     /* a direct link without faults */
+                            r = 0;
+                        } else {                /* the NIC's queue, then a switch port */
+                            r = queue_depart(nic, out, at, &t);
+                            t += delay;
+                        }
+                        if (r == 0)
+                            r = push5(heap, next_seq, t, to, out, addr);
+                    }
+                    Py_XDECREF(nic);
+                    Py_XDECREF(counters);
+                    Py_XDECREF(to);
+                    Py_XDECREF(addr);
+                    if (r < 0)
+                        goto links_fail;
+                    continue;
+                }
+            slow:
+                {
+                    PyObject *x = PyObject_CallMethodObjArgs(fabric, s_send, port, dst, out, at_obj, NULL);
+                    if (x == NULL)
+                        goto links_fail;
+                    Py_DECREF(x);
+                }
+                continue;
+            links_fail:
+                Py_DECREF(links);
+                goto fail;
+            }
+            Py_DECREF(links);
+        }
+        Py_CLEAR(outs);
+        {
+            PyObject *deadline = PyObject_CallMethodNoArgs(device, s_get_timer);
+            if (deadline == NULL)
+                goto fail;
+            PyObject *armed = PyObject_GetAttr(port, s_armed);
+            int ne = armed ? PyObject_RichCompareBool(deadline, armed, Py_NE) : -1;
+            Py_XDECREF(armed);
+            if (ne > 0) {
+                ne = arm(fabric, heap, next_seq, port, deadline, at_obj);
+            }
+            Py_DECREF(deadline);
+            if (ne < 0)
+                goto fail;
+        }
+        processed++;
+    check_stop:
+        if (stop != NULL) {
+            PyObject *x = PyObject_CallNoArgs(stop);
+            if (x == NULL)
+                goto fail;
+            int t = PyObject_IsTrue(x);
+            Py_DECREF(x);
+            if (t < 0)
+                goto fail;
+            if (t) {
+                stopped = 1;
+                Py_CLEAR(device);
+                Py_CLEAR(port);
+                Py_CLEAR(entry);
+                break;
+            }
+        }
+    next:
+        Py_CLEAR(device);
+        Py_CLEAR(port);
+        Py_CLEAR(entry);
+    }
+    return Py_BuildValue("LLi", processed, hops, stopped);
+fail:
+    Py_XDECREF(outs);
+    Py_XDECREF(device);
+    Py_XDECREF(port);
+    Py_XDECREF(entry);
+    return NULL;
+}
+
+static PyObject *setup(PyObject *self, PyObject *args)
+{
+    if (!PyArg_ParseTuple(args, "OOOOOdL", &PortType, &DrainType, &SwitchHopType, &DatagramType,
+                          &CE, &wire_overhead, &compact_min_stale))
+        return NULL;
+    Py_INCREF(PortType);
+    Py_INCREF(DrainType);
+    Py_INCREF(SwitchHopType);
+    Py_INCREF(DatagramType);
+    Py_INCREF(CE);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", setup, METH_VARARGS, "the fabric's classes: Port, Drain, SwitchHop, Datagram, CE, overhead"},
+    {"run_loop", run_loop, METH_VARARGS,
+     "run_loop(fabric, heap, end, limit, stop, ports, next_seq, capture) -> (events, hops, stopped)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_softnic_fabric", NULL, -1, methods};
+
+#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return NULL
+
+PyMODINIT_FUNC PyInit__softnic_fabric(void)
+{
+    INTERN(s_device, "device"); INTERN(s_links, "links"); INTERN(s_armed, "armed");
+    INTERN(s_entry_seq, "entry_seq"); INTERN(s_entry_time, "entry_time");
+    INTERN(s_attached, "attached"); INTERN(s_ect, "ect"); INTERN(s_pending, "pending");
+    INTERN(s_live, "live"); INTERN(s_dst, "dst"); INTERN(s_queue, "queue");
+    INTERN(s_drain, "drain"); INTERN(s_delay, "delay"); INTERN(s_fast, "fast");
+    INTERN(s_counters, "counters"); INTERN(s_nic, "nic"); INTERN(s_hop, "hop");
+    INTERN(s_address, "address"); INTERN(s_event, "event"); INTERN(s_now, "_now");
+    INTERN(s_received, "_received"); INTERN(s_dropped_unknown, "_dropped_unknown");
+    INTERN(s_stale, "_stale"); INTERN(s_receive_datagram, "receive_datagram");
+    INTERN(s_datagrams_to_send, "datagrams_to_send"); INTERN(s_get_timer, "get_timer");
+    INTERN(s_handle_timer, "handle_timer"); INTERN(s_send, "_send"); INTERN(s_arm, "_arm");
+    INTERN(s_ecn, "ecn"); INTERN(s_echo, "echo"); INTERN(s_hops, "hops");
+    INTERN(s_popleft, "popleft"); INTERN(s_append, "append"); INTERN(s_arrive, "arrive");
+    INTERN(s_sent, "sent"); INTERN(s_delivered, "delivered"); INTERN(s_busy_until, "busy_until");
+    INTERN(s_rate_bps, "rate_bps"); INTERN(s_tx_bytes, "tx_bytes"); INTERN(s_enqueued, "enqueued");
+    INTERN(s_max_qlen, "max_qlen"); INTERN(s_dropped, "dropped"); INTERN(s_marked, "marked");
+    INTERN(s_plain, "plain"); INTERN(s_sample, "_sample"); INTERN(s_samples, "samples");
+    INTERN(s_buffer_bytes, "buffer_bytes"); INTERN(s_red, "red");
+    INTERN(s_int_telemetry, "int_telemetry"); INTERN(s_tx_by_src, "tx_by_src");
+    INTERN(s_with_, "with_"); INTERN(s_kmin, "kmin"); INTERN(s_kmax, "kmax");
+    INTERN(s_rng, "rng"); INTERN(s_random, "random"); INTERN(s_probability, "probability");
+    INTERN(s_compact, "_compact"); INTERN(s_record, "record");
+    return PyModule_Create(&module);
+}
