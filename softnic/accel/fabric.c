@@ -16,6 +16,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 static PyObject *PortType, *DrainType, *SwitchHopType, *DatagramType, *CE;
 static PyObject *s_device, *s_links, *s_armed, *s_entry_seq, *s_entry_time, *s_attached,
@@ -114,11 +115,49 @@ fail:
     return top;                         /* (the error is set; the caller checks) */
 }
 
+/* ------------------------------------------------------------------ attributes */
+
+/* The member a slot of ``__slots__`` is (T_OBJECT_EX), as generic attribute access
+   finds it: a data descriptor of the type, which no instance dict overrides. */
+static inline PyObject **slot(PyObject *o, PyObject *name, int writing)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (writing ? t->tp_setattro != PyObject_GenericSetAttr
+                : t->tp_getattro != PyObject_GenericGetAttr)
+        return NULL;
+    PyObject *d = _PyType_Lookup(t, name);              /* borrowed; the type's cache */
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type)
+        return NULL;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (writing && (m->flags & READONLY)))
+        return NULL;
+    return (PyObject **)((char *)o + m->offset);
+}
+
+/* getattr(o, name): a slot read in place, anything else as Python reads it. */
+static inline PyObject *GA(PyObject *o, PyObject *name)
+{
+    PyObject **p = slot(o, name, 0);
+    if (p != NULL && *p != NULL)
+        return Py_NewRef(*p);
+    return PyObject_GetAttr(o, name);       /* (an unset slot raises there) */
+}
+
+/* setattr(o, name, v) */
+static inline int SA(PyObject *o, PyObject *name, PyObject *v)
+{
+    PyObject **p = slot(o, name, 1);
+    if (p == NULL)
+        return PyObject_SetAttr(o, name, v);
+    Py_XSETREF(*p, Py_NewRef(v));
+    return 0;
+}
+
 /* ------------------------------------------------------------------ helpers */
 
 static inline int get_double(PyObject *o, PyObject *name, double *out)
 {
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = GA(o, name);
     if (v == NULL)
         return -1;
     *out = PyFloat_AsDouble(v);
@@ -131,7 +170,7 @@ static inline int set_double(PyObject *o, PyObject *name, double v)
     PyObject *f = PyFloat_FromDouble(v);
     if (f == NULL)
         return -1;
-    int r = PyObject_SetAttr(o, name, f);
+    int r = SA(o, name, f);
     Py_DECREF(f);
     return r;
 }
@@ -160,7 +199,7 @@ static int dict_add(PyObject *d, PyObject *key, long long by)
 
 static int attr_add(PyObject *o, PyObject *name, long long by)
 {
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = GA(o, name);
     if (v == NULL)
         return -1;
     PyObject *b = PyLong_FromLongLong(by);
@@ -173,7 +212,7 @@ static int attr_add(PyObject *o, PyObject *name, long long by)
     Py_DECREF(b);
     if (s == NULL)
         return -1;
-    int r = PyObject_SetAttr(o, name, s);
+    int r = SA(o, name, s);
     Py_DECREF(s);
     return r;
 }
@@ -251,7 +290,7 @@ static int queue_depart(PyObject *q, PyObject *data, double now, double *depart)
     double size = (double)n + wire_overhead, busy, rate;
     if (get_double(q, s_busy_until, &busy) < 0 || get_double(q, s_rate_bps, &rate) < 0)
         return -1;
-    PyObject *c = PyObject_GetAttr(q, s_counters);
+    PyObject *c = GA(q, s_counters);
     if (c == NULL)
         return -1;
     double start = now;
@@ -289,7 +328,7 @@ out:
 static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double now, int ect,
                         PyObject *src, PyObject **res)
 {
-    PyObject *intt = PyObject_GetAttr(q, s_int_telemetry);
+    PyObject *intt = GA(q, s_int_telemetry);
     if (intt == NULL)
         return -1;
     int t = PyObject_IsTrue(intt);
@@ -312,7 +351,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
     double ql = b > 0 ? b * rate / 8 : 0.0;
     PyObject *c = NULL, *v = NULL, *red = NULL, *out = NULL;
     int r = -1;
-    v = PyObject_GetAttr(q, s_sample);
+    v = GA(q, s_sample);
     if (v == NULL)
         return -1;
     t = PyObject_IsTrue(v);
@@ -320,7 +359,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
     if (t < 0)
         return -1;
     if (t) {
-        PyObject *samples = PyObject_GetAttr(q, s_samples);
+        PyObject *samples = GA(q, s_samples);
         PyObject *iq = samples ? PyLong_FromDouble(ql) : NULL;
         PyObject *pair = iq ? PyTuple_Pack(2, now_obj, iq) : NULL;
         int a = pair ? PyList_Append(samples, pair) : -1;
@@ -330,7 +369,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
         if (a < 0)
             return -1;
     }
-    c = PyObject_GetAttr(q, s_counters);
+    c = GA(q, s_counters);
     if (c == NULL)
         return -1;
     v = PyDict_GetItemWithError(c, s_max_qlen);           /* borrowed */
@@ -350,7 +389,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
         if (a < 0)
             goto out;
     }
-    v = PyObject_GetAttr(q, s_buffer_bytes);
+    v = GA(q, s_buffer_bytes);
     if (v == NULL)
         goto out;
     if (v != Py_None) {
@@ -372,7 +411,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
         || dict_add(c, s_enqueued, 1) < 0)
         goto out;
     if (src != Py_None) {
-        PyObject *by_src = PyObject_GetAttr(q, s_tx_by_src);
+        PyObject *by_src = GA(q, s_tx_by_src);
         int a = by_src ? dict_add(by_src, src, size) : -1;
         Py_XDECREF(by_src);
         if (a < 0)
@@ -380,7 +419,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
     }
     Py_INCREF(data);
     out = data;
-    red = PyObject_GetAttr(q, s_red);
+    red = GA(q, s_red);
     if (red == NULL)
         goto out;
     if (red != Py_None && ect) {
@@ -394,7 +433,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
             if (ql >= kmax) {
                 mark = 1;
             } else {
-                PyObject *rng = PyObject_GetAttr(q, s_rng);
+                PyObject *rng = GA(q, s_rng);
                 PyObject *x = rng ? PyObject_CallMethodNoArgs(rng, s_random) : NULL;
                 Py_XDECREF(rng);
                 if (x == NULL)
@@ -416,7 +455,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
                 PyObject *m = NULL;
                 if (empty != NULL) {
                     if ((PyObject *)Py_TYPE(data) == DatagramType) {
-                        PyObject *w = PyObject_GetAttr(data, s_with_);
+                        PyObject *w = GA(data, s_with_);
                         m = w ? PyObject_Call(w, empty, kw) : NULL;
                         Py_XDECREF(w);
                     } else {
@@ -451,7 +490,7 @@ out:
 static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *port,
                PyObject *deadline, PyObject *now_obj)
 {
-    if (PyObject_SetAttr(port, s_armed, deadline) < 0)
+    if (SA(port, s_armed, deadline) < 0)
         return -1;
     if (deadline == Py_None)
         return 0;                       /* a live entry left in the heap is discarded when it comes up */
@@ -459,7 +498,7 @@ static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *p
     if (later < 0)
         return -1;
     PyObject *when = later ? deadline : now_obj;   /* virtual time never goes back */
-    PyObject *es = PyObject_GetAttr(port, s_entry_seq);
+    PyObject *es = GA(port, s_entry_seq);
     if (es == NULL)
         return -1;
     long long entry_seq = PyLong_AsLongLong(es);
@@ -467,7 +506,7 @@ static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *p
     if (entry_seq == -1 && PyErr_Occurred())
         return -1;
     if (entry_seq != -1) {
-        PyObject *et = PyObject_GetAttr(port, s_entry_time);
+        PyObject *et = GA(port, s_entry_time);
         if (et == NULL)
             return -1;
         int ge = PyObject_RichCompareBool(when, et, Py_GE);
@@ -483,9 +522,9 @@ static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *p
     if (seq == NULL)
         return -1;
     PyObject *e = NULL;
-    int r = PyObject_SetAttr(port, s_entry_seq, seq);
+    int r = SA(port, s_entry_seq, seq);
     if (!r)
-        r = PyObject_SetAttr(port, s_entry_time, when);
+        r = SA(port, s_entry_time, when);
     if (!r) {
         e = PyTuple_Pack(5, when, seq, port, Py_None, Py_None);
         r = e ? heap_push(heap, e) : -1;
@@ -494,7 +533,7 @@ static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *p
     Py_XDECREF(e);
     if (r < 0)
         return -1;
-    PyObject *st = PyObject_GetAttr(fabric, s_stale);
+    PyObject *st = GA(fabric, s_stale);
     if (st == NULL)
         return -1;
     long long stale = PyLong_AsLongLong(st);
@@ -586,7 +625,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
         port = target;
         if ((PyObject *)cls != PortType) {
             if ((PyObject *)cls == DrainType) {          /* a delivery from a switch port */
-                PyObject *pending = PyObject_GetAttr(target, s_pending);
+                PyObject *pending = GA(target, s_pending);
                 if (pending == NULL)
                     goto fail;
                 Py_ssize_t np = PyObject_Length(pending);
@@ -605,10 +644,10 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                         goto fail;
                 } else {
                     Py_DECREF(pending);
-                    if (PyObject_SetAttr(target, s_live, Py_False) < 0)
+                    if (SA(target, s_live, Py_False) < 0)
                         goto fail;
                 }
-                port = PyObject_GetAttr(target, s_dst);
+                port = GA(target, s_dst);
                 Py_DECREF(target);
                 if (port == NULL)
                     goto fail;
@@ -620,7 +659,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                         goto fail;
                     int ect = 0;
                     if (sp != NULL) {
-                        PyObject *v = PyObject_GetAttr(sp, s_ect);
+                        PyObject *v = GA(sp, s_ect);
                         if (v == NULL)
                             goto fail;
                         ect = PyObject_IsTrue(v);
@@ -628,7 +667,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                         if (ect < 0)
                             goto fail;
                     }
-                    PyObject *queue = PyObject_GetAttr(target, s_queue), *res = NULL;
+                    PyObject *queue = GA(target, s_queue), *res = NULL;
                     if (queue == NULL)
                         goto fail;
                     int a = queue_arrive(queue, data, at_obj, at, ect, src, &res);
@@ -637,7 +676,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                         goto fail;
                     if (res != Py_None) {
                         double delay, dep = PyFloat_AsDouble(PyTuple_GET_ITEM(res, 0));
-                        PyObject *drain = PyObject_GetAttr(target, s_drain);
+                        PyObject *drain = GA(target, s_drain);
                         if (drain == NULL || get_double(target, s_delay, &delay) < 0) {
                             Py_XDECREF(drain);
                             Py_DECREF(res);
@@ -645,18 +684,18 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                         }
                         PyObject *e = make5(next_seq, dep + delay, drain, PyTuple_GET_ITEM(res, 1), src);
                         Py_DECREF(res);
-                        PyObject *live = e ? PyObject_GetAttr(drain, s_live) : NULL;
+                        PyObject *live = e ? GA(drain, s_live) : NULL;
                         int r = -1;
                         if (live != NULL) {
                             if (live == Py_True) {
-                                PyObject *pending = PyObject_GetAttr(drain, s_pending);
+                                PyObject *pending = GA(drain, s_pending);
                                 if (pending != NULL) {
                                     PyObject *x = PyObject_CallMethodOneArg(pending, s_append, e);
                                     r = x ? 0 : -1;
                                     Py_XDECREF(x);
                                     Py_DECREF(pending);
                                 }
-                            } else if (PyObject_SetAttr(drain, s_live, Py_True) == 0) {
+                            } else if (SA(drain, s_live, Py_True) == 0) {
                                 r = heap_push(heap, e);
                             }
                             Py_DECREF(live);
@@ -676,11 +715,11 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                 continue;
             }
         }
-        device = PyObject_GetAttr(port, s_device);
+        device = GA(port, s_device);
         if (device == NULL)
             goto fail;
         if (data == Py_None) {
-            PyObject *es = PyObject_GetAttr(port, s_entry_seq);
+            PyObject *es = GA(port, s_entry_seq);
             if (es == NULL)
                 goto fail;
             int same = PyObject_RichCompareBool(seq, es, Py_EQ);
@@ -693,11 +732,11 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                 goto next;
             }
             PyObject *m1 = PyLong_FromLong(-1);
-            int r = m1 ? PyObject_SetAttr(port, s_entry_seq, m1) : -1;
+            int r = m1 ? SA(port, s_entry_seq, m1) : -1;
             Py_XDECREF(m1);
             if (r < 0)
                 goto fail;
-            PyObject *armed = PyObject_GetAttr(port, s_armed);
+            PyObject *armed = GA(port, s_armed);
             if (armed == NULL)
                 goto fail;
             if (armed == Py_None) {
@@ -714,9 +753,9 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                 PyObject *e = ns ? PyTuple_Pack(5, armed, ns, port, Py_None, Py_None) : NULL;
                 r = e ? 0 : -1;
                 if (!r)
-                    r = PyObject_SetAttr(port, s_entry_seq, ns);
+                    r = SA(port, s_entry_seq, ns);
                 if (!r)
-                    r = PyObject_SetAttr(port, s_entry_time, armed);
+                    r = SA(port, s_entry_time, armed);
                 if (!r)
                     r = heap_push(heap, e);
                 Py_XDECREF(ns);
@@ -727,18 +766,18 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                 goto next;
             }
             Py_DECREF(armed);
-            if (PyObject_SetAttr(fabric, s_now, at_obj) < 0 || PyObject_SetAttr(port, s_armed, Py_None) < 0)
+            if (SA(fabric, s_now, at_obj) < 0 || SA(port, s_armed, Py_None) < 0)
                 goto fail;
             CALL_OR_FAIL(PyObject_CallMethodOneArg(device, s_handle_timer, at_obj));
         } else {
-            PyObject *att = PyObject_GetAttr(port, s_attached);
+            PyObject *att = GA(port, s_attached);
             if (att == NULL)
                 goto fail;
             int attached = PyObject_IsTrue(att);
             Py_DECREF(att);
             if (attached < 0)
                 goto fail;
-            if (PyObject_SetAttr(fabric, s_now, at_obj) < 0)
+            if (SA(fabric, s_now, at_obj) < 0)
                 goto fail;
             if (!attached) {
                 if (attr_add(fabric, s_dropped_unknown, 1) < 0)
@@ -749,7 +788,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
             if (attr_add(fabric, s_received, 1) < 0)
                 goto fail;
             if (capture != NULL) {
-                PyObject *addr = PyObject_GetAttr(port, s_address);
+                PyObject *addr = GA(port, s_address);
                 if (addr == NULL)
                     goto fail;
                 PyObject *x = PyObject_CallMethodObjArgs(capture, s_record, data, src, addr, at_obj,
@@ -760,15 +799,15 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                 Py_DECREF(x);
             }
             if ((PyObject *)Py_TYPE(data) == DatagramType) {
-                PyObject *ecn = PyObject_GetAttr(data, s_ecn);
-                PyObject *echo = ecn ? PyObject_GetAttr(data, s_echo) : NULL;
+                PyObject *ecn = GA(data, s_ecn);
+                PyObject *echo = ecn ? GA(data, s_echo) : NULL;
                 if (echo == NULL) {
                     Py_XDECREF(ecn);
                     goto fail;
                 }
                 if (echo == Py_None) {
                     Py_DECREF(echo);
-                    echo = PyObject_GetAttr(data, s_hops);
+                    echo = GA(data, s_hops);
                     if (echo == NULL) {
                         Py_DECREF(ecn);
                         goto fail;
@@ -793,7 +832,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
         if (pairs(&outs) < 0)
             goto fail;
         if (PyList_GET_SIZE(outs)) {
-            PyObject *links = PyObject_GetAttr(port, s_links);
+            PyObject *links = GA(port, s_links);
             if (links == NULL)
                 goto fail;
             for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); i++) {
@@ -806,13 +845,13 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                         goto links_fail;
                     goto slow;
                 }
-                PyObject *fast = PyObject_GetAttr(link, s_fast);
+                PyObject *fast = GA(link, s_fast);
                 if (fast == NULL)
                     goto links_fail;
                 Py_DECREF(fast);                /* (a bool: Py_True stays alive) */
                 PyObject *nic = NULL;
                 if (fast != Py_True) {
-                    nic = PyObject_GetAttr(link, s_nic);
+                    nic = GA(link, s_nic);
                     if (nic == NULL)
                         goto links_fail;
                     if (nic == Py_None) {       /* faults, a trace or a leaf-spine: Python's */
@@ -822,9 +861,9 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                 }
                 {
                     double delay, t;
-                    PyObject *counters = PyObject_GetAttr(link, s_counters);
-                    PyObject *to = counters ? PyObject_GetAttr(link, nic ? s_hop : s_dst) : NULL;
-                    PyObject *addr = to ? PyObject_GetAttr(port, s_address) : NULL;
+                    PyObject *counters = GA(link, s_counters);
+                    PyObject *to = counters ? GA(link, nic ? s_hop : s_dst) : NULL;
+                    PyObject *addr = to ? GA(port, s_address) : NULL;
                     if (addr != NULL && get_double(link, s_delay, &delay) == 0
                         && dict_add(counters, s_sent, 1) == 0 && dict_add(counters, s_delivered, 1) == 0) {
                         if (nic == NULL) {
@@ -864,7 +903,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
             PyObject *deadline = PyObject_CallMethodNoArgs(device, s_get_timer);
             if (deadline == NULL)
                 goto fail;
-            PyObject *armed = PyObject_GetAttr(port, s_armed);
+            PyObject *armed = GA(port, s_armed);
             int ne = armed ? PyObject_RichCompareBool(deadline, armed, Py_NE) : -1;
             Py_XDECREF(armed);
             if (ne > 0) {

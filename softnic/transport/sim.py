@@ -157,6 +157,9 @@ class EgressQueue:
     sampling figures count it (the bytes still to leave).
     """
 
+    __slots__ = ("name", "rate_bps", "buffer_bytes", "red", "int_telemetry", "rng", "busy_until",
+                 "tx_bytes", "counters", "tx_by_src", "samples", "_sample", "_ends", "plain")
+
     def __init__(self, name: str, rate_bps: float, *, buffer_bytes: float | None = None,
                  red: RED | None = None, int_telemetry: bool = False,
                  rng: random.Random | None = None, sample_every: int = 1) -> None:
