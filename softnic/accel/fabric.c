@@ -155,12 +155,22 @@ static inline int SA(PyObject *o, PyObject *name, PyObject *v)
 
 /* ------------------------------------------------------------------ helpers */
 
+/* float(v) of a number (a float or an int as such, without the generic path) */
+static inline double as_double(PyObject *v)
+{
+    if (PyFloat_CheckExact(v))
+        return PyFloat_AS_DOUBLE(v);
+    if (PyLong_CheckExact(v))
+        return PyLong_AsDouble(v);
+    return PyFloat_AsDouble(v);
+}
+
 static inline int get_double(PyObject *o, PyObject *name, double *out)
 {
     PyObject *v = GA(o, name);
     if (v == NULL)
         return -1;
-    *out = PyFloat_AsDouble(v);
+    *out = as_double(v);
     Py_DECREF(v);
     return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
@@ -175,7 +185,25 @@ static inline int set_double(PyObject *o, PyObject *name, double v)
     return r;
 }
 
-/* d[key] += by (an int) */
+/* v + by: a new reference (an int that fits in a long long added as one) */
+static PyObject *plus(PyObject *v, long long by)
+{
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow && !(x == -1 && PyErr_Occurred()) && x < (1LL << 62) && x > -(1LL << 62))
+            return PyLong_FromLongLong(x + by);
+        PyErr_Clear();
+    }
+    PyObject *b = PyLong_FromLongLong(by);
+    if (b == NULL)
+        return NULL;
+    PyObject *r = PyNumber_Add(v, b);
+    Py_DECREF(b);
+    return r;
+}
+
+/* d[key] += by, or d[key] = by (an int) */
 static int dict_add(PyObject *d, PyObject *key, long long by)
 {
     PyObject *v = PyDict_GetItemWithError(d, key);
@@ -184,11 +212,7 @@ static int dict_add(PyObject *d, PyObject *key, long long by)
             return -1;
         v = PyLong_FromLongLong(by);
     } else {
-        PyObject *b = PyLong_FromLongLong(by);
-        if (b == NULL)
-            return -1;
-        v = PyNumber_Add(v, b);
-        Py_DECREF(b);
+        v = plus(v, by);
     }
     if (v == NULL)
         return -1;
@@ -202,14 +226,8 @@ static int attr_add(PyObject *o, PyObject *name, long long by)
     PyObject *v = GA(o, name);
     if (v == NULL)
         return -1;
-    PyObject *b = PyLong_FromLongLong(by);
-    if (b == NULL) {
-        Py_DECREF(v);
-        return -1;
-    }
-    PyObject *s = PyNumber_Add(v, b);
+    PyObject *s = plus(v, by);
     Py_DECREF(v);
-    Py_DECREF(b);
     if (s == NULL)
         return -1;
     int r = SA(o, name, s);
@@ -217,11 +235,42 @@ static int attr_add(PyObject *o, PyObject *name, long long by)
     return r;
 }
 
+/* next_seq(): the fabric's ``itertools.count(1).__next__``.  A bound ``__next__`` is
+   its iterator's tp_iternext, taken here without the call (the last fabric's
+   kept, so a run looks it up once); anything else is called. */
+static PyObject *seen_next, *seen_iter;
+
+static PyObject *call_next(PyObject *next_seq)
+{
+    if (next_seq != seen_next) {
+        PyObject *it = NULL;
+        PyObject *name = PyObject_GetAttrString(next_seq, "__name__");
+        if (name == NULL)
+            PyErr_Clear();
+        else if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__next__") == 0) {
+            it = PyObject_GetAttrString(next_seq, "__self__");
+            if (it == NULL)
+                PyErr_Clear();
+            else if (Py_TYPE(it)->tp_iternext == NULL || Py_TYPE(it)->tp_iternext == _PyObject_NextNotImplemented)
+                Py_CLEAR(it);
+        }
+        Py_XDECREF(name);
+        Py_XSETREF(seen_iter, it);
+        Py_XSETREF(seen_next, Py_NewRef(next_seq));
+    }
+    if (seen_iter == NULL)
+        return PyObject_CallNoArgs(next_seq);
+    PyObject *v = Py_TYPE(seen_iter)->tp_iternext(seen_iter);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetNone(PyExc_StopIteration);
+    return v;
+}
+
 /* push (at, next_seq(), target, data, src) */
 static int push5(PyObject *heap, PyObject *next_seq, double at, PyObject *target, PyObject *data,
                  PyObject *src)
 {
-    PyObject *seq = PyObject_CallNoArgs(next_seq);
+    PyObject *seq = call_next(next_seq);
     if (seq == NULL)
         return -1;
     PyObject *t = PyFloat_FromDouble(at);
@@ -251,7 +300,7 @@ static int push5(PyObject *heap, PyObject *next_seq, double at, PyObject *target
 static PyObject *make5(PyObject *next_seq, double at, PyObject *target, PyObject *data,
                        PyObject *src)
 {
-    PyObject *seq = PyObject_CallNoArgs(next_seq);
+    PyObject *seq = call_next(next_seq);
     if (seq == NULL)
         return NULL;
     PyObject *t = PyFloat_FromDouble(at);
@@ -300,7 +349,7 @@ static int queue_depart(PyObject *q, PyObject *data, double now, double *depart)
         PyObject *m = PyDict_GetItemWithError(c, s_max_qlen);
         if (m == NULL)
             goto out;
-        double mx = PyFloat_AsDouble(m);
+        double mx = as_double(m);
         if (mx == -1.0 && PyErr_Occurred())
             goto out;
         if (ql > mx) {
@@ -378,7 +427,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
             PyErr_SetObject(PyExc_KeyError, s_max_qlen);
         goto out;
     }
-    double mx = PyFloat_AsDouble(v);
+    double mx = as_double(v);
     v = NULL;
     if (mx == -1.0 && PyErr_Occurred())
         goto out;
@@ -393,7 +442,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
     if (v == NULL)
         goto out;
     if (v != Py_None) {
-        double buffer = PyFloat_AsDouble(v);
+        double buffer = as_double(v);
         if (buffer == -1.0 && PyErr_Occurred())
             goto out;
         if (ql + (double)size > buffer) {
@@ -518,7 +567,7 @@ static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *p
         if (attr_add(fabric, s_stale, 1) < 0)
             return -1;
     }
-    PyObject *seq = PyObject_CallNoArgs(next_seq);
+    PyObject *seq = call_next(next_seq);
     if (seq == NULL)
         return -1;
     PyObject *e = NULL;
@@ -675,7 +724,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                     if (a < 0)
                         goto fail;
                     if (res != Py_None) {
-                        double delay, dep = PyFloat_AsDouble(PyTuple_GET_ITEM(res, 0));
+                        double delay, dep = as_double(PyTuple_GET_ITEM(res, 0));
                         PyObject *drain = GA(target, s_drain);
                         if (drain == NULL || get_double(target, s_delay, &delay) < 0) {
                             Py_XDECREF(drain);
@@ -743,13 +792,13 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                 Py_DECREF(armed);
                 goto next;
             }
-            double a = PyFloat_AsDouble(armed);
+            double a = as_double(armed);
             if (a == -1.0 && PyErr_Occurred()) {
                 Py_DECREF(armed);
                 goto fail;
             }
             if (a > at) {
-                PyObject *ns = PyObject_CallNoArgs(next_seq);
+                PyObject *ns = call_next(next_seq);
                 PyObject *e = ns ? PyTuple_Pack(5, armed, ns, port, Py_None, Py_None) : NULL;
                 r = e ? 0 : -1;
                 if (!r)
