@@ -428,3 +428,40 @@ def test_a_device_may_give_its_output_as_any_iterable_of_pairs(fast_fabric):
     fabric.attach(Triples(("10.6.0.3", 4791), recv, 1))
     with pytest.raises(ValueError):
         fabric.run()
+
+
+def test_a_fabric_counter_of_its_own_and_a_device_that_raises(fast_fabric):
+    """The heap's ``seq`` from any callable the fabric is given (not only its
+    ``itertools.count``), and a device's exception raised out of ``run`` as it
+    was raised: that run's events are not added to ``events_processed``, the
+    datagram being delivered is gone, and the next ``run`` delivers the rest."""
+    calls = []
+
+    def run(cls):
+        fabric = cls(4)
+        count = iter(range(1, 10 ** 6))
+
+        def next_seq():
+            calls.append(None)
+            return next(count)
+        fabric._next_seq = next_seq
+        recv = ("10.5.0.1", 4791)
+        fabric.attach(sink := _Burst(recv))
+        fabric.attach(_Burst(("10.5.0.2", 4791), recv, 4))
+
+        def fail_second(data, src, now, ecn=0, telemetry=None):
+            if len(sink.got) == 1:
+                sink.got.append("raised")
+                raise RuntimeError("the device failed")
+            sink.got.append((now, src, bytes(data)))
+        sink.receive_datagram = fail_second
+        with pytest.raises(RuntimeError, match="the device failed"):
+            fabric.run()
+        events = fabric.events_processed
+        fabric.run()
+        return sink.got, events, fabric.events_processed, fabric.counters
+    fast = run(fast_fabric)
+    assert len(calls) > 4
+    got, events, after, _ = fast
+    assert got[1] == "raised" and len(got) == 4 and events == 0 and after > 0
+    assert fast == run(ReferenceFabric)
