@@ -38,22 +38,17 @@ event loop of ``softnic.transport.sim.Fabric.run`` over the fabric's own Python
 objects, a CPython extension (it works on Python objects, which cffi does not
 pass), built and cached the same way and turned off by the same variable.
 
-    python -m softnic.accel [-v]     # build, check and say which CRC it uses
+    python -m softnic.accel [-v]     # build both, check, say which CRC the kernel uses
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import zlib
 from pathlib import Path
@@ -85,7 +80,7 @@ class Kernel:
 def _key() -> str:
     h = hashlib.sha256()
     for name in ("wire.h", "kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c", "rx.h", "rx.c",
-                 "fabric.c", "__init__.py"):
+                 "__init__.py"):
         h.update((HERE / name).read_bytes())
     h.update(sys.version.encode())
     h.update(sys.executable.encode())
@@ -99,6 +94,17 @@ def _key() -> str:
     return h.hexdigest()[:16]
 
 
+def _fabric_key() -> str:
+    """``_key`` for ``fabric.c`` alone (no cffi in it: looking for the loop stays cheap)."""
+    h = hashlib.sha256()
+    for name in ("fabric.c", "__init__.py"):
+        h.update((HERE / name).read_bytes())
+    for part in (sys.version, sys.executable, sysconfig.get_config_var("EXT_SUFFIX") or "",
+                 os.environ.get("CC", "cc")):
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
 def cache_dir() -> Path:
     from softnic.driver.hostfiles import cache_home
     return cache_home() / "kernel" / _key()
@@ -106,6 +112,9 @@ def cache_dir() -> Path:
 
 def build(dest: Path, verbose: bool = False) -> Path:
     """Compile the module into ``dest``; returns the extension's path."""
+    import shutil
+    import tempfile
+
     import cffi
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     target = dest / (MODULE + suffix)
@@ -144,6 +153,9 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
     target = dest / (FABRIC_MODULE + suffix)
     if target.exists():
         return target
+    import shutil
+    import subprocess
+    import tempfile
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc.split()[0]) is None:
         raise RuntimeError("no C compiler (Debian: gcc)")
@@ -187,7 +199,9 @@ def fabric_loop(verbose: bool = False):
         if not _fabric_tried:
             _fabric_tried = True
             try:
-                _fabric = _import(build_fabric(cache_dir(), verbose=verbose), FABRIC_MODULE)
+                from softnic.driver.hostfiles import cache_home
+                dest = cache_home() / "fabric" / _fabric_key()
+                _fabric = _import(build_fabric(dest, verbose=verbose), FABRIC_MODULE)
             except Exception as e:       # no compiler, no headers, a failed build: Python's loop
                 fabric_error = f"{type(e).__name__}: {e}"
         return _fabric
@@ -203,6 +217,8 @@ def _import(path: Path, name: str = MODULE):
 
 def _crc_candidates():
     """(address, kind) of CRC-32 functions to try, best first."""
+    import ctypes
+    import ctypes.util
     try:
         from isal import isal_zlib
         f = ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl

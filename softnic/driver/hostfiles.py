@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 
@@ -19,6 +18,7 @@ def user_tmp_dir() -> Path:
     directory, made mode 0700 if missing.  What softnic puts on a program's PATH (the
     ``rdma`` tool) is written there, so a directory of that name that is not this
     user's (another user may make it first) is refused, not used."""
+    import tempfile                 # (here: finding the cache, cache_home, stays cheap)
     d = Path(tempfile.gettempdir()) / f"softnic-{os.getuid()}"
     try:
         d.mkdir(mode=0o700)
