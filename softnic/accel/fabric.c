@@ -655,7 +655,10 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
     int stopped = 0;
     PyObject *entry = NULL, *port = NULL, *device = NULL, *outs = NULL;
 
+    unsigned long turns = 0;
     while (processed != limit && PyList_GET_SIZE(heap)) {
+        if ((++turns & 4095) == 0 && PyErr_CheckSignals() < 0)   /* (Ctrl-C between events) */
+            goto fail;
         entry = heap_pop(heap);
         if (entry == NULL || PyErr_Occurred())
             goto fail;
@@ -887,7 +890,8 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
             for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); i++) {
                 PyObject *item = PyList_GET_ITEM(outs, i);
                 PyObject *out = PyTuple_GET_ITEM(item, 0), *dst = PyTuple_GET_ITEM(item, 1);
-                PyObject *link = PyDict_GetItemWithError(links, dst);   /* borrowed */
+                PyObject *link = PyDict_CheckExact(links)              /* borrowed */
+                                 ? PyDict_GetItemWithError(links, dst) : NULL;
                 int r = -1;
                 if (link == NULL) {
                     if (PyErr_Occurred())
