@@ -4,15 +4,18 @@
    fabric's own list of ``(time, seq, target, data, src)`` entries, ordered as
    heapq orders them (by time, then seq: seqs are unique), so Python's heapq and
    this file may push to it in turn; the devices, links, queues and drains are
-   the fabric's Python objects, read and written through their attributes.  What
-   it runs faster is the loop itself: the pop, the choice of target, the driver
-   rule's drain of a device's output into the heap, the timer entries' checks, a
-   switch port's queue (``EgressQueue.arrive``, here ``queue_arrive``) and a NIC's
-   own (``EgressQueue.depart``, here ``queue_depart``).  Whatever is rarer goes
-   back to the fabric's Python methods (``_send``, ``_arm``, a leaf-spine's
-   ``event``).  A run with a trace is Python's alone.
+   the fabric's Python objects, a slot of theirs read in place (``GA``), any other
+   attribute as Python reads it.  Here, beside their Python: the loop itself (the
+   pop, the choice of target, the timer entries' checks, the driver rule's drain
+   of a device's output into the heap), a switch port's queue
+   (``EgressQueue.arrive``: ``queue_arrive``, but for a queue with INT), a NIC's
+   own (``EgressQueue.depart``: ``queue_depart``) and the arming of a port's timer
+   entry (``Fabric._arm``: ``arm``).  Whatever is rarer goes back to the fabric's
+   Python (``_send``, ``_compact``, a leaf-spine's ``event``, a marked datagram's
+   ``with_``).  A run with a trace is Python's alone.
 
-   tests/test_sim_loop.py runs workloads both ways and compares every result. */
+   tests/test_sim_reference.py runs its workloads with both loops and compares
+   each with a plain reference loop. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -266,37 +269,7 @@ static PyObject *call_next(PyObject *next_seq)
     return v;
 }
 
-/* push (at, next_seq(), target, data, src) */
-static int push5(PyObject *heap, PyObject *next_seq, double at, PyObject *target, PyObject *data,
-                 PyObject *src)
-{
-    PyObject *seq = call_next(next_seq);
-    if (seq == NULL)
-        return -1;
-    PyObject *t = PyFloat_FromDouble(at);
-    if (t == NULL) {
-        Py_DECREF(seq);
-        return -1;
-    }
-    PyObject *e = PyTuple_New(5);
-    if (e == NULL) {
-        Py_DECREF(seq);
-        Py_DECREF(t);
-        return -1;
-    }
-    PyTuple_SET_ITEM(e, 0, t);
-    PyTuple_SET_ITEM(e, 1, seq);
-    Py_INCREF(target);
-    PyTuple_SET_ITEM(e, 2, target);
-    Py_INCREF(data);
-    PyTuple_SET_ITEM(e, 3, data);
-    Py_INCREF(src);
-    PyTuple_SET_ITEM(e, 4, src);
-    int r = heap_push(heap, e);
-    Py_DECREF(e);
-    return r;
-}
-
+/* (at, next_seq(), target, data, src) */
 static PyObject *make5(PyObject *next_seq, double at, PyObject *target, PyObject *data,
                        PyObject *src)
 {
@@ -319,6 +292,18 @@ static PyObject *make5(PyObject *next_seq, double at, PyObject *target, PyObject
     Py_INCREF(src);
     PyTuple_SET_ITEM(e, 4, src);
     return e;
+}
+
+/* push (at, next_seq(), target, data, src) */
+static int push5(PyObject *heap, PyObject *next_seq, double at, PyObject *target, PyObject *data,
+                 PyObject *src)
+{
+    PyObject *e = make5(next_seq, at, target, data, src);
+    if (e == NULL)
+        return -1;
+    int r = heap_push(heap, e);
+    Py_DECREF(e);
+    return r;
 }
 
 /* ------------------------------------------------------------------ the queues */
@@ -346,9 +331,12 @@ static int queue_depart(PyObject *q, PyObject *data, double now, double *depart)
     int r = -1;
     if (busy > now) {
         double ql = (busy - now) * rate / 8;
-        PyObject *m = PyDict_GetItemWithError(c, s_max_qlen);
-        if (m == NULL)
+        PyObject *m = PyDict_GetItemWithError(c, s_max_qlen);     /* borrowed */
+        if (m == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, s_max_qlen);
             goto out;
+        }
         double mx = as_double(m);
         if (mx == -1.0 && PyErr_Occurred())
             goto out;
@@ -372,7 +360,7 @@ out:
     return r;
 }
 
-/* EgressQueue.arrive, but for a queue with INT (HPCC's telemetry: Python's).
+/* EgressQueue.arrive (a queue with INT, HPCC's telemetry, is left to Python's).
    *res: (departure time, datagram), or None when dropped; a new reference. */
 static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double now, int ect,
                         PyObject *src, PyObject **res)
