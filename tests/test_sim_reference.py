@@ -323,29 +323,20 @@ def test_a_receiver_detached_with_datagrams_queued_toward_it(fast_fabric):
     assert fast == ref
 
 
-class _Pinger:
+class _Pinger(_Burst):
     """A device that answers every datagram with one of its own, and whose timer
     each delivery moves earlier than its last (a timer entry left stale in the
     heap each time), back to a late one as it fires."""
 
-    ect = False
-
     def __init__(self, address, peer, start=False):
-        self.address, self.peer = address, peer
+        super().__init__(address, peer)
         self.at = 0.0 if start else None
-        self.out, self.got, self.fired = [], 0, 0
+        self.got, self.fired = 0, 0
 
     def receive_datagram(self, data, src, now, ecn=0, telemetry=None):
         self.got += 1
         self.at = now + 1e-7 * (1 + self.got % 3)
         self.out.append((data, self.peer))
-
-    def datagrams_to_send(self, now):
-        out, self.out = self.out, []
-        return out
-
-    def get_timer(self):
-        return self.at
 
     def handle_timer(self, now):
         self.fired += 1

@@ -716,7 +716,8 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                         goto fail;
                     if (res != Py_None) {
                         double delay, dep = as_double(PyTuple_GET_ITEM(res, 0));
-                        PyObject *drain = GA(target, s_drain);
+                        PyObject *drain = dep == -1.0 && PyErr_Occurred() ? NULL
+                                                                           : GA(target, s_drain);
                         if (drain == NULL || get_double(target, s_delay, &delay) < 0) {
                             Py_XDECREF(drain);
                             Py_DECREF(res);
@@ -726,8 +727,9 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                         Py_DECREF(res);
                         PyObject *live = e ? GA(drain, s_live) : NULL;
                         int r = -1;
-                        if (live != NULL) {
-                            if (live == Py_True) {
+                        int is_live = live ? PyObject_IsTrue(live) : -1;
+                        if (is_live >= 0) {
+                            if (is_live) {
                                 PyObject *pending = GA(drain, s_pending);
                                 if (pending != NULL) {
                                     PyObject *x = PyObject_CallMethodOneArg(pending, s_append, e);
@@ -738,8 +740,8 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                             } else if (SA(drain, s_live, Py_True) == 0) {
                                 r = heap_push(heap, e);
                             }
-                            Py_DECREF(live);
                         }
+                        Py_XDECREF(live);
                         Py_XDECREF(e);
                         Py_DECREF(drain);
                         if (r < 0)
