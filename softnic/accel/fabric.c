@@ -873,12 +873,15 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
             goto fail;
         if (pairs(&outs) < 0)
             goto fail;
-        if (PyList_GET_SIZE(outs)) {
+        Py_SETREF(outs, PyList_AsTuple(outs));  /* (ours: the device may keep its list) */
+        if (outs == NULL)
+            goto fail;
+        if (PyTuple_GET_SIZE(outs)) {
             PyObject *links = GA(port, s_links);
             if (links == NULL)
                 goto fail;
-            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); i++) {
-                PyObject *item = PyList_GET_ITEM(outs, i);
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(outs); i++) {
+                PyObject *item = PyTuple_GET_ITEM(outs, i);
                 PyObject *out = PyTuple_GET_ITEM(item, 0), *dst = PyTuple_GET_ITEM(item, 1);
                 PyObject *link = PyDict_CheckExact(links)              /* borrowed */
                                  ? PyDict_GetItemWithError(links, dst) : NULL;
@@ -889,11 +892,12 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                     goto slow;
                 }
                 PyObject *fast = GA(link, s_fast);
-                if (fast == NULL)
+                int is_fast = fast ? PyObject_IsTrue(fast) : -1;
+                Py_XDECREF(fast);
+                if (is_fast < 0)
                     goto links_fail;
-                Py_DECREF(fast);                /* (a bool: Py_True stays alive) */
                 PyObject *nic = NULL;
-                if (fast != Py_True) {
+                if (!is_fast) {
                     nic = GA(link, s_nic);
                     if (nic == NULL)
                         goto links_fail;
