@@ -24,6 +24,10 @@ push again later, or discard).  An earlier deadline pushes a new entry and
 the old one turns stale (its ``seq`` no longer matches).  Neither kind of
 leftover entry moves the clock or counts as an event.
 
+The loop runs compiled where ``softnic.accel`` can build it (``fabric.c``: the
+same loop over the same objects), else in Python (``Fabric._run_python``, also
+what a traced run takes); the two give the same run.
+
 Each link direction has its own ``FaultInjector`` whose rng comes from the
 fabric seed and the two addresses (never from ``hash()``, which Python
 randomizes per process).  A direction with no faults skips the injector.
@@ -721,7 +725,7 @@ class Fabric:
                     ) -> tuple[int, int, bool]:
         """``run``'s loop: events until ``end``, ``limit`` of them (-1: no limit) or
         ``stop()``; returns (events, hops, stopped).  softnic.accel's ``fabric.c``
-        runs the same loop compiled (tests/test_sim_loop.py compares the two)."""
+        runs the same loop compiled (tests/test_sim_reference.py runs both)."""
         heap = self._heap
         trace = self.trace if self.tracing else None
         capture = self.capture
