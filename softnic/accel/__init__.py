@@ -77,32 +77,44 @@ class Kernel:
         return f"<softnic kernel, CRC-32 by {self.crc}>"
 
 
-def _key() -> str:
+def _sources_key(names, *extra: str) -> str:
+    """A cache key: the sources ``names`` (in this directory), this interpreter and
+    the compiler asked for, and ``extra``."""
     h = hashlib.sha256()
-    for name in ("wire.h", "kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c", "rx.h", "rx.c",
-                 "__init__.py"):
+    for name in names:
         h.update((HERE / name).read_bytes())
-    h.update(sys.version.encode())
-    h.update(sys.executable.encode())
-    h.update((sysconfig.get_config_var("EXT_SUFFIX") or "").encode())
+    for part in (sys.version, sys.executable, sysconfig.get_config_var("EXT_SUFFIX") or "",
+                 os.environ.get("CC", "cc"), *extra):
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+def _key() -> str:
     try:
         import cffi
-        h.update(cffi.__version__.encode())
+        version = cffi.__version__
     except ImportError:
-        pass
-    h.update(os.environ.get("CC", "cc").encode())
-    return h.hexdigest()[:16]
+        version = ""
+    return _sources_key(("wire.h", "kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c",
+                         "rx.h", "rx.c", "__init__.py"), version)
 
 
 def _fabric_key() -> str:
     """``_key`` for ``fabric.c`` alone (no cffi in it: looking for the loop stays cheap)."""
-    h = hashlib.sha256()
-    for name in ("fabric.c", "__init__.py"):
-        h.update((HERE / name).read_bytes())
-    for part in (sys.version, sys.executable, sysconfig.get_config_var("EXT_SUFFIX") or "",
-                 os.environ.get("CC", "cc")):
-        h.update(part.encode())
-    return h.hexdigest()[:16]
+    return _sources_key(("fabric.c", "__init__.py"))
+
+
+def _toolchain() -> tuple[str, str]:
+    """(the C compiler's command, Python's include directory), or RuntimeError saying
+    what to install."""
+    import shutil
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc.split()[0]) is None:
+        raise RuntimeError("no C compiler (Debian: gcc)")
+    inc = sysconfig.get_paths().get("include")
+    if not inc or not (Path(inc) / "Python.h").exists():
+        raise RuntimeError(f"no Python.h in {inc} (Debian: python3-dev)")
+    return cc, inc
 
 
 def cache_dir() -> Path:
@@ -120,11 +132,7 @@ def build(dest: Path, verbose: bool = False) -> Path:
     target = dest / (MODULE + suffix)
     if target.exists():
         return target
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        raise RuntimeError("no C compiler (Debian: gcc)")
-    inc = sysconfig.get_paths().get("include")
-    if not inc or not (Path(inc) / "Python.h").exists():
-        raise RuntimeError(f"no Python.h in {inc} (Debian: python3-dev)")
+    _toolchain()
     ffi = cffi.FFI()
     ffi.cdef((HERE / "kernel.h").read_text() + (HERE / "wait.h").read_text()
              + (HERE / "send.h").read_text() + (HERE / "rx.h").read_text())
@@ -153,15 +161,9 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
     target = dest / (FABRIC_MODULE + suffix)
     if target.exists():
         return target
-    import shutil
     import subprocess
     import tempfile
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc.split()[0]) is None:
-        raise RuntimeError("no C compiler (Debian: gcc)")
-    inc = sysconfig.get_paths().get("include")
-    if not inc or not (Path(inc) / "Python.h").exists():
-        raise RuntimeError(f"no Python.h in {inc} (Debian: python3-dev)")
+    cc, inc = _toolchain()
     dest.mkdir(parents=True, exist_ok=True)
     fd, part = tempfile.mkstemp(dir=dest, prefix=target.name + ".", suffix=".tmp")
     os.close(fd)

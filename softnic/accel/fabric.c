@@ -35,10 +35,19 @@ static long long compact_min_stale = 4096;
 
 /* ------------------------------------------------------------------ the heap */
 
+/* float(v) of a number (a float or an int as such, without the generic path) */
+static inline double as_double(PyObject *v)
+{
+    if (PyFloat_CheckExact(v))
+        return PyFloat_AS_DOUBLE(v);
+    if (PyLong_CheckExact(v))
+        return PyLong_AsDouble(v);
+    return PyFloat_AsDouble(v);
+}
+
 static inline double entry_time(PyObject *e)
 {
-    PyObject *t = PyTuple_GET_ITEM(e, 0);
-    return PyFloat_CheckExact(t) ? PyFloat_AS_DOUBLE(t) : PyFloat_AsDouble(t);
+    return as_double(PyTuple_GET_ITEM(e, 0));
 }
 
 /* heapq's order on (time, seq, ...) with unique seqs: time, then seq.  -1: error. */
@@ -157,16 +166,6 @@ static inline int SA(PyObject *o, PyObject *name, PyObject *v)
 }
 
 /* ------------------------------------------------------------------ helpers */
-
-/* float(v) of a number (a float or an int as such, without the generic path) */
-static inline double as_double(PyObject *v)
-{
-    if (PyFloat_CheckExact(v))
-        return PyFloat_AS_DOUBLE(v);
-    if (PyLong_CheckExact(v))
-        return PyLong_AsDouble(v);
-    return PyFloat_AsDouble(v);
-}
 
 static inline int get_double(PyObject *o, PyObject *name, double *out)
 {

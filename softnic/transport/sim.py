@@ -198,7 +198,8 @@ class EgressQueue:
     def depart(self, data: bytes, now: float) -> float:
         """``arrive`` of a ``plain`` queue (no buffer limit, no RED, no INT, no
         samples; a NIC's own) for a datagram without ``src``: the same
-        bookkeeping, and the departure time (the datagram leaves as it came)."""
+        bookkeeping, and the departure time (the datagram leaves as it came).
+        (Compiled beside it: softnic/accel/fabric.c's ``queue_depart``.)"""
         size = len(data) + WIRE_OVERHEAD
         busy = self.busy_until
         c = self.counters
@@ -215,7 +216,8 @@ class EgressQueue:
         return depart
 
     def arrive(self, data: bytes, now: float, ect: bool = False, src=None):
-        """Queue ``data``; return ``(departure time, datagram)`` or None if dropped."""
+        """Queue ``data``; return ``(departure time, datagram)`` or None if dropped.
+        (Compiled beside it, but for INT: softnic/accel/fabric.c's ``queue_arrive``.)"""
         size = len(data) + WIRE_OVERHEAD
         busy = self.busy_until
         rate = self.rate_bps
@@ -571,6 +573,8 @@ class Fabric:
                 self._arm(port, deadline, now)
 
     def _arm(self, port: _Port, deadline: float | None, now: float) -> None:
+        """Set the port's timer to ``deadline`` and its heap entry with it (compiled
+        beside it: softnic/accel/fabric.c's ``arm``)."""
         port.armed = deadline
         if deadline is None:
             return  # a live entry left in the heap is discarded when it comes up
