@@ -441,6 +441,51 @@ def _live_session(tmp_path):
     return facts, sorted(tmp_path.glob("iw-*.pcap"))
 
 
+def _port_rivals(tshark: str, pcap: str) -> list[str]:
+    """``--disable-protocol`` for each dissector tshark registers on a TCP port the
+    capture uses: MPA is found by a heuristic, which a port's own dissector comes
+    before (an ephemeral port of 48049 made the session CBSP)."""
+    ports = set(subprocess.run([tshark, "-n", "-r", pcap, "-T", "fields", "-e", "tcp.srcport",
+                                "-e", "tcp.dstport"], capture_output=True, text=True,
+                               check=True, timeout=60).stdout.split())
+    decodes = subprocess.run([tshark, "-G", "decodes"], capture_output=True, text=True,
+                             check=True).stdout
+    out = []
+    for line in decodes.splitlines():
+        table, _, rest = line.partition("\t")
+        port, _, proto = rest.partition("\t")
+        if table == "tcp.port" and port in ports and proto:
+            out += ["--disable-protocol", proto]
+    return out
+
+
+def test_a_port_with_a_dissector_of_its_own_is_still_decoded_as_mpa(tshark, tmp_path):
+    """A live session's capture with the client's port made CBSP's registered one
+    (48049, which the kernel may pick as an ephemeral port): tshark reads it as
+    CBSP, and as MPA once ``_port_rivals`` disables the port's dissector."""
+    from scapy.all import TCP, rdpcap, wrpcap
+    facts, pcaps = _live_session(tmp_path)
+    listen = set(facts["ports"])
+    pkts = rdpcap(str(pcaps[0]))
+    for p in pkts:
+        if TCP in p:
+            t = p[TCP]
+            if t.sport not in listen:
+                t.sport = 48049
+            if t.dport not in listen:
+                t.dport = 48049
+            del t.chksum
+    pcap = str(tmp_path / "port-48049.pcap")
+    wrpcap(pcap, pkts)
+    rivals = _port_rivals(tshark, pcap)
+    assert "cbsp" in rivals
+    plain = subprocess.run([tshark, "-n", "-r", pcap], capture_output=True, text=True,
+                           check=True, timeout=60).stdout
+    fixed = subprocess.run([tshark, "-n", "-r", pcap, *rivals], capture_output=True, text=True,
+                           check=True, timeout=60).stdout
+    assert "MPA Request" not in plain and "MPA Request" in fixed, (plain, fixed)
+
+
 def test_tshark_decodes_a_live_iwarp_capture(tshark, tmp_path):
     facts, pcaps = _live_session(tmp_path)
     assert len(pcaps) == 2
@@ -457,6 +502,7 @@ def test_tshark_decodes_a_live_iwarp_capture(tshark, tmp_path):
     for line in heur.splitlines():               # SMB Direct, RPC over RDMA: not in our payloads
         if line.startswith("iwarp_ddp_rdmap\t"):
             cmd += ["--disable-protocol", line.split("\t")[1]]
+    cmd += _port_rivals(tshark, pcap)
     for f in fields:
         cmd += ["-e", f]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
