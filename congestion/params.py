@@ -136,8 +136,25 @@ def resolve(owner: str, table: dict[str, Param], given: dict[str, Any]) -> dict[
     if unknown:
         known = f"known: {', '.join(sorted(table))}" if table else "it takes none"
         raise ValueError(f"{owner}: unknown parameter(s) {', '.join(unknown)} ({known})")
-    return {name: check_value(owner, name, p, given.get(name, p.default))
-            for name, p in table.items()}
+    out = dict(_defaults(owner, table))
+    for name, value in given.items():
+        out[name] = check_value(owner, name, table[name], value)
+    return out
+
+
+#: (owner, table) -> (table, its defaults checked): a controller is made per QP,
+#: mostly with its defaults, which are the same each time
+_DEFAULTS: dict[tuple[str, int], tuple[dict, dict]] = {}
+
+
+def _defaults(owner: str, table: dict[str, Param]) -> dict[str, Any]:
+    """``table``'s defaults, each checked as a given value is (once per table)."""
+    key = (owner, id(table))
+    hit = _DEFAULTS.get(key)
+    if hit is None or hit[0] is not table:
+        hit = _DEFAULTS[key] = (table, {name: check_value(owner, name, p, p.default)
+                                        for name, p in table.items()})
+    return hit[1]
 
 
 def check_flow(owner: str, flow: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 
 from ..wire.psn import PSN_MASK, psn_add
 from ..wire.roce import ROCEV2_PORT
@@ -56,6 +56,16 @@ def _gid_address(dgid: str, port: int) -> tuple[str, int]:
         elif ip.is_link_local or ip.scope_id:
             raise einval(f"GID {dgid}: link-local IPv6 GIDs are not supported")
     return (str(ip), port)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dest_of(dgid: str, port: int) -> tuple[str, int] | None:
+    """``_gid_address``, or None for a GID that names no port (a QP's address
+    vector before RTR: ``::``), kept as the addresses are."""
+    try:
+        return _gid_address(dgid, port)
+    except VerbsError:
+        return None
 
 
 def gid_of(ip: str) -> str:
@@ -168,34 +178,50 @@ _XRC_OPTIONAL = {("ini", S.INIT, S.RTR): M.MAX_DEST_RD_ATOMIC | M.MIN_RNR_TIMER,
                  ("tgt", S.RTR, S.RTS): M.RETRY_CNT | M.RNR_RETRY | M.MAX_QP_RD_ATOMIC}
 
 
+#: ``TRANSITIONS`` as check_transition reads it: (current, next, QP type) ->
+#: (required, optional) as plain ints (IntFlag operations cost a call each)
+_RULES = {(cur, nxt, t): (int(req), int(opt))
+          for (cur, nxt), rules in TRANSITIONS.items() for t, (req, opt) in rules.items()}
+_XRC_RELAX = {k: int(v) for k, v in _XRC_OPTIONAL.items()}
+_STATES = {int(s): s for s in S}
+_M_STATE, _M_CUR_STATE, _M_PATH_MTU, _M_PORT = int(M.STATE), int(M.CUR_STATE), \
+    int(M.PATH_MTU), int(M.PORT)
+_LIMITS = (("timeout", 31), ("retry_cnt", 7), ("rnr_retry", 7), ("min_rnr_timer", 31))
+
+
 def check_transition(qp_type: QPType, cur: S, attr: QPAttr, mask: int,
                      xrc: str | None = None) -> S:
     """Validate a modify_qp call; returns the next state.  Raises EINVAL."""
-    mask = M(mask)
-    if mask & M.CUR_STATE and attr.cur_qp_state != cur:
+    mask = int(mask)
+    if mask & _M_CUR_STATE and attr.cur_qp_state != cur:
         raise einval(f"cur_qp_state {attr.cur_qp_state.name} is not the QP's state {cur.name}")
-    nxt = S(attr.qp_state) if mask & M.STATE else cur
-    rule = TRANSITIONS.get((cur, nxt), {}).get(qp_type)
+    if mask & _M_STATE:
+        nxt = _STATES.get(attr.qp_state)
+        if nxt is None:
+            nxt = S(attr.qp_state)          # (raises: not a state)
+    else:
+        nxt = cur
+    rule = _RULES.get((cur, nxt, qp_type))
     if rule is None:
         raise einval(f"{qp_type.name} QP cannot go from {cur.name} to {nxt.name}")
     required, optional = rule
     if xrc is not None:
-        relax = _XRC_OPTIONAL.get((xrc, cur, nxt), M(0))
+        relax = _XRC_RELAX.get((xrc, cur, nxt), 0)
         required, optional = required & ~relax, optional | relax
-    given = mask & ~M.STATE
+    given = mask & ~_M_STATE
     if missing := required & ~given:
-        raise einval(f"{cur.name}->{nxt.name} needs attribute mask bits {missing!r}")
+        raise einval(f"{cur.name}->{nxt.name} needs attribute mask bits {M(missing)!r}")
     if extra := given & ~(required | optional):      # CUR_STATE only where the table lists it
-        raise einval(f"{cur.name}->{nxt.name} does not accept attribute mask bits {extra!r}")
-    if mask & M.PATH_MTU:
+        raise einval(f"{cur.name}->{nxt.name} does not accept attribute mask bits {M(extra)!r}")
+    if mask & _M_PATH_MTU:
         try:
             mtu_bytes(attr.path_mtu)
         except ValueError as e:
             raise einval(str(e)) from None
-    for name, limit in (("timeout", 31), ("retry_cnt", 7), ("rnr_retry", 7), ("min_rnr_timer", 31)):
+    for name, limit in _LIMITS:
         if not 0 <= getattr(attr, name) <= limit:
             raise einval(f"{name} {getattr(attr, name)} out of range 0..{limit}")
-    if mask & M.PORT and attr.port_num != 1:
+    if mask & _M_PORT and attr.port_num != 1:
         raise einval(f"port {attr.port_num} does not exist")
     return nxt
 
@@ -214,13 +240,29 @@ _PICK = tuple((int(bit), f) for bit, f in {
 
 def merge_attr(cur: QPAttr, new: QPAttr, mask: int) -> QPAttr:
     """The QP's attributes after applying the fields selected by ``mask``."""
-    mask = int(M(mask))
+    mask = int(mask)
     changes = {f: getattr(new, f) for bit, f in _PICK if mask & bit}
     if "sq_psn" in changes:
         changes["sq_psn"] &= PSN_MASK
     if "rq_psn" in changes:
         changes["rq_psn"] &= PSN_MASK
-    return replace(cur, **changes)
+    return attr_with(cur, changes)
+
+
+def attr_with(cur: QPAttr, changes: dict) -> QPAttr:
+    """``dataclasses.replace(cur, **changes)`` for ``QPAttr``, whose fields are all
+    plain (no ``__post_init__``, no ``InitVar``: checked at import): a copy of its
+    fields with ``changes`` over them, without ``replace``'s per-field walk (a
+    modify_qp makes two)."""
+    attr = object.__new__(QPAttr)
+    d = attr.__dict__
+    d.update(cur.__dict__)
+    d.update(changes)
+    return attr
+
+
+assert not hasattr(QPAttr, "__post_init__") and \
+    {f.name for f in fields(QPAttr)} == set(QPAttr().__dict__), "attr_with copies QPAttr's __dict__"
 
 
 # ---------------------------------------------------------------- work requests
@@ -483,10 +525,7 @@ class QP:
         self.attr = attr
         self.mtu = mtu_bytes(attr.path_mtu)
         ah = attr.ah_attr
-        try:
-            self.dest = ah.addr
-        except VerbsError:
-            self.dest = None
+        self.dest = _dest_of(ah.dgid, ah.port)
 
     def clean_cqs(self) -> None:
         """Drop this QP's completions from its CQs, as a move to RESET does on mlx4/mlx5

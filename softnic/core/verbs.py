@@ -22,7 +22,7 @@ from .enums import EventType, QPAttrMask as M, QPState, QPType, SendFlags, WCOpc
 from .errors import VerbsError, einval, enomem
 from .memory import PD, MR, bytes_at
 from .qp import QP, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR, check_transition, \
-    merge_attr, same_family
+    attr_with, merge_attr, same_family
 from .srq import SRQ, RecvWQE
 from .wr_opcode import ALLOWED, ATOMICS, MAY_INLINE, WC_OPCODE
 
@@ -33,6 +33,9 @@ _SIGNALED = int(SendFlags.SIGNALED)
 _WR_OPCODES = {int(w): w for w in W}
 _NOT_SENDING = frozenset({QPState.RESET, QPState.INIT, QPState.RTR})
 _UD = QPType.UD      # (read on every post_send: a module global, not the enum class's attribute)
+# modify_qp's attribute-mask bits, as plain ints too
+_M_RD_ATOMIC, _M_DEST_RD_ATOMIC = int(M.MAX_QP_RD_ATOMIC), int(M.MAX_DEST_RD_ATOMIC)
+_M_PATH_MTU, _M_AV = int(M.PATH_MTU), int(M.AV)
 
 
 def _check_sge_lengths(sgl) -> None:
@@ -185,13 +188,14 @@ class Verbs:
 
     def modify_qp(self, qp: QP, attr: QPAttr, mask: int) -> None:
         nxt = check_transition(qp.qp_type, qp.state, attr, mask, qp.xrc)
-        if mask & M.MAX_QP_RD_ATOMIC and attr.max_rd_atomic > self.config.max_rd_atomic:
+        mask = int(mask)
+        if mask & _M_RD_ATOMIC and attr.max_rd_atomic > self.config.max_rd_atomic:
             raise einval("max_rd_atomic above the device limit")
-        if mask & M.MAX_DEST_RD_ATOMIC and attr.max_dest_rd_atomic > self.config.max_rd_atomic:
+        if mask & _M_DEST_RD_ATOMIC and attr.max_dest_rd_atomic > self.config.max_rd_atomic:
             raise einval("max_dest_rd_atomic above the device limit")
-        if mask & M.PATH_MTU and mtu_bytes(attr.path_mtu) > self.config.active_mtu:
+        if mask & _M_PATH_MTU and mtu_bytes(attr.path_mtu) > self.config.active_mtu:
             raise einval("path MTU above the port's active MTU")
-        if mask & M.AV:
+        if mask & _M_AV:
             self.route(attr.ah_attr)      # validates the GID
         cur = qp.state
         qp.set_attr(merge_attr(qp.attr, attr, mask))
@@ -213,7 +217,7 @@ class Verbs:
         elif nxt == QPState.SQD:
             qp.comp.sqd_notified = False
         qp.state = nxt
-        qp.set_attr(merge_attr(qp.attr, QPAttr(qp_state=nxt), M.STATE))
+        qp.set_attr(attr_with(qp.attr, {"qp_state": nxt}))
         if nxt in (QPState.RTS, QPState.SQD):
             self.mark_ready(qp)
 

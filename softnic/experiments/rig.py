@@ -58,20 +58,23 @@ def bring_up(ep: Endpoint, peer: Endpoint, *, mtu: int = 1024, psn: int = 0, pee
         dev.modify_qp(qp, QPAttr(qp_state=QPState.RTR), M.STATE)
         dev.modify_qp(qp, QPAttr(qp_state=QPState.RTS, sq_psn=psn), M.STATE | M.SQ_PSN)
         return
-    dev.modify_qp(qp, QPAttr(qp_state=QPState.INIT, qp_access_flags=qp_access),
-                  M.STATE | M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS)
+    dev.modify_qp(qp, QPAttr(qp_state=QPState.INIT, qp_access_flags=qp_access), _INIT)
     ah = AHAttr(peer.dev.gid, peer.dev.port)
-    rtr = M.STATE | M.AV | M.PATH_MTU | M.DEST_QPN | M.RQ_PSN
-    rts = M.STATE | M.SQ_PSN
-    if qp.qp_type == QPType.RC:
-        rtr |= M.MAX_DEST_RD_ATOMIC | M.MIN_RNR_TIMER
-        rts |= M.TIMEOUT | M.RETRY_CNT | M.RNR_RETRY | M.MAX_QP_RD_ATOMIC
+    rc = qp.qp_type == QPType.RC
     dev.modify_qp(qp, QPAttr(qp_state=QPState.RTR, path_mtu=mtu, dest_qp_num=peer.qp.qpn,
                              rq_psn=peer_psn, ah_attr=ah, max_dest_rd_atomic=max_rd_atomic,
-                             min_rnr_timer=min_rnr_timer), rtr)
+                             min_rnr_timer=min_rnr_timer), _RC_RTR if rc else _RTR)
     dev.modify_qp(qp, QPAttr(qp_state=QPState.RTS, sq_psn=psn, timeout=timeout,
                              retry_cnt=retry_cnt, rnr_retry=rnr_retry,
-                             max_rd_atomic=max_rd_atomic), rts)
+                             max_rd_atomic=max_rd_atomic), _RC_RTS if rc else _RTS)
+
+
+# the masks ``bring_up`` gives each transition of a connected QP (RC's and UC's)
+_INIT = M.STATE | M.PKEY_INDEX | M.PORT | M.ACCESS_FLAGS
+_RTR = M.STATE | M.AV | M.PATH_MTU | M.DEST_QPN | M.RQ_PSN
+_RC_RTR = _RTR | M.MAX_DEST_RD_ATOMIC | M.MIN_RNR_TIMER
+_RTS = M.STATE | M.SQ_PSN
+_RC_RTS = _RTS | M.TIMEOUT | M.RETRY_CNT | M.RNR_RETRY | M.MAX_QP_RD_ATOMIC
 
 
 def connect(a: Device, b: Device, *, qp_type: QPType = QPType.RC, mtu: int = 1024,
