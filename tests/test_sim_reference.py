@@ -456,3 +456,47 @@ def test_a_fabric_counter_of_its_own_and_a_device_that_raises(fast_fabric):
     got, events, after, _ = fast
     assert got[1] == "raised" and len(got) == 4 and events == 0 and after > 0
     assert fast == run(ReferenceFabric)
+
+
+class _Fields(_Burst):
+    """An ECN-capable sender of a burst whose datagrams differ in what travels
+    beside their bytes: plain bytes, a Datagram with an ECN codepoint, one with
+    INT records (``hops``), one with an ``echo``; and a receiver that keeps each
+    as it arrives (its type, bytes and fields, and the ECN the fabric gives)."""
+
+    ect = True
+
+    def handle_timer(self, now):
+        super().handle_timer(now)
+        kinds = (lambda b: b, lambda b: Datagram(b, ecn=2),
+                 lambda b: Datagram(b, ecn=1, hops=("a-hop",)),
+                 lambda b: Datagram(b, ecn=2, echo=("an-echo",), hops=("h1", "h2")))
+        self.out = [(kinds[i % 4](d), dst) for i, (d, dst) in enumerate(self.out)]
+
+    def receive_datagram(self, data, src, now, ecn=0, telemetry=None):
+        self.got.append((now, type(data).__name__, bytes(data), getattr(data, "ecn", None),
+                         getattr(data, "hops", None), getattr(data, "echo", None), ecn))
+
+
+def test_a_marked_datagram_keeps_its_bytes_and_fields(fast_fabric):
+    """A switch port that RED marks (above Kmax every time, by chance between
+    Kmin and Kmax) makes a CE copy of each datagram it marks: the same bytes,
+    hops and echo in either loop, plain bytes made a Datagram."""
+    def run(cls):
+        fabric = cls(8)
+        sw = fabric.add_switch("sw", buffer_bytes=None, red=sim.RED(2_000, 20_000, 0.5))
+        recv = ("10.4.0.1", 4791)
+        fabric.attach(sink := _Fields(recv))
+        fabric.connect(recv, sw, rate_bps=10e9, delay=1e-6)
+        for i in (2, 3):
+            fabric.attach(d := _Fields((f"10.4.0.{i}", 4791), recv, 40, size=500 + i))
+            fabric.connect(d.address, sw, rate_bps=10e9, delay=1e-6)
+        fabric.run()
+        return sink.got, fabric.counters, sw.port(recv).counters
+    got, _, port = fast = run(fast_fabric)
+    marked = [g for g in got if g[3] == 3]
+    assert len(got) == 80 and 0 < port["marked"] == len(marked) < 80
+    assert {g[1] for g in marked} == {"Datagram"}
+    assert {g[4] for g in marked} == {None, ("a-hop",), ("h1", "h2")}
+    assert ("an-echo",) in {g[5] for g in marked}
+    assert fast == run(ReferenceFabric)

@@ -9,10 +9,11 @@
    pop, the choice of target, the timer entries' checks, the driver rule's drain
    of a device's output into the heap), a switch port's queue
    (``EgressQueue.arrive``: ``queue_arrive``, but for a queue with INT), a NIC's
-   own (``EgressQueue.depart``: ``queue_depart``) and the arming of a port's timer
+   own (``EgressQueue.depart``: ``queue_depart``), the copy of a datagram RED
+   marks (``Datagram.with_(ecn=CE)``: ``marked``) and the arming of a port's timer
    entry (``Fabric._arm``: ``arm``).  Whatever is rarer goes back to the fabric's
-   Python (``_send``, ``_compact``, a leaf-spine's ``event``, a marked datagram's
-   ``with_``).  A run with a trace is Python's alone.
+   Python (``_send``, ``_compact``, a leaf-spine's ``event``).  A run with a trace
+   is Python's alone.
 
    tests/test_sim_reference.py runs its workloads with both loops and compares
    each with a plain reference loop. */
@@ -29,7 +30,7 @@ static PyObject *s_device, *s_links, *s_armed, *s_entry_seq, *s_entry_time, *s_a
     *s_arm, *s_ecn, *s_echo, *s_hops, *s_popleft, *s_append, *s_arrive, *s_sent, *s_delivered,
     *s_busy_until, *s_rate_bps, *s_tx_bytes, *s_enqueued, *s_max_qlen, *s_dropped,
     *s_marked, *s_plain, *s_sample, *s_samples, *s_buffer_bytes, *s_red, *s_int_telemetry,
-    *s_tx_by_src, *s_with_, *s_kmin, *s_kmax, *s_rng, *s_random, *s_probability, *s_compact, *s_record;
+    *s_tx_by_src, *s_kmin, *s_kmax, *s_rng, *s_random, *s_probability, *s_compact, *s_record;
 static double wire_overhead = 28.0;
 static long long compact_min_stale = 4096;
 
@@ -359,6 +360,33 @@ out:
     return r;
 }
 
+/* ``data.with_(ecn=CE)`` of a Datagram (softnic/wire/datagram.py), ``Datagram(data,
+   ecn=CE)`` of plain bytes: the same payload bytes in a new Datagram, its ecn CE,
+   the hops and echo ``data`` carries (those not None) carried over.  Made as
+   ``Datagram.__new__`` makes it (``bytes.__new__``, then the fields). */
+static PyObject *marked(PyObject *data)
+{
+    PyObject *args = PyTuple_Pack(1, data);
+    PyObject *m = args ? PyBytes_Type.tp_new((PyTypeObject *)DatagramType, args, NULL) : NULL;
+    Py_XDECREF(args);
+    if (m == NULL || PyObject_SetAttr(m, s_ecn, CE) < 0)
+        goto fail;
+    if ((PyObject *)Py_TYPE(data) == DatagramType) {
+        PyObject *names[2] = {s_hops, s_echo};
+        for (int i = 0; i < 2; i++) {
+            PyObject *v = PyObject_GetAttr(data, names[i]);
+            int r = v == NULL ? -1 : v == Py_None ? 0 : PyObject_SetAttr(m, names[i], v);
+            Py_XDECREF(v);
+            if (r < 0)
+                goto fail;
+        }
+    }
+    return m;
+fail:
+    Py_XDECREF(m);
+    return NULL;
+}
+
 /* EgressQueue.arrive (a queue with INT, HPCC's telemetry, is left to Python's).
    *res: (departure time, datagram), or None when dropped; a new reference. */
 static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double now, int ect,
@@ -486,22 +514,7 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
             if (mark) {
                 if (dict_add(c, s_marked, 1) < 0)
                     goto out;
-                PyObject *kw = Py_BuildValue("{sO}", "ecn", CE);
-                PyObject *empty = kw ? PyTuple_New(0) : NULL;
-                PyObject *m = NULL;
-                if (empty != NULL) {
-                    if ((PyObject *)Py_TYPE(data) == DatagramType) {
-                        PyObject *w = GA(data, s_with_);
-                        m = w ? PyObject_Call(w, empty, kw) : NULL;
-                        Py_XDECREF(w);
-                    } else {
-                        PyObject *a1 = PyTuple_Pack(1, data);
-                        m = a1 ? PyObject_Call(DatagramType, a1, kw) : NULL;
-                        Py_XDECREF(a1);
-                    }
-                }
-                Py_XDECREF(kw);
-                Py_XDECREF(empty);
+                PyObject *m = marked(data);
                 if (m == NULL)
                     goto out;
                 Py_SETREF(out, m);
@@ -1036,7 +1049,7 @@ PyMODINIT_FUNC PyInit__softnic_fabric(void)
     INTERN(s_plain, "plain"); INTERN(s_sample, "_sample"); INTERN(s_samples, "samples");
     INTERN(s_buffer_bytes, "buffer_bytes"); INTERN(s_red, "red");
     INTERN(s_int_telemetry, "int_telemetry"); INTERN(s_tx_by_src, "tx_by_src");
-    INTERN(s_with_, "with_"); INTERN(s_kmin, "kmin"); INTERN(s_kmax, "kmax");
+    INTERN(s_kmin, "kmin"); INTERN(s_kmax, "kmax");
     INTERN(s_rng, "rng"); INTERN(s_random, "random"); INTERN(s_probability, "probability");
     INTERN(s_compact, "_compact"); INTERN(s_record, "record");
     return PyModule_Create(&module);

@@ -37,7 +37,9 @@ class Datagram(bytes):
         return self
 
     def with_(self, **changes) -> "Datagram":
-        """A copy with some fields changed (the payload bytes are the same)."""
+        """A copy with some fields changed (the payload bytes are the same).  (A
+        RED mark's copy, ``with_(ecn=CE)``, is compiled beside it for the fabric's
+        loop: softnic/accel/fabric.c's ``marked``.)"""
         f = {"ecn": self.ecn, "hops": self.hops, "echo": self.echo}
         f.update(changes)
         return Datagram(self, **f)
