@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, strategies as st
 
 import congestion
 from congestion.base import Controller, Hop
@@ -391,3 +392,28 @@ def test_a_paced_read_missing_its_last_response_times_out_and_completes():
     _run_until_done(fabric, a, ea, until=1.0)
     assert a.counters["timeouts"] >= 1
     assert bytes(ea.buf.view[:16384]) == bytes(eb.buf.view[:16384])
+
+
+@given(st.data())
+def test_packets_presumed_lost_leave_the_in_flight_count_as_the_plain_rule_has_it(data):
+    """``requester.cc_lost_from`` walks the PSNs from the first presumed lost to
+    the highest sent when that range is short: the same entries leave ``sent``
+    and the same bytes ``inflight`` as the plain rule (every entry at or after
+    that PSN), across the PSN space's wrap."""
+    from types import SimpleNamespace
+    from softnic.core import requester
+    from softnic.wire.psn import PSN_MASK, psn_diff
+    acked = data.draw(st.integers(0, PSN_MASK), label="acked")
+    span = data.draw(st.integers(0, 300), label="span")        # PSNs sent beyond acked
+    max_sent = (acked + span) & PSN_MASK
+    kept = data.draw(st.sets(st.integers(1, span), max_size=300) if span else st.just(set()),
+                     label="in sent")
+    sent = {(acked + k) & PSN_MASK: (0.0, data.draw(st.integers(60, 4200)), False)
+            for k in sorted(kept)}
+    psn = (acked + data.draw(st.integers(-3, span + 3), label="lost from")) & PSN_MASK
+    ccs = SimpleNamespace(sent=dict(sent), inflight=sum(e[1] for e in sent.values()) + 7)
+    qp = SimpleNamespace(ccs=ccs, req=SimpleNamespace(max_sent_psn=max_sent))
+    requester.cc_lost_from(qp, psn)
+    lost = {p for p in sent if psn_diff(p, psn) >= 0}
+    assert ccs.sent == {p: e for p, e in sent.items() if p not in lost}
+    assert ccs.inflight == 7 + sum(e[1] for p, e in sent.items() if p not in lost)

@@ -578,8 +578,22 @@ def cc_lost_from(qp, psn: int) -> None:
     (their resends count again, marked as resent so they give no RTT sample)."""
     ccs = qp.ccs
     sent = ccs.sent
-    lost = [p for p in sent if psn_diff(p, psn) >= 0]
-    for p in lost:
+    # every PSN in ``sent`` was sent, so none is beyond ``max_sent_psn``: those from
+    # ``psn`` on are that range's (walked as ``cc_acked`` walks an ACK's, when it
+    # is not much longer than ``sent``)
+    n = psn_diff(qp.req.max_sent_psn, psn) + 1
+    if n <= 0:
+        return
+    if n <= 2 * len(sent):
+        pop = sent.pop
+        nbytes = 0
+        for p in range(psn, psn + n):
+            e = pop(p & PSN_MASK, None)
+            if e is not None:
+                nbytes += e[1]
+        ccs.inflight -= nbytes
+        return
+    for p in [p for p in sent if psn_diff(p, psn) >= 0]:
         ccs.inflight -= sent.pop(p)[1]
 
 
