@@ -475,7 +475,8 @@ class _Fields(_Burst):
 
     def receive_datagram(self, data, src, now, ecn=0, telemetry=None):
         self.got.append((now, type(data).__name__, bytes(data), getattr(data, "ecn", None),
-                         getattr(data, "hops", None), getattr(data, "echo", None), ecn))
+                         getattr(data, "hops", None), getattr(data, "echo", None), ecn,
+                         hash(data) == hash(bytes(data)), len(data)))
 
 
 def test_a_marked_datagram_keeps_its_bytes_and_fields(fast_fabric):
@@ -499,6 +500,7 @@ def test_a_marked_datagram_keeps_its_bytes_and_fields(fast_fabric):
     assert {g[1] for g in marked} == {"Datagram"}
     assert {g[4] for g in marked} == {None, ("a-hop",), ("h1", "h2")}
     assert ("an-echo",) in {g[5] for g in marked}
+    assert all(g[7] for g in got)                   # hashed as their bytes are
     assert fast == run(ReferenceFabric)
 
 

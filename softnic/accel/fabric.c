@@ -9,8 +9,9 @@
    pop, the choice of target, the timer entries' checks, the driver rule's drain
    of a device's output into the heap), a switch port's queue
    (``EgressQueue.arrive``: ``queue_arrive``, but for a queue with INT), a NIC's
-   own (``EgressQueue.depart``: ``queue_depart``), the copy of a datagram RED
-   marks (``Datagram.with_(ecn=CE)``: ``marked``) and the arming of a port's timer
+   own (``EgressQueue.depart``: ``queue_depart``), RED's chance of a mark
+   (``RED.probability``, in ``queue_arrive``), the copy of a datagram RED marks
+   (``Datagram.with_(ecn=CE)``: ``marked``) and the arming of a port's timer
    entry (``Fabric._arm``: ``arm``).  Whatever is rarer goes back to the fabric's
    Python (``_send``, ``_compact``, a leaf-spine's ``event``).  A run with a trace
    is Python's alone.
@@ -22,7 +23,8 @@
 #include <Python.h>
 #include <structmember.h>
 
-static PyObject *PortType, *DrainType, *SwitchHopType, *DatagramType, *CE;
+static PyObject *PortType, *DrainType, *SwitchHopType, *DatagramType, *REDType, *CE;
+#define TWO53 9007199254740992.0
 static PyObject *s_device, *s_links, *s_armed, *s_entry_seq, *s_entry_time, *s_attached,
     *s_ect, *s_pending, *s_live, *s_dst, *s_queue, *s_drain, *s_delay, *s_fast, *s_counters,
     *s_nic, *s_hop, *s_address, *s_event, *s_now, *s_received, *s_dropped_unknown, *s_stale,
@@ -30,7 +32,7 @@ static PyObject *s_device, *s_links, *s_armed, *s_entry_seq, *s_entry_time, *s_a
     *s_arm, *s_ecn, *s_echo, *s_hops, *s_popleft, *s_append, *s_arrive, *s_sent, *s_delivered,
     *s_busy_until, *s_rate_bps, *s_tx_bytes, *s_enqueued, *s_max_qlen, *s_dropped,
     *s_marked, *s_plain, *s_sample, *s_samples, *s_buffer_bytes, *s_red, *s_int_telemetry,
-    *s_tx_by_src, *s_kmin, *s_kmax, *s_rng, *s_random, *s_probability, *s_compact, *s_record;
+    *s_tx_by_src, *s_kmin, *s_kmax, *s_rng, *s_random, *s_probability, *s_pmax, *s_compact, *s_record;
 static double wire_overhead = 28.0;
 static long long compact_min_stale = 4096;
 
@@ -399,9 +401,24 @@ out:
    ``Datagram.__new__`` makes it (``bytes.__new__``, then the fields). */
 static PyObject *marked(PyObject *data)
 {
-    PyObject *args = PyTuple_Pack(1, data);
-    PyObject *m = args ? PyBytes_Type.tp_new((PyTypeObject *)DatagramType, args, NULL) : NULL;
-    Py_XDECREF(args);
+    PyObject *m;
+    if (PyBytes_Check(data)) {
+        /* what bytes.__new__(Datagram, data) makes of bytes (bytes_subtype_new):
+           the type's allocation, the bytes and their NUL copied, no hash yet */
+        Py_ssize_t n = PyBytes_GET_SIZE(data);
+        m = ((PyTypeObject *)DatagramType)->tp_alloc((PyTypeObject *)DatagramType, n);
+        if (m != NULL) {
+            memcpy(PyBytes_AS_STRING(m), PyBytes_AS_STRING(data), n + 1);
+_Py_COMP_DIAG_PUSH
+_Py_COMP_DIAG_IGNORE_DEPR_DECLS
+            ((PyBytesObject *)m)->ob_shash = -1;
+_Py_COMP_DIAG_POP
+        }
+    } else {
+        PyObject *args = PyTuple_Pack(1, data);
+        m = args ? PyBytes_Type.tp_new((PyTypeObject *)DatagramType, args, NULL) : NULL;
+        Py_XDECREF(args);
+    }
     if (m == NULL || PyObject_SetAttr(m, s_ecn, CE) < 0)
         goto fail;
     if ((PyObject *)Py_TYPE(data) == DatagramType) {
@@ -535,14 +552,27 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
                 Py_XDECREF(rng);
                 if (x == NULL)
                     goto out;
-                PyObject *qf = PyFloat_FromDouble(ql);
-                PyObject *p = qf ? PyObject_CallMethodOneArg(red, s_probability, qf) : NULL;
-                Py_XDECREF(qf);
-                mark = p ? PyObject_RichCompareBool(x, p, Py_LT) : -1;
-                Py_DECREF(x);
-                Py_XDECREF(p);
-                if (mark < 0)
-                    goto out;
+                double pmax;
+                if ((PyObject *)Py_TYPE(red) == REDType && PyFloat_CheckExact(x)
+                    && kmin > -TWO53 && kmax < TWO53) {
+                    /* RED.probability between kmin and kmax, as Python works it out
+                       (kmax - kmin exact as a double: both within 2**53) */
+                    if (get_double(red, s_pmax, &pmax) < 0) {
+                        Py_DECREF(x);
+                        goto out;
+                    }
+                    mark = PyFloat_AS_DOUBLE(x) < pmax * (ql - kmin) / (kmax - kmin);
+                    Py_DECREF(x);
+                } else {
+                    PyObject *qf = PyFloat_FromDouble(ql);
+                    PyObject *p = qf ? PyObject_CallMethodOneArg(red, s_probability, qf) : NULL;
+                    Py_XDECREF(qf);
+                    mark = p ? PyObject_RichCompareBool(x, p, Py_LT) : -1;
+                    Py_DECREF(x);
+                    Py_XDECREF(p);
+                    if (mark < 0)
+                        goto out;
+                }
             }
             if (mark) {
                 if (dict_add(c, s_marked, 1) < 0)
@@ -1039,19 +1069,20 @@ fail:
 
 static PyObject *setup(PyObject *self, PyObject *args)
 {
-    if (!PyArg_ParseTuple(args, "OOOOOdL", &PortType, &DrainType, &SwitchHopType, &DatagramType,
-                          &CE, &wire_overhead, &compact_min_stale))
+    if (!PyArg_ParseTuple(args, "OOOOOOdL", &PortType, &DrainType, &SwitchHopType, &DatagramType,
+                          &CE, &REDType, &wire_overhead, &compact_min_stale))
         return NULL;
     Py_INCREF(PortType);
     Py_INCREF(DrainType);
     Py_INCREF(SwitchHopType);
     Py_INCREF(DatagramType);
     Py_INCREF(CE);
+    Py_INCREF(REDType);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"setup", setup, METH_VARARGS, "the fabric's classes: Port, Drain, SwitchHop, Datagram, CE, overhead"},
+    {"setup", setup, METH_VARARGS, "the fabric's classes: Port, Drain, SwitchHop, Datagram, CE, RED, overhead, compaction"},
     {"run_loop", run_loop, METH_VARARGS,
      "run_loop(fabric, heap, end, limit, stop, ports, next_seq, capture) -> (events, hops, stopped)"},
     {NULL, NULL, 0, NULL},
@@ -1084,6 +1115,7 @@ PyMODINIT_FUNC PyInit__softnic_fabric(void)
     INTERN(s_int_telemetry, "int_telemetry"); INTERN(s_tx_by_src, "tx_by_src");
     INTERN(s_kmin, "kmin"); INTERN(s_kmax, "kmax");
     INTERN(s_rng, "rng"); INTERN(s_random, "random"); INTERN(s_probability, "probability");
+    INTERN(s_pmax, "pmax");
     INTERN(s_compact, "_compact"); INTERN(s_record, "record");
     return PyModule_Create(&module);
 }

@@ -140,6 +140,8 @@ class RED:
             raise ValueError(f"RED pmax must be in (0, 1], got {self.pmax}")
 
     def probability(self, qlen: float) -> float:
+        """(Compiled beside it, for this class, in softnic/accel/fabric.c's
+        ``queue_arrive``.)"""
         if qlen <= self.kmin:
             return 0.0
         if qlen >= self.kmax:
@@ -854,7 +856,7 @@ def compiled_loop() -> Any:
         from softnic import accel
         m = accel.fabric_loop()
         if m is not None:
-            m.setup(_Port, _Drain, _SwitchHop, Datagram, CE, float(WIRE_OVERHEAD),
+            m.setup(_Port, _Drain, _SwitchHop, Datagram, CE, RED, float(WIRE_OVERHEAD),
                     _COMPACT_MIN_STALE)
         _compiled = m
     return _compiled
