@@ -24,8 +24,6 @@ the common-case branches and without them.
 from __future__ import annotations
 
 import struct
-from itertools import chain, repeat
-from operator import itemgetter
 from typing import NamedTuple
 
 from ..wire.icrc import crc32, icrc_start
@@ -581,15 +579,22 @@ def cc_lost_from(qp, psn: int) -> None:
     ccs = qp.ccs
     sent = ccs.sent
     # every PSN in ``sent`` was sent, so none is beyond ``max_sent_psn``: those from
-    # ``psn`` on are that range's
+    # ``psn`` on are that range's (walked as ``cc_acked`` walks an ACK's, when it
+    # is not much longer than ``sent``)
     n = psn_diff(qp.req.max_sent_psn, psn) + 1
     if n <= 0:
         return
     if n <= 2 * len(sent):
-        lost = _take_sent(sent, psn, n)
-    else:                       # a long range, few entries: look at each entry instead
-        lost = [sent.pop(p) for p in [p for p in sent if psn_diff(p, psn) >= 0]]
-    ccs.inflight -= sum(map(itemgetter(1), lost))
+        pop = sent.pop
+        nbytes = 0
+        for p in range(psn, psn + n):
+            e = pop(p & PSN_MASK, None)
+            if e is not None:
+                nbytes += e[1]
+        ccs.inflight -= nbytes
+        return
+    for p in [p for p in sent if psn_diff(p, psn) >= 0]:
+        ccs.inflight -= sent.pop(p)[1]
 
 
 def cc_acked(qp, before: int, now: float) -> None:
@@ -602,29 +607,19 @@ def cc_acked(qp, before: int, now: float) -> None:
     if sent:
         n = psn_diff(acked, before)
         if n <= 2 * len(sent):
-            done = _take_sent(sent, (before + 1) & PSN_MASK, n)
-        else:                   # (as cc_lost_from)
-            done = [sent.pop(p) for p in [p for p in sent if psn_diff(p, acked) <= 0]]
-        nbytes = sum(map(itemgetter(1), done))
-        for e in reversed(done):
-            if not e[2]:
-                rtt = now - e[0]          # the newest original packet acknowledged
-                break
+            psns = range(before + 1, before + n + 1)      # (masked below)
+        else:
+            psns = [p for p in sent if psn_diff(p, acked) <= 0]
+        pop = sent.pop
+        for p in psns:
+            e = pop(p & PSN_MASK, None)
+            if e is not None:
+                nbytes += e[1]
+                if not e[2]:
+                    rtt = now - e[0]          # the newest original packet acknowledged
         ccs.inflight -= nbytes
     tel, ccs.rx_telemetry = ccs.rx_telemetry, None
     qp.cc.on_ack(now=now, acked_bytes=nbytes, rtt=rtt, telemetry=tel)
-
-
-def _take_sent(sent: dict, first: int, n: int) -> list:
-    """The entries of PSNs ``first`` .. ``first + n - 1`` (across the PSN space's
-    wrap) taken out of a controlled QP's record of what it sent, those there, in
-    PSN order (the walk in C: an ACK or a loss may cover hundreds of PSNs)."""
-    end = first + n
-    if end <= PSN_MODULUS:
-        psns = range(first, end)
-    else:
-        psns = chain(range(first, PSN_MODULUS), range(end - PSN_MODULUS))
-    return list(filter(None, map(sent.pop, psns, repeat(None))))
 
 
 def generate(dev, qp, now: float, out: list) -> None:
