@@ -408,6 +408,8 @@ def test_packets_presumed_lost_leave_the_in_flight_count_as_the_plain_rule_has_i
     max_sent = (acked + span) & PSN_MASK
     kept = data.draw(st.sets(st.integers(1, span), max_size=300) if span else st.just(set()),
                      label="in sent")
+    if span and data.draw(st.booleans(), label="the highest sent not yet lost"):
+        kept.add(span)
     sent = {(acked + k) & PSN_MASK: (0.0, data.draw(st.integers(60, 4200)), False)
             for k in sorted(kept)}
     psn = (acked + data.draw(st.integers(-3, span + 3), label="lost from")) & PSN_MASK
@@ -417,3 +419,34 @@ def test_packets_presumed_lost_leave_the_in_flight_count_as_the_plain_rule_has_i
     lost = {p for p in sent if psn_diff(p, psn) >= 0}
     assert ccs.sent == {p: e for p, e in sent.items() if p not in lost}
     assert ccs.inflight == 7 + sum(e[1] for p, e in sent.items() if p not in lost)
+
+
+@given(st.data())
+def test_an_ack_takes_what_it_covers_out_of_flight_as_the_plain_rule_has_it(data):
+    """``requester.cc_acked`` takes the PSNs the cumulative ACK moved over out of
+    the record of what was sent: the same entries, bytes, and RTT sample (the
+    newest original packet acknowledged) as walking every entry, across the PSN
+    space's wrap."""
+    from types import SimpleNamespace
+    from softnic.core import requester
+    from softnic.wire.psn import PSN_MASK, psn_diff
+    before = data.draw(st.integers(0, PSN_MASK), label="acked before")
+    span = data.draw(st.integers(1, 300), label="span")
+    kept = data.draw(st.sets(st.integers(1, span), max_size=300), label="in sent")
+    sent = {(before + k) & PSN_MASK: (k * 1e-6, data.draw(st.integers(60, 4200)),
+                                      data.draw(st.booleans()))
+            for k in sorted(kept)}
+    acked = (before + data.draw(st.integers(1, span), label="acked now")) & PSN_MASK
+    got = []
+    ccs = SimpleNamespace(sent=dict(sent), inflight=sum(e[1] for e in sent.values()),
+                          rx_telemetry=None)
+    qp = SimpleNamespace(ccs=ccs, comp=SimpleNamespace(acked_psn=acked),
+                         cc=SimpleNamespace(on_ack=lambda **kw: got.append(kw)))
+    requester.cc_acked(qp, before, now=1.0)
+    done = [p for p in sent if psn_diff(p, acked) <= 0]
+    originals = [p for p in done if not sent[p][2]]
+    assert ccs.sent == {p: e for p, e in sent.items() if p not in done}
+    assert got == [dict(now=1.0, acked_bytes=sum(sent[p][1] for p in done),
+                        rtt=1.0 - sent[originals[-1]][0] if originals else None,
+                        telemetry=None)]
+    assert ccs.inflight == sum(e[1] for e in ccs.sent.values())
