@@ -322,6 +322,10 @@ class Fabric:
     ``capture.record(datagram, src, dst, now)`` called for every delivery.
     """
 
+    #: what the loop writes on every event, as slots (the compiled loop writes them
+    #: in place); ``__dict__`` keeps room for the rest
+    __slots__ = ("_now", "_received", "_stale", "_dropped_unknown", "__dict__", "__weakref__")
+
     def __init__(self, seed: int = 0, *, default_faults: FaultModel = FaultModel.none(),
                  default_delay: float = 1e-6, default_rate_bps: float | None = None,
                  trace: bool = False, capture: Any = None) -> None:
