@@ -53,13 +53,52 @@ static inline double entry_time(PyObject *e)
     return as_double(PyTuple_GET_ITEM(e, 0));
 }
 
+/* PyObject_RichCompareBool(a, b, op), the same answer without the generic path for
+   two floats or two ints of a long long (times, deadlines and seqs); for == and !=
+   an object is equal to itself first, as there. */
+static inline int compare(PyObject *a, PyObject *b, int op)
+{
+    if (a == b && (op == Py_EQ || op == Py_NE))
+        return op == Py_EQ;
+    double x, y;
+    if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b)) {
+        x = PyFloat_AS_DOUBLE(a);
+        y = PyFloat_AS_DOUBLE(b);
+    } else if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        int oa, ob;
+        long long i = PyLong_AsLongLongAndOverflow(a, &oa), j = PyLong_AsLongLongAndOverflow(b, &ob);
+        if (oa || ob || ((i == -1 || j == -1) && PyErr_Occurred())) {
+            PyErr_Clear();
+            return PyObject_RichCompareBool(a, b, op);
+        }
+        switch (op) {
+        case Py_LT: return i < j;
+        case Py_LE: return i <= j;
+        case Py_EQ: return i == j;
+        case Py_NE: return i != j;
+        case Py_GT: return i > j;
+        default: return i >= j;
+        }
+    } else {
+        return PyObject_RichCompareBool(a, b, op);
+    }
+    switch (op) {
+    case Py_LT: return x < y;
+    case Py_LE: return x <= y;
+    case Py_EQ: return x == y;
+    case Py_NE: return x != y;
+    case Py_GT: return x > y;
+    default: return x >= y;
+    }
+}
+
 /* heapq's order on (time, seq, ...) with unique seqs: time, then seq.  -1: error. */
 static inline int entry_lt(PyObject *a, PyObject *b)
 {
     double ta = entry_time(a), tb = entry_time(b);
     if (ta != tb)
         return ta < tb;
-    return PyObject_RichCompareBool(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(b, 1), Py_LT);
+    return compare(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(b, 1), Py_LT);
 }
 
 /* heapq.heappush: steals nothing; the list takes its own reference. */
@@ -89,12 +128,8 @@ static PyObject *heap_pop(PyObject *heap)
 {
     Py_ssize_t n = PyList_GET_SIZE(heap) - 1;
     PyObject **a = ((PyListObject *)heap)->ob_item;
-    PyObject *last = a[n];
-    Py_INCREF(last);
-    if (PyList_SetSlice(heap, n, n + 1, NULL) < 0) {
-        Py_DECREF(last);
-        return NULL;
-    }
+    PyObject *last = a[n];              /* the list's reference becomes ours: */
+    Py_SET_SIZE(heap, n);               /* as list.pop() shrinks it (the allocation kept) */
     if (n == 0)
         return last;
     a = ((PyListObject *)heap)->ob_item;
@@ -606,7 +641,7 @@ static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *p
         return -1;
     if (deadline == Py_None)
         return 0;                       /* a live entry left in the heap is discarded when it comes up */
-    int later = PyObject_RichCompareBool(deadline, now_obj, Py_GT);
+    int later = compare(deadline, now_obj, Py_GT);
     if (later < 0)
         return -1;
     PyObject *when = later ? deadline : now_obj;   /* virtual time never goes back */
@@ -621,7 +656,7 @@ static int arm(PyObject *fabric, PyObject *heap, PyObject *next_seq, PyObject *p
         PyObject *et = GA(port, s_entry_time);
         if (et == NULL)
             return -1;
-        int ge = PyObject_RichCompareBool(when, et, Py_GE);
+        int ge = compare(when, et, Py_GE);
         Py_DECREF(et);
         if (ge < 0)
             return -1;
@@ -839,7 +874,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
             PyObject *es = GA(port, s_entry_seq);
             if (es == NULL)
                 goto fail;
-            int same = PyObject_RichCompareBool(seq, es, Py_EQ);
+            int same = compare(seq, es, Py_EQ);
             Py_DECREF(es);
             if (same < 0)
                 goto fail;
@@ -1026,7 +1061,7 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
             if (deadline == NULL)
                 goto fail;
             PyObject *armed = GA(port, s_armed);
-            int ne = armed ? PyObject_RichCompareBool(deadline, armed, Py_NE) : -1;
+            int ne = armed ? compare(deadline, armed, Py_NE) : -1;
             Py_XDECREF(armed);
             if (ne > 0) {
                 ne = arm(fabric, heap, next_seq, port, deadline, at_obj);
