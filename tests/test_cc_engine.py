@@ -412,7 +412,10 @@ def test_packets_presumed_lost_leave_the_in_flight_count_as_the_plain_rule_has_i
         kept.add(span)
     sent = {(acked + k) & PSN_MASK: (0.0, data.draw(st.integers(60, 4200)), False)
             for k in sorted(kept)}
-    psn = (acked + data.draw(st.integers(-3, span + 3), label="lost from")) & PSN_MASK
+    offsets = st.integers(-3, span + 3)
+    if kept:                                    # often a PSN that was sent
+        offsets = st.sampled_from(sorted(kept)) | offsets
+    psn = (acked + data.draw(offsets, label="lost from")) & PSN_MASK
     ccs = SimpleNamespace(sent=dict(sent), inflight=sum(e[1] for e in sent.values()) + 7)
     qp = SimpleNamespace(ccs=ccs, req=SimpleNamespace(max_sent_psn=max_sent))
     requester.cc_lost_from(qp, psn)

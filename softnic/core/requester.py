@@ -593,7 +593,9 @@ def cc_lost_from(qp, psn: int) -> None:
                 nbytes += e[1]
         ccs.inflight -= nbytes
         return
-    for p in [p for p in sent if psn_diff(p, psn) >= 0]:
+    # else (a long range, few entries): each entry at or after ``psn``
+    # (``psn_diff(p, psn) >= 0``, inline: asked per entry)
+    for p in [p for p in sent if not (p - psn) & PSN_HALF]:
         ccs.inflight -= sent.pop(p)[1]
 
 
