@@ -527,3 +527,25 @@ def test_a_class_changed_between_runs_is_read_as_changed(fast_fabric, monkeypatc
     fast = run(fast_fabric)
     assert fast == (0, 19, 40)        # all marked but the first (an empty queue)
     assert fast == run(ReferenceFabric)
+
+
+def test_hosts_that_join_a_switch_after_talking_directly_then_cross_it(fast_fabric):
+    """Two hosts exchange datagrams over their direct link (made when first
+    used), then both join a switch: what they send next crosses the switch's
+    port (queued, counted there), in either loop, as the reference loop has it."""
+    def run(cls):
+        fabric = cls(7)
+        a, b = ("10.2.0.1", 4791), ("10.2.0.2", 4791)
+        fabric.attach(sink := _Burst(a))
+        fabric.attach(src := _Burst(b, a, 5, size=300))
+        fabric.run()
+        direct = len(sink.got)
+        sw = fabric.add_switch("sw", buffer_bytes=None)
+        fabric.connect(b, sw, rate_bps=1e9, delay=1e-6)
+        fabric.connect(a, sw, rate_bps=1e9, delay=1e-6)
+        src.at = fabric.now
+        fabric.run()
+        return direct, len(sink.got), dict(sw.port(a).counters), sink.got
+    fast = run(fast_fabric)
+    assert fast[:2] == (5, 10) and fast[2]["enqueued"] == 5
+    assert fast == run(ReferenceFabric)

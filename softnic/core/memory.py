@@ -369,10 +369,16 @@ class ImplicitMR(MR):
 IMPLICIT_LENGTH = (1 << 64) - 1      # SIZE_MAX: what ibv_reg_mr is given for an implicit MR
 
 
+_REMOTE_WRITE_OR_ATOMIC = int(Access.REMOTE_WRITE | Access.REMOTE_ATOMIC)
+_FLUSH_PERSISTENT = int(Access.FLUSH_PERSISTENT)
+
+
 def _check_mr_access(access: Access) -> None:
     """The access flags a new MR may have."""
-    # IBA o10-37: remote write or atomic needs local write.
-    if access & (Access.REMOTE_WRITE | Access.REMOTE_ATOMIC) and not access & Access.LOCAL_WRITE:
+    # IBA o10-37: remote write or atomic needs local write.  (The flags as an int:
+    # IntFlag operations cost a few enum constructions each.)
+    access = int(access)
+    if access & _REMOTE_WRITE_OR_ATOMIC and not access & _LOCAL_WRITE:
         raise einval("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE")
     _no_persistence(access)
 
@@ -380,7 +386,7 @@ def _check_mr_access(access: Access) -> None:
 def _no_persistence(access: Access) -> None:
     """FLUSH_PERSISTENT is granted only over persistent memory (rxe: pmem pages, else
     EINVAL); softnic's memory is the process's, never persistent."""
-    if access & Access.FLUSH_PERSISTENT:
+    if int(access) & _FLUSH_PERSISTENT:
         raise einval("FLUSH_PERSISTENT needs persistent memory; this is not")
 
 

@@ -458,12 +458,20 @@ class Fabric:
         self._uplinks[address] = EgressQueue(f"nic {_fmt(address)}", rate_bps, sample_every=0)
         self._switch_of[address] = switch
         self._host_faults[address] = replace(faults or FaultModel.none(), rate_bps=None)
+        # the links (and their injectors) made before, between this host and the
+        # switch's others, now cross the switch: made again when next used
+        ports = self._ports
+        injectors = self._injectors
+        port = ports.get(address)
         for other in switch.links:
-            for src, dst in ((address, other), (other, address)):
-                self._injectors.pop((src, dst), None)
-                port = self._ports.get(src)
-                if port is not None:
-                    port.links.pop(dst, None)
+            if injectors:
+                injectors.pop((address, other), None)
+                injectors.pop((other, address), None)
+            if port is not None and port.links:
+                port.links.pop(other, None)
+            p = ports.get(other)
+            if p is not None and p.links:
+                p.links.pop(address, None)
 
     def add_leaf_spine(self, cfg: Any = None, **kw: Any) -> Any:
         """A two-tier Clos (``softnic.transport.clos.LeafSpine``) in this
