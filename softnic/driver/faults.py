@@ -104,7 +104,10 @@ class FaultModel:
 
     @classmethod
     def none(cls) -> FaultModel:
-        """A perfect link: nothing lost, delayed or altered."""
+        """A perfect link: nothing lost, delayed or altered.  (FaultModel's own is
+        made once: a model is frozen, and a fabric asks for one per link.)"""
+        if cls is FaultModel:
+            return _PERFECT
         return cls()
 
     def is_none(self) -> bool:
@@ -173,6 +176,7 @@ class FaultModel:
         if self.queue_bytes != d.queue_bytes:
             parts.append(f"queue={self.queue_bytes}")
         return ",".join(parts) if parts else "none"
+
 
 
 def _number(name: str, value: object) -> float:
@@ -433,3 +437,7 @@ class FaultInjector:
         for bit in self.rng.sample(range(nbits), count):
             buf[bit >> 3] ^= 0x80 >> (bit & 7)
         return bytes(buf)
+
+
+#: ``FaultModel.none()``
+_PERFECT = FaultModel()

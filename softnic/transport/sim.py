@@ -457,7 +457,9 @@ class Fabric:
             rng=self.derive_rng("switch", switch.name, _fmt(address)))
         self._uplinks[address] = EgressQueue(f"nic {_fmt(address)}", rate_bps, sample_every=0)
         self._switch_of[address] = switch
-        self._host_faults[address] = replace(faults or FaultModel.none(), rate_bps=None)
+        faults = faults or FaultModel.none()
+        self._host_faults[address] = faults if faults.rate_bps is None \
+            else replace(faults, rate_bps=None)
         # the links (and their injectors) made before, between this host and the
         # switch's others, now cross the switch: made again when next used
         ports = self._ports
