@@ -217,30 +217,62 @@ static inline PyObject **slot(PyObject *o, PyObject *name, int writing)
     return (PyObject **)((char *)o + slots[h].offset);
 }
 
-/* getattr(o, name): a slot read in place, anything else as Python reads it. */
-static inline PyObject *GA(PyObject *o, PyObject *name)
+/* Each place that reads or writes an attribute keeps what it last found there (a
+   ``site``: the type, the name, the type's version tag, the slot's offset or -1),
+   so a place that sees one type, as most do, finds its slot without a lookup;
+   another type or name, or the type changed, goes through ``slot`` again. */
+struct site {
+    PyTypeObject *type;
+    PyObject *name;                     /* (a place may ask for one of two names) */
+    unsigned int tag;
+    Py_ssize_t offset;                  /* -1: not a slot (or not to be read in place) */
+};
+
+static inline PyObject **site_slot(struct site *s, PyObject *o, PyObject *name, int writing)
 {
-    PyObject **p = slot(o, name, 0);
+    PyTypeObject *t = Py_TYPE(o);
+    if (s->type != t || s->name != name || s->tag != t->tp_version_tag
+        || !(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        PyObject **p = slot(o, name, writing);
+        if (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) {
+            s->type = t;
+            s->name = name;
+            s->tag = t->tp_version_tag;
+            s->offset = p == NULL ? -1 : (Py_ssize_t)((char *)p - (char *)o);
+        }
+        return p;
+    }
+    return s->offset < 0 ? NULL : (PyObject **)((char *)o + s->offset);
+}
+
+/* getattr(o, name): a slot read in place, anything else as Python reads it. */
+static inline PyObject *ga(struct site *s, PyObject *o, PyObject *name)
+{
+    PyObject **p = site_slot(s, o, name, 0);
     if (p != NULL && *p != NULL)
         return Py_NewRef(*p);
     return PyObject_GetAttr(o, name);       /* (an unset slot raises there) */
 }
 
 /* setattr(o, name, v) */
-static inline int SA(PyObject *o, PyObject *name, PyObject *v)
+static inline int sa(struct site *s, PyObject *o, PyObject *name, PyObject *v)
 {
-    PyObject **p = slot(o, name, 1);
+    PyObject **p = site_slot(s, o, name, 1);
     if (p == NULL)
         return PyObject_SetAttr(o, name, v);
     Py_XSETREF(*p, Py_NewRef(v));
     return 0;
 }
 
+/* GA and SA are ga and sa with a site of their own where they are written (as are
+   the helpers below that read or write an attribute) */
+#define GA(o, name) ({ static struct site site_; ga(&site_, (o), (name)); })
+#define SA(o, name, v) ({ static struct site site_; sa(&site_, (o), (name), (v)); })
+
 /* ------------------------------------------------------------------ helpers */
 
-static inline int get_double(PyObject *o, PyObject *name, double *out)
+static inline int take_double(PyObject *v, double *out)
 {
-    PyObject *v = GA(o, name);
     if (v == NULL)
         return -1;
     *out = as_double(v);
@@ -248,15 +280,21 @@ static inline int get_double(PyObject *o, PyObject *name, double *out)
     return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
-static inline int set_double(PyObject *o, PyObject *name, double v)
+/* *out = float(o.name) */
+#define get_double(o, name, out) take_double(GA(o, name), (out))
+
+static inline int set_double_at(struct site *s, PyObject *o, PyObject *name, double v)
 {
     PyObject *f = PyFloat_FromDouble(v);
     if (f == NULL)
         return -1;
-    int r = SA(o, name, f);
+    int r = sa(s, o, name, f);
     Py_DECREF(f);
     return r;
 }
+
+/* o.name = v (a float) */
+#define set_double(o, name, v) ({ static struct site site_; set_double_at(&site_, (o), (name), (v)); })
 
 /* v + by: a new reference (an int that fits in a long long added as one) */
 static PyObject *plus(PyObject *v, long long by)
@@ -294,19 +332,23 @@ static int dict_add(PyObject *d, PyObject *key, long long by)
     return r;
 }
 
-static int attr_add(PyObject *o, PyObject *name, long long by)
+static int attr_add_at(struct site *r, struct site *w, PyObject *o, PyObject *name, long long by)
 {
-    PyObject *v = GA(o, name);
+    PyObject *v = ga(r, o, name);
     if (v == NULL)
         return -1;
     PyObject *s = plus(v, by);
     Py_DECREF(v);
     if (s == NULL)
         return -1;
-    int r = SA(o, name, s);
+    int res = sa(w, o, name, s);
     Py_DECREF(s);
-    return r;
+    return res;
 }
+
+/* o.name += by */
+#define attr_add(o, name, by) \
+    ({ static struct site read_, write_; attr_add_at(&read_, &write_, (o), (name), (by)); })
 
 /* next_seq(): the fabric's ``itertools.count(1).__next__``.  A bound ``__next__`` is
    its iterator's tp_iternext, taken here without the call (the last fabric's
