@@ -514,10 +514,22 @@ fail:
     return NULL;
 }
 
-/* EgressQueue.arrive (a queue with INT, HPCC's telemetry, is left to Python's).
-   *res: (departure time, datagram), or None when dropped; a new reference. */
+/* (a, b), a new tuple */
+static inline PyObject *pair(PyObject *a, PyObject *b)
+{
+    PyObject *t = PyTuple_New(2);
+    if (t != NULL) {
+        PyTuple_SET_ITEM(t, 0, Py_NewRef(a));
+        PyTuple_SET_ITEM(t, 1, Py_NewRef(b));
+    }
+    return t;
+}
+
+/* EgressQueue.arrive (a queue with INT, HPCC's telemetry, is left to Python's):
+   what it returns as (*depart, *res), *res the datagram (a new reference), or
+   None when dropped. */
 static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double now, int ect,
-                        PyObject *src, PyObject **res)
+                        PyObject *src, double *depart_out, PyObject **res)
 {
     PyObject *intt = GA(q, s_int_telemetry);
     if (intt == NULL)
@@ -527,9 +539,27 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
     if (t < 0)
         return -1;
     if (t) {
-        *res = PyObject_CallMethodObjArgs(q, s_arrive, data, now_obj, ect ? Py_True : Py_False,
-                                          src, NULL);
-        return *res ? 0 : -1;
+        PyObject *x = PyObject_CallMethodObjArgs(q, s_arrive, data, now_obj,
+                                                 ect ? Py_True : Py_False, src, NULL);
+        if (x == NULL)
+            return -1;
+        if (x == Py_None) {
+            *res = x;
+            return 0;
+        }
+        if (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) != 2) {
+            PyErr_SetString(PyExc_TypeError, "EgressQueue.arrive gave neither None nor a pair");
+            Py_DECREF(x);
+            return -1;
+        }
+        *depart_out = as_double(PyTuple_GET_ITEM(x, 0));
+        *res = Py_NewRef(PyTuple_GET_ITEM(x, 1));
+        Py_DECREF(x);
+        if (*depart_out == -1.0 && PyErr_Occurred()) {
+            Py_CLEAR(*res);
+            return -1;
+        }
+        return 0;
     }
     Py_ssize_t n = data_len(data);
     if (n < 0)
@@ -552,9 +582,9 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
     if (t) {
         PyObject *samples = GA(q, s_samples);
         PyObject *iq = samples ? PyLong_FromDouble(ql) : NULL;
-        PyObject *pair = iq ? PyTuple_Pack(2, now_obj, iq) : NULL;
-        int a = pair ? PyList_Append(samples, pair) : -1;
-        Py_XDECREF(pair);
+        PyObject *sample = iq ? pair(now_obj, iq) : NULL;
+        int a = sample ? PyList_Append(samples, sample) : -1;
+        Py_XDECREF(sample);
         Py_XDECREF(iq);
         Py_XDECREF(samples);
         if (a < 0)
@@ -661,12 +691,9 @@ static int queue_arrive(PyObject *q, PyObject *data, PyObject *now_obj, double n
             }
         }
     }
-    {
-        PyObject *d = PyFloat_FromDouble(depart);
-        *res = d ? PyTuple_Pack(2, d, out) : NULL;
-        Py_XDECREF(d);
-        r = *res ? 0 : -1;
-    }
+    *depart_out = depart;
+    *res = Py_NewRef(out);
+    r = 0;
 out:
     Py_XDECREF(v);
     Py_XDECREF(red);
@@ -862,20 +889,20 @@ static PyObject *run_loop(PyObject *self, PyObject *args)
                     PyObject *queue = GA(target, s_queue), *res = NULL;
                     if (queue == NULL)
                         goto fail;
-                    int a = queue_arrive(queue, data, at_obj, at, ect, src, &res);
+                    double dep = 0.0;
+                    int a = queue_arrive(queue, data, at_obj, at, ect, src, &dep, &res);
                     Py_DECREF(queue);
                     if (a < 0)
                         goto fail;
                     if (res != Py_None) {
-                        double delay, dep = as_double(PyTuple_GET_ITEM(res, 0));
-                        PyObject *drain = dep == -1.0 && PyErr_Occurred() ? NULL
-                                                                           : GA(target, s_drain);
+                        double delay;
+                        PyObject *drain = GA(target, s_drain);
                         if (drain == NULL || get_double(target, s_delay, &delay) < 0) {
                             Py_XDECREF(drain);
                             Py_DECREF(res);
                             goto fail;
                         }
-                        PyObject *e = make5(next_seq, dep + delay, drain, PyTuple_GET_ITEM(res, 1), src);
+                        PyObject *e = make5(next_seq, dep + delay, drain, res, src);
                         Py_DECREF(res);
                         PyObject *live = e ? GA(drain, s_live) : NULL;
                         int r = -1;

@@ -124,7 +124,7 @@ class _Link:
 WIRE_OVERHEAD = 28
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RED:
     """ECN marking as DCQCN's switches do it (RED on the instantaneous queue):
     no mark below ``kmin`` bytes, probability rising linearly to ``pmax`` at
