@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -266,11 +267,15 @@ class _IncastRun:
         steady_from = cfg.duration * 0.5
         if cfg.late_join is not None:
             steady_from = max(steady_from, cfg.late_join + (cfg.duration - cfg.late_join) * 0.5)
-        steady = [i for i, t in enumerate(times) if t > steady_from]
-        means = [sum(f.goodput_gbps[i] for i in steady) / max(1, len(steady)) for f in series]
+        # the bins' times and the queue's samples are in time order (the fabric's
+        # events are): what follows steady_from is a tail of each
+        first = bisect_right(times, steady_from)
+        steady = range(first, len(times))
+        means = [sum(f.goodput_gbps[first:]) / max(1, len(steady)) for f in series]
         # sorted once here: percentile() sorts each time, in linear time when sorted
         q_all = sorted(map(itemgetter(1), port.samples))
-        q_steady = sorted([q for t, q in port.samples if t > steady_from])
+        q_steady = sorted(map(itemgetter(1), port.samples[
+            bisect_right(port.samples, steady_from, key=itemgetter(0)):]))
         pc = port.stats(self.fabric.now) if cfg.pfc else port.counters
         goodput = sum(sum(f.goodput_gbps) for f in series) * cfg.bin / cfg.duration
         late = None
