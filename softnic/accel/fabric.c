@@ -53,6 +53,19 @@ static inline double entry_time(PyObject *e)
     return as_double(PyTuple_GET_ITEM(e, 0));
 }
 
+/* op's answer from a comparison's three outcomes (a NaN: none of them) */
+static inline int answer(int lt, int eq, int gt, int op)
+{
+    switch (op) {
+    case Py_LT: return lt;
+    case Py_LE: return lt || eq;
+    case Py_EQ: return eq;
+    case Py_NE: return !eq;
+    case Py_GT: return gt;
+    default: return gt || eq;
+    }
+}
+
 /* PyObject_RichCompareBool(a, b, op), the same answer without the generic path for
    two floats or two ints of a long long (times, deadlines and seqs); for == and !=
    an object is equal to itself first, as there. */
@@ -60,36 +73,18 @@ static inline int compare(PyObject *a, PyObject *b, int op)
 {
     if (a == b && (op == Py_EQ || op == Py_NE))
         return op == Py_EQ;
-    double x, y;
     if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b)) {
-        x = PyFloat_AS_DOUBLE(a);
-        y = PyFloat_AS_DOUBLE(b);
-    } else if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return answer(x < y, x == y, x > y, op);
+    }
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
         int oa, ob;
         long long i = PyLong_AsLongLongAndOverflow(a, &oa), j = PyLong_AsLongLongAndOverflow(b, &ob);
-        if (oa || ob || ((i == -1 || j == -1) && PyErr_Occurred())) {
-            PyErr_Clear();
-            return PyObject_RichCompareBool(a, b, op);
-        }
-        switch (op) {
-        case Py_LT: return i < j;
-        case Py_LE: return i <= j;
-        case Py_EQ: return i == j;
-        case Py_NE: return i != j;
-        case Py_GT: return i > j;
-        default: return i >= j;
-        }
-    } else {
-        return PyObject_RichCompareBool(a, b, op);
+        if (!oa && !ob && !((i == -1 || j == -1) && PyErr_Occurred()))
+            return answer(i < j, i == j, i > j, op);
+        PyErr_Clear();
     }
-    switch (op) {
-    case Py_LT: return x < y;
-    case Py_LE: return x <= y;
-    case Py_EQ: return x == y;
-    case Py_NE: return x != y;
-    case Py_GT: return x > y;
-    default: return x >= y;
-    }
+    return PyObject_RichCompareBool(a, b, op);
 }
 
 /* heapq's order on (time, seq, ...) with unique seqs: time, then seq.  -1: error. */
