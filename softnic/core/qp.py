@@ -61,7 +61,7 @@ def _gid_address(dgid: str, port: int) -> tuple[str, int]:
 @functools.lru_cache(maxsize=4096)
 def _dest_of(dgid: str, port: int) -> tuple[str, int] | None:
     """``_gid_address``, or None for a GID that names no port (a QP's address
-    vector before RTR: ``::``), kept as the addresses are."""
+    vector before RTR: ``::``) or is refused; cached as ``_gid_address`` is."""
     try:
         return _gid_address(dgid, port)
     except VerbsError:
@@ -261,8 +261,8 @@ def attr_with(cur: QPAttr, changes: dict) -> QPAttr:
     return attr
 
 
-assert not hasattr(QPAttr, "__post_init__") and \
-    {f.name for f in fields(QPAttr)} == set(QPAttr().__dict__), "attr_with copies QPAttr's __dict__"
+if hasattr(QPAttr, "__post_init__") or {f.name for f in fields(QPAttr)} != set(QPAttr().__dict__):
+    raise TypeError("attr_with copies QPAttr's __dict__: its fields must all be plain")
 
 
 # ---------------------------------------------------------------- work requests

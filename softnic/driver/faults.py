@@ -178,7 +178,6 @@ class FaultModel:
         return ",".join(parts) if parts else "none"
 
 
-
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"FaultModel.{name} must be a number, got {value!r}")
