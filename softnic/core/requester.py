@@ -27,7 +27,7 @@ import struct
 from typing import NamedTuple
 
 from ..wire.icrc import crc32, icrc_start
-from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
+from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_before, psn_diff
 from ..wire.roce import BTH_ACKREQ, BTH_FMT, BTH_LEN, BTH_PAD_SHIFT, BTH_RETH_STRUCT, \
     BTH_SE, BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, OPCODES, QPN_MASK, IETH_LEN, IMMDT_LEN, \
     RETH_LEN, Opcode as O, bth_word0, encode, encode_middle
@@ -594,8 +594,7 @@ def cc_lost_from(qp, psn: int) -> None:
         ccs.inflight -= nbytes
         return
     # else (a long range, few entries): each entry at or after ``psn``
-    # (``psn_diff(p, psn) >= 0``, inline: asked per entry)
-    for p in [p for p in sent if not (p - psn) & PSN_HALF]:
+    for p in [p for p in sent if not psn_before(p, psn)]:
         ccs.inflight -= sent.pop(p)[1]
 
 
