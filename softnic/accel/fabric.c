@@ -163,59 +163,28 @@ fail:
 /* ------------------------------------------------------------------ attributes */
 
 /* The member a slot of ``__slots__`` is (T_OBJECT_EX), as generic attribute access
-   finds it: a data descriptor of the type, which no instance dict overrides.
-   What ``_PyType_Lookup`` finds for a (type, name) is kept here with the type's
-   version tag, as the type's own method cache keeps it: a type changed since, or
-   one without a valid tag, is looked up again.  (A tag is never reused, so a type
-   freed and another made at its address cannot match.) */
-#define SLOT_CACHE 512
-static struct {
-    PyTypeObject *type;
-    PyObject *name;                     /* one of this file's interned names */
-    unsigned int tag;
-    Py_ssize_t offset;                  /* -1: not a slot */
-    int readonly;
-} slots[SLOT_CACHE];
-
-static inline PyObject **slot(PyObject *o, PyObject *name, int writing)
+   finds it: a data descriptor of the type, which no instance dict overrides. */
+static PyObject **slot(PyObject *o, PyObject *name, int writing)
 {
     PyTypeObject *t = Py_TYPE(o);
     if (writing ? t->tp_setattro != PyObject_GenericSetAttr
                 : t->tp_getattro != PyObject_GenericGetAttr)
         return NULL;
-    size_t h = (((uintptr_t)t >> 4) ^ ((uintptr_t)name >> 3)) & (SLOT_CACHE - 1);
-    if (slots[h].type != t || slots[h].name != name || slots[h].tag != t->tp_version_tag
-        || !(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        PyObject *d = _PyType_Lookup(t, name);          /* borrowed; the type's cache */
-        Py_ssize_t offset = -1;
-        int readonly = 1;
-        if (d != NULL && Py_TYPE(d) == &PyMemberDescr_Type) {
-            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-            if (m->type == T_OBJECT_EX) {
-                offset = m->offset;
-                readonly = (m->flags & READONLY) != 0;
-            }
-        }
-        if (!(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {        /* not to be kept */
-            if (offset < 0 || (writing && readonly))
-                return NULL;
-            return (PyObject **)((char *)o + offset);
-        }
-        slots[h].type = t;
-        slots[h].name = name;
-        slots[h].tag = t->tp_version_tag;
-        slots[h].offset = offset;
-        slots[h].readonly = readonly;
-    }
-    if (slots[h].offset < 0 || (writing && slots[h].readonly))
+    PyObject *d = _PyType_Lookup(t, name);              /* borrowed; the type's cache */
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type)
         return NULL;
-    return (PyObject **)((char *)o + slots[h].offset);
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (writing && (m->flags & READONLY)))
+        return NULL;
+    return (PyObject **)((char *)o + m->offset);
 }
 
 /* Each place that reads or writes an attribute keeps what it last found there (a
    ``site``: the type, the name, the type's version tag, the slot's offset or -1),
    so a place that sees one type, as most do, finds its slot without a lookup;
-   another type or name, or the type changed, goes through ``slot`` again. */
+   another type or name, or the type changed, goes through ``slot`` again.  (A
+   version tag is never reused, so a type freed and another made at its address
+   cannot match.) */
 struct site {
     PyTypeObject *type;
     PyObject *name;                     /* (a place may ask for one of two names) */
