@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +55,10 @@ def machine(monkeypatch):
     monkeypatch.setattr(doctor, "hugepages", lambda: 0 if "hugepages" in lacking else 8)
     monkeypatch.setattr(doctor, "netns_allowed", lambda: (False, "unshare: EPERM")
                         if "netns" in lacking else (True, "root"))
+    monkeypatch.setattr(doctor, "libpython_shared", lambda: None)
+    monkeypatch.setattr(doctor, "compiled", lambda live: {
+        "kernel": (True, "built: /cache/kernel/_softnic_kernel.so"),
+        "fabric": (True, "built: /cache/fabric/_softnic_fabric.so")})
     return Machine()
 
 
@@ -71,8 +78,9 @@ def test_json_shape(machine, capsys):
         assert set(face) == {"title", "ok", "missing", "install", "checks"}, name
         assert face["ok"] is True and face["missing"] == [] and face["install"] == []
         for check in face["checks"]:
-            assert set(check) == {"name", "ok", "detail", "debs", "pip", "fix"}
+            assert set(check) == {"name", "ok", "detail", "debs", "pip", "fix", "note"}
             assert check["ok"] in (True, None) and isinstance(check["detail"], str)
+            assert check["note"] is False
     names = [c["name"] for c in doc["faces"]["c"]["checks"]]
     assert {"C compiler, Python.h, <infiniband/verbs.h>", "package libibverbs-dev",
             "build libibverbs.so.1", "ibv_devinfo under softnic exec"} <= set(names)
@@ -193,6 +201,89 @@ def test_user_says_whether_root_and_what_needs_it(machine, capsys, monkeypatch, 
         assert "network namespaces" in check["detail"] and "huge pages" in check["detail"]
     else:
         assert check["detail"].startswith("root:") and "--allow-run-as-root" in check["detail"]
+
+
+def test_a_shared_libpython_is_a_note_not_a_failure(machine, capsys, monkeypatch):
+    """An interpreter that runs from a libpython shared library works, slower: the
+    doctor says so, with the measurement and how to choose another, and the face
+    still works."""
+    rc, doc = run_doctor(capsys)
+    (check,) = [c for c in doc["faces"]["python"]["checks"] if c["name"] == "interpreter build"]
+    assert check["ok"] is True and check["note"] is False and "statically linked" in check["detail"]
+    monkeypatch.setattr(doctor, "libpython_shared",
+                        lambda: "/opt/py/lib/libpython3.11.so.1.0")
+    rc, doc = run_doctor(capsys)
+    assert rc == 0 and doc["faces"]["python"]["ok"] is True
+    (check,) = [c for c in doc["faces"]["python"]["checks"] if c["name"] == "interpreter build"]
+    assert check["ok"] is True and check["note"] is True
+    assert "/opt/py/lib/libpython3.11.so.1.0" in check["detail"]
+    assert "tools/install.sh --python /usr/bin/python3" in check["detail"]
+    assert softnic(["doctor", "--no-live", "--face", "python"]) == 0
+    assert "  note    interpreter build" in capsys.readouterr().out
+
+
+def test_compiled_modules_missing_are_notes(machine, capsys, monkeypatch):
+    """The per-packet kernel and the simulator's loop: built (ok), not built yet under
+    --no-live (not run), or not to be had here (a note with the reason: softnic runs
+    its Python loops, and the face works)."""
+    rc, doc = run_doctor(capsys)
+    checks = {c["name"]: c for c in doc["faces"]["python"]["checks"]}
+    assert checks["compiled per-packet kernel"]["ok"] is True
+    assert checks["compiled simulator loop"]["detail"].startswith("built: ")
+    monkeypatch.setattr(doctor, "compiled", lambda live: {
+        "kernel": (False, "RuntimeError: no C compiler (Debian: gcc)"),
+        "fabric": (None, "not built yet (softnic builds it on first use; --no-live builds "
+                         "nothing)")})
+    rc, doc = run_doctor(capsys)
+    assert rc == 0 and doc["faces"]["python"]["ok"] is True
+    checks = {c["name"]: c for c in doc["faces"]["python"]["checks"]}
+    kernel, loop = checks["compiled per-packet kernel"], checks["compiled simulator loop"]
+    assert kernel["ok"] is True and kernel["note"] is True and "no C compiler" in kernel["detail"]
+    assert loop["ok"] is None and loop["note"] is False
+
+
+def test_libpython_probe_agrees_with_ldd():
+    """``libpython_shared`` finds the shared library exactly when the interpreter's
+    executable links one (as ldd says), for this interpreter and for Debian's."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no ldd (libc-bin)")
+        pytest.skip("no ldd")
+    pythons = [sys.executable] + [p for p in (doctor.SYSTEM_PYTHON,) if os.path.exists(p)]
+    for py in pythons:
+        linked = re.search(r"(libpython3[.\d]*\.so[.\d]*) =>", subprocess.run(
+            [ldd, os.path.realpath(py)], capture_output=True, text=True).stdout)
+        found = subprocess.run(
+            [py, "-c", "from softnic.cli import doctor; print(doctor.libpython_shared())"],
+            capture_output=True, text=True, check=True, env={
+                **os.environ, "PYTHONPATH": str(Path(doctor.__file__).parents[2])}
+        ).stdout.strip()
+        if linked:
+            assert found.endswith(linked.group(1)), (py, found, linked.group(1))
+        else:
+            assert found == "None", (py, found)
+
+
+def test_compiled_probe_builds_live_and_finds_the_build_after(monkeypatch, tmp_path):
+    """``compiled``, for real: --no-live's look in an empty cache finds nothing;
+    live it builds (or loads) both modules, as softnic's first use does; then the
+    look in the cache finds the files."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert {name: built for name, (built, _) in doctor.compiled(live=False).items()} == {
+        "kernel": None, "fabric": None}
+    monkeypatch.undo()
+    live = doctor.compiled(live=True)
+    if not (live["kernel"][0] and live["fabric"][0]):
+        why = f"softnic's compiled modules cannot be built here: {live}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + " (.ci/run installs gcc and Python's headers)")
+        pytest.skip(why)
+    assert live["kernel"][1].startswith("built: cffi kernel, CRC-32 by ")
+    cached = doctor.compiled(live=False)
+    for name in ("kernel", "fabric"):
+        built, detail = cached[name]
+        assert built is True and Path(detail.removeprefix("built: ")).is_file(), cached
 
 
 def test_package_list_script_is_the_doctors():

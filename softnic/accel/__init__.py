@@ -183,6 +183,18 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
     return target
 
 
+def cached() -> dict[str, Path | None]:
+    """The builds this interpreter would load, if they are in the cache already:
+    ``{"kernel": path or None, "fabric": path or None}``.  Builds nothing (``softnic
+    doctor --no-live``)."""
+    from softnic.driver.hostfiles import cache_home
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    kernel = cache_dir() / (MODULE + suffix)
+    fabric = cache_home() / "fabric" / _fabric_key() / (FABRIC_MODULE + suffix)
+    return {"kernel": kernel if kernel.exists() else None,
+            "fabric": fabric if fabric.exists() else None}
+
+
 _fabric: object = None
 _fabric_tried = False
 #: why ``fabric_loop()`` returned None (empty when it did not)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import random
 import re
 import shutil
@@ -52,13 +53,16 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 @dataclass
 class Check:
     """One thing a face needs.  ``ok`` is None when the check was not run (a check it
-    depends on failed, or ``--no-live``).  ``debs`` and ``pip`` are what installs it."""
+    depends on failed, or ``--no-live``).  ``debs`` and ``pip`` are what installs it.
+    ``note``: the face works, but slower than it could here (``detail`` says why and
+    what to do); printed as ``note``, not ``ok``."""
     name: str
     ok: bool | None
     detail: str
     debs: list[str] = field(default_factory=list)
     pip: list[str] = field(default_factory=list)
     fix: str = ""               # any other command that fixes it
+    note: bool = False
 
 
 @dataclass
@@ -164,6 +168,36 @@ NEEDS_ROOT = ("installing Debian packages", "reserving huge pages (vm.nr_hugepag
 
 def which(program: str) -> str | None:
     return shutil.which(program)
+
+
+def libpython_shared() -> str | None:
+    """The libpython shared library this interpreter runs from (a build configured
+    with ``--enable-shared``, as pyenv's here), or None: statically linked (as
+    Debian's /usr/bin/python3), or no /proc to tell."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    found = re.search(r"\s(/\S*/libpython3[.\d]*\.so[.\d]*)$", maps, re.M)
+    return found.group(1) if found else None
+
+
+def compiled(live: bool) -> dict[str, tuple[bool | None, str]]:
+    """softnic's two compiled modules for this interpreter (``softnic.accel``): the
+    per-packet kernel and the simulator's event loop, each ``(built, detail)``.
+    ``live``: built now if not cached (what softnic does on first use), else only
+    looked for in the cache (``built`` None when it is not there yet)."""
+    from .. import accel
+    if not live:
+        found = accel.cached()
+        return {name: (True, f"built: {path}") if path is not None else
+                (None, "not built yet (softnic builds it on first use; --no-live builds "
+                       "nothing)") for name, path in found.items()}
+    k = accel.load()
+    fab = accel.fabric_loop()
+    return {"kernel": (True, f"built: {accel.describe()}") if k is not None else
+            (False, accel.error),
+            "fabric": (True, "built") if fab is not None else (False, accel.fabric_error)}
 
 
 def hugepages() -> int:
@@ -340,14 +374,46 @@ class Doctor:
                         fix="" if v[:2] >= MIN_PYTHON else
                         "install Python 3.11 or later (Debian 12: apt-get install python3)")]
         checks.append(self._user())
+        checks.append(self._interpreter())
         checks += self._dependencies()
         ip_err = bind_udp("127.0.0.2") or bind_udp(f"127.{random.randrange(20, 250)}.1.2")
         checks.append(Check("loopback", ip_err is None, "binds UDP on 127.x.y.z (a device "
                             "per address)" if ip_err is None else f"cannot bind UDP on "
                             f"127.x.y.z: {ip_err}", fix="" if ip_err is None else
                             "bring up lo with 127.0.0.0/8 (ip link set lo up)"))
+        checks += self._compiled()
         checks.append(self._live_python(checks))
         return checks
+
+    def _interpreter(self) -> Check:
+        """How this CPython was built, where it costs softnic speed: a build whose
+        interpreter is a shared library (``--enable-shared``) ran softnic slower than
+        a statically linked one (docs/performance.md, "The interpreter's build")."""
+        v = sys.version_info
+        name = f"{platform.python_implementation()} {v.major}.{v.minor}.{v.micro}"
+        lib = libpython_shared()
+        if lib is None:
+            return Check("interpreter build", True, f"{name}, statically linked (no "
+                         "libpython shared library)")
+        return Check("interpreter build", True, f"{name} runs from {lib}, a shared-library "
+                     "build: on 2026-12-04 Debian's statically linked CPython 3.11.2 ran "
+                     "softnic's engine and simulator 1.2x as fast per CPU second as pyenv's "
+                     "shared one (docs/performance.md); tools/install.sh --python "
+                     f"{SYSTEM_PYTHON} makes softnic's venv on Debian's", note=True)
+
+    def _compiled(self) -> list[Check]:
+        """softnic's compiled modules (``softnic.accel``): without them it runs the
+        same loops in Python, which works, slower."""
+        labels = {"kernel": "compiled per-packet kernel",
+                  "fabric": "compiled simulator loop"}
+        out = []
+        for name, (built, detail) in compiled(self.live).items():
+            if built is False:
+                out.append(Check(labels[name], True, f"not in use ({detail}): softnic runs "
+                                 "the same loops in Python, slower", note=True))
+            else:
+                out.append(Check(labels[name], built, detail))
+        return out
 
     def _user(self) -> Check:
         """Who runs softnic, and what that means: every face works for any user."""
@@ -536,7 +602,7 @@ def render(faces: dict[str, Face]) -> str:
         lines.append(f"{face.name}: {'works' if face.ok else 'DOES NOT WORK'} -- {face.title}")
         width = max(len(c.name) for c in face.checks)
         for c in face.checks:
-            mark = {True: "ok", False: "MISSING", None: "-"}[c.ok]
+            mark = "note" if c.ok and c.note else {True: "ok", False: "MISSING", None: "-"}[c.ok]
             lines.append(f"  {mark:<8}{c.name:<{width}}  {c.detail}")
         for cmd in face.install():
             lines.append(f"  install: {cmd}")
