@@ -398,8 +398,8 @@ class Doctor:
         return Check("interpreter build", True, f"{name} runs from {lib}, a shared-library "
                      "build: on 2026-12-04 Debian's statically linked CPython 3.11.2 ran "
                      "softnic's engine and simulator 1.2x as fast per CPU second as pyenv's "
-                     "shared one (docs/performance.md); tools/install.sh --python "
-                     f"{SYSTEM_PYTHON} makes softnic's venv on Debian's", note=True)
+                     "shared one, for Python programs (docs/performance.md); tools/install.sh "
+                     f"--python {SYSTEM_PYTHON} makes softnic's venv on Debian's", note=True)
 
     def _compiled(self) -> list[Check]:
         """softnic's compiled modules (``softnic.accel``): without them it runs the
