@@ -25,6 +25,7 @@ from softnic.core.device import Device, DeviceConfig  # noqa: E402
 from softnic.core.enums import SendFlags, WROpcode as W  # noqa: E402
 from softnic.core.qp import RecvWR, SendWR  # noqa: E402
 from softnic.experiments.rig import connect  # noqa: E402
+from softnic.cli.doctor import libpython_shared  # noqa: E402
 
 OPS = {"write": W.RDMA_WRITE, "send": W.SEND, "read": W.RDMA_READ,
        "atomic": W.ATOMIC_FETCH_AND_ADD}
@@ -99,6 +100,7 @@ def main(argv=None) -> int:
     print(f"engine 8 B {args.op.upper()} ping-pong "
           f"({'general path' if args.no_fast_path else 'fast paths'},"
           f" {sys.implementation.name} {sys.version.split()[0]}"
+          f" {'libpython shared' if libpython_shared() else 'statically linked'}"
           f"{', CPU time' if args.cpu else ''}): "
           f"{best / 2 * 1e6:.1f} us per one-way ({ANSWERS[args.op]}, completion)")
     return 0

@@ -217,7 +217,8 @@ def _fabric16(digest: bool = True) -> dict:
     res = {"port": sw.port(recv.address).counters, "received": [d.n for d in hosts]}
     return dict(workload="fabric16", wall_s=wall, cpu_s=cpu, host_events=host,
                 events=host + hops, virtual_s=0.02, delivered=fabric._received,
-                digest=_digest(res, host, hops) if digest else None, breakdown=None)
+                digest=_digest(res, host, hops) if digest else None, breakdown=None,
+                loop=_loop(sim, [fabric]))
 
 
 def _run(name: str, breakdown: bool = False, digest: bool = True) -> dict:
@@ -412,7 +413,10 @@ def main() -> int:
         return 0
     names = ["incast16"] if args.quick else args.workloads.split(",")
     trees = [str(ROOT)] + ([args.compare] if args.compare else [])
-    print(f"python {sys.version.split()[0]} ({sys.executable}); load: "
+    sys.path.insert(0, str(ROOT))
+    from softnic.cli.doctor import libpython_shared
+    build = "libpython shared" if libpython_shared() else "statically linked"
+    print(f"python {sys.version.split()[0]} ({sys.executable}, {build}); load: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     if args.opcodes:
