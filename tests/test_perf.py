@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from softnic.cli import perf
+from softnic.cli import doctor, perf
 from softnic.cli import main as cli_main
 from softnic.core import dispatch, responder
 from softnic.core.device import DeviceConfig
@@ -237,7 +237,10 @@ def test_harness_smoke(tmp_path):
     for r in res["table"]:
         assert r["softnic"] > 0 and r["reference"] > 0 and r["ratio"] > 0
     assert res["executable"] == sys.executable
+    shared = doctor.libpython_shared()
+    assert res["python_build"] == ("libpython shared" if shared else "statically linked")
     md = (tmp_path / "perf.md").read_text()
+    assert f"({sys.executable}, {res['python_build']})" in md
     assert md.count("\n| ") >= 8 and "WRITE 64 KiB" in md
     assert (tmp_path / "perf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert res["write_bw_loss_counters"]["fault_dropped_loss"] > 0

@@ -544,7 +544,10 @@ def run(args) -> dict:
     secs = 1.0 if q else args.seconds
     big = 65536
     n_bw = 200 if q else args.iters
+    from softnic.cli.doctor import libpython_shared
     res: dict = {"python": sys.version.split()[0], "python_full": sys.version,
+                 "python_build": "libpython shared" if libpython_shared()
+                 else "statically linked",
                  "executable": sys.executable, "machine": os.uname().nodename,
                  "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                                                   time.gmtime()),
@@ -917,7 +920,8 @@ def _stepper(args):
 
 def markdown(res: dict) -> str:
     lines = [f"softnic perf harness, {res['started']}, Python {res['python']} "
-             f"({res['executable']}), {res['cpus']} CPUs, loopback, best of "
+             f"({res['executable']}, {res.get('python_build', 'build not recorded')}), "
+             f"{res['cpus']} CPUs, loopback, best of "
              f"{len(res['rounds'])} round(s); per-packet loops: {res.get('data_path', '?')}; "
              f"load average (1, 5, 15 min) {_load(res['load_start'])} at the start, "
              f"{_load(res['load_end'])} at the end",
