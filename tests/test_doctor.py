@@ -203,10 +203,13 @@ def test_user_says_whether_root_and_what_needs_it(machine, capsys, monkeypatch, 
         assert check["detail"].startswith("root:") and "--allow-run-as-root" in check["detail"]
 
 
-def test_a_shared_libpython_is_a_note_not_a_failure(machine, capsys, monkeypatch):
+def test_a_shared_libpython_is_a_note_not_a_failure(machine, capsys, monkeypatch, tmp_path):
     """An interpreter that runs from a libpython shared library works, slower: the
-    doctor says so, with the measurement and how to choose another, and the face
-    still works."""
+    doctor says so, with the measurement and how to choose another (the system's
+    python3 when it is 3.11 or later), and the face still works."""
+    system = tmp_path / "python3.12"
+    system.touch()
+    monkeypatch.setattr(doctor, "SYSTEM_PYTHON", str(system))
     rc, doc = run_doctor(capsys)
     (check,) = [c for c in doc["faces"]["python"]["checks"] if c["name"] == "interpreter build"]
     assert check["ok"] is True and check["note"] is False and "statically linked" in check["detail"]
@@ -217,9 +220,17 @@ def test_a_shared_libpython_is_a_note_not_a_failure(machine, capsys, monkeypatch
     (check,) = [c for c in doc["faces"]["python"]["checks"] if c["name"] == "interpreter build"]
     assert check["ok"] is True and check["note"] is True
     assert "/opt/py/lib/libpython3.11.so.1.0" in check["detail"]
-    assert "tools/install.sh --python /usr/bin/python3" in check["detail"]
+    assert f"tools/install.sh --python {system} makes softnic's venv on it" in check["detail"]
     assert softnic(["doctor", "--no-live", "--face", "python"]) == 0
     assert "  note    interpreter build" in capsys.readouterr().out
+    # a system python3 too old for softnic is not offered
+    old = tmp_path / "python3.10"
+    old.touch()
+    monkeypatch.setattr(doctor, "SYSTEM_PYTHON", str(old))
+    rc, doc = run_doctor(capsys)
+    (check,) = [c for c in doc["faces"]["python"]["checks"] if c["name"] == "interpreter build"]
+    assert str(old) not in check["detail"]
+    assert "tools/install.sh --python PYTHON" in check["detail"]
 
 
 def test_compiled_modules_missing_are_notes(machine, capsys, monkeypatch):

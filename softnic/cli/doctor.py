@@ -395,11 +395,18 @@ class Doctor:
         if lib is None:
             return Check("interpreter build", True, f"{name}, statically linked (no "
                          "libpython shared library)")
+        system = re.fullmatch(r"python3\.(\d+)", Path(os.path.realpath(SYSTEM_PYTHON)).name)
+        if system and (3, int(system.group(1))) >= MIN_PYTHON and \
+                os.path.realpath(SYSTEM_PYTHON) != os.path.realpath(sys.executable):
+            other = f"tools/install.sh --python {SYSTEM_PYTHON} makes softnic's venv on it"
+        else:
+            other = ("a statically linked CPython 3.11 or later (one configured without "
+                     "--enable-shared) for softnic's venv: tools/install.sh --python PYTHON")
         return Check("interpreter build", True, f"{name} runs from {lib}, a shared-library "
                      "build: on 2026-12-04 Debian's statically linked CPython 3.11.2 ran "
                      "softnic's engine and simulator 1.2x as fast per CPU second as pyenv's "
-                     "shared one, for Python programs (docs/performance.md); tools/install.sh "
-                     f"--python {SYSTEM_PYTHON} makes softnic's venv on Debian's", note=True)
+                     f"shared one, for Python programs (docs/performance.md); {other}",
+                     note=True)
 
     def _compiled(self) -> list[Check]:
         """softnic's compiled modules (``softnic.accel``): without them it runs the
