@@ -122,14 +122,24 @@ def cache_dir() -> Path:
     return cache_home() / "kernel" / _key()
 
 
+def fabric_dir() -> Path:
+    """Where ``fabric.c``'s build for this interpreter is cached."""
+    from softnic.driver.hostfiles import cache_home
+    return cache_home() / "fabric" / _fabric_key()
+
+
+def _target(dest: Path, module: str) -> Path:
+    """The extension file of ``module`` built into ``dest``."""
+    return dest / (module + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
 def build(dest: Path, verbose: bool = False) -> Path:
     """Compile the module into ``dest``; returns the extension's path."""
     import shutil
     import tempfile
 
     import cffi
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    target = dest / (MODULE + suffix)
+    target = _target(dest, MODULE)
     if target.exists():
         return target
     _toolchain()
@@ -157,8 +167,7 @@ def build(dest: Path, verbose: bool = False) -> Path:
 
 def build_fabric(dest: Path, verbose: bool = False) -> Path:
     """Compile ``fabric.c`` into ``dest``; returns the extension's path."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    target = dest / (FABRIC_MODULE + suffix)
+    target = _target(dest, FABRIC_MODULE)
     if target.exists():
         return target
     import subprocess
@@ -187,10 +196,8 @@ def cached() -> dict[str, Path | None]:
     """The builds this interpreter would load, if they are in the cache already:
     ``{"kernel": path or None, "fabric": path or None}``.  Builds nothing (``softnic
     doctor --no-live``)."""
-    from softnic.driver.hostfiles import cache_home
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    kernel = cache_dir() / (MODULE + suffix)
-    fabric = cache_home() / "fabric" / _fabric_key() / (FABRIC_MODULE + suffix)
+    kernel = _target(cache_dir(), MODULE)
+    fabric = _target(fabric_dir(), FABRIC_MODULE)
     return {"kernel": kernel if kernel.exists() else None,
             "fabric": fabric if fabric.exists() else None}
 
@@ -213,9 +220,7 @@ def fabric_loop(verbose: bool = False):
         if not _fabric_tried:
             _fabric_tried = True
             try:
-                from softnic.driver.hostfiles import cache_home
-                dest = cache_home() / "fabric" / _fabric_key()
-                _fabric = _import(build_fabric(dest, verbose=verbose), FABRIC_MODULE)
+                _fabric = _import(build_fabric(fabric_dir(), verbose=verbose), FABRIC_MODULE)
             except Exception as e:       # no compiler, no headers, a failed build: Python's loop
                 fabric_error = f"{type(e).__name__}: {e}"
         return _fabric
