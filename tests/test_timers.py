@@ -7,24 +7,44 @@ deadline pushes ``(deadline, seq, qp)``; an entry fires if it is still its QP's
 deadline when it reaches the top.  Both are driven by the same random arming and
 clock, with deadlines drawn from a few values so that ties and returns are
 common; what the completer does at a timeout is replaced by a record of it.
+Each runs on the Python ``Timers`` and on the compiled ones (``softnic.accel``'s
+``timers.c``, which ``give_timers`` gives a device).
+
+Then the compiled timers against the Python, everything they read and call in
+play: retransmission, probe and RNR deadlines, a controller's pacing deadline
+and its own timer, QPs made ready and drained, closed QPs and the CM agent's
+timer.  Two devices get the same random steps; every call either makes to the
+completer, a controller, the device or the agent is logged, and the logs, the
+answers, the heaps and the QPs' state must be the same after every step.
 """
 
 from __future__ import annotations
 
+import os
 from heapq import heappop, heappush
 from types import SimpleNamespace
 from unittest import mock
 
+import pytest
 from hypothesis import given, strategies as st
 
+from softnic import accel
 from softnic.core import completer
 from softnic.core.timers import Timers
 
 
+class _QP:
+    """A QP's stand-in: the fields ``Timers`` reads; hashable by identity, as a QP
+    (the device's ready QPs are a dict of them)."""
+
+    def __init__(self, **fields) -> None:
+        self.__dict__.update(fields)
+
+
 def _qp(name: str):
     comp = SimpleNamespace(rto_at=None, probe_at=None, rnr_at=None, rnr_wait=False)
-    return SimpleNamespace(name=name, comp=comp, cc=None, ccs=None, closed=False,
-                           timer_at=None, timer_times=set())
+    return _QP(name=name, comp=comp, cc=None, ccs=None, closed=False,
+               timer_at=None, timer_times=set())
 
 
 class _Host(Timers):
@@ -35,6 +55,33 @@ class _Host(Timers):
         self._tseq = 0
         self.gsi = None
         self._ready = {}
+
+
+def _compiled(host) -> None:
+    """Give ``host`` the compiled timers; fail where they cannot be had."""
+    if not accel.give_timers(host):
+        reason = accel.fabric_error or "not given"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no compiled timers under CI: {reason}")
+        pytest.skip(f"no compiled timers here: {reason}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _built():
+    """The compiled module built (or found) before any property's examples are
+    timed: a first build takes seconds."""
+    accel.fabric_loop()
+
+
+def _make(impl: str) -> _Host:
+    """A ``_Host`` with the timers named: "python" or "compiled"."""
+    host = _Host()
+    if impl == "compiled":
+        _compiled(host)
+    return host
+
+
+IMPLS = pytest.mark.parametrize("impl", ["python", "compiled"])
 
 
 class _Reference:
@@ -80,9 +127,10 @@ _ops = st.lists(st.one_of(
     max_size=60)
 
 
-@given(_ops)
-def test_qps_fire_as_a_push_per_arming_orders_them(ops):
-    host, ref = _Host(), _Reference()
+@IMPLS
+@given(ops=_ops)
+def test_qps_fire_as_a_push_per_arming_orders_them(impl, ops):
+    host, ref = _make(impl), _Reference()
     mine = [_qp(f"q{i}") for i in range(4)]
     theirs = [_qp(f"q{i}") for i in range(4)]
     fired_mine: list = []
@@ -113,10 +161,11 @@ def test_qps_fire_as_a_push_per_arming_orders_them(ops):
                 assert qp.timer_times == {t for t, _, q in host._timers if q is qp}
 
 
-def test_a_paced_qp_keeps_a_small_heap():
+@IMPLS
+def test_a_paced_qp_keeps_a_small_heap(impl):
     """A deadline that returns (the retransmission timeout behind each pacing
     deadline) is not pushed again: the heap holds one entry per distinct time."""
-    host = _Host()
+    host = _make(impl)
     qp = _qp("q")
     qp.comp.rto_at = 5000.0
     host.arm(qp)
@@ -136,3 +185,194 @@ def test_a_paced_qp_keeps_a_small_heap():
     assert fired == [float(k) for k in range(1, 1001)]
     assert host.get_timer() == 5000.0
     assert len(host._timers) == 1
+
+
+# --------------------------------------------------------- compiled against Python
+
+class _Controller:
+    """A controller's stand-in: its own timer at ``at``, which ``on_timer`` moves
+    ``period`` on (None: gone)."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log, self.at, self.period = name, log, None, None
+
+    def next_timer(self):
+        self.log.append(("next_timer", self.name))
+        return self.at
+
+    def on_timer(self, now: float) -> None:
+        self.log.append(("on_timer", self.name, now))
+        self.at = None if self.period is None else now + self.period
+
+
+class _Agent:
+    """The CM agent's stand-in (``dev.gsi``): one deadline."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.at = log, None
+
+    def get_timer(self):
+        self.log.append(("gsi.get_timer",))
+        return self.at
+
+    def handle_timer(self, now: float) -> None:
+        self.log.append(("gsi.handle_timer", now))
+        self.at = None
+
+
+class _Device(_Host):
+    """``_Host`` with what ``handle_timer`` calls on its device."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+        self.busy: set = set()          # QPs whose drain would send something
+
+    def drain_idle(self, qp, now: float) -> bool:
+        self.log.append(("drain_idle", qp.name, now))
+        return qp.name not in self.busy
+
+
+def _world(impl: str):
+    log: list = []
+    dev = _Device(log)
+    if impl == "compiled":
+        _compiled(dev)
+    qps = []
+    for i in range(3):
+        qp = _qp(f"q{i}")
+        if i:                           # q1 and q2 have a controller and pacing
+            qp.cc = _Controller(qp.name, log)
+            qp.ccs = SimpleNamespace(pace_at=None)
+        qp.rearm = i == 1               # q1's timeout arms it again
+        qps.append(qp)
+    qps[2].comp.rto_at = 100.0          # (a later deadline: the arming left to a drain is seen)
+    return log, dev, qps
+
+
+def _on_timeout(dev, qp, now):
+    """The completer's stand-in: what came due is cleared; some QPs arm again
+    from inside it, as the completer does."""
+    dev.log.append(("on_timeout", qp.name, now))
+    c = qp.comp
+    if c.rto_at is not None and c.rto_at <= now:
+        c.rto_at = None
+    c.probe_at = None
+    c.rnr_wait = False
+    c.rnr_at = None
+    if qp.rearm:
+        dev.arm(qp)
+
+
+def _state(dev, qps) -> tuple:
+    def part(o, names):
+        return None if o is None else tuple(getattr(o, n) for n in names)
+    return (
+        [(t, s, qp.name) for t, s, qp in dev._timers],
+        [qp.name for qp in dev._ready],
+        None if dev.gsi is None else dev.gsi.at,
+        [(qp.timer_at, sorted(qp.timer_times), qp.closed,
+          part(qp.comp, ("rto_at", "probe_at", "rnr_at", "rnr_wait")),
+          part(qp.ccs, ("pace_at",)), part(qp.cc, ("at", "period"))) for qp in qps],
+    )
+
+
+_delta = st.sampled_from([None, 0.0, 0.5, 1.0, 2.0])
+_qpi = st.integers(0, 2)
+_steps = st.lists(st.one_of(
+    # a deadline set, then (as the engine does) the QP armed, or not
+    st.tuples(st.just("set"), _qpi,
+              st.sampled_from(["pace_at", "cc_at", "rto_at", "probe_at", "rnr_at", "cc_period"]),
+              _delta, st.booleans()),
+    st.tuples(st.just("busy"), _qpi, st.booleans()),
+    st.tuples(st.just("arm"), _qpi),
+    st.tuples(st.just("tick"), st.sampled_from([0.0, 0.5, 1.0, 1.5])),
+    st.tuples(st.just("get")),
+    st.tuples(st.just("ready"), _qpi),
+    st.tuples(st.just("drain")),
+    st.tuples(st.just("close"), _qpi),
+    st.tuples(st.just("agent"), _delta)),
+    max_size=60)
+
+
+def _step(step, now, log, dev, qps):
+    op = step[0]
+    if op == "set":
+        _, i, field, d, arm = step
+        qp = qps[i]
+        v = None if d is None else now + d
+        if field == "pace_at":
+            if qp.ccs is not None:
+                qp.ccs.pace_at = v
+        elif field == "cc_at":
+            if qp.cc is not None:
+                qp.cc.at = v
+        elif field == "cc_period":
+            if qp.cc is not None:
+                qp.cc.period = None if d is None else d + 0.25
+        else:
+            setattr(qp.comp, field, v)
+            if field == "rnr_at":       # (an RNR wait is both, as the completer sets it)
+                qp.comp.rnr_wait = v is not None
+        if arm:
+            dev.arm(qp)
+    elif op == "busy":
+        _, i, b = step
+        if b:
+            dev.busy.add(qps[i].name)
+        else:
+            dev.busy.discard(qps[i].name)
+    elif op == "arm":
+        dev.arm(qps[step[1]])
+    elif op == "tick":
+        now += step[1]
+        dev.handle_timer(now)
+    elif op == "get":
+        log.append(("get_timer", dev.get_timer()))
+    elif op == "ready":
+        dev._ready[qps[step[1]]] = None
+    elif op == "drain":                 # as Output._outgoing takes them: each armed
+        for qp in list(dev._ready):
+            del dev._ready[qp]
+            if qp.cc is not None:
+                dev.arm(qp)
+    elif op == "close":
+        qps[step[1]].closed = True
+    elif op == "agent":
+        if dev.gsi is None:
+            dev.gsi = _Agent(log)
+        dev.gsi.at = None if step[1] is None else now + step[1]
+    return now
+
+
+@given(steps=_steps)
+def test_the_compiled_timers_take_every_step_as_the_python(steps):
+    py, cc = _world("python"), _world("compiled")
+    now = 0.0
+    with mock.patch.object(completer, "on_timeout", _on_timeout):
+        for k, step in enumerate(steps):
+            t_py = _step(step, now, *py)
+            t_cc = _step(step, now, *cc)
+            assert t_py == t_cc
+            now = t_py
+            assert cc[0] == py[0], (k, step)                    # every call, in order
+            assert _state(*cc[1:]) == _state(*py[1:]), (k, step)
+
+
+def test_the_compiled_timers_are_given_only_where_timers_are_timers_own():
+    """A device class that overrides a timer method keeps its own (as iWARP's
+    does), and what is given is the compiled module's."""
+    class Own(_Host):
+        def get_timer(self):
+            return None
+    assert not accel.give_timers(Own())
+    host = _Host()
+    host._tseq = 41
+    _compiled(host)
+    timers = host.arm.__self__
+    assert type(timers).__name__ == "Timers"
+    assert host.get_timer.__self__ is timers and host.handle_timer.__self__ is timers
+    qp = _qp("q")
+    qp.comp.rto_at = 1.0
+    host.arm(qp)                        # its seqs go on from the device's
+    assert host._timers == [(1.0, 42, qp)] and timers.seq == 42

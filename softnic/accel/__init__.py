@@ -100,8 +100,9 @@ def _key() -> str:
 
 
 def _fabric_key() -> str:
-    """``_key`` for ``fabric.c`` alone (no cffi in it: looking for the loop stays cheap)."""
-    return _sources_key(("fabric.c", "__init__.py"))
+    """``_key`` for ``fabric.c`` and ``timers.c`` (no cffi in them: looking for the
+    loop stays cheap)."""
+    return _sources_key(("objects.h", "fabric.c", "timers.c", "__init__.py"))
 
 
 def _toolchain() -> tuple[str, str]:
@@ -166,7 +167,8 @@ def build(dest: Path, verbose: bool = False) -> Path:
 
 
 def build_fabric(dest: Path, verbose: bool = False) -> Path:
-    """Compile ``fabric.c`` into ``dest``; returns the extension's path."""
+    """Compile ``fabric.c`` and ``timers.c`` into ``dest``; returns the extension's
+    path."""
     target = _target(dest, FABRIC_MODULE)
     if target.exists():
         return target
@@ -178,7 +180,7 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
     os.close(fd)
     try:
         cmd = cc.split() + ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I", inc,
-                            str(HERE / "fabric.c"), "-o", part]
+                            str(HERE / "fabric.c"), str(HERE / "timers.c"), "-o", part]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if verbose or r.returncode:
             sys.stderr.write(" ".join(cmd) + "\n" + r.stdout + r.stderr)
@@ -224,6 +226,27 @@ def fabric_loop(verbose: bool = False):
             except Exception as e:       # no compiler, no headers, a failed build: Python's loop
                 fabric_error = f"{type(e).__name__}: {e}"
         return _fabric
+
+
+def give_timers(dev) -> bool:
+    """Give the device ``dev`` the compiled timers (``timers.c``: ``arm``,
+    ``get_timer`` and ``handle_timer`` of ``softnic.core.timers.Timers``, the same
+    rules) in place of the Python's, if the module beside the simulator's loop can
+    be had here (``fabric_loop()``) and ``dev``'s class runs ``Timers``' own (an
+    iWARP device, which has no such timers, keeps its own).  Its driver or fabric
+    asks, as it gives the kernel.  Returns whether it did."""
+    from softnic.core import completer
+    from softnic.core.timers import Timers
+    m = fabric_loop()
+    if m is None:
+        return False
+    cls = type(dev)
+    for name in ("arm", "get_timer", "handle_timer", "_arm_ready"):
+        if getattr(cls, name, None) is not getattr(Timers, name):
+            return False
+    t = m.timers_for(dev, completer)
+    dev.arm, dev.get_timer, dev.handle_timer = t.arm, t.get_timer, t.handle_timer
+    return True
 
 
 def _import(path: Path, name: str = MODULE):

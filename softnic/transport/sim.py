@@ -368,10 +368,15 @@ class Fabric:
         return self._now
 
     def attach(self, device: Any) -> None:
-        """Add a device, reachable at ``device.address`` from then on."""
+        """Add a device, reachable at ``device.address`` from then on.  A fabric
+        that runs its compiled loop gives the device the compiled timers too
+        (``softnic.accel.give_timers``: the same rules, where they can be had)."""
         address = tuple(device.address)
         if address in self._ports:
             raise ValueError(f"address {address} is already attached")
+        if self.compiled:
+            from softnic import accel
+            accel.give_timers(device)
         self._ports[address] = _Port(device, address)
         self._forget_links(address)
 

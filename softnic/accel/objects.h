@@ -1,0 +1,300 @@
+/* What softnic's CPython extensions share (fabric.c, timers.c): heapq's order and
+   moves on a list of (time, seq, ...) tuples, numbers compared without the generic
+   path, and attribute reads and writes that find a ``__slots__`` slot in place.
+   Each function here does what the Python it names does, with the same answers.
+   Everything is static: each file that includes this has its own copies (and each
+   place that uses GA or SA its own cache). */
+
+#ifndef SOFTNIC_OBJECTS_H
+#define SOFTNIC_OBJECTS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+
+/* ------------------------------------------------------------------ the heap */
+
+/* float(v) of a number (a float or an int as such, without the generic path) */
+static inline double as_double(PyObject *v)
+{
+    if (PyFloat_CheckExact(v))
+        return PyFloat_AS_DOUBLE(v);
+    if (PyLong_CheckExact(v))
+        return PyLong_AsDouble(v);
+    return PyFloat_AsDouble(v);
+}
+
+static inline double entry_time(PyObject *e)
+{
+    return as_double(PyTuple_GET_ITEM(e, 0));
+}
+
+/* op's answer from a comparison's three outcomes (a NaN: none of them) */
+static inline int answer(int lt, int eq, int gt, int op)
+{
+    switch (op) {
+    case Py_LT: return lt;
+    case Py_LE: return lt || eq;
+    case Py_EQ: return eq;
+    case Py_NE: return !eq;
+    case Py_GT: return gt;
+    default: return gt || eq;
+    }
+}
+
+/* PyObject_RichCompareBool(a, b, op), the same answer without the generic path for
+   two floats or two ints of a long long (times, deadlines and seqs), and for == and
+   != of such a number and None (a deadline not set); for == and != an object is
+   equal to itself first, as there. */
+static inline int compare(PyObject *a, PyObject *b, int op)
+{
+    if (a == b && (op == Py_EQ || op == Py_NE))
+        return op == Py_EQ;
+    if ((a == Py_None) != (b == Py_None) && (op == Py_EQ || op == Py_NE)) {
+        PyObject *o = a == Py_None ? b : a;     /* a number is never None */
+        if (PyFloat_CheckExact(o) || PyLong_CheckExact(o))
+            return op == Py_NE;
+    }
+    if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b)) {
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return answer(x < y, x == y, x > y, op);
+    }
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+        int oa, ob;
+        long long i = PyLong_AsLongLongAndOverflow(a, &oa), j = PyLong_AsLongLongAndOverflow(b, &ob);
+        if (!oa && !ob && !((i == -1 || j == -1) && PyErr_Occurred()))
+            return answer(i < j, i == j, i > j, op);
+        PyErr_Clear();
+    }
+    return PyObject_RichCompareBool(a, b, op);
+}
+
+/* heapq's order on (time, seq, ...) with unique seqs: time, then seq.  -1: error. */
+static inline int entry_lt(PyObject *a, PyObject *b)
+{
+    double ta = entry_time(a), tb = entry_time(b);
+    if (ta != tb)
+        return ta < tb;
+    return compare(PyTuple_GET_ITEM(a, 1), PyTuple_GET_ITEM(b, 1), Py_LT);
+}
+
+/* heapq.heappush: steals nothing; the list takes its own reference. */
+static inline int heap_push(PyObject *heap, PyObject *e)
+{
+    if (PyList_Append(heap, e) < 0)
+        return -1;
+    PyObject **a = ((PyListObject *)heap)->ob_item;
+    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
+    PyObject *item = a[pos];
+    while (pos > 0) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        int lt = entry_lt(item, a[parent]);
+        if (lt < 0)
+            return -1;
+        if (!lt)
+            break;
+        a[pos] = a[parent];
+        pos = parent;
+    }
+    a[pos] = item;
+    return 0;
+}
+
+/* heapq.heappop (the heap is not empty): a new reference. */
+static inline PyObject *heap_pop(PyObject *heap)
+{
+    Py_ssize_t n = PyList_GET_SIZE(heap) - 1;
+    PyObject **a = ((PyListObject *)heap)->ob_item;
+    PyObject *last = a[n];              /* the list's reference becomes ours: */
+    Py_SET_SIZE(heap, n);               /* as list.pop() shrinks it (the allocation kept) */
+    if (n == 0)
+        return last;
+    a = ((PyListObject *)heap)->ob_item;
+    PyObject *top = a[0];               /* the list's reference becomes the caller's */
+    /* heapq's _siftup: the smaller child up to a leaf, then last down from there */
+    Py_ssize_t pos = 0, child;
+    while ((child = 2 * pos + 1) < n) {
+        Py_ssize_t right = child + 1;
+        if (right < n) {
+            int lt = entry_lt(a[child], a[right]);
+            if (lt < 0)
+                goto fail;
+            if (!lt)
+                child = right;
+        }
+        a[pos] = a[child];
+        pos = child;
+    }
+    while (pos > 0) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        int lt = entry_lt(last, a[parent]);
+        if (lt < 0)
+            goto fail;
+        if (!lt)
+            break;
+        a[pos] = a[parent];
+        pos = parent;
+    }
+    a[pos] = last;                      /* the reference taken above */
+    return top;
+fail:
+    a[pos] = last;
+    return top;                         /* (the error is set; the caller checks) */
+}
+
+/* ------------------------------------------------------------------ attributes */
+
+/* The member a slot of ``__slots__`` is (T_OBJECT_EX), as generic attribute access
+   finds it: a data descriptor of the type, which no instance dict overrides. */
+static inline PyObject **slot(PyObject *o, PyObject *name, int writing)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (writing ? t->tp_setattro != PyObject_GenericSetAttr
+                : t->tp_getattro != PyObject_GenericGetAttr)
+        return NULL;
+    PyObject *d = _PyType_Lookup(t, name);              /* borrowed; the type's cache */
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type)
+        return NULL;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (writing && (m->flags & READONLY)))
+        return NULL;
+    return (PyObject **)((char *)o + m->offset);
+}
+
+/* Each place that reads or writes an attribute keeps what it last found there (a
+   ``site``: the type, the name, the type's version tag, the slot's offset or -1),
+   so a place that sees one type, as most do, finds its slot without a lookup;
+   another type or name, or the type changed, goes through ``slot`` again.  (A
+   version tag is never reused, so a type freed and another made at its address
+   cannot match.) */
+struct site {
+    PyTypeObject *type;
+    PyObject *name;                     /* (a place may ask for one of two names) */
+    unsigned int tag;
+    Py_ssize_t offset;                  /* -1: not a slot (or not to be read in place) */
+};
+
+static inline PyObject **site_slot(struct site *s, PyObject *o, PyObject *name, int writing)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    if (s->type != t || s->name != name || s->tag != t->tp_version_tag
+        || !(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        PyObject **p = slot(o, name, writing);
+        if (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) {
+            s->type = t;
+            s->name = name;
+            s->tag = t->tp_version_tag;
+            s->offset = p == NULL ? -1 : (Py_ssize_t)((char *)p - (char *)o);
+        }
+        return p;
+    }
+    return s->offset < 0 ? NULL : (PyObject **)((char *)o + s->offset);
+}
+
+/* getattr(o, name): a slot read in place, anything else as Python reads it. */
+static inline PyObject *ga(struct site *s, PyObject *o, PyObject *name)
+{
+    PyObject **p = site_slot(s, o, name, 0);
+    if (p != NULL && *p != NULL)
+        return Py_NewRef(*p);
+    return PyObject_GetAttr(o, name);       /* (an unset slot raises there) */
+}
+
+/* setattr(o, name, v) */
+static inline int sa(struct site *s, PyObject *o, PyObject *name, PyObject *v)
+{
+    PyObject **p = site_slot(s, o, name, 1);
+    if (p == NULL)
+        return PyObject_SetAttr(o, name, v);
+    Py_XSETREF(*p, Py_NewRef(v));
+    return 0;
+}
+
+/* GA and SA are ga and sa with a site of their own where they are written (as are
+   the helpers below that read or write an attribute) */
+#define GA(o, name) ({ static struct site site_; ga(&site_, (o), (name)); })
+#define SA(o, name, v) ({ static struct site site_; sa(&site_, (o), (name), (v)); })
+
+/* ------------------------------------------------------------------ helpers */
+
+static inline int take_double(PyObject *v, double *out)
+{
+    if (v == NULL)
+        return -1;
+    *out = as_double(v);
+    Py_DECREF(v);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* *out = float(o.name) */
+#define get_double(o, name, out) take_double(GA(o, name), (out))
+
+static inline int set_double_at(struct site *s, PyObject *o, PyObject *name, double v)
+{
+    PyObject *f = PyFloat_FromDouble(v);
+    if (f == NULL)
+        return -1;
+    int r = sa(s, o, name, f);
+    Py_DECREF(f);
+    return r;
+}
+
+/* o.name = v (a float) */
+#define set_double(o, name, v) ({ static struct site site_; set_double_at(&site_, (o), (name), (v)); })
+
+/* v + by: a new reference (an int that fits in a long long added as one) */
+static inline PyObject *plus(PyObject *v, long long by)
+{
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow && !(x == -1 && PyErr_Occurred()) && x < (1LL << 62) && x > -(1LL << 62))
+            return PyLong_FromLongLong(x + by);
+        PyErr_Clear();
+    }
+    PyObject *b = PyLong_FromLongLong(by);
+    if (b == NULL)
+        return NULL;
+    PyObject *r = PyNumber_Add(v, b);
+    Py_DECREF(b);
+    return r;
+}
+
+/* d[key] += by, or d[key] = by (an int) */
+static inline int dict_add(PyObject *d, PyObject *key, long long by)
+{
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        v = PyLong_FromLongLong(by);
+    } else {
+        v = plus(v, by);
+    }
+    if (v == NULL)
+        return -1;
+    int r = PyDict_SetItem(d, key, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static inline int attr_add_at(struct site *r, struct site *w, PyObject *o, PyObject *name, long long by)
+{
+    PyObject *v = ga(r, o, name);
+    if (v == NULL)
+        return -1;
+    PyObject *s = plus(v, by);
+    Py_DECREF(v);
+    if (s == NULL)
+        return -1;
+    int res = sa(w, o, name, s);
+    Py_DECREF(s);
+    return res;
+}
+
+/* o.name += by */
+#define attr_add(o, name, by) \
+    ({ static struct site read_, write_; attr_add_at(&read_, &write_, (o), (name), (by)); })
+
+#endif
