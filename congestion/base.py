@@ -74,6 +74,12 @@ class Controller:
         if params:
             raise ValueError(f"{self.name}: unknown parameter(s) {', '.join(sorted(params))}")
         self.flow = flow
+        # the class's defaults made the instance's own: the engine reads both per
+        # packet, and CPython 3.11 caches an instance attribute's place at each
+        # reading site, while a class attribute read through an instance takes the
+        # generic lookup every time
+        self.rate = self.rate
+        self.window = self.window
 
     # -- reaction point (sender) --------------------------------------------
     def on_packet_sent(self, *, now: float, nbytes: int, psn: int, retransmit: bool) -> None:

@@ -25,6 +25,8 @@ try:
 except ImportError:                  # the layout before experiments left softnic/cli
     from softnic.cli import cluster, experiments as ex
 from softnic import accel
+from softnic.core import device as core_device
+from softnic.core.timers import Timers
 from softnic.transport import sim
 from softnic.wire.datagram import Datagram
 from softnic.wire.roce import BTH_LEN, OPCODES
@@ -549,3 +551,37 @@ def test_hosts_that_join_a_switch_after_talking_directly_then_cross_it(fast_fabr
     fast = run(fast_fabric)
     assert fast[:2] == (5, 10) and fast[2]["enqueued"] == 5
     assert fast == run(ReferenceFabric)
+
+
+class PythonTimersDevice(core_device.Device):
+    """A device running the Python timers (``core.timers.Timers``' own methods),
+    whatever ``softnic.accel.give_timers`` made its class's."""
+
+    arm = Timers.arm
+    get_timer = Timers.get_timer
+    handle_timer = Timers.handle_timer
+
+
+@pytest.mark.parametrize("kw", [
+    dict(cc="dcqcn", buffer=96_000),
+    dict(cc="hpcc"),
+    dict(cc="none", selective_repeat=True, buffer=64_000),
+], ids=["dcqcn-drops", "hpcc-int", "none-sr-drops"])
+def test_the_compiled_timers_run_an_incast_as_the_python_timers(monkeypatch, kw):
+    """The same incast with every device on the compiled timers (``timers.c``, as
+    a fabric gives them) and on the Python's: the same deliveries, counts and
+    result, and the compiled ones did run."""
+    cfg = {"senders": 4, "duration": 0.002, **kw}
+    compiled = _incast(monkeypatch, sim.Fabric, **cfg)
+    devices = []
+
+    def made(*a, **k):
+        devices.append(PythonTimersDevice(*a, **k))
+        return devices[-1]
+    monkeypatch.setattr(ex, "Device", made)
+    python = _incast(monkeypatch, sim.Fabric, **cfg)
+    assert devices and type(devices[0]).arm is Timers.arm
+    assert core_device.Device.arm is not Timers.arm, "the compiled timers were not given"
+    assert compiled[1] == python[1]
+    assert compiled[2] == python[2]
+    assert compiled[0] == python[0]

@@ -73,11 +73,17 @@ def _built():
     accel.fabric_loop()
 
 
+class _CompiledHost(_Host):
+    """``_Host`` whose class is given the compiled timers (``give_timers`` gives
+    them to a class, so the Python's stay ``_Host``'s)."""
+
+
 def _make(impl: str) -> _Host:
     """A ``_Host`` with the timers named: "python" or "compiled"."""
-    host = _Host()
-    if impl == "compiled":
-        _compiled(host)
+    if impl == "python":
+        return _Host()
+    host = _CompiledHost()
+    _compiled(host)
     return host
 
 
@@ -233,9 +239,13 @@ class _Device(_Host):
         return qp.name not in self.busy
 
 
+class _CompiledDevice(_Device):
+    """``_Device`` whose class is given the compiled timers."""
+
+
 def _world(impl: str):
     log: list = []
-    dev = _Device(log)
+    dev = _Device(log) if impl == "python" else _CompiledDevice(log)
     if impl == "compiled":
         _compiled(dev)
     qps = []
@@ -361,18 +371,32 @@ def test_the_compiled_timers_take_every_step_as_the_python(steps):
 
 def test_the_compiled_timers_are_given_only_where_timers_are_timers_own():
     """A device class that overrides a timer method keeps its own (as iWARP's
-    does), and what is given is the compiled module's."""
+    does); a class given them has them as its methods (not its devices'
+    attributes), and so have its subclasses; each device keeps its own state."""
     class Own(_Host):
         def get_timer(self):
             return None
     assert not accel.give_timers(Own())
-    host = _Host()
+    assert Own.arm is Timers.arm
+
+    class Given(_Host):
+        pass
+
+    class Sub(Given):
+        pass
+    host = Given()
     host._tseq = 41
     _compiled(host)
-    timers = host.arm.__self__
-    assert type(timers).__name__ == "Timers"
-    assert host.get_timer.__self__ is timers and host.handle_timer.__self__ is timers
+    assert type(host) is Given and Given.arm is not Timers.arm and _Host.arm is Timers.arm
+    assert type(vars(Given)["handle_timer"]).__name__ == "method_descriptor"
+    assert "arm" not in vars(host)
     qp = _qp("q")
     qp.comp.rto_at = 1.0
     host.arm(qp)                        # its seqs go on from the device's
-    assert host._timers == [(1.0, 42, qp)] and timers.seq == 42
+    assert host._timers == [(1.0, 42, qp)] and host._ctimers.seq == 42
+    other = Sub()
+    assert accel.give_timers(other) and Sub.arm is Given.arm
+    qp2 = _qp("q2")
+    qp2.comp.rto_at = 2.0
+    other.arm(qp2)                      # a heap and seqs of its own
+    assert other._timers == [(2.0, 1, qp2)] and host._timers == [(1.0, 42, qp)]

@@ -36,7 +36,12 @@ request is taken.
 Beside it, a second module for the simulator (``fabric.c``, ``fabric_loop()``): the
 event loop of ``softnic.transport.sim.Fabric.run`` over the fabric's own Python
 objects, a CPython extension (it works on Python objects, which cffi does not
-pass), built and cached the same way and turned off by the same variable.
+pass), built and cached the same way and turned off by the same variable.  The same
+extension carries a device's timers (``timers.c``: ``softnic.core.timers.Timers``'
+``arm``, ``get_timer`` and ``handle_timer`` over the device's QPs), which
+``give_timers(dev)`` makes the methods of a device's class in place of the
+Python's: asked by the simulated fabric for its devices, and by a live NIC where
+the kernel is loaded.
 
     python -m softnic.accel [-v]     # build both, check, say which CRC the kernel uses
 """
@@ -228,24 +233,34 @@ def fabric_loop(verbose: bool = False):
         return _fabric
 
 
+#: the device classes whose timers are the compiled ones (``give_timers``)
+_timer_classes: set = set()
+
+
 def give_timers(dev) -> bool:
-    """Give the device ``dev`` the compiled timers (``timers.c``: ``arm``,
+    """Make the timers of ``dev``'s class the compiled ones (``timers.c``: ``arm``,
     ``get_timer`` and ``handle_timer`` of ``softnic.core.timers.Timers``, the same
     rules) in place of the Python's, if the module beside the simulator's loop can
-    be had here (``fabric_loop()``) and ``dev``'s class runs ``Timers``' own (an
-    iWARP device, which has no such timers, keeps its own).  Its driver or fabric
-    asks, as it gives the kernel.  Returns whether it did."""
+    be had here (``fabric_loop()``) and the class runs ``Timers``' own (an iWARP
+    device, which has no such timers, keeps its own).  For the class, not the one
+    device: every device of it (and of its subclasses) runs them from then on, each
+    from its next call, on its own heap.  A driver or fabric asks, as it gives the
+    kernel.  Returns whether the class has them."""
     from softnic.core import completer
     from softnic.core.timers import Timers
+    cls = type(dev)
+    if any(issubclass(cls, c) for c in _timer_classes):
+        return True
     m = fabric_loop()
     if m is None:
         return False
-    cls = type(dev)
     for name in ("arm", "get_timer", "handle_timer", "_arm_ready"):
         if getattr(cls, name, None) is not getattr(Timers, name):
             return False
-    t = m.timers_for(dev, completer)
-    dev.arm, dev.get_timer, dev.handle_timer = t.arm, t.get_timer, t.handle_timer
+    with _lock:
+        for name, method in m.timer_methods(cls, completer).items():
+            setattr(cls, name, method)
+        _timer_classes.add(cls)
     return True
 
 

@@ -12,12 +12,15 @@
    for it, when a QP is left to the drain) live in timers.py; this file is a
    faster way through them.
 
-   ``timers_for(dev)`` makes a device's ``Timers`` object, whose ``arm``,
-   ``get_timer`` and ``handle_timer`` ``softnic.accel.give_timers(dev)`` gives the
-   device in place of the Python's (its driver or fabric asks; a device class that
-   overrides any of them keeps its own).  The object holds the device's heap (the
-   list at ``dev._timers``, which a device never replaces) and counts its seqs
-   (from ``dev._tseq`` on, which the Python's ``arm`` counts in the device).
+   ``timer_methods(cls)`` makes ``arm``, ``get_timer`` and ``handle_timer``
+   methods of a device class; ``softnic.accel.give_timers`` makes them the class's
+   in place of the Python's (a device class that overrides any of them keeps its
+   own).  Methods of the class, not attributes of each device: CPython caches a
+   method's and an attribute's lookup at each reading site only while the device's
+   class and its instances' keys stay as they are.  A device's ``Timers`` object
+   (made on the first call, kept at ``dev._ctimers``) holds its heap (the list at
+   ``dev._timers``, which a device never replaces) and counts its seqs on from
+   ``dev._tseq`` (where the Python's ``arm`` counts them).
    tests/test_timers.py drives both with the same random armings, controllers and
    clock and compares every answer. */
 
@@ -35,7 +38,7 @@ typedef struct {
 static PyObject *s_comp, *s_rto_at, *s_probe_at, *s_rnr_at, *s_cc, *s_ccs, *s_pace_at,
     *s_next_timer, *s_timer_at, *s_timer_times, *s_tseq, *s_timers, *s_ready, *s_gsi,
     *s_get_timer, *s_handle_timer, *s_closed, *s_on_timer, *s_drain_idle, *s_rnr_wait,
-    *s_on_timeout, *kw_now;
+    *s_on_timeout, *s_ctimers, *kw_now;
 
 /* o.name() */
 static inline PyObject *call0(PyObject *o, PyObject *name)
@@ -470,13 +473,6 @@ static PyObject *timers_seq(Timers *self, void *unused)
     return PyLong_FromLongLong(self->seq);
 }
 
-static PyMethodDef timers_methods[] = {
-    {"arm", (PyCFunction)(void (*)(void))timers_arm, METH_FASTCALL, "Timers.arm(qp)"},
-    {"get_timer", (PyCFunction)timers_get_timer, METH_NOARGS, "Timers.get_timer()"},
-    {"handle_timer", (PyCFunction)timers_handle_timer, METH_O, "Timers.handle_timer(now)"},
-    {NULL, NULL, 0, NULL},
-};
-
 static PyGetSetDef timers_getset[] = {
     {"seq", (getter)timers_seq, NULL, "the last seq given a heap entry (Python's dev._tseq)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -491,20 +487,69 @@ static PyTypeObject TimersType = {
     .tp_traverse = (traverseproc)timers_traverse,
     .tp_clear = (inquiry)timers_clear,
     .tp_dealloc = (destructor)timers_dealloc,
-    .tp_methods = timers_methods,
     .tp_getset = timers_getset,
 };
 
-/* timers_for(dev, completer): dev's Timers (its heap ``dev._timers``, a list, and
-   its seqs from ``dev._tseq`` on); ``completer`` is the module whose ``on_timeout``
-   a timeout calls */
-static PyObject *timers_for(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+/* The device's own methods, as a device class's (``timer_methods``): each finds the
+   device's Timers at ``dev._ctimers``. */
+static PyObject *timers_new(PyObject *dev);
+
+static Timers *timers_of(PyObject *dev)
 {
-    if (n != 2) {
-        PyErr_SetString(PyExc_TypeError, "timers_for(dev, completer)");
-        return NULL;
+    PyObject *t = GA(dev, s_ctimers);
+    if (t == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();                          /* the first call: made now */
+        t = timers_new(dev);
+        if (t != NULL && SA(dev, s_ctimers, t) < 0)
+            Py_CLEAR(t);
     }
-    PyObject *dev = args[0];
+    if (t != NULL && Py_TYPE(t) != &TimersType) {
+        PyErr_SetString(PyExc_TypeError, "dev._ctimers is not a device's compiled Timers");
+        Py_CLEAR(t);
+    }
+    return (Timers *)t;
+}
+
+static PyObject *dev_arm(PyObject *dev, PyObject *const *args, Py_ssize_t n)
+{
+    Timers *t = timers_of(dev);
+    if (t == NULL)
+        return NULL;
+    PyObject *r = timers_arm(t, args, n);
+    Py_DECREF(t);
+    return r;
+}
+
+static PyObject *dev_get_timer(PyObject *dev, PyObject *unused)
+{
+    Timers *t = timers_of(dev);
+    if (t == NULL)
+        return NULL;
+    PyObject *r = timers_get_timer(t, NULL);
+    Py_DECREF(t);
+    return r;
+}
+
+static PyObject *dev_handle_timer(PyObject *dev, PyObject *now)
+{
+    Timers *t = timers_of(dev);
+    if (t == NULL)
+        return NULL;
+    PyObject *r = timers_handle_timer(t, now);
+    Py_DECREF(t);
+    return r;
+}
+
+static PyMethodDef dev_methods[] = {
+    {"arm", (PyCFunction)(void (*)(void))dev_arm, METH_FASTCALL, "Timers.arm(qp), compiled"},
+    {"get_timer", (PyCFunction)dev_get_timer, METH_NOARGS, "Timers.get_timer(), compiled"},
+    {"handle_timer", (PyCFunction)dev_handle_timer, METH_O, "Timers.handle_timer(now), compiled"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* dev's Timers: its heap ``dev._timers`` (a list) and its seqs from ``dev._tseq`` on */
+static PyObject *timers_new(PyObject *dev)
+{
     PyObject *heap = PyObject_GetAttr(dev, s_timers);
     if (heap == NULL)
         return NULL;
@@ -529,13 +574,33 @@ static PyObject *timers_for(PyObject *mod, PyObject *const *args, Py_ssize_t n)
     t->heap = heap;
     t->seq = s;
     PyObject_GC_Track(t);
-    Py_XSETREF(completer_module, Py_NewRef(args[1]));
     return (PyObject *)t;
 }
 
+/* timer_methods(cls, completer): {name: method descriptor of cls} for ``arm``,
+   ``get_timer`` and ``handle_timer``, to be the device class's own; ``completer``
+   is the module whose ``on_timeout`` a timeout calls */
+static PyObject *timer_methods(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 2 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "timer_methods(cls, completer)");
+        return NULL;
+    }
+    Py_XSETREF(completer_module, Py_NewRef(args[1]));
+    PyObject *d = PyDict_New();
+    for (PyMethodDef *m = dev_methods; d != NULL && m->ml_name != NULL; m++) {
+        PyObject *descr = PyDescr_NewMethod((PyTypeObject *)args[0], m);
+        if (descr == NULL || PyDict_SetItemString(d, m->ml_name, descr) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(descr);
+    }
+    return d;
+}
+
 PyMethodDef sn_timers_methods[] = {
-    {"timers_for", (PyCFunction)(void (*)(void))timers_for, METH_FASTCALL,
-     "timers_for(dev, completer module) -> the device's compiled Timers"},
+    {"timer_methods", (PyCFunction)(void (*)(void))timer_methods, METH_FASTCALL,
+     "timer_methods(cls, completer module) -> {name: method of cls} for arm, get_timer, "
+     "handle_timer"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -553,6 +618,7 @@ int sn_timers_init(void)
     INTERN(s_gsi, "gsi"); INTERN(s_get_timer, "get_timer"); INTERN(s_handle_timer, "handle_timer");
     INTERN(s_closed, "closed"); INTERN(s_on_timer, "on_timer"); INTERN(s_drain_idle, "drain_idle");
     INTERN(s_rnr_wait, "rnr_wait"); INTERN(s_on_timeout, "on_timeout");
+    INTERN(s_ctimers, "_ctimers");
     PyObject *now = PyUnicode_InternFromString("now");
     if (now == NULL || (kw_now = PyTuple_Pack(1, now)) == NULL)
         return -1;

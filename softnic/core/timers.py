@@ -21,6 +21,11 @@ A controlled QP that ``handle_timer`` makes ready (its pacing deadline or its
 controller's timer came) is armed once, by the drain that takes it
 (``Output._outgoing`` arms every controlled QP it takes, after its packets),
 or, if the timers are read before that drain, by the read (``_arm_ready``).
+
+The same rules run compiled (``softnic/accel/timers.c``, statement for statement,
+over the same objects) on a device its driver or fabric gives them
+(``softnic.accel.give_timers``); tests/test_timers.py checks the two against each
+other step by step.
 """
 
 from __future__ import annotations

@@ -369,8 +369,9 @@ class Fabric:
 
     def attach(self, device: Any) -> None:
         """Add a device, reachable at ``device.address`` from then on.  A fabric
-        that runs its compiled loop gives the device the compiled timers too
-        (``softnic.accel.give_timers``: the same rules, where they can be had)."""
+        that runs its compiled loop asks for the compiled timers too
+        (``softnic.accel.give_timers``: the same rules, for the device's class,
+        where they can be had)."""
         address = tuple(device.address)
         if address in self._ports:
             raise ValueError(f"address {address} is already attached")
