@@ -396,6 +396,11 @@ def test_the_compiled_timers_are_given_only_where_timers_are_timers_own():
     assert host._timers == [(1.0, 42, qp)] and host._ctimers.seq == 42
     other = Sub()
     assert accel.give_timers(other) and Sub.arm is Given.arm
+
+    class Overrides(Given):             # (as iWARP's device, a subclass of one given them)
+        def get_timer(self):
+            return None
+    assert not accel.give_timers(Overrides())
     qp2 = _qp("q2")
     qp2.comp.rto_at = 2.0
     other.arm(qp2)                      # a heap and seqs of its own

@@ -249,12 +249,14 @@ def give_timers(dev) -> bool:
     from softnic.core import completer
     from softnic.core.timers import Timers
     cls = type(dev)
-    if any(issubclass(cls, c) for c in _timer_classes):
-        return True
+    names = ("arm", "get_timer", "handle_timer")
+    for given in _timer_classes:
+        if issubclass(cls, given):      # (a subclass may override some)
+            return all(getattr(cls, n) is getattr(given, n) for n in names)
     m = fabric_loop()
     if m is None:
         return False
-    for name in ("arm", "get_timer", "handle_timer", "_arm_ready"):
+    for name in names + ("_arm_ready",):
         if getattr(cls, name, None) is not getattr(Timers, name):
             return False
     with _lock:
