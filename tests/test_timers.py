@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from softnic import accel
 from softnic.core import completer
@@ -355,7 +355,19 @@ def _step(step, now, log, dev, qps):
     return now
 
 
+@settings(max_examples=1000, deadline=None)     # (the rarer mixes need many; ~10 s)
 @given(steps=_steps)
+# and the mixes that random steps reach rarely, always:
+@example(steps=[("set", 1, "pace_at", 0.5, True), ("set", 1, "cc_at", 0.5, True),
+                ("tick", 1.0)])                 # pacing and controller due at once
+@example(steps=[("set", 2, "pace_at", 0.5, True), ("tick", 1.0), ("get",)])  # left to the drain
+@example(steps=[("set", 0, "rto_at", 0.5, True), ("close", 0), ("tick", 1.0)])  # closed: not fired
+@example(steps=[("set", 0, "rto_at", 1.0, True), ("close", 0), ("get",),
+                ("arm", 0)])                    # closed: its entry dropped, its deadline kept
+@example(steps=[("set", 1, "cc_at", 0.5, True), ("busy", 1, True), ("tick", 1.0),
+                ("drain",)])                    # a controller's timer, the drain busy
+@example(steps=[("agent", 0.5), ("set", 0, "rto_at", 1.0, True), ("get",), ("tick", 0.5),
+                ("get",)])                      # the CM agent's timer first
 def test_the_compiled_timers_take_every_step_as_the_python(steps):
     py, cc = _world("python"), _world("compiled")
     now = 0.0
