@@ -250,7 +250,7 @@ def give_timers(dev) -> bool:
     from softnic.core.timers import Timers
     cls = type(dev)
     names = ("arm", "get_timer", "handle_timer")
-    for given in _timer_classes:
+    for given in tuple(_timer_classes):
         if issubclass(cls, given):      # (a subclass may override some)
             return all(getattr(cls, n) is getattr(given, n) for n in names)
     m = fabric_loop()

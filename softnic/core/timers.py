@@ -23,9 +23,9 @@ controller's timer came) is armed once, by the drain that takes it
 or, if the timers are read before that drain, by the read (``_arm_ready``).
 
 The same rules run compiled (``softnic/accel/timers.c``, statement for statement,
-over the same objects) on a device its driver or fabric gives them
-(``softnic.accel.give_timers``); tests/test_timers.py checks the two against each
-other step by step.
+over the same objects) as the methods of a device class whose devices' driver or
+fabric asks for them (``softnic.accel.give_timers``); tests/test_timers.py checks
+the two against each other step by step.
 """
 
 from __future__ import annotations
