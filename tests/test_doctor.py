@@ -240,7 +240,7 @@ def test_compiled_modules_missing_are_notes(machine, capsys, monkeypatch):
     rc, doc = run_doctor(capsys)
     checks = {c["name"]: c for c in doc["faces"]["python"]["checks"]}
     assert checks["compiled per-packet kernel"]["ok"] is True
-    assert checks["compiled simulator loop and timers"]["detail"].startswith("built: ")
+    assert checks["compiled simulator loop, timers and drain"]["detail"].startswith("built: ")
     monkeypatch.setattr(doctor, "compiled", lambda live: {
         "kernel": (False, "RuntimeError: no C compiler (Debian: gcc)"),
         "fabric": (None, "not built yet (softnic builds it on first use; --no-live builds "
@@ -248,7 +248,8 @@ def test_compiled_modules_missing_are_notes(machine, capsys, monkeypatch):
     rc, doc = run_doctor(capsys)
     assert rc == 0 and doc["faces"]["python"]["ok"] is True
     checks = {c["name"]: c for c in doc["faces"]["python"]["checks"]}
-    kernel, loop = checks["compiled per-packet kernel"], checks["compiled simulator loop and timers"]
+    kernel = checks["compiled per-packet kernel"]
+    loop = checks["compiled simulator loop, timers and drain"]
     assert kernel["ok"] is True and kernel["note"] is True and "no C compiler" in kernel["detail"]
     assert loop["ok"] is None and loop["note"] is False
 

@@ -26,6 +26,7 @@ except ImportError:                  # the layout before experiments left softni
     from softnic.cli import cluster, experiments as ex
 from softnic import accel
 from softnic.core import device as core_device
+from softnic.core.output import Output
 from softnic.core.timers import Timers
 from softnic.transport import sim
 from softnic.wire.datagram import Datagram
@@ -553,13 +554,16 @@ def test_hosts_that_join_a_switch_after_talking_directly_then_cross_it(fast_fabr
     assert fast == run(ReferenceFabric)
 
 
-class PythonTimersDevice(core_device.Device):
-    """A device running the Python timers (``core.timers.Timers``' own methods),
-    whatever ``softnic.accel.give_timers`` made its class's."""
+class PythonDevice(core_device.Device):
+    """A device running the Python timers and drain (``core.timers.Timers``' and
+    ``core.output.Output``'s own methods), whatever ``softnic.accel.give_compiled``
+    made its class's."""
 
     arm = Timers.arm
     get_timer = Timers.get_timer
     handle_timer = Timers.handle_timer
+    datagrams_to_send = Output.datagrams_to_send
+    _outgoing = Output._outgoing
 
 
 @pytest.mark.parametrize("kw", [
@@ -567,21 +571,22 @@ class PythonTimersDevice(core_device.Device):
     dict(cc="hpcc"),
     dict(cc="none", selective_repeat=True, buffer=64_000),
 ], ids=["dcqcn-drops", "hpcc-int", "none-sr-drops"])
-def test_the_compiled_timers_run_an_incast_as_the_python_timers(monkeypatch, kw):
-    """The same incast with every device on the compiled timers (``timers.c``, as
-    a fabric gives them) and on the Python's: the same deliveries, counts and
-    result, and the compiled ones did run."""
+def test_the_compiled_timers_and_drain_run_an_incast_as_the_python(monkeypatch, kw):
+    """The same incast with every device on the compiled timers and drain
+    (``timers.c``, ``output.c``, as a fabric gives them) and on the Python's: the
+    same deliveries, counts and result, and the compiled ones did run."""
     cfg = {"senders": 4, "duration": 0.002, **kw}
     compiled = _incast(monkeypatch, sim.Fabric, **cfg)
+    for name in ("arm", "get_timer", "handle_timer", "datagrams_to_send", "_outgoing"):
+        assert type(vars(core_device.Device)[name]).__name__ == "method_descriptor", name
     devices = []
 
     def made(*a, **k):
-        devices.append(PythonTimersDevice(*a, **k))
+        devices.append(PythonDevice(*a, **k))
         return devices[-1]
     monkeypatch.setattr(ex, "Device", made)
     python = _incast(monkeypatch, sim.Fabric, **cfg)
-    assert devices and type(devices[0]).arm is Timers.arm
-    assert core_device.Device.arm is not Timers.arm, "the compiled timers were not given"
+    assert devices and type(devices[0]).datagrams_to_send is Output.datagrams_to_send
     assert compiled[1] == python[1]
     assert compiled[2] == python[2]
     assert compiled[0] == python[0]

@@ -8,7 +8,7 @@ deadline when it reaches the top.  Both are driven by the same random arming and
 clock, with deadlines drawn from a few values so that ties and returns are
 common; what the completer does at a timeout is replaced by a record of it.
 Each runs on the Python ``Timers`` and on the compiled ones (``softnic.accel``'s
-``timers.c``, which ``give_timers`` gives a device).
+``timers.c``, which ``give_compiled`` makes a device class's).
 
 Then the compiled timers against the Python, everything they read and call in
 play: retransmission, probe and RNR deadlines, a controller's pacing deadline
@@ -16,11 +16,15 @@ and its own timer, QPs made ready and drained, closed QPs and the CM agent's
 timer.  Two devices get the same random steps; every call either makes to the
 completer, a controller, the device or the agent is logged, and the logs, the
 answers, the heaps and the QPs' state must be the same after every step.
+
+Last, the compiled drain (``output.c``: ``Output.datagrams_to_send``, ``_outgoing``
+and ``_requests``) against the Python's, the same way, over QPs of every kind.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter, deque
 from heapq import heappop, heappush
 from types import SimpleNamespace
 from unittest import mock
@@ -29,7 +33,9 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from softnic import accel
-from softnic.core import completer
+from softnic.core import completer, requester
+from softnic.core.enums import QPState, QPType
+from softnic.core.output import Output
 from softnic.core.timers import Timers
 
 
@@ -59,7 +65,7 @@ class _Host(Timers):
 
 def _compiled(host) -> None:
     """Give ``host`` the compiled timers; fail where they cannot be had."""
-    if not accel.give_timers(host):
+    if not accel.give_compiled(host):
         reason = accel.fabric_error or "not given"
         if os.environ.get("CI") == "true":
             pytest.fail(f"no compiled timers under CI: {reason}")
@@ -74,7 +80,7 @@ def _built():
 
 
 class _CompiledHost(_Host):
-    """``_Host`` whose class is given the compiled timers (``give_timers`` gives
+    """``_Host`` whose class is given the compiled timers (``give_compiled`` gives
     them to a class, so the Python's stay ``_Host``'s)."""
 
 
@@ -388,7 +394,7 @@ def test_the_compiled_timers_are_given_only_where_timers_are_timers_own():
     class Own(_Host):
         def get_timer(self):
             return None
-    assert not accel.give_timers(Own())
+    assert not accel.give_compiled(Own())
     assert Own.arm is Timers.arm
 
     class Given(_Host):
@@ -407,13 +413,138 @@ def test_the_compiled_timers_are_given_only_where_timers_are_timers_own():
     host.arm(qp)                        # its seqs go on from the device's
     assert host._timers == [(1.0, 42, qp)] and host._ctimers.seq == 42
     other = Sub()
-    assert accel.give_timers(other) and Sub.arm is Given.arm
+    assert accel.give_compiled(other) and Sub.arm is Given.arm
 
     class Overrides(Given):             # (as iWARP's device, a subclass of one given them)
         def get_timer(self):
             return None
-    assert not accel.give_timers(Overrides())
+    assert not accel.give_compiled(Overrides())
     qp2 = _qp("q2")
     qp2.comp.rto_at = 2.0
     other.arm(qp2)                      # a heap and seqs of its own
     assert other._timers == [(2.0, 1, qp2)] and host._timers == [(1.0, 42, qp)]
+
+
+# ------------------------------------------------ the drain, compiled against Python
+
+class _Drain(Output, Timers):
+    """What ``Output``'s drain reads and calls on a device, with the Python timers
+    and drain; what a packet is (the requester's ``generate``, the responder's
+    ``_responses``, the completer's ``complete``, sealing) is a record of it."""
+
+    def __init__(self, log: list, icrc: bool) -> None:
+        self._timers = []
+        self._tseq = 0
+        self.gsi = None
+        self._ready = {}
+        self._cnps = []
+        self.log = log
+        self.config = SimpleNamespace(icrc=icrc, min_timer=0.0)
+        self.counters = Counter({"sent_pkts": 0, "np_cnp_sent": 0})
+        self._fast = True
+
+    def _responses(self, qp, out) -> None:
+        self.log.append(("responses", qp.name, len(out)))
+        while qp.resp.out:
+            out.append((bytearray(qp.resp.out.popleft()), ("10.0.0.9", 4791)))
+
+    def _sealed(self, out, flat) -> list:
+        self.log.append(("sealed", len(out), flat))
+        return [(bytes(p), d) for p, d in out]
+
+    def rto(self, qp) -> float:
+        self.log.append(("rto", qp.name))
+        return 1.0
+
+    def probe_interval(self, qp) -> float:
+        self.log.append(("probe_interval", qp.name))
+        return 0.25
+
+
+class _CompiledDrain(_Drain):
+    """``_Drain`` whose class is given the compiled timers and drain."""
+
+
+def _generate(dev, qp, now, out):
+    """The requester's stand-in: the packets its plan says, from the send index on."""
+    dev.log.append(("generate", qp.name, now, len(out)))
+    for _ in range(qp.plan):
+        out.append((bytearray(b"pkt-" + qp.name.encode()), ("10.0.0.9", 4791)))
+    qp.req.send_idx = len(qp.sq)
+    qp.comp.rexmit = False
+
+
+def _complete(dev, qp):
+    dev.log.append(("complete", qp.name))
+    while qp.sq and qp.sq[0].done:
+        qp.sq.popleft()
+
+
+def _drain_world(impl: str, seed: int):
+    import random
+    rng = random.Random(seed)
+    log: list = []
+    dev = (_Drain if impl == "python" else _CompiledDrain)(log, icrc=rng.random() < 0.3)
+    if impl == "compiled":
+        _compiled(dev)
+    qps = []
+    for i in range(4):
+        qp = _qp(f"q{i}")
+        qp.state = rng.choice([QPState.RTS, QPState.RTS, QPState.SQD, QPState.RTR])
+        qp.qp_type = rng.choice([QPType.RC, QPType.RC, QPType.UC])
+        qp.attr = SimpleNamespace(timeout=rng.choice([0, 14, 14]))
+        qp.selective_repeat = rng.random() < 0.5
+        qp.sq = deque(SimpleNamespace(done=rng.random() < 0.3) for _ in range(rng.randrange(3)))
+        qp.req = SimpleNamespace(send_idx=rng.randrange(len(qp.sq) + 1))
+        qp.comp.rexmit = rng.random() < 0.2
+        qp.comp.rto_at = rng.choice([None, None, None, 5.0])
+        qp.resp = SimpleNamespace(out=deque(b"ack" for _ in range(rng.randrange(2))))
+        qp.plan = rng.randrange(3)
+        qp.closed = rng.random() < 0.1
+        qp.rearm = False
+        if rng.random() < 0.5:
+            qp.cc = _Controller(qp.name, log)
+            qp.ccs = SimpleNamespace(pace_at=None)
+        qps.append(qp)
+    return log, dev, qps
+
+
+def _drain_state(dev, qps, res) -> tuple:
+    return (res, [(t, s, qp.name) for t, s, qp in dev._timers], [q.name for q in dev._ready],
+            dict(dev.counters),
+            [(qp.timer_at, qp.comp.rto_at, qp.comp.probe_at, qp.req.send_idx, len(qp.sq),
+              len(qp.resp.out)) for qp in qps])
+
+
+@settings(max_examples=1000, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1),
+       picks=st.lists(st.tuples(st.sampled_from(["ready", "drain", "runs", "tick"]),
+                                st.integers(0, 3)), max_size=12))
+def test_the_compiled_drain_takes_every_step_as_the_python(seed, picks):
+    """QPs of every kind (sending or not, closed, RC or UC, with a timeout or
+    not, selective repeat, controlled, with completions due, with answers owed)
+    made ready and drained by ``datagrams_to_send`` (one packet, or several for
+    ``_sealed``) and ``_outgoing`` (a driver's ``datagram_runs``), on the Python
+    drain and on the compiled one: every call, every answer, the heaps, the
+    counters and the QPs' state the same after each step."""
+    py, cc = _drain_world("python", seed), _drain_world("compiled", seed)
+    now = 0.0
+    with mock.patch.object(requester, "generate", _generate), \
+            mock.patch.object(completer, "complete", _complete), \
+            mock.patch.object(completer, "on_timeout", _on_timeout):
+        for k, (op, i) in enumerate(picks):
+            results = []
+            for log, dev, qps in (py, cc):
+                if op == "ready":
+                    dev._ready[qps[i]] = None
+                    res = None
+                elif op == "drain":
+                    res = dev.datagrams_to_send(now)
+                elif op == "runs":
+                    res = dev.datagram_runs(now)
+                else:
+                    res = dev.handle_timer(now + 0.5)
+                results.append(_drain_state(dev, qps, res))
+            now += 0.5 if op == "tick" else 0.0
+            assert cc[0] == py[0], (k, op, i)
+            assert results[1] == results[0], (k, op, i)

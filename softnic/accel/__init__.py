@@ -38,10 +38,11 @@ event loop of ``softnic.transport.sim.Fabric.run`` over the fabric's own Python
 objects, a CPython extension (it works on Python objects, which cffi does not
 pass), built and cached the same way and turned off by the same variable.  The same
 extension carries a device's timers (``timers.c``: ``softnic.core.timers.Timers``'
-``arm``, ``get_timer`` and ``handle_timer`` over the device's QPs), which
-``give_timers(dev)`` makes the methods of a device's class in place of the
-Python's: asked by the simulated fabric for its devices, and by a live NIC where
-the kernel is loaded.
+``arm``, ``get_timer`` and ``handle_timer`` over the device's QPs) and the common
+case of its drain (``output.c``: ``Output.datagrams_to_send`` and ``_outgoing``),
+which ``give_compiled(dev)`` makes the methods of a device's class in place of
+the Python's: asked by the simulated fabric for its devices, and by a live NIC
+where the kernel is loaded.
 
     python -m softnic.accel [-v]     # build both, check, say which CRC the kernel uses
 """
@@ -107,7 +108,7 @@ def _key() -> str:
 def _fabric_key() -> str:
     """``_key`` for ``fabric.c`` and ``timers.c`` (no cffi in them: looking for the
     loop stays cheap)."""
-    return _sources_key(("objects.h", "fabric.c", "timers.c", "__init__.py"))
+    return _sources_key(("objects.h", "fabric.c", "timers.c", "output.c", "__init__.py"))
 
 
 def _toolchain() -> tuple[str, str]:
@@ -185,7 +186,8 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
     os.close(fd)
     try:
         cmd = cc.split() + ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I", inc,
-                            str(HERE / "fabric.c"), str(HERE / "timers.c"), "-o", part]
+                            str(HERE / "fabric.c"), str(HERE / "timers.c"), str(HERE / "output.c"),
+                            "-o", part]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if verbose or r.returncode:
             sys.stderr.write(" ".join(cmd) + "\n" + r.stdout + r.stderr)
@@ -233,36 +235,44 @@ def fabric_loop(verbose: bool = False):
         return _fabric
 
 
-#: the device classes whose timers are the compiled ones (``give_timers``)
-_timer_classes: set = set()
+#: the device classes given compiled methods (``give_compiled``), each with their names
+_compiled_classes: dict = {}
+_TIMERS = ("arm", "get_timer", "handle_timer")          # Timers'
+_DRAIN = ("datagrams_to_send", "_outgoing")             # Output's
 
 
-def give_timers(dev) -> bool:
-    """Make the timers of ``dev``'s class the compiled ones (``timers.c``: ``arm``,
-    ``get_timer`` and ``handle_timer`` of ``softnic.core.timers.Timers``, the same
-    rules) in place of the Python's, if the module beside the simulator's loop can
-    be had here (``fabric_loop()``) and the class runs ``Timers``' own (an iWARP
-    device, which has no such timers, keeps its own).  For the class, not the one
-    device: every device of it (and of its subclasses) runs them from then on, each
-    from its next call, on its own heap.  A driver or fabric asks, as it gives the
-    kernel.  Returns whether the class has them."""
-    from softnic.core import completer
+def give_compiled(dev) -> bool:
+    """Make the timers of ``dev``'s class, and its drain, the compiled ones
+    (``timers.c``: ``arm``, ``get_timer`` and ``handle_timer`` of
+    ``softnic.core.timers.Timers``; ``output.c``: ``datagrams_to_send`` and
+    ``_outgoing`` of ``softnic.core.output.Output``; the same rules) in place of the
+    Python's, if the module beside the simulator's loop can be had here
+    (``fabric_loop()``) and the class runs the Python's own timers (an iWARP
+    device, whose timers are its own, keeps them; the drain goes with the timers,
+    where the class's is ``Output``'s).  For the class, not the one device: every
+    device of it (and of its subclasses) runs them from then on, each from its
+    next call.  A driver or fabric asks, as it gives the kernel.  Returns whether
+    the class has them."""
+    from softnic.core import completer, output, requester
+    from softnic.core.output import Output
     from softnic.core.timers import Timers
     cls = type(dev)
-    names = ("arm", "get_timer", "handle_timer")
-    for given in tuple(_timer_classes):
+    for given, names in tuple(_compiled_classes.items()):
         if issubclass(cls, given):      # (a subclass may override some)
             return all(getattr(cls, n) is getattr(given, n) for n in names)
     m = fabric_loop()
     if m is None:
         return False
-    for name in names + ("_arm_ready",):
-        if getattr(cls, name, None) is not getattr(Timers, name):
-            return False
+    if any(getattr(cls, n, None) is not getattr(Timers, n) for n in _TIMERS + ("_arm_ready",)):
+        return False
+    names = _TIMERS
+    if all(getattr(cls, n, None) is getattr(Output, n) for n in _DRAIN):
+        names += _DRAIN
     with _lock:
-        for name, method in m.timer_methods(cls, completer).items():
-            setattr(cls, name, method)
-        _timer_classes.add(cls)
+        methods = m.device_methods(cls, completer, requester, output)
+        for name in names:
+            setattr(cls, name, methods[name])
+        _compiled_classes[cls] = names
     return True
 
 

@@ -12,10 +12,10 @@
    for it, when a QP is left to the drain) live in timers.py; this file is a
    faster way through them.
 
-   ``timer_methods(cls)`` makes ``arm``, ``get_timer`` and ``handle_timer``
-   methods of a device class; ``softnic.accel.give_timers`` makes them the class's
-   in place of the Python's (a device class that overrides any of them keeps its
-   own).  Methods of the class, not attributes of each device: CPython caches a
+   ``device_methods(cls, ...)`` makes ``arm``, ``get_timer`` and ``handle_timer``
+   (and output.c's drain) methods of a device class; ``softnic.accel.give_compiled``
+   makes them the class's in place of the Python's (a device class that overrides
+   any of the timers keeps its own).  Methods of the class, not attributes of each device: CPython caches a
    method's and an attribute's lookup at each reading site only while the device's
    class and its instances' keys stay as they are.  A device's ``Timers`` object
    (made on the first call, kept at ``dev._ctimers``) holds its heap (the list at
@@ -38,7 +38,7 @@ typedef struct {
 static PyObject *s_comp, *s_rto_at, *s_probe_at, *s_rnr_at, *s_cc, *s_ccs, *s_pace_at,
     *s_next_timer, *s_timer_at, *s_timer_times, *s_tseq, *s_timers, *s_ready, *s_gsi,
     *s_get_timer, *s_handle_timer, *s_closed, *s_on_timer, *s_drain_idle, *s_rnr_wait,
-    *s_on_timeout, *s_ctimers, *kw_now;
+    *s_on_timeout, *s_ctimers, *s_arm, *kw_now;
 
 /* o.name() */
 static inline PyObject *call0(PyObject *o, PyObject *name)
@@ -490,7 +490,7 @@ static PyTypeObject TimersType = {
     .tp_getset = timers_getset,
 };
 
-/* The device's own methods, as a device class's (``timer_methods``): each finds the
+/* The device's own methods, as a device class's (``device_methods``): each finds the
    device's Timers at ``dev._ctimers``. */
 static PyObject *timers_new(PyObject *dev);
 
@@ -540,6 +540,25 @@ static PyObject *dev_handle_timer(PyObject *dev, PyObject *now)
     return r;
 }
 
+/* dev.arm(qp), for output.c: the compiled arm where it is the device class's */
+int sn_arm(PyObject *dev, PyObject *qp)
+{
+    PyObject *d = _PyType_Lookup(Py_TYPE(dev), s_arm);
+    if (d != NULL && Py_IS_TYPE(d, &PyMethodDescr_Type)
+        && ((PyMethodDescrObject *)d)->d_method->ml_meth == (PyCFunction)(void (*)(void))dev_arm) {
+        Timers *t = timers_of(dev);
+        if (t == NULL)
+            return -1;
+        int r = arm_qp(t, qp);
+        Py_DECREF(t);
+        return r;
+    }
+    PyObject *args[3] = {NULL, dev, qp};
+    PyObject *r = PyObject_VectorcallMethod(s_arm, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 static PyMethodDef dev_methods[] = {
     {"arm", (PyCFunction)(void (*)(void))dev_arm, METH_FASTCALL, "Timers.arm(qp), compiled"},
     {"get_timer", (PyCFunction)dev_get_timer, METH_NOARGS, "Timers.get_timer(), compiled"},
@@ -577,30 +596,37 @@ static PyObject *timers_new(PyObject *dev)
     return (PyObject *)t;
 }
 
-/* timer_methods(cls, completer): {name: method descriptor of cls} for ``arm``,
-   ``get_timer`` and ``handle_timer``, to be the device class's own; ``completer``
-   is the module whose ``on_timeout`` a timeout calls */
-static PyObject *timer_methods(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+extern PyMethodDef sn_output_methods[];        /* output.c */
+int sn_output_setup(PyObject *requester, PyObject *completer, PyObject *output);
+
+/* device_methods(cls, completer, requester, output): {name: method descriptor of cls}
+   for the timers' ``arm``, ``get_timer`` and ``handle_timer`` and the drain's
+   ``datagrams_to_send`` and ``_outgoing`` (output.c), to be the device class's own;
+   the modules are those the compiled methods call into */
+static PyObject *device_methods(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 {
-    if (n != 2 || !PyType_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "timer_methods(cls, completer)");
+    if (n != 4 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "device_methods(cls, completer, requester, output)");
         return NULL;
     }
+    if (sn_output_setup(args[2], args[1], args[3]) < 0)
+        return NULL;
     Py_XSETREF(completer_module, Py_NewRef(args[1]));
     PyObject *d = PyDict_New();
-    for (PyMethodDef *m = dev_methods; d != NULL && m->ml_name != NULL; m++) {
-        PyObject *descr = PyDescr_NewMethod((PyTypeObject *)args[0], m);
-        if (descr == NULL || PyDict_SetItemString(d, m->ml_name, descr) < 0)
-            Py_CLEAR(d);
-        Py_XDECREF(descr);
-    }
+    PyMethodDef *tables[] = {dev_methods, sn_output_methods};
+    for (int k = 0; k < 2; k++)
+        for (PyMethodDef *m = tables[k]; d != NULL && m->ml_name != NULL; m++) {
+            PyObject *descr = PyDescr_NewMethod((PyTypeObject *)args[0], m);
+            if (descr == NULL || PyDict_SetItemString(d, m->ml_name, descr) < 0)
+                Py_CLEAR(d);
+            Py_XDECREF(descr);
+        }
     return d;
 }
 
 PyMethodDef sn_timers_methods[] = {
-    {"timer_methods", (PyCFunction)(void (*)(void))timer_methods, METH_FASTCALL,
-     "timer_methods(cls, completer module) -> {name: method of cls} for arm, get_timer, "
-     "handle_timer"},
+    {"device_methods", (PyCFunction)(void (*)(void))device_methods, METH_FASTCALL,
+     "device_methods(cls, completer, requester, output) -> {name: method of cls}"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -618,7 +644,7 @@ int sn_timers_init(void)
     INTERN(s_gsi, "gsi"); INTERN(s_get_timer, "get_timer"); INTERN(s_handle_timer, "handle_timer");
     INTERN(s_closed, "closed"); INTERN(s_on_timer, "on_timer"); INTERN(s_drain_idle, "drain_idle");
     INTERN(s_rnr_wait, "rnr_wait"); INTERN(s_on_timeout, "on_timeout");
-    INTERN(s_ctimers, "_ctimers");
+    INTERN(s_ctimers, "_ctimers"); INTERN(s_arm, "arm");
     PyObject *now = PyUnicode_InternFromString("now");
     if (now == NULL || (kw_now = PyTuple_Pack(1, now)) == NULL)
         return -1;

@@ -412,7 +412,7 @@ class Doctor:
         """softnic's compiled modules (``softnic.accel``): without them it runs the
         same loops in Python, which works, slower."""
         labels = {"kernel": "compiled per-packet kernel",
-                  "fabric": "compiled simulator loop and timers"}
+                  "fabric": "compiled simulator loop, timers and drain"}
         out = []
         for name, (built, detail) in compiled(self.live).items():
             if built is False:

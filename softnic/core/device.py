@@ -122,10 +122,11 @@ class DeviceConfig:
 class Device(Verbs, Dispatch, Output, Timers):
     """One RoCEv2 NIC (the iWARP one, ``core.iwarp.IwarpDevice``, builds on it)."""
 
-    #: what the compiled timers (softnic.accel's ``timers.c``) read on every call,
-    #: as slots (read in place there; the rest of the device is its ``__dict__``):
-    #: and ``_ctimers``, their state on a device given them (``accel.give_timers``)
-    __slots__ = ("_ready", "gsi", "_ctimers")
+    #: what the compiled timers and drain (softnic.accel's ``timers.c``,
+    #: ``output.c``) read on every call, as slots (read in place there; the rest of
+    #: the device is its ``__dict__``), and ``_ctimers``, the timers' state on a
+    #: device whose class was given them (``accel.give_compiled``)
+    __slots__ = ("_ready", "gsi", "_cnps", "_ctimers")
 
     def __init__(self, name: str, ip: str, port: int = ROCEV2_PORT, *,
                  config: DeviceConfig | None = None):

@@ -4,6 +4,12 @@
 made ready since the last call: its requester's packets (``requester.generate``),
 completions that became due, then the responses its responder queued (ACKs and
 NAKs, READ responses, ATOMIC ACKs, in PSN order); each packet gets its ICRC here.
+
+The common case of ``datagrams_to_send``, ``_outgoing`` and ``_requests`` (no CM
+agent, no CNP owed) also runs compiled (``softnic/accel/output.c``, statement for
+statement, over the same objects), as the methods of a device class whose
+devices' driver or fabric asks for them (``softnic.accel.give_compiled``);
+tests/test_sim_reference.py runs incasts on both and compares every delivery.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ or, if the timers are read before that drain, by the read (``_arm_ready``).
 
 The same rules run compiled (``softnic/accel/timers.c``, statement for statement,
 over the same objects) as the methods of a device class whose devices' driver or
-fabric asks for them (``softnic.accel.give_timers``); tests/test_timers.py checks
+fabric asks for them (``softnic.accel.give_compiled``); tests/test_timers.py checks
 the two against each other step by step.
 """
 

@@ -448,7 +448,7 @@ class NIC(SharedDevice):
             self.dev.kernel = _accel.load()
             k = self.dev.kernel
             if k is not None:
-                _accel.give_timers(self.dev)    # (the same rules, compiled beside the kernel)
+                _accel.give_compiled(self.dev)    # (the same rules, compiled beside the kernel)
             if k is not None and hasattr(self.sock, "rx_buffer") \
                     and self.sock.sock.family == socket.AF_INET:
                 rx = (k.ffi.from_buffer(self.sock.rx_buffer, require_writable=True),

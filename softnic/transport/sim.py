@@ -369,15 +369,15 @@ class Fabric:
 
     def attach(self, device: Any) -> None:
         """Add a device, reachable at ``device.address`` from then on.  A fabric
-        that runs its compiled loop asks for the compiled timers too
-        (``softnic.accel.give_timers``: the same rules, for the device's class,
-        where they can be had)."""
+        that runs its compiled loop asks for the device's compiled timers and drain
+        too (``softnic.accel.give_compiled``: the same rules, for the device's
+        class, where they can be had)."""
         address = tuple(device.address)
         if address in self._ports:
             raise ValueError(f"address {address} is already attached")
         if self.compiled:
             from softnic import accel
-            accel.give_timers(device)
+            accel.give_compiled(device)
         self._ports[address] = _Port(device, address)
         self._forget_links(address)
 
