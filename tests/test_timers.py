@@ -419,6 +419,24 @@ def test_the_compiled_timers_are_given_only_where_timers_are_timers_own():
         def get_timer(self):
             return None
     assert not accel.give_compiled(Overrides())
+
+    armed = []
+
+    class OwnArm(Given):                # the compiled timers call a subclass's own arm
+        def arm(self, qp):
+            armed.append(qp.name)
+            Timers.arm(self, qp)
+    assert not accel.give_compiled(OwnArm())
+    h = OwnArm()
+    q = _qp("q3")
+    q.comp.rto_at = 1.0
+    h.arm(q)
+
+    def on_timeout(dev, qp, now):
+        qp.comp.rto_at = None
+    with mock.patch.object(completer, "on_timeout", on_timeout):
+        h.handle_timer(1.0)             # fires q3, then arms it: through OwnArm.arm
+    assert armed == ["q3", "q3"] and q.timer_at is None
     qp2 = _qp("q2")
     qp2.comp.rto_at = 2.0
     other.arm(qp2)                      # a heap and seqs of its own

@@ -106,8 +106,8 @@ def _key() -> str:
 
 
 def _fabric_key() -> str:
-    """``_key`` for ``fabric.c`` and ``timers.c`` (no cffi in them: looking for the
-    loop stays cheap)."""
+    """``_key`` for ``fabric.c``, ``timers.c`` and ``output.c`` (no cffi in them:
+    looking for the loop stays cheap)."""
     return _sources_key(("objects.h", "fabric.c", "timers.c", "output.c", "__init__.py"))
 
 
@@ -173,8 +173,8 @@ def build(dest: Path, verbose: bool = False) -> Path:
 
 
 def build_fabric(dest: Path, verbose: bool = False) -> Path:
-    """Compile ``fabric.c`` and ``timers.c`` into ``dest``; returns the extension's
-    path."""
+    """Compile ``fabric.c``, ``timers.c`` and ``output.c`` into ``dest``; returns the
+    extension's path."""
     target = _target(dest, FABRIC_MODULE)
     if target.exists():
         return target

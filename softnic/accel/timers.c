@@ -15,9 +15,10 @@
    ``device_methods(cls, ...)`` makes ``arm``, ``get_timer`` and ``handle_timer``
    (and output.c's drain) methods of a device class; ``softnic.accel.give_compiled``
    makes them the class's in place of the Python's (a device class that overrides
-   any of the timers keeps its own).  Methods of the class, not attributes of each device: CPython caches a
-   method's and an attribute's lookup at each reading site only while the device's
-   class and its instances' keys stay as they are.  A device's ``Timers`` object
+   any of the timers keeps its own; a subclass's own ``arm`` is called as
+   ``self.arm`` would).  Methods of the class, not attributes of each device:
+   CPython caches a method's and an attribute's lookup at each reading site only
+   while the device's class and its instances' keys stay as they are.  A device's ``Timers`` object
    (made on the first call, kept at ``dev._ctimers``) holds its heap (the list at
    ``dev._timers``, which a device never replaces) and counts its seqs on from
    ``dev._tseq`` (where the Python's ``arm`` counts them).
@@ -46,6 +47,8 @@ static inline PyObject *call0(PyObject *o, PyObject *name)
     PyObject *args[2] = {NULL, o};
     return PyObject_VectorcallMethod(name, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
+
+static int arm_self(Timers *self, PyObject *qp);
 
 /* ``if a is not None and (t is None or a < t): t = a``, with a (a new reference)
    taken: *t holds a new reference throughout.  -1: error. */
@@ -179,7 +182,7 @@ static int arm_ready(Timers *self)
                 r = -1;
             else if (cc != Py_None) {
                 int c = PyObject_IsTrue(closed);
-                r = c < 0 ? -1 : c ? 0 : arm_qp(self, qp);
+                r = c < 0 ? -1 : c ? 0 : arm_self(self, qp);
             }
             Py_XDECREF(cc);
             Py_XDECREF(closed);
@@ -437,7 +440,7 @@ static PyObject *timers_handle_timer(Timers *self, PyObject *now)
                 goto fail;
             Py_DECREF(res);
         }
-        if (!ready && arm_qp(self, qp) < 0)     /* else the drain arms it (timers.py) */
+        if (!ready && arm_self(self, qp) < 0)   /* else the drain arms it (timers.py) */
             goto fail;
         Py_CLEAR(e);
     }
@@ -540,23 +543,41 @@ static PyObject *dev_handle_timer(PyObject *dev, PyObject *now)
     return r;
 }
 
-/* dev.arm(qp), for output.c: the compiled arm where it is the device class's */
-int sn_arm(PyObject *dev, PyObject *qp)
+/* Is the device's class's ``arm`` the compiled one?  (A subclass of a class given
+   it may have its own, which ``self.arm(qp)`` calls.) */
+static inline int own_arm(PyObject *dev)
 {
     PyObject *d = _PyType_Lookup(Py_TYPE(dev), s_arm);
-    if (d != NULL && Py_IS_TYPE(d, &PyMethodDescr_Type)
-        && ((PyMethodDescrObject *)d)->d_method->ml_meth == (PyCFunction)(void (*)(void))dev_arm) {
-        Timers *t = timers_of(dev);
-        if (t == NULL)
-            return -1;
-        int r = arm_qp(t, qp);
-        Py_DECREF(t);
-        return r;
-    }
+    return d != NULL && Py_IS_TYPE(d, &PyMethodDescr_Type)
+        && ((PyMethodDescrObject *)d)->d_method->ml_meth == (PyCFunction)(void (*)(void))dev_arm;
+}
+
+/* dev.arm(qp), however the device's class has it */
+static int call_arm(PyObject *dev, PyObject *qp)
+{
     PyObject *args[3] = {NULL, dev, qp};
     PyObject *r = PyObject_VectorcallMethod(s_arm, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
+}
+
+/* self.arm(qp) from the timers' own methods */
+static int arm_self(Timers *self, PyObject *qp)
+{
+    return own_arm(self->dev) ? arm_qp(self, qp) : call_arm(self->dev, qp);
+}
+
+/* dev.arm(qp), for output.c */
+int sn_arm(PyObject *dev, PyObject *qp)
+{
+    if (!own_arm(dev))
+        return call_arm(dev, qp);
+    Timers *t = timers_of(dev);
+    if (t == NULL)
+        return -1;
+    int r = arm_qp(t, qp);
+    Py_DECREF(t);
+    return r;
 }
 
 static PyMethodDef dev_methods[] = {
