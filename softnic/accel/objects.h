@@ -297,4 +297,18 @@ static inline int attr_add_at(struct site *r, struct site *w, PyObject *o, PyObj
 #define attr_add(o, name, by) \
     ({ static struct site read_, write_; attr_add_at(&read_, &write_, (o), (name), (by)); })
 
+/* o.name(), as Python calls a method (no bound method made) */
+static inline PyObject *call0(PyObject *o, PyObject *name)
+{
+    PyObject *args[2] = {NULL, o};
+    return PyObject_VectorcallMethod(name, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* o.name(a) */
+static inline PyObject *call1(PyObject *o, PyObject *name, PyObject *a)
+{
+    PyObject *args[3] = {NULL, o, a};
+    return PyObject_VectorcallMethod(name, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
 #endif

@@ -25,18 +25,12 @@ int sn_arm(PyObject *dev, PyObject *qp);        /* timers.c: dev.arm(qp) */
 static PyObject *requester_module, *completer_module, *output_module;
 static PyObject *py_outgoing, *py_requests;     /* Output._outgoing, Output._requests */
 static PyObject *SENDING, *RC, *SQD;            /* output.py's _SENDING, _RC, _SQD */
+static PyObject *ZERO_ICRC;                     /* output.py's _ZERO_ICRC (bytes) */
 static PyObject *s_ready, *s_cnps, *s_gsi, *s_closed, *s_resp, *s_out, *s_state, *s_cc,
     *s_sq, *s_req, *s_send_idx, *s_comp, *s_rexmit, *s_qp_type, *s_rto_at, *s_attr,
     *s_timeout, *s_rto, *s_selective_repeat, *s_probe_at, *s_probe_interval, *s_done,
     *s_generate, *s_complete, *s_responses, *s_config, *s_icrc, *s_counters, *s_sent_pkts,
     *s_sealed, *s_outgoing, *s_requests;
-
-/* o.name(a) */
-static inline PyObject *call1(PyObject *o, PyObject *name, PyObject *a)
-{
-    PyObject *args[3] = {NULL, o, a};
-    return PyObject_VectorcallMethod(name, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-}
 
 /* module.name(args...) */
 static PyObject *call_fn(PyObject *module, PyObject *name, PyObject *const *args, Py_ssize_t n)
@@ -321,11 +315,12 @@ static PyObject *dev_datagrams_to_send(PyObject *dev, PyObject *now)
             Py_XDECREF(c1);
             PyObject *data = NULL;              /* b"".join((pkt, _ZERO_ICRC)) */
             Py_buffer b;
+            Py_ssize_t nz = PyBytes_GET_SIZE(ZERO_ICRC);
             if (s == 0 && PyObject_GetBuffer(pkt, &b, PyBUF_SIMPLE) == 0) {
-                data = PyBytes_FromStringAndSize(NULL, b.len + 4);
+                data = PyBytes_FromStringAndSize(NULL, b.len + nz);
                 if (data != NULL) {
                     memcpy(PyBytes_AS_STRING(data), b.buf, b.len);
-                    memset(PyBytes_AS_STRING(data) + b.len, 0, 4);
+                    memcpy(PyBytes_AS_STRING(data) + b.len, PyBytes_AS_STRING(ZERO_ICRC), nz);
                 }
                 PyBuffer_Release(&b);
             }
@@ -373,7 +368,12 @@ int sn_output_setup(PyObject *requester, PyObject *completer, PyObject *output)
     Py_XSETREF(SENDING, PyObject_GetAttrString(output, "_SENDING"));
     Py_XSETREF(RC, PyObject_GetAttrString(output, "_RC"));
     Py_XSETREF(SQD, PyObject_GetAttrString(output, "_SQD"));
-    return py_outgoing && py_requests && SENDING && RC && SQD ? 0 : -1;
+    Py_XSETREF(ZERO_ICRC, PyObject_GetAttrString(output, "_ZERO_ICRC"));
+    if (ZERO_ICRC != NULL && !PyBytes_CheckExact(ZERO_ICRC)) {
+        PyErr_SetString(PyExc_TypeError, "output._ZERO_ICRC must be bytes");
+        Py_CLEAR(ZERO_ICRC);
+    }
+    return py_outgoing && py_requests && SENDING && RC && SQD && ZERO_ICRC ? 0 : -1;
 }
 
 #define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1

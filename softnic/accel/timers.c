@@ -41,13 +41,6 @@ static PyObject *s_comp, *s_rto_at, *s_probe_at, *s_rnr_at, *s_cc, *s_ccs, *s_pa
     *s_get_timer, *s_handle_timer, *s_closed, *s_on_timer, *s_drain_idle, *s_rnr_wait,
     *s_on_timeout, *s_ctimers, *s_arm, *kw_now;
 
-/* o.name() */
-static inline PyObject *call0(PyObject *o, PyObject *name)
-{
-    PyObject *args[2] = {NULL, o};
-    return PyObject_VectorcallMethod(name, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-}
-
 static int arm_self(Timers *self, PyObject *qp);
 
 /* ``if a is not None and (t is None or a < t): t = a``, with a (a new reference)
@@ -555,8 +548,7 @@ static inline int own_arm(PyObject *dev)
 /* dev.arm(qp), however the device's class has it */
 static int call_arm(PyObject *dev, PyObject *qp)
 {
-    PyObject *args[3] = {NULL, dev, qp};
-    PyObject *r = PyObject_VectorcallMethod(s_arm, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *r = call1(dev, s_arm, qp);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }
