@@ -108,7 +108,8 @@ def _key() -> str:
 def _fabric_key() -> str:
     """``_key`` for ``fabric.c``, ``timers.c`` and ``output.c`` (no cffi in them:
     looking for the loop stays cheap)."""
-    return _sources_key(("objects.h", "fabric.c", "timers.c", "output.c", "__init__.py"))
+    return _sources_key(("objects.h", "fabric.c", "timers.c", "output.c", "requester.c",
+                         "__init__.py"))
 
 
 def _toolchain() -> tuple[str, str]:
@@ -187,6 +188,7 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
     try:
         cmd = cc.split() + ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I", inc,
                             str(HERE / "fabric.c"), str(HERE / "timers.c"), str(HERE / "output.c"),
+                            str(HERE / "requester.c"),
                             "-o", part]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if verbose or r.returncode:

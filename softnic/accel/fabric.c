@@ -25,6 +25,8 @@
 extern PyMethodDef sn_timers_methods[];
 int sn_timers_init(void);
 int sn_output_init(void);                       /* output.c: a device's drain */
+int sn_requester_init(void);                    /* requester.c: generate's paced MIDDLEs */
+extern PyMethodDef sn_requester_methods[];
 
 static PyObject *PortType, *DrainType, *SwitchHopType, *DatagramType, *REDType, *CE;
 #define TWO53 9007199254740992.0
@@ -910,10 +912,11 @@ PyMODINIT_FUNC PyInit__softnic_fabric(void)
     INTERN(s_rng, "rng"); INTERN(s_random, "random"); INTERN(s_probability, "probability");
     INTERN(s_pmax, "pmax");
     INTERN(s_compact, "_compact"); INTERN(s_record, "record");
-    if (sn_timers_init() < 0 || sn_output_init() < 0)
+    if (sn_timers_init() < 0 || sn_output_init() < 0 || sn_requester_init() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddFunctions(m, sn_timers_methods) < 0)
+    if (m != NULL && (PyModule_AddFunctions(m, sn_timers_methods) < 0
+                      || PyModule_AddFunctions(m, sn_requester_methods) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -21,6 +21,8 @@
 #include "objects.h"
 
 int sn_arm(PyObject *dev, PyObject *qp);        /* timers.c: dev.arm(qp) */
+int sn_generate(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out);    /* requester.c */
+int sn_requester_setup(PyObject *requester);
 
 static PyObject *requester_module, *completer_module, *output_module;
 static PyObject *py_outgoing, *py_requests;     /* Output._outgoing, Output._requests */
@@ -29,7 +31,7 @@ static PyObject *ZERO_ICRC;                     /* output.py's _ZERO_ICRC (bytes
 static PyObject *s_ready, *s_cnps, *s_gsi, *s_closed, *s_resp, *s_out, *s_state, *s_cc,
     *s_sq, *s_req, *s_send_idx, *s_comp, *s_rexmit, *s_qp_type, *s_rto_at, *s_attr,
     *s_timeout, *s_rto, *s_selective_repeat, *s_probe_at, *s_probe_interval, *s_done,
-    *s_generate, *s_complete, *s_responses, *s_config, *s_icrc, *s_counters, *s_sent_pkts,
+    *s_complete, *s_responses, *s_config, *s_icrc, *s_counters, *s_sent_pkts,
     *s_sealed, *s_outgoing, *s_requests;
 
 /* module.name(args...) */
@@ -92,11 +94,8 @@ static int requests(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
     }
     if (more) {
         Py_ssize_t n0 = PyList_GET_SIZE(out);
-        PyObject *args[4] = {dev, qp, now, out};         /* requester.generate(...) */
-        PyObject *g = call_fn(requester_module, s_generate, args, 4);
-        if (g == NULL)
+        if (sn_generate(dev, qp, now, out) < 0)    /* requester.generate(self, qp, now, out) */
             goto out;
-        Py_DECREF(g);
         if ((comp = GA(qp, s_comp)) == NULL)
             goto out;
         int start = PyList_GET_SIZE(out) > n0;
@@ -356,6 +355,8 @@ PyMethodDef sn_output_methods[] = {
 /* the modules the drain calls into, and output.py's constants */
 int sn_output_setup(PyObject *requester, PyObject *completer, PyObject *output)
 {
+    if (sn_requester_setup(requester) < 0)
+        return -1;
     Py_XSETREF(requester_module, Py_NewRef(requester));
     Py_XSETREF(completer_module, Py_NewRef(completer));
     Py_XSETREF(output_module, Py_NewRef(output));
@@ -388,7 +389,7 @@ int sn_output_init(void)
     INTERN(s_timeout, "timeout"); INTERN(s_rto, "rto");
     INTERN(s_selective_repeat, "selective_repeat"); INTERN(s_probe_at, "probe_at");
     INTERN(s_probe_interval, "probe_interval"); INTERN(s_done, "done");
-    INTERN(s_generate, "generate"); INTERN(s_complete, "complete");
+    INTERN(s_complete, "complete");
     INTERN(s_responses, "_responses"); INTERN(s_config, "config"); INTERN(s_icrc, "icrc");
     INTERN(s_counters, "counters"); INTERN(s_sent_pkts, "sent_pkts"); INTERN(s_sealed, "_sealed");
     INTERN(s_outgoing, "_outgoing"); INTERN(s_requests, "_requests");

@@ -1,0 +1,595 @@
+/* The requester's paced MIDDLE packets (softnic.core.requester.generate), compiled.
+
+   ``generate``'s chain of checks for the state a controlled RC QP spends most of
+   a long message in: the WQE up next has its PSNs and its next packet is a
+   MIDDLE.  IDLE, HELD (``held_by_pacer``), then packet by packet WINDOW
+   (``_window_room``, go-back-N's), PACER (``_cc_blocked``) and SEND
+   (``_send_packet``: the AckReq cadence with ``_cc_wants_ack``, ``_record_sent``,
+   the bytes ``_build`` gives a MIDDLE, ``encode_middle`` of ``gather``, and
+   ``_cc_sent``), statement for statement over the same objects.  Every other
+   case (no controller, selective repeat, XRC, no fast paths, a resend owed, a
+   WQE to start, a FIRST or LAST next) is the Python ``generate``'s, called from
+   where this stops: its chain starts again at IDLE and takes the steps that going
+   on would (IDLE and HELD answer as they did, and HELD stops only where PACER
+   would, changing nothing).  The controller (``on_packet_sent``) and the
+   device's ``rto`` are called as the Python calls them.
+
+   The compiled drain (output.c) calls ``sn_generate`` for ``requester.generate``;
+   a ``generate`` put in the module's place (a test's stand-in, a tracer) is
+   called instead.  tests/test_timers.py drives this and the Python with the same
+   random QP states and compares every packet, call and field. */
+
+#include "objects.h"
+
+static PyObject *requester_module, *py_generate;
+static PyObject *RC, *SENDING, *MIDDLE;         /* requester.py's _RC, _SENDING, _MIDDLE */
+static long long PSN_MASK_, PSN_HALF_, PSN_MODULUS_, BTH_ACKREQ_, DEFAULT_PKEY_, QPN_MASK_,
+    WIRE_OVERHEAD_;
+static Py_ssize_t BTH_LEN_;
+static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_repeat, *s_comp,
+    *s_rnr_wait, *s_state, *s_ccs, *s_pace_at, *s_rate, *s_window, *s_next_tx, *s_req, *s_sq,
+    *s_send_idx, *s_error, *s_first_psn, *s_done, *s_rexmit, *s_config, *s_ack_every,
+    *s_dest, *s_next_pkt, *s_npkts, *s_opcode, *s_rd_atomic, *s_acked_psn, *s_inflight,
+    *s_pkts_since_ackreq, *s_mtu, *s_min_timer, *s_rto, *s_max_sent_psn, *s_counters,
+    *s_retransmitted_pkts, *s_attr, *s_dest_qp_num, *s_views, *s_sent, *s_on_packet_sent,
+    *kw_sent;
+
+/* int(o.name) as a long long (*v); -1: error */
+static inline int take_ll(PyObject *o, long long *v)
+{
+    if (o == NULL)
+        return -1;
+    *v = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    return *v == -1 && PyErr_Occurred() ? -1 : 0;
+}
+#define get_ll(o, name, v) take_ll(GA(o, name), (v))
+
+static inline int take_truth(PyObject *o)
+{
+    if (o == NULL)
+        return -1;
+    int r = PyObject_IsTrue(o);
+    Py_DECREF(o);
+    return r;
+}
+#define get_truth(o, name) take_truth(GA(o, name))
+
+/* o.name = v (an int) */
+#define set_ll(o, name, v) ({ PyObject *v_ = PyLong_FromLongLong(v); \
+    int r_ = v_ == NULL ? -1 : SA(o, name, v_); Py_XDECREF(v_); r_; })
+
+/* (d - PSN_MODULUS if d & PSN_HALF else d) of d = (a - b) & PSN_MASK: psn_diff(a, b) */
+static inline long long psn_diff(long long a, long long b)
+{
+    long long d = (a - b) & PSN_MASK_;
+    return d & PSN_HALF_ ? d - PSN_MODULUS_ : d;
+}
+
+/* held_by_pacer(qp, now) for a controlled QP of RC (qp.cc is cc, qp.ccs is ccs) */
+static int held_by_pacer(PyObject *qp, PyObject *cc, PyObject *ccs, PyObject *now)
+{
+    PyObject *rate = GA(cc, s_rate);
+    if (rate == NULL)
+        return -1;
+    int none = rate == Py_None;
+    Py_DECREF(rate);
+    if (none)
+        return 0;
+    /* if not now < ccs.next_tx or ccs.pace_at != ccs.next_tx: return False */
+    PyObject *next_tx = GA(ccs, s_next_tx), *pace_at = next_tx ? GA(ccs, s_pace_at) : NULL;
+    int r = pace_at == NULL ? -1 : compare(now, next_tx, Py_LT);
+    if (r == 1) {
+        r = compare(pace_at, next_tx, Py_NE);
+        r = r < 0 ? -1 : !r;
+    }
+    Py_XDECREF(next_tx);
+    Py_XDECREF(pace_at);
+    if (r != 1)
+        return r;
+    PyObject *req = GA(qp, s_req), *sq = req ? GA(qp, s_sq) : NULL, *wqe = NULL;
+    long long i;
+    r = -1;
+    if (sq == NULL || get_ll(req, s_send_idx, &i) < 0)
+        goto out;
+    Py_ssize_t n = PyObject_Length(sq);
+    if (n < 0)
+        goto out;
+    if (i >= n || (r = get_truth(req, s_error)) != 0) {
+        r = i >= n ? 1 : r;                     /* nothing up next, or an error: held */
+        goto out;
+    }
+    if ((wqe = PySequence_GetItem(sq, i)) == NULL)
+        goto out;
+    PyObject *first = GA(wqe, s_first_psn);     /* wqe.first_psn is not None and not wqe.done */
+    if (first == NULL)
+        goto out;
+    none = first == Py_None;
+    Py_DECREF(first);
+    r = none ? 0 : !get_truth(wqe, s_done);
+    if (!none && PyErr_Occurred())
+        r = -1;
+out:
+    Py_XDECREF(req);
+    Py_XDECREF(sq);
+    Py_XDECREF(wqe);
+    return r;
+}
+
+/* _cc_blocked(qp, now, False) */
+static int cc_blocked(PyObject *cc, PyObject *ccs, PyObject *now)
+{
+    PyObject *w = GA(cc, s_window);
+    if (w == NULL)
+        return -1;
+    int r = 0;
+    if (w != Py_None) {                         /* ccs.inflight and ccs.inflight >= cc.window */
+        PyObject *inflight = GA(ccs, s_inflight);
+        r = inflight == NULL ? -1 : PyObject_IsTrue(inflight);
+        if (r == 1)
+            r = compare(inflight, w, Py_GE);
+        Py_XDECREF(inflight);
+    }
+    Py_DECREF(w);
+    if (r != 0)
+        return r;
+    PyObject *rate = GA(cc, s_rate);
+    if (rate == NULL)
+        return -1;
+    if (rate != Py_None) {                      /* now < ccs.next_tx: ccs.pace_at = ccs.next_tx */
+        PyObject *next_tx = GA(ccs, s_next_tx);
+        r = next_tx == NULL ? -1 : compare(now, next_tx, Py_LT);
+        if (r == 1 && SA(ccs, s_pace_at, next_tx) < 0)
+            r = -1;
+        Py_XDECREF(next_tx);
+    }
+    Py_DECREF(rate);
+    return r;
+}
+
+/* _cc_wants_ack(dev, qp, cc, ack_every) */
+static int cc_wants_ack(PyObject *dev, PyObject *qp, PyObject *cc, long long ack_every)
+{
+    PyObject *w = GA(cc, s_window);
+    if (w == NULL)
+        return -1;
+    int none = w == Py_None;
+    Py_DECREF(w);
+    if (!none)
+        return 1;
+    PyObject *rate = GA(cc, s_rate);
+    int r = rate == NULL ? -1 : PyObject_IsTrue(rate);
+    if (r <= 0) {
+        Py_XDECREF(rate);
+        return r;
+    }
+    double rt = as_double(rate), mt;
+    Py_DECREF(rate);
+    long long mtu;
+    if ((rt == -1.0 && PyErr_Occurred()) || get_ll(qp, s_mtu, &mtu) < 0)
+        return -1;
+    double wait = (double)((mtu + 60) * 8) / rt * (double)ack_every;
+    PyObject *config = GA(dev, s_config);
+    r = config == NULL ? -1 : get_double(config, s_min_timer, &mt);
+    Py_XDECREF(config);
+    if (r < 0)
+        return -1;
+    if (!(wait > mt / 4))
+        return 0;
+    double rto;
+    if (take_double(call1(dev, s_rto, qp), &rto) < 0)
+        return -1;
+    return wait > rto / 4;
+}
+
+/* gather(wqe, off, n) into p (room for n bytes): how many bytes it gave, -1: error */
+static Py_ssize_t gather_into(PyObject *wqe, Py_ssize_t off, Py_ssize_t n, char *p)
+{
+    PyObject *views = GA(wqe, s_views);
+    if (views == NULL)
+        return -1;
+    PyObject *seq = PySequence_Fast(views, "a WQE's views must be a sequence");
+    Py_DECREF(views);
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t got = 0, k = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t j = 0; j < k && got < n; j++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, j), &b, PyBUF_SIMPLE) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (off >= b.len) {                     /* (one view: its slice is empty) */
+            off -= b.len;
+        } else {
+            Py_ssize_t take = b.len - off < n - got ? b.len - off : n - got;
+            memcpy(p + got, (char *)b.buf + off, take);
+            got += take;
+            off = 0;
+        }
+        PyBuffer_Release(&b);
+    }
+    Py_DECREF(seq);
+    return got;
+}
+
+/* _build(dev, qp, wqe, idx, ackreq) of a MIDDLE: encode_middle(opcode,
+   qp.attr.dest_qp_num, psn, ackreq, gather(wqe, idx * mtu, mtu)) */
+static PyObject *build_middle(PyObject *qp, PyObject *wqe, long long opcode, long long idx,
+                              long long psn, int ackreq)
+{
+    long long mtu, dqpn;
+    PyObject *attr = GA(qp, s_attr);
+    int r = attr == NULL ? -1 : get_ll(attr, s_dest_qp_num, &dqpn);
+    Py_XDECREF(attr);
+    if (r < 0 || get_ll(qp, s_mtu, &mtu) < 0)
+        return NULL;
+    PyObject *pkt = PyByteArray_FromStringAndSize(NULL, BTH_LEN_ + mtu);
+    if (pkt == NULL)
+        return NULL;
+    unsigned char *h = (unsigned char *)PyByteArray_AS_STRING(pkt);
+    unsigned long long q = (unsigned long long)(dqpn & QPN_MASK_),
+        w = (ackreq ? BTH_ACKREQ_ : 0) | (psn & PSN_MASK_);
+    h[0] = (unsigned char)opcode;               /* the BTH (``_BTH``: "!BBHII") */
+    h[1] = 0;
+    h[2] = DEFAULT_PKEY_ >> 8; h[3] = DEFAULT_PKEY_ & 0xFF;
+    h[4] = q >> 24; h[5] = q >> 16; h[6] = q >> 8; h[7] = q;
+    h[8] = w >> 24; h[9] = w >> 16; h[10] = w >> 8; h[11] = w;
+    Py_ssize_t got = gather_into(wqe, idx * mtu, mtu, (char *)h + BTH_LEN_);
+    if (got < 0 || (got < mtu && PyByteArray_Resize(pkt, BTH_LEN_ + got) < 0))
+        Py_CLEAR(pkt);
+    return pkt;
+}
+
+/* _cc_sent(qp, psn, nbytes, now, resent) */
+static int cc_sent(PyObject *cc, PyObject *ccs, long long psn, long long nbytes, PyObject *now,
+                   int resent)
+{
+    long long size = nbytes + WIRE_OVERHEAD_;
+    PyObject *rate = GA(cc, s_rate), *key = NULL, *size_o = NULL, *entry = NULL, *res = NULL;
+    int r = rate == NULL ? -1 : PyObject_IsTrue(rate);
+    if (r == 1) {                               /* ccs.next_tx = max(next_tx, now) + size*8/rate */
+        PyObject *next_tx = GA(ccs, s_next_tx);
+        r = next_tx == NULL ? -1 : compare(next_tx, now, Py_GT);
+        double t = r < 0 ? 0 : as_double(r ? next_tx : now), rt = as_double(rate);
+        Py_XDECREF(next_tx);
+        if (r < 0 || PyErr_Occurred() || set_double(ccs, s_next_tx, t + (double)(size * 8) / rt) < 0)
+            r = -1;
+    }
+    Py_XDECREF(rate);
+    if (r < 0)
+        return -1;
+    r = -1;
+    PyObject *sent = GA(ccs, s_sent);
+    if (sent == NULL || (key = PyLong_FromLongLong(psn)) == NULL
+        || (size_o = PyLong_FromLongLong(size)) == NULL)
+        goto out;
+    PyObject *old = PyDict_CheckExact(sent) ? PyDict_GetItemWithError(sent, key) : NULL;
+    if (old == NULL && (PyErr_Occurred() || !PyDict_CheckExact(sent))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "a controlled QP's sent record must be a dict");
+        goto out;
+    }
+    if (old != NULL && old != Py_None) {        /* ccs.inflight -= old[1]; resent = True */
+        PyObject *in = GA(ccs, s_inflight), *was = NULL, *less = NULL;
+        if (in != NULL && (was = PySequence_GetItem(old, 1)) != NULL)
+            less = PyNumber_Subtract(in, was);
+        int s = less == NULL ? -1 : SA(ccs, s_inflight, less);
+        Py_XDECREF(in);
+        Py_XDECREF(was);
+        Py_XDECREF(less);
+        if (s < 0)
+            goto out;
+        resent = 1;
+    }
+    if ((entry = PyTuple_Pack(3, now, size_o, resent ? Py_True : Py_False)) == NULL
+        || PyDict_SetItem(sent, key, entry) < 0 || attr_add(ccs, s_inflight, size) < 0)
+        goto out;
+    /* cc.on_packet_sent(now=now, nbytes=size, psn=psn, retransmit=resent) */
+    PyObject *args[6] = {NULL, cc, now, size_o, key, resent ? Py_True : Py_False};
+    res = PyObject_VectorcallMethod(s_on_packet_sent, args + 1,
+                                    1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw_sent);
+    r = res == NULL ? -1 : 0;
+out:
+    Py_XDECREF(sent);
+    Py_XDECREF(key);
+    Py_XDECREF(size_o);
+    Py_XDECREF(entry);
+    Py_XDECREF(res);
+    return r;
+}
+
+/* One MIDDLE, if it is what comes next and the window and pacer let it go:
+   1 sent, 0 the chain ends here (WINDOW or PACER), 2 not a MIDDLE's case (the
+   Python's to go on), -1 error. */
+static int one_middle(PyObject *dev, PyObject *qp, PyObject *cc, PyObject *ccs, PyObject *now,
+                      PyObject *out, PyObject *dest, long long ack_every)
+{
+    PyObject *req = GA(qp, s_req), *sq = req ? GA(qp, s_sq) : NULL, *wqe = NULL, *op = NULL,
+        *comp = NULL, *pkt = NULL, *item = NULL;
+    long long i, first, nxt, npkts, opcode, acked, window, n, max_sent;
+    int r = -1;
+    if (sq == NULL || get_ll(req, s_send_idx, &i) < 0)
+        goto out;
+    Py_ssize_t nsq = PyObject_Length(sq);
+    int error = nsq < 0 ? -1 : i < nsq ? get_truth(req, s_error) : 0;
+    if (error < 0)
+        goto out;
+    if (i >= nsq || error) {                    /* the send queue's walk ends */
+        r = 0;
+        goto out;
+    }
+    if ((wqe = PySequence_GetItem(sq, i)) == NULL || (op = GA(wqe, s_first_psn)) == NULL)
+        goto out;
+    int not_mine = op == Py_None;               /* START is the Python's */
+    Py_CLEAR(op);
+    if (!not_mine && (not_mine = get_truth(wqe, s_done)) == 0)
+        not_mine = get_truth(wqe, s_rd_atomic);
+    if (not_mine) {
+        r = not_mine < 0 ? -1 : 2;
+        goto out;
+    }
+    if (get_ll(wqe, s_first_psn, &first) < 0 || get_ll(wqe, s_next_pkt, &nxt) < 0
+        || get_ll(wqe, s_npkts, &npkts) < 0 || (op = GA(wqe, s_opcode)) == NULL)
+        goto out;
+    PyObject *mid = PyDict_GetItemWithError(MIDDLE, op);      /* _MIDDLE[wqe.opcode] */
+    if (mid == NULL || !(0 < nxt && nxt < npkts - 1)) {
+        r = PyErr_Occurred() ? -1 : 2;          /* a FIRST, a LAST, or no MIDDLE to it */
+        goto out;
+    }
+    if ((opcode = PyLong_AsLongLong(mid)) == -1 && PyErr_Occurred())
+        goto out;
+    long long psn = (first + nxt) & PSN_MASK_;
+    /* WINDOW: _window_room(qp, psn) <= 0, go-back-N's */
+    if ((comp = GA(qp, s_comp)) == NULL || get_ll(comp, s_acked_psn, &acked) < 0
+        || get_ll(qp, s_window, &window) < 0)
+        goto out;
+    if (window - psn_diff(psn, (acked + 1) & PSN_MASK_) <= 0) {
+        r = 0;
+        goto out;
+    }
+    int b = cc_blocked(cc, ccs, now);           /* PACER */
+    if (b != 0) {
+        r = b < 0 ? -1 : 0;
+        goto out;
+    }
+    /* SEND: _send_packet.  The AckReq cadence (a MIDDLE is neither a LAST nor a
+       READ or atomic: the count goes on unless this one asks) */
+    if (get_ll(req, s_pkts_since_ackreq, &n) < 0)
+        goto out;
+    n += 1;
+    int ackreq = n >= ack_every;
+    if (!ackreq && (ackreq = cc_wants_ack(dev, qp, cc, ack_every)) < 0)
+        goto out;
+    if (set_ll(req, s_pkts_since_ackreq, ackreq ? 0 : n) < 0)
+        goto out;
+    /* _record_sent(dev, qp, psn, 1) */
+    if (get_ll(req, s_max_sent_psn, &max_sent) < 0)
+        goto out;
+    long long ahead = psn_diff(max_sent, psn) + 1;
+    if (ahead > 0) {                            /* dev.counters["retransmitted_pkts"] += 1 */
+        PyObject *counters = GA(dev, s_counters), *c = NULL, *c1 = NULL;
+        int s = counters == NULL ? -1 : 0;
+        if (s == 0 && ((c = PyObject_GetItem(counters, s_retransmitted_pkts)) == NULL
+                       || (c1 = plus(c, 1)) == NULL
+                       || PyObject_SetItem(counters, s_retransmitted_pkts, c1) < 0))
+            s = -1;
+        Py_XDECREF(counters);
+        Py_XDECREF(c);
+        Py_XDECREF(c1);
+        if (s < 0)
+            goto out;
+    } else if (set_ll(req, s_max_sent_psn, psn) < 0) {
+        goto out;
+    }
+    if ((pkt = build_middle(qp, wqe, opcode, nxt, psn, ackreq)) == NULL
+        || cc_sent(cc, ccs, psn, PyByteArray_GET_SIZE(pkt) + 4, now, ahead > 0) < 0)
+        goto out;
+    if (dest == Py_None) {
+        PyObject *d = GA(wqe, s_dest);
+        if (d == NULL)
+            goto out;
+        item = PyTuple_Pack(2, pkt, d);
+        Py_DECREF(d);
+    } else {
+        item = PyTuple_Pack(2, pkt, dest);
+    }
+    if (item == NULL || PyList_Append(out, item) < 0 || set_ll(wqe, s_next_pkt, nxt + 1) < 0)
+        goto out;
+    r = 1;                                      /* (nxt + 1 < npkts: the WQE goes on) */
+out:
+    Py_XDECREF(req);
+    Py_XDECREF(sq);
+    Py_XDECREF(wqe);
+    Py_XDECREF(op);
+    Py_XDECREF(comp);
+    Py_XDECREF(pkt);
+    Py_XDECREF(item);
+    return r;
+}
+
+/* generate's chain where it is this file's: 0 it ended here, 1 the Python's to go
+   on from here, -1 error */
+static int paced_middles(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
+{
+    PyObject *cc = GA(qp, s_cc), *ccs = NULL, *t = NULL, *comp = NULL, *dest = NULL;
+    int r = -1, s;
+    long long ack_every;
+    if (cc == NULL)
+        return -1;
+    if (cc == Py_None || !PyFloat_CheckExact(now) || !PyList_CheckExact(out)) {
+        r = 1;
+        goto out;
+    }
+    if ((t = GA(qp, s_qp_type)) == NULL)
+        goto out;
+    int mine = t == RC;
+    Py_CLEAR(t);
+    if (mine) {                                 /* no XRC, go-back-N, the fast paths */
+        mine = (t = GA(qp, s_xrc)) == NULL ? -1 : t == Py_None;
+        Py_CLEAR(t);
+    }
+    if (mine == 1)
+        mine = (s = get_truth(qp, s_selective_repeat)) < 0 ? -1 : !s;
+    if (mine == 1)
+        mine = get_truth(dev, s_fast);
+    if (mine <= 0) {
+        r = mine < 0 ? -1 : 1;
+        goto out;
+    }
+    /* IDLE: comp.rnr_wait or qp.state not in _SENDING */
+    if ((comp = GA(qp, s_comp)) == NULL || (s = get_truth(comp, s_rnr_wait)) < 0)
+        goto out;
+    if (!s) {
+        PyObject *st = GA(qp, s_state);
+        s = st == NULL ? -1 : PySequence_Contains(SENDING, st);
+        Py_XDECREF(st);
+        if (s < 0)
+            goto out;
+        s = !s;
+    }
+    if (s) {
+        r = 0;
+        goto out;
+    }
+    /* HELD: qp.ccs.pace_at is not None and held_by_pacer(qp, now) */
+    if ((ccs = GA(qp, s_ccs)) == NULL || (t = GA(ccs, s_pace_at)) == NULL)
+        goto out;
+    s = t != Py_None ? held_by_pacer(qp, cc, ccs, now) : 0;
+    Py_CLEAR(t);
+    if (s != 0) {
+        r = s < 0 ? -1 : 0;
+        goto out;
+    }
+    /* RESEND is the Python's */
+    if ((s = get_truth(comp, s_rexmit)) != 0) {
+        r = s < 0 ? -1 : 1;
+        goto out;
+    }
+    /* ack_every = dev.config.ack_every or qp.window // 4 or 1 */
+    PyObject *config = GA(dev, s_config);
+    if (config == NULL || (t = GA(config, s_ack_every)) == NULL) {
+        Py_XDECREF(config);
+        goto out;
+    }
+    Py_DECREF(config);
+    if ((s = PyObject_IsTrue(t)) < 0 || (s && take_ll(Py_NewRef(t), &ack_every) < 0))
+        goto out;
+    if (!s) {
+        long long w;
+        if (get_ll(qp, s_window, &w) < 0)
+            goto out;
+        ack_every = w >= 0 ? w / 4 : -((-w + 3) / 4);
+        if (!ack_every)
+            ack_every = 1;
+    }
+    if ((dest = GA(qp, s_dest)) == NULL)
+        goto out;
+    while ((s = one_middle(dev, qp, cc, ccs, now, out, dest, ack_every)) == 1)
+        ;
+    r = s < 0 ? -1 : s == 0 ? 0 : 1;
+out:
+    Py_DECREF(cc);
+    Py_XDECREF(ccs);
+    Py_XDECREF(t);
+    Py_XDECREF(comp);
+    Py_XDECREF(dest);
+    return r;
+}
+
+/* requester.generate(dev, qp, now, out): this file's part, then the Python's if
+   it is to go on; a generate put in the module's place is called instead */
+int sn_generate(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
+{
+    PyObject *f = PyObject_GetAttr(requester_module, s_generate);
+    if (f == NULL)
+        return -1;
+    int r = f == py_generate ? paced_middles(dev, qp, now, out) : 1;
+    if (r == 1) {
+        PyObject *args[4] = {dev, qp, now, out};
+        PyObject *g = PyObject_Vectorcall(f, args, 4, NULL);
+        r = g == NULL ? -1 : 0;
+        Py_XDECREF(g);
+    }
+    Py_DECREF(f);
+    return r;
+}
+
+/* generate(dev, qp, now, out), for tests: sn_generate */
+static PyObject *generate(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 4) {
+        PyErr_SetString(PyExc_TypeError, "generate(dev, qp, now, out)");
+        return NULL;
+    }
+    if (requester_module == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "generate: device_methods() not called yet");
+        return NULL;
+    }
+    return sn_generate(args[0], args[1], args[2], args[3]) < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+PyMethodDef sn_requester_methods[] = {
+    {"generate", (PyCFunction)(void (*)(void))generate, METH_FASTCALL,
+     "requester.generate(dev, qp, now, out), its paced MIDDLEs compiled"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int const_ll(PyObject *module, const char *name, long long *v)
+{
+    return take_ll(PyObject_GetAttrString(module, name), v);
+}
+
+/* requester.py's functions and constants */
+int sn_requester_setup(PyObject *requester)
+{
+    long long bth_len;
+    Py_XSETREF(requester_module, Py_NewRef(requester));
+    Py_XSETREF(py_generate, PyObject_GetAttr(requester, s_generate));
+    Py_XSETREF(RC, PyObject_GetAttrString(requester, "_RC"));
+    Py_XSETREF(SENDING, PyObject_GetAttrString(requester, "_SENDING"));
+    Py_XSETREF(MIDDLE, PyObject_GetAttrString(requester, "_MIDDLE"));
+    if (py_generate == NULL || RC == NULL || SENDING == NULL || MIDDLE == NULL
+        || const_ll(requester, "PSN_MASK", &PSN_MASK_) < 0
+        || const_ll(requester, "PSN_HALF", &PSN_HALF_) < 0
+        || const_ll(requester, "PSN_MODULUS", &PSN_MODULUS_) < 0
+        || const_ll(requester, "BTH_ACKREQ", &BTH_ACKREQ_) < 0
+        || const_ll(requester, "DEFAULT_PKEY", &DEFAULT_PKEY_) < 0
+        || const_ll(requester, "QPN_MASK", &QPN_MASK_) < 0
+        || const_ll(requester, "WIRE_OVERHEAD", &WIRE_OVERHEAD_) < 0
+        || const_ll(requester, "BTH_LEN", &bth_len) < 0)
+        return -1;
+    BTH_LEN_ = (Py_ssize_t)bth_len;
+    PyObject *fmt = PyObject_GetAttrString(requester, "BTH_FMT");
+    int same = fmt == NULL ? -1 : PyUnicode_Check(fmt)
+        && PyUnicode_CompareWithASCIIString(fmt, "BBHII") == 0 && BTH_LEN_ == 12;
+    Py_XDECREF(fmt);
+    if (same == 0)
+        PyErr_SetString(PyExc_RuntimeError, "requester.c packs the BTH as \"!BBHII\" (roce.BTH_FMT)");
+    return same == 1 && PyDict_CheckExact(MIDDLE) ? 0 : -1;
+}
+
+#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+
+int sn_requester_init(void)
+{
+    INTERN(s_generate, "generate"); INTERN(s_fast, "_fast"); INTERN(s_cc, "cc");
+    INTERN(s_qp_type, "qp_type"); INTERN(s_xrc, "xrc");
+    INTERN(s_selective_repeat, "selective_repeat"); INTERN(s_comp, "comp");
+    INTERN(s_rnr_wait, "rnr_wait"); INTERN(s_state, "state"); INTERN(s_ccs, "ccs");
+    INTERN(s_pace_at, "pace_at"); INTERN(s_rate, "rate"); INTERN(s_window, "window");
+    INTERN(s_next_tx, "next_tx"); INTERN(s_req, "req"); INTERN(s_sq, "sq");
+    INTERN(s_send_idx, "send_idx"); INTERN(s_error, "error"); INTERN(s_first_psn, "first_psn");
+    INTERN(s_done, "done"); INTERN(s_rexmit, "rexmit"); INTERN(s_config, "config");
+    INTERN(s_ack_every, "ack_every"); INTERN(s_dest, "dest"); INTERN(s_next_pkt, "next_pkt");
+    INTERN(s_npkts, "npkts"); INTERN(s_opcode, "opcode"); INTERN(s_rd_atomic, "rd_atomic");
+    INTERN(s_acked_psn, "acked_psn"); INTERN(s_inflight, "inflight");
+    INTERN(s_pkts_since_ackreq, "pkts_since_ackreq"); INTERN(s_mtu, "mtu");
+    INTERN(s_min_timer, "min_timer"); INTERN(s_rto, "rto");
+    INTERN(s_max_sent_psn, "max_sent_psn"); INTERN(s_counters, "counters");
+    INTERN(s_retransmitted_pkts, "retransmitted_pkts"); INTERN(s_attr, "attr");
+    INTERN(s_dest_qp_num, "dest_qp_num"); INTERN(s_views, "views"); INTERN(s_sent, "sent");
+    INTERN(s_on_packet_sent, "on_packet_sent");
+    kw_sent = Py_BuildValue("(ssss)", "now", "nbytes", "psn", "retransmit");
+    return kw_sent == NULL ? -1 : 0;
+}
