@@ -42,7 +42,10 @@ extension carries a device's timers (``timers.c``: ``softnic.core.timers.Timers`
 case of its drain (``output.c``: ``Output.datagrams_to_send`` and ``_outgoing``),
 which ``give_compiled(dev)`` makes the methods of a device's class in place of
 the Python's: asked by the simulated fabric for its devices, and by a live NIC
-where the kernel is loaded.
+where the kernel is loaded.  That drain calls ``requester.c`` for
+``softnic.core.requester.generate``: a controlled RC QP's MIDDLEs (its pacer,
+window, AckReq cadence, bytes and the controller's accounting) compiled, every
+other case handed to the Python's.
 
     python -m softnic.accel [-v]     # build both, check, say which CRC the kernel uses
 """
@@ -106,8 +109,8 @@ def _key() -> str:
 
 
 def _fabric_key() -> str:
-    """``_key`` for ``fabric.c``, ``timers.c`` and ``output.c`` (no cffi in them:
-    looking for the loop stays cheap)."""
+    """``_key`` for ``fabric.c``, ``timers.c``, ``output.c`` and ``requester.c`` (no
+    cffi in them: looking for the loop stays cheap)."""
     return _sources_key(("objects.h", "fabric.c", "timers.c", "output.c", "requester.c",
                          "__init__.py"))
 
@@ -174,8 +177,8 @@ def build(dest: Path, verbose: bool = False) -> Path:
 
 
 def build_fabric(dest: Path, verbose: bool = False) -> Path:
-    """Compile ``fabric.c``, ``timers.c`` and ``output.c`` into ``dest``; returns the
-    extension's path."""
+    """Compile ``fabric.c``, ``timers.c``, ``output.c`` and ``requester.c`` into
+    ``dest``; returns the extension's path."""
     target = _target(dest, FABRIC_MODULE)
     if target.exists():
         return target

@@ -1,9 +1,10 @@
-/* What softnic's CPython extensions share (fabric.c, timers.c): heapq's order and
-   moves on a list of (time, seq, ...) tuples, numbers compared without the generic
-   path, and attribute reads and writes that find a ``__slots__`` slot in place.
-   Each function here does what the Python it names does, with the same answers.
-   Everything is static: each file that includes this has its own copies (and each
-   place that uses GA or SA its own cache). */
+/* What softnic's CPython extensions share (fabric.c, timers.c, output.c,
+   requester.c): heapq's order and moves on a list of (time, seq, ...) tuples,
+   numbers compared without the generic path, and attribute reads and writes that
+   find a ``__slots__`` slot in place.  Each function here does what the Python it
+   names does, with the same answers.  Everything is static: each file that
+   includes this has its own copies (and each place that uses GA or SA its own
+   cache). */
 
 #ifndef SOFTNIC_OBJECTS_H
 #define SOFTNIC_OBJECTS_H

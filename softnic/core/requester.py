@@ -18,7 +18,12 @@ tests/test_bulk_tx.py and tests/test_kernel.py check it against ``_build``
 packet by packet.  The cheap
 cases (a lone one-packet request, a paced QP's next MIDDLE) are the same chain
 ending early; tests/test_fastpath.py runs workloads with the packed bytes and
-the common-case branches and without them.
+the common-case branches and without them.  Where a device has the compiled
+drain (``softnic.accel.give_compiled``), a controlled RC QP's MIDDLEs take
+``generate``'s chain compiled (``softnic/accel/requester.c``: HELD, WINDOW,
+PACER and SEND over the same objects, everything else handed back to
+``generate``); tests/test_paced_middles.py checks it against ``generate`` step
+by step.
 """
 
 from __future__ import annotations
