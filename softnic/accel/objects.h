@@ -231,6 +231,32 @@ static inline int take_double(PyObject *v, double *out)
 /* *out = float(o.name) */
 #define get_double(o, name, out) take_double(GA(o, name), (out))
 
+/* int(v), v taken (a new reference), as a long long in *out; -1: error */
+static inline int take_ll(PyObject *v, long long *out)
+{
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* *out = int(o.name) */
+#define get_ll(o, name, out) take_ll(GA(o, name), (out))
+
+/* bool(v), v taken: 1, 0, -1 */
+static inline int take_truth(PyObject *v)
+{
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* bool(o.name): 1, 0, -1 */
+#define get_truth(o, name) take_truth(GA(o, name))
+
 static inline int set_double_at(struct site *s, PyObject *o, PyObject *name, double v)
 {
     PyObject *f = PyFloat_FromDouble(v);

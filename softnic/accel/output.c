@@ -45,24 +45,13 @@ static PyObject *call_fn(PyObject *module, PyObject *name, PyObject *const *args
     return r;
 }
 
-/* bool(o.name): 1, 0, -1 */
-static inline int truth_of(PyObject *o, PyObject *name)
-{
-    PyObject *v = GA(o, name);
-    if (v == NULL)
-        return -1;
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
 /* if qp.resp.out: self._responses(qp, out) */
 static int responses(PyObject *dev, PyObject *qp, PyObject *out)
 {
     PyObject *resp = GA(qp, s_resp);
     if (resp == NULL)
         return -1;
-    int owed = truth_of(resp, s_out);
+    int owed = get_truth(resp, s_out);
     Py_DECREF(resp);
     if (owed <= 0)
         return owed;
@@ -88,7 +77,7 @@ static int requests(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
         goto out;
     int more = i < nsq;                         /* qp.req.send_idx < len(sq) or qp.comp.rexmit */
     if (!more) {
-        if ((comp = GA(qp, s_comp)) == NULL || (more = truth_of(comp, s_rexmit)) < 0)
+        if ((comp = GA(qp, s_comp)) == NULL || (more = get_truth(comp, s_rexmit)) < 0)
             goto out;
         Py_CLEAR(comp);
     }
@@ -107,7 +96,7 @@ static int requests(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
         }
         if (start > 0) {                        /* and qp.attr.timeout */
             PyObject *attr = GA(qp, s_attr);
-            start = attr == NULL ? -1 : truth_of(attr, s_timeout);
+            start = attr == NULL ? -1 : get_truth(attr, s_timeout);
             Py_XDECREF(attr);
         }
         if (start < 0)
@@ -119,7 +108,7 @@ static int requests(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
             Py_XDECREF(at);
             if (s < 0)
                 goto out;
-            int sr = truth_of(qp, s_selective_repeat);
+            int sr = get_truth(qp, s_selective_repeat);
             if (sr < 0)
                 goto out;
             if (sr) {                           /* comp.probe_at = now + self.probe_interval(qp) */
@@ -145,7 +134,7 @@ static int requests(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
     int due = 0;                                /* (sq and sq[0].done) or qp.state is _SQD */
     if (PyObject_Length(sq) > 0) {
         PyObject *w = PySequence_GetItem(sq, 0);
-        due = w == NULL ? -1 : truth_of(w, s_done);
+        due = w == NULL ? -1 : get_truth(w, s_done);
         Py_XDECREF(w);
     } else if (PyErr_Occurred())
         due = -1;
@@ -218,7 +207,7 @@ static PyObject *outgoing(PyObject *dev, PyObject *now)
     PyObject *qp, *v;
     while (r == 0 && PyDict_Next(ready, &pos, &qp, &v)) {
         Py_INCREF(qp);
-        int closed = truth_of(qp, s_closed);
+        int closed = get_truth(qp, s_closed);
         if (closed < 0)
             r = -1;
         else if (closed)
@@ -288,7 +277,7 @@ static PyObject *dev_datagrams_to_send(PyObject *dev, PyObject *now)
         return out;
     if (n == 1 && PyList_CheckExact(out) && PyTuple_CheckExact(PyList_GET_ITEM(out, 0))) {
         PyObject *config = GA(dev, s_config);
-        int icrc = config == NULL ? -1 : truth_of(config, s_icrc);
+        int icrc = config == NULL ? -1 : get_truth(config, s_icrc);
         Py_XDECREF(config);
         if (icrc < 0)
             goto fail;

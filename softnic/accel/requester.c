@@ -34,27 +34,6 @@ static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_re
     *s_retransmitted_pkts, *s_attr, *s_dest_qp_num, *s_views, *s_sent, *s_on_packet_sent,
     *kw_sent;
 
-/* int(o.name) as a long long (*v); -1: error */
-static inline int take_ll(PyObject *o, long long *v)
-{
-    if (o == NULL)
-        return -1;
-    *v = PyLong_AsLongLong(o);
-    Py_DECREF(o);
-    return *v == -1 && PyErr_Occurred() ? -1 : 0;
-}
-#define get_ll(o, name, v) take_ll(GA(o, name), (v))
-
-static inline int take_truth(PyObject *o)
-{
-    if (o == NULL)
-        return -1;
-    int r = PyObject_IsTrue(o);
-    Py_DECREF(o);
-    return r;
-}
-#define get_truth(o, name) take_truth(GA(o, name))
-
 /* o.name = v (an int) */
 #define set_ll(o, name, v) ({ PyObject *v_ = PyLong_FromLongLong(v); \
     int r_ = v_ == NULL ? -1 : SA(o, name, v_); Py_XDECREF(v_); r_; })
