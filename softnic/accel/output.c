@@ -4,11 +4,13 @@
    statement for statement, over the device's and its QPs' own Python objects,
    for a device with no CM agent and no CNP owed (the simulated fabric's hosts:
    with either, ``_outgoing`` runs as Python's).  What a packet is stays in
-   Python: the requester's ``generate``, the responder's answers
-   (``_responses``), the timeouts (``rto``, ``probe_interval``), the completer's
-   ``complete``, sealing a list of more than one packet (``_sealed``); each is
-   called as the Python calls it (a module's function looked up at each call, a
-   device's method through its class).  The rules (requests before responses,
+   Python: the requester's ``generate`` (through requester.c's ``sn_generate``,
+   which runs a controlled QP's MIDDLEs compiled and hands every other case to
+   it), the responder's answers (``_responses``), the timeouts (``rto``,
+   ``probe_interval``), the completer's ``complete``, sealing a list of more
+   than one packet (``_sealed``); each is called as the Python calls it (a
+   module's function looked up at each call, a device's method through its
+   class).  The rules (requests before responses,
    the retransmission timer started with a QP's first packets, a controlled QP
    armed by the drain that takes it) live in output.py; this file is a faster
    way through them.
@@ -24,7 +26,7 @@ int sn_arm(PyObject *dev, PyObject *qp);        /* timers.c: dev.arm(qp) */
 int sn_generate(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out);    /* requester.c */
 int sn_requester_setup(PyObject *requester);
 
-static PyObject *requester_module, *completer_module, *output_module;
+static PyObject *completer_module;
 static PyObject *py_outgoing, *py_requests;     /* Output._outgoing, Output._requests */
 static PyObject *SENDING, *RC, *SQD;            /* output.py's _SENDING, _RC, _SQD */
 static PyObject *ZERO_ICRC;                     /* output.py's _ZERO_ICRC (bytes) */
@@ -346,9 +348,7 @@ int sn_output_setup(PyObject *requester, PyObject *completer, PyObject *output)
 {
     if (sn_requester_setup(requester) < 0)
         return -1;
-    Py_XSETREF(requester_module, Py_NewRef(requester));
     Py_XSETREF(completer_module, Py_NewRef(completer));
-    Py_XSETREF(output_module, Py_NewRef(output));
     PyObject *cls = PyObject_GetAttrString(output, "Output");
     if (cls == NULL)
         return -1;
