@@ -22,8 +22,9 @@
 #include "objects.h"
 
 static PyObject *requester_module, *py_generate;
-static PyObject *RC, *SENDING, *MIDDLE;         /* requester.py's _RC, _SENDING, _MIDDLE */
-static long long PSN_MASK_, PSN_HALF_, PSN_MODULUS_, BTH_ACKREQ_, DEFAULT_PKEY_, QPN_MASK_,
+static PyObject *RC, *SENDING;                  /* requester.py's _RC, _SENDING */
+static PyObject *MIDDLE_W0;     /* {WR opcode: bth_word0(_MIDDLE[it])}: a MIDDLE's BTH word 0 */
+static long long PSN_MASK_, PSN_HALF_, PSN_MODULUS_, BTH_ACKREQ_, QPN_MASK_,
     WIRE_OVERHEAD_;
 static Py_ssize_t BTH_LEN_;
 static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_repeat, *s_comp,
@@ -192,9 +193,15 @@ static Py_ssize_t gather_into(PyObject *wqe, Py_ssize_t off, Py_ssize_t n, char 
     return got;
 }
 
+static inline void put_be32(unsigned char *p, unsigned long long v)
+{
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
 /* _build(dev, qp, wqe, idx, ackreq) of a MIDDLE: encode_middle(opcode,
-   qp.attr.dest_qp_num, psn, ackreq, gather(wqe, idx * mtu, mtu)) */
-static PyObject *build_middle(PyObject *qp, PyObject *wqe, long long opcode, long long idx,
+   qp.attr.dest_qp_num, psn, ackreq, gather(wqe, idx * mtu, mtu)), its BTH's three
+   words as kernel.c's put_middle_bth writes them (word 0, w0, from roce.bth_word0) */
+static PyObject *build_middle(PyObject *qp, PyObject *wqe, long long w0, long long idx,
                               long long psn, int ackreq)
 {
     long long mtu, dqpn;
@@ -207,13 +214,9 @@ static PyObject *build_middle(PyObject *qp, PyObject *wqe, long long opcode, lon
     if (pkt == NULL)
         return NULL;
     unsigned char *h = (unsigned char *)PyByteArray_AS_STRING(pkt);
-    unsigned long long q = (unsigned long long)(dqpn & QPN_MASK_),
-        w = (ackreq ? BTH_ACKREQ_ : 0) | (psn & PSN_MASK_);
-    h[0] = (unsigned char)opcode;               /* the BTH (``_BTH``: "!BBHII") */
-    h[1] = 0;
-    h[2] = DEFAULT_PKEY_ >> 8; h[3] = DEFAULT_PKEY_ & 0xFF;
-    h[4] = q >> 24; h[5] = q >> 16; h[6] = q >> 8; h[7] = q;
-    h[8] = w >> 24; h[9] = w >> 16; h[10] = w >> 8; h[11] = w;
+    put_be32(h, w0);
+    put_be32(h + 4, dqpn & QPN_MASK_);
+    put_be32(h + 8, (ackreq ? BTH_ACKREQ_ : 0) | (psn & PSN_MASK_));
     Py_ssize_t got = gather_into(wqe, idx * mtu, mtu, (char *)h + BTH_LEN_);
     if (got < 0 || (got < mtu && PyByteArray_Resize(pkt, BTH_LEN_ + got) < 0))
         Py_CLEAR(pkt);
@@ -286,7 +289,7 @@ static int one_middle(PyObject *dev, PyObject *qp, PyObject *cc, PyObject *ccs, 
 {
     PyObject *req = GA(qp, s_req), *sq = req ? GA(qp, s_sq) : NULL, *wqe = NULL, *op = NULL,
         *comp = NULL, *pkt = NULL, *item = NULL;
-    long long i, first, nxt, npkts, opcode, acked, window, n, max_sent;
+    long long i, first, nxt, npkts, w0, acked, window, n, max_sent;
     int r = -1;
     if (sq == NULL || get_ll(req, s_send_idx, &i) < 0)
         goto out;
@@ -311,12 +314,12 @@ static int one_middle(PyObject *dev, PyObject *qp, PyObject *cc, PyObject *ccs, 
     if (get_ll(wqe, s_first_psn, &first) < 0 || get_ll(wqe, s_next_pkt, &nxt) < 0
         || get_ll(wqe, s_npkts, &npkts) < 0 || (op = GA(wqe, s_opcode)) == NULL)
         goto out;
-    PyObject *mid = PyDict_GetItemWithError(MIDDLE, op);      /* _MIDDLE[wqe.opcode] */
+    PyObject *mid = PyDict_GetItemWithError(MIDDLE_W0, op);   /* wqe.opcode in _MIDDLE */
     if (mid == NULL || !(0 < nxt && nxt < npkts - 1)) {
         r = PyErr_Occurred() ? -1 : 2;          /* a FIRST, a LAST, or no MIDDLE to it */
         goto out;
     }
-    if ((opcode = PyLong_AsLongLong(mid)) == -1 && PyErr_Occurred())
+    if ((w0 = PyLong_AsLongLong(mid)) == -1 && PyErr_Occurred())
         goto out;
     long long psn = (first + nxt) & PSN_MASK_;
     /* WINDOW: _window_room(qp, psn) <= 0, go-back-N's */
@@ -361,7 +364,7 @@ static int one_middle(PyObject *dev, PyObject *qp, PyObject *cc, PyObject *ccs, 
     } else if (set_ll(req, s_max_sent_psn, psn) < 0) {
         goto out;
     }
-    if ((pkt = build_middle(qp, wqe, opcode, nxt, psn, ackreq)) == NULL
+    if ((pkt = build_middle(qp, wqe, w0, nxt, psn, ackreq)) == NULL
         || cc_sent(cc, ccs, psn, PyByteArray_GET_SIZE(pkt) + 4, now, ahead > 0) < 0)
         goto out;
     if (dest == Py_None) {
@@ -527,25 +530,39 @@ int sn_requester_setup(PyObject *requester)
     Py_XSETREF(py_generate, PyObject_GetAttr(requester, s_generate));
     Py_XSETREF(RC, PyObject_GetAttrString(requester, "_RC"));
     Py_XSETREF(SENDING, PyObject_GetAttrString(requester, "_SENDING"));
-    Py_XSETREF(MIDDLE, PyObject_GetAttrString(requester, "_MIDDLE"));
-    if (py_generate == NULL || RC == NULL || SENDING == NULL || MIDDLE == NULL
+    if (py_generate == NULL || RC == NULL || SENDING == NULL
         || const_ll(requester, "PSN_MASK", &PSN_MASK_) < 0
         || const_ll(requester, "PSN_HALF", &PSN_HALF_) < 0
         || const_ll(requester, "PSN_MODULUS", &PSN_MODULUS_) < 0
         || const_ll(requester, "BTH_ACKREQ", &BTH_ACKREQ_) < 0
-        || const_ll(requester, "DEFAULT_PKEY", &DEFAULT_PKEY_) < 0
         || const_ll(requester, "QPN_MASK", &QPN_MASK_) < 0
         || const_ll(requester, "WIRE_OVERHEAD", &WIRE_OVERHEAD_) < 0
         || const_ll(requester, "BTH_LEN", &bth_len) < 0)
         return -1;
     BTH_LEN_ = (Py_ssize_t)bth_len;
-    PyObject *fmt = PyObject_GetAttrString(requester, "BTH_FMT");
-    int same = fmt == NULL ? -1 : PyUnicode_Check(fmt)
-        && PyUnicode_CompareWithASCIIString(fmt, "BBHII") == 0 && BTH_LEN_ == 12;
-    Py_XDECREF(fmt);
-    if (same == 0)
-        PyErr_SetString(PyExc_RuntimeError, "requester.c packs the BTH as \"!BBHII\" (roce.BTH_FMT)");
-    return same == 1 && PyDict_CheckExact(MIDDLE) ? 0 : -1;
+    if (BTH_LEN_ != 12) {
+        PyErr_SetString(PyExc_RuntimeError, "requester.c writes the BTH as three 32-bit words");
+        return -1;
+    }
+    /* MIDDLE_W0 = {w: bth_word0(m) for w, m in _MIDDLE.items()} */
+    PyObject *middle = PyObject_GetAttrString(requester, "_MIDDLE"), *word0 = NULL, *w, *m;
+    PyObject *d = middle == NULL ? NULL : PyDict_New();
+    if (d != NULL && ((word0 = PyObject_GetAttrString(requester, "bth_word0")) == NULL
+                      || !PyDict_Check(middle)))
+        Py_CLEAR(d);
+    Py_ssize_t pos = 0;
+    while (d != NULL && PyDict_Next(middle, &pos, &w, &m)) {
+        PyObject *v = PyObject_CallOneArg(word0, m);
+        if (v == NULL || PyDict_SetItem(d, w, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    if (d == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "requester._MIDDLE must be a dict");
+    Py_XDECREF(middle);
+    Py_XDECREF(word0);
+    Py_XSETREF(MIDDLE_W0, d);
+    return d == NULL ? -1 : 0;
 }
 
 #define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
