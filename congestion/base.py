@@ -69,6 +69,14 @@ class Controller:
     rate: float | None = None
     #: bytes this flow may have unacknowledged; None means no window limit
     window: float | None = None
+    #: A window below one packet is clocked by ACKs: the packet just acknowledged
+    #: held the window alone, and the next leaves (its bytes - window) * 8 / rate
+    #: after that ACK rather than (its bytes) * 8 / rate after it was sent (the
+    #: engine's ``requester.cc_acked``).  With an empty queue the two are the same
+    #: time (rate = window / RTT); a packet delayed in a queue delays the next one
+    #: as much, as a window of whole packets is clocked by its ACKs.  False: the
+    #: rate alone spaces the packets (Swift's pacing below one packet).
+    ack_clocked: bool = False
 
     def __init__(self, flow: FlowInfo, **params) -> None:
         if params:

@@ -43,6 +43,7 @@ _OURS = "this implementation"
 
 class HPCC(Controller):
     name = "hpcc"
+    ack_clocked = True          # R = W / T below one packet, clocked by the ACKs
 
     PARAMS = {
         "eta": Param(0.95, "float", "target utilisation", _PAPER, lo=0, hi=1, lo_open=True),

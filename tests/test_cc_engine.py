@@ -198,6 +198,33 @@ def test_a_controller_timer_while_the_pacer_holds_the_qp_leaves_the_drain_nothin
     assert seen[0] == seen[1] and len(seen[0][0]) == 4
 
 
+
+@pytest.mark.parametrize("clocked", [False, True])
+def test_a_window_below_one_packet_is_clocked_by_its_acks_where_the_controller_asks(clocked):
+    """A window below one packet lets one packet out at a time.  By the rate alone
+    the next leaves (its bytes) * 8 / rate after the last was sent, or at the ACK
+    if that comes later; a controller whose window is clocked by ACKs
+    (``ack_clocked``, HPCC's) has it leave (the acknowledged packet's bytes -
+    window) * 8 / rate after the ACK."""
+    rate, window = 1e9, 300.0
+    fabric, a, b, ea, eb = _pair("recorder", mtu=1024, delay=2e-6, ack_every=1)
+    cc = ea.qp.cc
+    cc.rate, cc.window, cc.ack_clocked = rate, window, clocked
+    fabric.tracing = True
+    _write(a, ea, eb, 1, 8 << 10)
+    _run_until_done(fabric, a, ea)
+    sends = [r for r in fabric.trace if r.kind == "send" and r.src == a.address]
+    assert len(sends) == 8 and len(cc.acks) == 8
+    for i in range(1, 8):
+        size = len(sends[i - 1].data) + WIRE_OVERHEAD
+        acked_at = cc.acks[i - 1][0]
+        assert acked_at > sends[i - 1].time      # one packet in flight at a time
+        if clocked:
+            want = acked_at + (size - window) * 8 / rate
+        else:
+            want = max(sends[i - 1].time + size * 8 / rate, acked_at)
+        assert sends[i].time == pytest.approx(want, rel=1e-9, abs=1e-12), i
+
 def test_no_controller_sends_back_to_back():
     fabric, a, b, ea, eb = _pair("none")
     assert ea.qp.cc is None
@@ -444,7 +471,8 @@ def test_an_ack_takes_what_it_covers_out_of_flight_as_the_plain_rule_has_it(data
     ccs = SimpleNamespace(sent=dict(sent), inflight=sum(e[1] for e in sent.values()),
                           rx_telemetry=None)
     qp = SimpleNamespace(ccs=ccs, comp=SimpleNamespace(acked_psn=acked),
-                         cc=SimpleNamespace(on_ack=lambda **kw: got.append(kw)))
+                         cc=SimpleNamespace(on_ack=lambda **kw: got.append(kw),
+                                            ack_clocked=False))
     requester.cc_acked(qp, before, now=1.0)
     done = [p for p in sent if psn_diff(p, acked) <= 0]
     originals = [p for p in done if not sent[p][2]]

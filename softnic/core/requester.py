@@ -604,11 +604,16 @@ def cc_lost_from(qp, psn: int) -> None:
 
 
 def cc_acked(qp, before: int, now: float) -> None:
-    """The cumulative ACK moved from ``before`` to ``qp.comp.acked_psn``: tell the controller."""
+    """The cumulative ACK moved from ``before`` to ``qp.comp.acked_psn``: tell the
+    controller.  Then, for a controller whose window below one packet is clocked by
+    ACKs (``Controller.ack_clocked``), the ACK of the packet that held the window
+    alone times the next: it leaves (that packet's bytes - window) * 8 / rate from
+    now, the part of its spacing beyond the window's own RTT."""
     ccs = qp.ccs
     sent = ccs.sent
     acked = qp.comp.acked_psn
     nbytes = 0
+    size = 0                                  # the last packet acknowledged
     rtt = None
     if sent:
         n = psn_diff(acked, before)
@@ -620,12 +625,19 @@ def cc_acked(qp, before: int, now: float) -> None:
         for p in psns:
             e = pop(p & PSN_MASK, None)
             if e is not None:
-                nbytes += e[1]
+                size = e[1]
+                nbytes += size
                 if not e[2]:
                     rtt = now - e[0]          # the newest original packet acknowledged
         ccs.inflight -= nbytes
     tel, ccs.rx_telemetry = ccs.rx_telemetry, None
-    qp.cc.on_ack(now=now, acked_bytes=nbytes, rtt=rtt, telemetry=tel)
+    cc = qp.cc
+    cc.on_ack(now=now, acked_bytes=nbytes, rtt=rtt, telemetry=tel)
+    if cc.ack_clocked and size and not ccs.inflight:
+        window = cc.window
+        rate = cc.rate
+        if window is not None and rate and window < size:
+            ccs.next_tx = now + (size - window) * 8 / rate
 
 
 def generate(dev, qp, now: float, out: list) -> None:
