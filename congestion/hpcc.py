@@ -27,8 +27,11 @@ per packet, an increase per unit time in proportion to its rate, and the
 additive increase would no longer pull the flows to equal shares.  A flow
 that was idle gains W_AI for each RTT it was idle, up to W_init, where a new
 flow starts.  The window starts at, and never exceeds, ``W_init`` = line rate
-x T; ``rate`` is W / T.  The first ACK on a path (or after the hop count
-changes) only records the hops.  HPCC assumes a lossless fabric: losses do
+x T; ``rate`` is W / T.  Below one packet the window is clocked by its ACKs
+(``ack_clocked``): the next packet leaves (the acknowledged packet's bytes - W)
+x 8 / R after the ACK, which with an empty queue is (bytes) x 8 / R after the
+send, and later by as long as the packet waited in a queue.  The first ACK on
+a path (or after the hop count changes) only records the hops.  HPCC assumes a lossless fabric: losses do
 not change the window.
 """
 
