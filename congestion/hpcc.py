@@ -31,8 +31,8 @@ x T; ``rate`` is W / T.  Below one packet the window is clocked by its ACKs
 (``ack_clocked``): the next packet leaves (the acknowledged packet's bytes - W)
 x 8 / R after the ACK, which with an empty queue is (bytes) x 8 / R after the
 send, and later by as long as the packet waited in a queue.  The first ACK on
-a path (or after the hop count changes) only records the hops.  HPCC assumes a lossless fabric: losses do
-not change the window.
+a path (or after the hop count changes) only records the hops.  HPCC assumes a
+lossless fabric: losses do not change the window.
 """
 
 from __future__ import annotations

@@ -198,7 +198,6 @@ def test_a_controller_timer_while_the_pacer_holds_the_qp_leaves_the_drain_nothin
     assert seen[0] == seen[1] and len(seen[0][0]) == 4
 
 
-
 @pytest.mark.parametrize("clocked", [False, True])
 def test_a_window_below_one_packet_is_clocked_by_its_acks_where_the_controller_asks(clocked):
     """A window below one packet lets one packet out at a time.  By the rate alone
@@ -224,6 +223,7 @@ def test_a_window_below_one_packet_is_clocked_by_its_acks_where_the_controller_a
         else:
             want = max(sends[i - 1].time + size * 8 / rate, acked_at)
         assert sends[i].time == pytest.approx(want, rel=1e-9, abs=1e-12), i
+
 
 def test_no_controller_sends_back_to_back():
     fabric, a, b, ea, eb = _pair("none")
