@@ -536,10 +536,12 @@ def _window_room(qp, psn: int) -> int:
 #
 # Only a QP with a controller (``qp.cc``) pays for any of this.  The controller's
 # window caps the bytes sent and not yet acknowledged; its rate spaces packets
-# ``bytes * 8 / rate`` apart (a token bucket of depth one packet): a packet held
-# back sets ``qp.ccs.pace_at``, the time of the next one, and the device's timer is
-# armed for it by ``generate``'s caller (``Output._requests`` arms every
-# controlled QP after ``generate``, for the controller's own timers too).
+# ``bytes * 8 / rate`` apart (a token bucket of depth one packet), timed from the
+# ACK instead where a window below one packet is clocked by ACKs (``cc_acked``,
+# ``Controller.ack_clocked``): a packet held back sets ``qp.ccs.pace_at``, the
+# time of the next one, and the device's timer is armed for it by ``generate``'s
+# caller (``Output._requests`` arms every controlled QP after ``generate``, for
+# the controller's own timers too).
 
 #: IPv4 + UDP header bytes counted with each datagram (what a link carries)
 WIRE_OVERHEAD = 28
