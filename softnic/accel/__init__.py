@@ -104,15 +104,15 @@ def _key() -> str:
         version = cffi.__version__
     except ImportError:
         version = ""
-    return _sources_key(("wire.h", "kernel.h", "kernel.c", "wait.h", "wait.c", "send.h", "send.c",
-                         "rx.h", "rx.c", "__init__.py"), version)
+    return _sources_key(("bytes.h", "wire.h", "kernel.h", "kernel.c", "wait.h", "wait.c", "send.h",
+                         "send.c", "rx.h", "rx.c", "__init__.py"), version)
 
 
 def _fabric_key() -> str:
     """``_key`` for ``fabric.c``, ``timers.c``, ``output.c`` and ``requester.c`` (no
     cffi in them: looking for the loop stays cheap)."""
-    return _sources_key(("objects.h", "fabric.c", "timers.c", "output.c", "requester.c",
-                         "__init__.py"))
+    return _sources_key(("objects.h", "bytes.h", "fabric.c", "timers.c", "output.c",
+                         "requester.c", "__init__.py"))
 
 
 def _toolchain() -> tuple[str, str]:
@@ -158,7 +158,7 @@ def build(dest: Path, verbose: bool = False) -> Path:
     ffi.cdef((HERE / "kernel.h").read_text() + (HERE / "wait.h").read_text()
              + (HERE / "send.h").read_text() + (HERE / "rx.h").read_text())
     ffi.set_source(MODULE, "#include <stdint.h>\n#include <stddef.h>\n"
-                   + (HERE / "wire.h").read_text() + (HERE / "kernel.h").read_text()
+                   + (HERE / "bytes.h").read_text() + (HERE / "wire.h").read_text() + (HERE / "kernel.h").read_text()
                    + (HERE / "wait.c").read_text() + (HERE / "send.c").read_text()
                    + (HERE / "rx.c").read_text() + (HERE / "kernel.c").read_text(),
                    extra_compile_args=["-O2", "-fvisibility=hidden"])

@@ -117,26 +117,6 @@ uint32_t sn_crc32(uint32_t crc, const uint8_t *p, size_t n)
     return ~crc;
 }
 
-static inline uint32_t be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static inline void put_be32(uint8_t *p, uint32_t v)
-{
-    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
-}
-
-static inline uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0];
-}
-
-static inline void put_le32(uint8_t *p, uint32_t v)
-{
-    p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
-}
-
 /* Receive (responder.execute's early exit for a run of MIDDLEs;
    responder.receive_middles calls it): the datagrams laid end to end in
    buf[0:n] (each seg bytes, the last maybe shorter), from offset o on, are

@@ -20,6 +20,7 @@
    random QP states and compares every packet, call and field. */
 
 #include "objects.h"
+#include "bytes.h"
 
 static PyObject *requester_module, *py_generate;
 static PyObject *RC, *SENDING;                  /* requester.py's _RC, _SENDING */
@@ -191,11 +192,6 @@ static Py_ssize_t gather_into(PyObject *wqe, Py_ssize_t off, Py_ssize_t n, char 
     }
     Py_DECREF(seq);
     return got;
-}
-
-static inline void put_be32(unsigned char *p, unsigned long long v)
-{
-    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
 }
 
 /* _build(dev, qp, wqe, idx, ackreq) of a MIDDLE: encode_middle(opcode,

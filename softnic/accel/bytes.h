@@ -1,0 +1,30 @@
+/* Byte order on the wire, for the kernel (kernel.c) and the compiled requester
+   (requester.c): 32-bit words big-endian (the BTH and its extensions) and
+   little-endian (the ICRC as RoCEv2 carries it). */
+
+#ifndef SOFTNIC_BYTES_H
+#define SOFTNIC_BYTES_H
+
+#include <stdint.h>
+
+static inline uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static inline uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0];
+}
+
+static inline void put_le32(uint8_t *p, uint32_t v)
+{
+    p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
+}
+
+#endif
