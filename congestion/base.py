@@ -54,6 +54,10 @@ class FlowInfo:
     line_rate_bps: float       # the sending NIC's line rate
     mtu: int                   # payload bytes per full packet
     base_rtt: float            # propagation round trip with empty queues (s)
+    #: the flows expected to share the flow's bottleneck, where the fabric knows it
+    #: (an experiment's incast: its senders); None: not known.  A controller whose
+    #: paper sizes a parameter by it reads it (HPCC's N in W_AI = W_init (1 - eta) / N)
+    expected_flows: int | None = None
 
 
 class Controller:

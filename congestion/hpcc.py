@@ -17,7 +17,11 @@ hop, ``B`` its line rate in bytes/s:
 
 "Once per RTT" is when the ACK covers a byte sent after the last reference
 update (the paper's ``ack.seq > lastUpdateSeq``, counted here in bytes).  W_AI
-is the paper's additive increase per RTT, and n is the whole RTTs since the
+is the paper's additive increase per RTT, W_init (1 - eta) / N with N the
+flows expected to share the bottleneck (section 3.3): the spec's
+``expected_flows``, else the fabric's count where it has one
+(``FlowInfo.expected_flows``: an incast experiment gives its senders, as it
+gives every controller T), else 100.  n is the whole RTTs since the
 reference window was last set, at least 1 (the RTT: the latest sample, never
 less than T).  While a flow keeps data in flight, each update comes one RTT
 after the last and n is 1: Algorithm 1 as written.  A flow whose window is
@@ -41,6 +45,9 @@ from .base import Controller, FlowInfo, Hop
 from .params import check_below_line_rate, Param, check_flow, resolve
 
 _PAPER = "HPCC paper (Li et al. 2019)"
+#: N of the W_AI rule where neither the spec nor the fabric gives one (about the
+#: W_AI of HPCC's ns-3 runs: 10 Mbit/s x T at 25 Gbit/s, docs/results/congestion.md)
+DEFAULT_FLOWS = 100
 _OURS = "this implementation"
 
 
@@ -55,7 +62,10 @@ class HPCC(Controller):
         "w_ai": Param(None, "size", "additive increase per RTT (bytes); None: "
                       "W_init (1 - eta) / expected_flows", _PAPER + " (section 3.3)",
                       lo=0, lo_open=True, none_ok=True),
-        "expected_flows": Param(100, "int", "N in the default W_AI", _OURS, lo=1),
+        "expected_flows": Param(None, "int", "N in the default W_AI, the flows expected to "
+                                "share the bottleneck; None: the flow's expected_flows (the "
+                                "fabric's count, where it has one), else 100",
+                                _PAPER + " (section 3.3); 100: " + _OURS, lo=1, none_ok=True),
         "t": Param(None, "time", "base RTT T; None: the flow's base RTT", _PAPER,
                    lo=0, lo_open=True, none_ok=True),
         "min_rate": Param(10e6, "rate", "rate floor (window floor = min_rate x T)", _OURS,
@@ -71,8 +81,12 @@ class HPCC(Controller):
         self.t = p["t"] if p["t"] is not None else float(flow.base_rtt)
         self.w_init = flow.line_rate_bps * self.t / 8
         self.w_min = p["min_rate"] * self.t / 8
+        n = p["expected_flows"]
+        if n is None:
+            n = flow.expected_flows if flow.expected_flows is not None else DEFAULT_FLOWS
+        self.n = n                       # N of the W_AI rule, as used
         self.w_ai = (p["w_ai"] if p["w_ai"] is not None
-                     else self.w_init * (1 - p["eta"]) / p["expected_flows"])
+                     else self.w_init * (1 - p["eta"]) / n)
         self.wc = self.w_init            # reference window
         self.u = 0.0                     # normalised inflight, EWMA
         self.inc_stage = 0

@@ -164,6 +164,10 @@ def check_flow(owner: str, flow: Any) -> None:
         if (isinstance(value, bool) or not isinstance(value, (int, float))
                 or not math.isfinite(value) or value <= 0):
             raise ValueError(f"{owner}: flow.{field} must be a positive number, not {value!r}")
+    n = getattr(flow, "expected_flows", None)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"{owner}: flow.expected_flows must be a positive integer or None, "
+                         f"not {n!r}")
 
 
 def check_below_line_rate(owner: str, params: dict[str, Any], flow: Any, *keys: str) -> None:

@@ -197,6 +197,11 @@ def test_unknown_parameter_and_bad_flow(name):
             flow = FlowInfo(**{**FLOW.__dict__, field: value})
             with pytest.raises(ValueError, match=field):
                 create(name, flow)
+    for value in (0, -1, 2.5, True, "16"):
+        flow = FlowInfo(**{**FLOW.__dict__, "expected_flows": value})
+        with pytest.raises(ValueError, match="expected_flows"):
+            create(name, flow)
+    create(name, FlowInfo(**{**FLOW.__dict__, "expected_flows": 3}))
 
 
 def test_dcqcn_min_rate_above_line_rate():
@@ -739,6 +744,19 @@ def test_hpcc_defaults_and_start():
     assert cc.window == pytest.approx(W_INIT) and cc.rate == pytest.approx(LINE)
     assert cc.w_ai == pytest.approx(W_INIT * 0.05 / 100)
     assert cc.next_timer() is None
+
+
+def test_hpcc_n_is_the_specs_else_the_fabrics_else_100():
+    """W_AI = W_init (1 - eta) / N (the paper's section 3.3), N the flows expected
+    to share the bottleneck: the spec's, else the flow's (what the fabric knows),
+    else 100; W_AI given outright wins over any N."""
+    told = FlowInfo(**{**FLOW.__dict__, "expected_flows": 16})
+    for flow, params, n in ((FLOW, {}, 100), (told, {}, 16),
+                            (told, {"expected_flows": 40}, 40), (FLOW, {"expected_flows": 8}, 8)):
+        cc = create("hpcc", flow, **params)
+        assert cc.n == n and cc.w_ai == pytest.approx(W_INIT * 0.05 / n)
+    assert create("hpcc", told, w_ai=80).w_ai == 80
+    assert create("hpcc", told, eta=0.9).w_ai == pytest.approx(W_INIT * 0.1 / 16)
 
 
 def test_hpcc_first_ack_only_records_the_hops():

@@ -118,8 +118,11 @@ def test_incast_gives_controllers_the_fabric_base_rtt(monkeypatch, rate_gbps, mt
             super().on_ack(now=now, acked_bytes=acked_bytes, rtt=rtt, telemetry=telemetry)
 
     monkeypatch.setitem(congestion.CONTROLLERS, "hpcc", Probe)
-    ex.incast(ex.IncastConfig(cc="hpcc", senders=1, rate_gbps=rate_gbps, mtu=mtu,
-                              duration=200e-6))
+    # (N = 100: a lone flow told it is alone, N = 1, adds W_AI = (1 - eta) W_init
+    # per RTT and holds its window at W_init, a packet's worth of queue now and
+    # then; with N = 100 it stays below, and some packet sees the empty path)
+    ex.incast(ex.IncastConfig(cc="hpcc:expected_flows=100", senders=1, rate_gbps=rate_gbps,
+                              mtu=mtu, duration=200e-6))
     assert seen and bases
     t = bases[-1]
     assert min(seen) == pytest.approx(t, rel=1e-9, abs=0)
@@ -134,18 +137,36 @@ def test_incast_gives_controllers_the_fabric_base_rtt(monkeypatch, rate_gbps, mt
 
 def test_hpcc_at_mtu_4096_meets_its_goal_with_the_ack_clock(monkeypatch):
     """The 16:1 incast at 25 Gbit/s and MTU 4096, where each flow's share of
-    W_init is a third of a packet: with W_AI from the paper's rule for the 16
-    flows on the link, HPCC holds Jain >= 0.95 and goodput >= 0.9 of the
-    bottleneck at the fabric's own T once its window below one packet is clocked
-    by its ACKs (``Controller.ack_clocked``), and falls far short without it (the
-    flows' own pacing clocks swing them together).  Virtual time: the figures
-    are the code's, whatever the machine."""
+    W_init is a third of a packet, with the defaults (``--cc hpcc``): W_AI from
+    the paper's rule for the 16 flows the incast tells its controllers share
+    the link, HPCC holds Jain >= 0.95 and goodput >= 0.9 of the bottleneck at
+    the fabric's own T once its window below one packet is clocked by its ACKs
+    (``Controller.ack_clocked``), and falls far short without it (the flows'
+    own pacing clocks swing them together).  Virtual time: the figures are the
+    code's, whatever the machine."""
     import congestion
 
-    cfg = ex.IncastConfig(cc="hpcc:expected_flows=16", senders=16, duration=10e-3, mtu=4096)
+    cfg = ex.IncastConfig(cc="hpcc", senders=16, duration=10e-3, mtu=4096)
     got = ex.incast(cfg)["summary"]
     assert got["jain_steady"] >= 0.95 and got["goodput_fraction"] >= 0.9, got
     assert got["switch_drops"] == 0 and got["wc_errors"] == 0
     monkeypatch.setattr(congestion.HPCC, "ack_clocked", False)
     without = ex.incast(cfg)["summary"]
     assert without["goodput_fraction"] < 0.8, without
+
+
+@pytest.mark.parametrize("late", [None, 2e-3])
+def test_the_incast_tells_its_controllers_the_flows_sharing_the_bottleneck(late):
+    """Every sender's controller is told how many flows share the bottleneck,
+    the late one counted (``FlowInfo.expected_flows``), and HPCC's W_AI follows
+    the paper's rule with it; a spec's own N wins."""
+    from congestion.hpcc import DEFAULT_FLOWS
+
+    for spec, n in (("hpcc", 5 if late else 4), ("hpcc:expected_flows=7", 7)):
+        run = ex._IncastRun(ex.IncastConfig(cc=spec, senders=4, late_join=late,
+                                            duration=1e-3))
+        ccs = [qp.cc for dev, *_ in run.flows for qp in dev.qps.values() if qp.cc is not None]
+        assert len(ccs) == run.n == (5 if late else 4)
+        for cc in ccs:
+            assert cc.n == n and cc.w_ai == pytest.approx(cc.w_init * 0.05 / n)
+    assert DEFAULT_FLOWS not in (4, 5, 7)       # (so the default could not pass for them)

@@ -72,7 +72,9 @@ def _watched(records: list):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cc", default="hpcc", help="an hpcc spec, e.g. hpcc:expected_flows=16")
+    ap.add_argument("--cc", default="hpcc",
+                    help="an hpcc spec, e.g. hpcc:expected_flows=100 (an N other than "
+                         "the incast's flows)")
     ap.add_argument("--senders", type=int, default=16)
     ap.add_argument("--rate-gbps", type=float, default=25.0)
     ap.add_argument("--mtu", type=int, default=4096)

@@ -108,6 +108,10 @@ class DeviceConfig:
     #: and width (``port_speed``), which middleware reads to choose its protocols
     line_rate_bps: float = 100e9
     base_rtt: float = 10e-6
+    #: the flows expected to share a bottleneck, where the fabric knows it (an
+    #: incast experiment's senders): controllers read it as ``FlowInfo.expected_flows``
+    #: (HPCC's N); None: not known
+    expected_flows: int | None = None
     #: mark sent packets ECN-capable (ECT(0)); None: when the device's
     #: controller reacts to ECN (DCQCN)
     ecn: bool | None = None
@@ -151,8 +155,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         self._cnps: list[QP] = []            # QPs owing their requester a CNP
         # parse the device's controller spec now: a bad one is an error here
         self._cc_name, self._cc_params = congestion.parse_spec(self.config.cc)
-        congestion.create(self._cc_name, congestion.FlowInfo(
-            self.config.line_rate_bps, 4096, self.config.base_rtt), **self._cc_params)
+        congestion.create(self._cc_name, self.flow_info(4096), **self._cc_params)
         ecn = self.config.ecn
         #: are this device's packets ECN-capable (ECT(0) in the IP header)?
         self.ect = (self._cc_name in ECN_CONTROLLERS) if ecn is None else bool(ecn)

@@ -150,14 +150,19 @@ class Verbs:
         pd.qps.add(qp)
         return qp
 
+    def flow_info(self, mtu: int) -> congestion.FlowInfo:
+        """What a controller of this device's QPs is told of its path (``mtu``: the
+        QP's path MTU), from the device's configuration."""
+        c = self.config
+        return congestion.FlowInfo(c.line_rate_bps, mtu, c.base_rtt, c.expected_flows)
+
     def set_qp_transport(self, qp: QP, *, selective_repeat: bool | None = None,
                          window: int | None = None, cc: str | None = None) -> None:
         """Per-QP choice of loss recovery and in-flight cap (both peers must agree),
         and of congestion control (a ``congestion`` spec; it takes effect at RTS)."""
         if cc is not None:
             name, params = congestion.parse_spec(cc)
-            congestion.create(name, congestion.FlowInfo(self.config.line_rate_bps, 4096,
-                                                        self.config.base_rtt), **params)
+            congestion.create(name, self.flow_info(4096), **params)
             qp.cc_spec = cc
         if selective_repeat is not None:
             qp.selective_repeat = selective_repeat
@@ -232,8 +237,7 @@ class Verbs:
         if name == "none" and not params:
             qp.cc = None                       # no controller: nothing on the per-packet path
             return
-        qp.cc = congestion.create(name, congestion.FlowInfo(
-            self.config.line_rate_bps, qp.mtu, self.config.base_rtt), **params)
+        qp.cc = congestion.create(name, self.flow_info(qp.mtu), **params)
 
     def query_qp(self, qp: QP) -> tuple[QPAttr, QPInitAttr]:
         attr = merge_attr(qp.attr, QPAttr(qp_state=qp.state, cur_qp_state=qp.state), M.STATE)

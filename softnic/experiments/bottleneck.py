@@ -135,15 +135,16 @@ class _IncastRun:
         rate = cfg.rate_gbps * 1e9
         pkt = cfg.mtu + 12 + 4 + WIRE_OVERHEAD
         base_rtt = 4 * cfg.delay + 2 * pkt * 8 / rate + 2 * ACK_BYTES * 8 / rate
+        self.n = n = cfg.senders + (1 if cfg.late_join is not None else 0)
         # No link of this fabric corrupts, so every ICRC would check: receivers do not
         # check (check_icrc=False) and senders append zeros (icrc=False) - the same run
-        # (tests/test_sim_icrc.py).
+        # (tests/test_sim_icrc.py).  Controllers are told the path as the fabric
+        # knows it: the line rate, the base RTT and the flows sharing the bottleneck.
         dcfg = DeviceConfig(cc=cfg.cc, line_rate_bps=rate, base_rtt=base_rtt, window=cfg.window,
                             ack_every=cfg.ack_every, selective_repeat=cfg.selective_repeat,
                             min_timer=max(200e-6, 20 * base_rtt), check_icrc=False,
-                            icrc=False)
+                            icrc=False, expected_flows=n)
         self.fabric = Fabric(cfg.seed)
-        self.n = n = cfg.senders + (1 if cfg.late_join is not None else 0)
         join = self._build_network(rate)
         self.recv = recv = Device("recv", "10.0.0.1", config=dcfg)
         self.fabric.attach(recv)
