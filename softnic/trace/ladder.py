@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from os import PathLike
 from statistics import median
 from typing import Iterable, Sequence
-from xml.sax.saxutils import escape
+from html import escape as _html_escape
 
 from ..core.enums import RNR_TIMER_SECONDS
 from ..wire.icrc import check_icrc
@@ -38,6 +38,13 @@ from ..wire.roce import (
     BTH_LEN, ICRC_LEN, OPCODES, ROCEV2_PORT, AethCode, Kind, NakCode, Opcode, WireError,
     decode, psn_diff,
 )
+
+
+def escape(text: str) -> str:
+    """``&``, ``<`` and ``>`` as XML entities (xml.sax.saxutils.escape's answer;
+    html's, which does not import urllib, http and email as saxutils does)."""
+    return _html_escape(text, quote=False)
+
 
 __all__ = [
     "Event", "from_pcap", "from_fabric_trace", "render_text", "render_svg", "short_name",
