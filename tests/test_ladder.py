@@ -441,3 +441,11 @@ def test_cli_pcap_and_errors(tmp_path):
     assert bad.returncode == 2 and "give a pcap file or --demo" in bad.stderr
     missing = cli(str(tmp_path / "nope.pcap"), check=False)
     assert missing.returncode == 1 and "nope.pcap" in missing.stderr
+
+
+def test_svg_text_is_escaped_as_xml_text():
+    """The SVG's titles and labels escape as ``xml.sax.saxutils.escape`` does
+    (``&``, ``<``, ``>``; quotes left as they are, text not attributes)."""
+    from xml.sax.saxutils import escape as xml_escape
+    for text in ("a<b>&c", "\"quoted\" and 'single'", "&amp; twice", "", "plain"):
+        assert ladder.escape(text) == xml_escape(text)
