@@ -48,6 +48,7 @@
 #include <time.h>
 
 #include "../softnic/accel/bytes.h"     /* be32, put_be32, le32, put_le32 */
+#include "../softnic/accel/wire.h"      /* BTH_LEN .. MSN_MASK, as the kernel has them */
 
 #ifndef SOL_UDP
 #define SOL_UDP 17
@@ -59,16 +60,6 @@
 #define UDP_GRO 104
 #endif
 
-#define BTH_LEN 12
-#define RETH_LEN 16
-#define AETH_LEN 4
-#define ICRC_LEN 4
-#define PSN_MASK 0xFFFFFFu
-#define QPN_MASK 0xFFFFFFu
-#define MSN_MASK 0xFFFFFFu
-#define BTH_ACKREQ 0x80000000u
-#define BTH_FECN 0x80000000u
-#define BTH_BECN 0x40000000u
 #define PKEY 0xFFFF
 #define ACK_CREDITS 0x1F
 #define MTU 4096
