@@ -6,8 +6,13 @@ refused."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +85,163 @@ def test_stats_dir_given_is_taken_as_it_is(monkeypatch, tmp, tmp_path):
     monkeypatch.setenv("SOFTNIC_STATS_DIR", str(tmp_path / "stats"))
     assert hostfiles.stats_dir() == tmp_path / "stats"
     assert not list(tmp.iterdir())
+
+
+# ------------------------------------------------------------------ what exited programs leave
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    assert not hostfiles.process_alive(p.pid)
+    return p.pid
+
+
+def _aged(path, seconds):
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+@pytest.mark.unprivileged
+def test_counters_of_exited_programs_beyond_the_newest_are_removed(monkeypatch, tmp_path):
+    monkeypatch.setattr(hostfiles, "KEEP_EXITED", 3)
+    d = tmp_path / "stats"
+    d.mkdir()
+    dead = _dead_pid()
+    exited = []
+    for i in range(7):                       # the older the smaller i
+        f = d / f"{dead}-dev{i}.json"
+        f.write_text("{}")
+        _aged(f, 1000 - i)
+        exited.append(f)
+    orphan = d / f"{dead}-dev9.tmp"          # a write the program did not finish
+    orphan.write_text("")
+    _aged(orphan, 5000)
+    live = d / f"{os.getpid()}-softnic0.json"
+    live.write_text("{}")
+    _aged(live, 9000)                        # old, but its writer lives
+    other = d / "notes.json"
+    other.write_text("{}")
+    _aged(other, 9000)
+    assert hostfiles.prune(d, force=True) == 5
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [f.name for f in exited[-3:]] + [live.name, other.name, ".pruned"])
+
+
+@pytest.mark.unprivileged
+def test_sysfs_trees_no_process_names_are_removed_after_their_grace(tmp_path):
+    d = tmp_path / "stats"
+    d.mkdir()
+    used, unused, fresh, unfinished = (d / n for n in ("sysfs-aaaa", "sysfs-bbbb",
+                                                        "sysfs-cccc", ".sysfs-x1"))
+    for t in (used, unused, fresh, unfinished):
+        (t / "softnic0" / "ports").mkdir(parents=True)
+        (t / "softnic0" / "node_type").write_text("1: CA\n")
+    for t in (used, unused, unfinished):
+        _aged(t, hostfiles.TREE_GRACE + 60)
+    # a program started with the tree in its environment (so are its children)
+    env = dict(os.environ, SOFTNIC_SYSFS=str(used))
+    p = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        assert hostfiles.prune(d, force=True) == 2
+        assert sorted(x.name for x in d.iterdir()) == [".pruned", "sysfs-aaaa", "sysfs-cccc"]
+    finally:
+        p.kill()
+        p.wait()
+    assert hostfiles.prune(d, force=True) == 1           # its program gone: removed too
+    assert sorted(x.name for x in d.iterdir()) == [".pruned", "sysfs-cccc"]
+
+
+@pytest.mark.unprivileged
+def test_prune_looks_at_most_every_prune_every(tmp_path):
+    d = tmp_path / "stats"
+    d.mkdir()
+    dead = _dead_pid()
+    now = time.time()
+    assert hostfiles.prune(d, now=now) == 0              # (nothing to remove yet)
+    files = []
+    for i in range(hostfiles.KEEP_EXITED + 2):
+        files.append(d / f"{dead}-dev{i}.json")
+        files[-1].write_text("{}")
+    assert hostfiles.prune(d, now=now + hostfiles.PRUNE_EVERY - 1) == 0
+    assert all(f.exists() for f in files)
+    assert hostfiles.prune(d, now=now + hostfiles.PRUNE_EVERY + 1) == 2
+
+
+def test_a_tree_taken_up_again_is_young_again(tmp_path):
+    from softnic.driver import config as _config
+    from softnic.faces.libibverbs import sysfs
+    cfg = _config.RuntimeConfig(devices=_config.parse_devices("2"))
+    t = sysfs.tree(cfg, tmp_path)
+    _aged(t, hostfiles.TREE_GRACE + 60)
+    assert sysfs.tree(cfg, tmp_path) == t
+    assert time.time() - t.stat().st_mtime < 60
+    assert hostfiles.prune(tmp_path, force=True) == 0
+    shutil.rmtree(t)                         # removed between a look and its use: made again
+    assert sysfs.tree(cfg, tmp_path) == t and (t / "softnic1").is_dir()
+
+
+def test_softnic_exec_removes_what_exited_programs_left(tmp_path):
+    d = tmp_path / "stats"
+    d.mkdir()
+    dead = _dead_pid()
+    old_tree = d / "sysfs-0123456789ab"
+    (old_tree / "softnic0").mkdir(parents=True)
+    _aged(old_tree, hostfiles.TREE_GRACE + 60)
+    stale = []
+    for i in range(hostfiles.KEEP_EXITED + 4):
+        stale.append(d / f"{dead}-dev{i}.json")
+        stale[-1].write_text("{}")
+        _aged(stale[-1], 1000 - i)
+    env = dict(os.environ, SOFTNIC_STATS_DIR=str(d))
+    env.pop("SOFTNIC_SYSFS", None)
+    r = subprocess.run([sys.executable, "-m", "softnic.cli", "exec", "--", "sh", "-c",
+                        'echo "$SOFTNIC_SYSFS"'], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    mine = Path(r.stdout.strip())
+    assert mine.parent == d and mine.is_dir()            # the program's own tree stays
+    assert not old_tree.exists()
+    assert [f.exists() for f in stale] == [False] * 4 + [True] * hostfiles.KEEP_EXITED
+
+
+def test_a_device_closing_removes_what_exited_programs_left(monkeypatch, tmp_path):
+    from softnic.driver.config import DeviceSpec, RuntimeConfig
+    from softnic.driver.nic import NIC
+    d = tmp_path / "stats"
+    d.mkdir()
+    monkeypatch.setenv("SOFTNIC_STATS_DIR", str(d))
+    dead = _dead_pid()
+    stale = []
+    for i in range(hostfiles.KEEP_EXITED + 1):
+        stale.append(d / f"{dead}-dev{i}.json")
+        stale[-1].write_text("{}")
+        _aged(stale[-1], 1000 - i)
+    nic = NIC(DeviceSpec("pr0", None, 0), RuntimeConfig())
+    nic.close()
+    assert not stale[0].exists() and all(f.exists() for f in stale[1:])
+    assert (d / f"{os.getpid()}-pr0.json").exists()      # its own counters, closed
+
+
+@pytest.mark.unprivileged
+def test_one_look_removes_at_most_its_share_oldest_first(monkeypatch, tmp_path):
+    monkeypatch.setattr(hostfiles, "KEEP_EXITED", 1)
+    monkeypatch.setattr(hostfiles, "PRUNE_MAX_FILES", 2)
+    monkeypatch.setattr(hostfiles, "PRUNE_MAX_TREES", 1)
+    d = tmp_path / "stats"
+    d.mkdir()
+    dead = _dead_pid()
+    files, trees = [], []
+    for i in range(4):                       # the older the smaller i
+        files.append(d / f"{dead}-dev{i}.json")
+        files[-1].write_text("{}")
+        _aged(files[-1], 1000 - i)
+        trees.append(d / f"sysfs-{i:012x}")
+        trees[-1].mkdir()
+        _aged(trees[-1], hostfiles.TREE_GRACE + 100 - i)
+    assert hostfiles.prune(d, force=True) == 3
+    assert [f.exists() for f in files] == [False, False, True, True]
+    assert [t.exists() for t in trees] == [False, True, True, True]
+    assert hostfiles.prune(d, force=True) == 2
+    assert [f.exists() for f in files] == [False, False, False, True]
+    assert [t.exists() for t in trees] == [False, False, True, True]

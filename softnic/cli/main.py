@@ -140,7 +140,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="recover from loss with selective repeat instead of go-back-N")
     _exec_arguments(sub)
     c = sub.add_parser("counters", help="counters of the softnic devices of running programs")
-    c.add_argument("-a", "--all", action="store_true", help="include exited programs")
+    from ..driver.hostfiles import KEEP_EXITED
+    c.add_argument("-a", "--all", action="store_true",
+                   help=f"include exited programs (their newest {KEEP_EXITED} devices' "
+                        f"counters are kept)")
     c.add_argument("-v", "--verbose", action="store_true", help="show zero counters too")
     c.add_argument("--json", action="store_true")
     v = sub.add_parser("devinfo", help="what ibv_devinfo prints, for softnic's devices")

@@ -78,3 +78,123 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+#: the counters of exited programs' devices kept for ``softnic counters --all``: the
+#: newest this many; older ones are removed (``prune``)
+KEEP_EXITED = 256
+#: how often, at most, a process looks for files to remove (seconds; ``prune``)
+PRUNE_EVERY = 300.0
+#: a sysfs tree younger than this is never removed: the launcher that made it may not
+#: have exec'd its program yet, so no process names it in its environment (seconds)
+TREE_GRACE = 600.0
+#: what one look removes at most, oldest first: counters files, and sysfs trees (a
+#: directory that has not been pruned for long drains over several looks, each a
+#: fraction of a second, not all at once in one program's start or close)
+PRUNE_MAX_FILES = 2000
+PRUNE_MAX_TREES = 100
+#: the stamp whose mtime says when ``prune`` last ran in a directory
+_STAMP = ".pruned"
+
+
+def _pid_of(name: str) -> int | None:
+    """The writer's pid in a counters file's name (``<pid>-<device>.json``)."""
+    head = name.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _trees_in_use() -> set[str] | None:
+    """The sysfs trees (their names: ``sysfs-<key>``) that ``SOFTNIC_SYSFS`` names in
+    the environment of a process this user can read (``/proc/<pid>/environ``: what
+    each was started with, which its children inherit), or None where /proc cannot
+    tell.  By name, not path: the same directory may be spelled two ways, and a key
+    is a hash of the tree's content, so a name alike in another directory only keeps
+    a tree longer."""
+    key = b"SOFTNIC_SYSFS="
+    used: set[str] = set()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    if not pids:
+        return None
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                env = f.read()
+        except OSError:              # gone, or another user's (not in this directory)
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(key):
+                used.add(os.path.basename(os.fsdecode(var[len(key):]).rstrip("/")))
+    return used
+
+
+def prune(d: Path | None = None, now: float | None = None, force: bool = False) -> int:
+    """Remove what exited programs left in the directory ``d`` (``stats_dir()``), at
+    most every ``PRUNE_EVERY`` seconds (``force``: now): their devices' counters
+    beyond the newest ``KEEP_EXITED`` (a file whose writer's pid is gone), and the
+    sysfs trees (``sysfs.tree``) no process names in ``SOFTNIC_SYSFS`` any more and
+    none has made or taken up for ``TREE_GRACE``; at most ``PRUNE_MAX_FILES`` and
+    ``PRUNE_MAX_TREES`` of them, the oldest.  A tree is made per device layout, and test
+    runs use a fresh loopback address per test, so without this the directory grows
+    by every run (about 90 trees and 440 counters files a run of softnic's own
+    suite).  Returns how many entries it removed; errors (a file another process
+    removes first) are skipped: this is housekeeping."""
+    import shutil
+    import time
+    d = stats_dir() if d is None else d
+    now = time.time() if now is None else now
+    stamp = d / _STAMP
+    try:
+        last = stamp.stat().st_mtime
+    except OSError:
+        last = None                  # never pruned here (or no directory yet)
+    if not force and last is not None and 0 <= now - last < PRUNE_EVERY:
+        return 0
+    try:
+        stamp.touch()
+        os.utime(stamp, (now, now))
+        entries = list(os.scandir(d))
+    except OSError:
+        return 0
+    removed = 0
+    exited = []
+    for e in entries:
+        if e.name.endswith((".json", ".tmp")) and e.is_file(follow_symlinks=False):
+            pid = _pid_of(e.name)
+            if pid is not None and not process_alive(pid):
+                try:
+                    exited.append((e.stat().st_mtime, e.path))
+                except OSError:
+                    pass
+    exited.sort(reverse=True)
+    for _, path in exited[KEEP_EXITED:][-PRUNE_MAX_FILES:]:
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    trees = []
+    for e in entries:
+        if e.name.startswith(("sysfs-", ".sysfs-")) and e.is_dir(follow_symlinks=False):
+            try:
+                mtime = e.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if now - mtime >= TREE_GRACE:
+                trees.append((mtime, e.path))
+    if trees:
+        used = _trees_in_use()
+        if used is not None:
+            trees.sort()
+            trees = [p for _, p in trees if os.path.basename(p) not in used]
+            for path in trees[:PRUNE_MAX_TREES]:
+                try:                 # (a launcher may have taken it up meanwhile)
+                    if now - os.stat(path).st_mtime < TREE_GRACE:
+                        continue
+                except OSError:
+                    continue
+                shutil.rmtree(path, ignore_errors=True)
+                removed += not os.path.exists(path)
+    return removed

@@ -59,6 +59,7 @@ from . import env
 from .faults import FaultInjector
 from . import mcast as _mcast
 from .hostfiles import process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
+from .hostfiles import prune as _prune
 from ..transport.udp import UdpSocket, bind_free
 from ..wire.roce import AETH_LEN, BTH_LEN, ICRC_LEN, ROCEV2_PORT, Opcode as _Op
 
@@ -876,6 +877,7 @@ class NIC(SharedDevice):
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
         self.publish_counters(final=True)
+        _prune(self._stats_path.parent)      # what exited programs left there (at times)
         with self.lock:
             self._close_wire()
             if self.capture is not None:

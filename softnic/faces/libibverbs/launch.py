@@ -49,9 +49,11 @@ def library_env(env: dict) -> dict:
            "LD_PRELOAD": _prepend(str(d / PRELOAD), env.get("LD_PRELOAD"), " ")}
     # the devices' sysfs entries, which the preload answers for (sysfs.py)
     from softnic.driver import config
+    from softnic.driver.hostfiles import prune
     from .sysfs import ENV, tools, tree
     try:
         out[ENV] = str(tree(config.load(env)))
+        prune()             # trees and counters exited programs left (at times)
         # and `rdma link`, which asks the kernel (sysfs.RDMA_TOOL)
         out["PATH"] = _prepend(str(tools()), env.get("PATH", os.defpath), os.pathsep)
     except (ValueError, OSError):

@@ -93,7 +93,11 @@ def tree(cfg: _config.RuntimeConfig | None = None, base: Path | None = None) -> 
     key = hashlib.sha256(json.dumps([_LAYOUT, layout], sort_keys=True).encode()).hexdigest()[:12]
     dest = base / f"sysfs-{key}"
     if dest.is_dir():
-        return dest
+        try:
+            os.utime(dest)          # in use again: hostfiles.prune leaves it TREE_GRACE
+            return dest
+        except OSError:
+            pass                    # (removed meanwhile: made again below)
     base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".sysfs-", dir=base))
     for name, (netdev, gid) in layout.items():
