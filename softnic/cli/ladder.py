@@ -6,9 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..trace.ladder import (
-    from_fabric_trace, from_pcap, render_svg, render_text, simulate, summary,
-)
 from ..wire.roce import ROCEV2_PORT
 
 
@@ -37,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``softnic trace`` with parsed ``args``."""
+    # (here, not at the top: every softnic command builds this subcommand's parser)
+    from ..trace.ladder import (
+        from_fabric_trace, from_pcap, render_svg, render_text, simulate, summary,
+    )
     if args.demo == bool(args.pcap):
         print("softnic trace: give a pcap file or --demo", file=sys.stderr)
         return 2
