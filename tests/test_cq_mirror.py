@@ -1,7 +1,8 @@
 """The CQ's mirror (softnic/core/cq.py): the view a C face's ibv_poll_cq reads
 without entering Python (shim.c's sn_cq_idle) must say [completions queued, or -1
-once overflowed or closed; armed] after every operation, or an empty-looking CQ
-would hide a completion from a spinning program."""
+once overflowed or closed; armed and not polled since] after every operation, or an
+empty-looking CQ would hide a completion from a spinning program, or the first poll
+after an arm (a program about to sleep on its channel) would not reach Python."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ OPS = st.lists(st.one_of(
 
 
 def _expected(cq: CQ) -> list[int]:
-    return [-1 if cq.overflowed or cq.closed else len(cq.entries), int(cq.armed)]
+    return [-1 if cq.overflowed or cq.closed else len(cq.entries), int(cq.arm_unpolled)]
 
 
 @settings(max_examples=300)
@@ -51,3 +52,24 @@ def test_the_mirror_follows_every_operation(depth, ops):
             cq.closed = True
             cq.mirrored()
         assert list(cq.mirror) == _expected(cq), (op, list(cq.mirror), _expected(cq))
+
+
+def test_arm_unpolled_is_an_arm_no_poll_has_followed():
+    """The first poll after ibv_req_notify_cq is a program about to sleep on its
+    channel (arm, poll for what came meanwhile, sleep); a CQ polled again while
+    still armed is a program spinning on it."""
+    cq = CQ(1, 4)
+    cq.mirror = array.array("i", [0, 0])
+    cq.mirrored()
+    assert not cq.arm_unpolled
+    cq.req_notify()
+    assert cq.armed and cq.arm_unpolled and list(cq.mirror) == [0, 1]
+    assert cq.poll(1) == []
+    assert cq.armed and not cq.arm_unpolled and list(cq.mirror) == [0, 0]
+    cq.req_notify()                                   # armed again: so it is again
+    assert cq.arm_unpolled and list(cq.mirror) == [0, 1]
+    cq.push(WC(0, WCStatus.SUCCESS, WCOpcode.SEND, 1))  # the event: disarmed
+    assert not cq.armed and not cq.arm_unpolled and list(cq.mirror) == [1, 0]
+    cq.req_notify(True)                               # solicited only: a plain one leaves it
+    cq.push(WC(1, WCStatus.SUCCESS, WCOpcode.SEND, 1))
+    assert cq.armed and cq.arm_unpolled and list(cq.mirror) == [2, 1]

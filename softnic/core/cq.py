@@ -47,13 +47,19 @@ class CQ:
         self.overflowed = False
         self.armed = False            # ibv_req_notify_cq
         self.armed_solicited = False
+        #: armed and not polled since: what a program about to sleep on its channel
+        #: does (arm, poll once for what came meanwhile, sleep); one that keeps
+        #: polling an armed CQ without arming it again spins on it (UCX's progress
+        #: loop, which armed it once while it waited to connect)
+        self.arm_unpolled = False
         self.events = 0               # notifications raised (the comp channel reads these)
         self.on_event = None          # called with the CQ when it raises one (a driver's hook)
         self._on_overflow = on_overflow
         self.closed = False
         #: a driver's view of the CQ for a poll that need not take the engine's lock
         #: (the C face's ibv_poll_cq): a two-element integer array kept as
-        #: [completions queued, or -1 once overflowed or closed; armed], or None
+        #: [completions queued, or -1 once overflowed or closed; ``arm_unpolled``],
+        #: or None
         self.mirror = None
 
     def mirrored(self) -> None:
@@ -62,7 +68,7 @@ class CQ:
         m = self.mirror
         if m is not None:
             m[0] = -1 if self.overflowed or self.closed else len(self.entries)
-            m[1] = 1 if self.armed else 0
+            m[1] = 1 if self.arm_unpolled else 0
 
     def push(self, wc: WC, *, solicited: bool = False) -> bool:
         """Queue a completion.  Returns False (and enters the error state) if the CQ is full."""
@@ -76,7 +82,7 @@ class CQ:
             return False
         self.entries.append(wc)
         if self.armed and (not self.armed_solicited or solicited or wc.status != WCStatus.SUCCESS):
-            self.armed = False
+            self.armed = self.arm_unpolled = False
             self.events += 1
             if self.mirror is not None:
                 self.mirrored()
@@ -87,6 +93,10 @@ class CQ:
         return True
 
     def poll(self, n: int = 1) -> list[WC]:
+        if self.arm_unpolled:
+            self.arm_unpolled = False
+            if self.mirror is not None:
+                self.mirror[1] = 0
         if self.overflowed:
             raise CQOverflow(self.handle)
         out = []
@@ -98,7 +108,7 @@ class CQ:
         return out
 
     def req_notify(self, solicited_only: bool = False) -> None:
-        self.armed = True
+        self.armed = self.arm_unpolled = True
         self.armed_solicited = solicited_only
         if self.mirror is not None:
             self.mirror[1] = 1

@@ -5,7 +5,9 @@
  * made while the program spins (a WRITE WITH IMM the other QP receives, an
  * error completion the retransmission timer makes) are found; an armed CQ's
  * empty poll leaves what arrives to the device's own progress (the program
- * then waits on the channel's fd, as UCX does); an overflowed CQ reports it.
+ * then waits on the channel's fd, as UCX does); a CQ armed once and spun on after
+ * (UCX's progress loop) is polled as any other, its event still raised; an
+ * overflowed CQ reports it.
  * Plain libibverbs: runs against any provider. */
 #include <fcntl.h>
 #include <poll.h>
@@ -112,6 +114,34 @@ int main(int argc, char **argv)
         expect_wc(&a, 300 + i, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND's completion");
     }
     printf("an armed CQ's empty poll: ok\n");
+
+    /* a CQ armed once and then spun on (UCX's progress loop polls a CQ it armed while
+     * it waited): only the first poll after the arm is a program about to sleep; the
+     * rest are empty polls like any other (answered without the slow path where a
+     * provider has one), and the event still comes when a completion does */
+    {
+        struct ibv_sge rs = { .addr = (uintptr_t)dst, .length = SIZE, .lkey = md->lkey };
+        struct ibv_recv_wr rwr = { .wr_id = 400, .sg_list = &rs, .num_sge = 1 }, *rbad;
+        CHECK(ibv_post_recv(b.qp, &rwr, &rbad) == 0, "ibv_post_recv");
+        CHECK(ibv_req_notify_cq(b.cq, 0) == 0, "ibv_req_notify_cq");
+        for (int i = 0; i < 20000; i++)
+            CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0, "an empty CQ armed once");
+        struct ibv_sge ss = { .addr = (uintptr_t)src, .length = 8, .lkey = ms->lkey };
+        struct ibv_send_wr swr = { .wr_id = 401, .sg_list = &ss, .num_sge = 1,
+                                   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+                           *sbad;
+        CHECK(ibv_post_send(a.qp, &swr, &sbad) == 0, "ibv_post_send");
+        wc = spin(&b, "the SEND's receive completion, spinning on the armed CQ");
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 400, "the receive");
+        struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
+        CHECK(poll(&pfd, 1, 500) == 1, "the armed CQ's event");
+        struct ibv_cq *ev_cq;
+        void *ev_ctx;
+        CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == b.cq, "ibv_get_cq_event");
+        ibv_ack_cq_events(ev_cq, 1);
+        expect_wc(&a, 401, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND's completion");
+    }
+    printf("a CQ armed once, spun on: ok\n");
 
     /* an error completion the retransmission timer makes while the program spins:
      * a QP whose peer is a QP number nobody has */

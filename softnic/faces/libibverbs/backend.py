@@ -55,7 +55,8 @@ _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 #: ACK of ours that the WRITE carried out behind it) is taken with that ACK, in one
 #: call.  (A program spinning on memory reacts to the request itself: the Python
 #: face's ``poll`` keeps one, and ``softnic perf write_lat`` answers before the ACK.
-#: A program whose CQ is armed sleeps on its channel next, and its poll keeps one.)
+#: A program's first poll of a CQ it armed since its last one comes before it sleeps
+#: on its channel, and keeps one.)
 POLL_RUNS = env.number("SOFTNIC_POLL_RUNS", 2)
 
 _objs: dict[int, object] = {}
@@ -501,7 +502,8 @@ def sn_resize_cq(h, cqe, actual):
 def sn_cq_fastpoll(h, view):
     """Where shim.c's ibv_poll_cq reads whether a poll would find nothing and do
     nothing, without entering Python (``sn_cq_idle``): the CQ's mirror (the engine
-    keeps it: completions queued, armed) and the device's ``NIC.fast_view``, as
+    keeps it: completions queued, armed and not polled since) and the device's
+    ``NIC.fast_view``, as
     addresses; EOPNOTSUPP where there is none (every poll enters Python)."""
     o = _get(h)
     fv = o.nic.fast_view() if hasattr(o.nic, "fast_view") else None
@@ -558,7 +560,10 @@ def sn_poll_cq(h, n, out):
     if o is None:
         return -errno.EINVAL
     nic = o.nic
-    nic.poll(1 if o.eng.armed else POLL_RUNS)    # (armed: it sleeps on its channel next)
+    # The first poll since the program armed the CQ: it sleeps on its channel next
+    # (CQ.arm_unpolled; this poll clears it).  Later polls of a CQ still armed spin.
+    arm = o.eng.arm_unpolled
+    nic.poll(1 if arm else POLL_RUNS)
     with nic.lock:
         try:
             got = nic.dev.poll_cq(o.eng, n)
@@ -576,10 +581,12 @@ def sn_poll_cq(h, n, out):
                 if other is not nic:
                     other.poll()
     answering = bool(got) and not _more_to_complete(nic.dev, got)
-    if answering or o.eng.armed and (o.channel is None or not o.channel.sleeper):
+    if answering or arm and o.eng.armed and (o.channel is None or not o.channel.sleeper):
         # The caller gives its lease back, and the progress thread takes what
         # arrives from now on, when it is about to wait elsewhere: on its channel
-        # (the CQ is armed: ibv_get_cq_event comes next), or on memory (nothing more
+        # (it armed the CQ and this is its first poll since, the one that looks for
+        # what came meanwhile: ibv_get_cq_event comes next; a program that keeps
+        # polling a CQ it armed once spins, and keeps its lease), or on memory (nothing more
         # can complete on these QPs without a new post: perftest's WRITE latency
         # test spins on a byte next).  A caller whose QPs still have sends in
         # flight or receives posted polls again (a bandwidth test, UCX's progress
