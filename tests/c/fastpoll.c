@@ -34,6 +34,35 @@ static struct ibv_wc spin(struct ep *e, const char *what)
     }
 }
 
+/* a receive of SIZE bytes at dst on e's QP */
+static void post_recv_at(struct ep *e, uint64_t wr_id, void *dst, uint32_t lkey)
+{
+    struct ibv_sge rs = { .addr = (uintptr_t)dst, .length = SIZE, .lkey = lkey };
+    struct ibv_recv_wr rwr = { .wr_id = wr_id, .sg_list = &rs, .num_sge = 1 }, *rbad;
+    CHECK(ibv_post_recv(e->qp, &rwr, &rbad) == 0, "ibv_post_recv");
+}
+
+/* a signaled SEND of src's first 8 bytes on e's QP */
+static void post_send8(struct ep *e, uint64_t wr_id, void *src, uint32_t lkey)
+{
+    struct ibv_sge ss = { .addr = (uintptr_t)src, .length = 8, .lkey = lkey };
+    struct ibv_send_wr swr = { .wr_id = wr_id, .sg_list = &ss, .num_sge = 1,
+                               .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+                       *sbad;
+    CHECK(ibv_post_send(e->qp, &swr, &sbad) == 0, "ibv_post_send");
+}
+
+/* the channel's next event, cq's, within 0.5 s: taken and acknowledged */
+static void take_event(struct ibv_comp_channel *ch, struct ibv_cq *cq, const char *what)
+{
+    struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
+    CHECK(poll(&pfd, 1, 500) == 1, what);
+    struct ibv_cq *ev_cq;
+    void *ev_ctx;
+    CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == cq, "ibv_get_cq_event");
+    ibv_ack_cq_events(ev_cq, 1);
+}
+
 int main(int argc, char **argv)
 {
     int two = argc > 1 && strcmp(argv[1], "two") == 0;
@@ -93,22 +122,11 @@ int main(int argc, char **argv)
     /* an armed CQ: its empty poll leaves the device to its own progress, and the
      * program waits on the channel's fd */
     for (int i = 0; i < 5; i++) {
-        struct ibv_sge rs = { .addr = (uintptr_t)dst, .length = SIZE, .lkey = md->lkey };
-        struct ibv_recv_wr rwr = { .wr_id = 200 + i, .sg_list = &rs, .num_sge = 1 }, *rbad;
-        CHECK(ibv_post_recv(b.qp, &rwr, &rbad) == 0, "ibv_post_recv");
+        post_recv_at(&b, 200 + i, dst, md->lkey);
         CHECK(ibv_req_notify_cq(b.cq, 0) == 0, "ibv_req_notify_cq");
         CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0, "an empty armed CQ");
-        struct ibv_sge ss = { .addr = (uintptr_t)src, .length = 8, .lkey = ms->lkey };
-        struct ibv_send_wr swr = { .wr_id = 300 + i, .sg_list = &ss, .num_sge = 1,
-                                   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
-                           *sbad;
-        CHECK(ibv_post_send(a.qp, &swr, &sbad) == 0, "ibv_post_send");
-        struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
-        CHECK(poll(&pfd, 1, 500) == 1, "the channel's event within 0.5 s, nobody polling");
-        struct ibv_cq *ev_cq;
-        void *ev_ctx;
-        CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == b.cq, "ibv_get_cq_event");
-        ibv_ack_cq_events(ev_cq, 1);
+        post_send8(&a, 300 + i, src, ms->lkey);
+        take_event(ch, b.cq, "the channel's event within 0.5 s, nobody polling");
         wc = spin(&b, "the SEND's receive completion");
         CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)(200 + i), "the receive");
         expect_wc(&a, 300 + i, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND's completion");
@@ -119,28 +137,15 @@ int main(int argc, char **argv)
      * it waited): only the first poll after the arm is a program about to sleep; the
      * rest are empty polls like any other (answered without the slow path where a
      * provider has one), and the event still comes when a completion does */
-    {
-        struct ibv_sge rs = { .addr = (uintptr_t)dst, .length = SIZE, .lkey = md->lkey };
-        struct ibv_recv_wr rwr = { .wr_id = 400, .sg_list = &rs, .num_sge = 1 }, *rbad;
-        CHECK(ibv_post_recv(b.qp, &rwr, &rbad) == 0, "ibv_post_recv");
-        CHECK(ibv_req_notify_cq(b.cq, 0) == 0, "ibv_req_notify_cq");
-        for (int i = 0; i < 20000; i++)
-            CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0, "an empty CQ armed once");
-        struct ibv_sge ss = { .addr = (uintptr_t)src, .length = 8, .lkey = ms->lkey };
-        struct ibv_send_wr swr = { .wr_id = 401, .sg_list = &ss, .num_sge = 1,
-                                   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
-                           *sbad;
-        CHECK(ibv_post_send(a.qp, &swr, &sbad) == 0, "ibv_post_send");
-        wc = spin(&b, "the SEND's receive completion, spinning on the armed CQ");
-        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 400, "the receive");
-        struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
-        CHECK(poll(&pfd, 1, 500) == 1, "the armed CQ's event");
-        struct ibv_cq *ev_cq;
-        void *ev_ctx;
-        CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == b.cq, "ibv_get_cq_event");
-        ibv_ack_cq_events(ev_cq, 1);
-        expect_wc(&a, 401, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND's completion");
-    }
+    post_recv_at(&b, 400, dst, md->lkey);
+    CHECK(ibv_req_notify_cq(b.cq, 0) == 0, "ibv_req_notify_cq");
+    for (int i = 0; i < 20000; i++)
+        CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0, "an empty CQ armed once");
+    post_send8(&a, 401, src, ms->lkey);
+    wc = spin(&b, "the SEND's receive completion, spinning on the armed CQ");
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 400, "the receive");
+    take_event(ch, b.cq, "the armed CQ's event");
+    expect_wc(&a, 401, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND's completion");
     printf("a CQ armed once, spun on: ok\n");
 
     /* an error completion the retransmission timer makes while the program spins:

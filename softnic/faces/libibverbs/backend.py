@@ -586,9 +586,9 @@ def sn_poll_cq(h, n, out):
         # arrives from now on, when it is about to wait elsewhere: on its channel
         # (it armed the CQ and this is its first poll since, the one that looks for
         # what came meanwhile: ibv_get_cq_event comes next; a program that keeps
-        # polling a CQ it armed once spins, and keeps its lease), or on memory (nothing more
-        # can complete on these QPs without a new post: perftest's WRITE latency
-        # test spins on a byte next).  A caller whose QPs still have sends in
+        # polling a CQ it armed once spins, and keeps its lease), or on memory
+        # (nothing more can complete on these QPs without a new post: perftest's
+        # WRITE latency test spins on a byte next).  A caller whose QPs still have sends in
         # flight or receives posted polls again (a bandwidth test, UCX's progress
         # loop): it keeps its lease, and its inline steps take what arrives.  So
         # does a caller whose armed CQ's channel ibv_get_cq_event sleeps on for it,

@@ -1146,11 +1146,10 @@ static int64_t sn_mono_ns(void)
 /* A poll that would find nothing and do nothing: NIC.poll's idle case, read from
  * memory the Python side keeps (sn_cq_fastpoll), without entering the interpreter.
  * It is so when the CQ holds no completion and was not armed since its last poll
- * (the first poll after an arm gives the lease back: sn_poll_cq), and on every device
- * open in the process
- * (an empty poll moves the others along too: sn_poll_cq) nothing waits on the
- * socket, no deadline of the engine has come (lease[3]) and no output is held for
- * a call (lease[1]).  Then, as NIC.poll does on each, it renews their leases
+ * (the first poll after an arm gives the lease back: sn_poll_cq), and on every
+ * device open in the process (an empty poll moves the others along too:
+ * sn_poll_cq) nothing waits on the socket, no deadline of the engine has come
+ * (lease[3]) and no output is held for a call (lease[1]).  Then, as NIC.poll does on each, it renews their leases
  * (lease[0]): the progress threads leave what arrives to this caller.  Anything
  * else enters Python, as does a process with a device the list cannot show (one
  * without the compiled sleep, or more than SN_FAST_DEVICES). */
