@@ -50,7 +50,8 @@ class CQ:
         #: armed and not polled since: what a program about to sleep on its channel
         #: does (arm, poll once for what came meanwhile, sleep); one that keeps
         #: polling an armed CQ without arming it again spins on it (UCX's progress
-        #: loop polls a CQ UCX armed once, which on a WRITE target never fires)
+        #: loop polls the CQs of its wireup's UD transport, armed for its async
+        #: thread, which carry nothing once the wireup is over)
         self.arm_unpolled = False
         self.events = 0               # notifications raised (the comp channel reads these)
         self.on_event = None          # called with the CQ when it raises one (a driver's hook)

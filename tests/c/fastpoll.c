@@ -133,10 +133,11 @@ int main(int argc, char **argv)
     }
     printf("an armed CQ's empty poll: ok\n");
 
-    /* a CQ armed once and then spun on (UCX's progress loop polls a CQ it armed while
-     * it waited): only the first poll after the arm is a program about to sleep; the
-     * rest are empty polls like any other (answered without the slow path where a
-     * provider has one), and the event still comes when a completion does */
+    /* a CQ armed once and then spun on (UCX's progress loop polls the CQs of its
+     * wireup's UD transport, armed for its async thread): only the first poll
+     * after the arm is a program about to sleep; the rest are empty polls like any
+     * other (answered without the slow path where a provider has one), and the
+     * event still comes when a completion does */
     post_recv_at(&b, 400, dst, md->lkey);
     CHECK(ibv_req_notify_cq(b.cq, 0) == 0, "ibv_req_notify_cq");
     for (int i = 0; i < 20000; i++)
