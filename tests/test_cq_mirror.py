@@ -73,3 +73,33 @@ def test_arm_unpolled_is_an_arm_no_poll_has_followed():
     cq.req_notify(True)                               # solicited only: a plain one leaves it
     cq.push(WC(1, WCStatus.SUCCESS, WCOpcode.SEND, 1))
     assert cq.armed and cq.arm_unpolled and list(cq.mirror) == [2, 1]
+
+
+def test_an_arm_over_completions_not_yet_polled_raises_the_event_at_once():
+    """ibv_req_notify_cq as mlx5 has it (armed at the consumer index): completions
+    queued and not polled raise the event when the CQ is armed; an arm for
+    solicited completions only, when one of them is solicited or an error."""
+    cq = CQ(1, 8)
+    raised = []
+    cq.on_event = raised.append
+    plain = lambda i, st=WCStatus.SUCCESS: WC(i, st, WCOpcode.RECV, 1)   # noqa: E731
+    cq.push(plain(0))
+    assert not raised
+    cq.req_notify()
+    assert raised == [cq] and cq.events == 1 and not cq.armed
+    assert [w.wr_id for w in cq.poll(4)] == [0]
+    cq.req_notify()                                   # nothing queued: armed
+    assert cq.events == 1 and cq.armed
+    cq.push(plain(1))                                 # the next completion raises it
+    assert cq.events == 2 and not cq.armed
+    cq.req_notify(True)                               # only a plain one queued
+    assert cq.events == 2 and cq.armed
+    cq.push(plain(2), solicited=True)
+    assert cq.events == 3 and not cq.armed
+    cq.req_notify(True)                               # a solicited one queued
+    assert cq.events == 4 and not cq.armed
+    assert [w.wr_id for w in cq.poll(4)] == [1, 2]
+    cq.push(plain(3, WCStatus.REM_ACCESS_ERR))        # not armed: no event
+    assert cq.events == 4
+    cq.req_notify(True)                               # an error queued
+    assert cq.events == 5 and raised == [cq] * 5

@@ -147,6 +147,19 @@ def test_ucx_perftest_ud_verbs(libdir, test):
     assert final.split()[1] == "100", final
 
 
+@pytest.mark.compat("ucx")
+@pytest.mark.parametrize("tls", ["rc_v,self", "ud_v,self"])
+def test_ucx_perftest_asleep_between_messages(libdir, tls):
+    """``ucx_perftest -E sleep``: a side whose progress finds nothing arms its CQs
+    and sleeps in ``ucp_worker_wait``.  A completion that lands between that empty
+    progress and the arm must wake it: the arm raises the event for completions
+    queued and not yet polled (``CQ.req_notify``, as mlx5 arms at the consumer
+    index).  Before it did, 3 runs of 4 of 2000 round trips slept for good, both
+    sides in ``ucp_worker_wait`` with every packet delivered (2026-12-05)."""
+    final = perftest(tls, "tag_lat", "-n", "2000", "-s", "8", "-E", "sleep")
+    assert final.split()[1] == "2000", final
+
+
 @pytest.mark.compat("ucx", faults="loss")
 @pytest.mark.parametrize("tls,test,size", [
     ("rc_v,self", "tag_lat", "8"), ("rc_v,self", "ucp_put_bw", "65536"),

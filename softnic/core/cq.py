@@ -32,6 +32,9 @@ class WC:
     slid: int = 0
     sl: int = 0
     dlid_path_bits: int = 0
+    #: queued by a solicited event (``CQ.push``'s ``solicited``): what a CQ armed for
+    #: solicited completions only is armed for, as for an error
+    solicited: bool = False
 
 
 class CQOverflow(VerbsError):
@@ -81,17 +84,24 @@ class CQ:
                 if self._on_overflow is not None:
                     self._on_overflow(self)
             return False
+        if solicited:
+            wc.solicited = True
         self.entries.append(wc)
         if self.armed and (not self.armed_solicited or solicited or wc.status != WCStatus.SUCCESS):
-            self.armed = self.arm_unpolled = False
-            self.events += 1
-            if self.mirror is not None:
-                self.mirrored()
-            if self.on_event is not None:
-                self.on_event(self)
+            self._event()
         elif self.mirror is not None:
             self.mirror[0] = -1 if self.closed else len(self.entries)
         return True
+
+    def _event(self) -> None:
+        """Raise the completion event the CQ is armed for (the channel's, a driver's
+        ``on_event``); it is disarmed until ``req_notify`` again."""
+        self.armed = self.arm_unpolled = False
+        self.events += 1
+        if self.mirror is not None:
+            self.mirrored()
+        if self.on_event is not None:
+            self.on_event(self)
 
     def poll(self, n: int = 1) -> list[WC]:
         if self.arm_unpolled:
@@ -109,7 +119,17 @@ class CQ:
         return out
 
     def req_notify(self, solicited_only: bool = False) -> None:
+        """Arm the CQ (ibv_req_notify_cq).  As mlx5 arms a CQ at its consumer index,
+        completions already queued and not yet polled raise the event at once (for
+        an arm for solicited completions only, one of them solicited or an error):
+        a program that arms between its last empty poll and a completion landing
+        (UCX's ``ucp_worker_wait``: progress, arm, sleep) is woken, not left asleep
+        beside it."""
         self.armed = self.arm_unpolled = True
         self.armed_solicited = solicited_only
         if self.mirror is not None:
             self.mirror[1] = 1
+        if self.entries and not self.overflowed and not self.closed and (
+                not solicited_only or any(w.solicited or w.status != WCStatus.SUCCESS
+                                          for w in self.entries)):
+            self._event()
