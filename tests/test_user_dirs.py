@@ -143,6 +143,11 @@ def test_sysfs_trees_no_process_names_are_removed_after_their_grace(tmp_path):
     env = dict(os.environ, SOFTNIC_SYSFS=str(used))
     p = subprocess.Popen(["sleep", "60"], env=env)
     try:
+        # (until it has exec'd, /proc shows the forking parent's environment)
+        deadline = time.monotonic() + 10
+        while b"SOFTNIC_SYSFS=" not in Path(f"/proc/{p.pid}/environ").read_bytes():
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.01)
         assert hostfiles.prune(d, force=True) == 2
         assert sorted(x.name for x in d.iterdir()) == [".pruned", "sysfs-aaaa", "sysfs-cccc"]
     finally:
