@@ -520,7 +520,12 @@ def test_c_polls_of_one_device(libdir, tmp_path):
     after an armed CQ's empty poll, waits on the channel's fd (every datagram
     leaves 2 ms late, from the progress thread, and a spinner's lease is 5 s
     here), a CQ armed once and then spun on (20 000 empty polls, then a SEND's
-    receive and its event), and an overflowed CQ reports it.  (That an armed CQ's
+    receive and its event), the event of a SEND that arrives while the program,
+    having armed the CQ with no poll since (its lease fresh), waits on the fd (as
+    UCX's ``ucp_worker_wait`` does: the lease must not keep the SEND from the
+    progress thread; told apart on two devices, where the SEND comes from the
+    other device's thread: with one device this program passes either way), and
+    an overflowed CQ reports it.  (That an armed CQ's
     empty poll gives the lease back is not told apart here: with the poll answered
     in C ignoring the armed flag, this program still passes, the progress thread's
     wake-ups for the delayed send and its timers taking the SEND.  That only the
@@ -553,6 +558,7 @@ def _fastpoll(tmp_path, args):
     assert r.returncode == 0, r.stdout + r.stderr
     for want in ["empty polls: ok", "completions found while spinning: ok",
                  "an armed CQ's empty poll: ok", "a CQ armed once, spun on: ok",
+                 "an arm, then a sleep on the fd: ok",
                  "an error completion from the timer: ok", "all checks: ok"]:
         assert want in r.stdout, r.stdout
     assert re.search(r"an overflowed CQ: -\d+: ok", r.stdout), r.stdout

@@ -666,6 +666,16 @@ class NIC(SharedDevice):
             lease[2] = 2                 # (sn_wait takes this ring itself)
             self.ring()
 
+    def end_lease_to_sleep(self) -> None:
+        """``end_lease`` for a caller that sleeps next without calling softnic again
+        (it armed a CQ whose channel's fd it waits on itself): output an inline
+        step or a post held for its next call leaves now, since that call comes
+        only after the event it waits for, which may need that output's answer."""
+        with self.lock:
+            if self._owed and not self._closed:
+                self._flush(time.monotonic())
+        self.end_lease()
+
     def poll(self, runs: int = 1, reads: bool = False) -> None:
         """One inline progress step: receive, fire timers, send.  Never blocks.
         ``runs``: receives it may take (one datagram or coalesced run each), while

@@ -6,8 +6,9 @@
  * error completion the retransmission timer makes) are found; an armed CQ's
  * empty poll leaves what arrives to the device's own progress (the program
  * then waits on the channel's fd, as UCX does); a CQ armed once and spun on after
- * (UCX's progress loop) is polled as any other, its event still raised; an
- * overflowed CQ reports it.
+ * (UCX's progress loop) is polled as any other, its event still raised; a
+ * program that arms and then sleeps on the channel's fd without polling between
+ * (UCX's wait) gets its event; an overflowed CQ reports it.
  * Plain libibverbs: runs against any provider. */
 #include <fcntl.h>
 #include <poll.h>
@@ -148,6 +149,22 @@ int main(int argc, char **argv)
     take_event(ch, b.cq, "the armed CQ's event");
     expect_wc(&a, 401, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND's completion");
     printf("a CQ armed once, spun on: ok\n");
+
+    /* an arm and a sleep on the channel's fd with no poll between (UCX's
+     * ucp_worker_wait: progress, arm, poll(2) on the fd): the lease the program's
+     * poll just before renewed (a spinner's lease is 5 s here) must not keep what
+     * arrives from the device's own progress while the program sleeps */
+    for (int i = 0; i < 5; i++) {
+        post_recv_at(&b, 600 + i, dst, md->lkey);
+        CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0, "an empty CQ");
+        post_send8(&a, 700 + i, src, ms->lkey);
+        CHECK(ibv_req_notify_cq(b.cq, 0) == 0, "ibv_req_notify_cq");
+        take_event(ch, b.cq, "the channel's event within 0.5 s of an arm, no poll since");
+        wc = spin(&b, "the SEND's receive completion");
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == (uint64_t)(600 + i), "the receive");
+        expect_wc(&a, 700 + i, IBV_WC_SUCCESS, IBV_WC_SEND, "the SEND's completion");
+    }
+    printf("an arm, then a sleep on the fd: ok\n");
 
     /* an error completion the retransmission timer makes while the program spins:
      * a QP whose peer is a QP number nobody has */

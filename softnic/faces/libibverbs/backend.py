@@ -603,8 +603,18 @@ def sn_poll_cq(h, n, out):
 @extern()
 def sn_req_notify_cq(h, solicited_only):
     o = _get(h)
-    with o.nic.lock:
+    nic = o.nic
+    with nic.lock:
         o.eng.req_notify(bool(solicited_only))
+    ch = o.channel
+    if ch is not None and not ch.sleeper:
+        # A program that waits on its channel's fd itself (poll(2) or epoll on it:
+        # UCX's ucp_worker_wait, libfabric's fi_wait; never ibv_get_cq_event's sleep,
+        # which steps the device itself) arms and sleeps, maybe without a poll
+        # between: nothing calls softnic until the event, so the progress thread
+        # takes what arrives from now on, not once the lease lapses.  A program
+        # that polls after the arm takes the lease again with that poll.
+        nic.end_lease_to_sleep()
 
 
 def _event_waiting(cqs):
