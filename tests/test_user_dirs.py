@@ -5,6 +5,7 @@ refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -126,6 +127,52 @@ def test_counters_of_exited_programs_beyond_the_newest_are_removed(monkeypatch, 
     assert hostfiles.prune(d, force=True) == 5
     assert sorted(p.name for p in d.iterdir()) == sorted(
         [f.name for f in exited[-3:]] + [live.name, other.name, ".pruned"])
+
+
+@pytest.mark.unprivileged
+def test_a_reused_pid_does_not_keep_an_exited_writers_files_alive(monkeypatch, tmp_path):
+    """A file records its writer's pid and start (``own_start``): a live process
+    given the pid of a writer that exited is not that writer.  Its counters are
+    removed as an exited program's and ``softnic counters`` shows them exited; a
+    host-wide listener's entry is not found."""
+    from softnic.driver import rdmacm_host
+    start = hostfiles.own_start()
+    assert isinstance(start, int) and start > 0
+    assert hostfiles.process_start(os.getpid()) == start
+    assert hostfiles.process_alive(os.getpid(), start)
+    assert not hostfiles.process_alive(os.getpid(), start + 1)
+    assert hostfiles.process_alive(os.getpid())          # (a file that records no start)
+    monkeypatch.setattr(hostfiles, "KEEP_EXITED", 0)
+    d = tmp_path / "stats"
+    d.mkdir()
+    docs = {"softnic0": start, "softnic1": start - 1, "softnic2": None}
+    for dev, st in docs.items():
+        doc = {"pid": os.getpid(), "device": dev, "gid": "::", "ip": "127.0.0.1",
+               "port": 1, "time": time.time(), "closed": False, "counters": {"x": 1}}
+        if st is not None:
+            doc["start"] = st
+        (d / f"{os.getpid()}-{dev}.json").write_text(json.dumps(doc))
+    assert hostfiles.prune(d, force=True) == 1
+    assert sorted(p.name for p in d.glob("*.json")) == [
+        f"{os.getpid()}-softnic0.json", f"{os.getpid()}-softnic2.json"]
+    (d / f"{os.getpid()}-softnic1.json").write_text(json.dumps(
+        {"pid": os.getpid(), "start": start - 1, "device": "softnic1", "gid": "::",
+         "ip": "127.0.0.1", "port": 1, "time": time.time(), "closed": False,
+         "counters": {"x": 1}}))
+    r = subprocess.run([sys.executable, "-m", "softnic.cli", "counters", "--all"],
+                       env=dict(os.environ, SOFTNIC_STATS_DIR=str(d)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    state = {line.split()[0]: line.split("(")[1].split(",")[0]
+             for line in r.stdout.splitlines() if line.startswith("softnic")}
+    assert state == {"softnic0": "live", "softnic1": "exited", "softnic2": "live"}, r.stdout
+    monkeypatch.setenv("SOFTNIC_STATS_DIR", str(d))
+    rdmacm_host.publish(0x106, 4791, "127.0.0.1", ("127.0.0.1", 5000))
+    assert rdmacm_host.lookup(0x106, 4791, "127.0.0.1") == ("127.0.0.1", 5000)
+    entry = rdmacm_host._entry(0x106, 4791, "127.0.0.1")
+    doc = json.loads(entry.read_text())
+    entry.write_text(json.dumps(dict(doc, start=start + 1)))
+    assert rdmacm_host.lookup(0x106, 4791, "127.0.0.1") is None
 
 
 @pytest.mark.unprivileged

@@ -84,7 +84,7 @@ def _counters(args) -> int:
             doc = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        alive = process_alive(doc["pid"]) and not doc.get("closed")
+        alive = process_alive(doc["pid"], doc.get("start")) and not doc.get("closed")
         if alive or args.all:
             rows.append((doc, alive))
     if args.json:

@@ -8,6 +8,7 @@ membership (``mcast``); an entry whose process is gone is stale.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -69,15 +70,58 @@ def namespace_table(kind: str) -> Path:
     return stats_dir() / f"{kind}-{ns}"
 
 
-def process_alive(pid: int) -> bool:
-    """Whether the process that published a file (counters, a host-wide listener) lives."""
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat``'s
+    22nd field, ``starttime``), or None where /proc cannot tell.  A pid is reused;
+    a pid and its start name one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # (the second field, the command, is in parentheses and may hold any byte)
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_own_start: tuple[int, int | None] = (0, None)
+
+
+def own_start() -> int | None:
+    """``process_start`` of this process (read once per pid: a fork's child reads its
+    own), what a file this process publishes records beside its pid."""
+    global _own_start
+    pid = os.getpid()
+    if _own_start[0] != pid:
+        _own_start = (pid, process_start(pid))
+    return _own_start[1]
+
+
+def process_alive(pid: int, start: int | None = None) -> bool:
+    """Whether the process that published a file (counters, a host-wide listener)
+    lives: ``pid`` is a live process and, given ``start`` (the writer's
+    ``own_start()``), that process, not a later one the pid was given to."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    if start is not None:
+        now = process_start(pid)
+        if now is not None and now != start:
+            return False
     return True
+
+
+def _file_start(path: str) -> int | None:
+    """The writer's start a counters file records (``"start"``), or None."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+        start = doc.get("start")
+        return start if type(start) is int else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 #: the counters of exited programs' devices kept for ``softnic counters --all``: the
@@ -163,7 +207,10 @@ def prune(d: Path | None = None, now: float | None = None, force: bool = False) 
     for e in entries:
         if e.name.endswith((".json", ".tmp")) and e.is_file(follow_symlinks=False):
             pid = _pid_of(e.name)
-            if pid is not None and not process_alive(pid):
+            # (a live pid's file is read for its writer's start: the pid may be reused)
+            if pid is not None and not (process_alive(pid) and (
+                    not e.name.endswith(".json")
+                    or process_alive(pid, _file_start(e.path)))):
                 try:
                     exited.append((e.stat().st_mtime, e.path))
                 except OSError:

@@ -58,7 +58,7 @@ from .. import accel as _accel
 from . import env
 from .faults import FaultInjector
 from . import mcast as _mcast
-from .hostfiles import process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
+from .hostfiles import own_start, process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
 from .hostfiles import prune as _prune
 from ..transport.udp import UdpSocket, bind_free
 from ..wire.roce import AETH_LEN, BTH_LEN, ICRC_LEN, ROCEV2_PORT, Opcode as _Op
@@ -906,8 +906,9 @@ class NIC(SharedDevice):
         """Write the counters where ``softnic counters`` (another process) reads them."""
         try:
             self._stats_path.parent.mkdir(parents=True, exist_ok=True)
-            doc = {"pid": os.getpid(), "device": self.name, "gid": self.gid, "ip": self.ip,
-                   "port": self.port, "time": time.time(), "closed": final,
+            doc = {"pid": os.getpid(), "start": own_start(), "device": self.name,
+                   "gid": self.gid, "ip": self.ip, "port": self.port, "time": time.time(),
+                   "closed": final,
                    "counters": self.counters}
             tmp = self._stats_path.with_suffix(".tmp")
             tmp.write_text(json.dumps(doc))

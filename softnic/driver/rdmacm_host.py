@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 
 from softnic.core.errors import VerbsError
-from softnic.driver.hostfiles import namespace_table, process_alive
+from softnic.driver.hostfiles import namespace_table, own_start, process_alive
 
 
 def _table() -> Path:
@@ -50,13 +50,15 @@ def publish(ps: int, port: int, ip: str, device: tuple[str, int]) -> None:
     device at ``device``; ``EADDRINUSE`` if a live process already does."""
     path = _entry(ps, port, ip)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = json.dumps({"pid": os.getpid(), "ip": device[0], "port": device[1]})
+    doc = json.dumps({"pid": os.getpid(), "start": own_start(), "ip": device[0],
+                      "port": device[1]})
     for _ in range(2):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             old = _read(path)
-            if old is not None and old.get("pid") != os.getpid() and process_alive(old["pid"]):
+            if old is not None and old.get("pid") != os.getpid() \
+                    and process_alive(old["pid"], old.get("start")):
                 raise VerbsError(errno.EADDRINUSE,
                                  f"{ip}:{port} has a listener in process {old['pid']}") from None
             try:
@@ -84,6 +86,6 @@ def withdraw(ps: int, port: int, ip: str) -> None:
 def lookup(ps: int, port: int, ip: str) -> tuple[str, int] | None:
     """The device (IP, UDP port) of the live listener on ``ip:port``, if any."""
     doc = _read(_entry(ps, port, ip))
-    if doc is None or not process_alive(doc.get("pid", 0)):
+    if doc is None or not process_alive(doc.get("pid", 0), doc.get("start")):
         return None
     return doc["ip"], int(doc["port"])
