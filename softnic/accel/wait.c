@@ -93,29 +93,18 @@ static int sn_lease_returned(volatile int64_t *l, int bell)
    (or stopped, or gone). */
 static int sn_holder_runs(volatile int64_t *l)
 {
-    /* the holder's stat file, kept open by each thread that asks (one pread a look) */
-    static __thread int stat_fd = -1;
-    static __thread int64_t stat_tid;
     char path[64], buf[192];
     int64_t tid = l[4];
     if (tid <= 0)
         return 1;
-    if (tid != stat_tid || stat_fd < 0) {
-        if (stat_fd >= 0)
-            close(stat_fd);
-        stat_tid = tid;
-        snprintf(path, sizeof path, "/proc/self/task/%lld/stat", (long long)tid);
-        stat_fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (stat_fd < 0)
-            return errno == ENOENT ? 0 : 1;
-    }
-    ssize_t n = pread(stat_fd, buf, sizeof buf - 1, 0);
-    if (n <= 0) {
-        int gone = n == 0 || errno == ESRCH;
-        close(stat_fd);
-        stat_fd = -1;
-        return !gone;
-    }
+    snprintf(path, sizeof path, "/proc/self/task/%lld/stat", (long long)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : 1;     /* (ENOENT: the thread is gone) */
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
     buf[n] = 0;
     /* "tid (comm) S ...": the command may hold any byte, so from its last ')' */
     char *p = strrchr(buf, ')');
