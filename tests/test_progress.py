@@ -48,7 +48,7 @@ def wait_env():
     b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     b.bind(("127.0.0.1", 0))
     bell = os.eventfd(0, os.EFD_NONBLOCK)
-    lease = k.ffi.new("int64_t[4]")
+    lease = k.ffi.new("int64_t[5]")
     lease[3] = (1 << 63) - 1
     yield k, a, b, bell, lease
     a.close()
@@ -190,11 +190,15 @@ def _waiting(nic):
         return bool(nic._readable(0))
 
 
-def _until(cond, limit=10.0):
+def _until(cond, limit=10.0, spin=False):
+    """Wait for ``cond()``: asleep between looks (only the threads move), or with
+    ``spin`` running all the while, as a program spinning on its CQ does (the
+    thread keeps a lease only while its holder runs: sn_wait)."""
     end = time.monotonic() + limit
     while not cond():
         assert time.monotonic() < end, "not within the time limit"
-        time.sleep(0.001)                 # the program sleeps: only the threads move
+        if not spin:
+            time.sleep(0.001)
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["sn_wait", "select.poll"])
@@ -219,6 +223,49 @@ def test_a_write_lands_while_the_program_does_not_call(compiled, monkeypatch):
         # (each WRITE is posted once the one before has landed: one wake-up each at least)
         assert c["rcvd_pkts"] >= 20
         assert sum(c[k] for k in nicmod._WAKES) >= 20 and c["progress_wake_datagram"] >= 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_lease_is_kept_while_its_holder_runs_not_while_it_sleeps_elsewhere(monkeypatch):
+    """A program that polls and then sleeps elsewhere (ucx_perftest, waiting for
+    its peer, polls and then sleeps in poll(2) on a socket of its own for 1 ms at
+    a time) keeps no lease: the thread takes what lands at once, not when the
+    lease lapses (a spinner's lease is 2 s here: the WRITE must land within a
+    quarter of that).  One that keeps running after its poll (a spinner, even
+    one the scheduler preempts) keeps it: what lands is left to it, and taken by
+    the thread when the lease lapses after it stopped."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
+    monkeypatch.setattr(nicmod, "SPIN_LEASE", 2.0)
+    monkeypatch.setattr(nicmod, "SPIN_LEASE_NS", 2_000_000_000)
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b, timeout=22)
+        stop = threading.Event()
+
+        def holder(sleeps):
+            b.poll()                        # a fresh lease, this thread's
+            while not stop.is_set():
+                if sleeps:
+                    stop.wait(0.2)          # asleep elsewhere
+        for i, sleeps in ((1, True), (2, False), (3, True)):
+            stop.clear()
+            t = threading.Thread(target=holder, args=(sleeps,))
+            t.start()
+            try:
+                time.sleep(0.05)
+                _write(a, ea, eb, i)
+                if sleeps:
+                    _until(lambda: _wrote(eb, i), limit=0.5)    # taken by b's thread
+                else:
+                    time.sleep(0.5)
+                    assert not _wrote(eb, i)                    # left to the spinner
+            finally:
+                stop.set()
+                t.join()
+            _until(lambda: _wrote(eb, i), limit=5.0)            # (the spinner's lapsed)
     finally:
         a.close()
         b.close()
@@ -716,7 +763,7 @@ def test_end_lease_rings_the_thread_only_where_it_took_something_last_time(monke
             # and waits it out: parked with the bell read, so not a park the thread
             # entered before this ring, which the ring is about to end (the ring
             # of the last end_lease may still be in flight when the lease is renewed)
-            _until(lambda: not rung() and b._lease[2] == 1)
+            _until(lambda: not rung() and b._lease[2] == 1, spin=True)
 
         parked()
         b.end_lease(answering=True)

@@ -24,6 +24,16 @@
    A caller giving its lease back sets lease[2] to 2 and rings: the thread takes
    that ring itself and watches the socket again.
 
+   lease[4] is the thread id of the caller that renewed the lease last (0: none
+   to ask about: a lease ahead, held by a thread asleep on the socket itself).
+   A lease is kept only while that thread runs or waits for a CPU (its state in
+   /proc is R): a spinner the scheduler preempted keeps it, but a program that
+   polled and then went to sleep elsewhere (poll(2) on a socket of its own with
+   a timeout, as ucx_perftest does while it waits for its peer) does not, and
+   what arrives is the thread's at once, not when the lease lapses.  The thread
+   asks each time it looks at a fresh lease (on a wake-up: a datagram while it
+   watches the socket, a ring, a park's end), not while it waits one out.
+
    ``sn_wait_spin``'s ``spin_ns``: where the thread would sleep on the socket and
    the bell (no caller's lease), it first looks at both without sleeping for that
    long from the call, as a driver busy-polls its NIC after traffic (Linux's
@@ -38,7 +48,10 @@
    rang (read it); 3: a caller went away holding output; 0: ``timeout_ns`` or
    lease[3] passed (-1: no timeout); -errno. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,6 +86,48 @@ static int sn_lease_returned(volatile int64_t *l, int bell)
     if (read(bell, &v, sizeof v) < 0 && errno != EAGAIN)
         return 0;
     return 1;
+}
+
+/* Does the thread that renewed the lease last (lease[4]) run, or wait for a CPU?
+   1 where it cannot be told (no thread named, /proc unreadable); 0 if it is asleep
+   (or stopped, or gone). */
+static int sn_holder_runs(volatile int64_t *l)
+{
+    char path[64], buf[192];
+    int64_t tid = l[4];
+    if (tid <= 0)
+        return 1;
+    snprintf(path, sizeof path, "/proc/self/task/%lld/stat", (long long)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : 1;     /* (ENOENT: the thread is gone) */
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = 0;
+    /* "tid (comm) S ...": the command may hold any byte, so from its last ')' */
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ' || !p[2])
+        return 1;
+    return p[2] == 'R';
+}
+
+/* About to wait out the lease stamped ``l0``: say so (lease[2], which end_lease
+   reads after it gives the lease back, to ring the thread), then look at the
+   stamp again.  Given back in between (end_lease has not seen lease[2] set: no
+   ring comes), the thread looks again at once rather than parking blind for the
+   lease it read (1).  A stamp renewed in between needs no second look: the park
+   is only shorter than it could be. */
+static int sn_announce_park(volatile int64_t *l, int64_t l0)
+{
+    l[2] = 1;
+    __sync_synchronize();
+    if (l[0] < l0) {
+        l[2] = 0;
+        return 1;
+    }
+    return 0;
 }
 
 /* How long to wait out a fresh lease before looking again: until it lapses or the
@@ -120,13 +175,16 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
         }
         p[0].fd = sock; p[0].events = POLLIN; p[0].revents = 0;
         p[1].fd = bell; p[1].events = POLLIN; p[1].revents = 0;
-        fresh = l[0] + (l[1] ? hold_ns : grace_ns) - now;
+        int64_t l0 = l[0];
+        fresh = l0 + (l[1] ? hold_ns : grace_ns) - now;
         pending = l[1] != 0;
         if (!pending) {
             n = poll(p, 1, 0);
             pending = n > 0 && (p[0].revents & (POLLIN | POLLERR));
             p[0].revents = 0;
         }
+        if (fresh > 0 && !l[1] && l[0] <= now && !sn_holder_runs(l))
+            fresh = 0;                  /* its holder sleeps elsewhere: lapsed */
         if (pending && fresh <= 0)
             return l[1] ? 3 : spun ? 4 : 1;
         if (pending) {
@@ -153,7 +211,8 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             }
             seen = l[0];
             spun = 0;
-            l[2] = 1;
+            if (sn_announce_park(l, l0))
+                continue;
             n = sn_ppoll(p + 1, 1, sn_park(left, t, grace_ns));
             if (n < 0 && errno != EINTR) {
                 l[2] = 0;
@@ -177,7 +236,8 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
                until its lease would lapse, rather than waking (a context switch on
                a machine whose cores the spinners fill) for each datagram it takes */
             spun = 0;
-            l[2] = 1;
+            if (sn_announce_park(l, l0))
+                continue;
             n = sn_ppoll(p + 1, 1, sn_park(left, fresh, grace_ns));
             if (n < 0 && errno != EINTR) {
                 l[2] = 0;

@@ -498,7 +498,7 @@ class NIC(SharedDevice):
         self._sock_view = None
         if self._waiter is not None:
             self._poll_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            self._poll_lease = self._waiter.ffi.new("int64_t[4]")
+            self._poll_lease = self._waiter.ffi.new("int64_t[5]")
             # the socket's fd (-1 once closed), for a C face's poll (fast_view)
             self._sock_view = self._waiter.ffi.new("int32_t[1]", [self.sock.fileno()])
             global _open_view
@@ -510,10 +510,12 @@ class NIC(SharedDevice):
             # lease[0]: monotonic ns of the latest inline step; lease[1]: a step is
             # under way or holds output (read by sn_wait without the GIL); lease[2]:
             # the thread is waiting on the lease; lease[3]: the engine's next
-            # deadline in ns, which the sleeping thread re-reads
-            self._lease = self._waiter.ffi.new("int64_t[4]")
+            # deadline in ns, which the sleeping thread re-reads; lease[4]: the
+            # thread id of the caller that renewed it last (sn_wait keeps the lease
+            # only while that thread runs; 0: a lease ahead, not asked about)
+            self._lease = self._waiter.ffi.new("int64_t[5]")
         else:
-            self._lease = array.array("q", [0, 0, 0, 0])
+            self._lease = array.array("q", [0, 0, 0, 0, 0])
         self._lease[3] = _NO_DEADLINE
         if self._sock_view is not None:
             # (listed in _open_view once open: _count_open)
@@ -617,6 +619,7 @@ class NIC(SharedDevice):
                     self._posts_held += 1
                     self._owed = True
                     lease[0] = ns
+                    lease[4] = threading.get_native_id()
                     lease[1] = 1
                 else:
                     self._flush(time.monotonic())
@@ -696,6 +699,7 @@ class NIC(SharedDevice):
                 lease = self._lease
                 ns = time.monotonic_ns()
                 lease[0] = ns
+                lease[4] = threading.get_native_id()
                 if self._raised is False and PROGRESS_NICE:
                     self._prioritize(True)       # the program drives the device from now
                 now = ns * 1e-9
@@ -781,6 +785,7 @@ class NIC(SharedDevice):
             if self._owed:
                 self._flush(time.monotonic())
             self._lease[0] = time.monotonic_ns() + int(WAITER_LEASE * 1e9)
+            self._lease[4] = 0               # (it sleeps on the socket: not asked about)
             return self.sock.fileno()
 
     def spun_for_waiter(self) -> None:
@@ -810,6 +815,7 @@ class NIC(SharedDevice):
         with self.lock:
             if not self._closed:
                 self._lease[0] = time.monotonic_ns()
+                self._lease[4] = threading.get_native_id()
 
     def _wait_on_socket(self, wait: float | None) -> None:
         """``wait_until``'s sleep for the one thread that sleeps on the socket (and
@@ -831,6 +837,7 @@ class NIC(SharedDevice):
         # the lease while it sleeps: as long as it may sleep (at most 10 s), so the
         # progress thread sleeps on its doorbell and timers meanwhile
         lease[0] = time.monotonic_ns() + int(min(10.0 if wait is None else wait, 10.0) * 1e9)
+        lease[4] = 0                       # (asleep on the socket itself: not asked about)
         sock = self.sock.fileno()
         saved = self.lock._release_save()
         try:
@@ -845,6 +852,7 @@ class NIC(SharedDevice):
                 self.end_lease()           # the others sleep on the progress thread
             else:
                 lease[0] = time.monotonic_ns()   # a spinner's lease from here on
+                lease[4] = threading.get_native_id()
         if r == 2 and not self._closed:         # (closed: the fd may be another's now)
             try:
                 os.eventfd_read(fd)

@@ -24,6 +24,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1138,6 +1139,16 @@ static int64_t sn_mono_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* this thread's id, as the lease records its holder (lease[4], NIC.poll's
+   threading.get_native_id()): asked of the kernel once per thread */
+static pid_t sn_tid(void)
+{
+    static __thread pid_t tid;
+    if (!tid)
+        tid = (pid_t)syscall(SYS_gettid);
+    return tid;
+}
+
 /* the devices sn_cq_idle looks at, at most (its arrays' size; nic._open_view's count
    never exceeds nic.FAST_DEVICES, the pairs it has room for, so a smaller limit here
    only sends more polls into Python) */
@@ -1180,8 +1191,11 @@ static int sn_cq_idle(struct sn_cq *s)
         return 0;                         /* (the list changed under us: Python decides) */
     if (poll(p, (nfds_t)n, 0) != 0)
         return 0;                         /* a datagram (or an error to report) */
-    for (int i = 0; i < n; i++)
+    pid_t tid = sn_tid();
+    for (int i = 0; i < n; i++) {
         lease[i][0] = now;
+        lease[i][4] = tid;            /* (the lease is kept while this thread runs) */
+    }
     return 1;
 }
 
