@@ -175,6 +175,16 @@ def _nics(n=2):
     return [NIC(DeviceSpec(f"p{i}", None, 0), cfg) for i in range(n)]
 
 
+def _nics_leased(monkeypatch, lease: float):
+    """Two NICs with the compiled sleep and a spinner's lease of ``lease`` seconds
+    (their counters not published meanwhile)."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
+    monkeypatch.setattr(nicmod, "SPIN_LEASE", lease)
+    monkeypatch.setattr(nicmod, "SPIN_LEASE_NS", int(lease * 1e9))
+    return _nics()
+
+
 def _pair(a, b, retry_cnt=7, timeout=14):
     with a.lock, b.lock:
         ea, eb = endpoint(a.dev, buf_size=1 << 16), endpoint(b.dev, buf_size=1 << 16)
@@ -236,11 +246,7 @@ def test_a_lease_is_kept_while_its_holder_runs_not_while_it_sleeps_elsewhere(mon
     quarter of that).  One that keeps running after its poll (a spinner, even
     one the scheduler preempts) keeps it: what lands is left to it, and taken by
     the thread when the lease lapses after it stopped."""
-    _waiter()
-    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
-    monkeypatch.setattr(nicmod, "SPIN_LEASE", 2.0)
-    monkeypatch.setattr(nicmod, "SPIN_LEASE_NS", 2_000_000_000)
-    a, b = _nics()
+    a, b = _nics_leased(monkeypatch, 2.0)
     try:
         ea, eb = _pair(a, b, timeout=22)
         stop = threading.Event()
@@ -743,11 +749,7 @@ def test_end_lease_rings_the_thread_only_where_it_took_something_last_time(monke
     latency test, whose response its own poll takes) costs no wake-up; the
     thread then looks when the lease would have lapsed, and a WRITE that lands
     meanwhile is taken and rings it the next time."""
-    _waiter()
-    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
-    monkeypatch.setattr(nicmod, "SPIN_LEASE", 0.05)
-    monkeypatch.setattr(nicmod, "SPIN_LEASE_NS", 50_000_000)
-    a, b = _nics()
+    a, b = _nics_leased(monkeypatch, 0.05)
     rings = []
     try:
         ea, eb = _pair(a, b, timeout=22)

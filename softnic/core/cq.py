@@ -87,11 +87,16 @@ class CQ:
         if solicited:
             wc.solicited = True
         self.entries.append(wc)
-        if self.armed and (not self.armed_solicited or solicited or wc.status != WCStatus.SUCCESS):
+        if self.armed and self._wakes(wc):
             self._event()
         elif self.mirror is not None:
             self.mirror[0] = -1 if self.closed else len(self.entries)
         return True
+
+    def _wakes(self, wc: WC) -> bool:
+        """Is ``wc`` a completion the CQ's arm is for: any, or for an arm for
+        solicited completions only, a solicited one or an error?"""
+        return not self.armed_solicited or wc.solicited or wc.status != WCStatus.SUCCESS
 
     def _event(self) -> None:
         """Raise the completion event the CQ is armed for (the channel's, a driver's
@@ -129,7 +134,5 @@ class CQ:
         self.armed_solicited = solicited_only
         if self.mirror is not None:
             self.mirror[1] = 1
-        if self.entries and not self.overflowed and not self.closed and (
-                not solicited_only or any(w.solicited or w.status != WCStatus.SUCCESS
-                                          for w in self.entries)):
+        if not self.overflowed and not self.closed and any(map(self._wakes, self.entries)):
             self._event()
