@@ -692,6 +692,76 @@ def test_the_ack_of_a_write_waits_for_the_answer_that_carries_it(monkeypatch):
         b.close()
 
 
+def _send(nic, ep, i):
+    """SEND ``i``: 8 bytes of ``i`` from the start of ``ep``'s buffer."""
+    ep.buf.view[0:8] = i.to_bytes(8, "little")
+    nic.call(nic.dev.post_send, ep.qp, SendWR(i, W.SEND, [ep.sge(0, 8)], SendFlags.SIGNALED))
+
+
+def _received(nic, ep):
+    """The wr_ids of the receive completions ``ep`` has, taken."""
+    with nic.lock:
+        return [w.wr_id for w in nic.dev.poll_cq(ep.recv_cq, 8)]
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["answers", "does-not-answer"])
+def test_the_ack_of_a_send_that_wakes_a_sleeper_waits_for_its_answer(monkeypatch, answers):
+    """A program that arms its CQ and sleeps on the channel's fd itself
+    (``end_lease_to_sleep``: UCX's ``ucp_worker_wait``) wakes to the SEND that
+    lands and answers it.  The progress thread that takes the SEND holds its
+    ACK until a deadline (lease[1]); the program's poll after the wake finds the
+    completion and nothing to receive, and leaves the ACK held; its answer
+    carries the ACK out behind its SEND, one flush for both, so the peer (asleep
+    too, in UCX's ping-pong) wakes once for them.  A program that does not
+    answer has the ACK sent by its first poll after the deadline."""
+    _waiter()
+    hold = 5.0 if answers else 0.2
+    monkeypatch.setattr(nicmod, "HOLD_LEASE", hold)
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)  # (no wake-up to publish counters)
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b, timeout=22)                 # (no retransmission meanwhile: 17 s)
+        for nic, ep in ((a, ea), (b, eb)):
+            nic.call(nic.dev.post_recv, ep.qp, RecvWR(9, [ep.sge(64, 64)]))
+        with a.lock:
+            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
+        b.end_lease_to_sleep()                           # b armed its CQ and sleeps
+        _send(a, ea, 1)
+        _until(lambda: len(eb.recv_cq.entries) == 1)     # b's thread took the SEND ...
+        with b.lock:
+            assert b._owed and b._lease[1] > 1           # ... and holds its ACK
+            deadline = b._lease[1]
+        time.sleep(0.05)
+        assert not _waiting(a)
+        b.poll()                                         # woken, b polls first
+        assert _received(b, eb) == [9]
+        assert b._owed and not _waiting(a)               # the ACK still held
+        if answers:
+            sent = b.counters["sent_pkts"]
+            _send(b, eb, 2)                              # b's answer carries it out
+            assert b.counters["sent_pkts"] == sent + 2
+            _until(lambda: _waiting(a))
+            a.poll()                                     # one receive: b's SEND first
+            assert _received(a, ea) == [9]
+            with a.lock:
+                assert a.dev.poll_cq(ea.send_cq, 4) == []
+            a.poll()                                     # then the ACK of a's own
+            with a.lock:
+                assert [w.wr_id for w in a.dev.poll_cq(ea.send_cq, 4)] == [1]
+        else:
+            end = time.monotonic() + 10
+            while not _waiting(a):                       # b polls on, answering nothing
+                assert time.monotonic() < end, "the held ACK never left"
+                b.poll()
+            assert time.monotonic_ns() >= deadline       # not before the deadline
+            a.poll()
+            with a.lock:
+                assert [w.wr_id for w in a.dev.poll_cq(ea.send_cq, 4)] == [1]
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.parametrize("armed", [False, True], ids=["polling", "armed"])
 def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed):
     """ib_write_lat's turn on the C face: the peer's WRITE lands just ahead of the

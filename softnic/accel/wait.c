@@ -4,7 +4,8 @@
    ``lease`` is shared with the threads that drive progress inline (a program
    spinning on its CQ): lease[0] is CLOCK_MONOTONIC in ns at their latest step,
    lease[1] is nonzero while one of them is inside a step or holds output for
-   its next call; lease[2] is set by the thread while it waits on a lease;
+   its next call (above 1: ACKs held for its answer until that time in ns, which
+   its polls leave held until then); lease[2] is set by the thread while it waits on a lease;
    lease[3] is the engine's next deadline (ns), which the thread sleeps toward
    and re-reads when it gets there, so a timer re-armed later (each message's
    retransmission timer) costs no wake-up with the interpreter lock.  While the

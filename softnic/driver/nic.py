@@ -424,6 +424,7 @@ class NIC(SharedDevice):
         self._stats_at = time.monotonic()
         self._owed = False          # an inline step left its output for the next call
         self._answering = False     # the program spins for a request it will answer (end_lease)
+        self._asleep = False        # the program sleeps on a CQ's channel (end_lease_to_sleep)
         # the thread took a datagram between the last such end_lease and the program's
         # next call (end_lease rings the thread for the next one only then)
         self._answer_rx = True
@@ -508,7 +509,9 @@ class NIC(SharedDevice):
                 _open_view = view
         if self._waiter is not None:
             # lease[0]: monotonic ns of the latest inline step; lease[1]: a step is
-            # under way or holds output (read by sn_wait without the GIL); lease[2]:
+            # under way or holds output (read by sn_wait without the GIL; above 1,
+            # ACKs held for the program's answer until that time in ns: NIC.poll,
+            # shim.c's sn_cq_idle); lease[2]:
             # the thread is waiting on the lease; lease[3]: the engine's next
             # deadline in ns, which the sleeping thread re-reads; lease[4]: the
             # thread id of the caller that renewed it last (sn_wait keeps the lease
@@ -552,7 +555,7 @@ class NIC(SharedDevice):
         """Run an engine call under the lock, then send what it produced (and wake
         whoever waits on its effects: a completion made by the call itself)."""
         with self.lock:
-            self._answering = False
+            self._answering = self._asleep = False
             try:
                 return fn(*args, **kw)
             finally:
@@ -569,7 +572,7 @@ class NIC(SharedDevice):
         (``_holds_acks``): UCX and a SEND receiver repost one receive per message,
         and the ACKs of a stream of SENDs coalesce as a WRITE stream's do."""
         with self.lock:
-            self._answering = False
+            self._answering = self._asleep = False
             try:
                 return fn(*args)
             finally:
@@ -608,7 +611,7 @@ class NIC(SharedDevice):
         thread sends it if the call does not come.  A first send (nothing
         outstanding: a latency test's) leaves at once."""
         with self.lock:
-            self._answering = False
+            self._answering = self._asleep = False
             lease = self._lease
             ns = time.monotonic_ns()
             streams = ns - lease[0] < SPIN_LEASE_NS and self.dev.sends_outstanding(qpn)
@@ -673,10 +676,13 @@ class NIC(SharedDevice):
         """``end_lease`` for a caller that sleeps next without calling softnic again
         (it armed a CQ whose channel's fd it waits on itself): output an inline
         step or a post held for its next call leaves now, since that call comes
-        only after the event it waits for, which may need that output's answer."""
+        only after the event it waits for, which may need that output's answer.
+        What the progress thread takes while it sleeps may wake it to answer: the
+        ACKs of those requests wait for that answer (``_step``)."""
         with self.lock:
             if self._owed and not self._closed:
                 self._flush(time.monotonic())
+            self._asleep = True
         self.end_lease()
 
     def poll(self, runs: int = 1, reads: bool = False) -> None:
@@ -691,11 +697,16 @@ class NIC(SharedDevice):
         A program spins on this, so the step with nothing to do is kept cheap: one
         ``poll(2)`` on the socket (a failed non-blocking receive costs four times
         as much), a look at the engine's one timer, and nothing else.  Each call
-        renews the caller's lease: the progress thread leaves what arrives to it."""
+        renews the caller's lease: the progress thread leaves what arrives to it.
+        ACKs held for the caller's answer until a deadline (``lease[1]`` above 1:
+        the progress thread took the requests while the caller slept, ``_step``)
+        stay held by a step with nothing to receive and no timer due, until then:
+        the program that woke to those requests' completions polls before it
+        answers."""
         with self.lock:
             if not self._closed:
                 self._inline_polls += 1
-                self._answering = False
+                self._answering = self._asleep = False
                 lease = self._lease
                 ns = time.monotonic_ns()
                 lease[0] = ns
@@ -704,8 +715,11 @@ class NIC(SharedDevice):
                     self._prioritize(True)       # the program drives the device from now
                 now = ns * 1e-9
                 ready = self._readable(0)
-                if not ready and self._idle(now, False):
-                    return
+                if not ready:
+                    held = lease[1]
+                    if (ns < held if held > 1 else not self.dev.has_output) \
+                            and self._timers_idle(now):
+                        return
                 lease[1] = 1
                 try:
                     self._step(now, inline=True, ready=bool(ready), runs=runs,
@@ -714,15 +728,9 @@ class NIC(SharedDevice):
                     lease[0] = time.monotonic_ns()
                     lease[1] = 1 if self._owed else 0
 
-    def _idle(self, now: float, look: bool = True) -> bool:
-        """Is there nothing to receive (``look``: ask the socket), no timer due and
-        nothing to send?"""
-        if look and self._readable(0):
-            return False
-        dev = self.dev
-        if dev.has_output:
-            return False
-        t = dev.get_timer()
+    def _timers_idle(self, now: float) -> bool:
+        """Is no timer of the engine's due, and no datagram the fault model delays?"""
+        t = self.dev.get_timer()
         if t is not None and t <= now:
             return False
         d = self._delayed
@@ -1178,17 +1186,22 @@ class NIC(SharedDevice):
             # (``_holds_acks``: their ACKs coalesce, as the progress thread's do);
             # any other step that receives, or one that receives nothing, sends them
             self._owed = True
-        elif did and self._answering and not self._owed and self.dev.owes_acks_only():
+        elif did and (self._answering or self._asleep) and not self._owed \
+                and self.dev.owes_acks_only():
             # The program spins on memory for a peer's request after its last
-            # completion (a latency test, a ping-pong over WRITEs): the ACK of what
-            # just landed waits for its answer, which carries it out behind its
-            # own request; the peer, polling for that ACK, then finds the request
-            # first and takes it inline, not through its own progress thread.
-            # Held for HOLD_LEASE at most, as a caller's output (sn_wait's 3).
+            # completion (a latency test, a ping-pong over WRITEs), or sleeps on
+            # its CQ's channel for the next (UCX's ucp_worker_wait): the ACK of
+            # what just landed waits for its answer, which carries it out behind
+            # its own request; the peer, polling for that ACK, then finds the
+            # request first and takes it inline, not through its own progress
+            # thread, and a peer asleep too wakes once for both, not for the ACK
+            # first.  Held for HOLD_LEASE at most, as a caller's output (sn_wait's
+            # 3).  A sleeper woken by the completion polls before it answers: the
+            # deadline in lease[1] keeps that poll from sending them (``poll``).
             self._owed = True
             lease = self._lease
-            lease[0] = time.monotonic_ns()
-            lease[1] = 1
+            lease[0] = ns = time.monotonic_ns()
+            lease[1] = ns + int(HOLD_LEASE * 1e9) if self._asleep else 1
         else:
             self._flush(now)
         if did and self._waiters:

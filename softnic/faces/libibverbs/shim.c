@@ -1154,32 +1154,43 @@ static pid_t sn_tid(void)
    only sends more polls into Python) */
 #define SN_FAST_DEVICES 8
 
+/* Output held for the program's next call (lease[1]) that a poll with nothing
+ * to do would send now: 1, held for whatever call comes next; above 1, ACKs held
+ * for the program's answer until that time in ns (NIC.poll leaves them held
+ * until then). */
+static inline int sn_held_due(int64_t held, int64_t now)
+{
+    return held == 1 || (held > 1 && now >= held);
+}
+
 /* A poll that would find nothing and do nothing: NIC.poll's idle case, read from
  * memory the Python side keeps (sn_cq_fastpoll), without entering the interpreter.
  * It is so when the CQ holds no completion and was not armed since its last poll
  * (the first poll after an arm gives the lease back: sn_poll_cq), and on every
  * device open in the process (an empty poll moves the others along too:
  * sn_poll_cq) nothing waits on the socket, no deadline of the engine has come
- * (lease[3]) and no output is held for a call (lease[1]).  Then, as NIC.poll does on each, it renews their leases
+ * (lease[3]) and no output held is due (lease[1]: sn_held_due).  Then, as NIC.poll does on each, it renews their leases
  * (lease[0]): the progress threads leave what arrives to this caller.  Anything
  * else enters Python, as does a process with a device the list cannot show (one
  * without the compiled sleep, or more than SN_FAST_DEVICES). */
 static int sn_cq_idle(struct sn_cq *s)
 {
     if (!s->fp_cq || sn_forked || (sn_host_python && !Py_IsInitialized()) ||
-        s->fp_cq[0] != 0 || s->fp_cq[1] || s->fp_lease[1])
+        s->fp_cq[0] != 0 || s->fp_cq[1])
+        return 0;
+    int64_t now = sn_mono_ns();
+    if (sn_held_due(s->fp_lease[1], now))
         return 0;
     int64_t n = s->fp_open[0];
     if (n < 1 || n > SN_FAST_DEVICES)
         return 0;
     volatile int64_t *lease[SN_FAST_DEVICES];
     struct pollfd p[SN_FAST_DEVICES];
-    int64_t now = sn_mono_ns();
     int own = 0;
     for (int i = 0; i < n; i++) {
         volatile int64_t *l = (volatile int64_t *)(uintptr_t)s->fp_open[1 + 2 * i];
         volatile int32_t *sock = (volatile int32_t *)(uintptr_t)s->fp_open[2 + 2 * i];
-        if (!l || !sock || l[1] || l[3] <= now || *sock < 0)
+        if (!l || !sock || sn_held_due(l[1], now) || l[3] <= now || *sock < 0)
             return 0;
         own |= l == s->fp_lease;
         lease[i] = l;
