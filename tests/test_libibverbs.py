@@ -224,6 +224,32 @@ def test_rc_pingpong_events_busy_poll_before_they_sleep(libdir, tmp_path, spin_u
         assert found == [0, 0]
 
 
+@pytest.mark.compat("ibverbs-utils")
+def test_rc_pingpong_timeline(libdir, tmp_path):
+    """``SOFTNIC_TIMELINE``: both programs' calls into softnic and their devices'
+    steps, posts and flushes are written when the devices close, and
+    ``softnic timeline`` sums them (docs/performance.md, "Where a live run's time
+    goes")."""
+    from softnic.driver.timeline import read, summary
+    binary = need("ibv_rc_pingpong")
+    tl = tmp_path / "tl"
+    pair(binary, ["-g", "0", "-n", "30"], extra_env={"SOFTNIC_TIMELINE": str(tl)})
+    by_pid = read([tl])
+    assert len(by_pid) == 2                        # the two programs
+    for events in by_pid.values():
+        rows = {r.what: r for r in summary(events)}
+        assert rows["call sn_poll_cq"].count >= 30
+        assert rows["call sn_post_send_list"].count >= 30
+        assert "call sn_post_recv_list" in rows
+        posts = sum(r.count for w, r in rows.items() if w.startswith("post"))
+        assert posts == rows["call sn_post_send_list"].count
+        steps = [e for e in events if e.kind == "step"]
+        assert sum(int(e.fields[1]) for e in steps) >= 30   # each of the peer's SENDs
+    r = subprocess.run([sys.executable, "-m", "softnic.cli", "timeline", str(tl)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "call sn_poll_cq" in r.stdout, r.stderr
+
+
 @pytest.mark.unprivileged
 @pytest.mark.compat("perftest")
 def test_ib_write_bw(libdir):

@@ -104,6 +104,28 @@ def _counters(args) -> int:
     return 0
 
 
+def _timeline(args) -> int:
+    from ..driver.timeline import read, summary, window
+    by_pid = read(args.paths)
+    if not by_pid:
+        print(f"no timeline in {' '.join(args.paths)} (record one with "
+              f"SOFTNIC_TIMELINE=DIR in the programs' environment)", file=sys.stderr)
+        return 1
+    for pid, events in sorted(by_pid.items()):
+        span = (max(e.end for e in events) - min(e.start for e in events)) / 1e6
+        print(f"pid {pid}: {len(events)} events over {span:.1f} ms")
+        print(f"    {'':34}{'count':>8}{'mean us':>10}{'total ms':>10}{'of span':>9}")
+        for r in summary(events):
+            print(f"    {r.what:34}{r.count:>8}{r.mean_us:>10.1f}{r.total_ms:>10.1f}"
+                  f"{r.share:>9.1%}")
+    if args.window:
+        print(f"\n{args.window} events from {args.at:.0%} of the run on (us from the first, "
+              f"duration us, pid, thread, event):")
+        for line in window(by_pid, args.at, args.window):
+            print("  " + line)
+    return 0
+
+
 def _lab(args) -> int:
     from . import labs
     from ..trace.ladder import from_fabric_trace, render_svg, render_text
@@ -146,6 +168,13 @@ def _parser() -> argparse.ArgumentParser:
                         f"counters are kept)")
     c.add_argument("-v", "--verbose", action="store_true", help="show zero counters too")
     c.add_argument("--json", action="store_true")
+    t = sub.add_parser("timeline", help="where programs' time in softnic went: the "
+                       "timelines SOFTNIC_TIMELINE=DIR recorded, summed and merged")
+    t.add_argument("paths", nargs="+", help="the directory SOFTNIC_TIMELINE named, or files")
+    t.add_argument("--window", type=int, default=0, metavar="N",
+                   help="also print N events of the merged timeline")
+    t.add_argument("--at", type=float, default=0.5, metavar="FRACTION",
+                   help="where in the run the window starts (default 0.5: the middle)")
     v = sub.add_parser("devinfo", help="what ibv_devinfo prints, for softnic's devices")
     v.add_argument("-d", "--ib-dev", help="only this device")
     v.add_argument("-v", "--verbose", action="store_true", help="all device attributes")
@@ -226,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         return _exec(args)
     if args.cmd == "counters":
         return _counters(args)
+    if args.cmd == "timeline":
+        return _timeline(args)
     if args.cmd == "trace":
         from .ladder import main as trace
         return trace(args)

@@ -58,6 +58,7 @@ from .. import accel as _accel
 from . import env
 from .faults import FaultInjector
 from . import mcast as _mcast
+from . import timeline as _timeline
 from .hostfiles import own_start, process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
 from .hostfiles import prune as _prune
 from ..transport.udp import UdpSocket, bind_free
@@ -528,6 +529,7 @@ class NIC(SharedDevice):
                                int(ffi.cast("uintptr_t", self._sock_view)))
         if sys.getswitchinterval() > SWITCH_INTERVAL > 0:
             sys.setswitchinterval(SWITCH_INTERVAL)
+        self._timeline = _timeline.attach(self)     # (SOFTNIC_TIMELINE: None unless set)
         self._thread = threading.Thread(target=self._run, name=f"softnic-{spec.name}",
                                         daemon=True)
         self._thread.start()
@@ -903,6 +905,9 @@ class NIC(SharedDevice):
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
         self.publish_counters(final=True)
+        if self._timeline is not None:
+            self._timeline.write()
+            _timeline.flush_calls()
         _prune(self._stats_path.parent)      # what exited programs left there (at times)
         with self.lock:
             self._close_wire()

@@ -14,6 +14,7 @@ import sys
 import traceback
 
 from softnic.core.errors import VerbsError
+from softnic.driver import timeline
 
 
 class Externs:
@@ -35,7 +36,8 @@ class Externs:
     def install(self, ffi) -> None:
         self.ffi = ffi
         for fn, error in self.calls:
-            ffi.def_extern(name="sn_py_" + fn.__name__[3:], error=error)(self._guarded(fn, error))
+            ffi.def_extern(name="sn_py_" + fn.__name__[3:], error=error)(
+                timeline.guard_call(self._guarded(fn, error)))
 
     def _guarded(self, fn, error):
         missing_device = self.missing_device
