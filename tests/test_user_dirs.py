@@ -134,7 +134,7 @@ def test_a_reused_pid_does_not_keep_an_exited_writers_files_alive(monkeypatch, t
     """A file records its writer's pid and start (``own_start``): a live process
     given the pid of a writer that exited is not that writer.  Its counters are
     removed as an exited program's and ``softnic counters`` shows them exited; a
-    host-wide listener's entry is not found."""
+    host-wide listener's entry is not found; a multicast member is no member."""
     from softnic.driver import rdmacm_host
     start = hostfiles.own_start()
     assert isinstance(start, int) and start > 0
@@ -173,6 +173,19 @@ def test_a_reused_pid_does_not_keep_an_exited_writers_files_alive(monkeypatch, t
     doc = json.loads(entry.read_text())
     entry.write_text(json.dumps(dict(doc, start=start + 1)))
     assert rdmacm_host.lookup(0x106, 4791, "127.0.0.1") is None
+    # a multicast member's file names its process by pid and start too
+    from types import SimpleNamespace
+    from softnic.driver import mcast
+    nic = SimpleNamespace(ip="127.0.0.9", port=4791)
+    mcast.attach(nic, 5, True, "::ffff:239.1.2.3")
+    assert mcast.members("239.1.2.3") == [("127.0.0.9", 4791, 5)]
+    table = mcast._table() / "239.1.2.3"
+    (table / f"127.0.0.9-4791-6-{os.getpid()}-{start + 1}").touch()   # the pid's earlier owner
+    (table / f"127.0.0.9-4791-7-{os.getpid()}").touch()               # (written with no start)
+    assert sorted(mcast.members("239.1.2.3")) == [("127.0.0.9", 4791, 5), ("127.0.0.9", 4791, 7)]
+    assert not (table / f"127.0.0.9-4791-6-{os.getpid()}-{start + 1}").exists()   # removed
+    mcast.detach(nic, 5, "::ffff:239.1.2.3")
+    assert mcast.members("239.1.2.3") == [("127.0.0.9", 4791, 7)]
 
 
 @pytest.mark.unprivileged

@@ -25,7 +25,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from softnic.driver.hostfiles import namespace_table, process_alive
+from softnic.driver.hostfiles import namespace_table, own_start, process_alive
 from softnic.core.errors import VerbsError
 from softnic.wire.icrc import append_icrc
 from softnic.wire.roce import BTH_LEN, BTH_STRUCT, DETH_LEN, DETH_STRUCT, ICRC_LEN, QPN_MASK
@@ -68,7 +68,16 @@ def is_group(ip: str) -> bool:
         return False
 
 
-def _entries(group: str) -> list[tuple[str, int, int, int, Path]]:
+def _member(nic, qpn: int) -> str:
+    """The file naming ``qpn`` of ``nic`` a member of a group's: the device's address,
+    the QP, and its process as its pid and start (``own_start``: a later process
+    given the pid is not that member; without /proc, the pid alone)."""
+    start = own_start()
+    return f"{nic.ip}-{nic.port}-{qpn}-{os.getpid()}" + ("" if start is None else f"-{start}")
+
+
+def _entries(group: str) -> list[tuple[str, int, int, int, int | None, Path]]:
+    """A group's members' files: ``(ip, port, qpn, pid, start or None, path)``."""
     d = _table() / group.replace(":", "_")
     try:
         names = os.listdir(d)
@@ -77,8 +86,11 @@ def _entries(group: str) -> list[tuple[str, int, int, int, Path]]:
     out = []
     for n in names:
         try:
-            ip, port, qpn, pid = n.split("-")
-            out.append((ip, int(port), int(qpn), int(pid), d / n))
+            ip, port, qpn, pid, *start = n.split("-")
+            if len(start) > 1:
+                continue
+            out.append((ip, int(port), int(qpn), int(pid), int(start[0]) if start else None,
+                        d / n))
         except ValueError:
             continue
     return out
@@ -87,8 +99,8 @@ def _entries(group: str) -> list[tuple[str, int, int, int, Path]]:
 def members(group: str) -> list[tuple[str, int, int]]:
     """Every live ``(device IP, UDP port, QPN)`` attached to ``group``."""
     res = []
-    for ip, port, qpn, pid, path in _entries(group):
-        if process_alive(pid):
+    for ip, port, qpn, pid, start, path in _entries(group):
+        if process_alive(pid, start):
             res.append((ip, port, qpn))
         else:
             try:
@@ -116,7 +128,7 @@ def attach(nic, qpn: int, qp_is_ud: bool, gid) -> None:
         raise VerbsError(errno.ENOMEM, "too many multicast attachments")
     d = _table() / group.replace(":", "_")
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{nic.ip}-{nic.port}-{qpn}-{os.getpid()}").touch()
+    (d / _member(nic, qpn)).touch()
     qps.add(qpn)
 
 
@@ -130,7 +142,7 @@ def detach(nic, qpn: int, gid) -> None:
     if not mine[group]:
         del mine[group]
     try:
-        (_table() / group.replace(":", "_") / f"{nic.ip}-{nic.port}-{qpn}-{os.getpid()}").unlink()
+        (_table() / group.replace(":", "_") / _member(nic, qpn)).unlink()
     except FileNotFoundError:
         pass
 
