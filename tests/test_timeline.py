@@ -5,6 +5,8 @@ Unset, nothing is wrapped."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -120,3 +122,17 @@ def test_summary_and_window_arithmetic():
     assert len(lines) == 2
     assert lines[0].split()[:5] == ["0.0", "20.0", "42", "1", "call"]
     assert lines[1].split()[:2] == ["30.0", "10.0"]
+
+
+def test_the_command_stops_quietly_when_its_reader_does(tmp_path):
+    """``softnic timeline DIR --window N | head``: no traceback when the pipe closes."""
+    with open(tmp_path / "1-softnic0.timeline", "w") as f:
+        for i in range(20000):
+            f.write(f"step {i * 1000} {i * 1000 + 500} 1 1 1 0 0\n")
+    p = subprocess.Popen([sys.executable, "-m", "softnic.cli", "timeline", str(tmp_path),
+                          "--window", "20000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()                        # the reader goes (as head does)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 1
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

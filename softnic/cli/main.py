@@ -231,6 +231,16 @@ def _exec_arguments(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # whoever read the output stopped (``softnic timeline DIR | head``): no
+        # traceback, and none from the interpreter's own flush of stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd in ("build-libibverbs", "build-librdmacm"):
         from ..faces.libibverbs.launch import run_build
