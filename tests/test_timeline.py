@@ -46,6 +46,13 @@ def test_a_send_is_recorded_on_both_sides_and_summed(tmp_path, monkeypatch, caps
             with b.lock:
                 got = b.dev.poll_cq(eb.recv_cq, 4)
         assert got[0].wr_id == 7 and got[0].byte_len == 3000
+        done = []
+        while not done:                    # a polls: its inline steps take the ACK
+            assert time.monotonic() < end
+            a.poll()
+            with a.lock:
+                done = a.dev.poll_cq(ea.send_cq, 4)
+        assert done[0].wr_id == 1
     finally:
         a.close()
         b.close()
