@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -66,6 +67,10 @@ def test_a_send_is_recorded_on_both_sides_and_summed(tmp_path, monkeypatch, caps
     # the SEND's three packets and its ACK, received by steps (of a program's
     # polls or of a device's thread)
     assert sum(int(e.fields[1]) for e in steps) >= 4
+    # the progress threads' sleeps, each with why it ended (at the latest, the close)
+    sleeps = [e for e in events if e.kind == "sleep"]
+    assert {e.tid for e in sleeps} and threading.get_native_id() not in {e.tid for e in sleeps}
+    assert all(e.fields[0] in ("0", "1", "2", "3", "4") for e in sleeps)
     names = sorted(p.name.split("-", 1)[1] for p in tmp_path.iterdir())
     assert names == ["t0.timeline", "t1.timeline"]
     assert main(["timeline", str(tmp_path), "--window", "4"]) == 0
@@ -116,7 +121,8 @@ def test_summary_and_window_arithmetic():
           Event("step", 2_000, 8_000, 1, ("1", "3", "0", "1")),
           Event("call", 20_000, 40_000, 1, ("sn_poll_cq",)),
           Event("step", 50_000, 60_000, 2, ("0", "1", "1", "0")),
-          Event("post", 90_000, 100_000, 1, ("1",))]
+          Event("post", 90_000, 100_000, 1, ("1",)),
+          Event("sleep", 60_000, 90_000, 2, ("3",))]
     rows = {r.what: r for r in summary(ev)}
     assert rows["call sn_poll_cq"].count == 2
     assert rows["call sn_poll_cq"].mean_us == pytest.approx(15.0)
@@ -124,6 +130,7 @@ def test_summary_and_window_arithmetic():
     assert rows["call sn_poll_cq"].share == pytest.approx(0.3)     # of a 100 us span
     assert rows["step, inline"].count == 1 and rows["step, progress thread"].count == 1
     assert rows["post, held"].mean_us == pytest.approx(10.0)
+    assert rows["sleep, woken by held output"].total_ms == pytest.approx(0.03)
     assert [r.what for r in summary(ev)][0] == "call sn_poll_cq"   # most time first
     lines = window({42: ev}, at=0.4, count=2)
     assert len(lines) == 2

@@ -14,7 +14,10 @@ that did it:
   sent, and whether it left output held for the caller's next call;
 - ``build N`` and ``send N``: a flush making its N items (``datagram_runs``:
   the requester's and responder's packets, ICRCs and all) and handing them to
-  the socket.
+  the socket;
+- ``sleep WHY``: the progress thread's wait for work (``NIC._sleep``) and why it
+  ended: 1 a datagram (4: found while it spun), 2 the bell, 3 output a caller
+  held too long, 0 a deadline.
 
 Each device appends to ``DIR/<pid>-<device>.timeline`` every ``KEEP`` events and
 when it closes (the calls go to ``DIR/<pid>-calls.timeline``), one event a line:
@@ -126,7 +129,15 @@ def attach(nic) -> Recorder | None:
             return out
         setattr(obj, name, traced)
 
-    nic._step, nic.post = traced_step, traced_post
+    sleep = nic._sleep
+
+    def traced_sleep(timeout, spin=0.0):
+        t0 = clock()
+        r = sleep(timeout, spin)
+        rec.add("sleep", t0, r)
+        return r
+
+    nic._step, nic.post, nic._sleep = traced_step, traced_post, traced_sleep
     wrap(nic.dev, "datagram_runs", "build", lambda args, out: len(out))
     wrap(nic.sock, "send", "send", lambda args, out: 1)
     wrap(nic.sock, "send_runs", "send", lambda args, out: len(args[0]))
@@ -197,7 +208,14 @@ def _label(e: Event) -> str:
         return "step, inline" if e.fields[0] == "1" else "step, progress thread"
     if e.kind == "post":
         return "post, held" if e.fields[0] == "1" else "post, sent"
+    if e.kind == "sleep":
+        return f"sleep, woken by {_WOKEN.get(e.fields[0], e.fields[0])}"
     return e.kind
+
+
+#: why the progress thread's sleep ended (``NIC._sleep``'s answers)
+_WOKEN = {"0": "a deadline", "1": "a datagram", "2": "the bell", "3": "held output",
+          "4": "a datagram while spinning"}
 
 
 def summary(events: list[Event]) -> list[Row]:
