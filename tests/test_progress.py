@@ -135,6 +135,23 @@ def test_sn_wait_parks_longer_while_a_caller_holding_output_keeps_polling(wait_e
     assert returned - stopped < 0.1 + 0.4
 
 
+def test_the_thread_says_it_parks_then_looks_at_the_stamp_again(wait_env):
+    """``sn_announce_park``, between the thread's look at a fresh lease and its
+    park: it sets lease[2] (``end_lease`` rings only a thread that did), then
+    reads the stamp again.  A lease given back after the look (the stamp lower
+    than the one looked at, 0) was given back before the thread said so, and no
+    ring is coming: the thread looks again (1) rather than park blind for the
+    lease it read; a stamp as read, or renewed, is parked on (0)."""
+    k, _, _, _, lease = wait_env
+    l0 = time.monotonic_ns()
+    lease[0], lease[2] = l0, 0
+    assert k.lib.sn_announce_park(lease, l0) == 0 and lease[2] == 1   # parks, said so
+    lease[0], lease[2] = l0 + 5, 0                    # renewed meanwhile: parks all the same
+    assert k.lib.sn_announce_park(lease, l0) == 0 and lease[2] == 1
+    lease[0], lease[2] = 0, 0                         # given back between the look and now
+    assert k.lib.sn_announce_park(lease, l0) == 1 and lease[2] == 0   # looks again
+
+
 def test_sn_wait_spin_looks_without_sleeping_then_sleeps(wait_env):
     """``sn_wait_spin``: the same answers as ``sn_wait``; for ``spin_ns`` from the
     call it looks at the socket and the bell without sleeping (the thread's own

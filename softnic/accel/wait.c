@@ -119,8 +119,8 @@ static int sn_holder_runs(volatile int64_t *l)
    stamp again.  Given back in between (end_lease has not seen lease[2] set: no
    ring comes), the thread looks again at once rather than parking blind for the
    lease it read (1).  A stamp renewed in between needs no second look: the park
-   is only shorter than it could be. */
-static int sn_announce_park(volatile int64_t *l, int64_t l0)
+   is only shorter than it could be.  (Exported for tests/test_progress.py.) */
+int sn_announce_park(volatile int64_t *l, int64_t l0)
 {
     l[2] = 1;
     __sync_synchronize();

@@ -6,3 +6,7 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
    datagram while doing so (sn_wait's 1) */
 int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
                  int64_t hold_ns, int64_t spin_ns);
+/* About to wait out the lease stamped l0: lease[2] set (end_lease rings a thread
+   that set it), then the stamp read again: 1 if the lease was given back in
+   between (lease[2] cleared: look again), else 0 */
+int sn_announce_park(int64_t *lease, int64_t l0);
