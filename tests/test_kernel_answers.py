@@ -1,8 +1,8 @@
-"""READs of one packet and ATOMICs answered by the compiled kernel, against the
-engine.
+"""READs and ATOMICs answered by the compiled kernel, against the engine.
 
-A READ request at the ePSN whose response is one packet, or an ATOMIC, is
-answered by the kernel (``sn_read_only``, ``sn_atomic_ack``; the live driver's
+A READ request at the ePSN, or an ATOMIC, is answered by the kernel
+(``sn_read_only`` for a READ of one packet, ``sn_read_run`` for a READ of more,
+``sn_atomic_ack``; the live driver's
 ``sn_rx_answers`` receives it and sends the response without the interpreter
 between them) under the conditions ``responder.answer_target`` states: the same
 response bytes, the same memory, and, once the engine has accounted for it
@@ -21,8 +21,8 @@ from hypothesis import given, note, settings, strategies as st
 
 from softnic.core.device import Device
 from softnic.core.enums import QPAttrMask, QPState, SendFlags, WCStatus, WROpcode as W
-from softnic.core.qp import QPAttr, SendWR
-from softnic.core.responder import ANSWER_COMPARE_SWAP, ANSWER_READ
+from softnic.core.qp import QPAttr, RecvWR, SendWR
+from softnic.core.responder import ANSWER_COMPARE_SWAP, ANSWER_READ, ANSWER_READ_RUN
 from softnic.driver.config import DeviceSpec, RuntimeConfig
 from softnic.driver.nic import NIC
 from softnic.experiments.rig import bring_up, connect, endpoint
@@ -34,13 +34,14 @@ from test_kernel import kernel
 
 
 
-def _pair(k, mtu: int):
-    """A requester ``a`` and a responder ``b`` (the kernel attached), connected."""
+def _pair(k, mtu: int, size: int = 1 << 14):
+    """A requester ``a`` and a responder ``b`` (the kernel attached), connected;
+    ``b``'s buffer of ``size`` bytes holds a pattern."""
     a = Device("a", "10.0.0.1")
     b = Device("b", "10.0.0.2")
     a.kernel = b.kernel = k
-    ea, eb = connect(a, b, mtu=mtu, timeout=10, endpoint_args={"buf_size": 1 << 14})
-    eb.buf.view[:1 << 14] = bytes(range(256)) * 64
+    ea, eb = connect(a, b, mtu=mtu, timeout=10, endpoint_args={"buf_size": size})
+    eb.buf.view[:size] = bytes(range(251)) * (size // 251) + bytes(range(size % 251))
     return a, b, ea, eb
 
 
@@ -181,6 +182,97 @@ def test_a_read_the_kernel_answers_is_the_engines_answer(mtu, first_len, data):
     assert _state(b2, eb2) == _state(b1, eb1)
     # a duplicate of it is the engine's to answer, from what took_answers remembered
     assert _again(pairs, requests) == [answer]
+
+
+def _read_run(k, b, data: bytes, max_middles: int = 1024):
+    """``data`` offered to ``sn_read_run`` as ``b.answer_target()`` says: the
+    responses as the driver sends them (the FIRST, each MIDDLE gathered from its
+    header and the memory it reads, the LAST), accounted for by
+    ``took_answers``; or None."""
+    t = b.answer_target()
+    if t is None or t.kind != ANSWER_READ_RUN:
+        return None
+    ffi = k.ffi
+    first = ffi.new(f"uint8_t[{t.mtu + 24}]")
+    last = ffi.new(f"uint8_t[{t.mtu + 24}]")
+    heads = ffi.new(f"uint8_t[{16 * max(max_middles, 1)}]")
+    at = ffi.new("uint64_t[1]")
+    n_last = k.lib.sn_read_run(data, len(data), t.w0, t.qp.qpn, t.epsn, t.req_start, t.rkey,
+                               t.length, t.lo, t.hi, ffi.from_buffer(t.mem), t.mtu, t.resp_w0,
+                               t.mid_w0, t.last_w0, t.dqpn,
+                               t.syndrome | ((t.msn + 1) & MSN_MASK), t.resp_start,
+                               t.mid_start, t.last_start, max_middles, first, heads, last, at)
+    if not n_last:
+        return None
+    npkts = -(-t.length // t.mtu)
+    mem = bytes(t.mem)
+    out = [bytes(ffi.buffer(first, 16 + t.mtu + 4))]
+    for i in range(npkts - 2):
+        h = bytes(ffi.buffer(heads + 16 * i, 16))
+        o = at[0] + (i + 1) * t.mtu
+        out.append(h[:12] + mem[o:o + t.mtu] + h[12:])
+    out.append(bytes(ffi.buffer(last, n_last)))
+    b.took_answers(t.qp, t.kind, 1)
+    return out
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from([256, 1024, 4096]), st.integers(2, 40), st.data())
+def test_a_longer_read_the_kernel_answers_is_the_engines_answer(mtu, npkts, data):
+    """A READ of more than one packet: one responder takes it through the engine
+    (``receive_common`` -> ``_read``, then ``output._read_run``), the other through
+    ``sn_read_run`` and ``took_answers`` (the driver gathering each MIDDLE from
+    its header and the memory it reads).  Whatever the kernel takes, every
+    response's bytes and the responder's state are the engine's; it takes every
+    READ at the ePSN of the last READ's R_Key and length within the MR (with room
+    for its MIDDLEs' headers); what it does not take it leaves untouched."""
+    k = kernel()
+    size = 1 << 18
+    first_len = data.draw(st.integers((npkts - 1) * mtu + 1, npkts * mtu), label="length")
+    pairs = [_pair(k, mtu, size), _pair(k, mtu, size)]
+    pairs[1][1].tx_gather = True            # (a driver that gathers: answer_target's)
+    first_off = data.draw(st.integers(0, size - first_len), label="first offset")
+    for a, b, ea, eb in pairs:      # the engine answers the first: the hint
+        b.receive_datagram(_request(a, ea, eb, first_len, first_off), a.address, 0.0)
+        b.datagrams_to_send(0.0)
+        assert eb.qp.resp.answer_hint == (ANSWER_READ_RUN, eb.mr.rkey, first_len)
+    mutation = data.draw(st.sampled_from(MUTATIONS + ("no room",)), label="mutation")
+    length = first_len
+    if mutation == "length":
+        length = data.draw(st.integers(1, 2 * first_len).filter(lambda n: n != first_len),
+                           label="other length")
+    off = data.draw(st.integers(0, size - length), label="offset")
+    if mutation == "before":
+        off = -data.draw(st.integers(1, 64), label="before by")
+    elif mutation == "past":
+        off = size - length + data.draw(st.integers(1, 64), label="past by")
+    flip = (data.draw(st.integers(0, 43), label="flipped byte"),
+            data.draw(st.integers(0, 7), label="bit")) if mutation == "flip" else None
+    requests = []
+    for a, b, ea, eb in pairs:
+        rkey = eb.mr.rkey ^ 0x100 if mutation == "rkey" else None
+        requests.append(_mutate(bytearray(_request(a, ea, eb, length, off, rkey)), mutation,
+                                flip, a, b))
+    note(f"mtu {mtu}, first {first_len} at {first_off}, {mutation}: {length} at {off}")
+    (a1, b1, ea1, eb1), (a2, b2, ea2, eb2) = pairs
+    before = _state(b2, eb2)
+    answer = _read_run(k, b2, requests[1], max(npkts - 3, 0) if mutation == "no room" else 1024)
+    b1.receive_datagram(requests[0], a1.address, 0.0)
+    engine = [bytes(d) for d, _ in b1.datagrams_to_send(0.0)]
+    if mutation == "none":
+        assert answer is not None
+    elif mutation == "no room" and npkts > 2:
+        assert answer is None                       # its MIDDLEs' headers would not fit
+    if answer is None:
+        assert _state(b2, eb2) == before            # untouched, for the engine
+        return
+    assert engine == answer, mutation
+    npkts = -(-length // mtu)
+    assert [d[0] for d in answer] == [Opcode.RC_RDMA_READ_RESPONSE_FIRST] \
+        + [Opcode.RC_RDMA_READ_RESPONSE_MIDDLE] * (npkts - 2) + [Opcode.RC_RDMA_READ_RESPONSE_LAST]
+    assert _state(b2, eb2) == _state(b1, eb1)
+    # a duplicate of it is the engine's to answer, from what took_answers remembered
+    assert _again(pairs, requests) == answer
 
 
 def _atomic(a, ea, eb, op, off: int, add_swap: int, compare: int,
@@ -378,6 +470,68 @@ def test_the_live_driver_answers_reads_in_the_kernel():
         wc, = a.poll_cq(ea.send_cq, 4)
         assert (wc.wr_id, wc.status) == (30, WCStatus.REM_ACCESS_ERR)
         assert b.counters["rx_answers"] == 17
+    finally:
+        b.close()
+        tx.close()
+
+
+def test_the_live_driver_answers_longer_reads_around_a_send_in_their_run():
+    """READs of four packets to a live NIC, with a SEND of the same size as a READ
+    request among them, sent as one GSO run (as a driver sends UCX's READs and
+    the ATS between them): the first READ through the engine, the others
+    answered by ``sn_rx_answers`` (``sn_read_run``) around the SEND, which the
+    engine takes alone from the middle of the run; every READ completes with the
+    bytes read, the SEND lands, and all complete in order."""
+    kernel()
+    tx, a, b, ea, eb = _live_pair("rdk4", "127.0.0.246")
+    try:
+        assert b._answers is not None and b.dev.tx_gather and tx.gso
+
+        def read(i, off):
+            a.post_send(ea.qp, SendWR(i, W.RDMA_READ, [ea.sge(4096 * i, 4000)],
+                                      SendFlags.SIGNALED, remote_addr=eb.buf.addr + off,
+                                      rkey=eb.mr.rkey))
+
+        read(0, 100)
+        assert len(_round(tx, a, b, 4)) == 4
+        assert b.counters["rx_answers"] == 0
+        with b.lock:
+            b.dev.post_recv(eb.qp, RecvWR(7, [eb.sge(60000, 64)]))
+        ea.buf.view[50000:50016] = b"sixteen bytes.!!"
+        read(1, 5000)
+        a.post_send(ea.qp, SendWR(9, W.SEND, [ea.sge(50000, 16)], SendFlags.SIGNALED))
+        read(2, 9000)
+        read(3, 13001)
+        requests = [bytes(d) for d, _ in a.datagrams_to_send(0.0)]
+        assert [len(d) for d in requests] == [32] * 4 and requests[1][0] == Opcode.RC_SEND_ONLY
+        tx.send_batch([(d, b.sock.address) for d in requests])    # one GSO run
+        got = []
+        with b.lock:
+            time.sleep(0.02)
+            b._step(0.0)
+        deadline = time.monotonic() + 5
+        while len(got) < 13 and time.monotonic() < deadline:
+            for d, src in tx.recv_batch(64):
+                got.append(bytes(d))
+                a.receive_datagram(d, src, 0.0)
+            tx.wait(0.05)
+        # each READ's FIRST, MIDDLEs and LAST, and the SEND's ACK between them
+        assert [d[0] for d in got] == [Opcode.RC_RDMA_READ_RESPONSE_FIRST] \
+            + [Opcode.RC_RDMA_READ_RESPONSE_MIDDLE] * 2 + [Opcode.RC_RDMA_READ_RESPONSE_LAST] \
+            + [Opcode.RC_ACKNOWLEDGE] + ([Opcode.RC_RDMA_READ_RESPONSE_FIRST]
+                                         + [Opcode.RC_RDMA_READ_RESPONSE_MIDDLE] * 2
+                                         + [Opcode.RC_RDMA_READ_RESPONSE_LAST]) * 2
+        assert b.counters["rx_answers"] == 3
+        wcs = a.poll_cq(ea.send_cq, 8)
+        assert [(w.wr_id, w.status) for w in wcs] == \
+            [(i, WCStatus.SUCCESS) for i in (0, 1, 9, 2, 3)]
+        for i, off in ((0, 100), (1, 5000), (2, 9000), (3, 13001)):
+            assert bytes(ea.buf.view[4096 * i:4096 * i + 4000]) == \
+                bytes(eb.buf.view[off:off + 4000]), i
+        with b.lock:
+            wc, = b.dev.poll_cq(eb.recv_cq, 4)
+        assert (wc.wr_id, wc.status, wc.byte_len) == (7, WCStatus.SUCCESS, 16)
+        assert bytes(eb.buf.view[60000:60016]) == b"sixteen bytes.!!"
     finally:
         b.close()
         tx.close()

@@ -29,9 +29,10 @@ receive of a stream of a WRITE's MIDDLEs (``rx.c``, ``sn_rx_stream``): run after
 run received and placed without the interpreter between them; its receive of a
 QP's READ responses, READ after READ (``rx.c``, ``sn_rx_reads``, with ``kernel.c``'s
 ``sn_rx_edge`` and ``sn_rx_middles``); and its answer to a
-peer's READs of one packet and ATOMICs (``rx.c``, ``sn_rx_answers``, with
-``kernel.c``'s ``sn_read_only`` and ``sn_atomic_ack``): each response sent as its
-request is taken.
+peer's READs and ATOMICs (``rx.c``, ``sn_rx_answers``, with
+``kernel.c``'s ``sn_read_only``, ``sn_read_run`` and ``sn_atomic_ack``): each
+response sent as its request is taken (a READ's MIDDLEs gathered from memory by
+``sn_send_gather``).
 
 Beside it, a second module for the simulator (``fabric.c``, ``fabric_loop()``): the
 event loop of ``softnic.transport.sim.Fabric.run`` over the fabric's own Python

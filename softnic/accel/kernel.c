@@ -1,7 +1,7 @@
 /* softnic's per-packet kernel: the inner loops of the bulk data path, for the
    packets that make up nearly all of a large SEND, WRITE or READ (MIDDLEs), and
-   the answer to a READ of one packet or an ATOMIC (a latency test's whole
-   exchange).
+   the answer to a READ or an ATOMIC (a latency test's whole exchange; a READ
+   of many packets as its responses leave).
 
    No protocol rule lives here.  Each function is a faster way through a rule
    the engine states once, for a run of packets (or one request), and stops,
@@ -42,6 +42,10 @@
                      output._rc_responses' read_response_only (and
                      append_icrc) for that READ RESPONSE ONLY, under the
                      conditions of COMMON_CASE and responder.answer_target;
+     sn_read_run     the same for a READ whose responses are more than one
+                     packet, and output._read_run for them (its FIRST and LAST
+                     by _aeth_packet, its MIDDLEs by requester.middle_run:
+                     sn_tx_heads' headers, the payload left in memory);
      sn_atomic_ack   the same for an ATOMIC (responder._atomic, then
                      atomic_ack_packet for its ATOMIC ACKNOWLEDGE).
 
@@ -362,6 +366,59 @@ size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uin
     memcpy(resp + BTH_LEN + AETH_LEN, mem + (va - lo), length);
     memset(resp + BTH_LEN + AETH_LEN + length, 0, pad);
     return sn_response_seal(resp, BTH_LEN + AETH_LEN + (size_t)length + pad, resp_start);
+}
+
+/* Answer (responder.answer and _read, for an RDMA READ request at the ePSN
+   whose responses are npkts = ceil(length / mtu) > 1 packets, then
+   output._read_run for them): the request is taken under sn_read_only's
+   conditions, but for its length: more than mtu (mtu > 0, a multiple of 4), and
+   no more than max_middles MIDDLEs (npkts - 2) (the caller's room in heads).
+   Its responses, as output._read_run builds them, from the request's PSN on:
+     - the READ RESPONSE FIRST to first, whole: BTH word 0 first_w0, destination
+       QP dqpn, AETH aeth (the syndrome and the MSN after this READ), mtu bytes
+       from VA, the ICRC from first_start (BTH + AETH + mtu + ICRC bytes);
+     - the npkts - 2 RESPONSE MIDDLEs as sn_tx_heads gives them (AckReq never
+       set: a response never asks), 16 bytes each in heads, word 0 mid_w0, ICRC
+       state mid_start; their payload the mtu bytes each at VA + mtu on, where
+       they lie: mem + *at + mtu (the driver gathers them as it sends);
+     - the READ RESPONSE LAST to last, whole: word 0 last_w0 (its pad count
+       in it), the AETH again, the length - (npkts - 1) mtu bytes left, zero
+       pad, the ICRC from last_start.
+   *at is the VA's offset in mem.  Returns the LAST's length, or 0 (nothing
+   written) if the request is not taken. */
+size_t sn_read_run(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                   uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
+                   uint64_t hi, const uint8_t *mem, uint32_t mtu, uint32_t first_w0,
+                   uint32_t mid_w0, uint32_t last_w0, uint32_t dqpn, uint32_t aeth,
+                   uint32_t first_start, uint32_t mid_start, uint32_t last_start,
+                   uint32_t max_middles, uint8_t *first, uint8_t *heads, uint8_t *last,
+                   uint64_t *at)
+{
+    uint64_t va, o, npkts, rem;
+    uint32_t pad;
+    if (mtu == 0 || (mtu & 3) || length <= mtu || hi < lo
+            || !sn_request_at(req, n, BTH_LEN + RETH_LEN + ICRC_LEN, w0, qpn, epsn, req_start))
+        return 0;
+    npkts = ((uint64_t)length + mtu - 1) / mtu;
+    if (npkts - 2 > max_middles)
+        return 0;
+    va = be64(req + BTH_LEN);
+    if (be32(req + BTH_LEN + 8) != rkey || be32(req + BTH_LEN + 12) != length
+            || va < lo || va > hi || hi - va < length)
+        return 0;
+    o = va - lo;
+    sn_response_head(first, first_w0, dqpn, epsn, aeth);
+    memcpy(first + BTH_LEN + AETH_LEN, mem + o, mtu);
+    sn_response_seal(first, BTH_LEN + AETH_LEN + (size_t)mtu, first_start);
+    sn_tx_heads(heads, (uint32_t)(npkts - 2), mid_w0, dqpn, (epsn + 1) & PSN_MASK, 0,
+                0xFFFFFFFFu, mem + o + mtu, mtu, mid_start);
+    rem = length - (npkts - 1) * mtu;
+    pad = -(uint32_t)rem & 3u;
+    sn_response_head(last, last_w0, dqpn, (uint32_t)((epsn + npkts - 1) & PSN_MASK), aeth);
+    memcpy(last + BTH_LEN + AETH_LEN, mem + o + (npkts - 1) * mtu, rem);
+    memset(last + BTH_LEN + AETH_LEN + rem, 0, pad);
+    *at = o;
+    return sn_response_seal(last, BTH_LEN + AETH_LEN + (size_t)rem + pad, last_start);
 }
 
 /* Answer (responder.answer and _atomic, for an ATOMIC at the ePSN, then

@@ -1,5 +1,5 @@
 /* softnic's per-packet kernel: the loops of the bulk data path, and the answer to
-   a READ of one packet or an ATOMIC.  Pure: memory in, memory out; no I/O, no
+   a READ or an ATOMIC.  Pure: memory in, memory out; no I/O, no
    allocation, no global state but the CRC hook. */
 int sn_set_crc(uintptr_t fn, int kind);
 uint32_t sn_crc32(uint32_t crc, const uint8_t *p, size_t n);
@@ -20,6 +20,13 @@ size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uin
                     uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
                     uint64_t hi, const uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,
                     uint32_t aeth, uint32_t resp_start, uint8_t *resp);
+size_t sn_read_run(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                   uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
+                   uint64_t hi, const uint8_t *mem, uint32_t mtu, uint32_t first_w0,
+                   uint32_t mid_w0, uint32_t last_w0, uint32_t dqpn, uint32_t aeth,
+                   uint32_t first_start, uint32_t mid_start, uint32_t last_start,
+                   uint32_t max_middles, uint8_t *first, uint8_t *heads, uint8_t *last,
+                   uint64_t *at);
 size_t sn_atomic_ack(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
                      uint32_t req_start, uint32_t rkey, int compare_swap, uint64_t lo,
                      uint64_t hi, uint8_t *mem, uint32_t resp_w0, uint32_t dqpn,

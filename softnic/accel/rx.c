@@ -189,18 +189,60 @@ static uint64_t sn_rx_segments(int fd, uint8_t *buf, size_t cap, uint32_t peer_i
 struct sn_answers {
     int more, fd;
     uint32_t taken, max, lost, kind, w0, qpn, epsn, req_start, rkey, length, resp_w0, dqpn,
-        syndrome, msn, resp_start;
+        syndrome, msn, resp_start, mtu, mid_w0, mid_start, last_w0, last_start, max_middles;
     uint64_t lo, hi;
-    uint8_t *mem, *resp;
+    uint8_t *mem, *resp, *heads;
     uint64_t *origs;
     struct sockaddr_in to;
 };
+
+/* A READ of more than one packet (kind 3) answered: sn_read_run's responses
+   sent, the FIRST and LAST from resp (the LAST after the FIRST's room), the
+   MIDDLEs gathered from their headers and the memory they read
+   (sn_send_gather, UDP GSO); a send the socket refuses loses its datagrams
+   (counted), as sn_answer's.  Returns the packets the READ took on the
+   wire, or 0 (not taken). */
+static uint32_t sn_answer_run(struct sn_answers *a, const uint8_t *p, size_t n, uint32_t aeth)
+{
+    size_t first_len = BTH_LEN + AETH_LEN + (size_t)a->mtu + ICRC_LEN, k;
+    uint8_t *last = a->resp + first_len;
+    uint64_t at;
+    uint32_t npkts, lost;
+    int err;
+    k = sn_read_run(p, n, a->w0, a->qpn, a->epsn, a->req_start, a->rkey, a->length, a->lo,
+                    a->hi, a->mem, a->mtu, a->resp_w0, a->mid_w0, a->last_w0, a->dqpn, aeth,
+                    a->resp_start, a->mid_start, a->last_start, a->max_middles, a->resp,
+                    a->heads, last, &at);
+    if (!k)
+        return 0;
+    npkts = (uint32_t)(((uint64_t)a->length + a->mtu - 1) / a->mtu);
+    if (sendto(a->fd, a->resp, first_len, 0, (struct sockaddr *)&a->to, sizeof a->to) < 0)
+        a->lost++;
+    if (npkts > 2) {
+        uint32_t done = (uint32_t)sn_send_gather(
+            a->fd, ntohl(a->to.sin_addr.s_addr), ntohs(a->to.sin_port), 0, 0, a->heads,
+            a->mem + at + a->mtu, a->mtu, npkts - 2, 0, 0, 64, &lost, &err);
+        a->lost += lost + (npkts - 2 - done);     /* (an error: the rest not sent) */
+    }
+    if (sendto(a->fd, last, k, 0, (struct sockaddr *)&a->to, sizeof a->to) < 0)
+        a->lost++;
+    return npkts;
+}
 
 static int sn_answer(void *ctx, const uint8_t *p, size_t n)
 {
     struct sn_answers *a = ctx;
     uint32_t aeth = a->syndrome | ((a->msn + 1) & MSN_MASK);
     size_t k;
+    if (a->kind == 3) {
+        uint32_t npkts = sn_answer_run(a, p, n, aeth);
+        if (!npkts)
+            return 0;
+        a->msn = (a->msn + 1) & MSN_MASK;
+        a->epsn = (a->epsn + npkts) & PSN_MASK;
+        a->more = ++a->taken < a->max;
+        return 1;
+    }
     if (a->kind == 0)
         k = sn_read_only(p, n, a->w0, a->qpn, a->epsn, a->req_start, a->rkey, a->length, a->lo,
                          a->hi, a->mem, a->resp_w0, a->dqpn, aeth, a->resp_start, a->resp);
@@ -218,15 +260,20 @@ static int sn_answer(void *ctx, const uint8_t *p, size_t n)
     return 1;
 }
 
-/* The UDP driver's answer to a peer's READs of one packet or ATOMICs
+/* The UDP driver's answer to a peer's READs or ATOMICs
    (responder.answer_target's), without the interpreter between request and
    response: receive (as sn_rx_stream: recvmsg(2) into buf, cap bytes, UDP_GRO
    runs as the kernel coalesces them) and, while each datagram from the QP's
    peer (peer_ip, peer_port) is such a request at the ePSN (kind 0: a READ,
    sn_read_only's conditions; 1: a FETCH_ADD, 2: a COMPARE_SWAP,
-   sn_atomic_ack's; from epsn on, each answered with the MSN after it: msn + 1
-   for the first), send its response to the peer at once (sendto(2) from resp,
-   room for the longest: BTH + AETH + length + pad + ICRC bytes).  An ATOMIC's
+   sn_atomic_ack's; 3: a READ of more than one packet, sn_read_run's, whose
+   responses need room for max_middles MIDDLEs' 16-byte headers in heads; from
+   epsn on, each answered with the MSN after it: msn + 1 for the first), send
+   its response to the peer at once (sendto(2) from resp, room for the longest:
+   BTH + AETH + length + pad + ICRC bytes; for kind 3, room for the FIRST,
+   BTH + AETH + mtu + ICRC bytes, and the LAST after it, its MIDDLEs gathered
+   from memory by sn_answer_run; mid_w0, mid_start, last_w0 and last_start are
+   sn_read_run's, the others unused).  An ATOMIC's
    original value goes to origs (max entries).  A send the socket refuses (no
    room, no route) loses the response, as a wire would: counted in out[8]; the
    requester's retransmission asks again (a duplicate, the engine's to answer).
@@ -234,16 +281,26 @@ static int sn_answer(void *ctx, const uint8_t *p, size_t n)
    Stops, with out[1] saying why (out[2..7] and out[9] as sn_rx_stream's):
      0  nothing waits;  1  a datagram not so taken waits in buf (from offset
      out[4] on, of a run of out[2] bytes, segments of out[3]; from out[5] port
-     out[6]), for the engine;  2  max requests answered;  3  a truncated
-     datagram (dropped);  4  recvmsg failed (out[9]: errno).
+     out[6]), for the engine;  2  max requests answered, or max_runs receives
+     used;  3  a truncated datagram (dropped);  4  recvmsg failed (out[9]:
+     errno).
+   in_len > 0: first the datagrams of a run received before, in buf (in_len
+   bytes, segments of in_seg, 0: one datagram) from offset in_off on, from the
+   peer (a run an earlier call stopped in, the engine having taken the
+   datagram it stopped at); stopping in it (a datagram not taken, or max
+   answered), out[1] is 1, out[2..6] say what is left as for a receive and
+   out[9] is 1 (no receive used).
    Returns how many it answered; responder.took_answers accounts for them (the
-   ePSN and MSN moved past each, each remembered for its replay). */
+   ePSN past each one's responses, the MSN past each, each remembered for its
+   replay). */
 int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
                   uint32_t kind, uint32_t w0, uint32_t qpn, uint32_t epsn, uint32_t req_start,
                   uint32_t rkey, uint32_t length, uint64_t lo, uint64_t hi, uint8_t *mem,
                   uint32_t resp_w0, uint32_t dqpn, uint32_t syndrome, uint32_t msn,
                   uint32_t resp_start, uint8_t *resp, uint32_t max, uint64_t *origs,
-                  uint32_t *out)
+                  uint32_t mtu, uint32_t mid_w0, uint32_t mid_start, uint32_t last_w0,
+                  uint32_t last_start, uint8_t *heads, uint32_t max_middles, size_t in_len,
+                  uint32_t in_seg, size_t in_off, uint32_t max_runs, uint32_t *out)
 {
     struct sn_answers a;
     memset(out, 0, 10 * sizeof *out);
@@ -268,10 +325,33 @@ int sn_rx_answers(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t p
     a.mem = mem;
     a.resp = resp;
     a.origs = origs;
+    a.mtu = mtu;
+    a.mid_w0 = mid_w0;
+    a.mid_start = mid_start;
+    a.last_w0 = last_w0;
+    a.last_start = last_start;
+    a.heads = heads;
+    a.max_middles = max_middles;
     a.to.sin_family = AF_INET;
     a.to.sin_port = htons((uint16_t)peer_port);
     a.to.sin_addr.s_addr = htonl(peer_ip);
-    sn_rx_segments(fd, buf, cap, peer_ip, peer_port, 0xFFFFFFFFu, sn_answer, &a, &a.more, out);
+    if (in_len) {                       /* the rest of a run received before, first */
+        size_t o = in_off, seg = in_seg ? in_seg : in_len;
+        while (o < in_len && a.more) {
+            size_t n = in_len - o < seg ? in_len - o : seg;
+            if (!sn_answer(&a, buf + o, n))
+                break;
+            o += n;
+        }
+        if (o < in_len) {               /* (max answered, or one not taken: the rest */
+            sn_rx_left(out, (ssize_t)in_len, in_seg, o, &a.to);     /* the engine's) */
+            out[8] = a.lost;
+            out[9] = 1;
+            return (int)a.taken;
+        }
+        out[1] = 2;
+    }
+    sn_rx_segments(fd, buf, cap, peer_ip, peer_port, max_runs, sn_answer, &a, &a.more, out);
     out[8] = a.lost;
     return (int)a.taken;
 }

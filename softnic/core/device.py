@@ -167,7 +167,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         #: the QP whose MIDDLEs (a SEND's, a WRITE's, its READ's responses) the kernel
         #: took last, or the FIRST before them (``stream_target``)
         self.stream_qp = None
-        #: the QP that answered a READ of one packet or an ATOMIC last: a driver's
+        #: the QP that answered a READ or an ATOMIC last: a driver's
         #: kernel may answer the next ones like it (``answer_target``)
         self.answer_qp = None
         #: the driver sends a ``requester.Gather`` (a run whose payload stays in

@@ -159,7 +159,7 @@ class Dispatch:
         return Reads(qp, r, took)
 
     def answer_target(self) -> "responder.AnswerTarget | None":
-        """The READs of one packet or ATOMICs a driver's kernel may answer now, for
+        """The READs or ATOMICs a driver's kernel may answer now, for
         ``answer_qp`` (the QP that answered one last): ``responder.answer_target``."""
         return responder.answer_target(self) if self.answer_qp is not None else None
 

@@ -424,8 +424,8 @@ class RespInfo:
         self.uc_drop = False          # UC: drop the rest of a message after a PSN gap
         self.resources: deque = deque()   # READ / ATOMIC replay: responder.ReadResource, ...
         self.out: deque = deque()     # responses to send, in PSN order (responder.py's records)
-        self.answer_hint = None       # (kind, rkey, length): the last READ of one packet or
-        #                               ATOMIC answered (responder.answer_target)
+        self.answer_hint = None       # (kind, rkey, length): the last READ or ATOMIC
+        #                               answered (responder.answer_target)
 
 
 class SRInfo:

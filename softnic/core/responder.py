@@ -772,9 +772,9 @@ def _read(dev, qp, info, psn: int, va: int, rkey: int, length: int) -> None:
     _answered(qp, last)
     resp.out.append(ReadReply(psn, view, resp.msn))
     dev.mark_ready(qp)
-    if last == psn and length:
-        resp.answer_hint = (ANSWER_READ, rkey, length)     # READs like it: a driver
-        dev.answer_qp = qp                                 # may answer them (answer_target)
+    if length:                                  # READs like it: a driver may answer
+        resp.answer_hint = (ANSWER_READ if last == psn else ANSWER_READ_RUN, rkey, length)
+        dev.answer_qp = qp                      # them (answer_target)
 
 
 def _atomic(dev, qp, info, psn: int, va: int, rkey: int, swap_add: int, compare: int) -> None:
@@ -1699,15 +1699,20 @@ def took_beyond(dev, qp, psn: int, k: int, at: int, acks, first: int, nacks: int
 
 # ------------------------------------------------------------------ answered by the kernel
 #
-# A READ of one packet or an ATOMIC at the ePSN, answered by a driver's kernel
-# (``sn_rx_answers``: ``sn_read_only``, ``sn_atomic_ack``) as it arrives, under
+# A READ or an ATOMIC at the ePSN, answered by a driver's kernel (``sn_rx_answers``:
+# ``sn_read_only``, ``sn_read_run``, ``sn_atomic_ack``) as it arrives, under
 # ``answer_target``'s conditions; ``took_answers`` accounts for each as
 # ``answer`` does.
 
-#: what the kernel answers (``AnswerTarget.kind``; ``sn_rx_answers``' ``kind``)
-ANSWER_READ, ANSWER_FETCH_ADD, ANSWER_COMPARE_SWAP = 0, 1, 2
+#: what the kernel answers (``AnswerTarget.kind``; ``sn_rx_answers``' ``kind``): a
+#: READ of one packet, an ATOMIC, a READ of more (``sn_read_run``)
+ANSWER_READ, ANSWER_FETCH_ADD, ANSWER_COMPARE_SWAP, ANSWER_READ_RUN = 0, 1, 2, 3
+_READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
+_READ_LAST = int(O.RC_RDMA_READ_RESPONSE_LAST)
 _ANSWER_REQUEST = {ANSWER_READ: (int(O.RC_RDMA_READ_REQUEST), RETH_LEN, _REMOTE_READ,
                                  int(O.RC_RDMA_READ_RESPONSE_ONLY)),
+                   ANSWER_READ_RUN: (int(O.RC_RDMA_READ_REQUEST), RETH_LEN, _REMOTE_READ,
+                                     int(O.RC_RDMA_READ_RESPONSE_FIRST)),
                    ANSWER_FETCH_ADD: (int(O.RC_FETCH_ADD), ATOMICETH_LEN, _REMOTE_ATOMIC,
                                       int(O.RC_ATOMIC_ACKNOWLEDGE)),
                    ANSWER_COMPARE_SWAP: (int(O.RC_COMPARE_SWAP), ATOMICETH_LEN, _REMOTE_ATOMIC,
@@ -1715,13 +1720,15 @@ _ANSWER_REQUEST = {ANSWER_READ: (int(O.RC_RDMA_READ_REQUEST), RETH_LEN, _REMOTE_
 
 
 class AnswerTarget(NamedTuple):
-    """What a driver's kernel needs to answer a QP's next READs of one packet or
-    ATOMICs (``sn_rx_answers``; ``answer_target`` says when it may): which
+    """What a driver's kernel needs to answer a QP's next READs or ATOMICs
+    (``sn_rx_answers``; ``answer_target`` says when it may): which
     (``kind``), the request's BTH word 0, its ICRC state (``icrc_start``) and
     the ePSN; the R_Key and length of the requests it may answer (those of the
     last one answered), the MR's bounds ``[lo, hi)`` and its bytes ``mem``; the
     response's BTH word 0, destination QP, AETH syndrome bits, the MSN before
-    the first, and ICRC state."""
+    the first, and ICRC state.  For a READ of more than one packet
+    (``ANSWER_READ_RUN``), the response is its FIRST, and the path MTU, the
+    MIDDLEs' BTH word 0 and ICRC state, and the LAST's follow (0 otherwise)."""
     qp: object
     kind: int
     w0: int
@@ -1737,6 +1744,11 @@ class AnswerTarget(NamedTuple):
     syndrome: int
     msn: int
     resp_start: int
+    mtu: int = 0
+    mid_w0: int = 0
+    mid_start: int = 0
+    last_w0: int = 0
+    last_start: int = 0
 
 
 def answer_target(dev) -> AnswerTarget | None:
@@ -1751,9 +1763,10 @@ def answer_target(dev) -> AnswerTarget | None:
     (``DeviceConfig.icrc``, ``check_icrc``), and the request's R_Key that of an
     MR of the QP's PD granting that access (``KeyTable.remote_region``; not a
     memory window, not an on-demand one).  Only requests like the last the
-    engine answered (``resp.answer_hint``: a READ of one packet and its length,
-    or the same ATOMIC; the same R_Key) are taken: a response's ICRC state
-    depends on its length.  The kernel checks each packet's conditions and the
+    engine answered (``resp.answer_hint``: a READ and its length, or the same
+    ATOMIC; the same R_Key) are taken: a response's ICRC state depends on its
+    length.  A READ of more than one packet only where the driver sends a run
+    gathered from memory (``tx_gather``), as its MIDDLEs go.  The kernel checks each packet's conditions and the
     VA (its range; an ATOMIC's alignment); ``took_answers`` accounts for what
     it answered."""
     qp = dev.answer_qp
@@ -1774,7 +1787,10 @@ def answer_target(dev) -> AnswerTarget | None:
     kind, rkey, length = hint
     opcode, eth_len, access, resp_opcode = _ANSWER_REQUEST[kind]
     mr = dev.keys.remote_region(qp.pd, rkey, Access(access))
-    if mr is None or length > qp.mtu or not int(qp.attr.qp_access_flags) & access:
+    mtu = qp.mtu
+    if mr is None or (length > mtu) != (kind == ANSWER_READ_RUN) \
+            or kind == ANSWER_READ_RUN and not dev.tx_gather \
+            or not int(qp.attr.qp_access_flags) & access:
         dev.answer_qp = None
         return None
     src = qp.dest
@@ -1782,9 +1798,22 @@ def answer_target(dev) -> AnswerTarget | None:
     # BTH words 0 and 1 of the request and of its response (flags: a READ
     # RESPONSE ONLY's pad count), as the engine's packets carry them
     head = _BTH.pack(opcode, 0, DEFAULT_PKEY, qp.qpn, 0)[:8]
+    run = ()
     if kind == ANSWER_READ:
         pad = -length & 3
         resp_len = BTH_LEN + AETH_LEN + length + pad + ICRC_LEN
+    elif kind == ANSWER_READ_RUN:                   # its FIRST, then (output._read_run)
+        pad = 0
+        resp_len = BTH_LEN + AETH_LEN + mtu + ICRC_LEN
+        n_last = length - (-(-length // mtu) - 1) * mtu
+        last_pad = -n_last & 3
+        mid_head = _BTH.pack(_READ_MIDDLE, 0, DEFAULT_PKEY, dqpn, 0)[:8]
+        last_head = _BTH.pack(_READ_LAST, last_pad << BTH_PAD_SHIFT, DEFAULT_PKEY, dqpn, 0)[:8]
+        run = (mtu, _W0_DQPN.unpack(mid_head)[0],
+               icrc_start(dev.ip, src[0], dev.port, src[1], BTH_LEN + mtu + ICRC_LEN, mid_head),
+               _W0_DQPN.unpack(last_head)[0],
+               icrc_start(dev.ip, src[0], dev.port, src[1],
+                          BTH_LEN + AETH_LEN + n_last + last_pad + ICRC_LEN, last_head))
     else:
         pad = 0
         resp_len = BTH_LEN + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN
@@ -1794,21 +1823,29 @@ def answer_target(dev) -> AnswerTarget | None:
         icrc_start(src[0], dev.ip, src[1], dev.port, BTH_LEN + eth_len + ICRC_LEN, head),
         resp.epsn, rkey, length, mr.addr, mr.addr + mr.length, mr.view,
         _W0_DQPN.unpack(resp_head)[0], dqpn, ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn,
-        icrc_start(dev.ip, src[0], dev.port, src[1], resp_len, resp_head))
+        icrc_start(dev.ip, src[0], dev.port, src[1], resp_len, resp_head), *run)
 
 
 def took_answers(dev, qp, kind: int, k: int, origs=None) -> None:
-    """Account for ``k`` requests the kernel answered from the ePSN on (READs of
-    one packet, or ATOMICs, ``kind``; their responses sent), as
-    ``receive_common`` and ``answer`` account for each: counted (``rcvd_pkts``;
-    its response in ``sent_pkts``, as ``Output`` counts what it seals),
-    remembered for a duplicate's replay (an ATOMIC with the original value the
-    kernel read, ``origs[i]``), the ePSN and MSN moved past it."""
+    """Account for ``k`` requests the kernel answered from the ePSN on (READs, or
+    ATOMICs, ``kind``; their responses sent), as ``receive_common`` and
+    ``answer`` account for each: counted (``rcvd_pkts``; its responses in
+    ``sent_pkts``, as ``Output`` counts what it seals), remembered for a
+    duplicate's replay (a READ with its responses' PSNs, an ATOMIC with the
+    original value the kernel read, ``origs[i]``), the ePSN moved past its
+    responses' PSNs and the MSN past it."""
+    n = 1
+    if kind == ANSWER_READ_RUN:             # (each of the length the hint names)
+        n = -(-qp.resp.answer_hint[2] // qp.mtu)
     dev.counters["rcvd_pkts"] += k
-    dev.counters["sent_pkts"] += k
+    dev.counters["sent_pkts"] += k * n
     resp = qp.resp
     for i in range(k):
         psn = resp.epsn
-        _remember(qp, ReadResource(psn, psn) if kind == ANSWER_READ
-                  else AtomicResource(psn, origs[i]))
-        _answered(qp, psn)
+        last = (psn + n - 1) & PSN_MASK
+        _remember(qp, AtomicResource(psn, origs[i]) if kind in _ANSWER_ATOMICS
+                  else ReadResource(psn, last))
+        _answered(qp, last)
+
+
+_ANSWER_ATOMICS = (ANSWER_FETCH_ADD, ANSWER_COMPARE_SWAP)

@@ -52,7 +52,7 @@ from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from ..core.enums import MTU, mtu_bytes
 from ..core.requester import Gather
-from ..core.responder import ANSWER_READ
+from ..core.responder import ANSWER_READ, ANSWER_READ_RUN
 from ..core.dispatch import RESPONSES as _RESPONSES, StreamKind
 from .. import accel as _accel
 from . import env
@@ -130,19 +130,25 @@ _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may tak
 #: wait, once it took the READ's FIRST or a run of them: GRO runs of about 60 KiB,
 #: so 4 MiB at most (``_step``)
 _READ_STREAM_RUNS = 64
-#: Answer a peer's READs of one packet and ATOMICs in the compiled kernel as they
-#: arrive (``_rx_answers``); ``SOFTNIC_RX_ANSWERS=0``: each through the engine.
+#: Answer a peer's READs and ATOMICs in the compiled kernel as they arrive
+#: (``_rx_answers``); ``SOFTNIC_RX_ANSWERS=0``: each through the engine.
 RX_ANSWERS = os.environ.get("SOFTNIC_RX_ANSWERS", "1").strip().lower() not in (
     "0", "no", "off", "false")
-#: the longest answer, a READ RESPONSE ONLY: BTH, AETH, 4096 bytes (the largest
-#: path MTU), ICRC; and the most one call answers
+#: the longest answer, a READ RESPONSE ONLY (or FIRST, or LAST): BTH, AETH, 4096
+#: bytes (the largest path MTU), ICRC; and the most one call answers
 _ANSWER_MAX = BTH_LEN + AETH_LEN + mtu_bytes(MTU.MTU_4096) + ICRC_LEN
 _ANSWERS_MAX = 256
+#: the RESPONSE MIDDLEs of one READ the kernel answers at most (their headers, 16
+#: bytes each: 1 MiB at a path MTU of 1024, 4 MiB at 4096); a longer READ is the
+#: engine's
+_ANSWER_MIDDLES = 1024
 #: a READ's responses before its LAST: more of the same burst follow (``NIC.poll``'s
 #: ``reads``; an inline step's stream of them, ``_step``)
 _READ_MORE = frozenset({int(_Op.RC_RDMA_READ_RESPONSE_FIRST),
                         int(_Op.RC_RDMA_READ_RESPONSE_MIDDLE)})
 _NEVER = float("inf")
+_READ_REQUEST = int(_Op.RC_RDMA_READ_REQUEST)
+_ANSWER_READS = (ANSWER_READ, ANSWER_READ_RUN)
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
 _NO_DEADLINE = (1 << 63) - 1
@@ -463,10 +469,13 @@ class NIC(SharedDevice):
                                     k.ffi.new(f"uint32_t[{_STREAM_ACKS}]"),
                                     k.ffi.new("uint32_t[10]"))
                 if RX_ANSWERS and self.injector is None:
-                    # the answer to a peer's READs of one packet and ATOMICs
+                    # the answer to a peer's READs and ATOMICs
                     # (_rx_answers), where no fault model needs to see the responses
-                    self._answers = (k.lib, k.ffi, *rx, k.ffi.new(f"uint8_t[{_ANSWER_MAX}]"),
+                    # (a READ's FIRST and LAST, its MIDDLEs' headers)
+                    self._answers = (k.lib, k.ffi, *rx,
+                                     k.ffi.new(f"uint8_t[{2 * _ANSWER_MAX}]"),
                                      k.ffi.new(f"uint64_t[{_ANSWERS_MAX}]"),
+                                     k.ffi.new(f"uint8_t[{16 * _ANSWER_MIDDLES}]"),
                                      k.ffi.new("uint32_t[10]"))
             # a run's payload goes from registered memory to the socket, gathered
             # (requester.Gather), where no capture or fault model needs its bytes (a
@@ -1106,6 +1115,7 @@ class NIC(SharedDevice):
             got = 0
             stream = self._stream is not None and not inline
             answer = self._answers is not None
+            answered = False
             cqes = dev.cqes_posted
             while limit > 0:
                 if stream and dev.stream_qp is not None:
@@ -1118,6 +1128,11 @@ class NIC(SharedDevice):
                     if empty:
                         break               # nothing waits
                 if answer and dev.answer_qp is not None and limit > 0:
+                    if answered:
+                        # (the responses the engine made for the READs the switch
+                        # below took go first, in PSN order: the kernel answers after)
+                        answered = False
+                        self._flush(now)
                     r_did, used, empty = self._rx_answers(now, limit)
                     if r_did:
                         did = True
@@ -1142,6 +1157,9 @@ class NIC(SharedDevice):
                         self._flush(now)
                     if stream and dev.stream_qp is not None:
                         switch = True       # a message's MIDDLEs in order: the kernel's
+                        break
+                    if answer and op == _READ_REQUEST and dev.answer_qp is not None:
+                        switch = answered = True    # READs like it: the kernel's
                         break
                     if inline and op in _READ_MORE and dev.stream_qp is not None \
                             and self._stream is not None:
@@ -1285,48 +1303,77 @@ class NIC(SharedDevice):
         return did, answers, used, state == 0
 
     def _rx_answers(self, now: float, limit: int) -> tuple[bool, int, bool]:
-        """Answer the READs of one packet or ATOMICs that arrive for
-        ``Device.answer_target``'s QP in the compiled kernel (``sn_rx_answers``),
-        each response sent as its request is taken, up to ``limit`` of them; the
-        engine accounts for them after the call (``took_answers``), then takes
-        the datagram that stopped it, if any, as ``_step`` takes every run.
+        """Answer the READs or ATOMICs that arrive for ``Device.answer_target``'s QP
+        in the compiled kernel (``sn_rx_answers``), each response sent as its
+        request is taken, up to ``limit`` receives; the engine accounts for them
+        after each call (``took_answers``), then takes the datagram that stopped
+        it, if any.  Where that datagram began a coalesced run, or came in one
+        (UCX's ATS, a SEND of the size of a READ request, between its READs),
+        and a request like the last follows it there, the engine takes it alone,
+        what it made leaves (responses go out in PSN order), and the kernel is
+        offered the rest of the run; else the engine takes all that is left, as
+        ``_step`` takes every run (a run of READ responses goes its own fast
+        way, not a datagram at a time).
         Returns (did anything arrive, receives used of ``limit``, did it stop
         because nothing waits)."""
-        lib, ffi, rxptr, cap, resp, origs, out = self._answers
+        lib, ffi, rxptr, cap, resp, origs, heads, out = self._answers
         dev = self.dev
-        t = dev.answer_target()
-        if t is None:
-            return False, 0, False
-        try:
-            mem = ffi.from_buffer(t.mem, require_writable=t.kind != ANSWER_READ)
-        except (TypeError, BufferError):
-            return False, 0, False       # (memory an ATOMIC may not write: the engine's)
-        qp = t.qp
-        ip, port = qp.dest
-        limit = min(limit, _ANSWERS_MAX)
-        k = lib.sn_rx_answers(self.sock.fileno(), rxptr, cap, _ip_u32(ip), port, t.kind, t.w0,
-                              qp.qpn, t.epsn, t.req_start, t.rkey, t.length, t.lo, t.hi, mem,
-                              t.resp_w0, t.dqpn, t.syndrome, t.msn, t.resp_start, resp, limit,
-                              origs, out)
-        state = out[1]
-        used = out[7] + (state in (1, 3))
-        if k:
-            self._answers_sent += k
-            self.sock.send_errors += out[8]
-            dev.took_answers(qp, t.kind, k, origs)
-        if state == 1:                  # a datagram the kernel did not take
+        rx_view = self.sock.rx_view
+        did, used, state = False, 0, 2
+        in_len = in_seg = in_off = 0              # the rest of a run, in the buffer
+        while True:
+            t = dev.answer_target()
+            if t is not None:
+                try:
+                    mem = ffi.from_buffer(t.mem, require_writable=t.kind not in _ANSWER_READS)
+                except (TypeError, BufferError):
+                    t = None                     # (memory an ATOMIC may not write: the engine's)
+            if t is None:
+                if in_len:
+                    dev.receive_run(rx_view[in_off:in_len], in_seg, src, now)
+                return did, used, False
+            qp = t.qp
+            ip, port = qp.dest
+            k = lib.sn_rx_answers(self.sock.fileno(), rxptr, cap, _ip_u32(ip), port, t.kind,
+                                  t.w0, qp.qpn, t.epsn, t.req_start, t.rkey, t.length, t.lo,
+                                  t.hi, mem, t.resp_w0, t.dqpn, t.syndrome, t.msn,
+                                  t.resp_start, resp, _ANSWERS_MAX, origs, t.mtu, t.mid_w0,
+                                  t.mid_start, t.last_w0, t.last_start, heads, _ANSWER_MIDDLES,
+                                  in_len, in_seg, in_off, max(limit - used, 0), out)
+            state = out[1]
+            left_in_run = state == 1 and out[9] == 1     # (no receive used for it)
+            used += out[7] + (state in (1, 3) and not left_in_run)
+            if k:
+                did = True
+                self._answers_sent += k
+                self.sock.send_errors += out[8]
+                dev.took_answers(qp, t.kind, k, origs)
+            if state != 1:
+                break
+            did = True                           # a datagram the kernel did not take
             if not k:
                 # not a request like the last: the kernel is offered none until the
                 # engine answers one again (a program that did a READ once and now
-                # streams WRITEs pays for no attempt per step)
+                # streams WRITEs pays for no attempt per step, nor one whose READs
+                # change length, as UCX's rendezvous fragments do)
                 dev.answer_qp = None
-            n, g, o = out[2], out[3], out[4]
-            dev.receive_run(self.sock.rx_view[o:n], g, (_ip_str(out[5]), out[6]), now)
-        elif state == 3:
+            in_len, in_seg, o = out[2], out[3], out[4]
+            src = (_ip_str(out[5]), out[6])
+            after = o + in_seg if in_seg else in_len
+            if after >= in_len or dev.answer_qp is None or rx_view[after] != t.w0 >> 24:
+                dev.receive_run(rx_view[o:in_len], in_seg, src, now)
+                break                            # (the rest is no request like the last)
+            # one datagram between requests like the last in a run (UCX's ATS
+            # between its rendezvous READs): the engine's, the rest the kernel's
+            dev.receive_run(rx_view[o:after], 0, src, now)
+            in_off = after
+            if dev.has_output:
+                self._flush(now)                 # (what it made leaves before the answers)
+        if state == 3:
             self.sock.recv_truncated += 1
         elif state == 4:
             raise OSError(out[9], os.strerror(out[9]))
-        return bool(k) or state == 1, used, state == 0
+        return did, used, state == 0
 
     def _notify(self) -> None:
         """Wake the threads in ``wait_until`` (caller holds the lock)."""
