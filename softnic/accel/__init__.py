@@ -46,7 +46,9 @@ the Python's: asked by the simulated fabric for its devices, and by a live NIC
 where the kernel is loaded.  That drain calls ``requester.c`` for
 ``softnic.core.requester.generate``: a controlled RC QP's MIDDLEs (its pacer,
 window, AckReq cadence, bytes and the controller's accounting) compiled, every
-other case handed to the Python's.
+other case handed to the Python's.  And it carries the C face's post of send
+records (``post.c``, ``post_records``): ``backend._send_wr`` and
+``Verbs.post_send`` for the common case, the rest left to them.
 
     python -m softnic.accel [-v]     # build both, check, say which CRC the kernel uses
 """
@@ -110,10 +112,10 @@ def _key() -> str:
 
 
 def _fabric_key() -> str:
-    """``_key`` for ``fabric.c``, ``timers.c``, ``output.c`` and ``requester.c`` (no
+    """``_key`` for ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c`` and ``post.c`` (no
     cffi in them: looking for the loop stays cheap)."""
     return _sources_key(("objects.h", "bytes.h", "fabric.c", "timers.c", "output.c",
-                         "requester.c", "__init__.py"))
+                         "requester.c", "post.c", "__init__.py"))
 
 
 def _toolchain() -> tuple[str, str]:
@@ -178,7 +180,7 @@ def build(dest: Path, verbose: bool = False) -> Path:
 
 
 def build_fabric(dest: Path, verbose: bool = False) -> Path:
-    """Compile ``fabric.c``, ``timers.c``, ``output.c`` and ``requester.c`` into
+    """Compile ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c`` and ``post.c`` into
     ``dest``; returns the extension's path."""
     target = _target(dest, FABRIC_MODULE)
     if target.exists():
@@ -192,7 +194,7 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
     try:
         cmd = cc.split() + ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I", inc,
                             str(HERE / "fabric.c"), str(HERE / "timers.c"), str(HERE / "output.c"),
-                            str(HERE / "requester.c"),
+                            str(HERE / "requester.c"), str(HERE / "post.c"),
                             "-o", part]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if verbose or r.returncode:

@@ -27,6 +27,8 @@ int sn_timers_init(void);
 int sn_output_init(void);                       /* output.c: a device's drain */
 int sn_requester_init(void);                    /* requester.c: generate's paced MIDDLEs */
 extern PyMethodDef sn_requester_methods[];
+int sn_post_init(void);                         /* post.c: the C face's send records */
+extern PyMethodDef sn_post_methods[];
 
 static PyObject *PortType, *DrainType, *SwitchHopType, *DatagramType, *REDType, *CE;
 #define TWO53 9007199254740992.0
@@ -912,11 +914,13 @@ PyMODINIT_FUNC PyInit__softnic_fabric(void)
     INTERN(s_rng, "rng"); INTERN(s_random, "random"); INTERN(s_probability, "probability");
     INTERN(s_pmax, "pmax");
     INTERN(s_compact, "_compact"); INTERN(s_record, "record");
-    if (sn_timers_init() < 0 || sn_output_init() < 0 || sn_requester_init() < 0)
+    if (sn_timers_init() < 0 || sn_output_init() < 0 || sn_requester_init() < 0
+            || sn_post_init() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddFunctions(m, sn_timers_methods) < 0
-                      || PyModule_AddFunctions(m, sn_requester_methods) < 0))
+                      || PyModule_AddFunctions(m, sn_requester_methods) < 0
+                      || PyModule_AddFunctions(m, sn_post_methods) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -31,7 +31,11 @@ from softnic.core.enums import Access, QPState, QPType, WCFlags, WROpcode
 from softnic.core.errors import VerbsError
 from softnic.driver import mcast as _mcast
 from softnic.core.memory import IMPLICIT_LENGTH, MR as _EngineMR, PD as _EnginePD, external_device_memory
-from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWR
+from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR
+from softnic.core.enums import SendFlags
+from softnic.core.srq import SRQ, RecvWQE
+from softnic.core.verbs import Verbs
+from softnic.core.wr_opcode import ATOMICS, MAY_INLINE, RD_ATOMIC
 from verbs_api.addr import GID_POPULATED, GID_TABLE_LEN
 from verbs_api.device import DEVICE_CAP_FLAGS
 
@@ -47,6 +51,23 @@ _WC_FIELDS = ("wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data",
               "src_qp", "wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits")
 _INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
 _wc: struct.Struct | None = None       # install(): _wc_struct of the embedded module's ffi
+#: install(): the compiled post of a chain's records (``_records_post``), or None
+_post_records = None
+#: the WR opcodes it takes (the rest are ``Verbs.post_send``'s alone)
+_FAST_POST = (WROpcode.RDMA_WRITE, WROpcode.RDMA_WRITE_WITH_IMM, WROpcode.SEND,
+              WROpcode.SEND_WITH_IMM, WROpcode.RDMA_READ, WROpcode.ATOMIC_CMP_AND_SWP,
+              WROpcode.ATOMIC_FETCH_AND_ADD, WROpcode.SEND_WITH_INV)
+#: the fields of api.h's struct sn_send_wr, in the order post.c lays them out
+_SEND_WR_FIELDS = ("wr_id", "sg_list", "num_sge", "opcode", "send_flags", "imm_data",
+                   "invalidate_rkey", "remote_addr", "rkey", "compare_add", "swap", "ah",
+                   "remote_qpn", "remote_qkey")
+_VERBS_POST_SEND = Verbs.post_send
+_VERBS_POST_RECV, _VERBS_POST_SRQ_RECV, _SRQ_POST = Verbs.post_recv, Verbs.post_srq_recv, SRQ.post
+#: install(): the compiled post of a chain's receive records (``_records_post``), or None
+_post_recvs = None
+_RECV_WR_FIELDS = ("wr_id", "sg_list", "num_sge")
+#: the QP states ``Verbs.post_recv`` posts a receive in as it is (not RESET, not ERR)
+_RECEIVING = (QPState.INIT, QPState.RTR, QPState.RTS, QPState.SQD)
 _MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 #: receives an ``ibv_poll_cq``'s inline step may take while more wait.  A C program
@@ -155,8 +176,9 @@ extern = Externs()
 
 def install(ffi, lib=None) -> None:
     """Register this module's sn_* functions with the embedded module's ffi."""
-    global _wc
+    global _wc, _post_records, _post_recvs
     _wc = _wc_struct(ffi)
+    _post_records, _post_recvs = _records_post(ffi)
     extern.install(ffi)
     if lib is not None:
         def after_fork_in_child() -> None:
@@ -169,6 +191,32 @@ def install(ffi, lib=None) -> None:
                 _nic.forget_after_fork()
             lib.sn_fork_resumed()
         os.register_at_fork(after_in_child=after_fork_in_child)
+
+
+def _records_post(ffi):
+    """``post_records`` and ``post_recvs`` of softnic/accel/post.c, set up for
+    ``ffi``'s struct sn_send_wr and sn_recv_wr: a chain's records posted as
+    ``_send_wr`` and ``Verbs.post_send`` (``_recv_wr`` and ``post_recv`` or
+    ``post_srq_recv``) post them, without a ``SendWR`` (``RecvWR``), up to the first
+    it leaves to them; (None, None) where the extension cannot be had
+    (``SOFTNIC_KERNEL=0``, no compiler) or the records are laid out otherwise
+    than post.c's."""
+    from softnic import accel
+    m = accel.fabric_loop()
+    t = ffi.typeof("struct sn_send_wr")
+    r = ffi.typeof("struct sn_recv_wr")
+    if m is None or tuple(name for name, _ in t.fields) != _SEND_WR_FIELDS \
+            or tuple(name for name, _ in r.fields) != _RECV_WR_FIELDS:
+        return None, None
+    ops = {int(op): (op, op in MAY_INLINE, op in RD_ATOMIC, op in ATOMICS) for op in _FAST_POST}
+    try:
+        m.post_setup(SendWQE, QPState.RTS, QPType.RC, ops, int(SendFlags.INLINE),
+                     int(SendFlags.SIGNALED), ffi.sizeof(t),
+                     tuple(f.offset for _, f in t.fields), ffi.sizeof("struct sn_sge"))
+        m.recv_setup(RecvWQE, _RECEIVING, ffi.sizeof(r), tuple(f.offset for _, f in r.fields))
+    except RuntimeError:
+        return None, None
+    return m.post_records, m.post_recvs
 
 
 def _wc_struct(ffi) -> struct.Struct:
@@ -738,8 +786,31 @@ def sn_destroy_srq(h):
 def sn_post_srq_recv_list(h, ws, n, done):
     done[0] = 0
     o = _get(h)
-    o.nic.post_recv(_post_chain, o.nic.dev.post_srq_recv, o.eng,
-                    lambda w: _recv_wr(w, o.eng.max_sge), ws, n, done)
+    o.nic.post_recv(_post_recv_list, o.nic.dev, o, ws, n, done, True)
+
+
+def _post_recv_list(dev, o, ws, n, done, srq: bool) -> None:
+    """``ibv_post_recv``'s (``srq``: ``ibv_post_srq_recv``'s) chain ``ws`` of ``n``
+    records to ``o``: those the compiled post takes (``_post_recvs``: the common
+    case of ``_recv_wr`` and ``Verbs.post_recv``, or ``post_srq_recv`` and
+    ``SRQ.post``, where they are those), then the rest through ``_post_chain``,
+    from the first it left on (its error, or its case)."""
+    k = 0
+    fast = _post_recvs
+    cls = type(dev)
+    if fast is not None and (cls.post_srq_recv is _VERBS_POST_SRQ_RECV
+                             and type(o.eng).post is _SRQ_POST if srq
+                             else cls.post_recv is _VERBS_POST_RECV):
+        k = fast(o.eng, _address(ws), n, srq)
+        if k == n:
+            done[0] = n
+            return
+    if srq:
+        _post_chain(dev.post_srq_recv, o.eng, lambda w: _recv_wr(w, o.eng.max_sge), ws, n,
+                    done, k)
+    else:
+        _post_chain(dev.post_recv, o.eng, lambda w: _recv_wr(w, o.eng.cap.max_recv_sge), ws,
+                    n, done, k)
 
 # ------------------------------------------------------------ queue pairs
 
@@ -840,12 +911,13 @@ def sn_destroy_qp(h):
     del _objs[h]
 
 
-def _post_chain(post, eng, record, ws, n, done) -> None:
+def _post_chain(post, eng, record, ws, n, done, start: int = 0) -> None:
     """Post a chain's ``n`` flat records ``ws`` in order with ``post(eng, wr)``, each
-    made a work request by ``record``; ``done[0]`` counts those posted, so the first
-    one refused (its error raised) is ``ws[done[0]]``.  One call of the C face per
-    chain: the device's lock taken and its output sent once for all of them."""
-    for i in range(n):
+    made a work request by ``record``, from ``ws[start]`` on (those before it
+    posted already); ``done[0]`` counts those posted, so the first one refused
+    (its error raised) is ``ws[done[0]]``.  One call of the C face per chain: the
+    device's lock taken and its output sent once for all of them."""
+    for i in range(start, n):
         done[0] = i
         post(eng, record(ws[i]))
     done[0] = n
@@ -886,24 +958,38 @@ def sn_post_send(h, w):
 
 @extern()
 def sn_post_send_list(h, ws, n, done):
-    """``ibv_post_send``'s chain (``_post_chain``)."""
+    """``ibv_post_send``'s chain (``_post_list``)."""
     done[0] = 0
     o = _objs.get(h)
     if o is None:
         return errno.EINVAL
-    o.nic.post(o.eng.qpn, _post_chain, o.nic.dev.post_send, o.eng, partial(_send_wr, o),
-               ws, n, done)
+    nic = o.nic
+    nic.post(o.eng.qpn, _post_list, nic.dev, o, ws, n, done)
+
+
+def _post_list(dev, o, ws, n, done) -> None:
+    """``ibv_post_send``'s chain ``ws`` of ``n`` records on QP ``o``: those the
+    compiled post takes (``_post_records``: the common case of ``_send_wr`` and
+    ``Verbs.post_send``, for a device whose ``post_send`` is that one), then the rest
+    through ``_post_chain``, from the first it left on (its error, or its case)."""
+    k = 0
+    fast = _post_records
+    if fast is not None and type(dev).post_send is _VERBS_POST_SEND:
+        k = fast(dev, o.eng, _address(ws), n)
+        if k == n:
+            done[0] = n
+            return
+    _post_chain(dev.post_send, o.eng, partial(_send_wr, o), ws, n, done, k)
 
 
 @extern()
 def sn_post_recv_list(h, ws, n, done):
-    """``ibv_post_recv``'s chain (``_post_chain``)."""
+    """``ibv_post_recv``'s chain (``_post_recv_list``)."""
     done[0] = 0
     o = _objs.get(h)
     if o is None:
         return errno.EINVAL
-    o.nic.post_recv(_post_chain, o.nic.dev.post_recv, o.eng,
-                    lambda w: _recv_wr(w, o.eng.cap.max_recv_sge), ws, n, done)
+    o.nic.post_recv(_post_recv_list, o.nic.dev, o, ws, n, done, False)
 
 # ------------------------------------------------------------ XRC domains, XRC SRQs and XRC QPs
 
