@@ -105,6 +105,25 @@ def _mutate(req: bytearray, mutation: str, flip, a, b) -> bytes:
     return bytes(req)
 
 
+def _read_requests(pairs, data, mutation: str, length: int, size: int):
+    """Each pair's READ of ``length`` bytes at an offset drawn in its buffer of
+    ``size`` bytes (before it or past it, for those mutations), as ``mutation``
+    alters it (``_mutate``): (the offset, the requests)."""
+    off = data.draw(st.integers(0, size - length), label="offset")
+    if mutation == "before":
+        off = -data.draw(st.integers(1, 64), label="before by")
+    elif mutation == "past":
+        off = size - length + data.draw(st.integers(1, 64), label="past by")
+    flip = (data.draw(st.integers(0, 43), label="flipped byte"),
+            data.draw(st.integers(0, 7), label="bit")) if mutation == "flip" else None
+    requests = []
+    for a, b, ea, eb in pairs:
+        rkey = eb.mr.rkey ^ 0x100 if mutation == "rkey" else None
+        requests.append(_mutate(bytearray(_request(a, ea, eb, length, off, rkey)), mutation,
+                                flip, a, b))
+    return off, requests
+
+
 def _both_ways(k, pairs, requests, mutation: str):
     """The second pair's request offered to the kernel (``_kernel_answer``), the
     first pair's to the engine: (the kernel's answer or None, what the engine
@@ -153,18 +172,7 @@ def test_a_read_the_kernel_answers_is_the_engines_answer(mtu, first_len, data):
     length = first_len
     if mutation == "length":
         length = data.draw(st.integers(1, mtu).filter(lambda n: n != first_len), label="length")
-    off = data.draw(st.integers(0, (1 << 14) - length), label="offset")
-    if mutation == "before":
-        off = -data.draw(st.integers(1, 64), label="before by")
-    elif mutation == "past":
-        off = (1 << 14) - length + data.draw(st.integers(1, 64), label="past by")
-    flip = (data.draw(st.integers(0, 43), label="flipped byte"),
-            data.draw(st.integers(0, 7), label="bit")) if mutation == "flip" else None
-    requests = []
-    for a, b, ea, eb in pairs:
-        rkey = eb.mr.rkey ^ 0x100 if mutation == "rkey" else None
-        requests.append(_mutate(bytearray(_request(a, ea, eb, length, off, rkey)), mutation,
-                                flip, a, b))
+    off, requests = _read_requests(pairs, data, mutation, length, 1 << 14)
     # (alike but for the VA: each pair's buffer is its own)
     assert len(requests[0]) == len(requests[1]) == 32
     note(f"mtu {mtu}, first {first_len} at {first_off}, {mutation}: {length} at {off}")
@@ -239,20 +247,9 @@ def test_a_longer_read_the_kernel_answers_is_the_engines_answer(mtu, npkts, data
     mutation = data.draw(st.sampled_from(MUTATIONS + ("no room",)), label="mutation")
     length = first_len
     if mutation == "length":
-        length = data.draw(st.integers(1, 2 * first_len).filter(lambda n: n != first_len),
-                           label="other length")
-    off = data.draw(st.integers(0, size - length), label="offset")
-    if mutation == "before":
-        off = -data.draw(st.integers(1, 64), label="before by")
-    elif mutation == "past":
-        off = size - length + data.draw(st.integers(1, 64), label="past by")
-    flip = (data.draw(st.integers(0, 43), label="flipped byte"),
-            data.draw(st.integers(0, 7), label="bit")) if mutation == "flip" else None
-    requests = []
-    for a, b, ea, eb in pairs:
-        rkey = eb.mr.rkey ^ 0x100 if mutation == "rkey" else None
-        requests.append(_mutate(bytearray(_request(a, ea, eb, length, off, rkey)), mutation,
-                                flip, a, b))
+        length = data.draw(st.integers(1, min(2 * first_len, size))
+                           .filter(lambda n: n != first_len), label="other length")
+    off, requests = _read_requests(pairs, data, mutation, length, size)
     note(f"mtu {mtu}, first {first_len} at {first_off}, {mutation}: {length} at {off}")
     (a1, b1, ea1, eb1), (a2, b2, ea2, eb2) = pairs
     before = _state(b2, eb2)
@@ -388,6 +385,12 @@ def _round(tx, a, b, want: int) -> list[bytes]:
     sent = [bytes(d) for d, _ in a.datagrams_to_send(0.0)]
     for d in sent:
         tx.send(d, b.sock.address)
+    return _answers(tx, a, b, want)
+
+
+def _answers(tx, a, b, want: int) -> list[bytes]:
+    """Step ``b`` (its progress thread kept out by the lock) on what was sent to it
+    and hand ``a`` the ``want`` datagrams ``b`` answers with (fewer after 5 s)."""
     got: list[bytes] = []
     deadline = time.monotonic() + 5
     with b.lock:
@@ -427,16 +430,7 @@ def test_the_live_driver_answers_reads_in_the_kernel():
         assert len(requests) == 16
         for d in requests:
             tx.send(d, b.sock.address)
-        got = []
-        with b.lock:
-            time.sleep(0.02)
-            b._step(0.0)
-        deadline = time.monotonic() + 5
-        while len(got) < 16 and time.monotonic() < deadline:
-            for d, src in tx.recv_batch(64):
-                got.append(bytes(d))
-                a.receive_datagram(d, src, 0.0)
-            tx.wait(0.05)
+        got = _answers(tx, a, b, 16)
         assert len(got) == 16 and all(d[0] == Opcode.RC_RDMA_READ_RESPONSE_ONLY for d in got)
         assert b.counters["rx_answers"] == 16
         wcs += a.poll_cq(ea.send_cq, 64)
@@ -505,16 +499,7 @@ def test_the_live_driver_answers_longer_reads_around_a_send_in_their_run():
         requests = [bytes(d) for d, _ in a.datagrams_to_send(0.0)]
         assert [len(d) for d in requests] == [32] * 4 and requests[1][0] == Opcode.RC_SEND_ONLY
         tx.send_batch([(d, b.sock.address) for d in requests])    # one GSO run
-        got = []
-        with b.lock:
-            time.sleep(0.02)
-            b._step(0.0)
-        deadline = time.monotonic() + 5
-        while len(got) < 13 and time.monotonic() < deadline:
-            for d, src in tx.recv_batch(64):
-                got.append(bytes(d))
-                a.receive_datagram(d, src, 0.0)
-            tx.wait(0.05)
+        got = _answers(tx, a, b, 13)
         # each READ's FIRST, MIDDLEs and LAST, and the SEND's ACK between them
         assert [d[0] for d in got] == [Opcode.RC_RDMA_READ_RESPONSE_FIRST] \
             + [Opcode.RC_RDMA_READ_RESPONSE_MIDDLE] * 2 + [Opcode.RC_RDMA_READ_RESPONSE_LAST] \

@@ -380,7 +380,7 @@ static PyObject *post_recvs(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OKnp", &target, &addr, &n, &srq))
         return NULL;
     if (RecvWQE == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "post_setup first");
+        PyErr_SetString(PyExc_RuntimeError, "recv_setup first");
         return NULL;
     }
     const struct sn_recv_wr *recs = (const struct sn_recv_wr *)(uintptr_t)addr;
