@@ -24,6 +24,7 @@ from softnic.core.enums import QPAttrMask, QPState, SendFlags, WCStatus, WROpcod
 from softnic.core.qp import QPAttr, RecvWR, SendWR
 from softnic.core.responder import ANSWER_COMPARE_SWAP, ANSWER_READ, ANSWER_READ_RUN
 from softnic.driver.config import DeviceSpec, RuntimeConfig
+from softnic.driver import nic as nicmod
 from softnic.driver.nic import NIC
 from softnic.experiments.rig import bring_up, connect, endpoint
 from softnic.transport.udp import UdpSocket
@@ -475,7 +476,9 @@ def test_the_live_driver_answers_longer_reads_around_a_send_in_their_run():
     the ATS between them): the first READ through the engine, the others
     answered by ``sn_rx_answers`` (``sn_read_run``) around the SEND, which the
     engine takes alone from the middle of the run; every READ completes with the
-    bytes read, the SEND lands, and all complete in order."""
+    bytes read, the SEND lands, and all complete in order.  A SEND alone in its
+    datagram, small, leaves the kernel the READs after it; ``_ANSWER_MISSES``
+    small datagrams with no READ do not."""
     kernel()
     tx, a, b, ea, eb = _live_pair("rdk4", "127.0.0.246")
     try:
@@ -517,6 +520,29 @@ def test_the_live_driver_answers_longer_reads_around_a_send_in_their_run():
             wc, = b.dev.poll_cq(eb.recv_cq, 4)
         assert (wc.wr_id, wc.status, wc.byte_len) == (7, WCStatus.SUCCESS, 16)
         assert bytes(eb.buf.view[60000:60016]) == b"sixteen bytes.!!"
+        # a SEND in a datagram of its own (small: an ACK's size, UCX's ATS) leaves
+        # the kernel the QP, and the READs after it are the kernel's
+        with b.lock:
+            b.dev.post_recv(eb.qp, RecvWR(8, [eb.sge(61000, 64)]))
+        a.post_send(ea.qp, SendWR(10, W.SEND, [ea.sge(50000, 16)], SendFlags.SIGNALED))
+        assert [d[0] for d in _round(tx, a, b, 1)] == [Opcode.RC_ACKNOWLEDGE]
+        assert b.dev.answer_qp is eb.qp
+        read(4, 17000)
+        read(5, 21000)
+        assert len(_round(tx, a, b, 8)) == 8
+        assert b.counters["rx_answers"] == 5
+        assert [(w.wr_id, w.status) for w in a.poll_cq(ea.send_cq, 8)] == \
+            [(10, WCStatus.SUCCESS), (4, WCStatus.SUCCESS), (5, WCStatus.SUCCESS)]
+        assert bytes(ea.buf.view[4096 * 4:4096 * 4 + 4000]) == bytes(eb.buf.view[17000:21000])
+        # small datagrams and no READ: after _ANSWER_MISSES calls that find one, the
+        # kernel is offered none (a program streaming WRITEs receives ACKs alone)
+        for _ in range(nicmod._ANSWER_MISSES):
+            assert b.dev.answer_qp is eb.qp
+            tx.send(bytes(20), b.sock.address)      # (a bad packet: counted, dropped)
+            with b.lock:
+                time.sleep(0.005)
+                b._step(0.0)
+        assert b.dev.answer_qp is None
     finally:
         b.close()
         tx.close()

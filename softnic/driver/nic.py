@@ -142,6 +142,10 @@ _ANSWERS_MAX = 256
 #: bytes each: 1 MiB at a path MTU of 1024, 4 MiB at 4096); a longer READ is the
 #: engine's
 _ANSWER_MIDDLES = 1024
+#: the longest datagram (an ACK, a small SEND) whose arrival between a peer's
+#: requests leaves the kernel its answers (``_rx_answers``)
+_ANSWER_BETWEEN = 64
+_ANSWER_MISSES = 32
 #: a READ's responses before its LAST: more of the same burst follow (``NIC.poll``'s
 #: ``reads``; an inline step's stream of them, ``_step``)
 _READ_MORE = frozenset({int(_Op.RC_RDMA_READ_RESPONSE_FIRST),
@@ -449,6 +453,7 @@ class NIC(SharedDevice):
         self._stream = None
         self._answers = None
         self._answers_sent = 0      # requests _rx_answers answered
+        self._answer_misses = 0     # its calls in a row that answered none, stopped by a small one
         self._stream_pkts = 0       # packets _rx_stream took
         self._stream_beyond_pkts = 0    # ... of them beyond a hole (selective repeat)
         self._posts_held = 0        # posts whose output waited for the caller's next call
@@ -1313,7 +1318,8 @@ class NIC(SharedDevice):
         what it made leaves (responses go out in PSN order), and the kernel is
         offered the rest of the run; else the engine takes all that is left, as
         ``_step`` takes every run (a run of READ responses goes its own fast
-        way, not a datagram at a time).
+        way, not a datagram at a time), and if the call answered none, the
+        kernel is offered no more until the engine answers one again.
         Returns (did anything arrive, receives used of ``limit``, did it stop
         because nothing waits)."""
         lib, ffi, rxptr, cap, resp, origs, heads, out = self._answers
@@ -1346,29 +1352,38 @@ class NIC(SharedDevice):
             if k:
                 did = True
                 self._answers_sent += k
+                self._answer_misses = 0
                 self.sock.send_errors += out[8]
                 dev.took_answers(qp, t.kind, k, origs)
             if state != 1:
                 break
             did = True                           # a datagram the kernel did not take
+            in_len, in_seg, o = out[2], out[3], out[4]
+            src = (_ip_str(out[5]), out[6])
+            after = o + in_seg if in_seg else in_len
+            if after < in_len and rx_view[after] == t.w0 >> 24:
+                # one datagram before a request like the last in a run (UCX's ATS
+                # between its rendezvous READs): the engine's, the rest the kernel's
+                # (unless what the engine did leaves it none: answer_target)
+                dev.receive_run(rx_view[o:after], 0, src, now)
+                in_off = after
+                if dev.has_output:
+                    self._flush(now)             # (what it made leaves before the answers)
+                continue
             if not k:
                 # not a request like the last: the kernel is offered none until the
                 # engine answers one again (a program that did a READ once and now
                 # streams WRITEs pays for no attempt per step, nor one whose READs
-                # change length, as UCX's rendezvous fragments do)
-                dev.answer_qp = None
-            in_len, in_seg, o = out[2], out[3], out[4]
-            src = (_ip_str(out[5]), out[6])
-            after = o + in_seg if in_seg else in_len
-            if after >= in_len or dev.answer_qp is None or rx_view[after] != t.w0 >> 24:
-                dev.receive_run(rx_view[o:in_len], in_seg, src, now)
-                break                            # (the rest is no request like the last)
-            # one datagram between requests like the last in a run (UCX's ATS
-            # between its rendezvous READs): the engine's, the rest the kernel's
-            dev.receive_run(rx_view[o:after], 0, src, now)
-            in_off = after
-            if dev.has_output:
-                self._flush(now)                 # (what it made leaves before the answers)
+                # change length, as UCX's rendezvous fragments do); a small packet
+                # (an ACK, UCX's ATS) between a peer's READs leaves it the QP, for
+                # _ANSWER_MISSES such calls in a row
+                self._answer_misses += 1
+                if rx_view[o] == t.w0 >> 24 or (in_seg or in_len - o) > _ANSWER_BETWEEN \
+                        or self._answer_misses >= _ANSWER_MISSES:
+                    self._answer_misses = 0
+                    dev.answer_qp = None
+            dev.receive_run(rx_view[o:in_len], in_seg, src, now)
+            break
         if state == 3:
             self.sock.recv_truncated += 1
         elif state == 4:
