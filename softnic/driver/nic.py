@@ -1319,7 +1319,9 @@ class NIC(SharedDevice):
         offered the rest of the run; else the engine takes all that is left, as
         ``_step`` takes every run (a run of READ responses goes its own fast
         way, not a datagram at a time), and if the call answered none, the
-        kernel is offered no more until the engine answers one again.
+        kernel is offered no more until the engine answers one again, unless
+        what stopped it was small and no request (an ACK, UCX's ATS alone:
+        ``_ANSWER_BETWEEN``), for ``_ANSWER_MISSES`` such calls in a row.
         Returns (did anything arrive, receives used of ``limit``, did it stop
         because nothing waits)."""
         lib, ffi, rxptr, cap, resp, origs, heads, out = self._answers
