@@ -313,7 +313,8 @@ static PyObject *post_setup(PyObject *self, PyObject *args)
         long k = PyLong_AsLong(key);
         PyObject *member;
         int may, rd, atomic;
-        if (k < 0 || k >= SN_POST_OPS || !PyArg_ParseTuple(v, "Oppp", &member, &may, &rd, &atomic)) {
+        if (k < 0 || k >= SN_POST_OPS
+                || !PyArg_ParseTuple(v, "Oppp", &member, &may, &rd, &atomic)) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "post_setup: an opcode out of range");
             return NULL;

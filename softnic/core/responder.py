@@ -1766,9 +1766,9 @@ def answer_target(dev) -> AnswerTarget | None:
     engine answered (``resp.answer_hint``: a READ and its length, or the same
     ATOMIC; the same R_Key) are taken: a response's ICRC state depends on its
     length.  A READ of more than one packet only where the driver sends a run
-    gathered from memory (``tx_gather``), as its MIDDLEs go.  The kernel checks each packet's conditions and the
-    VA (its range; an ATOMIC's alignment); ``took_answers`` accounts for what
-    it answered."""
+    gathered from memory (``tx_gather``), as its MIDDLEs go.  The kernel checks
+    each packet's conditions and the VA (its range; an ATOMIC's alignment);
+    ``took_answers`` accounts for what it answered."""
     qp = dev.answer_qp
     if qp is None:
         return None
