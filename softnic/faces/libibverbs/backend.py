@@ -27,12 +27,11 @@ from softnic.driver import env
 from softnic.core import xrc
 from softnic.core.cq import CQOverflow
 from softnic.core.device import port_speed
-from softnic.core.enums import Access, QPState, QPType, WCFlags, WROpcode
+from softnic.core.enums import Access, QPState, QPType, SendFlags, WCFlags, WROpcode
 from softnic.core.errors import VerbsError
 from softnic.driver import mcast as _mcast
 from softnic.core.memory import IMPLICIT_LENGTH, MR as _EngineMR, PD as _EnginePD, external_device_memory
 from softnic.core.qp import AHAttr, QPAttr, QPCap, QPInitAttr, RecvWR, SendWQE, SendWR
-from softnic.core.enums import SendFlags
 from softnic.core.srq import SRQ, RecvWQE
 from softnic.core.verbs import Verbs
 from softnic.core.wr_opcode import ATOMICS, MAY_INLINE, RD_ATOMIC
