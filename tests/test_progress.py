@@ -260,9 +260,12 @@ def test_a_lease_is_kept_while_its_holder_runs_not_while_it_sleeps_elsewhere(mon
     its peer, polls and then sleeps in poll(2) on a socket of its own for 1 ms at
     a time) keeps no lease: the thread takes what lands at once, not when the
     lease lapses (a spinner's lease is 2 s here: the WRITE must land within a
-    quarter of that).  One that keeps running after its poll (a spinner, even
-    one the scheduler preempts) keeps it: what lands is left to it, and taken by
-    the thread when the lease lapses after it stopped."""
+    quarter of that), even where the thread looked while the holder still ran
+    after its poll (preempted there, or working: a ring then makes it look) and
+    waits the lease out: it asks again every 10 ms (wait.c's SN_REASK_NS).  One
+    that keeps running after its poll (a spinner, even one the scheduler
+    preempts) keeps it: what lands is left to it, and taken by the thread once
+    it stopped."""
     a, b = _nics_leased(monkeypatch, 2.0)
     try:
         ea, eb = _pair(a, b, timeout=22)
@@ -270,6 +273,10 @@ def test_a_lease_is_kept_while_its_holder_runs_not_while_it_sleeps_elsewhere(mon
 
         def holder(sleeps):
             b.poll()                        # a fresh lease, this thread's
+            b.ring()                        # the thread looks while this one runs
+            end = time.monotonic() + 0.03
+            while time.monotonic() < end:
+                pass
             while not stop.is_set():
                 if sleeps:
                     stop.wait(0.2)          # asleep elsewhere

@@ -33,7 +33,10 @@
    a timeout, as ucx_perftest does while it waits for its peer) does not, and
    what arrives is the thread's at once, not when the lease lapses.  The thread
    asks each time it looks at a fresh lease (on a wake-up: a datagram while it
-   watches the socket, a ring, a park's end), not while it waits one out.
+   watches the socket, a ring, a park's end), and a lease whose holder it found
+   running it waits out SN_REASK_NS at a time: a holder preempted just after its
+   poll, then asleep elsewhere, loses the lease within that, not when a long
+   lease (SOFTNIC_SPIN_LEASE_US) lapses.
 
    ``sn_wait_spin``'s ``spin_ns``: where the thread would sleep on the socket and
    the bell (no caller's lease), it first looks at both without sleeping for that
@@ -137,11 +140,15 @@ int sn_announce_park(volatile int64_t *l, int64_t l0)
    long lease hands the program a spinner's one when it returns with its event,
    and its next call renews or ends that (ringing a thread parked here would cost
    a context switch per event). */
-static int64_t sn_park(int64_t left, int64_t fresh, int64_t grace_ns)
+#define SN_REASK_NS 10000000LL      /* 10 ms: the lease[4] paragraph at the top */
+
+static int64_t sn_park(int64_t left, int64_t fresh, int64_t grace_ns, int asked)
 {
     int64_t t = fresh;
     if (grace_ns > 0 && grace_ns < t)
         t = grace_ns;
+    if (asked && t > SN_REASK_NS)
+        t = SN_REASK_NS;            /* its holder ran: ask again before long */
     return left >= 0 && left < t ? left : t;
 }
 
@@ -166,7 +173,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
     struct pollfd p[2];
     for (;;) {
         int64_t now = sn_now_ns(), left = -1, fresh, end = stop, d = l[3];
-        int n, pending;
+        int n, pending, asked;
         if (d > 0 && (end < 0 || d < end))
             end = d;
         if (end >= 0) {
@@ -184,7 +191,8 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             pending = n > 0 && (p[0].revents & (POLLIN | POLLERR));
             p[0].revents = 0;
         }
-        if (fresh > 0 && !l[1] && l[0] <= now && !sn_holder_runs(l))
+        asked = fresh > 0 && !l[1] && l[0] <= now && l[4] > 0;
+        if (asked && !sn_holder_runs(l))
             fresh = 0;                  /* its holder sleeps elsewhere: lapsed */
         if (pending && fresh <= 0)
             return l[1] ? 3 : spun ? 4 : 1;
@@ -214,7 +222,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             spun = 0;
             if (sn_announce_park(l, l0))
                 continue;
-            n = sn_ppoll(p + 1, 1, sn_park(left, t, grace_ns));
+            n = sn_ppoll(p + 1, 1, sn_park(left, t, grace_ns, asked));
             if (n < 0 && errno != EINTR) {
                 l[2] = 0;
                 return -errno;
@@ -239,7 +247,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             spun = 0;
             if (sn_announce_park(l, l0))
                 continue;
-            n = sn_ppoll(p + 1, 1, sn_park(left, fresh, grace_ns));
+            n = sn_ppoll(p + 1, 1, sn_park(left, fresh, grace_ns, asked));
             if (n < 0 && errno != EINTR) {
                 l[2] = 0;
                 return -errno;
