@@ -152,6 +152,28 @@ static int64_t sn_park(int64_t left, int64_t fresh, int64_t grace_ns, int asked)
     return left >= 0 && left < t ? left : t;
 }
 
+/* Wait out a lease stamped ``l0`` for ``ns`` on the bell alone (``b``, its
+   pollfd): announced (sn_announce_park), so a caller giving the lease back rings.
+   0: look again (the park ended, the lease was given back, or it moved before
+   the park); 2: the bell rang for something else (read it); -errno. */
+static int sn_park_on_bell(volatile int64_t *l, int64_t l0, struct pollfd *b, int bell,
+                           int64_t ns)
+{
+    if (sn_announce_park(l, l0))
+        return 0;
+    int r = 0, n = sn_ppoll(b, 1, ns);
+    if (n < 0 && errno != EINTR)
+        r = -errno;
+    else if (n > 0 && b->revents & (POLLERR | POLLNVAL))
+        r = -EBADF;
+    else if (n > 0 && sn_lease_returned(l, bell))
+        return 0;                   /* (it cleared lease[2]) */
+    else if (n > 0)
+        r = 2;
+    l[2] = 0;
+    return r;
+}
+
 int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
                  int64_t hold_ns, int64_t spin_ns);
 
@@ -220,24 +242,8 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             }
             seen = l[0];
             spun = 0;
-            if (sn_announce_park(l, l0))
-                continue;
-            n = sn_ppoll(p + 1, 1, sn_park(left, t, grace_ns, asked));
-            if (n < 0 && errno != EINTR) {
-                l[2] = 0;
-                return -errno;
-            }
-            if (n > 0) {
-                if (p[1].revents & (POLLERR | POLLNVAL)) {
-                    l[2] = 0;
-                    return -EBADF;
-                }
-                if (sn_lease_returned(l, bell))
-                    continue;
-                l[2] = 0;
-                return 2;
-            }
-            l[2] = 0;
+            if ((n = sn_park_on_bell(l, l0, p + 1, bell, sn_park(left, t, grace_ns, asked))))
+                return n;
             continue;
         }
         if (fresh > 0) {
@@ -245,24 +251,8 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
                until its lease would lapse, rather than waking (a context switch on
                a machine whose cores the spinners fill) for each datagram it takes */
             spun = 0;
-            if (sn_announce_park(l, l0))
-                continue;
-            n = sn_ppoll(p + 1, 1, sn_park(left, fresh, grace_ns, asked));
-            if (n < 0 && errno != EINTR) {
-                l[2] = 0;
-                return -errno;
-            }
-            if (n > 0) {
-                if (p[1].revents & (POLLERR | POLLNVAL)) {
-                    l[2] = 0;
-                    return -EBADF;
-                }
-                if (sn_lease_returned(l, bell))
-                    continue;
-                l[2] = 0;
-                return 2;
-            }
-            l[2] = 0;
+            if ((n = sn_park_on_bell(l, l0, p + 1, bell, sn_park(left, fresh, grace_ns, asked))))
+                return n;
             continue;
         }
         spun = now < spin_until;
