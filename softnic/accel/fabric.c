@@ -887,9 +887,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_softnic_fabric", NULL, -1, methods};
 
-#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return NULL
-
-PyMODINIT_FUNC PyInit__softnic_fabric(void)
+/* this file's attribute names, interned */
+static int fabric_init(void)
 {
     INTERN(s_device, "device"); INTERN(s_links, "links"); INTERN(s_armed, "armed");
     INTERN(s_entry_seq, "entry_seq"); INTERN(s_entry_time, "entry_time");
@@ -914,8 +913,13 @@ PyMODINIT_FUNC PyInit__softnic_fabric(void)
     INTERN(s_rng, "rng"); INTERN(s_random, "random"); INTERN(s_probability, "probability");
     INTERN(s_pmax, "pmax");
     INTERN(s_compact, "_compact"); INTERN(s_record, "record");
-    if (sn_timers_init() < 0 || sn_output_init() < 0 || sn_requester_init() < 0
-            || sn_post_init() < 0)
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__softnic_fabric(void)
+{
+    if (fabric_init() < 0 || sn_timers_init() < 0 || sn_output_init() < 0
+            || sn_requester_init() < 0 || sn_post_init() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddFunctions(m, sn_timers_methods) < 0

@@ -212,6 +212,9 @@ static inline int sa(struct site *s, PyObject *o, PyObject *name, PyObject *v)
     return 0;
 }
 
+/* v = the interned string s, or fail the init function it stands in (-1) */
+#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
+
 /* GA and SA are ga and sa with a site of their own where they are written (as are
    the helpers below that read or write an attribute) */
 #define GA(o, name) ({ static struct site site_; ga(&site_, (o), (name)); })

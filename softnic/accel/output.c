@@ -366,8 +366,6 @@ int sn_output_setup(PyObject *requester, PyObject *completer, PyObject *output)
     return py_outgoing && py_requests && SENDING && RC && SQD && ZERO_ICRC ? 0 : -1;
 }
 
-#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
-
 int sn_output_init(void)
 {
     INTERN(s_ready, "_ready"); INTERN(s_cnps, "_cnps"); INTERN(s_gsi, "gsi");

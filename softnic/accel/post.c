@@ -488,8 +488,6 @@ PyMethodDef sn_post_methods[] = {
      "posts them, up to the first it leaves to post_send; how many it posted"},
     {NULL, NULL, 0, NULL}};
 
-#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
-
 int sn_post_init(void)
 {
     INTERN(s_state, "state"); INTERN(s_qp_type, "qp_type"); INTERN(s_xrc, "xrc");

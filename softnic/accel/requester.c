@@ -561,8 +561,6 @@ int sn_requester_setup(PyObject *requester)
     return d == NULL ? -1 : 0;
 }
 
-#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
-
 int sn_requester_init(void)
 {
     INTERN(s_generate, "generate"); INTERN(s_fast, "_fast"); INTERN(s_cc, "cc");

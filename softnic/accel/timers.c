@@ -643,8 +643,6 @@ PyMethodDef sn_timers_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-#define INTERN(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return -1
-
 int sn_timers_init(void)
 {
     if (PyType_Ready(&TimersType) < 0)
