@@ -328,6 +328,22 @@ static inline uint64_t be64(const uint8_t *p)
     return (uint64_t)be32(p) << 32 | be32(p + 4);
 }
 
+/* An RDMA READ request the kernel answers (sn_read_only, sn_read_run): as
+   sn_request_at says for BTH + RETH + ICRC bytes, its RETH's R_Key rkey and
+   DMA length length, its VA (*va) such that [VA, VA + length) lies within
+   [lo, hi) (else the engine NAKs it: REMOTE ACCESS ERROR). */
+static int sn_read_at(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint32_t epsn,
+                      uint32_t req_start, uint32_t rkey, uint32_t length, uint64_t lo,
+                      uint64_t hi, uint64_t *va)
+{
+    if (hi < lo
+            || !sn_request_at(req, n, BTH_LEN + RETH_LEN + ICRC_LEN, w0, qpn, epsn, req_start))
+        return 0;
+    *va = be64(req + BTH_LEN);
+    return be32(req + BTH_LEN + 8) == rkey && be32(req + BTH_LEN + 12) == length
+        && *va >= lo && *va <= hi && hi - *va >= length;
+}
+
 /* Answer (responder.answer and _read, for an RDMA READ request at the ePSN,
    then output._rc_responses' read_response_only and append_icrc for its one
    response): the request in req[0:n] is taken if it meets COMMON_CASE's
@@ -355,12 +371,8 @@ size_t sn_read_only(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uin
 {
     uint32_t pad = -length & 3u;
     uint64_t va;
-    if (length == 0 || hi < lo
-            || !sn_request_at(req, n, BTH_LEN + RETH_LEN + ICRC_LEN, w0, qpn, epsn, req_start))
-        return 0;
-    va = be64(req + BTH_LEN);
-    if (be32(req + BTH_LEN + 8) != rkey || be32(req + BTH_LEN + 12) != length
-            || va < lo || va > hi || hi - va < length)
+    if (length == 0
+            || !sn_read_at(req, n, w0, qpn, epsn, req_start, rkey, length, lo, hi, &va))
         return 0;
     sn_response_head(resp, resp_w0, dqpn, epsn, aeth);
     memcpy(resp + BTH_LEN + AETH_LEN, mem + (va - lo), length);
@@ -396,15 +408,11 @@ size_t sn_read_run(const uint8_t *req, size_t n, uint32_t w0, uint32_t qpn, uint
 {
     uint64_t va, o, npkts, rem;
     uint32_t pad;
-    if (mtu == 0 || (mtu & 3) || length <= mtu || hi < lo
-            || !sn_request_at(req, n, BTH_LEN + RETH_LEN + ICRC_LEN, w0, qpn, epsn, req_start))
+    if (mtu == 0 || (mtu & 3) || length <= mtu)
         return 0;
     npkts = ((uint64_t)length + mtu - 1) / mtu;
-    if (npkts - 2 > max_middles)
-        return 0;
-    va = be64(req + BTH_LEN);
-    if (be32(req + BTH_LEN + 8) != rkey || be32(req + BTH_LEN + 12) != length
-            || va < lo || va > hi || hi - va < length)
+    if (npkts - 2 > max_middles
+            || !sn_read_at(req, n, w0, qpn, epsn, req_start, rkey, length, lo, hi, &va))
         return 0;
     o = va - lo;
     sn_response_head(first, first_w0, dqpn, epsn, aeth);
