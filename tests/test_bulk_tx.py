@@ -554,10 +554,10 @@ def test_a_first_packed_straight_is_what_encode_gives(c, ackreq):
     """``_build``'s FIRST (fast path) against ``encode``'s (``fast_path=False``)."""
     dev, qp, wqe, payload = _wqe(c)
     fast = requester._build(dev, qp, wqe, 0, ackreq)
-    dev._fast = False
+    dev.fast = False
     try:
         assert bytes(fast) == bytes(requester._build(dev, qp, wqe, 0, ackreq))
     finally:
-        dev._fast = True
+        dev.fast = True
     pkt = decode(fast)
     assert pkt.info.first and not pkt.info.last and bytes(pkt.payload) == payload[:c["mtu"]]

@@ -459,7 +459,7 @@ class _Drain(Output, Timers):
         self.log = log
         self.config = SimpleNamespace(icrc=icrc, min_timer=0.0)
         self.counters = Counter({"sent_pkts": 0, "np_cnp_sent": 0})
-        self._fast = True
+        self.fast = True
 
     def _responses(self, qp, out) -> None:
         self.log.append(("responses", qp.name, len(out)))

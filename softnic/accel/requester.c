@@ -563,7 +563,7 @@ int sn_requester_setup(PyObject *requester)
 
 int sn_requester_init(void)
 {
-    INTERN(s_generate, "generate"); INTERN(s_fast, "_fast"); INTERN(s_cc, "cc");
+    INTERN(s_generate, "generate"); INTERN(s_fast, "fast"); INTERN(s_cc, "cc");
     INTERN(s_qp_type, "qp_type"); INTERN(s_xrc, "xrc");
     INTERN(s_selective_repeat, "selective_repeat"); INTERN(s_comp, "comp");
     INTERN(s_rnr_wait, "rnr_wait"); INTERN(s_state, "state"); INTERN(s_ccs, "ccs");

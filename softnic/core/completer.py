@@ -116,7 +116,7 @@ def _take_retry(dev, qp) -> bool:
         return True
     dev.counters["retry_exceeded_err"] += 1
     comp = (qp.comp.acked_psn + 1) & PSN_MASK
-    i = requester._find(qp, comp)
+    i = requester.wqe_index(qp, comp)
     w = qp.sq[i] if i is not None else next((w for w in qp.sq if not w.done), None)
     if w is not None:
         _finish(qp, w, WCStatus.RETRY_EXC_ERR)
@@ -143,7 +143,7 @@ def receive(dev, qp, pkt, now: float) -> None:
         _retry_from(dev, qp, (qp.comp.acked_psn + 1) & PSN_MASK, before)
         _progress(dev, qp, before, now)
         return
-    i = requester._find(qp, psn)
+    i = requester.wqe_index(qp, psn)
     wqe = qp.sq[i] if i is not None else None
     if kind is not Kind.ACK and code != AethCode.ACK:
         # a READ response or ATOMIC ACKNOWLEDGE whose AETH is an RNR NAK or a NAK: a
@@ -666,7 +666,7 @@ def _probe_newest(qp, comp: int) -> None:
     if psn_diff(hi, comp) <= 0 or hi in qp.comp.rexmit or (
             qp.comp.sacked_psn is not None and psn_diff(hi, qp.comp.sacked_psn) <= 0):
         return
-    i = requester._find(qp, hi)
+    i = requester.wqe_index(qp, hi)
     if i is not None and not qp.sq[i].rd_atomic:
         qp.comp.rexmitted[hi] = hi
         qp.comp.rexmit.append(hi)
@@ -790,7 +790,7 @@ def fail(dev, qp) -> None:
 # PSN of the oldest WQE (started, not done, not a READ or ATOMIC) beyond the
 # last one acknowledged; a good ICRC; no INT telemetry (a response's ECN mark
 # changes nothing).  Then ``receive``'s checks all pass, ``_ack_before`` has
-# nothing to do, ``_find`` names that WQE, and the ACK is ``acknowledged`` then
+# nothing to do, ``requester.wqe_index`` names that WQE, and the ACK is ``acknowledged`` then
 # ``_progress``, as here; a controlled QP's timers are then armed as they are, as
 # ``Device._response`` does after any response (``_progress`` armed them, and
 # only a completion that failed the QP changes them since).  Anything else:
@@ -822,7 +822,7 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     """A plain ACK of a PSN of the oldest outstanding WQE, from its bytes; or of a
     later one, with no READ or ATOMIC outstanding (``qp.req.rd_atomic``: none
     of them waits for its responses, so ``_ack_before`` completes every WQE
-    before the one the PSN is in, as ``receive`` has it, and ``_find`` names
+    before the one the PSN is in, as ``receive`` has it, and ``requester.wqe_index`` names
     that one): a coalesced ACK of several SENDs or WRITEs."""
     if len(data) != _ACK_LEN or telemetry is not None:
         return False
@@ -850,7 +850,7 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     dev.counters["rcvd_pkts"] += 1
     if beyond:
         _ack_before(qp, psn)
-        w = qp.sq[requester._find(qp, psn)]
+        w = qp.sq[requester.wqe_index(qp, psn)]
     acknowledged(qp, psn, w)
     _progress(dev, qp, before, now)     # (the ACK moved the acknowledged PSN: it arms)
     if qp.cc is not None and qp.state is not _RTS:
@@ -883,7 +883,7 @@ def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=No
     next PSN to be acknowledged, from its bytes, under the ACK's conditions above:
     the PSN inside that WQE's range and below the next PSN to send, so
     ``receive``'s stale check passes, ``_ack_before`` has nothing to do (every PSN
-    before it is acknowledged) and ``_find`` names that WQE; its kind's handler
+    before it is acknowledged) and ``requester.wqe_index`` names that WQE; its kind's handler
     (``_RESPONSES``) then applies the rules (the opcode's place, length,
     placement, completion) and ``_progress`` follows, as ``receive`` does.
     Anything else: False, nothing changed."""

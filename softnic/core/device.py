@@ -159,7 +159,9 @@ class Device(Verbs, Dispatch, Output, Timers):
         ecn = self.config.ecn
         #: are this device's packets ECN-capable (ECT(0) in the IP header)?
         self.ect = (self._cc_name in ECN_CONTROLLERS) if ecn is None else bool(ecn)
-        self._fast = self.config.fast_path
+        #: take the common cases' faster ways through the rules (``config.fast_path``;
+        #: tests/test_fastpath.py compares runs with and without them)
+        self.fast = self.config.fast_path
         #: the compiled per-packet loops (``softnic.accel.load()``), given by the
         #: driver; None runs the same loops in Python
         self.kernel = None

@@ -146,7 +146,7 @@ class Dispatch:
                     responder.took_beyond(self, qp, psn, k, at, acks, 0, nacks)
             return Stream(qp, seg, w0, start, psn, view, off, room, took,
                           StreamKind.IN_ORDER if at is None else StreamKind.BEYOND_HOLE)
-        if self.qps.get(qp.qpn) is not qp or self.kernel is None or not self._fast \
+        if self.qps.get(qp.qpn) is not qp or self.kernel is None or not self.fast \
                 or not self.config.check_icrc:
             return None
         r = completer.reads_target(self, qp)
@@ -172,7 +172,7 @@ class Dispatch:
         """One UDP payload from ``src``.  ``ecn`` is the IP header's ECN codepoint
         (3 = CE, congestion experienced); ``telemetry`` the INT hop records the
         packet carries (for a response: those its responder echoed)."""
-        if self._fast and len(data) >= BTH_LEN + ICRC_LEN:
+        if self.fast and len(data) >= BTH_LEN + ICRC_LEN:
             common = _COMMON.get(data[0])
             if common is not None and common(self, data, src, now, ecn, telemetry):
                 return
@@ -302,7 +302,7 @@ class Dispatch:
         only: what goes on to ``receive_datagram`` (which may hold a packet) is
         copied, what the kernel places is copied into memory at once."""
         n = len(data)
-        fast = self.kernel is not None and self._fast
+        fast = self.kernel is not None and self.fast
         if not seg or seg >= n:
             edge = _EDGES.get(data[0]) if fast and data else None
             if edge is None or not edge(self, data, src, now):

@@ -165,7 +165,7 @@ class Output:
         completion due and no response owed.  A controller whose state changed
         (its timer, a CNP) makes its QP ready unless this holds
         (``cc_changed``)."""
-        if not self._fast or not requester.held_by_pacer(qp, now):
+        if not self.fast or not requester.held_by_pacer(qp, now):
             return False
         sq = qp.sq
         return not (sq and sq[0].done) and qp.state is not _SQD and not qp.resp.out
@@ -290,7 +290,7 @@ class Output:
                     continue
                 npkts = max(1, -(-total // mtu))
                 aeth = (responder.ACK_CREDITS, msn)
-                if npkts > 2 and self._fast and qp.xrc is None:
+                if npkts > 2 and self.fast and qp.xrc is None:
                     self._read_run(qp, psn, view, aeth, npkts, out)
                     continue
                 for i in range(npkts):

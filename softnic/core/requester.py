@@ -179,7 +179,7 @@ def _build(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) -> by
     npkts = wqe.npkts
     if qp.qp_type is not _RC:
         pkt = _build_rc(dev, qp, wqe, idx, ackreq, count)
-    elif dev._fast and (npkts == 1 and wqe.opcode in _ONLY
+    elif dev.fast and (npkts == 1 and wqe.opcode in _ONLY
                         or idx == 0 and count is None and wqe.opcode is W.RDMA_READ):
         pkt = _pack_only(qp, wqe, wqe.first_psn, qp.attr.dest_qp_num)
     elif 0 < idx < npkts - 1 and wqe.opcode in _MIDDLE:
@@ -199,7 +199,7 @@ def _build_rc(dev, qp, wqe, idx: int, ackreq: bool, count: int | None = None) ->
     psn = (wqe.first_psn + idx) & PSN_MASK
     dqpn = qp.attr.dest_qp_num
     op = wqe.opcode
-    if idx == 0 and wqe.npkts > 1 and dev._fast and qp.qp_type is QPType.RC and op in _MIDDLE:
+    if idx == 0 and wqe.npkts > 1 and dev.fast and qp.qp_type is QPType.RC and op in _MIDDLE:
         # a FIRST: a whole MTU, no pad, no SE, and a RETH for a WRITE (what
         # ``encode`` gives, packed straight)
         mtu = qp.mtu
@@ -488,7 +488,7 @@ class Gather:
         return bytearray(b"".join(parts))
 
 
-def _find(qp, psn: int):
+def wqe_index(qp, psn: int):
     """Index in the SQ of the started WQE whose PSN range holds ``psn``."""
     for i, w in enumerate(qp.sq):
         if w.first_psn is None:
@@ -502,7 +502,7 @@ def _find(qp, psn: int):
 
 def rewind(qp, psn: int) -> None:
     """Go back N: resend everything from ``psn`` on."""
-    i = _find(qp, psn)
+    i = wqe_index(qp, psn)
     if i is None:
         return
     if qp.cc is not None and qp.ccs.sent:
@@ -674,7 +674,7 @@ def generate(dev, qp, now: float, out: list) -> None:
     comp = qp.comp
     if comp.rnr_wait or qp.state not in _SENDING:                       # IDLE
         return
-    if qp.cc is not None and qp.ccs.pace_at is not None and dev._fast \
+    if qp.cc is not None and qp.ccs.pace_at is not None and dev.fast \
             and held_by_pacer(qp, now):                               # HELD
         return
     qtype = qp.qp_type
@@ -710,7 +710,7 @@ def generate(dev, qp, now: float, out: list) -> None:
             if dest is None:                                           # SEND
                 dest = wqe.dest
             if rc and cc is None and (nxt or wqe.npkts > 1 and wqe.opcode in _RUN_FIRST) \
-                    and wqe.opcode in _MIDDLE and qp.xrc is None and dev._fast \
+                    and wqe.opcode in _MIDDLE and qp.xrc is None and dev.fast \
                     and _bulk_run(dev, qp, wqe, psn, dest, ack_every, out):
                 if wqe.next_pkt < wqe.npkts:
                     continue
@@ -752,7 +752,7 @@ def _resend_singles(dev, qp, now: float, out: list, dest, cc) -> bool:
             return False
         item = rexmit.popleft()
         psn, count = item if isinstance(item, tuple) else (item, None)
-        i = _find(qp, psn)
+        i = wqe_index(qp, psn)
         if i is None:
             continue
         w = qp.sq[i]

@@ -546,7 +546,7 @@ def execute(dev, qp, info, psn: int, ackreq: bool, se: bool, payload, reth, tail
     check below (sequence, size, room; a MIDDLE has no immediate and ends
     nothing), so it is placed and accepted at once."""
     resp = qp.resp
-    if dev._fast and not info.first and not info.last and info.kind is resp.kind \
+    if dev.fast and not info.first and not info.last and info.kind is resp.kind \
             and len(payload) == qp.mtu:
         t = message_target(dev, qp)
         if t is not None:
@@ -1588,7 +1588,7 @@ def stream_target(dev):
         return None
     if dev.qps.get(qp.qpn) is not qp or qp.qp_type is not _RC or qp.xrc is not None \
             or qp.state not in _RECEIVING or not dev.config.check_icrc \
-            or dev.kernel is None or not dev._fast:
+            or dev.kernel is None or not dev.fast:
         dev.stream_qp = None
         return None
     if qp.sr.ooo:
@@ -1778,7 +1778,7 @@ def answer_target(dev) -> AnswerTarget | None:
     sr = qp.sr
     if hint is None or dev.qps.get(qp.qpn) is not qp or qp.qp_type is not _RC \
             or qp.xrc is not None or qp.state not in _RECEIVING or qp.cc is not None \
-            or not (cfg.icrc and cfg.check_icrc) or dev.kernel is None or not dev._fast:
+            or not (cfg.icrc and cfg.check_icrc) or dev.kernel is None or not dev.fast:
         dev.answer_qp = None
         return None
     if resp.kind is not None or resp.out or sr.ooo or sr.naked or sr.scan is not None \
