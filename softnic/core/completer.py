@@ -790,11 +790,11 @@ def fail(dev, qp) -> None:
 # PSN of the oldest WQE (started, not done, not a READ or ATOMIC) beyond the
 # last one acknowledged; a good ICRC; no INT telemetry (a response's ECN mark
 # changes nothing).  Then ``receive``'s checks all pass, ``_ack_before`` has
-# nothing to do, ``requester.wqe_index`` names that WQE, and the ACK is ``acknowledged`` then
-# ``_progress``, as here; a controlled QP's timers are then armed as they are, as
-# ``Device._response`` does after any response (``_progress`` armed them, and
-# only a completion that failed the QP changes them since).  Anything else:
-# False, nothing changed, the general path.
+# nothing to do, ``requester.wqe_index`` names that WQE, and the ACK is
+# ``acknowledged`` then ``_progress``, as here; a controlled QP's timers are then
+# armed as they are, as ``Device._response`` does after any response
+# (``_progress`` armed them, and only a completion that failed the QP changes
+# them since).  Anything else: False, nothing changed, the general path.
 
 _ACK_PKT = BTH_AETH_STRUCT
 _ACK_LEN = BTH_LEN + AETH_LEN + ICRC_LEN      # an ACK datagram
@@ -822,8 +822,9 @@ def receive_common(dev, data, src, now: float, ecn: int = 0, telemetry=None) -> 
     """A plain ACK of a PSN of the oldest outstanding WQE, from its bytes; or of a
     later one, with no READ or ATOMIC outstanding (``qp.req.rd_atomic``: none
     of them waits for its responses, so ``_ack_before`` completes every WQE
-    before the one the PSN is in, as ``receive`` has it, and ``requester.wqe_index`` names
-    that one): a coalesced ACK of several SENDs or WRITEs."""
+    before the one the PSN is in, as ``receive`` has it, and
+    ``requester.wqe_index`` names that one): a coalesced ACK of several SENDs or
+    WRITEs."""
     if len(data) != _ACK_LEN or telemetry is not None:
         return False
     _, flags, pkey, w2, w3, aeth = _ACK_PKT.unpack_from(data, 0)
@@ -883,8 +884,8 @@ def receive_answer_common(dev, data, src, now: float, ecn: int = 0, telemetry=No
     next PSN to be acknowledged, from its bytes, under the ACK's conditions above:
     the PSN inside that WQE's range and below the next PSN to send, so
     ``receive``'s stale check passes, ``_ack_before`` has nothing to do (every PSN
-    before it is acknowledged) and ``requester.wqe_index`` names that WQE; its kind's handler
-    (``_RESPONSES``) then applies the rules (the opcode's place, length,
+    before it is acknowledged) and ``requester.wqe_index`` names that WQE; its
+    kind's handler (``_RESPONSES``) then applies the rules (the opcode's place, length,
     placement, completion) and ``_progress`` follows, as ``receive`` does.
     Anything else: False, nothing changed."""
     n = len(data)
