@@ -383,6 +383,27 @@ def test_engine_pingpong_tool_runs_both_ways(capsys):
     assert all(float(line.split(": ")[1].split()[0]) > 0 for line in out)
 
 
+def test_engine_send_tool_runs_and_prints_its_split(capsys):
+    """tools/engine_send.py (docs/performance.md quotes its split) runs and prints
+    the sender's CPU per SEND, then its post and build apart and the receiver's
+    (figures only: the split's clock is the wall's, which a loaded machine
+    stretches)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "tools" / "engine_send.py"
+    spec = importlib.util.spec_from_file_location("engine_send", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["-s", "8255", "-n", "64", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "sender CPU per 8255-byte SEND" in out[0]
+    sender = float(out[0].split("SEND ")[1].split()[0])
+    post = float(out[1].split("post ")[1].split()[0])
+    build = float(out[1].split("build ")[1].split()[0])
+    rx = float(out[1].split("receiver ")[1].split()[0])
+    assert sender > 0 and post > 0 and build > 0 and rx > 0
+
+
 def test_routes_cover_every_opcode_and_send_each_to_its_side():
     """``dispatch.ROUTES`` has every opcode ``wire.roce`` knows; requests go to the
     responder, responses to the completer, CNPs to the controller; the only
