@@ -224,7 +224,8 @@ def test_send_runs_puts_each_datagram_on_the_wire():
             seg = 1040
             run = [rng.randbytes(seg) for _ in range(40)] + [rng.randbytes(300)]
             single = rng.randbytes(1100)
-            items = [(single, b.address), (bytearray(b"".join(run)), b.address, seg),
+            items = [(single, b.address),
+                     requester.Run(bytearray(b"".join(run)), b.address, seg, len(run)),
                      (b"tail", b.address)]
             a.send_runs(items)
             got = _drain(b, 43)
@@ -247,10 +248,10 @@ def test_device_datagram_runs_expand_to_datagrams_to_send():
         if runs:
             flat = []
             for item in p.a.datagram_runs(0.0):
-                if len(item) == 2:
+                if type(item) is not requester.Run:
                     flat.append((bytes(item[0]), item[1]))
                 else:
-                    buf, dst, seg = item
+                    buf, dst, seg, _ = item
                     flat += [(bytes(buf[o:o + seg]), dst) for o in range(0, len(buf), seg)]
             outs.append(flat)
         else:
@@ -271,9 +272,9 @@ def _gather_run(mtu: int, length: int, kern):
     p.ea.buf.view[0:length] = pattern(length)
     p.a.post_send(p.ea.qp, SendWR(1, W.RDMA_WRITE, [p.ea.sge(0, length)], SendFlags.SIGNALED,
                                   remote_addr=p.eb.buf.addr, rkey=p.eb.mr.rkey))
-    runs = [item for item in p.a.datagram_runs(0.0) if len(item) == 3]
-    assert len(runs) == 1 and type(runs[0][0]) is requester.Gather
-    return runs[0][0], runs[0][2], p
+    runs = [item for item in p.a.datagram_runs(0.0) if type(item) is requester.Run]
+    assert len(runs) == 1 and type(runs[0].buf) is requester.Gather
+    return runs[0].buf, runs[0].seg, p
 
 
 def test_a_gathered_run_puts_the_runs_datagrams_on_the_wire():
@@ -291,7 +292,8 @@ def test_a_gathered_run_puts_the_runs_datagrams_on_the_wire():
         a, b = _pair_of_sockets()
         try:
             assert a.use_gather(kern)
-            a.send_runs([(b"head", b.address), (g, b.address, seg), (b"tail", b.address)])
+            a.send_runs([(b"head", b.address), requester.Run(g, b.address, seg, len(want)),
+                         (b"tail", b.address)])
             got = _drain(b, len(want) + 2)
             assert got == [b"head"] + want + [b"tail"], f"MTU {mtu}"
             assert a.send_errors == 0
@@ -345,7 +347,7 @@ def test_a_gathered_run_falls_back_to_one_datagram_each_where_gso_is_refused():
     a, b = _pair_of_sockets()
     try:
         assert a.use_gather(_RefusingKernel(kern, 3))
-        a.send_runs([(g, b.address, seg)])
+        a.send_runs([requester.Run(g, b.address, seg, len(want))])
         assert not a.gso
         assert _drain(b, len(want) - 3) == want[3:]      # the 3 it sent are not sent again
         assert a.send_errors == 0
@@ -369,7 +371,7 @@ def test_a_gathered_run_after_its_first_falls_back_without_sending_twice(ok):
     a, b = _pair_of_sockets()
     try:
         assert a.use_gather(_RefusingKernel(kern, ok))
-        a.send_runs([(first, b.address), (g, b.address, seg)])
+        a.send_runs([(first, b.address), requester.Run(g, b.address, seg, len(want) - 1)])
         assert not a.gso
         assert _drain(b, len(want) - ok) == want[ok:]
     finally:
@@ -412,11 +414,11 @@ def test_a_send_first_leaves_in_its_runs_sendmsg(gather):
     kern = accel.load() if gather else None
     if gather and kern is None:
         pytest.fail(f"no kernel: {accel.error}")
-    for op, n, shape, calls, split in ((W.SEND, 8255, [3], 1, False),
-                                       (W.SEND, 8255, [2, 3], 1, True),
-                                       (W.SEND_WITH_IMM, 8255, [3], 1, False),
-                                       (W.SEND_WITH_IMM, 8192, [3, 2], 2, False),
-                                       (W.RDMA_WRITE, 8255, [2, 3], 2, False)):
+    for op, n, shape, calls, split in ((W.SEND, 8255, ["run"], 1, False),
+                                       (W.SEND, 8255, ["one", "run"], 1, True),
+                                       (W.SEND_WITH_IMM, 8255, ["run"], 1, False),
+                                       (W.SEND_WITH_IMM, 8192, ["run", "one"], 2, False),
+                                       (W.RDMA_WRITE, 8255, ["one", "run"], 2, False)):
         p = pair(mtu=1024, trace=False, endpoint_args={"buf_size": 1 << 16})
         if gather:
             p.a.kernel, p.a.tx_gather = kern, True
@@ -426,18 +428,18 @@ def test_a_send_first_leaves_in_its_runs_sendmsg(gather):
                                       imm_data=7))
         items = p.a.datagram_runs(0.0)
         if split:                       # the run's FIRST as a datagram of its own before it
-            run, dest, seg = items[0]
+            run, dest, seg, count = items[0]
             flat = run.flatten() if type(run) is requester.Gather else run
             rest = run.part(1, run.count + 1) if type(run) is requester.Gather \
                 else memoryview(run)[seg:]
-            items = [(bytes(flat[:seg]), dest), (rest, dest, seg)]
-        assert [len(i) for i in items] == shape, op
+            items = [(bytes(flat[:seg]), dest), requester.Run(rest, dest, seg, count - 1)]
+        assert ["run" if type(i) is requester.Run else "one" for i in items] == shape, op
         want = []
         for item in items:
-            if len(item) == 2:
+            if type(item) is not requester.Run:
                 want.append(bytes(item[0]))
             else:
-                run, _, seg = item
+                run, _, seg, _ = item
                 flat = bytes(run.flatten() if type(run) is requester.Gather else run)
                 want += [flat[o:o + seg] for o in range(0, len(flat), seg)]
         a, b = _pair_of_sockets()
@@ -453,7 +455,8 @@ def test_a_send_first_leaves_in_its_runs_sendmsg(gather):
                 assert a.use_gather(types.SimpleNamespace(
                     ffi=kern.ffi, lib=types.SimpleNamespace(sn_send_gather=counted)))
             a.sock = counting
-            a.send_runs([(i[0], b.address, *i[2:]) for i in items])
+            a.send_runs([i._replace(dest=b.address) if type(i) is requester.Run
+                         else (i[0], b.address) for i in items])
             assert a.sock.calls == calls, op
             a.sock = real
             assert _drain(b, len(want)) == want, op
@@ -488,7 +491,7 @@ def test_send_runs_falls_back_to_one_datagram_each_where_gso_is_refused():
         rng = random.Random(6)
         seg = 700
         run = [rng.randbytes(seg) for _ in range(5)] + [rng.randbytes(12)]
-        a.send_runs([(bytearray(b"".join(run)), b.address, seg)])
+        a.send_runs([requester.Run(bytearray(b"".join(run)), b.address, seg, len(run))])
         assert not a.gso
         assert _drain(b, 6) == run
         assert a.send_errors == 0

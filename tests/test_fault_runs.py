@@ -14,6 +14,7 @@ import types
 
 from hypothesis import given, note, settings, strategies as st
 
+from softnic.core.requester import Run
 from softnic.driver.faults import FaultInjector, FaultModel
 from softnic.driver.nic import NIC
 
@@ -50,10 +51,10 @@ def test_a_model_that_does_more_than_drop_is_applied_one_by_one():
 def _datagrams(items) -> list[tuple[bytes, tuple]]:
     out = []
     for item in items:
-        if len(item) == 2:
+        if type(item) is not Run:
             out.append((bytes(item[0]), item[1]))
         else:
-            buf, addr, seg = item
+            buf, addr, seg, _ = item
             out += [(bytes(buf[o:o + seg]), addr) for o in range(0, len(buf), seg)]
     return out
 
@@ -72,8 +73,8 @@ def test_a_nics_surviving_runs_are_the_datagrams_apply_lets_through(spec, seed, 
         if n == 1:
             out.append((bytearray(rng.randbytes(20)), ("10.0.0.2", 4791)))
         else:
-            out.append((bytearray(rng.randbytes(seg * (n - 1) + 1 + tail)),
-                        ("10.0.0.2", 4791), seg))
+            out.append(Run(bytearray(rng.randbytes(seg * (n - 1) + 1 + tail)),
+                           ("10.0.0.2", 4791), seg, n))
     model = FaultModel.parse(spec)
     a = types.SimpleNamespace(injector=FaultInjector(model, random.Random(seed)))
     b = FaultInjector(model, random.Random(seed))

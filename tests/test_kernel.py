@@ -25,6 +25,7 @@ from hypothesis import given, note, settings, strategies as st
 
 from softnic import accel
 from softnic.core import requester, responder
+from softnic.core.requester import Run
 from softnic.core.dispatch import StreamKind
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import SendFlags, WCStatus, WROpcode as W
@@ -312,11 +313,11 @@ def _exchange(seed: int, sizes: list[int], mtu: int, window: int, sr: bool, kern
         return append_icrc(bytearray(pkt), b.ip, a.ip, b.port, a.port)
     for _ in range(400):
         for item in a.datagram_runs(now):
-            if len(item) == 2:
+            if type(item) is not Run:
                 data, seg = bytes(item[0]), 0
                 pieces = [(data, 0)] if not faults or rng.random() > 0.05 else []
             else:
-                pieces = _mangle(rng, bytes(item[0]), item[2], faults, seal)
+                pieces = _mangle(rng, bytes(item.buf), item.seg, faults, seal)
             for data, seg in pieces:
                 b.receive_run(data, seg, a.address, now)
         answers = [bytes(data) for data, _ in b.datagrams_to_send(now)]
@@ -772,7 +773,7 @@ def test_a_corrupt_middle_is_counted_and_dropped_not_placed():
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
     runs = a.datagram_runs(0.0)
-    first, (buf, _, seg) = runs[0], runs[1]
+    first, (buf, _, seg, _) = runs[0], runs[1]
     b.receive_run(bytes(first[0]), 0, a.address, 0.0)
     bad = bytearray(buf)
     bad[2 * seg + 100] ^= 0xFF                   # the third MIDDLE's payload
@@ -790,7 +791,7 @@ def test_a_middle_with_a_wrong_p_key_and_a_good_icrc_is_not_the_kernels():
     a, b, ea, eb = _side(counting, 1024, 128, False)
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
-    (first, _), (buf, _, seg) = a.datagram_runs(0.0)[:2]
+    (first, _), (buf, _, seg, _) = a.datagram_runs(0.0)[:2]
     b.receive_run(bytes(first), 0, a.address, 0.0)
     pkts = [bytearray(buf[o:o + seg]) for o in range(0, len(buf), seg)]
     for i, p in enumerate(pkts):
@@ -813,7 +814,7 @@ def test_middles_beyond_the_writes_length_are_refused_memory_untouched():
         eb.buf.view[0:8192] = b"\xee" * 8192
         a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 6 * 1024)], SendFlags.SIGNALED,
                                   remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
-        (first, _), (buf, _, seg) = a.datagram_runs(0.0)[:2]
+        (first, _), (buf, _, seg, _) = a.datagram_runs(0.0)[:2]
         first = bytearray(first)
         first[24:28] = (2 * 1024).to_bytes(4, "big")          # the RETH's DMA length
         first = append_icrc(first[:-4], a.ip, b.ip, a.port, b.port)
@@ -846,7 +847,7 @@ def test_middles_that_ask_for_an_ack_are_taken_and_each_ack_queued():
         a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 8192)], SendFlags.SIGNALED,
                                   remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
         for item in a.datagram_runs(0.0):
-            b.receive_run(bytes(item[0]), item[2] if len(item) > 2 else 0, a.address, 0.0)
+            b.receive_run(bytes(item[0]), item.seg if type(item) is Run else 0, a.address, 0.0)
         out[name] = ([bytes(d) for d, _ in b.datagrams_to_send(0.0)], dict(b.counters),
                      bytes(eb.buf.view[0:8192]), eb.qp.resp.epsn)
         if kern is not None:
@@ -863,7 +864,7 @@ def test_append_icrc_agrees_with_the_kernels_tx_icrc():
     a, b, ea, eb = _side(kernel(), 512, 128, False)
     a.post_send(ea.qp, SendWR(1, W.RDMA_WRITE, [ea.sge(0, 4096)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
-    buf, dest, seg = a.datagram_runs(0.0)[1]
+    buf, dest, seg, _ = a.datagram_runs(0.0)[1]
     for o in range(0, len(buf) - seg, seg):
         pkt = bytes(buf[o:o + seg])
         assert pkt == bytes(append_icrc(bytearray(pkt[:-4]), a.ip, dest[0], a.port, dest[1]))

@@ -22,6 +22,7 @@ from hypothesis import given, note, settings, strategies as st
 from softnic.core import responder
 from softnic.core.enums import SendFlags, WROpcode as W
 from softnic.core.qp import SendWR
+from softnic.core.requester import Run
 
 from test_kernel import Counting, _exchange, _side, kernel
 
@@ -104,7 +105,7 @@ def _lose_one(mtu: int, sizes: list[int], lost: int, same_target: bool, off: boo
     for _ in range(200):
         runs = []
         for item in a.datagram_runs(now):
-            seg = item[2] if len(item) > 2 else len(item[0])
+            seg = item.seg if type(item) is Run else len(item[0])
             buf = bytes(item[0])
             pkts = [buf[p:p + seg] for p in range(0, len(buf), seg)]
             if lost is not None and k <= lost < k + len(pkts):

@@ -21,6 +21,7 @@ from softnic.experiments.rig import bring_up, endpoint
 from softnic.core.device import Device
 from softnic.core.enums import SendFlags, WROpcode as W
 from softnic.core.qp import SendWR
+from softnic.core.requester import Run
 from softnic.driver.config import DeviceSpec, RuntimeConfig
 from softnic.driver.nic import NIC
 from softnic.transport.udp import UdpSocket
@@ -76,7 +77,7 @@ def test_a_streaming_step_sends_its_ack_before_the_last_run():
         # what a sends first (a window's worth), cut into runs of 15 as GRO hands them up
         pkts = []
         for item in a.datagram_runs(0.0):
-            data, seg = item[0], (item[2] if len(item) > 2 else len(item[0]))
+            data, seg = item[0], (item.seg if type(item) is Run else len(item[0]))
             pkts += [bytes(data[o:o + seg]) for o in range(0, len(data), seg)]
         seg = len(pkts[1])
         runs = [b"".join(pkts[i:i + 15]) for i in range(1, len(pkts), 15)]
@@ -134,14 +135,15 @@ def test_a_stream_taken_by_the_kernel_sends_its_ack_before_the_last_run():
         items = a.datagram_runs(0.0)
         pkts = []
         for item in items:
-            data, seg = item[0], (item[2] if len(item) > 2 else len(item[0]))
+            data, seg = item[0], (item.seg if type(item) is Run else len(item[0]))
             pkts += [bytes(data[o:o + seg]) for o in range(0, len(data), seg)]
         assert len(pkts) == a.config.window
         sent = []
         with b.lock:                    # (b's progress thread waits: this step takes them)
             b.sock.send = lambda data, addr: sent.append(bytes(data))
             b.sock.send_runs = lambda items: sent.extend(bytes(i[0]) for i in items)
-            tx.send_runs([(item[0], b.sock.address) + tuple(item[2:]) for item in items])
+            tx.send_runs([item._replace(dest=b.sock.address) if type(item) is Run
+                          else (item[0], b.sock.address) for item in items])
             time.sleep(0.05)
             b._step(0.0)
         acks = [d for d in sent if d[0] == Opcode.RC_ACKNOWLEDGE]
@@ -196,8 +198,9 @@ def test_a_reads_responses_are_streamed_into_its_sge_by_the_kernel(step):
             for data, _ in b.dev.datagrams_to_send(0.0):    # the READ request
                 a.receive_datagram(bytes(data), b.dev.address, 0.0)
             items = a.datagram_runs(0.0)
-            assert any(len(i) > 2 for i in items), "the responses were not built as a run"
-            tx.send_runs([(item[0], b.sock.address) + tuple(item[2:]) for item in items])
+            assert any(type(i) is Run for i in items), "the responses were not built as a run"
+            tx.send_runs([item._replace(dest=b.sock.address) if type(item) is Run
+                          else (item[0], b.sock.address) for item in items])
             time.sleep(0.05)
             if step == "thread":
                 b._step(0.0)
@@ -248,7 +251,7 @@ def test_reads_responses_one_read_after_another_are_the_kernels(mtu, reads, extr
             sent = []
             for item in a.datagram_runs(0.0):
                 buf = bytes(item[0])
-                seg = item[2] if len(item) > 2 else len(buf)
+                seg = item.seg if type(item) is Run else len(buf)
                 sent += [buf[o:o + seg] for o in range(0, len(buf), seg)]
             if extra != "none":
                 k = data.draw(st.integers(0, len(sent)), label="extra at")

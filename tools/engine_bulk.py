@@ -23,6 +23,7 @@ from softnic import accel  # noqa: E402
 from softnic.core.device import Device, DeviceConfig  # noqa: E402
 from softnic.core.enums import SendFlags, WROpcode as W  # noqa: E402
 from softnic.core.qp import SendWR  # noqa: E402
+from softnic.core.requester import Run  # noqa: E402
 from softnic.experiments.rig import connect  # noqa: E402
 
 GRO_MAX = 64      # segments the kernel's UDP GRO hands over at most
@@ -48,11 +49,11 @@ def run(size: int, n: int, depth: int, kernel) -> tuple[float, float, int]:
         done += len(a.poll_cq(ea.send_cq, depth))
         t1 = clock()
         for item in runs:
-            if len(item) == 2:
+            if type(item) is not Run:
                 b.receive_run(bytes(item[0]), 0, a.address, 0.0)
                 pkts += 1
             else:
-                buf, _, seg = item
+                buf, _, seg, _ = item
                 step = GRO_MAX * seg
                 for o in range(0, len(buf), step):
                     chunk = bytes(buf[o:o + step])

@@ -26,6 +26,7 @@ from softnic import accel  # noqa: E402
 from softnic.core.device import Device, DeviceConfig  # noqa: E402
 from softnic.core.enums import SendFlags, WROpcode as W  # noqa: E402
 from softnic.core.qp import SendWR  # noqa: E402
+from softnic.core.requester import Run  # noqa: E402
 from softnic.experiments.rig import connect  # noqa: E402
 
 GRO_MAX = 64      # segments the kernel's UDP GRO hands over at most
@@ -59,7 +60,7 @@ def run(size: int, n: int, depth: int, loss: float, seed: int, kernel, prof=None
         if prof is not None:
             prof.enable()
         for item in runs:
-            seg = item[2] if len(item) > 2 else len(item[0])
+            seg = item.seg if type(item) is Run else len(item[0])
             buf = item[0]
             keep = []
             for o in range(0, len(buf), seg):

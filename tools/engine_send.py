@@ -36,7 +36,7 @@ def run(size: int, n: int) -> tuple[float, float, float, float]:
     from softnic.core.device import Device
     from softnic.core.enums import SendFlags, WROpcode as W
     from softnic.core.qp import RecvWR, SendWR
-    from softnic.core.requester import Gather
+    from softnic.core.requester import Gather, Run
     from softnic.experiments.rig import connect
     kern = accel.load()
     if kern is None:
@@ -65,8 +65,8 @@ def run(size: int, n: int) -> tuple[float, float, float, float]:
             builds += wall() - t2
         spent += clock() - t0
         # what the receiver's socket hands over (outside its time: the copy is the kernel's)
-        runs = [(bytes(item[0]), 0) if len(item) == 2 else
-                (bytes(item[0].flatten() if type(item[0]) is Gather else item[0]), item[2])
+        runs = [(bytes(item[0]), 0) if type(item) is not Run else
+                (bytes(item.buf.flatten() if type(item.buf) is Gather else item.buf), item.seg)
                 for item in out]
         t0 = clock()
         for data, seg in runs:

@@ -105,7 +105,7 @@ def _hooks(role: str, events: list) -> None:
 
     def send_runs(self, items):
         for it in items:
-            if len(it) == 2:
+            if type(it) is not rq.Run:
                 look(it[0])
         return runs(self, items)
 

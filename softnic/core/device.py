@@ -5,7 +5,8 @@ The device is a sans-I/O state machine in the manner of aioquic:
     receive_datagram(data, src, now)      a UDP payload arrived        (dispatch.py)
     receive_run(data, seg, src, now)      a GRO run of them            (dispatch.py)
     datagrams_to_send(now)                -> [(bytes, (ip, port)), ...] (output.py)
-    datagram_runs(now)                    the same, runs kept together  (output.py)
+    datagram_runs(now)                    the same, runs kept together as
+                                          requester.Run records         (output.py)
     get_timer()                           -> earliest deadline or None  (timers.py)
     handle_timer(now)                     the deadline passed           (timers.py)
 
@@ -165,7 +166,9 @@ class Device(Verbs, Dispatch, Output, Timers):
         #: the compiled per-packet loops (``softnic.accel.load()``), given by the
         #: driver; None runs the same loops in Python
         self.kernel = None
-        self._rx_acks = None             # (ffi, uint32_t[]): the kernel's AckReqs of a run
+        #: where the kernel reports the AckReqs of a run of MIDDLEs it took for this
+        #: device's responder, (ffi, uint32_t[]), made on first use (``responder.middles_at``)
+        self.rx_acks = None
         #: the QP whose MIDDLEs (a SEND's, a WRITE's, its READ's responses) the kernel
         #: took last, or the FIRST before them (``stream_target``)
         self.stream_qp = None

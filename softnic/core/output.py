@@ -114,9 +114,10 @@ class Output:
 
     def datagram_runs(self, now: float) -> list[tuple]:
         """``datagrams_to_send`` for a driver that sends runs at once: items are
-        ``(data, dest)``, one datagram, or ``(buffer, dest, seg)``, datagrams of
-        ``seg`` bytes one after another in ``buffer`` (the last may be shorter),
-        all to ``dest``, in the order they are to leave."""
+        ``(data, dest)`` pairs, one datagram each, and ``requester.Run`` records,
+        ``count`` datagrams of ``seg`` bytes one after another in ``buf`` (the
+        last may be shorter; a ``requester.Gather`` where the driver gathers),
+        all to ``dest``; in the order they are to leave."""
         out = self._outgoing(now)
         return self._sealed(out, False) if out else out
 
@@ -248,7 +249,7 @@ class Output:
                     mv = memoryview(pkt)
                     res.extend((bytes(mv[o:o + seg]), dest) for o in range(0, len(pkt), seg))
                 else:
-                    res.append((pkt, dest, seg))
+                    res.append(item)
             else:                       # an EchoAck
                 pkt, dest, echo = item
                 res.append((Datagram(seal(pkt, ip, dest[0], port, dest[1]), echo=echo), dest))

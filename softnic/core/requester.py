@@ -440,7 +440,9 @@ class Run(NamedTuple):
     included, one after another in ``buf`` (a ``bytearray`` or a ``Gather``), all to
     ``dest``: a request's MIDDLEs (``_bulk_run``) or a READ's RESPONSE MIDDLEs
     (``Output._read_run``), as ``generate`` and ``Output`` put them in their list
-    of what leaves, beside single packets, ``(bytes, dest)`` tuples."""
+    of what leaves, beside single packets, ``(bytes, dest)`` tuples; and as
+    ``Device.datagram_runs`` hands them to a driver, told apart from those by
+    their type."""
     buf: object
     dest: tuple
     seg: int

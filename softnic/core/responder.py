@@ -1542,9 +1542,9 @@ def middles_at(dev, p, n: int, o: int, seg: int, w0: int, qpn: int, psn: int, st
     ICRC state ``start`` given (``receive_send_run`` makes its pointers once for
     a run): ``sn_rx_middles`` and the device's array of the AckReqs it reports."""
     ffi = dev.kernel.ffi
-    acks = dev._rx_acks
+    acks = dev.rx_acks
     if acks is None or acks[0] is not ffi:
-        acks = dev._rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
+        acks = dev.rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
     out = acks[1]
     k = dev.kernel.lib.sn_rx_middles(p, n, o, seg, w0, qpn, psn, start, dst, off, room,
                                      0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)

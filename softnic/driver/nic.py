@@ -51,7 +51,7 @@ from . import config as _config
 from .capture import Capture, TcpCapture
 from ..core.device import Device, DeviceConfig
 from ..core.enums import MTU, mtu_bytes
-from ..core.requester import Gather
+from ..core.requester import Gather, Run
 from ..core.responder import ANSWER_READ, ANSWER_READ_RUN
 from ..core.dispatch import RESPONSES as _RESPONSES, StreamKind
 from .. import accel as _accel
@@ -990,7 +990,7 @@ class NIC(SharedDevice):
         if any(_mcast.is_group(item[1][0]) for item in out):
             out = self._fan_out(out)
         if self.capture is None and self.injector is None:
-            if len(out) == 1 and len(out[0]) == 2:
+            if len(out) == 1 and type(out[0]) is not Run:
                 self.sock.send(*out[0])      # one datagram (an ACK, a small message)
             else:
                 self.sock.send_runs(out)     # runs of equal datagrams: one sendmsg each
@@ -1003,10 +1003,10 @@ class NIC(SharedDevice):
         batch: list = []
         send = self._send
         for item in out:
-            if len(item) == 2:
+            if type(item) is not Run:
                 send(item[0], item[1], now, batch)
             else:
-                buf, addr, seg = item
+                buf, addr, seg, _ = item
                 mv = memoryview(_flat(buf)).toreadonly()
                 for o in range(0, len(mv), seg):
                     send(mv[o:o + seg], addr, now, batch)
@@ -1023,11 +1023,11 @@ class NIC(SharedDevice):
         apply_run = self.injector.apply_run
         res = []
         for item in out:
-            if len(item) == 2:
+            if type(item) is not Run:
                 if apply_run(1, now):
                     res.append(item)
                 continue
-            buf, addr, seg = item
+            buf, addr, seg, _ = item
             total = len(buf)
             n = -(-total // seg)
             keep = apply_run(n, now)
@@ -1042,10 +1042,10 @@ class NIC(SharedDevice):
                 while j + 1 < m and keep[j + 1] == keep[j] + 1:
                     j += 1
                 if gather:              # the survivors still go gathered from memory
-                    res.append((buf.part(keep[i], keep[j] + 1), addr, seg))
+                    res.append(Run(buf.part(keep[i], keep[j] + 1), addr, seg, j + 1 - i))
                 else:
                     a, b = keep[i] * seg, min((keep[j] + 1) * seg, total)
-                    res.append((mv[a:b], addr, seg) if j > i else (mv[a:b], addr))
+                    res.append(Run(mv[a:b], addr, seg, j + 1 - i) if j > i else (mv[a:b], addr))
                 i = j + 1
         return res
 
@@ -1059,12 +1059,12 @@ class NIC(SharedDevice):
             if not _mcast.is_group(addr[0]):
                 res.append(item)
                 continue
-            if len(item) == 2:
+            if type(item) is not Run:
                 res.extend(_mcast.fan_out(item[0], addr[0], me))
             else:
-                mv = memoryview(_flat(item[0]))
-                for o in range(0, len(mv), item[2]):
-                    res.extend(_mcast.fan_out(mv[o:o + item[2]], addr[0], me))
+                mv = memoryview(_flat(item.buf))
+                for o in range(0, len(mv), item.seg):
+                    res.extend(_mcast.fan_out(mv[o:o + item.seg], addr[0], me))
         return res
 
     def _step(self, now: float, inline: bool = False, ready: bool = False,

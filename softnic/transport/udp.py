@@ -26,7 +26,7 @@ import select
 import socket
 import struct
 
-from ..core.requester import Gather
+from ..core.requester import Gather, Run
 
 Address = tuple[str, int]
 MAX_DATAGRAM = 65535
@@ -181,18 +181,18 @@ class UdpSocket:
 
     def send_runs(self, items: list) -> None:
         """Send what ``Device.datagram_runs`` gives, in order: ``(data, addr)``
-        datagrams (batched as ``send_batch`` does) and ``(buffer, addr, seg)``
-        runs of datagrams laid end to end, which go down as slices of the
-        buffer, as many segments per ``sendmsg`` as GSO takes.  A datagram just
+        datagrams (batched as ``send_batch`` does) and ``Run`` records, runs of
+        datagrams laid end to end, which go down as slices of the buffer, as
+        many segments per ``sendmsg`` as GSO takes.  A datagram just
         before a run, to its address and of its segment size (a SEND's FIRST,
         whose MIDDLEs follow as a run), goes down in the run's first
         ``sendmsg``: the same datagrams in the same order, one call fewer."""
         pending = []
         for item in items:
-            if len(item) == 2:
+            if type(item) is not Run:
                 pending.append(item)
                 continue
-            buf, addr, seg = item
+            buf, addr, seg, _ = item
             first = None
             if pending:
                 if self.gso and len(pending[-1][0]) == seg and pending[-1][1] == addr:
