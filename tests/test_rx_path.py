@@ -48,6 +48,46 @@ def test_each_received_view_is_whole_until_the_next_receive():
         tx.close()
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 1400), st.integers(0, 1399)),
+                min_size=1, max_size=8))
+def test_the_kernels_receive_is_the_sockets(sends):
+    """``recv_runs`` by the kernel's ``sn_rx_one`` (``use_kernel_rx``, what the live
+    NIC uses) and by Python's ``recvmsg_into``: the same datagrams and GRO runs
+    (their bytes, source and segment size), the same end when nothing waits.
+    Each send is a run of equal datagrams (GSO; one: a lone datagram) and a
+    shorter tail, sent twice, once for each receive."""
+    from softnic import accel
+    kern = accel.load()
+    if kern is None:
+        pytest.fail(f"no kernel: {accel.error}")
+    note(f"sends {sends}")
+    got = {}
+    for compiled in (False, True):
+        rx, tx = UdpSocket("127.0.0.1", 0), UdpSocket("127.0.0.1", 0)
+        try:
+            assert rx.use_kernel_rx(kern) if compiled else rx._rx_one is None
+            for i, (k, seg, tail) in enumerate(sends):
+                body = bytes((i * 7 + j) & 0xFF for j in range(k * seg)) + bytes([i]) * min(tail, seg)
+                if k > 1 and tx.gso:
+                    tx._send_gso([body], seg, rx.address, -(-len(body) // seg))
+                else:
+                    for o in range(0, len(body), seg):
+                        tx.send(body[o:o + seg], rx.address)
+            out, deadline = [], time.monotonic() + 5
+            want = sum(k + (tail > 0) for k, _, tail in sends)
+            while sum(max(1, -(-len(d) // s)) if s else 1 for d, _, s in out) < want:
+                assert time.monotonic() < deadline, out
+                rx.wait(0.5)
+                out += [(bytes(d), a, s) for d, a, s in rx.recv_runs(64)]
+            assert list(rx.recv_runs(8)) == []          # nothing waits: the same end
+            got[compiled] = [(d, a[0], s) for d, a, s in out]
+        finally:
+            rx.close()
+            tx.close()
+    assert got[True] == got[False]
+
+
 def test_receive_run_copies_what_it_passes_on():
     """A datagram (or a run's packet) handed to receive_datagram survives the
     buffer it came in being reused."""

@@ -94,6 +94,25 @@ static void sn_rx_left(uint32_t *out, ssize_t r, uint32_t gro, size_t o,
     out[6] = ntohs(sa->sin_port);
 }
 
+/* One receive, as the UDP socket's recv_runs takes them (softnic.transport.udp,
+   IPv4, UDP_GRO on): sn_rx_recv, what it received left in buf as sn_rx_left
+   leaves a run for the engine (out[1] 1: out[2] bytes, datagrams of out[3]
+   bytes, 0 for one, from out[5] port out[6]); or out[1] 0 (nothing waits), 3 (a
+   datagram truncated, dropped) or 4 (recvmsg failed: out[9] its errno).
+   Returns out[1].  The same receive as the Python's recvmsg_into and its
+   UDP_GRO ancillary data, without a poll(2) before it or an exception when
+   nothing waits. */
+int sn_rx_one(int fd, uint8_t *buf, size_t cap, uint32_t *out)
+{
+    struct sockaddr_in sa;
+    uint32_t gro;
+    ssize_t r = sn_rx_recv(fd, buf, cap, &sa, &gro, out);
+    if (r < 0)
+        return (int)out[1];
+    sn_rx_left(out, r, gro, 0, &sa);
+    return 1;
+}
+
 int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
                  uint32_t w0, uint32_t dqpn, uint32_t epsn, uint32_t start, uint32_t seg,
                  uint8_t *dst, uint64_t off, uint64_t len, uint32_t max_runs,

@@ -1,3 +1,5 @@
+/* One receive of the UDP driver's (rx.c): I/O, as wait.c. */
+int sn_rx_one(int fd, uint8_t *buf, size_t cap, uint32_t *out);
 /* The driver's receive of a stream of a WRITE's MIDDLEs (rx.c): I/O, as wait.c. */
 int sn_rx_stream(int fd, uint8_t *buf, size_t cap, uint32_t peer_ip, uint32_t peer_port,
                  uint32_t w0, uint32_t dqpn, uint32_t epsn, uint32_t start, uint32_t seg,

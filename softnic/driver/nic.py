@@ -120,6 +120,10 @@ PROGRESS_SPIN_PKTS = 2
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
 GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "no", "off", "false")
+#: Take each receive of the socket's (``UdpSocket.recv_runs``) by the kernel's
+#: ``sn_rx_one``: the same recvmsg(2), without a poll(2) before it or the
+#: interpreter's ancillary data; ``SOFTNIC_RX_ONE=0``: by Python's socket module.
+RX_ONE = os.environ.get("SOFTNIC_RX_ONE", "1").strip().lower() not in ("0", "no", "off", "false")
 #: Receive a stream of a SEND's or WRITE's MIDDLEs, or of a READ's RESPONSE
 #: MIDDLEs, run after run in the compiled kernel (``_rx_stream``);
 #: ``SOFTNIC_RX_STREAM=0``: each run through the engine.
@@ -463,6 +467,8 @@ class NIC(SharedDevice):
             k = self.dev.kernel
             if k is not None:
                 _accel.give_compiled(self.dev)    # (the same rules, compiled beside the kernel)
+            if k is not None and RX_ONE and hasattr(self.sock, "use_kernel_rx"):
+                self.sock.use_kernel_rx(k)
             if k is not None and hasattr(self.sock, "rx_buffer") \
                     and self.sock.sock.family == socket.AF_INET:
                 rx = (k.ffi.from_buffer(self.sock.rx_buffer, require_writable=True),

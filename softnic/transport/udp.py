@@ -85,6 +85,8 @@ class UdpSocket:
         self._rxbufs = [self._rxview]
         self._gso_cmsg = {}
         self._gather = None                 # the kernel, once use_gather() says yes
+        self._rx_one = None                 # its sn_rx_one, once use_kernel_rx() says yes
+        self._ip_str: dict[int, str] = {}
         self.gather_pkts = 0                # datagrams sent gathered (sn_send_gather)
         self._gather_out = None
         self._ip_u32: dict[str, int] = {}
@@ -225,6 +227,18 @@ class UdpSocket:
                     self._send_gso([mv[o:e]], seg, addr, -(-(e - o) // seg))
         if pending:
             self.send_batch(pending)
+
+    def use_kernel_rx(self, kernel) -> bool:
+        """Take each of ``recv_runs``' receives with ``kernel``'s ``sn_rx_one`` (the
+        same recvmsg(2) and UDP_GRO segment size, in C: no poll(2) before it, no
+        exception when nothing waits); True if this socket can (GRO on, IPv4)."""
+        if kernel is None or not self.gro or self.sock.family != socket.AF_INET:
+            return False
+        ffi = kernel.ffi
+        self._rx_one = (kernel.lib.sn_rx_one,
+                        ffi.from_buffer(self._rxbuf, require_writable=True), len(self._rxbuf),
+                        ffi.new("uint32_t[10]"))
+        return True
 
     def use_gather(self, kernel) -> bool:
         """Send ``requester.Gather`` runs with ``kernel``'s ``sn_send_gather`` (the
@@ -368,6 +382,9 @@ class UdpSocket:
             for data, addr in self.recv_batch(limit):
                 yield data, addr, 0
             return
+        if self._rx_one is not None:
+            yield from self._recv_runs_compiled(limit)
+            return
         gro = (SOL_UDP, UDP_GRO)
         for data, anc, addr in self._recvmsgs(limit, ready):
             seg = 0
@@ -375,6 +392,27 @@ class UdpSocket:
                 if (level, typ) == gro and len(cdata) >= 4:
                     seg = _I32.unpack_from(cdata)[0]
             yield data, addr, (seg if seg and len(data) > seg else 0)
+
+    def _recv_runs_compiled(self, limit: int):
+        """``recv_runs`` by ``sn_rx_one`` (``use_kernel_rx``), receive by receive."""
+        one, buf, cap, out = self._rx_one
+        fd = self.sock.fileno()         # (asked each time: a closed socket's number is reused)
+        view = self._rxview
+        names = self._ip_str
+        for _ in range(limit):
+            state = one(fd, buf, cap, out)
+            if state == 1:
+                ip = out[5]
+                name = names.get(ip)
+                if name is None:
+                    name = names[ip] = socket.inet_ntoa(_U32.pack(ip))
+                yield view[:out[2]], (name, out[6]), out[3]
+            elif state == 0:
+                return
+            elif state == 3:
+                self.recv_truncated += 1     # cannot happen below 64 KiB; counted if it does
+            else:
+                raise OSError(out[9], os.strerror(out[9]))
 
     def recv_batch_ecn(self, limit: int = 256) -> list[tuple[bytes, Address, int]]:
         """Like ``recv_batch``, with each datagram's IP ECN codepoint (0-3)."""
