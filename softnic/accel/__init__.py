@@ -24,7 +24,9 @@ which ``waiter()`` gives whatever ``SOFTNIC_KERNEL`` says (softnic.driver.nic fa
 back to ``select.poll`` without it); and the UDP driver's gathered send
 (``send.c``, ``sn_send_gather``): a run whose payload stays in registered memory
 (``sn_tx_heads``) goes down as each packet's header, payload and ICRC, one
-sendmsg(2) with GSO per 64 KiB, the payload copied once, by the kernel; and its
+sendmsg(2) with GSO per 64 KiB, the payload copied once, by the kernel; its one
+receive (``rx.c``, ``sn_rx_one``: the socket's ``recv_runs``, one recvmsg(2) and
+its GRO segment size); and its
 receive of a stream of a WRITE's MIDDLEs (``rx.c``, ``sn_rx_stream``): run after
 run received and placed without the interpreter between them; its receive of a
 QP's READ responses, READ after READ (``rx.c``, ``sn_rx_reads``, with ``kernel.c``'s

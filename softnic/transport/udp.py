@@ -377,7 +377,8 @@ class UdpSocket:
         (``Device.receive_run`` takes it so); ``seg`` is 0 for a lone datagram.
         ``data`` is a view of the receive buffer, valid until the caller asks
         for the next (``_recvmsgs``).  At most ``limit`` receives; ``ready`` as
-        for ``_recvmsgs``."""
+        for ``_recvmsgs`` (given the kernel's receive, ``use_kernel_rx``, which
+        asks nothing before it receives, it has no use)."""
         if not self.gro:
             for data, addr in self.recv_batch(limit):
                 yield data, addr, 0
