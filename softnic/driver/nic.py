@@ -61,7 +61,7 @@ from . import mcast as _mcast
 from . import timeline as _timeline
 from .hostfiles import own_start, process_alive, stats_dir  # noqa: F401 (process_alive: for callers)
 from .hostfiles import prune as _prune
-from ..transport.udp import UdpSocket, bind_free
+from ..transport.udp import UdpSocket, bind_free, ip_str as _ip_str, ip_u32 as _ip_u32
 from ..wire.roce import AETH_LEN, BTH_LEN, ICRC_LEN, ROCEV2_PORT, Opcode as _Op
 
 #: How long after an inline step (a caller spinning on ``poll``) the caller is
@@ -160,20 +160,6 @@ _ANSWER_READS = (ANSWER_READ, ANSWER_READ_RUN)
 _WAKES = ("progress_wake_timer", "progress_wake_datagram", "progress_wake_bell",
           "progress_wake_held")          # why the progress thread woke (sn_wait's answers)
 _NO_DEADLINE = (1 << 63) - 1
-
-
-def _ip_u32(ip: str, _cache: dict = {}) -> int:
-    v = _cache.get(ip)
-    if v is None:
-        v = _cache[ip] = int(ipaddress.IPv4Address(ip))
-    return v
-
-
-def _ip_str(v: int, _cache: dict = {}) -> str:
-    s = _cache.get(v)
-    if s is None:
-        s = _cache[v] = str(ipaddress.IPv4Address(v))
-    return s
 
 
 def _flat(buf):

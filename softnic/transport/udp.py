@@ -86,10 +86,8 @@ class UdpSocket:
         self._gso_cmsg = {}
         self._gather = None                 # the kernel, once use_gather() says yes
         self._rx_one = None                 # its sn_rx_one, once use_kernel_rx() says yes
-        self._ip_str: dict[int, str] = {}
         self.gather_pkts = 0                # datagrams sent gathered (sn_send_gather)
         self._gather_out = None
-        self._ip_u32: dict[str, int] = {}
         p = select.poll()
         p.register(s.fileno(), select.POLLIN)
         #: ``readable(0)``: does a datagram wait?  (A poll(2) costs a quarter of
@@ -256,9 +254,7 @@ class UdpSocket:
         as ``_send_gso`` sends); without GSO after all, the rest one by one."""
         k = self._gather
         ffi = k.ffi
-        ip = self._ip_u32.get(addr[0])
-        if ip is None:
-            ip = self._ip_u32[addr[0]] = _U32.unpack(socket.inet_aton(addr[0]))[0]
+        ip = ip_u32(addr[0])
         lost, err = self._gather_out
         last = g.last
         done = k.lib.sn_send_gather(
@@ -399,15 +395,10 @@ class UdpSocket:
         one, buf, cap, out = self._rx_one
         fd = self.sock.fileno()         # (asked each time: a closed socket's number is reused)
         view = self._rxview
-        names = self._ip_str
         for _ in range(limit):
             state = one(fd, buf, cap, out)
             if state == 1:
-                ip = out[5]
-                name = names.get(ip)
-                if name is None:
-                    name = names[ip] = socket.inet_ntoa(_U32.pack(ip))
-                yield view[:out[2]], (name, out[6]), out[3]
+                yield view[:out[2]], (ip_str(out[5]), out[6]), out[3]
             elif state == 0:
                 return
             elif state == 3:
@@ -445,6 +436,22 @@ class UdpSocket:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+
+def ip_u32(ip: str, _cache: dict = {}) -> int:
+    """An IPv4 address as the kernel's C functions take it (host order)."""
+    v = _cache.get(ip)
+    if v is None:
+        v = _cache[ip] = _U32.unpack(socket.inet_aton(ip))[0]
+    return v
+
+
+def ip_str(v: int, _cache: dict = {}) -> str:
+    """The address ``ip_u32`` gives ``v`` for, as a source's text."""
+    s = _cache.get(v)
+    if s is None:
+        s = _cache[v] = socket.inet_ntoa(_U32.pack(v))
+    return s
 
 
 def bind_free(ips: list[str], port: int) -> UdpSocket:
