@@ -13,6 +13,7 @@ on how fast anything runs: time limits are seconds, for a hang.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import select
 import socket
@@ -48,7 +49,7 @@ def wait_env():
     b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     b.bind(("127.0.0.1", 0))
     bell = os.eventfd(0, os.EFD_NONBLOCK)
-    lease = k.ffi.new("int64_t[5]")
+    lease = k.ffi.new(f"int64_t[{nicmod.LEASE_LEN}]")
     lease[3] = (1 << 63) - 1
     yield k, a, b, bell, lease
     a.close()
@@ -133,6 +134,110 @@ def test_sn_wait_parks_longer_while_a_caller_holding_output_keeps_polling(wait_e
     # handed over at the first look after the caller stopped: within a park
     # (half of grace) and the hold, with room for a loaded machine's scheduling
     assert returned - stopped < 0.1 + 0.4
+
+
+def _may_raise_a_thread() -> None:
+    """Fail (CI, which runs as root) or skip where this thread may not take a nice
+    value below 0: the NIC then never raises its thread, nor lets it idle-park
+    (SCHED_IDLE could not be left)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -1)       # (Linux: this thread alone)
+    except PermissionError:
+        why = "this process may not raise a thread's priority (not root, no CAP_SYS_NICE)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why}: CI runs as root")
+        pytest.skip(why)
+
+
+_WORK = bytes(256 << 10)
+
+
+def _spin_renewing(lease, seconds: float, tid: list, seen: set) -> None:
+    """A caller that polls for ``seconds``: renews the lease all the while, running
+    (never asleep: the thread keeps a lease only while its holder runs), and notes
+    the policies the waiting thread (``tid[0]``) is seen under.  Between renewals
+    it hashes a buffer, without the interpreter lock (hashlib lets it go), as a
+    C program polls without it: a thread that takes the lock meanwhile does not
+    make it wait, asleep, for the lock."""
+    end = time.monotonic() + seconds
+    me = threading.get_native_id()
+    while time.monotonic() < end:
+        lease[0], lease[4] = time.monotonic_ns(), me
+        hashlib.sha256(_WORK).digest()
+        if tid:
+            seen.add(os.sched_getscheduler(tid[0]))
+
+
+def _waits_while(k, b, bell, lease, grace: int, going: threading.Event, got: list,
+                 tid: list) -> None:
+    """A progress thread's ``sn_wait`` for 50 ms at a time while ``going`` is set,
+    each answer noted in ``got`` with the policy, nice value and lease[6] it
+    returned under.  (A look that finds the caller asleep for a moment watches the
+    socket until the call's end; the next call looks again.)"""
+    _may_raise_a_thread()
+    tid.append(threading.get_native_id())
+    while going.is_set():
+        r = k.lib.sn_wait(b.fileno(), bell, NS // 20, lease, grace, grace)
+        got.append((r, os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), lease[6]))
+
+
+@pytest.mark.parametrize("allowed", [1, 0], ids=["allowed", "not-allowed"])
+def test_sn_wait_waits_out_a_spinners_renewed_lease_idle(wait_env, allowed):
+    """The idle park: where lease[5] allows it, a thread that finds the lease
+    renewed by a running holder look after look waits it out under SCHED_IDLE
+    (lease[6]: its id meanwhile; lease[7]: counted), so its looks preempt nobody;
+    where it does not, under its own policy.  Either way it returns under
+    SCHED_OTHER, its nice value as it was."""
+    k, a, b, bell, lease = wait_env
+    lease[5] = allowed
+    grace = 2_000_000                                  # a 2 ms lease: 150 looks in 300 ms
+    going, tid, got = threading.Event(), [], []
+    going.set()
+    t = threading.Thread(target=_waits_while, args=(k, b, bell, lease, grace, going, got, tid),
+                         daemon=True)
+    t.start()
+    seen: set = set()
+    try:
+        _spin_renewing(lease, 0.3, tid, seen)
+    finally:
+        going.clear()
+        t.join(5)
+    assert not t.is_alive() and got, "sn_wait did not return"
+    assert all(r == 0 for r, *_ in got)                # its timeouts: nothing arrived
+    assert {(policy, nice, lowered) for _, policy, nice, lowered in got} \
+        == {(os.SCHED_OTHER, -1, 0)}
+    if allowed:
+        assert lease[7] >= 1 and os.SCHED_IDLE in seen, (lease[7], seen)
+    else:
+        assert lease[7] == 0 and os.SCHED_IDLE not in seen, (lease[7], seen)
+
+
+def test_unpark_idle_raises_an_idle_parked_thread_at_once(wait_env):
+    """``unpark_idle`` (NIC.ring and NIC.end_lease call it) raises a thread in an
+    idle park back to SCHED_OTHER before it wakes, so a ring preempts a program
+    that spins on memory next; the ring then wakes it (2)."""
+    k, a, b, bell, lease = wait_env
+    lease[5] = 1
+    going, tid, got = threading.Event(), [], []
+    going.set()
+    t = threading.Thread(target=_waits_while,
+                         args=(k, b, bell, lease, 20_000_000, going, got, tid), daemon=True)
+    t.start()
+    try:
+        seen: set = set()
+        end = time.monotonic() + 10
+        while os.SCHED_IDLE not in seen:              # renewed, look after look (20 ms each)
+            assert time.monotonic() < end and t.is_alive(), "never parked idle"
+            _spin_renewing(lease, 0.005, tid, seen)
+        # parked idle, for up to 20 ms, and the lease no longer renewed
+        assert lease[6] == tid[0]
+        nicmod.unpark_idle(lease)
+        assert os.sched_getscheduler(tid[0]) == os.SCHED_OTHER
+    finally:
+        going.clear()
+        os.eventfd_write(bell, 1)
+        t.join(5)
+    assert not t.is_alive() and got[-1][:2] == (2, os.SCHED_OTHER)
 
 
 def test_the_thread_says_it_parks_then_looks_at_the_stamp_again(wait_env):
@@ -990,6 +1095,44 @@ def test_the_thread_is_raised_only_while_the_program_drives_the_device(monkeypat
         assert b.counters["progress_nice_changes"] == 2
         b.end_lease(answering=True)                            # b spins on memory
         assert nice() == -10 and b.counters["progress_nice_changes"] == 3
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["idle-park", "no-idle-park"])
+def test_a_raised_thread_idle_parks_beside_a_program_that_keeps_polling(idle, monkeypatch):
+    """A program that keeps polling (a spinner's inline steps) while the thread is
+    raised: the thread waits out its lease in idle parks (``IDLE_PARK``; counted,
+    ``progress_idle_parks``), and the program giving its lease back (end_lease)
+    raises it at once, before it runs.  ``SOFTNIC_IDLE_PARK=0``: none."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "PROGRESS_NICE", -10)
+    monkeypatch.setattr(nicmod, "IDLE_PARK", idle)
+    monkeypatch.setattr(nicmod, "SPIN_LEASE", 0.002)
+    monkeypatch.setattr(nicmod, "SPIN_LEASE_NS", 2_000_000)
+    a, b = _nics()
+    try:
+        tid = a._thread.native_id
+        a.poll()
+        if a._raised is None:
+            why = ("this process may not raise a thread's priority (not root, "
+                   "no CAP_SYS_NICE or RLIMIT_NICE)")
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"{why}: CI runs as root")
+            pytest.skip(why)
+        seen = set()
+        end = time.monotonic() + (2.0 if idle else 0.2)
+        while time.monotonic() < end and os.SCHED_IDLE not in seen:
+            a.poll()                                   # the program spins on its CQ
+            seen.add(os.sched_getscheduler(tid))
+        if idle:
+            assert os.SCHED_IDLE in seen and a.counters["progress_idle_parks"] >= 1
+            a.end_lease()                              # the program spins on memory next
+            assert os.sched_getscheduler(tid) == os.SCHED_OTHER
+            assert os.getpriority(os.PRIO_PROCESS, tid) == -10
+        else:
+            assert os.SCHED_IDLE not in seen and a.counters["progress_idle_parks"] == 0
     finally:
         a.close()
         b.close()

@@ -48,16 +48,37 @@
    the device (the passive side of a READ or of one-sided traffic), so it never
    spins beside a program spinning on its own CQ.
 
+   An idle park.  A thread that waits out the lease of a caller that keeps
+   polling wakes once a lease (1 ms) only to find it renewed; on a machine whose
+   cores the spinners fill, each such wake-up preempts one of them.  So where
+   lease[5] is set (the driver sets it while it has raised the thread's priority:
+   the process may then also leave SCHED_IDLE), a park on a lease that its
+   holder renewed since the thread last looked, and that it found running both
+   times, is waited out under SCHED_IDLE (sched(7)): its wake-up then preempts
+   nobody and runs when a CPU is free, or when the running caller's time slice
+   ends.  lease[6] holds the thread's id while it is so lowered (0: it is not),
+   and anything that rings the bell or gives the lease back raises it first
+   (NIC.ring, NIC.end_lease), so an answer the program waits for is not left to
+   an idle thread; the thread raises itself before it watches the socket, before
+   any other park, and before it returns.  What this costs: a holder that stops
+   calling softnic while it keeps running (it computes, or spins on memory
+   without giving its lease back) is noticed when the scheduler next runs the
+   thread (the end of that caller's slice, a few ms) rather than when its lease
+   lapses.  lease[7] counts the times the thread lowered itself (the idle parks
+   that follow one keep it lowered).
+
    Returns 1: a datagram waits; 4: the same, found while spinning; 2: the bell
    rang (read it); 3: a caller went away holding output; 0: ``timeout_ns`` or
    lease[3] passed (-1: no timeout); -errno. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/syscall.h>
 
 static int64_t sn_now_ns(void)
 {
@@ -174,8 +195,59 @@ static int sn_park_on_bell(volatile int64_t *l, int64_t l0, struct pollfd *b, in
     return r;
 }
 
+/* The idle park's two ends (the paragraph at the top): lowered to SCHED_IDLE for
+   a park, where lease[5] allows it, its id in lease[6] and the change counted in
+   lease[7]; and raised back (SCHED_OTHER keeps the thread's nice value), which
+   NIC.ring and NIC.end_lease may have done already. */
+static void sn_idle_park(volatile int64_t *l)
+{
+    struct sched_param sp = {0};
+    if (l[6] || !l[5])
+        return;
+    l[6] = (int64_t)syscall(SYS_gettid);
+    __sync_synchronize();
+    if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) {
+        l[6] = 0;
+        return;
+    }
+    l[7] += 1;
+}
+
+static void sn_idle_end(volatile int64_t *l)
+{
+    struct sched_param sp = {0};
+    if (!l[6])
+        return;
+    if (sched_setscheduler(0, SCHED_OTHER, &sp) != 0)
+        l[5] = 0;               /* (lease[5] said it may: never lowered again) */
+    l[6] = 0;
+}
+
+/* About to park on the lease stamped l0, whose holder this look found running
+   (asked) or did not ask about: an idle park if a look before found a running
+   holder too and the lease was renewed since (ran: that look's stamp); a park
+   while a step is under way or holds output (lease[1]: not asked about) stays
+   as the thread is; any other at the thread's own priority.  Returns the stamp
+   for the next look. */
+static int64_t sn_lowered_for(volatile int64_t *l, int64_t l0, int64_t ran, int asked)
+{
+    if (asked && ran >= 0 && l0 != ran)
+        sn_idle_park(l);
+    else if (asked || !l[1])
+        sn_idle_end(l);
+    return asked ? l0 : ran;
+}
+
+static int sn_wait_loop(int sock, int bell, int64_t timeout_ns, int64_t *lease,
+                        int64_t grace_ns, int64_t hold_ns, int64_t spin_ns);
+
 int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
-                 int64_t hold_ns, int64_t spin_ns);
+                 int64_t hold_ns, int64_t spin_ns)
+{
+    int r = sn_wait_loop(sock, bell, timeout_ns, lease, grace_ns, hold_ns, spin_ns);
+    sn_idle_end(lease);
+    return r;
+}
 
 int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
             int64_t hold_ns)
@@ -183,8 +255,8 @@ int sn_wait(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grac
     return sn_wait_spin(sock, bell, timeout_ns, lease, grace_ns, hold_ns, 0);
 }
 
-int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t grace_ns,
-                 int64_t hold_ns, int64_t spin_ns)
+static int sn_wait_loop(int sock, int bell, int64_t timeout_ns, int64_t *lease,
+                        int64_t grace_ns, int64_t hold_ns, int64_t spin_ns)
 {
     volatile int64_t *l = lease;
     int64_t called = sn_now_ns();
@@ -192,6 +264,8 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
     int64_t spin_until = spin_ns > 0 ? called + spin_ns : 0;
     int spun = 0;                       /* the datagram was found while spinning */
     int64_t seen = 0, held_park = 0;    /* the caller's lease at the last look; see below */
+    int64_t ran = -1;                   /* the stamp of the lease whose holder the last
+                                           look found running (-1: none): an idle park's */
     struct pollfd p[2];
     for (;;) {
         int64_t now = sn_now_ns(), left = -1, fresh, end = stop, d = l[3];
@@ -242,6 +316,7 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
             }
             seen = l[0];
             spun = 0;
+            ran = sn_lowered_for(l, l0, ran, asked);
             if ((n = sn_park_on_bell(l, l0, p + 1, bell, sn_park(left, t, grace_ns, asked))))
                 return n;
             continue;
@@ -251,10 +326,14 @@ int sn_wait_spin(int sock, int bell, int64_t timeout_ns, int64_t *lease, int64_t
                until its lease would lapse, rather than waking (a context switch on
                a machine whose cores the spinners fill) for each datagram it takes */
             spun = 0;
+            ran = sn_lowered_for(l, l0, ran, asked);
             if ((n = sn_park_on_bell(l, l0, p + 1, bell, sn_park(left, fresh, grace_ns, asked))))
                 return n;
             continue;
         }
+        sn_idle_end(l);                 /* (it watches the socket: a datagram's wake-up
+                                           must preempt) */
+        ran = -1;
         spun = now < spin_until;
         if (spun) {
             n = poll(p, 2, 0);              /* spinning: look, do not sleep */

@@ -101,6 +101,14 @@ PROGRESS_NICE = env.number("SOFTNIC_PROGRESS_NICE", -10)
 #: datagram), taking one message per wake-up and sending each ACK alone
 #: (docs/performance.md, "Many QPs").
 PROGRESS_NICE_HOLD = 1.0
+#: While the thread is raised (``PROGRESS_NICE``), it waits out the lease of a
+#: caller that keeps polling under SCHED_IDLE (``sn_wait``'s idle park, lease[5]),
+#: so its looks at that lease preempt nobody; ``SOFTNIC_IDLE_PARK=0``: at its own
+#: priority, waking each lease (docs/performance.md, "The idle park").
+IDLE_PARK = os.environ.get("SOFTNIC_IDLE_PARK", "1").strip().lower() not in (
+    "0", "no", "off", "false")
+#: the lease's slots (the comment in ``NIC.__init__``; wait.c reads them all)
+LEASE_LEN = 8
 #: How long the progress thread looks at its socket and bell without sleeping
 #: after a datagram woke it while the program does not drive the device (as
 #: ``PROGRESS_NICE_HOLD`` says; ``sn_wait_spin``), as a driver busy-polls its NIC
@@ -165,6 +173,20 @@ _NO_DEADLINE = (1 << 63) - 1
 def _flat(buf):
     """A run's buffer laid end to end (a ``Gather`` is only for the socket)."""
     return buf.flatten() if type(buf) is Gather else buf
+
+
+def unpark_idle(lease) -> None:
+    """Raise a progress thread in an idle park (``sn_wait``: SCHED_IDLE while it
+    waits out a polling caller's lease; lease[6] its thread id, 0 if it is not)
+    back to SCHED_OTHER, its nice value as it was: whoever rings its bell or gives
+    the lease back, so the thread's wake-up preempts a program that spins on
+    memory next.  The thread raises itself too when its park ends."""
+    tid = lease[6]
+    if tid:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass                        # (gone, or raised already)
 
 # Reentrant, and never held while a device is built: the garbage collector may run in any
 # thread at any allocation (a new progress thread's start included) and close a device
@@ -506,7 +528,7 @@ class NIC(SharedDevice):
         self._sock_view = None
         if self._waiter is not None:
             self._poll_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            self._poll_lease = self._waiter.ffi.new("int64_t[5]")
+            self._poll_lease = self._waiter.ffi.new(f"int64_t[{LEASE_LEN}]")
             # the socket's fd (-1 once closed), for a C face's poll (fast_view)
             self._sock_view = self._waiter.ffi.new("int32_t[1]", [self.sock.fileno()])
             global _open_view
@@ -522,10 +544,13 @@ class NIC(SharedDevice):
             # the thread is waiting on the lease; lease[3]: the engine's next
             # deadline in ns, which the sleeping thread re-reads; lease[4]: the
             # thread id of the caller that renewed it last (sn_wait keeps the lease
-            # only while that thread runs; 0: a lease ahead, not asked about)
-            self._lease = self._waiter.ffi.new("int64_t[5]")
+            # only while that thread runs; 0: a lease ahead, not asked about);
+            # lease[5]: the thread may idle-park (IDLE_PARK, set while it is raised:
+            # _prioritize); lease[6]: its id while it is idle-parked (unpark_idle);
+            # lease[7]: the times it lowered itself for one
+            self._lease = self._waiter.ffi.new(f"int64_t[{LEASE_LEN}]")
         else:
-            self._lease = array.array("q", [0, 0, 0, 0, 0])
+            self._lease = array.array("q", [0] * LEASE_LEN)
         self._lease[3] = _NO_DEADLINE
         if self._sock_view is not None:
             # (listed in _open_view once open: _count_open)
@@ -639,7 +664,9 @@ class NIC(SharedDevice):
 
     def ring(self) -> None:
         """Wake the progress thread (it re-reads the engine's timer and steps).
-        Verbs calls ring it themselves when they need it; a face may too."""
+        Verbs calls ring it themselves when they need it; a face may too.  A thread
+        in an idle park is raised first (``unpark_idle``), so the ring preempts."""
+        unpark_idle(self._lease)
         try:
             os.eventfd_write(self._bell, 1)
         except OSError:
@@ -674,6 +701,7 @@ class NIC(SharedDevice):
             self._prioritize(True)
         lease = self._lease
         lease[0] = 0
+        unpark_idle(lease)               # (it looks at the lease when its park ends)
         if answering and self._owed:
             return
         if lease[2] and ring:
@@ -890,6 +918,7 @@ class NIC(SharedDevice):
         c["posts_held"] = self._posts_held
         c["inline_polls"] = self._inline_polls
         c["progress_nice_changes"] = self._nice_changes
+        c["progress_idle_parks"] = self._lease[7]
         c["progress_spin_datagram"] = self._spin_found
         c["waiter_spin_datagram"] = self._waiter_spin_found
         c["udp_gather_pkts"] = getattr(self.sock, "gather_pkts", 0) if self.sock else 0
@@ -1452,6 +1481,8 @@ class NIC(SharedDevice):
                 return
             self._raised = raised
             self._nice_changes += 1
+            # (raised, the thread may leave SCHED_IDLE again: sn_wait's idle park)
+            self._lease[5] = 1 if raised and IDLE_PARK else 0
 
     def _run(self) -> None:
         spin = 0.0
