@@ -137,16 +137,19 @@ def test_sn_wait_parks_longer_while_a_caller_holding_output_keeps_polling(wait_e
 
 
 def _may_raise_a_thread() -> None:
-    """Fail (CI, which runs as root) or skip where this thread may not take a nice
+    """Fail (CI, which runs as root) or skip where a thread may not take a nice
     value below 0: the NIC then never raises its thread, nor lets it idle-park
-    (SCHED_IDLE could not be left)."""
+    (SCHED_IDLE could not be left).  Asked by the test's own thread, whose nice
+    value is then put back (Linux: setpriority on 0 is this thread alone)."""
+    was = os.getpriority(os.PRIO_PROCESS, 0)
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, -1)       # (Linux: this thread alone)
+        os.setpriority(os.PRIO_PROCESS, 0, -1)
     except PermissionError:
         why = "this process may not raise a thread's priority (not root, no CAP_SYS_NICE)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{why}: CI runs as root")
         pytest.skip(why)
+    os.setpriority(os.PRIO_PROCESS, 0, was)
 
 
 _WORK = bytes(256 << 10)
@@ -173,8 +176,9 @@ def _waits_while(k, b, bell, lease, grace: int, going: threading.Event, got: lis
     """A progress thread's ``sn_wait`` for 50 ms at a time while ``going`` is set,
     each answer noted in ``got`` with the policy, nice value and lease[6] it
     returned under.  (A look that finds the caller asleep for a moment watches the
-    socket until the call's end; the next call looks again.)"""
-    _may_raise_a_thread()
+    socket until the call's end; the next call looks again.)  Its nice value is
+    -1, as a raised thread's is below 0 (``_may_raise_a_thread`` asked first)."""
+    os.setpriority(os.PRIO_PROCESS, 0, -1)
     tid.append(threading.get_native_id())
     while going.is_set():
         r = k.lib.sn_wait(b.fileno(), bell, NS // 20, lease, grace, grace)
@@ -189,6 +193,7 @@ def test_sn_wait_waits_out_a_spinners_renewed_lease_idle(wait_env, allowed):
     where it does not, under its own policy.  Either way it returns under
     SCHED_OTHER, its nice value as it was."""
     k, a, b, bell, lease = wait_env
+    _may_raise_a_thread()
     lease[5] = allowed
     grace = 2_000_000                                  # a 2 ms lease: 150 looks in 300 ms
     going, tid, got = threading.Event(), [], []
@@ -217,6 +222,7 @@ def test_unpark_idle_raises_an_idle_parked_thread_at_once(wait_env):
     idle park back to SCHED_OTHER before it wakes, so a ring preempts a program
     that spins on memory next; the ring then wakes it (2)."""
     k, a, b, bell, lease = wait_env
+    _may_raise_a_thread()
     lease[5] = 1
     going, tid, got = threading.Event(), [], []
     going.set()
