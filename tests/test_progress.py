@@ -136,19 +136,26 @@ def test_sn_wait_parks_longer_while_a_caller_holding_output_keeps_polling(wait_e
     assert returned - stopped < 0.1 + 0.4
 
 
+def _cannot_raise() -> None:
+    """Fail (CI, which runs as root) or skip: this process may not raise a
+    thread's priority, so the NIC never raises its thread (nor lets it
+    idle-park: SCHED_IDLE could not be left)."""
+    why = ("this process may not raise a thread's priority (not root, "
+           "no CAP_SYS_NICE or RLIMIT_NICE)")
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why}: CI runs as root")
+    pytest.skip(why)
+
+
 def _may_raise_a_thread() -> None:
-    """Fail (CI, which runs as root) or skip where a thread may not take a nice
-    value below 0: the NIC then never raises its thread, nor lets it idle-park
-    (SCHED_IDLE could not be left).  Asked by the test's own thread, whose nice
-    value is then put back (Linux: setpriority on 0 is this thread alone)."""
+    """``_cannot_raise`` where a thread may not take a nice value below 0.  Asked
+    by the test's own thread, whose nice value is then put back (Linux:
+    setpriority on 0 is this thread alone)."""
     was = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, -1)
     except PermissionError:
-        why = "this process may not raise a thread's priority (not root, no CAP_SYS_NICE)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why}: CI runs as root")
-        pytest.skip(why)
+        _cannot_raise()
     os.setpriority(os.PRIO_PROCESS, 0, was)
 
 
@@ -1089,11 +1096,7 @@ def test_the_thread_is_raised_only_while_the_program_drives_the_device(monkeypat
         assert nice() == base and b.counters["progress_nice_changes"] == 0
         b.poll()                                               # b polls
         if b._raised is None:
-            why = ("this process may not raise a thread's priority (not root, "
-                   "no CAP_SYS_NICE or RLIMIT_NICE)")
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"{why}: CI runs as root")
-            pytest.skip(why)
+            _cannot_raise()
         assert nice() == -10 and b.counters["progress_nice_changes"] == 1
         time.sleep(0.3)                                        # no call for the hold
         _write(a, ea, eb, 7)
@@ -1122,11 +1125,7 @@ def test_a_raised_thread_idle_parks_beside_a_program_that_keeps_polling(idle, mo
         tid = a._thread.native_id
         a.poll()
         if a._raised is None:
-            why = ("this process may not raise a thread's priority (not root, "
-                   "no CAP_SYS_NICE or RLIMIT_NICE)")
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"{why}: CI runs as root")
-            pytest.skip(why)
+            _cannot_raise()
         seen = set()
         end = time.monotonic() + (2.0 if idle else 0.2)
         while time.monotonic() < end and os.SCHED_IDLE not in seen:
