@@ -18,3 +18,21 @@ if settings.get_current_profile_name() == "default":
     settings.load_profile("dev")
 elif settings.get_current_profile_name() == "ci":
     settings.load_profile("ci")
+
+
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a test never skips: a skip (a tool, a compiler or a package
+    missing: .ci/run installs them all) is reported as a failure, with its
+    reason.  Elsewhere a skip stays a skip."""
+    report = yield
+    if os.environ.get("CI") == "true" and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
+    return report

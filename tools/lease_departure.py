@@ -62,11 +62,11 @@ def main() -> None:
     ap.add_argument("--after", type=float, default=0.005)
     ap.add_argument("--hogs", type=int, default=os.cpu_count() - 1)
     args = ap.parse_args()
-    cfg = RuntimeConfig(min_timer=2e-3)
-    a, b = (nicmod.NIC(DeviceSpec(f"d{i}", None, 0), cfg) for i in range(2))
     hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(args.hogs)]
     for h in hogs:
-        h.start()
+        h.start()                             # (forked before any device's thread exists)
+    cfg = RuntimeConfig(min_timer=2e-3)
+    a, b = (nicmod.NIC(DeviceSpec(f"d{i}", None, 0), cfg) for i in range(2))
     try:
         with a.lock, b.lock:
             ea, eb = endpoint(a.dev, buf_size=1 << 16), endpoint(b.dev, buf_size=1 << 16)
