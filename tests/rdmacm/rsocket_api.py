@@ -167,7 +167,10 @@ def main(a: str, b: str) -> None:
             assert ctypes.get_errno() == errno.EAGAIN
             rpoll([(sfd, POLLIN), (cfd, POLLOUT)], 100)
     assert bytes(got) == big
-    # the other way, MSG_WAITALL across messages
+    # the other way, MSG_WAITALL across messages, on a blocking rsocket (on a
+    # non-blocking one MSG_WAITALL returns what has arrived, as Linux's TCP does)
+    check(lib.rfcntl(cfd, F_SETFL, ctypes.c_long(0)), "rfcntl")
+    assert not lib.rfcntl(cfd, F_GETFL) & O_NONBLOCK
     for chunk in (b"a" * 1000, b"b" * 3000):
         send(sfd, chunk)
     assert recv(cfd, 4000, MSG_WAITALL) == b"a" * 1000 + b"b" * 3000
