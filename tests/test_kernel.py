@@ -186,7 +186,14 @@ class Counting:
             n = k.lib.sn_rx_edge(*args)
             self.edges += n
             return n
-        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=tx, sn_rx_edge=edge)
+        def send_run(*args):         # a SEND's FIRST, MIDDLEs and LAST: the three in one
+            r = k.lib.sn_rx_send_run(*args)
+            if r >= 0:
+                self.taken += r >> 1
+                self.edges += 1 + (r & 1)
+            return r
+        self.lib = types.SimpleNamespace(sn_rx_middles=rx, sn_tx_middles=tx, sn_rx_edge=edge,
+                                         sn_rx_send_run=send_run)
 
 
 def _side(kernel, mtu: int, window: int, sr: bool, engine: bool = False,

@@ -36,7 +36,8 @@
                      at the ePSN (responder.receive_edge: into its receive
                      WQE's one SGE, room for what the packet carries; and
                      responder.receive_send_run, a SEND's FIRST and LAST
-                     around its MIDDLEs in one run, with sn_rx_middles);
+                     around its MIDDLEs in one run, with sn_rx_middles: the
+                     three in one call, sn_rx_send_run);
      sn_read_only    responder.answer and _read for an RDMA READ request at the
                      ePSN whose response is one packet, and
                      output._rc_responses' read_response_only (and
@@ -221,6 +222,44 @@ int sn_rx_edge(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t 
         return 0;
     memcpy(dst + off, p + hdr, (size_t)len);
     return 1;
+}
+
+/* Receive (responder.receive_send_run): a run of datagrams laid end to end in
+   buf[0:n] (each seg bytes, the last maybe shorter) that begins at offset o
+   with a SEND's FIRST, taken by the three calls that take its packets alone,
+   in one: sn_rx_edge for the FIRST (seg bytes; BTH word 0 first_w0, ICRC state
+   first_start; its mtu bytes to dst + 0), sn_rx_middles for the MIDDLEs after
+   it up to last_at, or to n if last_at is 0 (word 0 mid_w0, state mid_start,
+   from dst + mtu on, none past room; acks, cap and *nacks as there), and, if
+   they end at last_at (not 0), sn_rx_edge for the LAST there (n - last_at
+   bytes; word 0 last_w0, state last_start, ext 0 or EXT_TAIL; its last_len
+   bytes after the MIDDLEs').  Each packet under the conditions of the call
+   that takes it; none is taken after one refused.  Returns -1 if the FIRST is
+   not taken (nothing touched), else 2 * (the MIDDLEs taken) + (1 if the LAST
+   was). */
+int sn_rx_send_run(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t qpn,
+                   uint32_t epsn, uint32_t first_w0, uint32_t first_start, uint32_t mid_w0,
+                   uint32_t mid_start, size_t last_at, uint32_t last_w0, uint32_t last_start,
+                   int ext, uint64_t last_len, uint8_t *dst, uint64_t room, uint32_t *acks,
+                   uint32_t cap, uint32_t *nacks)
+{
+    uint64_t mtu;
+    int m;
+    *nacks = 0;
+    if (seg <= BTH_LEN + ICRC_LEN || o + seg > n || (last_at && (last_at < o + seg || last_at > n)))
+        return -1;
+    mtu = seg - BTH_LEN - ICRC_LEN;
+    if (!sn_rx_edge(buf + o, seg, first_w0, qpn, epsn, first_start, 0, dst, 0, mtu, room))
+        return -1;
+    m = sn_rx_middles(buf, last_at ? last_at : n, o + seg, seg, mid_w0, qpn,
+                      (epsn + 1) & PSN_MASK, mid_start, dst, mtu, room, 0xFFFFFFFFu, acks, cap,
+                      nacks);
+    if (last_at && last_at == o + (1 + (size_t)m) * seg
+            && sn_rx_edge(buf + last_at, n - last_at, last_w0, qpn,
+                          (epsn + 1 + (uint32_t)m) & PSN_MASK, last_start, ext, dst,
+                          (1 + (uint64_t)m) * mtu, last_len, room))
+        return 2 * m + 1;
+    return 2 * m;
 }
 
 /* A MIDDLE's BTH at p: word 0 w0, destination QP dqpn, PSN psn, and the AckReq

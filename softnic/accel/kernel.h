@@ -10,6 +10,11 @@ int sn_rx_middles(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t w
 int sn_rx_edge(const uint8_t *p, size_t n, uint32_t w0, uint32_t dqpn, uint32_t epsn,
                uint32_t start, int ext, uint8_t *dst, uint64_t off, uint64_t len,
                uint64_t cap);
+int sn_rx_send_run(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t qpn,
+                   uint32_t epsn, uint32_t first_w0, uint32_t first_start, uint32_t mid_w0,
+                   uint32_t mid_start, size_t last_at, uint32_t last_w0, uint32_t last_start,
+                   int ext, uint64_t last_len, uint8_t *dst, uint64_t room, uint32_t *acks,
+                   uint32_t cap, uint32_t *nacks);
 uint32_t sn_tx_middles(uint8_t *buf, size_t o, uint32_t count, uint32_t w0, uint32_t dqpn,
                        uint32_t psn, uint32_t s, uint32_t ack_every, const uint8_t *src,
                        size_t mtu, uint32_t start);

@@ -167,7 +167,7 @@ class Device(Verbs, Dispatch, Output, Timers):
         #: driver; None runs the same loops in Python
         self.kernel = None
         #: where the kernel reports the AckReqs of a run of MIDDLEs it took for this
-        #: device's responder, (ffi, uint32_t[]), made on first use (``responder.middles_at``)
+        #: device's responder, (ffi, uint32_t[]), made on first use (``responder.rx_acks``)
         self.rx_acks = None
         #: the QP whose MIDDLEs (a SEND's, a WRITE's, its READ's responses) the kernel
         #: took last, or the FIRST before them (``stream_target``)

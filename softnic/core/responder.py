@@ -1207,20 +1207,11 @@ def kernel_edge(dev, data, src, op: int, flags: int, qpn: int, psn: int, ext: in
     go to ``view[off:]``, none past ``cap``.  True if the kernel took it
     (responder.receive_edge, completer.receive_edge)."""
     ffi = dev.kernel.ffi
-    return edge_at(dev, ffi.from_buffer(data), len(data), src, op, flags, qpn, psn, ext,
-                   ffi.from_buffer(view, require_writable=True), off, n, cap)
-
-
-def edge_at(dev, p, size: int, src, op: int, flags: int, qpn: int, psn: int, ext: int, dst,
-            off: int, n: int, cap: int) -> bool:
-    """``kernel_edge`` on the ``size`` bytes of a datagram at the kernel's pointer
-    ``p`` into the memory at its pointer ``dst`` (``receive_send_run`` makes
-    each pointer once for a run): BTH word 0 from ``op`` and ``flags``, the ICRC
-    state for them (``rx_icrc_start``), ``sn_rx_edge``."""
     w0 = bth_word0(op, flags)
-    return bool(dev.kernel.lib.sn_rx_edge(p, size, w0, qpn, psn,
-                                          rx_icrc_start(dev, src, size, w0, qpn), ext, dst,
-                                          off, n, cap))
+    return bool(dev.kernel.lib.sn_rx_edge(ffi.from_buffer(data), len(data), w0, qpn, psn,
+                                          rx_icrc_start(dev, src, len(data), w0, qpn), ext,
+                                          ffi.from_buffer(view, require_writable=True), off,
+                                          n, cap))
 
 
 def rx_icrc_start(dev, src, size: int, w0: int, qpn: int) -> int:
@@ -1292,9 +1283,9 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
     last maybe shorter, as ``Dispatch.receive_run`` has them) that begins with a
     SEND's FIRST: the FIRST, the MIDDLEs after it and, when the run ends with
     it, its LAST (plain, with an immediate or with an IETH), each by the kernel
-    function that takes it alone (``sn_rx_edge`` by ``edge_at``,
-    ``sn_rx_middles``, ``sn_rx_edge`` again), under those functions'
-    conditions.  The QP's (``_common_qp``, nothing held beyond a
+    function that takes it alone (``sn_rx_edge``, ``sn_rx_middles``,
+    ``sn_rx_edge`` again, called in one by ``sn_rx_send_run``), under those
+    functions' conditions.  The QP's (``_common_qp``, nothing held beyond a
     hole, no message under way) and the receive's (posted, one SGE:
     ``recv_target``) are checked once for them all; the packets' in the kernel
     (the LAST's size first here, as ``receive_edge`` checks it).  An eager
@@ -1333,23 +1324,25 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
             last_at = 0
     else:
         last_at = 0
-    ffi = dev.kernel.ffi
     qpn, psn = qp.qpn, qp.resp.epsn
-    buf = ffi.from_buffer(data)
-    dst = ffi.from_buffer(view, require_writable=True)
-    if not edge_at(dev, buf + o, seg, src, _SEND_FIRST, (flags & BTH_SE) | pad << BTH_PAD_SHIFT,
-                   qpn, psn, 0, dst, 0, mtu, room):
-        return 0
-    m, out = middles_at(dev, buf, last_at or n, o + seg, seg, _W0_SEND_MIDDLE, qpn,
-                        (psn + 1) & PSN_MASK, rx_icrc_start(dev, src, seg, _W0_SEND_MIDDLE, qpn),
-                        dst, mtu, room)
-    last = tail = 0
-    if last_at and last_at == o + (1 + m) * seg:
+    w0 = bth_word0(_SEND_FIRST, (flags & BTH_SE) | pad << BTH_PAD_SHIFT)
+    ext = lw0 = lstart = 0
+    if last_at:
         ext = EXT_TAIL if linfo.hdr_len != BTH_LEN else 0
-        last = edge_at(dev, buf + last_at, n - last_at, src, data[last_at], lflags, qpn,
-                       (psn + 1 + m) & PSN_MASK, ext, dst, (1 + m) * mtu, n_last, room)
-        if last and ext:
-            tail = _I.unpack_from(data, last_at + BTH_LEN)[0]
+        lw0 = bth_word0(data[last_at], lflags)
+        lstart = rx_icrc_start(dev, src, n - last_at, lw0, qpn)
+    ffi = dev.kernel.ffi
+    out = rx_acks(dev)
+    # sn_rx_edge (the FIRST), sn_rx_middles, sn_rx_edge (the LAST) in one call
+    r = dev.kernel.lib.sn_rx_send_run(
+        ffi.from_buffer(data), n, o, seg, qpn, psn, w0, rx_icrc_start(dev, src, seg, w0, qpn),
+        _W0_SEND_MIDDLE, rx_icrc_start(dev, src, seg, _W0_SEND_MIDDLE, qpn), last_at, lw0,
+        lstart, ext, n_last, ffi.from_buffer(view, require_writable=True), room, out + 1,
+        _ACKS_PER_RUN, out)
+    if r < 0:
+        return 0
+    m, last = r >> 1, r & 1
+    tail = _I.unpack_from(data, last_at + BTH_LEN)[0] if last and ext else 0
     took_send_run(dev, qp, bool(w3 & BTH_ACKREQ), m, out, linfo if last else None, n_last,
                   bool(lflags & BTH_SE), tail)
     return 1 + m + last
@@ -1530,25 +1523,22 @@ def kernel_middles(dev, qp, data, o: int, seg: int, src, psn: int, view, off: in
     and the AckReqs' array (their count, then their indexes from the first)."""
     ffi = dev.kernel.ffi
     w0 = int.from_bytes(data[o:o + 4], "big")
-    return middles_at(dev, ffi.from_buffer(data), len(data), o, seg, w0, qp.qpn, psn,
-                      rx_icrc_start(dev, src, seg, w0, qp.qpn),
-                      ffi.from_buffer(view, require_writable=True), off, room)
+    out = rx_acks(dev)
+    k = dev.kernel.lib.sn_rx_middles(ffi.from_buffer(data), len(data), o, seg, w0, qp.qpn, psn,
+                                     rx_icrc_start(dev, src, seg, w0, qp.qpn),
+                                     ffi.from_buffer(view, require_writable=True), off, room,
+                                     0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
+    return k, out
 
 
-def middles_at(dev, p, n: int, o: int, seg: int, w0: int, qpn: int, psn: int, start: int,
-               dst, off: int, room: int):
-    """``kernel_middles`` on the ``n`` bytes of a run at the kernel's pointer ``p``
-    into the memory at its pointer ``dst``, the MIDDLEs' BTH word 0 ``w0`` and
-    ICRC state ``start`` given (``receive_send_run`` makes its pointers once for
-    a run): ``sn_rx_middles`` and the device's array of the AckReqs it reports."""
+def rx_acks(dev):
+    """The device's array of the AckReqs a receive by the kernel reports
+    (``sn_rx_middles``' count, then their indexes), made once per kernel."""
     ffi = dev.kernel.ffi
     acks = dev.rx_acks
     if acks is None or acks[0] is not ffi:
         acks = dev.rx_acks = (ffi, ffi.new(f"uint32_t[{_ACKS_PER_RUN + 1}]"))
-    out = acks[1]
-    k = dev.kernel.lib.sn_rx_middles(p, n, o, seg, w0, qpn, psn, start, dst, off, room,
-                                     0xFFFFFFFF, out + 1, _ACKS_PER_RUN, out)
-    return k, out
+    return acks[1]
 
 
 def took_middles(dev, qp, k: int, acks, first: int, nacks: int) -> None:
