@@ -246,7 +246,8 @@ int sn_rx_send_run(const uint8_t *buf, size_t n, size_t o, size_t seg, uint32_t 
     uint64_t mtu;
     int m;
     *nacks = 0;
-    if (seg <= BTH_LEN + ICRC_LEN || o + seg > n || (last_at && (last_at < o + seg || last_at > n)))
+    if (seg <= BTH_LEN + ICRC_LEN || o + seg > n
+            || (last_at && (last_at < o + seg || last_at > n)))
         return -1;
     mtu = seg - BTH_LEN - ICRC_LEN;
     if (!sn_rx_edge(buf + o, seg, first_w0, qpn, epsn, first_start, 0, dst, 0, mtu, room))
