@@ -1127,7 +1127,7 @@ def test_a_raised_thread_idle_parks_beside_a_program_that_keeps_polling(idle, mo
         if a._raised is None:
             _cannot_raise()
         seen = set()
-        end = time.monotonic() + (2.0 if idle else 0.2)
+        end = time.monotonic() + (5.0 if idle else 0.2)
         while time.monotonic() < end and os.SCHED_IDLE not in seen:
             a.poll()                                   # the program spins on its CQ
             seen.add(os.sched_getscheduler(tid))

@@ -197,20 +197,22 @@ static int sn_park_on_bell(volatile int64_t *l, int64_t l0, struct pollfd *b, in
 
 /* The idle park's two ends (the paragraph at the top): lowered to SCHED_IDLE for
    a park, where lease[5] allows it, its id in lease[6] and the change counted in
-   lease[7]; and raised back (SCHED_OTHER keeps the thread's nice value), which
-   NIC.ring and NIC.end_lease may have done already. */
+   lease[7] before it is made (once lowered, the thread may not run again until
+   a CPU is free: whoever sees it lowered sees it counted); and raised back
+   (SCHED_OTHER keeps the thread's nice value), which NIC.ring and
+   NIC.end_lease may have done already. */
 static void sn_idle_park(volatile int64_t *l)
 {
     struct sched_param sp = {0};
     if (l[6] || !l[5])
         return;
     l[6] = (int64_t)syscall(SYS_gettid);
+    l[7] += 1;
     __sync_synchronize();
     if (sched_setscheduler(0, SCHED_IDLE, &sp) != 0) {
+        l[7] -= 1;
         l[6] = 0;
-        return;
     }
-    l[7] += 1;
 }
 
 static void sn_idle_end(volatile int64_t *l)
