@@ -1,4 +1,5 @@
-"""Numbers from the environment: blank means the default, a bad value names its variable."""
+"""Numbers and switches from the environment: blank means the default, a bad number
+names its variable."""
 
 import os
 import subprocess
@@ -26,6 +27,19 @@ def test_bad_value_names_the_variable(monkeypatch):
         env.number("SOFTNIC_TEST_N", 7)
     with pytest.raises(ValueError, match="expected a number"):
         env.number("SOFTNIC_TEST_N", 7.0, float)
+
+
+def test_a_switch_is_off_only_when_told(monkeypatch):
+    monkeypatch.delenv("SOFTNIC_TEST_F", raising=False)
+    assert env.flag("SOFTNIC_TEST_F") is True and env.flag("SOFTNIC_TEST_F", False) is False
+    for off in ("0", "no", " OFF ", "False"):
+        monkeypatch.setenv("SOFTNIC_TEST_F", off)
+        assert env.flag("SOFTNIC_TEST_F") is False, off
+    for on in ("1", "yes", "on", "2"):
+        monkeypatch.setenv("SOFTNIC_TEST_F", on)
+        assert env.flag("SOFTNIC_TEST_F", False) is True, on
+    monkeypatch.setenv("SOFTNIC_TEST_F", " ")
+    assert env.flag("SOFTNIC_TEST_F") is True and env.flag("SOFTNIC_TEST_F", False) is False
 
 
 def test_collectives_import_with_blank_tunables():

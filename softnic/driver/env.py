@@ -1,4 +1,4 @@
-"""Numbers from the environment (``SOFTNIC_*`` tunables).
+"""Numbers and switches from the environment (``SOFTNIC_*`` tunables).
 
 A variable that is unset or empty (``SOFTNIC_COLL_QPS= cmd``) means the default; one
 that does not parse is refused with an error that names it, not a bare ``ValueError``
@@ -20,3 +20,12 @@ def number(name: str, default, kind=int):
     except ValueError:
         what = "an integer" if kind is int else "a number"
         raise ValueError(f"{name}={raw!r}: expected {what}") from None
+
+
+def flag(name: str, default: bool = True) -> bool:
+    """A switch: False if the variable is ``0``, ``no``, ``off`` or ``false`` (any
+    case), True if it is anything else, ``default`` if it is unset or blank."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    return raw not in ("0", "no", "off", "false")

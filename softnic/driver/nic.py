@@ -105,8 +105,7 @@ PROGRESS_NICE_HOLD = 1.0
 #: caller that keeps polling under SCHED_IDLE (``sn_wait``'s idle park, lease[5]),
 #: so its looks at that lease preempt nobody; ``SOFTNIC_IDLE_PARK=0``: at its own
 #: priority, waking each lease (docs/performance.md, "The idle park").
-IDLE_PARK = os.environ.get("SOFTNIC_IDLE_PARK", "1").strip().lower() not in (
-    "0", "no", "off", "false")
+IDLE_PARK = env.flag("SOFTNIC_IDLE_PARK")
 #: the lease's slots (the comment in ``NIC.__init__``; wait.c reads them all)
 LEASE_LEN = 8
 #: How long the progress thread looks at its socket and bell without sleeping
@@ -127,16 +126,15 @@ PROGRESS_SPIN_PKTS = 2
 #: Send a long message's packets gathered from registered memory (the payload
 #: copied once, by the kernel into the socket buffer) rather than built whole
 #: first; ``SOFTNIC_TX_GATHER=0`` builds them whole.
-GATHER = os.environ.get("SOFTNIC_TX_GATHER", "1").strip().lower() not in ("0", "no", "off", "false")
+GATHER = env.flag("SOFTNIC_TX_GATHER")
 #: Take each receive of the socket's (``UdpSocket.recv_runs``) by the kernel's
 #: ``sn_rx_one``: the same recvmsg(2), without a poll(2) before it or the
 #: interpreter's ancillary data; ``SOFTNIC_RX_ONE=0``: by Python's socket module.
-RX_ONE = os.environ.get("SOFTNIC_RX_ONE", "1").strip().lower() not in ("0", "no", "off", "false")
+RX_ONE = env.flag("SOFTNIC_RX_ONE")
 #: Receive a stream of a SEND's or WRITE's MIDDLEs, or of a READ's RESPONSE
 #: MIDDLEs, run after run in the compiled kernel (``_rx_stream``);
 #: ``SOFTNIC_RX_STREAM=0``: each run through the engine.
-RX_STREAM = os.environ.get("SOFTNIC_RX_STREAM", "1").strip().lower() not in ("0", "no", "off",
-                                                                             "false")
+RX_STREAM = env.flag("SOFTNIC_RX_STREAM")
 _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may take
 #: receives a caller's inline step may take of its own READ's RESPONSE MIDDLEs that
 #: wait, once it took the READ's FIRST or a run of them: GRO runs of about 60 KiB,
@@ -144,8 +142,7 @@ _STREAM_ACKS = 256                       # AckReqs one sn_rx_stream call may tak
 _READ_STREAM_RUNS = 64
 #: Answer a peer's READs and ATOMICs in the compiled kernel as they arrive
 #: (``_rx_answers``); ``SOFTNIC_RX_ANSWERS=0``: each through the engine.
-RX_ANSWERS = os.environ.get("SOFTNIC_RX_ANSWERS", "1").strip().lower() not in (
-    "0", "no", "off", "false")
+RX_ANSWERS = env.flag("SOFTNIC_RX_ANSWERS")
 #: the longest answer, a READ RESPONSE ONLY (or FIRST, or LAST): BTH, AETH, 4096
 #: bytes (the largest path MTU), ICRC; and the most one call answers
 _ANSWER_MAX = BTH_LEN + AETH_LEN + mtu_bytes(MTU.MTU_4096) + ICRC_LEN
