@@ -195,3 +195,20 @@ def test_c_face_attach_detach_errnos(tmp_path, libdir):
     assert f'detach-unattached {errno.EINVAL}' in lines
     assert 'attach 0 0' in lines
     assert f'detach 0 {errno.EINVAL}' in lines
+
+
+def test_is_group_tells_a_group_from_any_other_destination_and_remembers_its_answers():
+    """``is_group`` (asked of every datagram a flush sends): IPv4 224/4 and IPv6 ff00::/8
+    are groups; a unicast address, a broadcast one or a string that is no address is not;
+    a second asking gives the first answer (remembered, not asked of ``ipaddress``)."""
+    from softnic.driver import mcast
+    cases = {"239.1.2.3": True, "224.0.0.1": True, "ff02::1": True, "ff1e::42": True,
+             "10.0.0.2": False, "127.0.0.1": False, "255.255.255.255": False, "fe80::1": False,
+             "::1": False, "softnic0": False, "": False}
+    mcast.is_group.cache_clear()
+    for ip, group in cases.items():
+        assert mcast.is_group(ip) is group, ip
+    for ip, group in cases.items():
+        assert mcast.is_group(ip) is group, ip
+    info = mcast.is_group.cache_info()
+    assert info.hits == len(cases) and info.misses == len(cases)
