@@ -775,13 +775,17 @@ def step_c_face(args, res: dict, step) -> None:
                                                        "4096"])["results"][0]], flip)
         pairs["c_write_bw_long_vs_py"].append((a["bytes_per_sec"], b["bytes_per_sec"]))
         # every opcode at WRITE's speed: SEND and READ against WRITE, 64 KiB, in one
-        # round (the order turned each round), on each face
+        # round (the order turned each round), on each face; as many messages as the
+        # long WRITE row, for the same reason (at 2000 messages, 0.1-0.2 s a run, the
+        # Python face's send_bw read 700-1372 MB/s in six runs whose peak rates were
+        # all 1.36-1.49 GB/s: the slow runs started on one CPU)
         for face in ("c", "py"):
-            step(f"{face} face round {k + 1}: 64 KiB WRITE / SEND / READ bandwidth")
+            step(f"{face} face round {k + 1}: 64 KiB WRITE / SEND / READ bandwidth, "
+                 f"{n_long} of each")
             if face == "c":
-                one = lambda op: c_bw(op, 65536, n_bw)                       # noqa: E731
+                one = lambda op: c_bw(op, 65536, n_long)                     # noqa: E731
             else:
-                one = lambda op: perf(f"{op}_bw", ["-s", "65536", "-n", str(n_bw),  # noqa: E731
+                one = lambda op: perf(f"{op}_bw", ["-s", "65536", "-n", str(n_long),  # noqa: E731
                                                    "-m", "4096"])["results"][0]
             ops = ["write", "send", "read"]
             got = {op: one(op)["bytes_per_sec"] for op in (ops[::-1] if flip else ops)}
@@ -829,14 +833,14 @@ def step_c_face(args, res: dict, step) -> None:
         "write_8m_vs_gso": ("WRITE 8 MiB vs raw-Python UDP blast with GSO/GRO", "MB/s", 1e-6),
         "loss_goodput_1m": ("WRITE 1 MiB goodput, 1 % loss vs lossless (selective repeat)",
                             "MB/s", 1e-6),
-        "c_send_vs_write_bw": ("ib_send_bw vs ib_write_bw -x 0 -s 65536 -m 4096", "MB/s",
-                               1e-6),
-        "c_read_vs_write_bw": ("ib_read_bw vs ib_write_bw -x 0 -s 65536 -m 4096", "MB/s",
-                               1e-6),
-        "py_send_vs_write_bw": ("softnic perf send_bw vs write_bw -s 65536 -m 4096 (Python "
-                                "face)", "MB/s", 1e-6),
-        "py_read_vs_write_bw": ("softnic perf read_bw vs write_bw -s 65536 -m 4096 (Python "
-                                "face)", "MB/s", 1e-6),
+        "c_send_vs_write_bw": ("ib_send_bw vs ib_write_bw -x 0 -s 65536 -m 4096, 20000 of "
+                               "each", "MB/s", 1e-6),
+        "c_read_vs_write_bw": ("ib_read_bw vs ib_write_bw -x 0 -s 65536 -m 4096, 20000 of "
+                               "each", "MB/s", 1e-6),
+        "py_send_vs_write_bw": ("softnic perf send_bw vs write_bw -s 65536 -m 4096, 20000 of "
+                                "each (Python face)", "MB/s", 1e-6),
+        "py_read_vs_write_bw": ("softnic perf read_bw vs write_bw -s 65536 -m 4096, 20000 of "
+                                "each (Python face)", "MB/s", 1e-6),
     }
     rows = []
     for key, got in pairs.items():
