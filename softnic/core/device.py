@@ -169,6 +169,13 @@ class Device(Verbs, Dispatch, Output, Timers):
         #: where the kernel reports the AckReqs of a run of MIDDLEs it took for this
         #: device's responder, (ffi, uint32_t[]), made on first use (``responder.rx_acks``)
         self.rx_acks = None
+        #: the ICRC states the kernel's receive loops start each packet's check from,
+        #: by (source, datagram size, BTH word 0, QPN): ``responder.rx_icrc_start``'s
+        #: memo (a few per QP and direction, asked of each run)
+        self.rx_starts: dict[tuple, int] = {}
+        #: and those its builders of runs compute packets' ICRCs from, by
+        #: (destination, datagram size, opcode, BTH flags, QPN): ``requester.tx_icrc_start``'s
+        self.tx_starts: dict[tuple, int] = {}
         #: the QP whose MIDDLEs (a SEND's, a WRITE's, its READ's responses) the kernel
         #: took last, or the FIRST before them (``stream_target``)
         self.stream_qp = None

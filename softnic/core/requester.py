@@ -341,14 +341,12 @@ def middle_run(dev, dest, mid: int, dqpn: int, psn: int, count: int, mtu: int, s
     Returns the buffer (or ``Gather``) and the count ``s`` after the run."""
     seg = BTH_LEN + mtu + ICRC_LEN
     dqpn &= QPN_MASK
-    start = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg,
-                       _HEAD.pack(mid, 0, DEFAULT_PKEY, dqpn))
+    start = tx_icrc_start(dev, dest, seg, mid, 0, dqpn)
     w0 = bth_word0(mid)
     lead = 0                                            # packets under ``first``: 0 or 1
     if first is not None and count:
         lead = 1
-        start0 = icrc_start(dev.ip, dest[0], dev.port, dest[1], seg,
-                            _HEAD.pack(first, 0, DEFAULT_PKEY, dqpn))
+        start0 = tx_icrc_start(dev, dest, seg, first, 0, dqpn)
         w00 = bth_word0(first)
     one = src if src is not None and off + count * mtu <= len(src) else None
     kern = dev.kernel
@@ -429,10 +427,29 @@ def _run_last(dev, qp, wqe, psn: int, off: int, n: int, dest, buf=None, o: int =
     mv = memoryview(buf)
     mv[h:e] = gather(wqe, off, n)
     e += pad                                                     # zeros
-    start = icrc_start(dev.ip, dest[0], dev.port, dest[1], e + ICRC_LEN - o,
-                       _HEAD.pack(lop, flags, DEFAULT_PKEY, dqpn))
+    start = tx_icrc_start(dev, dest, e + ICRC_LEN - o, lop, flags, dqpn)
     _ICRC.pack_into(buf, e, crc32(mv[o + 8:e], start) & 0xFFFFFFFF)
     return buf
+
+
+def tx_icrc_start(dev, dest, size: int, op: int, flags: int, dqpn: int) -> int:
+    """``icrc_start`` for a datagram of ``size`` bytes from this device to ``dest``
+    whose BTH begins with opcode ``op``, ``flags`` (SE, pad) and QP ``dqpn``:
+    what the builders of runs (``middle_run``, ``_run_last``) compute each
+    packet's ICRC from (remembered in ``dev.tx_starts``: the same few are asked
+    of every run)."""
+    key = (dest, size, op, flags, dqpn)
+    memo = dev.tx_starts
+    c = memo.get(key)
+    if c is None:
+        if len(memo) >= _STARTS_MAX:
+            memo.clear()
+        c = memo[key] = icrc_start(dev.ip, dest[0], dev.port, dest[1], size,
+                                   _HEAD.pack(op, flags, DEFAULT_PKEY, dqpn))
+    return c
+
+
+_STARTS_MAX = 4096
 
 
 class Run(NamedTuple):
