@@ -60,7 +60,6 @@ def group_ip(gid) -> str | None:
 
 
 @functools.lru_cache(maxsize=1024)
-@functools.lru_cache(maxsize=1024)
 def is_group(ip: str) -> bool:
     """True if a datagram's destination ``ip`` is a multicast group (asked of every
     datagram a flush sends, of a handful of addresses: remembered)."""
