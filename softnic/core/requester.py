@@ -31,7 +31,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from ..wire.icrc import crc32, icrc_start
+from ..wire.icrc import MEMO_MAX, crc32, icrc_start
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_before, psn_diff
 from ..wire.roce import BTH_ACKREQ, BTH_FMT, BTH_LEN, BTH_PAD_SHIFT, BTH_RETH_STRUCT, \
     BTH_SE, BTH_STRUCT, DEFAULT_PKEY, ICRC_LEN, OPCODES, QPN_MASK, IETH_LEN, IMMDT_LEN, \
@@ -442,14 +442,12 @@ def tx_icrc_start(dev, dest, size: int, op: int, flags: int, dqpn: int) -> int:
     memo = dev.tx_starts
     c = memo.get(key)
     if c is None:
-        if len(memo) >= _STARTS_MAX:
+        if len(memo) >= MEMO_MAX:
             memo.clear()
         c = memo[key] = icrc_start(dev.ip, dest[0], dev.port, dest[1], size,
                                    _HEAD.pack(op, flags, DEFAULT_PKEY, dqpn))
     return c
 
-
-_STARTS_MAX = 4096
 
 
 class Run(NamedTuple):

@@ -42,7 +42,8 @@ import sys
 from collections import deque
 from typing import NamedTuple
 
-from ..wire.icrc import check_icrc, icrc_start, ipv4_udp_headers, ipv6_udp_headers
+from ..wire.icrc import MEMO_MAX, check_icrc, icrc_start, ipv4_udp_headers, \
+    ipv6_udp_headers
 from ..wire.psn import PSN_HALF, PSN_MASK, PSN_MODULUS, psn_diff
 from ..wire.roce import AETH_CODE_SHIFT, AETH_LEN, AETH_SYNDROME_SHIFT, ATOMICACKETH_LEN, \
     ATOMICETH_LEN, AethCode, BTH_ACKREQ, BTH_BECN, BTH_FECN, bth_word0, \
@@ -1227,14 +1228,11 @@ def rx_icrc_start(dev, src, size: int, w0: int, qpn: int) -> int:
     memo = dev.rx_starts
     c = memo.get(key)
     if c is None:
-        if len(memo) >= _RX_STARTS_MAX:
+        if len(memo) >= MEMO_MAX:
             memo.clear()
         c = memo[key] = icrc_start(src[0], dev.ip, src[1], dev.port, size,
                                    _W0_DQPN.pack(w0, qpn))
     return c
-
-
-_RX_STARTS_MAX = 4096
 
 
 def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool, tail: int = 0) -> None:

@@ -45,6 +45,10 @@ _LRH_ONES = b"\xff" * 8
 _BYTE4_ONES = b"\xff"
 _W0 = struct.Struct("!I")           # BTH bytes 0-3: opcode, flags, P_Key
 _ICRC = struct.Struct("<I")
+#: the most entries a memo of pseudo headers or ICRC states keeps; past it, it
+#: starts again (these caches', and a device's: ``responder.rx_icrc_start``,
+#: ``requester.tx_icrc_start``)
+MEMO_MAX = 4096
 _cache: dict[tuple, bytes] = {}
 #: (src_ip, dst_ip, sport, dport, roce_len, BTH bytes 0-3 as a big-endian word)
 #: -> the CRC state after the pseudo header, those bytes and the masked byte 4;
@@ -105,7 +109,7 @@ def _pseudo(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int) -> 
             ip = _IPV4.pack(0x45, 0xFF, 20 + 8 + roce_len, 0, IP_DF, 0xFF, socket.IPPROTO_UDP,
                             0xFFFF, socket.inet_aton(src_ip), socket.inet_aton(dst_ip))
         p = _LRH_ONES + ip + _UDP.pack(sport, dport, 8 + roce_len, 0xFFFF)
-        if len(_cache) > 4096:
+        if len(_cache) > MEMO_MAX:
             _cache.clear()
         _cache[key] = p
     return p
@@ -118,7 +122,7 @@ def _start(key: tuple) -> int:
         c = crc32(_pseudo(*key[:5]))
         c = crc32(_W0.pack(key[5]), c)
         c = crc32(_BYTE4_ONES, c)
-        if len(_start_cache) > 4096:
+        if len(_start_cache) > MEMO_MAX:
             _start_cache.clear()
         _start_cache[key] = c
     return c
@@ -138,7 +142,7 @@ def icrc_start(src_ip: str, dst_ip: str, sport: int, dport: int, roce_len: int,
     if c is None:
         c = crc32(head[5:8], _start((src_ip, dst_ip, sport, dport, roce_len,
                                      _W0.unpack_from(head)[0])))
-        if len(_start_cache) > 4096:
+        if len(_start_cache) > MEMO_MAX:
             _start_cache.clear()
         _start_cache[key] = c
     return c
