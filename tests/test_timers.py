@@ -498,6 +498,27 @@ def _complete(dev, qp):
         qp.sq.popleft()
 
 
+class _DrainAgent:
+    """A CM agent's face to the drain: MADs it has to send (``pending``, a question
+    either drain may ask more than once) and hands over (``datagrams``, logged)."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self._out: list = []
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._out)
+
+    def datagrams(self) -> list:
+        self.log.append(("mads", len(self._out)))
+        out, self._out = self._out, []
+        return out
+
+    def get_timer(self):
+        return None                     # (no deadline: the timers' own test has them)
+
+
 def _drain_world(impl: str, seed: int):
     import random
     rng = random.Random(seed)
@@ -524,6 +545,8 @@ def _drain_world(impl: str, seed: int):
             qp.cc = _Controller(qp.name, log)
             qp.ccs = SimpleNamespace(pace_at=None)
         qps.append(qp)
+    if rng.random() < 0.5:
+        dev.gsi = _DrainAgent(log)      # (a NIC's device: a CM agent, mostly with nothing to send)
     return log, dev, qps
 
 
@@ -536,11 +559,12 @@ def _drain_state(dev, qps, res) -> tuple:
 
 @settings(max_examples=1000, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1),
-       picks=st.lists(st.tuples(st.sampled_from(["ready", "drain", "runs", "tick"]),
+       picks=st.lists(st.tuples(st.sampled_from(["ready", "drain", "runs", "tick", "mad"]),
                                 st.integers(0, 3)), max_size=12))
 def test_the_compiled_drain_takes_every_step_as_the_python(seed, picks):
     """QPs of every kind (sending or not, closed, RC or UC, with a timeout or
     not, selective repeat, controlled, with completions due, with answers owed)
+    on a device with a CM agent (MADs to send or none) or without,
     made ready and drained by ``datagrams_to_send`` (one packet, or several for
     ``_sealed``) and ``_outgoing`` (a driver's ``datagram_runs``), on the Python
     drain and on the compiled one: every call, every answer, the heaps, the
@@ -555,6 +579,10 @@ def test_the_compiled_drain_takes_every_step_as_the_python(seed, picks):
             for log, dev, qps in (py, cc):
                 if op == "ready":
                     dev._ready[qps[i]] = None
+                    res = None
+                elif op == "mad":
+                    if dev.gsi is not None:
+                        dev.gsi._out.append((bytearray(b"mad"), ("10.0.0.9", 4791)))
                     res = None
                 elif op == "drain":
                     res = dev.datagrams_to_send(now)

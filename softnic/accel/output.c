@@ -2,8 +2,9 @@
 
    ``Output.datagrams_to_send``, ``Output._outgoing`` and ``Output._requests``,
    statement for statement, over the device's and its QPs' own Python objects,
-   for a device with no CM agent and no CNP owed (the simulated fabric's hosts:
-   with either, ``_outgoing`` runs as Python's).  What a packet is stays in
+   for a device whose CM agent has no MAD to send and that owes no CNP (the
+   simulated fabric's hosts, and a NIC's device between connections: with a MAD or
+   a CNP, ``_outgoing`` runs as Python's).  What a packet is stays in
    Python: the requester's ``generate`` (through requester.c's ``sn_generate``,
    which runs a controlled QP's MIDDLEs compiled and hands every other case to
    it), the responder's answers (``_responses``), the timeouts (``rto``,
@@ -34,7 +35,7 @@ static PyObject *s_ready, *s_cnps, *s_gsi, *s_closed, *s_resp, *s_out, *s_state,
     *s_sq, *s_req, *s_send_idx, *s_comp, *s_rexmit, *s_qp_type, *s_rto_at, *s_attr,
     *s_timeout, *s_rto, *s_selective_repeat, *s_probe_at, *s_probe_interval, *s_done,
     *s_complete, *s_responses, *s_config, *s_icrc, *s_counters, *s_sent_pkts,
-    *s_sealed, *s_outgoing, *s_requests;
+    *s_sealed, *s_outgoing, *s_requests, *s_pending;
 
 /* module.name(args...) */
 static PyObject *call_fn(PyObject *module, PyObject *name, PyObject *const *args, Py_ssize_t n)
@@ -180,12 +181,14 @@ static int call_requests(PyObject *dev, PyObject *qp, PyObject *now, PyObject *o
 static PyObject *outgoing(PyObject *dev, PyObject *now)
 {
     PyObject *gsi = GA(dev, s_gsi), *cnps = gsi ? GA(dev, s_cnps) : NULL;
-    int rare = cnps == NULL ? -1 : gsi != Py_None ? 1 : PyObject_IsTrue(cnps);
+    int rare = cnps == NULL ? -1 : PyObject_IsTrue(cnps);
+    if (rare == 0 && gsi != Py_None)            /* gsi is not None and gsi.pending */
+        rare = get_truth(gsi, s_pending);
     Py_XDECREF(gsi);
     Py_XDECREF(cnps);
     if (rare < 0)
         return NULL;
-    if (rare) {                                 /* a CM agent, or CNPs owed: Python's */
+    if (rare) {                                 /* a CM agent's MADs, or CNPs owed: Python's */
         PyObject *args[2] = {dev, now};
         return PyObject_Vectorcall(py_outgoing, args, 2, NULL);
     }
@@ -380,5 +383,6 @@ int sn_output_init(void)
     INTERN(s_responses, "_responses"); INTERN(s_config, "config"); INTERN(s_icrc, "icrc");
     INTERN(s_counters, "counters"); INTERN(s_sent_pkts, "sent_pkts"); INTERN(s_sealed, "_sealed");
     INTERN(s_outgoing, "_outgoing"); INTERN(s_requests, "_requests");
+    INTERN(s_pending, "pending");
     return 0;
 }
