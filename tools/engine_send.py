@@ -5,7 +5,8 @@ of ``-s`` bytes (8255 by default, UCX's ``am_bcopy`` fragment of a 64 KiB eager
 message), each alone and its output taken at once (``datagram_runs``, as the C
 face's ``ibv_post_send`` flushes a post), eight at a time, one in eight signaled;
 the receiver takes the packets as a socket with UDP GRO hands them over and its
-ACKs come back.  Prints the sender's CPU (``time.thread_time``: post, build,
+ACKs come back; both devices have the compiled drain (``accel.give_compiled``), as a
+live NIC's do.  Prints the sender's CPU (``time.thread_time``: post, build,
 ACKs, completions) per SEND, best of ``--rounds``, with the compiled kernel and
 gathered sends (``Device.tx_gather``) as the live driver has them; and, from that
 round, the post and the build apart (``post_send``, ``datagram_runs``, by
@@ -45,6 +46,8 @@ def run(size: int, n: int) -> tuple[float, float, float, float]:
     a, b = Device("a", "10.0.0.1"), Device("b", "10.0.0.2")
     a.kernel = b.kernel = kern
     a.tx_gather = True
+    accel.give_compiled(a)          # (the drain and runs compiled, as a NIC gives them)
+    accel.give_compiled(b)
     ea, eb = connect(a, b, mtu=4096, endpoint_args={"buf_size": max(1 << 20, 2 * size)})
     for i in range(4 * BATCH):
         b.post_recv(eb.qp, RecvWR(i, [eb.sge(0, size)]))

@@ -267,8 +267,11 @@ def give_compiled(dev) -> bool:
     from softnic.core.output import Output
     from softnic.core.timers import Timers
     cls = type(dev)
+    kernel = getattr(dev, "kernel", None)
     for given, names in tuple(_compiled_classes.items()):
         if issubclass(cls, given):      # (a subclass may override some)
+            if kernel is not None:
+                hook_kernel(fabric_loop(), kernel)
             return all(getattr(cls, n) is getattr(given, n) for n in names)
     m = fabric_loop()
     if m is None:
@@ -283,7 +286,19 @@ def give_compiled(dev) -> bool:
         for name in names:
             setattr(cls, name, methods[name])
         _compiled_classes[cls] = names
+    if kernel is not None:
+        hook_kernel(m, kernel)
     return True
+
+
+def hook_kernel(m, kernel) -> None:
+    """Give the compiled requester (``m``, ``fabric_loop()``) the loaded kernel's
+    ``sn_tx_heads`` and ``sn_crc32``, which it builds a gathered run with
+    (``requester.c``'s ``bulk_runs``); a device without a kernel keeps the
+    Python's runs (``bulk_runs`` asks for ``dev.kernel``)."""
+    ffi, lib = kernel.ffi, kernel.lib
+    m.kernel_hooks(int(ffi.cast("uintptr_t", ffi.addressof(lib, "sn_tx_heads"))),
+                   int(ffi.cast("uintptr_t", ffi.addressof(lib, "sn_crc32"))))
 
 
 def _import(path: Path, name: str = MODULE):

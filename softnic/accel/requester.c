@@ -14,6 +14,19 @@
    would, changing nothing).  The controller (``on_packet_sent``) and the
    device's ``rto`` are called as the Python calls them.
 
+   And the state an uncontrolled RC QP spends a long message in, the one UCX's
+   and MPI's eager protocols keep it in (``bulk_runs``): IDLE, RESEND (none
+   owed), then WQE by WQE START (``_may_start`` and ``start``, the Python's,
+   called, for a SEND longer than an MTU; any other WQE starts in the Python's
+   walk) and, packet by packet, WINDOW and SEND as ``_bulk_run`` (``_run_end``,
+   ``_record_sent``, ``_bulk`` and ``middle_run``'s gathered run: its MIDDLEs'
+   heads by kernel.c's ``sn_tx_heads``, from a SEND's FIRST on, and ``_run_last``
+   for its LAST), for a device whose driver gathers (``Device.tx_gather``) and
+   whose kernel is loaded; any other packet (a one-packet request, a LAST sent
+   alone, a READ or atomic, a WQE of several views) is the Python ``generate``'s,
+   from where this stops.  tests/test_bulk_runs.py checks it against the Python,
+   step by step and byte by byte.
+
    The compiled drain (output.c) calls ``sn_generate`` for ``requester.generate``;
    a ``generate`` put in the module's place (a test's stand-in, a tracer) is
    called instead.  tests/test_timers.py drives this and the Python with the same
@@ -34,7 +47,18 @@ static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_re
     *s_dest, *s_next_pkt, *s_npkts, *s_opcode, *s_rd_atomic, *s_acked_psn, *s_inflight,
     *s_pkts_since_ackreq, *s_mtu, *s_min_timer, *s_rto, *s_max_sent_psn, *s_counters,
     *s_retransmitted_pkts, *s_attr, *s_dest_qp_num, *s_views, *s_sent, *s_on_packet_sent,
-    *kw_sent;
+    *kw_sent, *s_may_start, *s_start, *s_tx_icrc_start, *s_kernel, *s_tx_gather,
+    *s_tx_starts, *s_status, *s_length, *s_flags, *s_imm, *s_inv_rkey;
+/* ``bulk_runs``: requester.py's Gather and Run, {WR opcode: bth_word0(_RUN_FIRST[it])},
+   _LAST, WCStatus.SUCCESS, W.SEND_WITH_INV */
+static PyObject *GATHER, *RUN, *RUN_FIRST_W0, *LAST, *SUCCESS, *SEND_WITH_INV;
+static long long SOLICITED_, BTH_SE_, BTH_PAD_SHIFT_;
+/* kernel.c's sn_tx_heads and sn_crc32, from the loaded kernel (``kernel_hooks``) */
+typedef uint32_t (*tx_heads_fn)(uint8_t *, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t,
+                                uint32_t, const uint8_t *, size_t, uint32_t);
+typedef uint32_t (*crc32_fn)(uint32_t, const uint8_t *, size_t);
+static tx_heads_fn tx_heads;
+static crc32_fn crc32_of;
 
 /* o.name = v (an int) */
 #define set_ll(o, name, v) ({ PyObject *v_ = PyLong_FromLongLong(v); \
@@ -386,6 +410,30 @@ out:
     return r;
 }
 
+/* ack_every = dev.config.ack_every or qp.window // 4 or 1 */
+static int get_ack_every(PyObject *dev, PyObject *qp, long long *ack_every)
+{
+    PyObject *config = GA(dev, s_config), *t = config ? GA(config, s_ack_every) : NULL;
+    Py_XDECREF(config);
+    if (t == NULL)
+        return -1;
+    int s = PyObject_IsTrue(t);
+    if (s < 0 || (s && take_ll(Py_NewRef(t), ack_every) < 0)) {
+        Py_DECREF(t);
+        return -1;
+    }
+    Py_DECREF(t);
+    if (!s) {
+        long long w;
+        if (get_ll(qp, s_window, &w) < 0)
+            return -1;
+        *ack_every = w >= 0 ? w / 4 : -((-w + 3) / 4);
+        if (!*ack_every)
+            *ack_every = 1;
+    }
+    return 0;
+}
+
 /* generate's chain where it is this file's: 0 it ended here, 1 the Python's to go
    on from here, -1 error */
 static int paced_middles(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
@@ -444,24 +492,7 @@ static int paced_middles(PyObject *dev, PyObject *qp, PyObject *now, PyObject *o
         r = s < 0 ? -1 : 1;
         goto out;
     }
-    /* ack_every = dev.config.ack_every or qp.window // 4 or 1 */
-    PyObject *config = GA(dev, s_config);
-    if (config == NULL || (t = GA(config, s_ack_every)) == NULL) {
-        Py_XDECREF(config);
-        goto out;
-    }
-    Py_DECREF(config);
-    if ((s = PyObject_IsTrue(t)) < 0 || (s && take_ll(Py_NewRef(t), &ack_every) < 0))
-        goto out;
-    if (!s) {
-        long long w;
-        if (get_ll(qp, s_window, &w) < 0)
-            goto out;
-        ack_every = w >= 0 ? w / 4 : -((-w + 3) / 4);
-        if (!ack_every)
-            ack_every = 1;
-    }
-    if ((dest = GA(qp, s_dest)) == NULL)
+    if (get_ack_every(dev, qp, &ack_every) < 0 || (dest = GA(qp, s_dest)) == NULL)
         goto out;
     while ((s = one_middle(dev, qp, cc, ccs, now, out, dest, ack_every)) == 1)
         ;
@@ -475,6 +506,431 @@ out:
     return r;
 }
 
+/* ------------------------------------------------- an uncontrolled QP's runs */
+
+/* module.name(args...), the function looked up at each call (a test's stand-in or
+   a tracer put in the module's place is called) */
+static PyObject *call_py(PyObject *name, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *f = PyObject_GetAttr(requester_module, name);
+    if (f == NULL)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(f, args, n, NULL);
+    Py_DECREF(f);
+    return r;
+}
+
+/* tx_icrc_start(dev, dest, size, op, flags, dqpn): looked up in dev.tx_starts by its
+   key, the Python's asked (and the memo kept by it) where it is not there */
+static int tx_start(PyObject *dev, PyObject *dest, long long size, long long op,
+                    long long flags, long long dqpn, uint32_t *out)
+{
+    PyObject *key = Py_BuildValue("(OLLLL)", dest, size, op, flags, dqpn);
+    if (key == NULL)
+        return -1;
+    PyObject *memo = GA(dev, s_tx_starts), *v = NULL;
+    if (memo != NULL && PyDict_CheckExact(memo))
+        v = Py_XNewRef(PyDict_GetItemWithError(memo, key));
+    Py_XDECREF(memo);
+    Py_DECREF(key);
+    if (v == NULL && PyErr_Occurred())
+        return -1;
+    if (v == NULL) {
+        PyObject *args[6] = {dev, dest, NULL, NULL, NULL, NULL};
+        if ((args[2] = PyLong_FromLongLong(size)) != NULL
+            && (args[3] = PyLong_FromLongLong(op)) != NULL
+            && (args[4] = PyLong_FromLongLong(flags)) != NULL
+            && (args[5] = PyLong_FromLongLong(dqpn)) != NULL)
+            v = call_py(s_tx_icrc_start, args, 6);
+        for (int i = 2; i < 6; i++)
+            Py_XDECREF(args[i]);
+        if (v == NULL)
+            return -1;
+    }
+    unsigned long c = PyLong_AsUnsignedLong(v);
+    Py_DECREF(v);
+    if (c == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint32_t)c;
+    return 0;
+}
+
+/* _record_sent(dev, qp, psn, k) */
+static int record_sent(PyObject *dev, PyObject *req, long long psn, long long k)
+{
+    long long max_sent;
+    if (get_ll(req, s_max_sent_psn, &max_sent) < 0)
+        return -1;
+    long long ahead = psn_diff(max_sent, psn) + 1;      /* how many were sent before */
+    if (ahead > 0) {                    /* dev.counters["retransmitted_pkts"] += min(ahead, k) */
+        PyObject *counters = GA(dev, s_counters), *c = NULL, *c1 = NULL;
+        int s = counters == NULL ? -1 : 0;
+        if (s == 0 && ((c = PyObject_GetItem(counters, s_retransmitted_pkts)) == NULL
+                       || (c1 = plus(c, ahead < k ? ahead : k)) == NULL
+                       || PyObject_SetItem(counters, s_retransmitted_pkts, c1) < 0))
+            s = -1;
+        Py_XDECREF(counters);
+        Py_XDECREF(c);
+        Py_XDECREF(c1);
+        if (s < 0)
+            return -1;
+    }
+    return ahead < k ? set_ll(req, s_max_sent_psn, (psn + k - 1) & PSN_MASK_) : 0;
+}
+
+/* What ``_bulk_run`` of a WQE with its PSNs (one view) needs to know before it
+   changes anything */
+struct run_plan {
+    long long nxt, npkts, first, psn, k, nmid, mtu, dqpn, n_last, lop, tail, w0_mid, w0_first;
+    int has_last, lead;
+};
+
+/* _bulk_run(dev, qp, wqe, psn, dest, ack_every, out) where its run is gathered
+   (middle_run's kernel and tx_gather case): 1 the run is out, 0 not this file's
+   run (the Python's _bulk_run or _send_packet to take the packet: nothing was
+   changed), -1 error */
+static int bulk_run(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe,
+                    struct run_plan *r, PyObject *dest, long long ack_every, PyObject *out,
+                    long long window_room)
+{
+    PyObject *views = GA(wqe, s_views), *one = NULL, *heads = NULL, *src = NULL,
+        *last = NULL, *gather = NULL, *run = NULL;
+    long long length, flags, end, s;
+    int res = -1;
+    Py_buffer b;
+    b.obj = NULL;
+    if (views == NULL)
+        return -1;
+    if (!PyList_CheckExact(views) || PyList_GET_SIZE(views) != 1) {
+        res = 0;                        /* several views: gather() each MTU, the Python's */
+        goto out;
+    }
+    one = Py_NewRef(PyList_GET_ITEM(views, 0));
+    if (get_ll(wqe, s_length, &length) < 0)
+        goto out;
+    /* _run_end: after the LAST unless its ImmDt or IETH leaves it no room in an MTU */
+    r->n_last = length - (r->npkts - 1) * r->mtu;
+    end = r->npkts;
+    if (r->tail && r->n_last + (-r->n_last & 3) + r->tail > r->mtu)
+        end = r->npkts - 1;
+    r->k = end - r->nxt < window_room ? end - r->nxt : window_room;
+    r->has_last = r->nxt + r->k - 1 == r->npkts - 1;
+    r->nmid = r->k - r->has_last;
+    r->lead = r->nxt == 0;                      /* from a SEND's FIRST */
+    if (r->k <= 0 || r->nmid <= 0) {
+        res = 0;                        /* a LAST alone: _send_packet; or middle_run's copy */
+        goto out;
+    }
+    if (PyObject_GetBuffer(one, &b, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();                  /* (a view the kernel cannot read: the Python's) */
+        b.obj = NULL;
+        res = 0;
+        goto out;
+    }
+    long long off = r->nxt * r->mtu, off_last = off + r->nmid * r->mtu;
+    if (off_last > b.len || (r->has_last && off_last + r->n_last > b.len)) {
+        res = 0;                        /* (middle_run's part(), gather()'s short slice) */
+        goto out;
+    }
+    uint32_t start_mid, start_first = 0, start_last = 0;
+    long long seg = BTH_LEN_ + r->mtu + 4, lflags = 0, pad = -r->n_last & 3;
+    if (r->has_last) {
+        if (get_ll(wqe, s_flags, &flags) < 0)
+            goto out;
+        lflags = (flags & SOLICITED_ ? BTH_SE_ : 0) | pad << BTH_PAD_SHIFT_;
+    }
+    if (tx_start(dev, dest, seg, r->w0_mid >> 24, 0, r->dqpn, &start_mid) < 0
+        || (r->lead && tx_start(dev, dest, seg, r->w0_first >> 24, 0, r->dqpn, &start_first) < 0)
+        || (r->has_last && tx_start(dev, dest, BTH_LEN_ + r->tail + r->n_last + pad + 4, r->lop,
+                                    lflags, r->dqpn, &start_last) < 0))
+        goto out;
+    long long tail_value = 0;
+    if (r->has_last && r->tail) {       /* the LAST's ImmDt, or its IETH */
+        PyObject *op = GA(wqe, s_opcode);
+        if (op == NULL)
+            goto out;
+        int inv = op == SEND_WITH_INV;
+        Py_DECREF(op);
+        if (get_ll(wqe, inv ? s_inv_rkey : s_imm, &tail_value) < 0)
+            goto out;
+    }
+    /* all known: from here on the run is sent (_bulk_run's changes, in its order) */
+    if (record_sent(dev, req, r->psn, r->k) < 0 || get_ll(req, s_pkts_since_ackreq, &s) < 0)
+        goto out;
+    if ((heads = PyByteArray_FromStringAndSize(NULL, 16 * r->nmid)) == NULL)
+        goto out;
+    uint8_t *h = (uint8_t *)PyByteArray_AS_STRING(heads);
+    const uint8_t *p = (const uint8_t *)b.buf + off;
+    if (r->lead)
+        s = tx_heads(h, 1, (uint32_t)r->w0_first, (uint32_t)r->dqpn, (uint32_t)r->psn,
+                     (uint32_t)s, (uint32_t)ack_every, p, (size_t)r->mtu, start_first);
+    s = tx_heads(h + 16 * r->lead, (uint32_t)(r->nmid - r->lead), (uint32_t)r->w0_mid,
+                 (uint32_t)r->dqpn, (uint32_t)((r->psn + r->lead) & PSN_MASK_), (uint32_t)s,
+                 (uint32_t)ack_every, p + r->mtu * r->lead, (size_t)r->mtu, start_mid);
+    if ((src = PySequence_GetSlice(one, off, off_last)) == NULL)
+        goto out;
+    if (r->has_last) {                  /* _run_last: a LAST asks for an ACK */
+        s = 0;
+        long long n = BTH_LEN_ + r->tail + r->n_last + pad;
+        if ((last = PyByteArray_FromStringAndSize(NULL, n + 4)) == NULL)
+            goto out;
+        uint8_t *q = (uint8_t *)PyByteArray_AS_STRING(last);
+        put_be32(q, (uint32_t)(r->lop << 24 | lflags << 16 | 0xFFFF));
+        put_be32(q + 4, (uint32_t)r->dqpn);
+        put_be32(q + 8, (uint32_t)(BTH_ACKREQ_ | ((r->psn + r->nmid) & PSN_MASK_)));
+        if (r->tail)
+            put_be32(q + BTH_LEN_, (uint32_t)tail_value);
+        memcpy(q + BTH_LEN_ + r->tail, (const uint8_t *)b.buf + off_last, r->n_last);
+        memset(q + n - pad, 0, pad);
+        put_le32(q + n, crc32_of(start_last, q + 8, n - 8));
+    }
+    PyObject *gargs[5] = {heads, src, NULL, NULL, last ? last : Py_None};
+    if ((gargs[2] = PyLong_FromLongLong(r->mtu)) == NULL
+        || (gargs[3] = PyLong_FromLongLong(r->nmid)) == NULL) {
+        Py_XDECREF(gargs[2]);
+        goto out;
+    }
+    gather = PyObject_Vectorcall(GATHER, gargs, 5, NULL);
+    Py_DECREF(gargs[2]);
+    Py_DECREF(gargs[3]);
+    if (gather == NULL || set_ll(req, s_pkts_since_ackreq, s) < 0)
+        goto out;
+    /* out.append(Run(buf, dest, seg, k)) (a NamedTuple: a tuple of its type) */
+    run = ((PyTypeObject *)RUN)->tp_alloc((PyTypeObject *)RUN, 4);
+    if (run == NULL)
+        goto out;
+    PyObject *seg_o = PyLong_FromLongLong(seg), *k_o = PyLong_FromLongLong(r->k);
+    if (seg_o == NULL || k_o == NULL) {
+        Py_XDECREF(seg_o);
+        Py_XDECREF(k_o);
+        goto out;
+    }
+    PyTuple_SET_ITEM(run, 0, Py_NewRef(gather));
+    PyTuple_SET_ITEM(run, 1, Py_NewRef(dest));
+    PyTuple_SET_ITEM(run, 2, seg_o);
+    PyTuple_SET_ITEM(run, 3, k_o);
+    if (PyList_Append(out, run) < 0 || set_ll(wqe, s_next_pkt, r->nxt + r->k) < 0)
+        goto out;
+    if (r->nxt + r->k >= r->npkts && attr_add(req, s_send_idx, 1) < 0)
+        goto out;
+    res = 1;
+out:
+    if (b.obj != NULL)
+        PyBuffer_Release(&b);
+    Py_DECREF(views);
+    Py_XDECREF(one);
+    Py_XDECREF(heads);
+    Py_XDECREF(src);
+    Py_XDECREF(last);
+    Py_XDECREF(gather);
+    Py_XDECREF(run);
+    return res;
+}
+
+/* START: _may_start(qp, wqe, True), then start(dev, qp, wqe); 1 started (or done
+   at once: *done), 0 it may not start (generate's walk ends), -1 error */
+static int start_wqe(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe, int *done)
+{
+    PyObject *args[3] = {qp, wqe, Py_True};
+    int may = take_truth(call_py(s_may_start, args, 3));
+    if (may <= 0)
+        return may;
+    PyObject *sargs[3] = {dev, qp, wqe};
+    PyObject *r = call_py(s_start, sargs, 3);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    if ((*done = get_truth(wqe, s_done)) <= 0)
+        return *done < 0 ? -1 : 1;
+    /* a local operation or a local error: if wqe.status is not None and != SUCCESS:
+       req.error = True; then req.send_idx += 1 */
+    PyObject *st = GA(wqe, s_status);
+    if (st == NULL)
+        return -1;
+    int failed = st == Py_None ? 0 : PyObject_RichCompareBool(st, SUCCESS, Py_NE);
+    Py_DECREF(st);
+    if (failed < 0 || (failed && SA(req, s_error, Py_True) < 0))
+        return -1;
+    return attr_add(req, s_send_idx, 1) < 0 ? -1 : 1;
+}
+
+/* generate's chain for an uncontrolled RC QP (see the top of this file): 0 it
+   ended here, 1 the Python's to go on from here, -1 error */
+static int bulk_runs(PyObject *dev, PyObject *qp, PyObject *out)
+{
+    PyObject *t = NULL, *comp = NULL, *req = NULL, *sq = NULL, *dest = NULL, *attr = NULL,
+        *wqe = NULL;
+    int r = -1, s;
+    long long ack_every;
+    struct run_plan plan;
+    if (tx_heads == NULL || crc32_of == NULL || !PyList_CheckExact(out))
+        return 1;
+    if ((t = GA(qp, s_qp_type)) == NULL)
+        return -1;
+    int mine = t == RC;                         /* RC, no XRC, go-back-N, the fast paths */
+    Py_CLEAR(t);
+    if (mine) {
+        mine = (t = GA(qp, s_xrc)) == NULL ? -1 : t == Py_None;
+        Py_CLEAR(t);
+    }
+    if (mine == 1)
+        mine = (s = get_truth(qp, s_selective_repeat)) < 0 ? -1 : !s;
+    if (mine == 1)
+        mine = get_truth(dev, s_fast);
+    if (mine == 1)                              /* and the kernel, a driver that gathers */
+        mine = get_truth(dev, s_tx_gather);
+    if (mine == 1) {
+        mine = (t = GA(dev, s_kernel)) == NULL ? -1 : t != Py_None;
+        Py_CLEAR(t);
+    }
+    if (mine <= 0)
+        return mine < 0 ? -1 : 1;
+    /* IDLE: comp.rnr_wait or qp.state not in _SENDING */
+    if ((comp = GA(qp, s_comp)) == NULL || (s = get_truth(comp, s_rnr_wait)) < 0)
+        goto out;
+    if (!s) {
+        PyObject *st = GA(qp, s_state);
+        s = st == NULL ? -1 : PySequence_Contains(SENDING, st);
+        Py_XDECREF(st);
+        if (s < 0)
+            goto out;
+        s = !s;
+    }
+    if (s) {
+        r = 0;
+        goto out;
+    }
+    if ((s = get_truth(comp, s_rexmit)) != 0) {     /* RESEND is the Python's */
+        r = s < 0 ? -1 : 1;
+        goto out;
+    }
+    if (get_ack_every(dev, qp, &ack_every) < 0 || (dest = GA(qp, s_dest)) == NULL
+        || (req = GA(qp, s_req)) == NULL || (sq = GA(qp, s_sq)) == NULL
+        || (attr = GA(qp, s_attr)) == NULL || get_ll(attr, s_dest_qp_num, &plan.dqpn) < 0
+        || get_ll(qp, s_mtu, &plan.mtu) < 0)
+        goto out;
+    plan.dqpn &= QPN_MASK_;
+    for (;;) {                  /* while req.send_idx < len(sq) and not req.error */
+        long long i;
+        Py_CLEAR(wqe);
+        if (get_ll(req, s_send_idx, &i) < 0)
+            goto out;
+        Py_ssize_t nsq = PyObject_Length(sq);
+        int error = nsq < 0 ? -1 : i < nsq ? get_truth(req, s_error) : 0;
+        if (error < 0)
+            goto out;
+        if (i >= nsq || error) {
+            r = 0;
+            goto out;
+        }
+        if ((wqe = PySequence_GetItem(sq, i)) == NULL || (t = GA(wqe, s_first_psn)) == NULL)
+            goto out;
+        int unstarted = t == Py_None;
+        Py_CLEAR(t);
+        int done = get_truth(wqe, s_done);
+        if (done < 0)
+            goto out;
+        if (unstarted && !done) {                                       /* START */
+            /* only a SEND of more than one packet, whose run from its FIRST on is
+               this file's; any other WQE starts in the Python's walk */
+            long long length;
+            PyObject *op = GA(wqe, s_opcode);
+            if (op == NULL)
+                goto out;
+            int run = PyDict_GetItemWithError(RUN_FIRST_W0, op) != NULL;
+            Py_DECREF(op);
+            if (PyErr_Occurred() || (run && get_ll(wqe, s_length, &length) < 0))
+                goto out;
+            if (!run || length <= plan.mtu) {
+                r = 1;
+                goto out;
+            }
+            if ((s = start_wqe(dev, qp, req, wqe, &done)) <= 0) {
+                r = s;
+                goto out;
+            }
+            if (done)
+                continue;
+        } else if (done) {
+            if (attr_add(req, s_send_idx, 1) < 0)
+                goto out;
+            continue;
+        }
+        PyObject *op = GA(wqe, s_opcode);
+        if (op == NULL)
+            goto out;
+        PyObject *mid = PyDict_GetItemWithError(MIDDLE_W0, op);    /* op in _MIDDLE */
+        PyObject *fst = mid ? PyDict_GetItemWithError(RUN_FIRST_W0, op) : NULL;
+        PyObject *lst = mid ? PyDict_GetItemWithError(LAST, op) : NULL;
+        Py_DECREF(op);
+        if (PyErr_Occurred())
+            goto out;
+        if (mid == NULL || lst == NULL || !PyTuple_CheckExact(lst) || PyTuple_GET_SIZE(lst) != 2) {
+            r = 1;                      /* no MIDDLE to it: _send_packet's */
+            goto out;
+        }
+        if ((plan.w0_mid = PyLong_AsLongLong(mid)) == -1 && PyErr_Occurred())
+            goto out;
+        plan.w0_first = 0;
+        if (fst != NULL && (plan.w0_first = PyLong_AsLongLong(fst)) == -1 && PyErr_Occurred())
+            goto out;
+        if (((plan.lop = PyLong_AsLongLong(PyTuple_GET_ITEM(lst, 0))) == -1
+             || (plan.tail = PyLong_AsLongLong(PyTuple_GET_ITEM(lst, 1))) == -1)
+            && PyErr_Occurred())
+            goto out;
+        for (;;) {      /* the WQE's packets: WINDOW, SEND until it is all sent */
+            long long acked, window;
+            if (get_ll(wqe, s_first_psn, &plan.first) < 0 || get_ll(wqe, s_next_pkt, &plan.nxt) < 0
+                || get_ll(wqe, s_npkts, &plan.npkts) < 0 || get_ll(comp, s_acked_psn, &acked) < 0
+                || get_ll(qp, s_window, &window) < 0)
+                goto out;
+            plan.psn = (plan.first + plan.nxt) & PSN_MASK_;
+            long long room = window - psn_diff(plan.psn, (acked + 1) & PSN_MASK_);
+            if (plan.nxt && room <= 0) {                            /* WINDOW */
+                r = 0;
+                goto out;
+            }
+            /* SEND: _bulk_run where its run starts at a MIDDLE, or at a SEND's FIRST */
+            if (!(plan.nxt || (plan.npkts > 1 && fst != NULL))) {
+                r = 1;                  /* one packet, or a WRITE's FIRST: _send_packet's */
+                goto out;
+            }
+            if ((s = bulk_run(dev, qp, req, wqe, &plan, dest, ack_every, out, room)) <= 0) {
+                r = s < 0 ? -1 : 1;
+                goto out;
+            }
+            if (plan.nxt + plan.k >= plan.npkts)
+                break;                  /* all sent: the next WQE */
+        }
+    }
+out:
+    Py_XDECREF(t);
+    Py_XDECREF(comp);
+    Py_XDECREF(req);
+    Py_XDECREF(sq);
+    Py_XDECREF(dest);
+    Py_XDECREF(attr);
+    Py_XDECREF(wqe);
+    return r;
+}
+
+/* kernel_hooks(tx_heads, crc32): the addresses of the loaded kernel's sn_tx_heads and
+   sn_crc32 (softnic.accel.give_compiled), which ``bulk_runs`` builds its runs with;
+   0, 0: none (every run the Python's) */
+static PyObject *kernel_hooks(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "kernel_hooks(tx_heads, crc32)");
+        return NULL;
+    }
+    size_t a = PyLong_AsSize_t(args[0]), c = a == (size_t)-1 ? 0 : PyLong_AsSize_t(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    tx_heads = a && c ? (tx_heads_fn)a : NULL;
+    crc32_of = a && c ? (crc32_fn)c : NULL;
+    return Py_NewRef(Py_None);
+}
+
 /* requester.generate(dev, qp, now, out): this file's part, then the Python's if
    it is to go on; a generate put in the module's place is called instead */
 int sn_generate(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
@@ -482,7 +938,13 @@ int sn_generate(PyObject *dev, PyObject *qp, PyObject *now, PyObject *out)
     PyObject *f = PyObject_GetAttr(requester_module, s_generate);
     if (f == NULL)
         return -1;
-    int r = f == py_generate ? paced_middles(dev, qp, now, out) : 1;
+    int r = 1;
+    if (f == py_generate) {
+        PyObject *cc = GA(qp, s_cc);
+        r = cc == NULL ? -1 : cc == Py_None ? bulk_runs(dev, qp, out)
+            : paced_middles(dev, qp, now, out);
+        Py_XDECREF(cc);
+    }
     if (r == 1) {
         PyObject *args[4] = {dev, qp, now, out};
         PyObject *g = PyObject_Vectorcall(f, args, 4, NULL);
@@ -509,7 +971,9 @@ static PyObject *generate(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 
 PyMethodDef sn_requester_methods[] = {
     {"generate", (PyCFunction)(void (*)(void))generate, METH_FASTCALL,
-     "requester.generate(dev, qp, now, out), its paced MIDDLEs compiled"},
+     "requester.generate(dev, qp, now, out), its paced MIDDLEs and gathered runs compiled"},
+    {"kernel_hooks", (PyCFunction)(void (*)(void))kernel_hooks, METH_FASTCALL,
+     "kernel_hooks(tx_heads, crc32): the loaded kernel's functions the runs are built by"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -535,6 +999,33 @@ int sn_requester_setup(PyObject *requester)
         || const_ll(requester, "WIRE_OVERHEAD", &WIRE_OVERHEAD_) < 0
         || const_ll(requester, "BTH_LEN", &bth_len) < 0)
         return -1;
+    if (const_ll(requester, "_SOLICITED", &SOLICITED_) < 0
+        || const_ll(requester, "BTH_SE", &BTH_SE_) < 0
+        || const_ll(requester, "BTH_PAD_SHIFT", &BTH_PAD_SHIFT_) < 0)
+        return -1;
+    long long pkey;
+    if (const_ll(requester, "DEFAULT_PKEY", &pkey) < 0)
+        return -1;
+    if (pkey != 0xFFFF) {
+        PyErr_SetString(PyExc_RuntimeError, "requester.c writes a LAST's P_Key as 0xFFFF");
+        return -1;
+    }
+    Py_XSETREF(GATHER, PyObject_GetAttrString(requester, "Gather"));
+    Py_XSETREF(RUN, PyObject_GetAttrString(requester, "Run"));
+    Py_XSETREF(LAST, PyObject_GetAttrString(requester, "_LAST"));
+    PyObject *wc = PyObject_GetAttrString(requester, "WCStatus"),
+        *wr = wc ? PyObject_GetAttrString(requester, "W") : NULL;
+    Py_XSETREF(SUCCESS, wr ? PyObject_GetAttrString(wc, "SUCCESS") : NULL);
+    Py_XSETREF(SEND_WITH_INV, SUCCESS ? PyObject_GetAttrString(wr, "SEND_WITH_INV") : NULL);
+    Py_XDECREF(wc);
+    Py_XDECREF(wr);
+    if (GATHER == NULL || RUN == NULL || LAST == NULL || SEND_WITH_INV == NULL)
+        return -1;
+    if (!PyType_Check(RUN) || !PyType_IsSubtype((PyTypeObject *)RUN, &PyTuple_Type)
+        || !PyDict_Check(LAST)) {
+        PyErr_SetString(PyExc_TypeError, "requester.Run must be a tuple type, _LAST a dict");
+        return -1;
+    }
     BTH_LEN_ = (Py_ssize_t)bth_len;
     if (BTH_LEN_ != 12) {
         PyErr_SetString(PyExc_RuntimeError, "requester.c writes the BTH as three 32-bit words");
@@ -556,8 +1047,28 @@ int sn_requester_setup(PyObject *requester)
     if (d == NULL && !PyErr_Occurred())
         PyErr_SetString(PyExc_TypeError, "requester._MIDDLE must be a dict");
     Py_XDECREF(middle);
-    Py_XDECREF(word0);
+    Py_CLEAR(word0);
     Py_XSETREF(MIDDLE_W0, d);
+    if (d == NULL)
+        return -1;
+    /* RUN_FIRST_W0 = {w: bth_word0(f) for w, f in _RUN_FIRST.items()} */
+    PyObject *first = PyObject_GetAttrString(requester, "_RUN_FIRST");
+    d = first == NULL ? NULL : PyDict_New();
+    if (d != NULL && ((word0 = PyObject_GetAttrString(requester, "bth_word0")) == NULL
+                      || !PyDict_Check(first)))
+        Py_CLEAR(d);
+    pos = 0;
+    while (d != NULL && PyDict_Next(first, &pos, &w, &m)) {
+        PyObject *v = PyObject_CallOneArg(word0, m);
+        if (v == NULL || PyDict_SetItem(d, w, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    if (d == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "requester._RUN_FIRST must be a dict");
+    Py_XDECREF(first);
+    Py_XDECREF(word0);
+    Py_XSETREF(RUN_FIRST_W0, d);
     return d == NULL ? -1 : 0;
 }
 
@@ -580,6 +1091,11 @@ int sn_requester_init(void)
     INTERN(s_retransmitted_pkts, "retransmitted_pkts"); INTERN(s_attr, "attr");
     INTERN(s_dest_qp_num, "dest_qp_num"); INTERN(s_views, "views"); INTERN(s_sent, "sent");
     INTERN(s_on_packet_sent, "on_packet_sent");
+    INTERN(s_may_start, "_may_start"); INTERN(s_start, "start");
+    INTERN(s_tx_icrc_start, "tx_icrc_start"); INTERN(s_kernel, "kernel");
+    INTERN(s_tx_gather, "tx_gather"); INTERN(s_tx_starts, "tx_starts");
+    INTERN(s_status, "status"); INTERN(s_length, "length"); INTERN(s_flags, "flags");
+    INTERN(s_imm, "imm"); INTERN(s_inv_rkey, "inv_rkey");
     kw_sent = Py_BuildValue("(ssss)", "now", "nbytes", "psn", "retransmit");
     return kw_sent == NULL ? -1 : 0;
 }
