@@ -117,7 +117,7 @@ def _fabric_key() -> str:
     """``_key`` for ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c`` and ``post.c`` (no
     cffi in them: looking for the loop stays cheap)."""
     return _sources_key(("objects.h", "bytes.h", "fabric.c", "timers.c", "output.c",
-                         "requester.c", "post.c", "__init__.py"))
+                         "requester.c", "post.c", "responder.c", "__init__.py"))
 
 
 def _toolchain() -> tuple[str, str]:
@@ -197,7 +197,7 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
         cmd = cc.split() + ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I", inc,
                             str(HERE / "fabric.c"), str(HERE / "timers.c"), str(HERE / "output.c"),
                             str(HERE / "requester.c"), str(HERE / "post.c"),
-                            "-o", part]
+                            str(HERE / "responder.c"), "-o", part]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if verbose or r.returncode:
             sys.stderr.write(" ".join(cmd) + "\n" + r.stdout + r.stderr)
@@ -249,13 +249,15 @@ def fabric_loop(verbose: bool = False):
 _compiled_classes: dict = {}
 _TIMERS = ("arm", "get_timer", "handle_timer")          # Timers'
 _DRAIN = ("datagrams_to_send", "_outgoing")             # Output's
+_RECEIVE = ("_send_run",)                                 # Dispatch's
 
 
 def give_compiled(dev) -> bool:
-    """Make the timers of ``dev``'s class, and its drain, the compiled ones
-    (``timers.c``: ``arm``, ``get_timer`` and ``handle_timer`` of
+    """Make the timers of ``dev``'s class, its drain and its receive of a SEND's run
+    the compiled ones (``timers.c``: ``arm``, ``get_timer`` and ``handle_timer`` of
     ``softnic.core.timers.Timers``; ``output.c``: ``datagrams_to_send`` and
-    ``_outgoing`` of ``softnic.core.output.Output``; the same rules) in place of the
+    ``_outgoing`` of ``softnic.core.output.Output``; ``responder.c``: ``_send_run``
+    of ``softnic.core.dispatch.Dispatch``; the same rules) in place of the
     Python's, if the module beside the simulator's loop can be had here
     (``fabric_loop()``) and the class runs the Python's own timers (an iWARP
     device, whose timers are its own, keeps them; the drain goes with the timers,
@@ -263,7 +265,8 @@ def give_compiled(dev) -> bool:
     device of it (and of its subclasses) runs them from then on, each from its
     next call.  A driver or fabric asks, as it gives the kernel.  Returns whether
     the class has them."""
-    from softnic.core import completer, output, requester
+    from softnic.core import completer, output, requester, responder
+    from softnic.core.dispatch import Dispatch
     from softnic.core.output import Output
     from softnic.core.timers import Timers
     cls = type(dev)
@@ -281,8 +284,11 @@ def give_compiled(dev) -> bool:
     names = _TIMERS
     if all(getattr(cls, n, None) is getattr(Output, n) for n in _DRAIN):
         names += _DRAIN
+    if all(getattr(cls, n, None) is getattr(Dispatch, n) for n in _RECEIVE):
+        names += _RECEIVE
     with _lock:
         methods = m.device_methods(cls, completer, requester, output)
+        m.responder_setup(responder, None, 0)
         for name in names:
             setattr(cls, name, methods[name])
         _compiled_classes[cls] = names
@@ -294,11 +300,17 @@ def give_compiled(dev) -> bool:
 def hook_kernel(m, kernel) -> None:
     """Give the compiled requester (``m``, ``fabric_loop()``) the loaded kernel's
     ``sn_tx_heads`` and ``sn_crc32``, which it builds a gathered run with
-    (``requester.c``'s ``bulk_runs``); a device without a kernel keeps the
-    Python's runs (``bulk_runs`` asks for ``dev.kernel``)."""
+    (``requester.c``'s ``bulk_runs``), and the compiled receive its
+    ``sn_rx_send_run`` (``responder.c``), for the devices whose ``kernel`` is
+    ``kernel``; any other device (none, a test's wrapper of it) keeps the Python's
+    runs."""
+    from softnic.core import responder
     ffi, lib = kernel.ffi, kernel.lib
-    m.kernel_hooks(int(ffi.cast("uintptr_t", ffi.addressof(lib, "sn_tx_heads"))),
-                   int(ffi.cast("uintptr_t", ffi.addressof(lib, "sn_crc32"))))
+
+    def address(name: str) -> int:
+        return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+    m.kernel_hooks(kernel, address("sn_tx_heads"), address("sn_crc32"))
+    m.responder_setup(responder, kernel, address("sn_rx_send_run"))
 
 
 def _import(path: Path, name: str = MODULE):

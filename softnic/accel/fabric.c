@@ -27,6 +27,8 @@ int sn_timers_init(void);
 int sn_output_init(void);                       /* output.c: a device's drain */
 int sn_requester_init(void);                    /* requester.c: generate's paced MIDDLEs */
 extern PyMethodDef sn_requester_methods[];
+extern PyMethodDef sn_responder_methods[];       /* responder.c */
+int sn_responder_init(void);
 int sn_post_init(void);                         /* post.c: the C face's send records */
 extern PyMethodDef sn_post_methods[];
 
@@ -919,12 +921,13 @@ static int fabric_init(void)
 PyMODINIT_FUNC PyInit__softnic_fabric(void)
 {
     if (fabric_init() < 0 || sn_timers_init() < 0 || sn_output_init() < 0
-            || sn_requester_init() < 0 || sn_post_init() < 0)
+            || sn_requester_init() < 0 || sn_post_init() < 0 || sn_responder_init() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddFunctions(m, sn_timers_methods) < 0
                       || PyModule_AddFunctions(m, sn_requester_methods) < 0
-                      || PyModule_AddFunctions(m, sn_post_methods) < 0))
+                      || PyModule_AddFunctions(m, sn_post_methods) < 0
+                      || PyModule_AddFunctions(m, sn_responder_methods) < 0))
         Py_CLEAR(m);
     return m;
 }

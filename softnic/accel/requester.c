@@ -22,7 +22,7 @@
    ``_record_sent``, ``_bulk`` and ``middle_run``'s gathered run: its MIDDLEs'
    heads by kernel.c's ``sn_tx_heads``, from a SEND's FIRST on, and ``_run_last``
    for its LAST), for a device whose driver gathers (``Device.tx_gather``) and
-   whose kernel is loaded; any other packet (a one-packet request, a LAST sent
+   whose kernel is the one hooked in (``kernel_hooks``); any other packet (a one-packet request, a LAST sent
    alone, a READ or atomic, a WQE of several views) is the Python ``generate``'s,
    from where this stops.  tests/test_bulk_runs.py checks it against the Python,
    step by step and byte by byte.
@@ -59,6 +59,7 @@ typedef uint32_t (*tx_heads_fn)(uint8_t *, uint32_t, uint32_t, uint32_t, uint32_
 typedef uint32_t (*crc32_fn)(uint32_t, const uint8_t *, size_t);
 static tx_heads_fn tx_heads;
 static crc32_fn crc32_of;
+static PyObject *tx_kernel;     /* the kernel object they are of: a device's ``kernel`` must be it */
 
 /* o.name = v (an int) */
 #define set_ll(o, name, v) ({ PyObject *v_ = PyLong_FromLongLong(v); \
@@ -779,8 +780,8 @@ static int bulk_runs(PyObject *dev, PyObject *qp, PyObject *out)
         mine = get_truth(dev, s_fast);
     if (mine == 1)                              /* and the kernel, a driver that gathers */
         mine = get_truth(dev, s_tx_gather);
-    if (mine == 1) {
-        mine = (t = GA(dev, s_kernel)) == NULL ? -1 : t != Py_None;
+    if (mine == 1) {                            /* (the device's kernel is the one hooked in) */
+        mine = (t = GA(dev, s_kernel)) == NULL ? -1 : t == tx_kernel;
         Py_CLEAR(t);
     }
     if (mine <= 0)
@@ -914,20 +915,23 @@ out:
     return r;
 }
 
-/* kernel_hooks(tx_heads, crc32): the addresses of the loaded kernel's sn_tx_heads and
-   sn_crc32 (softnic.accel.give_compiled), which ``bulk_runs`` builds its runs with;
-   0, 0: none (every run the Python's) */
+/* kernel_hooks(kernel, tx_heads, crc32): the loaded kernel (``softnic.accel.Kernel``)
+   and the addresses of its sn_tx_heads and sn_crc32 (softnic.accel.hook_kernel),
+   which ``bulk_runs`` builds the runs of a device whose ``kernel`` it is with;
+   None, 0, 0: none (every run the Python's) */
 static PyObject *kernel_hooks(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 {
-    if (n != 2) {
-        PyErr_SetString(PyExc_TypeError, "kernel_hooks(tx_heads, crc32)");
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "kernel_hooks(kernel, tx_heads, crc32)");
         return NULL;
     }
-    size_t a = PyLong_AsSize_t(args[0]), c = a == (size_t)-1 ? 0 : PyLong_AsSize_t(args[1]);
+    size_t a = PyLong_AsSize_t(args[1]), c = a == (size_t)-1 ? 0 : PyLong_AsSize_t(args[2]);
     if (PyErr_Occurred())
         return NULL;
-    tx_heads = a && c ? (tx_heads_fn)a : NULL;
-    crc32_of = a && c ? (crc32_fn)c : NULL;
+    int on = a && c && args[0] != Py_None;
+    tx_heads = on ? (tx_heads_fn)a : NULL;
+    crc32_of = on ? (crc32_fn)c : NULL;
+    Py_XSETREF(tx_kernel, on ? Py_NewRef(args[0]) : NULL);
     return Py_NewRef(Py_None);
 }
 
@@ -973,7 +977,7 @@ PyMethodDef sn_requester_methods[] = {
     {"generate", (PyCFunction)(void (*)(void))generate, METH_FASTCALL,
      "requester.generate(dev, qp, now, out), its paced MIDDLEs and gathered runs compiled"},
     {"kernel_hooks", (PyCFunction)(void (*)(void))kernel_hooks, METH_FASTCALL,
-     "kernel_hooks(tx_heads, crc32): the loaded kernel's functions the runs are built by"},
+     "kernel_hooks(kernel, tx_heads, crc32): the loaded kernel the runs are built by"},
     {NULL, NULL, 0, NULL},
 };
 

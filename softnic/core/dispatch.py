@@ -287,6 +287,12 @@ class Dispatch:
             c["rcvd_mads"] += 1
             self.gsi.receive(pkt.payload, src, now)
 
+    def _send_run(self, data, o: int, seg: int, src) -> int:
+        """``responder.receive_send_run`` of the run from ``data[o:]`` (the compiled one,
+        ``softnic/accel/responder.c``, where ``accel.give_compiled`` made it the
+        class's)."""
+        return responder.receive_send_run(self, data, o, seg, src)
+
     def receive_run(self, data: bytes, seg: int, src: tuple[str, int], now: float) -> None:
         """Datagrams from ``src`` laid end to end in ``data``, ``seg`` bytes each
         (the last may be shorter; 0: ``data`` is one datagram), as a socket with
@@ -320,7 +326,7 @@ class Dispatch:
         while o < n:
             op = data[o]
             if op == _SEND_FIRST and o + seg < n:
-                k = responder.receive_send_run(self, data, o, seg, src)
+                k = self._send_run(data, o, seg, src)
                 if k:
                     o += k * seg
                     continue

@@ -1330,7 +1330,7 @@ def receive_send_run(dev, data, o: int, seg: int, src) -> int:
     last_at = o + (n - o - 1) // seg * seg  # the run's last datagram: its LAST?
     n_last = lflags = 0
     linfo = _SEND_EDGE_INFO.get(data[last_at])
-    if linfo is not None and linfo.last:
+    if linfo is not None and linfo.last and n - last_at >= BTH_LEN:    # (else too short)
         lflags = data[last_at + 1]
         n_last = n - last_at - linfo.hdr_len - ICRC_LEN \
             - ((lflags >> BTH_PAD_SHIFT) & BTH_PAD_MASK)

@@ -1,0 +1,405 @@
+/* A SEND received in one run (softnic.core.responder.receive_send_run), compiled.
+
+   ``receive_send_run``'s checks, statement for statement over the device's and
+   the QP's own Python objects, for a run of datagrams that begins with a SEND's
+   FIRST (UCX's and MPI's eager fragments arrive so, one run each): the QP's
+   conditions (``_common_qp``: an RC QP, no XRC, the default P_Key, FECN and BECN
+   clear, a receiving state, the peer it is connected to), nothing held beyond a
+   hole, a whole MTU in the FIRST, no message under way (``_in_sequence``), a
+   receive posted; the receive's target by the Python's ``recv_target``; the run's
+   LAST and its size; the ICRC states (``rx_icrc_start``'s memo read here, the
+   Python's asked where it holds none); then kernel.c's ``sn_rx_send_run`` (given
+   by ``responder_setup``, for a device whose ``kernel`` is the one it is of), and the accounting by the Python's ``took_send_run``.  A
+   ``receive_send_run`` put in the module's place (a test's stand-in, a tracer) is
+   called instead.
+
+   ``softnic.accel.give_compiled`` makes ``dev_send_run`` a device class's
+   ``_send_run`` (``Dispatch._send_run``'s place), which ``Dispatch.receive_run``
+   calls for a run that begins with a SEND's FIRST.  tests/test_send_runs.py
+   compares it with the Python's on random runs and QP states, field by field. */
+
+#include "objects.h"
+#include "bytes.h"
+
+typedef int (*rx_send_run_fn)(const uint8_t *, size_t, size_t, size_t, uint32_t, uint32_t,
+                              uint32_t, uint32_t, uint32_t, uint32_t, size_t, uint32_t,
+                              uint32_t, int, uint64_t, uint8_t *, uint64_t, uint32_t *,
+                              uint32_t, uint32_t *);
+static rx_send_run_fn rx_send_run;      /* kernel.c's sn_rx_send_run */
+static PyObject *rx_kernel;             /* the kernel object it is of: a device's must be it */
+
+static PyObject *responder_module, *py_receive_send_run;
+static PyObject *RC, *RECEIVING, *SEND_EDGE_INFO;
+static long long QPN_MASK_, ECN_, DEFAULT_PKEY_, SEND_FIRST_, W0_SEND_MIDDLE_, EXT_TAIL_,
+    ACKREQ_, SE_, PAD_SHIFT_;
+#define ACKS_MAX 64                     /* responder._ACKS_PER_RUN (checked at setup) */
+static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_type, *s_xrc,
+    *s_state, *s_dest, *s_sr, *s_ooo, *s_mtu, *s_resp, *s_kind, *s_srq, *s_rq, *s_queue,
+    *s_recv_target, *s_qpn, *s_epsn, *s_rx_starts, *s_rx_icrc_start, *s_took_send_run,
+    *s_last, *s_hdr_len, *s_kernel;
+
+/* module.name(args...), looked up at each call */
+static PyObject *call_responder(PyObject *name, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *f = PyObject_GetAttr(responder_module, name);
+    if (f == NULL)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(f, args, n, NULL);
+    Py_DECREF(f);
+    return r;
+}
+
+/* rx_icrc_start(dev, src, size, w0, qpn): dev.rx_starts by its key, else the Python's */
+static int rx_start(PyObject *dev, PyObject *src, long long size, long long w0, long long qpn,
+                    uint32_t *out)
+{
+    PyObject *key = Py_BuildValue("(OLLL)", src, size, w0, qpn);
+    if (key == NULL)
+        return -1;
+    PyObject *memo = GA(dev, s_rx_starts), *v = NULL;
+    if (memo != NULL && PyDict_CheckExact(memo))
+        v = Py_XNewRef(PyDict_GetItemWithError(memo, key));
+    Py_XDECREF(memo);
+    if (v == NULL && !PyErr_Occurred()) {
+        PyObject *args[5] = {dev, src, PyTuple_GET_ITEM(key, 1), PyTuple_GET_ITEM(key, 2),
+                             PyTuple_GET_ITEM(key, 3)};
+        v = call_responder(s_rx_icrc_start, args, 5);
+    }
+    Py_DECREF(key);
+    if (v == NULL)
+        return -1;
+    unsigned long c = PyLong_AsUnsignedLong(v);
+    Py_DECREF(v);
+    if (c == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint32_t)c;
+    return 0;
+}
+
+/* _common_qp(dev, w2, pkey, src): the QP, a new reference, or NULL with no error */
+static PyObject *common_qp(PyObject *dev, long long w2, long long pkey, PyObject *src)
+{
+    PyObject *qps = GA(dev, s_qps), *key = NULL, *qp = NULL, *t = NULL;
+    if (qps == NULL || (key = PyLong_FromLongLong(w2 & QPN_MASK_)) == NULL)
+        goto fail;
+    qp = PyDict_CheckExact(qps) ? Py_XNewRef(PyDict_GetItemWithError(qps, key))
+                                : PyObject_CallMethod(qps, "get", "O", key);
+    if (qp == Py_None)
+        Py_CLEAR(qp);
+    if (qp == NULL)
+        goto fail;
+    int ok = (t = GA(qp, s_qp_type)) != NULL && t == RC;
+    Py_CLEAR(t);
+    if (ok) {
+        ok = (t = GA(qp, s_xrc)) == NULL ? -1 : t == Py_None;
+        Py_CLEAR(t);
+    }
+    if (ok == 1)
+        ok = pkey == DEFAULT_PKEY_ && !(w2 & ECN_);
+    if (ok == 1) {
+        ok = (t = GA(qp, s_state)) == NULL ? -1 : PySequence_Contains(RECEIVING, t);
+        Py_CLEAR(t);
+    }
+    if (ok == 1) {                              /* tuple(src) == qp.dest */
+        PyObject *s = PyTuple_CheckExact(src) ? Py_NewRef(src) : PySequence_Tuple(src);
+        ok = s == NULL || (t = GA(qp, s_dest)) == NULL ? -1
+            : PyObject_RichCompareBool(s, t, Py_EQ);
+        Py_XDECREF(s);
+        Py_CLEAR(t);
+    }
+    if (ok != 1)
+        Py_CLEAR(qp);
+fail:
+    Py_XDECREF(qps);
+    Py_XDECREF(key);
+    return qp;
+}
+
+/* receive_send_run(dev, data, o, seg, src): how many datagrams were taken (0:
+   nothing changed), -1 error */
+static long long send_run(PyObject *dev, PyObject *data, long long o, long long seg,
+                          PyObject *src)
+{
+    PyObject *qp = NULL, *resp = NULL, *t = NULL, *posted = NULL, *target = NULL,
+        *linfo = NULL, *acks_o = NULL, *res = NULL;
+    long long r = -1;
+    Py_buffer db, vb;
+    db.obj = vb.obj = NULL;
+    if (PyObject_GetBuffer(data, &db, PyBUF_SIMPLE) < 0)
+        return -1;
+    long long n = db.len;
+    const uint8_t *d = (const uint8_t *)db.buf;
+    if (o < 0 || seg <= 0 || o + seg >= n) {
+        r = 0;
+        goto out;
+    }
+    PyObject *config = GA(dev, s_config);
+    int check = config == NULL ? -1 : get_truth(config, s_check_icrc);
+    Py_XDECREF(config);
+    if (check <= 0) {
+        r = check < 0 ? -1 : 0;
+        goto out;
+    }
+    long long flags = d[o + 1], pkey = (long long)d[o + 2] << 8 | d[o + 3],
+        w2 = be32(d + o + 4), w3 = be32(d + o + 8);
+    if ((qp = common_qp(dev, w2, pkey, src)) == NULL) {
+        r = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    PyObject *sr = GA(qp, s_sr);
+    int held = sr == NULL ? -1 : get_truth(sr, s_ooo);
+    Py_XDECREF(sr);
+    long long mtu, pad = (flags >> PAD_SHIFT_) & 3;
+    if (held != 0 || get_ll(qp, s_mtu, &mtu) < 0) {
+        r = held > 0 ? 0 : -1;
+        goto out;
+    }
+    /* _size_ok(mtu, FIRST, ...): a whole MTU; _in_sequence(resp.kind, FIRST): none under way */
+    if (seg - 12 - 4 - pad != mtu || (resp = GA(qp, s_resp)) == NULL
+        || (t = GA(resp, s_kind)) == NULL) {
+        r = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    int under_way = t != Py_None;
+    Py_CLEAR(t);
+    if (under_way) {
+        r = 0;
+        goto out;
+    }
+    /* posted = qp.rq if qp.srq is None else qp.srq.queue */
+    if ((t = GA(qp, s_srq)) == NULL)
+        goto out;
+    posted = t == Py_None ? GA(qp, s_rq) : GA(t, s_queue);
+    Py_CLEAR(t);
+    if (posted == NULL)
+        goto out;
+    Py_ssize_t nposted = PyObject_Length(posted);
+    if (nposted <= 0) {
+        r = nposted < 0 ? -1 : 0;
+        goto out;
+    }
+    if ((t = PySequence_GetItem(posted, 0)) == NULL)
+        goto out;
+    PyObject *rargs[3] = {dev, qp, t};
+    target = call_responder(s_recv_target, rargs, 3);   /* (taken once placed: took_send_run) */
+    Py_CLEAR(t);
+    if (target == NULL || target == Py_None) {
+        r = target == NULL ? -1 : 0;
+        goto out;
+    }
+    long long room;
+    if (!PyTuple_CheckExact(target) || PyTuple_GET_SIZE(target) != 2
+        || take_ll(Py_NewRef(PyTuple_GET_ITEM(target, 1)), &room) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "recv_target must give (view, room)");
+        goto out;
+    }
+    /* the run's last datagram: its LAST? */
+    long long last_at = o + (n - o - 1) / seg * seg, n_last = 0, lflags = 0, hdr = 0;
+    PyObject *op = PyLong_FromLong(d[last_at]);
+    if (op == NULL)
+        goto out;
+    linfo = Py_XNewRef(PyDict_GetItemWithError(SEND_EDGE_INFO, op));
+    Py_DECREF(op);
+    if (linfo == NULL && PyErr_Occurred())
+        goto out;
+    int is_last = linfo == NULL ? 0 : get_truth(linfo, s_last);
+    if (is_last < 0)
+        goto out;
+    if (is_last && n - last_at < 12)
+        is_last = 0;                            /* (too short to be one) */
+    if (is_last) {
+        if (get_ll(linfo, s_hdr_len, &hdr) < 0)
+            goto out;
+        lflags = d[last_at + 1];
+        n_last = n - last_at - hdr - 4 - ((lflags >> PAD_SHIFT_) & 3);
+        if (n_last < 0 || n_last > mtu)         /* _size_ok(mtu, LAST, n_last) */
+            last_at = 0;
+    } else {
+        last_at = 0;
+    }
+    long long qpn, psn;
+    if (get_ll(qp, s_qpn, &qpn) < 0 || get_ll(resp, s_epsn, &psn) < 0)
+        goto out;
+    long long w0 = SEND_FIRST_ << 24 | ((flags & SE_) | pad << PAD_SHIFT_) << 16 | DEFAULT_PKEY_;
+    long long ext = 0, lw0 = 0;
+    uint32_t lstart = 0, fstart, mstart;
+    if (last_at) {
+        ext = hdr != 12 ? EXT_TAIL_ : 0;
+        lw0 = (long long)d[last_at] << 24 | lflags << 16 | DEFAULT_PKEY_;
+        if (rx_start(dev, src, n - last_at, lw0, qpn, &lstart) < 0)
+            goto out;
+    }
+    if (rx_start(dev, src, seg, w0, qpn, &fstart) < 0
+        || rx_start(dev, src, seg, W0_SEND_MIDDLE_, qpn, &mstart) < 0)
+        goto out;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(target, 0), &vb, PyBUF_WRITABLE) < 0) {
+        vb.obj = NULL;
+        goto out;
+    }
+    uint32_t acks[ACKS_MAX + 1];
+    /* sn_rx_edge (the FIRST), sn_rx_middles, sn_rx_edge (the LAST) in one call */
+    int k = rx_send_run(d, (size_t)n, (size_t)o, (size_t)seg, (uint32_t)qpn, (uint32_t)psn,
+                        (uint32_t)w0, fstart, (uint32_t)W0_SEND_MIDDLE_, mstart, (size_t)last_at,
+                        (uint32_t)lw0, lstart, (int)ext, (uint64_t)n_last, (uint8_t *)vb.buf,
+                        (uint64_t)room, acks + 1, ACKS_MAX, acks);
+    PyBuffer_Release(&vb);
+    vb.obj = NULL;
+    if (k < 0) {
+        r = 0;
+        goto out;
+    }
+    long long m = k >> 1, last = k & 1;
+    long long tail = last && ext ? be32(d + last_at + 12) : 0;
+    if ((acks_o = PyList_New(acks[0] + 1)) == NULL)
+        goto out;
+    for (uint32_t i = 0; i <= acks[0]; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(acks[i]);
+        if (v == NULL)
+            goto out;
+        PyList_SET_ITEM(acks_o, i, v);
+    }
+    PyObject *targs[9] = {dev, qp, w3 & ACKREQ_ ? Py_True : Py_False, NULL, acks_o,
+                          last ? linfo : Py_None, NULL, lflags & SE_ ? Py_True : Py_False, NULL};
+    if ((targs[3] = PyLong_FromLongLong(m)) != NULL
+        && (targs[6] = PyLong_FromLongLong(n_last)) != NULL
+        && (targs[8] = PyLong_FromLongLong(tail)) != NULL)
+        res = call_responder(s_took_send_run, targs, 9);
+    Py_XDECREF(targs[3]);
+    Py_XDECREF(targs[6]);
+    Py_XDECREF(targs[8]);
+    if (res != NULL)
+        r = 1 + m + last;
+out:
+    if (vb.obj != NULL)
+        PyBuffer_Release(&vb);
+    PyBuffer_Release(&db);
+    Py_XDECREF(qp);
+    Py_XDECREF(resp);
+    Py_XDECREF(t);
+    Py_XDECREF(posted);
+    Py_XDECREF(target);
+    Py_XDECREF(linfo);
+    Py_XDECREF(acks_o);
+    Py_XDECREF(res);
+    return r;
+}
+
+/* receive_send_run(dev, data, o, seg, src): the compiled one where the module's is
+   the Python's own and the kernel is hooked in, else the module's */
+static PyObject *receive_send_run(PyObject *dev, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 4) {
+        PyErr_SetString(PyExc_TypeError, "_send_run(data, o, seg, src)");
+        return NULL;
+    }
+    if (responder_module == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_send_run: responder_setup() not called yet");
+        return NULL;
+    }
+    PyObject *f = PyObject_GetAttr(responder_module, s_receive_send_run), *kernel = NULL;
+    if (f == NULL || (kernel = GA(dev, s_kernel)) == NULL) {
+        Py_XDECREF(f);
+        return NULL;
+    }
+    Py_DECREF(kernel);                          /* (compared, not used) */
+    if (f != py_receive_send_run || rx_send_run == NULL || kernel != rx_kernel) {
+        PyObject *fargs[5] = {dev, args[0], args[1], args[2], args[3]};
+        PyObject *r = PyObject_Vectorcall(f, fargs, 5, NULL);
+        Py_DECREF(f);
+        return r;
+    }
+    Py_DECREF(f);
+    long long o = PyLong_AsLongLong(args[1]), seg = o == -1 && PyErr_Occurred() ? -1
+        : PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    long long r = send_run(dev, args[0], o, seg, args[3]);
+    return r < 0 ? NULL : PyLong_FromLongLong(r);
+}
+
+/* receive_send_run(dev, data, o, seg, src), for tests */
+static PyObject *receive_send_run_fn(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 5) {
+        PyErr_SetString(PyExc_TypeError, "receive_send_run(dev, data, o, seg, src)");
+        return NULL;
+    }
+    return receive_send_run(args[0], args + 1, 4);
+}
+
+PyMethodDef sn_responder_dev_methods[] = {
+    {"_send_run", (PyCFunction)(void (*)(void))receive_send_run, METH_FASTCALL,
+     "Dispatch._send_run(data, o, seg, src): responder.receive_send_run, compiled"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int const_of(PyObject *module, const char *name, long long *v)
+{
+    return take_ll(PyObject_GetAttrString(module, name), v);
+}
+
+/* responder_setup(responder, kernel, rx_send_run): the module the compiled receive
+   calls into, the loaded kernel (``softnic.accel.Kernel``) and the address of its
+   sn_rx_send_run (None, 0: the one given before, if any).  A device whose
+   ``kernel`` is not that one (none hooked in, a test's wrapper) runs the module's
+   Python. */
+static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "responder_setup(responder, kernel, rx_send_run)");
+        return NULL;
+    }
+    PyObject *resp = args[0];
+    size_t fn = PyLong_AsSize_t(args[2]);
+    if (fn == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    long long acks_per_run;
+    Py_XSETREF(responder_module, Py_NewRef(resp));
+    Py_XSETREF(py_receive_send_run, PyObject_GetAttr(resp, s_receive_send_run));
+    Py_XSETREF(RC, PyObject_GetAttrString(resp, "_RC"));
+    Py_XSETREF(RECEIVING, PyObject_GetAttrString(resp, "_RECEIVING"));
+    Py_XSETREF(SEND_EDGE_INFO, PyObject_GetAttrString(resp, "_SEND_EDGE_INFO"));
+    if (py_receive_send_run == NULL || RC == NULL || RECEIVING == NULL || SEND_EDGE_INFO == NULL
+        || const_of(resp, "QPN_MASK", &QPN_MASK_) < 0
+        || const_of(resp, "_ECN", &ECN_) < 0 || const_of(resp, "DEFAULT_PKEY", &DEFAULT_PKEY_) < 0
+        || const_of(resp, "_SEND_FIRST", &SEND_FIRST_) < 0
+        || const_of(resp, "_W0_SEND_MIDDLE", &W0_SEND_MIDDLE_) < 0
+        || const_of(resp, "EXT_TAIL", &EXT_TAIL_) < 0
+        || const_of(resp, "BTH_ACKREQ", &ACKREQ_) < 0 || const_of(resp, "BTH_SE", &SE_) < 0
+        || const_of(resp, "BTH_PAD_SHIFT", &PAD_SHIFT_) < 0
+        || const_of(resp, "_ACKS_PER_RUN", &acks_per_run) < 0)
+        return NULL;
+    if (acks_per_run != ACKS_MAX || !PyDict_CheckExact(SEND_EDGE_INFO)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "responder.c: _ACKS_PER_RUN must be 64, _SEND_EDGE_INFO a dict");
+        return NULL;
+    }
+    if (fn && args[1] != Py_None) {     /* (None, 0 leaves the kernel hooked in as it is) */
+        rx_send_run = (rx_send_run_fn)fn;
+        Py_XSETREF(rx_kernel, Py_NewRef(args[1]));
+    }
+    return Py_NewRef(Py_None);
+}
+
+PyMethodDef sn_responder_methods[] = {
+    {"receive_send_run", (PyCFunction)(void (*)(void))receive_send_run_fn, METH_FASTCALL,
+     "responder.receive_send_run(dev, data, o, seg, src), compiled"},
+    {"responder_setup", (PyCFunction)(void (*)(void))responder_setup, METH_FASTCALL,
+     "responder_setup(responder, kernel, rx_send_run): the compiled receive's module and kernel"},
+    {NULL, NULL, 0, NULL},
+};
+
+int sn_responder_init(void)
+{
+    INTERN(s_receive_send_run, "receive_send_run"); INTERN(s_config, "config");
+    INTERN(s_check_icrc, "check_icrc"); INTERN(s_qps, "qps"); INTERN(s_qp_type, "qp_type");
+    INTERN(s_xrc, "xrc"); INTERN(s_state, "state"); INTERN(s_dest, "dest"); INTERN(s_sr, "sr");
+    INTERN(s_ooo, "ooo"); INTERN(s_mtu, "mtu"); INTERN(s_resp, "resp"); INTERN(s_kind, "kind");
+    INTERN(s_srq, "srq"); INTERN(s_rq, "rq"); INTERN(s_queue, "queue");
+    INTERN(s_recv_target, "recv_target"); INTERN(s_qpn, "qpn"); INTERN(s_epsn, "epsn");
+    INTERN(s_rx_starts, "rx_starts"); INTERN(s_rx_icrc_start, "rx_icrc_start");
+    INTERN(s_took_send_run, "took_send_run"); INTERN(s_last, "last");
+    INTERN(s_hdr_len, "hdr_len"); INTERN(s_kernel, "kernel");
+    return 0;
+}
