@@ -247,6 +247,10 @@ static inline int take_ll(PyObject *v, long long *out)
 /* *out = int(o.name) */
 #define get_ll(o, name, out) take_ll(GA(o, name), (out))
 
+/* o.name = v (an int) */
+#define set_ll(o, name, v) ({ PyObject *v_ = PyLong_FromLongLong(v); \
+    int r_ = v_ == NULL ? -1 : SA(o, name, v_); Py_XDECREF(v_); r_; })
+
 /* bool(v), v taken: 1, 0, -1 */
 static inline int take_truth(PyObject *v)
 {

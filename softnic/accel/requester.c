@@ -61,9 +61,6 @@ static tx_heads_fn tx_heads;
 static crc32_fn crc32_of;
 static PyObject *tx_kernel;     /* the kernel object they are of: a device's ``kernel`` must be it */
 
-/* o.name = v (an int) */
-#define set_ll(o, name, v) ({ PyObject *v_ = PyLong_FromLongLong(v); \
-    int r_ = v_ == NULL ? -1 : SA(o, name, v_); Py_XDECREF(v_); r_; })
 
 /* (d - PSN_MODULUS if d & PSN_HALF else d) of d = (a - b) & PSN_MASK: psn_diff(a, b) */
 static inline long long psn_diff(long long a, long long b)

@@ -9,11 +9,15 @@
    receive posted; the receive's target by the Python's ``recv_target``; the run's
    LAST and its size; the ICRC states (``rx_icrc_start``'s memo read here, the
    Python's asked where it holds none); then kernel.c's ``sn_rx_send_run`` (given
-   by ``responder_setup``, for a device whose ``kernel`` is the one it is of), and the accounting by the Python's ``took_send_run``.  A
-   ``receive_send_run`` put in the module's place (a test's stand-in, a tracer) is
+   by ``responder_setup``, for a device whose ``kernel`` is the one it is of),
+   and the accounting of ``took_send_run`` (``_first_taken``, ``took_middles``,
+   ``_last_taken``, ``_executed``, with ``accept`` and ``queue_ack``) over the
+   same objects, calling ``take_recv``, ``_last`` (the receive's completion) and
+   ``_more_middles`` as it calls them.  A ``receive_send_run`` or
+   ``took_send_run`` put in the module's place (a test's stand-in, a tracer) is
    called instead.
 
-   ``softnic.accel.give_compiled`` makes ``dev_send_run`` a device class's
+   ``softnic.accel.give_compiled`` makes ``receive_send_run`` a device class's
    ``_send_run`` (``Dispatch._send_run``'s place), which ``Dispatch.receive_run``
    calls for a run that begins with a SEND's FIRST.  tests/test_send_runs.py
    compares it with the Python's on random runs and QP states, field by field. */
@@ -28,15 +32,17 @@ typedef int (*rx_send_run_fn)(const uint8_t *, size_t, size_t, size_t, uint32_t,
 static rx_send_run_fn rx_send_run;      /* kernel.c's sn_rx_send_run */
 static PyObject *rx_kernel;             /* the kernel object it is of: a device's must be it */
 
-static PyObject *responder_module, *py_receive_send_run;
-static PyObject *RC, *RECEIVING, *SEND_EDGE_INFO;
+static PyObject *responder_module, *py_receive_send_run, *py_took_send_run;
+static PyObject *RC, *RECEIVING, *SEND_EDGE_INFO, *SEND_KIND, *ACK_CREDITS;
 static long long QPN_MASK_, ECN_, DEFAULT_PKEY_, SEND_FIRST_, W0_SEND_MIDDLE_, EXT_TAIL_,
-    ACKREQ_, SE_, PAD_SHIFT_;
+    ACKREQ_, SE_, PAD_SHIFT_, PSN_MASK_, MSN_MASK_;
 #define ACKS_MAX 64                     /* responder._ACKS_PER_RUN (checked at setup) */
 static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_type, *s_xrc,
     *s_state, *s_dest, *s_sr, *s_ooo, *s_mtu, *s_resp, *s_kind, *s_srq, *s_rq, *s_queue,
     *s_recv_target, *s_qpn, *s_epsn, *s_rx_starts, *s_rx_icrc_start, *s_took_send_run,
-    *s_last, *s_hdr_len, *s_kernel;
+    *s_last, *s_hdr_len, *s_kernel, *s_counters, *s_rcvd_pkts, *s_ack_deferred, *s_out,
+    *s_msn, *s_append, *s_mark_ready, *s_nak_sent, *s_naked, *s_scan, *s_writes, *s_placed,
+    *s_nothing_held, *s_take_recv, *s_wqe, *s_off, *s_last_, *s_more_middles;
 
 /* module.name(args...), looked up at each call */
 static PyObject *call_responder(PyObject *name, PyObject *const *args, Py_ssize_t n)
@@ -113,6 +119,162 @@ fail:
     Py_XDECREF(qps);
     Py_XDECREF(key);
     return qp;
+}
+
+/* counters[name] += by */
+static int count(PyObject *dev, PyObject *name, long long by)
+{
+    PyObject *counters = GA(dev, s_counters);
+    if (counters == NULL)
+        return -1;
+    int r = PyDict_CheckExact(counters) ? dict_add(counters, name, by) : -1;
+    if (r < 0 && !PyErr_Occurred()) {           /* (a Counter subclass: item by item) */
+        PyObject *c = PyObject_GetItem(counters, name), *c1 = c ? plus(c, by) : NULL;
+        r = c1 == NULL ? -1 : PyObject_SetItem(counters, name, c1);
+        Py_XDECREF(c);
+        Py_XDECREF(c1);
+    }
+    Py_DECREF(counters);
+    return r;
+}
+
+/* queue_ack(dev, qp, psn): a plain ACK, replacing a plain ACK queued last */
+static int queue_ack(PyObject *dev, PyObject *qp, PyObject *resp, long long psn)
+{
+    PyObject *out = GA(resp, s_out), *msn = NULL, *entry = NULL, *r = NULL;
+    int res = -1;
+    if (out == NULL || (msn = GA(resp, s_msn)) == NULL)
+        goto done;
+    Py_ssize_t n = PyObject_Length(out);
+    if (n < 0)
+        goto done;
+    int replace = 0;
+    if (n) {                                    /* type(last) is tuple and last[1] == ACK_CREDITS */
+        PyObject *last = PySequence_GetItem(out, n - 1);
+        if (last == NULL)
+            goto done;
+        replace = PyTuple_CheckExact(last) && PyTuple_GET_SIZE(last) > 1
+            ? PyObject_RichCompareBool(PyTuple_GET_ITEM(last, 1), ACK_CREDITS, Py_EQ) : 0;
+        Py_DECREF(last);
+        if (replace < 0)
+            goto done;
+    }
+    PyObject *p = PyLong_FromLongLong(psn);
+    if (p == NULL || (entry = PyTuple_Pack(3, p, ACK_CREDITS, msn)) == NULL) {
+        Py_XDECREF(p);
+        goto done;
+    }
+    Py_DECREF(p);
+    if (replace) {
+        if (PySequence_SetItem(out, n - 1, entry) < 0 || count(dev, s_ack_deferred, 1) < 0)
+            goto done;
+    } else if ((r = PyObject_CallMethodOneArg(out, s_append, entry)) == NULL) {
+        goto done;
+    }
+    Py_CLEAR(r);
+    r = call1(dev, s_mark_ready, qp);           /* dev.mark_ready(qp) */
+    res = r == NULL ? -1 : 0;
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(msn);
+    Py_XDECREF(entry);
+    Py_XDECREF(r);
+    return res;
+}
+
+/* accept(dev, qp, psn, last, ackreq) */
+static int accept(PyObject *dev, PyObject *qp, PyObject *resp, long long psn, int last, int ackreq)
+{
+    if (set_ll(resp, s_epsn, (psn + 1) & PSN_MASK_) < 0 || SA(resp, s_nak_sent, Py_False) < 0)
+        return -1;
+    if (last) {
+        long long msn;
+        if (get_ll(resp, s_msn, &msn) < 0 || set_ll(resp, s_msn, (msn + 1) & MSN_MASK_) < 0)
+            return -1;
+    }
+    return last || ackreq ? queue_ack(dev, qp, resp, psn) : 0;
+}
+
+/* _nothing_held(qp) where it has anything to clear (sr.naked, sr.scan, sr.writes,
+   sr.placed): the Python's */
+static int nothing_held(PyObject *qp)
+{
+    PyObject *sr = GA(qp, s_sr), *t = NULL;
+    if (sr == NULL)
+        return -1;
+    int any = get_truth(sr, s_naked);
+    if (any == 0)
+        any = (t = GA(sr, s_scan)) == NULL ? -1 : t != Py_None;
+    Py_CLEAR(t);
+    if (any == 0)
+        any = get_truth(sr, s_writes);
+    if (any == 0)
+        any = (t = GA(sr, s_placed)) == NULL ? -1 : t != Py_None;
+    Py_XDECREF(t);
+    Py_DECREF(sr);
+    if (any <= 0)
+        return any;
+    PyObject *r = call_responder(s_nothing_held, &qp, 1);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* took_send_run(dev, qp, ackreq, m, acks, last, n_last, se, tail), statement for
+   statement: _first_taken, took_middles, _last_taken (its _last the Python's) and
+   _executed (its _more_middles the Python's).  acks: the kernel's AckReq count
+   and indexes. */
+static int took_send_run(PyObject *dev, PyObject *qp, PyObject *resp, int ackreq, long long m,
+                         const uint32_t *acks, PyObject *last, long long n_last, int se,
+                         long long tail, long long mtu)
+{
+    long long psn, off;
+    /* _first_taken(dev, qp, qp.mtu, ackreq) */
+    if (count(dev, s_rcvd_pkts, 1) < 0)
+        return -1;
+    PyObject *args[9] = {dev, qp};
+    PyObject *wqe = call_responder(s_take_recv, args, 2);      /* take_recv(dev, qp) */
+    if (wqe == NULL)
+        return -1;
+    int r = SA(resp, s_wqe, wqe);
+    Py_DECREF(wqe);
+    if (r < 0 || set_ll(resp, s_off, mtu) < 0 || SA(resp, s_kind, SEND_KIND) < 0
+        || get_ll(resp, s_epsn, &psn) < 0 || accept(dev, qp, resp, psn, 0, ackreq) < 0)
+        return -1;
+    if (m) {                            /* took_middles(dev, qp, m, acks, 1, acks[0]) */
+        if (count(dev, s_rcvd_pkts, m) < 0 || get_ll(resp, s_off, &off) < 0
+            || set_ll(resp, s_off, off + m * mtu) < 0 || get_ll(resp, s_epsn, &psn) < 0)
+            return -1;
+        for (uint32_t i = 1; i <= acks[0]; i++)
+            if (queue_ack(dev, qp, resp, (psn + acks[i]) & PSN_MASK_) < 0)
+                return -1;
+        if (accept(dev, qp, resp, (psn + m - 1) & PSN_MASK_, 0, 0) < 0 || nothing_held(qp) < 0)
+            return -1;
+    }
+    if (last != Py_None) {
+        /* _last_taken(dev, qp, last, n_last, True, se, tail) */
+        if (count(dev, s_rcvd_pkts, 1) < 0 || get_ll(resp, s_off, &off) < 0
+            || set_ll(resp, s_off, off + n_last) < 0 || get_ll(resp, s_epsn, &psn) < 0)
+            return -1;
+        PyObject *p = PyLong_FromLongLong(psn), *t = PyLong_FromLongLong(tail);
+        PyObject *largs[6] = {dev, qp, last, p, t, se ? Py_True : Py_False};
+        int ok = p == NULL || t == NULL ? -1 : take_truth(call_responder(s_last_, largs, 6));
+        Py_XDECREF(p);
+        Py_XDECREF(t);
+        if (ok < 0 || (ok && accept(dev, qp, resp, psn, 1, 1) < 0))
+            return -1;
+    }
+    /* _executed(dev, qp, last or _FIRST_INFO): nothing if a packet is held out of order */
+    PyObject *sr = GA(qp, s_sr);
+    int ooo = sr == NULL ? -1 : get_truth(sr, s_ooo);
+    Py_XDECREF(sr);
+    if (ooo != 0)
+        return ooo < 0 ? -1 : 0;
+    if (last != Py_None)
+        return nothing_held(qp);                /* (a LAST begins nothing) */
+    /* a FIRST: the SEND under way, its MIDDLEs a driver may stream (_more_middles) */
+    PyObject *res = call_responder(s_more_middles, args, 2);
+    Py_XDECREF(res);
+    return res == NULL ? -1 : nothing_held(qp);
 }
 
 /* receive_send_run(dev, data, o, seg, src): how many datagrams were taken (0:
@@ -251,6 +413,16 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
     }
     long long m = k >> 1, last = k & 1;
     long long tail = last && ext ? be32(d + last_at + 12) : 0;
+    PyObject *took = PyObject_GetAttr(responder_module, s_took_send_run);
+    if (took == NULL)
+        goto out;
+    Py_DECREF(took);                            /* (compared, not called) */
+    if (took == py_took_send_run) {
+        if (took_send_run(dev, qp, resp, (w3 & ACKREQ_) != 0, m, acks,
+                          last ? linfo : Py_None, n_last, (lflags & SE_) != 0, tail, mtu) == 0)
+            r = 1 + m + last;
+        goto out;
+    }
     if ((acks_o = PyList_New(acks[0] + 1)) == NULL)
         goto out;
     for (uint32_t i = 0; i <= acks[0]; i++) {
@@ -360,6 +532,9 @@ static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_
     Py_XSETREF(RC, PyObject_GetAttrString(resp, "_RC"));
     Py_XSETREF(RECEIVING, PyObject_GetAttrString(resp, "_RECEIVING"));
     Py_XSETREF(SEND_EDGE_INFO, PyObject_GetAttrString(resp, "_SEND_EDGE_INFO"));
+    Py_XSETREF(py_took_send_run, PyObject_GetAttr(resp, s_took_send_run));
+    Py_XSETREF(SEND_KIND, PyObject_GetAttrString(resp, "_SEND_KIND"));
+    Py_XSETREF(ACK_CREDITS, PyObject_GetAttrString(resp, "ACK_CREDITS"));
     if (py_receive_send_run == NULL || RC == NULL || RECEIVING == NULL || SEND_EDGE_INFO == NULL
         || const_of(resp, "QPN_MASK", &QPN_MASK_) < 0
         || const_of(resp, "_ECN", &ECN_) < 0 || const_of(resp, "DEFAULT_PKEY", &DEFAULT_PKEY_) < 0
@@ -368,7 +543,9 @@ static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_
         || const_of(resp, "EXT_TAIL", &EXT_TAIL_) < 0
         || const_of(resp, "BTH_ACKREQ", &ACKREQ_) < 0 || const_of(resp, "BTH_SE", &SE_) < 0
         || const_of(resp, "BTH_PAD_SHIFT", &PAD_SHIFT_) < 0
-        || const_of(resp, "_ACKS_PER_RUN", &acks_per_run) < 0)
+        || const_of(resp, "_ACKS_PER_RUN", &acks_per_run) < 0
+        || py_took_send_run == NULL || SEND_KIND == NULL || ACK_CREDITS == NULL
+        || const_of(resp, "PSN_MASK", &PSN_MASK_) < 0 || const_of(resp, "MSN_MASK", &MSN_MASK_) < 0)
         return NULL;
     if (acks_per_run != ACKS_MAX || !PyDict_CheckExact(SEND_EDGE_INFO)) {
         PyErr_SetString(PyExc_RuntimeError,
@@ -400,6 +577,12 @@ int sn_responder_init(void)
     INTERN(s_recv_target, "recv_target"); INTERN(s_qpn, "qpn"); INTERN(s_epsn, "epsn");
     INTERN(s_rx_starts, "rx_starts"); INTERN(s_rx_icrc_start, "rx_icrc_start");
     INTERN(s_took_send_run, "took_send_run"); INTERN(s_last, "last");
-    INTERN(s_hdr_len, "hdr_len"); INTERN(s_kernel, "kernel");
+    INTERN(s_hdr_len, "hdr_len"); INTERN(s_kernel, "kernel"); INTERN(s_counters, "counters");
+    INTERN(s_rcvd_pkts, "rcvd_pkts"); INTERN(s_ack_deferred, "ack_deferred"); INTERN(s_out, "out");
+    INTERN(s_msn, "msn"); INTERN(s_append, "append"); INTERN(s_mark_ready, "mark_ready");
+    INTERN(s_nak_sent, "nak_sent"); INTERN(s_naked, "naked"); INTERN(s_scan, "scan");
+    INTERN(s_writes, "writes"); INTERN(s_placed, "placed"); INTERN(s_nothing_held, "_nothing_held");
+    INTERN(s_take_recv, "take_recv"); INTERN(s_wqe, "wqe"); INTERN(s_off, "off");
+    INTERN(s_last_, "_last"); INTERN(s_more_middles, "_more_middles");
     return 0;
 }
