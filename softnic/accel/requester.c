@@ -752,6 +752,51 @@ static int start_wqe(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe, 
     return attr_add(req, s_send_idx, 1) < 0 ? -1 : 1;
 }
 
+/* Is the WQE up next one that START would hand to the Python's walk (not started,
+   and not a SEND longer than an MTU)?  1 yes, 0 no (or no WQE up next), -1 error.
+   Asked first, before the QP's own conditions: a lone request of one packet (a
+   latency test's) goes straight to the Python's ``generate``. */
+static int first_not_a_run(PyObject *qp)
+{
+    PyObject *req = GA(qp, s_req), *sq = req ? GA(qp, s_sq) : NULL, *wqe = NULL, *t = NULL;
+    long long i, length, mtu;
+    int r = -1;
+    if (sq == NULL || get_ll(req, s_send_idx, &i) < 0)
+        goto out;
+    Py_ssize_t nsq = PyObject_Length(sq);
+    if (nsq < 0)
+        goto out;
+    if (i >= nsq) {
+        r = 0;
+        goto out;
+    }
+    if ((wqe = PySequence_GetItem(sq, i)) == NULL || (t = GA(wqe, s_first_psn)) == NULL)
+        goto out;
+    int unstarted = t == Py_None;
+    Py_CLEAR(t);
+    if (!unstarted) {
+        r = 0;
+        goto out;
+    }
+    if ((r = get_truth(wqe, s_done)) != 0) {
+        r = r < 0 ? -1 : 0;
+        goto out;
+    }
+    if ((t = GA(wqe, s_opcode)) == NULL)
+        goto out;
+    int run = PyDict_GetItemWithError(RUN_FIRST_W0, t) != NULL;
+    if (PyErr_Occurred() || (run && (get_ll(wqe, s_length, &length) < 0
+                                     || get_ll(qp, s_mtu, &mtu) < 0)))
+        goto out;
+    r = !run || length <= mtu;
+out:
+    Py_XDECREF(req);
+    Py_XDECREF(sq);
+    Py_XDECREF(wqe);
+    Py_XDECREF(t);
+    return r;
+}
+
 /* generate's chain for an uncontrolled RC QP (see the top of this file): 0 it
    ended here, 1 the Python's to go on from here, -1 error */
 static int bulk_runs(PyObject *dev, PyObject *qp, PyObject *out)
@@ -763,6 +808,8 @@ static int bulk_runs(PyObject *dev, PyObject *qp, PyObject *out)
     struct run_plan plan;
     if (tx_heads == NULL || crc32_of == NULL || !PyList_CheckExact(out))
         return 1;
+    if ((s = first_not_a_run(qp)) != 0)         /* (a one-packet request's: at once) */
+        return s < 0 ? -1 : 1;
     if ((t = GA(qp, s_qp_type)) == NULL)
         return -1;
     int mine = t == RC;                         /* RC, no XRC, go-back-N, the fast paths */
