@@ -4,8 +4,10 @@
  * (powers of STEP).  Nothing in it knows about softnic.
  *
  *   mpi_check [MAX_BYTES [STEP]]       (default 4 MiB, 16)
- *   mpi_check --time-allreduce MAX_BYTES ITERS
- *                                      prints "allreduce BYTES SECONDS" per size (rank 0)
+ *   mpi_check --time-allreduce MAX_BYTES ITERS [SECONDS]
+ *                                      prints "allreduce BYTES SECONDS" per size (rank 0):
+ *                                      the mean of ITERS calls, or of as many as SECONDS
+ *                                      holds where ITERS take less (rank 0's estimate)
  *
  * Prints "<collective> ok up to N bytes" lines and "all checked" from rank 0; any
  * mismatch aborts the job with a message naming the element. */
@@ -134,17 +136,29 @@ static void put(size_t n, int salt)
     free(src);
 }
 
-static void time_allreduce(size_t max, int iters)
+/* the mean time of iters calls of MPI_Allreduce on n elements */
+static double allreduce_mean(uint32_t *out, uint32_t *in, size_t n, int iters)
+{
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int k = 0; k < iters; k++)
+        MPI_Allreduce(out, in, (int)n, MPI_UINT32_T, MPI_SUM, MPI_COMM_WORLD);
+    return (MPI_Wtime() - t0) / iters;
+}
+
+static void time_allreduce(size_t max, int iters, double seconds)
 {
     for (size_t bytes = 4; bytes <= max; bytes *= 4) {
         size_t n = bytes / 4;
         uint32_t *out = alloc(n), *in = alloc(n);
         MPI_Allreduce(out, in, (int)n, MPI_UINT32_T, MPI_SUM, MPI_COMM_WORLD);   /* warm-up */
-        MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = MPI_Wtime();
-        for (int k = 0; k < iters; k++)
-            MPI_Allreduce(out, in, (int)n, MPI_UINT32_T, MPI_SUM, MPI_COMM_WORLD);
-        double t = (MPI_Wtime() - t0) / iters;
+        double t = allreduce_mean(out, in, n, iters);
+        /* ITERS calls as the warm-up, then as many as SECONDS holds, if more: the
+           same count on every rank (rank 0's) */
+        int more = seconds > 0 && t > 0 && seconds / t > iters ? (int)(seconds / t) : 0;
+        MPI_Bcast(&more, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (more)
+            t = allreduce_mean(out, in, n, more);
         if (rank == 0)
             printf("allreduce %zu %.6f\n", bytes, t);
         free(out);
@@ -159,7 +173,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc >= 2 && !strcmp(argv[1], "--time-allreduce")) {
         time_allreduce(argc > 2 ? strtoul(argv[2], NULL, 0) : 1 << 20,
-                       argc > 3 ? atoi(argv[3]) : 5);
+                       argc > 3 ? atoi(argv[3]) : 5, argc > 4 ? atof(argv[4]) : 0);
         MPI_Finalize();
         return 0;
     }
