@@ -47,9 +47,14 @@ which ``give_compiled(dev)`` makes the methods of a device's class in place of
 the Python's: asked by the simulated fabric for its devices, and by a live NIC
 where the kernel is loaded.  That drain calls ``requester.c`` for
 ``softnic.core.requester.generate``: a controlled RC QP's MIDDLEs (its pacer,
-window, AckReq cadence, bytes and the controller's accounting) compiled, every
-other case handed to the Python's.  And it carries the C face's post of send
-records (``post.c``, ``post_records``): ``backend._send_wr`` and
+window, AckReq cadence, bytes and the controller's accounting) compiled, and an
+uncontrolled one's runs where the driver gathers (a SEND from its FIRST to its
+LAST, the heads by the kernel's ``sn_tx_heads``: ``bulk_runs``), every other
+case handed to the Python's.  ``give_compiled`` also makes ``responder.c`` the
+class's ``Dispatch._send_run``: ``responder.receive_send_run`` and
+``took_send_run``, a SEND received in one run, compiled around the kernel's
+``sn_rx_send_run``.  ``hook_kernel`` gives both the loaded kernel's functions.
+And it carries the C face's post of send records (``post.c``, ``post_records``): ``backend._send_wr`` and
 ``Verbs.post_send`` for the common case, the rest left to them.
 
     python -m softnic.accel [-v]     # build both, check, say which CRC the kernel uses
@@ -114,8 +119,8 @@ def _key() -> str:
 
 
 def _fabric_key() -> str:
-    """``_key`` for ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c`` and ``post.c`` (no
-    cffi in them: looking for the loop stays cheap)."""
+    """``_key`` for ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c``, ``post.c`` and
+    ``responder.c`` (no cffi in them: looking for the loop stays cheap)."""
     return _sources_key(("objects.h", "bytes.h", "fabric.c", "timers.c", "output.c",
                          "requester.c", "post.c", "responder.c", "__init__.py"))
 
@@ -182,8 +187,8 @@ def build(dest: Path, verbose: bool = False) -> Path:
 
 
 def build_fabric(dest: Path, verbose: bool = False) -> Path:
-    """Compile ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c`` and ``post.c`` into
-    ``dest``; returns the extension's path."""
+    """Compile ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c``, ``post.c`` and
+    ``responder.c`` into ``dest``; returns the extension's path."""
     target = _target(dest, FABRIC_MODULE)
     if target.exists():
         return target
@@ -273,8 +278,9 @@ def give_compiled(dev) -> bool:
     kernel = getattr(dev, "kernel", None)
     for given, names in tuple(_compiled_classes.items()):
         if issubclass(cls, given):      # (a subclass may override some)
-            if kernel is not None:
-                hook_kernel(fabric_loop(), kernel)
+            m = fabric_loop()
+            if kernel is not None and m is not None:
+                hook_kernel(m, kernel)
             return all(getattr(cls, n) is getattr(given, n) for n in names)
     m = fabric_loop()
     if m is None:
