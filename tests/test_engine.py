@@ -250,6 +250,32 @@ def test_an_sge_of_negative_length_is_einval(flags, lengths):
     assert not ea.qp.sq
 
 
+@pytest.mark.parametrize("op", [W.SEND_WITH_INV, W.RDMA_WRITE, W.RDMA_READ])
+@pytest.mark.parametrize("field,value", [("invalidate_rkey", 1 << 32), ("rkey", 1 << 32),
+                                         ("rkey", -1), ("remote_addr", 1 << 64),
+                                         ("remote_addr", -8), ("remote_qkey", 1 << 32),
+                                         ("remote_qpn", 1 << 24)])
+@pytest.mark.parametrize("size", [8, 5000])
+def test_a_field_beyond_its_width_is_einval_and_the_qp_goes_on(op, field, value, size):
+    """A key, address, Q_Key or QPN beyond the width ibv_send_wr gives it (only the
+    Python face can give one) is refused at post (EINVAL) and nothing is queued; the
+    QP's next work request goes as ever.  (The drain raised on building its packet.)"""
+    p = pair()
+    a, b, ea, eb = p.a, p.b, p.ea, p.eb
+    wr = SendWR(1, op, [ea.sge(0, size)], SendFlags.SIGNALED, remote_addr=eb.buf.addr,
+                rkey=eb.mr.rkey, invalidate_rkey=eb.mr.rkey)
+    setattr(wr, field, value)
+    with pytest.raises(VerbsError) as e:
+        a.post_send(ea.qp, wr)
+    assert e.value.errno == errno.EINVAL
+    assert not ea.qp.sq
+    fill(ea, 0, b"after")
+    a.post_send(ea.qp, SendWR(2, W.RDMA_WRITE, [ea.sge(0, 5)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr, rkey=eb.mr.rkey))
+    p.run()
+    assert statuses(p.send_wcs()) == [(2, S.SUCCESS)] and read(eb, 0, 5) == b"after"
+
+
 @pytest.mark.parametrize("lengths", [(-1,), (8, -1)])
 @pytest.mark.parametrize("srq", [False, True])
 def test_a_receive_sge_of_negative_length_is_einval(lengths, srq):

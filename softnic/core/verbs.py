@@ -46,6 +46,21 @@ def _check_sge_lengths(sgl) -> None:
             raise einval("an SGE of negative length")
 
 
+_U32_MAX, _U64_MAX = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+
+
+def _check_wr_fields(wr) -> None:
+    """A send work request's fixed-width fields within the widths ``ibv_send_wr`` gives
+    them (an rkey, an rkey to invalidate and a Q_Key 32 bits, a remote address 64, a
+    remote QPN 24): one beyond, which only the Python face can give, is refused at
+    post (EINVAL), not queued as a request the drain cannot build."""
+    if not (0 <= wr.rkey <= _U32_MAX and 0 <= wr.invalidate_rkey <= _U32_MAX
+            and 0 <= wr.remote_addr <= _U64_MAX and 0 <= wr.remote_qkey <= _U32_MAX
+            and 0 <= wr.remote_qpn <= QPN_MASK):
+        raise einval("a field of the work request beyond its width (rkey, invalidate_rkey "
+                     "or remote_qkey 32 bits, remote_addr 64, remote_qpn 24)")
+
+
 class Verbs:
     """The verbs calls (a part of ``Device``)."""
 
@@ -264,6 +279,7 @@ class Verbs:
             raise einval(f"{op.name} is not valid on a {qp.qp_type.name} QP")
         if op is W.BIND_MW and wr.bind is None:
             raise einval("BIND_MW without a window to bind")
+        _check_wr_fields(wr)
         if op is W.ATOMIC_WRITE:        # as rxe: 8 bytes to an 8-byte aligned address
             if wr.atomic_data is None or len(wr.atomic_data) != 8 or wr.remote_addr & 7:
                 raise einval("ATOMIC_WRITE needs 8 bytes and an 8-byte aligned address")
