@@ -205,19 +205,23 @@ def test_the_compiled_receive_takes_every_run_as_the_python(compiled, seed, draw
 
 def test_a_clean_run_is_taken_whole_by_the_compiled_receive(compiled, monkeypatch):
     """Not a vacuous property: the compiled receive takes a clean SEND of three
-    packets itself (the Python's ``receive_send_run`` is not called), and its
-    receive completes with every byte."""
-    dev, qp, eb, data, seg, src = _world(3, _draw())
+    packets itself, its checks and its accounting (the Python's ``_common_qp`` and
+    ``_first_taken``, which ``receive_send_run`` and ``took_send_run`` call, are not
+    called), and its receive completes with every byte.  (The same run through the
+    Python's calls both: the counting works.)"""
     called = []
-    real = responder.receive_send_run
-    monkeypatch.setattr(responder, "receive_send_run",
-                        lambda *a: (called.append(1), real(*a))[1])
-    # (the compiled one runs only while the module's is the Python's own)
-    monkeypatch.setattr(responder, "receive_send_run", real)
-    k = compiled.receive_send_run(dev, memoryview(data), 0, seg, src)
-    assert k == 3 and called == []
-    (wc,) = dev.poll_cq(eb.recv_cq, 4)
-    assert wc.byte_len == 2 * MTU + 100 and wc.wr_id == 10
+    for name in ("_common_qp", "_first_taken"):
+        real = getattr(responder, name)
+        monkeypatch.setattr(responder, name,
+                            lambda *a, _n=name, _r=real: (called.append(_n), _r(*a))[1])
+    for take, want in ((compiled.receive_send_run, []),
+                       (responder.receive_send_run, ["_common_qp", "_first_taken"])):
+        called.clear()
+        dev, qp, eb, data, seg, src = _world(3, _draw())
+        assert take(dev, memoryview(data), 0, seg, src) == 3
+        assert called == want
+        (wc,) = dev.poll_cq(eb.recv_cq, 4)
+        assert wc.byte_len == 2 * MTU + 100 and wc.wr_id == 10
 
 
 def test_a_receive_send_run_put_in_the_modules_place_is_called(compiled, monkeypatch):
