@@ -36,3 +36,25 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, where every test must run: {reason}"
     return report
+
+
+@pytest.fixture(scope="module")
+def compiled_with_kernel():
+    """The compiled fabric module (``softnic.accel.fabric_loop()``) set up as
+    ``give_compiled`` sets it up, the loaded kernel hooked in (``hook_kernel``): what
+    the differential tests of ``requester.c``'s runs and ``responder.c``'s receive
+    run against the Python.  Fails under CI where either cannot be had (a skip
+    elsewhere)."""
+    from softnic import accel
+    from softnic.core import completer, output, requester
+    from softnic.core.device import Device
+    m = accel.fabric_loop()
+    kernel = accel.load()
+    if m is None or kernel is None:
+        reason = accel.fabric_error or accel.error or "not built"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no compiled module or kernel under CI: {reason}")
+        pytest.skip(f"no compiled module or kernel here: {reason}")
+    m.device_methods(Device, completer, requester, output)
+    accel.hook_kernel(m, kernel)
+    return m

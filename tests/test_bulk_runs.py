@@ -20,35 +20,25 @@ every step.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from softnic import accel
-from softnic.core import completer, output, requester
+from softnic.core import requester
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import QPState, QPType, SendFlags, WROpcode as W
 from softnic.core.qp import SendWR
 from softnic.experiments.rig import connect
+from test_paced_middles import _same
 
 
 @pytest.fixture(scope="module")
-def compiled_generate():
-    """``requester.c``'s ``generate``, set up as the compiled drain sets it up, with
-    the kernel's builders hooked as a NIC's ``give_compiled`` hooks them; fails
-    under CI where it cannot be had."""
-    m = accel.fabric_loop()
-    kernel = accel.load()
-    if m is None or kernel is None:
-        reason = accel.fabric_error or accel.error or "not built"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no compiled requester or kernel under CI: {reason}")
-        pytest.skip(f"no compiled requester or kernel here: {reason}")
-    m.device_methods(Device, completer, requester, output)
-    accel.hook_kernel(m, kernel)
-    return m.generate
+def compiled_generate(compiled_with_kernel):
+    """``requester.c``'s ``generate``, the kernel's builders hooked in as a NIC's
+    ``give_compiled`` hooks them (conftest's ``compiled_with_kernel``)."""
+    return compiled_with_kernel.generate
 
 
 _OPS = [W.SEND, W.SEND, W.SEND_WITH_IMM, W.RDMA_WRITE, W.RDMA_WRITE_WITH_IMM,
@@ -154,15 +144,6 @@ def _step(**values) -> dict:
                 rnr_wait=False, state=QPState.RTS)
     step.update(values)
     return step
-
-
-def _same(got, want, where: str) -> None:
-    if got == want:
-        return
-    if len(got) != len(want):
-        raise AssertionError(f"{where}: {len(got)} items, the Python's {len(want)}")
-    i = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-    raise AssertionError(f"{where}: item {i} is {got[i]!r:.300}, the Python's {want[i]!r:.300}")
 
 
 @settings(max_examples=500, deadline=None)

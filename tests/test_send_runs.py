@@ -20,14 +20,13 @@ counters, the CQ's events and the device's ready QPs must be the same.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from softnic import accel
-from softnic.core import completer, output, requester, responder
+from softnic.core import responder
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import QPState, SendFlags, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
@@ -38,19 +37,10 @@ MTU = 1024
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    """The fabric module with ``receive_send_run`` set up and the kernel hooked in,
-    as ``give_compiled`` sets them up; fails under CI where it cannot be had."""
-    m = accel.fabric_loop()
-    kernel = accel.load()
-    if m is None or kernel is None:
-        reason = accel.fabric_error or accel.error or "not built"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no compiled receive or kernel under CI: {reason}")
-        pytest.skip(f"no compiled receive or kernel here: {reason}")
-    m.device_methods(Device, completer, requester, output)
-    accel.hook_kernel(m, kernel)
-    return m
+def compiled(compiled_with_kernel):
+    """The fabric module with ``receive_send_run`` set up and the kernel hooked in, as
+    ``give_compiled`` sets them up (conftest's ``compiled_with_kernel``)."""
+    return compiled_with_kernel
 
 
 def _world(seed: int, draw: dict):

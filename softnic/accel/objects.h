@@ -251,6 +251,42 @@ static inline int take_ll(PyObject *v, long long *out)
 #define set_ll(o, name, v) ({ PyObject *v_ = PyLong_FromLongLong(v); \
     int r_ = v_ == NULL ? -1 : SA(o, name, v_); Py_XDECREF(v_); r_; })
 
+/* int(v) as 32 bits unsigned in *out, v taken (NULL: the error already set); -1: error */
+static inline int take_u32(PyObject *v, uint32_t *out)
+{
+    if (v == NULL)
+        return -1;
+    unsigned long c = PyLong_AsUnsignedLong(v);
+    Py_DECREF(v);
+    if (c == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint32_t)c;
+    return 0;
+}
+
+/* memo[key], memo taken (a dict; NULL: the error already set): a new reference, or
+   NULL with no error where it holds none (or is not a dict: the caller's Python asks) */
+static inline PyObject *memo_get(PyObject *memo, PyObject *key)
+{
+    PyObject *v = memo != NULL && PyDict_CheckExact(memo)
+        ? Py_XNewRef(PyDict_GetItemWithError(memo, key)) : NULL;
+    Py_XDECREF(memo);
+    return v;
+}
+
+/* module.name(args...), the function looked up at each call (a test's stand-in or a
+   tracer put in the module's place is the one called) */
+static inline PyObject *call_fn(PyObject *module, PyObject *name, PyObject *const *args,
+                                Py_ssize_t n)
+{
+    PyObject *f = PyObject_GetAttr(module, name);
+    if (f == NULL)
+        return NULL;
+    PyObject *r = PyObject_Vectorcall(f, args, n, NULL);
+    Py_DECREF(f);
+    return r;
+}
+
 /* bool(v), v taken: 1, 0, -1 */
 static inline int take_truth(PyObject *v)
 {

@@ -37,17 +37,6 @@ static PyObject *s_ready, *s_cnps, *s_gsi, *s_closed, *s_resp, *s_out, *s_state,
     *s_complete, *s_responses, *s_config, *s_icrc, *s_counters, *s_sent_pkts,
     *s_sealed, *s_outgoing, *s_requests, *s_pending;
 
-/* module.name(args...) */
-static PyObject *call_fn(PyObject *module, PyObject *name, PyObject *const *args, Py_ssize_t n)
-{
-    PyObject *f = PyObject_GetAttr(module, name);
-    if (f == NULL)
-        return NULL;
-    PyObject *r = PyObject_Vectorcall(f, args, n, NULL);
-    Py_DECREF(f);
-    return r;
-}
-
 /* if qp.resp.out: self._responses(qp, out) */
 static int responses(PyObject *dev, PyObject *qp, PyObject *out)
 {

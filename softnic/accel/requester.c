@@ -506,17 +506,8 @@ out:
 
 /* ------------------------------------------------- an uncontrolled QP's runs */
 
-/* module.name(args...), the function looked up at each call (a test's stand-in or
-   a tracer put in the module's place is called) */
-static PyObject *call_py(PyObject *name, PyObject *const *args, Py_ssize_t n)
-{
-    PyObject *f = PyObject_GetAttr(requester_module, name);
-    if (f == NULL)
-        return NULL;
-    PyObject *r = PyObject_Vectorcall(f, args, n, NULL);
-    Py_DECREF(f);
-    return r;
-}
+/* requester.name(args...) */
+#define call_py(name, args, n) call_fn(requester_module, (name), (args), (n))
 
 /* tx_icrc_start(dev, dest, size, op, flags, dqpn): looked up in dev.tx_starts by its
    key, the Python's asked (and the memo kept by it) where it is not there */
@@ -526,10 +517,7 @@ static int tx_start(PyObject *dev, PyObject *dest, long long size, long long op,
     PyObject *key = Py_BuildValue("(OLLLL)", dest, size, op, flags, dqpn);
     if (key == NULL)
         return -1;
-    PyObject *memo = GA(dev, s_tx_starts), *v = NULL;
-    if (memo != NULL && PyDict_CheckExact(memo))
-        v = Py_XNewRef(PyDict_GetItemWithError(memo, key));
-    Py_XDECREF(memo);
+    PyObject *v = memo_get(GA(dev, s_tx_starts), key);
     Py_DECREF(key);
     if (v == NULL && PyErr_Occurred())
         return -1;
@@ -542,15 +530,8 @@ static int tx_start(PyObject *dev, PyObject *dest, long long size, long long op,
             v = call_py(s_tx_icrc_start, args, 6);
         for (int i = 2; i < 6; i++)
             Py_XDECREF(args[i]);
-        if (v == NULL)
-            return -1;
     }
-    unsigned long c = PyLong_AsUnsignedLong(v);
-    Py_DECREF(v);
-    if (c == (unsigned long)-1 && PyErr_Occurred())
-        return -1;
-    *out = (uint32_t)c;
-    return 0;
+    return take_u32(v, out);
 }
 
 /* _record_sent(dev, qp, psn, k) */
@@ -752,6 +733,22 @@ static int start_wqe(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe, 
     return attr_add(req, s_send_idx, 1) < 0 ? -1 : 1;
 }
 
+/* Is START of this WQE (neither started nor done) the Python walk's: anything but a
+   SEND longer than an MTU (whose run from its FIRST on is this file's)?  1 yes, 0 no,
+   -1 error */
+static int start_is_pythons(PyObject *wqe, long long mtu)
+{
+    long long length;
+    PyObject *op = GA(wqe, s_opcode);
+    if (op == NULL)
+        return -1;
+    int run = PyDict_GetItemWithError(RUN_FIRST_W0, op) != NULL;
+    Py_DECREF(op);
+    if (PyErr_Occurred() || (run && get_ll(wqe, s_length, &length) < 0))
+        return -1;
+    return !run || length <= mtu;
+}
+
 /* Is the WQE up next one that START would hand to the Python's walk (not started,
    and not a SEND longer than an MTU)?  1 yes, 0 no (or no WQE up next), -1 error.
    Asked first, before the QP's own conditions: a lone request of one packet (a
@@ -759,7 +756,7 @@ static int start_wqe(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe, 
 static int first_not_a_run(PyObject *qp)
 {
     PyObject *req = GA(qp, s_req), *sq = req ? GA(qp, s_sq) : NULL, *wqe = NULL, *t = NULL;
-    long long i, length, mtu;
+    long long i, mtu;
     int r = -1;
     if (sq == NULL || get_ll(req, s_send_idx, &i) < 0)
         goto out;
@@ -782,13 +779,7 @@ static int first_not_a_run(PyObject *qp)
         r = r < 0 ? -1 : 0;
         goto out;
     }
-    if ((t = GA(wqe, s_opcode)) == NULL)
-        goto out;
-    int run = PyDict_GetItemWithError(RUN_FIRST_W0, t) != NULL;
-    if (PyErr_Occurred() || (run && (get_ll(wqe, s_length, &length) < 0
-                                     || get_ll(qp, s_mtu, &mtu) < 0)))
-        goto out;
-    r = !run || length <= mtu;
+    r = get_ll(qp, s_mtu, &mtu) < 0 ? -1 : start_is_pythons(wqe, mtu);
 out:
     Py_XDECREF(req);
     Py_XDECREF(sq);
@@ -876,18 +867,8 @@ static int bulk_runs(PyObject *dev, PyObject *qp, PyObject *out)
         if (done < 0)
             goto out;
         if (unstarted && !done) {                                       /* START */
-            /* only a SEND of more than one packet, whose run from its FIRST on is
-               this file's; any other WQE starts in the Python's walk */
-            long long length;
-            PyObject *op = GA(wqe, s_opcode);
-            if (op == NULL)
-                goto out;
-            int run = PyDict_GetItemWithError(RUN_FIRST_W0, op) != NULL;
-            Py_DECREF(op);
-            if (PyErr_Occurred() || (run && get_ll(wqe, s_length, &length) < 0))
-                goto out;
-            if (!run || length <= plan.mtu) {
-                r = 1;
+            if ((s = start_is_pythons(wqe, plan.mtu)) != 0) {
+                r = s < 0 ? -1 : 1;
                 goto out;
             }
             if ((s = start_wqe(dev, qp, req, wqe, &done)) <= 0) {
@@ -1030,6 +1011,28 @@ static int const_ll(PyObject *module, const char *name, long long *v)
     return take_ll(PyObject_GetAttrString(module, name), v);
 }
 
+/* {w: bth_word0(op) for w, op in requester.<name>.items()}: a new dict, or NULL */
+static PyObject *word0_table(PyObject *requester, const char *name)
+{
+    PyObject *table = PyObject_GetAttrString(requester, name), *word0 = NULL, *w, *op;
+    PyObject *d = table == NULL ? NULL : PyDict_New();
+    if (d != NULL && ((word0 = PyObject_GetAttrString(requester, "bth_word0")) == NULL
+                      || !PyDict_Check(table)))
+        Py_CLEAR(d);
+    Py_ssize_t pos = 0;
+    while (d != NULL && PyDict_Next(table, &pos, &w, &op)) {
+        PyObject *v = PyObject_CallOneArg(word0, op);
+        if (v == NULL || PyDict_SetItem(d, w, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    if (d == NULL && !PyErr_Occurred())
+        PyErr_Format(PyExc_TypeError, "requester.%s must be a dict", name);
+    Py_XDECREF(table);
+    Py_XDECREF(word0);
+    return d;
+}
+
 /* requester.py's functions and constants */
 int sn_requester_setup(PyObject *requester)
 {
@@ -1079,45 +1082,13 @@ int sn_requester_setup(PyObject *requester)
         PyErr_SetString(PyExc_RuntimeError, "requester.c writes the BTH as three 32-bit words");
         return -1;
     }
-    /* MIDDLE_W0 = {w: bth_word0(m) for w, m in _MIDDLE.items()} */
-    PyObject *middle = PyObject_GetAttrString(requester, "_MIDDLE"), *word0 = NULL, *w, *m;
-    PyObject *d = middle == NULL ? NULL : PyDict_New();
-    if (d != NULL && ((word0 = PyObject_GetAttrString(requester, "bth_word0")) == NULL
-                      || !PyDict_Check(middle)))
-        Py_CLEAR(d);
-    Py_ssize_t pos = 0;
-    while (d != NULL && PyDict_Next(middle, &pos, &w, &m)) {
-        PyObject *v = PyObject_CallOneArg(word0, m);
-        if (v == NULL || PyDict_SetItem(d, w, v) < 0)
-            Py_CLEAR(d);
-        Py_XDECREF(v);
-    }
-    if (d == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "requester._MIDDLE must be a dict");
-    Py_XDECREF(middle);
-    Py_CLEAR(word0);
-    Py_XSETREF(MIDDLE_W0, d);
-    if (d == NULL)
+    /* MIDDLE_W0 = {w: bth_word0(m) for w, m in _MIDDLE.items()}, and RUN_FIRST_W0 of
+       _RUN_FIRST the same */
+    Py_XSETREF(MIDDLE_W0, word0_table(requester, "_MIDDLE"));
+    if (MIDDLE_W0 == NULL)
         return -1;
-    /* RUN_FIRST_W0 = {w: bth_word0(f) for w, f in _RUN_FIRST.items()} */
-    PyObject *first = PyObject_GetAttrString(requester, "_RUN_FIRST");
-    d = first == NULL ? NULL : PyDict_New();
-    if (d != NULL && ((word0 = PyObject_GetAttrString(requester, "bth_word0")) == NULL
-                      || !PyDict_Check(first)))
-        Py_CLEAR(d);
-    pos = 0;
-    while (d != NULL && PyDict_Next(first, &pos, &w, &m)) {
-        PyObject *v = PyObject_CallOneArg(word0, m);
-        if (v == NULL || PyDict_SetItem(d, w, v) < 0)
-            Py_CLEAR(d);
-        Py_XDECREF(v);
-    }
-    if (d == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "requester._RUN_FIRST must be a dict");
-    Py_XDECREF(first);
-    Py_XDECREF(word0);
-    Py_XSETREF(RUN_FIRST_W0, d);
-    return d == NULL ? -1 : 0;
+    Py_XSETREF(RUN_FIRST_W0, word0_table(requester, "_RUN_FIRST"));
+    return RUN_FIRST_W0 == NULL ? -1 : 0;
 }
 
 int sn_requester_init(void)

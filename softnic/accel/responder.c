@@ -44,16 +44,8 @@ static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_typ
     *s_msn, *s_append, *s_mark_ready, *s_nak_sent, *s_naked, *s_scan, *s_writes, *s_placed,
     *s_nothing_held, *s_take_recv, *s_wqe, *s_off, *s_last_, *s_more_middles;
 
-/* module.name(args...), looked up at each call */
-static PyObject *call_responder(PyObject *name, PyObject *const *args, Py_ssize_t n)
-{
-    PyObject *f = PyObject_GetAttr(responder_module, name);
-    if (f == NULL)
-        return NULL;
-    PyObject *r = PyObject_Vectorcall(f, args, n, NULL);
-    Py_DECREF(f);
-    return r;
-}
+/* responder.name(args...) */
+#define call_responder(name, args, n) call_fn(responder_module, (name), (args), (n))
 
 /* rx_icrc_start(dev, src, size, w0, qpn): dev.rx_starts by its key, else the Python's */
 static int rx_start(PyObject *dev, PyObject *src, long long size, long long w0, long long qpn,
@@ -62,24 +54,14 @@ static int rx_start(PyObject *dev, PyObject *src, long long size, long long w0, 
     PyObject *key = Py_BuildValue("(OLLL)", src, size, w0, qpn);
     if (key == NULL)
         return -1;
-    PyObject *memo = GA(dev, s_rx_starts), *v = NULL;
-    if (memo != NULL && PyDict_CheckExact(memo))
-        v = Py_XNewRef(PyDict_GetItemWithError(memo, key));
-    Py_XDECREF(memo);
+    PyObject *v = memo_get(GA(dev, s_rx_starts), key);
     if (v == NULL && !PyErr_Occurred()) {
         PyObject *args[5] = {dev, src, PyTuple_GET_ITEM(key, 1), PyTuple_GET_ITEM(key, 2),
                              PyTuple_GET_ITEM(key, 3)};
         v = call_responder(s_rx_icrc_start, args, 5);
     }
     Py_DECREF(key);
-    if (v == NULL)
-        return -1;
-    unsigned long c = PyLong_AsUnsignedLong(v);
-    Py_DECREF(v);
-    if (c == (unsigned long)-1 && PyErr_Occurred())
-        return -1;
-    *out = (uint32_t)c;
-    return 0;
+    return take_u32(v, out);
 }
 
 /* _common_qp(dev, w2, pkey, src): the QP, a new reference, or NULL with no error */
