@@ -197,9 +197,11 @@ def test_sends_leave_as_runs_from_the_compiled_path(compiled_generate, monkeypat
 
 def test_start_is_the_pythons_called_from_the_compiled_path(compiled_generate, monkeypatch):
     """START stays ``start``'s (and ``_may_start``'s): the compiled path calls them,
-    looked up in the module at each call."""
+    looked up in the module at each call (and the Python's walk, which would call
+    them too, does not run: ``_bulk_run`` is not called)."""
     dev, qp = _send_world()
     calls = []
+    monkeypatch.setattr(requester, "_bulk_run", lambda *a: calls.append("_bulk_run"))
     real_may, real_start = requester._may_start, requester.start
     monkeypatch.setattr(requester, "_may_start",
                         lambda q, w, rc: (calls.append(("may", w.wr_id)), real_may(q, w, rc))[1])

@@ -52,7 +52,7 @@ static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_re
 /* ``bulk_runs``: requester.py's Gather and Run, {WR opcode: bth_word0(_RUN_FIRST[it])},
    _LAST, WCStatus.SUCCESS, W.SEND_WITH_INV */
 static PyObject *GATHER, *RUN, *RUN_FIRST_W0, *LAST, *SUCCESS, *SEND_WITH_INV;
-static long long SOLICITED_, BTH_SE_, BTH_PAD_SHIFT_;
+static long long SOLICITED_, BTH_SE_, BTH_PAD_SHIFT_, DEFAULT_PKEY_, ICRC_LEN_, HEAD_BYTES_;
 /* kernel.c's sn_tx_heads and sn_crc32, from the loaded kernel (``kernel_hooks``) */
 typedef uint32_t (*tx_heads_fn)(uint8_t *, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t,
                                 uint32_t, const uint8_t *, size_t, uint32_t);
@@ -612,7 +612,7 @@ static int bulk_run(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe,
         goto out;
     }
     uint32_t start_mid, start_first = 0, start_last = 0;
-    long long seg = BTH_LEN_ + r->mtu + 4, lflags = 0, pad = -r->n_last & 3;
+    long long seg = BTH_LEN_ + r->mtu + ICRC_LEN_, lflags = 0, pad = -r->n_last & 3;
     if (r->has_last) {
         if (get_ll(wqe, s_flags, &flags) < 0)
             goto out;
@@ -620,7 +620,7 @@ static int bulk_run(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe,
     }
     if (tx_start(dev, dest, seg, r->w0_mid >> 24, 0, r->dqpn, &start_mid) < 0
         || (r->lead && tx_start(dev, dest, seg, r->w0_first >> 24, 0, r->dqpn, &start_first) < 0)
-        || (r->has_last && tx_start(dev, dest, BTH_LEN_ + r->tail + r->n_last + pad + 4, r->lop,
+        || (r->has_last && tx_start(dev, dest, BTH_LEN_ + r->tail + r->n_last + pad + ICRC_LEN_, r->lop,
                                     lflags, r->dqpn, &start_last) < 0))
         goto out;
     long long tail_value = 0;
@@ -636,14 +636,14 @@ static int bulk_run(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe,
     /* all known: from here on the run is sent (_bulk_run's changes, in its order) */
     if (record_sent(dev, req, r->psn, r->k) < 0 || get_ll(req, s_pkts_since_ackreq, &s) < 0)
         goto out;
-    if ((heads = PyByteArray_FromStringAndSize(NULL, 16 * r->nmid)) == NULL)
+    if ((heads = PyByteArray_FromStringAndSize(NULL, HEAD_BYTES_ * r->nmid)) == NULL)
         goto out;
     uint8_t *h = (uint8_t *)PyByteArray_AS_STRING(heads);
     const uint8_t *p = (const uint8_t *)b.buf + off;
     if (r->lead)
         s = tx_heads(h, 1, (uint32_t)r->w0_first, (uint32_t)r->dqpn, (uint32_t)r->psn,
                      (uint32_t)s, (uint32_t)ack_every, p, (size_t)r->mtu, start_first);
-    s = tx_heads(h + 16 * r->lead, (uint32_t)(r->nmid - r->lead), (uint32_t)r->w0_mid,
+    s = tx_heads(h + HEAD_BYTES_ * r->lead, (uint32_t)(r->nmid - r->lead), (uint32_t)r->w0_mid,
                  (uint32_t)r->dqpn, (uint32_t)((r->psn + r->lead) & PSN_MASK_), (uint32_t)s,
                  (uint32_t)ack_every, p + r->mtu * r->lead, (size_t)r->mtu, start_mid);
     if ((src = PySequence_GetSlice(one, off, off_last)) == NULL)
@@ -651,10 +651,10 @@ static int bulk_run(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe,
     if (r->has_last) {                  /* _run_last: a LAST asks for an ACK */
         s = 0;
         long long n = BTH_LEN_ + r->tail + r->n_last + pad;
-        if ((last = PyByteArray_FromStringAndSize(NULL, n + 4)) == NULL)
+        if ((last = PyByteArray_FromStringAndSize(NULL, n + ICRC_LEN_)) == NULL)
             goto out;
         uint8_t *q = (uint8_t *)PyByteArray_AS_STRING(last);
-        put_be32(q, (uint32_t)(r->lop << 24 | lflags << 16 | 0xFFFF));
+        put_be32(q, (uint32_t)(r->lop << 24 | lflags << 16 | DEFAULT_PKEY_));
         put_be32(q + 4, (uint32_t)r->dqpn);
         put_be32(q + 8, (uint32_t)(BTH_ACKREQ_ | ((r->psn + r->nmid) & PSN_MASK_)));
         if (r->tail)
@@ -1054,11 +1054,12 @@ int sn_requester_setup(PyObject *requester)
         || const_ll(requester, "BTH_SE", &BTH_SE_) < 0
         || const_ll(requester, "BTH_PAD_SHIFT", &BTH_PAD_SHIFT_) < 0)
         return -1;
-    long long pkey;
-    if (const_ll(requester, "DEFAULT_PKEY", &pkey) < 0)
+    if (const_ll(requester, "DEFAULT_PKEY", &DEFAULT_PKEY_) < 0
+        || const_ll(requester, "ICRC_LEN", &ICRC_LEN_) < 0
+        || const_ll(requester, "_HEAD_BYTES", &HEAD_BYTES_) < 0)
         return -1;
-    if (pkey != 0xFFFF) {
-        PyErr_SetString(PyExc_RuntimeError, "requester.c writes a LAST's P_Key as 0xFFFF");
+    if (HEAD_BYTES_ != 16) {
+        PyErr_SetString(PyExc_RuntimeError, "kernel.c's sn_tx_heads writes 16 bytes a head");
         return -1;
     }
     Py_XSETREF(GATHER, PyObject_GetAttrString(requester, "Gather"));

@@ -35,7 +35,7 @@ static PyObject *rx_kernel;             /* the kernel object it is of: a device'
 static PyObject *responder_module, *py_receive_send_run, *py_took_send_run;
 static PyObject *RC, *RECEIVING, *SEND_EDGE_INFO, *SEND_KIND, *ACK_CREDITS;
 static long long QPN_MASK_, ECN_, DEFAULT_PKEY_, SEND_FIRST_, W0_SEND_MIDDLE_, EXT_TAIL_,
-    ACKREQ_, SE_, PAD_SHIFT_, PSN_MASK_, MSN_MASK_;
+    ACKREQ_, SE_, PAD_SHIFT_, PAD_MASK_, PSN_MASK_, MSN_MASK_, BTH_LEN_, ICRC_LEN_;
 #define ACKS_MAX 64                     /* responder._ACKS_PER_RUN (checked at setup) */
 static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_type, *s_xrc,
     *s_state, *s_dest, *s_sr, *s_ooo, *s_mtu, *s_resp, *s_kind, *s_srq, *s_rq, *s_queue,
@@ -293,13 +293,13 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
     PyObject *sr = GA(qp, s_sr);
     int held = sr == NULL ? -1 : get_truth(sr, s_ooo);
     Py_XDECREF(sr);
-    long long mtu, pad = (flags >> PAD_SHIFT_) & 3;
+    long long mtu, pad = (flags >> PAD_SHIFT_) & PAD_MASK_;
     if (held != 0 || get_ll(qp, s_mtu, &mtu) < 0) {
         r = held > 0 ? 0 : -1;
         goto out;
     }
     /* _size_ok(mtu, FIRST, ...): a whole MTU; _in_sequence(resp.kind, FIRST): none under way */
-    if (seg - 12 - 4 - pad != mtu || (resp = GA(qp, s_resp)) == NULL
+    if (seg - BTH_LEN_ - ICRC_LEN_ - pad != mtu || (resp = GA(qp, s_resp)) == NULL
         || (t = GA(resp, s_kind)) == NULL) {
         r = PyErr_Occurred() ? -1 : 0;
         goto out;
@@ -350,13 +350,13 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
     int is_last = linfo == NULL ? 0 : get_truth(linfo, s_last);
     if (is_last < 0)
         goto out;
-    if (is_last && n - last_at < 12)
+    if (is_last && n - last_at < BTH_LEN_)
         is_last = 0;                            /* (too short to be one) */
     if (is_last) {
         if (get_ll(linfo, s_hdr_len, &hdr) < 0)
             goto out;
         lflags = d[last_at + 1];
-        n_last = n - last_at - hdr - 4 - ((lflags >> PAD_SHIFT_) & 3);
+        n_last = n - last_at - hdr - ICRC_LEN_ - ((lflags >> PAD_SHIFT_) & PAD_MASK_);
         if (n_last < 0 || n_last > mtu)         /* _size_ok(mtu, LAST, n_last) */
             last_at = 0;
     } else {
@@ -369,7 +369,7 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
     long long ext = 0, lw0 = 0;
     uint32_t lstart = 0, fstart, mstart;
     if (last_at) {
-        ext = hdr != 12 ? EXT_TAIL_ : 0;
+        ext = hdr != BTH_LEN_ ? EXT_TAIL_ : 0;
         lw0 = (long long)d[last_at] << 24 | lflags << 16 | DEFAULT_PKEY_;
         if (rx_start(dev, src, n - last_at, lw0, qpn, &lstart) < 0)
             goto out;
@@ -394,7 +394,7 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
         goto out;
     }
     long long m = k >> 1, last = k & 1;
-    long long tail = last && ext ? be32(d + last_at + 12) : 0;
+    long long tail = last && ext ? be32(d + last_at + BTH_LEN_) : 0;
     PyObject *took = PyObject_GetAttr(responder_module, s_took_send_run);
     if (took == NULL)
         goto out;
@@ -527,8 +527,14 @@ static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_
         || const_of(resp, "BTH_PAD_SHIFT", &PAD_SHIFT_) < 0
         || const_of(resp, "_ACKS_PER_RUN", &acks_per_run) < 0
         || py_took_send_run == NULL || SEND_KIND == NULL || ACK_CREDITS == NULL
-        || const_of(resp, "PSN_MASK", &PSN_MASK_) < 0 || const_of(resp, "MSN_MASK", &MSN_MASK_) < 0)
+        || const_of(resp, "PSN_MASK", &PSN_MASK_) < 0 || const_of(resp, "MSN_MASK", &MSN_MASK_) < 0
+        || const_of(resp, "BTH_PAD_MASK", &PAD_MASK_) < 0 || const_of(resp, "BTH_LEN", &BTH_LEN_) < 0
+        || const_of(resp, "ICRC_LEN", &ICRC_LEN_) < 0)
         return NULL;
+    if (BTH_LEN_ != 12) {
+        PyErr_SetString(PyExc_RuntimeError, "responder.c reads the BTH as three 32-bit words");
+        return NULL;
+    }
     if (acks_per_run != ACKS_MAX || !PyDict_CheckExact(SEND_EDGE_INFO)) {
         PyErr_SetString(PyExc_RuntimeError,
                         "responder.c: _ACKS_PER_RUN must be 64, _SEND_EDGE_INFO a dict");
