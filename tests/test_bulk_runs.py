@@ -31,6 +31,7 @@ from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import QPState, QPType, SendFlags, WROpcode as W
 from softnic.core.qp import SendWR
 from softnic.experiments.rig import connect
+from softnic.wire.icrc import append_icrc
 from test_paced_middles import _same
 
 
@@ -96,18 +97,26 @@ def _state(dev, qp) -> tuple:
     )
 
 
-def _items(out: list) -> list:
+def _items(dev, out: list) -> list:
     """What leaves, comparable: a run as its packets laid end to end (and whether
-    it is a gathered one), a packet as its bytes."""
+    it is a gathered one), a packet as its bytes with its ICRC (as ``_sealed``
+    appends it: the compiled path gives a request of one packet as a run of one
+    datagram, ICRC included)."""
     res = []
     for item in out:
-        if type(item) is requester.Run:
+        if type(item) is requester.Run and (item.count > 1 or type(item.buf) is requester.Gather):
             buf = item.buf
             gathered = type(buf) is requester.Gather
             data = bytes(buf.flatten() if gathered else buf)
             res.append(("run", data, item.dest, item.seg, item.count, gathered))
+        elif type(item) is requester.Run:         # one datagram (its seg: at least its length)
+            assert item.seg >= len(item.buf)
+            res.append(("packet", bytes(item.buf), item.dest))
         else:
-            res.append((bytes(item[0]), item[1]))
+            pkt, dest = item
+            sealed = bytes(append_icrc(bytearray(pkt), dev.ip, dest[0], dev.port, dest[1])
+                           if dev.config.icrc else bytes(pkt) + bytes(4))
+            res.append(("packet", sealed, dest))
     return res
 
 
@@ -158,7 +167,7 @@ def test_the_compiled_runs_take_every_step_as_the_python(compiled_generate, seed
             _apply(step, qp)
             out: list = []
             gen(dev, qp, 1.0, out)
-            outs.append(_items(out))
+            outs.append(_items(dev, out))
         _same(outs[1], outs[0], f"step {k}, packets")
         _same(_state(*cc), _state(*py), f"step {k}, state")
 
@@ -210,3 +219,49 @@ def test_start_is_the_pythons_called_from_the_compiled_path(compiled_generate, m
     compiled_generate(dev, qp, 1.0, [])
     assert calls == [("may", 0), ("start", 0), ("may", 1), ("start", 1), ("may", 2),
                      ("start", 2)]
+
+
+def test_one_packet_requests_leave_from_the_compiled_path(compiled_generate, monkeypatch):
+    """Not a vacuous property either: a request of one packet of each kind the
+    compiled path packs (SEND, SEND with an immediate or an invalidation, WRITE
+    and WRITE with an immediate of an MTU at most, a READ of several responses,
+    both atomics) leaves as a run of one datagram, ICRC included, built with no
+    Python builder called, its bytes those the Python's ``_pack_only`` and
+    ``append_icrc`` give (this fails if ``sn_generate`` hands them to the Python)."""
+    ops = [(W.SEND, 100), (W.SEND_WITH_IMM, 0), (W.SEND_WITH_INV, 1024), (W.RDMA_WRITE, 7),
+           (W.RDMA_WRITE_WITH_IMM, 64), (W.RDMA_READ, 5000), (W.ATOMIC_FETCH_AND_ADD, 8),
+           (W.ATOMIC_CMP_AND_SWP, 8)]
+
+    def world():
+        config = DeviceConfig()
+        a, b = Device("a", "10.0.0.1", config=config), Device("b", "10.0.0.2", config=config)
+        ea, _ = connect(a, b, mtu=1024, endpoint_args=dict(buf_size=1 << 16))
+        ea.buf.view[:] = random.Random(7).randbytes(len(ea.buf.view))
+        a.kernel = accel.load()
+        a.tx_gather = True
+        for i, (op, size) in enumerate(ops):
+            a.post_send(ea.qp, SendWR(i, op, [ea.sge(4096 * i, size)],
+                                      SendFlags.SIGNALED | SendFlags.SOLICITED,
+                                      remote_addr=0xFFFF_0000_0000_0000 + 8 * i, rkey=0x8765_4321,
+                                      imm_data=0xA0B0C0D0 + i, invalidate_rkey=0x1357 + i,
+                                      compare_add=0x1111_2222_3333_4444 + i,
+                                      swap=0x5555_6666_7777_8888 + i))
+        return a, ea.qp
+
+    py_dev, py_qp = world()
+    want: list = []
+    requester.generate(py_dev, py_qp, 1.0, want)
+    dev, qp = world()
+    called = []
+    for name in ("_send_packet", "_build", "_pack_only", "_build_rc", "_bulk_run"):
+        real = getattr(requester, name)
+        monkeypatch.setattr(requester, name,
+                            lambda *a, _n=name, _r=real: (called.append(_n), _r(*a))[1])
+    out: list = []
+    compiled_generate(dev, qp, 1.0, out)
+    assert called == []
+    assert [(type(r), r.count, r.seg == len(r.buf)) for r in out] == [(requester.Run, 1, True)] * 8
+    assert _items(dev, out) == _items(py_dev, want)
+    assert [(w.next_pkt, w.npkts) for w in qp.sq] == [(w.next_pkt, w.npkts) for w in py_qp.sq]
+    assert qp.sq[5].npkts == 5 and qp.req.send_idx == 8
+    assert _state(dev, qp) == _state(py_dev, py_qp)

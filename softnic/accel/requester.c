@@ -1,4 +1,5 @@
-/* The requester's paced MIDDLE packets (softnic.core.requester.generate), compiled.
+/* The requester's paced MIDDLE packets, runs and one-packet requests
+   (softnic.core.requester.generate), compiled.
 
    ``generate``'s chain of checks for the state a controlled RC QP spends most of
    a long message in: the WQE up next has its PSNs and its next packet is a
@@ -14,18 +15,21 @@
    would, changing nothing).  The controller (``on_packet_sent``) and the
    device's ``rto`` are called as the Python calls them.
 
-   And the state an uncontrolled RC QP spends a long message in, the one UCX's
-   and MPI's eager protocols keep it in (``bulk_runs``): IDLE, RESEND (none
-   owed), then WQE by WQE START (``_may_start`` and ``start``, the Python's,
-   called, for a SEND longer than an MTU; any other WQE starts in the Python's
-   walk) and, packet by packet, WINDOW and SEND as ``_bulk_run`` (``_run_end``,
-   ``_record_sent``, ``_bulk`` and ``middle_run``'s gathered run: its MIDDLEs'
-   heads by kernel.c's ``sn_tx_heads``, from a SEND's FIRST on, and ``_run_last``
-   for its LAST), for a device whose driver gathers (``Device.tx_gather``) and
-   whose kernel is the one hooked in (``kernel_hooks``); any other packet (a one-packet request, a LAST sent
-   alone, a READ or atomic, a WQE of several views) is the Python ``generate``'s,
-   from where this stops.  tests/test_bulk_runs.py checks it against the Python,
-   step by step and byte by byte.
+   And the states an uncontrolled RC QP spends its messages in, the ones UCX's
+   and MPI's protocols keep it in (``bulk_runs``): IDLE, RESEND (none owed), then
+   WQE by WQE START (``_may_start`` and ``start``, the Python's, called, for a
+   SEND, a READ, an atomic or a WRITE of one packet; any other WQE starts in the
+   Python's walk) and, packet by packet, WINDOW and SEND: a request of one packet
+   as ``_send_packet`` sends it (``one_packet``: ``_record_sent``, the bytes
+   ``_pack_only`` gives, the ICRC ``_sealed`` appends), or a run as ``_bulk_run``
+   (``_run_end``, ``_record_sent``, ``_bulk`` and ``middle_run``'s gathered run:
+   its MIDDLEs' heads by kernel.c's ``sn_tx_heads``, from a SEND's FIRST on, and
+   ``_run_last`` for its LAST), for a device whose driver gathers
+   (``Device.tx_gather``) and whose kernel is the one hooked in
+   (``kernel_hooks``); any other packet (a WRITE's FIRST, a LAST sent alone, a
+   READ re-issued from a later response, a WQE of several views) is the Python
+   ``generate``'s, from where this stops.  tests/test_bulk_runs.py checks it
+   against the Python, step by step and byte by byte.
 
    The compiled drain (output.c) calls ``sn_generate`` for ``requester.generate``;
    a ``generate`` put in the module's place (a test's stand-in, a tracer) is
@@ -48,10 +52,15 @@ static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_re
     *s_pkts_since_ackreq, *s_mtu, *s_min_timer, *s_rto, *s_max_sent_psn, *s_counters,
     *s_retransmitted_pkts, *s_attr, *s_dest_qp_num, *s_views, *s_sent, *s_on_packet_sent,
     *kw_sent, *s_may_start, *s_start, *s_tx_icrc_start, *s_kernel, *s_tx_gather,
-    *s_tx_starts, *s_status, *s_length, *s_flags, *s_imm, *s_inv_rkey;
+    *s_tx_starts, *s_status, *s_length, *s_flags, *s_imm, *s_inv_rkey, *s_remote_addr,
+    *s_rkey, *s_compare_add, *s_swap, *s_icrc;
 /* ``bulk_runs``: requester.py's Gather and Run, {WR opcode: bth_word0(_RUN_FIRST[it])},
    _LAST, WCStatus.SUCCESS, W.SEND_WITH_INV */
 static PyObject *GATHER, *RUN, *RUN_FIRST_W0, *LAST, *SUCCESS, *SEND_WITH_INV;
+/* ``one_packet``: requester.py's _ONLY ({WR opcode: (its RC ONLY opcode, its headers'
+   length, a RETH, an AtomicETH, an ImmDt or IETH, a message)}), W.RDMA_READ and
+   W.ATOMIC_FETCH_AND_ADD */
+static PyObject *ONLY, *RDMA_READ, *FETCH_ADD;
 static long long SOLICITED_, BTH_SE_, BTH_PAD_SHIFT_, DEFAULT_PKEY_, ICRC_LEN_, HEAD_BYTES_;
 /* kernel.c's sn_tx_heads and sn_crc32, from the loaded kernel (``kernel_hooks``) */
 typedef uint32_t (*tx_heads_fn)(uint8_t *, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t,
@@ -557,6 +566,24 @@ static int record_sent(PyObject *dev, PyObject *req, long long psn, long long k)
     return ahead < k ? set_ll(req, s_max_sent_psn, (psn + k - 1) & PSN_MASK_) : 0;
 }
 
+/* Run(buf, dest, seg, count) (a NamedTuple: a tuple of its type): a new reference */
+static PyObject *new_run(PyObject *buf, PyObject *dest, long long seg, long long count)
+{
+    PyObject *run = ((PyTypeObject *)RUN)->tp_alloc((PyTypeObject *)RUN, 4);
+    PyObject *seg_o = run ? PyLong_FromLongLong(seg) : NULL,
+        *k_o = seg_o ? PyLong_FromLongLong(count) : NULL;
+    if (k_o == NULL) {
+        Py_XDECREF(seg_o);
+        Py_XDECREF(run);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(run, 0, Py_NewRef(buf));
+    PyTuple_SET_ITEM(run, 1, Py_NewRef(dest));
+    PyTuple_SET_ITEM(run, 2, seg_o);
+    PyTuple_SET_ITEM(run, 3, k_o);
+    return run;
+}
+
 /* What ``_bulk_run`` of a WQE with its PSNs (one view) needs to know before it
    changes anything */
 struct run_plan {
@@ -674,21 +701,8 @@ static int bulk_run(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe,
     Py_DECREF(gargs[3]);
     if (gather == NULL || set_ll(req, s_pkts_since_ackreq, s) < 0)
         goto out;
-    /* out.append(Run(buf, dest, seg, k)) (a NamedTuple: a tuple of its type) */
-    run = ((PyTypeObject *)RUN)->tp_alloc((PyTypeObject *)RUN, 4);
-    if (run == NULL)
-        goto out;
-    PyObject *seg_o = PyLong_FromLongLong(seg), *k_o = PyLong_FromLongLong(r->k);
-    if (seg_o == NULL || k_o == NULL) {
-        Py_XDECREF(seg_o);
-        Py_XDECREF(k_o);
-        goto out;
-    }
-    PyTuple_SET_ITEM(run, 0, Py_NewRef(gather));
-    PyTuple_SET_ITEM(run, 1, Py_NewRef(dest));
-    PyTuple_SET_ITEM(run, 2, seg_o);
-    PyTuple_SET_ITEM(run, 3, k_o);
-    if (PyList_Append(out, run) < 0 || set_ll(wqe, s_next_pkt, r->nxt + r->k) < 0)
+    if ((run = new_run(gather, dest, seg, r->k)) == NULL || PyList_Append(out, run) < 0
+        || set_ll(wqe, s_next_pkt, r->nxt + r->k) < 0)
         goto out;
     if (r->nxt + r->k >= r->npkts && attr_add(req, s_send_idx, 1) < 0)
         goto out;
@@ -704,6 +718,132 @@ out:
     Py_XDECREF(gather);
     Py_XDECREF(run);
     return res;
+}
+
+/* int(v) for a header field of ``bits`` bits (32 or 64), v taken: 1 it is one, 0 it is
+   not (not an int, or out of range: _pack_only's struct raises for it, so the packet is
+   left to the Python's, the error cleared), -1 error (NULL: the attribute's) */
+static int take_field(PyObject *v, int bits, unsigned long long *out)
+{
+    if (v == NULL)
+        return -1;
+    int ok = PyLong_Check(v);
+    unsigned long long x = ok ? PyLong_AsUnsignedLongLong(v) : 0;
+    Py_DECREF(v);
+    if (!ok || (x == (unsigned long long)-1 && PyErr_Occurred()) || (bits < 64 && x >> bits)) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+#define get_field(o, name, bits, out) take_field(GA(o, name), (bits), (out))
+
+/* _send_packet(dev, qp, wqe, psn, ...) of an uncontrolled RC QP's request of one packet
+   (``_build``'s first case: a WQE of one packet whose opcode is _ONLY's, or a READ's
+   request for all its responses), its bytes as ``_pack_only`` packs them and its ICRC
+   as ``_sealed`` appends it; ``op`` is wqe.opcode, ``r`` has its PSN, next packet (0)
+   and packets.  It goes out as a Run of one datagram (a Run has its ICRCs).  1 sent,
+   0 the Python's (nothing changed: a device without ICRCs, a field _pack_only's struct
+   refuses, a payload not in one view of its length), -1 error */
+static int one_packet(PyObject *dev, PyObject *req, PyObject *wqe, PyObject *op,
+                      struct run_plan *r, PyObject *dest, PyObject *out)
+{
+    PyObject *spec = PyDict_GetItemWithError(ONLY, op);             /* borrowed */
+    if (spec == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *config = GA(dev, s_config), *views = NULL, *buf = NULL, *run = NULL;
+    int s = config == NULL ? -1 : get_truth(config, s_icrc);        /* (else zeros: _sealed's) */
+    Py_XDECREF(config);
+    if (s <= 0)
+        return s;
+    long long opcode = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 0)),
+        hdr = PyLong_AsLongLong(PyTuple_GET_ITEM(spec, 1)), flags = 0;
+    int reth = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 2)),
+        atomiceth = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 3)),
+        tail = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 4)),
+        message = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 5));
+    if (PyErr_Occurred())
+        return -1;
+    unsigned long long length = 0, addr = 0, rkey = 0, a1 = 0, a2 = 0, tv = 0;
+    if ((s = get_field(wqe, s_length, 32, &length)) <= 0)
+        return s;
+    if ((reth || atomiceth)
+        && ((s = get_field(wqe, s_remote_addr, 64, &addr)) <= 0
+            || (s = get_field(wqe, s_rkey, 32, &rkey)) <= 0))
+        return s;
+    if (atomiceth) {        /* FETCH_ADD: (compare_add, 0); CMP_AND_SWP: (swap, compare_add) */
+        int add = op == FETCH_ADD;
+        if ((s = get_field(wqe, add ? s_compare_add : s_swap, 64, &a1)) <= 0
+            || (!add && (s = get_field(wqe, s_compare_add, 64, &a2)) <= 0))
+            return s;
+    }
+    if (tail && (s = get_field(wqe, op == SEND_WITH_INV ? s_inv_rkey : s_imm, 32, &tv)) <= 0)
+        return s;
+    long long n = message ? (long long)length : 0, pad = -n & 3, size = hdr + n + pad;
+    if (message && get_ll(wqe, s_flags, &flags) < 0)
+        return -1;
+    long long bflags = (message && flags & SOLICITED_ ? BTH_SE_ : 0) | pad << BTH_PAD_SHIFT_;
+    Py_buffer b;
+    b.obj = NULL;
+    s = -1;
+    if (n) {                            /* views[0], of the payload's length */
+        if ((views = GA(wqe, s_views)) == NULL)
+            goto out;
+        if (!PyList_CheckExact(views) || PyList_GET_SIZE(views) != 1
+            || PyObject_GetBuffer(PyList_GET_ITEM(views, 0), &b, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            b.obj = NULL;
+            s = 0;                      /* (gather()'s, or a view the kernel cannot read) */
+            goto out;
+        }
+        if (b.len != n) {
+            s = 0;
+            goto out;
+        }
+    }
+    uint32_t start;
+    if (tx_start(dev, dest, size + ICRC_LEN_, opcode, bflags, r->dqpn, &start) < 0)
+        goto out;
+    /* all known: from here on it is sent (_send_packet's changes, in its order: the
+       AckReq count restarts after a packet that asks, as this one does) */
+    if (set_ll(req, s_pkts_since_ackreq, 0) < 0 || record_sent(dev, req, r->psn, 1) < 0
+        || (buf = PyByteArray_FromStringAndSize(NULL, size + ICRC_LEN_)) == NULL)
+        goto out;
+    uint8_t *q = (uint8_t *)PyByteArray_AS_STRING(buf);
+    memset(q, 0, hdr);
+    put_be32(q, (uint32_t)(opcode << 24 | bflags << 16 | DEFAULT_PKEY_));
+    put_be32(q + 4, (uint32_t)r->dqpn);
+    put_be32(q + 8, (uint32_t)(BTH_ACKREQ_ | r->psn));
+    uint8_t *h = q + BTH_LEN_;
+    if (reth || atomiceth) {            /* a RETH: VA, R_Key, length; an AtomicETH: VA, R_Key, two */
+        put_be64(h, addr);
+        put_be32(h + 8, (uint32_t)rkey);
+        if (reth)
+            put_be32(h + 12, (uint32_t)length);
+        else {
+            put_be64(h + 12, a1);
+            put_be64(h + 20, a2);
+        }
+    }
+    if (tail)                           /* the ImmDt or IETH, the headers' last word */
+        put_be32(q + hdr - 4, (uint32_t)tv);
+    if (n)
+        memcpy(q + hdr, b.buf, n);
+    memset(q + hdr + n, 0, pad);
+    put_le32(q + size, crc32_of(start, q + 8, size - 8));
+    if ((run = new_run(buf, dest, size + ICRC_LEN_, 1)) == NULL || PyList_Append(out, run) < 0
+        || set_ll(wqe, s_next_pkt, r->npkts) < 0 || attr_add(req, s_send_idx, 1) < 0)
+        goto out;
+    s = 1;
+out:
+    if (b.obj != NULL)
+        PyBuffer_Release(&b);
+    Py_XDECREF(views);
+    Py_XDECREF(buf);
+    Py_XDECREF(run);
+    return s;
 }
 
 /* START: _may_start(qp, wqe, True), then start(dev, qp, wqe); 1 started (or done
@@ -734,26 +874,35 @@ static int start_wqe(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe, 
 }
 
 /* Is START of this WQE (neither started nor done) the Python walk's: anything but a
-   SEND longer than an MTU (whose run from its FIRST on is this file's)?  1 yes, 0 no,
-   -1 error */
+   SEND (whose run from its FIRST on, or whose one packet, is this file's) or another
+   request that leaves as one packet packed straight (``one_packet``'s: a READ's, an
+   atomic's, a WRITE's of an MTU at most)?  1 yes, 0 no, -1 error */
 static int start_is_pythons(PyObject *wqe, long long mtu)
 {
     long long length;
     PyObject *op = GA(wqe, s_opcode);
     if (op == NULL)
         return -1;
-    int run = PyDict_GetItemWithError(RUN_FIRST_W0, op) != NULL;
+    int send = PyDict_GetItemWithError(RUN_FIRST_W0, op) != NULL;
+    PyObject *spec = send || PyErr_Occurred() ? NULL : PyDict_GetItemWithError(ONLY, op);
     Py_DECREF(op);
-    if (PyErr_Occurred() || (run && get_ll(wqe, s_length, &length) < 0))
+    if (PyErr_Occurred())
         return -1;
-    return !run || length <= mtu;
+    if (send)
+        return 0;
+    if (spec == NULL)
+        return 1;
+    int message = PyObject_IsTrue(PyTuple_GET_ITEM(spec, 5));       /* a WRITE's */
+    if (message <= 0)
+        return message;
+    return get_ll(wqe, s_length, &length) < 0 ? -1 : length > mtu;
 }
 
 /* Is the WQE up next one that START would hand to the Python's walk (not started,
-   and not a SEND longer than an MTU)?  1 yes, 0 no (or no WQE up next), -1 error.
-   Asked first, before the QP's own conditions: a lone request of one packet (a
-   latency test's) goes straight to the Python's ``generate``. */
-static int first_not_a_run(PyObject *qp)
+   and ``start_is_pythons``)?  1 yes, 0 no (or no WQE up next), -1 error.  Asked
+   first, before the QP's own conditions: such a WQE (a local operation, a WRITE
+   longer than an MTU, a FLUSH) goes straight to the Python's ``generate``. */
+static int first_is_pythons(PyObject *qp)
 {
     PyObject *req = GA(qp, s_req), *sq = req ? GA(qp, s_sq) : NULL, *wqe = NULL, *t = NULL;
     long long i, mtu;
@@ -799,7 +948,7 @@ static int bulk_runs(PyObject *dev, PyObject *qp, PyObject *out)
     struct run_plan plan;
     if (tx_heads == NULL || crc32_of == NULL || !PyList_CheckExact(out))
         return 1;
-    if ((s = first_not_a_run(qp)) != 0)         /* (a one-packet request's: at once) */
+    if ((s = first_is_pythons(qp)) != 0)        /* (the Python's START: at once) */
         return s < 0 ? -1 : 1;
     if ((t = GA(qp, s_qp_type)) == NULL)
         return -1;
@@ -885,6 +1034,22 @@ static int bulk_runs(PyObject *dev, PyObject *qp, PyObject *out)
         PyObject *op = GA(wqe, s_opcode);
         if (op == NULL)
             goto out;
+        if (get_ll(wqe, s_first_psn, &plan.first) < 0 || get_ll(wqe, s_next_pkt, &plan.nxt) < 0
+            || get_ll(wqe, s_npkts, &plan.npkts) < 0) {
+            Py_DECREF(op);
+            goto out;
+        }
+        if (plan.nxt == 0 && (plan.npkts == 1 || op == RDMA_READ)) {
+            /* SEND of a request of one packet (no WINDOW: START's _may_start saw to it) */
+            plan.psn = plan.first & PSN_MASK_;
+            s = one_packet(dev, req, wqe, op, &plan, dest, out);
+            Py_DECREF(op);
+            if (s <= 0) {
+                r = s < 0 ? -1 : 1;
+                goto out;
+            }
+            continue;
+        }
         PyObject *mid = PyDict_GetItemWithError(MIDDLE_W0, op);    /* op in _MIDDLE */
         PyObject *fst = mid ? PyDict_GetItemWithError(RUN_FIRST_W0, op) : NULL;
         PyObject *lst = mid ? PyDict_GetItemWithError(LAST, op) : NULL;
@@ -1069,15 +1234,26 @@ int sn_requester_setup(PyObject *requester)
         *wr = wc ? PyObject_GetAttrString(requester, "W") : NULL;
     Py_XSETREF(SUCCESS, wr ? PyObject_GetAttrString(wc, "SUCCESS") : NULL);
     Py_XSETREF(SEND_WITH_INV, SUCCESS ? PyObject_GetAttrString(wr, "SEND_WITH_INV") : NULL);
+    Py_XSETREF(RDMA_READ, SEND_WITH_INV ? PyObject_GetAttrString(wr, "RDMA_READ") : NULL);
+    Py_XSETREF(FETCH_ADD, RDMA_READ ? PyObject_GetAttrString(wr, "ATOMIC_FETCH_AND_ADD") : NULL);
     Py_XDECREF(wc);
     Py_XDECREF(wr);
-    if (GATHER == NULL || RUN == NULL || LAST == NULL || SEND_WITH_INV == NULL)
+    Py_XSETREF(ONLY, PyObject_GetAttrString(requester, "_ONLY"));
+    if (GATHER == NULL || RUN == NULL || LAST == NULL || FETCH_ADD == NULL || ONLY == NULL)
         return -1;
     if (!PyType_Check(RUN) || !PyType_IsSubtype((PyTypeObject *)RUN, &PyTuple_Type)
-        || !PyDict_Check(LAST)) {
-        PyErr_SetString(PyExc_TypeError, "requester.Run must be a tuple type, _LAST a dict");
+        || !PyDict_Check(LAST) || !PyDict_Check(ONLY)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "requester.Run must be a tuple type, _LAST and _ONLY dicts");
         return -1;
     }
+    PyObject *w, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(ONLY, &pos, &w, &v))
+        if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 6) {
+            PyErr_SetString(PyExc_TypeError, "requester._ONLY's values must be 6-tuples");
+            return -1;
+        }
     BTH_LEN_ = (Py_ssize_t)bth_len;
     if (BTH_LEN_ != 12) {
         PyErr_SetString(PyExc_RuntimeError, "requester.c writes the BTH as three 32-bit words");
@@ -1115,7 +1291,9 @@ int sn_requester_init(void)
     INTERN(s_tx_icrc_start, "tx_icrc_start"); INTERN(s_kernel, "kernel");
     INTERN(s_tx_gather, "tx_gather"); INTERN(s_tx_starts, "tx_starts");
     INTERN(s_status, "status"); INTERN(s_length, "length"); INTERN(s_flags, "flags");
-    INTERN(s_imm, "imm"); INTERN(s_inv_rkey, "inv_rkey");
+    INTERN(s_imm, "imm"); INTERN(s_inv_rkey, "inv_rkey"); INTERN(s_remote_addr, "remote_addr");
+    INTERN(s_rkey, "rkey"); INTERN(s_compare_add, "compare_add"); INTERN(s_swap, "swap");
+    INTERN(s_icrc, "icrc");
     kw_sent = Py_BuildValue("(ssss)", "now", "nbytes", "psn", "retransmit");
     return kw_sent == NULL ? -1 : 0;
 }
