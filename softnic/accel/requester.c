@@ -21,7 +21,8 @@
    SEND, a READ, an atomic or a WRITE of one packet; any other WQE starts in the
    Python's walk) and, packet by packet, WINDOW and SEND: a request of one packet
    as ``_send_packet`` sends it (``one_packet``: ``_record_sent``, the bytes
-   ``_pack_only`` gives, the ICRC ``_sealed`` appends), or a run as ``_bulk_run``
+   ``_pack_only`` gives, the ICRC ``_sealed`` appends: a ``Sealed`` packet), or a
+   run as ``_bulk_run``
    (``_run_end``, ``_record_sent``, ``_bulk`` and ``middle_run``'s gathered run:
    its MIDDLEs' heads by kernel.c's ``sn_tx_heads``, from a SEND's FIRST on, and
    ``_run_last`` for its LAST), for a device whose driver gathers
@@ -58,9 +59,9 @@ static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_re
    _LAST, WCStatus.SUCCESS, W.SEND_WITH_INV */
 static PyObject *GATHER, *RUN, *RUN_FIRST_W0, *LAST, *SUCCESS, *SEND_WITH_INV;
 /* ``one_packet``: requester.py's _ONLY ({WR opcode: (its RC ONLY opcode, its headers'
-   length, a RETH, an AtomicETH, an ImmDt or IETH, a message)}), W.RDMA_READ and
-   W.ATOMIC_FETCH_AND_ADD */
-static PyObject *ONLY, *RDMA_READ, *FETCH_ADD;
+   length, a RETH, an AtomicETH, an ImmDt or IETH, a message)}), W.RDMA_READ,
+   W.ATOMIC_FETCH_AND_ADD and Sealed */
+static PyObject *ONLY, *RDMA_READ, *FETCH_ADD, *SEALED;
 static long long SOLICITED_, BTH_SE_, BTH_PAD_SHIFT_, DEFAULT_PKEY_, ICRC_LEN_, HEAD_BYTES_;
 /* kernel.c's sn_tx_heads and sn_crc32, from the loaded kernel (``kernel_hooks``) */
 typedef uint32_t (*tx_heads_fn)(uint8_t *, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t,
@@ -744,7 +745,8 @@ static int take_field(PyObject *v, int bits, unsigned long long *out)
    (``_build``'s first case: a WQE of one packet whose opcode is _ONLY's, or a READ's
    request for all its responses), its bytes as ``_pack_only`` packs them and its ICRC
    as ``_sealed`` appends it; ``op`` is wqe.opcode, ``r`` has its PSN, next packet (0)
-   and packets.  It goes out as a Run of one datagram (a Run has its ICRCs).  1 sent,
+   and packets.  It goes out as a ``Sealed`` packet (which ``_sealed`` passes on as a
+   packet it sealed: the driver sees the same ``(bytes, dest)``).  1 sent,
    0 the Python's (nothing changed: a device without ICRCs, a field _pack_only's struct
    refuses, a payload not in one view of its length), -1 error */
 static int one_packet(PyObject *dev, PyObject *req, PyObject *wqe, PyObject *op,
@@ -833,8 +835,12 @@ static int one_packet(PyObject *dev, PyObject *req, PyObject *wqe, PyObject *op,
         memcpy(q + hdr, b.buf, n);
     memset(q + hdr + n, 0, pad);
     put_le32(q + size, crc32_of(start, q + 8, size - 8));
-    if ((run = new_run(buf, dest, size + ICRC_LEN_, 1)) == NULL || PyList_Append(out, run) < 0
-        || set_ll(wqe, s_next_pkt, r->npkts) < 0 || attr_add(req, s_send_idx, 1) < 0)
+    if ((run = ((PyTypeObject *)SEALED)->tp_alloc((PyTypeObject *)SEALED, 2)) == NULL)
+        goto out;
+    PyTuple_SET_ITEM(run, 0, Py_NewRef(buf));           /* Sealed(buf, dest) */
+    PyTuple_SET_ITEM(run, 1, Py_NewRef(dest));
+    if (PyList_Append(out, run) < 0 || set_ll(wqe, s_next_pkt, r->npkts) < 0
+        || attr_add(req, s_send_idx, 1) < 0)
         goto out;
     s = 1;
 out:
@@ -1239,12 +1245,15 @@ int sn_requester_setup(PyObject *requester)
     Py_XDECREF(wc);
     Py_XDECREF(wr);
     Py_XSETREF(ONLY, PyObject_GetAttrString(requester, "_ONLY"));
-    if (GATHER == NULL || RUN == NULL || LAST == NULL || FETCH_ADD == NULL || ONLY == NULL)
+    Py_XSETREF(SEALED, PyObject_GetAttrString(requester, "Sealed"));
+    if (GATHER == NULL || RUN == NULL || LAST == NULL || FETCH_ADD == NULL || ONLY == NULL
+        || SEALED == NULL)
         return -1;
     if (!PyType_Check(RUN) || !PyType_IsSubtype((PyTypeObject *)RUN, &PyTuple_Type)
+        || !PyType_Check(SEALED) || !PyType_IsSubtype((PyTypeObject *)SEALED, &PyTuple_Type)
         || !PyDict_Check(LAST) || !PyDict_Check(ONLY)) {
         PyErr_SetString(PyExc_TypeError,
-                        "requester.Run must be a tuple type, _LAST and _ONLY dicts");
+                        "requester.Run and Sealed must be tuple types, _LAST and _ONLY dicts");
         return -1;
     }
     PyObject *w, *v;

@@ -29,6 +29,7 @@ from .qp import QP
 _SENDING = (QPState.RTS, QPState.SQD)
 _AtomicReply = responder.AtomicReply   # (a module global: read per response)
 _Run = requester.Run
+_Sealed = requester.Sealed
 
 
 class EchoAck(NamedTuple):
@@ -222,7 +223,8 @@ class Output:
             completer.complete(self, qp)
 
     def _sealed(self, out: list, flat: bool) -> list:
-        """``out``'s packets with their ICRCs (a requester's runs have theirs),
+        """``out``'s packets with their ICRCs (a requester's runs and ``Sealed``
+        packets have theirs),
         counted in ``sent_pkts``: as ``datagram_runs`` gives them, or (``flat``)
         as ``datagrams_to_send`` does, one ``bytes`` each (runs cut up)."""
         ip, port = self.ip, self.port
@@ -240,6 +242,9 @@ class Output:
                     continue
                 pkt = seal(pkt, ip, dest[0], port, dest[1])
                 res.append((bytes(pkt) if flat and type(pkt) is bytearray else pkt, dest))
+            elif kind is _Sealed:       # one packet, its ICRC included
+                pkt, dest = item
+                res.append((bytes(pkt) if flat else pkt, dest))
             elif kind is _Run:          # ICRCs included
                 pkt, dest, seg, count = item
                 npkts += count - 1

@@ -464,6 +464,15 @@ class Run(NamedTuple):
     count: int
 
 
+class Sealed(NamedTuple):
+    """One packet with its ICRC, to ``dest``: a request of one packet the compiled
+    requester built whole (``softnic/accel/requester.c``'s ``one_packet``), in the
+    list of what leaves beside ``(bytes, dest)`` tuples, which ``Output._sealed``
+    gives their ICRCs and passes this on as one of them."""
+    pkt: bytearray
+    dest: tuple
+
+
 class Gather:
     """A run ``_bulk`` left in registered memory for a driver that gathers
     (``Device.tx_gather``): ``count`` MIDDLEs, each its BTH and ICRC (16 bytes
