@@ -47,7 +47,7 @@
 #include <sys/uio.h>
 #include <time.h>
 
-#include "../softnic/accel/bytes.h"     /* be32, put_be32, le32, put_le32 */
+#include "../softnic/accel/bytes.h"     /* be32, put_be32, put_be64, le32, put_le32 */
 #include "../softnic/accel/wire.h"      /* BTH_LEN .. MSN_MASK, as the kernel has them */
 
 #ifndef SOL_UDP
@@ -86,11 +86,6 @@ static inline uint32_t crc(uint32_t c, const uint8_t *p, size_t n)
     return (uint32_t)crc_zlib(c, p, (unsigned int)n);
 }
 
-static inline void put_be64(uint8_t *p, uint64_t v)
-{
-    put_be32(p, (uint32_t)(v >> 32));
-    put_be32(p + 4, (uint32_t)v);
-}
 static inline uint64_t be64(const uint8_t *p) { return (uint64_t)be32(p) << 32 | be32(p + 4); }
 
 /* ---- the ICRC's start state: CRC after the pseudo header and BTH bytes 0-7
