@@ -425,14 +425,15 @@ def test_a_send_into_a_receive_of_two_sges_takes_the_general_way():
 @pytest.mark.parametrize("sizes", [[8192], [8192, 8190, 4097, 100]])
 def test_sends_of_two_packets_are_each_a_first_and_a_last_the_kernel_places(sizes):
     """A SEND of two packets (an eager fragment of UCX or Open MPI: no MIDDLE)
-    is its FIRST and its LAST, each taken by ``responder.receive_edge``: what
-    the engine alone makes of them, byte for byte."""
+    is its FIRST and its LAST, each taken by ``responder.receive_edge``, and a
+    SEND of one packet its ONLY, taken there too: what the engine alone makes of
+    them, byte for byte."""
     counting = Counting(kernel())
     r = _exchange(7, sizes, 4096, 128, False, counting, faults=False, kind="send")
     slow = _exchange(7, sizes, 4096, 128, False, None, faults=False, kind="send")
     assert r == slow
     assert r["rwcs"] == [(100 + i, 0, 128, n) for i, n in enumerate(sizes)]
-    edges = sum(2 if n > 4096 else 0 for n in sizes)    # (a SEND ONLY is not an edge)
+    edges = sum(2 if n > 4096 else 1 for n in sizes)    # (a SEND ONLY: one edge)
     assert counting.edges == edges and counting.taken == 0
 
 

@@ -49,11 +49,13 @@ where the kernel is loaded.  That drain calls ``requester.c`` for
 ``softnic.core.requester.generate``: a controlled RC QP's MIDDLEs (its pacer,
 window, AckReq cadence, bytes and the controller's accounting) compiled, and an
 uncontrolled one's runs where the driver gathers (a SEND from its FIRST to its
-LAST, the heads by the kernel's ``sn_tx_heads``: ``bulk_runs``), every other
-case handed to the Python's.  ``give_compiled`` also makes ``responder.c`` the
-class's ``Dispatch._send_run``: ``responder.receive_send_run`` and
-``took_send_run``, a SEND received in one run, compiled around the kernel's
-``sn_rx_send_run``.  ``hook_kernel`` gives both the loaded kernel's functions.
+LAST, the heads by the kernel's ``sn_tx_heads``: ``bulk_runs``) and its requests
+of one packet, every other case handed to the Python's.  ``give_compiled``
+also makes ``responder.c`` the class's ``Dispatch._send_run``:
+``responder.receive_send_run`` and ``took_send_run``, a SEND received in one
+run, compiled around the kernel's ``sn_rx_send_run``; and its
+``Dispatch._send_only``, ``responder.receive_edge`` of a SEND ONLY around
+``sn_rx_edge``.  ``hook_kernel`` gives both the loaded kernel's functions.
 And it carries the C face's post of send records (``post.c``, ``post_records``): ``backend._send_wr`` and
 ``Verbs.post_send`` for the common case, the rest left to them.
 
@@ -254,7 +256,7 @@ def fabric_loop(verbose: bool = False):
 _compiled_classes: dict = {}
 _TIMERS = ("arm", "get_timer", "handle_timer")          # Timers'
 _DRAIN = ("datagrams_to_send", "_outgoing")             # Output's
-_RECEIVE = ("_send_run",)                                 # Dispatch's
+_RECEIVE = ("_send_run", "_send_only")                    # Dispatch's
 
 
 def give_compiled(dev) -> bool:
@@ -294,7 +296,7 @@ def give_compiled(dev) -> bool:
         names += _RECEIVE
     with _lock:
         methods = m.device_methods(cls, completer, requester, output)
-        m.responder_setup(responder, None, 0)
+        m.responder_setup(responder, None, 0, 0)
         for name in names:
             setattr(cls, name, methods[name])
         _compiled_classes[cls] = names
@@ -307,7 +309,7 @@ def hook_kernel(m, kernel) -> None:
     """Give the compiled requester (``m``, ``fabric_loop()``) the loaded kernel's
     ``sn_tx_heads`` and ``sn_crc32``, which it builds a gathered run with
     (``requester.c``'s ``bulk_runs``), and the compiled receive its
-    ``sn_rx_send_run`` (``responder.c``), for the devices whose ``kernel`` is
+    ``sn_rx_send_run`` and ``sn_rx_edge`` (``responder.c``), for the devices whose ``kernel`` is
     ``kernel``; any other device (none, a test's wrapper of it) keeps the Python's
     runs."""
     from softnic.core import responder
@@ -316,7 +318,7 @@ def hook_kernel(m, kernel) -> None:
     def address(name: str) -> int:
         return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
     m.kernel_hooks(kernel, address("sn_tx_heads"), address("sn_crc32"))
-    m.responder_setup(responder, kernel, address("sn_rx_send_run"))
+    m.responder_setup(responder, kernel, address("sn_rx_send_run"), address("sn_rx_edge"))
 
 
 def _import(path: Path, name: str = MODULE):

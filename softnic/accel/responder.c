@@ -1,4 +1,5 @@
-/* A SEND received in one run (softnic.core.responder.receive_send_run), compiled.
+/* A SEND received in one run (softnic.core.responder.receive_send_run), or in one
+   packet (receive_edge of an ONLY), compiled.
 
    ``receive_send_run``'s checks, statement for statement over the device's and
    the QP's own Python objects, for a run of datagrams that begins with a SEND's
@@ -20,7 +21,18 @@
    ``softnic.accel.give_compiled`` makes ``receive_send_run`` a device class's
    ``_send_run`` (``Dispatch._send_run``'s place), which ``Dispatch.receive_run``
    calls for a run that begins with a SEND's FIRST.  tests/test_send_runs.py
-   compares it with the Python's on random runs and QP states, field by field. */
+   compares it with the Python's on random runs and QP states, field by field.
+
+   And a SEND of one packet (``receive_send_only``: ``responder.receive_edge`` for
+   an ONLY, plain, with an immediate or with an IETH), the class's ``_send_only``,
+   which ``Dispatch.receive_run`` calls for each: ``receive_edge``'s checks (the
+   QP's, none under way, at most an MTU, a receive posted and its target) over
+   the same objects, kernel.c's ``sn_rx_edge`` for the packet's, then
+   ``took_send_edge``'s accounting of an ONLY (``_only_taken``, ``_executed``:
+   ``take_recv`` and ``_last`` called, ``accept`` compiled).  A ``receive_edge`` or
+   ``took_send_edge`` put in the module's place is called instead.
+   tests/test_send_only.py compares it with the Python's and with the general
+   path's. */
 
 #include "objects.h"
 #include "bytes.h"
@@ -30,10 +42,14 @@ typedef int (*rx_send_run_fn)(const uint8_t *, size_t, size_t, size_t, uint32_t,
                               uint32_t, int, uint64_t, uint8_t *, uint64_t, uint32_t *,
                               uint32_t, uint32_t *);
 static rx_send_run_fn rx_send_run;      /* kernel.c's sn_rx_send_run */
+typedef int (*rx_edge_fn)(const uint8_t *, size_t, uint32_t, uint32_t, uint32_t, uint32_t, int,
+                          uint8_t *, uint64_t, uint64_t, uint64_t);
+static rx_edge_fn rx_edge;              /* kernel.c's sn_rx_edge */
 static PyObject *rx_kernel;             /* the kernel object it is of: a device's must be it */
 
-static PyObject *responder_module, *py_receive_send_run, *py_took_send_run;
-static PyObject *RC, *RECEIVING, *SEND_EDGE_INFO, *SEND_KIND, *ACK_CREDITS;
+static PyObject *responder_module, *py_receive_send_run, *py_took_send_run, *py_receive_edge,
+    *py_took_send_edge;
+static PyObject *RC, *RECEIVING, *SEND_EDGE_INFO, *SEND_ONLY_INFO, *SEND_KIND, *ACK_CREDITS;
 static long long QPN_MASK_, ECN_, DEFAULT_PKEY_, SEND_FIRST_, W0_SEND_MIDDLE_, EXT_TAIL_,
     ACKREQ_, SE_, PAD_SHIFT_, PAD_MASK_, PSN_MASK_, MSN_MASK_, BTH_LEN_, ICRC_LEN_;
 #define ACKS_MAX 64                     /* responder._ACKS_PER_RUN (checked at setup) */
@@ -42,7 +58,8 @@ static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_typ
     *s_recv_target, *s_qpn, *s_epsn, *s_rx_starts, *s_rx_icrc_start, *s_took_send_run,
     *s_last, *s_hdr_len, *s_kernel, *s_counters, *s_rcvd_pkts, *s_ack_deferred, *s_out,
     *s_msn, *s_append, *s_mark_ready, *s_nak_sent, *s_naked, *s_scan, *s_writes, *s_placed,
-    *s_nothing_held, *s_take_recv, *s_wqe, *s_off, *s_last_, *s_more_middles;
+    *s_nothing_held, *s_take_recv, *s_wqe, *s_off, *s_last_, *s_more_middles, *s_receive_edge,
+    *s_took_send_edge;
 
 /* responder.name(args...) */
 #define call_responder(name, args, n) call_fn(responder_module, (name), (args), (n))
@@ -259,14 +276,51 @@ static int took_send_run(PyObject *dev, PyObject *qp, PyObject *resp, int ackreq
     return res == NULL ? -1 : nothing_held(qp);
 }
 
+/* A message's first packet's receive: the first receive WQE posted (``qp.rq``, or
+   its SRQ's queue) and its target, ``recv_target(dev, qp, wqe)``: *target the view
+   (a new reference to the (view, room) pair), *room its room.  1 found, 0 none
+   (nothing posted, or no target: the general path's), -1 error */
+static int first_target(PyObject *dev, PyObject *qp, PyObject **target, long long *room)
+{
+    PyObject *t = GA(qp, s_srq), *posted, *wqe;
+    if (t == NULL)
+        return -1;
+    posted = t == Py_None ? GA(qp, s_rq) : GA(t, s_queue);
+    Py_DECREF(t);
+    if (posted == NULL)
+        return -1;
+    Py_ssize_t nposted = PyObject_Length(posted);
+    wqe = nposted > 0 ? PySequence_GetItem(posted, 0) : NULL;
+    Py_DECREF(posted);
+    if (wqe == NULL)
+        return nposted == 0 ? 0 : -1;
+    PyObject *rargs[3] = {dev, qp, wqe};
+    t = call_responder(s_recv_target, rargs, 3);
+    Py_DECREF(wqe);
+    if (t == NULL || t == Py_None) {
+        Py_XDECREF(t);
+        return t == NULL ? -1 : 0;
+    }
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2
+        || take_ll(Py_NewRef(PyTuple_GET_ITEM(t, 1)), room) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "recv_target must give (view, room)");
+        Py_DECREF(t);
+        return -1;
+    }
+    *target = t;
+    return 1;
+}
+
 /* receive_send_run(dev, data, o, seg, src): how many datagrams were taken (0:
    nothing changed), -1 error */
 static long long send_run(PyObject *dev, PyObject *data, long long o, long long seg,
                           PyObject *src)
 {
-    PyObject *qp = NULL, *resp = NULL, *t = NULL, *posted = NULL, *target = NULL,
-        *linfo = NULL, *acks_o = NULL, *res = NULL;
+    PyObject *qp = NULL, *resp = NULL, *t = NULL, *target = NULL, *linfo = NULL,
+        *acks_o = NULL, *res = NULL;
     long long r = -1;
+    int s;
     Py_buffer db, vb;
     db.obj = vb.obj = NULL;
     if (PyObject_GetBuffer(data, &db, PyBUF_SIMPLE) < 0)
@@ -310,32 +364,9 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
         r = 0;
         goto out;
     }
-    /* posted = qp.rq if qp.srq is None else qp.srq.queue */
-    if ((t = GA(qp, s_srq)) == NULL)
-        goto out;
-    posted = t == Py_None ? GA(qp, s_rq) : GA(t, s_queue);
-    Py_CLEAR(t);
-    if (posted == NULL)
-        goto out;
-    Py_ssize_t nposted = PyObject_Length(posted);
-    if (nposted <= 0) {
-        r = nposted < 0 ? -1 : 0;
-        goto out;
-    }
-    if ((t = PySequence_GetItem(posted, 0)) == NULL)
-        goto out;
-    PyObject *rargs[3] = {dev, qp, t};
-    target = call_responder(s_recv_target, rargs, 3);   /* (taken once placed: took_send_run) */
-    Py_CLEAR(t);
-    if (target == NULL || target == Py_None) {
-        r = target == NULL ? -1 : 0;
-        goto out;
-    }
     long long room;
-    if (!PyTuple_CheckExact(target) || PyTuple_GET_SIZE(target) != 2
-        || take_ll(Py_NewRef(PyTuple_GET_ITEM(target, 1)), &room) < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "recv_target must give (view, room)");
+    if ((s = first_target(dev, qp, &target, &room)) <= 0) {   /* (taken once placed: took_send_run) */
+        r = s;
         goto out;
     }
     /* the run's last datagram: its LAST? */
@@ -431,12 +462,199 @@ out:
     Py_XDECREF(qp);
     Py_XDECREF(resp);
     Py_XDECREF(t);
-    Py_XDECREF(posted);
     Py_XDECREF(target);
     Py_XDECREF(linfo);
     Py_XDECREF(acks_o);
     Py_XDECREF(res);
     return r;
+}
+
+/* took_send_edge(dev, qp, info, n, True, se, tail) of an ONLY, statement for statement:
+   _only_taken (its take_recv and _last the Python's) and _executed (an ONLY begins
+   nothing that streams) */
+static int took_send_only(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *info,
+                          long long n, int se, long long tail)
+{
+    long long psn;
+    if (count(dev, s_rcvd_pkts, 1) < 0)
+        return -1;
+    PyObject *args[2] = {dev, qp};
+    PyObject *wqe = call_responder(s_take_recv, args, 2);      /* take_recv(dev, qp) */
+    if (wqe == NULL)
+        return -1;
+    int r = SA(resp, s_wqe, wqe);
+    Py_DECREF(wqe);
+    if (r < 0 || set_ll(resp, s_off, n) < 0 || get_ll(resp, s_epsn, &psn) < 0)
+        return -1;
+    PyObject *p = PyLong_FromLongLong(psn), *t = PyLong_FromLongLong(tail);
+    PyObject *largs[6] = {dev, qp, info, p, t, se ? Py_True : Py_False};
+    int ok = p == NULL || t == NULL ? -1 : take_truth(call_responder(s_last_, largs, 6));
+    Py_XDECREF(p);
+    Py_XDECREF(t);
+    if (ok < 0 || (ok && accept(dev, qp, resp, psn, 1, 1) < 0))
+        return -1;
+    /* _executed(dev, qp, info): nothing if a packet is held out of order */
+    PyObject *sr = GA(qp, s_sr);
+    int ooo = sr == NULL ? -1 : get_truth(sr, s_ooo);
+    Py_XDECREF(sr);
+    if (ooo != 0)
+        return ooo < 0 ? -1 : 0;
+    return nothing_held(qp);
+}
+
+/* receive_edge(dev, data, src) of a SEND ONLY (plain, with an immediate or an IETH):
+   1 taken, 0 not (nothing changed: the general path's), -1 error */
+static int send_only(PyObject *dev, PyObject *data, PyObject *src)
+{
+    PyObject *qp = NULL, *resp = NULL, *t = NULL, *target = NULL, *info = NULL;
+    int r = -1;
+    Py_buffer db, vb;
+    db.obj = vb.obj = NULL;
+    if (PyObject_GetBuffer(data, &db, PyBUF_SIMPLE) < 0)
+        return -1;
+    long long size = db.len;
+    const uint8_t *d = (const uint8_t *)db.buf;
+    if (size < BTH_LEN_ + ICRC_LEN_) {
+        r = 0;
+        goto out;
+    }
+    PyObject *config = GA(dev, s_config);
+    int check = config == NULL ? -1 : get_truth(config, s_check_icrc);
+    Py_XDECREF(config);
+    if (check <= 0) {
+        r = check;
+        goto out;
+    }
+    long long op = d[0], flags = d[1], pkey = (long long)d[2] << 8 | d[3], w2 = be32(d + 4);
+    if ((qp = common_qp(dev, w2, pkey, src)) == NULL) {
+        r = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    PyObject *sr = GA(qp, s_sr);
+    int held = sr == NULL ? -1 : get_truth(sr, s_ooo);
+    Py_XDECREF(sr);
+    long long mtu, hdr, pad = (flags >> PAD_SHIFT_) & PAD_MASK_;
+    if (held != 0 || get_ll(qp, s_mtu, &mtu) < 0) {
+        r = held > 0 ? 0 : -1;
+        goto out;
+    }
+    PyObject *o = PyLong_FromLongLong(op);                 /* info = _SEND_ONLY_INFO[op] */
+    if (o == NULL)
+        goto out;
+    info = Py_XNewRef(PyDict_GetItemWithError(SEND_ONLY_INFO, o));
+    Py_DECREF(o);
+    if (info == NULL) {
+        if (!PyErr_Occurred())
+            r = 0;                              /* (not an ONLY: not this function's) */
+        goto out;
+    }
+    if (get_ll(info, s_hdr_len, &hdr) < 0)
+        goto out;
+    /* _size_ok(mtu, ONLY, n): at most an MTU; _in_sequence(resp.kind, ONLY): none under way */
+    long long n = size - hdr - ICRC_LEN_ - pad;
+    if (n < 0 || n > mtu || (resp = GA(qp, s_resp)) == NULL || (t = GA(resp, s_kind)) == NULL) {
+        r = PyErr_Occurred() ? -1 : 0;
+        goto out;
+    }
+    int under_way = t != Py_None;
+    Py_CLEAR(t);
+    if (under_way) {
+        r = 0;
+        goto out;
+    }
+    long long room, qpn, psn;
+    int s = first_target(dev, qp, &target, &room);     /* (taken once placed: took_send_only) */
+    if (s <= 0) {
+        r = s;
+        goto out;
+    }
+    if (get_ll(qp, s_qpn, &qpn) < 0 || get_ll(resp, s_epsn, &psn) < 0)
+        goto out;
+    long long se = flags & SE_, tail = hdr != BTH_LEN_;
+    long long w0 = op << 24 | (se | pad << PAD_SHIFT_) << 16 | DEFAULT_PKEY_;
+    uint32_t start;
+    if (rx_start(dev, src, size, w0, qpn, &start) < 0)
+        goto out;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(target, 0), &vb, PyBUF_WRITABLE) < 0) {
+        vb.obj = NULL;
+        goto out;
+    }
+    /* kernel_edge(dev, data, src, op, se | pad << PAD_SHIFT, qpn, epsn, ext, view, 0, n, room) */
+    int took = rx_edge(d, (size_t)size, (uint32_t)w0, (uint32_t)qpn, (uint32_t)psn, start,
+                       tail ? (int)EXT_TAIL_ : 0, (uint8_t *)vb.buf, 0, (uint64_t)n,
+                       (uint64_t)room);
+    PyBuffer_Release(&vb);
+    vb.obj = NULL;
+    if (!took) {
+        r = 0;
+        goto out;
+    }
+    long long tv = tail ? be32(d + BTH_LEN_) : 0;
+    PyObject *f = PyObject_GetAttr(responder_module, s_took_send_edge);
+    if (f == NULL)
+        goto out;
+    if (f == py_took_send_edge) {
+        Py_DECREF(f);
+        r = took_send_only(dev, qp, resp, info, n, se != 0, tv) < 0 ? -1 : 1;
+        goto out;
+    }
+    PyObject *targs[7] = {dev, qp, info, PyLong_FromLongLong(n), Py_True,
+                          se ? Py_True : Py_False, PyLong_FromLongLong(tv)};
+    PyObject *res = targs[3] && targs[6] ? PyObject_Vectorcall(f, targs, 7, NULL) : NULL;
+    Py_DECREF(f);
+    Py_XDECREF(targs[3]);
+    Py_XDECREF(targs[6]);
+    r = res == NULL ? -1 : 1;
+    Py_XDECREF(res);
+out:
+    if (vb.obj != NULL)
+        PyBuffer_Release(&vb);
+    PyBuffer_Release(&db);
+    Py_XDECREF(qp);
+    Py_XDECREF(resp);
+    Py_XDECREF(t);
+    Py_XDECREF(target);
+    Py_XDECREF(info);
+    return r;
+}
+
+/* Dispatch._send_only(data, src): the compiled receive_edge of a SEND ONLY where the
+   module's is the Python's own and the kernel is hooked in, else the module's */
+static PyObject *receive_send_only(PyObject *dev, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "_send_only(data, src)");
+        return NULL;
+    }
+    if (responder_module == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_send_only: responder_setup() not called yet");
+        return NULL;
+    }
+    PyObject *f = PyObject_GetAttr(responder_module, s_receive_edge), *kernel = NULL;
+    if (f == NULL || (kernel = GA(dev, s_kernel)) == NULL) {
+        Py_XDECREF(f);
+        return NULL;
+    }
+    Py_DECREF(kernel);                          /* (compared, not used) */
+    if (f != py_receive_edge || rx_edge == NULL || kernel != rx_kernel) {
+        PyObject *fargs[3] = {dev, args[0], args[1]};
+        PyObject *r = PyObject_Vectorcall(f, fargs, 3, NULL);
+        Py_DECREF(f);
+        return r;
+    }
+    Py_DECREF(f);
+    int r = send_only(dev, args[0], args[1]);
+    return r < 0 ? NULL : Py_NewRef(r ? Py_True : Py_False);
+}
+
+/* receive_send_only(dev, data, src), for tests: Dispatch._send_only's compiled one */
+static PyObject *receive_send_only_fn(PyObject *mod, PyObject *const *args, Py_ssize_t n)
+{
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "receive_send_only(dev, data, src)");
+        return NULL;
+    }
+    return receive_send_only(args[0], args + 1, 2);
 }
 
 /* receive_send_run(dev, data, o, seg, src): the compiled one where the module's is
@@ -485,6 +703,8 @@ static PyObject *receive_send_run_fn(PyObject *mod, PyObject *const *args, Py_ss
 PyMethodDef sn_responder_dev_methods[] = {
     {"_send_run", (PyCFunction)(void (*)(void))receive_send_run, METH_FASTCALL,
      "Dispatch._send_run(data, o, seg, src): responder.receive_send_run, compiled"},
+    {"_send_only", (PyCFunction)(void (*)(void))receive_send_only, METH_FASTCALL,
+     "Dispatch._send_only(data, src): responder.receive_edge of a SEND ONLY, compiled"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -493,20 +713,21 @@ static int const_of(PyObject *module, const char *name, long long *v)
     return take_ll(PyObject_GetAttrString(module, name), v);
 }
 
-/* responder_setup(responder, kernel, rx_send_run): the module the compiled receive
-   calls into, the loaded kernel (``softnic.accel.Kernel``) and the address of its
-   sn_rx_send_run (None, 0: the one given before, if any).  A device whose
-   ``kernel`` is not that one (none hooked in, a test's wrapper) runs the module's
-   Python. */
+/* responder_setup(responder, kernel, rx_send_run, rx_edge): the module the compiled
+   receive calls into, the loaded kernel (``softnic.accel.Kernel``) and the addresses
+   of its sn_rx_send_run and sn_rx_edge (None, 0, 0: the ones given before, if any).
+   A device whose ``kernel`` is not that one (none hooked in, a test's wrapper) runs
+   the module's Python. */
 static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 {
-    if (n != 3) {
-        PyErr_SetString(PyExc_TypeError, "responder_setup(responder, kernel, rx_send_run)");
+    if (n != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "responder_setup(responder, kernel, rx_send_run, rx_edge)");
         return NULL;
     }
     PyObject *resp = args[0];
-    size_t fn = PyLong_AsSize_t(args[2]);
-    if (fn == (size_t)-1 && PyErr_Occurred())
+    size_t fn = PyLong_AsSize_t(args[2]), efn = fn == (size_t)-1 ? 0 : PyLong_AsSize_t(args[3]);
+    if (PyErr_Occurred())
         return NULL;
     long long acks_per_run;
     Py_XSETREF(responder_module, Py_NewRef(resp));
@@ -514,6 +735,11 @@ static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_
     Py_XSETREF(RC, PyObject_GetAttrString(resp, "_RC"));
     Py_XSETREF(RECEIVING, PyObject_GetAttrString(resp, "_RECEIVING"));
     Py_XSETREF(SEND_EDGE_INFO, PyObject_GetAttrString(resp, "_SEND_EDGE_INFO"));
+    Py_XSETREF(SEND_ONLY_INFO, PyObject_GetAttrString(resp, "_SEND_ONLY_INFO"));
+    Py_XSETREF(py_receive_edge, PyObject_GetAttr(resp, s_receive_edge));
+    Py_XSETREF(py_took_send_edge, PyObject_GetAttr(resp, s_took_send_edge));
+    if (SEND_ONLY_INFO == NULL || py_receive_edge == NULL || py_took_send_edge == NULL)
+        return NULL;
     Py_XSETREF(py_took_send_run, PyObject_GetAttr(resp, s_took_send_run));
     Py_XSETREF(SEND_KIND, PyObject_GetAttrString(resp, "_SEND_KIND"));
     Py_XSETREF(ACK_CREDITS, PyObject_GetAttrString(resp, "ACK_CREDITS"));
@@ -535,13 +761,15 @@ static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_RuntimeError, "responder.c reads the BTH as three 32-bit words");
         return NULL;
     }
-    if (acks_per_run != ACKS_MAX || !PyDict_CheckExact(SEND_EDGE_INFO)) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "responder.c: _ACKS_PER_RUN must be 64, _SEND_EDGE_INFO a dict");
+    if (acks_per_run != ACKS_MAX || !PyDict_CheckExact(SEND_EDGE_INFO)
+        || !PyDict_CheckExact(SEND_ONLY_INFO)) {
+        PyErr_SetString(PyExc_RuntimeError, "responder.c: _ACKS_PER_RUN must be 64, "
+                        "_SEND_EDGE_INFO and _SEND_ONLY_INFO dicts");
         return NULL;
     }
-    if (fn && args[1] != Py_None) {     /* (None, 0 leaves the kernel hooked in as it is) */
+    if (fn && efn && args[1] != Py_None) {  /* (None, 0, 0 leaves the kernel hooked in as it is) */
         rx_send_run = (rx_send_run_fn)fn;
+        rx_edge = (rx_edge_fn)efn;
         Py_XSETREF(rx_kernel, Py_NewRef(args[1]));
     }
     return Py_NewRef(Py_None);
@@ -550,8 +778,11 @@ static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_
 PyMethodDef sn_responder_methods[] = {
     {"receive_send_run", (PyCFunction)(void (*)(void))receive_send_run_fn, METH_FASTCALL,
      "responder.receive_send_run(dev, data, o, seg, src), compiled"},
+    {"receive_send_only", (PyCFunction)(void (*)(void))receive_send_only_fn, METH_FASTCALL,
+     "responder.receive_edge(dev, data, src) of a SEND ONLY, compiled"},
     {"responder_setup", (PyCFunction)(void (*)(void))responder_setup, METH_FASTCALL,
-     "responder_setup(responder, kernel, rx_send_run): the compiled receive's module and kernel"},
+     "responder_setup(responder, kernel, rx_send_run, rx_edge): the compiled receive's module "
+     "and kernel"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -572,5 +803,6 @@ int sn_responder_init(void)
     INTERN(s_writes, "writes"); INTERN(s_placed, "placed"); INTERN(s_nothing_held, "_nothing_held");
     INTERN(s_take_recv, "take_recv"); INTERN(s_wqe, "wqe"); INTERN(s_off, "off");
     INTERN(s_last_, "_last"); INTERN(s_more_middles, "_more_middles");
+    INTERN(s_receive_edge, "receive_edge"); INTERN(s_took_send_edge, "took_send_edge");
     return 0;
 }

@@ -83,8 +83,15 @@ _READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
 _SEND_FIRST = int(O.RC_SEND_FIRST)
 #: opcode -> the early exit that takes a message's FIRST or LAST packet around
 #: its MIDDLEs in the kernel: a READ's responses, a SEND's requests
+def _send_only(dev, data, src, now: float) -> bool:
+    """A SEND ONLY's edge: the device's ``_send_only`` (``responder.receive_edge``,
+    compiled on a live NIC)."""
+    return dev._send_only(data, src)
+
+
 _EDGES = {**{op: completer.receive_edge for op in completer.READ_EDGES},
-          **{op: responder.receive_edge for op in responder.SEND_EDGES}}
+          **{op: responder.receive_edge for op in responder.SEND_EDGES},
+          **{op: _send_only for op in responder.SEND_ONLYS}}
 _SENDING = (QPState.RTS, QPState.SQD)
 _UD = QPType.UD          # (read per packet: a module global, not the enum class's attribute)
 
@@ -286,6 +293,12 @@ class Dispatch:
         else:
             c["rcvd_mads"] += 1
             self.gsi.receive(pkt.payload, src, now)
+
+    def _send_only(self, data, src) -> bool:
+        """``responder.receive_edge`` of a SEND ONLY (the compiled one,
+        ``softnic/accel/responder.c``, where ``accel.give_compiled`` made it the
+        class's)."""
+        return responder.receive_edge(self, data, src)
 
     def _send_run(self, data, o: int, seg: int, src) -> int:
         """``responder.receive_send_run`` of the run from ``data[o:]`` (the compiled one,

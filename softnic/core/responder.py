@@ -1136,12 +1136,18 @@ def _executed(dev, qp, info) -> None:
 
 #: the packets of a SEND around its MIDDLEs that ``receive_edge`` takes, and
 #: their ``OPCODES`` entries: its FIRST, and its LAST, plain, with an immediate
-#: or with an IETH.  (A SEND ONLY, one packet, stays ``receive_common``'s: the
-#: kernel would save it little, docs/performance.md.)
+#: or with an IETH
 _SEND_EDGE_INFO = {int(op): OPCODES[op] for op in (
     O.RC_SEND_FIRST, O.RC_SEND_LAST, O.RC_SEND_LAST_WITH_IMMEDIATE,
     O.RC_SEND_LAST_WITH_INVALIDATE)}
 SEND_EDGES = frozenset(_SEND_EDGE_INFO)
+#: a SEND of one packet, plain, with an immediate or with an IETH, which
+#: ``receive_edge`` takes too (``Dispatch._send_only``: compiled on a live NIC,
+#: ``softnic/accel/responder.c``; taken by the Python alone, the kernel saved it
+#: little, docs/performance.md)
+_SEND_ONLY_INFO = {int(op): OPCODES[op] for op in (
+    O.RC_SEND_ONLY, O.RC_SEND_ONLY_WITH_IMMEDIATE, O.RC_SEND_ONLY_WITH_INVALIDATE)}
+SEND_ONLYS = frozenset(_SEND_ONLY_INFO)
 #: what ``sn_rx_edge`` finds after the BTH (``kernel_edge``'s ``ext``): nothing
 #: (0), an AETH that must be an ACK (a READ response's), or the 4 bytes of an
 #: ImmDt or IETH (a SEND LAST's), which the caller reads once the packet is taken
@@ -1149,14 +1155,15 @@ EXT_AETH, EXT_TAIL = 1, 2
 
 
 def receive_edge(dev, data, src, now: float = 0.0) -> bool:
-    """``receive_common``, ``execute`` and ``_send`` for a SEND FIRST or LAST at
-    the ePSN into a receive WQE of one SGE, its packet checked and placed in the
-    compiled kernel (``sn_rx_edge``), as ``receive_middles`` takes the MIDDLEs
-    between them.  The QP's conditions are COMMON_CASE's (``_common_qp``, ICRC
-    checking on, nothing held beyond a hole), the message's ``_send``'s: a
-    FIRST begins one (none under way, a receive WQE posted: else the general
-    path's NAK or RNR NAK), a LAST (plain, with an immediate or with an IETH)
-    continues a SEND; a FIRST carries a whole MTU, a LAST at most one; the
+    """``receive_common``, ``execute`` and ``_send`` for a SEND FIRST, LAST or
+    ONLY at the ePSN into a receive WQE of one SGE, its packet checked and
+    placed in the compiled kernel (``sn_rx_edge``), as ``receive_middles`` takes
+    the MIDDLEs between them.  The QP's conditions are COMMON_CASE's
+    (``_common_qp``, ICRC checking on, nothing held beyond a hole), the
+    message's ``_send``'s: a FIRST or ONLY begins one (none under way, a receive
+    WQE posted: else the general path's NAK or RNR NAK), a LAST (plain, with an
+    immediate or with an IETH, as an ONLY may be) continues a SEND; a FIRST
+    carries a whole MTU, a LAST or ONLY at most one; the
     WQE's one SGE (``recv_target``) has room for the payload (else LOC_LEN_ERR,
     the general path's).  Each packet's in the kernel: BTH word 0 (no flag but
     SE and the pad count its length implies), the QP, FECN/BECN, the ePSN, its
@@ -1174,7 +1181,7 @@ def receive_edge(dev, data, src, now: float = 0.0) -> bool:
         return False
     resp = qp.resp
     pad = (flags >> BTH_PAD_SHIFT) & BTH_PAD_MASK
-    info = _SEND_EDGE_INFO[op]
+    info = _SEND_EDGE_INFO.get(op) or _SEND_ONLY_INFO[op]
     hdr = info.hdr_len
     n = size - hdr - ICRC_LEN - pad
     if n < 0 or not _size_ok(qp.mtu, info, n) or not _in_sequence(resp.kind, info):
@@ -1236,16 +1243,18 @@ def rx_icrc_start(dev, src, size: int, w0: int, qpn: int) -> int:
 
 
 def took_send_edge(dev, qp, info, n: int, ackreq: bool, se: bool, tail: int = 0) -> None:
-    """Account for a SEND's FIRST or LAST (``info``, its ``OPCODES`` entry) of ``n``
-    bytes that the kernel placed at the ePSN (``receive_edge``), as
+    """Account for a SEND's FIRST, LAST or ONLY (``info``, its ``OPCODES`` entry)
+    of ``n`` bytes that the kernel placed at the ePSN (``receive_edge``), as
     ``receive_common``, ``execute`` and ``_send`` account for it: counted; a
     FIRST takes the receive WQE it was placed in (``take_recv``) and begins the
-    SEND, a LAST ends it (``_last``, ``tail`` its ImmDt or IETH); accepted
-    (``accept``: its ACK queued)."""
-    if info.first:
-        _first_taken(dev, qp, n, ackreq)
-    else:
+    SEND, a LAST ends it (``_last``, ``tail`` its ImmDt or IETH), an ONLY does
+    both; accepted (``accept``: its ACK queued)."""
+    if not info.first:
         _last_taken(dev, qp, info, n, ackreq, se, tail)
+    elif info.last:
+        _only_taken(dev, qp, info, n, se, tail)
+    else:
+        _first_taken(dev, qp, n, ackreq)
     _executed(dev, qp, info)
 
 
@@ -1258,6 +1267,19 @@ def _first_taken(dev, qp, n: int, ackreq: bool) -> None:
     resp.off = n
     resp.kind = _SEND_KIND
     accept(dev, qp, resp.epsn, False, ackreq)
+
+
+def _only_taken(dev, qp, info, n: int, se: bool, tail: int) -> None:
+    """A SEND ONLY (``info``) of ``n`` bytes placed at the ePSN in the first receive
+    WQE posted: counted, that WQE taken (``take_recv``), the SEND ended
+    (``_last``) and, unless that refused it, accepted."""
+    resp = qp.resp
+    dev.counters["rcvd_pkts"] += 1
+    resp.wqe = take_recv(dev, qp)
+    resp.off = n
+    psn = resp.epsn
+    if _last(dev, qp, info, psn, tail, se):
+        accept(dev, qp, psn, True, True)
 
 
 def _last_taken(dev, qp, info, n: int, ackreq: bool, se: bool, tail: int) -> None:
