@@ -58,3 +58,19 @@ def compiled_with_kernel():
     m.device_methods(Device, completer, requester, output)
     accel.hook_kernel(m, kernel)
     return m
+
+
+@pytest.fixture
+def record_calls(monkeypatch):
+    """``record_calls(module, names)``: each function named, in ``module``, put back
+    by one that records its name in the list returned and calls it (the
+    differential tests' proof that a compiled path did not call the Python's
+    functions it stands for)."""
+    def record(module, names) -> list:
+        called: list = []
+        for name in names:
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name,
+                                lambda *a, _n=name, _r=real: (called.append(_n), _r(*a))[1])
+        return called
+    return record

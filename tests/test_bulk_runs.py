@@ -187,16 +187,13 @@ def _send_world():
     return a, ea.qp
 
 
-def test_sends_leave_as_runs_from_the_compiled_path(compiled_generate, monkeypatch):
+def test_sends_leave_as_runs_from_the_compiled_path(compiled_generate, record_calls):
     """Not a vacuous property: the compiled path builds a SEND's whole run itself
     (FIRST, MIDDLE and LAST gathered), and no Python builder of runs or packets
     is called (this fails if ``sn_generate`` hands every case to the Python)."""
     dev, qp = _send_world()
-    called = []
-    for name in ("_bulk_run", "_bulk", "middle_run", "_run_last", "_send_packet"):
-        real = getattr(requester, name)
-        monkeypatch.setattr(requester, name,
-                            lambda *a, _n=name, _r=real: (called.append(_n), _r(*a))[1])
+    called = record_calls(requester, ("_bulk_run", "_bulk", "middle_run", "_run_last",
+                                      "_send_packet"))
     out: list = []
     compiled_generate(dev, qp, 1.0, out)
     assert called == []
@@ -223,7 +220,7 @@ def test_start_is_the_pythons_called_from_the_compiled_path(compiled_generate, m
                      ("start", 2)]
 
 
-def test_one_packet_requests_leave_from_the_compiled_path(compiled_generate, monkeypatch):
+def test_one_packet_requests_leave_from_the_compiled_path(compiled_generate, record_calls):
     """Not a vacuous property either: a request of one packet of each kind the
     compiled path packs (SEND, SEND with an immediate or an invalidation, WRITE
     and WRITE with an immediate of an MTU at most, a READ of several responses,
@@ -254,11 +251,8 @@ def test_one_packet_requests_leave_from_the_compiled_path(compiled_generate, mon
     want: list = []
     requester.generate(py_dev, py_qp, 1.0, want)
     dev, qp = world()
-    called = []
-    for name in ("_send_packet", "_build", "_pack_only", "_build_rc", "_bulk_run"):
-        real = getattr(requester, name)
-        monkeypatch.setattr(requester, name,
-                            lambda *a, _n=name, _r=real: (called.append(_n), _r(*a))[1])
+    called = record_calls(requester, ("_send_packet", "_build", "_pack_only", "_build_rc",
+                                      "_bulk_run"))
     out: list = []
     compiled_generate(dev, qp, 1.0, out)
     assert called == []

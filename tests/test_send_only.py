@@ -34,16 +34,9 @@ from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import QPState, SendFlags, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
 from softnic.experiments.rig import bring_up, endpoint
-from test_send_runs import _state
+from test_send_runs import _state, compiled  # noqa: F401 (compiled: its fixture)
 
 MTU = 1024
-
-
-@pytest.fixture(scope="module")
-def compiled(compiled_with_kernel):
-    """The fabric module with its receive set up and the kernel hooked in, as
-    ``give_compiled`` sets them up (conftest's ``compiled_with_kernel``)."""
-    return compiled_with_kernel
 
 
 def _world(seed: int, draw: dict):
@@ -178,17 +171,13 @@ _PYTHONS = ("_common_qp", "kernel_edge", "_only_taken", "receive_common")
 
 
 @pytest.mark.parametrize("which", ["python", "compiled"])
-def test_a_clean_send_only_is_taken_by_the_compiled_edge(compiled, monkeypatch, which):
+def test_a_clean_send_only_is_taken_by_the_compiled_edge(compiled, record_calls, which):
     """Not a vacuous property: the compiled edge takes a clean SEND ONLY itself,
     calling none of the Python's edge's own steps (this fails if it hands every
     datagram to the Python, which calls each of them but the general path's),
     and the receive completes with its bytes."""
     dev, qp, eb, data, src = _world(1, _draw(op=W.SEND_WITH_IMM))
-    called = []
-    for name in _PYTHONS:
-        real = getattr(responder, name)
-        monkeypatch.setattr(responder, name,
-                            lambda *a, _n=name, _r=real: (called.append(_n), _r(*a))[1])
+    called = record_calls(responder, _PYTHONS)
     edge = compiled.receive_send_only if which == "compiled" else responder.receive_edge
     assert edge(dev, memoryview(data), src) is True
     assert called == ([] if which == "compiled" else list(_PYTHONS[:3]))

@@ -193,17 +193,13 @@ def test_the_compiled_receive_takes_every_run_as_the_python(compiled, seed, draw
     assert results[1] == results[0]
 
 
-def test_a_clean_run_is_taken_whole_by_the_compiled_receive(compiled, monkeypatch):
+def test_a_clean_run_is_taken_whole_by_the_compiled_receive(compiled, record_calls):
     """Not a vacuous property: the compiled receive takes a clean SEND of three
     packets itself, its checks and its accounting (the Python's ``_common_qp`` and
     ``_first_taken``, which ``receive_send_run`` and ``took_send_run`` call, are not
     called), and its receive completes with every byte.  (The same run through the
     Python's calls both: the counting works.)"""
-    called = []
-    for name in ("_common_qp", "_first_taken"):
-        real = getattr(responder, name)
-        monkeypatch.setattr(responder, name,
-                            lambda *a, _n=name, _r=real: (called.append(_n), _r(*a))[1])
+    called = record_calls(responder, ("_common_qp", "_first_taken"))
     for take, want in ((compiled.receive_send_run, []),
                        (responder.receive_send_run, ["_common_qp", "_first_taken"])):
         called.clear()

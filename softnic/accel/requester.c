@@ -819,7 +819,7 @@ static int one_packet(PyObject *dev, PyObject *req, PyObject *wqe, PyObject *op,
     put_be32(q + 4, (uint32_t)r->dqpn);
     put_be32(q + 8, (uint32_t)(BTH_ACKREQ_ | r->psn));
     uint8_t *h = q + BTH_LEN_;
-    if (reth || atomiceth) {            /* a RETH: VA, R_Key, length; an AtomicETH: VA, R_Key, two */
+    if (reth || atomiceth) {    /* a RETH: VA, R_Key, length; an AtomicETH: VA, R_Key, two */
         put_be64(h, addr);
         put_be32(h + 8, (uint32_t)rkey);
         if (reth)

@@ -276,6 +276,27 @@ static int took_send_run(PyObject *dev, PyObject *qp, PyObject *resp, int ackreq
     return res == NULL ? -1 : nothing_held(qp);
 }
 
+/* The QP the BTH at ``bth`` names for an edge of the kernel's to take: ICRC checking on
+   (``dev.config.check_icrc``), ``_common_qp``'s, nothing held beyond a hole; *mtu its
+   MTU.  A new reference; NULL with no error where there is none such. */
+static PyObject *edge_qp(PyObject *dev, const uint8_t *bth, PyObject *src, long long *mtu)
+{
+    PyObject *config = GA(dev, s_config);
+    int check = config == NULL ? -1 : get_truth(config, s_check_icrc);
+    Py_XDECREF(config);
+    if (check <= 0)
+        return NULL;
+    PyObject *qp = common_qp(dev, be32(bth + 4), (long long)bth[2] << 8 | bth[3], src);
+    if (qp == NULL)
+        return NULL;
+    PyObject *sr = GA(qp, s_sr);
+    int held = sr == NULL ? -1 : get_truth(sr, s_ooo);
+    Py_XDECREF(sr);
+    if (held != 0 || get_ll(qp, s_mtu, mtu) < 0)
+        Py_CLEAR(qp);
+    return qp;
+}
+
 /* A message's first packet's receive: the first receive WQE posted (``qp.rq``, or
    its SRQ's queue) and its target, ``recv_target(dev, qp, wqe)``: *target the view
    (a new reference to the (view, room) pair), *room its room.  1 found, 0 none
@@ -331,25 +352,9 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
         r = 0;
         goto out;
     }
-    PyObject *config = GA(dev, s_config);
-    int check = config == NULL ? -1 : get_truth(config, s_check_icrc);
-    Py_XDECREF(config);
-    if (check <= 0) {
-        r = check < 0 ? -1 : 0;
-        goto out;
-    }
-    long long flags = d[o + 1], pkey = (long long)d[o + 2] << 8 | d[o + 3],
-        w2 = be32(d + o + 4), w3 = be32(d + o + 8);
-    if ((qp = common_qp(dev, w2, pkey, src)) == NULL) {
+    long long flags = d[o + 1], w3 = be32(d + o + 8), mtu, pad = (flags >> PAD_SHIFT_) & PAD_MASK_;
+    if ((qp = edge_qp(dev, d + o, src, &mtu)) == NULL) {
         r = PyErr_Occurred() ? -1 : 0;
-        goto out;
-    }
-    PyObject *sr = GA(qp, s_sr);
-    int held = sr == NULL ? -1 : get_truth(sr, s_ooo);
-    Py_XDECREF(sr);
-    long long mtu, pad = (flags >> PAD_SHIFT_) & PAD_MASK_;
-    if (held != 0 || get_ll(qp, s_mtu, &mtu) < 0) {
-        r = held > 0 ? 0 : -1;
         goto out;
     }
     /* _size_ok(mtu, FIRST, ...): a whole MTU; _in_sequence(resp.kind, FIRST): none under way */
@@ -365,7 +370,8 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
         goto out;
     }
     long long room;
-    if ((s = first_target(dev, qp, &target, &room)) <= 0) {   /* (taken once placed: took_send_run) */
+    /* the receive (taken once placed: took_send_run) */
+    if ((s = first_target(dev, qp, &target, &room)) <= 0) {
         r = s;
         goto out;
     }
@@ -518,24 +524,9 @@ static int send_only(PyObject *dev, PyObject *data, PyObject *src)
         r = 0;
         goto out;
     }
-    PyObject *config = GA(dev, s_config);
-    int check = config == NULL ? -1 : get_truth(config, s_check_icrc);
-    Py_XDECREF(config);
-    if (check <= 0) {
-        r = check;
-        goto out;
-    }
-    long long op = d[0], flags = d[1], pkey = (long long)d[2] << 8 | d[3], w2 = be32(d + 4);
-    if ((qp = common_qp(dev, w2, pkey, src)) == NULL) {
+    long long op = d[0], flags = d[1], mtu, hdr, pad = (flags >> PAD_SHIFT_) & PAD_MASK_;
+    if ((qp = edge_qp(dev, d, src, &mtu)) == NULL) {
         r = PyErr_Occurred() ? -1 : 0;
-        goto out;
-    }
-    PyObject *sr = GA(qp, s_sr);
-    int held = sr == NULL ? -1 : get_truth(sr, s_ooo);
-    Py_XDECREF(sr);
-    long long mtu, hdr, pad = (flags >> PAD_SHIFT_) & PAD_MASK_;
-    if (held != 0 || get_ll(qp, s_mtu, &mtu) < 0) {
-        r = held > 0 ? 0 : -1;
         goto out;
     }
     PyObject *o = PyLong_FromLongLong(op);                 /* info = _SEND_ONLY_INFO[op] */
@@ -618,6 +609,32 @@ out:
     return r;
 }
 
+/* Is a device method's Python to run (``name`` of the module, where it is not the
+   Python's own ``own``: a test's stand-in, a tracer; or where the kernel function the
+   compiled one calls, ``fn``, is not hooked in for this device's kernel)?  Then 1, and
+   *res is its result for (dev, *args) (NULL: its error); 0: the compiled one runs;
+   -1 error. */
+static int pythons(PyObject *dev, PyObject *name, PyObject *own, const void *fn,
+                   PyObject *const *args, Py_ssize_t n, PyObject **res)
+{
+    PyObject *f = PyObject_GetAttr(responder_module, name), *kernel = NULL;
+    if (f == NULL || (kernel = GA(dev, s_kernel)) == NULL) {
+        Py_XDECREF(f);
+        return -1;
+    }
+    Py_DECREF(kernel);                          /* (compared, not used) */
+    if (f == own && fn != NULL && kernel == rx_kernel) {
+        Py_DECREF(f);
+        return 0;
+    }
+    PyObject *fargs[6] = {dev};
+    for (Py_ssize_t i = 0; i < n && i < 5; i++)
+        fargs[i + 1] = args[i];
+    *res = PyObject_Vectorcall(f, fargs, n + 1, NULL);
+    Py_DECREF(f);
+    return 1;
+}
+
 /* Dispatch._send_only(data, src): the compiled receive_edge of a SEND ONLY where the
    module's is the Python's own and the kernel is hooked in, else the module's */
 static PyObject *receive_send_only(PyObject *dev, PyObject *const *args, Py_ssize_t n)
@@ -630,19 +647,10 @@ static PyObject *receive_send_only(PyObject *dev, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_RuntimeError, "_send_only: responder_setup() not called yet");
         return NULL;
     }
-    PyObject *f = PyObject_GetAttr(responder_module, s_receive_edge), *kernel = NULL;
-    if (f == NULL || (kernel = GA(dev, s_kernel)) == NULL) {
-        Py_XDECREF(f);
-        return NULL;
-    }
-    Py_DECREF(kernel);                          /* (compared, not used) */
-    if (f != py_receive_edge || rx_edge == NULL || kernel != rx_kernel) {
-        PyObject *fargs[3] = {dev, args[0], args[1]};
-        PyObject *r = PyObject_Vectorcall(f, fargs, 3, NULL);
-        Py_DECREF(f);
-        return r;
-    }
-    Py_DECREF(f);
+    PyObject *res = NULL;
+    int p = pythons(dev, s_receive_edge, py_receive_edge, (const void *)rx_edge, args, 2, &res);
+    if (p != 0)
+        return p < 0 ? NULL : res;
     int r = send_only(dev, args[0], args[1]);
     return r < 0 ? NULL : Py_NewRef(r ? Py_True : Py_False);
 }
@@ -669,19 +677,11 @@ static PyObject *receive_send_run(PyObject *dev, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_RuntimeError, "_send_run: responder_setup() not called yet");
         return NULL;
     }
-    PyObject *f = PyObject_GetAttr(responder_module, s_receive_send_run), *kernel = NULL;
-    if (f == NULL || (kernel = GA(dev, s_kernel)) == NULL) {
-        Py_XDECREF(f);
-        return NULL;
-    }
-    Py_DECREF(kernel);                          /* (compared, not used) */
-    if (f != py_receive_send_run || rx_send_run == NULL || kernel != rx_kernel) {
-        PyObject *fargs[5] = {dev, args[0], args[1], args[2], args[3]};
-        PyObject *r = PyObject_Vectorcall(f, fargs, 5, NULL);
-        Py_DECREF(f);
-        return r;
-    }
-    Py_DECREF(f);
+    PyObject *res = NULL;
+    int p = pythons(dev, s_receive_send_run, py_receive_send_run, (const void *)rx_send_run,
+                    args, 4, &res);
+    if (p != 0)
+        return p < 0 ? NULL : res;
     long long o = PyLong_AsLongLong(args[1]), seg = o == -1 && PyErr_Occurred() ? -1
         : PyLong_AsLongLong(args[2]);
     if (PyErr_Occurred())
