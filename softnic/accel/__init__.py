@@ -264,7 +264,7 @@ def give_compiled(dev) -> bool:
     the compiled ones (``timers.c``: ``arm``, ``get_timer`` and ``handle_timer`` of
     ``softnic.core.timers.Timers``; ``output.c``: ``datagrams_to_send`` and
     ``_outgoing`` of ``softnic.core.output.Output``; ``responder.c``: ``_send_run``
-    of ``softnic.core.dispatch.Dispatch``; the same rules) in place of the
+    and ``_send_only`` of ``softnic.core.dispatch.Dispatch``; the same rules) in place of the
     Python's, if the module beside the simulator's loop can be had here
     (``fabric_loop()``) and the class runs the Python's own timers (an iWARP
     device, whose timers are its own, keeps them; the drain goes with the timers,

@@ -907,7 +907,8 @@ static int start_is_pythons(PyObject *wqe, long long mtu)
 /* Is the WQE up next one that START would hand to the Python's walk (not started,
    and ``start_is_pythons``)?  1 yes, 0 no (or no WQE up next), -1 error.  Asked
    first, before the QP's own conditions: such a WQE (a local operation, a WRITE
-   longer than an MTU, a FLUSH) goes straight to the Python's ``generate``. */
+   longer than an MTU, an ATOMIC WRITE, a FLUSH) goes straight to the Python's
+   ``generate``. */
 static int first_is_pythons(PyObject *qp)
 {
     PyObject *req = GA(qp, s_req), *sq = req ? GA(qp, s_sq) : NULL, *wqe = NULL, *t = NULL;

@@ -616,7 +616,7 @@ int sn_output_setup(PyObject *requester, PyObject *completer, PyObject *output);
 /* device_methods(cls, completer, requester, output): {name: method descriptor of cls}
    for the timers' ``arm``, ``get_timer`` and ``handle_timer``, the drain's
    ``datagrams_to_send`` and ``_outgoing`` (output.c) and the receive's ``_send_run``
-   (responder.c), to be the device class's own;
+   and ``_send_only`` (responder.c), to be the device class's own;
    the modules are those the compiled methods call into */
 static PyObject *device_methods(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 {
