@@ -31,10 +31,11 @@ from hypothesis import example, given, settings, strategies as st
 from softnic import accel
 from softnic.core import responder
 from softnic.core.device import Device, DeviceConfig
-from softnic.core.enums import QPState, SendFlags, WROpcode as W
+from softnic.core.enums import SendFlags, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
 from softnic.experiments.rig import bring_up, endpoint
-from test_send_runs import _state, compiled  # noqa: F401 (compiled: its fixture)
+from test_send_runs import RECEIVER_DRAWS, _mutate as _run_mutate, _receiver_as_drawn, _state
+from test_send_runs import compiled  # noqa: F401 (its fixture)
 
 MTU = 1024
 
@@ -71,61 +72,22 @@ def _world(seed: int, draw: dict):
                               imm_data=0xABCD, invalidate_rkey=inv))
     (data, _), = a.datagrams_to_send(0.0)
     data = bytearray(data)
-    qp = eb.qp
-    if draw["state"] is not None:
-        qp.state = draw["state"]
-    if draw["under_way"]:
-        qp.resp.kind = responder._SEND_KIND
-    if draw["ooo"]:
-        qp.sr.ooo[5] = object()
-    if draw["arm"] is not None:
-        eb.recv_cq.req_notify(draw["arm"])     # (True: solicited events only)
-    if draw["acked"]:                           # a plain ACK queued, not yet sent
-        qp.resp.out.append((0xFFFFFF, responder.ACK_CREDITS, 0))
-    if draw["stale_sr"]:                        # a hole's bookkeeping left over
-        qp.sr.scan, qp.sr.naked = 7, {9}
-    return b, qp, eb, data, a.address
+    _receiver_as_drawn(draw, eb)
+    return b, eb.qp, eb, data, a.address
 
 
 def _mutate(draw: dict, data: bytearray, src):
     """The datagram as it arrives: a byte changed, another QP or PSN, FECN, another
-    peer."""
-    if draw["flip"] is not None:
-        data[draw["flip"] % len(data)] ^= 0x40
-    if draw["qpn"]:
-        data[5:8] = (int.from_bytes(data[5:8], "big") + draw["qpn"]).to_bytes(3, "big")
-    if draw["psn_off"]:
-        data[9:12] = ((int.from_bytes(data[9:12], "big") + draw["psn_off"]) & 0xFFFFFF) \
-            .to_bytes(3, "big")
-    if draw["fecn"]:
-        data[4] |= 0x80
-    if draw["peer"]:
-        src = (src[0], src[1] + 1)
-    return data, src
+    peer (``test_send_runs``' changes of a run, of a run of one datagram, not cut)."""
+    return _run_mutate(dict(draw, cut=0), data, len(data), src)
 
 
 _draws = st.fixed_dictionaries({
-    "check_icrc": st.sampled_from([True] * 9 + [False]),
-    "srq": st.sampled_from([False, False, True]),
+    **RECEIVER_DRAWS,
     "psn": st.sampled_from([0, 0xFFFFFF]),
     "size": st.sampled_from([0, 1, 3, 4, 8, 100, MTU - 4, MTU - 1, MTU]),
-    "posted": st.sampled_from([0, 1, 1, 1, 2]),
     "room": st.sampled_from([0, 0, 64, -1]),
-    "two_sges": st.sampled_from([False] * 7 + [True]),
-    "op": st.sampled_from([W.SEND, W.SEND, W.SEND_WITH_IMM, W.SEND_WITH_INV]),
-    "inv_known": st.booleans(),
-    "se": st.booleans(),
-    "state": st.sampled_from([None] * 6 + [QPState.RTR, QPState.ERR, QPState.SQD]),
-    "under_way": st.sampled_from([False] * 9 + [True]),
-    "ooo": st.sampled_from([False] * 9 + [True]),
     "flip": st.one_of(st.none(), st.none(), st.none(), st.integers(0, 2000)),
-    "qpn": st.sampled_from([0] * 9 + [1]),
-    "psn_off": st.sampled_from([0] * 9 + [1]),
-    "fecn": st.sampled_from([False] * 9 + [True]),
-    "peer": st.sampled_from([False] * 9 + [True]),
-    "arm": st.sampled_from([None, None, False, True]),
-    "acked": st.sampled_from([False, False, True]),
-    "stale_sr": st.sampled_from([False] * 5 + [True]),
 })
 
 

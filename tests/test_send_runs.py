@@ -79,6 +79,14 @@ def _world(seed: int, draw: dict):
     run = next(item for item in out if type(item) is Run)
     data = bytearray(run.buf)
     seg = run.seg
+    _receiver_as_drawn(draw, eb)
+    return b, eb.qp, eb, data, seg, a.address
+
+
+def _receiver_as_drawn(draw: dict, eb) -> None:
+    """The receiving QP of endpoint ``eb`` put in the drawn state: another QP state,
+    a message under way, a packet held out of order, its receive CQ armed, a plain
+    ACK queued, a hole's bookkeeping left over."""
     qp = eb.qp
     if draw["state"] is not None:
         qp.state = draw["state"]
@@ -92,7 +100,6 @@ def _world(seed: int, draw: dict):
         qp.resp.out.append((0xFFFFFF, responder.ACK_CREDITS, 0))
     if draw["stale_sr"]:                        # a hole's bookkeeping left over
         qp.sr.scan, qp.sr.naked = 7, {9}
-    return b, qp, eb, data, seg, a.address
 
 
 def _mutate(draw: dict, data: bytearray, seg: int, src):
@@ -137,14 +144,13 @@ def _state(dev, qp, eb) -> tuple:
     )
 
 
-_draws = st.fixed_dictionaries({
+#: what a SEND's receiver and its arrival are drawn from (here and in
+#: test_send_only: the receives posted, the SEND's kind, the QP's state, what
+#: changed on the way)
+RECEIVER_DRAWS = {
     "check_icrc": st.sampled_from([True] * 9 + [False]),
     "srq": st.sampled_from([False, False, True]),
-    "psn": st.sampled_from([0, 0xFFFFFE]),
-    "npkts": st.integers(2, 12),
-    "tail": st.sampled_from([1, 3, 4, 100, MTU - 4, MTU - 1, MTU]),
     "posted": st.sampled_from([0, 1, 1, 1, 2]),
-    "room": st.sampled_from([0, 0, 64, -1, -MTU]),
     "two_sges": st.sampled_from([False] * 7 + [True]),
     "op": st.sampled_from([W.SEND, W.SEND, W.SEND_WITH_IMM, W.SEND_WITH_INV]),
     "inv_known": st.booleans(),
@@ -152,16 +158,24 @@ _draws = st.fixed_dictionaries({
     "state": st.sampled_from([None] * 6 + [QPState.RTR, QPState.ERR, QPState.SQD]),
     "under_way": st.sampled_from([False] * 9 + [True]),
     "ooo": st.sampled_from([False] * 9 + [True]),
-    "cut": st.sampled_from([0, 0, 0, 1, 2]),
-    "flip": st.one_of(st.none(), st.none(), st.none(), st.integers(0, 20000)),
     "qpn": st.sampled_from([0] * 9 + [1]),
     "psn_off": st.sampled_from([0] * 9 + [1]),
     "fecn": st.sampled_from([False] * 9 + [True]),
     "peer": st.sampled_from([False] * 9 + [True]),
     "arm": st.sampled_from([None, None, False, True]),
-    "ack_every": st.sampled_from([None, None, 1, 2, 3, 5]),
     "acked": st.sampled_from([False, False, True]),
     "stale_sr": st.sampled_from([False] * 5 + [True]),
+}
+
+_draws = st.fixed_dictionaries({
+    **RECEIVER_DRAWS,
+    "psn": st.sampled_from([0, 0xFFFFFE]),
+    "npkts": st.integers(2, 12),
+    "tail": st.sampled_from([1, 3, 4, 100, MTU - 4, MTU - 1, MTU]),
+    "room": st.sampled_from([0, 0, 64, -1, -MTU]),
+    "cut": st.sampled_from([0, 0, 0, 1, 2]),
+    "flip": st.one_of(st.none(), st.none(), st.none(), st.integers(0, 20000)),
+    "ack_every": st.sampled_from([None, None, 1, 2, 3, 5]),
 })
 
 

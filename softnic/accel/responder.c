@@ -218,6 +218,44 @@ static int nothing_held(PyObject *qp)
     return r == NULL ? -1 : 0;
 }
 
+/* A message's first packet taken: counted (``dev.counters["rcvd_pkts"] += 1``) and
+   the first receive WQE posted taken for it (``resp.wqe = take_recv(dev, qp)``) */
+static int recv_taken(PyObject *dev, PyObject *qp, PyObject *resp)
+{
+    if (count(dev, s_rcvd_pkts, 1) < 0)
+        return -1;
+    PyObject *args[2] = {dev, qp};
+    PyObject *wqe = call_responder(s_take_recv, args, 2);      /* take_recv(dev, qp) */
+    if (wqe == NULL)
+        return -1;
+    int r = SA(resp, s_wqe, wqe);
+    Py_DECREF(wqe);
+    return r;
+}
+
+/* The end of a SEND at ``psn``, its LAST's or ONLY's bytes placed: ``_last(dev, qp,
+   info, psn, tail, se)`` (the receive's completion, the Python's), then, unless that
+   refused it, ``accept(dev, qp, psn, True, True)`` (a LAST is ACKed anyway) */
+static int last_accepted(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *info,
+                         long long psn, long long tail, int se)
+{
+    PyObject *p = PyLong_FromLongLong(psn), *t = PyLong_FromLongLong(tail);
+    PyObject *largs[6] = {dev, qp, info, p, t, se ? Py_True : Py_False};
+    int ok = p == NULL || t == NULL ? -1 : take_truth(call_responder(s_last_, largs, 6));
+    Py_XDECREF(p);
+    Py_XDECREF(t);
+    return ok < 0 || (ok && accept(dev, qp, resp, psn, 1, 1) < 0) ? -1 : 0;
+}
+
+/* _executed's first test: is a packet held out of order (``qp.sr.ooo``)?  1, 0, -1 */
+static int held_beyond_hole(PyObject *qp)
+{
+    PyObject *sr = GA(qp, s_sr);
+    int ooo = sr == NULL ? -1 : get_truth(sr, s_ooo);
+    Py_XDECREF(sr);
+    return ooo;
+}
+
 /* took_send_run(dev, qp, ackreq, m, acks, last, n_last, se, tail), statement for
    statement: _first_taken, took_middles, _last_taken (its _last the Python's) and
    _executed (its _more_middles the Python's).  acks: the kernel's AckReq count
@@ -227,16 +265,10 @@ static int took_send_run(PyObject *dev, PyObject *qp, PyObject *resp, int ackreq
                          long long tail, long long mtu)
 {
     long long psn, off;
+    PyObject *args[2] = {dev, qp};
     /* _first_taken(dev, qp, qp.mtu, ackreq) */
-    if (count(dev, s_rcvd_pkts, 1) < 0)
-        return -1;
-    PyObject *args[9] = {dev, qp};
-    PyObject *wqe = call_responder(s_take_recv, args, 2);      /* take_recv(dev, qp) */
-    if (wqe == NULL)
-        return -1;
-    int r = SA(resp, s_wqe, wqe);
-    Py_DECREF(wqe);
-    if (r < 0 || set_ll(resp, s_off, mtu) < 0 || SA(resp, s_kind, SEND_KIND) < 0
+    if (recv_taken(dev, qp, resp) < 0 || set_ll(resp, s_off, mtu) < 0
+        || SA(resp, s_kind, SEND_KIND) < 0
         || get_ll(resp, s_epsn, &psn) < 0 || accept(dev, qp, resp, psn, 0, ackreq) < 0)
         return -1;
     if (m) {                            /* took_middles(dev, qp, m, acks, 1, acks[0]) */
@@ -252,20 +284,12 @@ static int took_send_run(PyObject *dev, PyObject *qp, PyObject *resp, int ackreq
     if (last != Py_None) {
         /* _last_taken(dev, qp, last, n_last, True, se, tail) */
         if (count(dev, s_rcvd_pkts, 1) < 0 || get_ll(resp, s_off, &off) < 0
-            || set_ll(resp, s_off, off + n_last) < 0 || get_ll(resp, s_epsn, &psn) < 0)
-            return -1;
-        PyObject *p = PyLong_FromLongLong(psn), *t = PyLong_FromLongLong(tail);
-        PyObject *largs[6] = {dev, qp, last, p, t, se ? Py_True : Py_False};
-        int ok = p == NULL || t == NULL ? -1 : take_truth(call_responder(s_last_, largs, 6));
-        Py_XDECREF(p);
-        Py_XDECREF(t);
-        if (ok < 0 || (ok && accept(dev, qp, resp, psn, 1, 1) < 0))
+            || set_ll(resp, s_off, off + n_last) < 0 || get_ll(resp, s_epsn, &psn) < 0
+            || last_accepted(dev, qp, resp, last, psn, tail, se) < 0)
             return -1;
     }
     /* _executed(dev, qp, last or _FIRST_INFO): nothing if a packet is held out of order */
-    PyObject *sr = GA(qp, s_sr);
-    int ooo = sr == NULL ? -1 : get_truth(sr, s_ooo);
-    Py_XDECREF(sr);
+    int ooo = held_beyond_hole(qp);
     if (ooo != 0)
         return ooo < 0 ? -1 : 0;
     if (last != Py_None)
@@ -289,22 +313,27 @@ static PyObject *edge_qp(PyObject *dev, const uint8_t *bth, PyObject *src, long 
     PyObject *qp = common_qp(dev, be32(bth + 4), (long long)bth[2] << 8 | bth[3], src);
     if (qp == NULL)
         return NULL;
-    PyObject *sr = GA(qp, s_sr);
-    int held = sr == NULL ? -1 : get_truth(sr, s_ooo);
-    Py_XDECREF(sr);
-    if (held != 0 || get_ll(qp, s_mtu, mtu) < 0)
+    if (held_beyond_hole(qp) != 0 || get_ll(qp, s_mtu, mtu) < 0)
         Py_CLEAR(qp);
     return qp;
 }
 
-/* A message's first packet's receive: the first receive WQE posted (``qp.rq``, or
-   its SRQ's queue) and its target, ``recv_target(dev, qp, wqe)``: *target the view
-   (a new reference to the (view, room) pair), *room its room.  1 found, 0 none
-   (nothing posted, or no target: the general path's), -1 error */
-static int first_target(PyObject *dev, PyObject *qp, PyObject **target, long long *room)
+/* A message's first packet's receive: none under way (``_in_sequence(resp.kind,
+   FIRST or ONLY)``), the first receive WQE posted (``qp.rq``, or its SRQ's queue)
+   and its target, ``recv_target(dev, qp, wqe)``: *target the view (a new reference
+   to the (view, room) pair), *room its room.  1 found, 0 not (a message under way,
+   nothing posted, or no target: the general path's), -1 error */
+static int first_target(PyObject *dev, PyObject *qp, PyObject *resp, PyObject **target,
+                        long long *room)
 {
-    PyObject *t = GA(qp, s_srq), *posted, *wqe;
+    PyObject *t = GA(resp, s_kind), *posted, *wqe;
     if (t == NULL)
+        return -1;
+    int under_way = t != Py_None;
+    Py_DECREF(t);
+    if (under_way)
+        return 0;
+    if ((t = GA(qp, s_srq)) == NULL)
         return -1;
     posted = t == Py_None ? GA(qp, s_rq) : GA(t, s_queue);
     Py_DECREF(t);
@@ -338,8 +367,8 @@ static int first_target(PyObject *dev, PyObject *qp, PyObject **target, long lon
 static long long send_run(PyObject *dev, PyObject *data, long long o, long long seg,
                           PyObject *src)
 {
-    PyObject *qp = NULL, *resp = NULL, *t = NULL, *target = NULL, *linfo = NULL,
-        *acks_o = NULL, *res = NULL;
+    PyObject *qp = NULL, *resp = NULL, *target = NULL, *linfo = NULL, *acks_o = NULL,
+        *res = NULL;
     long long r = -1;
     int s;
     Py_buffer db, vb;
@@ -357,21 +386,14 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
         r = PyErr_Occurred() ? -1 : 0;
         goto out;
     }
-    /* _size_ok(mtu, FIRST, ...): a whole MTU; _in_sequence(resp.kind, FIRST): none under way */
-    if (seg - BTH_LEN_ - ICRC_LEN_ - pad != mtu || (resp = GA(qp, s_resp)) == NULL
-        || (t = GA(resp, s_kind)) == NULL) {
+    /* _size_ok(mtu, FIRST, ...): a whole MTU */
+    if (seg - BTH_LEN_ - ICRC_LEN_ - pad != mtu || (resp = GA(qp, s_resp)) == NULL) {
         r = PyErr_Occurred() ? -1 : 0;
         goto out;
     }
-    int under_way = t != Py_None;
-    Py_CLEAR(t);
-    if (under_way) {
-        r = 0;
-        goto out;
-    }
     long long room;
-    /* the receive (taken once placed: took_send_run) */
-    if ((s = first_target(dev, qp, &target, &room)) <= 0) {
+    /* none under way, the receive (taken once placed: took_send_run) */
+    if ((s = first_target(dev, qp, resp, &target, &room)) <= 0) {
         r = s;
         goto out;
     }
@@ -467,7 +489,6 @@ out:
     PyBuffer_Release(&db);
     Py_XDECREF(qp);
     Py_XDECREF(resp);
-    Py_XDECREF(t);
     Py_XDECREF(target);
     Py_XDECREF(linfo);
     Py_XDECREF(acks_o);
@@ -482,27 +503,12 @@ static int took_send_only(PyObject *dev, PyObject *qp, PyObject *resp, PyObject 
                           long long n, int se, long long tail)
 {
     long long psn;
-    if (count(dev, s_rcvd_pkts, 1) < 0)
-        return -1;
-    PyObject *args[2] = {dev, qp};
-    PyObject *wqe = call_responder(s_take_recv, args, 2);      /* take_recv(dev, qp) */
-    if (wqe == NULL)
-        return -1;
-    int r = SA(resp, s_wqe, wqe);
-    Py_DECREF(wqe);
-    if (r < 0 || set_ll(resp, s_off, n) < 0 || get_ll(resp, s_epsn, &psn) < 0)
-        return -1;
-    PyObject *p = PyLong_FromLongLong(psn), *t = PyLong_FromLongLong(tail);
-    PyObject *largs[6] = {dev, qp, info, p, t, se ? Py_True : Py_False};
-    int ok = p == NULL || t == NULL ? -1 : take_truth(call_responder(s_last_, largs, 6));
-    Py_XDECREF(p);
-    Py_XDECREF(t);
-    if (ok < 0 || (ok && accept(dev, qp, resp, psn, 1, 1) < 0))
+    if (recv_taken(dev, qp, resp) < 0 || set_ll(resp, s_off, n) < 0
+        || get_ll(resp, s_epsn, &psn) < 0
+        || last_accepted(dev, qp, resp, info, psn, tail, se) < 0)
         return -1;
     /* _executed(dev, qp, info): nothing if a packet is held out of order */
-    PyObject *sr = GA(qp, s_sr);
-    int ooo = sr == NULL ? -1 : get_truth(sr, s_ooo);
-    Py_XDECREF(sr);
+    int ooo = held_beyond_hole(qp);
     if (ooo != 0)
         return ooo < 0 ? -1 : 0;
     return nothing_held(qp);
@@ -512,7 +518,7 @@ static int took_send_only(PyObject *dev, PyObject *qp, PyObject *resp, PyObject 
    1 taken, 0 not (nothing changed: the general path's), -1 error */
 static int send_only(PyObject *dev, PyObject *data, PyObject *src)
 {
-    PyObject *qp = NULL, *resp = NULL, *t = NULL, *target = NULL, *info = NULL;
+    PyObject *qp = NULL, *resp = NULL, *target = NULL, *info = NULL;
     int r = -1;
     Py_buffer db, vb;
     db.obj = vb.obj = NULL;
@@ -541,20 +547,15 @@ static int send_only(PyObject *dev, PyObject *data, PyObject *src)
     }
     if (get_ll(info, s_hdr_len, &hdr) < 0)
         goto out;
-    /* _size_ok(mtu, ONLY, n): at most an MTU; _in_sequence(resp.kind, ONLY): none under way */
+    /* _size_ok(mtu, ONLY, n): at most an MTU */
     long long n = size - hdr - ICRC_LEN_ - pad;
-    if (n < 0 || n > mtu || (resp = GA(qp, s_resp)) == NULL || (t = GA(resp, s_kind)) == NULL) {
+    if (n < 0 || n > mtu || (resp = GA(qp, s_resp)) == NULL) {
         r = PyErr_Occurred() ? -1 : 0;
         goto out;
     }
-    int under_way = t != Py_None;
-    Py_CLEAR(t);
-    if (under_way) {
-        r = 0;
-        goto out;
-    }
     long long room, qpn, psn;
-    int s = first_target(dev, qp, &target, &room);     /* (taken once placed: took_send_only) */
+    /* none under way, the receive (taken once placed: took_send_only) */
+    int s = first_target(dev, qp, resp, &target, &room);
     if (s <= 0) {
         r = s;
         goto out;
@@ -603,7 +604,6 @@ out:
     PyBuffer_Release(&db);
     Py_XDECREF(qp);
     Py_XDECREF(resp);
-    Py_XDECREF(t);
     Py_XDECREF(target);
     Py_XDECREF(info);
     return r;
@@ -613,10 +613,19 @@ out:
    Python's own ``own``: a test's stand-in, a tracer; or where the kernel function the
    compiled one calls, ``fn``, is not hooked in for this device's kernel)?  Then 1, and
    *res is its result for (dev, *args) (NULL: its error); 0: the compiled one runs;
-   -1 error. */
+   -1 error (``usage`` the method's, where it was not given ``want`` arguments). */
 static int pythons(PyObject *dev, PyObject *name, PyObject *own, const void *fn,
-                   PyObject *const *args, Py_ssize_t n, PyObject **res)
+                   PyObject *const *args, Py_ssize_t n, Py_ssize_t want, const char *usage,
+                   PyObject **res)
 {
+    if (n != want) {
+        PyErr_Format(PyExc_TypeError, "%s", usage);
+        return -1;
+    }
+    if (responder_module == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "%s: responder_setup() not called yet", usage);
+        return -1;
+    }
     PyObject *f = PyObject_GetAttr(responder_module, name), *kernel = NULL;
     if (f == NULL || (kernel = GA(dev, s_kernel)) == NULL) {
         Py_XDECREF(f);
@@ -639,16 +648,9 @@ static int pythons(PyObject *dev, PyObject *name, PyObject *own, const void *fn,
    module's is the Python's own and the kernel is hooked in, else the module's */
 static PyObject *receive_send_only(PyObject *dev, PyObject *const *args, Py_ssize_t n)
 {
-    if (n != 2) {
-        PyErr_SetString(PyExc_TypeError, "_send_only(data, src)");
-        return NULL;
-    }
-    if (responder_module == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_send_only: responder_setup() not called yet");
-        return NULL;
-    }
     PyObject *res = NULL;
-    int p = pythons(dev, s_receive_edge, py_receive_edge, (const void *)rx_edge, args, 2, &res);
+    int p = pythons(dev, s_receive_edge, py_receive_edge, (const void *)rx_edge, args, n, 2,
+                    "_send_only(data, src)", &res);
     if (p != 0)
         return p < 0 ? NULL : res;
     int r = send_only(dev, args[0], args[1]);
@@ -669,17 +671,9 @@ static PyObject *receive_send_only_fn(PyObject *mod, PyObject *const *args, Py_s
    the Python's own and the kernel is hooked in, else the module's */
 static PyObject *receive_send_run(PyObject *dev, PyObject *const *args, Py_ssize_t n)
 {
-    if (n != 4) {
-        PyErr_SetString(PyExc_TypeError, "_send_run(data, o, seg, src)");
-        return NULL;
-    }
-    if (responder_module == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_send_run: responder_setup() not called yet");
-        return NULL;
-    }
     PyObject *res = NULL;
     int p = pythons(dev, s_receive_send_run, py_receive_send_run, (const void *)rx_send_run,
-                    args, 4, &res);
+                    args, n, 4, "_send_run(data, o, seg, src)", &res);
     if (p != 0)
         return p < 0 ? NULL : res;
     long long o = PyLong_AsLongLong(args[1]), seg = o == -1 && PyErr_Occurred() ? -1
