@@ -174,14 +174,21 @@ def test_the_compiled_runs_take_every_step_as_the_python(compiled_generate, seed
         _same(_state(*cc), _state(*py), f"step {k}, state")
 
 
-def _send_world():
-    """A device that gathers, with the kernel: an RC QP and three SENDs of three
-    packets (the last one short), posted, none started."""
+def _gathering():
+    """A device whose driver gathers, with the kernel, and its endpoint of an RC QP
+    connected at MTU 1024 to another device's."""
     config = DeviceConfig()
     a, b = Device("a", "10.0.0.1", config=config), Device("b", "10.0.0.2", config=config)
     ea, _ = connect(a, b, mtu=1024, endpoint_args=dict(buf_size=1 << 16))
     a.kernel = accel.load()
     a.tx_gather = True
+    return a, ea
+
+
+def _send_world():
+    """A device that gathers, with the kernel: an RC QP and three SENDs of three
+    packets (the last one short), posted, none started."""
+    a, ea = _gathering()
     for i in range(3):
         a.post_send(ea.qp, SendWR(i, W.SEND, [ea.sge(4096 * i, 2100)], SendFlags.SIGNALED))
     return a, ea.qp
@@ -232,12 +239,8 @@ def test_one_packet_requests_leave_from_the_compiled_path(compiled_generate, rec
            (W.ATOMIC_CMP_AND_SWP, 8)]
 
     def world():
-        config = DeviceConfig()
-        a, b = Device("a", "10.0.0.1", config=config), Device("b", "10.0.0.2", config=config)
-        ea, _ = connect(a, b, mtu=1024, endpoint_args=dict(buf_size=1 << 16))
+        a, ea = _gathering()
         ea.buf.view[:] = random.Random(7).randbytes(len(ea.buf.view))
-        a.kernel = accel.load()
-        a.tx_gather = True
         for i, (op, size) in enumerate(ops):
             a.post_send(ea.qp, SendWR(i, op, [ea.sge(4096 * i, size)],
                                       SendFlags.SIGNALED | SendFlags.SOLICITED,

@@ -28,13 +28,11 @@ import random
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from softnic import accel
 from softnic.core import responder
-from softnic.core.device import Device, DeviceConfig
-from softnic.core.enums import SendFlags, WROpcode as W
-from softnic.core.qp import RecvWR, SendWR
-from softnic.experiments.rig import bring_up, endpoint
-from test_send_runs import RECEIVER_DRAWS, _mutate as _run_mutate, _receiver_as_drawn, _state
+from softnic.core.device import Device
+from softnic.core.enums import WROpcode as W
+from test_send_runs import RECEIVER_DRAWS, _mutate as _run_mutate, _pair, _receiver_as_drawn, \
+    _state
 from test_send_runs import compiled  # noqa: F401 (its fixture)
 
 MTU = 1024
@@ -43,33 +41,9 @@ MTU = 1024
 def _world(seed: int, draw: dict):
     """The sender's SEND ONLY (its datagram) and the receiver's world."""
     rng = random.Random(seed)
-    config = DeviceConfig(check_icrc=draw["check_icrc"])
     a = Device("a", "10.0.0.1")
-    b = Device("b", "10.0.0.2", config=config)
-    b.kernel = accel.load()
-    srq = b.create_srq(b.alloc_pd(), 64, 2) if draw["srq"] else None
-    ea = endpoint(a, buf_size=1 << 16)
-    eb = endpoint(b, buf_size=1 << 16, srq=srq, pd=srq.pd if srq is not None else None)
-    bring_up(ea, eb, mtu=MTU, psn=draw["psn"], peer_psn=0)
-    bring_up(eb, ea, mtu=MTU, psn=0, peer_psn=draw["psn"])
-    ea.buf.view[:] = rng.randbytes(len(ea.buf.view))
+    b, ea, eb = _pair(rng, draw, a, draw["size"])
     eb.buf.view[:] = rng.randbytes(len(eb.buf.view))
-    size = draw["size"]
-    for i in range(draw["posted"]):
-        room = max(0, size + draw["room"])
-        if draw["two_sges"]:
-            sges = [eb.sge(0, room // 2), eb.sge(20000, room - room // 2)]
-        else:
-            sges = [eb.sge(100 * i, room)]
-        wr = RecvWR(10 + i, sges)
-        if srq is not None:
-            b.post_srq_recv(srq, wr)
-        else:
-            b.post_recv(eb.qp, wr)
-    inv = eb.mr.rkey if draw["inv_known"] else 0x777
-    a.post_send(ea.qp, SendWR(1, draw["op"], [ea.sge(0, size)], SendFlags.SIGNALED
-                              | (SendFlags.SOLICITED if draw["se"] else 0),
-                              imm_data=0xABCD, invalidate_rkey=inv))
     (data, _), = a.datagrams_to_send(0.0)
     data = bytearray(data)
     _receiver_as_drawn(draw, eb)

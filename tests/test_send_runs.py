@@ -43,38 +43,46 @@ def compiled(compiled_with_kernel):
     return compiled_with_kernel
 
 
-def _world(seed: int, draw: dict):
-    """The sender's run (its bytes and segment size) and the receiver's world."""
-    rng = random.Random(seed)
-    kernel = accel.load()
-    config = DeviceConfig(check_icrc=draw["check_icrc"])
-    a = Device("a", "10.0.0.1", config=DeviceConfig(ack_every=draw["ack_every"]))
-    b = Device("b", "10.0.0.2", config=config)
-    a.kernel = b.kernel = kernel
+def _pair(rng, draw: dict, sender: Device, size: int):
+    """``sender`` and a receiver with the kernel, an RC QP each, connected at
+    ``draw["psn"]`` (MTU 1024), the receiver's on an SRQ if drawn, its receives
+    posted as drawn for a SEND of ``size`` bytes (``posted`` of them, of one SGE or
+    two, ``room`` bytes more or less than the SEND), checking ICRCs as drawn; the
+    sender's memory random.  The sender has posted the SEND (plain, with an
+    immediate, with an invalidation of a key the receiver has or has not;
+    solicited as drawn).  Returns the receiver and both endpoints."""
+    b = Device("b", "10.0.0.2", config=DeviceConfig(check_icrc=draw["check_icrc"]))
+    b.kernel = accel.load()
     srq = b.create_srq(b.alloc_pd(), 64, 2) if draw["srq"] else None
-    ea = endpoint(a, buf_size=1 << 16)
+    ea = endpoint(sender, buf_size=1 << 16)
     eb = endpoint(b, buf_size=1 << 16, srq=srq, pd=srq.pd if srq is not None else None)
     bring_up(ea, eb, mtu=MTU, psn=draw["psn"], peer_psn=0)
     bring_up(eb, ea, mtu=MTU, psn=0, peer_psn=draw["psn"])
     ea.buf.view[:] = rng.randbytes(len(ea.buf.view))
-    size = (draw["npkts"] - 1) * MTU + draw["tail"]
-    mw_key = eb.mr.rkey
     for i in range(draw["posted"]):
-        room = size + draw["room"]
+        room = max(0, size + draw["room"])
         if draw["two_sges"]:
             sges = [eb.sge(0, room // 2), eb.sge(20000, room - room // 2)]
         else:
-            sges = [eb.sge(100 * i, max(0, room))]
+            sges = [eb.sge(100 * i, room)]
         wr = RecvWR(10 + i, sges)
         if srq is not None:
             b.post_srq_recv(srq, wr)
         else:
             b.post_recv(eb.qp, wr)
-    op = draw["op"]
-    inv = mw_key if draw["inv_known"] else 0x777
-    a.post_send(ea.qp, SendWR(1, op, [ea.sge(0, size)], SendFlags.SIGNALED
-                              | (SendFlags.SOLICITED if draw["se"] else 0),
-                              imm_data=0xABCD, invalidate_rkey=inv))
+    inv = eb.mr.rkey if draw["inv_known"] else 0x777
+    sender.post_send(ea.qp, SendWR(1, draw["op"], [ea.sge(0, size)], SendFlags.SIGNALED
+                                   | (SendFlags.SOLICITED if draw["se"] else 0),
+                                   imm_data=0xABCD, invalidate_rkey=inv))
+    return b, ea, eb
+
+
+def _world(seed: int, draw: dict):
+    """The sender's run (its bytes and segment size) and the receiver's world."""
+    rng = random.Random(seed)
+    a = Device("a", "10.0.0.1", config=DeviceConfig(ack_every=draw["ack_every"]))
+    a.kernel = accel.load()
+    b, ea, eb = _pair(rng, draw, a, (draw["npkts"] - 1) * MTU + draw["tail"])
     out = a.datagram_runs(0.0)
     run = next(item for item in out if type(item) is Run)
     data = bytearray(run.buf)

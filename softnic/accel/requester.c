@@ -242,9 +242,8 @@ static PyObject *build_middle(PyObject *qp, PyObject *wqe, long long w0, long lo
     if (pkt == NULL)
         return NULL;
     unsigned char *h = (unsigned char *)PyByteArray_AS_STRING(pkt);
-    put_be32(h, w0);
-    put_be32(h + 4, dqpn & QPN_MASK_);
-    put_be32(h + 8, (ackreq ? BTH_ACKREQ_ : 0) | (psn & PSN_MASK_));
+    bth_put(h, (uint32_t)w0, (uint32_t)(dqpn & QPN_MASK_),
+            (uint32_t)((ackreq ? BTH_ACKREQ_ : 0) | (psn & PSN_MASK_)));
     Py_ssize_t got = gather_into(wqe, idx * mtu, mtu, (char *)h + BTH_LEN_);
     if (got < 0 || (got < mtu && PyByteArray_Resize(pkt, BTH_LEN_ + got) < 0))
         Py_CLEAR(pkt);
@@ -682,9 +681,8 @@ static int bulk_run(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe,
         if ((last = PyByteArray_FromStringAndSize(NULL, n + ICRC_LEN_)) == NULL)
             goto out;
         uint8_t *q = (uint8_t *)PyByteArray_AS_STRING(last);
-        put_be32(q, (uint32_t)(r->lop << 24 | lflags << 16 | DEFAULT_PKEY_));
-        put_be32(q + 4, (uint32_t)r->dqpn);
-        put_be32(q + 8, (uint32_t)(BTH_ACKREQ_ | ((r->psn + r->nmid) & PSN_MASK_)));
+        bth_put(q, bth_word0((uint32_t)r->lop, (uint32_t)lflags, (uint32_t)DEFAULT_PKEY_),
+                (uint32_t)r->dqpn, (uint32_t)(BTH_ACKREQ_ | ((r->psn + r->nmid) & PSN_MASK_)));
         if (r->tail)
             put_be32(q + BTH_LEN_, (uint32_t)tail_value);
         memcpy(q + BTH_LEN_ + r->tail, (const uint8_t *)b.buf + off_last, r->n_last);
@@ -815,9 +813,8 @@ static int one_packet(PyObject *dev, PyObject *req, PyObject *wqe, PyObject *op,
         goto out;
     uint8_t *q = (uint8_t *)PyByteArray_AS_STRING(buf);
     memset(q, 0, hdr);
-    put_be32(q, (uint32_t)(opcode << 24 | bflags << 16 | DEFAULT_PKEY_));
-    put_be32(q + 4, (uint32_t)r->dqpn);
-    put_be32(q + 8, (uint32_t)(BTH_ACKREQ_ | r->psn));
+    bth_put(q, bth_word0((uint32_t)opcode, (uint32_t)bflags, (uint32_t)DEFAULT_PKEY_),
+            (uint32_t)r->dqpn, (uint32_t)(BTH_ACKREQ_ | r->psn));
     uint8_t *h = q + BTH_LEN_;
     if (reth || atomiceth) {    /* a RETH: VA, R_Key, length; an AtomicETH: VA, R_Key, two */
         put_be64(h, addr);

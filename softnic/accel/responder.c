@@ -424,12 +424,13 @@ static long long send_run(PyObject *dev, PyObject *data, long long o, long long 
     long long qpn, psn;
     if (get_ll(qp, s_qpn, &qpn) < 0 || get_ll(resp, s_epsn, &psn) < 0)
         goto out;
-    long long w0 = SEND_FIRST_ << 24 | ((flags & SE_) | pad << PAD_SHIFT_) << 16 | DEFAULT_PKEY_;
+    long long w0 = bth_word0((uint32_t)SEND_FIRST_, (uint32_t)((flags & SE_) | pad << PAD_SHIFT_),
+                             (uint32_t)DEFAULT_PKEY_);
     long long ext = 0, lw0 = 0;
     uint32_t lstart = 0, fstart, mstart;
     if (last_at) {
         ext = hdr != BTH_LEN_ ? EXT_TAIL_ : 0;
-        lw0 = (long long)d[last_at] << 24 | lflags << 16 | DEFAULT_PKEY_;
+        lw0 = bth_word0(d[last_at], (uint32_t)lflags, (uint32_t)DEFAULT_PKEY_);
         if (rx_start(dev, src, n - last_at, lw0, qpn, &lstart) < 0)
             goto out;
     }
@@ -563,7 +564,8 @@ static int send_only(PyObject *dev, PyObject *data, PyObject *src)
     if (get_ll(qp, s_qpn, &qpn) < 0 || get_ll(resp, s_epsn, &psn) < 0)
         goto out;
     long long se = flags & SE_, tail = hdr != BTH_LEN_;
-    long long w0 = op << 24 | (se | pad << PAD_SHIFT_) << 16 | DEFAULT_PKEY_;
+    long long w0 = bth_word0((uint32_t)op, (uint32_t)(se | pad << PAD_SHIFT_),
+                             (uint32_t)DEFAULT_PKEY_);
     uint32_t start;
     if (rx_start(dev, src, size, w0, qpn, &start) < 0)
         goto out;
