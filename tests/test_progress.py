@@ -1290,3 +1290,59 @@ def test_a_receive_posted_sends_output_held_for_the_call_and_nothing_else(mark, 
     finally:
         a.close()
         b.close()
+
+
+def test_a_poll_sends_what_its_posts_held_before_it_receives(monkeypatch):
+    """Requests the caller's posts held for its next call (``NIC.post``: its lease
+    fresh, a send of the QP's outstanding) leave before that call's inline step
+    receives: the peer, who posted its own fragments and polls for ours (an
+    allreduce's exchange), is not kept waiting by our receive of its fragments.
+    a holds two WRITEs while three of b's wait on its socket; a's poll hands
+    both WRITEs to the socket before its first receive, then takes b's three
+    (``runs`` 8), and b's WRITEs and a's land."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
+    a, b = _nics()
+    try:
+        ea, eb = _pair(a, b, timeout=22)
+        with a.lock:
+            a._lease[0] = time.monotonic_ns() + 60 * NS   # a polls (its thread stays off)
+
+            def post(i):
+                n, at = 8 * i, 4096 + 64 * i           # (its own source: read when built)
+                ea.buf.view[at:at + n] = bytes([i]) * n
+                a.post(ea.qp.qpn, a.dev.post_send, ea.qp,
+                       SendWR(i, W.RDMA_WRITE, [ea.sge(at, n)], SendFlags.SIGNALED,
+                              remote_addr=eb.buf.addr + 64 * i, rkey=eb.mr.rkey))
+            sent = b.counters["rcvd_pkts"]
+            post(1)                                      # nothing outstanding: sent at once
+            assert not a._posts_owed
+            post(2)
+            post(3)                                      # held for a's next call
+            assert a._posts_owed and a._owed and a.counters["posts_held"] == 2
+            for i in (4, 5, 6):
+                _write_n(b, eb, ea, i)
+            time.sleep(0.05)                             # b's three wait on a's socket
+            assert b.counters["rcvd_pkts"] == sent + 1   # (WRITE 1 only)
+            order = []
+            for name in ("send", "send_runs", "send_batch"):
+                fn = getattr(a.sock, name)
+                monkeypatch.setattr(a.sock, name,
+                                    lambda *args, fn=fn: order.append("send") or fn(*args))
+            for name in ("receive_run", "receive_datagram"):
+                fn = getattr(a.dev, name)
+                monkeypatch.setattr(a.dev, name,
+                                    lambda *args, fn=fn: order.append("receive") or fn(*args))
+            rcvd = a.counters["rcvd_pkts"]
+            a.poll(8)
+            assert order and order[0] == "send", order
+            assert order.count("receive") >= 3 and not a._posts_owed, order
+            assert a.counters["rcvd_pkts"] - rcvd >= 3
+        assert all(_landed(ea, i) for i in (4, 5, 6))
+        _until(lambda: b.counters["rcvd_pkts"] >= sent + 3)
+        assert all(bytes(eb.buf.view[64 * i:64 * i + 8 * i]) == bytes([i]) * (8 * i)
+                   for i in (1, 2, 3))
+    finally:
+        a.close()
+        b.close()

@@ -443,6 +443,7 @@ class NIC(SharedDevice):
         self._closed = False
         self._stats_at = time.monotonic()
         self._owed = False          # an inline step left its output for the next call
+        self._posts_owed = False    # ... and of it, a post's requests (``post``): ``poll`` sends them first
         self._answering = False     # the program spins for a request it will answer (end_lease)
         self._asleep = False        # the program sleeps on a CQ's channel (end_lease_to_sleep)
         # the thread took a datagram between the last such end_lease and the program's
@@ -650,7 +651,7 @@ class NIC(SharedDevice):
             finally:
                 if streams and not self._closed:
                     self._posts_held += 1
-                    self._owed = True
+                    self._owed = self._posts_owed = True
                     lease[0] = ns
                     lease[4] = threading.get_native_id()
                     lease[1] = 1
@@ -735,7 +736,14 @@ class NIC(SharedDevice):
         the progress thread took the requests while the caller slept, ``_step``)
         stay held by a step with nothing to receive and no timer due, until then:
         the program that woke to those requests' completions polls before it
-        answers."""
+        answers.
+
+        Requests the caller's posts left for this call (``post``) leave before the
+        step receives: the peer may be waiting for them (an exchange, as an
+        allreduce's: each side posts its fragments, then polls for the other's),
+        and a step that took ``runs`` of the peer's fragments first would hold
+        them back by all of that work (``SOFTNIC_POLL_RUNS``, docs/performance.md,
+        "Held posts leave before the poll receives")."""
         with self.lock:
             if not self._closed:
                 self._inline_polls += 1
@@ -754,6 +762,8 @@ class NIC(SharedDevice):
                             and self._timers_idle(now):
                         return
                 lease[1] = 1
+                if self._posts_owed:
+                    self._flush(now)
                 try:
                     self._step(now, inline=True, ready=bool(ready), runs=runs,
                                reads=reads)
@@ -994,6 +1004,7 @@ class NIC(SharedDevice):
 
     def _flush(self, now: float) -> None:
         self._rx_held = 0
+        self._posts_owed = False
         if self._owed:
             self._owed = False
             self._lease[1] = 0
@@ -1582,6 +1593,7 @@ class TcpNIC(NIC):
         self.capture.record(peer, local, data, time.time())
 
     def _flush(self, now: float) -> None:
+        self._posts_owed = False
         if self._closed:
             return
         cap = self.capture is not None
