@@ -1032,6 +1032,16 @@ def _landed(ep, i):
     return bytes(ep.buf.view[64 * i:64 * i + 8 * i]) == bytes([i]) * (8 * i)
 
 
+def _nics_holding(monkeypatch):
+    """Two NICs with the compiled sleep whose held output may wait 5 s
+    (``HOLD_LEASE``: a test's own steps decide when it leaves), their counters
+    not published meanwhile."""
+    _waiter()
+    monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)
+    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
+    return _nics()
+
+
 def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(monkeypatch):
     """An inline step keeps holding ACKs across a step that receives only a
     response (the ACK of the caller's own request: it answers next), and across
@@ -1041,10 +1051,7 @@ def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(m
     mark they go (a sender streaming to a program that polls, UCX's progress
     loop, would otherwise run out of window), and so they do at a step after
     which nothing waits."""
-    _waiter()
-    monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)
-    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
-    a, b = _nics()
+    a, b = _nics_holding(monkeypatch)
     try:
         ea, eb = _pair(a, b, timeout=22)
         assert a._ack_pkts == a.dev.config.window // 2
@@ -1063,6 +1070,37 @@ def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(m
         # third (the mark); the fourth held; sent by the step after which none waits
         assert seen == [(1, True, 0), (2, True, 0), (3, False, 1), (4, True, 1),
                         (4, False, 2)]
+        assert all(_landed(ea, i) for i in (1, 2, 3, 4))
+        done = []
+        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 8)) or len(done) >= 4)
+        assert [w.wr_id for w in done] == [1, 2, 3, 4]
+        assert b.counters["rcvd_pkts"] == rcvd + 2       # two ACKs for four WRITEs
+    finally:
+        a.close()
+        b.close()
+
+
+def test_one_inline_step_of_many_runs_sends_its_acks_at_the_mark(monkeypatch):
+    """An inline step that takes several receives (the C face's ``ibv_poll_cq``:
+    ``runs`` 8) sends the ACKs it holds once half a window of packets has come
+    since output last left (``_ack_pkts``), as steps of one receive each do
+    across calls, not only after its last receive: eight runs of 64 KiB WRITEs
+    are a whole window, and a sender waiting for their ACK stalls.  What it
+    takes after the mark is held as before."""
+    a, b = _nics_holding(monkeypatch)
+    try:
+        ea, eb = _pair(a, b, timeout=22)
+        a._ack_pkts = 3
+        with a.lock:
+            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
+            for i in (1, 2, 3, 4):
+                _write_n(b, eb, ea, i)
+            time.sleep(0.05)                             # all four wait on a's socket
+            rcvd = b.counters["rcvd_pkts"]
+            a.poll(8)
+            # the ACK of the first three went at the mark, the fourth's is held
+            assert (a.counters["rcvd_pkts"], a.counters["sent_pkts"], a._owed) == (4, 1, True)
+            assert a._rx_held == 1
         assert all(_landed(ea, i) for i in (1, 2, 3, 4))
         done = []
         _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 8)) or len(done) >= 4)
@@ -1300,10 +1338,7 @@ def test_a_poll_sends_what_its_posts_held_before_it_receives(monkeypatch):
     a holds two WRITEs while three of b's wait on its socket; a's poll hands
     both WRITEs to the socket before its first receive, then takes b's three
     (``runs`` 8), and b's WRITEs and a's land."""
-    _waiter()
-    monkeypatch.setattr(nicmod, "HOLD_LEASE", 5.0)
-    monkeypatch.setattr(nicmod, "STATS_EVERY", 3600.0)
-    a, b = _nics()
+    a, b = _nics_holding(monkeypatch)
     try:
         ea, eb = _pair(a, b, timeout=22)
         with a.lock:

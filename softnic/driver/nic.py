@@ -1184,11 +1184,20 @@ class NIC(SharedDevice):
                     answers = answers and op in _RESPONSES
                     rx(data, seg, src, now)
                     got += len(data)
-                    if got >= self._ack_bytes and dev.has_output and not inline:
+                    if (got >= self._ack_bytes if not inline else n < limit and
+                            self._rx_held + counters["rcvd_pkts"] - pkts >= self._ack_pkts) \
+                            and dev.has_output and (not inline or dev.owes_acks_only()):
                         # the coalesced ACK leaves now, not after the last run waiting:
-                        # a sender streaming into a busy socket would run out of window
+                        # a sender streaming into a busy socket would run out of window.
+                        # So does an inline step's before it takes another receive, at
+                        # the mark its held ACKs leave at across steps (``_holds_acks``:
+                        # half a window of packets since output last left) when they
+                        # are all it owes: eight runs of 64 KiB WRITEs are a whole
+                        # window (docs/performance.md, "Held posts leave before the
+                        # poll receives")
                         got = 0
                         self._flush(now)
+                        pkts = counters["rcvd_pkts"]     # (the flush began the count anew)
                     if stream and dev.stream_qp is not None:
                         switch = True       # a message's MIDDLEs in order: the kernel's
                         break
