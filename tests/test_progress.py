@@ -1042,6 +1042,28 @@ def _nics_holding(monkeypatch):
     return _nics()
 
 
+def _four_writes_wait(a, b, ea, eb) -> int:
+    """a polls (its thread stays off) with its ACK mark at three packets, and b's
+    WRITEs 1-4 (``_write_n``) wait on a's socket; b's count of packets received
+    then."""
+    a._ack_pkts = 3
+    a._lease[0] = time.monotonic_ns() + 60 * NS
+    for i in (1, 2, 3, 4):
+        _write_n(b, eb, ea, i)
+    time.sleep(0.05)
+    return b.counters["rcvd_pkts"]
+
+
+def _four_writes_acked_twice(b, ea, eb, rcvd: int) -> None:
+    """The four landed, b completes them in order, and two ACKs came back for them
+    (``rcvd``: b's count before a took them)."""
+    assert all(_landed(ea, i) for i in (1, 2, 3, 4))
+    done = []
+    _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 8)) or len(done) >= 4)
+    assert [w.wr_id for w in done] == [1, 2, 3, 4]
+    assert b.counters["rcvd_pkts"] == rcvd + 2
+
+
 def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(monkeypatch):
     """An inline step keeps holding ACKs across a step that receives only a
     response (the ACK of the caller's own request: it answers next), and across
@@ -1055,13 +1077,8 @@ def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(m
     try:
         ea, eb = _pair(a, b, timeout=22)
         assert a._ack_pkts == a.dev.config.window // 2
-        a._ack_pkts = 3
         with a.lock:
-            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
-            for i in (1, 2, 3, 4):
-                _write_n(b, eb, ea, i)
-            time.sleep(0.05)                             # all four wait on a's socket
-            rcvd = b.counters["rcvd_pkts"]
+            rcvd = _four_writes_wait(a, b, ea, eb)
             seen = []
             for i in (1, 2, 3, 4, 5):
                 a.poll()                                 # one datagram a step
@@ -1070,11 +1087,7 @@ def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(m
         # third (the mark); the fourth held; sent by the step after which none waits
         assert seen == [(1, True, 0), (2, True, 0), (3, False, 1), (4, True, 1),
                         (4, False, 2)]
-        assert all(_landed(ea, i) for i in (1, 2, 3, 4))
-        done = []
-        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 8)) or len(done) >= 4)
-        assert [w.wr_id for w in done] == [1, 2, 3, 4]
-        assert b.counters["rcvd_pkts"] == rcvd + 2       # two ACKs for four WRITEs
+        _four_writes_acked_twice(b, ea, eb, rcvd)
     finally:
         a.close()
         b.close()
@@ -1090,22 +1103,13 @@ def test_one_inline_step_of_many_runs_sends_its_acks_at_the_mark(monkeypatch):
     a, b = _nics_holding(monkeypatch)
     try:
         ea, eb = _pair(a, b, timeout=22)
-        a._ack_pkts = 3
         with a.lock:
-            a._lease[0] = time.monotonic_ns() + 60 * NS  # a polls (its thread stays off)
-            for i in (1, 2, 3, 4):
-                _write_n(b, eb, ea, i)
-            time.sleep(0.05)                             # all four wait on a's socket
-            rcvd = b.counters["rcvd_pkts"]
+            rcvd = _four_writes_wait(a, b, ea, eb)
             a.poll(8)
             # the ACK of the first three went at the mark, the fourth's is held
             assert (a.counters["rcvd_pkts"], a.counters["sent_pkts"], a._owed) == (4, 1, True)
             assert a._rx_held == 1
-        assert all(_landed(ea, i) for i in (1, 2, 3, 4))
-        done = []
-        _until(lambda: done.extend(b.call(b.dev.poll_cq, eb.send_cq, 8)) or len(done) >= 4)
-        assert [w.wr_id for w in done] == [1, 2, 3, 4]
-        assert b.counters["rcvd_pkts"] == rcvd + 2       # two ACKs for four WRITEs
+        _four_writes_acked_twice(b, ea, eb, rcvd)
     finally:
         a.close()
         b.close()
@@ -1350,7 +1354,7 @@ def test_a_poll_sends_what_its_posts_held_before_it_receives(monkeypatch):
                 a.post(ea.qp.qpn, a.dev.post_send, ea.qp,
                        SendWR(i, W.RDMA_WRITE, [ea.sge(at, n)], SendFlags.SIGNALED,
                               remote_addr=eb.buf.addr + 64 * i, rkey=eb.mr.rkey))
-            sent = b.counters["rcvd_pkts"]
+            b_rcvd = b.counters["rcvd_pkts"]
             post(1)                                      # nothing outstanding: sent at once
             assert not a._posts_owed
             post(2)
@@ -1359,7 +1363,7 @@ def test_a_poll_sends_what_its_posts_held_before_it_receives(monkeypatch):
             for i in (4, 5, 6):
                 _write_n(b, eb, ea, i)
             time.sleep(0.05)                             # b's three wait on a's socket
-            assert b.counters["rcvd_pkts"] == sent + 1   # (WRITE 1 only)
+            assert b.counters["rcvd_pkts"] == b_rcvd + 1     # (WRITE 1 only)
             order = []
             for name in ("send", "send_runs", "send_batch"):
                 fn = getattr(a.sock, name)
@@ -1375,7 +1379,7 @@ def test_a_poll_sends_what_its_posts_held_before_it_receives(monkeypatch):
             assert order.count("receive") >= 3 and not a._posts_owed, order
             assert a.counters["rcvd_pkts"] - rcvd >= 3
         assert all(_landed(ea, i) for i in (4, 5, 6))
-        _until(lambda: b.counters["rcvd_pkts"] >= sent + 3)
+        _until(lambda: b.counters["rcvd_pkts"] >= b_rcvd + 3)
         assert all(bytes(eb.buf.view[64 * i:64 * i + 8 * i]) == bytes([i]) * (8 * i)
                    for i in (1, 2, 3))
     finally:
