@@ -54,4 +54,4 @@ def test_collectives_import_with_blank_tunables():
             "print(c.SMALL_BROADCAST, c.SMALL_ALLREDUCE[2], t.WINDOW, n.PROGRESS_NICE, b.POLL_RUNS)")
     out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out == ["65536", "65536", "384", "-10", "8"]
+    assert out == ["65536", "65536", "384", "-10", "16"]

@@ -1095,7 +1095,7 @@ def test_a_polling_receiver_of_a_stream_coalesces_its_acks_up_to_half_a_window(m
 
 def test_one_inline_step_of_many_runs_sends_its_acks_at_the_mark(monkeypatch):
     """An inline step that takes several receives (the C face's ``ibv_poll_cq``:
-    ``runs`` 8) sends the ACKs it holds once half a window of packets has come
+    ``runs`` 16) sends the ACKs it holds once half a window of packets has come
     since output last left (``_ack_pkts``), as steps of one receive each do
     across calls, not only after its last receive: eight runs of 64 KiB WRITEs
     are a whole window, and a sender waiting for their ACK stalls.  What it
@@ -1341,7 +1341,7 @@ def test_a_poll_sends_what_its_posts_held_before_it_receives(monkeypatch):
     allreduce's exchange), is not kept waiting by our receive of its fragments.
     a holds two WRITEs while three of b's wait on its socket; a's poll hands
     both WRITEs to the socket before its first receive, then takes b's three
-    (``runs`` 8), and b's WRITEs and a's land."""
+    (``runs`` 8 here), and b's WRITEs and a's land."""
     a, b = _nics_holding(monkeypatch)
     try:
         ea, eb = _pair(a, b, timeout=22)

@@ -76,12 +76,13 @@ _ONE = (1).to_bytes(8, sys.byteorder)          # an eventfd increment
 #: call.  (A program spinning on memory reacts to the request itself: the Python
 #: face's ``poll`` keeps one, and ``softnic perf write_lat`` answers before the ACK.
 #: A program's first poll of a CQ it armed since its last one comes before it sleeps
-#: on its channel, and keeps one.)  Eight, not two: a rank of an exchange (an
+#: on its channel, and keeps one.)  Sixteen, not two: a rank of an exchange (an
 #: allreduce's eager fragments, sixteen 8 KiB SENDs each way at 256 KiB) takes the
-#: peer's burst in a few calls, not one call per two fragments, each with its own
+#: peer's burst in one call, not one call per two fragments, each with its own
 #: entry and flush (its requests held by its posts leave before the step receives,
-#: ``NIC.poll``; docs/performance.md, "Held posts leave before the poll receives").
-POLL_RUNS = env.number("SOFTNIC_POLL_RUNS", 8)
+#: ``NIC.poll``; a stream's ACKs leave at half a window within the step, ``_step``;
+#: docs/performance.md, "Held posts leave before the poll receives").
+POLL_RUNS = env.number("SOFTNIC_POLL_RUNS", 16)
 
 _objs: dict[int, object] = {}
 _inherited: set[int] = set()      # handles of the parent's objects, in a forked child
