@@ -627,8 +627,14 @@ class NIC(SharedDevice):
         (docs/performance.md, "A polling receiver of a stream coalesces its
         ACKs").  A caller that stops calling leaves them to the progress thread
         once its lease runs out (``HOLD_LEASE``)."""
-        return self._rx_held < self._ack_pkts and bool(self._readable(0)) \
+        return not self._at_ack_mark(0) and bool(self._readable(0)) \
             and self.dev.owes_acks_only(True)
+
+    def _at_ack_mark(self, taken: int) -> bool:
+        """Have inline steps taken half a window of packets (``_ack_pkts``) since
+        output last left, with ``taken`` more by the step under way?  Held ACKs
+        leave then (``_holds_acks`` across steps, ``_step`` within one)."""
+        return self._rx_held + taken >= self._ack_pkts
 
     def post(self, qpn: int, fn, *args):
         """A post of work requests to the QP numbered ``qpn`` (``fn(*args)``, the engine's
@@ -1185,7 +1191,7 @@ class NIC(SharedDevice):
                     rx(data, seg, src, now)
                     got += len(data)
                     if (got >= self._ack_bytes if not inline else n < limit and
-                            self._rx_held + counters["rcvd_pkts"] - pkts >= self._ack_pkts) \
+                            self._at_ack_mark(counters["rcvd_pkts"] - pkts)) \
                             and dev.has_output and (not inline or dev.owes_acks_only()):
                         # the coalesced ACK leaves now, not after the last run waiting:
                         # a sender streaming into a busy socket would run out of window.
