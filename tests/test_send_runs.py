@@ -12,28 +12,35 @@ a packet's byte changed (its ICRC then wrong), to another QP, from another
 peer, with FECN set, at another PSN, with no receive posted, with a message
 under way, with a packet held out of order, the QP in another state, the
 device checking no ICRCs; the receive CQ armed (for solicited events only, or
-any) or not.  One receiver takes it by the Python's
-``receive_send_run``, the other by the compiled one.  The count taken, the
-receive memory, the responder's state, its queued ACKs, the completions, the
-counters, the CQ's events and the device's ready QPs must be the same.
+any), full, mirrored (the C face's view of it) or none of these; the receives'
+MR without local write, invalidated or deregistered.  One receiver takes it by
+the Python's ``receive_send_run``, the other by the compiled one (its receive's
+target and a plain SEND's completion compiled too: ``recv_target``'s and
+``_last``'s cases).  The count taken, the receive memory, the responder's
+state, its queued ACKs, the completions (every field, solicited or not), the
+counters, the CQ's events, overflow and mirror, and the device's ready QPs
+must be the same.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 
+import cffi
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from softnic import accel
-from softnic.core import responder
+from softnic.core import cq as cq_module, device as device_module, responder
 from softnic.core.device import Device, DeviceConfig
-from softnic.core.enums import QPState, SendFlags, WROpcode as W
+from softnic.core.enums import Access, QPState, SendFlags, WROpcode as W
 from softnic.core.qp import RecvWR, SendWR
 from softnic.core.requester import Run
 from softnic.experiments.rig import bring_up, endpoint
 
 MTU = 1024
+_FFI = cffi.FFI()
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +100,22 @@ def _world(seed: int, draw: dict):
 
 def _receiver_as_drawn(draw: dict, eb) -> None:
     """The receiving QP of endpoint ``eb`` put in the drawn state: another QP state,
-    a message under way, a packet held out of order, its receive CQ armed, a plain
-    ACK queued, a hole's bookkeeping left over."""
+    a message under way, a packet held out of order, its receive CQ armed, full or
+    mirrored (the C face's view of it), a plain ACK queued, a hole's bookkeeping
+    left over; the receives' MR without local write, invalidated or deregistered."""
     qp = eb.qp
+    mr = draw.get("mr")
+    if mr == "no_write":
+        eb.mr.access = Access(int(eb.mr.access) & ~int(Access.LOCAL_WRITE))
+    elif mr == "invalid":
+        eb.mr.valid = False
+    elif mr == "gone":
+        eb.dev.dereg_mr(eb.mr)
+    cq = draw.get("cq")
+    if cq == "full":
+        eb.recv_cq.depth = len(eb.recv_cq.entries)
+    elif cq == "mirror":                        # (as the C face's: a cffi array)
+        eb.recv_cq.mirror = _FFI.new("int32_t[2]")
     if draw["state"] is not None:
         qp.state = draw["state"]
     if draw["under_way"]:
@@ -134,8 +154,12 @@ def _mutate(draw: dict, data: bytearray, seg: int, src):
 
 def _state(dev, qp, eb) -> tuple:
     resp = qp.resp
-    wcs = dev.poll_cq(eb.recv_cq, 64)
+    cq = eb.recv_cq
+    seen = (cq.overflowed, None if cq.mirror is None else list(cq.mirror), dev.cqes_posted,
+            [(w.qp_num, w.src_qp, w.solicited) for w in cq.entries])
+    wcs = dev.poll_cq(eb.recv_cq, 64) if not cq.overflowed else []
     return (
+        seen,
         (resp.epsn, resp.msn, resp.off, resp.kind, resp.nak_sent,
          None if resp.wqe is None else resp.wqe.wr_id),
         list(resp.out),
@@ -173,6 +197,8 @@ RECEIVER_DRAWS = {
     "arm": st.sampled_from([None, None, False, True]),
     "acked": st.sampled_from([False, False, True]),
     "stale_sr": st.sampled_from([False] * 5 + [True]),
+    "mr": st.sampled_from([None] * 6 + ["no_write", "invalid", "gone"]),
+    "cq": st.sampled_from([None] * 5 + ["full", "mirror"]),
 }
 
 _draws = st.fixed_dictionaries({
@@ -205,6 +231,12 @@ def _draw(**values) -> dict:
 @example(seed=1, draw=_draw(npkts=2, stale_sr=True))
 # MIDDLEs that ask for ACKs, after a plain ACK queued: each replaces the one before
 @example(seed=1, draw=_draw(npkts=6, ack_every=2, acked=True))
+# the receive's MR refusing it, the CQ full, the CQ mirrored for a solicited SEND
+@example(seed=1, draw=_draw(mr="no_write"))
+@example(seed=1, draw=_draw(mr="invalid"))
+@example(seed=1, draw=_draw(mr="gone"))
+@example(seed=1, draw=_draw(cq="full"))
+@example(seed=1, draw=_draw(cq="mirror", se=True))
 def test_the_compiled_receive_takes_every_run_as_the_python(compiled, seed, draw):
     results = []
     for take in (responder.receive_send_run, compiled.receive_send_run):
@@ -230,6 +262,58 @@ def test_a_clean_run_is_taken_whole_by_the_compiled_receive(compiled, record_cal
         assert called == want
         (wc,) = dev.poll_cq(eb.recv_cq, 4)
         assert wc.byte_len == 2 * MTU + 100 and wc.wr_id == 10
+
+
+def _python_calls(fn, *args) -> tuple:
+    """``fn(*args)``, and the names of the functions of ``responder``, ``cq`` and
+    ``device`` that ran meanwhile (``sys.setprofile``: nothing is put in their place)."""
+    names: list = []
+    own = (responder.__file__, cq_module.__file__, device_module.__file__)
+
+    def seen(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename in own:
+            names.append(frame.f_code.co_name)
+    sys.setprofile(seen)
+    try:
+        got = fn(*args)
+    finally:
+        sys.setprofile(None)
+    return got, names
+
+
+def test_a_plain_sends_receive_completes_in_the_compiled_receive(compiled):
+    """Not vacuous either: the compiled receive finds a plain SEND's target and
+    completes its receive itself (``recv_target``, ``_last``, ``_send_done``,
+    ``recv_done``, ``Device.post_cqe`` and ``CQ.push`` do not run), where the
+    Python's runs them all, and the completion is the same.  Where the CQ is
+    armed, the completion is the Python's to make (an event to raise)."""
+    names = ("recv_target", "_last", "_send_done", "recv_done", "post_cqe", "push")
+    wcs = []
+    for take, arm, want in ((compiled.receive_send_run, None, set()),
+                            (responder.receive_send_run, None, set(names)),
+                            (compiled.receive_send_run, False, set(names) - {"recv_target"})):
+        dev, qp, eb, data, seg, src = _world(3, _draw(se=True, arm=arm))
+        k, ran = _python_calls(take, dev, memoryview(data), 0, seg, src)
+        assert k == 3
+        assert set(ran) & set(names) == want
+        (wc,) = dev.poll_cq(eb.recv_cq, 4)
+        wcs.append((wc.wr_id, wc.status, wc.opcode, wc.qp_num, wc.byte_len, wc.imm_data,
+                    wc.wc_flags, wc.src_qp, wc.solicited))
+    assert wcs[0] == wcs[1] == wcs[2] and wcs[0][4] == 2 * MTU + 100 and wcs[0][8]
+
+
+@pytest.mark.parametrize("name", ["recv_target", "_last"])
+def test_a_receives_target_or_completion_put_in_the_modules_place_is_called(
+        compiled, monkeypatch, name):
+    """A stand-in for ``responder.recv_target`` or ``responder._last`` (a test's, a
+    tracer's) is what the compiled receive calls, not its own case of it."""
+    dev, qp, eb, data, seg, src = _world(3, _draw())
+    real, calls = getattr(responder, name), []
+    monkeypatch.setattr(responder, name, lambda *a: calls.append(a[0]) or real(*a))
+    assert compiled.receive_send_run(dev, memoryview(data), 0, seg, src) == 3
+    assert calls == [dev]
+    (wc,) = dev.poll_cq(eb.recv_cq, 4)
+    assert wc.byte_len == 2 * MTU + 100
 
 
 def test_a_receive_send_run_put_in_the_modules_place_is_called(compiled, monkeypatch):

@@ -7,16 +7,19 @@
    conditions (``_common_qp``: an RC QP, no XRC, the default P_Key, FECN and BECN
    clear, a receiving state, the peer it is connected to), nothing held beyond a
    hole, a whole MTU in the FIRST, no message under way (``_in_sequence``), a
-   receive posted; the receive's target by the Python's ``recv_target``; the run's
+   receive posted; the receive's target (``recv_target``'s case of one SGE,
+   compiled: ``one_sge_target``); the run's
    LAST and its size; the ICRC states (``rx_icrc_start``'s memo read here, the
    Python's asked where it holds none); then kernel.c's ``sn_rx_send_run`` (given
    by ``responder_setup``, for a device whose ``kernel`` is the one it is of),
    and the accounting of ``took_send_run`` (``_first_taken``, ``took_middles``,
    ``_last_taken``, ``_executed``, with ``accept`` and ``queue_ack``) over the
-   same objects, calling ``take_recv``, ``_last`` (the receive's completion) and
-   ``_more_middles`` as it calls them.  A ``receive_send_run`` or
-   ``took_send_run`` put in the module's place (a test's stand-in, a tracer) is
-   called instead.
+   same objects, calling ``take_recv``, ``_last`` (the receive's completion;
+   a plain SEND's compiled, ``plain_last``: ``_send_done``, ``recv_done``,
+   ``Device.post_cqe`` and ``CQ.push`` where the CQ raises no event) and
+   ``_more_middles`` as it calls them.  A ``receive_send_run``,
+   ``took_send_run``, ``recv_target`` or ``_last`` put in the module's place (a
+   test's stand-in, a tracer) is called instead.
 
    ``softnic.accel.give_compiled`` makes ``receive_send_run`` a device class's
    ``_send_run`` (``Dispatch._send_run``'s place), which ``Dispatch.receive_run``
@@ -48,7 +51,14 @@ static rx_edge_fn rx_edge;              /* kernel.c's sn_rx_edge */
 static PyObject *rx_kernel;             /* the kernel object it is of: a device's must be it */
 
 static PyObject *responder_module, *py_receive_send_run, *py_took_send_run, *py_receive_edge,
-    *py_took_send_edge;
+    *py_took_send_edge, *py_recv_target, *py_last;
+/* recv_target's and _last's compiled cases: responder.py's WC, _WC_SUCCESS, _NO_WC_FLAGS,
+   WCOpcode.RECV and MW, Access.LOCAL_WRITE, memory.py's MR and KeyTable, and the
+   methods they call as those are (Device.post_cqe, CQ.push): a device, CQ, key table
+   or MR of another class is the Python's */
+static PyObject *WC_CLASS, *WC_SUCCESS, *NO_WC_FLAGS, *WC_RECV, *MW_CLASS, *MR_CLASS,
+    *KEYTABLE_CLASS, *py_post_cqe, *py_push;
+static long long LOCAL_WRITE_;
 static PyObject *RC, *RECEIVING, *SEND_EDGE_INFO, *SEND_ONLY_INFO, *SEND_KIND, *ACK_CREDITS;
 static long long QPN_MASK_, ECN_, DEFAULT_PKEY_, SEND_FIRST_, W0_SEND_MIDDLE_, EXT_TAIL_,
     ACKREQ_, SE_, PAD_SHIFT_, PAD_MASK_, PSN_MASK_, MSN_MASK_, BTH_LEN_, ICRC_LEN_;
@@ -59,7 +69,10 @@ static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_typ
     *s_last, *s_hdr_len, *s_kernel, *s_counters, *s_rcvd_pkts, *s_ack_deferred, *s_out,
     *s_msn, *s_append, *s_mark_ready, *s_nak_sent, *s_naked, *s_scan, *s_writes, *s_placed,
     *s_nothing_held, *s_take_recv, *s_wqe, *s_off, *s_last_, *s_more_middles, *s_receive_edge,
-    *s_took_send_edge;
+    *s_took_send_edge, *s_sges, *s_length, *s_keys, *s_by_key, *s_pd, *s_access, *s_valid,
+    *s_addr, *s_view, *s_immdt, *s_ieth, *s_recv_cq, *s_overflowed, *s_entries, *s_depth,
+    *s_armed, *s_mirror, *s_closed, *s_rdma_recvs, *s_wr_id, *s_attr, *s_dest_qp_num,
+    *s_cqes_posted, *s_solicited, *s_post_cqe, *s_push;
 
 /* responder.name(args...) */
 #define call_responder(name, args, n) call_fn(responder_module, (name), (args), (n))
@@ -234,16 +247,22 @@ static int recv_taken(PyObject *dev, PyObject *qp, PyObject *resp)
 }
 
 /* The end of a SEND at ``psn``, its LAST's or ONLY's bytes placed: ``_last(dev, qp,
-   info, psn, tail, se)`` (the receive's completion, the Python's), then, unless that
-   refused it, ``accept(dev, qp, psn, True, True)`` (a LAST is ACKed anyway) */
+   info, psn, tail, se)`` (the receive's completion: ``plain_last``'s case, else the
+   Python's), then, unless that refused it, ``accept(dev, qp, psn, True, True)`` (a
+   LAST is ACKed anyway) */
+static int plain_last(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *info, int se);
+
 static int last_accepted(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *info,
                          long long psn, long long tail, int se)
 {
-    PyObject *p = PyLong_FromLongLong(psn), *t = PyLong_FromLongLong(tail);
-    PyObject *largs[6] = {dev, qp, info, p, t, se ? Py_True : Py_False};
-    int ok = p == NULL || t == NULL ? -1 : take_truth(call_responder(s_last_, largs, 6));
-    Py_XDECREF(p);
-    Py_XDECREF(t);
+    int ok = plain_last(dev, qp, resp, info, se);
+    if (ok == 0) {                              /* not its case: the Python's */
+        PyObject *p = PyLong_FromLongLong(psn), *t = PyLong_FromLongLong(tail);
+        PyObject *largs[6] = {dev, qp, info, p, t, se ? Py_True : Py_False};
+        ok = p == NULL || t == NULL ? -1 : take_truth(call_responder(s_last_, largs, 6));
+        Py_XDECREF(p);
+        Py_XDECREF(t);
+    }
     return ok < 0 || (ok && accept(dev, qp, resp, psn, 1, 1) < 0) ? -1 : 0;
 }
 
@@ -318,6 +337,236 @@ static PyObject *edge_qp(PyObject *dev, const uint8_t *bth, PyObject *src, long 
     return qp;
 }
 
+/* The module's function ``name`` is ``own`` (the Python's, as set up): 1, 0 (a
+   stand-in put in its place: a test's, a tracer), -1 */
+static int module_own(PyObject *name, PyObject *own)
+{
+    PyObject *f = PyObject_GetAttr(responder_module, name);
+    if (f == NULL)
+        return -1;
+    int r = f == own;
+    Py_DECREF(f);
+    return r;
+}
+
+/* recv_target(dev, qp, wqe), compiled where the module's is the Python's:
+   *out a new reference, (view, room) or None, as it answers (None for several
+   SGEs, or for one that ``dev.keys.local(qp.pd, lkey, addr, length,
+   write=True)`` refuses: a key unknown in the QP's PD or a window's, an MR
+   without LOCAL_WRITE, invalidated, or not holding the range).  1: *out set;
+   0: the Python's to answer (a stand-in, a key table or MR of another kind);
+   -1: an error. */
+static int one_sge_target(PyObject *dev, PyObject *qp, PyObject *wqe, PyObject **out)
+{
+    int own = module_own(s_recv_target, py_recv_target);
+    if (own <= 0)
+        return own;
+    PyObject *sges = GA(wqe, s_sges), *keys = NULL, *by_key = NULL, *mr = NULL, *pd = NULL,
+        *mpd = NULL, *t = NULL;
+    int r = -1;
+    long long addr, length, lkey, access, base, size, wlen;
+    if (sges == NULL)
+        return -1;
+    if (!PyList_CheckExact(sges)) {
+        r = 0;
+        goto out;
+    }
+    if (PyList_GET_SIZE(sges) != 1) {           /* if len(wqe.sges) != 1: return None */
+        *out = Py_NewRef(Py_None);
+        r = 1;
+        goto out;
+    }
+    PyObject *sge = PyList_GET_ITEM(sges, 0);   /* addr, length, lkey = wqe.sges[0] */
+    if (!PyTuple_CheckExact(sge) || PyTuple_GET_SIZE(sge) != 3) {
+        r = 0;
+        goto out;
+    }
+    if (take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 0)), &addr) < 0
+        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 1)), &length) < 0
+        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 2)), &lkey) < 0)
+        goto out;
+    /* dev.keys.local(qp.pd, lkey, addr, length, write=True), AccessError: None */
+    if ((keys = GA(dev, s_keys)) == NULL)
+        goto out;
+    if ((PyObject *)Py_TYPE(keys) != KEYTABLE_CLASS) {
+        r = 0;
+        goto out;
+    }
+    if ((by_key = GA(keys, s_by_key)) == NULL)
+        goto out;
+    if (!PyDict_CheckExact(by_key)) {
+        r = 0;
+        goto out;
+    }
+    PyObject *k = PyLong_FromLongLong(lkey);
+    if (k == NULL)
+        goto out;
+    mr = PyDict_GetItemWithError(by_key, k);    /* mr = self._by_key.get(lkey) */
+    Py_DECREF(k);
+    if (mr == NULL && PyErr_Occurred())
+        goto out;
+    Py_XINCREF(mr);
+    if (mr != NULL && ((pd = GA(qp, s_pd)) == NULL || (mpd = GA(mr, s_pd)) == NULL))
+        goto out;
+    if (mr == NULL || mpd != pd || (PyObject *)Py_TYPE(mr) == MW_CLASS) {
+        *out = Py_NewRef(Py_None);              /* lkey unknown in this PD */
+        r = 1;
+        goto out;
+    }
+    if ((PyObject *)Py_TYPE(mr) != MR_CLASS) {  /* (an implicit MR's view: its own) */
+        r = 0;
+        goto out;
+    }
+    /* mr.local_view(addr, length, write=True) */
+    PyObject *a = GA(mr, s_access);
+    if (a == NULL)
+        goto out;
+    PyObject *ai = PyNumber_Index(a);           /* int(self.access) */
+    Py_DECREF(a);
+    if (take_ll(ai, &access) < 0)
+        goto out;
+    if (!(access & LOCAL_WRITE_)) {             /* MR lacks LOCAL_WRITE */
+        *out = Py_NewRef(Py_None);
+        r = 1;
+        goto out;
+    }
+    int valid = get_truth(mr, s_valid);         /* _check(addr, length) */
+    if (valid < 0 || (valid && (get_ll(mr, s_addr, &base) < 0 || get_ll(mr, s_length, &size) < 0)))
+        goto out;
+    long long off = addr - base;
+    if (!valid || off < 0 || length < 0 || off + length > size) {
+        *out = Py_NewRef(Py_None);
+        r = 1;
+        goto out;
+    }
+    PyObject *view = GA(mr, s_view);            /* self.view[off:off + length] */
+    if (view == NULL)
+        goto out;
+    PyObject *slice = PySequence_GetSlice(view, (Py_ssize_t)off, (Py_ssize_t)(off + length));
+    Py_DECREF(view);
+    if (slice == NULL || get_ll(wqe, s_length, &wlen) < 0) {
+        Py_XDECREF(slice);
+        goto out;
+    }
+    PyObject *room = PyLong_FromLongLong(length < wlen ? length : wlen);   /* min(length, wqe.length) */
+    t = room == NULL ? NULL : PyTuple_Pack(2, slice, room);
+    Py_DECREF(slice);
+    Py_XDECREF(room);
+    if (t == NULL)
+        goto out;
+    *out = t;
+    r = 1;
+out:
+    Py_DECREF(sges);
+    Py_XDECREF(keys);
+    Py_XDECREF(by_key);
+    Py_XDECREF(mr);
+    Py_XDECREF(pd);
+    Py_XDECREF(mpd);
+    return r;
+}
+
+/* _last(dev, qp, info, psn, tail, se) of a plain SEND's LAST (no ImmDt, no IETH),
+   compiled where the module's _last is the Python's: _send_done, recv_done,
+   Device.post_cqe and CQ.push's first case (not overflowed, room, not armed:
+   no event to raise), statement for statement; it never refuses.  1: done; 0:
+   not that case, nothing changed (the Python's to do); -1: an error. */
+static int plain_last(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *info, int se)
+{
+    int own = module_own(s_last_, py_last);
+    if (own <= 0)
+        return own;
+    int x = get_truth(info, s_immdt);
+    if (x == 0)
+        x = get_truth(info, s_ieth);
+    if (x != 0)
+        return x < 0 ? -1 : 0;
+    if (_PyType_Lookup(Py_TYPE(dev), s_post_cqe) != py_post_cqe)
+        return 0;
+    PyObject *cq = GA(qp, s_recv_cq), *entries = NULL, *wqe = NULL, *wc = NULL, *args[9] = {0};
+    int r = -1;
+    long long depth;
+    if (cq == NULL)
+        return -1;
+    if (_PyType_Lookup(Py_TYPE(cq), s_push) != py_push) {
+        r = 0;
+        goto out;
+    }
+    int busy = get_truth(cq, s_overflowed);     /* push: overflowed, full or armed */
+    if (busy == 0)
+        busy = get_truth(cq, s_armed);
+    if (busy == 0 && ((entries = GA(cq, s_entries)) == NULL || get_ll(cq, s_depth, &depth) < 0))
+        goto out;
+    if (busy == 0) {
+        Py_ssize_t n = PyObject_Length(entries);
+        if (n < 0)
+            goto out;
+        busy = n >= depth;
+    }
+    if (busy != 0) {
+        r = busy < 0 ? -1 : 0;
+        goto out;
+    }
+    /* _send_done: wqe, resp.wqe = resp.wqe, None; resp.kind = None */
+    if ((wqe = GA(resp, s_wqe)) == NULL || SA(resp, s_wqe, Py_None) < 0
+        || SA(resp, s_kind, Py_None) < 0)
+        goto out;
+    /* recv_done(dev, qp, wqe, WCOpcode.RECV, resp.off, 0, _NO_WC_FLAGS, se, 0) */
+    if (count(dev, s_rdma_recvs, 1) < 0)
+        goto out;
+    PyObject *attr = GA(qp, s_attr);
+    args[0] = GA(wqe, s_wr_id);
+    args[1] = Py_NewRef(WC_SUCCESS);
+    args[2] = Py_NewRef(WC_RECV);
+    args[3] = GA(qp, s_qpn);
+    args[4] = GA(resp, s_off);
+    args[5] = PyLong_FromLong(0);
+    args[6] = Py_NewRef(NO_WC_FLAGS);
+    args[7] = attr == NULL ? NULL : GA(attr, s_dest_qp_num);
+    args[8] = PyLong_FromLong(0);
+    Py_XDECREF(attr);
+    for (int i = 0; i < 9; i++)
+        if (args[i] == NULL)
+            goto out;
+    if ((wc = PyObject_Vectorcall(WC_CLASS, args, 9, NULL)) == NULL)
+        goto out;
+    /* dev.post_cqe(qp.recv_cq, wc, qp, solicited=se): cqes_posted += 1, cq.push */
+    if (attr_add(dev, s_cqes_posted, 1) < 0)
+        goto out;
+    if (se && SA(wc, s_solicited, Py_True) < 0)   /* push: if solicited */
+        goto out;
+    PyObject *a = PyObject_CallMethodOneArg(entries, s_append, wc);    /* entries.append(wc) */
+    if (a == NULL)
+        goto out;
+    Py_DECREF(a);
+    PyObject *m = GA(cq, s_mirror);             /* elif self.mirror is not None */
+    if (m == NULL)
+        goto out;
+    if (m != Py_None) {                         /* mirror[0] = -1 if closed else len(entries) */
+        int closed = get_truth(cq, s_closed);
+        Py_ssize_t n = closed ? -1 : PyObject_Length(entries);
+        PyObject *v = closed < 0 || n < -1 ? NULL : PyLong_FromSsize_t(n);
+        PyObject *zero = v == NULL ? NULL : PyLong_FromLong(0);
+        int s = zero == NULL ? -1 : PyObject_SetItem(m, zero, v);     /* (a C array: cffi's) */
+        Py_XDECREF(zero);
+        Py_XDECREF(v);
+        if (s < 0) {
+            Py_DECREF(m);
+            goto out;
+        }
+    }
+    Py_DECREF(m);
+    r = 1;
+out:
+    Py_DECREF(cq);
+    Py_XDECREF(entries);
+    Py_XDECREF(wqe);
+    Py_XDECREF(wc);
+    for (int i = 0; i < 9; i++)
+        Py_XDECREF(args[i]);
+    return r;
+}
+
 /* A message's first packet's receive: none under way (``_in_sequence(resp.kind,
    FIRST or ONLY)``), the first receive WQE posted (``qp.rq``, or its SRQ's queue)
    and its target, ``recv_target(dev, qp, wqe)``: *target the view (a new reference
@@ -344,8 +593,12 @@ static int first_target(PyObject *dev, PyObject *qp, PyObject *resp, PyObject **
     Py_DECREF(posted);
     if (wqe == NULL)
         return nposted == 0 ? 0 : -1;
-    PyObject *rargs[3] = {dev, qp, wqe};
-    t = call_responder(s_recv_target, rargs, 3);
+    int c = one_sge_target(dev, qp, wqe, &t);
+    if (c == 0) {                               /* not its case: the Python's */
+        PyObject *rargs[3] = {dev, qp, wqe};
+        t = call_responder(s_recv_target, rargs, 3);
+    } else if (c < 0)
+        t = NULL;
     Py_DECREF(wqe);
     if (t == NULL || t == Py_None) {
         Py_XDECREF(t);
@@ -763,6 +1016,46 @@ static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_
                         "_SEND_EDGE_INFO and _SEND_ONLY_INFO dicts");
         return NULL;
     }
+    Py_XSETREF(py_recv_target, PyObject_GetAttr(resp, s_recv_target));
+    Py_XSETREF(py_last, PyObject_GetAttr(resp, s_last_));
+    Py_XSETREF(WC_CLASS, PyObject_GetAttrString(resp, "WC"));
+    Py_XSETREF(WC_SUCCESS, PyObject_GetAttrString(resp, "_WC_SUCCESS"));
+    Py_XSETREF(NO_WC_FLAGS, PyObject_GetAttrString(resp, "_NO_WC_FLAGS"));
+    Py_XSETREF(MW_CLASS, PyObject_GetAttrString(resp, "MW"));
+    PyObject *wco = PyObject_GetAttrString(resp, "WCOpcode");
+    Py_XSETREF(WC_RECV, wco ? PyObject_GetAttrString(wco, "RECV") : NULL);
+    Py_XDECREF(wco);
+    PyObject *acc = PyObject_GetAttrString(resp, "Access"),
+        *lw = acc ? PyObject_GetAttrString(acc, "LOCAL_WRITE") : NULL;
+    Py_XDECREF(acc);
+    if (take_ll(lw ? PyNumber_Index(lw) : NULL, &LOCAL_WRITE_) < 0) {
+        Py_XDECREF(lw);
+        return NULL;
+    }
+    Py_DECREF(lw);
+    PyObject *memm = PyImport_ImportModule("softnic.core.memory");
+    Py_XSETREF(MR_CLASS, memm ? PyObject_GetAttrString(memm, "MR") : NULL);
+    Py_XSETREF(KEYTABLE_CLASS, memm ? PyObject_GetAttrString(memm, "KeyTable") : NULL);
+    Py_XDECREF(memm);
+    if (MR_CLASS == NULL || KEYTABLE_CLASS == NULL)
+        return NULL;
+    PyObject *devm = PyImport_ImportModule("softnic.core.device"),
+        *cqm = devm ? PyImport_ImportModule("softnic.core.cq") : NULL,
+        *dc = cqm ? PyObject_GetAttrString(devm, "Device") : NULL,
+        *cc = dc ? PyObject_GetAttrString(cqm, "CQ") : NULL;
+    Py_XSETREF(py_post_cqe, dc && PyType_Check(dc) ? Py_XNewRef(_PyType_Lookup((PyTypeObject *)dc, s_post_cqe)) : NULL);
+    Py_XSETREF(py_push, cc && PyType_Check(cc) ? Py_XNewRef(_PyType_Lookup((PyTypeObject *)cc, s_push)) : NULL);
+    Py_XDECREF(devm);
+    Py_XDECREF(cqm);
+    Py_XDECREF(dc);
+    Py_XDECREF(cc);
+    if (py_recv_target == NULL || py_last == NULL || WC_CLASS == NULL || WC_SUCCESS == NULL
+        || NO_WC_FLAGS == NULL || MW_CLASS == NULL || WC_RECV == NULL || py_post_cqe == NULL
+        || py_push == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "responder.c: Device.post_cqe and CQ.push");
+        return NULL;
+    }
     if (fn && efn && args[1] != Py_None) {  /* (None, 0, 0 leaves the kernel hooked in as it is) */
         rx_send_run = (rx_send_run_fn)fn;
         rx_edge = (rx_edge_fn)efn;
@@ -799,6 +1092,15 @@ int sn_responder_init(void)
     INTERN(s_writes, "writes"); INTERN(s_placed, "placed"); INTERN(s_nothing_held, "_nothing_held");
     INTERN(s_take_recv, "take_recv"); INTERN(s_wqe, "wqe"); INTERN(s_off, "off");
     INTERN(s_last_, "_last"); INTERN(s_more_middles, "_more_middles");
+    INTERN(s_sges, "sges"); INTERN(s_length, "length"); INTERN(s_keys, "keys");
+    INTERN(s_by_key, "_by_key"); INTERN(s_pd, "pd"); INTERN(s_access, "access");
+    INTERN(s_valid, "valid"); INTERN(s_addr, "addr"); INTERN(s_view, "view");
+    INTERN(s_immdt, "immdt"); INTERN(s_ieth, "ieth"); INTERN(s_recv_cq, "recv_cq");
+    INTERN(s_overflowed, "overflowed"); INTERN(s_entries, "entries"); INTERN(s_depth, "depth");
+    INTERN(s_armed, "armed"); INTERN(s_mirror, "mirror"); INTERN(s_closed, "closed");
+    INTERN(s_rdma_recvs, "rdma_recvs"); INTERN(s_wr_id, "wr_id"); INTERN(s_attr, "attr");
+    INTERN(s_dest_qp_num, "dest_qp_num"); INTERN(s_cqes_posted, "cqes_posted");
+    INTERN(s_solicited, "solicited"); INTERN(s_post_cqe, "post_cqe"); INTERN(s_push, "push");
     INTERN(s_receive_edge, "receive_edge"); INTERN(s_took_send_edge, "took_send_edge");
     return 0;
 }

@@ -246,7 +246,9 @@ def recv_target(dev, qp, wqe):
     """Where a SEND's bytes go in the receive WQE ``wqe`` when it has one SGE:
     ``(view, room)``, the SGE's memory checked as ``place_recv`` checks it (the
     lkey, local write) and the bytes it may take.  None for several SGEs or an
-    SGE that check refuses (``place_recv``, the general way, decides)."""
+    SGE that check refuses (``place_recv``, the general way, decides).  (The
+    compiled receive's ``one_sge_target``, softnic/accel/responder.c, is this for
+    an MR of the key table's own; tests/test_send_runs.py compares them.)"""
     if len(wqe.sges) != 1:
         return None
     addr, length, lkey = wqe.sges[0]
@@ -1298,7 +1300,9 @@ def _last(dev, qp, info, psn: int, tail: int, se: bool) -> bool:
     (``_send_done``, with the immediate or the IETH ``tail``; ``se``: a solicited
     event, as UCX asks on every message).  False if the IETH's invalidation is
     refused: the request is then refused as ``execute`` refuses it
-    (``_class_error``: NAK, the receive failed, the QP to ERR)."""
+    (``_class_error``: NAK, the receive failed, the QP to ERR).  (The compiled
+    receive's ``plain_last``, softnic/accel/responder.c, is this for a plain
+    SEND whose CQ raises no event; tests/test_send_runs.py compares them.)"""
     try:
         _send_done(dev, qp, info, tail, se)
     except _Nak as e:
