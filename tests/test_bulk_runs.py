@@ -7,8 +7,8 @@ has no kernel, or no fast paths: the Python's in both worlds), no controller, a
 send queue of SENDs (plain, with an immediate, with an invalidation) and WRITEs
 (plain, with an immediate) of one to several packets, their LASTs of every
 length (one whose ImmDt or IETH leaves it no room in an MTU leaves alone), from
-one SGE or two, some with a key the device does not know, some solicited, a READ
-or an atomic among them.  Then both get the same random steps: the state
+one SGE or two, some with a key the device does not know or beyond its MR, some
+solicited, fenced or inline, a READ or an atomic among them.  Then both get the same random steps: the state
 ``generate`` reads set to drawn values (the window and what it has
 acknowledged, the highest PSN sent, the AckReq count and cadence, a resend owed,
 an RNR wait, the QP's state), and ``generate`` called, the Python one in one
@@ -78,10 +78,20 @@ def _world(seed: int):
             sges = [ea.sge(off, size)]
         if rng.random() < 0.05:
             sges[0] = (sges[0][0], sges[0][1], 0xBAD)       # a key the device does not know
+        elif rng.random() < 0.04 and op is not W.ATOMIC_FETCH_AND_ADD:   # beyond its MR's end
+            sges[0] = ea.sge(len(ea.buf.view) - 8, sges[0][1] + 8)
         flags = SendFlags.SIGNALED | (SendFlags.SOLICITED if rng.random() < 0.5 else 0)
+        if rng.random() < 0.15:
+            flags |= SendFlags.FENCE        # (behind a READ or an atomic: it waits)
+        if rng.random() < 0.1 and size <= 64 and op not in (W.RDMA_READ,
+                                                             W.ATOMIC_FETCH_AND_ADD):
+            flags |= SendFlags.INLINE
         a.post_send(ea.qp, SendWR(i, op, sges, flags, remote_addr=0x10000 * (i + 1),
                                   rkey=0x1234, imm_data=rng.randrange(1 << 32),
                                   invalidate_rkey=rng.randrange(1 << 32)))
+    # the memory changed after the posts: an inline WQE carries what it held at its
+    # post, any other what it holds when it starts
+    ea.buf.view[:] = rng.randbytes(len(ea.buf.view))
     return a, ea.qp
 
 
@@ -160,6 +170,10 @@ def _step(**values) -> dict:
 @settings(max_examples=500, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), steps=st.lists(_steps, min_size=1, max_size=8))
 @example(seed=4, steps=[_step(), _step(window=2), _step(behind=1)])
+# a fenced WQE behind an outstanding READ or atomic waits
+@example(seed=17113, steps=[_step(window=1), _step(window=1)])
+# an inline SEND: what its memory held at the post
+@example(seed=162, steps=[_step()])
 def test_the_compiled_runs_take_every_step_as_the_python(compiled_generate, seed, steps):
     py, cc = _world(seed), _world(seed)
     assert _state(*cc) == _state(*py)

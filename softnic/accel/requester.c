@@ -19,7 +19,8 @@
    and MPI's protocols keep it in (``bulk_runs``): IDLE, RESEND (none owed), then
    WQE by WQE START (``_may_start`` and ``start``, the Python's, called, for a
    SEND, a READ, an atomic or a WRITE of one packet; any other WQE starts in the
-   Python's walk) and, packet by packet, WINDOW and SEND: a request of one packet
+   Python's walk; a SEND's or a WRITE's of one SGE and no inline data compiled,
+   ``plain_start``) and, packet by packet, WINDOW and SEND: a request of one packet
    as ``_send_packet`` sends it (``one_packet``: ``_record_sent``, the bytes
    ``_pack_only`` gives, the ICRC ``_sealed`` appends: a ``Sealed`` packet), or a
    run as ``_bulk_run``
@@ -40,7 +41,12 @@
 #include "objects.h"
 #include "bytes.h"
 
-static PyObject *requester_module, *py_generate;
+static PyObject *requester_module, *py_generate, *py_may_start, *py_start;
+/* ``plain_start``: requester.py's _PLAIN_START, _RTS and _FENCE */
+static PyObject *PLAIN_START, *RTS;
+static long long FENCE_;
+int sn_local_view(PyObject *dev, PyObject *pd, long long lkey, long long addr, long long length,
+                  int write, PyObject **view);  /* responder.c: KeyTable.local */
 static PyObject *RC, *SENDING;                  /* requester.py's _RC, _SENDING */
 static PyObject *MIDDLE_W0;     /* {WR opcode: bth_word0(_MIDDLE[it])}: a MIDDLE's BTH word 0 */
 static long long PSN_MASK_, PSN_HALF_, PSN_MODULUS_, BTH_ACKREQ_, QPN_MASK_,
@@ -54,7 +60,7 @@ static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_re
     *s_retransmitted_pkts, *s_attr, *s_dest_qp_num, *s_views, *s_sent, *s_on_packet_sent,
     *kw_sent, *s_may_start, *s_start, *s_tx_icrc_start, *s_kernel, *s_tx_gather,
     *s_tx_starts, *s_status, *s_length, *s_flags, *s_imm, *s_inv_rkey, *s_remote_addr,
-    *s_rkey, *s_compare_add, *s_swap, *s_icrc;
+    *s_rkey, *s_compare_add, *s_swap, *s_icrc, *s_inline, *s_sges, *s_pd, *s_psn, *s_last_psn;
 /* ``bulk_runs``: requester.py's Gather and Run, {WR opcode: bth_word0(_RUN_FIRST[it])},
    _LAST, WCStatus.SUCCESS, W.SEND_WITH_INV */
 static PyObject *GATHER, *RUN, *RUN_FIRST_W0, *LAST, *SUCCESS, *SEND_WITH_INV;
@@ -849,10 +855,117 @@ out:
     return s;
 }
 
-/* START: _may_start(qp, wqe, True), then start(dev, qp, wqe); 1 started (or done
-   at once: *done), 0 it may not start (generate's walk ends), -1 error */
+/* START's case of a SEND or an RDMA WRITE (``_PLAIN_START``) of one SGE and no inline
+   data, where the module's ``_may_start`` and ``start`` are the Python's own:
+   ``_may_start(qp, wqe, True)`` (RTS; not fenced while READs or ATOMICs are
+   outstanding; room in the window for ``req.psn``: go-back-N's, as this file's
+   QPs have), then ``start``'s steps for it: the SGE's view as ``KeyTable.local``
+   gives it (read only: ``sn_local_view``), its packets and PSNs.  1 started, 0 it
+   may not start, 2 not this case, nothing changed (the Python's: a key refused
+   is ``start``'s to fail), -1 error */
+static int plain_start(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe)
+{
+    PyObject *f = PyObject_GetAttr(requester_module, s_may_start),
+        *g = f ? PyObject_GetAttr(requester_module, s_start) : NULL;
+    int own = g == NULL ? -1 : f == py_may_start && g == py_start;
+    Py_XDECREF(f);
+    Py_XDECREF(g);
+    if (own <= 0)
+        return own < 0 ? -1 : 2;
+    PyObject *op = GA(wqe, s_opcode), *sges = NULL, *t = NULL, *pd = NULL, *view = NULL;
+    int r = -1, s;
+    long long addr, length, lkey, flags, rd, acked, window, psn, wlen, mtu;
+    if (op == NULL)
+        return -1;
+    s = PySet_Contains(PLAIN_START, op);
+    Py_DECREF(op);
+    if (s <= 0)
+        return s < 0 ? -1 : 2;
+    if ((t = GA(wqe, s_inline)) == NULL)
+        return -1;
+    s = t == Py_None;
+    Py_CLEAR(t);
+    if (!s || (sges = GA(wqe, s_sges)) == NULL)
+        return s ? -1 : 2;
+    PyObject *sge = PyList_CheckExact(sges) && PyList_GET_SIZE(sges) == 1
+        ? PyList_GET_ITEM(sges, 0) : NULL;
+    if (sge == NULL || !PyTuple_CheckExact(sge) || PyTuple_GET_SIZE(sge) != 3) {
+        r = 2;
+        goto out;
+    }
+    if (take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 0)), &addr) < 0
+        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 1)), &length) < 0
+        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 2)), &lkey) < 0)
+        goto out;
+    /* _may_start: if qp.state is not _RTS: False */
+    if ((t = GA(qp, s_state)) == NULL)
+        goto out;
+    s = t == RTS;
+    Py_CLEAR(t);
+    if (!s) {
+        r = 0;
+        goto out;
+    }
+    /* if wqe.flags & _FENCE and req.rd_atomic: False (no READ credit: not one of those) */
+    if (get_ll(wqe, s_flags, &flags) < 0 || get_ll(req, s_rd_atomic, &rd) < 0)
+        goto out;
+    if (flags & FENCE_ && rd) {
+        r = 0;
+        goto out;
+    }
+    /* return _window_room(qp, req.psn) > 0 (go-back-N's) */
+    if ((t = GA(qp, s_comp)) == NULL)
+        goto out;
+    s = get_ll(t, s_acked_psn, &acked);
+    Py_CLEAR(t);
+    if (s < 0 || get_ll(qp, s_window, &window) < 0 || get_ll(req, s_psn, &psn) < 0)
+        goto out;
+    if (window - psn_diff(psn, (acked + 1) & PSN_MASK_) <= 0) {
+        r = 0;
+        goto out;
+    }
+    /* start: wqe.views = [dev.keys.local(qp.pd, lkey, addr, length, write=wqe.rd_atomic)] */
+    if ((pd = GA(qp, s_pd)) == NULL)
+        goto out;
+    if ((s = sn_local_view(dev, pd, lkey, addr, length, 0, &view)) != 1) {
+        r = s < 0 ? -1 : 2;
+        goto out;
+    }
+    PyObject *views = PyList_New(1);
+    if (views == NULL)
+        goto out;
+    PyList_SET_ITEM(views, 0, view);
+    view = NULL;
+    s = SA(wqe, s_views, views);
+    Py_DECREF(views);
+    /* npkts = -(-wqe.length // qp.mtu) or 1; its PSNs from req.psn */
+    if (s < 0 || get_ll(wqe, s_length, &wlen) < 0 || get_ll(qp, s_mtu, &mtu) < 0)
+        goto out;
+    long long npkts = mtu > 0 ? (wlen + mtu - 1) / mtu : 0;
+    if (npkts < 1)
+        npkts = 1;
+    if (set_ll(wqe, s_npkts, npkts) < 0 || set_ll(wqe, s_first_psn, psn) < 0
+        || set_ll(wqe, s_last_psn, (psn + npkts - 1) & PSN_MASK_) < 0
+        || set_ll(req, s_psn, (psn + npkts) & PSN_MASK_) < 0 || set_ll(wqe, s_next_pkt, 0) < 0)
+        goto out;
+    r = 1;
+out:
+    Py_XDECREF(sges);
+    Py_XDECREF(pd);
+    Py_XDECREF(view);
+    return r;
+}
+
+/* START: _may_start(qp, wqe, True), then start(dev, qp, wqe) (``plain_start``'s case
+   compiled); 1 started (or done at once: *done), 0 it may not start (generate's walk
+   ends), -1 error */
 static int start_wqe(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe, int *done)
 {
+    int p = plain_start(dev, qp, req, wqe);
+    if (p != 2) {
+        *done = 0;
+        return p;
+    }
     PyObject *args[3] = {qp, wqe, Py_True};
     int may = take_truth(call_py(s_may_start, args, 3));
     if (may <= 0)
@@ -1208,6 +1321,17 @@ int sn_requester_setup(PyObject *requester)
     long long bth_len;
     Py_XSETREF(requester_module, Py_NewRef(requester));
     Py_XSETREF(py_generate, PyObject_GetAttr(requester, s_generate));
+    Py_XSETREF(py_may_start, PyObject_GetAttr(requester, s_may_start));
+    Py_XSETREF(py_start, PyObject_GetAttr(requester, s_start));
+    Py_XSETREF(PLAIN_START, PyObject_GetAttrString(requester, "_PLAIN_START"));
+    Py_XSETREF(RTS, PyObject_GetAttrString(requester, "_RTS"));
+    if (py_may_start == NULL || py_start == NULL || PLAIN_START == NULL || RTS == NULL
+        || const_ll(requester, "_FENCE", &FENCE_) < 0)
+        return -1;
+    if (!PyFrozenSet_CheckExact(PLAIN_START)) {
+        PyErr_SetString(PyExc_TypeError, "requester._PLAIN_START must be a frozenset");
+        return -1;
+    }
     Py_XSETREF(RC, PyObject_GetAttrString(requester, "_RC"));
     Py_XSETREF(SENDING, PyObject_GetAttrString(requester, "_SENDING"));
     if (py_generate == NULL || RC == NULL || SENDING == NULL
@@ -1283,6 +1407,8 @@ int sn_requester_init(void)
     INTERN(s_rnr_wait, "rnr_wait"); INTERN(s_state, "state"); INTERN(s_ccs, "ccs");
     INTERN(s_pace_at, "pace_at"); INTERN(s_rate, "rate"); INTERN(s_window, "window");
     INTERN(s_next_tx, "next_tx"); INTERN(s_req, "req"); INTERN(s_sq, "sq");
+    INTERN(s_inline, "inline"); INTERN(s_sges, "sges"); INTERN(s_pd, "pd"); INTERN(s_psn, "psn");
+    INTERN(s_last_psn, "last_psn");
     INTERN(s_send_idx, "send_idx"); INTERN(s_error, "error"); INTERN(s_first_psn, "first_psn");
     INTERN(s_done, "done"); INTERN(s_rexmit, "rexmit"); INTERN(s_config, "config");
     INTERN(s_ack_every, "ack_every"); INTERN(s_dest, "dest"); INTERN(s_next_pkt, "next_pkt");

@@ -349,6 +349,87 @@ static int module_own(PyObject *name, PyObject *own)
     return r;
 }
 
+/* ``dev.keys.local(pd, lkey, addr, length, write=write)`` (memory.py's
+   ``KeyTable.local`` and ``MR.local_view``): 1 and *view a new reference to the
+   view it gives; 2 where it raises AccessError (the key unknown in ``pd`` or a
+   window's, an MR without LOCAL_WRITE for a write, invalidated, or not holding the
+   range); 0 where it is not this (a key table or an MR of another class: an
+   implicit MR's view is its own, or responder_setup not yet called); -1 an error.
+   The requester's START (requester.c) asks it too. */
+int sn_local_view(PyObject *dev, PyObject *pd, long long lkey, long long addr, long long length,
+                  int write, PyObject **view)
+{
+    PyObject *keys = NULL, *by_key = NULL, *mr = NULL, *mpd = NULL;
+    int r = -1;
+    long long access, base, size;
+    if (MR_CLASS == NULL || KEYTABLE_CLASS == NULL)
+        return 0;
+    if ((keys = GA(dev, s_keys)) == NULL)
+        goto out;
+    if ((PyObject *)Py_TYPE(keys) != KEYTABLE_CLASS) {
+        r = 0;
+        goto out;
+    }
+    if ((by_key = GA(keys, s_by_key)) == NULL)
+        goto out;
+    if (!PyDict_CheckExact(by_key)) {
+        r = 0;
+        goto out;
+    }
+    PyObject *k = PyLong_FromLongLong(lkey);
+    if (k == NULL)
+        goto out;
+    mr = PyDict_GetItemWithError(by_key, k);    /* mr = self._by_key.get(lkey) */
+    Py_DECREF(k);
+    if (mr == NULL && PyErr_Occurred())
+        goto out;
+    Py_XINCREF(mr);
+    if (mr != NULL && (mpd = GA(mr, s_pd)) == NULL)
+        goto out;
+    if (mr == NULL || mpd != pd || (PyObject *)Py_TYPE(mr) == MW_CLASS) {
+        r = 2;                                  /* lkey unknown in this PD */
+        goto out;
+    }
+    if ((PyObject *)Py_TYPE(mr) != MR_CLASS) {  /* (an implicit MR's view: its own) */
+        r = 0;
+        goto out;
+    }
+    /* mr.local_view(addr, length, write=write) */
+    if (write) {
+        PyObject *a = GA(mr, s_access);
+        if (a == NULL)
+            goto out;
+        PyObject *ai = PyNumber_Index(a);       /* int(self.access) */
+        Py_DECREF(a);
+        if (take_ll(ai, &access) < 0)
+            goto out;
+        if (!(access & LOCAL_WRITE_)) {         /* MR lacks LOCAL_WRITE */
+            r = 2;
+            goto out;
+        }
+    }
+    int valid = get_truth(mr, s_valid);         /* _check(addr, length) */
+    if (valid < 0 || (valid && (get_ll(mr, s_addr, &base) < 0 || get_ll(mr, s_length, &size) < 0)))
+        goto out;
+    long long off = addr - base;
+    if (!valid || off < 0 || length < 0 || off + length > size) {
+        r = 2;
+        goto out;
+    }
+    PyObject *v = GA(mr, s_view);               /* self.view[off:off + length] */
+    if (v == NULL)
+        goto out;
+    *view = PySequence_GetSlice(v, (Py_ssize_t)off, (Py_ssize_t)(off + length));
+    Py_DECREF(v);
+    r = *view == NULL ? -1 : 1;
+out:
+    Py_XDECREF(keys);
+    Py_XDECREF(by_key);
+    Py_XDECREF(mr);
+    Py_XDECREF(mpd);
+    return r;
+}
+
 /* recv_target(dev, qp, wqe), compiled where the module's is the Python's:
    *out a new reference, (view, room) or None, as it answers (None for several
    SGEs, or for one that ``dev.keys.local(qp.pd, lkey, addr, length,
@@ -361,10 +442,9 @@ static int one_sge_target(PyObject *dev, PyObject *qp, PyObject *wqe, PyObject *
     int own = module_own(s_recv_target, py_recv_target);
     if (own <= 0)
         return own;
-    PyObject *sges = GA(wqe, s_sges), *keys = NULL, *by_key = NULL, *mr = NULL, *pd = NULL,
-        *mpd = NULL, *t = NULL;
+    PyObject *sges = GA(wqe, s_sges), *pd = NULL, *t = NULL;
     int r = -1;
-    long long addr, length, lkey, access, base, size, wlen;
+    long long addr, length, lkey, wlen;
     if (sges == NULL)
         return -1;
     if (!PyList_CheckExact(sges)) {
@@ -386,66 +466,21 @@ static int one_sge_target(PyObject *dev, PyObject *qp, PyObject *wqe, PyObject *
         || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 2)), &lkey) < 0)
         goto out;
     /* dev.keys.local(qp.pd, lkey, addr, length, write=True), AccessError: None */
-    if ((keys = GA(dev, s_keys)) == NULL)
+    if ((pd = GA(qp, s_pd)) == NULL)
         goto out;
-    if ((PyObject *)Py_TYPE(keys) != KEYTABLE_CLASS) {
-        r = 0;
-        goto out;
-    }
-    if ((by_key = GA(keys, s_by_key)) == NULL)
-        goto out;
-    if (!PyDict_CheckExact(by_key)) {
-        r = 0;
+    PyObject *slice = NULL;
+    int got = sn_local_view(dev, pd, lkey, addr, length, 1, &slice);
+    if (got <= 0) {
+        r = got;
         goto out;
     }
-    PyObject *k = PyLong_FromLongLong(lkey);
-    if (k == NULL)
-        goto out;
-    mr = PyDict_GetItemWithError(by_key, k);    /* mr = self._by_key.get(lkey) */
-    Py_DECREF(k);
-    if (mr == NULL && PyErr_Occurred())
-        goto out;
-    Py_XINCREF(mr);
-    if (mr != NULL && ((pd = GA(qp, s_pd)) == NULL || (mpd = GA(mr, s_pd)) == NULL))
-        goto out;
-    if (mr == NULL || mpd != pd || (PyObject *)Py_TYPE(mr) == MW_CLASS) {
-        *out = Py_NewRef(Py_None);              /* lkey unknown in this PD */
-        r = 1;
-        goto out;
-    }
-    if ((PyObject *)Py_TYPE(mr) != MR_CLASS) {  /* (an implicit MR's view: its own) */
-        r = 0;
-        goto out;
-    }
-    /* mr.local_view(addr, length, write=True) */
-    PyObject *a = GA(mr, s_access);
-    if (a == NULL)
-        goto out;
-    PyObject *ai = PyNumber_Index(a);           /* int(self.access) */
-    Py_DECREF(a);
-    if (take_ll(ai, &access) < 0)
-        goto out;
-    if (!(access & LOCAL_WRITE_)) {             /* MR lacks LOCAL_WRITE */
+    if (got == 2) {
         *out = Py_NewRef(Py_None);
         r = 1;
         goto out;
     }
-    int valid = get_truth(mr, s_valid);         /* _check(addr, length) */
-    if (valid < 0 || (valid && (get_ll(mr, s_addr, &base) < 0 || get_ll(mr, s_length, &size) < 0)))
-        goto out;
-    long long off = addr - base;
-    if (!valid || off < 0 || length < 0 || off + length > size) {
-        *out = Py_NewRef(Py_None);
-        r = 1;
-        goto out;
-    }
-    PyObject *view = GA(mr, s_view);            /* self.view[off:off + length] */
-    if (view == NULL)
-        goto out;
-    PyObject *slice = PySequence_GetSlice(view, (Py_ssize_t)off, (Py_ssize_t)(off + length));
-    Py_DECREF(view);
-    if (slice == NULL || get_ll(wqe, s_length, &wlen) < 0) {
-        Py_XDECREF(slice);
+    if (get_ll(wqe, s_length, &wlen) < 0) {
+        Py_DECREF(slice);
         goto out;
     }
     PyObject *room = PyLong_FromLongLong(length < wlen ? length : wlen);   /* min(length, wqe.length) */
@@ -458,11 +493,7 @@ static int one_sge_target(PyObject *dev, PyObject *qp, PyObject *wqe, PyObject *
     r = 1;
 out:
     Py_DECREF(sges);
-    Py_XDECREF(keys);
-    Py_XDECREF(by_key);
-    Py_XDECREF(mr);
     Py_XDECREF(pd);
-    Py_XDECREF(mpd);
     return r;
 }
 

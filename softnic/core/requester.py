@@ -70,6 +70,9 @@ _U32 = struct.Struct("!I")
 _RC, _UD = QPType.RC, QPType.UD
 _SENDING = frozenset({QPState.RTS, QPState.SQD})
 _RTS = QPState.RTS
+#: the WQEs whose START requester.c compiles where they have one SGE and no
+#: inline data (``plain_start``: ``_may_start``, and ``start``'s view and PSNs)
+_PLAIN_START = SENDS | WRITES
 _ATOMIC_ETH = struct.Struct("!QIQQ")   # an AtomicETH
 #: WR opcode -> (its RC ONLY opcode, is it a message: a SEND or WRITE, whose payload
 #: and SE bit it carries): every request that ``_pack_only`` packs
@@ -91,7 +94,10 @@ def start(dev, qp, wqe) -> None:
     """Start a WQE taken from the send queue: run a local operation (LOCAL_INV,
     BIND_MW) at once, else check its local memory (the SGEs' lkeys, as views in
     ``wqe.views``) and give it its PSNs; a failed check completes the WQE with
-    its error.  iWARP's send path starts its WQEs by the same rule."""
+    its error.  iWARP's send path starts its WQEs by the same rule.  (With
+    ``_may_start``, compiled for a SEND or a WRITE of one SGE and no inline data
+    where requester.c's ``bulk_runs`` sends: its ``plain_start``, which
+    tests/test_bulk_runs.py compares with this.)"""
     op = wqe.opcode
     if op is W.LOCAL_INV:
         if dev.keys.invalidate(qp.pd, wqe.inv_rkey):
