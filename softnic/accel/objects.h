@@ -381,4 +381,22 @@ static inline PyObject *call1(PyObject *o, PyObject *name, PyObject *a)
     return PyObject_VectorcallMethod(name, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
+/* A WQE's ``sges`` (a list of (addr, length, lkey) tuples, as posts make it): 1 and
+   its one SGE's fields; 2 a list of another count; 0 another shape; -1 an error */
+static inline int one_sge(PyObject *sges, long long *addr, long long *length, long long *lkey)
+{
+    if (!PyList_CheckExact(sges))
+        return 0;
+    if (PyList_GET_SIZE(sges) != 1)
+        return 2;
+    PyObject *sge = PyList_GET_ITEM(sges, 0);
+    if (!PyTuple_CheckExact(sge) || PyTuple_GET_SIZE(sge) != 3)
+        return 0;
+    if (take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 0)), addr) < 0
+        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 1)), length) < 0
+        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 2)), lkey) < 0)
+        return -1;
+    return 1;
+}
+
 #endif

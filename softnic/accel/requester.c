@@ -887,16 +887,10 @@ static int plain_start(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe
     Py_CLEAR(t);
     if (!s || (sges = GA(wqe, s_sges)) == NULL)
         return s ? -1 : 2;
-    PyObject *sge = PyList_CheckExact(sges) && PyList_GET_SIZE(sges) == 1
-        ? PyList_GET_ITEM(sges, 0) : NULL;
-    if (sge == NULL || !PyTuple_CheckExact(sge) || PyTuple_GET_SIZE(sge) != 3) {
-        r = 2;
+    if ((s = one_sge(sges, &addr, &length, &lkey)) != 1) {
+        r = s < 0 ? -1 : 2;
         goto out;
     }
-    if (take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 0)), &addr) < 0
-        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 1)), &length) < 0
-        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 2)), &lkey) < 0)
-        goto out;
     /* _may_start: if qp.state is not _RTS: False */
     if ((t = GA(qp, s_state)) == NULL)
         goto out;

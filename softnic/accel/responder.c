@@ -447,24 +447,15 @@ static int one_sge_target(PyObject *dev, PyObject *qp, PyObject *wqe, PyObject *
     long long addr, length, lkey, wlen;
     if (sges == NULL)
         return -1;
-    if (!PyList_CheckExact(sges)) {
-        r = 0;
+    int one = one_sge(sges, &addr, &length, &lkey);    /* addr, length, lkey = wqe.sges[0] */
+    if (one != 1) {
+        if (one == 2) {                         /* if len(wqe.sges) != 1: return None */
+            *out = Py_NewRef(Py_None);
+            r = 1;
+        } else
+            r = one;
         goto out;
     }
-    if (PyList_GET_SIZE(sges) != 1) {           /* if len(wqe.sges) != 1: return None */
-        *out = Py_NewRef(Py_None);
-        r = 1;
-        goto out;
-    }
-    PyObject *sge = PyList_GET_ITEM(sges, 0);   /* addr, length, lkey = wqe.sges[0] */
-    if (!PyTuple_CheckExact(sge) || PyTuple_GET_SIZE(sge) != 3) {
-        r = 0;
-        goto out;
-    }
-    if (take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 0)), &addr) < 0
-        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 1)), &length) < 0
-        || take_ll(Py_NewRef(PyTuple_GET_ITEM(sge, 2)), &lkey) < 0)
-        goto out;
     /* dev.keys.local(qp.pd, lkey, addr, length, write=True), AccessError: None */
     if ((pd = GA(qp, s_pd)) == NULL)
         goto out;
