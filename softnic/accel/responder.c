@@ -32,7 +32,7 @@
    QP's, none under way, at most an MTU, a receive posted and its target) over
    the same objects, kernel.c's ``sn_rx_edge`` for the packet's, then
    ``took_send_edge``'s accounting of an ONLY (``_only_taken``, ``_executed``:
-   ``take_recv`` and ``_last`` called, ``accept`` compiled).  A ``receive_edge`` or
+   ``take_recv`` called, ``_last`` as above, ``accept`` compiled).  A ``receive_edge`` or
    ``took_send_edge`` put in the module's place is called instead.
    tests/test_send_only.py compares it with the Python's and with the general
    path's. */
