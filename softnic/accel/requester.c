@@ -85,6 +85,22 @@ static inline long long psn_diff(long long a, long long b)
     return d & PSN_HALF_ ? d - PSN_MODULUS_ : d;
 }
 
+/* _window_room(qp, psn), go-back-N's (this file's QPs): *room = qp.window -
+   psn_diff(psn, (qp.comp.acked_psn + 1) & PSN_MASK); 0, -1 error */
+static int window_room(PyObject *qp, long long psn, long long *room)
+{
+    long long acked, window;
+    PyObject *comp = GA(qp, s_comp);
+    if (comp == NULL)
+        return -1;
+    int s = get_ll(comp, s_acked_psn, &acked);
+    Py_DECREF(comp);
+    if (s < 0 || get_ll(qp, s_window, &window) < 0)
+        return -1;
+    *room = window - psn_diff(psn, (acked + 1) & PSN_MASK_);
+    return 0;
+}
+
 /* held_by_pacer(qp, now) for a controlled QP of RC (qp.cc is cc, qp.ccs is ccs) */
 static int held_by_pacer(PyObject *qp, PyObject *cc, PyObject *ccs, PyObject *now)
 {
@@ -321,8 +337,8 @@ static int one_middle(PyObject *dev, PyObject *qp, PyObject *cc, PyObject *ccs, 
                       PyObject *out, PyObject *dest, long long ack_every)
 {
     PyObject *req = GA(qp, s_req), *sq = req ? GA(qp, s_sq) : NULL, *wqe = NULL, *op = NULL,
-        *comp = NULL, *pkt = NULL, *item = NULL;
-    long long i, first, nxt, npkts, w0, acked, window, n, max_sent;
+        *pkt = NULL, *item = NULL;
+    long long i, first, nxt, npkts, w0, n, max_sent;
     int r = -1;
     if (sq == NULL || get_ll(req, s_send_idx, &i) < 0)
         goto out;
@@ -355,11 +371,11 @@ static int one_middle(PyObject *dev, PyObject *qp, PyObject *cc, PyObject *ccs, 
     if ((w0 = PyLong_AsLongLong(mid)) == -1 && PyErr_Occurred())
         goto out;
     long long psn = (first + nxt) & PSN_MASK_;
-    /* WINDOW: _window_room(qp, psn) <= 0, go-back-N's */
-    if ((comp = GA(qp, s_comp)) == NULL || get_ll(comp, s_acked_psn, &acked) < 0
-        || get_ll(qp, s_window, &window) < 0)
+    /* WINDOW: _window_room(qp, psn) <= 0 */
+    long long room;
+    if (window_room(qp, psn, &room) < 0)
         goto out;
-    if (window - psn_diff(psn, (acked + 1) & PSN_MASK_) <= 0) {
+    if (room <= 0) {
         r = 0;
         goto out;
     }
@@ -417,7 +433,6 @@ out:
     Py_XDECREF(sq);
     Py_XDECREF(wqe);
     Py_XDECREF(op);
-    Py_XDECREF(comp);
     Py_XDECREF(pkt);
     Py_XDECREF(item);
     return r;
@@ -874,7 +889,7 @@ static int plain_start(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe
         return own < 0 ? -1 : 2;
     PyObject *op = GA(wqe, s_opcode), *sges = NULL, *t = NULL, *pd = NULL, *view = NULL;
     int r = -1, s;
-    long long addr, length, lkey, flags, rd, acked, window, psn, wlen, mtu;
+    long long addr, length, lkey, flags, rd, psn, wlen, mtu;
     if (op == NULL)
         return -1;
     s = PySet_Contains(PLAIN_START, op);
@@ -907,14 +922,11 @@ static int plain_start(PyObject *dev, PyObject *qp, PyObject *req, PyObject *wqe
         r = 0;
         goto out;
     }
-    /* return _window_room(qp, req.psn) > 0 (go-back-N's) */
-    if ((t = GA(qp, s_comp)) == NULL)
+    /* return _window_room(qp, req.psn) > 0 */
+    long long room;
+    if (get_ll(req, s_psn, &psn) < 0 || window_room(qp, psn, &room) < 0)
         goto out;
-    s = get_ll(t, s_acked_psn, &acked);
-    Py_CLEAR(t);
-    if (s < 0 || get_ll(qp, s_window, &window) < 0 || get_ll(req, s_psn, &psn) < 0)
-        goto out;
-    if (window - psn_diff(psn, (acked + 1) & PSN_MASK_) <= 0) {
+    if (room <= 0) {
         r = 0;
         goto out;
     }
@@ -1181,13 +1193,13 @@ static int bulk_runs(PyObject *dev, PyObject *qp, PyObject *out)
             && PyErr_Occurred())
             goto out;
         for (;;) {      /* the WQE's packets: WINDOW, SEND until it is all sent */
-            long long acked, window;
+            long long room;
             if (get_ll(wqe, s_first_psn, &plan.first) < 0 || get_ll(wqe, s_next_pkt, &plan.nxt) < 0
-                || get_ll(wqe, s_npkts, &plan.npkts) < 0 || get_ll(comp, s_acked_psn, &acked) < 0
-                || get_ll(qp, s_window, &window) < 0)
+                || get_ll(wqe, s_npkts, &plan.npkts) < 0)
                 goto out;
             plan.psn = (plan.first + plan.nxt) & PSN_MASK_;
-            long long room = window - psn_diff(plan.psn, (acked + 1) & PSN_MASK_);
+            if (window_room(qp, plan.psn, &room) < 0)
+                goto out;
             if (plan.nxt && room <= 0) {                            /* WINDOW */
                 r = 0;
                 goto out;
