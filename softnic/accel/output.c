@@ -286,15 +286,9 @@ static PyObject *dev_datagrams_to_send(PyObject *dev, PyObject *now)
             Py_INCREF(pkt);
             Py_INCREF(dest);
             /* self.counters["sent_pkts"] += 1 */
-            PyObject *counters = GA(dev, s_counters), *c = NULL, *c1 = NULL;
-            int s = counters == NULL ? -1 : 0;
-            if (s == 0 && ((c = PyObject_GetItem(counters, s_sent_pkts)) == NULL
-                           || (c1 = plus(c, 1)) == NULL
-                           || PyObject_SetItem(counters, s_sent_pkts, c1) < 0))
-                s = -1;
+            PyObject *counters = GA(dev, s_counters);
+            int s = counters == NULL ? -1 : counter_add(counters, s_sent_pkts, 1);
             Py_XDECREF(counters);
-            Py_XDECREF(c);
-            Py_XDECREF(c1);
             PyObject *data = NULL;              /* b"".join((pkt, _ZERO_ICRC)) */
             Py_buffer b;
             Py_ssize_t nz = PyBytes_GET_SIZE(ZERO_ICRC);

@@ -399,15 +399,9 @@ static int one_middle(PyObject *dev, PyObject *qp, PyObject *cc, PyObject *ccs, 
         goto out;
     long long ahead = psn_diff(max_sent, psn) + 1;
     if (ahead > 0) {                            /* dev.counters["retransmitted_pkts"] += 1 */
-        PyObject *counters = GA(dev, s_counters), *c = NULL, *c1 = NULL;
-        int s = counters == NULL ? -1 : 0;
-        if (s == 0 && ((c = PyObject_GetItem(counters, s_retransmitted_pkts)) == NULL
-                       || (c1 = plus(c, 1)) == NULL
-                       || PyObject_SetItem(counters, s_retransmitted_pkts, c1) < 0))
-            s = -1;
+        PyObject *counters = GA(dev, s_counters);
+        int s = counters == NULL ? -1 : counter_add(counters, s_retransmitted_pkts, 1);
         Py_XDECREF(counters);
-        Py_XDECREF(c);
-        Py_XDECREF(c1);
         if (s < 0)
             goto out;
     } else if (set_ll(req, s_max_sent_psn, psn) < 0) {
@@ -544,13 +538,25 @@ out:
 static int tx_start(PyObject *dev, PyObject *dest, long long size, long long op,
                     long long flags, long long dqpn, uint32_t *out)
 {
+    const long long k[4] = {size, op, flags, dqpn};
+    PyObject *memo = GA(dev, s_tx_starts);
+    if (memo == NULL)
+        return -1;
+    if (start_known(memo, dest, k, out)) {
+        Py_DECREF(memo);
+        return 0;
+    }
     PyObject *key = Py_BuildValue("(OLLLL)", dest, size, op, flags, dqpn);
-    if (key == NULL)
+    if (key == NULL) {
+        Py_DECREF(memo);
         return -1;
-    PyObject *v = memo_get(GA(dev, s_tx_starts), key);
+    }
+    PyObject *v = memo_get(Py_NewRef(memo), key);
     Py_DECREF(key);
-    if (v == NULL && PyErr_Occurred())
+    if (v == NULL && PyErr_Occurred()) {
+        Py_DECREF(memo);
         return -1;
+    }
     if (v == NULL) {
         PyObject *args[6] = {dev, dest, NULL, NULL, NULL, NULL};
         if ((args[2] = PyLong_FromLongLong(size)) != NULL
@@ -561,7 +567,11 @@ static int tx_start(PyObject *dev, PyObject *dest, long long size, long long op,
         for (int i = 2; i < 6; i++)
             Py_XDECREF(args[i]);
     }
-    return take_u32(v, out);
+    int r = take_u32(v, out);
+    if (r == 0)
+        start_keep(memo, dest, k, *out);
+    Py_DECREF(memo);
+    return r;
 }
 
 /* _record_sent(dev, qp, psn, k) */
@@ -572,15 +582,10 @@ static int record_sent(PyObject *dev, PyObject *req, long long psn, long long k)
         return -1;
     long long ahead = psn_diff(max_sent, psn) + 1;      /* how many were sent before */
     if (ahead > 0) {                    /* dev.counters["retransmitted_pkts"] += min(ahead, k) */
-        PyObject *counters = GA(dev, s_counters), *c = NULL, *c1 = NULL;
-        int s = counters == NULL ? -1 : 0;
-        if (s == 0 && ((c = PyObject_GetItem(counters, s_retransmitted_pkts)) == NULL
-                       || (c1 = plus(c, ahead < k ? ahead : k)) == NULL
-                       || PyObject_SetItem(counters, s_retransmitted_pkts, c1) < 0))
-            s = -1;
+        PyObject *counters = GA(dev, s_counters);
+        int s = counters == NULL ? -1 : counter_add(counters, s_retransmitted_pkts,
+                                                    ahead < k ? ahead : k);
         Py_XDECREF(counters);
-        Py_XDECREF(c);
-        Py_XDECREF(c1);
         if (s < 0)
             return -1;
     }

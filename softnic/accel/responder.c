@@ -81,17 +81,31 @@ static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_typ
 static int rx_start(PyObject *dev, PyObject *src, long long size, long long w0, long long qpn,
                     uint32_t *out)
 {
-    PyObject *key = Py_BuildValue("(OLLL)", src, size, w0, qpn);
-    if (key == NULL)
+    const long long k[4] = {size, w0, qpn, 0};
+    PyObject *memo = GA(dev, s_rx_starts);
+    if (memo == NULL)
         return -1;
-    PyObject *v = memo_get(GA(dev, s_rx_starts), key);
+    if (start_known(memo, src, k, out)) {
+        Py_DECREF(memo);
+        return 0;
+    }
+    PyObject *key = Py_BuildValue("(OLLL)", src, size, w0, qpn);
+    if (key == NULL) {
+        Py_DECREF(memo);
+        return -1;
+    }
+    PyObject *v = memo_get(Py_NewRef(memo), key);
     if (v == NULL && !PyErr_Occurred()) {
         PyObject *args[5] = {dev, src, PyTuple_GET_ITEM(key, 1), PyTuple_GET_ITEM(key, 2),
                              PyTuple_GET_ITEM(key, 3)};
         v = call_responder(s_rx_icrc_start, args, 5);
     }
     Py_DECREF(key);
-    return take_u32(v, out);
+    int r = take_u32(v, out);
+    if (r == 0)
+        start_keep(memo, src, k, *out);
+    Py_DECREF(memo);
+    return r;
 }
 
 /* _common_qp(dev, w2, pkey, src): the QP, a new reference, or NULL with no error */
@@ -139,13 +153,7 @@ static int count(PyObject *dev, PyObject *name, long long by)
     PyObject *counters = GA(dev, s_counters);
     if (counters == NULL)
         return -1;
-    int r = PyDict_CheckExact(counters) ? dict_add(counters, name, by) : -1;
-    if (r < 0 && !PyErr_Occurred()) {           /* (a Counter subclass: item by item) */
-        PyObject *c = PyObject_GetItem(counters, name), *c1 = c ? plus(c, by) : NULL;
-        r = c1 == NULL ? -1 : PyObject_SetItem(counters, name, c1);
-        Py_XDECREF(c);
-        Py_XDECREF(c1);
-    }
+    int r = counter_add(counters, name, by);
     Py_DECREF(counters);
     return r;
 }
