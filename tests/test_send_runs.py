@@ -266,12 +266,16 @@ def test_a_clean_run_is_taken_whole_by_the_compiled_receive(compiled, record_cal
 
 def _python_calls(fn, *args) -> tuple:
     """``fn(*args)``, and the names of the functions of ``responder``, ``cq`` and
-    ``device`` that ran meanwhile (``sys.setprofile``: nothing is put in their place)."""
+    ``device`` that ran meanwhile, and ``WC.__init__`` (the dataclass's, made from a
+    string) if it did (``sys.setprofile``: nothing is put in their place)."""
     names: list = []
     own = (responder.__file__, cq_module.__file__, device_module.__file__)
+    wc_init = cq_module.WC.__init__.__code__
 
     def seen(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename in own:
+        if event == "call" and frame.f_code is wc_init:
+            names.append("WC.__init__")
+        elif event == "call" and frame.f_code.co_filename in own:
             names.append(frame.f_code.co_name)
     sys.setprofile(seen)
     try:
@@ -284,10 +288,11 @@ def _python_calls(fn, *args) -> tuple:
 def test_a_plain_sends_receive_completes_in_the_compiled_receive(compiled):
     """Not vacuous either: the compiled receive finds a plain SEND's target and
     completes its receive itself (``recv_target``, ``_last``, ``_send_done``,
-    ``recv_done``, ``Device.post_cqe`` and ``CQ.push`` do not run), where the
-    Python's runs them all, and the completion is the same.  Where the CQ is
-    armed, the completion is the Python's to make (an event to raise)."""
-    names = ("recv_target", "_last", "_send_done", "recv_done", "post_cqe", "push")
+    ``recv_done``, ``Device.post_cqe``, ``CQ.push`` and ``WC.__init__`` do not
+    run), where the Python's runs them all, and the completion is the same.  Where
+    the CQ is armed, the completion is the Python's to make (an event to raise)."""
+    names = ("recv_target", "_last", "_send_done", "recv_done", "post_cqe", "push",
+             "WC.__init__")
     wcs = []
     for take, arm, want in ((compiled.receive_send_run, None, set()),
                             (responder.receive_send_run, None, set(names)),
@@ -314,6 +319,22 @@ def test_a_receives_target_or_completion_put_in_the_modules_place_is_called(
     assert calls == [dev]
     (wc,) = dev.poll_cq(eb.recv_cq, 4)
     assert wc.byte_len == 2 * MTU + 100
+
+
+def test_a_mark_ready_put_in_devices_place_is_called(compiled, monkeypatch):
+    """The compiled receive marks the QP ready (its ACK to send) in the device's
+    ``_ready`` itself only where the device's class has ``Device.mark_ready``; a
+    stand-in put in its place is called, once, with the QP."""
+    dev, qp, eb, data, seg, src = _world(3, _draw())
+    dev._ready.clear()
+    assert compiled.receive_send_run(dev, memoryview(data), 0, seg, src) == 3
+    assert list(dev._ready) == [qp]
+    dev, qp, eb, data, seg, src = _world(3, _draw())
+    dev._ready.clear()
+    calls = []
+    monkeypatch.setattr(device_module.Device, "mark_ready", lambda d, q: calls.append(q))
+    assert compiled.receive_send_run(dev, memoryview(data), 0, seg, src) == 3
+    assert calls == [qp] and not dev._ready
 
 
 def test_a_receive_send_run_put_in_the_modules_place_is_called(compiled, monkeypatch):

@@ -468,6 +468,41 @@ static inline PyObject *call1(PyObject *o, PyObject *name, PyObject *a)
     return PyObject_VectorcallMethod(name, args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
+/* dev.mark_ready(qp): where dev's class has Device's own method, its one line
+   (``self._ready[qp] = None``), without the call; a subclass's method or a
+   stand-in put in its place is called.  Device's method is looked up once. */
+static inline int mark_ready(PyObject *dev, PyObject *qp)
+{
+    static PyObject *s_mark_ready_, *s_ready_, *own;
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        PyObject *m = PyImport_ImportModule("softnic.core.device"),
+                 *c = m ? PyObject_GetAttrString(m, "Device") : NULL;
+        s_mark_ready_ = PyUnicode_InternFromString("mark_ready");
+        s_ready_ = PyUnicode_InternFromString("_ready");
+        if (c != NULL && PyType_Check(c) && s_mark_ready_ != NULL && s_ready_ != NULL)
+            own = Py_XNewRef(_PyType_Lookup((PyTypeObject *)c, s_mark_ready_));
+        Py_XDECREF(m);
+        Py_XDECREF(c);
+        if (s_mark_ready_ == NULL)
+            return -1;
+        PyErr_Clear();
+    }
+    if (own != NULL && _PyType_Lookup(Py_TYPE(dev), s_mark_ready_) == own) {
+        PyObject *ready = GA(dev, s_ready_);
+        if (ready == NULL)
+            return -1;
+        int r = PyDict_CheckExact(ready) ? PyDict_SetItem(ready, qp, Py_None)
+                                         : PyObject_SetItem(ready, qp, Py_None);
+        Py_DECREF(ready);
+        return r;
+    }
+    PyObject *r = call1(dev, s_mark_ready_, qp);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* A WQE's ``sges`` (a list of (addr, length, lkey) tuples, as posts make it): 1 and
    its one SGE's fields; 2 a list of another count; 0 another shape; -1 an error */
 static inline int one_sge(PyObject *sges, long long *addr, long long *length, long long *lkey)

@@ -69,7 +69,7 @@ static PyObject *OPS[SN_POST_OPS];      /* the WROpcode member of each value tak
 static int MAY_INLINE_[SN_POST_OPS], RD_ATOMIC_[SN_POST_OPS], ATOMIC_[SN_POST_OPS];
 static unsigned int INLINE_, SIGNALED_;
 static PyObject *s_state, *s_qp_type, *s_xrc, *s_cap, *s_max_send_sge, *s_max_send_wr,
-    *s_max_inline_data, *s_sq, *s_sq_sig_all, *s_config, *s_max_msg_size, *s_mark_ready,
+    *s_max_inline_data, *s_sq, *s_sq_sig_all, *s_config, *s_max_msg_size,
     *s_append, *s_max_sge, *s_max_wr, *s_queue, *s_srq, *s_rq, *s_max_recv_sge, *s_max_recv_wr,
     *s_sges, *s_length, *s_wr_id;
 
@@ -236,12 +236,11 @@ static PyObject *post_records(PyObject *self, PyObject *args)
             break;
         }
         Py_DECREF(r);
-        if ((r = call1(dev, s_mark_ready, qp)) == NULL) {
+        if (mark_ready(dev, qp) < 0) {
             ok = 0;
             i++;                                    /* (it is posted) */
             break;
         }
-        Py_DECREF(r);
     }
 out:
     Py_XDECREF(state);
@@ -494,7 +493,7 @@ int sn_post_init(void)
     INTERN(s_cap, "cap"); INTERN(s_max_send_sge, "max_send_sge");
     INTERN(s_max_send_wr, "max_send_wr"); INTERN(s_max_inline_data, "max_inline_data");
     INTERN(s_sq, "sq"); INTERN(s_sq_sig_all, "sq_sig_all"); INTERN(s_config, "config");
-    INTERN(s_max_msg_size, "max_msg_size"); INTERN(s_mark_ready, "mark_ready");
+    INTERN(s_max_msg_size, "max_msg_size");
     INTERN(s_append, "append"); INTERN(s_max_sge, "max_sge"); INTERN(s_max_wr, "max_wr");
     INTERN(s_queue, "queue"); INTERN(s_srq, "srq"); INTERN(s_rq, "rq");
     INTERN(s_max_recv_sge, "max_recv_sge"); INTERN(s_max_recv_wr, "max_recv_wr");

@@ -56,6 +56,9 @@ static PyObject *responder_module, *py_receive_send_run, *py_took_send_run, *py_
    WCOpcode.RECV and MW, Access.LOCAL_WRITE, memory.py's MR and KeyTable, and the
    methods they call as those are (Device.post_cqe, CQ.push): a device, CQ, key table
    or MR of another class is the Python's */
+static PyObject *s_wc_wr_id, *s_wc_status, *s_wc_opcode, *s_wc_qp_num, *s_wc_byte_len,
+    *s_wc_imm_data, *s_wc_wc_flags, *s_wc_src_qp, *s_wc_invalidated_rkey, *s_wc_vendor_err,
+    *s_wc_pkey_index, *s_wc_slid, *s_wc_sl, *s_wc_dlid_path_bits, *s_wc_solicited;
 static PyObject *WC_CLASS, *WC_SUCCESS, *NO_WC_FLAGS, *WC_RECV, *MW_CLASS, *MR_CLASS,
     *KEYTABLE_CLASS, *py_post_cqe, *py_push;
 static long long LOCAL_WRITE_;
@@ -67,7 +70,7 @@ static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_typ
     *s_state, *s_dest, *s_sr, *s_ooo, *s_mtu, *s_resp, *s_kind, *s_srq, *s_rq, *s_queue,
     *s_recv_target, *s_qpn, *s_epsn, *s_rx_starts, *s_rx_icrc_start, *s_took_send_run,
     *s_last, *s_hdr_len, *s_kernel, *s_counters, *s_rcvd_pkts, *s_ack_deferred, *s_out,
-    *s_msn, *s_append, *s_mark_ready, *s_nak_sent, *s_naked, *s_scan, *s_writes, *s_placed,
+    *s_msn, *s_append, *s_nak_sent, *s_naked, *s_scan, *s_writes, *s_placed,
     *s_nothing_held, *s_take_recv, *s_wqe, *s_off, *s_last_, *s_more_middles, *s_receive_edge,
     *s_took_send_edge, *s_sges, *s_length, *s_keys, *s_by_key, *s_pd, *s_access, *s_valid,
     *s_addr, *s_view, *s_immdt, *s_ieth, *s_recv_cq, *s_overflowed, *s_entries, *s_depth,
@@ -192,8 +195,7 @@ static int queue_ack(PyObject *dev, PyObject *qp, PyObject *resp, long long psn)
         goto done;
     }
     Py_CLEAR(r);
-    r = call1(dev, s_mark_ready, qp);           /* dev.mark_ready(qp) */
-    res = r == NULL ? -1 : 0;
+    res = mark_ready(dev, qp);
 done:
     Py_XDECREF(out);
     Py_XDECREF(msn);
@@ -496,6 +498,66 @@ out:
     return r;
 }
 
+/* WC(*args), args its first nine fields (wr_id, status, opcode, qp_num, byte_len,
+   imm_data, wc_flags, src_qp, invalidated_rkey) and the rest their defaults, as the
+   dataclass's __init__ makes it, without the call: where the setup found WC's
+   fields, in order, and defaults to be those written here (WC_PLAIN), else the
+   call */
+static int WC_PLAIN;
+static const char *const WC_FIELDS[15] = {
+    "wr_id", "status", "opcode", "qp_num", "byte_len", "imm_data", "wc_flags", "src_qp",
+    "invalidated_rkey", "vendor_err", "pkey_index", "slid", "sl", "dlid_path_bits",
+    "solicited"};
+
+static PyObject *new_wc(PyObject *const *args)
+{
+    if (!WC_PLAIN)
+        return PyObject_Vectorcall(WC_CLASS, args, 9, NULL);
+    PyTypeObject *tp = (PyTypeObject *)WC_CLASS;
+    PyObject *wc = tp->tp_alloc(tp, 0), *zero = PyLong_FromLong(0);
+    if (wc == NULL || zero == NULL
+        || SA(wc, s_wc_wr_id, args[0]) < 0 || SA(wc, s_wc_status, args[1]) < 0
+        || SA(wc, s_wc_opcode, args[2]) < 0 || SA(wc, s_wc_qp_num, args[3]) < 0
+        || SA(wc, s_wc_byte_len, args[4]) < 0 || SA(wc, s_wc_imm_data, args[5]) < 0
+        || SA(wc, s_wc_wc_flags, args[6]) < 0 || SA(wc, s_wc_src_qp, args[7]) < 0
+        || SA(wc, s_wc_invalidated_rkey, args[8]) < 0 || SA(wc, s_wc_vendor_err, zero) < 0
+        || SA(wc, s_wc_pkey_index, zero) < 0 || SA(wc, s_wc_slid, zero) < 0
+        || SA(wc, s_wc_sl, zero) < 0 || SA(wc, s_wc_dlid_path_bits, zero) < 0
+        || SA(wc, s_wc_solicited, Py_False) < 0)
+        Py_CLEAR(wc);
+    Py_XDECREF(zero);
+    return wc;
+}
+
+/* WC_PLAIN: are WC's dataclass fields WC_FIELDS, in order, the defaults of all but
+   the first nine (those new_wc is given) 0 (False for solicited), its instances
+   __slots__ only, and no __post_init__? */
+static int wc_plain(PyObject *wc_class)
+{
+    PyObject *dc = PyImport_ImportModule("dataclasses"), *fields = NULL;
+    int ok = dc != NULL && PyType_Check(wc_class)
+        && ((PyTypeObject *)wc_class)->tp_dictoffset == 0
+        && !PyObject_HasAttrString(wc_class, "__post_init__")
+        && (fields = PyObject_CallMethod(dc, "fields", "O", wc_class)) != NULL
+        && PyTuple_Check(fields) && PyTuple_GET_SIZE(fields) == 15;
+    for (int i = 0; ok && i < 15; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i),
+                 *name = PyObject_GetAttrString(f, "name"),
+                 *dflt = name ? PyObject_GetAttrString(f, "default") : NULL;
+        ok = dflt != NULL && PyUnicode_Check(name)
+            && PyUnicode_CompareWithASCIIString(name, WC_FIELDS[i]) == 0
+            && (i < 9 ? 1
+                : i == 14 ? dflt == Py_False
+                : PyLong_CheckExact(dflt) && PyLong_AsLong(dflt) == 0);
+        Py_XDECREF(name);
+        Py_XDECREF(dflt);
+    }
+    Py_XDECREF(fields);
+    Py_XDECREF(dc);
+    PyErr_Clear();
+    return ok;
+}
+
 /* _last(dev, qp, info, psn, tail, se) of a plain SEND's LAST (no ImmDt, no IETH),
    compiled where the module's _last is the Python's: _send_done, recv_done,
    Device.post_cqe and CQ.push's first case (not overflowed, room, not armed:
@@ -558,7 +620,7 @@ static int plain_last(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *inf
     for (int i = 0; i < 9; i++)
         if (args[i] == NULL)
             goto out;
-    if ((wc = PyObject_Vectorcall(WC_CLASS, args, 9, NULL)) == NULL)
+    if ((wc = new_wc(args)) == NULL)
         goto out;
     /* dev.post_cqe(qp.recv_cq, wc, qp, solicited=se): cqes_posted += 1, cq.push */
     if (attr_add(dev, s_cqes_posted, 1) < 0)
@@ -1049,6 +1111,14 @@ static PyObject *responder_setup(PyObject *mod, PyObject *const *args, Py_ssize_
     Py_XSETREF(py_recv_target, PyObject_GetAttr(resp, s_recv_target));
     Py_XSETREF(py_last, PyObject_GetAttr(resp, s_last_));
     Py_XSETREF(WC_CLASS, PyObject_GetAttrString(resp, "WC"));
+    PyObject **wc_names[15] = {&s_wc_wr_id, &s_wc_status, &s_wc_opcode, &s_wc_qp_num,
+        &s_wc_byte_len, &s_wc_imm_data, &s_wc_wc_flags, &s_wc_src_qp, &s_wc_invalidated_rkey,
+        &s_wc_vendor_err, &s_wc_pkey_index, &s_wc_slid, &s_wc_sl, &s_wc_dlid_path_bits,
+        &s_wc_solicited};
+    for (int i = 0; i < 15; i++)
+        if (*wc_names[i] == NULL && (*wc_names[i] = PyUnicode_InternFromString(WC_FIELDS[i])) == NULL)
+            return NULL;
+    WC_PLAIN = WC_CLASS != NULL && wc_plain(WC_CLASS);
     Py_XSETREF(WC_SUCCESS, PyObject_GetAttrString(resp, "_WC_SUCCESS"));
     Py_XSETREF(NO_WC_FLAGS, PyObject_GetAttrString(resp, "_NO_WC_FLAGS"));
     Py_XSETREF(MW_CLASS, PyObject_GetAttrString(resp, "MW"));
@@ -1117,7 +1187,7 @@ int sn_responder_init(void)
     INTERN(s_took_send_run, "took_send_run"); INTERN(s_last, "last");
     INTERN(s_hdr_len, "hdr_len"); INTERN(s_kernel, "kernel"); INTERN(s_counters, "counters");
     INTERN(s_rcvd_pkts, "rcvd_pkts"); INTERN(s_ack_deferred, "ack_deferred"); INTERN(s_out, "out");
-    INTERN(s_msn, "msn"); INTERN(s_append, "append"); INTERN(s_mark_ready, "mark_ready");
+    INTERN(s_msn, "msn"); INTERN(s_append, "append");
     INTERN(s_nak_sent, "nak_sent"); INTERN(s_naked, "naked"); INTERN(s_scan, "scan");
     INTERN(s_writes, "writes"); INTERN(s_placed, "placed"); INTERN(s_nothing_held, "_nothing_held");
     INTERN(s_take_recv, "take_recv"); INTERN(s_wqe, "wqe"); INTERN(s_off, "off");
