@@ -393,11 +393,11 @@ static inline int dict_add(PyObject *d, PyObject *key, long long by)
 }
 
 /* Does ``tp``, a subclass of dict, keep dict's own ``__getitem__`` and
-   ``__setitem__`` (``collections.Counter``, the device's counters: it adds
-   ``__missing__`` and ``__delitem__``, which make CPython route every item
-   read and write through a method lookup)?  Then reading and writing its items
-   as a dict's is what its own ``[]`` does.  The answer for the last such type
-   asked is kept. */
+   ``__setitem__`` (``device.Counters``, which adds ``__missing__`` only; or a
+   ``collections.Counter``, whose ``__delitem__`` makes CPython route every item
+   write through a method lookup)?  Then reading and writing its items as a
+   dict's is what its own ``[]`` does.  The answer for the last such type asked
+   is kept. */
 static inline int dict_items_plain(PyTypeObject *tp)
 {
     static PyTypeObject *plain;
@@ -421,9 +421,9 @@ static inline int dict_items_plain(PyTypeObject *tp)
     return r;
 }
 
-/* counters[name] += by (a device's counters: ``Device.counters``, a Counter, so a
-   name missing counts from 0), as a dict's where its type reads and writes items
-   as dict does (``dict_items_plain``), item by item otherwise */
+/* counters[name] += by (a device's counters: ``device.Counters``, so a name
+   missing counts from 0), as a dict's where its type reads and writes items as
+   dict does (``dict_items_plain``), item by item otherwise */
 static inline int counter_add(PyObject *counters, PyObject *name, long long by)
 {
     if (PyDict_CheckExact(counters)
