@@ -330,6 +330,51 @@ static inline PyObject *call_fn(PyObject *module, PyObject *name, PyObject *cons
     return r;
 }
 
+/* An ICRC start a device remembers (``dev.tx_starts`` or ``dev.rx_starts``, named
+   ``memo_name``): from the C cache (``start_known``), else from that dict by its
+   key ``(addr, k[0], ..., k[nk - 1])``, else ``module.fn_name(dev, addr, k...)``
+   (the Python's, which keeps it there); kept in the C cache then */
+static inline int icrc_start_memo(PyObject *dev, PyObject *memo_name, PyObject *module,
+                                  PyObject *fn_name, PyObject *addr, const long long k[4],
+                                  int nk, uint32_t *out)
+{
+    PyObject *memo = GA(dev, memo_name);
+    if (memo == NULL)
+        return -1;
+    if (start_known(memo, addr, k, out)) {
+        Py_DECREF(memo);
+        return 0;
+    }
+    PyObject *key = PyTuple_New(1 + nk), *v = NULL;
+    if (key == NULL) {
+        Py_DECREF(memo);
+        return -1;
+    }
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(addr));
+    for (int i = 0; i < nk; i++) {
+        PyObject *x = PyLong_FromLongLong(k[i]);
+        if (x == NULL) {
+            Py_DECREF(key);
+            Py_DECREF(memo);
+            return -1;
+        }
+        PyTuple_SET_ITEM(key, 1 + i, x);
+    }
+    v = memo_get(Py_NewRef(memo), key);
+    if (v == NULL && !PyErr_Occurred()) {
+        PyObject *args[6] = {dev, addr};
+        for (int i = 0; i < nk; i++)
+            args[2 + i] = PyTuple_GET_ITEM(key, 1 + i);
+        v = call_fn(module, fn_name, args, 2 + nk);
+    }
+    Py_DECREF(key);
+    int r = take_u32(v, out);
+    if (r == 0)
+        start_keep(memo, addr, k, *out);
+    Py_DECREF(memo);
+    return r;
+}
+
 /* bool(v), v taken: 1, 0, -1 */
 static inline int take_truth(PyObject *v)
 {

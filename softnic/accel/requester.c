@@ -539,39 +539,7 @@ static int tx_start(PyObject *dev, PyObject *dest, long long size, long long op,
                     long long flags, long long dqpn, uint32_t *out)
 {
     const long long k[4] = {size, op, flags, dqpn};
-    PyObject *memo = GA(dev, s_tx_starts);
-    if (memo == NULL)
-        return -1;
-    if (start_known(memo, dest, k, out)) {
-        Py_DECREF(memo);
-        return 0;
-    }
-    PyObject *key = Py_BuildValue("(OLLLL)", dest, size, op, flags, dqpn);
-    if (key == NULL) {
-        Py_DECREF(memo);
-        return -1;
-    }
-    PyObject *v = memo_get(Py_NewRef(memo), key);
-    Py_DECREF(key);
-    if (v == NULL && PyErr_Occurred()) {
-        Py_DECREF(memo);
-        return -1;
-    }
-    if (v == NULL) {
-        PyObject *args[6] = {dev, dest, NULL, NULL, NULL, NULL};
-        if ((args[2] = PyLong_FromLongLong(size)) != NULL
-            && (args[3] = PyLong_FromLongLong(op)) != NULL
-            && (args[4] = PyLong_FromLongLong(flags)) != NULL
-            && (args[5] = PyLong_FromLongLong(dqpn)) != NULL)
-            v = call_py(s_tx_icrc_start, args, 6);
-        for (int i = 2; i < 6; i++)
-            Py_XDECREF(args[i]);
-    }
-    int r = take_u32(v, out);
-    if (r == 0)
-        start_keep(memo, dest, k, *out);
-    Py_DECREF(memo);
-    return r;
+    return icrc_start_memo(dev, s_tx_starts, requester_module, s_tx_icrc_start, dest, k, 4, out);
 }
 
 /* _record_sent(dev, qp, psn, k) */

@@ -85,30 +85,7 @@ static int rx_start(PyObject *dev, PyObject *src, long long size, long long w0, 
                     uint32_t *out)
 {
     const long long k[4] = {size, w0, qpn, 0};
-    PyObject *memo = GA(dev, s_rx_starts);
-    if (memo == NULL)
-        return -1;
-    if (start_known(memo, src, k, out)) {
-        Py_DECREF(memo);
-        return 0;
-    }
-    PyObject *key = Py_BuildValue("(OLLL)", src, size, w0, qpn);
-    if (key == NULL) {
-        Py_DECREF(memo);
-        return -1;
-    }
-    PyObject *v = memo_get(Py_NewRef(memo), key);
-    if (v == NULL && !PyErr_Occurred()) {
-        PyObject *args[5] = {dev, src, PyTuple_GET_ITEM(key, 1), PyTuple_GET_ITEM(key, 2),
-                             PyTuple_GET_ITEM(key, 3)};
-        v = call_responder(s_rx_icrc_start, args, 5);
-    }
-    Py_DECREF(key);
-    int r = take_u32(v, out);
-    if (r == 0)
-        start_keep(memo, src, k, *out);
-    Py_DECREF(memo);
-    return r;
+    return icrc_start_memo(dev, s_rx_starts, responder_module, s_rx_icrc_start, src, k, 3, out);
 }
 
 /* _common_qp(dev, w2, pkey, src): the QP, a new reference, or NULL with no error */
