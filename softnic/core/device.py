@@ -42,6 +42,7 @@ import congestion
 #: controllers that react to ECN marks (their packets are sent ECN-capable)
 ECN_CONTROLLERS = frozenset({"dcqcn"})
 
+
 class Counters(dict):
     """A device's counters by name; a name never counted reads 0, as a
     ``collections.Counter``'s does.  Not a Counter: its ``__delitem__`` sends
