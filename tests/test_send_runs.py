@@ -337,6 +337,43 @@ def test_a_mark_ready_put_in_devices_place_is_called(compiled, monkeypatch):
     assert calls == [qp] and not dev._ready
 
 
+def test_the_icrc_starts_kept_in_c_are_told_apart_by_address(compiled):
+    """A sender's compiled runs keep the ICRC starts they ask for in C
+    (``objects.h`` ``start_known``), by their numbers and the address each goes
+    to: two receivers at two addresses, whose QPs have the same number, each get
+    SENDs of the same size from one sender, and each finds every packet's ICRC
+    good (with a start found by the numbers alone, every packet the second
+    receiver got failed its check)."""
+    class Sender(Device):
+        pass
+    a = Sender("a", "10.0.0.1")
+    a.kernel = accel.load()
+    a.tx_gather = True                          # (the runs requester.c's bulk_run leaves)
+    assert accel.give_compiled(a)
+    ends = []
+    for ip in ("10.0.0.2", "10.0.0.3"):
+        b = Device(ip, ip)
+        ea, eb = endpoint(a, buf_size=1 << 16), endpoint(b, buf_size=1 << 16)
+        bring_up(ea, eb, mtu=MTU)
+        bring_up(eb, ea, mtu=MTU)
+        b.post_recv(eb.qp, RecvWR(7, [eb.sge(0, 8 * MTU)]))
+        ends.append((b, ea, eb))
+    assert ends[0][2].qp.qpn == ends[1][2].qp.qpn
+    for round_ in range(2):                     # (the second: every start already kept)
+        for b, ea, eb in ends:
+            a.post_send(ea.qp, SendWR(round_, W.SEND, [ea.sge(0, 6 * MTU - 5)],
+                                      SendFlags.SIGNALED))
+            for data, dest in a.datagrams_to_send(0.0):
+                assert dest == b.address
+                b.receive_datagram(bytes(data), a.address, 0.0)
+            if round_ == 0:
+                b.post_recv(eb.qp, RecvWR(8, [eb.sge(0, 8 * MTU)]))
+    for b, ea, eb in ends:
+        assert b.counters["rcvd_icrc_err"] == 0
+        assert [(w.wr_id, w.byte_len) for w in b.poll_cq(eb.recv_cq, 4)] == \
+            [(7, 6 * MTU - 5), (8, 6 * MTU - 5)]
+
+
 def test_a_receive_send_run_put_in_the_modules_place_is_called(compiled, monkeypatch):
     """A stand-in for ``responder.receive_send_run`` (a test's, a tracer's) is what
     the compiled one calls."""
