@@ -481,6 +481,20 @@ static inline int counter_add(PyObject *counters, PyObject *name, long long by)
     return r;
 }
 
+/* dev.counters[name] += by (``counter_add`` on the device's counters) */
+static inline int dev_count(PyObject *dev, PyObject *name, long long by)
+{
+    static PyObject *s_counters_;
+    if (s_counters_ == NULL && (s_counters_ = PyUnicode_InternFromString("counters")) == NULL)
+        return -1;
+    PyObject *counters = GA(dev, s_counters_);
+    if (counters == NULL)
+        return -1;
+    int r = counter_add(counters, name, by);
+    Py_DECREF(counters);
+    return r;
+}
+
 static inline int attr_add_at(struct site *r, struct site *w, PyObject *o, PyObject *name, long long by)
 {
     PyObject *v = ga(r, o, name);

@@ -34,7 +34,7 @@ static PyObject *ZERO_ICRC;                     /* output.py's _ZERO_ICRC (bytes
 static PyObject *s_ready, *s_cnps, *s_gsi, *s_closed, *s_resp, *s_out, *s_state, *s_cc,
     *s_sq, *s_req, *s_send_idx, *s_comp, *s_rexmit, *s_qp_type, *s_rto_at, *s_attr,
     *s_timeout, *s_rto, *s_selective_repeat, *s_probe_at, *s_probe_interval, *s_done,
-    *s_complete, *s_responses, *s_config, *s_icrc, *s_counters, *s_sent_pkts,
+    *s_complete, *s_responses, *s_config, *s_icrc, *s_sent_pkts,
     *s_sealed, *s_outgoing, *s_requests, *s_pending;
 
 /* if qp.resp.out: self._responses(qp, out) */
@@ -286,9 +286,7 @@ static PyObject *dev_datagrams_to_send(PyObject *dev, PyObject *now)
             Py_INCREF(pkt);
             Py_INCREF(dest);
             /* self.counters["sent_pkts"] += 1 */
-            PyObject *counters = GA(dev, s_counters);
-            int s = counters == NULL ? -1 : counter_add(counters, s_sent_pkts, 1);
-            Py_XDECREF(counters);
+            int s = dev_count(dev, s_sent_pkts, 1);
             PyObject *data = NULL;              /* b"".join((pkt, _ZERO_ICRC)) */
             Py_buffer b;
             Py_ssize_t nz = PyBytes_GET_SIZE(ZERO_ICRC);
@@ -364,7 +362,7 @@ int sn_output_init(void)
     INTERN(s_probe_interval, "probe_interval"); INTERN(s_done, "done");
     INTERN(s_complete, "complete");
     INTERN(s_responses, "_responses"); INTERN(s_config, "config"); INTERN(s_icrc, "icrc");
-    INTERN(s_counters, "counters"); INTERN(s_sent_pkts, "sent_pkts"); INTERN(s_sealed, "_sealed");
+    INTERN(s_sent_pkts, "sent_pkts"); INTERN(s_sealed, "_sealed");
     INTERN(s_outgoing, "_outgoing"); INTERN(s_requests, "_requests");
     INTERN(s_pending, "pending");
     return 0;

@@ -56,7 +56,7 @@ static PyObject *s_generate, *s_fast, *s_cc, *s_qp_type, *s_xrc, *s_selective_re
     *s_rnr_wait, *s_state, *s_ccs, *s_pace_at, *s_rate, *s_window, *s_next_tx, *s_req, *s_sq,
     *s_send_idx, *s_error, *s_first_psn, *s_done, *s_rexmit, *s_config, *s_ack_every,
     *s_dest, *s_next_pkt, *s_npkts, *s_opcode, *s_rd_atomic, *s_acked_psn, *s_inflight,
-    *s_pkts_since_ackreq, *s_mtu, *s_min_timer, *s_rto, *s_max_sent_psn, *s_counters,
+    *s_pkts_since_ackreq, *s_mtu, *s_min_timer, *s_rto, *s_max_sent_psn,
     *s_retransmitted_pkts, *s_attr, *s_dest_qp_num, *s_views, *s_sent, *s_on_packet_sent,
     *kw_sent, *s_may_start, *s_start, *s_tx_icrc_start, *s_kernel, *s_tx_gather,
     *s_tx_starts, *s_status, *s_length, *s_flags, *s_imm, *s_inv_rkey, *s_remote_addr,
@@ -399,9 +399,7 @@ static int one_middle(PyObject *dev, PyObject *qp, PyObject *cc, PyObject *ccs, 
         goto out;
     long long ahead = psn_diff(max_sent, psn) + 1;
     if (ahead > 0) {                            /* dev.counters["retransmitted_pkts"] += 1 */
-        PyObject *counters = GA(dev, s_counters);
-        int s = counters == NULL ? -1 : counter_add(counters, s_retransmitted_pkts, 1);
-        Py_XDECREF(counters);
+        int s = dev_count(dev, s_retransmitted_pkts, 1);
         if (s < 0)
             goto out;
     } else if (set_ll(req, s_max_sent_psn, psn) < 0) {
@@ -550,10 +548,7 @@ static int record_sent(PyObject *dev, PyObject *req, long long psn, long long k)
         return -1;
     long long ahead = psn_diff(max_sent, psn) + 1;      /* how many were sent before */
     if (ahead > 0) {                    /* dev.counters["retransmitted_pkts"] += min(ahead, k) */
-        PyObject *counters = GA(dev, s_counters);
-        int s = counters == NULL ? -1 : counter_add(counters, s_retransmitted_pkts,
-                                                    ahead < k ? ahead : k);
-        Py_XDECREF(counters);
+        int s = dev_count(dev, s_retransmitted_pkts, ahead < k ? ahead : k);
         if (s < 0)
             return -1;
     }
@@ -1395,7 +1390,7 @@ int sn_requester_init(void)
     INTERN(s_acked_psn, "acked_psn"); INTERN(s_inflight, "inflight");
     INTERN(s_pkts_since_ackreq, "pkts_since_ackreq"); INTERN(s_mtu, "mtu");
     INTERN(s_min_timer, "min_timer"); INTERN(s_rto, "rto");
-    INTERN(s_max_sent_psn, "max_sent_psn"); INTERN(s_counters, "counters");
+    INTERN(s_max_sent_psn, "max_sent_psn");
     INTERN(s_retransmitted_pkts, "retransmitted_pkts"); INTERN(s_attr, "attr");
     INTERN(s_dest_qp_num, "dest_qp_num"); INTERN(s_views, "views"); INTERN(s_sent, "sent");
     INTERN(s_on_packet_sent, "on_packet_sent");

@@ -69,7 +69,7 @@ static long long QPN_MASK_, ECN_, DEFAULT_PKEY_, SEND_FIRST_, W0_SEND_MIDDLE_, E
 static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_type, *s_xrc,
     *s_state, *s_dest, *s_sr, *s_ooo, *s_mtu, *s_resp, *s_kind, *s_srq, *s_rq, *s_queue,
     *s_recv_target, *s_qpn, *s_epsn, *s_rx_starts, *s_rx_icrc_start, *s_took_send_run,
-    *s_last, *s_hdr_len, *s_kernel, *s_counters, *s_rcvd_pkts, *s_ack_deferred, *s_out,
+    *s_last, *s_hdr_len, *s_kernel, *s_rcvd_pkts, *s_ack_deferred, *s_out,
     *s_msn, *s_append, *s_nak_sent, *s_naked, *s_scan, *s_writes, *s_placed,
     *s_nothing_held, *s_take_recv, *s_wqe, *s_off, *s_last_, *s_more_middles, *s_receive_edge,
     *s_took_send_edge, *s_sges, *s_length, *s_keys, *s_by_key, *s_pd, *s_access, *s_valid,
@@ -127,17 +127,6 @@ fail:
     return qp;
 }
 
-/* counters[name] += by */
-static int count(PyObject *dev, PyObject *name, long long by)
-{
-    PyObject *counters = GA(dev, s_counters);
-    if (counters == NULL)
-        return -1;
-    int r = counter_add(counters, name, by);
-    Py_DECREF(counters);
-    return r;
-}
-
 /* queue_ack(dev, qp, psn): a plain ACK, replacing a plain ACK queued last */
 static int queue_ack(PyObject *dev, PyObject *qp, PyObject *resp, long long psn)
 {
@@ -166,7 +155,7 @@ static int queue_ack(PyObject *dev, PyObject *qp, PyObject *resp, long long psn)
     }
     Py_DECREF(p);
     if (replace) {
-        if (PySequence_SetItem(out, n - 1, entry) < 0 || count(dev, s_ack_deferred, 1) < 0)
+        if (PySequence_SetItem(out, n - 1, entry) < 0 || dev_count(dev, s_ack_deferred, 1) < 0)
             goto done;
     } else if ((r = PyObject_CallMethodOneArg(out, s_append, entry)) == NULL) {
         goto done;
@@ -222,7 +211,7 @@ static int nothing_held(PyObject *qp)
    the first receive WQE posted taken for it (``resp.wqe = take_recv(dev, qp)``) */
 static int recv_taken(PyObject *dev, PyObject *qp, PyObject *resp)
 {
-    if (count(dev, s_rcvd_pkts, 1) < 0)
+    if (dev_count(dev, s_rcvd_pkts, 1) < 0)
         return -1;
     PyObject *args[2] = {dev, qp};
     PyObject *wqe = call_responder(s_take_recv, args, 2);      /* take_recv(dev, qp) */
@@ -278,7 +267,7 @@ static int took_send_run(PyObject *dev, PyObject *qp, PyObject *resp, int ackreq
         || get_ll(resp, s_epsn, &psn) < 0 || accept(dev, qp, resp, psn, 0, ackreq) < 0)
         return -1;
     if (m) {                            /* took_middles(dev, qp, m, acks, 1, acks[0]) */
-        if (count(dev, s_rcvd_pkts, m) < 0 || get_ll(resp, s_off, &off) < 0
+        if (dev_count(dev, s_rcvd_pkts, m) < 0 || get_ll(resp, s_off, &off) < 0
             || set_ll(resp, s_off, off + m * mtu) < 0 || get_ll(resp, s_epsn, &psn) < 0)
             return -1;
         for (uint32_t i = 1; i <= acks[0]; i++)
@@ -289,7 +278,7 @@ static int took_send_run(PyObject *dev, PyObject *qp, PyObject *resp, int ackreq
     }
     if (last != Py_None) {
         /* _last_taken(dev, qp, last, n_last, True, se, tail) */
-        if (count(dev, s_rcvd_pkts, 1) < 0 || get_ll(resp, s_off, &off) < 0
+        if (dev_count(dev, s_rcvd_pkts, 1) < 0 || get_ll(resp, s_off, &off) < 0
             || set_ll(resp, s_off, off + n_last) < 0 || get_ll(resp, s_epsn, &psn) < 0
             || last_accepted(dev, qp, resp, last, psn, tail, se) < 0)
             return -1;
@@ -581,7 +570,7 @@ static int plain_last(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *inf
         || SA(resp, s_kind, Py_None) < 0)
         goto out;
     /* recv_done(dev, qp, wqe, WCOpcode.RECV, resp.off, 0, _NO_WC_FLAGS, se, 0) */
-    if (count(dev, s_rdma_recvs, 1) < 0)
+    if (dev_count(dev, s_rdma_recvs, 1) < 0)
         goto out;
     PyObject *attr = GA(qp, s_attr);
     args[0] = GA(wqe, s_wr_id);
@@ -1162,7 +1151,7 @@ int sn_responder_init(void)
     INTERN(s_recv_target, "recv_target"); INTERN(s_qpn, "qpn"); INTERN(s_epsn, "epsn");
     INTERN(s_rx_starts, "rx_starts"); INTERN(s_rx_icrc_start, "rx_icrc_start");
     INTERN(s_took_send_run, "took_send_run"); INTERN(s_last, "last");
-    INTERN(s_hdr_len, "hdr_len"); INTERN(s_kernel, "kernel"); INTERN(s_counters, "counters");
+    INTERN(s_hdr_len, "hdr_len"); INTERN(s_kernel, "kernel");
     INTERN(s_rcvd_pkts, "rcvd_pkts"); INTERN(s_ack_deferred, "ack_deferred"); INTERN(s_out, "out");
     INTERN(s_msn, "msn"); INTERN(s_append, "append");
     INTERN(s_nak_sent, "nak_sent"); INTERN(s_naked, "naked"); INTERN(s_scan, "scan");
