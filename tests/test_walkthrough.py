@@ -215,7 +215,8 @@ def test_every_file_and_function_the_rule_table_names_exists():
 def test_the_kernel_functions_the_walk_names_exist():
     text = DOC.read_text()
     kernel = "".join((ROOT / "softnic" / "accel" / f).read_text()
-                     for f in ("kernel.c", "rx.c", "send.c", "requester.c"))
+                     for f in ("kernel.c", "rx.c", "send.c", "requester.c", "responder.c",
+                               "completer.c"))
     names = set(re.findall(r"`(sn_\w+)`", text))
     assert names >= {"sn_tx_middles", "sn_rx_middles"}
     for name in names:

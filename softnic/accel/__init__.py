@@ -55,7 +55,9 @@ also makes ``responder.c`` the class's ``Dispatch._send_run``:
 ``responder.receive_send_run`` and ``took_send_run``, a SEND received in one
 run, compiled around the kernel's ``sn_rx_send_run``; and its
 ``Dispatch._send_only``, ``responder.receive_edge`` of a SEND ONLY around
-``sn_rx_edge``.  ``hook_kernel`` gives both the loaded kernel's functions.
+``sn_rx_edge``; and ``completer.c`` its ``Dispatch._ack``,
+``completer.receive_common`` of a plain ACK, its ICRC checked by ``sn_rx_edge``.
+``hook_kernel`` gives them the loaded kernel's functions.
 And it carries the C face's post of send records (``post.c``, ``post_records``): ``backend._send_wr`` and
 ``Verbs.post_send`` for the common case, the rest left to them.
 
@@ -121,10 +123,12 @@ def _key() -> str:
 
 
 def _fabric_key() -> str:
-    """``_key`` for ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c``, ``post.c`` and
-    ``responder.c`` (no cffi in them: looking for the loop stays cheap)."""
+    """``_key`` for ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c``, ``post.c``,
+    ``responder.c`` and ``completer.c`` (no cffi in them: looking for the loop stays
+    cheap)."""
     return _sources_key(("objects.h", "bytes.h", "fabric.c", "timers.c", "output.c",
-                         "requester.c", "post.c", "responder.c", "__init__.py"))
+                         "requester.c", "post.c", "responder.c", "completer.c",
+                         "__init__.py"))
 
 
 def _toolchain() -> tuple[str, str]:
@@ -189,8 +193,8 @@ def build(dest: Path, verbose: bool = False) -> Path:
 
 
 def build_fabric(dest: Path, verbose: bool = False) -> Path:
-    """Compile ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c``, ``post.c`` and
-    ``responder.c`` into ``dest``; returns the extension's path."""
+    """Compile ``fabric.c``, ``timers.c``, ``output.c``, ``requester.c``, ``post.c``,
+    ``responder.c`` and ``completer.c`` into ``dest``; returns the extension's path."""
     target = _target(dest, FABRIC_MODULE)
     if target.exists():
         return target
@@ -204,7 +208,7 @@ def build_fabric(dest: Path, verbose: bool = False) -> Path:
         cmd = cc.split() + ["-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I", inc,
                             str(HERE / "fabric.c"), str(HERE / "timers.c"), str(HERE / "output.c"),
                             str(HERE / "requester.c"), str(HERE / "post.c"),
-                            str(HERE / "responder.c"), "-o", part]
+                            str(HERE / "responder.c"), str(HERE / "completer.c"), "-o", part]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if verbose or r.returncode:
             sys.stderr.write(" ".join(cmd) + "\n" + r.stdout + r.stderr)
@@ -256,7 +260,7 @@ def fabric_loop(verbose: bool = False):
 _compiled_classes: dict = {}
 _TIMERS = ("arm", "get_timer", "handle_timer")          # Timers'
 _DRAIN = ("datagrams_to_send", "_outgoing")             # Output's
-_RECEIVE = ("_send_run", "_send_only")                    # Dispatch's
+_RECEIVE = ("_send_run", "_send_only", "_ack")           # Dispatch's
 
 
 def give_compiled(dev) -> bool:

@@ -29,6 +29,8 @@ int sn_requester_init(void);                    /* requester.c: generate's paced
 extern PyMethodDef sn_requester_methods[];
 extern PyMethodDef sn_responder_methods[];       /* responder.c */
 int sn_responder_init(void);
+extern PyMethodDef sn_completer_methods[];       /* completer.c: a plain ACK's receipt */
+int sn_completer_init(void);
 int sn_post_init(void);                         /* post.c: the C face's send records */
 extern PyMethodDef sn_post_methods[];
 
@@ -921,13 +923,15 @@ static int fabric_init(void)
 PyMODINIT_FUNC PyInit__softnic_fabric(void)
 {
     if (fabric_init() < 0 || sn_timers_init() < 0 || sn_output_init() < 0
-            || sn_requester_init() < 0 || sn_post_init() < 0 || sn_responder_init() < 0)
+            || sn_requester_init() < 0 || sn_post_init() < 0 || sn_responder_init() < 0
+            || sn_completer_init() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddFunctions(m, sn_timers_methods) < 0
                       || PyModule_AddFunctions(m, sn_requester_methods) < 0
                       || PyModule_AddFunctions(m, sn_post_methods) < 0
-                      || PyModule_AddFunctions(m, sn_responder_methods) < 0))
+                      || PyModule_AddFunctions(m, sn_responder_methods) < 0
+                      || PyModule_AddFunctions(m, sn_completer_methods) < 0))
         Py_CLEAR(m);
     return m;
 }

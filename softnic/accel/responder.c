@@ -88,6 +88,23 @@ static int rx_start(PyObject *dev, PyObject *src, long long size, long long w0, 
     return icrc_start_memo(dev, s_rx_starts, responder_module, s_rx_icrc_start, src, k, 3, out);
 }
 
+/* rx_start for the other files' edges (completer.c's ACK) */
+int sn_rx_start(PyObject *dev, PyObject *src, long long size, long long w0, long long qpn,
+                uint32_t *out)
+{
+    return rx_start(dev, src, size, w0, qpn, out);
+}
+
+/* kernel.c's sn_rx_edge where ``dev``'s kernel is the one hooked in (as ``pythons``
+   asks), else NULL (the Python's to run; -1 in *err where reading it failed) */
+void *sn_rx_edge_of(PyObject *dev, int *err)
+{
+    PyObject *kernel = GA(dev, s_kernel);
+    *err = kernel == NULL ? -1 : 0;
+    Py_XDECREF(kernel);                         /* (compared, not used) */
+    return kernel != NULL && kernel == rx_kernel ? (void *)rx_edge : NULL;
+}
+
 /* _common_qp(dev, w2, pkey, src): the QP, a new reference, or NULL with no error */
 static PyObject *common_qp(PyObject *dev, long long w2, long long pkey, PyObject *src)
 {
@@ -495,6 +512,12 @@ static PyObject *new_wc(PyObject *const *args)
     return wc;
 }
 
+/* new_wc for the other files' completions (completer.c) */
+PyObject *sn_new_wc(PyObject *const *args)
+{
+    return new_wc(args);
+}
+
 /* WC_PLAIN: are WC's dataclass fields WC_FIELDS, in order, the defaults of all but
    the first nine (those new_wc is given) 0 (False for solicited), its instances
    __slots__ only, and no __post_init__? */
@@ -524,6 +547,71 @@ static int wc_plain(PyObject *wc_class)
     return ok;
 }
 
+/* Is the CQ's push (CQ.push) at its first case for ``k`` more completions: the
+   CQ's class's own push, not overflowed, not armed (no event to raise), room for
+   them all?  1, 0, -1; *entries (where 1) a new reference to its entries. */
+int sn_cq_room(PyObject *cq, Py_ssize_t k, PyObject **entries)
+{
+    long long depth;
+    *entries = NULL;
+    if (_PyType_Lookup(Py_TYPE(cq), s_push) != py_push)
+        return 0;
+    int busy = get_truth(cq, s_overflowed);     /* push: overflowed, full or armed */
+    if (busy == 0)
+        busy = get_truth(cq, s_armed);
+    if (busy != 0)
+        return busy < 0 ? -1 : 0;
+    if ((*entries = GA(cq, s_entries)) == NULL || get_ll(cq, s_depth, &depth) < 0)
+        goto fail;
+    Py_ssize_t n = PyObject_Length(*entries);
+    if (n < 0)
+        goto fail;
+    if (n + k <= depth)
+        return 1;
+    Py_CLEAR(*entries);
+    return 0;
+fail:
+    Py_CLEAR(*entries);
+    return -1;
+}
+
+/* Device.post_cqe(cq, wc, qp, solicited=se) where sn_cq_room found the CQ's push at
+   its first case (``entries`` its entries): dev.cqes_posted += 1, then CQ.push's
+   first case, statement for statement (wc.solicited, entries.append(wc), the
+   mirror); 0, -1 */
+int sn_post_cqe_plain(PyObject *dev, PyObject *cq, PyObject *entries, PyObject *wc, int se)
+{
+    if (attr_add(dev, s_cqes_posted, 1) < 0)
+        return -1;
+    if (se && SA(wc, s_solicited, Py_True) < 0)   /* push: if solicited */
+        return -1;
+    PyObject *a = PyObject_CallMethodOneArg(entries, s_append, wc);    /* entries.append(wc) */
+    if (a == NULL)
+        return -1;
+    Py_DECREF(a);
+    PyObject *m = GA(cq, s_mirror);             /* elif self.mirror is not None */
+    if (m == NULL)
+        return -1;
+    int r = 0;
+    if (m != Py_None) {                         /* mirror[0] = -1 if closed else len(entries) */
+        int closed = get_truth(cq, s_closed);
+        Py_ssize_t n = closed ? -1 : PyObject_Length(entries);
+        PyObject *v = closed < 0 || n < -1 ? NULL : PyLong_FromSsize_t(n);
+        PyObject *zero = v == NULL ? NULL : PyLong_FromLong(0);
+        r = zero == NULL ? -1 : PyObject_SetItem(m, zero, v);     /* (a C array: cffi's) */
+        Py_XDECREF(zero);
+        Py_XDECREF(v);
+    }
+    Py_DECREF(m);
+    return r;
+}
+
+/* Is dev's class's post_cqe Device.post_cqe (then sn_post_cqe_plain is it)? */
+int sn_post_cqe_own(PyObject *dev)
+{
+    return _PyType_Lookup(Py_TYPE(dev), s_post_cqe) == py_post_cqe;
+}
+
 /* _last(dev, qp, info, psn, tail, se) of a plain SEND's LAST (no ImmDt, no IETH),
    compiled where the module's _last is the Python's: _send_done, recv_done,
    Device.post_cqe and CQ.push's first case (not overflowed, room, not armed:
@@ -539,30 +627,15 @@ static int plain_last(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *inf
         x = get_truth(info, s_ieth);
     if (x != 0)
         return x < 0 ? -1 : 0;
-    if (_PyType_Lookup(Py_TYPE(dev), s_post_cqe) != py_post_cqe)
+    if (!sn_post_cqe_own(dev))
         return 0;
     PyObject *cq = GA(qp, s_recv_cq), *entries = NULL, *wqe = NULL, *wc = NULL, *args[9] = {0};
     int r = -1;
-    long long depth;
     if (cq == NULL)
         return -1;
-    if (_PyType_Lookup(Py_TYPE(cq), s_push) != py_push) {
-        r = 0;
-        goto out;
-    }
-    int busy = get_truth(cq, s_overflowed);     /* push: overflowed, full or armed */
-    if (busy == 0)
-        busy = get_truth(cq, s_armed);
-    if (busy == 0 && ((entries = GA(cq, s_entries)) == NULL || get_ll(cq, s_depth, &depth) < 0))
-        goto out;
-    if (busy == 0) {
-        Py_ssize_t n = PyObject_Length(entries);
-        if (n < 0)
-            goto out;
-        busy = n >= depth;
-    }
-    if (busy != 0) {
-        r = busy < 0 ? -1 : 0;
+    int room = sn_cq_room(cq, 1, &entries);
+    if (room <= 0) {
+        r = room;
         goto out;
     }
     /* _send_done: wqe, resp.wqe = resp.wqe, None; resp.kind = None */
@@ -586,34 +659,9 @@ static int plain_last(PyObject *dev, PyObject *qp, PyObject *resp, PyObject *inf
     for (int i = 0; i < 9; i++)
         if (args[i] == NULL)
             goto out;
-    if ((wc = new_wc(args)) == NULL)
+    /* dev.post_cqe(qp.recv_cq, wc, qp, solicited=se) */
+    if ((wc = new_wc(args)) == NULL || sn_post_cqe_plain(dev, cq, entries, wc, se) < 0)
         goto out;
-    /* dev.post_cqe(qp.recv_cq, wc, qp, solicited=se): cqes_posted += 1, cq.push */
-    if (attr_add(dev, s_cqes_posted, 1) < 0)
-        goto out;
-    if (se && SA(wc, s_solicited, Py_True) < 0)   /* push: if solicited */
-        goto out;
-    PyObject *a = PyObject_CallMethodOneArg(entries, s_append, wc);    /* entries.append(wc) */
-    if (a == NULL)
-        goto out;
-    Py_DECREF(a);
-    PyObject *m = GA(cq, s_mirror);             /* elif self.mirror is not None */
-    if (m == NULL)
-        goto out;
-    if (m != Py_None) {                         /* mirror[0] = -1 if closed else len(entries) */
-        int closed = get_truth(cq, s_closed);
-        Py_ssize_t n = closed ? -1 : PyObject_Length(entries);
-        PyObject *v = closed < 0 || n < -1 ? NULL : PyLong_FromSsize_t(n);
-        PyObject *zero = v == NULL ? NULL : PyLong_FromLong(0);
-        int s = zero == NULL ? -1 : PyObject_SetItem(m, zero, v);     /* (a C array: cffi's) */
-        Py_XDECREF(zero);
-        Py_XDECREF(v);
-        if (s < 0) {
-            Py_DECREF(m);
-            goto out;
-        }
-    }
-    Py_DECREF(m);
     r = 1;
 out:
     Py_DECREF(cq);

@@ -611,12 +611,15 @@ static PyObject *timers_new(PyObject *dev)
 
 extern PyMethodDef sn_output_methods[];        /* output.c */
 extern PyMethodDef sn_responder_dev_methods[]; /* responder.c */
+extern PyMethodDef sn_completer_dev_methods[]; /* completer.c */
 int sn_output_setup(PyObject *requester, PyObject *completer, PyObject *output);
+int sn_completer_setup(PyObject *completer);
 
 /* device_methods(cls, completer, requester, output): {name: method descriptor of cls}
    for the timers' ``arm``, ``get_timer`` and ``handle_timer``, the drain's
    ``datagrams_to_send`` and ``_outgoing`` (output.c) and the receive's ``_send_run``
-   and ``_send_only`` (responder.c), to be the device class's own;
+   and ``_send_only`` (responder.c) and ``_ack`` (completer.c), to be the device
+   class's own;
    the modules are those the compiled methods call into */
 static PyObject *device_methods(PyObject *mod, PyObject *const *args, Py_ssize_t n)
 {
@@ -624,12 +627,13 @@ static PyObject *device_methods(PyObject *mod, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "device_methods(cls, completer, requester, output)");
         return NULL;
     }
-    if (sn_output_setup(args[2], args[1], args[3]) < 0)
+    if (sn_output_setup(args[2], args[1], args[3]) < 0 || sn_completer_setup(args[1]) < 0)
         return NULL;
     Py_XSETREF(completer_module, Py_NewRef(args[1]));
     PyObject *d = PyDict_New();
-    PyMethodDef *tables[] = {dev_methods, sn_output_methods, sn_responder_dev_methods};
-    for (int k = 0; k < 3; k++)
+    PyMethodDef *tables[] = {dev_methods, sn_output_methods, sn_responder_dev_methods,
+                             sn_completer_dev_methods};
+    for (int k = 0; k < 4; k++)
         for (PyMethodDef *m = tables[k]; d != NULL && m->ml_name != NULL; m++) {
             PyObject *descr = PyDescr_NewMethod((PyTypeObject *)args[0], m);
             if (descr == NULL || PyDict_SetItemString(d, m->ml_name, descr) < 0)

@@ -33,7 +33,7 @@ from ..wire.roce import AETH_LEN, OPCODES, AethCode, AtomicAckETH, BTH_AETH_STRU
     BTH_FECN, BTH_LEN, BTH_PAD_MASK, BTH_PAD_SHIFT, bth_word0, \
     DEFAULT_PKEY, ICRC_LEN, Kind, NakCode, OpInfo, Opcode as O, QPN_MASK
 from .cq import WC
-from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCStatus, WROpcode as W
+from .enums import QPState, QPType, RNR_TIMER_SECONDS, WCFlags, WCStatus, WROpcode as W
 from . import requester, responder
 from .wr_opcode import ATOMICS, EIGHT_BYTES, EMPTY_READ_RESPONSE, SENDS, WC_OPCODE
 
@@ -797,6 +797,8 @@ def fail(dev, qp) -> None:
 # them since).  Anything else: False, nothing changed, the general path.
 
 _ACK_PKT = BTH_AETH_STRUCT
+_ACK_OPCODE = int(O.RC_ACKNOWLEDGE)     # (completer.c's: what it takes)
+_NO_WC_FLAGS = WCFlags(0)               # (completer.c's: a send completion's flags)
 _ACK_LEN = BTH_LEN + AETH_LEN + ICRC_LEN      # an ACK datagram
 _ECN = BTH_FECN | BTH_BECN
 _PAD = BTH_PAD_MASK << BTH_PAD_SHIFT

@@ -81,17 +81,25 @@ _COMMON = {op: r.common for op, r in ROUTES.items() if r.common is not None}
 _RECEIVING = (QPState.RTR, QPState.RTS, QPState.SQD)
 _READ_MIDDLE = int(O.RC_RDMA_READ_RESPONSE_MIDDLE)
 _SEND_FIRST = int(O.RC_SEND_FIRST)
-#: opcode -> the early exit that takes a message's FIRST or LAST packet around
-#: its MIDDLEs in the kernel: a READ's responses, a SEND's requests
 def _send_only(dev, data, src, now: float) -> bool:
     """A SEND ONLY's edge: the device's ``_send_only`` (``responder.receive_edge``,
     compiled on a live NIC)."""
     return dev._send_only(data, src)
 
 
+def _ack(dev, data, src, now: float) -> bool:
+    """An ACKNOWLEDGE: the device's ``_ack`` (``completer.receive_common``, compiled
+    on a live NIC)."""
+    return dev._ack(data, src, now)
+
+
+#: opcode -> the early exit that takes a datagram alone with the kernel's help: a
+#: message's FIRST or LAST packet around its MIDDLEs (a READ's responses, a SEND's
+#: requests), a SEND ONLY, a plain ACK
 _EDGES = {**{op: completer.receive_edge for op in completer.READ_EDGES},
           **{op: responder.receive_edge for op in responder.SEND_EDGES},
-          **{op: _send_only for op in responder.SEND_ONLYS}}
+          **{op: _send_only for op in responder.SEND_ONLYS},
+          int(O.RC_ACKNOWLEDGE): _ack}
 _SENDING = (QPState.RTS, QPState.SQD)
 _UD = QPType.UD          # (read per packet: a module global, not the enum class's attribute)
 
@@ -299,6 +307,12 @@ class Dispatch:
         ``softnic/accel/responder.c``, where ``accel.give_compiled`` made it the
         class's)."""
         return responder.receive_edge(self, data, src)
+
+    def _ack(self, data, src, now: float) -> bool:
+        """``completer.receive_common`` of an ACKNOWLEDGE (the compiled one,
+        ``softnic/accel/completer.c``, where ``accel.give_compiled`` made it the
+        class's)."""
+        return completer.receive_common(self, data, src, now)
 
     def _send_run(self, data, o: int, seg: int, src) -> int:
         """``responder.receive_send_run`` of the run from ``data[o:]`` (the compiled one,
