@@ -1,5 +1,6 @@
 """A plain ACK received, compiled (``softnic.accel``'s ``completer.c``) against
-``completer.receive_common``.
+``completer.receive_common``; a READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE against
+``receive_answer_common``.
 
 Two requesters are made alike: a device with the kernel, an RC QP connected to a
 peer's at a PSN near the wrap or not, one to four work requests posted and
@@ -21,7 +22,10 @@ the other by the compiled one (then, where it declines, the same).  The compiled
 one may take only what the Python's takes, and the SQ, the completer's and
 requester's state, the QP's state and timer, the completions (every field), the
 CQ's overflow, mirror and events, the counters, the device's ready QPs, timers
-and async events must be the same.
+and async events must be the same.  The answers likewise,
+with a READ of one or two packets or an ATOMIC the oldest WQE, the READ
+response's payload as long as the READ or not, and the requester's memory
+compared too.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ import pytest
 from hypothesis import event, example, given, settings, strategies as st
 
 from softnic import accel
-from softnic.core import completer
+from softnic.core import completer, dispatch
 from softnic.core.device import Device, DeviceConfig
 from softnic.core.enums import QPState, SendFlags, WCStatus, WROpcode as W
-from softnic.core.output import ack_packet
+from softnic.core.output import ack_packet, atomic_ack_packet, read_response_only
 from softnic.core.qp import SendWR
 from softnic.experiments.rig import bring_up, endpoint
 from softnic.wire.icrc import append_icrc
@@ -44,7 +48,7 @@ from softnic.wire.icrc import append_icrc
 MTU = 1024
 NOW = 5.0
 _FFI = cffi.FFI()
-_LENGTH = {W.ATOMIC_FETCH_AND_ADD: 8}
+_LENGTH = {W.ATOMIC_FETCH_AND_ADD: 8, W.ATOMIC_CMP_AND_SWP: 8}
 
 
 @pytest.fixture(scope="module")
@@ -119,11 +123,32 @@ def _ack(dev, qp, psn: int, syndrome: int, msn: int) -> bytearray:
     return append_icrc(ack_packet(qp.qpn, psn, syndrome, msn), src_ip, dev.ip, sport, dev.port)
 
 
-def _arrival(draw: dict, dev, qp, src):
-    """The drawn ACKNOWLEDGE as it arrives: its PSN ``psn_off`` after the next one
-    to be acknowledged, then changed on the way as drawn."""
+def _answer(dev, qp, kind: str, psn: int, syndrome: int, msn: int, length: int,
+            seed: int) -> bytearray:
+    """The peer's READ RESPONSE ONLY of ``length`` bytes, or ATOMIC ACKNOWLEDGE, of
+    ``psn`` for ``qp``, its AETH's syndrome ``syndrome``, its ICRC as the peer sends it."""
+    rng = random.Random(seed)
+    if kind == "read":
+        pkt = read_response_only(qp.qpn, psn, msn, rng.randbytes(max(0, length)))
+    else:
+        pkt = atomic_ack_packet(qp.qpn, psn, msn, rng.getrandbits(64))
+    pkt[12] = syndrome
+    src_ip, sport = qp.dest
+    return append_icrc(pkt, src_ip, dev.ip, sport, dev.port)
+
+
+def _arrival(draw: dict, dev, qp, src, seed: int = 0):
+    """The drawn ACKNOWLEDGE (or READ RESPONSE ONLY, ATOMIC ACKNOWLEDGE) as it
+    arrives: its PSN ``psn_off`` after the next one to be acknowledged (a READ
+    response as long as the oldest WQE, give or take ``len_off``), then changed
+    on the way as drawn."""
     psn = (qp.comp.acked_psn + 1 + draw["psn_off"]) & 0xFFFFFF
-    data = _ack(dev, qp, psn, draw["syndrome"], draw["msn"])
+    kind = draw.get("kind", "ack")
+    if kind == "ack":
+        data = _ack(dev, qp, psn, draw["syndrome"], draw["msn"])
+    else:
+        length = (qp.sq[0].length if qp.sq else 8) + draw.get("len_off", 0)
+        data = _answer(dev, qp, kind, psn, draw["syndrome"], draw["msn"], length, seed)
     how = draw["mutate"]
     if how == "flip":
         data[draw["at"] % len(data)] ^= 0x08
@@ -156,6 +181,7 @@ def _state(dev, ea) -> tuple:
     qp, cq = ea.qp, ea.send_cq
     comp, req = qp.comp, qp.req
     return (
+        bytes(ea.buf.view),
         [(w.wr_id, w.done, w.status, w.first_psn, w.last_psn, w.next_pkt) for w in qp.sq],
         (comp.acked_psn, comp.retry_left, comp.rnr_left, comp.rnr_wait, comp.retry_pending,
          comp.rto_at, comp.rnr_at, comp.probe_at, comp.sacked_psn, dict(comp.rexmitted),
@@ -206,7 +232,8 @@ _draws = st.fixed_dictionaries({
 
 def _draw(**values) -> dict:
     """A clean draw: one signaled SEND of two packets, the ACK of its last, but ``values``."""
-    d = dict(check_icrc=True, cc=False, sr=False, psn=0, wqes=[(W.SEND, 2, True)], unstarted=0,
+    d = dict(kind="ack", len_off=0, check_icrc=True, cc=False, sr=False, psn=0,
+             wqes=[(W.SEND, 2, True)], unstarted=0,
              pre=0, psn_off=1, syndrome=0x1F, msn=1, mutate=None, at=0, cq=None, state=None,
              sacked=False, rexmitted=False, behind_done=False, status_set=False,
              send_idx_back=False, retried=False)
@@ -218,9 +245,13 @@ def _run(take, seed: int, draw: dict):
     """The world's requester after the drawn ACK: ``take``'s answer (a raised error's
     type), then, where it declined, the device's general handling."""
     dev, ea, src = _world(seed, draw)
-    data, src = _arrival(draw, dev, ea.qp, src)
+    data, src = _arrival(draw, dev, ea.qp, src, seed)
     try:
-        took = bool(take(dev, memoryview(data), src, NOW))
+        # (as Dispatch.receive_run routes it: by its opcode, to the edge of its kind)
+        edge = dispatch._EDGES.get(data[0])
+        took = edge in (dispatch._ack, dispatch._answer) and \
+            (edge is dispatch._ack) == (draw.get("kind", "ack") == "ack") and \
+            bool(take(dev, memoryview(data), src, NOW))
         if not took:
             dev.receive_datagram(bytes(data), src, NOW)
     except Exception as e:                    # (both must raise it alike)
@@ -250,6 +281,42 @@ def test_the_compiled_ack_is_taken_as_the_python_takes_it(compiled, seed, draw):
         "the compiled ACK took what the Python's declines"
 
 
+_ANSWER_OPS = [(W.RDMA_READ, 1, True)] * 3 + [(W.RDMA_READ, 1, False), (W.RDMA_READ, 2, True),
+                                              (W.ATOMIC_FETCH_AND_ADD, 1, True),
+                                              (W.ATOMIC_CMP_AND_SWP, 1, True)]
+_answer_draws = _draws.map(lambda d: d).flatmap(lambda d: st.fixed_dictionaries({
+    **{k: st.just(v) for k, v in d.items() if k not in ("wqes", "psn_off")},
+    "kind": st.sampled_from(["read", "read", "read", "atomic"]),
+    "wqes": st.tuples(st.sampled_from(_ANSWER_OPS), st.lists(st.sampled_from(_OPS),
+                                                             max_size=2)).map(
+        lambda t: [t[0], *t[1]]),
+    "psn_off": st.sampled_from([0] * 12 + [1, -1, 2]),
+    "len_off": st.sampled_from([0] * 8 + [-1, -1, 1, 4]),
+}))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), draw=_answer_draws)
+@example(seed=1, draw=_draw(kind="read", wqes=[(W.RDMA_READ, 1, True)], psn_off=0))
+@example(seed=1, draw=_draw(kind="atomic", wqes=[(W.ATOMIC_CMP_AND_SWP, 1, True),
+                                                 (W.SEND, 1, True)], psn_off=0))
+@example(seed=1, draw=_draw(kind="read", wqes=[(W.RDMA_READ, 1, True)], psn_off=0,
+                            psn=0xFFFFFF, cq="mirror"))
+@example(seed=1, draw=_draw(kind="read", wqes=[(W.RDMA_READ, 1, True)], psn_off=0,
+                            mutate="flip", at=25))
+@example(seed=1, draw=_draw(kind="read", wqes=[(W.RDMA_READ, 1, True)], psn_off=0,
+                            len_off=-1))                            # shorter than the READ
+def test_the_compiled_answer_is_taken_as_the_python_takes_it(compiled, seed, draw):
+    """A READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE, compiled (``receive_answer``)
+    against ``receive_answer_common``: the READ's memory too."""
+    py = _run(completer.receive_answer_common, seed, draw)
+    c = _run(compiled.receive_answer, seed, draw)
+    event(f"compiled took it: {c[0]}; the Python's: {py[0]}")
+    assert c[1] == py[1]
+    assert c[0] == py[0] or c[0] is False and py[0] is True, \
+        "the compiled answer took what the Python's declines"
+
+
 def test_a_clean_ack_is_taken_by_the_compiled_one_without_the_python(compiled, record_calls):
     """The ACK of a SEND, of a WRITE inside its message, of three messages at once:
     each taken by the compiled one, none of the Python's steps called (those the
@@ -265,7 +332,7 @@ def test_a_clean_ack_is_taken_by_the_compiled_one_without_the_python(compiled, r
         c = _run(compiled.receive_ack, 1, draw)
         assert c[0] is True and calls == [], draw
         assert c == _run(completer.receive_common, 1, draw)
-    assert [w[0] for w in c[1][7]] == [1, 3]          # the signaled two completed
+    assert [w[0] for w in c[1][8]] == [1, 3]          # the signaled two completed
 
 
 def test_a_receive_common_put_in_the_modules_place_is_called(compiled, monkeypatch):

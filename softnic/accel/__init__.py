@@ -55,8 +55,10 @@ also makes ``responder.c`` the class's ``Dispatch._send_run``:
 ``responder.receive_send_run`` and ``took_send_run``, a SEND received in one
 run, compiled around the kernel's ``sn_rx_send_run``; and its
 ``Dispatch._send_only``, ``responder.receive_edge`` of a SEND ONLY around
-``sn_rx_edge``; and ``completer.c`` its ``Dispatch._ack``,
-``completer.receive_common`` of a plain ACK, its ICRC checked by ``sn_rx_edge``.
+``sn_rx_edge``; and ``completer.c`` its ``Dispatch._ack`` and ``_answer``,
+``completer.receive_common`` of a plain ACK and ``receive_answer_common`` of a
+READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE, each packet checked (and a READ's
+payload placed) by ``sn_rx_edge``.
 ``hook_kernel`` gives them the loaded kernel's functions.
 And it carries the C face's post of send records (``post.c``, ``post_records``): ``backend._send_wr`` and
 ``Verbs.post_send`` for the common case, the rest left to them.
@@ -260,7 +262,7 @@ def fabric_loop(verbose: bool = False):
 _compiled_classes: dict = {}
 _TIMERS = ("arm", "get_timer", "handle_timer")          # Timers'
 _DRAIN = ("datagrams_to_send", "_outgoing")             # Output's
-_RECEIVE = ("_send_run", "_send_only", "_ack")           # Dispatch's
+_RECEIVE = ("_send_run", "_send_only", "_ack", "_answer")     # Dispatch's
 
 
 def give_compiled(dev) -> bool:

@@ -798,6 +798,8 @@ def fail(dev, qp) -> None:
 
 _ACK_PKT = BTH_AETH_STRUCT
 _ACK_OPCODE = int(O.RC_ACKNOWLEDGE)     # (completer.c's: what it takes)
+_READ_ONLY_OPCODE = int(O.RC_RDMA_READ_RESPONSE_ONLY)
+_ATOMIC_ACK_OPCODE = int(O.RC_ATOMIC_ACKNOWLEDGE)
 _NO_WC_FLAGS = WCFlags(0)               # (completer.c's: a send completion's flags)
 _ACK_LEN = BTH_LEN + AETH_LEN + ICRC_LEN      # an ACK datagram
 _ECN = BTH_FECN | BTH_BECN

@@ -95,11 +95,18 @@ def _ack(dev, data, src, now: float) -> bool:
 
 #: opcode -> the early exit that takes a datagram alone with the kernel's help: a
 #: message's FIRST or LAST packet around its MIDDLEs (a READ's responses, a SEND's
-#: requests), a SEND ONLY, a plain ACK
+#: requests), a SEND ONLY, a plain ACK, a READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE
+def _answer(dev, data, src, now: float) -> bool:
+    """A READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE: the device's ``_answer``
+    (``completer.receive_answer_common``, compiled on a live NIC)."""
+    return dev._answer(data, src, now)
+
+
 _EDGES = {**{op: completer.receive_edge for op in completer.READ_EDGES},
           **{op: responder.receive_edge for op in responder.SEND_EDGES},
           **{op: _send_only for op in responder.SEND_ONLYS},
-          int(O.RC_ACKNOWLEDGE): _ack}
+          int(O.RC_ACKNOWLEDGE): _ack,
+          int(O.RC_RDMA_READ_RESPONSE_ONLY): _answer, int(O.RC_ATOMIC_ACKNOWLEDGE): _answer}
 _SENDING = (QPState.RTS, QPState.SQD)
 _UD = QPType.UD          # (read per packet: a module global, not the enum class's attribute)
 
@@ -313,6 +320,12 @@ class Dispatch:
         ``softnic/accel/completer.c``, where ``accel.give_compiled`` made it the
         class's)."""
         return completer.receive_common(self, data, src, now)
+
+    def _answer(self, data, src, now: float) -> bool:
+        """``completer.receive_answer_common`` of a READ RESPONSE ONLY or an ATOMIC
+        ACKNOWLEDGE (the compiled one, ``softnic/accel/completer.c``, where
+        ``accel.give_compiled`` made it the class's)."""
+        return completer.receive_answer_common(self, data, src, now)
 
     def _send_run(self, data, o: int, seg: int, src) -> int:
         """``responder.receive_send_run`` of the run from ``data[o:]`` (the compiled one,
