@@ -37,6 +37,7 @@ run after run of them.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from collections import deque
@@ -1815,19 +1816,35 @@ def answer_target(dev) -> AnswerTarget | None:
             or sr.writes or sr.placed is not None:
         return None                 # the engine's turn first (it may be again after)
     kind, rkey, length = hint
-    opcode, eth_len, access, resp_opcode = _ANSWER_REQUEST[kind]
-    mr = dev.keys.remote_region(qp.pd, rkey, Access(access))
+    mr = dev.keys.remote_region(qp.pd, rkey, _ANSWER_ACCESS[kind])
     mtu = qp.mtu
     if mr is None or (length > mtu) != (kind == ANSWER_READ_RUN) \
             or kind == ANSWER_READ_RUN and not dev.tx_gather \
-            or not int(qp.attr.qp_access_flags) & access:
+            or not int(qp.attr.qp_access_flags) & _ANSWER_REQUEST[kind][2]:
         dev.answer_qp = None
         return None
-    src = qp.dest
     dqpn = qp.attr.dest_qp_num & QPN_MASK
-    # BTH words 0 and 1 of the request and of its response (flags: a READ
-    # RESPONSE ONLY's pad count), as the engine's packets carry them
-    head = _BTH.pack(opcode, 0, DEFAULT_PKEY, qp.qpn, 0)[:8]
+    w0, req_start, resp_w0, resp_start, run = _answer_heads(
+        kind, length, mtu, qp.qpn, dqpn, qp.dest, (dev.ip, dev.port))
+    return AnswerTarget(
+        qp, kind, w0, req_start, resp.epsn, rkey, length, mr.addr, mr.addr + mr.length,
+        mr.view, resp_w0, dqpn, ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn, resp_start, *run)
+
+
+#: the access an answer's QP and MR must allow, by kind (``_ANSWER_REQUEST``'s, as an Access)
+_ANSWER_ACCESS = {kind: Access(a[2]) for kind, a in _ANSWER_REQUEST.items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _answer_heads(kind: int, length: int, mtu: int, qpn: int, dqpn: int, src, here) -> tuple:
+    """``answer_target``'s BTH words 0 of the request and of its response (flags: a
+    READ RESPONSE ONLY's pad count) and their ICRC states, as the engine's packets
+    carry them (``run``: a READ of more than one packet's MIDDLE and LAST), for a
+    QP ``qpn`` whose peer ``src`` sends to ``here``: a pure function of its
+    arguments, kept (each answered call asks the same)."""
+    ip, port = here
+    opcode, eth_len, _, resp_opcode = _ANSWER_REQUEST[kind]
+    head = _BTH.pack(opcode, 0, DEFAULT_PKEY, qpn, 0)[:8]
     run = ()
     if kind == ANSWER_READ:
         pad = -length & 3
@@ -1840,20 +1857,18 @@ def answer_target(dev) -> AnswerTarget | None:
         mid_head = _BTH.pack(_READ_MIDDLE, 0, DEFAULT_PKEY, dqpn, 0)[:8]
         last_head = _BTH.pack(_READ_LAST, last_pad << BTH_PAD_SHIFT, DEFAULT_PKEY, dqpn, 0)[:8]
         run = (mtu, _W0_DQPN.unpack(mid_head)[0],
-               icrc_start(dev.ip, src[0], dev.port, src[1], BTH_LEN + mtu + ICRC_LEN, mid_head),
+               icrc_start(ip, src[0], port, src[1], BTH_LEN + mtu + ICRC_LEN, mid_head),
                _W0_DQPN.unpack(last_head)[0],
-               icrc_start(dev.ip, src[0], dev.port, src[1],
+               icrc_start(ip, src[0], port, src[1],
                           BTH_LEN + AETH_LEN + n_last + last_pad + ICRC_LEN, last_head))
     else:
         pad = 0
         resp_len = BTH_LEN + AETH_LEN + ATOMICACKETH_LEN + ICRC_LEN
     resp_head = _BTH.pack(resp_opcode, pad << BTH_PAD_SHIFT, DEFAULT_PKEY, dqpn, 0)[:8]
-    return AnswerTarget(
-        qp, kind, _W0_DQPN.unpack(head)[0],
-        icrc_start(src[0], dev.ip, src[1], dev.port, BTH_LEN + eth_len + ICRC_LEN, head),
-        resp.epsn, rkey, length, mr.addr, mr.addr + mr.length, mr.view,
-        _W0_DQPN.unpack(resp_head)[0], dqpn, ACK_CREDITS << AETH_SYNDROME_SHIFT, resp.msn,
-        icrc_start(dev.ip, src[0], dev.port, src[1], resp_len, resp_head), *run)
+    return (_W0_DQPN.unpack(head)[0],
+            icrc_start(src[0], ip, src[1], port, BTH_LEN + eth_len + ICRC_LEN, head),
+            _W0_DQPN.unpack(resp_head)[0],
+            icrc_start(ip, src[0], port, src[1], resp_len, resp_head), run)
 
 
 def took_answers(dev, qp, kind: int, k: int, origs=None) -> None:
