@@ -273,18 +273,24 @@ def _run(take, seed: int, draw: dict):
 @example(seed=1, draw=_draw(wqes=[(W.SEND, 1, True), (W.SEND, 1, True)], psn_off=0,
                             behind_done=True))
 def test_the_compiled_ack_is_taken_as_the_python_takes_it(compiled, seed, draw):
-    py = _run(completer.receive_common, seed, draw)
-    c = _run(compiled.receive_ack, seed, draw)
+    _taken_alike(completer.receive_common, compiled.receive_ack, seed, draw)
+
+
+def _taken_alike(python, compiled_one, seed: int, draw: dict) -> None:
+    """The drawn world and arrival taken by ``python`` and by ``compiled_one``: the
+    same state after, and the compiled one took only what the Python's takes."""
+    py = _run(python, seed, draw)
+    c = _run(compiled_one, seed, draw)
     event(f"compiled took it: {c[0]}; the Python's: {py[0]}")
     assert c[1] == py[1]
     assert c[0] == py[0] or c[0] is False and py[0] is True, \
-        "the compiled ACK took what the Python's declines"
+        "the compiled one took what the Python's declines"
 
 
 _ANSWER_OPS = [(W.RDMA_READ, 1, True)] * 3 + [(W.RDMA_READ, 1, False), (W.RDMA_READ, 2, True),
                                               (W.ATOMIC_FETCH_AND_ADD, 1, True),
                                               (W.ATOMIC_CMP_AND_SWP, 1, True)]
-_answer_draws = _draws.map(lambda d: d).flatmap(lambda d: st.fixed_dictionaries({
+_answer_draws = _draws.flatmap(lambda d: st.fixed_dictionaries({
     **{k: st.just(v) for k, v in d.items() if k not in ("wqes", "psn_off")},
     "kind": st.sampled_from(["read", "read", "read", "atomic"]),
     "wqes": st.tuples(st.sampled_from(_ANSWER_OPS), st.lists(st.sampled_from(_OPS),
@@ -309,12 +315,7 @@ _answer_draws = _draws.map(lambda d: d).flatmap(lambda d: st.fixed_dictionaries(
 def test_the_compiled_answer_is_taken_as_the_python_takes_it(compiled, seed, draw):
     """A READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE, compiled (``receive_answer``)
     against ``receive_answer_common``: the READ's memory too."""
-    py = _run(completer.receive_answer_common, seed, draw)
-    c = _run(compiled.receive_answer, seed, draw)
-    event(f"compiled took it: {c[0]}; the Python's: {py[0]}")
-    assert c[1] == py[1]
-    assert c[0] == py[0] or c[0] is False and py[0] is True, \
-        "the compiled answer took what the Python's declines"
+    _taken_alike(completer.receive_answer_common, compiled.receive_answer, seed, draw)
 
 
 def test_a_clean_ack_is_taken_by_the_compiled_one_without_the_python(compiled, record_calls):
@@ -335,12 +336,18 @@ def test_a_clean_ack_is_taken_by_the_compiled_one_without_the_python(compiled, r
     assert [w[0] for w in c[1][8]] == [1, 3]          # the signaled two completed
 
 
+def _clean_ack():
+    """A clean draw's requester (its device and endpoint), its ACK and its peer."""
+    dev, ea, src = _world(1, _draw())
+    data, src = _arrival(_draw(), dev, ea.qp, src)
+    return dev, ea, data, src
+
+
 def test_a_receive_common_put_in_the_modules_place_is_called(compiled, monkeypatch):
     seen = []
     monkeypatch.setattr(completer, "receive_common",
                         lambda *args: seen.append(len(args)) or False)
-    dev, ea, src = _world(1, _draw())
-    data, src = _arrival(_draw(), dev, ea.qp, src)
+    dev, ea, data, src = _clean_ack()
     assert compiled.receive_ack(dev, memoryview(data), src, NOW) is False
     assert seen == [4] and ea.qp.sq[0].done is False
 
@@ -353,8 +360,7 @@ def test_a_progress_or_complete_put_in_the_modules_place_leaves_the_ack_to_the_p
     seen = []
     real = getattr(completer, name)
     monkeypatch.setattr(completer, name, lambda *args: seen.append(name) or real(*args))
-    dev, ea, src = _world(1, _draw())
-    data, src = _arrival(_draw(), dev, ea.qp, src)
+    dev, ea, data, src = _clean_ack()
     assert compiled.receive_ack(dev, memoryview(data), src, NOW) is False
     assert seen == [] and ea.qp.sq[0].done is False
     dev.receive_datagram(bytes(data), src, NOW)

@@ -69,7 +69,7 @@ static PyObject *RC, *RTS, *SUCCESS, *WC_OPCODE, *EIGHT_BYTES, *SENDS, *NO_WC_FL
 static long long ACK_LEN_, ACK_OP_, PSN_MASK_, PSN_HALF_, QPN_MASK_, DEFAULT_PKEY_, ECN_,
     PAD_, PAD_SHIFT_, EXT_AETH_, READ_ONLY_OP_, ATOMIC_ACK_OP_, ATOMIC_ACK_LEN_;
 static PyObject *s_receive_common, *s_progress, *s_complete, *s_config, *s_check_icrc,
-    *s_qps, *s_qp_type, *s_state, *s_sq, *s_dest, *s_cc, *s_selective_repeat, *s_comp,
+    *s_qp_type, *s_state, *s_sq, *s_cc, *s_selective_repeat, *s_comp,
     *s_req, *s_acked_psn, *s_sacked_psn, *s_rexmitted, *s_rexmit, *s_rd_atomic, *s_psn,
     *s_send_idx, *s_first_psn, *s_last_psn, *s_done, *s_status, *s_signaled, *s_opcode,
     *s_wr_id, *s_length, *s_qpn, *s_attr, *s_retry_cnt, *s_rnr_retry, *s_retry_left,
@@ -99,15 +99,9 @@ static PyObject *common_qp(PyObject *dev, long long pkey, long long w2, long lon
 {
     if (pkey != DEFAULT_PKEY_ || (w2 & ECN_) || (aeth >> 29))
         return NULL;
-    PyObject *qps = GA(dev, s_qps), *key = NULL, *qp = NULL, *t = NULL;
-    if (qps == NULL || (key = PyLong_FromLongLong(w2 & QPN_MASK_)) == NULL)
-        goto out;
-    qp = PyDict_CheckExact(qps) ? Py_XNewRef(PyDict_GetItemWithError(qps, key))
-                                : PyObject_CallMethod(qps, "get", "O", key);
-    if (qp == Py_None)
-        Py_CLEAR(qp);
+    PyObject *qp = qp_of(dev, w2 & QPN_MASK_), *t = NULL;
     if (qp == NULL)
-        goto out;
+        return NULL;
     int ok = (t = GA(qp, s_qp_type)) == NULL ? -1 : t == RC;
     Py_CLEAR(t);
     if (ok == 1) {
@@ -118,18 +112,10 @@ static PyObject *common_qp(PyObject *dev, long long pkey, long long w2, long lon
         ok = (t = GA(qp, s_sq)) == NULL ? -1 : PyObject_IsTrue(t);
         Py_CLEAR(t);
     }
-    if (ok == 1) {                              /* tuple(src) == qp.dest */
-        PyObject *s = PyTuple_CheckExact(src) ? Py_NewRef(src) : PySequence_Tuple(src);
-        ok = s == NULL || (t = GA(qp, s_dest)) == NULL ? -1
-            : PyObject_RichCompareBool(s, t, Py_EQ);
-        Py_XDECREF(s);
-        Py_CLEAR(t);
-    }
+    if (ok == 1)
+        ok = from_peer(qp, src);
     if (ok != 1)
         Py_CLEAR(qp);
-out:
-    Py_XDECREF(qps);
-    Py_XDECREF(key);
     return qp;
 }
 
@@ -694,8 +680,8 @@ int sn_completer_init(void)
 {
     INTERN(s_receive_common, "receive_common"); INTERN(s_progress, "_progress");
     INTERN(s_complete, "complete"); INTERN(s_config, "config");
-    INTERN(s_check_icrc, "check_icrc"); INTERN(s_qps, "qps"); INTERN(s_qp_type, "qp_type");
-    INTERN(s_state, "state"); INTERN(s_sq, "sq"); INTERN(s_dest, "dest"); INTERN(s_cc, "cc");
+    INTERN(s_check_icrc, "check_icrc"); INTERN(s_qp_type, "qp_type");
+    INTERN(s_state, "state"); INTERN(s_sq, "sq"); INTERN(s_cc, "cc");
     INTERN(s_selective_repeat, "selective_repeat"); INTERN(s_comp, "comp");
     INTERN(s_req, "req"); INTERN(s_acked_psn, "acked_psn"); INTERN(s_sacked_psn, "sacked_psn");
     INTERN(s_rexmitted, "rexmitted"); INTERN(s_rexmit, "rexmit");

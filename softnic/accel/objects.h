@@ -562,6 +562,37 @@ static inline int mark_ready(PyObject *dev, PyObject *qp)
     return r == NULL ? -1 : 0;
 }
 
+/* dev.qps.get(qpn): the QP, a new reference, or NULL (with no error where there is
+   none such) */
+static inline PyObject *qp_of(PyObject *dev, long long qpn)
+{
+    static PyObject *s_qps_;
+    if (s_qps_ == NULL && (s_qps_ = PyUnicode_InternFromString("qps")) == NULL)
+        return NULL;
+    PyObject *qps = GA(dev, s_qps_), *key = NULL, *qp = NULL;
+    if (qps != NULL && (key = PyLong_FromLongLong(qpn)) != NULL)
+        qp = PyDict_CheckExact(qps) ? Py_XNewRef(PyDict_GetItemWithError(qps, key))
+                                    : PyObject_CallMethod(qps, "get", "O", key);
+    if (qp == Py_None)
+        Py_CLEAR(qp);
+    Py_XDECREF(qps);
+    Py_XDECREF(key);
+    return qp;
+}
+
+/* tuple(src) == qp.dest: is the datagram from the QP's peer?  1, 0, -1 */
+static inline int from_peer(PyObject *qp, PyObject *src)
+{
+    static PyObject *s_dest_;
+    if (s_dest_ == NULL && (s_dest_ = PyUnicode_InternFromString("dest")) == NULL)
+        return -1;
+    PyObject *s = PyTuple_CheckExact(src) ? Py_NewRef(src) : PySequence_Tuple(src), *d = NULL;
+    int ok = s == NULL || (d = GA(qp, s_dest_)) == NULL ? -1 : PyObject_RichCompareBool(s, d, Py_EQ);
+    Py_XDECREF(s);
+    Py_XDECREF(d);
+    return ok;
+}
+
 /* A WQE's ``sges`` (a list of (addr, length, lkey) tuples, as posts make it): 1 and
    its one SGE's fields; 2 a list of another count; 0 another shape; -1 an error */
 static inline int one_sge(PyObject *sges, long long *addr, long long *length, long long *lkey)

@@ -66,8 +66,8 @@ static PyObject *RC, *RECEIVING, *SEND_EDGE_INFO, *SEND_ONLY_INFO, *SEND_KIND, *
 static long long QPN_MASK_, ECN_, DEFAULT_PKEY_, SEND_FIRST_, W0_SEND_MIDDLE_, EXT_TAIL_,
     ACKREQ_, SE_, PAD_SHIFT_, PAD_MASK_, PSN_MASK_, MSN_MASK_, BTH_LEN_, ICRC_LEN_;
 #define ACKS_MAX 64                     /* responder._ACKS_PER_RUN (checked at setup) */
-static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qps, *s_qp_type, *s_xrc,
-    *s_state, *s_dest, *s_sr, *s_ooo, *s_mtu, *s_resp, *s_kind, *s_srq, *s_rq, *s_queue,
+static PyObject *s_receive_send_run, *s_config, *s_check_icrc, *s_qp_type, *s_xrc,
+    *s_state, *s_sr, *s_ooo, *s_mtu, *s_resp, *s_kind, *s_srq, *s_rq, *s_queue,
     *s_recv_target, *s_qpn, *s_epsn, *s_rx_starts, *s_rx_icrc_start, *s_took_send_run,
     *s_last, *s_hdr_len, *s_kernel, *s_rcvd_pkts, *s_ack_deferred, *s_out,
     *s_msn, *s_append, *s_nak_sent, *s_naked, *s_scan, *s_writes, *s_placed,
@@ -108,18 +108,12 @@ void *sn_rx_edge_of(PyObject *dev, int *err)
 /* _common_qp(dev, w2, pkey, src): the QP, a new reference, or NULL with no error */
 static PyObject *common_qp(PyObject *dev, long long w2, long long pkey, PyObject *src)
 {
-    PyObject *qps = GA(dev, s_qps), *key = NULL, *qp = NULL, *t = NULL;
-    if (qps == NULL || (key = PyLong_FromLongLong(w2 & QPN_MASK_)) == NULL)
-        goto fail;
-    qp = PyDict_CheckExact(qps) ? Py_XNewRef(PyDict_GetItemWithError(qps, key))
-                                : PyObject_CallMethod(qps, "get", "O", key);
-    if (qp == Py_None)
-        Py_CLEAR(qp);
+    PyObject *qp = qp_of(dev, w2 & QPN_MASK_), *t = NULL;
     if (qp == NULL)
-        goto fail;
-    int ok = (t = GA(qp, s_qp_type)) != NULL && t == RC;
+        return NULL;
+    int ok = (t = GA(qp, s_qp_type)) == NULL ? -1 : t == RC;
     Py_CLEAR(t);
-    if (ok) {
+    if (ok == 1) {
         ok = (t = GA(qp, s_xrc)) == NULL ? -1 : t == Py_None;
         Py_CLEAR(t);
     }
@@ -129,18 +123,10 @@ static PyObject *common_qp(PyObject *dev, long long w2, long long pkey, PyObject
         ok = (t = GA(qp, s_state)) == NULL ? -1 : PySequence_Contains(RECEIVING, t);
         Py_CLEAR(t);
     }
-    if (ok == 1) {                              /* tuple(src) == qp.dest */
-        PyObject *s = PyTuple_CheckExact(src) ? Py_NewRef(src) : PySequence_Tuple(src);
-        ok = s == NULL || (t = GA(qp, s_dest)) == NULL ? -1
-            : PyObject_RichCompareBool(s, t, Py_EQ);
-        Py_XDECREF(s);
-        Py_CLEAR(t);
-    }
+    if (ok == 1)
+        ok = from_peer(qp, src);
     if (ok != 1)
         Py_CLEAR(qp);
-fail:
-    Py_XDECREF(qps);
-    Py_XDECREF(key);
     return qp;
 }
 
@@ -1192,8 +1178,8 @@ PyMethodDef sn_responder_methods[] = {
 int sn_responder_init(void)
 {
     INTERN(s_receive_send_run, "receive_send_run"); INTERN(s_config, "config");
-    INTERN(s_check_icrc, "check_icrc"); INTERN(s_qps, "qps"); INTERN(s_qp_type, "qp_type");
-    INTERN(s_xrc, "xrc"); INTERN(s_state, "state"); INTERN(s_dest, "dest"); INTERN(s_sr, "sr");
+    INTERN(s_check_icrc, "check_icrc"); INTERN(s_qp_type, "qp_type");
+    INTERN(s_xrc, "xrc"); INTERN(s_state, "state"); INTERN(s_sr, "sr");
     INTERN(s_ooo, "ooo"); INTERN(s_mtu, "mtu"); INTERN(s_resp, "resp"); INTERN(s_kind, "kind");
     INTERN(s_srq, "srq"); INTERN(s_rq, "rq"); INTERN(s_queue, "queue");
     INTERN(s_recv_target, "recv_target"); INTERN(s_qpn, "qpn"); INTERN(s_epsn, "epsn");
