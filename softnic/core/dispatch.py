@@ -93,15 +93,15 @@ def _ack(dev, data, src, now: float) -> bool:
     return dev._ack(data, src, now)
 
 
-#: opcode -> the early exit that takes a datagram alone with the kernel's help: a
-#: message's FIRST or LAST packet around its MIDDLEs (a READ's responses, a SEND's
-#: requests), a SEND ONLY, a plain ACK, a READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE
 def _answer(dev, data, src, now: float) -> bool:
     """A READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE: the device's ``_answer``
     (``completer.receive_answer_common``, compiled on a live NIC)."""
     return dev._answer(data, src, now)
 
 
+#: opcode -> the early exit that takes a datagram alone with the kernel's help: a
+#: message's FIRST or LAST packet around its MIDDLEs (a READ's responses, a SEND's
+#: requests), a SEND ONLY, a plain ACK, a READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE
 _EDGES = {**{op: completer.receive_edge for op in completer.READ_EDGES},
           **{op: responder.receive_edge for op in responder.SEND_EDGES},
           **{op: _send_only for op in responder.SEND_ONLYS},
