@@ -269,9 +269,11 @@ static int answered(struct wqe *ws, long long psn, long long before, long long r
 }
 
 /* receive_common(dev, data, src, now) of a plain ACK, or receive_answer_common of a
-   READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE (``answer``): 1 taken, 0 not (nothing
-   changed), -1 error */
-static int take(PyObject *dev, PyObject *data, PyObject *src, PyObject *now, int answer)
+   READ RESPONSE ONLY or an ATOMIC ACKNOWLEDGE (``answer``), its packet checked by
+   ``edge`` (the kernel's sn_rx_edge, which the caller found hooked in for dev): 1
+   taken, 0 not (nothing changed), -1 error */
+static int take(PyObject *dev, PyObject *data, PyObject *src, PyObject *now, int answer,
+                rx_edge_fn edge)
 {
     PyObject *qp = NULL, *comp = NULL, *req = NULL, *sq = NULL, *cq = NULL, *entries = NULL,
         *attr = NULL, *t = NULL, *view = NULL;
@@ -297,12 +299,6 @@ static int take(PyObject *dev, PyObject *data, PyObject *src, PyObject *now, int
     long long w0 = be32(d), w2 = be32(d + 4), w3 = be32(d + 8), aeth = be32(d + 12);
     if ((qp = common_qp(dev, w0 & 0xFFFF, w2, aeth, src)) == NULL) {
         r = PyErr_Occurred() ? -1 : 0;
-        goto out;
-    }
-    int err;
-    rx_edge_fn edge = (rx_edge_fn)sn_rx_edge_of(dev, &err);   /* (the caller found it) */
-    if (edge == NULL) {
-        r = err < 0 ? -1 : 0;
         goto out;
     }
     int s = own_fn(s_progress, py_progress);
@@ -570,7 +566,7 @@ static PyObject *receipt(PyObject *dev, PyObject *const *args, Py_ssize_t n, int
         return res;
     }
     Py_DECREF(f);
-    int r = take(dev, args[0], args[1], args[2], answer);
+    int r = take(dev, args[0], args[1], args[2], answer, (rx_edge_fn)edge);
     return r < 0 ? NULL : Py_NewRef(r ? Py_True : Py_False);
 }
 
