@@ -17,6 +17,7 @@ import hashlib
 import os
 import select
 import socket
+import sys
 import threading
 import time
 
@@ -738,11 +739,11 @@ def test_the_c_face_gives_its_lease_back_when_its_cq_is_armed():
             cq = a.dev.create_cq(16)
         h = backend._new(backend._Obj(a, cq))
         try:
-            assert backend.sn_poll_cq(h, 4, None) == 0
+            assert backend.sn_poll_cq(h, 4, None, 0) == 0
             assert a._lease[0] != 0                   # a spinning caller's lease
             with a.lock:
                 cq.req_notify(False)
-            assert backend.sn_poll_cq(h, 4, None) == 0
+            assert backend.sn_poll_cq(h, 4, None, 0) == 0
             assert a._lease[0] == 0                   # given back: the thread takes over
         finally:
             del backend._objs[h]
@@ -904,14 +905,17 @@ def test_the_ack_of_a_send_that_wakes_a_sleeper_waits_for_its_answer(monkeypatch
         b.close()
 
 
-@pytest.mark.parametrize("armed", [False, True], ids=["polling", "armed"])
-def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed):
+@pytest.mark.parametrize("armed, seen", [(False, 0), (False, 1), (True, 0)],
+                         ids=["polling", "polling, seen", "armed"])
+def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed, seen):
     """ib_write_lat's turn on the C face: the peer's WRITE lands just ahead of the
     ACK the program polls for (the WRITE carried it out), and the program reacts
     to completions only.  One ``ibv_poll_cq`` takes both (``POLL_RUNS``): the
     WRITE is placed and the completion comes back in that call.  A program whose
     CQ is armed sleeps on its channel next: its poll takes one receive.  (The
-    socket is looked at under the NIC's lock: ``_waiting``.)"""
+    socket is looked at under the NIC's lock: ``_waiting``.)  ``seen``: shim.c's
+    ``poll(2)`` saw the datagrams before it entered Python, and ``NIC.poll``
+    does not ask the socket again (it does without it)."""
     from softnic.faces.libibverbs import backend, build
     _waiter()
     ffi = build.LIBRARY.records_ffi()
@@ -937,7 +941,12 @@ def test_the_c_face_poll_takes_the_ack_behind_the_peers_write(monkeypatch, armed
                 with a.lock:
                     ea.send_cq.req_notify(False)
             out = ffi.new("struct sn_wc[4]")
-            got = backend.sn_poll_cq(h, 4, out)
+            asked = []                                   # who asked the socket
+            readable = a._readable
+            monkeypatch.setattr(a, "_readable", lambda t: (
+                asked.append(sys._getframe(1).f_code.co_name), readable(t))[1])
+            got = backend.sn_poll_cq(h, 4, out, seen)
+            assert ("poll" in asked) == (not seen)
             assert _wrote(ea, 2)                         # b's WRITE landed first
             if armed:
                 assert got == 0                          # one receive: the WRITE (the

@@ -725,7 +725,7 @@ class NIC(SharedDevice):
             self._asleep = True
         self.end_lease()
 
-    def poll(self, runs: int = 1, reads: bool = False) -> None:
+    def poll(self, runs: int = 1, reads: bool = False, seen: bool = False) -> None:
         """One inline progress step: receive, fire timers, send.  Never blocks.
         ``runs``: receives it may take (one datagram or coalesced run each), while
         more wait.  ``reads``: after the first, only while what it took were a
@@ -733,6 +733,9 @@ class NIC(SharedDevice):
         READ's burst follows them (its FIRST, the run of its MIDDLEs and its LAST
         in one call), where anything else (a peer's request the caller may spin on
         memory for, an ACK, a completion) ends the step as one receive did.
+        ``seen``: the caller saw a datagram waiting on this device's socket just
+        now (the C face's ``ibv_poll_cq``, whose own ``poll(2)`` found it before it
+        entered Python, ``sn_cq_idle``): the step does not ask the socket again.
 
         A program spins on this, so the step with nothing to do is kept cheap: one
         ``poll(2)`` on the socket (a failed non-blocking receive costs four times
@@ -761,7 +764,7 @@ class NIC(SharedDevice):
                 if self._raised is False and PROGRESS_NICE:
                     self._prioritize(True)       # the program drives the device from now
                 now = ns * 1e-9
-                ready = self._readable(0)
+                ready = seen or self._readable(0)
                 if not ready:
                     held = lease[1]
                     if (ns < held if held > 1 else not self.dev.has_output) \
@@ -1724,7 +1727,7 @@ class SimNIC(SharedDevice):
             finally:
                 self.world.fabric.flush()
 
-    def poll(self, runs: int = 1, reads: bool = False) -> None:
+    def poll(self, runs: int = 1, reads: bool = False, seen: bool = False) -> None:
         if not self._closed:
             self.world.run()
 

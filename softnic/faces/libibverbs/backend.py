@@ -607,7 +607,7 @@ def _write_wcs(ffi, wc: struct.Struct, out, got, l3: int) -> None:
 
 
 @extern(error=-1)
-def sn_poll_cq(h, n, out):
+def sn_poll_cq(h, n, out, seen):
     o = _objs.get(h)
     if o is None:
         return -errno.EINVAL
@@ -615,7 +615,7 @@ def sn_poll_cq(h, n, out):
     # The first poll since the program armed the CQ: it sleeps on its channel next
     # (CQ.arm_unpolled; this poll clears it).  Later polls of a CQ still armed spin.
     arm = o.eng.arm_unpolled
-    nic.poll(1 if arm else POLL_RUNS)
+    nic.poll(1 if arm else POLL_RUNS, seen=bool(seen))
     with nic.lock:
         try:
             got = nic.dev.poll_cq(o.eng, n)

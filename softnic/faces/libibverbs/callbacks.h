@@ -18,7 +18,7 @@ int sn_destroy_channel(uint32_t ch);
 int sn_create_cq(uint32_t ctx, int cqe, uint32_t ch, void *cookie, uint32_t *cq, int *actual);
 int sn_destroy_cq(uint32_t cq);
 int sn_resize_cq(uint32_t cq, int cqe, int *actual);
-int sn_poll_cq(uint32_t cq, int n, struct sn_wc *wc);
+int sn_poll_cq(uint32_t cq, int n, struct sn_wc *wc, int seen);
 int sn_cq_fastpoll(uint32_t cq, uint64_t *view);
 int sn_req_notify_cq(uint32_t cq, int solicited_only);
 int sn_get_cq_event(uint32_t ch, void **cookie);

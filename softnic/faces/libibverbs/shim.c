@@ -1172,8 +1172,10 @@ static inline int sn_held_due(int64_t held, int64_t now)
  * (lease[3]) and no output held is due (lease[1]: sn_held_due).  Then, as NIC.poll does on each, it renews their leases
  * (lease[0]): the progress threads leave what arrives to this caller.  Anything
  * else enters Python, as does a process with a device the list cannot show (one
- * without the compiled sleep, or more than SN_FAST_DEVICES). */
-static int sn_cq_idle(struct sn_cq *s)
+ * without the compiled sleep, or more than SN_FAST_DEVICES).  *seen: set where
+ * this poll() saw a datagram waiting on the CQ's own device (sn_poll_cq's step then
+ * does not ask the socket a second time). */
+static int sn_cq_idle(struct sn_cq *s, int *seen)
 {
     if (!s->fp_cq || sn_forked || (sn_host_python && !Py_IsInitialized()) ||
         s->fp_cq[0] != 0 || s->fp_cq[1])
@@ -1186,22 +1188,25 @@ static int sn_cq_idle(struct sn_cq *s)
         return 0;
     volatile int64_t *lease[SN_FAST_DEVICES];
     struct pollfd p[SN_FAST_DEVICES];
-    int own = 0;
+    int own = -1;
     for (int i = 0; i < n; i++) {
         volatile int64_t *l = (volatile int64_t *)(uintptr_t)s->fp_open[1 + 2 * i];
         volatile int32_t *sock = (volatile int32_t *)(uintptr_t)s->fp_open[2 + 2 * i];
         if (!l || !sock || sn_held_due(l[1], now) || l[3] <= now || *sock < 0)
             return 0;
-        own |= l == s->fp_lease;
+        if (l == s->fp_lease)
+            own = i;
         lease[i] = l;
         p[i].fd = *sock;
         p[i].events = POLLIN;
         p[i].revents = 0;
     }
-    if (!own)
+    if (own < 0)
         return 0;                         /* (the list changed under us: Python decides) */
-    if (poll(p, (nfds_t)n, 0) != 0)
+    if (poll(p, (nfds_t)n, 0) != 0) {
+        *seen = (p[own].revents & POLLIN) != 0;
         return 0;                         /* a datagram (or an error to report) */
+    }
     pid_t tid = sn_tid();
     for (int i = 0; i < n; i++) {
         lease[i][0] = now;
@@ -1213,14 +1218,15 @@ static int sn_cq_idle(struct sn_cq *s)
 static int sn_op_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
     struct sn_wc buf[SN_POLL_BATCH];
-    int total = 0;
-    if (num_entries > 0 && sn_cq_idle((struct sn_cq *)cq))
+    int total = 0, seen = 0;
+    if (num_entries > 0 && sn_cq_idle((struct sn_cq *)cq, &seen))
         return 0;
     while (total < num_entries) {
         int want = num_entries - total;
         if (want > SN_POLL_BATCH)
             want = SN_POLL_BATCH;
-        int got = sn_poll_cq(cq->handle, want, buf);
+        int got = sn_poll_cq(cq->handle, want, buf, seen);
+        seen = 0;
         if (got < 0)
             return total ? total : got;
         for (int i = 0; i < got; i++)
@@ -1363,14 +1369,15 @@ SN_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 
 static inline struct sn_cq *to_scq(struct ibv_cq_ex *cq) { return (struct sn_cq *)cq; }
 
-static int sn_cq_idle(struct sn_cq *s);
+static int sn_cq_idle(struct sn_cq *s, int *seen);
 
 static int sn_cqx_fetch(struct ibv_cq_ex *cq)
 {
     struct sn_cq *s = to_scq(cq);
-    if (sn_cq_idle(s))
+    int seen = 0;
+    if (sn_cq_idle(s, &seen))
         return ENOENT;
-    int got = sn_poll_cq(cq->handle, 1, &s->cur);
+    int got = sn_poll_cq(cq->handle, 1, &s->cur, seen);
     if (got < 0)
         return EINVAL;
     if (got == 0)
