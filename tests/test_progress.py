@@ -161,6 +161,9 @@ def _may_raise_a_thread() -> None:
 
 
 _WORK = bytes(256 << 10)
+#: tens of ms of hashing a call, without the interpreter lock: a holder that runs as a
+#: C program spins, not asleep waiting for the lock (``_spin_renewing``'s reason)
+_SPIN = bytes(32 << 20)
 
 
 def _spin_renewing(lease, seconds: float, tid: list, seen: set) -> None:
@@ -384,7 +387,10 @@ def test_a_lease_is_kept_while_its_holder_runs_not_while_it_sleeps_elsewhere(mon
     waits the lease out: it asks again every 10 ms (wait.c's SN_REASK_NS).  One
     that keeps running after its poll (a spinner, even one the scheduler
     preempts) keeps it: what lands is left to it, and taken by the thread once
-    it stopped."""
+    it stopped.  The holder runs by hashing (``_SPIN``), without the interpreter
+    lock: a loop of Python bytecode waits for the lock, asleep, whenever another
+    thread of the process takes it, and in a full suite's process that made it
+    lose its lease now and then."""
     a, b = _nics_leased(monkeypatch, 2.0)
     try:
         ea, eb = _pair(a, b, timeout=22)
@@ -395,10 +401,12 @@ def test_a_lease_is_kept_while_its_holder_runs_not_while_it_sleeps_elsewhere(mon
             b.ring()                        # the thread looks while this one runs
             end = time.monotonic() + 0.03
             while time.monotonic() < end:
-                pass
+                hashlib.sha256(_SPIN).digest()      # running, without the lock
             while not stop.is_set():
                 if sleeps:
                     stop.wait(0.2)          # asleep elsewhere
+                else:
+                    hashlib.sha256(_SPIN).digest()
         for i, sleeps in ((1, True), (2, False), (3, True)):
             stop.clear()
             t = threading.Thread(target=holder, args=(sleeps,))
