@@ -256,8 +256,10 @@ static int answered(struct wqe *ws, long long psn, long long before, long long r
     long long npkts = 0, length = 0;
     int ok = got != NULL && get_ll(o, s_npkts, &npkts) == 0 && get_ll(o, s_length, &length) == 0
         ? 1 : -1;
-    if (ok == 1)
-        ok = got == Py_None ? 1 : PyObject_IsTrue(got) < 0 ? -1 : !PyObject_IsTrue(got);
+    if (ok == 1 && got != Py_None) {            /* not wqe.got: none held beyond a hole */
+        int t = PyObject_IsTrue(got);
+        ok = t < 0 ? -1 : !t;
+    }
     if (ok == 1)
         ok = kind == READ_ONLY ? op == RDMA_READ && npkts == 1 && length == plen
             : PySet_Contains(ATOMICS, op);
